@@ -1,0 +1,95 @@
+// CPU reference MatMul: y[m, n] = x[m, k] · w[n, k]^T.
+//
+// Both operands are k-contiguous, so every output is a dot product of two contiguous rows. The
+// loop nest computes kTile x kTile blocks of outputs at once (kTile rows of x against kTile rows
+// of w), reading each x and w element once per block instead of once per output; 16-bit weights
+// are widened once per block of w rows. Threads split the n dimension, so decode (m == 1) is
+// parallel too.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel.h"
+
+namespace nq::kernels::cpu {
+namespace {
+
+// Register block: kTile x kTile accumulators (16 floats fit the x86-64 SSE register file).
+constexpr int kTile = 4;
+// Below this many multiply-adds a call runs on one thread (spawning threads costs ~tens of us).
+constexpr std::int64_t kParallelMinFmas = std::int64_t{1} << 22;
+
+// acc[i][j] = dot(x_rows[i], w_rows[j]) over k. Rows past the real edge point at a valid row;
+// the caller drops their results.
+void DotTile(const float* const x_rows[kTile], const float* const w_rows[kTile], std::int64_t k,
+             float acc[kTile][kTile]) {
+  float sum[kTile][kTile] = {};
+  for (std::int64_t p = 0; p < k; ++p) {
+    float xv[kTile];
+    float wv[kTile];
+    for (int i = 0; i < kTile; ++i) xv[i] = x_rows[i][p];
+    for (int j = 0; j < kTile; ++j) wv[j] = w_rows[j][p];
+    for (int i = 0; i < kTile; ++i) {
+      for (int j = 0; j < kTile; ++j) sum[i][j] += xv[i] * wv[j];
+    }
+  }
+  for (int i = 0; i < kTile; ++i) {
+    for (int j = 0; j < kTile; ++j) acc[i][j] = sum[i][j];
+  }
+}
+
+// Computes columns [n_begin, n_end) of y; n_begin is a multiple of kTile.
+template <typename WeightT>
+void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims& dims,
+                   std::int64_t n_begin, std::int64_t n_end) {
+  const std::int64_t k = dims.k;
+  std::vector<float> widened;  // kTile rows of w as fp32, for 16-bit weights
+  if constexpr (!std::is_same_v<WeightT, float>) widened.resize(kTile * k);
+  for (std::int64_t n0 = n_begin; n0 < n_end; n0 += kTile) {
+    const int n_valid = static_cast<int>(std::min<std::int64_t>(kTile, n_end - n0));
+    const float* w_rows[kTile];
+    for (int j = 0; j < kTile; ++j) {
+      const std::int64_t row = n0 + std::min(j, n_valid - 1);
+      if constexpr (std::is_same_v<WeightT, float>) {
+        w_rows[j] = w + row * k;
+      } else {
+        float* dst = widened.data() + j * k;
+        const WeightT* src = w + row * k;
+        for (std::int64_t p = 0; p < k; ++p) dst[p] = ToFloat(src[p]);
+        w_rows[j] = dst;
+      }
+    }
+    for (std::int64_t m0 = 0; m0 < dims.m; m0 += kTile) {
+      const int m_valid = static_cast<int>(std::min<std::int64_t>(kTile, dims.m - m0));
+      const float* x_rows[kTile];
+      for (int i = 0; i < kTile; ++i) x_rows[i] = x + (m0 + std::min(i, m_valid - 1)) * k;
+      float acc[kTile][kTile];
+      DotTile(x_rows, w_rows, k, acc);
+      for (int i = 0; i < m_valid; ++i) {
+        for (int j = 0; j < n_valid; ++j) y[(m0 + i) * dims.n + n0 + j] = acc[i][j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void MatMul(const float* x, const void* w, DType w_dtype, float* y, const MatMulDims& dims,
+            int threads) {
+  const std::int64_t fmas = dims.m * dims.n * std::max<std::int64_t>(dims.k, 1);
+  const int use_threads = fmas < kParallelMinFmas ? 1 : threads;
+  VisitFloatDType(w_dtype, [&](auto tag) {
+    using WeightT = decltype(tag);
+    const auto* weights = static_cast<const WeightT*>(w);
+    ParallelFor(
+        dims.n, kTile, use_threads,
+        [&](std::int64_t begin, std::int64_t end) {
+          MatMulColumns(x, weights, y, dims, begin, end);
+        },
+        kTile);
+  });
+}
+
+}  // namespace nq::kernels::cpu

@@ -1,0 +1,45 @@
+// RAII owners of CUDA runtime handles (STYLE.md 9). Destructors never throw; a failure while
+// releasing has no one to report to and is ignored.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/cuda_util.h"
+
+namespace nq::kernels::cuda {
+
+class CudaStream {
+ public:
+  CudaStream() = default;
+  // A stream that does not synchronise with the legacy default stream.
+  static absl::StatusOr<CudaStream> CreateNonBlocking() {
+    cudaStream_t stream = nullptr;
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return CudaStream(stream);
+  }
+  CudaStream(CudaStream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)) {}
+  CudaStream& operator=(CudaStream&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      stream_ = std::exchange(other.stream_, nullptr);
+    }
+    return *this;
+  }
+  ~CudaStream() { Reset(); }
+
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  explicit CudaStream(cudaStream_t stream) : stream_(stream) {}
+  void Reset() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace nq::kernels::cuda

@@ -1,0 +1,27 @@
+#include "kernels/cuda/rmsnorm.cuh"
+
+#include "absl/strings/str_cat.h"
+
+namespace nq::kernels::cuda {
+
+absl::Status LaunchRmsNorm(const RmsNormParams& p, const LaunchContext& ctx) {
+  if (p.rows < 0 || p.rows > kMaxGridX || p.cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RmsNorm: unsupported size rows=", p.rows, " cols=", p.cols));
+  }
+  if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
+  const bool vec4 = p.cols % 4 == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16) &&
+                    IsAligned(p.weight, 4 * DTypeSize(p.weight_dtype));
+  const dim3 grid(static_cast<unsigned>(p.rows));
+  return VisitFloatDType(p.weight_dtype, [&](auto tag) {
+    using WeightT = decltype(tag);
+    if (vec4) {
+      RmsNormKernel<WeightT, true><<<grid, kRmsNormThreads, 0, ctx.stream>>>(p);
+    } else {
+      RmsNormKernel<WeightT, false><<<grid, kRmsNormThreads, 0, ctx.stream>>>(p);
+    }
+    return CheckLaunch("RmsNormKernel");
+  });
+}
+
+}  // namespace nq::kernels::cuda

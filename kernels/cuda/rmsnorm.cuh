@@ -1,0 +1,72 @@
+// RmsNorm: y = (x * rsqrt(mean(x^2) + eps)) * weight over the last dim, fp32 in and out, weight
+// F32 / BF16 / F16. One block per row: each thread accumulates a strided share of the sum of
+// squares, a block reduction gives the row's inverse RMS, and a second pass (mostly L1/L2 hits)
+// scales and writes. Every element is read and written by the same thread after the reduction's
+// barrier, so y may alias x.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/load.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/dtype.h"
+
+namespace nq::kernels::cuda {
+
+struct RmsNormParams {
+  const float* x = nullptr;       // [rows, cols]
+  const void* weight = nullptr;   // [cols], elements of weight_dtype
+  DType weight_dtype = DType::kF32;
+  float* y = nullptr;             // [rows, cols]; may equal x
+  std::int64_t rows = 0;
+  int cols = 0;
+  float eps = 0.0f;
+};
+
+// Contract: rows < 2^31 (one block per row), 0 <= cols < 2^31. Rows 16-byte aligned
+// (cols % 4 == 0, aligned bases) take the float4 path. InvalidArgumentError for a bad dtype.
+absl::Status LaunchRmsNorm(const RmsNormParams& params, const LaunchContext& ctx);
+
+inline constexpr int kRmsNormThreads = 256;
+
+// kVec4: x, y and weight rows may be read and written 4 elements at a time.
+template <typename WeightT, bool kVec4>
+__global__ void __launch_bounds__(kRmsNormThreads) RmsNormKernel(const __grid_constant__ RmsNormParams p) {
+  __shared__ float scratch[kRmsNormThreads / kWarpSize];
+  const std::int64_t offset = blockIdx.x * std::int64_t{p.cols};
+  const float* x = p.x + offset;
+  float* y = p.y + offset;
+  const WeightT* weight = static_cast<const WeightT*>(p.weight);
+
+  float sum_sq = 0.0f;
+  if constexpr (kVec4) {
+    for (int c = threadIdx.x * 4; c < p.cols; c += kRmsNormThreads * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(x + c);
+      sum_sq += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+    for (int c = threadIdx.x; c < p.cols; c += kRmsNormThreads) sum_sq += x[c] * x[c];
+  }
+  sum_sq = BlockSum<kRmsNormThreads>(sum_sq, scratch);
+  const float inv_rms = rsqrtf(sum_sq / static_cast<float>(p.cols) + p.eps);
+
+  if constexpr (kVec4) {
+    for (int c = threadIdx.x * 4; c < p.cols; c += kRmsNormThreads * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(x + c);
+      float w[4];
+      Load4(weight + c, w);
+      *reinterpret_cast<float4*>(y + c) = make_float4((v.x * inv_rms) * w[0], (v.y * inv_rms) * w[1],
+                                                      (v.z * inv_rms) * w[2], (v.w * inv_rms) * w[3]);
+    }
+  } else {
+    for (int c = threadIdx.x; c < p.cols; c += kRmsNormThreads) {
+      y[c] = (x[c] * inv_rms) * LoadFloat(weight + c);
+    }
+  }
+}
+
+}  // namespace nq::kernels::cuda

@@ -1,0 +1,162 @@
+// Element types a backend tensor can hold, and the host/device conversions between them.
+//
+// This header is shared by host code (g++) and CUDA code (nvcc): it has no absl and no CUDA
+// dependency, so kernels can name the storage types directly as template parameters.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define NQ_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define NQ_HOST_DEVICE inline
+#endif
+
+namespace nq::kernels {
+
+// Storage dtypes. Names follow safetensors ("F32", "BF16", "F16") so checkpoint headers map
+// one to one. Quantized NestQuant planes get their own dtypes in a later issue.
+enum class DType : std::uint8_t { kF32, kBF16, kF16 };
+
+constexpr std::size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kF16: return 2;
+  }
+  return 0;
+}
+
+constexpr const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+  }
+  return "?";
+}
+
+// 16-bit floats as plain bit patterns: host code needs no CUDA headers to hold or convert them,
+// and kernels convert them in registers while loading.
+struct Bf16 {
+  std::uint16_t bits;
+};
+struct F16 {
+  std::uint16_t bits;
+};
+
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<Bf16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<F16> {
+  static constexpr DType value = DType::kF16;
+};
+
+NQ_HOST_DEVICE float BitsToFloat(std::uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+#endif
+}
+
+NQ_HOST_DEVICE std::uint32_t FloatToBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+#endif
+}
+
+// bf16 is the top half of an fp32: widening is exact.
+NQ_HOST_DEVICE float ToFloat(Bf16 v) { return BitsToFloat(std::uint32_t{v.bits} << 16); }
+
+// IEEE binary16 -> fp32, exact (normals, subnormals, inf, NaN).
+NQ_HOST_DEVICE float ToFloat(F16 v) {
+  const std::uint32_t sign = std::uint32_t{v.bits & 0x8000u} << 16;
+  const std::uint32_t exponent = (v.bits >> 10) & 0x1fu;
+  const std::uint32_t mantissa = v.bits & 0x3ffu;
+  if (exponent == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent != 0) return BitsToFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  // Zero or subnormal: mantissa * 2^-24, exact in fp32.
+  const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+  return sign != 0 ? -magnitude : magnitude;
+}
+
+NQ_HOST_DEVICE float ToFloat(float v) { return v; }
+
+// fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN.
+NQ_HOST_DEVICE Bf16 ToBf16(float f) {
+  std::uint32_t u = FloatToBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return Bf16{static_cast<std::uint16_t>((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return Bf16{static_cast<std::uint16_t>(u >> 16)};
+}
+
+// fp32 -> IEEE binary16, round to nearest even, overflow to inf (F. Giesen's
+// float_to_half_fast3_rtne, public domain).
+NQ_HOST_DEVICE F16 ToF16(float f) {
+  constexpr std::uint32_t kF16Overflow = (127u + 16u) << 23;     // 65536.0f
+  constexpr std::uint32_t kF16MinNormal = 113u << 23;            // 2^-14
+  constexpr std::uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  std::uint32_t u = FloatToBits(f);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  std::uint32_t out;
+  if (u >= kF16Overflow) {
+    out = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (u < kF16MinNormal) {
+    // The float add rounds the mantissa into place (to nearest even) for subnormal results.
+    out = FloatToBits(BitsToFloat(u) + BitsToFloat(kDenormMagic)) - kDenormMagic;
+  } else {
+    const std::uint32_t mantissa_odd = (u >> 13) & 1u;
+    u += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xfffu + mantissa_odd;
+    out = u >> 13;
+  }
+  return F16{static_cast<std::uint16_t>(out | sign)};
+}
+
+template <typename T>
+NQ_HOST_DEVICE T FromFloat(float f);
+template <>
+NQ_HOST_DEVICE float FromFloat<float>(float f) {
+  return f;
+}
+template <>
+NQ_HOST_DEVICE Bf16 FromFloat<Bf16>(float f) {
+  return ToBf16(f);
+}
+template <>
+NQ_HOST_DEVICE F16 FromFloat<F16>(float f) {
+  return ToF16(f);
+}
+
+// Calls fn(T{}) with T the storage type of `dtype` (float, Bf16 or F16), so one generic lambda
+// serves every floating dtype: VisitFloatDType(d, [&](auto tag) { using T = decltype(tag); ... }).
+template <typename Fn>
+decltype(auto) VisitFloatDType(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32: return fn(float{});
+    case DType::kBF16: return fn(Bf16{});
+    case DType::kF16: return fn(F16{});
+  }
+  // Unreachable: DType is a closed enum, only ever built from its enumerators.
+  std::abort();
+}
+
+}  // namespace nq::kernels

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build and the tests need. Idempotent; run as root on a
+# fresh Debian 12 machine (CI runs it first).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  # gRPC / protobuf (code generated at build time), Abseil
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  # I/O, HTTP, JSON, regex, logging, crypto
+  liburing-dev libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev libfmt-dev libssl-dev
+  # tests and benchmarks; prometheus ships promtool, which checks our /metrics output
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus
+  curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "setup: missing packages: ${missing[*]}; run as root" >&2
+    exit 1
+  fi
+  sudo=(sudo)
+fi
+
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+sudo+=(env DEBIAN_FRONTEND=noninteractive)
+"${sudo[@]}" apt-get update -q
+# --no-install-recommends keeps prometheus from pulling in a running server's extras.
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+# The prometheus package starts a server on :9090 on install; tests only need promtool.
+if command -v systemctl >/dev/null 2>&1; then "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+echo "setup: done"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The README's first command: installs what is missing, builds, and runs the cluster on this
+# machine (CPU backend) in the foreground: nq-streamer, nq-worker (rank 0), nq-router.
+# Ctrl-C (or SIGTERM) drains and stops all three. Logs go to $NQ_RUN_DIR (default .run/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake --preset cpu >/dev/null
+cmake --build --preset cpu -j "$(nproc)" --target nq-router nq-worker nq-streamer
+
+bin=build/cpu/services
+run_dir=${NQ_RUN_DIR:-.run}
+mkdir -p "$run_dir"
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  echo "stopping cluster (draining)..."
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+  wait || true
+}
+trap stop INT TERM EXIT
+
+"$bin/streamer/nq-streamer" --host=127.0.0.1 "$@" >"$run_dir/streamer.log" 2>&1 &
+pids+=($!)
+"$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu >"$run_dir/worker.log" 2>&1 &
+pids+=($!)
+"$bin/router/nq-router" --host=127.0.0.1 >"$run_dir/router.log" 2>&1 &
+pids+=($!)
+
+for _ in $(seq 1 100); do
+  if curl -sf http://127.0.0.1:8000/health >/dev/null; then
+    echo "cluster up: router HTTP http://127.0.0.1:8000 (try /v1/models, /metrics), gRPC 127.0.0.1:8001"
+    echo "logs in $run_dir/; Ctrl-C to stop"
+    wait -n || true
+    echo "a service exited; see $run_dir/*.log" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+echo "cluster did not become healthy in 20 s; see $run_dir/*.log" >&2
+exit 1

@@ -1,0 +1,71 @@
+#include "services/common/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace nq {
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("gRPC port ", options.port, " out of range"));
+  }
+  // Process-wide switches; both must be set before the first ServerBuilder is built.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  grpc::ServerBuilder builder;
+  int selected_port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected_port);
+  // gRPC sets SO_REUSEPORT by default, which would let a second server silently share a
+  // port with the first; a port clash must be a startup error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  for (grpc::Service* service : options.services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || selected_port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for gRPC on ", address,
+                     ": the address is in use or not bindable (pick another with the port flag)"));
+  }
+  auto result = std::unique_ptr<GrpcServer>(
+      new GrpcServer(std::move(server), std::move(options), selected_port));
+  result->SetServing(false);
+  return result;
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, GrpcServerOptions options, int port)
+    : server_(std::move(server)),
+      options_(std::move(options)),
+      port_(port),
+      address_(absl::StrCat(options_.host, ":", port)) {}
+
+GrpcServer::~GrpcServer() { Drain(std::chrono::system_clock::now()); }
+
+void GrpcServer::SetServing(bool serving) {
+  if (drained_) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(serving);  // the overall "" entry
+  for (const std::string& name : options_.health_service_names) {
+    health->SetServingStatus(name, serving);
+  }
+  if (serving != serving_) spdlog::info("gRPC {} health: {}", address_, serving ? "SERVING" : "NOT_SERVING");
+  serving_ = serving;
+}
+
+void GrpcServer::Drain(std::chrono::system_clock::time_point deadline) {
+  if (drained_) return;
+  SetServing(false);
+  drained_ = true;
+  // Shutdown(deadline) stops new calls at once and cancels what is still running when the
+  // deadline passes; Wait() joins the server's threads.
+  server_->Shutdown(deadline);
+  server_->Wait();
+}
+
+}  // namespace nq

@@ -1,0 +1,56 @@
+// A gRPC server with what every NestQuant service needs: grpc.health.v1 (NOT_SERVING until
+// the service says otherwise), server reflection, an exclusive port, and a drain that stops
+// accepting, lets in-flight calls finish up to a deadline, then cancels the rest.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+
+namespace nq {
+
+struct GrpcServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 0;  // 0 picks a free port (tests); see GrpcServer::port().
+  // Services to register; not owned, must outlive the server.
+  std::vector<grpc::Service*> services;
+  // Names reported by grpc.health.v1 besides the overall "" entry, e.g. "nq.v1.Worker".
+  std::vector<std::string> health_service_names;
+  // Largest message accepted (routing reports of a big model can be a few MB).
+  int max_receive_message_bytes = 64 << 20;
+};
+
+class GrpcServer {
+ public:
+  // Binds and starts. UNAVAILABLE naming the address when the port cannot be bound (already
+  // in use, permission), INVALID_ARGUMENT for a bad port.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(GrpcServerOptions options);
+  ~GrpcServer();
+
+  // Sets every health entry ("" and the service names) to SERVING or NOT_SERVING.
+  void SetServing(bool serving);
+  bool serving() const { return serving_; }
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+
+  // Health to NOT_SERVING, stop accepting calls, wait for in-flight calls up to `deadline`,
+  // cancel those still running, and return when the server has stopped. Idempotent.
+  void Drain(std::chrono::system_clock::time_point deadline);
+
+ private:
+  GrpcServer(std::unique_ptr<grpc::Server> server, GrpcServerOptions options, int port);
+
+  std::unique_ptr<grpc::Server> server_;
+  GrpcServerOptions options_;
+  int port_;
+  std::string address_;
+  bool serving_ = false;
+  bool drained_ = false;
+};
+
+}  // namespace nq

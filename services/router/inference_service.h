@@ -1,0 +1,35 @@
+// nq.v1.Inference, the public gRPC API.
+#pragma once
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "nq/v1/inference.grpc.pb.h"
+#include "services/router/worker_connection.h"
+
+namespace nq::router {
+
+// ModelInfo as the router reports it, from the leader worker's last GetInfo. UNAVAILABLE
+// while no worker is ready.
+absl::StatusOr<nq::v1::ModelInfo> CurrentModelInfo(const WorkerConnection& worker,
+                                                   const std::string& served_model_name);
+
+class InferenceService final : public nq::v1::Inference::Service {
+ public:
+  InferenceService(WorkerConnection* worker, std::string served_model_name);
+
+  grpc::Status Generate(grpc::ServerContext* context, const nq::v1::GenerateRequest* request,
+                        grpc::ServerWriter<nq::v1::GenerateResponse>* writer) override;
+  grpc::Status Tokenize(grpc::ServerContext* context, const nq::v1::TokenizeRequest* request,
+                        nq::v1::TokenizeResponse* response) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* context, const nq::v1::GetModelInfoRequest* request,
+                            nq::v1::ModelInfo* response) override;
+
+ private:
+  WorkerConnection* const worker_;
+  const std::string served_model_name_;
+};
+
+}  // namespace nq::router

@@ -1,0 +1,126 @@
+// nq-router: the public face of a deployment. OpenAI-compatible HTTP (port 8000) and gRPC
+// nq.v1.Inference (port 8001), in front of the leader worker.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "services/common/flag_checks.h"
+#include "services/common/grpc_server.h"
+#include "services/common/http_server.h"
+#include "services/common/logging.h"
+#include "services/common/shutdown_signal.h"
+#include "services/common/status_macros.h"
+#include "services/router/http_routes.h"
+#include "services/router/inference_service.h"
+#include "services/router/worker_connection.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(int, http_port, 8000, "OpenAI-compatible HTTP API, /health and /metrics");
+ABSL_FLAG(int, grpc_port, 8001, "gRPC nq.v1.Inference");
+ABSL_FLAG(std::string, worker_address, "127.0.0.1:8100", "host:port of the leader worker (rank 0)");
+ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the worker's model id)");
+ABSL_FLAG(double, worker_poll_interval_s, 0.5, "Seconds between health checks of the leader worker");
+ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish running requests");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
+
+namespace nq::router {
+namespace {
+
+absl::Status CheckFlags() {
+  RETURN_IF_ERROR(CheckPortFlag("http_port", absl::GetFlag(FLAGS_http_port), true));
+  RETURN_IF_ERROR(CheckPortFlag("grpc_port", absl::GetFlag(FLAGS_grpc_port), true));
+  RETURN_IF_ERROR(CheckAddressFlag("worker_address", absl::GetFlag(FLAGS_worker_address)));
+  RETURN_IF_ERROR(CheckPositiveSecondsFlag("worker_poll_interval_s",
+                                           absl::GetFlag(FLAGS_worker_poll_interval_s)));
+  RETURN_IF_ERROR(CheckPositiveSecondsFlag("drain_timeout_s", absl::GetFlag(FLAGS_drain_timeout_s)));
+  return absl::OkStatus();
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+absl::Status Run(ShutdownSignal& shutdown) {
+  RETURN_IF_ERROR(CheckFlags());
+  std::atomic<bool> draining{false};
+  GrpcServer* grpc_server_ptr = nullptr;
+  absl::Mutex serving_mu;
+  WorkerConnection worker(absl::GetFlag(FLAGS_worker_address),
+                          Millis(absl::GetFlag(FLAGS_worker_poll_interval_s)), [&](bool ready) {
+                            absl::MutexLock lock(&serving_mu);
+                            if (grpc_server_ptr != nullptr && !draining) {
+                              grpc_server_ptr->SetServing(ready);
+                            }
+                          });
+  InferenceService service(&worker, absl::GetFlag(FLAGS_served_model_name));
+  ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
+                   GrpcServer::Start(GrpcServerOptions{
+                       .host = absl::GetFlag(FLAGS_host),
+                       .port = absl::GetFlag(FLAGS_grpc_port),
+                       .services = {&service},
+                       .health_service_names = {"nq.v1.Inference"},
+                   }));
+  ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http_server,
+                   HttpServer::Start(HttpServerOptions{
+                       .host = absl::GetFlag(FLAGS_host),
+                       .port = absl::GetFlag(FLAGS_http_port),
+                       .add_routes =
+                           [&](httplib::Server& server) {
+                             AddRouterRoutes(server, HttpRoutesConfig{
+                                                         .worker = &worker,
+                                                         .served_model_name = absl::GetFlag(
+                                                             FLAGS_served_model_name),
+                                                         .serving = [&] {
+                                                           return worker.ready() && !draining;
+                                                         },
+                                                     });
+                           },
+                   }));
+  {
+    absl::MutexLock lock(&serving_mu);
+    grpc_server_ptr = grpc_server.get();
+  }
+  worker.Start();
+  spdlog::info("nq-router: HTTP on :{}, gRPC on {}, leader worker {}", http_server->port(),
+               grpc_server->address(), worker.address());
+
+  shutdown.Wait();
+  spdlog::info("signal {} received: draining (up to {} s)", shutdown.signal_number(),
+               absl::GetFlag(FLAGS_drain_timeout_s));
+  {
+    absl::MutexLock lock(&serving_mu);
+    draining = true;
+  }
+  grpc_server->Drain(std::chrono::system_clock::now() + Millis(absl::GetFlag(FLAGS_drain_timeout_s)));
+  http_server->Stop();
+  worker.Stop();
+  spdlog::info("nq-router stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace nq::router
+
+int main(int argc, char** argv) {
+  if (absl::Status s = nq::ShutdownSignal::BlockTerminationSignals(); !s.ok()) {
+    std::fprintf(stderr, "nq-router: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  absl::SetProgramUsageMessage("NestQuant router: OpenAI-compatible HTTP and gRPC nq.v1.Inference");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = nq::InitLogging("router", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    std::fprintf(stderr, "nq-router: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  nq::ShutdownSignal shutdown;
+  if (absl::Status s = nq::router::Run(shutdown); !s.ok()) {
+    spdlog::critical("nq-router failed: {}", s.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,57 @@
+// The router's link to the leader worker: one channel, and a watcher that polls the
+// worker's grpc.health.v1 status and GetInfo so the router knows whether it can serve.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
+#include "nq/v1/worker.grpc.pb.h"
+#include "services/common/metrics/registry.h"
+
+namespace nq::router {
+
+class WorkerConnection {
+ public:
+  // `on_ready_change(ready)` runs on the watcher thread whenever readiness flips.
+  WorkerConnection(std::string address, std::chrono::milliseconds poll_interval,
+                   std::function<void(bool)> on_ready_change);
+  ~WorkerConnection();
+  WorkerConnection(const WorkerConnection&) = delete;
+  WorkerConnection& operator=(const WorkerConnection&) = delete;
+
+  void Start();
+  void Stop();
+
+  // The worker answered SERVING on its last health check.
+  bool ready() const { return ready_.load(); }
+  // The last GetInfo answer from a ready worker.
+  std::optional<nq::v1::WorkerInfo> info() const;
+  nq::v1::Worker::Stub* stub() { return stub_.get(); }
+  const std::string& address() const { return address_; }
+
+ private:
+  void Watch();
+  bool Poll();
+
+  const std::string address_;
+  const std::chrono::milliseconds poll_interval_;
+  const std::function<void(bool)> on_ready_change_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<nq::v1::Worker::Stub> stub_;
+  std::atomic<bool> ready_{false};
+  metrics::Gauge& ready_gauge_;
+
+  mutable absl::Mutex mu_;
+  std::optional<nq::v1::WorkerInfo> info_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace nq::router

@@ -1,0 +1,40 @@
+// nq.v1.Streamer: worker registration and the per-worker control session.
+#pragma once
+
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "nq/v1/streamer.grpc.pb.h"
+#include "services/common/metrics/registry.h"
+#include "services/streamer/worker_registry.h"
+
+namespace nq::streamer {
+
+// Decode tokens between routing reports (DESIGN.md section 7).
+inline constexpr uint32_t kReportIntervalTokens = 16;
+
+class StreamerService final : public nq::v1::Streamer::Service {
+ public:
+  StreamerService(WorkerRegistry* registry, metrics::Registry& metrics);
+
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const nq::v1::RegisterWorkerRequest* request,
+                              nq::v1::RegisterWorkerResponse* response) override;
+  grpc::Status Session(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream) override;
+
+  const std::string& instance_id() const { return instance_id_; }
+
+ private:
+  WorkerRegistry* const registry_;
+  // Random per start: tells workers that the streamer restarted (see RegisterWorkerResponse).
+  const std::string instance_id_;
+  metrics::Gauge& sessions_active_;
+  metrics::Counter& routing_reports_;
+  metrics::Counter& routing_tokens_;
+  metrics::Counter& unmap_acks_;
+};
+
+}  // namespace nq::streamer

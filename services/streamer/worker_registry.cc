@@ -1,0 +1,128 @@
+#include "services/streamer/worker_registry.h"
+
+#include <signal.h>
+
+#include <cerrno>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace nq::streamer {
+namespace {
+
+// kill(pid, 0) probes without signalling: ESRCH means the process is gone.
+bool ProcessGone(uint32_t pid) { return pid != 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(metrics::Registry& metrics)
+    : workers_gauge_(metrics.Gauge("nq_streamer_workers_registered",
+                                   "Worker ranks registered with this streamer").Get()),
+      arena_bytes_gauge_(metrics.Gauge("nq_streamer_mapped_arena_bytes",
+                                       "Bytes of worker slot arenas mapped by this streamer").Get()),
+      registrations_(metrics.Counter("nq_streamer_registrations_total",
+                                     "Worker registrations accepted").Get()) {}
+
+absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorkerRequest& request) {
+  if (request.world_size() == 0 || request.rank() >= request.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " of world size ",
+                                                   request.world_size(), " is out of range"));
+  }
+  ASSIGN_OR_RETURN(SlotGeometry geometry, SlotGeometry::FromProto(request.geometry()));
+  if (request.arena_case() != nq::v1::RegisterWorkerRequest::kShm) {
+    // CUDA IPC arenas are opened by the GPU streamer (issue #6); this build maps shared memory.
+    return absl::UnimplementedError("only shared-memory arenas are supported by this streamer");
+  }
+  if (request.shm().bytes() != geometry.ArenaBytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("arena of ", request.shm().bytes(),
+                                                   " bytes does not match the geometry's ",
+                                                   geometry.ArenaBytes()));
+  }
+  ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Open(request.shm().name(), request.shm().bytes()));
+
+  auto worker = std::make_unique<RegisteredWorker>();
+  worker->rank = request.rank();
+  worker->world_size = request.world_size();
+  worker->pid = request.pid();
+  worker->release_id = request.release_id();
+  worker->geometry = std::move(geometry);
+  worker->arena = std::move(arena);
+
+  absl::MutexLock lock(&mu_);
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (it->second->rank == request.rank()) {
+      spdlog::info("rank {} registered again: dropping its earlier registration {}", request.rank(),
+                   it->first);
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  worker->worker_id = absl::StrCat("r", request.rank(), "-", next_id_++);
+  const std::string id = worker->worker_id;
+  spdlog::info("registered worker {} (pid {}, {} MoE layers x {} slots x {} bytes, arena {})", id,
+               worker->pid, worker->geometry.moe_layer_ids.size(), worker->geometry.slots_per_layer,
+               worker->geometry.rec_bytes, worker->arena.name());
+  workers_[id] = std::move(worker);
+  registrations_.Increment();
+  UpdateGaugesLocked();
+  return id;
+}
+
+absl::Status WorkerRegistry::OpenSession(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown worker_id '", worker_id,
+                                            "': register first (the streamer may have restarted)"));
+  }
+  if (it->second->session_active) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " already has a session"));
+  }
+  it->second->session_active = true;
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::CloseSession(const std::string& worker_id) {
+  std::unique_ptr<RegisteredWorker> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end()) return;
+    dropped = std::move(it->second);
+    workers_.erase(it);
+    UpdateGaugesLocked();
+  }
+  const std::string name = dropped->arena.name();
+  const bool gone = ProcessGone(dropped->pid);
+  dropped.reset();  // unmaps the arena
+  if (gone) {
+    // The worker died without unlinking its arena; nobody else will.
+    if (absl::Status s = SharedMemory::Unlink(name); !s.ok()) {
+      spdlog::warn("could not remove dead worker's arena {}: {}", name, s.ToString());
+    }
+  }
+  spdlog::info("worker {} session ended{}: arena {} released", worker_id,
+               gone ? " (process gone)" : "", name);
+}
+
+size_t WorkerRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return workers_.size();
+}
+
+bool WorkerRegistry::Contains(const std::string& worker_id) const {
+  absl::MutexLock lock(&mu_);
+  return workers_.count(worker_id) != 0;
+}
+
+void WorkerRegistry::UpdateGaugesLocked() {
+  double bytes = 0;
+  for (const auto& [id, worker] : workers_) bytes += static_cast<double>(worker->arena.size());
+  workers_gauge_.Set(static_cast<double>(workers_.size()));
+  arena_bytes_gauge_.Set(bytes);
+}
+
+}  // namespace nq::streamer

@@ -1,0 +1,58 @@
+// The workers registered with this streamer and their mapped slot arenas. A worker's arena
+// is dropped when its session ends; if its process is gone, its shared-memory name is
+// unlinked too, so a dead worker leaks nothing (DESIGN.md section 4).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "nq/v1/streamer.pb.h"
+#include "services/common/metrics/registry.h"
+#include "services/common/shared_memory.h"
+#include "services/common/slot_geometry.h"
+
+namespace nq::streamer {
+
+struct RegisteredWorker {
+  std::string worker_id;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+  uint32_t pid = 0;
+  std::string release_id;
+  SlotGeometry geometry;
+  SharedMemory arena;  // mapped read-write; the streamer writes only FREE slots
+  bool session_active = false;
+};
+
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(metrics::Registry& metrics);
+
+  // Validates the request, maps the arena, and records the worker under a fresh id,
+  // replacing an earlier registration of the same rank (a restarted worker).
+  absl::StatusOr<std::string> Register(const nq::v1::RegisterWorkerRequest& request);
+  // Marks the session of `worker_id` active. NOT_FOUND for an unknown id,
+  // FAILED_PRECONDITION when it already has a session.
+  absl::Status OpenSession(const std::string& worker_id);
+  // The session ended: drop the worker and unmap its arena.
+  void CloseSession(const std::string& worker_id);
+  size_t size() const;
+  // Whether a worker with this id is registered (tests and status).
+  bool Contains(const std::string& worker_id) const;
+
+ private:
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<RegisteredWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  metrics::Gauge& workers_gauge_;
+  metrics::Gauge& arena_bytes_gauge_;
+  metrics::Counter& registrations_;
+};
+
+}  // namespace nq::streamer

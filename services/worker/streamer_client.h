@@ -1,0 +1,78 @@
+// The worker's side of nq.v1.Streamer: registers the slot arena, keeps the session up, and
+// applies slot-table updates. It never blocks decode: when the streamer is absent or dies,
+// the worker serves every expert at 2 bits and this client keeps retrying in the background.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/synchronization/mutex.h"
+#include "nq/v1/streamer.grpc.pb.h"
+#include "services/common/metrics/registry.h"
+#include "services/worker/slot_table.h"
+
+namespace nq::worker {
+
+struct StreamerClientOptions {
+  std::string address;  // host:port of nq-streamer
+  uint32_t rank = 0;
+  uint32_t world_size = 1;
+  std::string release_id;
+  // The arena as the streamer must map it (shm name or CUDA IPC handle).
+  nq::v1::RegisterWorkerRequest arena_request;
+  // Deadline of each RegisterWorker call.
+  std::chrono::milliseconds register_timeout{2000};
+  // Reconnect backoff: doubles from min to max, with jitter.
+  std::chrono::milliseconds min_backoff{100};
+  std::chrono::milliseconds max_backoff{2000};
+};
+
+class StreamerClient {
+ public:
+  // `on_connection_change(true)` runs when a session comes up, (false) when it goes down.
+  StreamerClient(StreamerClientOptions options, SlotTable* table,
+                 std::function<void(bool)> on_connection_change);
+  ~StreamerClient();
+  StreamerClient(const StreamerClient&) = delete;
+  StreamerClient& operator=(const StreamerClient&) = delete;
+
+  void Start();
+  // Cancels the session and joins the background thread. Idempotent.
+  void Stop();
+  bool connected() const { return connected_.load(); }
+
+ private:
+  void Run();
+  // One registration + session; returns when the session ends or fails.
+  absl::Status RunSession();
+  void SetConnected(bool connected);
+  // Sleeps up to `duration`, returning early (false) when Stop() is called.
+  bool SleepUnlessStopped(std::chrono::milliseconds duration);
+
+  const StreamerClientOptions options_;
+  SlotTable* const table_;
+  const std::function<void(bool)> on_connection_change_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<nq::v1::Streamer::Stub> stub_;
+  std::atomic<bool> connected_{false};
+  std::string streamer_instance_id_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* session_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread thread_;
+
+  metrics::Gauge& connected_gauge_;
+  metrics::Counter& registrations_;
+  metrics::Counter& failures_;
+  metrics::Counter& updates_applied_;
+  metrics::Counter& updates_rejected_;
+};
+
+}  // namespace nq::worker

@@ -1,0 +1,98 @@
+// A service that cannot start says why and exits non-zero.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/integration/cluster_fixture.h"
+
+namespace nq::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Holds a listening socket on a loopback port for the test's lifetime.
+class PortHolder {
+ public:
+  PortHolder() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(fd_, 1), 0);
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~PortHolder() { close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+class StartupFailureTest : public ClusterTest {
+ protected:
+  // Runs a service that must fail to start; returns its log.
+  std::string ExpectStartupFailure(ChildProcess child) {
+    absl::StatusOr<int> code = child.WaitForExit(std::chrono::seconds(15));
+    EXPECT_TRUE(code.ok()) << "the service kept running:\n" << child.Log();
+    EXPECT_NE(code.value_or(0), 0) << child.Log();
+    EXPECT_GT(code.value_or(0), 0) << "it crashed instead of exiting:\n" << child.Log();
+    return child.Log();
+  }
+};
+
+TEST_F(StartupFailureTest, GrpcPortInUse) {
+  PortHolder held;
+  const std::string log = ExpectStartupFailure(StartStreamer(ServicePorts{held.port(), FreePort()}));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("cannot listen for gRPC on 127.0.0.1:", held.port())));
+}
+
+TEST_F(StartupFailureTest, HttpPortInUse) {
+  PortHolder held;
+  const std::string log = ExpectStartupFailure(StartRouter(ServicePorts{FreePort(), held.port()}, FreePort()));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("cannot listen for HTTP on 127.0.0.1:", held.port())));
+}
+
+TEST_F(StartupFailureTest, MetricsPortInUse) {
+  PortHolder held;
+  const std::string log = ExpectStartupFailure(StartWorker(ServicePorts{FreePort(), held.port()}, FreePort()));
+  EXPECT_THAT(log, HasSubstr("in use"));
+}
+
+TEST_F(StartupFailureTest, BadFlagValues) {
+  const ServicePorts ports = NewPorts();
+  struct Case {
+    std::string which;
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"router", {"--http_port=eighty"}, "http_port"},
+      {"router", {"--worker_address=nohostport"}, "--worker_address=nohostport"},
+      {"router", {"--drain_timeout_s=-1"}, "--drain_timeout_s"},
+      {"streamer", {"--grpc_port=70000"}, "--grpc_port=70000"},
+      {"streamer", {"--records_dir=/nonexistent/records"}, "not a directory"},
+      {"streamer", {"--log_level=loud"}, "--log_level"},
+      {"worker", {"--rank=2", "--world_size=2"}, "0 <= rank < world_size"},
+      {"worker", {"--backend=tpu"}, "tpu"},
+      {"worker", {"--rec_bytes=1000"}, "multiple of 4096"},
+      {"worker", {"--slots_per_layer=0"}, "must be positive"},
+      {"worker", {"--no_such_flag=1"}, "no_such_flag"},
+  };
+  for (const Case& c : cases) {
+    ChildProcess child = c.which == "router"     ? StartRouter(ports, FreePort(), c.args)
+                         : c.which == "streamer" ? StartStreamer(ports, c.args)
+                                                 : StartWorker(ports, FreePort(), c.args);
+    EXPECT_THAT(ExpectStartupFailure(std::move(child)), HasSubstr(c.message)) << c.which << " " << c.args[0];
+  }
+}
+
+}  // namespace
+}  // namespace nq::testing

@@ -1,0 +1,119 @@
+#include "services/streamer/worker_registry.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::streamer {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class WorkerRegistryTest : public ::testing::Test {
+ protected:
+  WorkerRegistryTest() : registry_(metrics_) {}
+
+  // A worker-side arena and the request that registers it.
+  nq::v1::RegisterWorkerRequest MakeRequest(uint32_t rank, SharedMemory* arena_out,
+                                            uint32_t pid = getpid()) {
+    SlotGeometry geometry = SlotGeometry::Packed({1, 2}, 2, 4096, 8, 1);
+    const std::string name = absl::StrCat("/nq-test-registry-", getpid(), "-", counter_++);
+    absl::StatusOr<SharedMemory> arena = SharedMemory::Create(name, geometry.ArenaBytes());
+    EXPECT_THAT(arena, IsOk());
+    nq::v1::RegisterWorkerRequest request;
+    request.set_rank(rank);
+    request.set_world_size(2);
+    request.set_pid(pid);
+    request.mutable_shm()->set_name(name);
+    request.mutable_shm()->set_bytes(geometry.ArenaBytes());
+    *request.mutable_geometry() = geometry.ToProto();
+    *arena_out = std::move(*arena);
+    return request;
+  }
+
+  metrics::Registry metrics_;
+  WorkerRegistry registry_;
+  int counter_ = 0;
+};
+
+TEST_F(WorkerRegistryTest, RegistersMapsAndReleases) {
+  SharedMemory arena;
+  nq::v1::RegisterWorkerRequest request = MakeRequest(0, &arena);
+  absl::StatusOr<std::string> id = registry_.Register(request);
+  ASSERT_THAT(id, IsOk());
+  EXPECT_TRUE(registry_.Contains(*id));
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("nq_streamer_workers_registered 1"));
+  EXPECT_THAT(registry_.OpenSession(*id), IsOk());
+  EXPECT_THAT(registry_.OpenSession(*id), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already")));
+  registry_.CloseSession(*id);
+  EXPECT_FALSE(registry_.Contains(*id));
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("nq_streamer_workers_registered 0"));
+  EXPECT_THAT(registry_.OpenSession(*id), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register first")));
+}
+
+TEST_F(WorkerRegistryTest, SameRankReplacesTheEarlierRegistration) {
+  SharedMemory first_arena, second_arena;
+  absl::StatusOr<std::string> first = registry_.Register(MakeRequest(1, &first_arena));
+  absl::StatusOr<std::string> second = registry_.Register(MakeRequest(1, &second_arena));
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_NE(*first, *second);
+  EXPECT_FALSE(registry_.Contains(*first));
+  EXPECT_TRUE(registry_.Contains(*second));
+  EXPECT_EQ(registry_.size(), 1u);
+}
+
+TEST_F(WorkerRegistryTest, RejectsBadRegistrations) {
+  SharedMemory arena;
+  nq::v1::RegisterWorkerRequest base = MakeRequest(0, &arena);
+
+  nq::v1::RegisterWorkerRequest bad_rank = base;
+  bad_rank.set_rank(2);
+  EXPECT_THAT(registry_.Register(bad_rank), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2")));
+
+  nq::v1::RegisterWorkerRequest bad_geometry = base;
+  bad_geometry.mutable_geometry()->set_rec_bytes(1000);
+  EXPECT_THAT(registry_.Register(bad_geometry),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rec_bytes")));
+
+  nq::v1::RegisterWorkerRequest size_mismatch = base;
+  size_mismatch.mutable_shm()->set_bytes(4096);
+  EXPECT_THAT(registry_.Register(size_mismatch),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not match")));
+
+  nq::v1::RegisterWorkerRequest missing = base;
+  missing.mutable_shm()->set_name("/nq-test-does-not-exist");
+  EXPECT_THAT(registry_.Register(missing), StatusIs(absl::StatusCode::kNotFound, HasSubstr("does-not-exist")));
+
+  nq::v1::RegisterWorkerRequest cuda = base;
+  cuda.mutable_cuda_ipc()->set_bytes(base.shm().bytes());
+  EXPECT_THAT(registry_.Register(cuda), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("shared-memory")));
+  EXPECT_EQ(registry_.size(), 0u);
+}
+
+TEST_F(WorkerRegistryTest, DeadWorkersArenaNameIsRemoved) {
+  // A child process that has exited stands in for a worker that died.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+
+  SharedMemory arena;
+  nq::v1::RegisterWorkerRequest request = MakeRequest(0, &arena, static_cast<uint32_t>(child));
+  const std::string name = request.shm().name();
+  absl::StatusOr<std::string> id = registry_.Register(request);
+  ASSERT_THAT(id, IsOk());
+  ASSERT_THAT(registry_.OpenSession(*id), IsOk());
+  registry_.CloseSession(*id);
+  EXPECT_THAT(SharedMemory::Open(name, request.shm().bytes()), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+}  // namespace
+}  // namespace nq::streamer
