@@ -83,7 +83,7 @@ absl::StatusOr<Tensor> Backend::Allocate(DType dtype, Shape shape) {
   absl::StatusOr<std::unique_ptr<Storage>> storage = AllocateStorage(bytes);
   if (!storage.ok()) {
     return Annotate(storage.status(), absl::StrCat("Allocate ", DTypeName(dtype),
-                                                   shape.ToString(), " on ", name()));
+                                                   shape.ToString(), " on ", std::string(name())));
   }
   return MakeTensor(*std::move(storage), dtype, std::move(shape));
 }

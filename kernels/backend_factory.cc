@@ -1,5 +1,6 @@
 // CreateBackend: the one place that maps a backend name to an implementation.
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
@@ -34,7 +35,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
 #endif
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown backend '", name, "' (expected 'cpu' or 'cuda')"));
+      absl::StrCat("unknown backend '", std::string(name), "' (expected 'cpu' or 'cuda')"));
 }
 
 }  // namespace nq::kernels

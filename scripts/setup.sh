@@ -11,6 +11,8 @@ packages=(
   liburing-dev libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev libfmt-dev libssl-dev
   # tests and benchmarks; prometheus ships promtool, which checks our /metrics output
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
+  # libFuzzer (the safetensors header fuzzer runs under ctest)
+  clang-14 libclang-rt-14-dev
   curl
 )
 

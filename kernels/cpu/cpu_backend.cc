@@ -59,25 +59,25 @@ absl::Status CpuBackend::DoCopy(const void* src, std::size_t bytes, void* dst) {
 
 absl::Status CpuBackend::DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
                                   const MatMulDims& dims) {
-  MatMul(x.data_as<float>(), w.data(), w.dtype(), y.data_as<float>(), dims, threads_);
+  cpu::MatMul(x.data_as<float>(), w.data(), w.dtype(), y.data_as<float>(), dims, threads_);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                    const RowDims& dims) {
-  RmsNorm(x.data_as<float>(), weight.data(), weight.dtype(), eps, y.data_as<float>(), dims,
+  cpu::RmsNorm(x.data_as<float>(), weight.data(), weight.dtype(), eps, y.data_as<float>(), dims,
           threads_);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::DoSiluAndMul(const Tensor& x, Tensor& y, const RowDims& dims) {
-  SiluAndMul(x.data_as<float>(), y.data_as<float>(), dims, threads_);
+  cpu::SiluAndMul(x.data_as<float>(), y.data_as<float>(), dims, threads_);
   return absl::OkStatus();
 }
 
 absl::Status CpuBackend::DoSoftmax(const Tensor& x, float scale, Tensor& y,
                                    const RowDims& dims) {
-  Softmax(x.data_as<float>(), scale, y.data_as<float>(), dims, threads_);
+  cpu::Softmax(x.data_as<float>(), scale, y.data_as<float>(), dims, threads_);
   return absl::OkStatus();
 }
 

@@ -25,7 +25,7 @@ WorkerConnection::WorkerConnection(std::string address, std::chrono::millisecond
       stub_(nq::v1::Worker::NewStub(channel_)),
       ready_gauge_(metrics::Registry::Default()
                        .Gauge("nq_router_worker_ready",
-                              "1 while the leader worker reports SERVING, else 0")
+                              "Whether the leader worker reports SERVING (1) or not (0)")
                        .Get()) {}
 
 WorkerConnection::~WorkerConnection() { Stop(); }

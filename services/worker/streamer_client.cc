@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/logging.h"
 #include "services/common/status_grpc.h"
+#include "services/common/status_macros.h"
 
 namespace nq::worker {
 namespace {
@@ -19,6 +20,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   // Reconnect quickly once the streamer is back: our own loop handles the backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
@@ -34,8 +37,8 @@ StreamerClient::StreamerClient(StreamerClientOptions options, SlotTable* table,
       stub_(nq::v1::Streamer::NewStub(channel_)),
       connected_gauge_(metrics::Registry::Default()
                            .Gauge("nq_worker_streamer_connected",
-                                  "1 while the session with nq-streamer is up, else 0 (experts "
-                                  "then run at 2 bits)")
+                                  "Whether the session with nq-streamer is up (1) or not (0: "
+                                  "every expert then runs at 2 bits)")
                            .Get()),
       registrations_(metrics::Registry::Default()
                          .Counter("nq_worker_streamer_registrations_total",

@@ -15,7 +15,7 @@ using ::nq::testing::IsOk;
 using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string UniqueName(std::string_view tag) {
+std::string UniqueName(const char* tag) {
   return absl::StrCat("/nq-test-", tag, "-", getpid());
 }
 

@@ -32,9 +32,9 @@ TEST_F(ClusterTest, StartsServesMetricsAndStopsCleanlyOnSigterm) {
 
   // Every service's /metrics passes the real promtool and shows the connections.
   const std::pair<int, const char*> scrapes[] = {
-      {streamer_ports.http, "nq_streamer_workers_registered 1"},
-      {worker_ports.http, "nq_worker_streamer_connected 1"},
-      {router_ports.http, "nq_router_worker_ready 1"},
+      {streamer_ports.http, "\nnq_streamer_workers_registered 1\n"},
+      {worker_ports.http, "\nnq_worker_streamer_connected 1\n"},
+      {router_ports.http, "\nnq_router_worker_ready 1\n"},
   };
   for (const auto& [port, expected] : scrapes) {
     HttpReply metrics = HttpGet(port, "/metrics");
@@ -81,7 +81,7 @@ TEST_F(ClusterTest, WorkerRetriesUntilTheStreamerComesUp) {
   EXPECT_TRUE(worker.Running()) << worker.Log();
   EXPECT_EQ(GrpcHealth(worker_ports.grpc), HealthStatus::NOT_SERVING);
   EXPECT_EQ(HttpGet(worker_ports.http, "/health").status, 503);
-  EXPECT_THAT(HttpGet(worker_ports.http, "/metrics").body, HasSubstr("nq_worker_streamer_connected 0"));
+  EXPECT_THAT(HttpGet(worker_ports.http, "/metrics").body, HasSubstr("\nnq_worker_streamer_connected 0\n"));
 
   ChildProcess streamer = StartStreamer(streamer_ports);
   EXPECT_TRUE(WaitServing(worker_ports.grpc)) << worker.Log() << streamer.Log();
@@ -108,16 +108,16 @@ TEST_F(ClusterTest, StreamerDrainsThenWorkerKeepsServingAndResyncsWithANewStream
 
   // The worker stays up and SERVING (every expert at 2 bits) while the streamer is gone.
   EXPECT_TRUE(WaitFor([&] {
-    return HttpGet(worker_ports.http, "/metrics").body.find("nq_worker_streamer_connected 0") != std::string::npos;
+    return HttpGet(worker_ports.http, "/metrics").body.find("\nnq_worker_streamer_connected 0\n") != std::string::npos;
   }, std::chrono::seconds(10))) << worker.Log();
   EXPECT_EQ(GrpcHealth(worker_ports.grpc), HealthStatus::SERVING);
 
   ChildProcess restarted = StartStreamer(streamer_ports);
   EXPECT_TRUE(WaitFor([&] {
-    return HttpGet(worker_ports.http, "/metrics").body.find("nq_worker_streamer_connected 1") != std::string::npos;
+    return HttpGet(worker_ports.http, "/metrics").body.find("\nnq_worker_streamer_connected 1\n") != std::string::npos;
   }, std::chrono::seconds(15))) << worker.Log() << restarted.Log();
-  EXPECT_THAT(HttpGet(worker_ports.http, "/metrics").body, HasSubstr("nq_worker_streamer_registrations_total 2"));
-  EXPECT_THAT(HttpGet(streamer_ports.http, "/metrics").body, HasSubstr("nq_streamer_workers_registered 1"));
+  EXPECT_THAT(HttpGet(worker_ports.http, "/metrics").body, HasSubstr("\nnq_worker_streamer_registrations_total 2\n"));
+  EXPECT_THAT(HttpGet(streamer_ports.http, "/metrics").body, HasSubstr("\nnq_streamer_workers_registered 1\n"));
 
   worker.Signal(SIGTERM);
   restarted.Signal(SIGTERM);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Fills .device/ (git-ignored) with what the GPU machine needs to run the kernel tests:
+#   .device/bin/     cuda_vs_cpu_ops_test, cpu_ops_test (debug info stripped)
+#   .device/lib/     every shared library they load (ldd) except the C/C++ runtime and the CUDA
+#                    driver, which the GPU machine has (today: Abseil; cudart and GTest are static)
+#   .device/compat/  this machine's libstdc++ / libgcc_s, used by run_on_device.sh only if the
+#                    GPU machine's are too old for the binaries
+#   .device/MANIFEST what was packed, from which commit, with sha256 sums
+# Then call the `run` tool with carry [".device"] (scripts/device/README.md).
+#
+#   bash scripts/device/package.sh [BUILD_DIR]   # default build/cuda
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+build_dir="${1:-build/cuda}"
+readonly out=.device
+readonly binaries=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test)
+
+for b in "${binaries[@]}"; do
+  if [[ ! -x "$build_dir/$b" ]]; then
+    echo "package.sh: $build_dir/$b missing; run scripts/device/build_cuda.sh first" >&2
+    exit 1
+  fi
+done
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/compat"
+for b in "${binaries[@]}"; do
+  cp "$build_dir/$b" "$out/bin/"
+  strip --strip-debug "$out/bin/$(basename "$b")"
+done
+
+# Libraries the GPU machine provides itself: glibc, the C++ runtime, the CUDA driver.
+is_system_library() {
+  case "$1" in
+    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libdl.so* | libpthread.so* | \
+      librt.so* | libstdc++.so* | libgcc_s.so* | libcuda.so* | libnvidia-*.so*)
+      return 0 ;;
+  esac
+  return 1
+}
+
+missing=0
+for bin in "$out"/bin/*; do
+  while read -r name arrow path _; do
+    [[ "$arrow" == "=>" ]] || continue
+    if [[ "$path" == "not" ]]; then
+      echo "package.sh: $bin needs $name, which ldd cannot find here" >&2
+      missing=1
+      continue
+    fi
+    is_system_library "$name" || cp -L "$path" "$out/lib/$name"
+  done < <(ldd "$bin")
+done
+[[ "$missing" == 0 ]] || exit 1
+
+for name in libstdc++.so.6 libgcc_s.so.1; do
+  path="$(ldd "$out/bin/cuda_vs_cpu_ops_test" | awk -v n="$name" '$1 == n { print $3 }')"
+  [[ -n "$path" ]] && cp -L "$path" "$out/compat/$name"
+done
+
+{
+  echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
+    "(+ working tree changes) by scripts/device/package.sh, build dir $build_dir"
+  (cd "$out" && find bin lib compat -type f -print0 | sort -z | xargs -0 sha256sum)
+} > "$out/MANIFEST"
+
+echo "package.sh: $(find "$out/lib" -type f | wc -l) libraries, $(du -sh "$out" | cut -f1) in $out/"

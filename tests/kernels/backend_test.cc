@@ -1,0 +1,176 @@
+// The backend-independent parts: CreateBackend, Tensor, copies and dtype conversion.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "kernels/tensor_io.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::kernels::testing::AllocateOrFail;
+using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::MakeCpuBackend;
+using ::nq::kernels::testing::StatusIs;
+using ::nq::kernels::testing::Upload;
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(CreateBackend, CpuIsAlwaysAvailable) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->name(), "cpu");
+  EXPECT_THAT((*backend)->DeviceDescription(), HasSubstr("threads"));
+  EXPECT_TRUE(IsBackendCompiledIn("cpu"));
+}
+
+TEST(CreateBackend, UnknownNameIsInvalidArgument) {
+  EXPECT_THAT(CreateBackend("tpu").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown backend 'tpu'")));
+}
+
+TEST(CreateBackend, CudaIsUnimplementedWithoutCudaOrNeedsADevice) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cuda");
+  if (!IsBackendCompiledIn("cuda")) {
+    EXPECT_THAT(backend.status(), StatusIs(absl::StatusCode::kUnimplemented,
+                                           HasSubstr("not compiled into this build")));
+  } else if (!backend.ok()) {
+    // A CUDA build on a machine without a GPU (CI) must say so, not crash.
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
+        << backend.status();
+  }
+}
+
+TEST(Tensor, AllocateReportsDTypeShapeAndBytes) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor t = AllocateOrFail(*backend, DType::kBF16, {3, 5});
+  EXPECT_TRUE(t.valid());
+  EXPECT_EQ(t.dtype(), DType::kBF16);
+  EXPECT_EQ(t.shape(), Shape({3, 5}));
+  EXPECT_EQ(t.NumElements(), 15);
+  EXPECT_EQ(t.nbytes(), 30u);
+  EXPECT_EQ(t.backend_id(), backend->id());
+  EXPECT_EQ(t.DebugString(), "BF16[3, 5]");
+}
+
+TEST(Tensor, AllocateRejectsNegativeAndOverflowingShapes) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  EXPECT_THAT(backend->Allocate(DType::kF32, {2, -1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("negative dimension in [2, -1]")));
+  const std::int64_t huge = std::int64_t{1} << 40;
+  EXPECT_THAT(backend->Allocate(DType::kF32, {huge, huge}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overflows")));
+}
+
+TEST(Tensor, MovedFromTensorIsEmpty) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor a = AllocateOrFail(*backend, DType::kF32, {4});
+  Tensor b = std::move(a);
+  EXPECT_FALSE(a.valid());  // NOLINT(bugprone-use-after-move): documented state
+  EXPECT_EQ(a.DebugString(), "<empty>");
+  EXPECT_TRUE(b.valid());
+}
+
+TEST(Tensor, ReshapeKeepsElementCount) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor t = Upload(*backend, std::vector<float>{1, 2, 3, 4, 5, 6}, DType::kF32, {2, 3});
+  NQ_ASSERT_OK(t.Reshape({3, 2}));
+  EXPECT_EQ(t.shape(), Shape({3, 2}));
+  EXPECT_THAT(Download(*backend, t), ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(t.Reshape({4, 2}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("F32[3, 2] has 6 elements, [4, 2] has 8")));
+}
+
+TEST(Copies, RejectWrongByteCounts) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor t = AllocateOrFail(*backend, DType::kF32, {4});
+  std::vector<std::byte> bytes(12);
+  EXPECT_THAT(backend->CopyFromHost(bytes, t),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("CopyFromHost: 12 bytes given for F32[4] (16 bytes)")));
+  EXPECT_THAT(backend->CopyToHost(t, bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("CopyToHost: 12 bytes of room for F32[4] (16 bytes)")));
+}
+
+TEST(Copies, DeviceCopyNeedsMatchingTensors) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor src = Upload(*backend, std::vector<float>{1, 2, 3}, DType::kF32, {3});
+  Tensor dst = AllocateOrFail(*backend, DType::kF32, {3});
+  NQ_ASSERT_OK(backend->Copy(src, dst));
+  EXPECT_THAT(Download(*backend, dst), ElementsAre(1, 2, 3));
+  Tensor other = AllocateOrFail(*backend, DType::kBF16, {3});
+  EXPECT_THAT(backend->Copy(src, other),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Copy: src F32[3] and dst BF16[3] differ")));
+}
+
+TEST(Copies, RejectTensorOfAnotherBackend) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> other = MakeCpuBackend();
+  Tensor t = AllocateOrFail(*other, DType::kF32, {2});
+  std::vector<std::byte> bytes(8);
+  EXPECT_THAT(backend->CopyFromHost(bytes, t),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("dst F32[2] belongs to another backend")));
+}
+
+TEST(TensorIo, UploadRejectsWrongValueCount) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  EXPECT_THAT(UploadFloats(*backend, std::vector<float>(5), DType::kF32, {2, 3}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("5 values for shape [2, 3] (6 elements)")));
+}
+
+TEST(TensorIo, SixteenBitRoundTripsRepresentableValues) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  const std::vector<float> values = {0.0f, -1.5f, 3.0f, 0.0078125f, -256.0f};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    Tensor t = Upload(*backend, values, dtype, {5});
+    EXPECT_EQ(t.nbytes(), 10u);
+    EXPECT_EQ(Download(*backend, t), values) << DTypeName(dtype);
+  }
+}
+
+TEST(DTypeConversion, Bf16RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1).
+  EXPECT_EQ(ToBf16(1.0f + 0x1p-8f).bits, 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
+  EXPECT_EQ(ToBf16(1.0f + 3 * 0x1p-8f).bits, 0x3f82);
+  EXPECT_EQ(ToFloat(Bf16{0xbfc0}), -1.5f);
+  EXPECT_TRUE(std::isnan(ToFloat(ToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(ToFloat(ToBf16(std::numeric_limits<float>::infinity())),
+            std::numeric_limits<float>::infinity());
+}
+
+TEST(DTypeConversion, F16HandlesSubnormalsOverflowAndTies) {
+  EXPECT_EQ(ToF16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(ToF16(-2.0f).bits, 0xc000);
+  EXPECT_EQ(ToF16(65504.0f).bits, 0x7bff);                 // largest finite
+  EXPECT_EQ(ToF16(65520.0f).bits, 0x7c00);                 // rounds up to inf
+  EXPECT_EQ(ToF16(0x1p-24f).bits, 0x0001);                 // smallest subnormal
+  EXPECT_EQ(ToF16(0x1p-25f).bits, 0x0000);                 // tie to even: zero
+  EXPECT_EQ(ToF16(1.0f + 0x1p-11f).bits, 0x3c00);          // tie to even
+  EXPECT_EQ(ToFloat(F16{0x0001}), 0x1p-24f);
+  EXPECT_EQ(ToFloat(F16{0x8400}), -0x1p-14f);
+  EXPECT_EQ(ToFloat(F16{0x7c00}), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(ToFloat(F16{0x7e00})));
+  EXPECT_TRUE(std::isnan(ToFloat(ToF16(std::numeric_limits<float>::quiet_NaN()))));
+  // Every finite f16 survives f16 -> f32 -> f16.
+  for (std::uint32_t bits = 0; bits < 0x10000; ++bits) {
+    if ((bits & 0x7c00) == 0x7c00) continue;  // inf / NaN
+    ASSERT_EQ(ToF16(ToFloat(F16{static_cast<std::uint16_t>(bits)})).bits, bits) << bits;
+  }
+}
+
+}  // namespace
+}  // namespace nq::kernels

@@ -1,0 +1,73 @@
+// CUDA RmsNorm vs the CPU backend on fresh random inputs, weights F32 / BF16 / F16.
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/kernels/cuda/backend_pair.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::kernels::testing::AllocateOrFail;
+using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::ErrorSummary;
+using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::NormalizedError;
+using ::nq::kernels::testing::RandomInt;
+using ::nq::kernels::testing::RandomNormal;
+using ::nq::kernels::testing::RandomUniform;
+using ::nq::kernels::testing::Upload;
+
+// fp32 elementwise after a tree reduction; rsqrtf is within 2 ulp.
+constexpr double kTolerance = 1e-5;
+constexpr float kEps = 1e-6f;
+
+TEST(CudaRmsNorm, MatchesCpuOnFreshRandomInputs) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(1201);
+  std::vector<std::pair<std::int64_t, std::int64_t>> cases = {
+      {1, 1}, {1, 7168}, {3, 5}, {7, 513}, {64, 1536}, {33, 4099}, {128, 512}, {2, 16384},
+      {1024, 7168}};
+  for (int i = 0; i < 3; ++i) cases.emplace_back(RandomInt(rng, 1, 300), RandomInt(rng, 1, 9000));
+  for (DType w_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    ErrorSummary summary(absl::StrCat("RmsNorm weight=", DTypeName(w_dtype)), kTolerance);
+    for (const auto& [rows, cols] : cases) {
+      SCOPED_TRACE(absl::StrCat("weight ", DTypeName(w_dtype), " rows=", rows, " cols=", cols));
+      const std::vector<float> x = RandomNormal(rng, rows * cols, 2.0f);
+      const std::vector<float> w = RandomUniform(rng, cols, 0.5f, 1.5f);
+      std::vector<float> outputs[2];
+      int i = 0;
+      for (Backend* backend : {Backends().cpu.get(), Backends().cuda.get()}) {
+        Tensor tx = Upload(*backend, x, DType::kF32, {rows, cols});
+        Tensor tw = Upload(*backend, w, w_dtype, {cols});
+        Tensor ty = AllocateOrFail(*backend, DType::kF32, {rows, cols});
+        NQ_ASSERT_OK(backend->RmsNorm(tx, tw, kEps, ty));
+        outputs[i++] = Download(*backend, ty);
+      }
+      summary.Add(NormalizedError(outputs[1], outputs[0]));
+    }
+  }
+}
+
+TEST(CudaRmsNorm, RunsInPlace) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(1202);
+  const std::vector<float> x = RandomNormal(rng, 5 * 7168, 1.0f);
+  const std::vector<float> w = RandomUniform(rng, 7168, 0.5f, 1.5f);
+  std::vector<float> outputs[2];
+  int i = 0;
+  for (Backend* backend : {Backends().cpu.get(), Backends().cuda.get()}) {
+    Tensor tx = Upload(*backend, x, DType::kF32, {5, 7168});
+    Tensor tw = Upload(*backend, w, DType::kBF16, {7168});
+    NQ_ASSERT_OK(backend->RmsNorm(tx, tw, kEps, tx));
+    outputs[i++] = Download(*backend, tx);
+  }
+  EXPECT_LT(NormalizedError(outputs[1], outputs[0]), kTolerance);
+}
+
+}  // namespace
+}  // namespace nq::kernels
