@@ -18,9 +18,12 @@ std::int64_t Shape::NumElements() const {
 absl::StatusOr<std::int64_t> Shape::CheckedNumElements() const {
   std::int64_t n = 1;
   for (std::int64_t d : dims_) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dimension in ", ToString()));
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("negative dimension in ", ToString()));
+    }
     if (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d) {
-      return absl::InvalidArgumentError(absl::StrCat("element count of ", ToString(), " overflows"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("element count of ", ToString(), " overflows"));
     }
     n *= d;
   }
@@ -45,7 +48,9 @@ std::string Shape::ToString() const { return absl::StrCat("[", absl::StrJoin(dim
 absl::Status Tensor::Reshape(Shape shape) {
   if (!valid()) return absl::InvalidArgumentError("Reshape: the tensor is empty");
   absl::StatusOr<std::int64_t> count = shape.CheckedNumElements();
-  if (!count.ok()) return absl::InvalidArgumentError(absl::StrCat("Reshape: ", count.status().message()));
+  if (!count.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("Reshape: ", count.status().message()));
+  }
   if (*count != shape_.NumElements()) {
     return absl::InvalidArgumentError(absl::StrCat("Reshape: ", DebugString(), " has ",
                                                    shape_.NumElements(), " elements, ",

@@ -180,7 +180,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
 
 // kVectorized: rows of w and x are 16-byte aligned (checked by the launcher).
 template <typename WeightT, bool kVectorized>
-__global__ void __launch_bounds__(kGemvThreads) MatMulGemvKernel(const __grid_constant__ MatMulParams p) {
+__global__ void __launch_bounds__(kGemvThreads)
+    MatMulGemvKernel(const __grid_constant__ MatMulParams p) {
   const int lane = threadIdx.x % kWarpSize;
   const int col = blockIdx.x * kGemvWarps + threadIdx.x / kWarpSize;
   // The kernel has no block-wide barrier, so a warp past the last column may simply leave.

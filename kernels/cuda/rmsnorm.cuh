@@ -35,7 +35,8 @@ inline constexpr int kRmsNormThreads = 256;
 
 // kVec4: x, y and weight rows may be read and written 4 elements at a time.
 template <typename WeightT, bool kVec4>
-__global__ void __launch_bounds__(kRmsNormThreads) RmsNormKernel(const __grid_constant__ RmsNormParams p) {
+__global__ void __launch_bounds__(kRmsNormThreads)
+    RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   __shared__ float scratch[kRmsNormThreads / kWarpSize];
   const std::int64_t offset = blockIdx.x * std::int64_t{p.cols};
   const float* x = p.x + offset;
@@ -59,8 +60,9 @@ __global__ void __launch_bounds__(kRmsNormThreads) RmsNormKernel(const __grid_co
       const float4 v = *reinterpret_cast<const float4*>(x + c);
       float w[4];
       Load4(weight + c, w);
-      *reinterpret_cast<float4*>(y + c) = make_float4((v.x * inv_rms) * w[0], (v.y * inv_rms) * w[1],
-                                                      (v.z * inv_rms) * w[2], (v.w * inv_rms) * w[3]);
+      *reinterpret_cast<float4*>(y + c) =
+          make_float4((v.x * inv_rms) * w[0], (v.y * inv_rms) * w[1], (v.z * inv_rms) * w[2],
+                      (v.w * inv_rms) * w[3]);
     }
   } else {
     for (int c = threadIdx.x; c < p.cols; c += kRmsNormThreads) {

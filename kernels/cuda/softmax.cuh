@@ -39,7 +39,8 @@ __device__ __forceinline__ void Accumulate(MaxSum& acc, float v) {
 }
 
 template <bool kVec4>
-__global__ void __launch_bounds__(kSoftmaxThreads) SoftmaxKernel(const __grid_constant__ SoftmaxParams p) {
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    SoftmaxKernel(const __grid_constant__ SoftmaxParams p) {
   __shared__ MaxSum scratch[kSoftmaxThreads / kWarpSize];
   const std::int64_t offset = blockIdx.x * std::int64_t{p.cols};
   const float* x = p.x + offset;

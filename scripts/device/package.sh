@@ -60,8 +60,9 @@ for name in libstdc++.so.6 libgcc_s.so.1; do
 done
 
 {
-  echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null || echo '?')" \
-    "(+ working tree changes) by scripts/device/package.sh, build dir $build_dir"
+  commit="$(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ) from $commit (+ working tree changes)" \
+    "by scripts/device/package.sh, build dir $build_dir"
   (cd "$out" && find bin lib compat -type f -print0 | sort -z | xargs -0 sha256sum)
 } > "$out/MANIFEST"
 

@@ -32,8 +32,7 @@ if ldd "$dev/bin/cuda_vs_cpu_ops_test" 2>&1 | grep -q "not found"; then
 fi
 
 echo "== nvidia-smi"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
-  --format=csv || echo "(nvidia-smi failed)"
+nvidia-smi || echo "(nvidia-smi failed)"
 
 failed=()
 run() {

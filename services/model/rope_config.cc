@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 
 namespace nq::model {
 namespace {
@@ -24,7 +28,161 @@ double FindCorrectionDim(double num_rotations, int64_t dim, double base,
 
 bool NonZero(const std::optional<double>& value) { return value.has_value() && *value != 0.0; }
 
+using Json = nlohmann::json;
+
+// Typed reads of one key of a rope dict (or of the config root, path ""), with errors worded
+// like model_config.cc's: the key by its full path, the expected and the actual JSON type.
+class RopeFields {
+ public:
+  RopeFields(const Json& object, const char* path) : object_(object), path_(path) {}
+
+  std::string Name(const std::string& key) const {
+    return path_[0] == '\0' ? key : absl::StrCat(path_, ".", key);
+  }
+  const Json* Find(const char* key) const {
+    auto it = object_.find(key);
+    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  }
+  absl::Status WrongType(const char* key, const char* expected, const Json& value) const {
+    std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return absl::InvalidArgumentError(absl::StrCat("key \"", Name(key), "\" must be ", expected,
+                                                   ", got ", value.type_name(), " ", text));
+  }
+  // Absent or null: nullopt.
+  absl::StatusOr<std::optional<double>> Number(const char* key) const {
+    const Json* value = Find(key);
+    if (value == nullptr) return std::optional<double>();
+    if (!value->is_number()) return WrongType(key, "a number", *value);
+    return std::optional<double>(value->get<double>());
+  }
+  absl::StatusOr<std::optional<int64_t>> Integer(const char* key) const {
+    const Json* value = Find(key);
+    if (value == nullptr) return std::optional<int64_t>();
+    if (!value->is_number_integer() ||
+        (value->is_number_unsigned() &&
+         value->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+      return WrongType(key, "an integer", *value);
+    }
+    return std::optional<int64_t>(value->get<int64_t>());
+  }
+  absl::StatusOr<std::optional<std::string>> String(const char* key) const {
+    const Json* value = Find(key);
+    if (value == nullptr) return std::optional<std::string>();
+    if (!value->is_string()) return WrongType(key, "a string", *value);
+    return std::optional<std::string>(value->get<std::string>());
+  }
+  absl::StatusOr<bool> Bool(const char* key, bool fallback) const {
+    const Json* value = Find(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean()) return WrongType(key, "a boolean", *value);
+    return value->get<bool>();
+  }
+
+ private:
+  const Json& object_;
+  const char* path_;
+};
+
+// The dict HF reads: `rope_parameters = rope_scaling or rope_parameters` (empty is falsy).
+absl::StatusOr<std::pair<const Json*, const char*>> SelectRopeDict(const Json& root) {
+  const RopeFields fields(root, "");
+  std::pair<const Json*, const char*> chosen{nullptr, "rope_parameters"};
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const Json* dict = fields.Find(key);
+    if (dict == nullptr) continue;
+    if (!dict->is_object()) return fields.WrongType(key, "an object", *dict);
+    if (!dict->empty() || chosen.first == nullptr) chosen = {dict, key};
+  }
+  return chosen;
+}
+
 }  // namespace
+
+absl::StatusOr<RopeConfig> ParseRopeConfig(const Json& root, int64_t max_position_embeddings) {
+  ASSIGN_OR_RETURN(auto selected, SelectRopeDict(root));
+  const Json empty = Json::object();
+  const RopeFields rope(selected.first != nullptr ? *selected.first : empty, selected.second);
+  const RopeFields top(root, "");
+  if (selected.first != nullptr) {
+    for (const auto& [key, value] : selected.first->items()) {
+      if (value.is_object()) {
+        return absl::UnimplementedError(
+            absl::StrCat(rope.Name(key), ": per-layer-type rope parameters are not supported"));
+      }
+    }
+  }
+
+  RopeConfig config;
+  ASSIGN_OR_RETURN(std::optional<std::string> legacy_type, rope.String("type"));
+  ASSIGN_OR_RETURN(std::optional<std::string> type, rope.String("rope_type"));
+  const std::string type_name = type.value_or(legacy_type.value_or("default"));
+  if (type_name == "default") {
+    config.type = RopeType::kDefault;
+  } else if (type_name == "yarn") {
+    config.type = RopeType::kYarn;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(rope.Name("rope_type"), " \"", type_name,
+                                                 "\" is not supported; supported: default, yarn"));
+  }
+  // The dict's rope_theta wins over the top-level key (HF `setdefault`).
+  ASSIGN_OR_RETURN(std::optional<double> top_theta, top.Number("rope_theta"));
+  ASSIGN_OR_RETURN(std::optional<double> theta, rope.Number("rope_theta"));
+  config.theta = theta.value_or(top_theta.value_or(config.theta));
+  for (const RopeFields* owner : {&rope, &top}) {
+    ASSIGN_OR_RETURN(std::optional<double> partial, owner->Number("partial_rotary_factor"));
+    if (partial.value_or(1.0) != 1.0) {
+      return absl::UnimplementedError(absl::StrCat(
+          owner->Name("partial_rotary_factor"), " ", *partial,
+          " is not supported: RoPE covers the whole qk_rope_head_dim slice"));
+    }
+  }
+  if (config.type != RopeType::kYarn) return config;
+
+  YarnParams& yarn = config.yarn;
+  ASSIGN_OR_RETURN(std::optional<double> factor, rope.Number("factor"));
+  if (!factor.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing required key \"", rope.Name("factor"), "\" (yarn needs it)"));
+  }
+  yarn.factor = *factor;
+  // HF standardize_rope_params gives a top-level original_max_position_embeddings priority.
+  ASSIGN_OR_RETURN(std::optional<int64_t> top_original,
+                   top.Integer("original_max_position_embeddings"));
+  ASSIGN_OR_RETURN(std::optional<int64_t> original,
+                   rope.Integer("original_max_position_embeddings"));
+  yarn.original_max_position_embeddings =
+      top_original.value_or(original.value_or(max_position_embeddings));
+  // HF: `get("beta_fast") or 32`, `get("beta_slow") or 1`: absent, null and 0 all default.
+  ASSIGN_OR_RETURN(std::optional<double> beta_fast, rope.Number("beta_fast"));
+  ASSIGN_OR_RETURN(std::optional<double> beta_slow, rope.Number("beta_slow"));
+  yarn.beta_fast = beta_fast.value_or(0.0) != 0.0 ? *beta_fast : 32.0;
+  yarn.beta_slow = beta_slow.value_or(0.0) != 0.0 ? *beta_slow : 1.0;
+  ASSIGN_OR_RETURN(yarn.mscale, rope.Number("mscale"));
+  ASSIGN_OR_RETURN(yarn.mscale_all_dim, rope.Number("mscale_all_dim"));
+  ASSIGN_OR_RETURN(yarn.attention_factor, rope.Number("attention_factor"));
+  ASSIGN_OR_RETURN(yarn.truncate, rope.Bool("truncate", true));
+  return config;
+}
+
+void WriteRopeConfig(const RopeConfig& rope, Json& root) {
+  Json dict = Json::object();
+  dict["rope_type"] = std::string(RopeTypeName(rope.type));
+  if (rope.type == RopeType::kYarn) {
+    const YarnParams& yarn = rope.yarn;
+    dict["factor"] = yarn.factor;
+    dict["original_max_position_embeddings"] = yarn.original_max_position_embeddings;
+    dict["beta_fast"] = yarn.beta_fast;
+    dict["beta_slow"] = yarn.beta_slow;
+    if (yarn.mscale.has_value()) dict["mscale"] = *yarn.mscale;
+    if (yarn.mscale_all_dim.has_value()) dict["mscale_all_dim"] = *yarn.mscale_all_dim;
+    if (yarn.attention_factor.has_value()) dict["attention_factor"] = *yarn.attention_factor;
+    if (!yarn.truncate) dict["truncate"] = false;
+    root["rope_scaling"] = dict;
+  }
+  dict["rope_theta"] = rope.theta;
+  root["rope_parameters"] = std::move(dict);
+  root["rope_theta"] = rope.theta;
+}
 
 absl::string_view RopeTypeName(RopeType type) {
   switch (type) {

@@ -1,6 +1,6 @@
 // Rotary position embedding parameters of an MLA model, in the form transformers 5.x
 // standardizes them into `rope_parameters`, and the HF math that turns them into inverse
-// frequencies and scale factors. Parsing from config.json lives in model_config.cc.
+// frequencies and scale factors, and their config.json form in both HF layouts.
 //
 // RoPE acts only on the `qk_rope_head_dim` slice of each query/key head (HF sets
 // `head_dim = qk_rope_head_dim` for both DeepseekV3Config and GlmMoeDsaConfig), so every
@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace nq::model {
@@ -69,6 +72,20 @@ struct RopeConfig {
 
   bool operator==(const RopeConfig&) const = default;
 };
+
+// Reads the RoPE keys of a config.json root object the way transformers 5's
+// RotaryEmbeddingConfigMixin standardizes them: `rope_scaling` (transformers 4) if present and
+// non-empty, else `rope_parameters` (transformers 5); rope_type, else the legacy "type", else
+// "default"; rope_theta from that dict, else the top-level key, else 10000; for YaRN the
+// top-level original_max_position_embeddings, else the dict's, else
+// `max_position_embeddings`. Status codes as ParseModelConfig's (model_config.h). Does not
+// run Validate().
+absl::StatusOr<RopeConfig> ParseRopeConfig(const nlohmann::json& root,
+                                           int64_t max_position_embeddings);
+
+// Writes `rope` into a config.json root object: rope_parameters (with rope_theta inside), the
+// top-level rope_theta, and for YaRN rope_scaling (what transformers 4 reads).
+void WriteRopeConfig(const RopeConfig& rope, nlohmann::json& root);
 
 // HF / DeepSeek `yarn_get_mscale`: 1 for scale <= 1, else 0.1 * mscale * ln(scale) + 1.
 double YarnGetMscale(double scale, double mscale);

@@ -1,5 +1,6 @@
 // CPU RmsNorm against a naive double-precision reference, and its argument errors.
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +98,14 @@ TEST_F(CpuRmsNormErrors, RejectsBadEps) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eps must be finite")));
   EXPECT_THAT(backend_->RmsNorm(x_, w_, std::numeric_limits<float>::quiet_NaN(), y_),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eps must be finite")));
+}
+
+TEST_F(CpuRmsNormErrors, RejectsScalarInput) {
+  Tensor x = AllocateOrFail(*backend_, DType::kF32, {});
+  Tensor y = AllocateOrFail(*backend_, DType::kF32, {});
+  EXPECT_THAT(backend_->RmsNorm(x, w_, kEps, y),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("RmsNorm: x must have rank at least 1, got F32[]")));
 }
 
 TEST_F(CpuRmsNormErrors, RejectsNonF32Input) {
