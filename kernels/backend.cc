@@ -3,6 +3,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,20 +36,77 @@ absl::Status CheckHasLastDim(absl::string_view op, absl::string_view arg, const 
       absl::StrCat(op, ": ", arg, " must have rank at least 1, got ", t.DebugString()));
 }
 
-// y must have exactly `want` as its shape.
-absl::Status CheckOutputShape(absl::string_view op, const Tensor& y, const Shape& want,
-                              absl::string_view derived_from) {
-  if (y.shape() == want) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(op, ": y is ", y.DebugString(), ", expected ",
-                                                 want.ToString(), " from ", derived_from));
+absl::Status CheckDTypeIn(absl::string_view op, absl::string_view arg, const Tensor& t,
+                          std::initializer_list<DType> allowed) {
+  for (DType d : allowed) {
+    if (t.dtype() == d) return absl::OkStatus();
+  }
+  std::string names;
+  int i = 0;
+  for (DType d : allowed) {
+    const bool last = i + 1 == static_cast<int>(allowed.size());
+    absl::StrAppend(&names, i == 0 ? "" : (last ? " or " : ", "), DTypeName(d));
+    ++i;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", arg, " must be ", names, ", got ", t.DebugString()));
+}
+
+// `t` (an output, or an input whose shape follows from others) must have exactly `want` as its
+// shape.
+absl::Status CheckShape(absl::string_view op, absl::string_view arg, const Tensor& t,
+                        const Shape& want, absl::string_view derived_from) {
+  if (t.shape() == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, " is ", t.DebugString(),
+                                                 ", expected ", want.ToString(), " from ",
+                                                 derived_from));
 }
 
 absl::Status CheckDistinct(absl::string_view op, const Tensor& in, absl::string_view in_name,
-                           const Tensor& out) {
+                           const Tensor& out, absl::string_view out_name) {
   if (&in != &out && (in.data() != out.data() || in.nbytes() == 0)) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(op, ": y must not be the same tensor as ", in_name, " (", in.DebugString(),
-                   "); this op does not run in place"));
+      absl::StrCat(op, ": ", out_name, " must not be the same tensor as ", in_name, " (",
+                   in.DebugString(), "); this op does not run in place"));
+}
+
+// Host row indices (token ids, row lists) must lie in [0, limit); `of` names what they index.
+absl::Status CheckIndices(absl::string_view op, absl::string_view arg,
+                          std::span<const std::int32_t> indices, std::int64_t limit,
+                          absl::string_view of) {
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] < 0 || indices[i] >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": ", arg, "[", i, "] = ", indices[i],
+                                                     " is out of range for ", of, " (", limit,
+                                                     " rows)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A host span that must hold one entry per row of `t`.
+absl::Status CheckSpanLength(absl::string_view op, absl::string_view arg, std::size_t size,
+                             absl::string_view t_name, const Tensor& t) {
+  if (static_cast<std::uint64_t>(t.shape().dim(0)) == size) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", size, " ", arg, " for ", t_name, " ",
+                                                 t.DebugString(), " (", t.shape().dim(0),
+                                                 " rows)"));
+}
+
+// Queries at positions start_pos .. start_pos + tokens - 1 against a cache of `keys` rows
+// (`cache` names it): start_pos >= 0 and start_pos + tokens <= keys.
+absl::Status CheckPositions(absl::string_view op, std::int64_t start_pos, std::int64_t tokens,
+                            std::int64_t keys, absl::string_view cache) {
+  if (start_pos < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": start_pos must be >= 0, got ", start_pos));
+  }
+  if (start_pos > keys - tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": start_pos ", start_pos, " + ", tokens, " tokens exceeds the ", keys,
+        " keys of ", cache, " (the cache must hold every query's own position)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -137,11 +197,10 @@ absl::Status Backend::MatMul(const Tensor& x, const Tensor& w, Tensor& y) {
                                                    w.DebugString(), " disagree on k (",
                                                    x.shape().dim(-1), " vs ", dims.k, ")"));
   }
-  RETURN_IF_ERROR(CheckOutputShape(kOp, y, x.shape().WithLastDim(dims.n),
-                                   absl::StrCat("x ", x.DebugString(), " and w ",
-                                                w.DebugString())));
-  RETURN_IF_ERROR(CheckDistinct(kOp, x, "x", y));
-  RETURN_IF_ERROR(CheckDistinct(kOp, w, "w", y));
+  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape().WithLastDim(dims.n),
+                             absl::StrCat("x ", x.DebugString(), " and w ", w.DebugString())));
+  RETURN_IF_ERROR(CheckDistinct(kOp, x, "x", y, "y"));
+  RETURN_IF_ERROR(CheckDistinct(kOp, w, "w", y, "y"));
   if (dims.m == 0 || dims.n == 0) return absl::OkStatus();
   return DoMatMul(x, w, y, dims);
 }
@@ -164,7 +223,7 @@ absl::Status Backend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, 
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": eps must be finite and >= 0, got ", eps));
   }
-  RETURN_IF_ERROR(CheckOutputShape(kOp, y, x.shape(), absl::StrCat("x ", x.DebugString())));
+  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape(), absl::StrCat("x ", x.DebugString())));
   const RowDims dims{.rows = x.shape().NumRows(), .cols = x.shape().dim(-1)};
   if (dims.rows == 0 || dims.cols == 0) return absl::OkStatus();
   return DoRmsNorm(x, weight, eps, y, dims);
@@ -182,9 +241,9 @@ absl::Status Backend::SiluAndMul(const Tensor& x, Tensor& y) {
         kOp, ": the last dim of x ", x.DebugString(), " must be even (gate and up halves)"));
   }
   const RowDims dims{.rows = x.shape().NumRows(), .cols = x.shape().dim(-1) / 2};
-  RETURN_IF_ERROR(CheckOutputShape(kOp, y, x.shape().WithLastDim(dims.cols),
-                                   absl::StrCat("x ", x.DebugString())));
-  RETURN_IF_ERROR(CheckDistinct(kOp, x, "x", y));
+  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape().WithLastDim(dims.cols),
+                             absl::StrCat("x ", x.DebugString())));
+  RETURN_IF_ERROR(CheckDistinct(kOp, x, "x", y, "y"));
   if (dims.rows == 0 || dims.cols == 0) return absl::OkStatus();
   return DoSiluAndMul(x, y, dims);
 }
@@ -199,10 +258,342 @@ absl::Status Backend::Softmax(const Tensor& x, float scale, Tensor& y) {
   if (!std::isfinite(scale)) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": scale must be finite, got ", scale));
   }
-  RETURN_IF_ERROR(CheckOutputShape(kOp, y, x.shape(), absl::StrCat("x ", x.DebugString())));
+  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape(), absl::StrCat("x ", x.DebugString())));
   const RowDims dims{.rows = x.shape().NumRows(), .cols = x.shape().dim(-1)};
   if (dims.rows == 0 || dims.cols == 0) return absl::OkStatus();
   return DoSoftmax(x, scale, y, dims);
+}
+
+// ---- Model ops ----
+
+absl::Status Backend::Embedding(std::span<const std::int32_t> ids, const Tensor& table,
+                                Tensor& out) {
+  constexpr absl::string_view kOp = "Embedding";
+  RETURN_IF_ERROR(CheckOwned(kOp, "table", table));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "table", table, {DType::kF32, DType::kBF16, DType::kF16}));
+  RETURN_IF_ERROR(CheckDType(kOp, "out", out, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "table", table, 2));
+  const std::int64_t tokens = static_cast<std::int64_t>(ids.size());
+  RETURN_IF_ERROR(CheckShape(kOp, "out", out, Shape{tokens, table.shape().dim(1)},
+                             absl::StrCat(tokens, " ids and table ", table.DebugString())));
+  RETURN_IF_ERROR(CheckIndices(kOp, "ids", ids, table.shape().dim(0),
+                               absl::StrCat("table ", table.DebugString())));
+  if (out.NumElements() == 0) return absl::OkStatus();
+  return DoEmbedding(ids, table, out);
+}
+
+absl::Status Backend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
+  constexpr absl::string_view kOp = "Add";
+  RETURN_IF_ERROR(CheckOwned(kOp, "a", a));
+  RETURN_IF_ERROR(CheckOwned(kOp, "b", b));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  RETURN_IF_ERROR(CheckDType(kOp, "a", a, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "b", b, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "out", out, DType::kF32));
+  RETURN_IF_ERROR(CheckShape(kOp, "b", b, a.shape(), absl::StrCat("a ", a.DebugString())));
+  RETURN_IF_ERROR(CheckShape(kOp, "out", out, a.shape(), absl::StrCat("a ", a.DebugString())));
+  if (out.NumElements() == 0) return absl::OkStatus();
+  return DoAdd(a, b, out);
+}
+
+absl::Status Backend::Rope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+                           float attention_scaling, bool interleaved) {
+  constexpr absl::string_view kOp = "Rope";
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "x", x, 3));
+  const std::int64_t d = x.shape().dim(2);
+  if (d % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": the last dim of x ", x.DebugString(), " must be even (rotated pairs)"));
+  }
+  if (static_cast<std::uint64_t>(d / 2) != inv_freq.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": inv_freq has ", inv_freq.size(), " entries, expected ", d / 2,
+                     " (half the last dim of x ", x.DebugString(), ")"));
+  }
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) {
+    if (!std::isfinite(inv_freq[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": inv_freq[", i, "] = ", inv_freq[i], " is not finite"));
+    }
+  }
+  if (!std::isfinite(attention_scaling)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": attention_scaling must be finite, got ", attention_scaling));
+  }
+  const std::int64_t tokens = x.shape().dim(0);
+  if (start_pos < 0 || start_pos > std::numeric_limits<std::int64_t>::max() - tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": start_pos must be >= 0 and leave room for ", tokens, " positions, got ",
+        start_pos));
+  }
+  if (x.NumElements() == 0) return absl::OkStatus();
+  return DoRope(x, start_pos, inv_freq, attention_scaling, interleaved);
+}
+
+absl::Status Backend::LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                float eps, Tensor& y) {
+  constexpr absl::string_view kOp = "LayerNorm";
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckOwned(kOp, "weight", weight));
+  RETURN_IF_ERROR(CheckOwned(kOp, "bias", bias));
+  RETURN_IF_ERROR(CheckOwned(kOp, "y", y));
+  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "weight", weight, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "bias", bias, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "y", y, DType::kF32));
+  RETURN_IF_ERROR(CheckHasLastDim(kOp, "x", x));
+  for (const auto& [name, t] : {std::pair<absl::string_view, const Tensor*>{"weight", &weight},
+                                {"bias", &bias}}) {
+    RETURN_IF_ERROR(CheckRank(kOp, name, *t, 1));
+    if (t->shape().dim(0) != x.shape().dim(-1)) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " ", t->DebugString(),
+                                                     " does not match the last dim of x ",
+                                                     x.DebugString()));
+    }
+  }
+  if (!std::isfinite(eps) || eps < 0.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": eps must be finite and >= 0, got ", eps));
+  }
+  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape(), absl::StrCat("x ", x.DebugString())));
+  const RowDims dims{.rows = x.shape().NumRows(), .cols = x.shape().dim(-1)};
+  if (dims.rows == 0 || dims.cols == 0) return absl::OkStatus();
+  return DoLayerNorm(x, weight, bias, eps, y, dims);
+}
+
+absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) {
+  constexpr absl::string_view kOp = "WriteRows";
+  RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
+  RETURN_IF_ERROR(CheckOwned(kOp, "dst", dst));
+  RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
+  RETURN_IF_ERROR(CheckRank(kOp, "dst", dst, 2));
+  if (src.shape().dim(1) != dst.shape().dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": src ", src.DebugString(), " and dst ", dst.DebugString(),
+        " disagree on the row width (", src.shape().dim(1), " vs ", dst.shape().dim(1), ")"));
+  }
+  const std::int64_t rows = src.shape().dim(0);
+  if (row_offset < 0 || row_offset > dst.shape().dim(0) - rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": rows [", row_offset, ", ", row_offset, " + ", rows, ") of src ",
+                     src.DebugString(), " do not fit in dst ", dst.DebugString()));
+  }
+  RETURN_IF_ERROR(CheckDistinct(kOp, src, "src", dst, "dst"));
+  if (src.NumElements() == 0) return absl::OkStatus();
+  return DoWriteRows(src, dst, row_offset);
+}
+
+absl::Status Backend::GatherRows(const Tensor& x, std::span<const std::int32_t> rows,
+                                 Tensor& out) {
+  constexpr absl::string_view kOp = "GatherRows";
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "out", out, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "x", x, 2));
+  RETURN_IF_ERROR(CheckShape(kOp, "out", out,
+                             Shape{static_cast<std::int64_t>(rows.size()), x.shape().dim(1)},
+                             absl::StrCat(rows.size(), " rows of x ", x.DebugString())));
+  RETURN_IF_ERROR(
+      CheckIndices(kOp, "rows", rows, x.shape().dim(0), absl::StrCat("x ", x.DebugString())));
+  RETURN_IF_ERROR(CheckDistinct(kOp, x, "x", out, "out"));
+  if (out.NumElements() == 0) return absl::OkStatus();
+  return DoGatherRows(x, rows, out);
+}
+
+absl::Status Backend::ScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
+                                     std::span<const float> weights, Tensor& out) {
+  constexpr absl::string_view kOp = "ScatterAddRows";
+  RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "out", out, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
+  RETURN_IF_ERROR(CheckRank(kOp, "out", out, 2));
+  RETURN_IF_ERROR(CheckSpanLength(kOp, "rows", rows.size(), "src", src));
+  RETURN_IF_ERROR(CheckSpanLength(kOp, "weights", weights.size(), "src", src));
+  if (src.shape().dim(1) != out.shape().dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": src ", src.DebugString(), " and out ", out.DebugString(),
+        " disagree on the row width (", src.shape().dim(1), " vs ", out.shape().dim(1), ")"));
+  }
+  RETURN_IF_ERROR(CheckIndices(kOp, "rows", rows, out.shape().dim(0),
+                               absl::StrCat("out ", out.DebugString())));
+  RETURN_IF_ERROR(CheckDistinct(kOp, src, "src", out, "out"));
+  if (src.NumElements() == 0) return absl::OkStatus();
+  return DoScatterAddRows(src, rows, weights, out);
+}
+
+absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
+                                   const Tensor& kv_latent, const Tensor& k_pe,
+                                   const Tensor& w_uk, const Tensor& w_uv, const Tensor* selected,
+                                   std::int64_t start_pos, float scale, Tensor& out) {
+  constexpr absl::string_view kOp = "MlaAttention";
+  const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {
+      {"q_nope", &q_nope}, {"q_pe", &q_pe}, {"kv_latent", &kv_latent}, {"k_pe", &k_pe}};
+  for (const auto& [name, t] : f32_inputs) {
+    RETURN_IF_ERROR(CheckOwned(kOp, name, *t));
+    RETURN_IF_ERROR(CheckDType(kOp, name, *t, DType::kF32));
+  }
+  RETURN_IF_ERROR(CheckOwned(kOp, "w_uk", w_uk));
+  RETURN_IF_ERROR(CheckOwned(kOp, "w_uv", w_uv));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "w_uk", w_uk, {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "w_uv", w_uv, {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDType(kOp, "out", out, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "q_nope", q_nope, 3));
+  RETURN_IF_ERROR(CheckRank(kOp, "q_pe", q_pe, 3));
+  RETURN_IF_ERROR(CheckRank(kOp, "kv_latent", kv_latent, 2));
+  RETURN_IF_ERROR(CheckRank(kOp, "k_pe", k_pe, 2));
+  RETURN_IF_ERROR(CheckRank(kOp, "w_uk", w_uk, 3));
+  RETURN_IF_ERROR(CheckRank(kOp, "w_uv", w_uv, 3));
+  const std::int64_t tokens = q_nope.shape().dim(0);
+  const std::int64_t heads = q_nope.shape().dim(1);
+  const std::int64_t dn = q_nope.shape().dim(2);
+  const std::int64_t dr = q_pe.shape().dim(2);
+  const std::int64_t keys = kv_latent.shape().dim(0);
+  const std::int64_t c = kv_latent.shape().dim(1);
+  const std::int64_t dv = w_uv.shape().dim(1);
+  RETURN_IF_ERROR(CheckShape(kOp, "q_pe", q_pe, Shape{tokens, heads, dr},
+                             absl::StrCat("q_nope ", q_nope.DebugString())));
+  RETURN_IF_ERROR(CheckShape(kOp, "k_pe", k_pe, Shape{keys, dr},
+                             absl::StrCat("kv_latent ", kv_latent.DebugString(), " and q_pe ",
+                                          q_pe.DebugString())));
+  RETURN_IF_ERROR(CheckShape(kOp, "w_uk", w_uk, Shape{heads, dn, c},
+                             absl::StrCat("q_nope ", q_nope.DebugString(), " and kv_latent ",
+                                          kv_latent.DebugString())));
+  RETURN_IF_ERROR(CheckShape(kOp, "w_uv", w_uv, Shape{heads, dv, c},
+                             absl::StrCat("q_nope ", q_nope.DebugString(), " and kv_latent ",
+                                          kv_latent.DebugString())));
+  std::int64_t out_cols = 0;
+  if (__builtin_mul_overflow(heads, dv, &out_cols)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": heads * dv overflows for w_uv ", w_uv.DebugString()));
+  }
+  RETURN_IF_ERROR(CheckShape(kOp, "out", out, Shape{tokens, out_cols},
+                             absl::StrCat("q_nope ", q_nope.DebugString(), " and w_uv ",
+                                          w_uv.DebugString())));
+  if (selected != nullptr) {
+    RETURN_IF_ERROR(CheckOwned(kOp, "selected", *selected));
+    RETURN_IF_ERROR(CheckDType(kOp, "selected", *selected, DType::kI32));
+    RETURN_IF_ERROR(CheckRank(kOp, "selected", *selected, 2));
+    if (selected->shape().dim(0) != tokens || selected->shape().dim(1) < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": selected ", selected->DebugString(), " must be [", tokens,
+          ", K] with K >= 1 (one row of key indices per token of q_nope ",
+          q_nope.DebugString(), ")"));
+    }
+  }
+  RETURN_IF_ERROR(CheckPositions(kOp, start_pos, tokens, keys,
+                                 absl::StrCat("kv_latent ", kv_latent.DebugString())));
+  if (!std::isfinite(scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": scale must be finite, got ", scale));
+  }
+  for (const auto& [name, t] : f32_inputs) {
+    RETURN_IF_ERROR(CheckDistinct(kOp, *t, name, out, "out"));
+  }
+  if (out.NumElements() == 0) return absl::OkStatus();
+  return DoMlaAttention(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, selected, start_pos, scale,
+                        out);
+}
+
+absl::Status Backend::IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
+                                  std::int64_t start_pos, Tensor& selected) {
+  constexpr absl::string_view kOp = "IndexerTopK";
+  RETURN_IF_ERROR(CheckOwned(kOp, "q", q));
+  RETURN_IF_ERROR(CheckOwned(kOp, "k", k));
+  RETURN_IF_ERROR(CheckOwned(kOp, "weights", weights));
+  RETURN_IF_ERROR(CheckOwned(kOp, "selected", selected));
+  RETURN_IF_ERROR(CheckDType(kOp, "q", q, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "k", k, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "weights", weights, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "selected", selected, DType::kI32));
+  RETURN_IF_ERROR(CheckRank(kOp, "q", q, 3));
+  RETURN_IF_ERROR(CheckRank(kOp, "k", k, 2));
+  RETURN_IF_ERROR(CheckRank(kOp, "selected", selected, 2));
+  const std::int64_t tokens = q.shape().dim(0);
+  const std::int64_t heads = q.shape().dim(1);
+  const std::int64_t d = q.shape().dim(2);
+  if (k.shape().dim(1) != d) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": k ", k.DebugString(), " and q ",
+                                                   q.DebugString(), " disagree on the head dim (",
+                                                   k.shape().dim(1), " vs ", d, ")"));
+  }
+  RETURN_IF_ERROR(CheckShape(kOp, "weights", weights, Shape{tokens, heads},
+                             absl::StrCat("q ", q.DebugString())));
+  if (selected.shape().dim(0) != tokens || selected.shape().dim(1) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": selected ", selected.DebugString(), " must be [", tokens,
+                     ", top_k] with top_k >= 1 (one row per token of q ", q.DebugString(), ")"));
+  }
+  RETURN_IF_ERROR(
+      CheckPositions(kOp, start_pos, tokens, k.shape().dim(0), absl::StrCat("k ", k.DebugString())));
+  // selected holds I32 key indices: every visible key must have one.
+  constexpr std::int64_t kMaxI32Keys = std::int64_t{std::numeric_limits<std::int32_t>::max()} + 1;
+  if (start_pos + tokens > kMaxI32Keys) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": start_pos ", start_pos, " + ", tokens,
+                                                   " tokens exceeds the ", kMaxI32Keys,
+                                                   " keys an I32 index can name"));
+  }
+  if (tokens == 0) return absl::OkStatus();
+  return DoIndexerTopK(q, k, weights, start_pos, selected);
+}
+
+// ---- Default model-op hooks: not implemented by this backend ----
+
+namespace {
+
+absl::Status NotImplemented(absl::string_view op, std::string_view backend) {
+  return absl::UnimplementedError(
+      absl::StrCat(op, " is not implemented by the ", std::string(backend), " backend"));
+}
+
+}  // namespace
+
+absl::Status Backend::DoEmbedding(std::span<const std::int32_t>, const Tensor&, Tensor&) {
+  return NotImplemented("Embedding", name());
+}
+
+absl::Status Backend::DoAdd(const Tensor&, const Tensor&, Tensor&) {
+  return NotImplemented("Add", name());
+}
+
+absl::Status Backend::DoRope(Tensor&, std::int64_t, std::span<const float>, float, bool) {
+  return NotImplemented("Rope", name());
+}
+
+absl::Status Backend::DoLayerNorm(const Tensor&, const Tensor&, const Tensor&, float, Tensor&,
+                                  const RowDims&) {
+  return NotImplemented("LayerNorm", name());
+}
+
+absl::Status Backend::DoWriteRows(const Tensor&, Tensor&, std::int64_t) {
+  return NotImplemented("WriteRows", name());
+}
+
+absl::Status Backend::DoGatherRows(const Tensor&, std::span<const std::int32_t>, Tensor&) {
+  return NotImplemented("GatherRows", name());
+}
+
+absl::Status Backend::DoScatterAddRows(const Tensor&, std::span<const std::int32_t>,
+                                       std::span<const float>, Tensor&) {
+  return NotImplemented("ScatterAddRows", name());
+}
+
+absl::Status Backend::DoMlaAttention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                     const Tensor&, const Tensor&, const Tensor*, std::int64_t,
+                                     float, Tensor&) {
+  return NotImplemented("MlaAttention", name());
+}
+
+absl::Status Backend::DoIndexerTopK(const Tensor&, const Tensor&, const Tensor&, std::int64_t,
+                                    Tensor&) {
+  return NotImplemented("IndexerTopK", name());
 }
 
 }  // namespace nq::kernels

@@ -91,6 +91,64 @@ class Backend {
   // entirely -inf (fully masked) gives zeros. x, y: F32 [..., n] (y may be x); scale finite.
   absl::Status Softmax(const Tensor& x, float scale, Tensor& y);
 
+  // ---- Model ops (the MLA / DSA / MoE graph of services/model) ----
+
+  // out[t, :] = table[ids[t], :]. ids: host token ids, each < V; table: F32/BF16/F16 [V, d];
+  // out: F32 [T, d] with T = ids.size().
+  absl::Status Embedding(std::span<const std::int32_t> ids, const Tensor& table, Tensor& out);
+
+  // out = a + b elementwise. All F32 of one shape; out may be a or b.
+  absl::Status Add(const Tensor& a, const Tensor& b, Tensor& out);
+
+  // Rotary embedding in place on the first r = 2 * inv_freq.size() elements of the last dim
+  // of x: F32 [T, n, d] with d >= r (the rest of each head is left as is: the DSA indexer
+  // rotates only the leading rope slice of its heads). Token t sits at position
+  // start_pos + t; frequency i = inv_freq[i] (host); the angle is computed in float32 as HF
+  // does; cos and sin are multiplied by `attention_scaling` (yarn). interleaved: pairs
+  // (x[2i], x[2i+1]) rotate by frequency i (DeepSeek / GPT-J layout); otherwise pairs
+  // (x[i], x[i + r/2]) (NeoX / rotate_half layout).
+  absl::Status Rope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+                    float attention_scaling, bool interleaved);
+
+  // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
+  // x, y: F32 [..., d] (y may be x); weight, bias: F32 [d].
+  absl::Status LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                         Tensor& y);
+
+  // dst[row_offset + i, :] = src[i, :]. src, dst: F32 [*, d]; the rows must fit in dst.
+  absl::Status WriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset);
+
+  // out[i, :] = x[rows[i], :]. x: F32 [T, d]; rows: host, each < T; out: F32 [rows.size(), d].
+  absl::Status GatherRows(const Tensor& x, std::span<const std::int32_t> rows, Tensor& out);
+
+  // out[rows[i], :] += weights[i] * src[i, :]. src: F32 [n, d]; rows, weights: host, n each;
+  // out: F32 [T, d]. Rows may repeat (accumulated in index order).
+  absl::Status ScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
+                              std::span<const float> weights, Tensor& out);
+
+  // Multi-head latent attention over a latent KV cache, in the absorbed form (DeepSeek-V3):
+  //   q_lat[t,h,:]  = q_nope[t,h,:] · w_uk[h]                      ([dn] x [dn, c] -> [c])
+  //   score[t,h,s]  = scale * (q_lat[t,h,:] · kv_latent[s,:] + q_pe[t,h,:] · k_pe[s,:])
+  //   p             = softmax over the keys s query t may see
+  //   out[t, h*dv:(h+1)*dv] = w_uv[h] · (sum_s p[t,h,s] kv_latent[s,:])
+  // Query t sits at position start_pos + t and sees keys s <= start_pos + t; when `selected`
+  // is given (DSA), only the keys it lists for t (I32 [T, K], -1 = none; duplicates are not
+  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 [S, c];
+  // k_pe F32 [S, dr] with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
+  // [H, dv, c]; out F32 [T, H * dv].
+  absl::Status MlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
+                            const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
+                            const Tensor* selected, std::int64_t start_pos, float scale,
+                            Tensor& out);
+
+  // DSA indexer selection: for query t (position start_pos + t) and each visible key
+  // s <= start_pos + t,  score[t,s] = sum_h weights[t,h] * relu(q[t,h,:] · k[s,:]); writes
+  // the top_k keys by score (descending; ties to the lower s) to selected[t, :], padding
+  // with -1 when fewer than top_k keys are visible. q F32 [T, Hi, d]; k F32 [S, d] with
+  // S >= start_pos + T; weights F32 [T, Hi]; selected I32 [T, top_k].
+  absl::Status IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
+                           std::int64_t start_pos, Tensor& selected);
+
  protected:
   Backend();
 
@@ -110,6 +168,28 @@ class Backend {
   virtual absl::Status DoSiluAndMul(const Tensor& x, Tensor& y, const RowDims& dims) = 0;
   virtual absl::Status DoSoftmax(const Tensor& x, float scale, Tensor& y,
                                  const RowDims& dims) = 0;
+
+  // Model-op hooks. A backend that does not implement one yet returns UnimplementedError
+  // (the defaults), so the graph fails with a clear message rather than a wrong answer.
+  virtual absl::Status DoEmbedding(std::span<const std::int32_t> ids, const Tensor& table,
+                                   Tensor& out);
+  virtual absl::Status DoAdd(const Tensor& a, const Tensor& b, Tensor& out);
+  virtual absl::Status DoRope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+                              float attention_scaling, bool interleaved);
+  virtual absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                   float eps, Tensor& y, const RowDims& dims);
+  virtual absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset);
+  virtual absl::Status DoGatherRows(const Tensor& x, std::span<const std::int32_t> rows,
+                                    Tensor& out);
+  virtual absl::Status DoScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
+                                        std::span<const float> weights, Tensor& out);
+  virtual absl::Status DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe,
+                                      const Tensor& kv_latent, const Tensor& k_pe,
+                                      const Tensor& w_uk, const Tensor& w_uv,
+                                      const Tensor* selected, std::int64_t start_pos, float scale,
+                                      Tensor& out);
+  virtual absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
+                                     std::int64_t start_pos, Tensor& selected);
 
  private:
   // InvalidArgumentError unless `t` is a non-empty tensor allocated by this backend.

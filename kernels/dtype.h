@@ -17,17 +17,32 @@
 
 namespace nq::kernels {
 
-// Storage dtypes. Names follow safetensors ("F32", "BF16", "F16") so checkpoint headers map
-// one to one. Quantized NestQuant planes get their own dtypes in a later issue.
-enum class DType : std::uint8_t { kF32, kBF16, kF16 };
+// Storage dtypes. Names follow safetensors ("F32", "BF16", "F16", "I32") so checkpoint headers
+// map one to one. I32 holds indices (the DSA indexer's selected keys). Quantized NestQuant planes
+// get their own dtypes in a later issue.
+enum class DType : std::uint8_t { kF32, kBF16, kF16, kI32 };
 
 constexpr std::size_t DTypeSize(DType dtype) {
   switch (dtype) {
     case DType::kF32: return 4;
     case DType::kBF16: return 2;
     case DType::kF16: return 2;
+    case DType::kI32: return 4;
   }
   return 0;
+}
+
+// Whether `dtype` holds floating-point values (what VisitFloatDType accepts).
+constexpr bool IsFloatDType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      return true;
+    case DType::kI32:
+      return false;
+  }
+  return false;
 }
 
 constexpr const char* DTypeName(DType dtype) {
@@ -35,6 +50,7 @@ constexpr const char* DTypeName(DType dtype) {
     case DType::kF32: return "F32";
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
+    case DType::kI32: return "I32";
   }
   return "?";
 }
@@ -61,6 +77,10 @@ struct DTypeOf<Bf16> {
 template <>
 struct DTypeOf<F16> {
   static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::kI32;
 };
 
 NQ_HOST_DEVICE float BitsToFloat(std::uint32_t bits) {
@@ -148,14 +168,16 @@ NQ_HOST_DEVICE F16 FromFloat<F16>(float f) {
 
 // Calls fn(T{}) with T the storage type of `dtype` (float, Bf16 or F16), so one generic lambda
 // serves every floating dtype: VisitFloatDType(d, [&](auto tag) { using T = decltype(tag); ... }).
+// Precondition: IsFloatDType(dtype). Callers validate dtypes first (Backend's ops, tensor_io), so
+// an integer dtype here is a programming error.
 template <typename Fn>
 decltype(auto) VisitFloatDType(DType dtype, Fn&& fn) {
   switch (dtype) {
     case DType::kF32: return fn(float{});
     case DType::kBF16: return fn(Bf16{});
     case DType::kF16: return fn(F16{});
+    case DType::kI32: break;
   }
-  // Unreachable: DType is a closed enum, only ever built from its enumerators.
   std::abort();
 }
 

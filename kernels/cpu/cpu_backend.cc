@@ -81,4 +81,103 @@ absl::Status CpuBackend::DoSoftmax(const Tensor& x, float scale, Tensor& y,
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoEmbedding(std::span<const std::int32_t> ids, const Tensor& table,
+                                     Tensor& out) {
+  cpu::Embedding(ids, table.data(), table.dtype(), table.shape().dim(1), out.data_as<float>(),
+                 threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoAdd(const Tensor& a, const Tensor& b, Tensor& out) {
+  cpu::Add(a.data_as<float>(), b.data_as<float>(), out.data_as<float>(), out.NumElements(),
+           threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoRope(Tensor& x, std::int64_t start_pos,
+                                std::span<const float> inv_freq, float attention_scaling,
+                                bool interleaved) {
+  cpu::Rope({.x = x.data_as<float>(),
+             .tokens = x.shape().dim(0),
+             .heads = x.shape().dim(1),
+             .dim = x.shape().dim(2),
+             .start_pos = start_pos,
+             .inv_freq = inv_freq,
+             .attention_scaling = attention_scaling,
+             .interleaved = interleaved},
+            threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                     float eps, Tensor& y, const RowDims& dims) {
+  cpu::LayerNorm(x.data_as<float>(), weight.data_as<float>(), bias.data_as<float>(), eps,
+                 y.data_as<float>(), dims, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) {
+  // The destination rows are contiguous: one copy.
+  std::memcpy(dst.data_as<float>() + row_offset * dst.shape().dim(1), src.data(), src.nbytes());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoGatherRows(const Tensor& x, std::span<const std::int32_t> rows,
+                                      Tensor& out) {
+  cpu::GatherRows(x.data_as<float>(), rows, x.shape().dim(1), out.data_as<float>(), threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
+                                          std::span<const float> weights, Tensor& out) {
+  cpu::ScatterAddRows(src.data_as<float>(), rows, weights, src.shape().dim(1),
+                      out.data_as<float>(), threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe,
+                                        const Tensor& kv_latent, const Tensor& k_pe,
+                                        const Tensor& w_uk, const Tensor& w_uv,
+                                        const Tensor* selected, std::int64_t start_pos,
+                                        float scale, Tensor& out) {
+  cpu::MlaAttention({.q_nope = q_nope.data_as<float>(),
+                     .q_pe = q_pe.data_as<float>(),
+                     .kv_latent = kv_latent.data_as<float>(),
+                     .k_pe = k_pe.data_as<float>(),
+                     .w_uk = w_uk.data(),
+                     .w_uk_dtype = w_uk.dtype(),
+                     .w_uv = w_uv.data(),
+                     .w_uv_dtype = w_uv.dtype(),
+                     .selected = selected != nullptr ? selected->data_as<std::int32_t>() : nullptr,
+                     .out = out.data_as<float>(),
+                     .tokens = q_nope.shape().dim(0),
+                     .heads = q_nope.shape().dim(1),
+                     .dn = q_nope.shape().dim(2),
+                     .dr = q_pe.shape().dim(2),
+                     .c = kv_latent.shape().dim(1),
+                     .dv = w_uv.shape().dim(1),
+                     .keys = kv_latent.shape().dim(0),
+                     .top_k = selected != nullptr ? selected->shape().dim(1) : 0,
+                     .start_pos = start_pos,
+                     .scale = scale},
+                    threads_);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
+                                       std::int64_t start_pos, Tensor& selected) {
+  cpu::IndexerTopK({.q = q.data_as<float>(),
+                    .k = k.data_as<float>(),
+                    .weights = weights.data_as<float>(),
+                    .selected = selected.data_as<std::int32_t>(),
+                    .tokens = q.shape().dim(0),
+                    .heads = q.shape().dim(1),
+                    .dim = q.shape().dim(2),
+                    .keys = k.shape().dim(0),
+                    .top_k = selected.shape().dim(1),
+                    .start_pos = start_pos},
+                   threads_);
+  return absl::OkStatus();
+}
+
 }  // namespace nq::kernels::cpu

@@ -5,9 +5,8 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
-#include <utility>
-
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -37,8 +36,8 @@ struct ArchitectureDefaults {
   int64_t max_position_embeddings;
   double rms_norm_eps;
 };
-constexpr ArchitectureDefaults kDeepseekV3Defaults{8, 4, 4096, 1e-6};       // DeepseekV3Config
-constexpr ArchitectureDefaults kGlmMoeDsaDefaults{1, 1, 202752, 1e-5};      // GlmMoeDsaConfig
+constexpr ArchitectureDefaults kDeepseekV3Defaults{8, 4, 4096, 1e-6};   // DeepseekV3Config
+constexpr ArchitectureDefaults kGlmMoeDsaDefaults{1, 1, 202752, 1e-5};  // GlmMoeDsaConfig
 
 // Defaults the two HF classes share.
 constexpr int64_t kDefaultNSharedExperts = 1;
@@ -54,9 +53,7 @@ constexpr int64_t kDefaultIndexNHeads = 32;
 constexpr int64_t kDefaultIndexTopkFreq = 1;
 constexpr int64_t kDefaultIndexSkipTopkOffset = 2;
 
-absl::Status Invalid(auto&&... parts) {
-  return absl::InvalidArgumentError(absl::StrCat(parts...));
-}
+absl::Status Invalid(auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); }
 absl::Status Unimplemented(auto&&... parts) {
   return absl::UnimplementedError(absl::StrCat(parts...));
 }
@@ -97,8 +94,8 @@ class Fields {
     return Invalid("missing required key \"", Name(key), "\"", hint);
   }
   absl::Status WrongType(const char* key, absl::string_view expected, const Json& value) const {
-    return Invalid("key \"", Name(key), "\" must be ", expected, ", got ", value.type_name(),
-                   " ", Quote(value));
+    return Invalid("key \"", Name(key), "\" must be ", expected, ", got ", value.type_name(), " ",
+                   Quote(value));
   }
 
   absl::StatusOr<int64_t> AsInt(const char* key, const Json& value) const {
@@ -205,7 +202,8 @@ absl::StatusOr<Json> ParseJson(const std::string& text) {
     Json::sax_parse(text, &recorder);
     return Invalid(recorder.Describe());
   }
-  if (!root.is_object()) return Invalid("config.json must be a JSON object, got ", root.type_name());
+  if (!root.is_object())
+    return Invalid("config.json must be a JSON object, got ", root.type_name());
   return root;
 }
 
@@ -226,8 +224,8 @@ absl::Status CheckSupported(const Fields& fields, const char* key, const std::st
   for (const char* candidate : allowed) {
     if (value == candidate) return absl::OkStatus();
   }
-  return Unimplemented(fields.Name(key), " \"", value, "\" is not supported; supported: ",
-                       absl::StrJoin(allowed, ", "));
+  return Unimplemented(fields.Name(key), " \"", value,
+                       "\" is not supported; supported: ", absl::StrJoin(allowed, ", "));
 }
 
 std::vector<MlpKind> DenseThenMoe(int64_t num_layers, int64_t first_k_dense) {
@@ -253,8 +251,8 @@ absl::Status ParseMlpKinds(const Fields& fields, ModelConfig& config) {
   ASSIGN_OR_RETURN(int64_t first_k,
                    fields.Int("first_k_dense_replace", kDefaultFirstKDenseReplace));
   if (first_k < 0 || first_k > config.num_hidden_layers) {
-    return Invalid("first_k_dense_replace ", first_k, " is outside [0, num_hidden_layers = ",
-                   config.num_hidden_layers, "]");
+    return Invalid("first_k_dense_replace ", first_k,
+                   " is outside [0, num_hidden_layers = ", config.num_hidden_layers, "]");
   }
   std::vector<MlpKind> derived = DenseThenMoe(config.num_hidden_layers, first_k);
   if (!fields.HasNonNull("mlp_layer_types")) {
@@ -375,8 +373,8 @@ absl::StatusOr<std::optional<QuantizationConfig>> ParseQuantization(const Fields
   RETURN_IF_ERROR(CheckSupported(fields, "fmt", quant.fmt, {"e4m3"}));
   ASSIGN_OR_RETURN(quant.activation_scheme,
                    fields.String("activation_scheme", quant.activation_scheme));
-  RETURN_IF_ERROR(CheckSupported(fields, "activation_scheme", quant.activation_scheme,
-                                 {"dynamic"}));
+  RETURN_IF_ERROR(
+      CheckSupported(fields, "activation_scheme", quant.activation_scheme, {"dynamic"}));
   if (const Json* block = fields.Find("weight_block_size"); block != nullptr) {
     if (!block->is_array() || block->size() != 2 || !(*block)[0].is_number_integer() ||
         !(*block)[1].is_number_integer()) {
@@ -451,15 +449,14 @@ absl::Status ParseFields(const Json& root, ModelConfig& config) {
   ASSIGN_OR_RETURN(std::optional<int64_t> qk_head_dim,
                    fields.NullableInt("qk_head_dim", std::nullopt));
   if (qk_head_dim.has_value() && *qk_head_dim != config.QkHeadDim()) {
-    return Invalid("qk_head_dim ", *qk_head_dim, " != qk_nope_head_dim + qk_rope_head_dim = ",
-                   config.QkHeadDim());
+    return Invalid("qk_head_dim ", *qk_head_dim,
+                   " != qk_nope_head_dim + qk_rope_head_dim = ", config.QkHeadDim());
   }
   ASSIGN_OR_RETURN(config.attention_bias, fields.Bool("attention_bias", false));
 
   ASSIGN_OR_RETURN(config.n_routed_experts, fields.RequiredInt("n_routed_experts"));
   ASSIGN_OR_RETURN(config.num_experts_per_tok, fields.RequiredInt("num_experts_per_tok"));
-  ASSIGN_OR_RETURN(config.n_shared_experts,
-                   fields.Int("n_shared_experts", kDefaultNSharedExperts));
+  ASSIGN_OR_RETURN(config.n_shared_experts, fields.Int("n_shared_experts", kDefaultNSharedExperts));
   ASSIGN_OR_RETURN(config.n_group, fields.Int("n_group", defaults.n_group));
   ASSIGN_OR_RETURN(config.topk_group, fields.Int("topk_group", defaults.topk_group));
   ASSIGN_OR_RETURN(config.routed_scaling_factor,
@@ -510,11 +507,11 @@ absl::Status ValidateIndexer(const ModelConfig& config) {
   if (indexer.topk <= 0) return Invalid("index_topk must be > 0, got ", indexer.topk);
   RETURN_IF_ERROR(CheckRange("index_n_heads", indexer.n_heads, 1, kMaxSize));
   // The indexer's q and k carry RoPE on their first qk_rope_head_dim dims.
-  RETURN_IF_ERROR(CheckRange("index_head_dim", indexer.head_dim, config.qk_rope_head_dim,
-                             kMaxSize));
+  RETURN_IF_ERROR(
+      CheckRange("index_head_dim", indexer.head_dim, config.qk_rope_head_dim, kMaxSize));
   if (static_cast<int64_t>(indexer.kinds.size()) != config.num_hidden_layers) {
-    return Invalid("indexer_types has ", indexer.kinds.size(),
-                   " entries but num_hidden_layers is ", config.num_hidden_layers);
+    return Invalid("indexer_types has ", indexer.kinds.size(), " entries but num_hidden_layers is ",
+                   config.num_hidden_layers);
   }
   if (indexer.kinds.front() != IndexerKind::kFull) {
     return Invalid("indexer_types[0] is \"shared\" but no earlier layer runs the indexer");
@@ -525,8 +522,7 @@ absl::Status ValidateIndexer(const ModelConfig& config) {
 absl::Status ValidateQuantization(const QuantizationConfig& quant) {
   if (quant.fmt != "e4m3") return Unimplemented("quantization_config.fmt \"", quant.fmt, "\"");
   if (quant.activation_scheme != "dynamic") {
-    return Unimplemented("quantization_config.activation_scheme \"", quant.activation_scheme,
-                         "\"");
+    return Unimplemented("quantization_config.activation_scheme \"", quant.activation_scheme, "\"");
   }
   if (quant.weight_block_rows <= 0 || quant.weight_block_cols <= 0) {
     return Invalid("quantization_config.weight_block_size must be positive, got [",
@@ -581,8 +577,9 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
 int64_t ModelConfig::FirstKDenseReplace() const { return LeadingDense(mlp_kinds); }
 
 double ModelConfig::SoftmaxScale() const {
+  // Both architectures apply the YaRN mscale correction (transformers 5.17's
+  // GlmMoeDsaAttention and DeepseekV3Attention alike; docs/model_math.md section 5.2).
   const double scale = 1.0 / std::sqrt(static_cast<double>(QkHeadDim()));
-  if (architecture == Architecture::kGlmMoeDsa) return scale;
   return scale * rope.SoftmaxMscaleSquared();
 }
 
@@ -622,8 +619,7 @@ absl::Status ModelConfig::Validate() const {
                    n_routed_experts);
   }
   if (n_routed_experts % n_group != 0) {
-    return Invalid("n_routed_experts ", n_routed_experts, " is not divisible by n_group ",
-                   n_group);
+    return Invalid("n_routed_experts ", n_routed_experts, " is not divisible by n_group ", n_group);
   }
   if (topk_group > n_group) {
     return Invalid("topk_group ", topk_group, " exceeds n_group ", n_group);
@@ -664,7 +660,8 @@ absl::Status ModelConfig::Validate() const {
   RETURN_IF_ERROR(ValidateIndexer(*this));
   if (quantization.has_value()) RETURN_IF_ERROR(ValidateQuantization(*quantization));
   if (!dtype.empty() && dtype != "bfloat16" && dtype != "float16" && dtype != "float32") {
-    return Unimplemented("dtype \"", dtype, "\" is not supported; supported: bfloat16, "
+    return Unimplemented("dtype \"", dtype,
+                         "\" is not supported; supported: bfloat16, "
                          "float16, float32");
   }
   return absl::OkStatus();

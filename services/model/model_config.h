@@ -64,7 +64,7 @@ struct IndexerConfig {
   std::vector<IndexerKind> kinds;  // one per decoder layer; kinds[0] is kFull
 
   // The layer whose top-k selection `layer` attends with: itself when full, otherwise the
-  // nearest full layer before it.
+  // nearest full layer before it. Layers past `kinds` (MTP) use their own.
   int64_t SelectionSourceLayer(int64_t layer) const;
   // index_head_dim^-0.5, the scale of the q.k scores (HF GlmMoeDsaIndexer.softmax_scale).
   double ScoreScale() const;
@@ -79,10 +79,10 @@ enum class QuantMethod { kFp8 };  // "fp8": DeepSeek block-wise FP8 (weight_scal
 // quantization_config of an FP8 checkpoint (DeepSeek-V3, GLM-5-FP8).
 struct QuantizationConfig {
   QuantMethod method = QuantMethod::kFp8;
-  std::string fmt = "e4m3";                // the only format those checkpoints use
+  std::string fmt = "e4m3";                   // the only format those checkpoints use
   std::string activation_scheme = "dynamic";  // the only scheme HF's FineGrainedFP8 accepts
-  int64_t weight_block_rows = 128;         // weight_block_size[0]: output rows per scale
-  int64_t weight_block_cols = 128;         // weight_block_size[1]: input columns per scale
+  int64_t weight_block_rows = 128;            // weight_block_size[0]: output rows per scale
+  int64_t weight_block_cols = 128;            // weight_block_size[1]: input columns per scale
   // Modules stored unquantized (GLM-5-FP8 lists norms, the router gate, the indexer's
   // weights_proj, ...). Absent and empty are kept apart so the config writes back as read.
   std::optional<std::vector<std::string>> modules_to_not_convert;
@@ -105,7 +105,7 @@ struct ModelConfig {
   int64_t moe_intermediate_size = 0;  // each routed expert, and each shared expert
   int64_t num_hidden_layers = 0;      // decoder layers, MTP layers not included
   int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;    // MLA: always == num_attention_heads
+  int64_t num_key_value_heads = 0;  // MLA: always == num_attention_heads
 
   // Multi-head latent attention.
   int64_t q_lora_rank = 0;  // 0 (config null): a plain q_proj, as in DeepSeek-V2-Lite
@@ -113,7 +113,7 @@ struct ModelConfig {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;  // the rotary width; even
   int64_t v_head_dim = 0;
-  bool attention_bias = false;   // bias on q_a_proj / kv_a_proj_with_mqa / o_proj
+  bool attention_bias = false;  // bias on q_a_proj / kv_a_proj_with_mqa / o_proj
 
   // Mixture of experts.
   int64_t n_routed_experts = 0;
@@ -140,7 +140,7 @@ struct ModelConfig {
   // than NeoX style (i, i + d/2). HF DeepseekV3Config defaults to true.
   bool rope_interleave = true;
   IndexerConfig indexer;
-  int64_t num_nextn_predict_layers = 0;  // MTP layers stored after the decoder layers
+  int64_t num_nextn_predict_layers = 0;            // MTP layers stored after the decoder layers
   std::optional<QuantizationConfig> quantization;  // absent: weights in `dtype`
   std::string dtype;  // "dtype" / "torch_dtype": "bfloat16", "float16", "float32" or empty
 
@@ -148,6 +148,8 @@ struct ModelConfig {
   bool HasQLora() const { return q_lora_rank > 0; }
   // qk_nope_head_dim + qk_rope_head_dim.
   int64_t QkHeadDim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // Whether `layer` has an MoE block. Layers num_hidden_layers .. + num_nextn_predict_layers
+  // - 1 are the MTP layers, MoE in both architectures; anything past them is not a layer.
   bool IsMoeLayer(int64_t layer) const;
   // Number of leading dense layers (config.json first_k_dense_replace).
   int64_t FirstKDenseReplace() const;
@@ -157,8 +159,7 @@ struct ModelConfig {
   // Factor applied to cos and sin (HF rotary embedding `attention_scaling`).
   double AttentionScaling() const { return rope.AttentionFactor(); }
   // Softmax scale of MLA attention, as HF sets `self.scaling`: QkHeadDim()^-0.5, times
-  // mscale(factor, mscale_all_dim)^2 for DeepseekV3 with YaRN. GlmMoeDsaAttention applies
-  // no mscale correction.
+  // mscale(factor, mscale_all_dim)^2 with YaRN (both architectures, docs/model_math.md 5.2).
   double SoftmaxScale() const;
 
   // INVALID_ARGUMENT / UNIMPLEMENTED naming the first rule the config breaks. ParseModelConfig

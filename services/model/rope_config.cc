@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numbers>
-
 #include <nlohmann/json.hpp>
+#include <numbers>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -20,9 +19,8 @@ constexpr double kRampSingularityGuard = 0.001;
 // turns over `max_position_embeddings` positions.
 double FindCorrectionDim(double num_rotations, int64_t dim, double base,
                          int64_t max_position_embeddings) {
-  return (static_cast<double>(dim) *
-          std::log(static_cast<double>(max_position_embeddings) /
-                   (num_rotations * 2.0 * std::numbers::pi))) /
+  return (static_cast<double>(dim) * std::log(static_cast<double>(max_position_embeddings) /
+                                              (num_rotations * 2.0 * std::numbers::pi))) /
          (2.0 * std::log(base));
 }
 
@@ -131,9 +129,9 @@ absl::StatusOr<RopeConfig> ParseRopeConfig(const Json& root, int64_t max_positio
   for (const RopeFields* owner : {&rope, &top}) {
     ASSIGN_OR_RETURN(std::optional<double> partial, owner->Number("partial_rotary_factor"));
     if (partial.value_or(1.0) != 1.0) {
-      return absl::UnimplementedError(absl::StrCat(
-          owner->Name("partial_rotary_factor"), " ", *partial,
-          " is not supported: RoPE covers the whole qk_rope_head_dim slice"));
+      return absl::UnimplementedError(
+          absl::StrCat(owner->Name("partial_rotary_factor"), " ", *partial,
+                       " is not supported: RoPE covers the whole qk_rope_head_dim slice"));
     }
   }
   if (config.type != RopeType::kYarn) return config;
@@ -219,8 +217,7 @@ absl::Status RopeConfig::Validate() const {
                    yarn.beta_slow);
   }
   if (yarn.beta_fast < yarn.beta_slow) {
-    return invalid("beta_fast (", yarn.beta_fast, ") must be >= beta_slow (", yarn.beta_slow,
-                   ")");
+    return invalid("beta_fast (", yarn.beta_fast, ") must be >= beta_slow (", yarn.beta_slow, ")");
   }
   if (yarn.attention_factor.has_value() && !(*yarn.attention_factor > 0.0)) {
     return invalid("attention_factor must be > 0, got ", *yarn.attention_factor);
@@ -244,10 +241,10 @@ std::vector<double> RopeConfig::InvFreq(int64_t rotary_dim) const {
   }
   if (type != RopeType::kYarn) return inv_freq;
 
-  double low = FindCorrectionDim(yarn.beta_fast, rotary_dim, theta,
-                                 yarn.original_max_position_embeddings);
-  double high = FindCorrectionDim(yarn.beta_slow, rotary_dim, theta,
-                                  yarn.original_max_position_embeddings);
+  double low =
+      FindCorrectionDim(yarn.beta_fast, rotary_dim, theta, yarn.original_max_position_embeddings);
+  double high =
+      FindCorrectionDim(yarn.beta_slow, rotary_dim, theta, yarn.original_max_position_embeddings);
   if (yarn.truncate) {
     low = std::floor(low);
     high = std::ceil(high);
@@ -263,8 +260,8 @@ std::vector<double> RopeConfig::InvFreq(int64_t rotary_dim) const {
     // and 1 above `high` (fully interpolated), linear in between.
     const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
     const double extrapolation_factor = 1.0 - ramp;
-    inv_freq[i] = interpolation * (1.0 - extrapolation_factor) +
-                  extrapolation * extrapolation_factor;
+    inv_freq[i] =
+        interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor;
   }
   return inv_freq;
 }

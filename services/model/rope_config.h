@@ -8,11 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,15 +31,15 @@ absl::string_view RopeTypeName(RopeType type);
 // config written back by ToJson says what the original said; the math treats absent and 0
 // alike where HF does (`if mscale and mscale_all_dim`).
 struct YarnParams {
-  double factor = 1.0;                            // required in the config; >= 1
-  int64_t original_max_position_embeddings = 0;   // > 0 (HF fills it from max_position_embeddings)
-  double beta_fast = 32.0;                        // HF: `get("beta_fast") or 32`
-  double beta_slow = 1.0;                         // HF: `get("beta_slow") or 1`
-  std::optional<double> mscale;                   // DeepSeek: numerator mscale
-  std::optional<double> mscale_all_dim;           // DeepSeek: denominator mscale, and the
-                                                  // softmax-scale correction
-  std::optional<double> attention_factor;         // overrides the derived cos/sin factor
-  bool truncate = true;                           // HF: floor/ceil the correction range
+  double factor = 1.0;                           // required in the config; >= 1
+  int64_t original_max_position_embeddings = 0;  // > 0 (HF fills it from max_position_embeddings)
+  double beta_fast = 32.0;                       // HF: `get("beta_fast") or 32`
+  double beta_slow = 1.0;                        // HF: `get("beta_slow") or 1`
+  std::optional<double> mscale;                  // DeepSeek: numerator mscale
+  std::optional<double> mscale_all_dim;          // DeepSeek: denominator mscale, and the
+                                                 // softmax-scale correction
+  std::optional<double> attention_factor;        // overrides the derived cos/sin factor
+  bool truncate = true;                          // HF: floor/ceil the correction range
 
   bool operator==(const YarnParams&) const = default;
 };

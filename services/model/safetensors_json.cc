@@ -14,6 +14,8 @@ using nlohmann::json;
 
 // Longest name quoted in an error message; hostile headers may hold megabyte-long keys.
 constexpr size_t kMaxQuotedBytes = 160;
+// Longest parser message kept.
+constexpr size_t kMaxErrorBytes = 400;
 
 // Builds the DOM like nlohmann's own SAX DOM parser, but stops at the first duplicate key or
 // at kMaxJsonDepth, and records errors instead of throwing them.
@@ -36,8 +38,8 @@ class StrictDomBuilder final : public nlohmann::json_sax<json> {
 
   bool key(string_t& key) override {
     Frame& frame = stack_.back();
-    // The previous key's value is already in the object (containers are inserted when they
-    // open), so a repeated key is found here.
+    // Values are inserted as soon as they start (containers when they open), so the
+    // previous key is already in the object and a repeated key is found here.
     if (frame.value->contains(key)) {
       error_ = absl::StrCat("duplicate key ", QuoteForMessage(key), " in ",
                             stack_.size() == 1
@@ -51,7 +53,11 @@ class StrictDomBuilder final : public nlohmann::json_sax<json> {
 
   bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
                    const nlohmann::detail::exception& ex) override {
-    error_ = ex.what();
+    // nlohmann quotes the whole token it was reading, which may be megabytes long.
+    const absl::string_view what = ex.what();
+    error_ = what.size() <= kMaxErrorBytes
+                 ? std::string(what)
+                 : absl::StrCat(what.substr(0, kMaxErrorBytes), "... (cut)");
     return false;
   }
 

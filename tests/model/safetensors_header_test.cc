@@ -279,6 +279,12 @@ TEST(SafetensorsHeaderTest, LongNamesAreCutInMessages) {
   ASSERT_FALSE(parsed.ok());
   EXPECT_LT(parsed.status().message().size(), 400u);
   EXPECT_THAT(parsed, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(100000 bytes)")));
+  // A malformed long token: nlohmann's message quotes it, ours is cut.
+  parsed = Parse(MakeFile("{\"" + name + "\x01\":1}"));
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_LT(parsed.status().message().size(), 500u);
+  EXPECT_THAT(parsed, StatusIs(absl::StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("parse error"), HasSubstr("... (cut)"))));
 }
 
 }  // namespace

@@ -2,14 +2,13 @@
 // and a message that names the offending key.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
-
-#include <unistd.h>
 
 #include "services/model/model_config.h"
 #include "tests/common/status_matchers.h"
@@ -73,9 +72,14 @@ const ErrorCase kErrorCases[] = {
     {"MissingQLoraRank", Dsv3, [](Json& j) { j.erase("q_lora_rank"); }, kInvalid,
      "missing required key \"q_lora_rank\" (use null for a plain q_proj)"},
     {"YarnWithoutFactor", Dsv3,
-     [](Json& j) { j["rope_scaling"] = {{"type", "yarn"}, {"beta_fast", 32}}; }, kInvalid,
-     "missing required key \"rope_scaling.factor\""},
-    {"QuantWithoutMethod", Dsv3, [](Json& j) { j["quantization_config"] = {{"fmt", "e4m3"}}; },
+     [](Json& j) {
+       j["rope_scaling"] = {{"type", "yarn"}, {"beta_fast", 32}};
+     },
+     kInvalid, "missing required key \"rope_scaling.factor\""},
+    {"QuantWithoutMethod", Dsv3,
+     [](Json& j) {
+       j["quantization_config"] = {{"fmt", "e4m3"}};
+     },
      kInvalid, "missing required key \"quantization_config.quant_method\""},
     // Wrong JSON types.
     {"StringForInteger", Dsv3, [](Json& j) { j["hidden_size"] = "7168"; }, kInvalid,
@@ -89,43 +93,64 @@ const ErrorCase kErrorCases[] = {
     {"StringForNumber", Dsv3, [](Json& j) { j["rms_norm_eps"] = "1e-6"; }, kInvalid,
      "key \"rms_norm_eps\" must be a number, got string"},
     {"NestedWrongType", Dsv3,
-     [](Json& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", "40"}}; }, kInvalid,
-     "key \"rope_scaling.factor\" must be a number, got string \"40\""},
+     [](Json& j) {
+       j["rope_scaling"] = {{"type", "yarn"}, {"factor", "40"}};
+     },
+     kInvalid, "key \"rope_scaling.factor\" must be a number, got string \"40\""},
     {"RopeNotAnObject", Dsv3, [](Json& j) { j["rope_parameters"] = 10000; }, kInvalid,
      "key \"rope_parameters\" must be an object, got number"},
-    {"EosNotIntegers", Dsv3, [](Json& j) { j["eos_token_id"] = {1, "2"}; }, kInvalid,
-     "key \"eos_token_id\" must be an integer or an array of integers"},
+    {"EosNotIntegers", Dsv3,
+     [](Json& j) {
+       j["eos_token_id"] = {1, "2"};
+     },
+     kInvalid, "key \"eos_token_id\" must be an integer or an array of integers"},
     {"BlockSizeShape", Dsv3,
      [](Json& j) {
        j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}};
      },
      kInvalid, "key \"quantization_config.weight_block_size\" must be an array of two integers"},
-    {"LayerTypesNotStrings", Glm, [](Json& j) { j["mlp_layer_types"] = {0, 1, 1, 1}; }, kInvalid,
-     "key \"mlp_layer_types\" must be an array of strings"},
+    {"LayerTypesNotStrings", Glm,
+     [](Json& j) {
+       j["mlp_layer_types"] = {0, 1, 1, 1};
+     },
+     kInvalid, "key \"mlp_layer_types\" must be an array of strings"},
     {"IntegerOutOfRange", Dsv3,
      [](Json& j) { j["vocab_size"] = std::numeric_limits<uint64_t>::max(); }, kInvalid,
      "key \"vocab_size\" is out of range"},
     // Unsupported values.
     {"SoftmaxScoring", Dsv3, [](Json& j) { j["scoring_func"] = "softmax"; }, kUnimplemented,
      "scoring_func \"softmax\" is not supported; supported: sigmoid"},
-    {"GreedyTopk", Dsv3, [](Json& j) { j["topk_method"] = "group_limited_greedy"; },
-     kUnimplemented, "topk_method \"group_limited_greedy\" is not supported; supported: noaux_tc"},
+    {"GreedyTopk", Dsv3, [](Json& j) { j["topk_method"] = "group_limited_greedy"; }, kUnimplemented,
+     "topk_method \"group_limited_greedy\" is not supported; supported: noaux_tc"},
     {"GeluActivation", Glm, [](Json& j) { j["hidden_act"] = "gelu"; }, kUnimplemented,
      "hidden_act \"gelu\" is not supported; supported: silu"},
-    {"LinearRope", Dsv3, [](Json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2}}; },
-     kUnimplemented, "rope_scaling.rope_type \"linear\" is not supported; supported: default, yarn"},
+    {"LinearRope", Dsv3,
+     [](Json& j) {
+       j["rope_scaling"] = {{"type", "linear"}, {"factor", 2}};
+     },
+     kUnimplemented,
+     "rope_scaling.rope_type \"linear\" is not supported; supported: default, yarn"},
     {"Llama3Rope", Glm,
-     [](Json& j) { j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}}; },
+     [](Json& j) {
+       j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 1e4}};
+     },
      kUnimplemented, "rope_parameters.rope_type \"llama3\" is not supported"},
     {"PartialRotary", Dsv3, [](Json& j) { j["partial_rotary_factor"] = 0.5; }, kUnimplemented,
      "partial_rotary_factor 0.5 is not supported"},
     {"PerLayerRope", Glm,
-     [](Json& j) { j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}}; },
+     [](Json& j) {
+       j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}};
+     },
      kUnimplemented, "per-layer-type rope parameters are not supported"},
-    {"AwqQuant", Dsv3, [](Json& j) { j["quantization_config"] = {{"quant_method", "awq"}}; },
+    {"AwqQuant", Dsv3,
+     [](Json& j) {
+       j["quantization_config"] = {{"quant_method", "awq"}};
+     },
      kUnimplemented, "quantization_config.quant_method \"awq\" is not supported; supported: fp8"},
     {"E5m2", Dsv3,
-     [](Json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}}; },
+     [](Json& j) {
+       j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}};
+     },
      kUnimplemented, "quantization_config.fmt \"e5m2\" is not supported"},
     {"StaticActivations", Dsv3,
      [](Json& j) {
@@ -165,27 +190,34 @@ const ErrorCase kErrorCases[] = {
      "num_hidden_layers 1073741824 is outside [1, 1024]"},
     {"ZeroHiddenSize", Dsv3, [](Json& j) { j["hidden_size"] = 0; }, kInvalid,
      "hidden_size 0 is outside [1,"},
-    {"OddRopeDim", Dsv3,
-     [](Json& j) {
-       j["qk_rope_head_dim"] = 7;
-     },
-     kInvalid, "qk_rope_head_dim 7 must be even"},
+    {"OddRopeDim", Dsv3, [](Json& j) { j["qk_rope_head_dim"] = 7; }, kInvalid,
+     "qk_rope_head_dim 7 must be even"},
     {"QkHeadDimMismatch", Glm, [](Json& j) { j["qk_head_dim"] = 32; }, kInvalid,
      "qk_head_dim 32 != qk_nope_head_dim + qk_rope_head_dim = 24"},
     {"NegativeEps", Dsv3, [](Json& j) { j["rms_norm_eps"] = -1e-6; }, kInvalid,
      "rms_norm_eps must be a finite number > 0"},
     {"ZeroRoutedScaling", Dsv3, [](Json& j) { j["routed_scaling_factor"] = 0; }, kInvalid,
      "routed_scaling_factor must be a finite number > 0"},
-    {"EosOutsideVocab", Dsv3, [](Json& j) { j["eos_token_id"] = {1, 256}; }, kInvalid,
-     "eos_token_id 256 is outside the vocabulary [0, 256)"},
-    {"MlpLayerTypesLength", Glm, [](Json& j) { j["mlp_layer_types"] = {"dense", "sparse"}; },
+    {"EosOutsideVocab", Dsv3,
+     [](Json& j) {
+       j["eos_token_id"] = {1, 256};
+     },
+     kInvalid, "eos_token_id 256 is outside the vocabulary [0, 256)"},
+    {"MlpLayerTypesLength", Glm,
+     [](Json& j) {
+       j["mlp_layer_types"] = {"dense", "sparse"};
+     },
      kInvalid, "mlp_layer_types has 2 entries but num_hidden_layers is 4"},
     {"MlpLayerTypesValue", Glm,
-     [](Json& j) { j["mlp_layer_types"] = {"dense", "moe", "sparse", "sparse"}; }, kInvalid,
-     "mlp_layer_types[1] is \"moe\"; expected dense or sparse"},
+     [](Json& j) {
+       j["mlp_layer_types"] = {"dense", "moe", "sparse", "sparse"};
+     },
+     kInvalid, "mlp_layer_types[1] is \"moe\"; expected dense or sparse"},
     {"MlpLayerTypesDisagreeWithFirstK", Glm,
-     [](Json& j) { j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"}; }, kInvalid,
-     "mlp_layer_types starts with 2 dense layers but first_k_dense_replace is 1"},
+     [](Json& j) {
+       j["mlp_layer_types"] = {"dense", "dense", "sparse", "sparse"};
+     },
+     kInvalid, "mlp_layer_types starts with 2 dense layers but first_k_dense_replace is 1"},
     {"DeepseekV3IgnoresMlpLayerTypes", Dsv3,
      [](Json& j) {
        j.erase("first_k_dense_replace");
@@ -195,21 +227,27 @@ const ErrorCase kErrorCases[] = {
     {"IndexerTypesLength", Glm, [](Json& j) { j["indexer_types"] = {"full"}; }, kInvalid,
      "indexer_types has 1 entries but num_hidden_layers is 4"},
     {"IndexerTypesValue", Glm,
-     [](Json& j) { j["indexer_types"] = {"full", "skip", "full", "full"}; }, kInvalid,
-     "indexer type of layer 1 is \"skip\"; expected full or shared"},
+     [](Json& j) {
+       j["indexer_types"] = {"full", "skip", "full", "full"};
+     },
+     kInvalid, "indexer type of layer 1 is \"skip\"; expected full or shared"},
     {"IndexerPatternValue", Glm, [](Json& j) { j["index_topk_pattern"] = "FSXF"; }, kInvalid,
      "index_topk_pattern holds 'X'; expected F or S"},
     {"IndexerOffsetOutOfRange", Glm,
-     [](Json& j) { j["index_skip_topk_offset"] = std::numeric_limits<int64_t>::min(); },
-     kInvalid, "index_skip_topk_offset -9223372036854775808 is outside [-1024, 1024]"},
+     [](Json& j) { j["index_skip_topk_offset"] = std::numeric_limits<int64_t>::min(); }, kInvalid,
+     "index_skip_topk_offset -9223372036854775808 is outside [-1024, 1024]"},
     {"SharedIndexerFirst", Glm,
-     [](Json& j) { j["indexer_types"] = {"shared", "full", "full", "full"}; }, kInvalid,
-     "indexer_types[0] is \"shared\" but no earlier layer runs the indexer"},
+     [](Json& j) {
+       j["indexer_types"] = {"shared", "full", "full", "full"};
+     },
+     kInvalid, "indexer_types[0] is \"shared\" but no earlier layer runs the indexer"},
     {"IndexerOnDeepseekV3", Dsv3, [](Json& j) { j["index_topk"] = 2048; }, kInvalid,
      "the config sets index_topk but DeepseekV3ForCausalLM has no DSA indexer"},
     {"YarnFactorBelowOne", Dsv3,
-     [](Json& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 0.5}}; }, kInvalid,
-     "yarn factor must be a finite number >= 1, got 0.5"},
+     [](Json& j) {
+       j["rope_scaling"] = {{"type", "yarn"}, {"factor", 0.5}};
+     },
+     kInvalid, "yarn factor must be a finite number >= 1, got 0.5"},
     {"BetaFastBelowBetaSlow", Dsv3,
      [](Json& j) {
        j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}, {"beta_fast", 1}, {"beta_slow", 2}};
@@ -287,8 +325,7 @@ TEST_F(LoadModelConfigTest, DirectoryInsteadOfFileIsAnError) {
   std::filesystem::create_directories(dir_ / "config.json");
   const absl::StatusOr<ModelConfig> config = LoadModelConfig(dir_.string());
   ASSERT_FALSE(config.ok());
-  EXPECT_THAT(std::string(config.status().message()),
-              HasSubstr((dir_ / "config.json").string()));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr((dir_ / "config.json").string()));
 }
 
 }  // namespace

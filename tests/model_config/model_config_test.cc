@@ -18,8 +18,8 @@ using ::nq::model::testing::ReadDataConfig;
 using ::nq::model::testing::TinyDeepseekV3;
 using ::nq::model::testing::TinyGlmMoeDsa;
 using ::nq::testing::IsOk;
-using ::testing::ElementsAre;
 using ::testing::Each;
+using ::testing::ElementsAre;
 using ::testing::Eq;
 using Json = nlohmann::json;
 
@@ -114,7 +114,7 @@ TEST(ModelConfigTest, Glm5Fp8) {
   EXPECT_TRUE(quant.IsNotConverted("lm_head"));
   EXPECT_TRUE(quant.IsNotConverted("model.layers.3.mlp.gate"));
   EXPECT_TRUE(quant.IsNotConverted("model.layers.0.self_attn.indexer.weights_proj"));
-  EXPECT_TRUE(quant.IsNotConverted("model.embed_tokens.weight"));  // below a listed module
+  EXPECT_TRUE(quant.IsNotConverted("model.embed_tokens.weight"));      // below a listed module
   EXPECT_FALSE(quant.IsNotConverted("model.layers.0.mlp.gate_proj"));  // not a '.' boundary
   EXPECT_FALSE(quant.IsNotConverted("model.layers.3.mlp.experts.0.gate_proj"));
   EXPECT_FALSE(quant.IsNotConverted("model.layers.0.self_attn.q_b_proj"));
@@ -210,8 +210,8 @@ TEST(ModelConfigTest, DeepseekV3Defaults) {
 
 TEST(ModelConfigTest, GlmMoeDsaDefaults) {
   Json json = TinyGlmMoeDsa();
-  for (const char* key : {"n_group", "topk_group", "index_topk", "index_head_dim",
-                          "index_n_heads"}) {
+  for (const char* key :
+       {"n_group", "topk_group", "index_topk", "index_head_dim", "index_n_heads"}) {
     json.erase(key);
   }
   const ModelConfig c = ParseOrDie(json);
@@ -265,8 +265,8 @@ TEST(ModelConfigTest, GlmMlpLayerTypes) {
   ExpectRoundTrip(c);
   // Both keys, agreeing on the leading dense run.
   json["first_k_dense_replace"] = 1;
-  EXPECT_THAT(ParseOrDie(json).mlp_kinds, ElementsAre(MlpKind::kDense, MlpKind::kMoe,
-                                                      MlpKind::kDense, MlpKind::kMoe));
+  EXPECT_THAT(ParseOrDie(json).mlp_kinds,
+              ElementsAre(MlpKind::kDense, MlpKind::kMoe, MlpKind::kDense, MlpKind::kMoe));
 }
 
 TEST(ModelConfigTest, IndexerScheduleFromFreqAndOffset) {
@@ -300,9 +300,9 @@ TEST(ModelConfigTest, YarnInRopeParameters) {
   // transformers 5 layout: everything, rope_theta included, inside rope_parameters.
   Json json = TinyDeepseekV3();
   json["max_position_embeddings"] = 32768;
-  json["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 50000.0}, {"factor", 8},
-                             {"beta_fast", 0},  // HF: `or 32`
-                             {"truncate", false}, {"attention_factor", 1.25}};
+  json["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 50000.0},
+                             {"factor", 8},         {"beta_fast", 0},  // HF: `or 32`
+                             {"truncate", false},   {"attention_factor", 1.25}};
   json["rope_theta"] = 1.0;  // the dict's value wins
   const ModelConfig c = ParseOrDie(json);
   EXPECT_EQ(c.rope.type, RopeType::kYarn);
@@ -323,8 +323,11 @@ TEST(ModelConfigTest, RopeScalingWinsAndTopLevelOriginalLengthWins) {
   json["rope_theta"] = 20000;
   json["original_max_position_embeddings"] = 1024;
   json["rope_parameters"] = {{"rope_type", "default"}};
-  json["rope_scaling"] = {{"type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 2048},
-                          {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+  json["rope_scaling"] = {{"type", "yarn"},
+                          {"factor", 4},
+                          {"original_max_position_embeddings", 2048},
+                          {"mscale", 0.707},
+                          {"mscale_all_dim", 0.707}};
   const ModelConfig c = ParseOrDie(json);
   EXPECT_EQ(c.rope.type, RopeType::kYarn);
   EXPECT_DOUBLE_EQ(c.rope.theta, 20000.0);
@@ -334,9 +337,10 @@ TEST(ModelConfigTest, RopeScalingWinsAndTopLevelOriginalLengthWins) {
   EXPECT_NEAR(c.SoftmaxScale(), mscale * mscale / std::sqrt(24.0), 1e-15);
   ExpectRoundTrip(c);
 
-  // GlmMoeDsaAttention applies no mscale correction to its softmax scale.
+  // transformers 5.17's GlmMoeDsaAttention applies the same mscale correction
+  // (docs/model_math.md 5.2).
   json["architectures"] = {"GlmMoeDsaForCausalLM"};
-  EXPECT_DOUBLE_EQ(ParseOrDie(json).SoftmaxScale(), 1.0 / std::sqrt(24.0));
+  EXPECT_NEAR(ParseOrDie(json).SoftmaxScale(), mscale * mscale / std::sqrt(24.0), 1e-15);
 }
 
 TEST(ModelConfigTest, FirstSupportedArchitectureIsTaken) {

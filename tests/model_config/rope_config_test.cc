@@ -42,8 +42,8 @@ TEST(RopeConfigTest, DefaultInvFreqIsThetaPowers) {
   // inv_freq[i] = theta^(-2i/64).
   EXPECT_DOUBLE_EQ(inv_freq[0], 1.0);
   EXPECT_NEAR(inv_freq[1], std::pow(10.0, -6.0 / 32.0), kTolerance);  // 0.6493816315762113
-  EXPECT_NEAR(inv_freq[16], 1e-3, kTolerance);                         // 1e6^(-1/2)
-  EXPECT_NEAR(inv_freq[31], 1.539926526059492e-06, 1e-18);             // 1e6^(-62/64)
+  EXPECT_NEAR(inv_freq[16], 1e-3, kTolerance);                        // 1e6^(-1/2)
+  EXPECT_NEAR(inv_freq[31], 1.539926526059492e-06, 1e-18);            // 1e6^(-62/64)
   EXPECT_DOUBLE_EQ(rope.AttentionFactor(), 1.0);
   EXPECT_DOUBLE_EQ(rope.SoftmaxMscaleSquared(), 1.0);
 }
@@ -56,9 +56,9 @@ TEST(RopeConfigTest, DefaultInvFreqIsThetaPowers) {
 TEST(RopeConfigTest, DeepseekV3YarnInvFreq) {
   const std::vector<double> inv_freq = DeepseekV3Yarn().InvFreq(64);
   ASSERT_EQ(inv_freq.size(), 32u);
-  EXPECT_DOUBLE_EQ(inv_freq[0], 1.0);                                  // pure extrapolation
-  EXPECT_NEAR(inv_freq[1], std::pow(10.0, -0.125), kTolerance);       // 0.7498942093324559
-  EXPECT_NEAR(inv_freq[10], std::pow(10.0, -1.25), kTolerance);       // ramp 0
+  EXPECT_DOUBLE_EQ(inv_freq[0], 1.0);                            // pure extrapolation
+  EXPECT_NEAR(inv_freq[1], std::pow(10.0, -0.125), kTolerance);  // 0.7498942093324559
+  EXPECT_NEAR(inv_freq[10], std::pow(10.0, -1.25), kTolerance);  // ramp 0
   // i = 11: ramp 1/13, e = 10^-1.375.
   EXPECT_NEAR(inv_freq[11], std::pow(10.0, -1.375) * (12.0 / 13 + 1.0 / (13 * 40)), kTolerance);
   // i = 16: ramp 6/13, e = 0.01: 0.01 * (7/13 + 6/520) = 0.01 * 286/520 = 0.0055.
@@ -128,7 +128,8 @@ TEST(RopeConfigTest, ValidateNamesTheBadParameter) {
   EXPECT_THAT(DeepseekV3Yarn().Validate(), IsOk());
   RopeConfig rope = DeepseekV3Yarn();
   rope.theta = 0.5;
-  EXPECT_THAT(rope.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rope_theta")));
+  EXPECT_THAT(rope.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rope_theta")));
   rope = DeepseekV3Yarn();
   rope.yarn.factor = 0.5;
   EXPECT_THAT(rope.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("factor")));

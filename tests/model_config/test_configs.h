@@ -3,10 +3,9 @@
 #pragma once
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 namespace nq::model::testing {
 

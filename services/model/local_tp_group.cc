@@ -1,0 +1,56 @@
+#include "services/model/local_tp_group.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace nq::model {
+
+absl::StatusOr<std::unique_ptr<LocalTpGroup>> LocalTpGroup::Load(const std::string& model_dir, int world_size,
+                                                                 int64_t max_tokens) {
+  auto group = std::unique_ptr<LocalTpGroup>(new LocalTpGroup());
+  ASSIGN_OR_RETURN(group->comms_, kernels::CpuCommunicatorGroup::Create(world_size));
+  // Share the cores between the ranks.
+  const int threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
+                     kernels::CreateBackend("cpu", kernels::BackendOptions{.cpu_threads = threads}));
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                     Model::Load(model_dir, *backend, group->comms_[r].get(),
+                                 ModelOptions{.max_tokens = max_tokens, .tp = {r, world_size}}));
+    group->backends_.push_back(std::move(backend));
+    group->models_.push_back(std::move(model));
+  }
+  return group;
+}
+
+template <typename Fn>
+absl::StatusOr<std::vector<float>> LocalTpGroup::OnEveryRank(Fn fn) {
+  const int W = world_size();
+  std::vector<absl::StatusOr<std::vector<float>>> results(W, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 1; r < W; ++r) threads.emplace_back([&, r] { results[r] = fn(*models_[r]); });
+  results[0] = fn(*models_[0]);
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < W; ++r) {
+    if (!results[r].ok()) return Annotate(results[r].status(), absl::StrCat("rank ", r));
+  }
+  for (int r = 1; r < W; ++r) {
+    if (*results[r] != *results[0]) {
+      return absl::InternalError(absl::StrCat("rank ", r, " computed other logits than rank 0"));
+    }
+  }
+  return std::move(results[0]);
+}
+
+absl::StatusOr<std::vector<float>> LocalTpGroup::Forward(std::span<const int32_t> tokens) {
+  return OnEveryRank([&](Model& m) { return m.Forward(tokens); });
+}
+
+absl::StatusOr<std::vector<float>> LocalTpGroup::ForwardMtp(std::span<const int32_t> next_tokens,
+                                                            std::span<const float> hidden) {
+  return OnEveryRank([&](Model& m) { return m.ForwardMtp(next_tokens, hidden); });
+}
+
+}  // namespace nq::model

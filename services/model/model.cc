@@ -1,0 +1,331 @@
+#include "services/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/tensor_io.h"
+#include "services/common/status_macros.h"
+#include "services/model/moe_routing.h"
+
+namespace nq::model {
+namespace {
+
+using kernels::Shape;
+using kernels::Tensor;
+
+// HF builds q_a_layernorm, kv_a_layernorm and the indexer's k_norm without passing the
+// config's eps, so they use 1e-6 in both architectures (docs/model_math.md section 4).
+constexpr float kLatentNormEps = 1e-6f;
+constexpr int64_t kDefaultMaxTokens = 4096;
+
+std::vector<float> FloatInvFreq(const ModelConfig& config) {
+  std::vector<double> inv = config.RopeInvFreq();
+  return std::vector<float>(inv.begin(), inv.end());
+}
+
+// GLM's attention and indexer always rotate interleaved pairs in transformers 5.17 (and its
+// configs say so); DeepSeek-V3 follows rope_interleave (default true).
+bool MlaRopeInterleaved(const ModelConfig& c) {
+  return c.architecture == Architecture::kGlmMoeDsa ? true : c.rope_interleave;
+}
+bool IndexerRopeInterleaved(const ModelConfig& c) {
+  return c.architecture == Architecture::kGlmMoeDsa ? true : c.indexer.rope_interleave;
+}
+
+std::vector<bool> IndexerLayers(const ModelConfig& c) {
+  std::vector<bool> has;
+  for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
+    const bool mtp = l >= c.num_hidden_layers;
+    has.push_back(c.indexer.enabled && (mtp || c.indexer.kinds[l] == IndexerKind::kFull));
+  }
+  return has;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, kernels::Backend& backend,
+                                                   kernels::Communicator* comm, ModelOptions options) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(model_dir));
+  absl::StatusOr<ModelWeights> weights = LoadModelWeights(checkpoint, config, backend, options.tp);
+  if (!weights.ok()) return Annotate(weights.status(), absl::StrCat("loading ", model_dir));
+  return Create(std::move(config), *std::move(weights), backend, comm, options);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWeights weights,
+                                                     kernels::Backend& backend, kernels::Communicator* comm,
+                                                     ModelOptions options) {
+  if (options.tp.world_size > 1 &&
+      (comm == nullptr || comm->world_size() != options.tp.world_size || comm->rank() != options.tp.rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", options.tp.world_size,
+                                                   " ranks needs a communicator of that world for rank ",
+                                                   options.tp.rank));
+  }
+  if (options.max_tokens <= 0) {
+    options.max_tokens = std::min<int64_t>(config.max_position_embeddings, kDefaultMaxTokens);
+  }
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, IndexerLayers(config), options.max_tokens));
+  return std::unique_ptr<Model>(
+      new Model(std::move(config), std::move(weights), backend, comm, std::move(cache), options));
+}
+
+Model::Model(ModelConfig config, ModelWeights weights, kernels::Backend& backend, kernels::Communicator* comm,
+             KvCache cache, ModelOptions options)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      backend_(backend),
+      comm_(comm),
+      cache_(std::move(cache)),
+      options_(options),
+      inv_freq_(FloatInvFreq(config_)),
+      attention_scaling_(static_cast<float>(config_.AttentionScaling())),
+      softmax_scale_(static_cast<float>(config_.SoftmaxScale())) {}
+
+void Model::ResetCache() {
+  cache_.set_length(0);
+  mtp_length_ = 0;
+}
+
+absl::Status Model::TruncateCache(int64_t length) {
+  if (length < 0 || length > cache_.length()) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot truncate a cache of ", cache_.length(),
+                                                   " tokens to ", length));
+  }
+  cache_.set_length(length);
+  mtp_length_ = std::min(mtp_length_, length);
+  return absl::OkStatus();
+}
+
+absl::Status Model::AllReduce(Tensor& t) {
+  if (options_.tp.world_size == 1) return absl::OkStatus();
+  return comm_->AllReduceSum(t);
+}
+
+absl::StatusOr<Tensor> Model::Zeros(Shape shape) {
+  std::vector<float> zeros(static_cast<size_t>(shape.NumElements()), 0.0f);
+  return kernels::UploadFloats(backend_, zeros, kernels::DType::kF32, std::move(shape));
+}
+
+absl::StatusOr<std::vector<float>> Model::Forward(std::span<const int32_t> tokens) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t start = cache_.length();
+  if (T == 0) return absl::InvalidArgumentError("Forward: no tokens");
+  if (start + T > cache_.max_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
+                                                   " new tokens exceed the cache of ", cache_.max_tokens()));
+  }
+  const int64_t D = config_.hidden_size;
+  ASSIGN_OR_RETURN(Tensor x, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.Embedding(tokens, weights_.embed, x));
+  selection_.reset();
+  for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    RETURN_IF_ERROR(RunLayer(weights_.layers[layer], layer, static_cast<size_t>(layer), x, start));
+  }
+  RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
+  ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));
+  cache_.set_length(start + T);
+  return Logits(x, weights_.lm_head);
+}
+
+absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> next_tokens,
+                                                     std::span<const float> hidden, int index) {
+  if (index < 0 || index >= static_cast<int>(weights_.mtp.size())) {
+    return absl::FailedPreconditionError(absl::StrCat("the checkpoint has ", weights_.mtp.size(),
+                                                      " MTP layers; asked for layer ", index));
+  }
+  const int64_t T = static_cast<int64_t>(next_tokens.size()), D = config_.hidden_size;
+  if (T == 0 || static_cast<int64_t>(hidden.size()) != T * D) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardMtp: ", T, " tokens with ", hidden.size(),
+                                                   " hidden values (want tokens x ", D, ")"));
+  }
+  if (mtp_length_ + T > cache_.max_tokens()) {
+    return absl::InvalidArgumentError("ForwardMtp: the MTP cache is full");
+  }
+  const MtpWeights& m = weights_.mtp[index];
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.Embedding(next_tokens, weights_.embed, e));
+  RETURN_IF_ERROR(backend_.RmsNorm(e, m.enorm, eps, e));
+  ASSIGN_OR_RETURN(Tensor h, kernels::UploadFloats(backend_, hidden, kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.RmsNorm(h, m.hnorm, eps, h));
+  // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ.
+  ASSIGN_OR_RETURN(Tensor u, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
+  RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
+  RETURN_IF_ERROR(backend_.Add(u, uh, u));
+  const int64_t layer = config_.num_hidden_layers + index;
+  selection_.reset();
+  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, mtp_length_));
+  mtp_length_ += T;
+  RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, eps, u));
+  return Logits(u, m.head);
+}
+
+absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
+                             int64_t start_pos) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
+  RETURN_IF_ERROR(backend_.RmsNorm(x, w.input_norm, eps, xn));
+  ASSIGN_OR_RETURN(Tensor attention, Attention(w.attention, layer, cache_index, xn, start_pos));
+  RETURN_IF_ERROR(AllReduce(attention));
+  RETURN_IF_ERROR(backend_.Add(x, attention, x));
+
+  RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, eps, xn));
+  Tensor ffn;
+  if (w.moe.has_value()) {
+    ASSIGN_OR_RETURN(ffn, Moe(*w.moe, xn));
+  } else {
+    ASSIGN_OR_RETURN(ffn, Mlp(*w.dense, xn));
+  }
+  RETURN_IF_ERROR(AllReduce(ffn));
+  return backend_.Add(x, ffn, x);
+}
+
+absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
+                                        const Tensor& xn, int64_t start_pos) {
+  const ModelConfig& c = config_;
+  const int64_t T = xn.shape().dim(0);
+  const int64_t Hr = w.w_uk.shape().dim(0), dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank;
+  LayerCache& cache = cache_.layer(cache_index);
+
+  // Query latent (the DSA indexer reads it too) and the per-head query parts.
+  Tensor q_latent;
+  const Tensor* q_in = &xn;
+  if (w.q_a.has_value()) {
+    ASSIGN_OR_RETURN(q_latent, backend_.Allocate(kernels::DType::kF32, Shape{T, c.q_lora_rank}));
+    RETURN_IF_ERROR(backend_.MatMul(xn, *w.q_a, q_latent));
+    RETURN_IF_ERROR(backend_.RmsNorm(q_latent, *w.q_a_norm, kLatentNormEps, q_latent));
+    q_in = &q_latent;
+  }
+  ASSIGN_OR_RETURN(Tensor q_nope, backend_.Allocate(kernels::DType::kF32, Shape{T, Hr * dn}));
+  ASSIGN_OR_RETURN(Tensor q_pe, backend_.Allocate(kernels::DType::kF32, Shape{T, Hr * dr}));
+  RETURN_IF_ERROR(backend_.MatMul(*q_in, w.q_nope, q_nope));
+  RETURN_IF_ERROR(backend_.MatMul(*q_in, w.q_pe, q_pe));
+  RETURN_IF_ERROR(q_nope.Reshape(Shape{T, Hr, dn}));
+  RETURN_IF_ERROR(q_pe.Reshape(Shape{T, Hr, dr}));
+  RETURN_IF_ERROR(backend_.Rope(q_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
+
+  // The new tokens' latent and rotated rope key go straight into the cache.
+  ASSIGN_OR_RETURN(Tensor latent, backend_.Allocate(kernels::DType::kF32, Shape{T, kv}));
+  ASSIGN_OR_RETURN(Tensor k_pe, backend_.Allocate(kernels::DType::kF32, Shape{T, dr}));
+  RETURN_IF_ERROR(backend_.MatMul(xn, w.kv_a, latent));
+  RETURN_IF_ERROR(backend_.RmsNorm(latent, w.kv_a_norm, kLatentNormEps, latent));
+  RETURN_IF_ERROR(backend_.MatMul(xn, w.k_pe_proj, k_pe));
+  RETURN_IF_ERROR(k_pe.Reshape(Shape{T, 1, dr}));
+  RETURN_IF_ERROR(backend_.Rope(k_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
+  RETURN_IF_ERROR(k_pe.Reshape(Shape{T, dr}));
+  RETURN_IF_ERROR(backend_.WriteRows(latent, cache.latent, start_pos));
+  RETURN_IF_ERROR(backend_.WriteRows(k_pe, cache.k_pe, start_pos));
+
+  // DSA: a full layer scores every visible key with its indexer and keeps the top-k; a
+  // shared layer reuses the selection of the last full layer of this forward.
+  if (w.indexer.has_value()) {
+    const IndexerWeights& ix = *w.indexer;
+    const int64_t Hi = c.indexer.n_heads, Di = c.indexer.head_dim;
+    ASSIGN_OR_RETURN(Tensor qi, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi * Di}));
+    RETURN_IF_ERROR(backend_.MatMul(q_latent, ix.wq_b, qi));
+    RETURN_IF_ERROR(qi.Reshape(Shape{T, Hi, Di}));
+    RETURN_IF_ERROR(backend_.Rope(qi, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
+    ASSIGN_OR_RETURN(Tensor ki, backend_.Allocate(kernels::DType::kF32, Shape{T, Di}));
+    RETURN_IF_ERROR(backend_.MatMul(xn, ix.wk, ki));
+    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix.k_norm_weight, ix.k_norm_bias, kLatentNormEps, ki));
+    RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
+    RETURN_IF_ERROR(backend_.Rope(ki, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
+    RETURN_IF_ERROR(ki.Reshape(Shape{T, Di}));
+    RETURN_IF_ERROR(backend_.WriteRows(ki, *cache.index_keys, start_pos));
+    // weights_proj was scaled at load by index_n_heads^-0.5 * index_head_dim^-0.5 (ReLU is
+    // positively homogeneous, so the score scale folds into the head weights).
+    ASSIGN_OR_RETURN(Tensor head_weights, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi}));
+    RETURN_IF_ERROR(backend_.MatMul(xn, ix.weights_proj, head_weights));
+    ASSIGN_OR_RETURN(Tensor selected, backend_.Allocate(kernels::DType::kI32, Shape{T, c.indexer.topk}));
+    RETURN_IF_ERROR(backend_.IndexerTopK(qi, *cache.index_keys, head_weights, start_pos, selected));
+    selection_ = std::move(selected);
+  } else if (c.indexer.enabled && !selection_.has_value()) {
+    return absl::InternalError(absl::StrCat("layer ", layer, " shares a DSA selection but no full layer ran before it"));
+  }
+
+  ASSIGN_OR_RETURN(Tensor heads, backend_.Allocate(kernels::DType::kF32, Shape{T, Hr * dv}));
+  const Tensor* selected = c.indexer.enabled ? &*selection_ : nullptr;
+  RETURN_IF_ERROR(backend_.MlaAttention(q_nope, q_pe, cache.latent, cache.k_pe, w.w_uk, w.w_uv, selected,
+                                        start_pos, softmax_scale_, heads));
+  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
+  RETURN_IF_ERROR(backend_.MatMul(heads, w.o_proj, out));
+  return out;
+}
+
+absl::StatusOr<Tensor> Model::Mlp(const MlpWeights& w, const Tensor& xn) {
+  const int64_t T = xn.shape().dim(0), I2 = w.gate_up.shape().dim(0);
+  ASSIGN_OR_RETURN(Tensor gate_up, backend_.Allocate(kernels::DType::kF32, Shape{T, I2}));
+  RETURN_IF_ERROR(backend_.MatMul(xn, w.gate_up, gate_up));
+  ASSIGN_OR_RETURN(Tensor act, backend_.Allocate(kernels::DType::kF32, Shape{T, I2 / 2}));
+  RETURN_IF_ERROR(backend_.SiluAndMul(gate_up, act));
+  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
+  RETURN_IF_ERROR(backend_.MatMul(act, w.down, out));
+  return out;
+}
+
+absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, const Tensor& xn) {
+  const ModelConfig& c = config_;
+  const int64_t T = xn.shape().dim(0), E = c.n_routed_experts;
+  // Router logits on the backend, the (small) routing decision on the host.
+  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
+  RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
+  ASSIGN_OR_RETURN(std::vector<float> host_logits, kernels::DownloadFloats(backend_, logits));
+  ASSIGN_OR_RETURN(MoeRouting routing,
+                   RouteTokens(host_logits, w.bias,
+                               MoeRoutingParams{.num_experts = static_cast<int>(E),
+                                                .top_k = static_cast<int>(c.num_experts_per_tok),
+                                                .n_group = static_cast<int>(c.n_group),
+                                                .topk_group = static_cast<int>(c.topk_group),
+                                                .norm_topk_prob = c.norm_topk_prob,
+                                                .routed_scaling_factor =
+                                                    static_cast<float>(c.routed_scaling_factor)}));
+  // Tokens per expert, then each used expert once over its tokens.
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(E));
+  std::vector<std::vector<float>> weights(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < routing.top_k; ++j) {
+      const int32_t e = routing.experts[t * routing.top_k + j];
+      rows[e].push_back(static_cast<int32_t>(t));
+      weights[e].push_back(routing.weights[t * routing.top_k + j]);
+    }
+  }
+  Tensor out;
+  if (w.shared.has_value()) {
+    ASSIGN_OR_RETURN(out, Mlp(*w.shared, xn));
+  } else {
+    ASSIGN_OR_RETURN(out, Zeros(Shape{T, c.hidden_size}));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    if (rows[e].empty()) continue;
+    const int64_t n = static_cast<int64_t>(rows[e].size());
+    ASSIGN_OR_RETURN(Tensor xe, backend_.Allocate(kernels::DType::kF32, Shape{n, c.hidden_size}));
+    RETURN_IF_ERROR(backend_.GatherRows(xn, rows[e], xe));
+    ASSIGN_OR_RETURN(Tensor ye, Mlp(w.experts[e], xe));
+    RETURN_IF_ERROR(backend_.ScatterAddRows(ye, rows[e], weights[e], out));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> Model::Logits(const Tensor& hidden_normed, const Tensor& head) {
+  const int64_t T = hidden_normed.shape().dim(0), Vr = head.shape().dim(0), W = options_.tp.world_size;
+  ASSIGN_OR_RETURN(Tensor local, backend_.Allocate(kernels::DType::kF32, Shape{T, Vr}));
+  RETURN_IF_ERROR(backend_.MatMul(hidden_normed, head, local));
+  if (W == 1) return kernels::DownloadFloats(backend_, local);
+  // Each rank holds a block of vocabulary columns; gather [W, T, Vr] and interleave to [T, V].
+  ASSIGN_OR_RETURN(Tensor gathered, backend_.Allocate(kernels::DType::kF32, Shape{W, T, Vr}));
+  RETURN_IF_ERROR(comm_->AllGather(local, gathered));
+  ASSIGN_OR_RETURN(std::vector<float> parts, kernels::DownloadFloats(backend_, gathered));
+  std::vector<float> logits(static_cast<size_t>(T * Vr * W));
+  for (int64_t r = 0; r < W; ++r) {
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(parts.begin() + (r * T + t) * Vr, Vr, logits.begin() + t * Vr * W + r * Vr);
+    }
+  }
+  return logits;
+}
+
+}  // namespace nq::model

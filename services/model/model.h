@@ -1,0 +1,104 @@
+// The GLM-5 (GlmMoeDsaForCausalLM) and DeepSeek-V3 (DeepseekV3ForCausalLM) forward pass of
+// one tensor-parallel rank, on any backend (docs/model_math.md is the math it implements).
+// The graph reads top to bottom as the layer stack: embed -> [MLA (+ DSA indexer) ->
+// all-reduce -> dense MLP or MoE -> all-reduce] x N -> final norm -> lm_head (all-gather);
+// the MTP layer runs beside it on the main model's final hidden states.
+//
+// One Model holds one sequence's KV cache. Forward() appends tokens at the cache's end, so a
+// prompt of T tokens followed by T' single-token calls gives the logits of one prefill over
+// T + T' tokens. Every rank of a world calls Forward with the same tokens; every rank gets the
+// full logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/comm/communicator.h"
+#include "services/model/kv_cache.h"
+#include "services/model/model_config.h"
+#include "services/model/model_weights.h"
+
+namespace nq::model {
+
+struct ModelOptions {
+  // Tokens the KV cache holds (prompt + generated); 0 uses min(max_position_embeddings, 4096).
+  int64_t max_tokens = 0;
+  TensorParallel tp;
+};
+
+class Model {
+ public:
+  // Loads config.json and the checkpoint (single or sharded, F32/BF16/F16/F8_E4M3) from
+  // `model_dir` and shards the weights for options.tp. `comm` may be null when the world
+  // size is 1; it must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& model_dir,
+                                                     kernels::Backend& backend,
+                                                     kernels::Communicator* comm,
+                                                     ModelOptions options);
+  static absl::StatusOr<std::unique_ptr<Model>> Create(ModelConfig config, ModelWeights weights,
+                                                       kernels::Backend& backend,
+                                                       kernels::Communicator* comm,
+                                                       ModelOptions options);
+
+  const ModelConfig& config() const { return config_; }
+
+  // Runs `tokens` at positions [cache_length(), cache_length() + T) and returns their logits,
+  // row-major [T, vocab_size], float32. INVALID_ARGUMENT for an empty input, a token id
+  // >= vocab_size, or more tokens than the cache has room for.
+  absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> tokens);
+
+  // The final-normed hidden states [T, hidden_size] of the last Forward: what MTP reads.
+  const std::vector<float>& last_hidden() const { return last_hidden_; }
+
+  // MTP layer `index`: entry i takes the embedding of next_tokens[i] and hidden row i (the
+  // main model's final-normed state at the position before next_tokens[i]); entries append
+  // to the MTP layer's own cache. Returns logits [T, vocab_size] predicting the token after
+  // next_tokens[i]. FAILED_PRECONDITION when the checkpoint has no MTP layer.
+  absl::StatusOr<std::vector<float>> ForwardMtp(std::span<const int32_t> next_tokens,
+                                                std::span<const float> hidden, int index = 0);
+
+  int64_t cache_length() const { return cache_.length(); }
+  int64_t mtp_cache_length() const { return mtp_length_; }
+  // Forgets the sequence (the cache is reused; nothing is freed).
+  void ResetCache();
+  // Keeps the first `length` tokens of the cache (prefix reuse).
+  absl::Status TruncateCache(int64_t length);
+
+ private:
+  Model(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
+        kernels::Communicator* comm, KvCache cache, ModelOptions options);
+
+  // x [T, D] (the residual stream) through decoder block `layer` at `start_pos`; `cache_index`
+  // selects the LayerCache (decoder layers first, then MTP layers).
+  absl::Status RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
+                        int64_t start_pos);
+  absl::StatusOr<kernels::Tensor> Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
+                                            const kernels::Tensor& xn, int64_t start_pos);
+  absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn);
+  absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, const kernels::Tensor& xn);
+  // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
+  absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
+  absl::Status AllReduce(kernels::Tensor& t);
+  absl::StatusOr<kernels::Tensor> Zeros(kernels::Shape shape);
+
+  const ModelConfig config_;
+  const ModelWeights weights_;
+  kernels::Backend& backend_;
+  kernels::Communicator* const comm_;
+  KvCache cache_;
+  const ModelOptions options_;
+  const std::vector<float> inv_freq_;  // RoPE frequencies in float32, as HF holds them
+  const float attention_scaling_;
+  const float softmax_scale_;
+  std::vector<float> last_hidden_;
+  int64_t mtp_length_ = 0;
+  // DSA top-k of the last full indexer layer in the current forward (shared layers reuse it).
+  std::optional<kernels::Tensor> selection_;
+};
+
+}  // namespace nq::model

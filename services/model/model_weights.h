@@ -1,0 +1,105 @@
+// The weights one tensor-parallel rank holds, on its backend, already cut and rearranged for
+// the graph (services/model/model.h):
+//  - attention heads are split across ranks: rank r holds heads [r*H/W, (r+1)*H/W) of
+//    q_b_proj, kv_b_proj and the matching columns of o_proj (row-parallel);
+//  - the dense MLP, the shared experts and every routed expert are split on their
+//    intermediate dimension (gate/up rows, down columns), so each rank holds a slice of every
+//    expert (DESIGN.md "Tensor parallelism");
+//  - norms, the router, the DSA indexer, embeddings and the latent projections are
+//    replicated (they are small, and the indexer's selection must agree on every rank);
+//  - lm_head is split by vocabulary rows and all-gathered.
+// Load-time splits replace slicing at run time: kv_a_proj_with_mqa becomes kv_a (latent) and
+// k_pe_proj (rope key); q_b_proj becomes its nope and rope rows; kv_b_proj becomes the
+// per-head absorbed matrices w_uk [H, dn, c] and w_uv [H, dv, c]; gate and up are stacked
+// into one [2I, D] matrix for SiluAndMul.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "services/model/model_config.h"
+#include "services/model/safetensors.h"
+
+namespace nq::model {
+
+struct TensorParallel {
+  int rank = 0;
+  int world_size = 1;
+};
+
+struct MlpWeights {
+  kernels::Tensor gate_up;  // [2 * I_r, D]: gate rows, then up rows
+  kernels::Tensor down;     // [D, I_r]
+};
+
+struct IndexerWeights {
+  kernels::Tensor wq_b;          // [Hi * Di, q_lora]
+  kernels::Tensor wk;            // [Di, D]
+  kernels::Tensor k_norm_weight;  // [Di]
+  kernels::Tensor k_norm_bias;    // [Di]
+  kernels::Tensor weights_proj;  // [Hi, D]
+};
+
+struct AttentionWeights {
+  // With q_lora_rank: q_a [ql, D] and its norm; q_nope / q_pe take the normed latent.
+  // Without: q_nope / q_pe take the hidden state directly.
+  std::optional<kernels::Tensor> q_a;
+  std::optional<kernels::Tensor> q_a_norm;
+  kernels::Tensor q_nope;     // [H_r * dn, ql or D]
+  kernels::Tensor q_pe;       // [H_r * dr, ql or D]
+  kernels::Tensor kv_a;       // [c, D]
+  kernels::Tensor k_pe_proj;  // [dr, D]
+  kernels::Tensor kv_a_norm;  // [c]
+  kernels::Tensor w_uk;       // [H_r, dn, c]
+  kernels::Tensor w_uv;       // [H_r, dv, c]
+  kernels::Tensor o_proj;     // [D, H_r * dv]
+  std::optional<IndexerWeights> indexer;
+};
+
+struct MoeWeights {
+  std::vector<float> router;  // [E, D], on the host: routing is decided on the host
+  std::vector<float> bias;    // [E] e_score_correction_bias
+  kernels::Tensor router_device;  // the same [E, D] on the backend, for the logits matmul
+  std::vector<MlpWeights> experts;
+  std::optional<MlpWeights> shared;
+};
+
+struct LayerWeights {
+  kernels::Tensor input_norm;  // [D]
+  kernels::Tensor post_attention_norm;  // [D]
+  AttentionWeights attention;
+  std::optional<MlpWeights> dense;
+  std::optional<MoeWeights> moe;
+};
+
+// The extra weights of an MTP layer (the decoder block itself is a LayerWeights).
+struct MtpWeights {
+  kernels::Tensor enorm;  // [D]
+  kernels::Tensor hnorm;  // [D]
+  kernels::Tensor eh_embed;   // [D, D]: eh_proj columns applied to enorm(embedding)
+  kernels::Tensor eh_hidden;  // [D, D]: eh_proj columns applied to hnorm(hidden)
+  kernels::Tensor head_norm;  // [D]
+  kernels::Tensor head;       // [V_r, D], vocabulary rows of this rank
+  LayerWeights block;
+};
+
+struct ModelWeights {
+  kernels::Tensor embed;       // [V, D], replicated
+  std::vector<LayerWeights> layers;
+  kernels::Tensor final_norm;  // [D]
+  kernels::Tensor lm_head;     // [V_r, D], vocabulary rows of this rank
+  int64_t vocab_rows_per_rank = 0;
+  std::vector<MtpWeights> mtp;
+};
+
+// Loads and shards every weight of `config` from `checkpoint` onto `backend` as F32
+// (F8_E4M3 weights are dequantized with their 128x128 block scales). Errors name the tensor:
+// NOT_FOUND for a missing one, INVALID_ARGUMENT for a wrong shape or a split that does not
+// divide (heads, intermediate sizes and vocabulary must divide by the world size).
+absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
+                                              kernels::Backend& backend, TensorParallel tp);
+
+}  // namespace nq::model

@@ -1,0 +1,20 @@
+// Subcommands of the `nq` tool. Each returns the process exit code: 0 on success, 1 on a
+// failure it has already reported on stderr, 2 on bad usage.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+
+// --out: the output file or directory of every command (defined in nq_main.cc).
+ABSL_DECLARE_FLAG(std::string, out);
+
+namespace nq::tools {
+
+// nq logits --model DIR --tokens 1,2,3 [--tp W] [--decode] [--mtp] --out FILE
+int RunLogits(const std::vector<std::string>& args);
+// nq synth-model --config JSON --out DIR [--dtype f32|bf16|fp8] [--seed N] [--max_shard_mb N]
+int RunSynthModel(const std::vector<std::string>& args);
+
+}  // namespace nq::tools
