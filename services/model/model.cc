@@ -107,7 +107,7 @@ absl::StatusOr<Tensor> Model::Zeros(Shape shape) {
   return kernels::UploadFloats(backend_, zeros, kernels::DType::kF32, std::move(shape));
 }
 
-absl::StatusOr<std::vector<float>> Model::Forward(std::span<const int32_t> tokens) {
+absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
   const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t start = cache_.length();
   if (T == 0) return absl::InvalidArgumentError("Forward: no tokens");
@@ -115,8 +115,7 @@ absl::StatusOr<std::vector<float>> Model::Forward(std::span<const int32_t> token
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));
   }
-  const int64_t D = config_.hidden_size;
-  ASSIGN_OR_RETURN(Tensor x, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(x, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
   RETURN_IF_ERROR(backend_.Embedding(tokens, weights_.embed, x));
   selection_.reset();
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
@@ -125,7 +124,22 @@ absl::StatusOr<std::vector<float>> Model::Forward(std::span<const int32_t> token
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
   ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));
   cache_.set_length(start + T);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Model::Forward(std::span<const int32_t> tokens) {
+  Tensor x;
+  RETURN_IF_ERROR(RunStack(tokens, x));
   return Logits(x, weights_.lm_head);
+}
+
+absl::StatusOr<std::vector<float>> Model::ForwardLast(std::span<const int32_t> tokens) {
+  Tensor x;
+  RETURN_IF_ERROR(RunStack(tokens, x));
+  const int32_t last = static_cast<int32_t>(tokens.size() - 1);
+  ASSIGN_OR_RETURN(Tensor row, backend_.Allocate(kernels::DType::kF32, Shape{1, config_.hidden_size}));
+  RETURN_IF_ERROR(backend_.GatherRows(x, std::span<const int32_t>(&last, 1), row));
+  return Logits(row, weights_.lm_head);
 }
 
 absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> next_tokens,

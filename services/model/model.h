@@ -51,6 +51,9 @@ class Model {
   // row-major [T, vocab_size], float32. INVALID_ARGUMENT for an empty input, a token id
   // >= vocab_size, or more tokens than the cache has room for.
   absl::StatusOr<std::vector<float>> Forward(std::span<const int32_t> tokens);
+  // As Forward, but returns only the last token's logits [vocab_size] (serving: the head
+  // runs on one row instead of the whole prompt).
+  absl::StatusOr<std::vector<float>> ForwardLast(std::span<const int32_t> tokens);
 
   // The final-normed hidden states [T, hidden_size] of the last Forward: what MTP reads.
   const std::vector<float>& last_hidden() const { return last_hidden_; }
@@ -63,6 +66,8 @@ class Model {
                                                 std::span<const float> hidden, int index = 0);
 
   int64_t cache_length() const { return cache_.length(); }
+  // Tokens the KV cache can hold: the context window of this model instance.
+  int64_t max_tokens() const { return cache_.max_tokens(); }
   int64_t mtp_cache_length() const { return mtp_length_; }
   // Forgets the sequence (the cache is reused; nothing is freed).
   void ResetCache();
@@ -83,6 +88,8 @@ class Model {
   absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, const kernels::Tensor& xn);
   // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
+  // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.
+  absl::Status RunStack(std::span<const int32_t> tokens, kernels::Tensor& x);
   absl::Status AllReduce(kernels::Tensor& t);
   absl::StatusOr<kernels::Tensor> Zeros(kernels::Shape shape);
 

@@ -16,5 +16,9 @@ namespace nq::tools {
 int RunLogits(const std::vector<std::string>& args);
 // nq synth-model --config JSON --out DIR [--dtype f32|bf16|fp8] [--seed N] [--max_shard_mb N]
 int RunSynthModel(const std::vector<std::string>& args);
+// nq tokenize --tokenizer FILE [--add_special_tokens] < text (prints comma-separated ids)
+int RunTokenize(const std::vector<std::string>& args);
+// nq detokenize --tokenizer FILE [--skip_special_tokens] < ids (writes the decoded bytes)
+int RunDetokenize(const std::vector<std::string>& args);
 
 }  // namespace nq::tools

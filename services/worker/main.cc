@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -25,6 +26,7 @@
 #include "services/common/shutdown_signal.h"
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
+#include "services/model/model.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
 #include "services/worker/worker_service.h"
@@ -36,6 +38,9 @@ ABSL_FLAG(std::string, streamer_address, "127.0.0.1:8200", "host:port of nq-stre
 ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker");
 ABSL_FLAG(int, world_size, 1, "Tensor-parallel world size");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(std::string, model, "", "HF checkpoint directory to serve (config.json + safetensors); empty serves none");
+ABSL_FLAG(std::string, served_model_name, "", "Model id reported to the router (default: the model directory's name)");
+ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
 // Slot-arena geometry. Once a NestQuant release is served (issue #5) it comes from the
 // release's manifest; these flags set it until then.
 ABSL_FLAG(int, first_moe_layer, 1, "Model layer id of the first MoE layer (dense layers before it)");
@@ -107,9 +112,25 @@ absl::Status Run(ShutdownSignal& shutdown) {
       static_cast<double>(arena.size()));
   SlotTable table(geometry);
 
+  // The model loads before any server starts: health is NOT_SERVING until it is ready.
+  std::unique_ptr<model::Model> model;
+  std::string model_id = absl::GetFlag(FLAGS_served_model_name);
+  if (const std::string dir = absl::GetFlag(FLAGS_model); !dir.empty()) {
+    if (absl::GetFlag(FLAGS_world_size) != 1) {
+      return absl::UnimplementedError("--world_size > 1 across worker processes is not wired up yet");
+    }
+    if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
+    const auto started = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr,
+                                               model::ModelOptions{.max_tokens = absl::GetFlag(FLAGS_max_model_len)}));
+    if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
+    if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
+    spdlog::info("loaded {} ({}) in {:.2f} s", dir, std::string(model::ArchitectureName(model->config().architecture)),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  }
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
-                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size))},
-                        &table);
+                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id},
+                        &table, model.get());
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),

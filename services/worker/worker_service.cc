@@ -1,13 +1,20 @@
 #include "services/worker/worker_service.h"
 
 #include <chrono>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_grpc.h"
 
 namespace nq::worker {
 
-WorkerService::WorkerService(WorkerIdentity identity, const SlotTable* table)
-    : identity_(std::move(identity)), table_(table) {}
+WorkerService::WorkerService(WorkerIdentity identity, const SlotTable* table, model::Model* model)
+    : identity_(std::move(identity)), table_(table), model_(model) {
+  if (model_ != nullptr) {
+    std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
+    runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
+  }
+}
 
 void WorkerService::SetReady() {
   absl::MutexLock lock(&mu_);
@@ -34,19 +41,85 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
   if (state() != nq::v1::WORKER_STATE_READY) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "worker is not ready (loading or draining)");
   }
+  if (runner_ == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this worker has no model loaded (--model)");
+  }
   if (request->prompt_token_ids().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids is empty");
   }
-  // The model graph lands with issue #3; until then this worker holds no model to run.
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "this worker has no model loaded: model execution lands with issue #3");
+  const nq::v1::SamplingParams& sampling = request->sampling();
+  SequenceRequest sequence;
+  sequence.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+  sequence.sampling.temperature = sampling.has_temperature() ? sampling.temperature() : 1.0f;
+  sequence.sampling.top_p = sampling.has_top_p() ? sampling.top_p() : 1.0f;
+  sequence.sampling.top_k = static_cast<int>(sampling.top_k());
+  sequence.sampling.seed = sampling.has_seed() ? sampling.seed() : std::random_device{}();
+  sequence.sampling.top_logprobs = static_cast<int>(sampling.top_logprobs());
+  sequence.max_tokens = sampling.max_tokens();
+  sequence.stop_token_ids.assign(sampling.stop_token_ids().begin(), sampling.stop_token_ids().end());
+  sequence.ignore_eos = sampling.ignore_eos();
+
+  // One sequence at a time: a second caller is told so at once instead of queueing here.
+  if (!run_mu_.TryLock()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "another sequence is running");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    running_request_id_ = request->request_id();
+    abort_requested_ = false;
+  }
+  auto cancelled = [&] {
+    absl::MutexLock lock(&mu_);
+    return abort_requested_ || context->IsCancelled();
+  };
+  // The last step's tokens are held back so finish_reason and usage travel with them.
+  nq::v1::WorkerGenerateResponse last;
+  last.set_finish_reason(nq::v1::FINISH_REASON_ABORT);
+  absl::StatusOr<SequenceStats> stats = runner_->Run(
+      sequence,
+      [&](const SequenceStep& step) {
+        nq::v1::WorkerGenerateResponse response;
+        for (const SampledToken& token : step.tokens) {
+          nq::v1::TokenLogprob* out = response.add_tokens();
+          out->set_token_id(static_cast<uint32_t>(token.id));
+          out->set_logprob(token.logprob);
+          for (const auto& [id, logprob] : token.top) {
+            nq::v1::TokenAlternative* alt = out->add_top();
+            alt->set_token_id(static_cast<uint32_t>(id));
+            alt->set_logprob(logprob);
+          }
+        }
+        response.set_step_seconds(step.seconds);
+        if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED) {
+          response.set_finish_reason(step.finish);
+          last = std::move(response);
+          return true;
+        }
+        return writer->Write(response);
+      },
+      cancelled);
+  {
+    absl::MutexLock lock(&mu_);
+    running_request_id_.clear();
+  }
+  run_mu_.Unlock();
+  if (!stats.ok()) return ToGrpcStatus(stats.status());
+  last.mutable_usage()->set_prompt_tokens(stats->prompt_tokens);
+  last.mutable_usage()->set_completion_tokens(stats->completion_tokens);
+  last.mutable_usage()->set_cached_prompt_tokens(stats->cached_prompt_tokens);
+  writer->Write(last);
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerService::Abort(grpc::ServerContext* context, const nq::v1::AbortRequest* request,
                                   nq::v1::AbortResponse* response) {
-  // No sequence can be running (Generate does not start one yet), so there is nothing to abort.
-  return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                      absl::StrCat("no running sequence with request_id '", request->request_id(), "'"));
+  absl::MutexLock lock(&mu_);
+  if (running_request_id_.empty() || running_request_id_ != request->request_id()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("no running sequence with request_id '", request->request_id(), "'"));
+  }
+  abort_requested_ = true;
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerService::GetInfo(grpc::ServerContext* context,
@@ -56,8 +129,17 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext* context,
     absl::MutexLock lock(&mu_);
     response->set_state(state_);
     response->set_ready_unix(ready_unix_);
+    response->set_running_request_id(running_request_id_);
   }
   response->set_backend(identity_.backend);
+  response->set_model_id(identity_.model_id);
+  if (model_ != nullptr) {
+    const model::ModelConfig& config = model_->config();
+    response->set_architecture(std::string(model::ArchitectureName(config.architecture)));
+    response->set_vocab_size(static_cast<uint32_t>(config.vocab_size));
+    response->set_max_model_len(static_cast<uint32_t>(model_->max_tokens()));
+    for (int64_t id : config.eos_token_ids) response->add_eos_token_ids(static_cast<uint32_t>(id));
+  }
   response->set_tensor_parallel_size(identity_.world_size);
   response->set_streamer_connected(streamer_connected_.load());
   const SlotGeometry& geometry = table_->geometry();

@@ -9,6 +9,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/worker.grpc.pb.h"
+#include "services/model/model.h"
+#include "services/worker/sequence_runner.h"
 #include "services/worker/slot_table.h"
 
 namespace nq::worker {
@@ -17,11 +19,13 @@ struct WorkerIdentity {
   std::string backend;  // "cpu" or "cuda"
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  std::string model_id;  // served model name (the model directory's name by default)
 };
 
 class WorkerService final : public nq::v1::Worker::Service {
  public:
-  WorkerService(WorkerIdentity identity, const SlotTable* table);
+  // `model` may be null (no model loaded): Generate is then UNAVAILABLE.
+  WorkerService(WorkerIdentity identity, const SlotTable* table, model::Model* model);
 
   // Life-cycle transitions, driven by main(): LOADING -> READY -> DRAINING.
   void SetReady();
@@ -39,6 +43,13 @@ class WorkerService final : public nq::v1::Worker::Service {
  private:
   const WorkerIdentity identity_;
   const SlotTable* const table_;
+  model::Model* const model_;
+  std::unique_ptr<SequenceRunner> runner_;
+  // Held for the whole of a sequence: the worker runs one at a time (the router queues).
+  absl::Mutex run_mu_;
+  // The running sequence, for Abort.
+  std::string running_request_id_ ABSL_GUARDED_BY(mu_);
+  bool abort_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<bool> streamer_connected_{false};
   mutable absl::Mutex mu_;
   nq::v1::WorkerState state_ ABSL_GUARDED_BY(mu_) = nq::v1::WORKER_STATE_LOADING;

@@ -1,0 +1,98 @@
+#include "services/worker/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace nq::worker {
+
+absl::StatusOr<Sampler> Sampler::Create(const SamplingConfig& c) {
+  if (!std::isfinite(c.temperature) || c.temperature < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("temperature ", c.temperature, " must be >= 0"));
+  }
+  if (!(c.top_p > 0 && c.top_p <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("top_p ", c.top_p, " must be in (0, 1]"));
+  }
+  if (c.top_k < 0) return absl::InvalidArgumentError(absl::StrCat("top_k ", c.top_k, " must be >= 0"));
+  if (c.top_logprobs < 0 || c.top_logprobs > 20) {
+    return absl::InvalidArgumentError(absl::StrCat("top_logprobs ", c.top_logprobs, " must be in 0..20"));
+  }
+  return Sampler(c);
+}
+
+absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> logits) {
+  const size_t V = logits.size();
+  const bool greedy = config_.temperature == 0;
+  const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
+  // Log-softmax of the scaled logits, in double.
+  double max_logit = -std::numeric_limits<double>::infinity();
+  for (float l : logits) {
+    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l) * inv_t);
+  }
+  if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
+  probs_.assign(V, 0.0);
+  double sum = 0;
+  for (size_t i = 0; i < V; ++i) {
+    if (!std::isfinite(logits[i])) continue;
+    probs_[i] = std::exp(static_cast<double>(logits[i]) * inv_t - max_logit);
+    sum += probs_[i];
+  }
+  const double log_sum = std::log(sum);
+  auto logprob = [&](size_t i) {
+    return probs_[i] > 0 ? static_cast<float>(std::log(probs_[i]) - log_sum)
+                         : -std::numeric_limits<float>::infinity();
+  };
+
+  // Candidates by descending probability (ties: lower id), truncated by top-k then top-p.
+  const size_t keep_k = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
+  const size_t need_sorted = std::max<size_t>(greedy ? 1 : keep_k, config_.top_logprobs);
+  order_.resize(V);
+  std::iota(order_.begin(), order_.end(), 0);
+  auto by_prob = [&](int32_t a, int32_t b) { return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b); };
+  if (need_sorted < V) {
+    std::partial_sort(order_.begin(), order_.begin() + need_sorted, order_.end(), by_prob);
+  } else {
+    std::sort(order_.begin(), order_.end(), by_prob);
+  }
+
+  SampledToken out;
+  if (greedy) {
+    out.id = order_[0];
+  } else {
+    // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
+    size_t n = keep_k;
+    if (config_.top_p < 1) {
+      double mass = 0;
+      for (size_t i = 0; i < keep_k; ++i) {
+        mass += probs_[order_[i]] / sum;
+        if (mass >= config_.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    double kept = 0;
+    for (size_t i = 0; i < n; ++i) kept += probs_[order_[i]];
+    std::uniform_real_distribution<double> uniform(0.0, kept);
+    const double u = uniform(rng_);
+    double acc = 0;
+    out.id = order_[n - 1];
+    for (size_t i = 0; i < n; ++i) {
+      acc += probs_[order_[i]];
+      if (u < acc) {
+        out.id = order_[i];
+        break;
+      }
+    }
+  }
+  out.logprob = logprob(static_cast<size_t>(out.id));
+  for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(V); ++i) {
+    out.top.emplace_back(order_[i], logprob(static_cast<size_t>(order_[i])));
+  }
+  return out;
+}
+
+}  // namespace nq::worker

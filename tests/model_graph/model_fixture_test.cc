@@ -1,0 +1,135 @@
+// The model graph against HF transformers' float64 reference logits (tests/fixtures/models,
+// made by scripts/fixtures/make_model_fixtures.py): prefill, decode through the KV cache,
+// the FP8 variants, the MTP layer, and tensor parallelism.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kernels/backend.h"
+#include "services/model/local_tp_group.h"
+#include "services/model/model.h"
+#include "tests/common/status_matchers.h"
+#include "tests/model_graph/fixture_util.h"
+
+namespace nq::model {
+namespace {
+
+using ::nq::model::testing::Compare;
+using ::nq::model::testing::Comparison;
+using ::nq::model::testing::FixtureDir;
+using ::nq::model::testing::ReadFloats;
+using ::nq::model::testing::ReadTokens;
+using ::nq::testing::IsOk;
+
+// docs/model_math.md / tests/fixtures/README.md: an fp32 implementation matches the float64
+// reference to 1e-4 of the largest logit.
+constexpr double kTolerance = 1e-4;
+
+class ModelFixtureTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = FixtureDir(GetParam());
+    tokens_ = ReadTokens(dir_);
+    reference_ = ReadFloats(dir_ + "/logits.bin");
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+    ASSERT_THAT(backend, IsOk());
+    backend_ = *std::move(backend);
+    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir_, *backend_, nullptr, ModelOptions{.max_tokens = 64});
+    ASSERT_THAT(model, IsOk());
+    model_ = *std::move(model);
+    vocab_ = model_->config().vocab_size;
+    ASSERT_EQ(reference_.size(), tokens_.size() * vocab_);
+  }
+
+  std::string dir_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> reference_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<Model> model_;
+  int64_t vocab_ = 0;
+};
+
+TEST_P(ModelFixtureTest, PrefillMatchesReference) {
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(tokens_);
+  ASSERT_THAT(logits, IsOk());
+  Comparison c = Compare(*logits, reference_, 0, vocab_);
+  EXPECT_TRUE(c.Within(kTolerance)) << "max|diff| " << c.max_abs_diff << " max|ref| " << c.max_abs_ref;
+  EXPECT_EQ(model_->cache_length(), static_cast<int64_t>(tokens_.size()));
+}
+
+TEST_P(ModelFixtureTest, DecodeThroughTheCacheMatchesReference) {
+  // A prompt of 5 tokens, then one token per step.
+  const size_t prompt = 5;
+  absl::StatusOr<std::vector<float>> first = model_->Forward(std::span<const int32_t>(tokens_).first(prompt));
+  ASSERT_THAT(first, IsOk());
+  Comparison c = Compare(*first, reference_, 0, vocab_);
+  EXPECT_TRUE(c.Within(kTolerance)) << "prompt: max|diff| " << c.max_abs_diff;
+  for (size_t i = prompt; i < tokens_.size(); ++i) {
+    absl::StatusOr<std::vector<float>> row = model_->Forward(std::span<const int32_t>(&tokens_[i], 1));
+    ASSERT_THAT(row, IsOk());
+    c = Compare(*row, reference_, static_cast<int64_t>(i), vocab_);
+    EXPECT_TRUE(c.Within(kTolerance)) << "token " << i << ": max|diff| " << c.max_abs_diff << " max|ref| "
+                                      << c.max_abs_ref;
+  }
+}
+
+TEST_P(ModelFixtureTest, MtpLayerMatchesReference) {
+  ASSERT_THAT(model_->Forward(tokens_), IsOk());
+  const std::vector<float> hidden = model_->last_hidden();
+  const int64_t D = model_->config().hidden_size, T = static_cast<int64_t>(tokens_.size());
+  absl::StatusOr<std::vector<float>> mtp =
+      model_->ForwardMtp(std::span<const int32_t>(tokens_).subspan(1), std::span<const float>(hidden).first((T - 1) * D));
+  ASSERT_THAT(mtp, IsOk());
+  const std::vector<float> reference = ReadFloats(dir_ + "/mtp_logits.bin");
+  ASSERT_EQ(mtp->size(), reference.size());
+  Comparison c = Compare(*mtp, reference, 0, vocab_);
+  EXPECT_TRUE(c.Within(kTolerance)) << "max|diff| " << c.max_abs_diff << " max|ref| " << c.max_abs_ref;
+}
+
+TEST_P(ModelFixtureTest, ResetAndTruncateReuseTheCache) {
+  ASSERT_THAT(model_->Forward(tokens_), IsOk());
+  model_->ResetCache();
+  absl::StatusOr<std::vector<float>> again = model_->Forward(tokens_);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_TRUE(Compare(*again, reference_, 0, vocab_).Within(kTolerance));
+  // Keep a prefix and recompute only the rest (multi-turn prefix reuse).
+  ASSERT_THAT(model_->TruncateCache(10), IsOk());
+  absl::StatusOr<std::vector<float>> rest = model_->Forward(std::span<const int32_t>(tokens_).subspan(10));
+  ASSERT_THAT(rest, IsOk());
+  EXPECT_TRUE(Compare(*rest, reference_, 10, vocab_).Within(kTolerance));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
+                         ::testing::Values("glm5_tiny", "glm5_tiny_fp8", "dsv3_tiny", "dsv3_tiny_fp8"));
+
+class TensorParallelTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(TensorParallelTest, SameLogitsAsOneRank) {
+  const auto& [name, world] = GetParam();
+  const std::string dir = FixtureDir(name);
+  const std::vector<int32_t> tokens = ReadTokens(dir);
+  absl::StatusOr<std::unique_ptr<LocalTpGroup>> single = LocalTpGroup::Load(dir, 1, 64);
+  absl::StatusOr<std::unique_ptr<LocalTpGroup>> group = LocalTpGroup::Load(dir, world, 64);
+  ASSERT_THAT(single, IsOk());
+  ASSERT_THAT(group, IsOk());
+  absl::StatusOr<std::vector<float>> expected = (*single)->Forward(tokens);
+  absl::StatusOr<std::vector<float>> actual = (*group)->Forward(tokens);
+  ASSERT_THAT(expected, IsOk());
+  ASSERT_THAT(actual, IsOk());
+  // Sharded sums add in another order, so equal up to float rounding.
+  Comparison c = Compare(*actual, *expected, 0, (*single)->rank0().config().vocab_size);
+  EXPECT_TRUE(c.Within(1e-5)) << "max|diff| " << c.max_abs_diff << " max|ref| " << c.max_abs_ref;
+  // The MTP layer, sharded the same way.
+  const std::vector<float> reference = ReadFloats(dir + "/mtp_logits.bin");
+  absl::StatusOr<std::vector<float>> mtp = (*group)->ForwardMtp(
+      std::span<const int32_t>(tokens).subspan(1),
+      std::span<const float>((*single)->rank0().last_hidden()).first((tokens.size() - 1) * (*single)->rank0().config().hidden_size));
+  ASSERT_THAT(mtp, IsOk());
+  Comparison m = Compare(*mtp, reference, 0, (*single)->rank0().config().vocab_size);
+  EXPECT_TRUE(m.Within(kTolerance)) << "MTP max|diff| " << m.max_abs_diff;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, TensorParallelTest,
+                         ::testing::Combine(::testing::Values("glm5_tiny", "dsv3_tiny"), ::testing::Values(2, 4)));
+
+}  // namespace
+}  // namespace nq::model
