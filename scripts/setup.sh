@@ -9,6 +9,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # I/O, HTTP, JSON, regex, logging, crypto
   liburing-dev libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev libfmt-dev libssl-dev
+  # tokenizer: Unicode normalization (ICU), gzipped tokenizer.json files (zlib)
+  libicu-dev zlib1g-dev
   # tests and benchmarks; prometheus ships promtool, which checks our /metrics output
   libgtest-dev libgmock-dev libbenchmark-dev prometheus
   # libFuzzer (the safetensors header fuzzer runs under ctest)

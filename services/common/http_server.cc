@@ -15,6 +15,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   auto http = std::unique_ptr<HttpServer>(new HttpServer());
   httplib::Server& server = http->server_;
   server.set_payload_max_length(options.max_body_bytes);
+  // Streaming requests hold their connection's thread for the whole generation, and queued
+  // ones wait on it: size the pool well above the router's queue so a full queue is a quick
+  // 429 rather than a connection stuck in the accept backlog.
+  server.new_task_queue = [threads = options.threads] { return new httplib::ThreadPool(threads); };
   if (options.add_routes) options.add_routes(server);
 
   if (options.port == 0) {

@@ -21,6 +21,8 @@ struct HttpServerOptions {
   std::function<void(httplib::Server&)> add_routes;
   // Largest request body accepted; larger bodies get 413.
   size_t max_body_bytes = 8 << 20;
+  // Connections served at once (each holds a thread while it is served).
+  size_t threads = 64;
 };
 
 class HttpServer {

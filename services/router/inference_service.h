@@ -7,6 +7,8 @@
 
 #include "absl/status/statusor.h"
 #include "nq/v1/inference.grpc.pb.h"
+#include "services/router/chat_adapter.h"
+#include "services/router/generator.h"
 #include "services/router/worker_connection.h"
 
 namespace nq::router {
@@ -18,7 +20,10 @@ absl::StatusOr<nq::v1::ModelInfo> CurrentModelInfo(const WorkerConnection& worke
 
 class InferenceService final : public nq::v1::Inference::Service {
  public:
-  InferenceService(WorkerConnection* worker, std::string served_model_name);
+  // `generator` and `chat` may be null (no tokenizer / no chat format): the calls that need
+  // them answer UNAVAILABLE / UNIMPLEMENTED.
+  InferenceService(WorkerConnection* worker, Generator* generator, const ChatAdapter* chat,
+                   std::string served_model_name);
 
   grpc::Status Generate(grpc::ServerContext* context, const nq::v1::GenerateRequest* request,
                         grpc::ServerWriter<nq::v1::GenerateResponse>* writer) override;
@@ -28,7 +33,11 @@ class InferenceService final : public nq::v1::Inference::Service {
                             nq::v1::ModelInfo* response) override;
 
  private:
+  absl::StatusOr<std::vector<int32_t>> PromptIds(const nq::v1::GenerateRequest& request) const;
+
   WorkerConnection* const worker_;
+  Generator* const generator_;
+  const ChatAdapter* const chat_;
   const std::string served_model_name_;
 };
 

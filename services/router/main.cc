@@ -18,6 +18,12 @@
 #include "services/router/http_routes.h"
 #include "services/router/inference_service.h"
 #include "services/router/worker_connection.h"
+#include "services/router/scheduler.h"
+#include "services/router/generator.h"
+#include "services/router/api_key.h"
+#include "services/common/metrics/registry.h"
+#include "services/tokenizer/tokenizer.h"
+#include <cstdlib>
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
 ABSL_FLAG(int, http_port, 8000, "OpenAI-compatible HTTP API, /health and /metrics");
@@ -26,6 +32,14 @@ ABSL_FLAG(std::string, worker_address, "127.0.0.1:8100", "host:port of the leade
 ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: the worker's model id)");
 ABSL_FLAG(double, worker_poll_interval_s, 0.5, "Seconds between health checks of the leader worker");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish running requests");
+ABSL_FLAG(std::string, tokenizer, "", "The model's tokenizer.json (empty: the generation routes answer 503)");
+ABSL_FLAG(int, max_waiting, 16, "Requests that may wait for the worker; more get 429 / RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_tokens_limit, 4096, "Largest max_tokens a request may ask for");
+ABSL_FLAG(int, default_max_tokens, 256, "max_tokens of a request that sets none");
+ABSL_FLAG(double, request_timeout_s, 600, "A request's deadline, queue wait included");
+ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest HTTP request body (larger: 413)");
+ABSL_FLAG(std::string, api_key, "",
+          "Require 'Authorization: Bearer <key>' on the API (also read from $NQ_API_KEY; never logged)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 namespace nq::router {
@@ -38,6 +52,12 @@ absl::Status CheckFlags() {
   RETURN_IF_ERROR(CheckPositiveSecondsFlag("worker_poll_interval_s",
                                            absl::GetFlag(FLAGS_worker_poll_interval_s)));
   RETURN_IF_ERROR(CheckPositiveSecondsFlag("drain_timeout_s", absl::GetFlag(FLAGS_drain_timeout_s)));
+  RETURN_IF_ERROR(CheckPositiveSecondsFlag("request_timeout_s", absl::GetFlag(FLAGS_request_timeout_s)));
+  if (absl::GetFlag(FLAGS_max_waiting) < 0) return absl::InvalidArgumentError("--max_waiting must be >= 0");
+  if (absl::GetFlag(FLAGS_max_tokens_limit) < 1 || absl::GetFlag(FLAGS_default_max_tokens) < 1) {
+    return absl::InvalidArgumentError("--max_tokens_limit and --default_max_tokens must be positive");
+  }
+  if (absl::GetFlag(FLAGS_max_body_bytes) < 1024) return absl::InvalidArgumentError("--max_body_bytes must be >= 1024");
   return absl::OkStatus();
 }
 
@@ -57,7 +77,25 @@ absl::Status Run(ShutdownSignal& shutdown) {
                               grpc_server_ptr->SetServing(ready);
                             }
                           });
-  InferenceService service(&worker, absl::GetFlag(FLAGS_served_model_name));
+  metrics::Registry& registry = metrics::Registry::Default();
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  if (const std::string path = absl::GetFlag(FLAGS_tokenizer); !path.empty()) {
+    ASSIGN_OR_RETURN(tokenizer, tokenizer::Tokenizer::FromFile(path));
+    spdlog::info("tokenizer {}: {} tokens", path, tokenizer->vocab_size());
+  }
+  Scheduler scheduler(static_cast<size_t>(absl::GetFlag(FLAGS_max_waiting)), registry);
+  std::unique_ptr<Generator> generator;
+  if (tokenizer != nullptr) {
+    generator = std::make_unique<Generator>(
+        &worker, tokenizer.get(), &scheduler,
+        GenerationLimits{.max_tokens_limit = static_cast<uint32_t>(absl::GetFlag(FLAGS_max_tokens_limit)),
+                         .default_max_tokens = static_cast<uint32_t>(absl::GetFlag(FLAGS_default_max_tokens))},
+        registry);
+  }
+  std::string key = absl::GetFlag(FLAGS_api_key);
+  if (const char* env = std::getenv("NQ_API_KEY"); key.empty() && env != nullptr) key = env;
+  const ApiKeyCheck api_key(key);
+  InferenceService service(&worker, generator.get(), nullptr, absl::GetFlag(FLAGS_served_model_name));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
@@ -73,13 +111,19 @@ absl::Status Run(ShutdownSignal& shutdown) {
                            [&](httplib::Server& server) {
                              AddRouterRoutes(server, HttpRoutesConfig{
                                                          .worker = &worker,
+                                                         .generator = generator.get(),
+                                                         .chat = nullptr,
+                                                         .api_key = &api_key,
                                                          .served_model_name = absl::GetFlag(
                                                              FLAGS_served_model_name),
                                                          .serving = [&] {
                                                            return worker.ready() && !draining;
                                                          },
+                                                         .request_timeout = std::chrono::seconds(static_cast<int64_t>(
+                                                             absl::GetFlag(FLAGS_request_timeout_s))),
                                                      });
                            },
+                       .max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes)),
                    }));
   {
     absl::MutexLock lock(&serving_mu);

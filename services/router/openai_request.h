@@ -1,0 +1,32 @@
+// Parsing and validating OpenAI-compatible request bodies (/v1/completions,
+// /v1/chat/completions) into the router's request form. Every rule broken is an
+// INVALID_ARGUMENT naming the field, so the client gets a precise 400.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nq/v1/inference.pb.h"
+
+namespace nq::router {
+
+struct OpenAiRequest {
+  bool chat = false;
+  std::string model;
+  // Completions: the prompt text, or token ids. Chat: the conversation.
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_ids;
+  nq::v1::Chat chat_input;
+  nq::v1::SamplingParams sampling;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;
+};
+
+// `body` is the raw request body. max_stop_strings bounds `stop`.
+absl::StatusOr<OpenAiRequest> ParseCompletionRequest(const std::string& body);
+absl::StatusOr<OpenAiRequest> ParseChatRequest(const std::string& body);
+
+}  // namespace nq::router
