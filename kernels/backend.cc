@@ -308,10 +308,11 @@ absl::Status Backend::Rope(Tensor& x, std::int64_t start_pos, std::span<const fl
     return absl::InvalidArgumentError(absl::StrCat(
         kOp, ": the last dim of x ", x.DebugString(), " must be even (rotated pairs)"));
   }
-  if (static_cast<std::uint64_t>(d / 2) != inv_freq.size()) {
+  // The rotated slice is the leading 2 * inv_freq.size() elements of each head.
+  if (inv_freq.empty() || static_cast<std::uint64_t>(d / 2) < inv_freq.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": inv_freq has ", inv_freq.size(), " entries, expected ", d / 2,
-                     " (half the last dim of x ", x.DebugString(), ")"));
+        absl::StrCat(kOp, ": inv_freq has ", inv_freq.size(), " entries; want 1 to ", d / 2,
+                     " (the rotated slice is 2 * inv_freq.size() of the last dim of x ", x.DebugString(), ")"));
   }
   for (std::size_t i = 0; i < inv_freq.size(); ++i) {
     if (!std::isfinite(inv_freq[i])) {

@@ -37,9 +37,9 @@ struct RopeParams {
   float* x = nullptr;  // [tokens, heads, dim], rotated in place
   std::int64_t tokens = 0;
   std::int64_t heads = 0;
-  std::int64_t dim = 0;  // even
+  std::int64_t dim = 0;  // even; the head stride
   std::int64_t start_pos = 0;
-  std::span<const float> inv_freq;  // dim / 2 entries
+  std::span<const float> inv_freq;  // r / 2 entries: the leading r <= dim elements rotate
   float attention_scaling = 1.0f;
   bool interleaved = false;
 };

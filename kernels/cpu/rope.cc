@@ -20,7 +20,9 @@ constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 18;
 }  // namespace
 
 void Rope(const RopeParams& p, int threads) {
-  const std::int64_t half = p.dim / 2;
+  // Only the leading 2 * inv_freq.size() elements of each head rotate (the DSA indexer's
+  // heads carry a rope slice followed by an unrotated one).
+  const std::int64_t half = static_cast<std::int64_t>(p.inv_freq.size());
   const int use_threads = p.tokens * p.heads * p.dim < kParallelMinElements ? 1 : threads;
   ParallelFor(p.tokens, 1, use_threads, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> cos(half);

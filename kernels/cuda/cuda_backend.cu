@@ -4,17 +4,30 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <limits>
+#include <numeric>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/indexer_topk.cuh"
+#include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/rows.cuh"
+#include "kernels/cuda/scratch.h"
 #include "kernels/cuda/softmax.cuh"
 #include "services/common/status_macros.h"
 
@@ -22,6 +35,11 @@ namespace nq::kernels::cuda {
 namespace {
 
 constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+// Device scratch for the indexer's score matrix; longer prefills are scored in chunks of queries
+// (a 4096-token prefill over 4096 keys: 4 chunks of 1024 queries).
+constexpr std::size_t kIndexerScoreBytes = std::size_t{16} << 20;
+// The first scratch block: small ops (a decode step's ids, rows, inv_freq) never regrow it.
+constexpr std::size_t kMinScratchBytes = std::size_t{1} << 20;
 
 // Loaded by CreateCudaBackend to prove the fatbinary holds code this device can run: with lazy
 // module loading a missing sm_90a image would otherwise surface only at the first real launch.
@@ -145,11 +163,218 @@ class CudaBackend final : public Backend {
                          ctx_);
   }
 
+  // ---- Model ops: host spans go to device scratch first (UploadScratch) ----
+
+  absl::Status DoEmbedding(std::span<const std::int32_t> ids, const Tensor& table,
+                           Tensor& out) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    ScratchLayout layout;
+    const std::size_t ids_at = layout.AddHost(ids);
+    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    return LaunchEmbedding({.ids = reinterpret_cast<const std::int32_t*>(scratch + ids_at),
+                            .table = table.data(),
+                            .table_dtype = table.dtype(),
+                            .out = out.data_as<float>(),
+                            .tokens = static_cast<std::int64_t>(ids.size()),
+                            .dim = table.shape().dim(1)},
+                           ctx_);
+  }
+
+  absl::Status DoAdd(const Tensor& a, const Tensor& b, Tensor& out) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchAdd({.a = a.data_as<float>(),
+                      .b = b.data_as<float>(),
+                      .out = out.data_as<float>(),
+                      .count = out.NumElements()},
+                     ctx_);
+  }
+
+  absl::Status DoRope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+                      float attention_scaling, bool interleaved) override {
+    const std::int64_t heads = x.shape().dim(1);
+    const std::int64_t dim = x.shape().dim(2);
+    RETURN_IF_ERROR(CheckIntRange("Rope", {heads, dim, heads * dim}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    ScratchLayout layout;
+    const std::size_t inv_freq_at = layout.AddHost(inv_freq);
+    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    return LaunchRope({.x = x.data_as<float>(),
+                       .inv_freq = reinterpret_cast<const float*>(scratch + inv_freq_at),
+                       .tokens = x.shape().dim(0),
+                       .heads = static_cast<int>(heads),
+                       .dim = static_cast<int>(dim),
+                       .rotary = static_cast<int>(2 * inv_freq.size()),
+                       .start_pos = start_pos,
+                       .attention_scaling = attention_scaling},
+                      interleaved, ctx_);
+  }
+
+  absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
+                           Tensor& y, const RowDims& dims) override {
+    RETURN_IF_ERROR(CheckIntRange("LayerNorm", {dims.rows, dims.cols}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchLayerNorm({.x = x.data_as<float>(),
+                            .weight = weight.data_as<float>(),
+                            .bias = bias.data_as<float>(),
+                            .y = y.data_as<float>(),
+                            .rows = dims.rows,
+                            .cols = static_cast<int>(dims.cols),
+                            .eps = eps},
+                           ctx_);
+  }
+
+  absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // The destination rows are contiguous: one copy.
+    float* to = dst.data_as<float>() + row_offset * dst.shape().dim(1);
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src.data(), src.nbytes(),
+                                            cudaMemcpyDeviceToDevice, stream_.get()));
+    return absl::OkStatus();
+  }
+
+  absl::Status DoGatherRows(const Tensor& x, std::span<const std::int32_t> rows,
+                            Tensor& out) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    ScratchLayout layout;
+    const std::size_t rows_at = layout.AddHost(rows);
+    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    return LaunchGatherRows({.x = x.data_as<float>(),
+                             .rows = reinterpret_cast<const std::int32_t*>(scratch + rows_at),
+                             .out = out.data_as<float>(),
+                             .n = static_cast<std::int64_t>(rows.size()),
+                             .cols = x.shape().dim(1)},
+                            ctx_);
+  }
+
+  absl::Status DoScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
+                                std::span<const float> weights, Tensor& out) override {
+    const std::int64_t n = static_cast<std::int64_t>(rows.size());
+    RETURN_IF_ERROR(CheckIntRange("ScatterAddRows", {n}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // Group the contributions by target row, keeping index order within a row (stable sort).
+    std::vector<std::int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::int32_t a, std::int32_t b) { return rows[a] < rows[b]; });
+    std::vector<std::int32_t> targets;
+    std::vector<std::int32_t> offsets;
+    std::vector<float> sorted_weights(n);
+    for (std::int64_t e = 0; e < n; ++e) {
+      if (e == 0 || rows[order[e]] != rows[order[e - 1]]) {
+        targets.push_back(rows[order[e]]);
+        offsets.push_back(static_cast<std::int32_t>(e));
+      }
+      sorted_weights[e] = weights[order[e]];
+    }
+    offsets.push_back(static_cast<std::int32_t>(n));
+    ScratchLayout layout;
+    const std::size_t targets_at = layout.AddHost(std::span<const std::int32_t>(targets));
+    const std::size_t offsets_at = layout.AddHost(std::span<const std::int32_t>(offsets));
+    const std::size_t sources_at = layout.AddHost(std::span<const std::int32_t>(order));
+    const std::size_t weights_at = layout.AddHost(std::span<const float>(sorted_weights));
+    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    return LaunchScatterAddRows(
+        {.src = src.data_as<float>(),
+         .targets = reinterpret_cast<const std::int32_t*>(scratch + targets_at),
+         .offsets = reinterpret_cast<const std::int32_t*>(scratch + offsets_at),
+         .sources = reinterpret_cast<const std::int32_t*>(scratch + sources_at),
+         .weights = reinterpret_cast<const float*>(scratch + weights_at),
+         .out = out.data_as<float>(),
+         .num_targets = static_cast<std::int64_t>(targets.size()),
+         .cols = src.shape().dim(1)},
+        ctx_);
+  }
+
+  absl::Status DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
+                              const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
+                              const Tensor* selected, std::int64_t start_pos, float scale,
+                              Tensor& out) override {
+    const std::int64_t tokens = q_nope.shape().dim(0);
+    const std::int64_t heads = q_nope.shape().dim(1);
+    const std::int64_t top_k = selected != nullptr ? selected->shape().dim(1) : 0;
+    RETURN_IF_ERROR(CheckIntRange(
+        "MlaAttention", {tokens, heads, tokens * heads, q_nope.shape().dim(2),
+                         q_pe.shape().dim(2), kv_latent.shape().dim(0), kv_latent.shape().dim(1),
+                         w_uv.shape().dim(1), top_k}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchMlaAttention(
+        {.q_nope = q_nope.data_as<float>(),
+         .q_pe = q_pe.data_as<float>(),
+         .kv_latent = kv_latent.data_as<float>(),
+         .k_pe = k_pe.data_as<float>(),
+         .w_uk = w_uk.data(),
+         .w_uk_dtype = w_uk.dtype(),
+         .w_uv = w_uv.data(),
+         .w_uv_dtype = w_uv.dtype(),
+         .selected = selected != nullptr ? selected->data_as<std::int32_t>() : nullptr,
+         .out = out.data_as<float>(),
+         .tokens = static_cast<int>(tokens),
+         .heads = static_cast<int>(heads),
+         .dn = static_cast<int>(q_nope.shape().dim(2)),
+         .dr = static_cast<int>(q_pe.shape().dim(2)),
+         .c = static_cast<int>(kv_latent.shape().dim(1)),
+         .dv = static_cast<int>(w_uv.shape().dim(1)),
+         .top_k = static_cast<int>(top_k),
+         .start_pos = static_cast<int>(start_pos),  // < keys, checked above
+         .scale = scale},
+        ctx_);
+  }
+
+  absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
+                             std::int64_t start_pos, Tensor& selected) override {
+    const std::int64_t tokens = q.shape().dim(0);
+    const std::int64_t visible_max = start_pos + tokens;
+    RETURN_IF_ERROR(CheckIndexerKeys(visible_max));
+    RETURN_IF_ERROR(CheckIntRange("IndexerTopK", {tokens, q.shape().dim(1), q.shape().dim(2),
+                                                  selected.shape().dim(1)}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    const std::int64_t row_bytes = visible_max * static_cast<std::int64_t>(sizeof(float));
+    const std::int64_t score_rows = std::clamp<std::int64_t>(
+        static_cast<std::int64_t>(kIndexerScoreBytes) / row_bytes, 1, tokens);
+    ScratchLayout layout;
+    const std::size_t scores_at =
+        layout.AddDevice(static_cast<std::size_t>(score_rows * row_bytes));
+    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    return LaunchIndexerTopK({.q = q.data_as<float>(),
+                              .k = k.data_as<float>(),
+                              .weights = weights.data_as<float>(),
+                              .selected = selected.data_as<std::int32_t>(),
+                              .scores = reinterpret_cast<float*>(scratch + scores_at),
+                              .tokens = static_cast<int>(tokens),
+                              .heads = static_cast<int>(q.shape().dim(1)),
+                              .dim = static_cast<int>(q.shape().dim(2)),
+                              .top_k = static_cast<int>(selected.shape().dim(1)),
+                              .start_pos = static_cast<int>(start_pos),
+                              .score_rows = static_cast<int>(score_rows)},
+                             ctx_);
+  }
+
  private:
+  // Makes the scratch block at least layout.total_bytes() long and enqueues the copy of the
+  // layout's host staging into its start; returns the block. Growing waits for the stream first:
+  // kernels enqueued earlier may still read the old block.
+  absl::StatusOr<std::byte*> UploadScratch(const ScratchLayout& layout) {
+    if (layout.total_bytes() > scratch_.bytes()) {
+      NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+      scratch_.Reset();
+      ASSIGN_OR_RETURN(scratch_,
+                       DeviceBuffer::Allocate(std::max(layout.total_bytes(), kMinScratchBytes)));
+    }
+    auto* scratch = static_cast<std::byte*>(scratch_.get());
+    const std::vector<std::byte>& staging = layout.staging();
+    if (!staging.empty()) {
+      // From pageable memory this returns once `staging` is staged; the copy stays stream-ordered.
+      NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch, staging.data(), staging.size(),
+                                              cudaMemcpyHostToDevice, stream_.get()));
+    }
+    return scratch;
+  }
+
   int device_;
   std::string description_;
   CudaStream stream_;
   LaunchContext ctx_;
+  DeviceBuffer scratch_;  // one op's host inputs and intermediates (UploadScratch)
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,43 @@ class CudaStream {
   }
 
   cudaStream_t stream_ = nullptr;
+};
+
+// A cudaMalloc'ed block. Freed with cudaFree, which waits for work still using it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static absl::StatusOr<DeviceBuffer> Allocate(std::size_t bytes) {
+    void* data = nullptr;
+    NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&data, bytes));
+    return DeviceBuffer(data, bytes);
+  }
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+    }
+    return *this;
+  }
+  ~DeviceBuffer() { Reset(); }
+
+  void* get() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+  void Reset() {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  DeviceBuffer(void* data, std::size_t bytes) : data_(data), bytes_(bytes) {}
+
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace nq::kernels::cuda

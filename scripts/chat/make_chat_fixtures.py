@@ -196,7 +196,7 @@ class Renderer:
         return results
 
 
-def render_model(renderer, model, spec, cases):
+def render_model(renderer, model, spec, cases, failures):
     with open(os.path.join(HERE, spec["template"]), encoding="utf-8") as f:
         template = f.read()
     out_cases = []
@@ -228,7 +228,8 @@ def render_model(renderer, model, spec, cases):
             # Our renderer rejects these; record what transformers did with them.
             entry["transformers"] = result
         elif "error" in result:
-            raise SystemExit(f"{model}/{case['name']}: unexpected error {result['error']}")
+            failures.append(f"{model}/{case['name']}: unexpected error {result['error']}")
+            entry["transformers"] = result
         else:
             entry["rendered"] = result["rendered"]
         out_cases.append(entry)
@@ -262,8 +263,9 @@ def main():
     print("versions:", renderer.versions, flush=True)
     os.makedirs(args.out, exist_ok=True)
     all_mismatches = []
+    failures = []
     for model, spec in MODELS.items():
-        doc, mismatches = render_model(renderer, model, spec, cases)
+        doc, mismatches = render_model(renderer, model, spec, cases, failures)
         all_mismatches += mismatches
         path = os.path.join(args.out, f"expected_{model}.json")
         with open(path, "w", encoding="utf-8") as f:
@@ -275,6 +277,10 @@ def main():
         print("CROSS-CHECK MISMATCH:", m)
     if not all_mismatches and args.backend == "transformers":
         print("cross-check: render_jinja_template and the replica agree with apply_chat_template")
+    for f in failures:
+        print("FAILED:", f)
+    if failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

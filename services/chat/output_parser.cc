@@ -95,7 +95,7 @@ class StreamingSplitter::Impl {
           continue;
         }
         case State::kReasoning: {
-          const size_t close = pending_.find(kThinkClose);
+          const size_t close = absl::string_view(pending_).find(kThinkClose);
           if (close != std::string::npos) {
             delta.reasoning.append(pending_, 0, close);
             pending_.erase(0, close + kThinkClose.size());
@@ -107,7 +107,7 @@ class StreamingSplitter::Impl {
           return;
         }
         case State::kContent: {
-          const size_t open = pending_.find(syntax_.open);
+          const size_t open = absl::string_view(pending_).find(syntax_.open);
           if (open != std::string::npos) {
             delta.content.append(pending_, 0, open);
             pending_.erase(0, open + syntax_.open.size());
@@ -118,7 +118,7 @@ class StreamingSplitter::Impl {
           return;
         }
         case State::kToolCall: {
-          const size_t close = pending_.find(syntax_.close);
+          const size_t close = absl::string_view(pending_).find(syntax_.close);
           if (close == std::string::npos) {
             if (final) {
               // Cut off inside a call: it is not a call; give the text back as content.

@@ -18,6 +18,7 @@
 #include "services/router/http_routes.h"
 #include "services/router/inference_service.h"
 #include "services/router/worker_connection.h"
+#include "services/router/chat_adapter_impl.h"
 #include "services/router/scheduler.h"
 #include "services/router/generator.h"
 #include "services/router/api_key.h"
@@ -33,6 +34,8 @@ ABSL_FLAG(std::string, served_model_name, "", "Model name clients use (default: 
 ABSL_FLAG(double, worker_poll_interval_s, 0.5, "Seconds between health checks of the leader worker");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish running requests");
 ABSL_FLAG(std::string, tokenizer, "", "The model's tokenizer.json (empty: the generation routes answer 503)");
+ABSL_FLAG(std::string, chat_format, "auto",
+          "Chat template and output parser: glm5, deepseek_v3, none, or auto (from the worker's architecture)");
 ABSL_FLAG(int, max_waiting, 16, "Requests that may wait for the worker; more get 429 / RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_tokens_limit, 4096, "Largest max_tokens a request may ask for");
 ABSL_FLAG(int, default_max_tokens, 256, "max_tokens of a request that sets none");
@@ -95,7 +98,15 @@ absl::Status Run(ShutdownSignal& shutdown) {
   std::string key = absl::GetFlag(FLAGS_api_key);
   if (const char* env = std::getenv("NQ_API_KEY"); key.empty() && env != nullptr) key = env;
   const ApiKeyCheck api_key(key);
-  InferenceService service(&worker, generator.get(), nullptr, absl::GetFlag(FLAGS_served_model_name));
+  // The chat format: named, or taken from the model's architecture once the worker reports it.
+  std::unique_ptr<ChatAdapter> chat;
+  const std::string chat_format = absl::GetFlag(FLAGS_chat_format);
+  if (chat_format != "none" && chat_format != "auto") {
+    ASSIGN_OR_RETURN(chat, MakeChatAdapter(chat_format));
+  }
+  AutoChatAdapter auto_chat(&worker);
+  const ChatAdapter* chat_adapter = chat_format == "auto" ? &auto_chat : chat.get();
+  InferenceService service(&worker, generator.get(), chat_adapter, absl::GetFlag(FLAGS_served_model_name));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
@@ -112,7 +123,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                              AddRouterRoutes(server, HttpRoutesConfig{
                                                          .worker = &worker,
                                                          .generator = generator.get(),
-                                                         .chat = nullptr,
+                                                         .chat = chat_adapter,
                                                          .api_key = &api_key,
                                                          .served_model_name = absl::GetFlag(
                                                              FLAGS_served_model_name),

@@ -187,6 +187,8 @@ absl::StatusOr<std::unique_ptr<Normalizer>> MakeNormalizer(const Json& config, c
                        MakeNormalizer((*list)[i], path + ".normalizers[" + std::to_string(i) + "]"));
       if (step != nullptr) steps.push_back(std::move(step));
     }
+    // An empty Sequence (DeepSeek-V3's) normalizes nothing: skip the per-section copy.
+    if (steps.empty()) return std::unique_ptr<Normalizer>();
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(steps)));
   }
   if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {

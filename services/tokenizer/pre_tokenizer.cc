@@ -48,6 +48,18 @@ class SplitPreTokenizer final : public PreTokenizer {
 
  private:
   void SplitOne(std::string_view piece, const std::vector<MatchSpan>& matches, Pieces* out) const {
+    if (behavior_ == Behavior::kIsolated) {
+      // The common case (every tokenizer we serve): gaps and matches in order, no merging.
+      size_t prev = 0;
+      for (const MatchSpan& m : matches) {
+        if (m.end == m.begin) continue;
+        if (m.begin > prev) out->push_back(piece.substr(prev, m.begin - prev));
+        out->push_back(piece.substr(m.begin, m.end - m.begin));
+        prev = m.end;
+      }
+      if (prev < piece.size()) out->push_back(piece.substr(prev));
+      return;
+    }
     // Segments alternate gap / match; empty matches delimit nothing.
     struct Segment {
       size_t begin, end;

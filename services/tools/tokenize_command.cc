@@ -31,11 +31,15 @@ std::string ReadStdin() {
   return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
 }
 
-absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizer(const std::vector<std::string>& args) {
-  if (!args.empty()) return absl::InvalidArgumentError("unexpected argument '" + args[0] + "'");
-  const std::string path = absl::GetFlag(FLAGS_tokenizer);
-  if (path.empty()) return absl::InvalidArgumentError("--tokenizer is required");
-  return tokenizer::Tokenizer::FromFile(path);
+// Bad usage: the message, or empty when the command line is fine.
+std::string UsageError(const std::vector<std::string>& args) {
+  if (!args.empty()) return "unexpected argument '" + args[0] + "'";
+  if (absl::GetFlag(FLAGS_tokenizer).empty()) return "--tokenizer is required";
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizer() {
+  return tokenizer::Tokenizer::FromFile(absl::GetFlag(FLAGS_tokenizer));
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
@@ -50,15 +54,15 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
-absl::Status Tokenize(const std::vector<std::string>& args) {
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, LoadTokenizer(args));
+absl::Status Tokenize() {
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, LoadTokenizer());
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(ReadStdin(), absl::GetFlag(FLAGS_add_special_tokens)));
   std::printf("%s\n", absl::StrJoin(ids, ",").c_str());
   return absl::OkStatus();
 }
 
-absl::Status Detokenize(const std::vector<std::string>& args) {
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, LoadTokenizer(args));
+absl::Status Detokenize() {
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, LoadTokenizer());
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIds(ReadStdin()));
   ASSIGN_OR_RETURN(std::string bytes, tok->Decode(ids, absl::GetFlag(FLAGS_skip_special_tokens)));
   if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size()) {
@@ -67,15 +71,20 @@ absl::Status Detokenize(const std::vector<std::string>& args) {
   return absl::OkStatus();
 }
 
-int Report(const char* command, const absl::Status& status) {
+int Run(const char* command, const std::vector<std::string>& args, absl::Status (*body)()) {
+  if (const std::string usage = UsageError(args); !usage.empty()) {
+    std::fprintf(stderr, "nq %s: %s\n", command, usage.c_str());
+    return 2;
+  }
+  const absl::Status status = body();
   if (status.ok()) return 0;
   std::fprintf(stderr, "nq %s: %s\n", command, std::string(status.message()).c_str());
-  return status.code() == absl::StatusCode::kInvalidArgument && absl::GetFlag(FLAGS_tokenizer).empty() ? 2 : 1;
+  return 1;
 }
 
 }  // namespace
 
-int RunTokenize(const std::vector<std::string>& args) { return Report("tokenize", Tokenize(args)); }
-int RunDetokenize(const std::vector<std::string>& args) { return Report("detokenize", Detokenize(args)); }
+int RunTokenize(const std::vector<std::string>& args) { return Run("tokenize", args, Tokenize); }
+int RunDetokenize(const std::vector<std::string>& args) { return Run("detokenize", args, Detokenize); }
 
 }  // namespace nq::tools

@@ -141,6 +141,33 @@ TEST(TensorIo, SixteenBitRoundTripsRepresentableValues) {
   }
 }
 
+TEST(TensorIo, Int32TensorsRoundTripAndAreNotFloats) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  const std::vector<std::int32_t> values = {-1, 0, 7, 2147483647};
+  absl::StatusOr<Tensor> t = UploadInt32s(*backend, values, {2, 2});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->dtype(), DType::kI32);
+  EXPECT_EQ(t->nbytes(), 16u);
+  absl::StatusOr<std::vector<std::int32_t>> back = DownloadInt32s(*backend, *t);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, values);
+  EXPECT_THAT(DownloadFloats(*backend, *t).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("DownloadFloats: I32[2, 2] is not a float tensor")));
+  EXPECT_THAT(UploadFloats(*backend, std::vector<float>(4), DType::kI32, {4}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("UploadFloats: I32 is not a float dtype")));
+  EXPECT_THAT(DownloadInt32s(*backend, Upload(*backend, std::vector<float>(2), DType::kF32, {2}))
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("DownloadInt32s: F32[2] is not an I32 tensor")));
+  EXPECT_THAT(UploadInt32s(*backend, values, {5}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("UploadInt32s: 4 values for shape [5] (5 elements)")));
+  EXPECT_FALSE(IsFloatDType(DType::kI32));
+  EXPECT_TRUE(IsFloatDType(DType::kBF16));
+}
+
 TEST(DTypeConversion, Bf16RoundsToNearestEven) {
   // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1).
   EXPECT_EQ(ToBf16(1.0f + 0x1p-8f).bits, 0x3f80);

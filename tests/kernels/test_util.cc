@@ -71,6 +71,7 @@ std::vector<float> RoundTo(DType dtype, std::span<const float> values) {
       case DType::kF32: break;
       case DType::kBF16: v = ToFloat(ToBf16(v)); break;
       case DType::kF16: v = ToFloat(ToF16(v)); break;
+      case DType::kI32: v = std::nearbyint(v); break;
     }
   }
   return out;
@@ -180,6 +181,24 @@ Tensor AllocateOrFail(Backend& backend, DType dtype, Shape shape) {
     return Tensor();
   }
   return *std::move(tensor);
+}
+
+Tensor UploadI32(Backend& backend, std::span<const std::int32_t> values, Shape shape) {
+  absl::StatusOr<Tensor> tensor = UploadInt32s(backend, values, std::move(shape));
+  if (!tensor.ok()) {
+    ADD_FAILURE() << "UploadInt32s: " << tensor.status();
+    return Tensor();
+  }
+  return *std::move(tensor);
+}
+
+std::vector<std::int32_t> DownloadI32(Backend& backend, const Tensor& tensor) {
+  absl::StatusOr<std::vector<std::int32_t>> values = DownloadInt32s(backend, tensor);
+  if (!values.ok()) {
+    ADD_FAILURE() << "DownloadInt32s: " << values.status();
+    return {};
+  }
+  return *std::move(values);
 }
 
 }  // namespace nq::kernels::testing

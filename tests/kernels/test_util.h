@@ -46,8 +46,9 @@ std::vector<float> RandomNormal(std::mt19937_64& rng, std::size_t count, float s
 // A uniform integer in [lo, hi].
 std::int64_t RandomInt(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi);
 
-// The values `dtype` can hold nearest to `values` (identity for F32): what a tensor of that dtype
-// stores after UploadFloats, so references see exactly the weights the kernels see.
+// The values `dtype` can hold nearest to `values` (identity for F32, nearest integer for I32):
+// what a tensor of that dtype stores after an upload, so references see exactly the weights the
+// kernels see.
 std::vector<float> RoundTo(DType dtype, std::span<const float> values);
 
 // Naive references in double precision.
@@ -68,6 +69,9 @@ double NormalizedError(std::span<const float> got, std::span<const float> want);
 Tensor Upload(Backend& backend, std::span<const float> values, DType dtype, Shape shape);
 std::vector<float> Download(Backend& backend, const Tensor& tensor);
 Tensor AllocateOrFail(Backend& backend, DType dtype, Shape shape);
+// UploadInt32s / DownloadInt32s likewise (I32 tensors: token ids, selected keys).
+Tensor UploadI32(Backend& backend, std::span<const std::int32_t> values, Shape shape);
+std::vector<std::int32_t> DownloadI32(Backend& backend, const Tensor& tensor);
 
 MATCHER_P2(StatusIs, code, message_matcher,
            "status code " + ::testing::PrintToString(code) + " with a message that " +

@@ -22,6 +22,7 @@ using ::nq::kernels::testing::Backends;
 using ::nq::kernels::testing::MakeRng;
 using ::nq::kernels::testing::RandomNormal;
 using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadI32;
 
 // H200 SXM fp32 (non-tensor) peak from NVIDIA's datasheet; a reference line, not a measurement.
 constexpr double kDatasheetFp32Tflops = 67.0;
@@ -158,6 +159,50 @@ TEST(CudaTiming, PrintsThroughputAgainstDeviceCopy) {
     ASSERT_GT(s, 0.0);
     PrintBandwidth("Softmax 2048x129280", static_cast<double>(x.nbytes() + y.nbytes()), s,
                    copy_gbps);
+  }
+
+  // Attention for one tensor-parallel rank of DeepSeek-V3.2 (16 heads; dn 128, dr 64, c 512,
+  // dv 128; BF16 absorbed weights), one decode token over a 4096-token latent cache: dense, and
+  // with a 2048-key DSA selection. Bytes: the cache and the weights, each counted once (the
+  // kernel re-reads the cache per head from L2).
+  {
+    constexpr std::int64_t kHeads = 16, kDn = 128, kDr = 64, kC = 512, kDv = 128, kKeys = 4096;
+    constexpr std::int64_t kTopK = 2048;
+    Tensor q_nope = RandomTensor(cuda, rng, DType::kF32, {1, kHeads, kDn}, 1.0f);
+    Tensor q_pe = RandomTensor(cuda, rng, DType::kF32, {1, kHeads, kDr}, 1.0f);
+    Tensor kv = RandomTensor(cuda, rng, DType::kF32, {kKeys, kC}, 1.0f);
+    Tensor k_pe = RandomTensor(cuda, rng, DType::kF32, {kKeys, kDr}, 1.0f);
+    Tensor w_uk = RandomTensor(cuda, rng, DType::kBF16, {kHeads, kDn, kC}, 0.05f);
+    Tensor w_uv = RandomTensor(cuda, rng, DType::kBF16, {kHeads, kDv, kC}, 0.05f);
+    Tensor out = AllocateOrFail(cuda, DType::kF32, {1, kHeads * kDv});
+    std::vector<std::int32_t> keys(kTopK);
+    for (std::int64_t i = 0; i < kTopK; ++i) keys[i] = static_cast<std::int32_t>(2 * i);
+    Tensor selected = UploadI32(cuda, keys, {1, kTopK});
+    const double bytes =
+        static_cast<double>(kv.nbytes() + k_pe.nbytes() + w_uk.nbytes() + w_uv.nbytes());
+    const Tensor* const dense = nullptr;
+    for (const Tensor* sel : {dense, static_cast<const Tensor*>(&selected)}) {
+      const double s = SecondsPerCall(cuda, [&] {
+        return cuda.MlaAttention(q_nope, q_pe, kv, k_pe, w_uk, w_uv, sel, kKeys - 1, 0.0722f, out);
+      });
+      ASSERT_GT(s, 0.0);
+      PrintBandwidth(sel == nullptr ? "MlaAttention decode 16h x 4096 keys"
+                                    : "MlaAttention decode 16h, DSA 2048 of 4096",
+                     bytes, s, copy_gbps);
+    }
+  }
+  // DSA indexer for one decode token: 64 heads of 128 over 16384 keys, top 2048.
+  {
+    constexpr std::int64_t kHeads = 64, kDim = 128, kKeys = 16384, kTopK = 2048;
+    Tensor q = RandomTensor(cuda, rng, DType::kF32, {1, kHeads, kDim}, 1.0f);
+    Tensor k = RandomTensor(cuda, rng, DType::kF32, {kKeys, kDim}, 1.0f);
+    Tensor w = RandomTensor(cuda, rng, DType::kF32, {1, kHeads}, 0.1f);
+    Tensor selected = AllocateOrFail(cuda, DType::kI32, {1, kTopK});
+    const double s = SecondsPerCall(
+        cuda, [&] { return cuda.IndexerTopK(q, k, w, kKeys - 1, selected); });
+    ASSERT_GT(s, 0.0);
+    PrintBandwidth("IndexerTopK decode 64h x 16384 keys, top 2048",
+                   static_cast<double>(k.nbytes() + q.nbytes()), s, copy_gbps);
   }
   std::fflush(stdout);
 }

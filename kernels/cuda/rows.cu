@@ -1,0 +1,28 @@
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/rows.cuh"
+
+namespace nq::kernels::cuda {
+
+absl::Status LaunchGatherRows(const GatherRowsParams& p, const LaunchContext& ctx) {
+  if (p.n < 0 || p.n > kMaxGridX || p.cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GatherRows: unsupported size n=", p.n, " cols=", p.cols));
+  }
+  if (p.n == 0 || p.cols == 0) return absl::OkStatus();
+  const dim3 grid(static_cast<unsigned>(p.n));
+  GatherRowsKernel<kRowsThreads><<<grid, kRowsThreads, 0, ctx.stream>>>(p);
+  return CheckLaunch("GatherRowsKernel");
+}
+
+absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& p, const LaunchContext& ctx) {
+  if (p.num_targets < 0 || p.num_targets > kMaxGridX || p.cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ScatterAddRows: unsupported size targets=", p.num_targets, " cols=", p.cols));
+  }
+  if (p.num_targets == 0 || p.cols == 0) return absl::OkStatus();
+  const dim3 grid(static_cast<unsigned>(p.num_targets));
+  ScatterAddRowsKernel<kRowsThreads><<<grid, kRowsThreads, 0, ctx.stream>>>(p);
+  return CheckLaunch("ScatterAddRowsKernel");
+}
+
+}  // namespace nq::kernels::cuda
