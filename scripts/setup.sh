@@ -2,6 +2,7 @@
 # Installs every Debian package the build and the tests need. Idempotent; run as root on a
 # fresh Debian 12 machine (CI runs it first).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config git
@@ -23,8 +24,25 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
+sudo=()
+if [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null 2>&1; then sudo=(sudo); fi
+sudo+=(env DEBIAN_FRONTEND=noninteractive)
+
+# The real openai npm client for the end-to-end test (pinned in tests/e2e/package-lock.json).
+install_node_modules() {
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup: no npm on this machine; installing Debian's nodejs and npm"
+    "${sudo[@]}" apt-get install -y -q --no-install-recommends nodejs npm
+  fi
+  if [[ ! -d tests/e2e/node_modules/openai ]]; then
+    echo "setup: npm ci --prefix tests/e2e"
+    npm ci --prefix tests/e2e --no-audit --no-fund >/dev/null
+  fi
+}
+
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages already installed"
+  install_node_modules
   exit 0
 fi
 
@@ -45,4 +63,5 @@ sudo+=(env DEBIAN_FRONTEND=noninteractive)
 "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 # The prometheus package starts a server on :9090 on install; tests only need promtool.
 if command -v systemctl >/dev/null 2>&1; then "${sudo[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true; fi
+install_node_modules
 echo "setup: done"

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The README's first command: installs what is missing, builds, and runs the cluster on this
-# machine (CPU backend) in the foreground: nq-streamer, nq-worker (rank 0), nq-router.
+# The README's first command: installs what is missing, builds, writes the embedded default
+# model (scripts/embedded_model.sh) and runs the cluster on this machine (CPU backend) in the
+# foreground: nq-streamer, nq-worker (rank 0) serving the model, nq-router with its tokenizer.
 # Ctrl-C (or SIGTERM) drains and stops all three. Logs go to $NQ_RUN_DIR (default .run/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset cpu >/dev/null
-cmake --build --preset cpu -j "$(nproc)" --target nq-router nq-worker nq-streamer
+cmake --build --preset cpu -j "$(nproc)" --target nq-router nq-worker nq-streamer nq
 
 bin=build/cpu/services
 run_dir=${NQ_RUN_DIR:-.run}
 mkdir -p "$run_dir"
+model=${NQ_MODEL:-$run_dir/embedded}
+bash scripts/embedded_model.sh "$model"
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -22,14 +25,15 @@ trap stop INT TERM EXIT
 
 "$bin/streamer/nq-streamer" --host=127.0.0.1 "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
-"$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu >"$run_dir/worker.log" 2>&1 &
+"$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
-"$bin/router/nq-router" --host=127.0.0.1 >"$run_dir/router.log" 2>&1 &
+"$bin/router/nq-router" --host=127.0.0.1 --tokenizer="$model/tokenizer.json" >"$run_dir/router.log" 2>&1 &
 pids+=($!)
 
 for _ in $(seq 1 100); do
   if curl -sf http://127.0.0.1:8000/health >/dev/null; then
-    echo "cluster up: router HTTP http://127.0.0.1:8000 (try /v1/models, /metrics), gRPC 127.0.0.1:8001"
+    echo "cluster up: router HTTP http://127.0.0.1:8000 (OpenAI API: /v1/chat/completions, /v1/completions, /v1/models), gRPC 127.0.0.1:8001"
+    echo "try: curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"embedded\",\"prompt\":\"Hello\",\"max_tokens\":16}'"
     echo "logs in $run_dir/; Ctrl-C to stop"
     wait -n || true
     echo "a service exited; see $run_dir/*.log" >&2

@@ -48,12 +48,12 @@ struct ToolCall {
 };
 
 struct ChatMessage {
-  std::string role;               // "system", "user", "assistant" or "tool"
+  std::string role;  // "system", "user", "assistant" or "tool"
   std::string content;
-  std::string reasoning_content;  // assistant only
+  std::string reasoning_content;     // assistant only
   std::vector<ToolCall> tool_calls;  // assistant only
-  std::string tool_call_id;       // tool only (the templates do not render it)
-  std::string name;               // optional (the templates do not render it)
+  std::string tool_call_id;          // tool only (the templates do not render it)
+  std::string name;                  // optional (the templates do not render it)
 };
 
 struct ToolDefinition {

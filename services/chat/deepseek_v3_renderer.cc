@@ -59,7 +59,8 @@ std::string RenderDeepSeekV3(const Chat& chat) {
   bool is_tool = false;
   bool is_output_first = true;
   for (const ChatMessage& m : chat.messages) {
-    const bool content_is_none = m.role == "assistant" && !m.tool_calls.empty() && m.content.empty();
+    const bool content_is_none =
+        m.role == "assistant" && !m.tool_calls.empty() && m.content.empty();
     if (m.role == "user") {
       is_tool = false;
       absl::StrAppend(&out, kUser, m.content);

@@ -38,8 +38,8 @@ absl::StatusOr<Json> ToolJson(const ToolDefinition& tool) {
 }
 
 absl::StatusOr<Json> ArgumentsObject(const ToolCall& call, size_t message, size_t index) {
-  const std::string where = absl::StrCat("message ", message, " tool call ", index, " (\"",
-                                         call.name, "\"): ");
+  const std::string where =
+      absl::StrCat("message ", message, " tool call ", index, " (\"", call.name, "\"): ");
   if (call.arguments_json.empty()) return Json::object();
   absl::StatusOr<Json> args = ParseJson(call.arguments_json);
   if (!args.ok()) {

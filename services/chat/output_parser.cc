@@ -73,7 +73,7 @@ class StreamingSplitter::Impl {
     kStart,      // only whitespace so far: a "<think>" here opens reasoning
     kReasoning,  // inside <think> ... </think>
     kContent,
-    kToolCall,   // after a tool-call open marker, waiting for its close marker
+    kToolCall,  // after a tool-call open marker, waiting for its close marker
     kFinished,
   };
 
@@ -137,8 +137,7 @@ class StreamingSplitter::Impl {
           state_ = State::kContent;
           continue;
         }
-        case State::kFinished:
-          return;
+        case State::kFinished: return;
       }
     }
   }

@@ -42,7 +42,7 @@ struct ParseOptions {
 struct ParsedAssistantOutput {
   std::string content;
   std::string reasoning_content;
-  std::vector<ToolCall> tool_calls;  // arguments_json: a compact JSON object
+  std::vector<ToolCall> tool_calls;     // arguments_json: a compact JSON object
   bool reasoning_unterminated = false;  // "</think>" never came
   bool tool_call_unterminated = false;  // a tool call never closed; its text is in content
   bool tool_call_malformed = false;     // a closed tool call did not parse; text in content

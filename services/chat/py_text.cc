@@ -76,8 +76,7 @@ void AppendPyJson(const Json& v, std::string& out) {
       return;
     }
     case Json::value_t::binary:
-    case Json::value_t::discarded:
-      break;  // ParseJson never produces these
+    case Json::value_t::discarded: break;  // ParseJson never produces these
   }
   out += "null";
 }
@@ -107,8 +106,8 @@ char32_t DecodeAt(absl::string_view s, size_t i, size_t& len) {
 // str.isspace() (CPython's _Py_ascii_whitespace plus Py_UNICODE_ISSPACE's non-ASCII set).
 bool IsPySpace(char32_t c) {
   if (c <= 0x7f) return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20);
-  return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+  return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
+         c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
 }  // namespace
@@ -130,7 +129,8 @@ std::string PyJsonDumps(const Json& value) {
 std::string PyFloatRepr(double value) {
   // Shortest round-trip digits, as d.ddde±X; then laid out the way repr does.
   char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
+  const auto [end, ec] =
+      std::to_chars(buf, buf + sizeof(buf), value, std::chars_format::scientific);
   if (ec != std::errc()) return "nan";  // cannot happen for a finite double in 64 bytes
   std::string_view sci(buf, end - buf);
   std::string out;

@@ -2,10 +2,9 @@
 // transformers' `tojson` filter calls it, and str.strip / lstrip / rstrip / split.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

@@ -54,9 +54,9 @@ absl::Status ValidateChat(const Chat& chat) {
     if (!tool.parameters_json.empty()) {
       absl::StatusOr<Json> parameters = ParseJson(tool.parameters_json);
       if (!parameters.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("tool \"", tool.name,
-                                                       "\": parameters are not valid JSON: ",
-                                                       parameters.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tool \"", tool.name,
+                         "\": parameters are not valid JSON: ", parameters.status().message()));
       }
     }
   }
@@ -94,8 +94,7 @@ bool GenerationOpensReasoning(ChatFormat format, const Chat& chat) {
   switch (format) {
     case ChatFormat::kGlm5:
       return chat.add_generation_prompt && chat.enable_thinking.value_or(true);
-    case ChatFormat::kDeepSeekV3:
-      return false;  // its template never opens a think block
+    case ChatFormat::kDeepSeekV3: return false;  // its template never opens a think block
   }
   return false;
 }

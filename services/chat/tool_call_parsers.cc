@@ -72,8 +72,8 @@ StringParameters CollectStringParameters(const std::vector<ToolDefinition>& tool
 
 std::optional<ToolCall> ParseGlmToolCall(absl::string_view body, const StringParameters& strings) {
   size_t pos = body.find(kArgKeyOpen);
-  const absl::string_view name =
-      absl::StripAsciiWhitespace(body.substr(0, pos == absl::string_view::npos ? body.size() : pos));
+  const absl::string_view name = absl::StripAsciiWhitespace(
+      body.substr(0, pos == absl::string_view::npos ? body.size() : pos));
   if (name.empty() || absl::StrContains(name, "<") || absl::StrContains(name, ">")) {
     return std::nullopt;
   }
@@ -92,8 +92,7 @@ std::optional<ToolCall> ParseGlmToolCall(absl::string_view body, const StringPar
     pos += kArgValueOpen.size();
     const size_t value_end = body.find(kArgValueClose, pos);
     if (value_end == absl::string_view::npos) return std::nullopt;
-    const bool is_string =
-        tool_strings != strings.end() && tool_strings->second.contains(key);
+    const bool is_string = tool_strings != strings.end() && tool_strings->second.contains(key);
     args[key] = GlmValue(body.substr(pos, value_end - pos), is_string);
     pos = value_end + kArgValueClose.size();
   }

@@ -1,9 +1,9 @@
 #include "tests/chat/chat_json.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 namespace nq::chat::testing {
 

@@ -1,9 +1,8 @@
 // Test helpers: the chat schema of scripts/chat/conversations.json as nq::chat structs.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "services/chat/chat.h"
 

@@ -41,7 +41,8 @@ TEST(ParseGlmTest, ReasoningContentAndCalls) {
   EXPECT_EQ(out.tool_calls[0].name, "get_weather");
   EXPECT_EQ(out.tool_calls[0].arguments_json, R"({"city":"北京","days":3})");
   EXPECT_EQ(out.tool_calls[1].id, "call_1");
-  EXPECT_EQ(out.tool_calls[1].arguments_json, R"({"filters":{"tags":["a"],"n":null},"exact":true})");
+  EXPECT_EQ(out.tool_calls[1].arguments_json,
+            R"({"filters":{"tags":["a"],"n":null},"exact":true})");
   EXPECT_FALSE(out.reasoning_unterminated || out.tool_call_unterminated || out.tool_call_malformed);
 }
 
@@ -131,8 +132,8 @@ TEST(ParseGlmTest, MalformedToolCallBecomesContentAndLaterCallsStillParse) {
 TEST(ParseGlmTest, ToolCallIdPrefix) {
   ParseOptions options;
   options.tool_call_id_prefix = "call_req7_";
-  const ParsedAssistantOutput out =
-      ParseAssistantOutput(ChatFormat::kGlm5, "<tool_call>a</tool_call><tool_call>b</tool_call>", options);
+  const ParsedAssistantOutput out = ParseAssistantOutput(
+      ChatFormat::kGlm5, "<tool_call>a</tool_call><tool_call>b</tool_call>", options);
   ASSERT_EQ(out.tool_calls.size(), 2u);
   EXPECT_EQ(out.tool_calls[0].id, "call_req7_0");
   EXPECT_EQ(out.tool_calls[1].id, "call_req7_1");
@@ -169,7 +170,8 @@ TEST(ParseDeepSeekV3Test, ArgumentsThatAreNotAnObjectMakeTheSectionContent) {
 }
 
 TEST(ParseDeepSeekV3Test, TruncatedSection) {
-  const std::string text = std::string("x") + kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{\"a\"";
+  const std::string text =
+      std::string("x") + kCallsBegin + kCallBegin + "function" + kSep + "f\n```json\n{\"a\"";
   const ParsedAssistantOutput out = ParseAssistantOutput(ChatFormat::kDeepSeekV3, text);
   EXPECT_EQ(out.content, text);
   EXPECT_TRUE(out.tool_call_unterminated);

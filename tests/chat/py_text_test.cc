@@ -1,10 +1,10 @@
 // json.dumps / repr(float) / str.strip as the templates' Python side computes them.
 #include "services/chat/py_text.h"
 
-#include <limits>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <limits>
 
 #include "tests/common/status_matchers.h"
 

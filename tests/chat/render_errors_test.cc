@@ -1,8 +1,8 @@
 // RenderChat's refusals (chat.h), the architecture mapping and GenerationOpensReasoning.
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "services/chat/chat.h"
 #include "tests/common/status_matchers.h"
@@ -40,9 +40,10 @@ TEST_P(RenderErrorsTest, UnknownRole) {
 TEST_P(RenderErrorsTest, ToolMessageWithoutCall) {
   Chat chat;
   chat.messages = {Msg("user", "hi"), Msg("tool", "result")};
-  EXPECT_THAT(RenderChat(GetParam(), chat),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("message 1: tool message without a preceding assistant tool call")));
+  EXPECT_THAT(
+      RenderChat(GetParam(), chat),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("message 1: tool message without a preceding assistant tool call")));
 }
 
 TEST_P(RenderErrorsTest, ToolMessageAfterAnswerThatEndedTheCalls) {
@@ -121,8 +122,9 @@ TEST(RenderGlm5Test, ArgumentsMustBeAJsonObject) {
                        HasSubstr("message 1 tool call 0 (\"get_weather\"): arguments are not a "
                                  "JSON object")));
   chat.messages[1] = CallMsg("{\"city\": ");
-  EXPECT_THAT(RenderChat(ChatFormat::kGlm5, chat),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("arguments are not valid JSON")));
+  EXPECT_THAT(
+      RenderChat(ChatFormat::kGlm5, chat),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("arguments are not valid JSON")));
 }
 
 TEST(RenderGlm5Test, EmptyArgumentsAreAnEmptyObject) {

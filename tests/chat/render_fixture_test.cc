@@ -1,10 +1,10 @@
 // Every conversation of scripts/chat/conversations.json renders byte for byte as transformers'
 // apply_chat_template rendered it (tests/chat/data/expected_<model>.json, made on the GPU
 // machine by scripts/chat/make_chat_fixtures.py).
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "services/chat/chat.h"
 #include "tests/chat/chat_json.h"
@@ -26,8 +26,8 @@ std::string FirstDifference(const std::string& want, const std::string& got) {
   size_t i = 0;
   while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
   const size_t from = i < 40 ? 0 : i - 40;
-  return "first difference at byte " + std::to_string(i) + "\n want: ..." +
-         want.substr(from, 80) + "\n  got: ..." + got.substr(from, 80);
+  return "first difference at byte " + std::to_string(i) + "\n want: ..." + want.substr(from, 80) +
+         "\n  got: ..." + got.substr(from, 80);
 }
 
 class RenderFixtureTest : public ::testing::TestWithParam<ChatFormat> {};

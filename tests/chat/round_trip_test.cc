@@ -1,10 +1,10 @@
 // Render an assistant turn with tool calls, take the part the model would have generated,
 // parse it back: the same reasoning, content and calls come out.
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "services/chat/chat.h"
@@ -80,8 +80,8 @@ TEST(RoundTripTest, Glm5WithoutReasoning) {
   const absl::StatusOr<std::string> rendered = RenderChat(ChatFormat::kGlm5, chat);
   ASSERT_THAT(rendered, IsOk());
   // Thinking off: the generation prompt was "<|assistant|></think>".
-  const ParsedAssistantOutput out = ParseAssistantOutput(
-      ChatFormat::kGlm5, GeneratedPart(*rendered, "<|assistant|></think>"));
+  const ParsedAssistantOutput out =
+      ParseAssistantOutput(ChatFormat::kGlm5, GeneratedPart(*rendered, "<|assistant|></think>"));
   EXPECT_EQ(out.content, "");
   ExpectSameCalls(out.tool_calls, calls);
 }

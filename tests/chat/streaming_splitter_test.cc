@@ -1,10 +1,10 @@
 // StreamingSplitter: deltas as text arrives, markers split across chunks, and agreement with
 // ParseAssistantOutput for every way of cutting the text.
-#include <string>
-#include <vector>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
 
 #include "services/chat/output_parser.h"
 
@@ -64,11 +64,11 @@ void ExpectAllCutsAgree(ChatFormat format, const std::string& text, const ParseO
   const std::vector<size_t> bounds = CharBoundaries(text);
   SCOPED_TRACE(text);
   ExpectStreamMatchesWhole(format, text, bounds, options);  // one character at a time
-  for (size_t cut : bounds) {                                // every split in two
+  for (size_t cut : bounds) {                               // every split in two
     SCOPED_TRACE(cut);
     ExpectStreamMatchesWhole(format, text, {cut}, options);
   }
-  for (size_t i = 0; i + 1 < bounds.size(); i += 3) {        // pairs of nearby cuts
+  for (size_t i = 0; i + 1 < bounds.size(); i += 3) {  // pairs of nearby cuts
     ExpectStreamMatchesWhole(format, text, {bounds[i], bounds[i + 1]}, options);
   }
 }
@@ -92,8 +92,9 @@ TEST(StreamingSplitterTest, GlmOutputsAgreeWithWholeParseForEveryCut) {
 }
 
 TEST(StreamingSplitterTest, DeepSeekOutputsAgreeWithWholeParseForEveryCut) {
-  const std::string call = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                           "{\"city\": \"Zürich\"}\n```<｜tool▁call▁end｜>";
+  const std::string call =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+      "{\"city\": \"Zürich\"}\n```<｜tool▁call▁end｜>";
   const std::vector<std::string> outputs = {
       "Plain <｜tool answer 😀",
       "Let me see." + std::string("<｜tool▁calls▁begin｜>") + call + "\n" + call +

@@ -1,0 +1,65 @@
+// The real `openai` npm client against a running NestQuant router: streams a chat completion
+// and a completion, and checks the non-streamed shapes. Usage: node openai_client.mjs BASE_URL
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+
+const baseURL = process.argv[2];
+assert.ok(baseURL, 'usage: node openai_client.mjs http://127.0.0.1:PORT/v1');
+const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+
+const models = await client.models.list();
+const model = models.data[0].id;
+assert.ok(model, 'the server lists its model');
+
+// Streamed chat completion.
+let chatText = '';
+let chatFinish = null;
+let chatChunks = 0;
+let chatUsage = null;
+const chatStream = await client.chat.completions.create({
+  model,
+  messages: [
+    { role: 'system', content: 'You are terse.' },
+    { role: 'user', content: 'Name three colours. 색깔 세 가지.' },
+  ],
+  max_tokens: 16,
+  temperature: 0.7,
+  seed: 42,
+  stream: true,
+  stream_options: { include_usage: true },
+});
+for await (const chunk of chatStream) {
+  chatChunks += 1;
+  if (chunk.usage) chatUsage = chunk.usage;
+  for (const choice of chunk.choices) {
+    chatText += choice.delta?.content ?? '';
+    if (choice.finish_reason) chatFinish = choice.finish_reason;
+  }
+}
+assert.ok(chatChunks > 1, 'the chat completion streamed');
+assert.ok(['stop', 'length'].includes(chatFinish), `chat finish_reason ${chatFinish}`);
+assert.ok(chatUsage && chatUsage.completion_tokens > 0, 'usage arrives at the end of the stream');
+
+// Streamed completion, then the same request without streaming: same seed, same text.
+const request = { model, prompt: 'def fibonacci(n):', max_tokens: 12, seed: 7, temperature: 0.8 };
+let streamedText = '';
+let completionFinish = null;
+const completionStream = await client.completions.create({ ...request, stream: true });
+for await (const chunk of completionStream) {
+  for (const choice of chunk.choices) {
+    streamedText += choice.text ?? '';
+    if (choice.finish_reason) completionFinish = choice.finish_reason;
+  }
+}
+assert.ok(['stop', 'length'].includes(completionFinish), `completion finish_reason ${completionFinish}`);
+const whole = await client.completions.create(request);
+assert.equal(whole.choices[0].text, streamedText, 'streamed and non-streamed text agree');
+assert.equal(whole.object, 'text_completion');
+assert.ok(whole.usage.prompt_tokens > 0);
+
+// A bad request is an APIError with the right status.
+await assert.rejects(
+  client.completions.create({ model: 'no-such-model', prompt: 'x', max_tokens: 1 }),
+  (error) => error.status === 404,
+);
+console.log(`openai client ok: chat ${chatChunks} chunks, completion "${streamedText.slice(0, 40)}"`);

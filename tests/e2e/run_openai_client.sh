@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Starts streamer, worker (embedded model) and router on free loopback ports, runs the real
+# `openai` npm client against them (openai_client.mjs), and stops everything.
+# Usage: run_openai_client.sh BUILD_DIR
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=${1:?usage: run_openai_client.sh BUILD_DIR}
+if [[ ! -d "$here/node_modules/openai" ]]; then
+  echo "the openai client is not installed: run scripts/setup.sh (npm ci --prefix tests/e2e)" >&2
+  exit 1
+fi
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+NQ_BIN="$build/services/tools/nq" bash "$root/scripts/embedded_model.sh" "$work/model" >/dev/null
+sg=$(port); sm=$(port); wg=$(port); wm=$(port); rh=$(port); rg=$(port)
+"$build/services/streamer/nq-streamer" --host=127.0.0.1 --grpc_port=$sg --metrics_port=$sm >"$work/streamer.log" 2>&1 &
+pids+=($!)
+"$build/services/worker/nq-worker" --host=127.0.0.1 --grpc_port=$wg --metrics_port=$wm \
+  --streamer_address=127.0.0.1:$sg --model="$work/model" --served_model_name=embedded --max_model_len=512 \
+  >"$work/worker.log" 2>&1 &
+pids+=($!)
+"$build/services/router/nq-router" --host=127.0.0.1 --http_port=$rh --grpc_port=$rg \
+  --worker_address=127.0.0.1:$wg --worker_poll_interval_s=0.1 --tokenizer="$work/model/tokenizer.json" \
+  >"$work/router.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  curl -sf "http://127.0.0.1:$rh/health" >/dev/null && break
+  sleep 0.1
+done
+if ! node "$here/openai_client.mjs" "http://127.0.0.1:$rh/v1"; then
+  tail -n 20 "$work"/*.log >&2
+  exit 1
+fi

@@ -1,0 +1,286 @@
+// End to end through router, worker and streamer with the embedded default model (a
+// GLM-5-shaped tiny model with random weights and the DeepSeek-V3 tokenizer): the OpenAI
+// API, SSE, gRPC, the queue, disconnects and every client error.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "nq/v1/inference.grpc.pb.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/raw_http.h"
+
+namespace nq::testing {
+namespace {
+
+using Json = nlohmann::json;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+class ServingTest : public ClusterTest {
+ protected:
+  static void SetUpTestSuite() {
+    model_dir_ = new std::string(std::filesystem::temp_directory_path() / absl::StrCat("nq-serving-model-", getpid()));
+    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
+                                             "/scripts/embedded_model.sh ", *model_dir_, " > /dev/null");
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*model_dir_);
+    delete model_dir_;
+  }
+
+  // Starts the three services; extra router flags in `router_flags`.
+  void StartCluster(std::vector<std::string> router_flags = {}) {
+    streamer_ports_ = NewPorts();
+    worker_ports_ = NewPorts();
+    router_ports_ = NewPorts();
+    streamer_.emplace(StartStreamer(streamer_ports_));
+    worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc,
+                                {"--model=" + *model_dir_, "--served_model_name=embedded", "--max_model_len=512"}));
+    router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
+    router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));
+    ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(60))) << router_->Log() << worker_->Log();
+  }
+
+  void TearDown() override {
+    for (std::optional<ChildProcess>* child : {&router_, &worker_, &streamer_}) {
+      if (!child->has_value()) continue;
+      (*child)->Signal(SIGTERM);
+      absl::StatusOr<int> code = (*child)->WaitForExit(std::chrono::seconds(20));
+      EXPECT_TRUE(code.ok() && *code == 0) << (*child)->Log();
+    }
+  }
+
+  absl::StatusOr<std::pair<int, Json>> PostJson(const std::string& path, const Json& body,
+                                                const std::vector<std::string>& headers = {}) {
+    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, path, body.dump(), headers);
+    if (!http.ok()) return http.status();
+    absl::StatusOr<int> status = http->Status();
+    if (!status.ok()) return status.status();
+    absl::StatusOr<std::string> text = http->Body();
+    if (!text.ok()) return text.status();
+    Json json = Json::parse(*text, nullptr, false);
+    return std::make_pair(*status, json);
+  }
+
+  // Streams a request; returns the concatenated text/content and the finish reason.
+  struct Streamed {
+    std::string text;
+    std::string finish;
+    Json usage;
+    int events = 0;
+  };
+  Streamed Stream(const std::string& path, Json body) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, path, body.dump());
+    EXPECT_TRUE(http.ok());
+    EXPECT_EQ(http->Status().value_or(0), 200);
+    Streamed out;
+    while (true) {
+      absl::StatusOr<std::string> event = http->NextEvent();
+      if (!event.ok()) {
+        ADD_FAILURE() << "the stream ended without [DONE]: " << event.status();
+        break;
+      }
+      if (*event == "[DONE]") break;
+      Json chunk = Json::parse(*event, nullptr, false);
+      EXPECT_FALSE(chunk.is_discarded()) << *event;
+      ++out.events;
+      if (chunk.contains("usage") && !chunk["usage"].is_null()) out.usage = chunk["usage"];
+      for (const Json& choice : chunk.value("choices", Json::array())) {
+        if (choice.contains("text")) out.text += choice["text"].get<std::string>();
+        if (choice.contains("delta") && choice["delta"].contains("content")) {
+          out.text += choice["delta"]["content"].get<std::string>();
+        }
+        if (choice.contains("finish_reason") && !choice["finish_reason"].is_null()) {
+          out.finish = choice["finish_reason"].get<std::string>();
+        }
+      }
+    }
+    return out;
+  }
+
+  double Metric(int port, const std::string& name) {
+    const std::string body = HttpGet(port, "/metrics").body;
+    const size_t at = body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(body.substr(at + name.size() + 2));
+  }
+
+  static std::string* model_dir_;
+  ServicePorts streamer_ports_, worker_ports_, router_ports_;
+  std::optional<ChildProcess> streamer_, worker_, router_;
+};
+
+std::string* ServingTest::model_dir_ = nullptr;
+
+TEST_F(ServingTest, CompletionsAreSeededAndReportUsage) {
+  StartCluster();
+  const Json request = {{"model", "embedded"}, {"prompt", "The quick brown fox"}, {"max_tokens", 12},
+                        {"temperature", 0.9}, {"seed", 1234}, {"ignore_eos", true}};
+  absl::StatusOr<std::pair<int, Json>> first = PostJson("/v1/completions", request);
+  absl::StatusOr<std::pair<int, Json>> second = PostJson("/v1/completions", request);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_EQ(first->first, 200) << first->second.dump();
+  const Json& body = first->second;
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "embedded");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 12);
+  EXPECT_GT(body["usage"]["prompt_tokens"].get<int>(), 3);
+  EXPECT_EQ(body["choices"][0]["text"], second->second["choices"][0]["text"]) << "same seed, same text";
+
+  // The stream carries the same text, a finish reason and usage.
+  Streamed streamed = Stream("/v1/completions", request);
+  EXPECT_EQ(streamed.text, body["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(streamed.finish, "length");
+  EXPECT_EQ(streamed.usage["completion_tokens"], 12);
+  // The second identical prompt reused the cached prefix.
+  EXPECT_GT(Metric(router_ports_.http, "nq_generation_tokens_total"), 35);
+}
+
+TEST_F(ServingTest, ChatCompletionStreamsAndStops) {
+  StartCluster();
+  const Json request = {{"model", "embedded"},
+                        {"messages", Json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                                  {{"role", "user"}, {"content", "Say hello in Korean: 안녕"}}})},
+                        {"max_tokens", 8}, {"temperature", 0}};
+  absl::StatusOr<std::pair<int, Json>> reply = PostJson("/v1/chat/completions", request);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_EQ(reply->first, 200) << reply->second.dump();
+  EXPECT_EQ(reply->second["object"], "chat.completion");
+  EXPECT_EQ(reply->second["choices"][0]["message"]["role"], "assistant");
+  Streamed streamed = Stream("/v1/chat/completions", request);
+  EXPECT_THAT(streamed.finish, AnyOf("length", "stop"));
+  EXPECT_GT(streamed.events, 1);
+}
+
+TEST_F(ServingTest, GrpcGenerateStreams) {
+  StartCluster();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_ports_.grpc), grpc::InsecureChannelCredentials());
+  auto stub = nq::v1::Inference::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  nq::v1::GenerateRequest request;
+  request.set_prompt("Once upon a time");
+  request.mutable_sampling()->set_max_tokens(6);
+  request.mutable_sampling()->set_ignore_eos(true);
+  request.set_return_tokens(true);
+  auto reader = stub->Generate(&context, request);
+  nq::v1::GenerateResponse response;
+  int tokens = 0;
+  nq::v1::FinishReason finish = nq::v1::FINISH_REASON_UNSPECIFIED;
+  while (reader->Read(&response)) {
+    tokens += response.tokens_size();
+    if (response.finish_reason() != nq::v1::FINISH_REASON_UNSPECIFIED) finish = response.finish_reason();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 6);
+  EXPECT_EQ(finish, nq::v1::FINISH_REASON_LENGTH);
+}
+
+TEST_F(ServingTest, ClientErrorsGetPreciseStatusesAndTheServerStaysUp) {
+  StartCluster({"--api_key=s3cret", "--max_body_bytes=65536", "--max_tokens_limit=100"});
+  const std::vector<std::string> auth = {"Authorization: Bearer s3cret"};
+  struct Case {
+    std::string body;
+    std::vector<std::string> headers;
+    int status;
+    std::string type;
+  };
+  const std::vector<Case> cases = {
+      {R"({"model":"embedded","prompt":"hi"})", {}, 401, "authentication_error"},
+      {R"({"model":"embedded","prompt":"hi"})", {"Authorization: Bearer wrong"}, 401, "authentication_error"},
+      {R"({"model":"embedded","prompt":)", auth, 400, "invalid_request_error"},
+      {R"({"model":"embedded","prompt":"hi","max_tokens":"ten"})", auth, 400, "invalid_request_error"},
+      {R"({"model":"embedded","prompt":"hi","temperature":7})", auth, 400, "invalid_request_error"},
+      {R"({"model":"embedded","prompt":"hi","max_tokens":1000})", auth, 400, "invalid_request_error"},
+      {R"({"model":"gpt-17","prompt":"hi"})", auth, 404, "invalid_request_error"},
+      {absl::StrCat(R"({"model":"embedded","prompt":")", std::string(100000, 'a'), R"("})"), auth, 413,
+       "invalid_request_error"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, "/v1/completions", c.body, c.headers);
+    ASSERT_TRUE(http.ok());
+    EXPECT_EQ(http->Status().value_or(0), c.status) << c.body.substr(0, 80);
+    Json error = Json::parse(http->Body().value_or(""), nullptr, false);
+    EXPECT_EQ(error["error"]["type"], c.type) << c.body.substr(0, 80) << " -> " << error.dump();
+  }
+  absl::StatusOr<std::pair<int, Json>> ok =
+      PostJson("/v1/completions", {{"model", "embedded"}, {"prompt", "hi"}, {"max_tokens", 2}}, auth);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->first, 200);
+  EXPECT_EQ(HttpGet(router_ports_.http, "/health").status, 200);
+}
+
+TEST_F(ServingTest, FullQueueRefusesWith429AndNoRequestHangs) {
+  StartCluster({"--max_waiting=4"});
+  const Json request = {{"model", "embedded"}, {"prompt", "count"}, {"max_tokens", 40}, {"ignore_eos", true}};
+  std::vector<std::thread> clients;
+  std::atomic<int> served{0}, refused{0}, other{0};
+  for (int i = 0; i < 16; ++i) {
+    clients.emplace_back([&] {
+      absl::StatusOr<std::pair<int, Json>> reply = PostJson("/v1/completions", request);
+      if (!reply.ok()) {
+        ++other;
+      } else if (reply->first == 200) {
+        ++served;
+      } else if (reply->first == 429 && reply->second["error"]["type"] == "rate_limit_error") {
+        ++refused;
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(served + refused, 16);
+  EXPECT_GE(served.load(), 5) << "one running and four waiting are always served";
+  EXPECT_GE(refused.load(), 1);
+  EXPECT_EQ(Metric(router_ports_.http, "nq_num_requests_waiting"), 0);
+}
+
+TEST_F(ServingTest, DisconnectMidStreamFreesTheWorkerWithinOneSecond) {
+  StartCluster();
+  Json long_request = {{"model", "embedded"}, {"prompt", "go"}, {"max_tokens", 400}, {"ignore_eos", true},
+                       {"stream", true}};
+  absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, "/v1/completions", long_request.dump());
+  ASSERT_TRUE(http.ok());
+  ASSERT_TRUE(http->NextEvent().ok());
+  http->Close();
+  const auto closed = std::chrono::steady_clock::now();
+  // The next request starts (and finishes) promptly.
+  absl::StatusOr<std::pair<int, Json>> next =
+      PostJson("/v1/completions", {{"model", "embedded"}, {"prompt", "next"}, {"max_tokens", 1}});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->first, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, std::chrono::seconds(1));
+  EXPECT_GE(Metric(router_ports_.http, "nq_request_success_total{finished_reason=\"abort\"}"), 1);
+}
+
+TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInvalidBytes) {
+  StartCluster();
+  const Json request = {{"model", "embedded"}, {"prompt", "한국어 日本語 中文 தமிழ் हिन्दी العربية русский 👩‍👩‍👧"},
+                        {"max_tokens", 64}, {"ignore_eos", true}, {"seed", 7}, {"temperature", 1.0}};
+  Streamed streamed = Stream("/v1/completions", request);
+  size_t replacements = 0;
+  for (size_t at = streamed.text.find("\xEF\xBF\xBD"); at != std::string::npos;
+       at = streamed.text.find("\xEF\xBF\xBD", at + 3)) {
+    ++replacements;
+  }
+  const double invalid = Metric(router_ports_.http, "nq_detokenize_invalid_utf8_total");
+  EXPECT_EQ(static_cast<double>(replacements), invalid) << "every U+FFFD is an invalid sequence the model produced";
+}
+
+}  // namespace
+}  // namespace nq::testing
