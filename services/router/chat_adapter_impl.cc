@@ -1,5 +1,8 @@
 #include "services/router/chat_adapter_impl.h"
 
+#include <random>
+
+#include "absl/strings/str_format.h"
 #include "services/chat/output_parser.h"
 
 namespace nq::router {
@@ -41,6 +44,9 @@ class Adapter final : public ChatAdapter {
     chat::ParseOptions options;
     options.starts_in_reasoning = chat::GenerationOpensReasoning(format_, chat);
     options.tools = chat.tools;
+    // Tool-call ids must be unique within a conversation: a per-request prefix.
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    options.tool_call_id_prefix = absl::StrFormat("call_%012x_", rng() & 0xffffffffffffull);
     return std::make_unique<StreamParser>(format_, std::move(options));
   }
 

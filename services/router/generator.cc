@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/logging.h"
 #include "services/common/status_grpc.h"
 #include "services/common/status_macros.h"
 #include "services/router/stop_matcher.h"
@@ -42,7 +43,9 @@ Generator::Generator(WorkerConnection* worker, const tokenizer::Tokenizer* token
       success_(m.Counter("nq_request_success_total", "Requests that finished, by finish reason",
                          {"finished_reason"})),
       invalid_utf8_(m.Counter("nq_detokenize_invalid_utf8_total",
-                              "Invalid UTF-8 sequences the model produced (emitted as U+FFFD)").Get()) {}
+                              "Invalid UTF-8 sequences the model produced (emitted as U+FFFD)").Get()),
+      unknown_tokens_(m.Counter("nq_detokenize_unknown_tokens_total",
+                                "Generated token ids the tokenizer has no text for (emitted as nothing)").Get()) {}
 
 absl::Status Generator::Validate(GenerationRequest& request) const {
   nq::v1::SamplingParams* sampling = &request.sampling;
@@ -120,8 +123,17 @@ absl::StatusOr<GenerationOutcome> Generation::Run(const std::function<bool(const
       (generated == 0 ? g.ttft_ : g.inter_token_).Observe(Seconds(now - (generated == 0 ? arrived : last_token_at)));
       last_token_at = now;
       ++generated;
-      ASSIGN_OR_RETURN(std::string text, detokenizer.Feed(static_cast<int32_t>(token.token_id())));
-      delta.text += stops.Feed(text);
+      absl::StatusOr<std::string> text = detokenizer.Feed(static_cast<int32_t>(token.token_id()));
+      if (!text.ok()) {
+        // A model whose vocabulary is wider than its tokenizer's (DeepSeek-V3 pads to 129280
+        // rows for 128815 tokens) can sample an id with no text: it is counted and emits
+        // nothing rather than failing the request.
+        g.unknown_tokens_.Increment();
+        static LogRateLimiter limiter(std::chrono::seconds(10));
+        if (long n = limiter.Allow()) spdlog::warn("token {} has no text in the tokenizer ({} times)", token.token_id(), n);
+        text = std::string();
+      }
+      delta.text += stops.Feed(*text);
       delta.tokens.push_back(token);
       if (stops.matched()) break;
     }

@@ -97,6 +97,7 @@ class Generator {
   metrics::Counter& generation_tokens_;
   metrics::CounterFamily& success_;
   metrics::Counter& invalid_utf8_;
+  metrics::Counter& unknown_tokens_;
 };
 
 }  // namespace nq::router

@@ -2,7 +2,8 @@
 
 #include <climits>
 #include <cstdio>
-#include <queue>
+#include <algorithm>
+#include <functional>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
@@ -199,20 +200,27 @@ void BpeModel::MergeLong(std::vector<int32_t>* symbols, std::vector<std::string_
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   const auto n = static_cast<int32_t>(symbols->size());
-  std::vector<Node> nodes(n);
+  // Reused per thread: long pieces are frequent in CJK text.
+  thread_local std::vector<Node> nodes;
+  thread_local std::vector<Candidate> heap_storage;
+  nodes.resize(n);
   for (int32_t i = 0; i < n; ++i) nodes[i] = {(*symbols)[i], i - 1, i + 1 < n ? i + 1 : -1, (*texts)[i]};
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  // A min-heap on (rank, position) via std::push_heap / pop_heap with greater<>.
+  std::vector<Candidate>& queue = heap_storage;
+  queue.clear();
   auto consider = [&](int32_t left) {
     if (left < 0 || nodes[left].next < 0) return;
     const int32_t right = nodes[left].next;
     if (const Merge* merge = FindMerge(nodes[left].symbol, nodes[right].symbol)) {
-      queue.push({merge->rank, left, right, nodes[left].symbol, nodes[right].symbol});
+      queue.push_back({merge->rank, left, right, nodes[left].symbol, nodes[right].symbol});
+      std::push_heap(queue.begin(), queue.end(), std::greater<Candidate>());
     }
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
   while (!queue.empty()) {
-    const Candidate c = queue.top();
-    queue.pop();
+    std::pop_heap(queue.begin(), queue.end(), std::greater<Candidate>());
+    const Candidate c = queue.back();
+    queue.pop_back();
     // Stale when either side merged since: a node's symbol only ever grows, so equal
     // symbols and adjacency mean the pair is unchanged. Merged-away nodes have symbol -2.
     Node& left = nodes[c.left];
@@ -295,7 +303,7 @@ absl::Status BpeModel::Encode(std::string_view piece, std::vector<int32_t>* ids)
   const size_t hash = absl::Hash<absl::string_view>()(key);
   CacheShard& shard = cache_[hash % kCacheShards];
   {
-    absl::MutexLock lock(&shard.mu);
+    std::lock_guard<std::mutex> lock(shard.mu);
     auto it = shard.entries.find(key);
     if (it != shard.entries.end()) {
       size_t skip = 0;
@@ -314,7 +322,7 @@ absl::Status BpeModel::Encode(std::string_view piece, std::vector<int32_t>* ids)
     skip = 1;
   }
   ids->insert(ids->end(), piece_ids.begin() + skip, piece_ids.end());
-  absl::MutexLock lock(&shard.mu);
+  std::lock_guard<std::mutex> lock(shard.mu);
   if (shard.entries.size() >= kCacheEntriesPerShard) shard.entries.clear();
   shard.entries.emplace(std::string(piece), std::move(piece_ids));
   return absl::OkStatus();

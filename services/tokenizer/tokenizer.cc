@@ -99,10 +99,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string
     const size_t old_size = text.size();
     text.resize(old_size + kChunk);
     const int n = gzread(file, text.data() + old_size, kChunk);
-    if (n < 0) {
-      int errnum = 0;
-      const char* message = gzerror(file, &errnum);
-      return absl::DataLossError("reading " + path + ": " + (message != nullptr ? message : "zlib error"));
+    int errnum = Z_OK;
+    const char* message = gzerror(file, &errnum);
+    if (n < 0 || errnum == Z_BUF_ERROR) {
+      // zlib's message already names the file; Z_BUF_ERROR is a truncated gzip stream.
+      return absl::DataLossError("cannot read tokenizer file: " +
+                                 std::string(message != nullptr && *message != 0 ? message : path));
     }
     text.resize(old_size + static_cast<size_t>(n));
     if (n == 0) break;

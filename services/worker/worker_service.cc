@@ -2,11 +2,18 @@
 
 #include <chrono>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_grpc.h"
 
 namespace nq::worker {
+namespace {
+
+// How long Generate waits for a cancelled sequence to reach its step boundary.
+constexpr std::chrono::seconds kBusyWait{5};
+
+}  // namespace
 
 WorkerService::WorkerService(WorkerIdentity identity, const SlotTable* table, model::Model* model)
     : identity_(std::move(identity)), table_(table), model_(model) {
@@ -59,9 +66,16 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
   sequence.stop_token_ids.assign(sampling.stop_token_ids().begin(), sampling.stop_token_ids().end());
   sequence.ignore_eos = sampling.ignore_eos();
 
-  // One sequence at a time: a second caller is told so at once instead of queueing here.
-  if (!run_mu_.TryLock()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "another sequence is running");
+  // One sequence at a time. The router serializes requests, so a busy worker here is the
+  // tail of a sequence the router just cancelled (its client went away): wait briefly for it
+  // to stop at its next step boundary rather than failing the next request.
+  const auto give_up = std::chrono::steady_clock::now() + kBusyWait;
+  while (!run_mu_.TryLock()) {
+    if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while waiting");
+    if (std::chrono::steady_clock::now() > give_up) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "another sequence is running");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   {
     absl::MutexLock lock(&mu_);

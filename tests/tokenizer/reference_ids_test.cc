@@ -1,6 +1,8 @@
 // Exact ids against the reference (@lenml/tokenizers) for every corpus entry and tokenizer.
 // The expected ids come from scripts/tokenizer/make_expected.mjs.
+#include <atomic>
 #include <sstream>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -67,6 +69,35 @@ TEST_P(ReferenceIdsTest, EveryCorpusEntryMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, ReferenceIdsTest, ::testing::ValuesIn(testing::TokenizerNames()),
                          [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace nq::tokenizer
+
+namespace nq::tokenizer {
+namespace {
+
+TEST(ReferenceConcurrencyTest, ConcurrentEncodersAgreeWithTheReference) {
+  // Encode is const and shared by the router's request threads: the word cache, the regex
+  // match state and the merge buffers must not leak between them.
+  const Tokenizer& tokenizer = testing::LoadedTokenizer("deepseek_v3");
+  const auto& corpus = testing::Corpus();
+  const auto& expected = testing::Expected("deepseek_v3");
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t k = 0; k < corpus.size(); ++k) {
+          const size_t e = (k + static_cast<size_t>(t) * 17) % corpus.size();  // different orders
+          absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(corpus[e].bytes, false);
+          if (!ids.ok() || *ids != expected[e].ids) ++mismatches;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
 
 }  // namespace
 }  // namespace nq::tokenizer

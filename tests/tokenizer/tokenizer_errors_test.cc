@@ -120,7 +120,16 @@ TEST(TokenizerErrorsTest, Files) {
     std::ofstream out(path, std::ios::binary);
     out << std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage-garbage", 25);
   }
-  EXPECT_FALSE(Tokenizer::FromFile(path).ok());
+  EXPECT_THAT(Tokenizer::FromFile(path), StatusIs(Code::kDataLoss, HasSubstr("invalid block type")));
+  {
+    // A gzip stream cut short.
+    std::ifstream in(std::string(NQ_TOKENIZER_TEST_DATA) + "/qwen3.tokenizer.json.gz", std::ios::binary);
+    std::string head(4096, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream out(path, std::ios::binary);
+    out << head;
+  }
+  EXPECT_THAT(Tokenizer::FromFile(path), StatusIs(Code::kDataLoss, HasSubstr("unexpected end of file")));
 }
 
 }  // namespace

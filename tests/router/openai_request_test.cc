@@ -1,0 +1,96 @@
+#include "services/router/openai_request.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/common/status_matchers.h"
+
+namespace nq::router {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(OpenAiRequestTest, ParsesACompletion) {
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
+      R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":40,"seed":-3,
+          "stop":["a","b"],"stream":true,"stream_options":{"include_usage":true},"logprobs":2})");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(*r->prompt_text, "hi");
+  EXPECT_EQ(r->sampling.max_tokens(), 5u);
+  EXPECT_FLOAT_EQ(r->sampling.temperature(), 0.5f);
+  EXPECT_EQ(r->sampling.top_k(), 40u);
+  EXPECT_EQ(r->sampling.seed(), static_cast<uint64_t>(-3));
+  EXPECT_EQ(r->sampling.stop_size(), 2);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(r->sampling.top_logprobs(), 2u);
+}
+
+TEST(OpenAiRequestTest, TokenIdPromptsAndSingleStop) {
+  absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(R"({"model":"m","prompt":[1,2,3],"stop":"x"})");
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r->sampling.has_temperature());
+}
+
+TEST(OpenAiRequestTest, ParsesAChatWithToolsAndToolCalls) {
+  absl::StatusOr<OpenAiRequest> r = ParseChatRequest(R"({"model":"m","messages":[
+      {"role":"system","content":"s"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+        "function":{"name":"f","arguments":"{\"x\":1}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"42"}],
+    "tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"}}}],
+    "chat_template_kwargs":{"enable_thinking":false}})");
+  ASSERT_THAT(r, IsOk());
+  ASSERT_EQ(r->chat_input.messages_size(), 4);
+  EXPECT_EQ(r->chat_input.messages(1).content(), "ab");
+  EXPECT_EQ(r->chat_input.messages(2).tool_calls(0).arguments_json(), "{\"x\":1}");
+  EXPECT_EQ(r->chat_input.messages(3).tool_call_id(), "c1");
+  EXPECT_EQ(r->chat_input.tools(0).parameters_json(), "{\"type\":\"object\"}");
+  EXPECT_FALSE(r->chat_input.enable_thinking());
+  EXPECT_TRUE(r->chat_input.add_generation_prompt());
+}
+
+TEST(OpenAiRequestTest, RejectsEachBadField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"not json", "not valid JSON"},
+      {"[1]", "JSON object"},
+      {R"({"prompt":"x"})", "'model' is required"},
+      {R"({"model":1,"prompt":"x"})", "'model' must be a string"},
+      {R"({"model":"m"})", "'prompt' is required"},
+      {R"({"model":"m","prompt":{}})", "'prompt' must be"},
+      {R"({"model":"m","prompt":["a","b"]})", "batches"},
+      {R"({"model":"m","prompt":[1,-2]})", "non-negative"},
+      {R"({"model":"m","prompt":"x","max_tokens":0})", "'max_tokens' must be in"},
+      {R"({"model":"m","prompt":"x","max_tokens":1.5})", "'max_tokens' must be an integer"},
+      {R"({"model":"m","prompt":"x","temperature":"hot"})", "'temperature' must be a number"},
+      {R"({"model":"m","prompt":"x","top_p":0})", "'top_p' must be greater than 0"},
+      {R"({"model":"m","prompt":"x","n":2})", "'n' must be in [1, 1]"},
+      {R"({"model":"m","prompt":"x","stop":[1]})", "'stop' must be"},
+      {R"({"model":"m","prompt":"x","stop":["a","b","c","d","e"]})", "at most 4"},
+      {R"({"model":"m","prompt":"x","stream":"yes"})", "'stream' must be a boolean"},
+      {R"({"model":"m","prompt":"x","echo":true})", "'echo' is not supported"},
+  };
+  for (const auto& [body, message] : cases) {
+    EXPECT_THAT(ParseCompletionRequest(body), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+        << body;
+  }
+  const std::pair<const char*, const char*> chat_cases[] = {
+      {R"({"model":"m"})", "'messages' is required"},
+      {R"({"model":"m","messages":[]})", "non-empty array"},
+      {R"({"model":"m","messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+      {R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]})", "text only"},
+      {R"({"model":"m","messages":[{"role":"user","content":5}]})", "messages[0].content"},
+      {R"({"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":1}]}]})", "tool_calls"},
+      {R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", "'tools'"},
+  };
+  for (const auto& [body, message] : chat_cases) {
+    EXPECT_THAT(ParseChatRequest(body), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message))) << body;
+  }
+}
+
+}  // namespace
+}  // namespace nq::router
