@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fills .device/ (git-ignored) with what the GPU machine needs to run the kernel tests:
-#   .device/bin/     cuda_vs_cpu_ops_test, cpu_ops_test (debug info stripped)
+#   .device/bin/     cuda_vs_cpu_ops_test, cpu_ops_test, cuda_model_test (debug info stripped)
 #   .device/lib/     every shared library they load (ldd) except the C/C++ runtime and the CUDA
 #                    driver, which the GPU machine has (today: Abseil; cudart and GTest are static)
 #   .device/compat/  this machine's libstdc++ / libgcc_s, used by run_on_device.sh only if the
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 
 build_dir="${1:-build/cuda}"
 readonly out=.device
-readonly binaries=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test)
+readonly binaries=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test tests/model_graph/cuda_model_test)
 
 for b in "${binaries[@]}"; do
   if [[ ! -x "$build_dir/$b" ]]; then
