@@ -21,7 +21,8 @@ stop() {
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
   wait || true
 }
-trap stop INT TERM EXIT
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 
 "$bin/streamer/nq-streamer" --host=127.0.0.1 "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)

@@ -1,0 +1,77 @@
+// rank{r}.json: the index of rank r's files (DESIGN.md section 5). Per layer: where the
+// layer's records lie (file, offset, bytes, sha256), its resident file (bytes, sha256),
+// and the record layout. Paths are relative to the release directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/format/record_layout.h"
+
+namespace nq::format {
+
+struct FileRange {
+  std::string file;  // relative to the release directory
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::string sha256;  // lower-case hex of the range
+
+  bool operator==(const FileRange&) const = default;
+};
+
+struct LayerEntry {
+  uint32_t layer = 0;
+  FileRange records;   // experts_per_layer records of layout.rec_bytes, back to back
+  FileRange resident;  // a whole safetensors file (offset 0)
+  RecordLayout layout;
+
+  bool operator==(const LayerEntry&) const = default;
+};
+
+struct RankIndex {
+  std::string format;
+  uint32_t version = 0;
+  uint32_t rank = 0;
+  uint32_t experts_per_layer = 0;
+  std::vector<LayerEntry> layers;  // strictly increasing layer ids; may be a subset while
+                                   // nq assemble installs layers
+
+  // INVALID_ARGUMENT naming the first broken rule: version, increasing layers, record
+  // offsets multiples of kRecordAlign, records.bytes == experts_per_layer * rec_bytes,
+  // records of two layers in one file not overlapping, resident offset 0, valid layouts,
+  // sha256 64 hex digits.
+  absl::Status Validate() const;
+  const LayerEntry* FindLayer(uint32_t layer) const;
+  // Inserts or replaces the entry for entry.layer, keeping the order.
+  void Upsert(LayerEntry entry);
+  // Removes the entry for `layer`; false when absent.
+  bool Remove(uint32_t layer);
+
+  bool operator==(const RankIndex&) const = default;
+};
+
+std::string RankIndexFile(uint32_t rank);                 // "rank3.json"
+std::string RecordFile(uint32_t rank, uint32_t layer);    // "rank3/L12.bin"
+std::string ResidentFile(uint32_t rank, uint32_t layer);  // "res/rank3/L12.safetensors"
+
+// Deterministic text (sorted keys, 2-space indent, trailing newline).
+std::string SerializeRankIndex(const RankIndex& index);
+// `file` names the source in errors ("rank0.json").
+absl::StatusOr<RankIndex> ParseRankIndex(const std::string& text, const std::string& file);
+absl::StatusOr<RankIndex> ReadRankIndex(const std::string& release_dir, uint32_t rank);
+
+// COMPLETE: written last, one line per file, "<sha256>  <relative path>" sorted by path —
+// the format of sha256sum, so `sha256sum -c COMPLETE` checks a release too.
+inline constexpr char kCompleteFile[] = "COMPLETE";
+struct CompleteEntry {
+  std::string path;
+  std::string sha256;
+  bool operator==(const CompleteEntry&) const = default;
+};
+std::string SerializeComplete(std::vector<CompleteEntry> entries);
+absl::StatusOr<std::vector<CompleteEntry>> ParseComplete(const std::string& text);
+
+}  // namespace nq::format

@@ -1,0 +1,203 @@
+#include "services/format/release_reader.h"
+
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+
+namespace nq::format {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "" when the range's file holds at least offset + bytes bytes (exactly `bytes` for a whole
+// file), else what is wrong with it.
+std::string SizeProblem(const std::string& path, const FileRange& range, bool whole_file) {
+  auto size = FileSize(path);
+  if (!size.ok())
+    return absl::IsNotFound(size.status()) ? "missing" : std::string(size.status().message());
+  const uint64_t want = range.offset + range.bytes;
+  if (*size < want) return absl::StrCat("truncated: ", *size, " bytes, expected ", want);
+  if (whole_file && *size != want) return absl::StrCat("size ", *size, " bytes, expected ", want);
+  return "";
+}
+
+// "" when the range hashes to what the index says, else the problem.
+std::string HashProblem(const std::string& path, const FileRange& range, bool whole_file) {
+  std::string problem = SizeProblem(path, range, whole_file);
+  if (!problem.empty()) return problem;
+  auto sha = Sha256FileRange(path, range.offset, range.bytes);
+  if (!sha.ok()) return std::string(sha.status().message());
+  return *sha == range.sha256 ? "" : "sha256 differs";
+}
+
+}  // namespace
+
+std::string VerifyReport::ToString() const {
+  std::string text;
+  for (const Difference& d : differences) {
+    if (d.rank.has_value()) absl::StrAppend(&text, "rank ", *d.rank, " ");
+    if (d.layer.has_value()) absl::StrAppend(&text, "layer ", *d.layer, " ");
+    absl::StrAppend(&text, d.file, ": ", d.problem, "\n");
+  }
+  return text;
+}
+
+std::string Release::Path(const std::string& relative) const {
+  return (fs::path(dir_) / relative).string();
+}
+
+absl::StatusOr<Release> Release::Open(const std::string& dir, OpenOptions options) {
+  Release release;
+  release.dir_ = dir;
+  const std::string complete_path = release.Path(kCompleteFile);
+  if (!FileExists(complete_path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("release ", dir, " has no ", kCompleteFile,
+                     " file: it was not completely written (rerun nq encode or nq assemble)"));
+  }
+  ASSIGN_OR_RETURN(std::string complete_text, ReadFileToString(complete_path));
+  auto complete = ParseComplete(complete_text);
+  if (!complete.ok()) return Annotate(complete.status(), absl::StrCat("release ", dir));
+  release.complete_ = *std::move(complete);
+  std::map<std::string, std::string> listed;
+  for (const CompleteEntry& e : release.complete_) listed[e.path] = e.sha256;
+
+  ASSIGN_OR_RETURN(release.manifest_, ReadManifest(dir));
+  if (!listed.contains(kManifestFile)) {
+    return absl::DataLossError(absl::StrCat(dir, ": COMPLETE does not list ", kManifestFile));
+  }
+  const std::vector<uint32_t> layer_ids = release.manifest_.LayerIds();
+  for (uint32_t r = 0; r < release.manifest_.tp_size; ++r) {
+    ASSIGN_OR_RETURN(RankIndex index, ReadRankIndex(dir, r));
+    const std::string file = RankIndexFile(r);
+    if (!listed.contains(file)) {
+      return absl::DataLossError(absl::StrCat(dir, ": COMPLETE does not list ", file));
+    }
+    if (index.experts_per_layer != release.manifest_.experts_per_layer) {
+      return absl::DataLossError(absl::StrCat(dir, ": ", file, " has ", index.experts_per_layer,
+                                              " experts per layer, the manifest ",
+                                              release.manifest_.experts_per_layer));
+    }
+    std::vector<uint32_t> index_layers;
+    for (const LayerEntry& e : index.layers) index_layers.push_back(e.layer);
+    if (index_layers != layer_ids) {
+      return absl::DataLossError(
+          absl::StrCat(dir, ": ", file, " does not list exactly the manifest's layers"));
+    }
+    for (const LayerEntry& e : index.layers) {
+      for (const FileRange* range : {&e.records, &e.resident}) {
+        auto it = listed.find(range->file);
+        // COMPLETE lists whole files; a range that is its whole file must agree with it.
+        if (it == listed.end()) {
+          return absl::DataLossError(absl::StrCat(dir, ": COMPLETE does not list ", range->file,
+                                                  " (rank ", r, " layer ", e.layer, ")"));
+        }
+        if (range->offset == 0 && it->second != range->sha256) {
+          return absl::DataLossError(absl::StrCat(dir, ": COMPLETE and ", file,
+                                                  " disagree on the sha256 of ", range->file));
+        }
+        if (options.check_sizes) {
+          const std::string problem =
+              SizeProblem(release.Path(range->file), *range, range == &e.resident);
+          if (!problem.empty()) {
+            return absl::DataLossError(absl::StrCat("release ", dir, " rank ", r, " layer ",
+                                                    e.layer, ": ", range->file, " ", problem));
+          }
+        }
+      }
+    }
+    release.indexes_.push_back(std::move(index));
+  }
+  return release;
+}
+
+absl::Status Release::CheckMatchesModel(const ModelIdentity& model) const {
+  return Annotate(CheckManifestMatchesModel(manifest_, model), absl::StrCat("release ", dir_));
+}
+
+absl::StatusOr<const LayerEntry*> Release::Layer(uint32_t rank, uint32_t layer) const {
+  if (rank >= indexes_.size()) {
+    return absl::NotFoundError(
+        absl::StrCat("release ", dir_, " has ", indexes_.size(), " ranks, not rank ", rank));
+  }
+  const LayerEntry* entry = indexes_[rank].FindLayer(layer);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("release ", dir_, " has no layer ", layer));
+  }
+  return entry;
+}
+
+absl::StatusOr<std::string> Release::RecordPath(uint32_t rank, uint32_t layer) const {
+  ASSIGN_OR_RETURN(const LayerEntry* entry, Layer(rank, layer));
+  return Path(entry->records.file);
+}
+
+absl::StatusOr<std::string> Release::ResidentPath(uint32_t rank, uint32_t layer) const {
+  ASSIGN_OR_RETURN(const LayerEntry* entry, Layer(rank, layer));
+  return Path(entry->resident.file);
+}
+
+absl::Status Release::ReadRecordInto(uint32_t rank, uint32_t layer, uint32_t expert,
+                                     std::span<std::byte> out) const {
+  ASSIGN_OR_RETURN(const LayerEntry* entry, Layer(rank, layer));
+  if (expert >= manifest_.experts_per_layer) {
+    return absl::NotFoundError(
+        absl::StrCat("expert ", expert, " is out of range [0, ", manifest_.experts_per_layer, ")"));
+  }
+  if (out.size() != entry->layout.rec_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "record buffer has ", out.size(), " bytes, rec_bytes is ", entry->layout.rec_bytes));
+  }
+  const std::string path = Path(entry->records.file);
+  ASSIGN_OR_RETURN(Fd fd, OpenForRead(path));
+  return PReadAll(fd.get(), entry->records.offset + uint64_t{expert} * entry->layout.rec_bytes, out,
+                  path);
+}
+
+absl::StatusOr<std::vector<std::byte>> Release::ReadRecord(uint32_t rank, uint32_t layer,
+                                                           uint32_t expert) const {
+  ASSIGN_OR_RETURN(const LayerEntry* entry, Layer(rank, layer));
+  std::vector<std::byte> record(entry->layout.rec_bytes);
+  RETURN_IF_ERROR(ReadRecordInto(rank, layer, expert, record));
+  return record;
+}
+
+VerifyReport Release::Verify() const {
+  VerifyReport report;
+  for (const CompleteEntry& c : complete_) {
+    // Layer files are checked below against their index (which COMPLETE agrees with).
+    std::optional<uint32_t> rank;
+    if (c.path != kManifestFile) {
+      bool is_index = false;
+      for (const RankIndex& index : indexes_) {
+        if (c.path == RankIndexFile(index.rank)) {
+          is_index = true;
+          rank = index.rank;
+        }
+      }
+      if (!is_index) continue;
+    }
+    auto sha = Sha256File(Path(c.path));
+    if (!sha.ok() || *sha != c.sha256) {
+      report.differences.push_back(
+          {rank, std::nullopt, c.path,
+           sha.ok() ? "sha256 differs" : std::string(sha.status().message())});
+    }
+  }
+  for (const RankIndex& index : indexes_) {
+    for (const LayerEntry& e : index.layers) {
+      for (const FileRange* range : {&e.records, &e.resident}) {
+        std::string problem = HashProblem(Path(range->file), *range, range == &e.resident);
+        if (!problem.empty()) {
+          report.differences.push_back({index.rank, e.layer, range->file, std::move(problem)});
+        }
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace nq::format

@@ -1,0 +1,76 @@
+// Codec measurements for `nq bench-codec` (issue #5): distortion on i.i.d. N(0,1) beside
+// the rate-distortion bound and scalar Lloyd-Max, and relative output error
+// ||X (W - W_hat)^T|| / ||X W^T|| against round-to-nearest at the same bits.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "services/quant/codec.h"
+
+namespace nq::quant {
+
+// D(R) = 2^(-2R) for a unit Gaussian source (Shannon): the bound at 2 and 4 bits.
+inline constexpr double kRateDistortion2Bit = 0.0625;
+inline constexpr double kRateDistortion4Bit = 0.00390625;
+// Scalar Lloyd-Max quantiser MSE for N(0,1) at 4 and 16 levels (Max 1960).
+inline constexpr double kLloydMax2Bit = 0.1175;
+inline constexpr double kLloydMax4Bit = 0.0095;
+
+// Deterministic i.i.d. N(0,1) values (splitmix64 + Box-Muller), identical on every platform
+// up to libm's log/sin/cos rounding.
+std::vector<float> GaussianValues(int64_t count, uint64_t seed);
+
+// Round-to-nearest baseline at `bits` (2 or 4) with the codec's scale granularity but no
+// rotation, codebook or feedback: per row, scale = RMS of the row, and a uniform symmetric
+// grid of 2^bits levels whose step is the MSE-optimal uniform step for N(0,1) (0.9957 at 4
+// levels, 0.3352 at 16; Max 1960), round to nearest.
+absl::StatusOr<std::vector<float>> RoundToNearest(std::span<const float> w, int64_t rows,
+                                                  int64_t cols, int bits);
+
+struct GaussianMseReport {
+  int64_t n = 0;
+  double mse_2bit = 0.0;  // the codec, decoded at 2 bits
+  double mse_4bit = 0.0;  // the codec, decoded at 4 bits
+  double rtn_mse_2bit = 0.0;
+  double rtn_mse_4bit = 0.0;
+};
+
+// Encodes i.i.d. N(0,1) n x n (identity Hessian) with `codec_name` and measures the MSE at
+// both precisions, and the RTN baseline's. n must suit the rotation blocks in `options`.
+absl::StatusOr<GaussianMseReport> MeasureGaussianMse(int64_t n, uint64_t seed,
+                                                     absl::string_view codec_name = "nested_scalar_v1",
+                                                     const EncodeOptions& options = {});
+
+// Correlated activations for the output-error measurement: samples x dim, each row an AR(1)
+// sequence across features (correlation `rho`) times a per-feature log-normal scale, so the
+// Hessian is far from the identity, as real layer inputs are.
+std::vector<float> CorrelatedActivations(int64_t samples, int64_t dim, double rho,
+                                         uint64_t seed);
+
+// ||X E^T||_F / ||X W^T||_F computed through H = X^T X / n: sqrt(tr(E H E^T) / tr(W H W^T)).
+absl::StatusOr<double> RelativeOutputError(std::span<const float> w,
+                                           std::span<const float> w_hat, int64_t rows,
+                                           int64_t cols, const Hessian& h);
+
+struct OutputErrorReport {
+  // Relative output error of the codec without a Hessian (plain rounding) ...
+  double plain_2bit = 0.0;
+  double plain_4bit = 0.0;
+  // ... with the calibration Hessian (LDLQ) ...
+  double ldlq_2bit = 0.0;
+  double ldlq_4bit = 0.0;
+  // ... and of RoundToNearest.
+  double rtn_2bit = 0.0;
+  double rtn_4bit = 0.0;
+};
+
+// W i.i.d. N(0,1) rows x cols, X = CorrelatedActivations(samples, cols, rho), H = X^T X / n.
+absl::StatusOr<OutputErrorReport> MeasureOutputError(
+    int64_t rows, int64_t cols, int64_t samples, double rho, uint64_t seed,
+    absl::string_view codec_name = "nested_scalar_v1", const EncodeOptions& options = {});
+
+}  // namespace nq::quant

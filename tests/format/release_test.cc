@@ -1,0 +1,182 @@
+// ReleaseWriter, Release and VerifyRelease on the synthetic release of test_release.h.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "services/format/file_io.h"
+#include "services/format/release_reader.h"
+#include "services/format/release_writer.h"
+#include "services/format/verify.h"
+#include "tests/common/status_matchers.h"
+#include "tests/format/test_release.h"
+
+namespace nq::format {
+namespace {
+
+namespace fs = std::filesystem;
+using ::nq::format::testing::FlipByte;
+using ::nq::format::testing::MakeTempDir;
+using ::nq::format::testing::Snapshot;
+using ::nq::format::testing::TestLayout;
+using ::nq::format::testing::TestManifest;
+using ::nq::format::testing::WriteTestRelease;
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class ReleaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir() + "/rel";
+    WriteTestRelease(dir_);
+  }
+  std::string Path(const std::string& rel) const { return dir_ + "/" + rel; }
+  std::string dir_;
+};
+
+TEST_F(ReleaseTest, WritesTheDesignLayout) {
+  auto files = Snapshot(dir_);
+  for (const char* f : {"manifest.json", "rank0.json", "rank1.json", "COMPLETE", "rank0/L3.bin",
+                        "rank1/L4.bin", "res/rank0/L3.safetensors", "res/rank1/L4.safetensors"}) {
+    EXPECT_TRUE(files.contains(f)) << f;
+  }
+  EXPECT_EQ(files["rank1/L4.bin"].size(), testing::kExperts * TestLayout().rec_bytes);
+  EXPECT_EQ(files["rank1/L4.bin"].size() % kRecordAlign, 0u);
+  for (const auto& [name, contents] : files) EXPECT_FALSE(name.ends_with(".tmp")) << name;
+  // COMPLETE hashes every file but itself.
+  auto complete = ParseComplete(files["COMPLETE"]);
+  ASSERT_THAT(complete.status(), IsOk());
+  EXPECT_EQ(complete->size(), files.size() - 1);
+  for (const CompleteEntry& e : *complete) EXPECT_EQ(e.sha256, Sha256Hex(files[e.path])) << e.path;
+}
+
+TEST_F(ReleaseTest, RoundTripReadsRecords) {
+  auto release = Release::Open(dir_);
+  ASSERT_THAT(release.status(), IsOk());
+  EXPECT_EQ(release->manifest(), TestManifest());
+  EXPECT_TRUE(release->Verify().ok()) << release->Verify().ToString();
+  const RecordLayout layout = TestLayout();
+  for (uint32_t rank = 0; rank < testing::kTpSize; ++rank) {
+    ASSERT_THAT(release->Layer(rank, 4).status(), IsOk());
+    EXPECT_EQ((*release->Layer(rank, 4))->layout, layout);
+    auto record = release->ReadRecord(rank, 4, 2);
+    ASSERT_THAT(record.status(), IsOk());
+    auto seg = layout.Unpack(*record, "down.residual");
+    ASSERT_THAT(seg.status(), IsOk());
+    for (size_t i = 0; i < seg->size(); ++i) {
+      ASSERT_EQ((*seg)[i], std::byte((i * 7 + 2 * 13 + rank * 31 + 4 * 5 + 101) & 0xff)) << i;
+    }
+  }
+  EXPECT_EQ(*release->ResidentPath(1, 3), Path("res/rank1/L3.safetensors"));
+  EXPECT_EQ(*release->RecordPath(0, 3), Path("rank0/L3.bin"));
+  EXPECT_THAT(release->ReadRecord(0, 3, testing::kExperts),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("expert 4")));
+  EXPECT_THAT(release->ReadRecord(0, 5, 0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no layer 5")));
+  EXPECT_THAT(release->ReadRecord(2, 3, 0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not rank 2")));
+}
+
+TEST_F(ReleaseTest, MissingCompleteIsRefused) {
+  fs::remove(Path("COMPLETE"));
+  EXPECT_THAT(Release::Open(dir_), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                            AllOf(HasSubstr(dir_), HasSubstr("has no COMPLETE"))));
+  EXPECT_THAT(VerifyRelease(dir_),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
+}
+
+TEST_F(ReleaseTest, ModelMismatchIsRefused) {
+  auto release = Release::Open(dir_);
+  ASSERT_THAT(release.status(), IsOk());
+  ModelIdentity model{TestManifest().config_hash, testing::kTpSize, {3, 4}, testing::kExperts};
+  EXPECT_THAT(release->CheckMatchesModel(model), IsOk());
+  model.tp_size = 4;
+  EXPECT_THAT(release->CheckMatchesModel(model),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(dir_), HasSubstr("tp_size 2 (release) vs 4 (model)"))));
+  model = {std::string(64, 'f'), testing::kTpSize, {3, 4}, testing::kExperts};
+  EXPECT_THAT(release->CheckMatchesModel(model),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config hash")));
+}
+
+TEST_F(ReleaseTest, MalformedManifestOrIndexIsRefused) {
+  testing::WriteAll(Path("manifest.json"), "{\"format\": \"nestquant\"}");
+  EXPECT_THAT(Release::Open(dir_), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("manifest.json.version is missing")));
+  const std::string other = MakeTempDir() + "/rel";
+  WriteTestRelease(other);
+  testing::WriteAll(other + "/rank1.json", "{");
+  EXPECT_THAT(Release::Open(other), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("rank1.json is not valid JSON")));
+}
+
+TEST_F(ReleaseTest, VerifyCatchesFlippedRecordByte) {
+  FlipByte(Path("rank1/L4.bin"), 3 * TestLayout().rec_bytes + 17);
+  auto report = VerifyRelease(dir_);
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_THAT(report->differences, ElementsAre(Difference{1, 4, "rank1/L4.bin", "sha256 differs"}));
+  EXPECT_EQ(report->ToString(), "rank 1 layer 4 rank1/L4.bin: sha256 differs\n");
+}
+
+TEST_F(ReleaseTest, VerifyCatchesFlippedResidentByte) {
+  FlipByte(Path("res/rank0/L3.safetensors"), 200);
+  auto report = VerifyRelease(dir_);
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_THAT(report->differences,
+              ElementsAre(Difference{0, 3, "res/rank0/L3.safetensors", "sha256 differs"}));
+}
+
+TEST_F(ReleaseTest, VerifyAndOpenCatchTruncation) {
+  fs::resize_file(Path("rank0/L4.bin"), TestLayout().rec_bytes);
+  EXPECT_THAT(Release::Open(dir_),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank 0 layer 4"), HasSubstr("truncated"))));
+  auto report = VerifyRelease(dir_);
+  ASSERT_THAT(report.status(), IsOk());
+  ASSERT_EQ(report->differences.size(), 1u);
+  EXPECT_EQ(report->differences[0].rank, 0u);
+  EXPECT_EQ(report->differences[0].layer, 4u);
+  EXPECT_THAT(report->ToString(), HasSubstr("rank 0 layer 4 rank0/L4.bin: truncated"));
+}
+
+TEST_F(ReleaseTest, VerifyCatchesEditedManifest) {
+  std::string text = testing::ReadAll(Path("manifest.json"));
+  text.insert(text.size() - 1, " ");  // still valid JSON, other bytes
+  testing::WriteAll(Path("manifest.json"), text);
+  auto report = VerifyRelease(dir_);
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_THAT(report->ToString(), HasSubstr("manifest.json: sha256 differs"));
+}
+
+TEST_F(ReleaseTest, WriterResumesAndSkipsWrittenLayers) {
+  const auto before = Snapshot(dir_);
+  auto writer = ReleaseWriter::Create(dir_, TestManifest());
+  ASSERT_THAT(writer.status(), IsOk());
+  EXPECT_FALSE(fs::exists(Path("COMPLETE")));  // in progress again
+  EXPECT_THAT(*writer->HasLayer(1, 4), true);
+  FlipByte(Path("rank1/L4.bin"), 5);
+  EXPECT_THAT(*writer->HasLayer(1, 4), false);
+  EXPECT_THAT(writer->Finish(), IsOk());  // all layers listed, COMPLETE from the index
+  // Rewriting the full release restores exactly the bytes of the first write.
+  WriteTestRelease(dir_);
+  EXPECT_EQ(Snapshot(dir_), before);
+}
+
+TEST_F(ReleaseTest, WriterRefusesAnotherManifestAndUnfinishedRelease) {
+  Manifest other = TestManifest();
+  other.config_hash = std::string(64, 'e');
+  EXPECT_THAT(ReleaseWriter::Create(dir_, other),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another manifest")));
+  auto writer = ReleaseWriter::Create(MakeTempDir() + "/fresh", TestManifest());
+  ASSERT_THAT(writer.status(), IsOk());
+  EXPECT_THAT(writer->Finish(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("layer 3 of rank 0 has not been written")));
+  EXPECT_THAT(Release::Open(writer->dir()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
+}
+
+}  // namespace
+}  // namespace nq::format

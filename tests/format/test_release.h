@@ -1,0 +1,31 @@
+// A small synthetic release for the format tests: TP 2, MoE layers {3, 4}, 4 experts, a
+// two-segment record layout; every byte derives from a seed so two writes are comparable.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "services/format/manifest.h"
+#include "services/format/record_layout.h"
+
+namespace nq::format::testing {
+
+inline constexpr uint32_t kTpSize = 2;
+inline constexpr uint32_t kExperts = 4;
+
+Manifest TestManifest();
+RecordLayout TestLayout();
+// Writes a complete release into `dir` (created); `seed` varies every record and tensor.
+void WriteTestRelease(const std::string& dir, uint32_t seed = 1);
+
+// A fresh empty directory under the test's temporary directory.
+std::string MakeTempDir();
+// Every regular file under `dir`: relative path -> contents.
+std::map<std::string, std::string> Snapshot(const std::string& dir);
+std::string ReadAll(const std::string& path);
+void WriteAll(const std::string& path, const std::string& contents);
+// Flips one bit of the byte at `offset` in `path`.
+void FlipByte(const std::string& path, uint64_t offset);
+
+}  // namespace nq::format::testing

@@ -1,0 +1,75 @@
+#include "services/quant/nested_codebook.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "services/quant/codec_bench.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::quant {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(NestedCodebookTest, PureTwoBitObjectiveGivesLloydMax) {
+  auto cb = DesignNestedCodebook(1.0);
+  ASSERT_THAT(cb, IsOk());
+  // 4-level Lloyd-Max for N(0,1): +-0.4528, +-1.5104 (Max 1960).
+  EXPECT_NEAR(cb->base[2], 0.4528, 2e-3);
+  EXPECT_NEAR(cb->base[3], 1.5104, 2e-3);
+  EXPECT_NEAR(GaussianDistortion(*cb, 1.0)[0], kLloydMax2Bit, 5e-4);
+}
+
+TEST(NestedCodebookTest, PureFourBitObjectiveGivesSixteenLevelLloydMax) {
+  auto cb = DesignNestedCodebook(0.0);
+  ASSERT_THAT(cb, IsOk());
+  // The 16-level Lloyd-Max cells happen to nest in groups of four.
+  EXPECT_NEAR(GaussianDistortion(*cb, 0.0)[1], kLloydMax4Bit, 1e-4);
+}
+
+TEST(NestedCodebookTest, DefaultBlendIsNearLloydMaxAtBothRates) {
+  auto cb = DesignNestedCodebook(0.5);
+  ASSERT_THAT(cb, IsOk());
+  const auto d = GaussianDistortion(*cb, 0.5);
+  // Designed values: 0.11750 at 2 bits, 0.00969 at 4 bits.
+  EXPECT_LT(d[0], 0.1177);
+  EXPECT_LT(d[1], 0.0098);
+  EXPECT_GT(d[0], kRateDistortion2Bit);
+  EXPECT_GT(d[1], kRateDistortion4Bit);
+}
+
+TEST(NestedCodebookTest, SymmetricAndOrdered) {
+  auto cb = DesignNestedCodebook(0.5);
+  ASSERT_THAT(cb, IsOk());
+  for (int b = 0; b < kBaseLevels; ++b) {
+    EXPECT_NEAR(cb->base[b], -cb->base[kBaseLevels - 1 - b], 1e-5);
+    if (b > 0) {
+      EXPECT_LT(cb->base[b - 1], cb->base[b]);
+    }
+    for (int r = 1; r < kResidualLevels; ++r) EXPECT_LT(cb->Level4(b, r - 1), cb->Level4(b, r));
+  }
+  // The 16 levels are ascending across cells too (nested intervals).
+  for (int b = 1; b < kBaseLevels; ++b) EXPECT_LT(cb->Level4(b - 1, 3), cb->Level4(b, 0));
+}
+
+TEST(NestedCodebookTest, ChooseNestedPicksNearestWithoutFeedback) {
+  auto cb = DesignNestedCodebook(0.5);
+  ASSERT_THAT(cb, IsOk());
+  const NestedChoice c = ChooseNested(*cb, 2.0, 2.0);
+  EXPECT_EQ(c.base, 3);
+  const NestedChoice d = ChooseNested(*cb, -0.01, -0.01);
+  EXPECT_EQ(d.base, 1);
+  EXPECT_EQ(d.residual, 3);
+}
+
+TEST(NestedCodebookTest, RejectsLambdaOutsideUnitInterval) {
+  EXPECT_THAT(DesignNestedCodebook(1.5),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 1]")));
+  EXPECT_THAT(DesignNestedCodebook(-0.1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 1]")));
+}
+
+}  // namespace
+}  // namespace nq::quant
