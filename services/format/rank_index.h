@@ -19,6 +19,10 @@ struct FileRange {
   uint64_t bytes = 0;
   std::string sha256;  // lower-case hex of the range
 
+  // A range at offset 0 is its whole file (every range nq encode writes is): the file must
+  // be exactly `bytes` long, and COMPLETE's sha256 of the file is the range's.
+  bool whole_file() const { return offset == 0; }
+
   bool operator==(const FileRange&) const = default;
 };
 

@@ -101,7 +101,7 @@ absl::StatusOr<Release> Release::Open(const std::string& dir, OpenOptions option
         }
         if (options.check_sizes) {
           const std::string problem =
-              SizeProblem(release.Path(range->file), *range, range == &e.resident);
+              SizeProblem(release.Path(range->file), *range, range->whole_file());
           if (!problem.empty()) {
             return absl::DataLossError(absl::StrCat("release ", dir, " rank ", r, " layer ",
                                                     e.layer, ": ", range->file, " ", problem));
@@ -190,7 +190,7 @@ VerifyReport Release::Verify() const {
   for (const RankIndex& index : indexes_) {
     for (const LayerEntry& e : index.layers) {
       for (const FileRange* range : {&e.records, &e.resident}) {
-        std::string problem = HashProblem(Path(range->file), *range, range == &e.resident);
+        std::string problem = HashProblem(Path(range->file), *range, range->whole_file());
         if (!problem.empty()) {
           report.differences.push_back({index.rank, e.layer, range->file, std::move(problem)});
         }

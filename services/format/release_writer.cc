@@ -32,7 +32,7 @@ absl::StatusOr<bool> LayerFilesMatch(const std::string& dir, const LayerEntry& e
     if (!FileExists(path)) return false;
     ASSIGN_OR_RETURN(uint64_t size, FileSize(path));
     if (size < range->offset + range->bytes) return false;
-    if (range == &entry.resident && size != range->bytes) return false;
+    if (range->whole_file() && size != range->bytes) return false;
     ASSIGN_OR_RETURN(std::string sha, Sha256FileRange(path, range->offset, range->bytes));
     if (sha != range->sha256) return false;
   }

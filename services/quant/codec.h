@@ -40,11 +40,13 @@ struct EncodeOptions {
   // scale structure; each pass is one sweep of the matrix).
   int scale_passes = 2;
   // Lloyd refits of the codebook to this matrix's own targets (each one more quantisation
-  // pass); the refitted codebook is stored in CodecParams. 0 keeps the Gaussian design.
-  // Under LDLQ the targets drift from N(0,1); one refit recovers most of that (on i.i.d.
-  // Gaussian weights with correlated X, 256 x 256: relative output error 0.167 -> 0.161 at
-  // 2 bits, 0.083 -> 0.077 at 4 bits).
-  int codebook_refinements = 1;
+  // pass). 0 keeps the Gaussian design, a pure function of lambda (DefaultParams). With
+  // refits the codebook differs per matrix and the release must store CodecParams'
+  // base_codebook / residual_codebook (20 floats) beside the scales. Under LDLQ the targets
+  // drift from N(0,1) and one refit recovers part of it (i.i.d. Gaussian W, correlated X,
+  // 256 x 256: relative output error 0.166 -> 0.161 at 2 bits, 0.084 -> 0.077 at 4 bits);
+  // without a Hessian it gains nothing measurable.
+  int codebook_refinements = 0;
 };
 
 // Everything needed to decode, apart from the planes and scales.

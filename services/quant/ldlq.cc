@@ -98,52 +98,37 @@ absl::StatusOr<std::vector<double>> FeedbackFactor(const Hessian& h, double damp
         "Hessian is not positive definite: mean diagonal is ", mean_diag));
   }
   for (int64_t i = 0; i < n; ++i) a[i * n + i] += damping * mean_diag;
-  if (absl::Status s = CholeskyInPlace(a, n); !s.ok()) {
+  // With J the reversal permutation, Cholesky of J H J = L L^T gives H = V V^T for the
+  // upper triangular V = J L J, so H^-1 = V^-T V^-1 and U = V^-1 = J L^-1 J is the upper
+  // factor we need (unique, as the diagonal is positive): one factorisation and one
+  // triangular inverse instead of inverting H and factorising the inverse.
+  std::vector<double> r(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) r[i * n + j] = a[(n - 1 - i) * n + (n - 1 - j)];
+  }
+  if (absl::Status s = CholeskyInPlace(r, n); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Hessian is not positive definite after damping ", damping,
                      " (raise EncodeOptions::damping or add calibration samples): ",
                      s.message()));
   }
-  // Inverse of L (lower triangular) by forward substitution, one column c of L^-1 at a
-  // time, stored transposed (linv_t[c][i] = L^-1[i][c]) so the inner loop is contiguous.
+  // L^-1 by forward substitution, one column c at a time, stored transposed
+  // (linv_t[c][i] = L^-1[i][c]) so the inner loop is contiguous.
   std::vector<double> linv_t(static_cast<size_t>(n * n), 0.0);
   for (int64_t c = 0; c < n; ++c) {
     double* col = linv_t.data() + c * n;
-    col[c] = 1.0 / a[c * n + c];
+    col[c] = 1.0 / r[c * n + c];
     for (int64_t i = c + 1; i < n; ++i) {
-      const double* ai = a.data() + i * n;
+      const double* ri = r.data() + i * n;
       double s = 0.0;
-      for (int64_t k = c; k < i; ++k) s += ai[k] * col[k];
-      col[i] = -s / ai[i];
+      for (int64_t k = c; k < i; ++k) s += ri[k] * col[k];
+      col[i] = -s / ri[i];
     }
   }
-  std::vector<double> linv(static_cast<size_t>(n * n), 0.0);
-  for (int64_t c = 0; c < n; ++c) {
-    for (int64_t i = c; i < n; ++i) linv[i * n + c] = linv_t[c * n + i];
-  }
-  // H^-1 = L^-T L^-1: entry (i, j) = sum_{k >= max(i,j)} linv[k][i] * linv[k][j].
-  std::vector<double> hinv(static_cast<size_t>(n * n), 0.0);
-  for (int64_t k = 0; k < n; ++k) {
-    const double* lk = linv.data() + k * n;
-    for (int64_t i = 0; i <= k; ++i) {
-      const double lki = lk[i];
-      if (lki == 0.0) continue;
-      double* hi = hinv.data() + i * n;
-      for (int64_t j = 0; j <= i; ++j) hi[j] += lki * lk[j];
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j < i; ++j) hinv[j * n + i] = hinv[i * n + j];
-  }
-  // Upper Cholesky of H^-1: H^-1 = U^T U with U = L'^T, L' the lower factor.
-  if (absl::Status s = CholeskyInPlace(hinv, n); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Hessian inverse is numerically not positive definite after damping ", damping, ": ",
-        s.message()));
-  }
+  // U[i][j] = L^-1[n-1-i][n-1-j] = linv_t[n-1-j][n-1-i], zero below the diagonal.
   std::vector<double> u(static_cast<size_t>(n * n), 0.0);
   for (int64_t i = 0; i < n; ++i) {
-    for (int64_t j = 0; j <= i; ++j) u[j * n + i] = hinv[i * n + j];
+    for (int64_t j = i; j < n; ++j) u[i * n + j] = linv_t[(n - 1 - j) * n + (n - 1 - i)];
   }
   return u;
 }

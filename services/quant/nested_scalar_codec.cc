@@ -169,16 +169,12 @@ absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w
                                                         int64_t cols, const Hessian* hessian,
                                                         const EncodeOptions& options) const {
   RETURN_IF_ERROR(ValidateInput(w, rows, cols, options));
-  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(options.lambda));
 
   EncodedMatrix m;
   m.rows = rows;
   m.cols = cols;
-  m.params.codec = name();
-  m.params.base_bits = kCodeBits;
-  m.params.residual_bits = kCodeBits;
-  m.params.rotation = options.rotation;
-  m.params.lambda = options.lambda;
+  ASSIGN_OR_RETURN(m.params, DefaultParams(options.lambda, options.rotation));
+  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(options.lambda));
 
   std::vector<float> wr(w.begin(), w.end());
   RETURN_IF_ERROR(RotateMatrix(wr, rows, cols, options.rotation));
@@ -186,9 +182,12 @@ absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w
 
   // The feedback factor in the scaled domain: error in W' of row i is
   // row_scale_i * C (z - z_hat), so every row sees H_z = C (R H R^T) C.
+  // An all-zero matrix has all-zero scales and codes nothing; it needs no feedback.
   std::vector<double> u;
-  if (hessian != nullptr) {
-    RETURN_IF_ERROR(ValidateHessian(*hessian, cols));
+  const bool all_zero = std::all_of(m.col_scales.begin(), m.col_scales.end(),
+                                    [](float c) { return c == 0.0f; });
+  if (hessian != nullptr) RETURN_IF_ERROR(ValidateHessian(*hessian, cols));
+  if (hessian != nullptr && !all_zero) {
     Hessian hz = *hessian;
     RETURN_IF_ERROR(RotateSymmetric(hz.values, cols, options.rotation.col_block,
                                     options.rotation.col_sign_seed));
@@ -223,6 +222,20 @@ absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w
   m.base_codes = PackCodes(base, kCodeBits);
   if (options.keep_residual) m.residual_codes = PackCodes(residual, kCodeBits);
   return m;
+}
+
+absl::StatusOr<CodecParams> NestedScalarCodec::DefaultParams(double lambda,
+                                                             const RotationParams& rotation) {
+  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(lambda));
+  CodecParams p;
+  p.codec = std::string(kNestedScalarV1);
+  p.base_bits = kCodeBits;
+  p.residual_bits = kCodeBits;
+  p.rotation = rotation;
+  p.lambda = lambda;
+  p.base_codebook.assign(cb.base.begin(), cb.base.end());
+  p.residual_codebook.assign(cb.residual.begin(), cb.residual.end());
+  return p;
 }
 
 absl::Status NestedScalarCodec::Decode(const EncodedMatrix& m, Precision precision,

@@ -25,6 +25,11 @@ class NestedScalarCodec final : public Codec {
 
   absl::Status Decode(const EncodedMatrix& m, Precision precision,
                       std::span<float> out) const override;
+
+  // The CodecParams an Encode with codebook_refinements = 0 records, rebuilt from what a
+  // manifest holds (lambda, rotation): lets a reader assemble an EncodedMatrix from the
+  // resident planes and scales without storing the codebooks.
+  static absl::StatusOr<CodecParams> DefaultParams(double lambda, const RotationParams& rotation);
 };
 
 }  // namespace nq::quant

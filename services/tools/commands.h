@@ -21,4 +21,13 @@ int RunTokenize(const std::vector<std::string>& args);
 // nq detokenize --tokenizer FILE [--skip_special_tokens] < ids (writes the decoded bytes)
 int RunDetokenize(const std::vector<std::string>& args);
 
+// nq encode --model HF_DIR --out RELEASE --tp W [--fixed-per-layer N]
+int RunEncode(const std::vector<std::string>& args);
+// nq verify RELEASE
+int RunVerify(const std::vector<std::string>& args);
+// nq assemble --src REL --into DIR [--layers a-b] [--dry-run]
+int RunAssemble(const std::vector<std::string>& args);
+// nq bench-codec [--size N]
+int RunBenchCodec(const std::vector<std::string>& args);
+
 }  // namespace nq::tools

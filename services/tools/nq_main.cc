@@ -1,4 +1,5 @@
 // nq: the NestQuant Serve command-line tool.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,13 +24,36 @@ constexpr char kUsage[] =
     "                 --tokenizer FILE [--add_special_tokens]\n"
     "  detokenize   comma-separated token ids on stdin -> decoded bytes on stdout\n"
     "                 --tokenizer FILE [--skip_special_tokens]\n"
+    "  encode       HF checkpoint -> NestQuant release\n"
+    "                 --model DIR --out RELEASE [--tp W] [--fixed-per-layer N]\n"
+    "  verify       hash every file and range of a release: nq verify RELEASE\n"
+    "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
+    "  bench-codec  codec distortion against the bounds [--size N]\n"
     "run 'nq --help' for every flag";
 
 }  // namespace
 
+// Flags are spelled with dashes on the command line (--fixed-per-layer, --dry-run) as the
+// issue texts and most CLIs do; absl names them with underscores.
+std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& arg : args) {
+    if (arg.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(arg.find('='), arg.size());
+    for (size_t i = 2; i < end; ++i) {
+      if (arg[i] == '-') arg[i] = '_';
+    }
+  }
+  return args;
+}
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> normalized = NormalizeFlagNames(argc, argv);
+  std::vector<char*> normalized_argv;
+  for (std::string& arg : normalized) normalized_argv.push_back(arg.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(normalized_argv.size()), normalized_argv.data());
   if (positional.size() < 2) {
     std::fprintf(stderr, "%s\n", kUsage);
     return 2;
@@ -40,6 +64,10 @@ int main(int argc, char** argv) {
   if (command == "synth-model") return nq::tools::RunSynthModel(rest);
   if (command == "tokenize") return nq::tools::RunTokenize(rest);
   if (command == "detokenize") return nq::tools::RunDetokenize(rest);
+  if (command == "encode") return nq::tools::RunEncode(rest);
+  if (command == "verify") return nq::tools::RunVerify(rest);
+  if (command == "assemble") return nq::tools::RunAssemble(rest);
+  if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);
   std::fprintf(stderr, "nq: unknown command '%s'\n%s\n", command.c_str(), kUsage);
   return 2;
 }

@@ -32,6 +32,7 @@ class AssembleTest : public ::testing::Test {
     src_ = root_ + "/src";
     WriteTestRelease(src_, /*seed=*/1);
   }
+  void TearDown() override { fs::remove_all(root_); }
   std::string root_;
   std::string src_;
 };
@@ -169,6 +170,18 @@ TEST_F(AssembleTest, InterruptedAtEveryStepThenRerunIsIdentical) {
       EXPECT_EQ(Snapshot(into), want);
     }
   }
+}
+
+TEST_F(AssembleTest, ReinstallsAFileWithTrailingBytes) {
+  const std::string into = root_ + "/serve";
+  ASSERT_THAT(Assemble(src_, into).status(), IsOk());
+  testing::WriteAll(into + "/rank1/L3.bin", testing::ReadAll(into + "/rank1/L3.bin") + "junk");
+  auto report = Release::Open(into, OpenOptions{.check_sizes = false}).value().Verify();
+  EXPECT_THAT(report.ToString(), HasSubstr("rank 1 layer 3 rank1/L3.bin: size"));
+  auto plan = Assemble(src_, into);
+  ASSERT_THAT(plan.status(), IsOk());
+  EXPECT_THAT(plan->installs, ElementsAre(Pair(3u, 1u)));
+  EXPECT_EQ(Snapshot(into), Snapshot(src_));
 }
 
 TEST_F(AssembleTest, RefusesAnotherModelAndIncompleteSource) {

@@ -30,10 +30,13 @@ using ::testing::HasSubstr;
 class ReleaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeTempDir() + "/rel";
+    root_ = MakeTempDir();
+    dir_ = root_ + "/rel";
     WriteTestRelease(dir_);
   }
+  void TearDown() override { fs::remove_all(root_); }
   std::string Path(const std::string& rel) const { return dir_ + "/" + rel; }
+  std::string root_;
   std::string dir_;
 };
 
@@ -106,7 +109,7 @@ TEST_F(ReleaseTest, MalformedManifestOrIndexIsRefused) {
   testing::WriteAll(Path("manifest.json"), "{\"format\": \"nestquant\"}");
   EXPECT_THAT(Release::Open(dir_), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("manifest.json.version is missing")));
-  const std::string other = MakeTempDir() + "/rel";
+  const std::string other = root_ + "/other";
   WriteTestRelease(other);
   testing::WriteAll(other + "/rank1.json", "{");
   EXPECT_THAT(Release::Open(other), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -170,7 +173,7 @@ TEST_F(ReleaseTest, WriterRefusesAnotherManifestAndUnfinishedRelease) {
   other.config_hash = std::string(64, 'e');
   EXPECT_THAT(ReleaseWriter::Create(dir_, other),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another manifest")));
-  auto writer = ReleaseWriter::Create(MakeTempDir() + "/fresh", TestManifest());
+  auto writer = ReleaseWriter::Create(root_ + "/fresh", TestManifest());
   ASSERT_THAT(writer.status(), IsOk());
   EXPECT_THAT(writer->Finish(), StatusIs(absl::StatusCode::kFailedPrecondition,
                                          HasSubstr("layer 3 of rank 0 has not been written")));

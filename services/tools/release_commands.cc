@@ -1,0 +1,118 @@
+// nq encode, nq verify, nq assemble, nq bench-codec: the NestQuant release tools.
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "services/common/status_macros.h"
+#include "services/format/assemble.h"
+#include "services/format/verify.h"
+#include "services/quant/codec_bench.h"
+#include "services/tools/commands.h"
+#include "services/tools/release_encoder.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int, tp);
+ABSL_FLAG(int, fixed_per_layer, 0, "encode: experts per layer pinned at 4 bits by default");
+ABSL_FLAG(std::string, calib, "", "encode: calibration Hessians from nq calibrate (not available yet)");
+ABSL_FLAG(std::string, codec, "nested_scalar_v1", "encode: the codec");
+ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
+ABSL_FLAG(std::string, into, "", "assemble: the release directory to install into");
+ABSL_FLAG(std::string, layers, "", "assemble: layer range a-b (default: every layer)");
+ABSL_FLAG(bool, dry_run, false, "assemble: print the plan and change nothing");
+ABSL_FLAG(int, size, 1024, "bench-codec: n of the n x n N(0,1) matrix (the issue's table uses 4096)");
+
+namespace nq::tools {
+namespace {
+
+int Report(const char* command, const absl::Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "nq %s: %s\n", command, status.ToString().c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+void ProgressBar(int done, int total) {
+  if (!isatty(STDERR_FILENO)) return;
+  const int width = 40, filled = total > 0 ? done * width / total : width;
+  std::fprintf(stderr, "\r[%s%s] %d/%d layer shards", std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), done, total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+}  // namespace
+
+int RunEncode(const std::vector<std::string>& args) {
+  if (!args.empty()) return Report("encode", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (!absl::GetFlag(FLAGS_calib).empty()) {
+    return Report("encode", absl::UnimplementedError("--calib needs nq calibrate, which is not built yet"));
+  }
+  const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
+  if (model.empty() || out.empty()) return Report("encode", absl::InvalidArgumentError("--model and --out are required"));
+  EncodeReleaseOptions options;
+  options.tp_size = absl::GetFlag(FLAGS_tp);
+  options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
+  options.codec = absl::GetFlag(FLAGS_codec);
+  options.progress = ProgressBar;
+  absl::Status status = EncodeRelease(model, out, options);
+  if (status.ok()) std::fprintf(stderr, "nq encode: wrote %s\n", out.c_str());
+  return Report("encode", status);
+}
+
+int RunVerify(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Report("verify", absl::InvalidArgumentError("usage: nq verify RELEASE"));
+  absl::StatusOr<format::VerifyReport> report = format::VerifyRelease(args[0]);
+  if (!report.ok()) return Report("verify", report.status());
+  if (report->ok()) {
+    std::printf("%s: every file and range matches its sha256\n", args[0].c_str());
+    return 0;
+  }
+  std::printf("%s", report->ToString().c_str());
+  return 1;
+}
+
+int RunAssemble(const std::vector<std::string>& args) {
+  if (!args.empty()) return Report("assemble", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  const std::string src = absl::GetFlag(FLAGS_src), into = absl::GetFlag(FLAGS_into);
+  if (src.empty() || into.empty()) return Report("assemble", absl::InvalidArgumentError("--src and --into are required"));
+  format::AssembleOptions options;
+  options.dry_run = absl::GetFlag(FLAGS_dry_run);
+  if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
+    absl::StatusOr<format::LayerRange> range = format::ParseLayerRange(layers);
+    if (!range.ok()) return Report("assemble", range.status());
+    options.layers = *range;
+  }
+  absl::StatusOr<format::AssemblePlan> plan = format::Assemble(src, into, options);
+  if (!plan.ok()) return Report("assemble", plan.status());
+  std::printf("%s %zu (layer, rank) installs, %zu already installed%s\n", options.dry_run ? "would do" : "did",
+              plan->installs.size(), plan->skipped.size(), plan->complete_after ? "; the release is complete" : "");
+  for (const auto& [layer, rank] : plan->installs) std::printf("  layer %u rank %u\n", layer, rank);
+  return 0;
+}
+
+int RunBenchCodec(const std::vector<std::string>& args) {
+  if (!args.empty()) return Report("bench-codec", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  const int n = absl::GetFlag(FLAGS_size);
+  absl::StatusOr<quant::GaussianMseReport> mse = quant::MeasureGaussianMse(n, /*seed=*/1, absl::GetFlag(FLAGS_codec));
+  if (!mse.ok()) return Report("bench-codec", mse.status());
+  std::printf("MSE on i.i.d. N(0,1) %dx%d (codec %s)\n", n, n, absl::GetFlag(FLAGS_codec).c_str());
+  std::printf("| bits | codec | round-to-nearest | Lloyd-Max (scalar) | rate-distortion bound |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
+  std::printf("| 2 | %.4f | %.4f | %.4f | %.4f |\n", mse->mse_2bit, mse->rtn_mse_2bit, quant::kLloydMax2Bit,
+              quant::kRateDistortion2Bit);
+  std::printf("| 4 | %.5f | %.5f | %.4f | %.5f |\n", mse->mse_4bit, mse->rtn_mse_4bit, quant::kLloydMax4Bit,
+              quant::kRateDistortion4Bit);
+  absl::StatusOr<quant::OutputErrorReport> out =
+      quant::MeasureOutputError(512, 512, 2048, 0.9, /*seed=*/2, absl::GetFlag(FLAGS_codec));
+  if (!out.ok()) return Report("bench-codec", out.status());
+  std::printf("\nRelative output error ||X(W-W^)||/||XW||, 512x512 N(0,1) weights, correlated X (rho 0.9)\n");
+  std::printf("| bits | round-to-nearest | codec, identity Hessian | codec, LDLQ with H = X^T X |\n");
+  std::printf("| --- | ---: | ---: | ---: |\n");
+  std::printf("| 2 | %.4f | %.4f | %.4f |\n", out->rtn_2bit, out->plain_2bit, out->ldlq_2bit);
+  std::printf("| 4 | %.4f | %.4f | %.4f |\n", out->rtn_4bit, out->plain_4bit, out->ldlq_4bit);
+  return 0;
+}
+
+}  // namespace nq::tools
