@@ -4,6 +4,7 @@
 // process over NCCL instead.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -18,8 +19,11 @@ namespace nq::model {
 
 class LocalTpGroup {
  public:
+  // Loads one rank's model; Model::Load by default (a caller may swap in release experts).
+  using RankLoader = std::function<absl::StatusOr<std::unique_ptr<Model>>(kernels::Backend&, kernels::Communicator*,
+                                                                          ModelOptions)>;
   static absl::StatusOr<std::unique_ptr<LocalTpGroup>> Load(const std::string& model_dir, int world_size,
-                                                            int64_t max_tokens = 0);
+                                                            int64_t max_tokens = 0, RankLoader loader = nullptr);
 
   // Runs Forward on every rank at once; returns rank 0's logits after checking that every
   // rank produced the same ones (they must: the last step is an all-gather).

@@ -10,9 +10,12 @@
 #include "services/common/status_macros.h"
 #include "services/model/local_tp_group.h"
 #include "services/tools/commands.h"
+#include "services/tools/release_experts.h"
 
 ABSL_FLAG(std::string, model, "", "logits: HF checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated input token ids");
+ABSL_FLAG(std::string, release, "", "logits: take the routed experts from this NestQuant release");
+ABSL_FLAG(std::string, expert_bits, "fixed", "logits: with --release, 2, 4 or fixed");
 ABSL_FLAG(int, tp, 1, "logits: tensor-parallel world size (ranks run as threads on the CPU backend)");
 ABSL_FLAG(bool, decode, false, "logits: feed the tokens one at a time through the KV cache");
 ABSL_FLAG(bool, mtp, false,
@@ -44,8 +47,16 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_mtp) && tokens.size() < 2) {
     return absl::InvalidArgumentError("--mtp needs at least 2 tokens");
   }
+  model::LocalTpGroup::RankLoader loader;
+  if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
+    ASSIGN_OR_RETURN(ExpertBits bits, ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
+    loader = [model_dir, release, bits](kernels::Backend& backend, kernels::Communicator* comm,
+                                        model::ModelOptions options) {
+      return LoadModelWithRelease(model_dir, release, bits, backend, comm, options);
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<model::LocalTpGroup> group,
-                   model::LocalTpGroup::Load(model_dir, tp, static_cast<int64_t>(tokens.size())));
+                   model::LocalTpGroup::Load(model_dir, tp, static_cast<int64_t>(tokens.size()), loader));
   std::vector<float> logits;
   if (absl::GetFlag(FLAGS_decode)) {
     std::vector<float> hidden;

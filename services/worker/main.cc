@@ -27,6 +27,7 @@
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
 #include "services/model/model.h"
+#include "services/tools/release_experts.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
 #include "services/worker/worker_service.h"
@@ -40,6 +41,11 @@ ABSL_FLAG(int, world_size, 1, "Tensor-parallel world size");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(std::string, model, "", "HF checkpoint directory to serve (config.json + safetensors); empty serves none");
 ABSL_FLAG(std::string, served_model_name, "", "Model id reported to the router (default: the model directory's name)");
+ABSL_FLAG(std::string, release, "",
+          "NestQuant release of --model's routed experts (nq encode); empty serves the checkpoint's experts");
+ABSL_FLAG(std::string, expert_bits, "fixed",
+          "With --release: every expert at 2 or 4 bits, or 'fixed' (the manifest's fixed 4-bit set, the rest "
+          "at 2 bits) until the streamer chooses them (issue #6)");
 ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
 // Slot-arena geometry. Once a NestQuant release is served (issue #5) it comes from the
 // release's manifest; these flags set it until then.
@@ -121,8 +127,14 @@ absl::Status Run(ShutdownSignal& shutdown) {
     }
     if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
     const auto started = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr,
-                                               model::ModelOptions{.max_tokens = absl::GetFlag(FLAGS_max_model_len)}));
+    const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len)};
+    if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
+      ASSIGN_OR_RETURN(tools::ExpertBits bits, tools::ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
+      ASSIGN_OR_RETURN(model, tools::LoadModelWithRelease(dir, release, bits, *backend, nullptr, options));
+      spdlog::info("routed experts from release {} ({} bits)", release, absl::GetFlag(FLAGS_expert_bits));
+    } else {
+      ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr, options));
+    }
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
     spdlog::info("loaded {} ({}) in {:.2f} s", dir, std::string(model::ArchitectureName(model->config().architecture)),

@@ -1,6 +1,7 @@
 // nq encode end to end: a synthetic GLM-5-shaped checkpoint into a NestQuant release, read
 // back expert by expert at 2 and 4 bits.
 #include "services/tools/release_encoder.h"
+#include "services/tools/release_experts.h"
 
 #include <unistd.h>
 
@@ -12,7 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
 #include "services/format/release_reader.h"
+#include "services/model/model.h"
 #include "services/model/model_config.h"
 #include "services/model/safetensors.h"
 #include "services/model/safetensors_load.h"
@@ -104,6 +107,79 @@ TEST_F(ReleaseEncoderTest, RerunIsANoOpAndBadOptionsAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--fixed-per-layer 99")));
   EXPECT_THAT(EncodeRelease((root_ / "nowhere").string(), (root_ / "r4").string(), {}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
+}
+
+}  // namespace
+}  // namespace nq::tools
+
+namespace nq::tools {
+namespace {
+
+// KL(p || q) per row, averaged, from two logit rows of `vocab`.
+double MeanKl(const std::vector<float>& p_logits, const std::vector<float>& q_logits, int64_t vocab) {
+  double total = 0;
+  const int64_t rows = static_cast<int64_t>(p_logits.size()) / vocab;
+  for (int64_t r = 0; r < rows; ++r) {
+    auto log_softmax = [&](const std::vector<float>& l) {
+      double mx = -1e300;
+      for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(l[r * vocab + i]));
+      double z = 0;
+      for (int64_t i = 0; i < vocab; ++i) z += std::exp(l[r * vocab + i] - mx);
+      std::vector<double> out(vocab);
+      for (int64_t i = 0; i < vocab; ++i) out[i] = l[r * vocab + i] - mx - std::log(z);
+      return out;
+    };
+    std::vector<double> lp = log_softmax(p_logits), lq = log_softmax(q_logits);
+    for (int64_t i = 0; i < vocab; ++i) total += std::exp(lp[i]) * (lp[i] - lq[i]);
+  }
+  return total / static_cast<double>(rows);
+}
+
+TEST_F(ReleaseEncoderTest, ModelServesFromTheReleaseAtTwoAndFourBits) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {.fixed_per_layer = 4}), IsOk());
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  const std::vector<int32_t> tokens = {1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77};
+  auto logits_of = [&](std::optional<ExpertBits> bits) -> std::vector<float> {
+    absl::StatusOr<std::unique_ptr<model::Model>> m =
+        bits.has_value() ? LoadModelWithRelease(model_dir, release_dir, *bits, **backend, nullptr, {.max_tokens = 32})
+                         : model::Model::Load(model_dir, **backend, nullptr, {.max_tokens = 32});
+    EXPECT_THAT(m, IsOk());
+    absl::StatusOr<std::vector<float>> l = (*m)->Forward(tokens);
+    EXPECT_THAT(l, IsOk());
+    return *l;
+  };
+  const std::vector<float> full = logits_of(std::nullopt);
+  const double kl4 = MeanKl(full, logits_of(ExpertBits::k4Bit), 512);
+  const double kl_fixed = MeanKl(full, logits_of(ExpertBits::kFixedSet), 512);
+  const double kl2 = MeanKl(full, logits_of(ExpertBits::k2Bit), 512);
+  std::printf("[ release  ] KL to full precision: 4-bit %.3g, fixed set (4 of 16) %.3g, 2-bit %.3g\n", kl4, kl_fixed, kl2);
+  EXPECT_GT(kl4, 0);
+  EXPECT_LT(kl4, kl_fixed);
+  EXPECT_LT(kl_fixed, kl2);
+}
+
+TEST_F(ReleaseEncoderTest, IncompleteOrForeignReleasesAreRefused) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  // Another model's release: the config hash differs.
+  const std::string other = (root_ / "other").string();
+  std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  ASSERT_THAT(config, IsOk());
+  config->rms_norm_eps = 1e-6;
+  ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, other, {.seed = 12}), IsOk());
+  EXPECT_THAT(LoadModelWithRelease(other, release_dir, ExpertBits::k4Bit, **backend, nullptr, {.max_tokens = 8}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config")));
+  fs::remove(fs::path(release_dir) / "COMPLETE");
+  EXPECT_THAT(LoadModelWithRelease(model_dir, release_dir, ExpertBits::k4Bit, **backend, nullptr, {.max_tokens = 8}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
+  EXPECT_THAT(ParseExpertBits("3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 2, 4 or fixed")));
 }
 
 }  // namespace

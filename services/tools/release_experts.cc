@@ -1,0 +1,104 @@
+#include "services/tools/release_experts.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/tensor_io.h"
+#include "services/common/status_macros.h"
+#include "services/quant/codec.h"
+#include "services/tools/release_encoder.h"
+
+namespace nq::tools {
+namespace {
+
+absl::StatusOr<std::string> ConfigHash(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/config.json", std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + model_dir + "/config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string data = text.str();
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr);
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
+  return hex;
+}
+
+}  // namespace
+
+absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text) {
+  if (text == "2") return ExpertBits::k2Bit;
+  if (text == "4") return ExpertBits::k4Bit;
+  if (text == "fixed") return ExpertBits::kFixedSet;
+  return absl::InvalidArgumentError("expert bits '" + text + "': want 2, 4 or fixed");
+}
+
+absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::string& model_dir,
+                                 const model::ModelConfig& config, model::TensorParallel tp, ExpertBits bits,
+                                 kernels::Backend& backend, model::ModelWeights& weights) {
+  ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
+  format::ModelIdentity identity;
+  ASSIGN_OR_RETURN(identity.config_hash, ConfigHash(model_dir));
+  identity.tp_size = static_cast<uint32_t>(tp.world_size);
+  identity.experts_per_layer = static_cast<uint32_t>(config.n_routed_experts);
+  for (int64_t l = 0; l < config.num_hidden_layers + config.num_nextn_predict_layers; ++l) {
+    if (config.IsMoeLayer(l)) identity.moe_layer_ids.push_back(static_cast<uint32_t>(l));
+  }
+  RETURN_IF_ERROR(release.CheckMatchesModel(identity));
+  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(release.manifest().codec));
+
+  for (uint32_t layer : identity.moe_layer_ids) {
+    const format::ManifestLayer* ml = release.manifest().FindLayer(layer);
+    model::LayerWeights& lw = layer < config.num_hidden_layers
+                                  ? weights.layers[layer]
+                                  : weights.mtp[layer - config.num_hidden_layers].block;
+    for (uint32_t e = 0; e < static_cast<uint32_t>(config.n_routed_experts); ++e) {
+      const bool four = bits == ExpertBits::k4Bit ||
+                        (bits == ExpertBits::kFixedSet &&
+                         std::find(ml->fixed_4bit.begin(), ml->fixed_4bit.end(), e) != ml->fixed_4bit.end());
+      std::vector<float> gate_up;
+      std::vector<float> down;
+      int64_t rows_per_proj = 0, hidden = 0;
+      for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+        ASSIGN_OR_RETURN(quant::EncodedMatrix m,
+                         LoadReleaseExpert(release, static_cast<uint32_t>(tp.rank), layer, e, projection, four));
+        std::vector<float> w(static_cast<size_t>(m.rows * m.cols));
+        RETURN_IF_ERROR(codec->Decode(m, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, w));
+        if (std::string(projection) == "down_proj") {
+          down = std::move(w);
+          hidden = m.rows;
+        } else {
+          rows_per_proj = m.rows;
+          gate_up.insert(gate_up.end(), w.begin(), w.end());
+        }
+      }
+      model::MlpWeights& expert = lw.moe->experts[e];
+      ASSIGN_OR_RETURN(expert.gate_up, kernels::UploadFloats(backend, gate_up, kernels::DType::kF32,
+                                                             kernels::Shape{2 * rows_per_proj, hidden}));
+      ASSIGN_OR_RETURN(expert.down, kernels::UploadFloats(backend, down, kernels::DType::kF32,
+                                                          kernels::Shape{hidden, rows_per_proj}));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::string& model_dir,
+                                                                   const std::string& release_dir, ExpertBits bits,
+                                                                   kernels::Backend& backend,
+                                                                   kernels::Communicator* comm,
+                                                                   model::ModelOptions options) {
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
+  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
+  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, backend, options.tp));
+  absl::Status applied = ApplyReleaseExperts(release_dir, model_dir, config, options.tp, bits, backend, weights);
+  if (!applied.ok()) return Annotate(applied, "release " + release_dir);
+  return model::Model::Create(std::move(config), std::move(weights), backend, comm, options);
+}
+
+}  // namespace nq::tools
