@@ -189,7 +189,7 @@ absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_
   RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, eps, xn));
   Tensor ffn;
   if (w.moe.has_value()) {
-    ASSIGN_OR_RETURN(ffn, Moe(*w.moe, xn));
+    ASSIGN_OR_RETURN(ffn, Moe(*w.moe, layer, xn));
   } else {
     ASSIGN_OR_RETURN(ffn, Mlp(*w.dense, xn));
   }
@@ -270,18 +270,21 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   return out;
 }
 
-absl::StatusOr<Tensor> Model::Mlp(const MlpWeights& w, const Tensor& xn) {
+absl::StatusOr<Tensor> Model::Mlp(const MlpWeights& w, const Tensor& xn, std::vector<float>* down_input) {
   const int64_t T = xn.shape().dim(0), I2 = w.gate_up.shape().dim(0);
   ASSIGN_OR_RETURN(Tensor gate_up, backend_.Allocate(kernels::DType::kF32, Shape{T, I2}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.gate_up, gate_up));
   ASSIGN_OR_RETURN(Tensor act, backend_.Allocate(kernels::DType::kF32, Shape{T, I2 / 2}));
   RETURN_IF_ERROR(backend_.SiluAndMul(gate_up, act));
+  if (down_input != nullptr) {
+    ASSIGN_OR_RETURN(*down_input, kernels::DownloadFloats(backend_, act));
+  }
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
   RETURN_IF_ERROR(backend_.MatMul(act, w.down, out));
   return out;
 }
 
-absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, const Tensor& xn) {
+absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
   const ModelConfig& c = config_;
   const int64_t T = xn.shape().dim(0), E = c.n_routed_experts;
   // Router logits on the backend, the (small) routing decision on the host.
@@ -318,7 +321,15 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, const Tensor& xn) {
     const int64_t n = static_cast<int64_t>(rows[e].size());
     ASSIGN_OR_RETURN(Tensor xe, backend_.Allocate(kernels::DType::kF32, Shape{n, c.hidden_size}));
     RETURN_IF_ERROR(backend_.GatherRows(xn, rows[e], xe));
-    ASSIGN_OR_RETURN(Tensor ye, Mlp(w.experts[e], xe));
+    std::vector<float> down_input;
+    ASSIGN_OR_RETURN(Tensor ye, Mlp(w.experts[e], xe, observer_ ? &down_input : nullptr));
+    if (observer_) {
+      ASSIGN_OR_RETURN(std::vector<float> gate_input, kernels::DownloadFloats(backend_, xe));
+      observer_({.layer = layer, .expert = static_cast<int32_t>(e), .down_input = false, .dim = c.hidden_size,
+                 .rows = gate_input});
+      observer_({.layer = layer, .expert = static_cast<int32_t>(e), .down_input = true,
+                 .dim = static_cast<int64_t>(down_input.size()) / n, .rows = down_input});
+    }
     RETURN_IF_ERROR(backend_.ScatterAddRows(ye, rows[e], weights[e], out));
   }
   return out;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,6 +66,18 @@ class Model {
   absl::StatusOr<std::vector<float>> ForwardMtp(std::span<const int32_t> next_tokens,
                                                 std::span<const float> hidden, int index = 0);
 
+  // Calibration (nq calibrate): sees the inputs of every routed expert as they run. `rows`
+  // holds n x dim floats: the expert's gate/up input (dim = hidden_size) or, with down_input,
+  // its down_proj input (dim = this rank's intermediate slice).
+  struct ExpertActivations {
+    int64_t layer = 0;
+    int32_t expert = 0;
+    bool down_input = false;
+    int64_t dim = 0;
+    std::span<const float> rows;
+  };
+  void SetExpertObserver(std::function<void(const ExpertActivations&)> observer) { observer_ = std::move(observer); }
+
   int64_t cache_length() const { return cache_.length(); }
   // Tokens the KV cache can hold: the context window of this model instance.
   int64_t max_tokens() const { return cache_.max_tokens(); }
@@ -84,8 +97,10 @@ class Model {
                         int64_t start_pos);
   absl::StatusOr<kernels::Tensor> Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
                                             const kernels::Tensor& xn, int64_t start_pos);
-  absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn);
-  absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, const kernels::Tensor& xn);
+  // `down_input`, when set, receives the activations that enter down_proj (host copy).
+  absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn,
+                                      std::vector<float>* down_input = nullptr);
+  absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn);
   // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.
@@ -106,6 +121,7 @@ class Model {
   int64_t mtp_length_ = 0;
   // DSA top-k of the last full indexer layer in the current forward (shared layers reuse it).
   std::optional<kernels::Tensor> selection_;
+  std::function<void(const ExpertActivations&)> observer_;
 };
 
 }  // namespace nq::model

@@ -23,6 +23,8 @@ int RunDetokenize(const std::vector<std::string>& args);
 
 // nq encode --model HF_DIR --out RELEASE --tp W [--fixed-per-layer N]
 int RunEncode(const std::vector<std::string>& args);
+// nq calibrate --model DIR --tokens_file FILE --out H
+int RunCalibrate(const std::vector<std::string>& args);
 // nq verify RELEASE
 int RunVerify(const std::vector<std::string>& args);
 // nq assemble --src REL --into DIR [--layers a-b] [--dry-run]

@@ -25,7 +25,9 @@ constexpr char kUsage[] =
     "  detokenize   comma-separated token ids on stdin -> decoded bytes on stdout\n"
     "                 --tokenizer FILE [--skip_special_tokens]\n"
     "  encode       HF checkpoint -> NestQuant release\n"
-    "                 --model DIR --out RELEASE [--tp W] [--fixed-per-layer N]\n"
+    "                 --model DIR --out RELEASE [--tp W] [--calib H] [--fixed-per-layer N]\n"
+    "  calibrate    per-expert input Hessians and routing counts over calibration tokens\n"
+    "                 --model DIR --tokens FILE --out H\n"
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
     "  bench-codec  codec distortion against the bounds [--size N]\n"
@@ -65,6 +67,7 @@ int main(int argc, char** argv) {
   if (command == "tokenize") return nq::tools::RunTokenize(rest);
   if (command == "detokenize") return nq::tools::RunDetokenize(rest);
   if (command == "encode") return nq::tools::RunEncode(rest);
+  if (command == "calibrate") return nq::tools::RunCalibrate(rest);
   if (command == "verify") return nq::tools::RunVerify(rest);
   if (command == "assemble") return nq::tools::RunAssemble(rest);
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);

@@ -11,14 +11,17 @@
 #include "services/format/assemble.h"
 #include "services/format/verify.h"
 #include "services/quant/codec_bench.h"
+#include "services/tools/calibration.h"
 #include "services/tools/commands.h"
 #include "services/tools/release_encoder.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, tp);
+ABSL_DECLARE_FLAG(std::string, tokens);
 ABSL_FLAG(int, fixed_per_layer, 0, "encode: experts per layer pinned at 4 bits by default");
-ABSL_FLAG(std::string, calib, "", "encode: calibration Hessians from nq calibrate (not available yet)");
+ABSL_FLAG(std::string, calib, "", "encode: calibration Hessians and routing counts from nq calibrate");
 ABSL_FLAG(std::string, codec, "nested_scalar_v1", "encode: the codec");
+ABSL_FLAG(std::string, tokens_file, "", "calibrate: token ids, one sequence per line (comma or space separated)");
 ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
 ABSL_FLAG(std::string, into, "", "assemble: the release directory to install into");
 ABSL_FLAG(std::string, layers, "", "assemble: layer range a-b (default: every layer)");
@@ -46,19 +49,35 @@ void ProgressBar(int done, int total) {
 
 int RunEncode(const std::vector<std::string>& args) {
   if (!args.empty()) return Report("encode", absl::InvalidArgumentError("unexpected argument " + args[0]));
-  if (!absl::GetFlag(FLAGS_calib).empty()) {
-    return Report("encode", absl::UnimplementedError("--calib needs nq calibrate, which is not built yet"));
-  }
   const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
   if (model.empty() || out.empty()) return Report("encode", absl::InvalidArgumentError("--model and --out are required"));
   EncodeReleaseOptions options;
   options.tp_size = absl::GetFlag(FLAGS_tp);
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
+  options.calibration_path = absl::GetFlag(FLAGS_calib);
   options.progress = ProgressBar;
   absl::Status status = EncodeRelease(model, out, options);
   if (status.ok()) std::fprintf(stderr, "nq encode: wrote %s\n", out.c_str());
   return Report("encode", status);
+}
+
+int RunCalibrate(const std::vector<std::string>& args) {
+  if (!args.empty()) return Report("calibrate", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  // --tokens names a file here (logits takes the ids themselves).
+  const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
+  const std::string tokens =
+      !absl::GetFlag(FLAGS_tokens_file).empty() ? absl::GetFlag(FLAGS_tokens_file) : absl::GetFlag(FLAGS_tokens);
+  if (model.empty() || tokens.empty() || out.empty()) {
+    return Report("calibrate", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens);
+  if (!sequences.ok()) return Report("calibrate", sequences.status());
+  absl::StatusOr<Calibration> calibration = Calibrate(model, *sequences, out);
+  if (!calibration.ok()) return Report("calibrate", calibration.status());
+  std::fprintf(stderr, "nq calibrate: %zu sequences, %zu experts seen; wrote %s\n", sequences->size(),
+               calibration->experts.size(), out.c_str());
+  return 0;
 }
 
 int RunVerify(const std::vector<std::string>& args) {

@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <fstream>
+#include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,7 @@
 #include "services/model/safetensors_load.h"
 #include "services/model/safetensors_writer.h"
 #include "services/quant/codec.h"
+#include "services/tools/calibration.h"
 
 namespace nq::tools {
 namespace {
@@ -95,7 +98,24 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
                                                    " must be multiples of 128 for the Hadamard rotation"));
   }
 
-  // The static ranking is expert order until calibration routing counts exist (nq calibrate).
+  std::optional<Calibration> calibration;
+  if (!options.calibration_path.empty()) {
+    absl::StatusOr<Calibration> loaded = LoadCalibration(options.calibration_path);
+    if (!loaded.ok()) return Annotate(loaded.status(), "--calib");
+    calibration = *std::move(loaded);
+  }
+  // The ranking: most routed first with calibration, expert order without.
+  auto ranking = [&](uint32_t layer) {
+    std::vector<uint32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0u);
+    if (calibration.has_value() && calibration->routing_counts.count(layer)) {
+      const std::vector<double>& counts = calibration->routing_counts.at(layer);
+      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return (a < counts.size() ? counts[a] : 0) > (b < counts.size() ? counts[b] : 0);
+      });
+    }
+    return order;
+  };
   format::Manifest manifest;
   manifest.source_model = model_dir;
   manifest.config_hash = Sha256Hex(config_text);
@@ -110,7 +130,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
     format::ManifestLayer& ml = manifest.layers.emplace_back();
     ml.layer = static_cast<uint32_t>(l);
     ml.rotation = {static_cast<uint32_t>(down_in_block), 0x6e71u * 1000003u + static_cast<uint64_t>(l)};
-    for (uint32_t e = 0; e < E; ++e) ml.ranking.push_back(e);
+    ml.ranking = ranking(static_cast<uint32_t>(l));
     ml.fixed_4bit.assign(ml.ranking.begin(), ml.ranking.begin() + options.fixed_per_layer);
   }
   ASSIGN_OR_RETURN(format::ReleaseWriter writer, format::ReleaseWriter::Create(out_dir, manifest));
@@ -142,7 +162,26 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
                              .col_block = down ? down_in_block : in_block,
                              .row_sign_seed = ml.rotation.sign_seed * 31 + 1,
                              .col_sign_seed = ml.rotation.sign_seed * 31 + 2};
-          absl::StatusOr<quant::EncodedMatrix> m = codec->Encode(slice, rows, cols, nullptr, encode);
+          // LDLQ against the expert's calibration Hessian (this rank's slice of the down input).
+          std::optional<quant::Hessian> hessian;
+          if (calibration.has_value()) {
+            auto it = calibration->experts.find({layer, static_cast<uint32_t>(e)});
+            if (it != calibration->experts.end() && it->second.samples > 0) {
+              const quant::Hessian& full = down ? it->second.down : it->second.gate_up;
+              if (full.dim != (down ? I : D)) {
+                return absl::InvalidArgumentError(absl::StrCat("--calib: ", name, " Hessian has dim ", full.dim));
+              }
+              hessian = quant::Hessian{cols, std::vector<double>(static_cast<size_t>(cols * cols))};
+              const int64_t offset = down ? rank * cols : 0;
+              for (int64_t i = 0; i < cols; ++i) {
+                for (int64_t j = 0; j < cols; ++j) {
+                  hessian->values[i * cols + j] = full.values[(offset + i) * full.dim + offset + j];
+                }
+              }
+            }
+          }
+          absl::StatusOr<quant::EncodedMatrix> m =
+              codec->Encode(slice, rows, cols, hessian.has_value() ? &*hessian : nullptr, encode);
           if (!m.ok()) return Annotate(m.status(), name);
           const std::string key = absl::StrCat("experts.", e, ".", proj);
           RETURN_IF_ERROR(resident.Add(key + ".base", model::DType::kU8, {static_cast<int64_t>(m->base_codes.size())},

@@ -20,6 +20,9 @@ struct EncodeReleaseOptions {
   // Experts per layer pinned at 4 bits by default (the first of the ranking).
   int fixed_per_layer = 0;
   std::string codec = "nested_scalar_v1";
+  // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
+  // Empty: identity Hessians and expert order.
+  std::string calibration_path;
   // Called after each (layer, rank) with the count done and the total.
   std::function<void(int done, int total)> progress;
 };

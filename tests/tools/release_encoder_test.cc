@@ -1,6 +1,7 @@
 // nq encode end to end: a synthetic GLM-5-shaped checkpoint into a NestQuant release, read
 // back expert by expert at 2 and 4 bits.
 #include "services/tools/release_encoder.h"
+#include "services/tools/calibration.h"
 #include "services/tools/release_experts.h"
 
 #include <unistd.h>
@@ -180,6 +181,55 @@ TEST_F(ReleaseEncoderTest, IncompleteOrForeignReleasesAreRefused) {
   EXPECT_THAT(LoadModelWithRelease(model_dir, release_dir, ExpertBits::k4Bit, **backend, nullptr, {.max_tokens = 8}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
   EXPECT_THAT(ParseExpertBits("3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 2, 4 or fixed")));
+}
+
+}  // namespace
+}  // namespace nq::tools
+
+namespace nq::tools {
+namespace {
+
+TEST_F(ReleaseEncoderTest, CalibrationRanksExpertsAndFeedsLdlq) {
+  const std::string model_dir = (root_ / "model").string();
+  const std::string tokens_path = (root_ / "calib.txt").string();
+  {
+    std::ofstream tokens(tokens_path);
+    tokens << "1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77\n\n17 18 19 20 21 22 23 24 25 26 27 28 29 30\n";
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens_path);
+  ASSERT_THAT(sequences, IsOk());
+  ASSERT_EQ(sequences->size(), 2u);
+  const std::string calib_path = (root_ / "calib.safetensors").string();
+  absl::StatusOr<Calibration> calibration = Calibrate(model_dir, *sequences, calib_path);
+  ASSERT_THAT(calibration, IsOk());
+  // 26 tokens, top-4 routing, per MoE layer (layer 1; the MTP layer does not run here).
+  const std::vector<double>& counts = calibration->routing_counts.at(1);
+  double total = 0;
+  for (double c : counts) total += c;
+  EXPECT_EQ(total, 26 * 4);
+
+  absl::StatusOr<Calibration> loaded = LoadCalibration(calib_path);
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_EQ(loaded->experts.size(), calibration->experts.size());
+  EXPECT_EQ(loaded->routing_counts.at(1), counts);
+
+  const std::string release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {.fixed_per_layer = 3, .calibration_path = calib_path}), IsOk());
+  absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+  ASSERT_THAT(release, IsOk());
+  const format::ManifestLayer* layer = release->manifest().FindLayer(1);
+  ASSERT_NE(layer, nullptr);
+  for (size_t i = 1; i < layer->ranking.size(); ++i) {
+    EXPECT_GE(counts[layer->ranking[i - 1]], counts[layer->ranking[i]]) << "ranked by routing counts";
+  }
+  EXPECT_EQ(layer->fixed_4bit, std::vector<uint32_t>(layer->ranking.begin(), layer->ranking.begin() + 3));
+  EXPECT_THAT(LoadCalibration((root_ / "missing.safetensors").string()), StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+  {
+    std::ofstream bad(root_ / "bad.txt");
+    bad << "1, 2, x\n";
+  }
+  EXPECT_THAT(ReadTokenFile((root_ / "bad.txt").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.txt:1: 'x' is not a token id")));
 }
 
 }  // namespace
