@@ -19,9 +19,13 @@
 
 namespace nq::quant {
 
-// Supported Hadamard block widths: 128 (the default on both sides) up to 4096 (the widest
-// per-layer block DESIGN.md allows, e.g. 512 on down_proj).
-inline constexpr int64_t kMinHadamardBlock = 128;
+// Supported Hadamard block widths: 16 up to 4096 (the widest per-layer block DESIGN.md allows,
+// e.g. 512 on down_proj). Real models use 128 and wider (nq encode takes the widest block up
+// to 128, or 512 on down_proj's input, that divides the dimension); the narrow ones exist for
+// the tiny test models, whose experts are 64 x 16.
+inline constexpr int64_t kMinHadamardBlock = 16;
+// The block both sides use unless told otherwise (DESIGN.md section 6).
+inline constexpr int64_t kDefaultHadamardBlock = 128;
 inline constexpr int64_t kMaxHadamardBlock = 4096;
 
 // One splitmix64 step (Steele, Lea, Flood 2014): a fixed, portable 64-bit mixer.
@@ -46,8 +50,8 @@ void UnrotateVector(std::span<float> x, std::span<const float> signs, int64_t bl
 
 // The two-sided rotation parameters of one matrix.
 struct RotationParams {
-  int64_t row_block = kMinHadamardBlock;
-  int64_t col_block = kMinHadamardBlock;
+  int64_t row_block = kDefaultHadamardBlock;
+  int64_t col_block = kDefaultHadamardBlock;
   uint64_t row_sign_seed = 0;
   uint64_t col_sign_seed = 0;
 };

@@ -2,11 +2,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "services/common/status_macros.h"
 #include "services/format/assemble.h"
 #include "services/format/verify.h"
@@ -14,6 +19,7 @@
 #include "services/tools/calibration.h"
 #include "services/tools/commands.h"
 #include "services/tools/release_encoder.h"
+#include "services/tools/release_experts.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, tp);
@@ -26,6 +32,8 @@ ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
 ABSL_FLAG(std::string, into, "", "assemble: the release directory to install into");
 ABSL_FLAG(std::string, layers, "", "assemble: layer range a-b (default: every layer)");
 ABSL_FLAG(bool, dry_run, false, "assemble: print the plan and change nothing");
+ABSL_FLAG(std::string, kl_models, "",
+          "bench-codec: comma-separated HF model directories (with tokens.json) to encode and measure KL on");
 ABSL_FLAG(int, size, 1024, "bench-codec: n of the n x n N(0,1) matrix (the issue's table uses 4096)");
 
 namespace nq::tools {
@@ -131,6 +139,28 @@ int RunBenchCodec(const std::vector<std::string>& args) {
   std::printf("| --- | ---: | ---: | ---: |\n");
   std::printf("| 2 | %.4f | %.4f | %.4f |\n", out->rtn_2bit, out->plain_2bit, out->ldlq_2bit);
   std::printf("| 4 | %.4f | %.4f | %.4f |\n", out->rtn_4bit, out->plain_4bit, out->ldlq_4bit);
+  if (const std::string models = absl::GetFlag(FLAGS_kl_models); !models.empty()) {
+    std::printf("\nKL(full precision || NestQuant) over each model's tokens.json, experts from nq encode\n");
+    std::printf("| model | all-2-bit KL | top-1 | all-4-bit KL | top-1 |\n| --- | ---: | ---: | ---: | ---: |\n");
+    for (absl::string_view dir : absl::StrSplit(models, ',', absl::SkipEmpty())) {
+      std::ifstream in(std::string(dir) + "/tokens.json");
+      nlohmann::json tokens_json = nlohmann::json::parse(in, nullptr, false);
+      if (tokens_json.is_discarded() || !tokens_json.contains("input_ids")) {
+        return Report("bench-codec", absl::InvalidArgumentError(std::string(dir) + "/tokens.json has no input_ids"));
+      }
+      const std::vector<int32_t> tokens = tokens_json["input_ids"].get<std::vector<int32_t>>();
+      char tmp[] = "/tmp/nq-bench-release-XXXXXX";
+      if (mkdtemp(tmp) == nullptr) return Report("bench-codec", absl::InternalError("mkdtemp failed"));
+      const std::string release = std::string(tmp) + "/release";
+      absl::StatusOr<KlReport> kl2 = MeasureReleaseKl(std::string(dir), release, tokens, ExpertBits::k2Bit);
+      absl::StatusOr<KlReport> kl4 = MeasureReleaseKl(std::string(dir), release, tokens, ExpertBits::k4Bit);
+      std::filesystem::remove_all(tmp);
+      if (!kl2.ok()) return Report("bench-codec", kl2.status());
+      if (!kl4.ok()) return Report("bench-codec", kl4.status());
+      std::printf("| %s | %.5f | %.3f | %.5f | %.3f |\n", std::string(dir).c_str(), kl2->mean_kl, kl2->top1_agreement,
+                  kl4->mean_kl, kl4->top1_agreement);
+    }
+  }
   return 0;
 }
 

@@ -42,8 +42,8 @@ std::string Sha256Hex(const std::string& data) {
   return hex;
 }
 
-// The widest power-of-two block (128..512) dividing n: wider blocks spread the low-rank
-// input statistics of down_proj further (DESIGN.md section 6).
+// The widest power-of-two block up to `widest` (128, or 512 for down_proj's input, whose
+// low-rank statistics a wider block spreads further: DESIGN.md section 6) that divides n.
 int64_t HadamardBlock(int64_t n, int64_t widest) {
   for (int64_t b = widest; b >= quant::kMinHadamardBlock; b /= 2) {
     if (n % b == 0) return b;
@@ -95,7 +95,8 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   const int64_t down_in_block = HadamardBlock(Ir, 512), down_out_block = HadamardBlock(D, 128);
   if (in_block == 0 || gate_out_block == 0 || down_in_block == 0 || down_out_block == 0) {
     return absl::InvalidArgumentError(absl::StrCat("hidden_size ", D, " and moe_intermediate_size / tp ", Ir,
-                                                   " must be multiples of 128 for the Hadamard rotation"));
+                                                   " must be multiples of ", quant::kMinHadamardBlock,
+                                                   " for the Hadamard rotation"));
   }
 
   std::optional<Calibration> calibration;

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -99,6 +100,43 @@ absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::st
   absl::Status applied = ApplyReleaseExperts(release_dir, model_dir, config, options.tp, bits, backend, weights);
   if (!applied.ok()) return Annotate(applied, "release " + release_dir);
   return model::Model::Create(std::move(config), std::move(weights), backend, comm, options);
+}
+
+absl::StatusOr<KlReport> MeasureReleaseKl(const std::string& model_dir, const std::string& release_dir,
+                                          std::span<const int32_t> tokens, ExpertBits bits) {
+  if (!format::Release::Open(release_dir).ok()) {
+    RETURN_IF_ERROR(EncodeRelease(model_dir, release_dir, {}));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
+  const model::ModelOptions options{.max_tokens = static_cast<int64_t>(tokens.size())};
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> full, model::Model::Load(model_dir, *backend, nullptr, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> quantized,
+                   LoadModelWithRelease(model_dir, release_dir, bits, *backend, nullptr, options));
+  ASSIGN_OR_RETURN(std::vector<float> p_logits, full->Forward(tokens));
+  ASSIGN_OR_RETURN(std::vector<float> q_logits, quantized->Forward(tokens));
+  const int64_t vocab = full->config().vocab_size, rows = static_cast<int64_t>(tokens.size());
+  KlReport report;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = p_logits.data() + r * vocab;
+    const float* q = q_logits.data() + r * vocab;
+    auto log_normaliser = [&](const float* l) {
+      double mx = l[0];
+      for (int64_t i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(l[i]));
+      double z = 0;
+      for (int64_t i = 0; i < vocab; ++i) z += std::exp(l[i] - mx);
+      return mx + std::log(z);
+    };
+    const double lp = log_normaliser(p), lq = log_normaliser(q);
+    double kl = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double log_p = p[i] - lp, log_q = q[i] - lq;
+      kl += std::exp(log_p) * (log_p - log_q);
+    }
+    report.mean_kl += kl / static_cast<double>(rows);
+    const int64_t argmax_p = std::max_element(p, p + vocab) - p, argmax_q = std::max_element(q, q + vocab) - q;
+    report.top1_agreement += (argmax_p == argmax_q ? 1.0 : 0.0) / static_cast<double>(rows);
+  }
+  return report;
 }
 
 }  // namespace nq::tools

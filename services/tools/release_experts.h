@@ -3,6 +3,7 @@
 // dynamic (issue #6), a policy picks all-2-bit, all-4-bit, or the manifest's fixed set.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -32,5 +33,17 @@ absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::st
                                                                    kernels::Backend& backend,
                                                                    kernels::Communicator* comm,
                                                                    model::ModelOptions options);
+
+// Quantization cost of a model at one expert precision: mean KL(full || quantized) over the
+// tokens' next-token distributions (float64), and how often the argmax agrees.
+struct KlReport {
+  double mean_kl = 0;
+  double top1_agreement = 0;
+};
+
+// Encodes `model_dir` into `release_dir` (if it holds no complete release yet) and compares
+// the model served from it at `bits` against the full-precision model on `tokens`.
+absl::StatusOr<KlReport> MeasureReleaseKl(const std::string& model_dir, const std::string& release_dir,
+                                          std::span<const int32_t> tokens, ExpertBits bits);
 
 }  // namespace nq::tools

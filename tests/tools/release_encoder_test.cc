@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -102,8 +103,8 @@ TEST_F(ReleaseEncoderTest, RerunIsANoOpAndBadOptionsAreRefused) {
               IsOk());
   EXPECT_EQ(fs::last_write_time(fs::path(release_dir) / "rank0" / "L1.bin"), written) << "resumed layers are skipped";
   EXPECT_EQ(progress_calls, 2);
-  EXPECT_THAT(EncodeRelease((root_ / "model").string(), (root_ / "r2").string(), {.tp_size = 2}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiples of 128")));
+  EXPECT_THAT(EncodeRelease((root_ / "model").string(), (root_ / "r2").string(), {.tp_size = 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not split over --tp 3")));
   EXPECT_THAT(EncodeRelease((root_ / "model").string(), (root_ / "r3").string(), {.fixed_per_layer = 99}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--fixed-per-layer 99")));
   EXPECT_THAT(EncodeRelease((root_ / "nowhere").string(), (root_ / "r4").string(), {}),
@@ -230,6 +231,34 @@ TEST_F(ReleaseEncoderTest, CalibrationRanksExpertsAndFeedsLdlq) {
   }
   EXPECT_THAT(ReadTokenFile((root_ / "bad.txt").string()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.txt:1: 'x' is not a token id")));
+}
+
+}  // namespace
+}  // namespace nq::tools
+
+namespace nq::tools {
+namespace {
+
+// The HF fixtures (GLM-5 and DeepSeek-V3, their expert matrices 64 x 16) through nq encode:
+// what 2-bit and 4-bit experts cost in KL against full precision.
+TEST_F(ReleaseEncoderTest, FixtureModelsLoseLittleAtFourBitsAndMoreAtTwo) {
+  for (const char* name : {"glm5_tiny", "dsv3_tiny_fp8"}) {
+    const std::string model_dir = std::string(NQ_SOURCE_DIR) + "/tests/fixtures/models/" + name;
+    std::ifstream in(model_dir + "/tokens.json");
+    nlohmann::json json = nlohmann::json::parse(in);
+    const std::vector<int32_t> tokens = json["input_ids"].get<std::vector<int32_t>>();
+    const std::string release = (root_ / name).string();
+    absl::StatusOr<KlReport> two = MeasureReleaseKl(model_dir, release, tokens, ExpertBits::k2Bit);
+    absl::StatusOr<KlReport> four = MeasureReleaseKl(model_dir, release, tokens, ExpertBits::k4Bit);
+    ASSERT_THAT(two, IsOk());
+    ASSERT_THAT(four, IsOk());
+    std::printf("[ release  ] %s: KL 2-bit %.5f (top-1 %.3f), 4-bit %.5f (top-1 %.3f)\n", name, two->mean_kl,
+                two->top1_agreement, four->mean_kl, four->top1_agreement);
+    EXPECT_GT(four->mean_kl, 0);
+    EXPECT_LT(four->mean_kl, 0.005) << name;
+    EXPECT_LT(four->mean_kl * 4, two->mean_kl) << name;
+    EXPECT_GE(four->top1_agreement, two->top1_agreement) << name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,128 @@
+#include "services/streamer/io_uring_reader.h"
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include <sys/uio.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace nq::streamer {
+namespace {
+
+absl::Status ErrnoStatus(int err, const std::string& what) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IoUringReader>> IoUringReader::Create(
+    unsigned queue_depth, std::span<const std::span<std::byte>> buffers) {
+  if (queue_depth == 0) return absl::InvalidArgumentError("io_uring queue depth must be > 0");
+  std::unique_ptr<IoUringReader> reader(new IoUringReader(queue_depth));
+  int rc = io_uring_queue_init(queue_depth, &reader->ring_, 0);
+  if (rc < 0) return ErrnoStatus(-rc, "io_uring_queue_init");
+  reader->ring_ready_ = true;
+  if (!buffers.empty()) {
+    std::vector<iovec> iovecs;
+    iovecs.reserve(buffers.size());
+    for (std::span<std::byte> b : buffers) iovecs.push_back({b.data(), b.size()});
+    rc = io_uring_register_buffers(&reader->ring_, iovecs.data(),
+                                   static_cast<unsigned>(iovecs.size()));
+    if (rc < 0) return ErrnoStatus(-rc, "io_uring_register_buffers");
+    reader->buffers_.assign(buffers.begin(), buffers.end());
+  }
+  return reader;
+}
+
+IoUringReader::~IoUringReader() {
+  if (!ring_ready_) return;
+  // Drain what is in flight so the kernel never writes into freed memory.
+  while (in_flight_ > 0) {
+    io_uring_cqe* cqe = nullptr;
+    if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
+    io_uring_cqe_seen(&ring_, cqe);
+    --in_flight_;
+  }
+  if (!buffers_.empty()) (void)io_uring_unregister_buffers(&ring_);
+  io_uring_queue_exit(&ring_);
+}
+
+absl::StatusOr<io_uring_sqe*> IoUringReader::NextSqe() {
+  if (in_flight_ >= queue_depth_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("io_uring: ", in_flight_, " reads in flight at queue depth ", queue_depth_));
+  }
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return absl::ResourceExhaustedError("io_uring: submission queue full");
+  return sqe;
+}
+
+absl::Status IoUringReader::Submit() {
+  int rc = io_uring_submit(&ring_);
+  if (rc < 0) return ErrnoStatus(-rc, "io_uring_submit");
+  if (rc != 1) return absl::InternalError(absl::StrCat("io_uring_submit submitted ", rc, " of 1"));
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+absl::Status IoUringReader::SubmitReadFixed(int fd, uint64_t offset, uint32_t bytes,
+                                            unsigned buffer_index, uint64_t user_data) {
+  if (buffer_index >= buffers_.size() || bytes > buffers_[buffer_index].size()) {
+    return absl::InvalidArgumentError(absl::StrCat("io_uring: fixed buffer ", buffer_index,
+                                                   " of ", buffers_.size(), " cannot take ",
+                                                   bytes, " bytes"));
+  }
+  auto sqe = NextSqe();
+  if (!sqe.ok()) return sqe.status();
+  io_uring_prep_read_fixed(*sqe, fd, buffers_[buffer_index].data(), bytes, offset,
+                           static_cast<int>(buffer_index));
+  io_uring_sqe_set_data64(*sqe, user_data);
+  return Submit();
+}
+
+absl::Status IoUringReader::SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
+                                       uint64_t user_data) {
+  auto sqe = NextSqe();
+  if (!sqe.ok()) return sqe.status();
+  io_uring_prep_read(*sqe, fd, destination.data(), static_cast<unsigned>(destination.size()),
+                     offset);
+  io_uring_sqe_set_data64(*sqe, user_data);
+  return Submit();
+}
+
+IoCompletion IoUringReader::Consume(io_uring_cqe* cqe) {
+  IoCompletion c;
+  c.user_data = io_uring_cqe_get_data64(cqe);
+  if (cqe->res < 0) {
+    c.status = ErrnoStatus(-cqe->res, "io_uring read");
+  } else {
+    c.bytes = static_cast<uint32_t>(cqe->res);
+  }
+  io_uring_cqe_seen(&ring_, cqe);
+  --in_flight_;
+  return c;
+}
+
+absl::StatusOr<std::optional<IoCompletion>> IoUringReader::Poll() {
+  if (in_flight_ == 0) return std::optional<IoCompletion>();
+  io_uring_cqe* cqe = nullptr;
+  int rc = io_uring_peek_cqe(&ring_, &cqe);
+  if (rc == -EAGAIN) return std::optional<IoCompletion>();
+  if (rc < 0) return ErrnoStatus(-rc, "io_uring_peek_cqe");
+  return std::optional<IoCompletion>(Consume(cqe));
+}
+
+absl::StatusOr<IoCompletion> IoUringReader::Wait() {
+  if (in_flight_ == 0) return absl::FailedPreconditionError("io_uring: nothing in flight");
+  io_uring_cqe* cqe = nullptr;
+  int rc;
+  do {
+    rc = io_uring_wait_cqe(&ring_, &cqe);
+  } while (rc == -EINTR);
+  if (rc < 0) return ErrnoStatus(-rc, "io_uring_wait_cqe");
+  return Consume(cqe);
+}
+
+}  // namespace nq::streamer

@@ -1,0 +1,71 @@
+// A thin RAII wrapper over one io_uring used for reads only: a ring of `queue_depth`
+// entries, an optional set of registered (fixed) buffers, read submissions tagged with a
+// caller `user_data`, and completions turned into absl::Status. Every liburing return is
+// checked. Not thread-safe: one owner thread submits and reaps.
+#pragma once
+
+#include <liburing.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace nq::streamer {
+
+struct IoCompletion {
+  uint64_t user_data = 0;
+  // OK with `bytes` read, or the errno of the read as a status (short reads are the
+  // caller's to judge: `bytes` is what the kernel returned).
+  absl::Status status;
+  uint32_t bytes = 0;
+};
+
+class IoUringReader {
+ public:
+  // INVALID_ARGUMENT for queue_depth 0; the errno of io_uring_queue_init or
+  // io_uring_register_buffers otherwise. `buffers` (may be empty) are registered as fixed
+  // buffers 0..n-1 and must outlive the reader.
+  static absl::StatusOr<std::unique_ptr<IoUringReader>> Create(
+      unsigned queue_depth, std::span<const std::span<std::byte>> buffers = {});
+  ~IoUringReader();
+  IoUringReader(const IoUringReader&) = delete;
+  IoUringReader& operator=(const IoUringReader&) = delete;
+
+  unsigned queue_depth() const { return queue_depth_; }
+  unsigned in_flight() const { return in_flight_; }
+  size_t registered_buffers() const { return buffers_.size(); }
+
+  // Queues and submits a read of `bytes` at `offset` of `fd` into registered buffer
+  // `buffer_index` (IORING_OP_READ_FIXED; the read lands at the buffer's start).
+  // RESOURCE_EXHAUSTED when queue_depth reads are already in flight.
+  absl::Status SubmitReadFixed(int fd, uint64_t offset, uint32_t bytes, unsigned buffer_index,
+                               uint64_t user_data);
+  // The same into any memory (IORING_OP_READ).
+  absl::Status SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
+                          uint64_t user_data);
+
+  // A completion if one is ready, without blocking.
+  absl::StatusOr<std::optional<IoCompletion>> Poll();
+  // Blocks for the next completion; FAILED_PRECONDITION when nothing is in flight.
+  absl::StatusOr<IoCompletion> Wait();
+
+ private:
+  explicit IoUringReader(unsigned queue_depth) : queue_depth_(queue_depth) {}
+  absl::StatusOr<io_uring_sqe*> NextSqe();
+  absl::Status Submit();
+  IoCompletion Consume(io_uring_cqe* cqe);
+
+  unsigned queue_depth_;
+  unsigned in_flight_ = 0;
+  bool ring_ready_ = false;
+  io_uring ring_{};
+  std::vector<std::span<std::byte>> buffers_;
+};
+
+}  // namespace nq::streamer

@@ -1,0 +1,335 @@
+#include "services/streamer/predictor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace nq::streamer {
+namespace {
+
+// Observe folds the EMAs every kMaxPending tokens even without a Refresh, so the inflated
+// per-token increments (1 - g) * g^-i stay below 2^(kMaxPending / min half-life) <= 2^64.
+constexpr uint32_t kMaxPending = 64;
+constexpr uint32_t kMaxHorizons = 8;
+constexpr double kMinHalfLife = 1.0;
+
+absl::Status CheckExpertList(const std::vector<std::vector<uint32_t>>& lists, uint32_t layers,
+                             uint32_t experts, const char* what) {
+  if (lists.empty()) return absl::OkStatus();
+  if (lists.size() != layers) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", lists.size(),
+                                                   " layers, expected ", layers));
+  }
+  std::vector<uint8_t> seen(experts);
+  for (uint32_t l = 0; l < layers; ++l) {
+    std::fill(seen.begin(), seen.end(), 0);
+    for (uint32_t e : lists[l]) {
+      if (e >= experts) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " of layer ", l, ": expert ", e,
+                                                       " out of range (", experts, ")"));
+      }
+      if (seen[e]++) {
+        return absl::InvalidArgumentError(absl::StrCat(what, " of layer ", l,
+                                                       ": duplicate expert ", e));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PredictorV0> PredictorV0::Create(PredictorOptions options) {
+  if (options.num_layers == 0 || options.experts_per_layer == 0) {
+    return absl::InvalidArgumentError("predictor needs num_layers and experts_per_layer >= 1");
+  }
+  if (options.refresh_interval == 0) {
+    return absl::InvalidArgumentError("refresh_interval must be >= 1");
+  }
+  const size_t horizons = options.half_lives.size();
+  if (horizons == 0 || horizons > kMaxHorizons) {
+    return absl::InvalidArgumentError(absl::StrCat("need 1 to ", kMaxHorizons,
+                                                   " EMA half-lives, got ", horizons));
+  }
+  if (options.count_weights.size() != horizons || options.mass_weights.size() != horizons) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("count_weights (", options.count_weights.size(), ") and mass_weights (",
+                     options.mass_weights.size(), ") need one weight per half-life (",
+                     horizons, ")"));
+  }
+  for (size_t h = 0; h < horizons; ++h) {
+    if (!(options.half_lives[h] >= kMinHalfLife)) {
+      return absl::InvalidArgumentError(absl::StrCat("half-life ", options.half_lives[h],
+                                                     " tokens is below ", kMinHalfLife));
+    }
+    if (!(options.count_weights[h] >= 0) || !(options.mass_weights[h] >= 0)) {
+      return absl::InvalidArgumentError("signal weights must be >= 0");
+    }
+  }
+  if (!(options.recency_weight >= 0) || !(options.static_weight >= 0) ||
+      !(options.hysteresis_margin >= 0) || !(options.recency_half_life > 0)) {
+    return absl::InvalidArgumentError(
+        "recency_weight, static_weight and hysteresis_margin must be >= 0, "
+        "recency_half_life > 0");
+  }
+  absl::Status status = CheckExpertList(options.fixed, options.num_layers,
+                                        options.experts_per_layer, "fixed set");
+  if (!status.ok()) return status;
+  status = CheckExpertList(options.static_ranking, options.num_layers,
+                           options.experts_per_layer, "static ranking");
+  if (!status.ok()) return status;
+  return PredictorV0(std::move(options));
+}
+
+PredictorV0::PredictorV0(PredictorOptions options) : options_(std::move(options)) {
+  const uint32_t layers = options_.num_layers;
+  const uint32_t experts = options_.experts_per_layer;
+  const size_t cells = static_cast<size_t>(layers) * experts;
+  num_horizons_ = static_cast<uint32_t>(options_.half_lives.size());
+  decay_.resize(num_horizons_);
+  inv_pow_.resize(static_cast<size_t>(num_horizons_) * (kMaxPending + 1));
+  for (uint32_t h = 0; h < num_horizons_; ++h) {
+    decay_[h] = std::exp2(-1.0 / options_.half_lives[h]);
+    for (uint32_t i = 0; i <= kMaxPending; ++i) {
+      inv_pow_[h * (kMaxPending + 1) + i] =
+          static_cast<float>((1.0 - decay_[h]) * std::pow(decay_[h], -static_cast<double>(i)));
+    }
+  }
+  count_ema_.assign(cells * num_horizons_, 0.0f);
+  mass_ema_.assign(cells * num_horizons_, 0.0f);
+  last_use_.assign(cells, 0);
+  prior_.assign(cells, 0.0f);
+  fixed_.assign(cells, 0);
+  resident_.assign(cells, 0);
+  resident_count_.assign(layers, 0);
+  scores_.assign(cells, 0.0f);
+  for (uint32_t l = 0; l < layers; ++l) {
+    if (!options_.fixed.empty()) {
+      for (uint32_t e : options_.fixed[l]) fixed_[Index(l, e)] = 1;
+    }
+    if (!options_.static_ranking.empty()) {
+      const auto& ranking = options_.static_ranking[l];
+      for (size_t r = 0; r < ranking.size(); ++r) {
+        prior_[Index(l, ranking[r])] =
+            options_.static_weight * (1.0f - static_cast<float>(r) / static_cast<float>(experts));
+      }
+    }
+  }
+  candidate_offset_.resize(layers + 1);
+  candidates_.reserve(cells);
+  for (uint32_t l = 0; l < layers; ++l) {
+    candidate_offset_[l] = static_cast<uint32_t>(candidates_.size());
+    for (uint32_t e = 0; e < experts; ++e) {
+      if (!fixed_[Index(l, e)]) candidates_.push_back(e);
+    }
+  }
+  candidate_offset_[layers] = static_cast<uint32_t>(candidates_.size());
+  order_.resize(experts);
+  victims_.reserve(experts);
+  const uint32_t f = options_.floating_slots;
+  plan_.loads.reserve(static_cast<size_t>(layers) * std::min(f, experts));
+  plan_.desired.assign(static_cast<size_t>(layers) * f, 0);
+  plan_.desired_count.assign(layers, 0);
+}
+
+absl::Status PredictorV0::Observe(std::span<const uint32_t> experts,
+                                  std::span<const float> weights) {
+  const uint32_t layers = options_.num_layers;
+  if (experts.size() != weights.size() || experts.empty() || experts.size() % layers != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("token routing has ", experts.size(),
+                                                   " experts and ", weights.size(),
+                                                   " weights for ", layers, " layers"));
+  }
+  const uint32_t k = static_cast<uint32_t>(experts.size() / layers);
+  if (top_k_ != 0 && k != top_k_) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k changed from ", top_k_, " to ", k));
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    if (experts[i] >= options_.experts_per_layer) {
+      return absl::InvalidArgumentError(absl::StrCat("expert ", experts[i], " out of range (",
+                                                     options_.experts_per_layer, ") in layer ",
+                                                     i / k));
+    }
+  }
+  top_k_ = k;
+  if (pending_tokens_ == kMaxPending) FoldPending();
+  ++pending_tokens_;
+  float step[kMaxHorizons];
+  for (uint32_t h = 0; h < num_horizons_; ++h) {
+    step[h] = inv_pow_[h * (kMaxPending + 1) + pending_tokens_];
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const size_t cell = Index(static_cast<uint32_t>(i / k), experts[i]);
+    const float w = std::isfinite(weights[i]) ? std::max(weights[i], 0.0f) : 0.0f;
+    float* count = &count_ema_[cell * num_horizons_];
+    float* mass = &mass_ema_[cell * num_horizons_];
+    for (uint32_t h = 0; h < num_horizons_; ++h) {
+      count[h] += step[h];
+      mass[h] += step[h] * w;
+    }
+    last_use_[cell] = now_ + 1;
+  }
+  ++now_;
+  ++tokens_since_refresh_;
+  return absl::OkStatus();
+}
+
+void PredictorV0::FoldPending() {
+  for (uint32_t h = 0; h < num_horizons_; ++h) {
+    const float fold = static_cast<float>(std::pow(decay_[h], pending_tokens_));
+    for (size_t i = h; i < count_ema_.size(); i += num_horizons_) {
+      count_ema_[i] *= fold;
+      mass_ema_[i] *= fold;
+    }
+  }
+  pending_tokens_ = 0;
+}
+
+void PredictorV0::ScoreLayer(uint32_t layer, const double* fold) {
+  const uint32_t experts = options_.experts_per_layer;
+  const uint32_t hn = num_horizons_;
+  float* count = &count_ema_[Index(layer, 0) * hn];
+  float* mass = &mass_ema_[Index(layer, 0) * hn];
+  double count_sum[kMaxHorizons] = {};
+  double mass_sum[kMaxHorizons] = {};
+  for (uint32_t e = 0; e < experts; ++e) {
+    for (uint32_t h = 0; h < hn; ++h) {
+      count[e * hn + h] *= static_cast<float>(fold[h]);
+      mass[e * hn + h] *= static_cast<float>(fold[h]);
+      count_sum[h] += count[e * hn + h];
+      mass_sum[h] += mass[e * hn + h];
+    }
+  }
+  // Shares scaled by `experts`: 1.0 is what a uniform router gives every expert.
+  float count_coef[kMaxHorizons];
+  float mass_coef[kMaxHorizons];
+  for (uint32_t h = 0; h < hn; ++h) {
+    count_coef[h] = count_sum[h] > 0
+                        ? static_cast<float>(options_.count_weights[h] * experts / count_sum[h])
+                        : 0.0f;
+    mass_coef[h] = mass_sum[h] > 0
+                       ? static_cast<float>(options_.mass_weights[h] * experts / mass_sum[h])
+                       : 0.0f;
+  }
+  const double recency_scale = -1.0 / options_.recency_half_life;
+  for (uint32_t e = 0; e < experts; ++e) {
+    const size_t cell = Index(layer, e);
+    float score = prior_[cell];
+    for (uint32_t h = 0; h < hn; ++h) {
+      score += count_coef[h] * count[e * hn + h] + mass_coef[h] * mass[e * hn + h];
+    }
+    if (last_use_[cell] != 0) {
+      const double age = static_cast<double>(now_ - last_use_[cell]);
+      score += options_.recency_weight * static_cast<float>(std::exp2(age * recency_scale));
+    }
+    scores_[cell] = score;
+  }
+}
+
+void PredictorV0::PlanLayer(uint32_t layer) {
+  const uint32_t begin = candidate_offset_[layer];
+  const uint32_t n = candidate_offset_[layer + 1] - begin;
+  const uint32_t k = std::min(options_.floating_slots, n);
+  const float margin = options_.hysteresis_margin;
+  const size_t base = Index(layer, 0);
+  auto effective = [&](uint32_t e) { return scores_[base + e] + (resident_[base + e] ? margin : 0.0f); };
+  // Higher effective score first; ties to the lower id so plans are deterministic.
+  auto better = [&](uint32_t a, uint32_t b) {
+    const float ea = effective(a), eb = effective(b);
+    return ea != eb ? ea > eb : a < b;
+  };
+  std::copy(candidates_.begin() + begin, candidates_.begin() + begin + n, order_.begin());
+  if (k < n) std::nth_element(order_.begin(), order_.begin() + k, order_.begin() + n, better);
+  std::sort(order_.begin(), order_.begin() + k, better);
+  std::copy(order_.begin(), order_.begin() + k,
+            plan_.desired.begin() + static_cast<size_t>(layer) * options_.floating_slots);
+  plan_.desired_count[layer] = k;
+  // Residents outside the desired set, worst first, are the victims.
+  victims_.clear();
+  for (uint32_t i = k; i < n; ++i) {
+    if (resident_[base + order_[i]]) victims_.push_back(order_[i]);
+  }
+  std::sort(victims_.begin(), victims_.end(), [&](uint32_t a, uint32_t b) { return better(b, a); });
+  const uint32_t free_slots = options_.floating_slots - resident_count_[layer];
+  uint32_t loads = 0;
+  for (uint32_t i = 0; i < k; ++i) {
+    const uint32_t e = order_[i];
+    if (resident_[base + e]) continue;
+    PlannedLoad load{layer, e, PlannedLoad::kNoVictim, scores_[base + e]};
+    if (loads >= free_slots) {
+      load.victim = victims_[loads - free_slots];
+      load.gain = scores_[base + e] - effective(load.victim);
+    }
+    plan_.loads.push_back(load);
+    ++loads;
+  }
+}
+
+const PredictorPlan& PredictorV0::Refresh() {
+  double fold[kMaxHorizons];
+  for (uint32_t h = 0; h < num_horizons_; ++h) fold[h] = std::pow(decay_[h], pending_tokens_);
+  plan_.loads.clear();
+  for (uint32_t l = 0; l < options_.num_layers; ++l) {
+    ScoreLayer(l, fold);
+    PlanLayer(l);
+  }
+  pending_tokens_ = 0;
+  tokens_since_refresh_ = 0;
+  plan_.wanted_loads = static_cast<uint32_t>(plan_.loads.size());
+  auto& loads = plan_.loads;
+  const size_t budget = options_.read_budget;
+  if (loads.size() > budget) {
+    // Largest gains win; within a layer gains fall with the load's rank, so each layer keeps
+    // a prefix of its loads and its victim pairing stays valid.
+    std::nth_element(loads.begin(), loads.begin() + budget, loads.end(),
+                     [](const PlannedLoad& a, const PlannedLoad& b) {
+                       return a.gain != b.gain ? a.gain > b.gain
+                                               : (a.layer != b.layer ? a.layer < b.layer
+                                                                     : a.expert < b.expert);
+                     });
+    loads.resize(budget);
+  }
+  std::sort(loads.begin(), loads.end(), [](const PlannedLoad& a, const PlannedLoad& b) {
+    return a.layer != b.layer ? a.layer < b.layer
+                              : (a.gain != b.gain ? a.gain > b.gain : a.expert < b.expert);
+  });
+  for (const PlannedLoad& load : loads) {
+    const size_t base = Index(load.layer, 0);
+    if (load.victim != PlannedLoad::kNoVictim) {
+      resident_[base + load.victim] = 0;
+    } else {
+      ++resident_count_[load.layer];
+    }
+    resident_[base + load.expert] = 1;
+  }
+  return plan_;
+}
+
+absl::Status PredictorV0::SetResident(uint32_t layer, std::span<const uint32_t> experts) {
+  if (layer >= options_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  if (experts.size() > options_.floating_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(experts.size(), " residents exceed ",
+                                                   options_.floating_slots, " floating slots"));
+  }
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const uint32_t e = experts[i];
+    if (e >= options_.experts_per_layer || fixed_[Index(layer, e)]) {
+      return absl::InvalidArgumentError(absl::StrCat("expert ", e, " of layer ", layer,
+                                                     " is out of range or in the fixed set"));
+    }
+    if (std::find(experts.begin(), experts.begin() + i, e) != experts.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate resident expert ", e));
+    }
+  }
+  const size_t base = Index(layer, 0);
+  std::fill(resident_.begin() + base, resident_.begin() + base + options_.experts_per_layer, 0);
+  for (uint32_t e : experts) resident_[base + e] = 1;
+  resident_count_[layer] = static_cast<uint32_t>(experts.size());
+  return absl::OkStatus();
+}
+
+}  // namespace nq::streamer

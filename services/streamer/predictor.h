@@ -1,0 +1,148 @@
+// Predictor v0 (DESIGN.md section 7, issue #6): an EMA heuristic that decides which experts
+// sit in each layer's F floating 4-bit slots.
+//
+// Every (layer, expert) gets a score from its routing history:
+//   score = sum_h count_weight[h] * count_share_h + sum_h mass_weight[h] * mass_share_h
+//         + recency_weight * 2^(-tokens_since_last_use / recency_half_life)
+//         + static_weight * (1 - static_rank / experts)
+// where count_share_h (mass_share_h) is the expert's EMA of routed calls (routing weight) at
+// half-life half_lives[h], divided by the layer's total and multiplied by `experts` (so 1.0 is
+// a uniform router's share). Fixed-set experts are always at 4 bits and never compete.
+//
+// Refresh() (every refresh_interval tokens) picks the desired floating set per layer as the
+// top F by score, where a resident expert counts hysteresis_margin higher: it keeps its slot
+// unless a challenger beats it by the margin. The loads that move residency toward the
+// desired sets are cut to read_budget, keeping the largest gains (challenger score minus the
+// victim's), and listed by layer ascending: layer l is needed before layer l + 1 in the next
+// step. Eviction is lazy: a victim appears only paired with the load that replaces it.
+//
+// The predictor assumes its planned loads land (Refresh applies them to its residency);
+// SetResident resynchronises it with the streamer's real slot tables.
+//
+// Cost: Observe is O(layers * top_k * horizons); Refresh is O(layers * experts) with partial
+// selection, and allocates nothing after construction. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace nq::streamer {
+
+struct PredictorOptions {
+  uint32_t num_layers = 0;
+  uint32_t experts_per_layer = 0;
+  // F: floating 4-bit slots per layer.
+  uint32_t floating_slots = 0;
+  // Per layer, the fixed 4-bit set from the manifest (empty outer vector: no fixed sets).
+  std::vector<std::vector<uint32_t>> fixed;
+  // Per layer, experts best first from the manifest's ranking (empty: no static prior).
+  // May be partial; unranked experts get no prior.
+  std::vector<std::vector<uint32_t>> static_ranking;
+  // EMA half-lives in tokens, and each horizon's weight for call counts and routing mass.
+  std::vector<double> half_lives = {8, 64, 512};
+  std::vector<float> count_weights = {0.25f, 0.35f, 0.15f};
+  std::vector<float> mass_weights = {0.25f, 0.35f, 0.15f};
+  float recency_weight = 0.5f;
+  double recency_half_life = 16;
+  float static_weight = 0.2f;
+  // In score units (1.0 = a uniform router's share).
+  float hysteresis_margin = 0.3f;
+  // Most new loads per refresh, over all layers.
+  uint32_t read_budget = 64;
+  uint32_t refresh_interval = 16;
+};
+
+struct PlannedLoad {
+  static constexpr uint32_t kNoVictim = UINT32_MAX;
+  uint32_t layer = 0;
+  uint32_t expert = 0;
+  // The resident expert this load replaces once it lands, or kNoVictim (a free slot).
+  uint32_t victim = kNoVictim;
+  float gain = 0;  // score(expert) - score(victim), or score(expert) for a free slot
+};
+
+struct PredictorPlan {
+  // Loads ordered by layer ascending (then by score, best first); at most read_budget.
+  std::vector<PlannedLoad> loads;
+  // Desired floating set of each layer, flattened: layer l's set is
+  // desired[l * floating_slots, + desired_count[l]).
+  std::vector<uint32_t> desired;
+  std::vector<uint32_t> desired_count;
+  // Loads wanted before the budget cut (how far residency is from the desired sets).
+  uint32_t wanted_loads = 0;
+};
+
+class PredictorV0 {
+ public:
+  // INVALID_ARGUMENT for inconsistent options (sizes, ids out of range, duplicates,
+  // non-positive half-lives or interval).
+  static absl::StatusOr<PredictorV0> Create(PredictorOptions options);
+
+  // One decode token: for each layer l (in order), top_k experts and weights at
+  // [l * top_k, (l + 1) * top_k). top_k = experts.size() / num_layers and must not change.
+  absl::Status Observe(std::span<const uint32_t> experts, std::span<const float> weights);
+  bool RefreshDue() const { return tokens_since_refresh_ >= options_.refresh_interval; }
+
+  // Scores everything, plans, and applies the plan's loads to the residency. The reference
+  // stays valid until the next Refresh.
+  const PredictorPlan& Refresh();
+
+  // Replaces layer's floating residency (e.g. from the worker's slot table). Fixed experts and
+  // more than F experts are INVALID_ARGUMENT.
+  absl::Status SetResident(uint32_t layer, std::span<const uint32_t> experts);
+  bool IsResident(uint32_t layer, uint32_t expert) const {
+    return resident_[Index(layer, expert)] != 0;
+  }
+  bool IsFixed(uint32_t layer, uint32_t expert) const {
+    return fixed_[Index(layer, expert)] != 0;
+  }
+  // The score of (layer, expert) at the last Refresh.
+  float Score(uint32_t layer, uint32_t expert) const { return scores_[Index(layer, expert)]; }
+  uint64_t tokens_observed() const { return now_; }
+  const PredictorOptions& options() const { return options_; }
+
+ private:
+  explicit PredictorV0(PredictorOptions options);
+  size_t Index(uint32_t layer, uint32_t expert) const {
+    return static_cast<size_t>(layer) * options_.experts_per_layer + expert;
+  }
+  // Folds the pending tokens into the EMAs (multiplies by g^pending).
+  void FoldPending();
+  // Folds layer's EMAs by fold[h] and scores its experts.
+  void ScoreLayer(uint32_t layer, const double* fold);
+  void PlanLayer(uint32_t layer);
+
+  PredictorOptions options_;
+  uint32_t num_horizons_ = 0;
+  uint32_t top_k_ = 0;
+  uint64_t now_ = 0;             // tokens observed so far
+  uint32_t pending_tokens_ = 0;  // tokens since the last fold
+  uint32_t tokens_since_refresh_ = 0;
+  std::vector<double> decay_;    // per horizon, g = 2^(-1/half_life)
+  // inv_pow_[h * (kMaxPending + 1) + i] = (1 - g) * g^(-i): a token i steps after the last
+  // fold adds this, so that the true EMA is stored * g^pending.
+  std::vector<float> inv_pow_;
+  // Per (layer, expert), num_horizons_ entries each: EMA of calls and of routing weight.
+  std::vector<float> count_ema_;
+  std::vector<float> mass_ema_;
+  std::vector<uint64_t> last_use_;  // token index + 1 of the last call, 0 = never
+  std::vector<float> prior_;        // static prior per (layer, expert)
+  std::vector<uint8_t> fixed_;
+  std::vector<uint8_t> resident_;
+  std::vector<uint32_t> resident_count_;  // per layer
+  std::vector<float> scores_;
+  // Scratch, sized at construction.
+  std::vector<uint32_t> candidates_;  // per layer, the non-fixed experts
+  std::vector<uint32_t> candidate_offset_;
+  std::vector<uint32_t> order_;  // a copy of one layer's candidates to select in
+  std::vector<PlannedLoad> layer_loads_;
+  std::vector<uint32_t> victims_;
+  std::vector<PlannedLoad> all_loads_;
+  PredictorPlan plan_;
+};
+
+}  // namespace nq::streamer

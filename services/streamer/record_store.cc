@@ -1,0 +1,345 @@
+#include "services/streamer/record_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+#include "spdlog/spdlog.h"
+
+namespace nq::streamer {
+namespace {
+
+uint64_t RoundUp(uint64_t n, uint64_t align) { return (n + align - 1) / align * align; }
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDirectIoAlign == 0; }
+
+// True when `fd` (opened with O_DIRECT) can really read with it: some filesystems accept
+// the flag at open and refuse the read with EINVAL.
+bool DirectReadWorks(int fd, uint64_t offset) {
+  void* probe = std::aligned_alloc(kDirectIoAlign, kDirectIoAlign);
+  if (probe == nullptr) return false;
+  ssize_t n = ::pread(fd, probe, kDirectIoAlign, static_cast<off_t>(offset));
+  int err = errno;
+  std::free(probe);
+  return n >= 0 || err != EINVAL;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(std::vector<std::string> dirs,
+                                                               RecordStoreOptions options) {
+  if (dirs.empty()) return absl::InvalidArgumentError("record store: no release directory");
+  if (options.queue_depth == 0) {
+    return absl::InvalidArgumentError("record store: queue depth must be > 0");
+  }
+  std::vector<Copy> copies;
+  for (std::string& dir : dirs) {
+    ASSIGN_OR_RETURN(format::Release release, format::Release::Open(dir));
+    if (!copies.empty() && release.indexes() != copies.front().release.indexes()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("record store: mirror ", dir, " does not hold the same release as ",
+                       copies.front().dir, " (rank indexes differ)"));
+    }
+    copies.push_back(Copy{.dir = dir, .release = std::move(release), .files = {}, .reads = 0});
+  }
+  std::unique_ptr<RecordStore> store(new RecordStore(options, std::move(copies)));
+  RETURN_IF_ERROR(store->OpenFiles(options.direct_io));
+  RETURN_IF_ERROR(store->AllocateBuffers());
+  ASSIGN_OR_RETURN(store->ring_, IoUringReader::Create(options.queue_depth, store->buffers_));
+  return store;
+}
+
+RecordStore::~RecordStore() {
+  ring_.reset();  // drains reads in flight before their buffers go
+  for (Copy& copy : copies_) {
+    for (auto& [key, file] : copy.files) {
+      if (file.fd >= 0) ::close(file.fd);
+    }
+  }
+  for (std::byte* b : buffer_memory_) std::free(b);
+}
+
+absl::Status RecordStore::OpenFiles(DirectIo mode) {
+  for (Copy& copy : copies_) {
+    for (const format::RankIndex& index : copy.release.indexes()) {
+      for (const format::LayerEntry& entry : index.layers) {
+        ASSIGN_OR_RETURN(std::string path, copy.release.RecordPath(index.rank, entry.layer));
+        File file;
+        file.path = path;
+        file.rank = index.rank;
+        file.layer = entry.layer;
+        file.base_offset = entry.records.offset;
+        file.range_bytes = entry.records.bytes;
+        file.rec_bytes = entry.layout.rec_bytes;
+        file.sha256 = entry.records.sha256;
+        max_rec_bytes_ = std::max(max_rec_bytes_, file.rec_bytes);
+        if (mode == DirectIo::kAuto) {
+          file.fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+          if (file.fd < 0 && errno != EINVAL) {
+            return absl::ErrnoToStatus(errno, absl::StrCat("open ", path, ": ",
+                                                           std::strerror(errno)));
+          }
+          if (file.fd >= 0 && !DirectReadWorks(file.fd, file.base_offset)) {
+            ::close(file.fd);
+            file.fd = -1;
+          }
+          if (file.fd >= 0) {
+            file.direct = true;
+          } else {
+            spdlog::warn("record store: O_DIRECT refused for {}; reading it buffered", path);
+          }
+        }
+        if (file.fd < 0) {
+          file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+          if (file.fd < 0) {
+            return absl::ErrnoToStatus(errno, absl::StrCat("open ", path, ": ",
+                                                           std::strerror(errno)));
+          }
+        }
+        copy.files.emplace(std::make_pair(index.rank, entry.layer), std::move(file));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecordStore::AllocateBuffers() {
+  const uint64_t size = RoundUp(std::max<uint64_t>(max_rec_bytes_, 1), kDirectIoAlign);
+  for (unsigned i = 0; i < options_.buffers; ++i) {
+    auto* memory = static_cast<std::byte*>(std::aligned_alloc(kDirectIoAlign, size));
+    if (memory == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("record store: cannot allocate buffer ", i, " of ", size, " bytes"));
+    }
+    buffer_memory_.push_back(memory);
+    buffers_.emplace_back(memory, size);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> RecordStore::reads_per_copy() const {
+  std::vector<uint64_t> reads;
+  for (const Copy& copy : copies_) reads.push_back(copy.reads);
+  return reads;
+}
+
+size_t RecordStore::direct_files() const {
+  size_t n = 0;
+  for (const Copy& copy : copies_) {
+    for (const auto& [key, file] : copy.files) n += file.direct ? 1 : 0;
+  }
+  return n;
+}
+
+size_t RecordStore::buffered_files() const {
+  size_t n = 0;
+  for (const Copy& copy : copies_) n += copy.files.size();
+  return n - direct_files();
+}
+
+absl::StatusOr<uint64_t> RecordStore::RecordBytes(uint32_t rank, uint32_t layer) const {
+  ASSIGN_OR_RETURN(const format::LayerEntry* entry, release().Layer(rank, layer));
+  return entry->layout.rec_bytes;
+}
+
+std::span<std::byte> RecordStore::Buffer(unsigned index) const {
+  return index < buffers_.size() ? buffers_[index] : std::span<std::byte>();
+}
+
+absl::Status RecordStore::VerifyFile(File& file) {
+  if (file.verified.has_value()) return *file.verified;
+  absl::StatusOr<std::string> hash =
+      format::Sha256FileRange(file.path, file.base_offset, file.range_bytes);
+  if (!hash.ok()) {
+    file.verified = absl::DataLossError(absl::StrCat("record store: cannot hash ", file.path,
+                                                     ": ", hash.status().message()));
+  } else if (*hash != file.sha256) {
+    file.verified = absl::DataLossError(absl::StrCat(
+        "record store: ", file.path, " (rank ", file.rank, " layer ", file.layer,
+        ") fails its sha256: index says ", file.sha256, ", file has ", *hash));
+  } else {
+    file.verified = absl::OkStatus();
+  }
+  if (!file.verified->ok()) spdlog::error("{}", std::string(file.verified->message()));
+  return *file.verified;
+}
+
+absl::Status RecordStore::VerifyLayer(uint32_t rank, uint32_t layer) {
+  RETURN_IF_ERROR(release().Layer(rank, layer).status());
+  for (Copy& copy : copies_) {
+    RETURN_IF_ERROR(VerifyFile(copy.files.at({rank, layer})));
+  }
+  return absl::OkStatus();
+}
+
+bool RecordStore::LayerVerified(uint32_t rank, uint32_t layer) const {
+  for (const Copy& copy : copies_) {
+    auto it = copy.files.find({rank, layer});
+    if (it == copy.files.end() || !it->second.verified.has_value() ||
+        !it->second.verified->ok()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status RecordStore::Submit(const ReadRequest& request) { return Enqueue(request, false); }
+
+absl::Status RecordStore::Enqueue(const ReadRequest& request, bool sync) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<const format::LayerEntry*> entry = release().Layer(request.rank, request.layer);
+  if (!entry.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("record store: no rank ", request.rank,
+                                                   " layer ", request.layer, " in ",
+                                                   copies_.front().dir));
+  }
+  const uint32_t experts = release().manifest().experts_per_layer;
+  if (request.expert >= experts) {
+    return absl::InvalidArgumentError(absl::StrCat("record store: expert ", request.expert,
+                                                   " out of range (", experts, " per layer)"));
+  }
+  const uint32_t copy = next_copy_ % copies_.size();
+  File& file = copies_[copy].files.at({request.rank, request.layer});
+  if (request.buffer_index >= 0) {
+    if (static_cast<size_t>(request.buffer_index) >= buffers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("record store: buffer index ",
+                                                     request.buffer_index, " of ",
+                                                     buffers_.size(), " registered"));
+    }
+  } else {
+    if (request.destination.size() != file.rec_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "record store: destination of ", request.destination.size(),
+          " bytes for a record of ", file.rec_bytes));
+    }
+    if (file.direct && !Aligned(request.destination.data())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "record store: destination not aligned to ", kDirectIoAlign, " for O_DIRECT"));
+    }
+  }
+  ++next_copy_;
+  if (options_.verify_hashes) {
+    absl::Status verified = VerifyFile(file);
+    if (!verified.ok()) {
+      Complete(RecordCompletion{.tag = request.tag, .status = verified, .copy = copy}, sync);
+      return absl::OkStatus();
+    }
+  }
+  pending_.push_back(
+      Pending{.request = request, .copy = copy, .file = &file, .sync = sync, .start = start});
+  return Pump();
+}
+
+void RecordStore::Complete(RecordCompletion completion, bool sync) {
+  if (sync) {
+    sync_done_ = std::move(completion);
+  } else {
+    ready_.push_back(std::move(completion));
+  }
+}
+
+absl::Status RecordStore::Pump() {
+  while (!pending_.empty() && ring_->in_flight() < ring_->queue_depth()) {
+    const Pending p = pending_.front();
+    pending_.pop_front();
+    const uint64_t id = next_id_++;
+    const uint64_t offset = p.file->base_offset + uint64_t{p.request.expert} * p.file->rec_bytes;
+    absl::Status submitted;
+    if (p.request.buffer_index >= 0) {
+      submitted = ring_->SubmitReadFixed(p.file->fd, offset,
+                                         static_cast<uint32_t>(p.file->rec_bytes),
+                                         static_cast<unsigned>(p.request.buffer_index), id);
+    } else {
+      submitted = ring_->SubmitRead(p.file->fd, offset, p.request.destination, id);
+    }
+    if (!submitted.ok()) {
+      Complete(RecordCompletion{.tag = p.request.tag, .status = submitted, .copy = p.copy},
+               p.sync);
+      continue;
+    }
+    in_flight_.emplace(id, InFlight{.tag = p.request.tag,
+                                    .file = p.file,
+                                    .expert = p.request.expert,
+                                    .copy = p.copy,
+                                    .bytes = p.file->rec_bytes,
+                                    .sync = p.sync,
+                                    .start = p.start});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecordStore::Reap(const IoCompletion& io) {
+  auto it = in_flight_.find(io.user_data);
+  if (it == in_flight_.end()) {
+    return absl::InternalError(absl::StrCat("record store: unknown completion ", io.user_data));
+  }
+  const InFlight f = it->second;
+  in_flight_.erase(it);
+  RecordCompletion c;
+  c.tag = f.tag;
+  c.copy = f.copy;
+  c.latency_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+  if (!io.status.ok()) {
+    c.status = absl::Status(io.status.code(),
+                            absl::StrCat("record store: reading expert ", f.expert, " from ",
+                                         f.file->path, ": ", io.status.message()));
+  } else if (io.bytes != f.bytes) {
+    c.status = absl::DataLossError(absl::StrCat("record store: short read of expert ", f.expert,
+                                                " from ", f.file->path, ": ", io.bytes, " of ",
+                                                f.bytes, " bytes"));
+  } else {
+    c.bytes = io.bytes;
+    ++copies_[f.copy].reads;
+  }
+  Complete(std::move(c), f.sync);
+  return Pump();
+}
+
+absl::StatusOr<std::vector<RecordCompletion>> RecordStore::Poll() {
+  while (true) {
+    ASSIGN_OR_RETURN(std::optional<IoCompletion> io, ring_->Poll());
+    if (!io.has_value()) break;
+    RETURN_IF_ERROR(Reap(*io));
+  }
+  std::vector<RecordCompletion> done(std::make_move_iterator(ready_.begin()),
+                                     std::make_move_iterator(ready_.end()));
+  ready_.clear();
+  return done;
+}
+
+absl::StatusOr<RecordCompletion> RecordStore::Wait() {
+  while (ready_.empty()) {
+    if (in_flight_.empty()) {
+      return absl::FailedPreconditionError("record store: no read outstanding");
+    }
+    ASSIGN_OR_RETURN(IoCompletion io, ring_->Wait());
+    RETURN_IF_ERROR(Reap(io));
+  }
+  RecordCompletion c = std::move(ready_.front());
+  ready_.pop_front();
+  return c;
+}
+
+absl::Status RecordStore::ReadRecord(uint32_t rank, uint32_t layer, uint32_t expert,
+                                     std::span<std::byte> out) {
+  sync_done_.reset();
+  RETURN_IF_ERROR(Enqueue(
+      ReadRequest{.rank = rank, .layer = layer, .expert = expert, .destination = out}, true));
+  while (!sync_done_.has_value()) {
+    ASSIGN_OR_RETURN(IoCompletion io, ring_->Wait());
+    RETURN_IF_ERROR(Reap(io));
+  }
+  absl::Status status = std::move(sync_done_->status);
+  sync_done_.reset();
+  return status;
+}
+
+}  // namespace nq::streamer

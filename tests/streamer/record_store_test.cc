@@ -1,0 +1,365 @@
+// RecordStore (services/streamer/record_store.h) against a small synthetic release written
+// with format::ReleaseWriter: every record read back through io_uring must equal what
+// format::Release::ReadRecord (plain pread) returns.
+#include "services/streamer/record_store.h"
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "services/format/release_writer.h"
+#include "services/model/safetensors_writer.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::streamer {
+namespace {
+namespace fs = std::filesystem;
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::_;
+using ::testing::HasSubstr;
+
+constexpr uint32_t kTp = 2;
+constexpr uint32_t kExperts = 6;
+const std::vector<uint32_t> kLayers = {3, 4};
+
+// Records of two segments (~9 KiB -> rec_bytes 12 KiB), every byte from (rank, layer,
+// expert, index).
+absl::Status WriteRelease(const std::string& dir) {
+  format::Manifest m;
+  m.source_model = "test/tiny-moe";
+  m.config_hash = std::string(64, 'a');
+  m.tp_size = kTp;
+  m.experts_per_layer = kExperts;
+  m.codec = "scalar-nested";
+  for (uint32_t layer : kLayers) {
+    format::ManifestLayer ml{.layer = layer, .rotation = {128, layer}, .fixed_4bit = {0},
+                             .ranking = {}};
+    for (uint32_t e = 0; e < kExperts; ++e) ml.ranking.push_back(e);
+    m.layers.push_back(ml);
+  }
+  auto writer = format::ReleaseWriter::Create(dir, m);
+  if (!writer.ok()) return writer.status();
+  std::vector<format::SegmentSpec> specs = {{"gate_up.residual", 8000}, {"down.residual", 1500}};
+  auto layout = format::RecordLayout::Build(specs);
+  if (!layout.ok()) return layout.status();
+  for (uint32_t layer : kLayers) {
+    for (uint32_t rank = 0; rank < kTp; ++rank) {
+      std::vector<std::vector<std::byte>> records;
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        std::vector<std::vector<std::byte>> segs;
+        for (const format::Segment& s : layout->segments) {
+          std::vector<std::byte> bytes(s.bytes);
+          for (size_t i = 0; i < bytes.size(); ++i) {
+            bytes[i] = std::byte((i * 7 + e * 13 + rank * 31 + layer * 5) & 0xff);
+          }
+          segs.push_back(std::move(bytes));
+        }
+        std::vector<std::span<const std::byte>> views(segs.begin(), segs.end());
+        auto packed = layout->Pack(views);
+        if (!packed.ok()) return packed.status();
+        records.push_back(*std::move(packed));
+      }
+      model::SafetensorsWriter resident;
+      std::vector<float> values(16, float(layer + rank));
+      if (auto s = resident.AddFloat32("experts.base_codes", {4, 4}, values); !s.ok()) return s;
+      if (auto s = writer->WriteLayer(rank, layer, *layout, records, resident); !s.ok()) return s;
+    }
+  }
+  return writer->Finish();
+}
+
+// Every directory MakeTempDir made, removed after the suite.
+std::vector<std::string>& TempDirs() {
+  static auto* dirs = new std::vector<std::string>;
+  return *dirs;
+}
+
+std::string MakeTempDir(const std::string& name) {
+  std::string pattern = (fs::path(::testing::TempDir()) / (name + "_XXXXXX")).string();
+  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+  TempDirs().push_back(pattern);
+  return pattern;
+}
+
+// O_DIRECT-aligned heap memory.
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t n)
+      : data(static_cast<std::byte*>(std::aligned_alloc(kDirectIoAlign, n))), size(n) {}
+  ~AlignedBuffer() { std::free(data); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  std::span<std::byte> span() { return {data, size}; }
+  std::byte* data;
+  size_t size;
+};
+
+struct Key {
+  uint32_t rank, layer, expert;
+};
+
+std::vector<Key> AllRecords() {
+  std::vector<Key> keys;
+  for (uint32_t rank = 0; rank < kTp; ++rank) {
+    for (uint32_t layer : kLayers) {
+      for (uint32_t e = 0; e < kExperts; ++e) keys.push_back({rank, layer, e});
+    }
+  }
+  return keys;
+}
+
+bool DirectIoSupported(const std::string& dir) {
+  std::string path = dir + "/.odirect_probe";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
+  if (fd < 0) return false;
+  void* block = std::aligned_alloc(kDirectIoAlign, kDirectIoAlign);
+  std::memset(block, 0, kDirectIoAlign);
+  bool ok = ::pwrite(fd, block, kDirectIoAlign, 0) == static_cast<ssize_t>(kDirectIoAlign);
+  std::free(block);
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok;
+}
+
+class RecordStoreTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(MakeTempDir("nq_record_store") + "/release");
+    ASSERT_THAT(WriteRelease(*dir_), IsOk());
+    auto release = format::Release::Open(*dir_);
+    ASSERT_THAT(release.status(), IsOk());
+    expected_ = new std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::vector<std::byte>>;
+    for (const Key& k : AllRecords()) {
+      auto bytes = release->ReadRecord(k.rank, k.layer, k.expert);
+      ASSERT_THAT(bytes.status(), IsOk());
+      (*expected_)[{k.rank, k.layer, k.expert}] = *bytes;
+    }
+  }
+  static void TearDownTestSuite() {
+    std::error_code ignored;
+    for (const std::string& dir : TempDirs()) fs::remove_all(dir, ignored);
+    TempDirs().clear();
+    delete dir_;
+    delete expected_;
+  }
+
+  static const std::vector<std::byte>& Expected(const Key& k) {
+    return expected_->at({k.rank, k.layer, k.expert});
+  }
+
+  // Reads every record `rounds` times with everything submitted up front, then checks
+  // every destination.
+  static void ReadAllConcurrently(RecordStore& store, int rounds) {
+    std::vector<Key> keys;
+    for (int r = 0; r < rounds; ++r) {
+      for (const Key& k : AllRecords()) keys.push_back(k);
+    }
+    std::vector<std::unique_ptr<AlignedBuffer>> out;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out.push_back(std::make_unique<AlignedBuffer>(Expected(keys[i]).size()));
+      ASSERT_THAT(store.Submit({.rank = keys[i].rank,
+                                .layer = keys[i].layer,
+                                .expert = keys[i].expert,
+                                .destination = out.back()->span(),
+                                .tag = i}),
+                  IsOk());
+    }
+    std::vector<bool> seen(keys.size(), false);
+    while (store.outstanding() > 0) {
+      auto done = store.Wait();
+      ASSERT_THAT(done.status(), IsOk());
+      ASSERT_THAT(done->status, IsOk());
+      ASSERT_LT(done->tag, keys.size());
+      EXPECT_FALSE(seen[done->tag]);
+      seen[done->tag] = true;
+      EXPECT_EQ(done->bytes, Expected(keys[done->tag]).size());
+      EXPECT_GE(done->latency_seconds, 0.0);
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      EXPECT_TRUE(seen[i]) << i;
+      const auto& want = Expected(keys[i]);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), out[i]->data)) << "record " << i;
+    }
+  }
+
+  static std::string* dir_;
+  static std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::vector<std::byte>>* expected_;
+};
+
+std::string* RecordStoreTest::dir_ = nullptr;
+std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::vector<std::byte>>*
+    RecordStoreTest::expected_ = nullptr;
+
+TEST_F(RecordStoreTest, ReadRecordRoundTripsEveryExpert) {
+  auto store = RecordStore::Open({*dir_});
+  ASSERT_THAT(store.status(), IsOk());
+  if (DirectIoSupported(fs::path(*dir_).parent_path().string())) {
+    EXPECT_EQ((*store)->buffered_files(), 0u);
+    EXPECT_EQ((*store)->direct_files(), kTp * kLayers.size());
+  }
+  EXPECT_FALSE((*store)->LayerVerified(0, 3));
+  for (const Key& k : AllRecords()) {
+    AlignedBuffer out(Expected(k).size());
+    ASSERT_THAT((*store)->ReadRecord(k.rank, k.layer, k.expert, out.span()), IsOk());
+    EXPECT_TRUE(std::equal(Expected(k).begin(), Expected(k).end(), out.data))
+        << k.rank << " " << k.layer << " " << k.expert;
+  }
+  EXPECT_TRUE((*store)->LayerVerified(0, 3));
+  EXPECT_TRUE((*store)->LayerVerified(1, 4));
+}
+
+TEST_F(RecordStoreTest, ManyConcurrentSubmissionsAtQueueDepthTwoAndEight) {
+  for (unsigned depth : {2u, 8u}) {
+    SCOPED_TRACE(depth);
+    auto store = RecordStore::Open({*dir_}, {.queue_depth = depth});
+    ASSERT_THAT(store.status(), IsOk());
+    ReadAllConcurrently(**store, 3);
+  }
+}
+
+TEST_F(RecordStoreTest, RegisteredBuffersReadFixed) {
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 4, .buffers = 3});
+  ASSERT_THAT(store.status(), IsOk());
+  std::vector<Key> keys = AllRecords();
+  for (size_t start = 0; start < keys.size(); start += 3) {
+    for (size_t i = start; i < std::min(keys.size(), start + 3); ++i) {
+      ASSERT_THAT((*store)->Submit({.rank = keys[i].rank,
+                                    .layer = keys[i].layer,
+                                    .expert = keys[i].expert,
+                                    .buffer_index = static_cast<int>(i - start),
+                                    .tag = i}),
+                  IsOk());
+    }
+    while ((*store)->outstanding() > 0) {
+      auto done = (*store)->Wait();
+      ASSERT_THAT(done.status(), IsOk());
+      ASSERT_THAT(done->status, IsOk());
+      const auto& want = Expected(keys[done->tag]);
+      std::span<std::byte> buffer = (*store)->Buffer(static_cast<unsigned>(done->tag - start));
+      ASSERT_GE(buffer.size(), want.size());
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), buffer.data())) << done->tag;
+    }
+  }
+}
+
+TEST_F(RecordStoreTest, BufferedFallbackEqualsDirect) {
+  auto buffered = RecordStore::Open({*dir_}, {.direct_io = DirectIo::kOff});
+  ASSERT_THAT(buffered.status(), IsOk());
+  EXPECT_EQ((*buffered)->direct_files(), 0u);
+  EXPECT_EQ((*buffered)->buffered_files(), kTp * kLayers.size());
+  ReadAllConcurrently(**buffered, 1);
+
+  // On tmpfs (where kernels before 6.6 refuse O_DIRECT) kAuto falls back by itself; either
+  // way the bytes are the same.
+  const std::string shm = "/dev/shm";
+  if (fs::is_directory(shm)) {
+    std::string pattern = shm + "/nq_record_store_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    fs::copy(*dir_, pattern + "/release", fs::copy_options::recursive);
+    {
+      auto store = RecordStore::Open({pattern + "/release"});
+      ASSERT_THAT(store.status(), IsOk());
+      EXPECT_EQ((*store)->direct_files() > 0, DirectIoSupported(pattern));
+      ReadAllConcurrently(**store, 1);
+    }
+    fs::remove_all(pattern);
+  }
+}
+
+TEST_F(RecordStoreTest, MirrorsAreBothReadAndAgree) {
+  const std::string mirror = MakeTempDir("nq_record_store_mirror") + "/release";
+  fs::copy(*dir_, mirror, fs::copy_options::recursive);
+  auto store = RecordStore::Open({*dir_, mirror}, {.queue_depth = 4});
+  ASSERT_THAT(store.status(), IsOk());
+  EXPECT_EQ((*store)->copies(), 2u);
+  ReadAllConcurrently(**store, 2);
+  std::vector<uint64_t> reads = (*store)->reads_per_copy();
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[0], AllRecords().size());
+  EXPECT_EQ(reads[1], AllRecords().size());
+  EXPECT_TRUE((*store)->LayerVerified(0, 3));
+}
+
+TEST_F(RecordStoreTest, MirrorWithoutCompleteRefused) {
+  const std::string mirror = MakeTempDir("nq_record_store_partial") + "/release";
+  fs::copy(*dir_, mirror, fs::copy_options::recursive);
+  fs::remove(mirror + "/COMPLETE");
+  EXPECT_THAT(RecordStore::Open({*dir_, mirror}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
+}
+
+TEST_F(RecordStoreTest, FlippedByteIsDataLossAndNeverVerified) {
+  const std::string bad = MakeTempDir("nq_record_store_bad") + "/release";
+  fs::copy(*dir_, bad, fs::copy_options::recursive);
+  {
+    std::fstream f(bad + "/rank0/L3.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(5000);
+    char c = 0;
+    f.get(c);
+    f.seekp(5000);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  auto store = RecordStore::Open({bad});
+  ASSERT_THAT(store.status(), IsOk());  // sizes are right; the hash is checked on demand
+  AlignedBuffer out(Expected({0, 3, 0}).size());
+  EXPECT_THAT((*store)->ReadRecord(0, 3, 2, out.span()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank0/L3.bin")));
+  EXPECT_FALSE((*store)->LayerVerified(0, 3));
+  EXPECT_THAT((*store)->VerifyLayer(0, 3), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sha256")));
+  // Asynchronously too, and every expert of the layer (not only the damaged one).
+  ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 3, .expert = 5, .destination = out.span(),
+                                .tag = 77}),
+              IsOk());
+  auto done = (*store)->Wait();
+  ASSERT_THAT(done.status(), IsOk());
+  EXPECT_EQ(done->tag, 77u);
+  EXPECT_THAT(done->status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("L3.bin")));
+  // Other layers are unaffected.
+  EXPECT_THAT((*store)->ReadRecord(0, 4, 1, out.span()), IsOk());
+  EXPECT_TRUE((*store)->LayerVerified(0, 4));
+}
+
+TEST_F(RecordStoreTest, MissingCompleteRefused) {
+  const std::string incomplete = MakeTempDir("nq_record_store_incomplete") + "/release";
+  fs::copy(*dir_, incomplete, fs::copy_options::recursive);
+  fs::remove(incomplete + "/COMPLETE");
+  EXPECT_THAT(RecordStore::Open({incomplete}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
+}
+
+TEST_F(RecordStoreTest, BadRequestsAreInvalidArgument) {
+  auto store = RecordStore::Open({*dir_}, {.buffers = 1});
+  ASSERT_THAT(store.status(), IsOk());
+  AlignedBuffer out(Expected({0, 3, 0}).size());
+  EXPECT_THAT((*store)->ReadRecord(0, 99, 0, out.span()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 99")));
+  EXPECT_THAT((*store)->ReadRecord(kTp, 3, 0, out.span()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank")));
+  EXPECT_THAT((*store)->ReadRecord(0, 3, kExperts, out.span()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert")));
+  EXPECT_THAT((*store)->ReadRecord(0, 3, 0, out.span().first(100)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("destination")));
+  EXPECT_THAT((*store)->Submit({.rank = 0, .layer = 3, .expert = 0, .buffer_index = 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("buffer index")));
+  EXPECT_THAT(RecordStore::Open({*dir_}, {.queue_depth = 0}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("queue depth")));
+  EXPECT_THAT(RecordStore::Open({}).status(), StatusIs(absl::StatusCode::kInvalidArgument, _));
+  EXPECT_EQ((*store)->outstanding(), 0u);
+  EXPECT_THAT((*store)->Wait().status(), StatusIs(absl::StatusCode::kFailedPrecondition, _));
+}
+
+}  // namespace
+}  // namespace nq::streamer

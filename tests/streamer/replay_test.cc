@@ -1,0 +1,236 @@
+#include "services/streamer/replay.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/streamer/routing_trace.h"
+#include "services/streamer/routing_trace_synthetic.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::streamer {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+RoutingTrace SmallTrace() {
+  SyntheticTraceOptions options;
+  options.num_layers = 3;
+  options.experts_per_layer = 16;
+  options.top_k = 2;
+  options.num_tokens = 5;
+  RoutingTrace trace = MakeSyntheticTrace(options);
+  trace.layer_ids = {3, 4, 7};
+  return trace;
+}
+
+void ExpectSameTrace(const RoutingTrace& a, const RoutingTrace& b) {
+  EXPECT_EQ(a.layer_ids, b.layer_ids);
+  EXPECT_EQ(a.experts_per_layer, b.experts_per_layer);
+  EXPECT_EQ(a.top_k, b.top_k);
+  EXPECT_EQ(a.experts, b.experts);
+  EXPECT_EQ(a.weights, b.weights);
+}
+
+TEST(RoutingTraceTest, RoundTripsThroughBytesAndFile) {
+  const RoutingTrace trace = SmallTrace();
+  ASSERT_EQ(trace.num_tokens(), 5u);
+  absl::StatusOr<std::string> bytes = EncodeTrace(trace);
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(bytes->size(), 28u + 3 * 4 + 5 * 3 * 2 * 6);
+  absl::StatusOr<RoutingTrace> decoded = DecodeTrace(*bytes);
+  ASSERT_THAT(decoded, IsOk());
+  ExpectSameTrace(trace, *decoded);
+
+  const std::string path = ::testing::TempDir() + absl::StrCat("/trace_", getpid(), ".nqrt");
+  ASSERT_THAT(WriteTrace(trace, path), IsOk());
+  absl::StatusOr<RoutingTrace> read = ReadTrace(path);
+  ASSERT_THAT(read, IsOk());
+  ExpectSameTrace(trace, *read);
+  std::remove(path.c_str());
+}
+
+TEST(RoutingTraceTest, HeaderIsLittleEndian) {
+  absl::StatusOr<std::string> bytes = EncodeTrace(SmallTrace());
+  ASSERT_THAT(bytes, IsOk());
+  EXPECT_EQ(bytes->substr(0, 8), std::string("NQRT\x01\x00\x00\x00", 8));
+  EXPECT_EQ(bytes->substr(8, 4), std::string("\x03\x00\x00\x00", 4));  // layers
+  EXPECT_EQ(bytes->substr(12, 4), std::string("\x10\x00\x00\x00", 4));  // experts
+}
+
+TEST(RoutingTraceTest, RejectsBadMagic) {
+  std::string bytes = *EncodeTrace(SmallTrace());
+  bytes[0] = 'X';
+  EXPECT_THAT(DecodeTrace(bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad magic")));
+}
+
+TEST(RoutingTraceTest, RejectsWrongVersion) {
+  std::string bytes = *EncodeTrace(SmallTrace());
+  bytes[4] = 2;
+  EXPECT_THAT(DecodeTrace(bytes), StatusIs(absl::StatusCode::kUnimplemented,
+                                           HasSubstr("unsupported trace version 2")));
+}
+
+TEST(RoutingTraceTest, EveryTruncationIsDataLoss) {
+  const std::string bytes = *EncodeTrace(SmallTrace());
+  EXPECT_THAT(DecodeTrace(bytes.substr(0, 2)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading magic")));
+  EXPECT_THAT(DecodeTrace(bytes.substr(0, 6)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading version")));
+  EXPECT_THAT(DecodeTrace(bytes.substr(0, 20)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading header")));
+  EXPECT_THAT(DecodeTrace(bytes.substr(0, 30)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading layer ids")));
+  EXPECT_THAT(DecodeTrace(bytes.substr(0, bytes.size() - 1)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading records")));
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_THAT(DecodeTrace(bytes.substr(0, n)),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")))
+        << n << " bytes";
+  }
+}
+
+TEST(RoutingTraceTest, RejectsTrailingBytesAndBadIds) {
+  std::string bytes = *EncodeTrace(SmallTrace());
+  EXPECT_THAT(DecodeTrace(bytes + "x"),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("1 trailing bytes")));
+  bytes[40] = 99;  // first record's first expert id (header 28 + layer ids 12)
+  EXPECT_THAT(DecodeTrace(bytes),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert id 99 out of range")));
+}
+
+TEST(RoutingTraceTest, ReadReportsMissingFile) {
+  EXPECT_THAT(ReadTrace("/nonexistent/trace.nqrt"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nonexistent/trace.nqrt")));
+}
+
+TEST(RoutingTraceTest, AppendsRoutingReports) {
+  nq::v1::RoutingReport report;
+  report.set_num_tokens(2);
+  for (uint32_t t = 0; t < 2; ++t) {
+    for (uint32_t layer : {3u, 5u}) {
+      nq::v1::LayerRouting* entry = report.add_layer_entries();
+      entry->set_layer(layer);
+      entry->add_experts(t + layer);
+      entry->add_experts(t);
+      entry->add_weights(0.75f);
+      entry->add_weights(0.25f);
+    }
+  }
+  RoutingTrace trace;
+  trace.experts_per_layer = 8;
+  ASSERT_THAT(AppendRoutingReport(report, &trace), IsOk());
+  ASSERT_THAT(AppendRoutingReport(report, &trace), IsOk());
+  EXPECT_EQ(trace.layer_ids, (std::vector<uint32_t>{3, 5}));
+  EXPECT_EQ(trace.top_k, 2u);
+  EXPECT_EQ(trace.num_tokens(), 4u);
+  EXPECT_EQ(trace.TokenExperts(1)[0], 4u);  // token 1, layer 3, first expert
+  EXPECT_EQ(trace.TokenExperts(1)[2], 6u);  // token 1, layer 5
+  EXPECT_THAT(ValidateTrace(trace), IsOk());
+
+  nq::v1::RoutingReport wrong_layer = report;
+  wrong_layer.mutable_layer_entries(1)->set_layer(6);
+  EXPECT_THAT(AppendRoutingReport(wrong_layer, &trace),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is layer 6, expected 5")));
+  nq::v1::RoutingReport out_of_range = report;
+  out_of_range.mutable_layer_entries(0)->set_experts(0, 8);
+  EXPECT_THAT(AppendRoutingReport(out_of_range, &trace),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert 8 out of range")));
+  EXPECT_EQ(trace.num_tokens(), 4u);  // failed appends leave the trace unchanged
+}
+
+PredictorOptions ReplayOptions(uint32_t f) {
+  PredictorOptions options;
+  options.floating_slots = f;
+  options.read_budget = 1000;
+  return options;
+}
+
+TEST(ReplayTest, OracleBoundsTheOtherPolicies) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    SyntheticTraceOptions trace_options;
+    trace_options.num_layers = 4;
+    trace_options.experts_per_layer = 32;
+    trace_options.top_k = 4;
+    trace_options.num_tokens = 400;
+    trace_options.zipf_exponent = seed % 3 == 0 ? 0.0 : 0.8;
+    trace_options.drift_interval = 32;
+    trace_options.drift_swaps = 6;
+    trace_options.seed = seed;
+    const RoutingTrace trace = MakeSyntheticTrace(trace_options);
+    PredictorOptions options = ReplayOptions(6);
+    options.fixed = {{0}, {1, 2}, {}, {3}};
+    options.read_budget = 3 + seed;
+    absl::StatusOr<ReplayResult> result = Replay(trace, options);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->blocks, 25u);
+    EXPECT_EQ(result->calls, 400u * 4 * 4);
+    EXPECT_GE(result->oracle.calls, result->predictor.calls) << seed;
+    EXPECT_GE(result->oracle.calls, result->previous_block.calls) << seed;
+    EXPECT_GE(result->oracle.weight, result->predictor.weight) << seed;
+    EXPECT_GE(result->oracle.weight, result->previous_block.weight) << seed;
+    EXPECT_GT(result->predictor.calls, 0.0);
+    EXPECT_LT(result->oracle.calls, 1.0);
+  }
+}
+
+TEST(ReplayTest, EverythingAtFourBitsWhenSlotsCoverAllExperts) {
+  SyntheticTraceOptions trace_options;
+  trace_options.num_layers = 2;
+  trace_options.experts_per_layer = 16;
+  trace_options.top_k = 4;
+  trace_options.num_tokens = 100;
+  const RoutingTrace trace = MakeSyntheticTrace(trace_options);
+  for (uint32_t f : {16u, 20u}) {
+    absl::StatusOr<ReplayResult> result = Replay(trace, ReplayOptions(f));
+    ASSERT_THAT(result, IsOk());
+    EXPECT_DOUBLE_EQ(result->oracle.calls, 1.0);
+    EXPECT_DOUBLE_EQ(result->previous_block.calls, 1.0);
+    EXPECT_DOUBLE_EQ(result->predictor.calls, 1.0);
+    EXPECT_DOUBLE_EQ(result->oracle.weight, 1.0);
+    EXPECT_DOUBLE_EQ(result->previous_block.weight, 1.0);
+    EXPECT_DOUBLE_EQ(result->predictor.weight, 1.0);
+  }
+}
+
+TEST(ReplayTest, PredictorReachesTheOracleOnAStableHotSet) {
+  // Every token routes among the same 8 experts per layer: the oracle serves everything and
+  // the predictor should too, after its first block.
+  RoutingTrace trace;
+  trace.layer_ids = {0, 1};
+  trace.experts_per_layer = 32;
+  trace.top_k = 4;
+  for (uint32_t t = 0; t < 1600; ++t) {
+    for (uint32_t l = 0; l < 2; ++l) {
+      for (uint32_t j = 0; j < 4; ++j) {
+        trace.experts.push_back(10 + l + 2 * ((t + 3 * j) % 8));
+        trace.weights.push_back(0.25f);
+      }
+    }
+  }
+  ASSERT_THAT(ValidateTrace(trace), IsOk());
+  absl::StatusOr<ReplayResult> result = Replay(trace, ReplayOptions(8));
+  ASSERT_THAT(result, IsOk());
+  EXPECT_DOUBLE_EQ(result->oracle.calls, 1.0);
+  EXPECT_GE(result->predictor.calls, result->oracle.calls - 0.01);  // block 0 of 100 misses
+  EXPECT_GE(result->predictor.weight, result->oracle.weight - 0.01);
+}
+
+TEST(ReplayTest, RejectsOptionsForAnotherShape) {
+  PredictorOptions options = ReplayOptions(4);
+  options.num_layers = 7;
+  EXPECT_THAT(Replay(SmallTrace(), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the trace has 3 x 16")));
+}
+
+}  // namespace
+}  // namespace nq::streamer
