@@ -3,6 +3,7 @@
 // with drift at the same shape. Prints to stdout (a manual benchmark, not a service).
 //
 // Usage: predictor_refresh_bench [refreshes=2000] [replay_tokens=8192] [read_budget=256]
+//                                [hysteresis_margin=PredictorOptions default]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,8 +38,11 @@ SyntheticTraceOptions TraceOptions(uint64_t tokens) {
   return options;
 }
 
+float g_margin = PredictorOptions().hysteresis_margin;
+
 PredictorOptions Options(uint32_t read_budget) {
   PredictorOptions options;
+  options.hysteresis_margin = g_margin;
   options.num_layers = kLayers;
   options.experts_per_layer = kExperts;
   options.floating_slots = kFloating;
@@ -80,8 +84,10 @@ int Run(int refreshes, uint64_t replay_tokens, uint32_t read_budget) {
   mean /= static_cast<double>(refresh_us.size());
   const double p50 = refresh_us[refresh_us.size() / 2];
   const double p99 = refresh_us[std::min(refresh_us.size() - 1, refresh_us.size() * 99 / 100)];
-  std::printf("refresh: %u layers x %u experts, top-%u, F=%u, budget %u, %d refreshes (after %d warm-up)\n",
-              kLayers, kExperts, kTopK, kFloating, read_budget, refreshes, kWarmupRefreshes);
+  std::printf("refresh: %u layers x %u experts, top-%u, F=%u, budget %u, margin %.2f, %d refreshes "
+              "(after %d warm-up)\n",
+              kLayers, kExperts, kTopK, kFloating, read_budget, g_margin, refreshes,
+              kWarmupRefreshes);
   std::printf("  refresh mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us\n", mean, p50, p99,
               refresh_us.back());
   std::printf("  observe mean %.2f us per token; %.1f loads per refresh\n",
@@ -114,6 +120,7 @@ int main(int argc, char** argv) {
   const int refreshes = argc > 1 ? std::atoi(argv[1]) : 2000;
   const uint64_t replay_tokens = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8192;
   const uint32_t budget = argc > 3 ? static_cast<uint32_t>(std::atoi(argv[3])) : 256;
+  if (argc > 4) nq::streamer::g_margin = std::strtof(argv[4], nullptr);
   if (refreshes <= 0) return 2;
   return nq::streamer::Run(refreshes, replay_tokens, budget);
 }

@@ -300,6 +300,7 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
                                                 .norm_topk_prob = c.norm_topk_prob,
                                                 .routed_scaling_factor =
                                                     static_cast<float>(c.routed_scaling_factor)}));
+  if (routing_observer_) routing_observer_(layer, routing);
   // Tokens per expert, then each used expert once over its tokens.
   std::vector<std::vector<int32_t>> rows(static_cast<size_t>(E));
   std::vector<std::vector<float>> weights(static_cast<size_t>(E));

@@ -23,6 +23,7 @@
 #include "services/model/kv_cache.h"
 #include "services/model/model_config.h"
 #include "services/model/model_weights.h"
+#include "services/model/moe_routing.h"
 
 namespace nq::model {
 
@@ -77,6 +78,10 @@ class Model {
     std::span<const float> rows;
   };
   void SetExpertObserver(std::function<void(const ExpertActivations&)> observer) { observer_ = std::move(observer); }
+  // Routing traces (nq trace): every MoE layer's routing of the tokens of each forward.
+  void SetRoutingObserver(std::function<void(int64_t layer, const MoeRouting&)> observer) {
+    routing_observer_ = std::move(observer);
+  }
 
   int64_t cache_length() const { return cache_.length(); }
   // Tokens the KV cache can hold: the context window of this model instance.
@@ -122,6 +127,7 @@ class Model {
   // DSA top-k of the last full indexer layer in the current forward (shared layers reuse it).
   std::optional<kernels::Tensor> selection_;
   std::function<void(const ExpertActivations&)> observer_;
+  std::function<void(int64_t, const MoeRouting&)> routing_observer_;
 };
 
 }  // namespace nq::model

@@ -14,6 +14,10 @@ namespace {
 constexpr uint32_t kMaxPending = 64;
 constexpr uint32_t kMaxHorizons = 8;
 constexpr double kMinHalfLife = 1.0;
+// The recency bonus is tabulated up to kRecencyHalfLives half-lives (2^-32 of its weight),
+// at most kMaxRecencyTable tokens; older experts get none.
+constexpr double kRecencyHalfLives = 32;
+constexpr size_t kMaxRecencyTable = size_t{1} << 16;
 
 absl::Status CheckExpertList(const std::vector<std::vector<uint32_t>>& lists, uint32_t layers,
                              uint32_t experts, const char* what) {
@@ -117,6 +121,13 @@ PredictorV0::PredictorV0(PredictorOptions options) : options_(std::move(options)
       }
     }
   }
+  const size_t recency_size = std::min(
+      kMaxRecencyTable, static_cast<size_t>(std::ceil(kRecencyHalfLives * options_.recency_half_life)));
+  recency_.resize(recency_size);
+  for (size_t age = 0; age < recency_size; ++age) {
+    recency_[age] = options_.recency_weight *
+                    static_cast<float>(std::exp2(-static_cast<double>(age) / options_.recency_half_life));
+  }
   candidate_offset_.resize(layers + 1);
   candidates_.reserve(cells);
   for (uint32_t l = 0; l < layers; ++l) {
@@ -213,7 +224,6 @@ void PredictorV0::ScoreLayer(uint32_t layer, const double* fold) {
                        ? static_cast<float>(options_.mass_weights[h] * experts / mass_sum[h])
                        : 0.0f;
   }
-  const double recency_scale = -1.0 / options_.recency_half_life;
   for (uint32_t e = 0; e < experts; ++e) {
     const size_t cell = Index(layer, e);
     float score = prior_[cell];
@@ -221,8 +231,8 @@ void PredictorV0::ScoreLayer(uint32_t layer, const double* fold) {
       score += count_coef[h] * count[e * hn + h] + mass_coef[h] * mass[e * hn + h];
     }
     if (last_use_[cell] != 0) {
-      const double age = static_cast<double>(now_ - last_use_[cell]);
-      score += options_.recency_weight * static_cast<float>(std::exp2(age * recency_scale));
+      const uint64_t age = now_ - last_use_[cell];
+      if (age < recency_.size()) score += recency_[age];
     }
     scores_[cell] = score;
   }
@@ -236,26 +246,30 @@ void PredictorV0::PlanLayer(uint32_t layer) {
   const size_t base = Index(layer, 0);
   auto effective = [&](uint32_t e) { return scores_[base + e] + (resident_[base + e] ? margin : 0.0f); };
   // Higher effective score first; ties to the lower id so plans are deterministic.
-  auto better = [&](uint32_t a, uint32_t b) {
-    const float ea = effective(a), eb = effective(b);
-    return ea != eb ? ea > eb : a < b;
+  auto better = [](const Candidate& a, const Candidate& b) {
+    return a.effective != b.effective ? a.effective > b.effective : a.expert < b.expert;
   };
-  std::copy(candidates_.begin() + begin, candidates_.begin() + begin + n, order_.begin());
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t e = candidates_[begin + i];
+    order_[i] = {effective(e), e};
+  }
   if (k < n) std::nth_element(order_.begin(), order_.begin() + k, order_.begin() + n, better);
   std::sort(order_.begin(), order_.begin() + k, better);
-  std::copy(order_.begin(), order_.begin() + k,
-            plan_.desired.begin() + static_cast<size_t>(layer) * options_.floating_slots);
+  uint32_t* desired = plan_.desired.data() + static_cast<size_t>(layer) * options_.floating_slots;
+  for (uint32_t i = 0; i < k; ++i) desired[i] = order_[i].expert;
   plan_.desired_count[layer] = k;
   // Residents outside the desired set, worst first, are the victims.
   victims_.clear();
   for (uint32_t i = k; i < n; ++i) {
-    if (resident_[base + order_[i]]) victims_.push_back(order_[i]);
+    if (resident_[base + order_[i].expert]) victims_.push_back(order_[i].expert);
   }
-  std::sort(victims_.begin(), victims_.end(), [&](uint32_t a, uint32_t b) { return better(b, a); });
+  std::sort(victims_.begin(), victims_.end(), [&](uint32_t a, uint32_t b) {
+    return better({effective(b), b}, {effective(a), a});
+  });
   const uint32_t free_slots = options_.floating_slots - resident_count_[layer];
   uint32_t loads = 0;
   for (uint32_t i = 0; i < k; ++i) {
-    const uint32_t e = order_[i];
+    const uint32_t e = order_[i].expert;
     if (resident_[base + e]) continue;
     PlannedLoad load{layer, e, PlannedLoad::kNoVictim, scores_[base + e]};
     if (loads >= free_slots) {

@@ -50,7 +50,7 @@ struct PredictorOptions {
   double recency_half_life = 16;
   float static_weight = 0.2f;
   // In score units (1.0 = a uniform router's share).
-  float hysteresis_margin = 0.3f;
+  float hysteresis_margin = 2.0f;
   // Most new loads per refresh, over all layers.
   uint32_t read_budget = 64;
   uint32_t refresh_interval = 16;
@@ -138,7 +138,12 @@ class PredictorV0 {
   // Scratch, sized at construction.
   std::vector<uint32_t> candidates_;  // per layer, the non-fixed experts
   std::vector<uint32_t> candidate_offset_;
-  std::vector<uint32_t> order_;  // a copy of one layer's candidates to select in
+  std::vector<float> recency_;  // recency bonus by age in tokens; 0 past the end
+  struct Candidate {
+    float effective;  // score, plus the margin when resident
+    uint32_t expert;
+  };
+  std::vector<Candidate> order_;  // one layer's candidates, to select in
   std::vector<PlannedLoad> layer_loads_;
   std::vector<uint32_t> victims_;
   std::vector<PlannedLoad> all_loads_;

@@ -25,6 +25,10 @@ int RunDetokenize(const std::vector<std::string>& args);
 int RunEncode(const std::vector<std::string>& args);
 // nq calibrate --model DIR --tokens_file FILE --out H
 int RunCalibrate(const std::vector<std::string>& args);
+// nq trace --model DIR --tokens FILE --out TRACE
+int RunTrace(const std::vector<std::string>& args);
+// nq replay --trace TRACE [--release-dir R] [--slots F]
+int RunReplay(const std::vector<std::string>& args);
 // nq verify RELEASE
 int RunVerify(const std::vector<std::string>& args);
 // nq assemble --src REL --into DIR [--layers a-b] [--dry-run]

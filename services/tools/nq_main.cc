@@ -28,6 +28,8 @@ constexpr char kUsage[] =
     "                 --model DIR --out RELEASE [--tp W] [--calib H] [--fixed-per-layer N]\n"
     "  calibrate    per-expert input Hessians and routing counts over calibration tokens\n"
     "                 --model DIR --tokens FILE --out H\n"
+    "  trace        routing traces of the model over token sequences: --model DIR --tokens FILE --out T\n"
+    "  replay       4-bit share of slot policies on a trace: --trace T [--release-dir R] [--slots F]\n"
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
     "  bench-codec  codec distortion against the bounds [--size N]\n"
@@ -68,6 +70,8 @@ int main(int argc, char** argv) {
   if (command == "detokenize") return nq::tools::RunDetokenize(rest);
   if (command == "encode") return nq::tools::RunEncode(rest);
   if (command == "calibrate") return nq::tools::RunCalibrate(rest);
+  if (command == "trace") return nq::tools::RunTrace(rest);
+  if (command == "replay") return nq::tools::RunReplay(rest);
   if (command == "verify") return nq::tools::RunVerify(rest);
   if (command == "assemble") return nq::tools::RunAssemble(rest);
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);

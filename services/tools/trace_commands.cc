@@ -1,0 +1,115 @@
+// nq trace: routing traces of the model over token sequences; nq replay: how well slot
+// allocation policies would have served a trace at 4 bits (DESIGN.md section 7).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/common/status_macros.h"
+#include "services/format/release_reader.h"
+#include "services/model/model.h"
+#include "services/streamer/replay.h"
+#include "services/streamer/routing_trace.h"
+#include "services/tools/calibration.h"
+#include "services/tools/commands.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, tokens);
+ABSL_FLAG(std::string, trace, "", "replay: a routing trace written by nq trace");
+ABSL_FLAG(std::string, release_dir, "", "replay: the NestQuant release (fixed sets and static rankings)");
+ABSL_FLAG(int, slots, 8, "replay: floating 4-bit slots per layer");
+
+namespace nq::tools {
+namespace {
+
+int Report(const char* command, const absl::Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "nq %s: %s\n", command, status.ToString().c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+absl::Status RecordTrace(const std::string& model_dir, const std::string& tokens_path, const std::string& out) {
+  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> sequences, ReadTokenFile(tokens_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
+  int64_t longest = 1;
+  for (const auto& s : sequences) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                   model::Model::Load(model_dir, *backend, nullptr, {.max_tokens = longest}));
+  const model::ModelConfig& config = model->config();
+  streamer::RoutingTrace trace;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (config.IsMoeLayer(l)) trace.layer_ids.push_back(static_cast<uint32_t>(l));
+  }
+  trace.experts_per_layer = static_cast<uint32_t>(config.n_routed_experts);
+  trace.top_k = static_cast<uint32_t>(config.num_experts_per_tok);
+  // One forward's routing, layer by layer, then appended token-major.
+  std::vector<model::MoeRouting> per_layer;
+  model->SetRoutingObserver([&](int64_t, const model::MoeRouting& routing) { per_layer.push_back(routing); });
+  for (const std::vector<int32_t>& sequence : sequences) {
+    per_layer.clear();
+    model->ResetCache();
+    RETURN_IF_ERROR(model->Forward(sequence).status());
+    if (per_layer.size() != trace.layer_ids.size()) return absl::InternalError("a MoE layer reported no routing");
+    for (size_t t = 0; t < sequence.size(); ++t) {
+      for (const model::MoeRouting& r : per_layer) {
+        for (uint32_t j = 0; j < trace.top_k; ++j) {
+          trace.experts.push_back(static_cast<uint32_t>(r.experts[t * trace.top_k + j]));
+          trace.weights.push_back(r.weights[t * trace.top_k + j]);
+        }
+      }
+    }
+  }
+  RETURN_IF_ERROR(streamer::WriteTrace(trace, out));
+  std::fprintf(stderr, "nq trace: %zu tokens x %u MoE layers -> %s\n", trace.num_tokens(), trace.num_layers(), out.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status ReplayTrace(const std::string& trace_path, const std::string& release_dir, int slots) {
+  ASSIGN_OR_RETURN(streamer::RoutingTrace trace, streamer::ReadTrace(trace_path));
+  streamer::PredictorOptions options;
+  options.num_layers = trace.num_layers();
+  options.experts_per_layer = trace.experts_per_layer;
+  options.floating_slots = static_cast<uint32_t>(slots);
+  if (!release_dir.empty()) {
+    ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
+    for (uint32_t layer : trace.layer_ids) {
+      const format::ManifestLayer* ml = release.manifest().FindLayer(layer);
+      if (ml == nullptr) return absl::FailedPreconditionError(absl::StrCat("the release has no layer ", layer));
+      options.fixed.push_back(ml->fixed_4bit);
+      options.static_ranking.push_back(ml->ranking);
+    }
+  }
+  ASSIGN_OR_RETURN(streamer::ReplayResult r, streamer::Replay(trace, options));
+  std::printf("%llu tokens, %llu blocks of 16, %u MoE layers, %d floating slots per layer\n",
+              static_cast<unsigned long long>(r.tokens), static_cast<unsigned long long>(r.blocks), trace.num_layers(),
+              slots);
+  std::printf("| policy | expert calls at 4 bits | routing weight at 4 bits |\n| --- | ---: | ---: |\n");
+  std::printf("| oracle (block's own top-F) | %.4f | %.4f |\n", r.oracle.calls, r.oracle.weight);
+  std::printf("| previous block's top-F | %.4f | %.4f |\n", r.previous_block.calls, r.previous_block.weight);
+  std::printf("| predictor v0 | %.4f | %.4f |\n", r.predictor.calls, r.predictor.weight);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunTrace(const std::vector<std::string>& args) {
+  if (!args.empty()) return Report("trace", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  const std::string model = absl::GetFlag(FLAGS_model), tokens = absl::GetFlag(FLAGS_tokens),
+                    out = absl::GetFlag(FLAGS_out);
+  if (model.empty() || tokens.empty() || out.empty()) {
+    return Report("trace", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
+  }
+  return Report("trace", RecordTrace(model, tokens, out));
+}
+
+int RunReplay(const std::vector<std::string>& args) {
+  if (!args.empty()) return Report("replay", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (absl::GetFlag(FLAGS_trace).empty()) return Report("replay", absl::InvalidArgumentError("--trace is required"));
+  if (absl::GetFlag(FLAGS_slots) < 0) return Report("replay", absl::InvalidArgumentError("--slots must be >= 0"));
+  return Report("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),
+                                      absl::GetFlag(FLAGS_slots)));
+}
+
+}  // namespace nq::tools
