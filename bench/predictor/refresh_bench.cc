@@ -52,8 +52,8 @@ PredictorOptions Options(uint32_t read_budget) {
 }
 
 int Run(int refreshes, uint64_t replay_tokens, uint32_t read_budget) {
-  const RoutingTrace trace =
-      MakeSyntheticTrace(TraceOptions(static_cast<uint64_t>(refreshes + kWarmupRefreshes) * kBlock));
+  const uint64_t tokens = static_cast<uint64_t>(refreshes + kWarmupRefreshes) * kBlock;
+  const RoutingTrace trace = MakeSyntheticTrace(TraceOptions(tokens));
   absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(Options(read_budget));
   if (!predictor.ok()) {
     std::fprintf(stderr, "%s\n", predictor.status().ToString().c_str());
@@ -73,7 +73,8 @@ int Run(int refreshes, uint64_t replay_tokens, uint32_t read_budget) {
     const PredictorPlan& plan = predictor->Refresh();
     const auto refresh_end = Clock::now();
     if (r >= kWarmupRefreshes) {
-      refresh_us.push_back(std::chrono::duration<double, std::micro>(refresh_end - refresh_start).count());
+      refresh_us.push_back(
+          std::chrono::duration<double, std::micro>(refresh_end - refresh_start).count());
       observe_ns += std::chrono::duration<double, std::nano>(refresh_start - observe_start).count();
       loads += plan.loads.size();
     }

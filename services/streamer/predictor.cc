@@ -121,12 +121,13 @@ PredictorV0::PredictorV0(PredictorOptions options) : options_(std::move(options)
       }
     }
   }
-  const size_t recency_size = std::min(
-      kMaxRecencyTable, static_cast<size_t>(std::ceil(kRecencyHalfLives * options_.recency_half_life)));
+  const size_t recency_size =
+      std::min(kMaxRecencyTable,
+               static_cast<size_t>(std::ceil(kRecencyHalfLives * options_.recency_half_life)));
   recency_.resize(recency_size);
   for (size_t age = 0; age < recency_size; ++age) {
-    recency_[age] = options_.recency_weight *
-                    static_cast<float>(std::exp2(-static_cast<double>(age) / options_.recency_half_life));
+    const double halvings = static_cast<double>(age) / options_.recency_half_life;
+    recency_[age] = options_.recency_weight * static_cast<float>(std::exp2(-halvings));
   }
   candidate_offset_.resize(layers + 1);
   candidates_.reserve(cells);
@@ -244,7 +245,9 @@ void PredictorV0::PlanLayer(uint32_t layer) {
   const uint32_t k = std::min(options_.floating_slots, n);
   const float margin = options_.hysteresis_margin;
   const size_t base = Index(layer, 0);
-  auto effective = [&](uint32_t e) { return scores_[base + e] + (resident_[base + e] ? margin : 0.0f); };
+  auto effective = [&](uint32_t e) {
+    return scores_[base + e] + (resident_[base + e] ? margin : 0.0f);
+  };
   // Higher effective score first; ties to the lower id so plans are deterministic.
   auto better = [](const Candidate& a, const Candidate& b) {
     return a.effective != b.effective ? a.effective > b.effective : a.expert < b.expert;

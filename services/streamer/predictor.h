@@ -66,7 +66,7 @@ struct PlannedLoad {
 };
 
 struct PredictorPlan {
-  // Loads ordered by layer ascending (then by score, best first); at most read_budget.
+  // Loads ordered by layer ascending (then by gain, largest first); at most read_budget.
   std::vector<PlannedLoad> loads;
   // Desired floating set of each layer, flattened: layer l's set is
   // desired[l * floating_slots, + desired_count[l]).

@@ -1,6 +1,7 @@
 #include "services/streamer/routing_trace.h"
 
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
