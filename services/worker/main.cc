@@ -182,6 +182,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
       grpc_server->SetServing(true);
     }
   });
+  service.SetRoutingSink([&streamer](nq::v1::RoutingReport report) {
+    streamer.EnqueueRoutingReport(std::move(report));
+  });
   streamer.Start();
 
   shutdown.Wait();

@@ -55,7 +55,29 @@ StreamerClient::StreamerClient(StreamerClientOptions options, SlotTable* table,
       updates_rejected_(metrics::Registry::Default()
                             .Counter("nq_worker_slot_updates_rejected_total",
                                      "Slot-table updates rejected as protocol violations")
-                            .Get()) {}
+                            .Get()),
+      reports_sent_(metrics::Registry::Default()
+                        .Counter("nq_worker_routing_reports_sent_total", "Routing reports sent to nq-streamer")
+                        .Get()),
+      reports_dropped_(metrics::Registry::Default()
+                           .Counter("nq_worker_routing_reports_dropped_total",
+                                    "Routing reports dropped (no streamer session, or the queue was full)")
+                           .Get()) {}
+
+void StreamerClient::EnqueueRoutingReport(nq::v1::RoutingReport report) {
+  // Bounded: a streamer that falls behind loses the oldest reports, never blocks decode.
+  constexpr size_t kMaxQueuedReports = 64;
+  if (!connected()) {
+    reports_dropped_.Increment();
+    return;
+  }
+  absl::MutexLock lock(&report_mu_);
+  if (reports_.size() >= kMaxQueuedReports) {
+    reports_.pop_front();
+    reports_dropped_.Increment();
+  }
+  reports_.push_back(std::move(report));
+}
 
 StreamerClient::~StreamerClient() { Stop(); }
 
@@ -164,6 +186,40 @@ absl::Status StreamerClient::RunSession() {
                table_->geometry().ArenaBytes());
   SetConnected(true);
 
+  // The writer thread sends queued routing reports; writes are serialised with the unmap
+  // acknowledgements this thread sends.
+  absl::Mutex write_mu;
+  {
+    absl::MutexLock lock(&report_mu_);
+    writer_stop_ = false;
+    reports_.clear();
+  }
+  std::thread writer([&] {
+    while (true) {
+      nq::v1::RoutingReport report;
+      {
+        absl::MutexLock lock(&report_mu_);
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(report_mu_) { return writer_stop_ || !reports_.empty(); };
+        report_mu_.Await(absl::Condition(&ready));
+        if (writer_stop_) return;
+        report = std::move(reports_.front());
+        reports_.pop_front();
+      }
+      nq::v1::WorkerMessage out;
+      *out.mutable_routing() = std::move(report);
+      absl::MutexLock lock(&write_mu);
+      if (!stream->Write(out)) return;
+      reports_sent_.Increment();
+    }
+  });
+  auto stop_writer = [&] {
+    {
+      absl::MutexLock lock(&report_mu_);
+      writer_stop_ = true;
+    }
+    writer.join();
+  };
+
   nq::v1::StreamerMessage message;
   uint64_t step = 0;
   while (stream->Read(&message)) {
@@ -184,8 +240,12 @@ absl::Status StreamerClient::RunSession() {
     ack.mutable_unmap_ack()->set_generation(message.update().generation());
     ack.mutable_unmap_ack()->set_step(step);
     for (nq::v1::SlotRef& ref : unmapped) *ack.mutable_unmap_ack()->add_slots() = std::move(ref);
+    absl::MutexLock lock(&write_mu);
     if (!stream->Write(ack)) break;
   }
+  // The session is over (streamer gone or Stop): cancel so the writer's Write cannot hang.
+  context.TryCancel();
+  stop_writer();
   grpc::Status finished = stream->Finish();
   clear_context();
   if (finished.ok()) return absl::UnavailableError("streamer closed the session");

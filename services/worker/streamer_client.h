@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -46,6 +47,10 @@ class StreamerClient {
   // Cancels the session and joins the background thread. Idempotent.
   void Stop();
   bool connected() const { return connected_.load(); }
+  // Queues a routing report for the streamer without blocking the caller (the decode loop):
+  // a writer thread sends it on the session. While no session is up, or when the queue is
+  // full (the streamer fell behind), reports are dropped and counted.
+  void EnqueueRoutingReport(nq::v1::RoutingReport report);
 
  private:
   void Run();
@@ -63,6 +68,11 @@ class StreamerClient {
   std::atomic<bool> connected_{false};
   std::string streamer_instance_id_;
 
+  // Routing reports waiting for the session's writer thread.
+  absl::Mutex report_mu_;
+  std::deque<nq::v1::RoutingReport> reports_ ABSL_GUARDED_BY(report_mu_);
+  bool writer_stop_ ABSL_GUARDED_BY(report_mu_) = false;
+
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* session_context_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -73,6 +83,8 @@ class StreamerClient {
   metrics::Counter& failures_;
   metrics::Counter& updates_applied_;
   metrics::Counter& updates_rejected_;
+  metrics::Counter& reports_sent_;
+  metrics::Counter& reports_dropped_;
 };
 
 }  // namespace nq::worker

@@ -10,6 +10,9 @@
 namespace nq::worker {
 namespace {
 
+// Decode tokens per routing report (DESIGN.md section 7).
+constexpr int kReportIntervalTokens = 16;
+
 // How long Generate waits for a cancelled sequence to reach its step boundary.
 constexpr std::chrono::seconds kBusyWait{5};
 
@@ -20,7 +23,46 @@ WorkerService::WorkerService(WorkerIdentity identity, const SlotTable* table, mo
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
     runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
+    const model::ModelConfig& config = model_->config();
+    for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+      if (config.IsMoeLayer(l)) moe_layers_.push_back(static_cast<uint32_t>(l));
+    }
+    model_->SetRoutingObserver([this](int64_t layer, const model::MoeRouting& routing) { OnRouting(layer, routing); });
   }
+}
+
+void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
+  if (!routing_sink_ || moe_layers_.empty()) return;
+  forward_routing_.push_back(routing);
+  if (static_cast<uint32_t>(layer) != moe_layers_.back()) return;
+  // The forward's last MoE layer: append its tokens, token-major, and report full blocks.
+  if (forward_routing_.size() != moe_layers_.size()) {
+    forward_routing_.clear();  // a partial forward (an error mid-way): nothing consistent to report
+    return;
+  }
+  const int tokens = forward_routing_[0].num_tokens;
+  for (int t = 0; t < tokens; ++t) {
+    if (pending_.num_tokens() == 0) {
+      pending_.set_first_token(sequence_tokens_);
+      pending_.set_sequence_id(sequence_id_);
+    }
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      const model::MoeRouting& r = forward_routing_[i];
+      nq::v1::LayerRouting* entry = pending_.add_layer_entries();
+      entry->set_layer(moe_layers_[i]);
+      for (int j = 0; j < r.top_k; ++j) {
+        entry->add_experts(static_cast<uint32_t>(r.experts[t * r.top_k + j]));
+        entry->add_weights(r.weights[t * r.top_k + j]);
+      }
+    }
+    pending_.set_num_tokens(pending_.num_tokens() + 1);
+    ++sequence_tokens_;
+    if (pending_.num_tokens() == kReportIntervalTokens) {
+      routing_sink_(std::move(pending_));
+      pending_.Clear();
+    }
+  }
+  forward_routing_.clear();
 }
 
 void WorkerService::SetReady() {
@@ -82,6 +124,10 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
     running_request_id_ = request->request_id();
     abort_requested_ = false;
   }
+  // A new sequence: its routing starts a new report stream (the predictor separates them).
+  ++sequence_id_;
+  sequence_tokens_ = 0;
+  pending_.Clear();
   auto cancelled = [&] {
     absl::MutexLock lock(&mu_);
     return abort_requested_ || context->IsCancelled();
@@ -112,6 +158,11 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
         return writer->Write(response);
       },
       cancelled);
+  // The sequence's last, partial block of routing.
+  if (routing_sink_ && pending_.num_tokens() > 0) {
+    routing_sink_(std::move(pending_));
+    pending_.Clear();
+  }
   {
     absl::MutexLock lock(&mu_);
     running_request_id_.clear();

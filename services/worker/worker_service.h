@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -31,6 +33,9 @@ class WorkerService final : public nq::v1::Worker::Service {
   void SetReady();
   void SetDraining();
   void SetStreamerConnected(bool connected) { streamer_connected_ = connected; }
+  // Where routing reports go (the streamer client's queue): every kReportInterval tokens the
+  // worker sends the (layer, experts, weights) of each token it ran. Set before serving.
+  void SetRoutingSink(std::function<void(nq::v1::RoutingReport)> sink) { routing_sink_ = std::move(sink); }
   nq::v1::WorkerState state() const;
 
   grpc::Status Generate(grpc::ServerContext* context, const nq::v1::WorkerGenerateRequest* request,
@@ -45,6 +50,14 @@ class WorkerService final : public nq::v1::Worker::Service {
   const SlotTable* const table_;
   model::Model* const model_;
   std::unique_ptr<SequenceRunner> runner_;
+  // Routing of the tokens since the last report (decode thread only).
+  void OnRouting(int64_t layer, const model::MoeRouting& routing);
+  std::function<void(nq::v1::RoutingReport)> routing_sink_;
+  std::vector<uint32_t> moe_layers_;               // main-model MoE layers, in order
+  std::vector<model::MoeRouting> forward_routing_;  // this forward, one entry per MoE layer
+  nq::v1::RoutingReport pending_;                   // tokens not yet reported
+  uint64_t sequence_id_ = 0;
+  uint64_t sequence_tokens_ = 0;
   // Held for the whole of a sequence: the worker runs one at a time (the router queues).
   absl::Mutex run_mu_;
   // The running sequence, for Abort.

@@ -145,8 +145,13 @@ TEST_F(ServingTest, CompletionsAreSeededAndReportUsage) {
   EXPECT_EQ(streamed.text, body["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(streamed.finish, "length");
   EXPECT_EQ(streamed.usage["completion_tokens"], 12);
-  // The second identical prompt reused the cached prefix.
   EXPECT_GT(Metric(router_ports_.http, "nq_generation_tokens_total"), 35);
+  // The worker reported the routing of every token it ran to the streamer (asynchronously):
+  // three requests of 12 tokens, 11 of them decoded, plus at least the last prompt token each.
+  EXPECT_TRUE(WaitFor([&] { return Metric(streamer_ports_.http, "nq_streamer_routing_tokens_total") >= 36; },
+                      std::chrono::seconds(5)))
+      << Metric(streamer_ports_.http, "nq_streamer_routing_tokens_total");
+  EXPECT_GE(Metric(worker_ports_.http, "nq_worker_routing_reports_sent_total"), 3);
 }
 
 TEST_F(ServingTest, ChatCompletionStreamsAndStops) {
