@@ -6,11 +6,15 @@
 #include <vector>
 
 #include "absl/flags/declare.h"
+#include "absl/status/status.h"
 
 // --out: the output file or directory of every command (defined in nq_main.cc).
 ABSL_DECLARE_FLAG(std::string, out);
 
 namespace nq::tools {
+
+// Prints a failed command's status and maps it to the exit code (2: bad usage, 1: failure).
+int ReportCommandStatus(const char* command, const absl::Status& status);
 
 // nq logits --model DIR --tokens 1,2,3 [--tp W] [--decode] [--mtp] --out FILE
 int RunLogits(const std::vector<std::string>& args);

@@ -37,6 +37,16 @@ constexpr char kUsage[] =
 
 }  // namespace
 
+namespace nq::tools {
+
+int ReportCommandStatus(const char* command, const absl::Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "nq %s: %s\n", command, status.ToString().c_str());
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace nq::tools
+
 // Flags are spelled with dashes on the command line (--fixed-per-layer, --dry-run) as the
 // issue texts and most CLIs do; absl names them with underscores.
 std::vector<std::string> NormalizeFlagNames(int argc, char** argv) {

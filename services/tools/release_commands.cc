@@ -39,12 +39,6 @@ ABSL_FLAG(int, size, 1024, "bench-codec: n of the n x n N(0,1) matrix (the issue
 namespace nq::tools {
 namespace {
 
-int Report(const char* command, const absl::Status& status) {
-  if (status.ok()) return 0;
-  std::fprintf(stderr, "nq %s: %s\n", command, status.ToString().c_str());
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 void ProgressBar(int done, int total) {
   if (!isatty(STDERR_FILENO)) return;
   const int width = 40, filled = total > 0 ? done * width / total : width;
@@ -56,9 +50,9 @@ void ProgressBar(int done, int total) {
 }  // namespace
 
 int RunEncode(const std::vector<std::string>& args) {
-  if (!args.empty()) return Report("encode", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (!args.empty()) return ReportCommandStatus("encode", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
-  if (model.empty() || out.empty()) return Report("encode", absl::InvalidArgumentError("--model and --out are required"));
+  if (model.empty() || out.empty()) return ReportCommandStatus("encode", absl::InvalidArgumentError("--model and --out are required"));
   EncodeReleaseOptions options;
   options.tp_size = absl::GetFlag(FLAGS_tp);
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
@@ -67,31 +61,31 @@ int RunEncode(const std::vector<std::string>& args) {
   options.progress = ProgressBar;
   absl::Status status = EncodeRelease(model, out, options);
   if (status.ok()) std::fprintf(stderr, "nq encode: wrote %s\n", out.c_str());
-  return Report("encode", status);
+  return ReportCommandStatus("encode", status);
 }
 
 int RunCalibrate(const std::vector<std::string>& args) {
-  if (!args.empty()) return Report("calibrate", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (!args.empty()) return ReportCommandStatus("calibrate", absl::InvalidArgumentError("unexpected argument " + args[0]));
   // --tokens names a file here (logits takes the ids themselves).
   const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
   const std::string tokens =
       !absl::GetFlag(FLAGS_tokens_file).empty() ? absl::GetFlag(FLAGS_tokens_file) : absl::GetFlag(FLAGS_tokens);
   if (model.empty() || tokens.empty() || out.empty()) {
-    return Report("calibrate", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
+    return ReportCommandStatus("calibrate", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
   }
   absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens);
-  if (!sequences.ok()) return Report("calibrate", sequences.status());
+  if (!sequences.ok()) return ReportCommandStatus("calibrate", sequences.status());
   absl::StatusOr<Calibration> calibration = Calibrate(model, *sequences, out);
-  if (!calibration.ok()) return Report("calibrate", calibration.status());
+  if (!calibration.ok()) return ReportCommandStatus("calibrate", calibration.status());
   std::fprintf(stderr, "nq calibrate: %zu sequences, %zu experts seen; wrote %s\n", sequences->size(),
                calibration->experts.size(), out.c_str());
   return 0;
 }
 
 int RunVerify(const std::vector<std::string>& args) {
-  if (args.size() != 1) return Report("verify", absl::InvalidArgumentError("usage: nq verify RELEASE"));
+  if (args.size() != 1) return ReportCommandStatus("verify", absl::InvalidArgumentError("usage: nq verify RELEASE"));
   absl::StatusOr<format::VerifyReport> report = format::VerifyRelease(args[0]);
-  if (!report.ok()) return Report("verify", report.status());
+  if (!report.ok()) return ReportCommandStatus("verify", report.status());
   if (report->ok()) {
     std::printf("%s: every file and range matches its sha256\n", args[0].c_str());
     return 0;
@@ -101,18 +95,18 @@ int RunVerify(const std::vector<std::string>& args) {
 }
 
 int RunAssemble(const std::vector<std::string>& args) {
-  if (!args.empty()) return Report("assemble", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (!args.empty()) return ReportCommandStatus("assemble", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const std::string src = absl::GetFlag(FLAGS_src), into = absl::GetFlag(FLAGS_into);
-  if (src.empty() || into.empty()) return Report("assemble", absl::InvalidArgumentError("--src and --into are required"));
+  if (src.empty() || into.empty()) return ReportCommandStatus("assemble", absl::InvalidArgumentError("--src and --into are required"));
   format::AssembleOptions options;
   options.dry_run = absl::GetFlag(FLAGS_dry_run);
   if (const std::string layers = absl::GetFlag(FLAGS_layers); !layers.empty()) {
     absl::StatusOr<format::LayerRange> range = format::ParseLayerRange(layers);
-    if (!range.ok()) return Report("assemble", range.status());
+    if (!range.ok()) return ReportCommandStatus("assemble", range.status());
     options.layers = *range;
   }
   absl::StatusOr<format::AssemblePlan> plan = format::Assemble(src, into, options);
-  if (!plan.ok()) return Report("assemble", plan.status());
+  if (!plan.ok()) return ReportCommandStatus("assemble", plan.status());
   std::printf("%s %zu (layer, rank) installs, %zu already installed%s\n", options.dry_run ? "would do" : "did",
               plan->installs.size(), plan->skipped.size(), plan->complete_after ? "; the release is complete" : "");
   for (const auto& [layer, rank] : plan->installs) std::printf("  layer %u rank %u\n", layer, rank);
@@ -120,10 +114,10 @@ int RunAssemble(const std::vector<std::string>& args) {
 }
 
 int RunBenchCodec(const std::vector<std::string>& args) {
-  if (!args.empty()) return Report("bench-codec", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (!args.empty()) return ReportCommandStatus("bench-codec", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const int n = absl::GetFlag(FLAGS_size);
   absl::StatusOr<quant::GaussianMseReport> mse = quant::MeasureGaussianMse(n, /*seed=*/1, absl::GetFlag(FLAGS_codec));
-  if (!mse.ok()) return Report("bench-codec", mse.status());
+  if (!mse.ok()) return ReportCommandStatus("bench-codec", mse.status());
   std::printf("MSE on i.i.d. N(0,1) %dx%d (codec %s)\n", n, n, absl::GetFlag(FLAGS_codec).c_str());
   std::printf("| bits | codec | round-to-nearest | Lloyd-Max (scalar) | rate-distortion bound |\n");
   std::printf("| --- | ---: | ---: | ---: | ---: |\n");
@@ -133,7 +127,7 @@ int RunBenchCodec(const std::vector<std::string>& args) {
               quant::kRateDistortion4Bit);
   absl::StatusOr<quant::OutputErrorReport> out =
       quant::MeasureOutputError(512, 512, 2048, 0.9, /*seed=*/2, absl::GetFlag(FLAGS_codec));
-  if (!out.ok()) return Report("bench-codec", out.status());
+  if (!out.ok()) return ReportCommandStatus("bench-codec", out.status());
   std::printf("\nRelative output error ||X(W-W^)||/||XW||, 512x512 N(0,1) weights, correlated X (rho 0.9)\n");
   std::printf("| bits | round-to-nearest | codec, identity Hessian | codec, LDLQ with H = X^T X |\n");
   std::printf("| --- | ---: | ---: | ---: |\n");
@@ -146,17 +140,17 @@ int RunBenchCodec(const std::vector<std::string>& args) {
       std::ifstream in(std::string(dir) + "/tokens.json");
       nlohmann::json tokens_json = nlohmann::json::parse(in, nullptr, false);
       if (tokens_json.is_discarded() || !tokens_json.contains("input_ids")) {
-        return Report("bench-codec", absl::InvalidArgumentError(std::string(dir) + "/tokens.json has no input_ids"));
+        return ReportCommandStatus("bench-codec", absl::InvalidArgumentError(std::string(dir) + "/tokens.json has no input_ids"));
       }
       const std::vector<int32_t> tokens = tokens_json["input_ids"].get<std::vector<int32_t>>();
       char tmp[] = "/tmp/nq-bench-release-XXXXXX";
-      if (mkdtemp(tmp) == nullptr) return Report("bench-codec", absl::InternalError("mkdtemp failed"));
+      if (mkdtemp(tmp) == nullptr) return ReportCommandStatus("bench-codec", absl::InternalError("mkdtemp failed"));
       const std::string release = std::string(tmp) + "/release";
       absl::StatusOr<KlReport> kl2 = MeasureReleaseKl(std::string(dir), release, tokens, ExpertBits::k2Bit);
       absl::StatusOr<KlReport> kl4 = MeasureReleaseKl(std::string(dir), release, tokens, ExpertBits::k4Bit);
       std::filesystem::remove_all(tmp);
-      if (!kl2.ok()) return Report("bench-codec", kl2.status());
-      if (!kl4.ok()) return Report("bench-codec", kl4.status());
+      if (!kl2.ok()) return ReportCommandStatus("bench-codec", kl2.status());
+      if (!kl4.ok()) return ReportCommandStatus("bench-codec", kl4.status());
       std::printf("| %s | %.5f | %.3f | %.5f | %.3f |\n", std::string(dir).c_str(), kl2->mean_kl, kl2->top1_agreement,
                   kl4->mean_kl, kl4->top1_agreement);
     }

@@ -1,7 +1,5 @@
 #include "services/tools/release_encoder.h"
 
-#include <openssl/evp.h>
-
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/common/status_macros.h"
+#include "services/format/file_io.h"
 #include "services/format/release_reader.h"
 #include "services/format/release_writer.h"
 #include "services/model/model_config.h"
@@ -31,15 +30,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-std::string Sha256Hex(const std::string& data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < size; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
-  return hex;
 }
 
 // The widest power-of-two block up to `widest` (128, or 512 for down_proj's input, whose
@@ -119,7 +109,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   };
   format::Manifest manifest;
   manifest.source_model = model_dir;
-  manifest.config_hash = Sha256Hex(config_text);
+  manifest.config_hash = format::Sha256Hex(config_text);
   manifest.tp_size = static_cast<uint32_t>(world);
   manifest.experts_per_layer = static_cast<uint32_t>(E);
   manifest.codec = codec->name();

@@ -1,7 +1,5 @@
 #include "services/tools/release_experts.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -10,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/tensor_io.h"
+#include "services/format/file_io.h"
 #include "services/common/status_macros.h"
 #include "services/quant/codec.h"
 #include "services/tools/release_encoder.h"
@@ -17,18 +16,9 @@
 namespace nq::tools {
 namespace {
 
+// The manifest's config hash is the sha256 of the exact config.json bytes (nq encode).
 absl::StatusOr<std::string> ConfigHash(const std::string& model_dir) {
-  std::ifstream in(model_dir + "/config.json", std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot read " + model_dir + "/config.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string data = text.str();
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(data.data(), data.size(), digest, &size, EVP_sha256(), nullptr);
-  std::string hex;
-  for (unsigned int i = 0; i < size; ++i) absl::StrAppendFormat(&hex, "%02x", digest[i]);
-  return hex;
+  return format::Sha256File(model_dir + "/config.json");
 }
 
 }  // namespace

@@ -24,12 +24,6 @@ ABSL_FLAG(int, slots, 8, "replay: floating 4-bit slots per layer");
 namespace nq::tools {
 namespace {
 
-int Report(const char* command, const absl::Status& status) {
-  if (status.ok()) return 0;
-  std::fprintf(stderr, "nq %s: %s\n", command, status.ToString().c_str());
-  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
 absl::Status RecordTrace(const std::string& model_dir, const std::string& tokens_path, const std::string& out) {
   ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> sequences, ReadTokenFile(tokens_path));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
@@ -95,20 +89,20 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
 }  // namespace
 
 int RunTrace(const std::vector<std::string>& args) {
-  if (!args.empty()) return Report("trace", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (!args.empty()) return ReportCommandStatus("trace", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const std::string model = absl::GetFlag(FLAGS_model), tokens = absl::GetFlag(FLAGS_tokens),
                     out = absl::GetFlag(FLAGS_out);
   if (model.empty() || tokens.empty() || out.empty()) {
-    return Report("trace", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
+    return ReportCommandStatus("trace", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
   }
-  return Report("trace", RecordTrace(model, tokens, out));
+  return ReportCommandStatus("trace", RecordTrace(model, tokens, out));
 }
 
 int RunReplay(const std::vector<std::string>& args) {
-  if (!args.empty()) return Report("replay", absl::InvalidArgumentError("unexpected argument " + args[0]));
-  if (absl::GetFlag(FLAGS_trace).empty()) return Report("replay", absl::InvalidArgumentError("--trace is required"));
-  if (absl::GetFlag(FLAGS_slots) < 0) return Report("replay", absl::InvalidArgumentError("--slots must be >= 0"));
-  return Report("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),
+  if (!args.empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  if (absl::GetFlag(FLAGS_trace).empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("--trace is required"));
+  if (absl::GetFlag(FLAGS_slots) < 0) return ReportCommandStatus("replay", absl::InvalidArgumentError("--slots must be >= 0"));
+  return ReportCommandStatus("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),
                                       absl::GetFlag(FLAGS_slots)));
 }
 
