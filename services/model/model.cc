@@ -322,8 +322,12 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
     const int64_t n = static_cast<int64_t>(rows[e].size());
     ASSIGN_OR_RETURN(Tensor xe, backend_.Allocate(kernels::DType::kF32, Shape{n, c.hidden_size}));
     RETURN_IF_ERROR(backend_.GatherRows(xn, rows[e], xe));
+    const MlpWeights* expert = &w.experts[e];
+    if (expert_source_) {
+      if (const MlpWeights* chosen = expert_source_(layer, static_cast<int32_t>(e), n)) expert = chosen;
+    }
     std::vector<float> down_input;
-    ASSIGN_OR_RETURN(Tensor ye, Mlp(w.experts[e], xe, observer_ ? &down_input : nullptr));
+    ASSIGN_OR_RETURN(Tensor ye, Mlp(*expert, xe, observer_ ? &down_input : nullptr));
     if (observer_) {
       ASSIGN_OR_RETURN(std::vector<float> gate_input, kernels::DownloadFloats(backend_, xe));
       observer_({.layer = layer, .expert = static_cast<int32_t>(e), .down_input = false, .dim = c.hidden_size,

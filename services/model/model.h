@@ -83,6 +83,13 @@ class Model {
     routing_observer_ = std::move(observer);
   }
 
+  // Serving a NestQuant release: which weights each routed expert runs with. `source(layer,
+  // expert, tokens)` returns the expert's 4-bit weights, or null to run the loaded weights
+  // (the 2-bit base). Called once per (layer, expert) that has tokens in a forward, on the
+  // forward's thread, so the pointer must stay valid until that forward returns.
+  using RoutedExpertSource = std::function<const MlpWeights*(int64_t layer, int32_t expert, int64_t tokens)>;
+  void SetRoutedExpertSource(RoutedExpertSource source) { expert_source_ = std::move(source); }
+
   int64_t cache_length() const { return cache_.length(); }
   // Tokens the KV cache can hold: the context window of this model instance.
   int64_t max_tokens() const { return cache_.max_tokens(); }
@@ -128,6 +135,7 @@ class Model {
   std::optional<kernels::Tensor> selection_;
   std::function<void(const ExpertActivations&)> observer_;
   std::function<void(int64_t, const MoeRouting&)> routing_observer_;
+  RoutedExpertSource expert_source_;
 };
 
 }  // namespace nq::model

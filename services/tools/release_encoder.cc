@@ -213,11 +213,9 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   return writer.Finish();
 }
 
-absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& release, uint32_t rank, uint32_t layer,
-                                                       uint32_t expert, const std::string& projection,
-                                                       bool with_residual) {
-  ASSIGN_OR_RETURN(std::string resident_path, release.ResidentPath(rank, layer));
-  ASSIGN_OR_RETURN(model::SafetensorsFile resident, model::SafetensorsFile::Open(resident_path));
+absl::StatusOr<quant::EncodedMatrix> LoadResidentExpert(const model::SafetensorsFile& resident,
+                                                        const std::string& codec, uint32_t expert,
+                                                        const std::string& projection) {
   const std::string key = absl::StrCat("experts.", expert, ".", projection);
   auto floats = [&](const std::string& name) -> absl::StatusOr<std::vector<float>> {
     ASSIGN_OR_RETURN(model::TensorView view, resident.Find(name));
@@ -232,23 +230,36 @@ absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& re
   ASSIGN_OR_RETURN(m.params.residual_codebook, floats(key + ".residual_codebook"));
   ASSIGN_OR_RETURN(model::TensorView rotation, resident.Find(key + ".rotation"));
   if (rotation.dtype != model::DType::kI64 || rotation.data.size() != 4 * sizeof(int64_t)) {
-    return absl::DataLossError(absl::StrCat(resident_path, ": ", key, ".rotation is not I64[4]"));
+    return absl::DataLossError(absl::StrCat(resident.path(), ": ", key, ".rotation is not I64[4]"));
   }
   int64_t r[4];
   std::memcpy(r, rotation.data.data(), sizeof(r));
   m.params.rotation = {.row_block = r[0], .col_block = r[1], .row_sign_seed = static_cast<uint64_t>(r[2]),
                        .col_sign_seed = static_cast<uint64_t>(r[3])};
-  m.params.codec = release.manifest().codec;
+  m.params.codec = codec;
   ASSIGN_OR_RETURN(model::TensorView base, resident.Find(key + ".base"));
   m.base_codes.assign(reinterpret_cast<const uint8_t*>(base.data.data()),
                       reinterpret_cast<const uint8_t*>(base.data.data()) + base.data.size());
+  return m;
+}
+
+absl::Status AttachRecordResidual(const format::RecordLayout& layout, std::span<const std::byte> record,
+                                  const std::string& projection, quant::EncodedMatrix& m) {
+  ASSIGN_OR_RETURN(std::span<const std::byte> plane, layout.Unpack(record, projection + ".residual"));
+  return quant::AttachResidual(m, std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(plane.data()),
+                                                       reinterpret_cast<const uint8_t*>(plane.data()) + plane.size()));
+}
+
+absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& release, uint32_t rank, uint32_t layer,
+                                                       uint32_t expert, const std::string& projection,
+                                                       bool with_residual) {
+  ASSIGN_OR_RETURN(std::string resident_path, release.ResidentPath(rank, layer));
+  ASSIGN_OR_RETURN(model::SafetensorsFile resident, model::SafetensorsFile::Open(resident_path));
+  ASSIGN_OR_RETURN(quant::EncodedMatrix m, LoadResidentExpert(resident, release.manifest().codec, expert, projection));
   if (with_residual) {
     ASSIGN_OR_RETURN(const format::LayerEntry* entry, release.Layer(rank, layer));
     ASSIGN_OR_RETURN(std::vector<std::byte> record, release.ReadRecord(rank, layer, expert));
-    ASSIGN_OR_RETURN(std::span<const std::byte> plane, entry->layout.Unpack(record, projection + ".residual"));
-    RETURN_IF_ERROR(quant::AttachResidual(
-        m, std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(plane.data()),
-                                reinterpret_cast<const uint8_t*>(plane.data()) + plane.size())));
+    RETURN_IF_ERROR(AttachRecordResidual(entry->layout, record, projection, m));
   }
   return m;
 }

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/format/release_reader.h"
+#include "services/model/safetensors.h"
 #include "services/quant/codec.h"
 
 namespace nq::tools {
@@ -30,6 +32,14 @@ struct EncodeReleaseOptions {
 // One expert matrix of a release as the codec reads it: base plane, scales, codebooks and
 // rotation from the resident file; with `with_residual`, the residual plane from its record.
 // `projection` is "gate_proj", "up_proj" or "down_proj".
+// The same from an open resident file (no residual): what a worker keeps per expert.
+absl::StatusOr<quant::EncodedMatrix> LoadResidentExpert(const model::SafetensorsFile& resident,
+                                                        const std::string& codec, uint32_t expert,
+                                                        const std::string& projection);
+// Attaches `projection`'s residual plane from one expert record (a release read or a slot).
+absl::Status AttachRecordResidual(const format::RecordLayout& layout, std::span<const std::byte> record,
+                                  const std::string& projection, quant::EncodedMatrix& m);
+
 absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& release, uint32_t rank, uint32_t layer,
                                                        uint32_t expert, const std::string& projection,
                                                        bool with_residual);

@@ -12,16 +12,9 @@
 #include "services/common/status_macros.h"
 #include "services/quant/codec.h"
 #include "services/tools/release_encoder.h"
+#include "services/tools/release_expert_decoder.h"
 
 namespace nq::tools {
-namespace {
-
-// The manifest's config hash is the sha256 of the exact config.json bytes (nq encode).
-absl::StatusOr<std::string> ConfigHash(const std::string& model_dir) {
-  return format::Sha256File(model_dir + "/config.json");
-}
-
-}  // namespace
 
 absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text) {
   if (text == "2") return ExpertBits::k2Bit;
@@ -33,47 +26,23 @@ absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text) {
 absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::string& model_dir,
                                  const model::ModelConfig& config, model::TensorParallel tp, ExpertBits bits,
                                  kernels::Backend& backend, model::ModelWeights& weights) {
-  ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
-  format::ModelIdentity identity;
-  ASSIGN_OR_RETURN(identity.config_hash, ConfigHash(model_dir));
-  identity.tp_size = static_cast<uint32_t>(tp.world_size);
-  identity.experts_per_layer = static_cast<uint32_t>(config.n_routed_experts);
-  for (int64_t l = 0; l < config.num_hidden_layers + config.num_nextn_predict_layers; ++l) {
-    if (config.IsMoeLayer(l)) identity.moe_layer_ids.push_back(static_cast<uint32_t>(l));
-  }
-  RETURN_IF_ERROR(release.CheckMatchesModel(identity));
-  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(release.manifest().codec));
+  ASSIGN_OR_RETURN(std::unique_ptr<ReleaseExpertDecoder> decoder,
+                   ReleaseExpertDecoder::Open(release_dir, model_dir, config, tp));
+  return ApplyReleaseExperts(*decoder, config, bits, backend, weights);
+}
 
-  for (uint32_t layer : identity.moe_layer_ids) {
-    const format::ManifestLayer* ml = release.manifest().FindLayer(layer);
+absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config,
+                                 ExpertBits bits, kernels::Backend& backend, model::ModelWeights& weights) {
+  for (uint32_t layer : decoder.moe_layer_ids()) {
+    const std::vector<uint32_t> fixed = decoder.FixedSet(layer);
     model::LayerWeights& lw = layer < config.num_hidden_layers
                                   ? weights.layers[layer]
                                   : weights.mtp[layer - config.num_hidden_layers].block;
     for (uint32_t e = 0; e < static_cast<uint32_t>(config.n_routed_experts); ++e) {
       const bool four = bits == ExpertBits::k4Bit ||
-                        (bits == ExpertBits::kFixedSet &&
-                         std::find(ml->fixed_4bit.begin(), ml->fixed_4bit.end(), e) != ml->fixed_4bit.end());
-      std::vector<float> gate_up;
-      std::vector<float> down;
-      int64_t rows_per_proj = 0, hidden = 0;
-      for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
-        ASSIGN_OR_RETURN(quant::EncodedMatrix m,
-                         LoadReleaseExpert(release, static_cast<uint32_t>(tp.rank), layer, e, projection, four));
-        std::vector<float> w(static_cast<size_t>(m.rows * m.cols));
-        RETURN_IF_ERROR(codec->Decode(m, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, w));
-        if (std::string(projection) == "down_proj") {
-          down = std::move(w);
-          hidden = m.rows;
-        } else {
-          rows_per_proj = m.rows;
-          gate_up.insert(gate_up.end(), w.begin(), w.end());
-        }
-      }
-      model::MlpWeights& expert = lw.moe->experts[e];
-      ASSIGN_OR_RETURN(expert.gate_up, kernels::UploadFloats(backend, gate_up, kernels::DType::kF32,
-                                                             kernels::Shape{2 * rows_per_proj, hidden}));
-      ASSIGN_OR_RETURN(expert.down, kernels::UploadFloats(backend, down, kernels::DType::kF32,
-                                                          kernels::Shape{hidden, rows_per_proj}));
+                        (bits == ExpertBits::kFixedSet && std::find(fixed.begin(), fixed.end(), e) != fixed.end());
+      ASSIGN_OR_RETURN(lw.moe->experts[e],
+                       decoder.Upload(layer, e, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, {}, backend));
     }
   }
   return absl::OkStatus();

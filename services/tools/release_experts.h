@@ -12,6 +12,7 @@
 #include "services/model/model_config.h"
 #include "services/model/model.h"
 #include "services/model/model_weights.h"
+#include "services/tools/release_expert_decoder.h"
 
 namespace nq::tools {
 
@@ -26,6 +27,9 @@ absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text);
 absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::string& model_dir,
                                  const model::ModelConfig& config, model::TensorParallel tp, ExpertBits bits,
                                  kernels::Backend& backend, model::ModelWeights& weights);
+// The same with an open decoder (which the worker keeps to decode slots later).
+absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config,
+                                 ExpertBits bits, kernels::Backend& backend, model::ModelWeights& weights);
 
 // Model::Load with the routed experts taken from `release_dir` at `bits`.
 absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::string& model_dir,
