@@ -118,6 +118,13 @@ absl::Status Release::CheckMatchesModel(const ModelIdentity& model) const {
   return Annotate(CheckManifestMatchesModel(manifest_, model), absl::StrCat("release ", dir_));
 }
 
+std::string Release::id() const {
+  for (const CompleteEntry& entry : complete_) {
+    if (entry.path == kManifestFile) return entry.sha256;
+  }
+  return "";  // Open refuses a COMPLETE without manifest.json
+}
+
 absl::StatusOr<const LayerEntry*> Release::Layer(uint32_t rank, uint32_t layer) const {
   if (rank >= indexes_.size()) {
     return absl::NotFoundError(

@@ -53,6 +53,8 @@ class Release {
   const Manifest& manifest() const { return manifest_; }
   const std::vector<RankIndex>& indexes() const { return indexes_; }
   const std::vector<CompleteEntry>& complete() const { return complete_; }
+  // Names this release across services: the sha256 of its manifest.json (from COMPLETE).
+  std::string id() const;
 
   // FAILED_PRECONDITION, naming the release and every mismatching field, when the release
   // was not made for this model.

@@ -1,10 +1,12 @@
 // nq-streamer: one per node. Owns the NestQuant record directory, maps every worker's slot
-// arena, and (issue #6) streams residual records into slots chosen by the predictor.
+// arena, and streams residual records into the slots predictor v0 chooses.
 #include <sys/stat.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -19,6 +21,7 @@
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/status_macros.h"
+#include "services/streamer/record_store.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
 
@@ -28,6 +31,13 @@ ABSL_FLAG(int, metrics_port, 8201, "HTTP port for /metrics and /health");
 ABSL_FLAG(std::string, records_dir, "",
           "NestQuant release directory to stream records from (empty: none yet; every expert "
           "runs at 2 bits)");
+ABSL_FLAG(std::vector<std::string>, record_mirrors, {},
+          "Comma-separated directories holding identical copies of --records_dir (other drives); reads "
+          "are spread over all copies");
+ABSL_FLAG(int, read_queue_depth, 8, "Record reads in flight per worker (4-8 per drive keeps tail latency low)");
+ABSL_FLAG(std::string, direct_io, "auto", "auto: O_DIRECT, buffered with a warning where refused; off: buffered");
+ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
+ABSL_FLAG(double, hysteresis, 2.0, "Score margin a challenger needs to evict a resident expert");
 ABSL_FLAG(double, drain_timeout_s, 10, "On SIGTERM, seconds to let sessions close");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -43,14 +53,48 @@ absl::Status CheckFlags() {
   if (!dir.empty() && (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
     return absl::NotFoundError(absl::StrCat("--records_dir=", dir, ": not a directory"));
   }
+  if (absl::GetFlag(FLAGS_read_queue_depth) < 1 || absl::GetFlag(FLAGS_read_queue_depth) > 256) {
+    return absl::InvalidArgumentError("--read_queue_depth must be in [1, 256]");
+  }
+  if (absl::GetFlag(FLAGS_read_budget) < 1) return absl::InvalidArgumentError("--read_budget must be positive");
+  if (absl::GetFlag(FLAGS_hysteresis) < 0) return absl::InvalidArgumentError("--hysteresis must not be negative");
+  const std::string direct = absl::GetFlag(FLAGS_direct_io);
+  if (direct != "auto" && direct != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("--direct_io=", direct, ": want auto or off"));
+  }
+  if (dir.empty() && !absl::GetFlag(FLAGS_record_mirrors).empty()) {
+    return absl::InvalidArgumentError("--record_mirrors needs --records_dir");
+  }
   return absl::OkStatus();
+}
+
+// Validates the release and its mirrors (COMPLETE, indexes, sizes; hashes on demand) and
+// returns how sessions read from it, or nullopt without --records_dir.
+absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::string* release_id) {
+  const std::string dir = absl::GetFlag(FLAGS_records_dir);
+  if (dir.empty()) return std::optional<SlotLoaderOptions>();
+  SlotLoaderOptions options;
+  options.record_dirs.push_back(dir);
+  for (const std::string& mirror : absl::GetFlag(FLAGS_record_mirrors)) options.record_dirs.push_back(mirror);
+  options.store.queue_depth = static_cast<unsigned>(absl::GetFlag(FLAGS_read_queue_depth));
+  options.store.direct_io = absl::GetFlag(FLAGS_direct_io) == "off" ? DirectIo::kOff : DirectIo::kAuto;
+  options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
+  options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
+  // Open once now so a bad release fails the start, not the first session.
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Open(options.record_dirs, options.store));
+  *release_id = store->release().id();
+  spdlog::info("release {} ({} copies, {} MoE layers, codec {})", *release_id, store->copies(),
+               store->release().manifest().layers.size(), store->release().manifest().codec);
+  return std::optional<SlotLoaderOptions>(std::move(options));
 }
 
 absl::Status Run(ShutdownSignal& shutdown) {
   RETURN_IF_ERROR(CheckFlags());
   metrics::Registry& registry = metrics::Registry::Default();
-  WorkerRegistry workers(registry);
-  StreamerService service(&workers, registry);
+  std::string release_id;
+  ASSIGN_OR_RETURN(std::optional<SlotLoaderOptions> loader_options, LoaderOptionsFromFlags(&release_id));
+  WorkerRegistry workers(registry, release_id);
+  StreamerService service(&workers, registry, std::move(loader_options));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
@@ -68,7 +112,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                              AddHealthRoute(server, [&] { return grpc_server->serving(); });
                            },
                    }));
-  // Nothing else to wait for: the record directory (if any) was checked above.
+  // Nothing else to wait for: the release (if any) was validated above.
   grpc_server->SetServing(true);
   spdlog::info("nq-streamer {}: gRPC on {}, metrics on :{}", service.instance_id(),
                grpc_server->address(), http_server->port());

@@ -17,8 +17,11 @@ std::string NewInstanceId() {
 
 }  // namespace
 
-StreamerService::StreamerService(WorkerRegistry* registry, metrics::Registry& metrics)
+StreamerService::StreamerService(WorkerRegistry* registry, metrics::Registry& metrics,
+                                 std::optional<SlotLoaderOptions> loader_options)
     : registry_(registry),
+      loader_options_(std::move(loader_options)),
+      loader_metrics_(metrics),
       instance_id_(NewInstanceId()),
       sessions_active_(metrics.Gauge("nq_streamer_sessions_active",
                                      "Worker control sessions currently open").Get()),
@@ -54,28 +57,50 @@ grpc::Status StreamerService::Session(
   if (!message.has_hello()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the first session message must be a hello");
   }
-  const std::string worker_id = message.hello().worker_id();
-  if (absl::Status opened = registry_->OpenSession(worker_id); !opened.ok()) {
-    return ToGrpcStatus(opened);
-  }
+  const nq::v1::SessionHello hello = message.hello();
+  const std::string& worker_id = hello.worker_id();
+  absl::StatusOr<std::shared_ptr<RegisteredWorker>> worker = registry_->OpenSession(worker_id);
+  if (!worker.ok()) return ToGrpcStatus(worker.status());
   sessions_active_.Increment();
   spdlog::info("session of worker {} open ({} READY slots, applied generation {})", worker_id,
-               message.hello().ready_slots_size(), message.hello().applied_generation());
+               hello.ready_slots_size(), hello.applied_generation());
+
+  // The loader writes slot-table updates from its own thread; gRPC allows one writer
+  // alongside this reader.
+  std::unique_ptr<SlotLoader> loader;
+  if (loader_options_.has_value() && !(*worker)->release_id.empty()) {
+    absl::StatusOr<std::unique_ptr<SlotLoader>> created = SlotLoader::Create(
+        *worker, *loader_options_, &loader_metrics_,
+        [stream](const nq::v1::StreamerMessage& out) { return stream->Write(out); });
+    absl::Status started = created.ok() ? (*created)->Start(hello) : created.status();
+    if (started.ok()) {
+      loader = std::move(*created);
+    } else {
+      spdlog::error("worker {}: no slot loads this session, it serves every expert at 2 bits: {}", worker_id,
+                    started.ToString());
+    }
+  }
 
   while (stream->Read(&message)) {
     switch (message.message_case()) {
       case nq::v1::WorkerMessage::kRouting:
         routing_reports_.Increment();
         routing_tokens_.Increment(message.routing().num_tokens());
+        if (loader) loader->OnRouting(std::move(*message.mutable_routing()));
         break;
       case nq::v1::WorkerMessage::kUnmapAck:
         unmap_acks_.Increment();
+        if (loader) loader->OnUnmapAck(std::move(*message.mutable_unmap_ack()));
         break;
       default:
         spdlog::warn("worker {} sent an unexpected {} message; ignored", worker_id,
                      static_cast<int>(message.message_case()));
     }
   }
+  // Stop the loader before the arena can be unmapped.
+  if (loader) loader->Stop();
+  loader.reset();
+  worker->reset();
   sessions_active_.Decrement();
   registry_->CloseSession(worker_id);
   return context->IsCancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled")

@@ -1,12 +1,14 @@
 // nq.v1.Streamer: worker registration and the per-worker control session.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
 
 #include "nq/v1/streamer.grpc.pb.h"
 #include "services/common/metrics/registry.h"
+#include "services/streamer/slot_loader.h"
 #include "services/streamer/worker_registry.h"
 
 namespace nq::streamer {
@@ -16,7 +18,10 @@ inline constexpr uint32_t kReportIntervalTokens = 16;
 
 class StreamerService final : public nq::v1::Streamer::Service {
  public:
-  StreamerService(WorkerRegistry* registry, metrics::Registry& metrics);
+  // `loader_options`: where records come from and how to read and predict; nullopt when the
+  // streamer has no release (sessions then only count reports; workers stay at 2 bits).
+  StreamerService(WorkerRegistry* registry, metrics::Registry& metrics,
+                  std::optional<SlotLoaderOptions> loader_options = std::nullopt);
 
   grpc::Status RegisterWorker(grpc::ServerContext* context,
                               const nq::v1::RegisterWorkerRequest* request,
@@ -29,6 +34,8 @@ class StreamerService final : public nq::v1::Streamer::Service {
 
  private:
   WorkerRegistry* const registry_;
+  const std::optional<SlotLoaderOptions> loader_options_;
+  LoaderMetrics loader_metrics_;
   // Random per start: tells workers that the streamer restarted (see RegisterWorkerResponse).
   const std::string instance_id_;
   metrics::Gauge& sessions_active_;

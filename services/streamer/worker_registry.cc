@@ -17,8 +17,9 @@ bool ProcessGone(uint32_t pid) { return pid != 0 && kill(static_cast<pid_t>(pid)
 
 }  // namespace
 
-WorkerRegistry::WorkerRegistry(metrics::Registry& metrics)
-    : workers_gauge_(metrics.Gauge("nq_streamer_workers_registered",
+WorkerRegistry::WorkerRegistry(metrics::Registry& metrics, std::string release_id)
+    : release_id_(std::move(release_id)),
+      workers_gauge_(metrics.Gauge("nq_streamer_workers_registered",
                                    "Worker ranks registered with this streamer").Get()),
       arena_bytes_gauge_(metrics.Gauge("nq_streamer_mapped_arena_bytes",
                                        "Bytes of worker slot arenas mapped by this streamer").Get()),
@@ -31,6 +32,10 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
                                                    request.world_size(), " is out of range"));
   }
   ASSIGN_OR_RETURN(SlotGeometry geometry, SlotGeometry::FromProto(request.geometry()));
+  if (!release_id_.empty() && !request.release_id().empty() && request.release_id() != release_id_) {
+    return absl::FailedPreconditionError(absl::StrCat("the worker serves release ", request.release_id(),
+                                                      ", this streamer release ", release_id_));
+  }
   if (request.arena_case() != nq::v1::RegisterWorkerRequest::kShm) {
     // CUDA IPC arenas are opened by the GPU streamer (issue #6); this build maps shared memory.
     return absl::UnimplementedError("only shared-memory arenas are supported by this streamer");
@@ -42,7 +47,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   }
   ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Open(request.shm().name(), request.shm().bytes()));
 
-  auto worker = std::make_unique<RegisteredWorker>();
+  auto worker = std::make_shared<RegisteredWorker>();
   worker->rank = request.rank();
   worker->world_size = request.world_size();
   worker->pid = request.pid();
@@ -71,7 +76,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   return id;
 }
 
-absl::Status WorkerRegistry::OpenSession(const std::string& worker_id) {
+absl::StatusOr<std::shared_ptr<RegisteredWorker>> WorkerRegistry::OpenSession(const std::string& worker_id) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
@@ -82,11 +87,11 @@ absl::Status WorkerRegistry::OpenSession(const std::string& worker_id) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " already has a session"));
   }
   it->second->session_active = true;
-  return absl::OkStatus();
+  return it->second;
 }
 
 void WorkerRegistry::CloseSession(const std::string& worker_id) {
-  std::unique_ptr<RegisteredWorker> dropped;
+  std::shared_ptr<RegisteredWorker> dropped;
   {
     absl::MutexLock lock(&mu_);
     auto it = workers_.find(worker_id);

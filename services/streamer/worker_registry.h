@@ -30,14 +30,17 @@ struct RegisteredWorker {
 
 class WorkerRegistry {
  public:
-  explicit WorkerRegistry(metrics::Registry& metrics);
+  // `release_id`: the release this streamer serves (format::ReleaseId), or empty for none. A
+  // worker serving another release is refused.
+  explicit WorkerRegistry(metrics::Registry& metrics, std::string release_id = "");
 
   // Validates the request, maps the arena, and records the worker under a fresh id,
   // replacing an earlier registration of the same rank (a restarted worker).
   absl::StatusOr<std::string> Register(const nq::v1::RegisterWorkerRequest& request);
-  // Marks the session of `worker_id` active. NOT_FOUND for an unknown id,
-  // FAILED_PRECONDITION when it already has a session.
-  absl::Status OpenSession(const std::string& worker_id);
+  // Marks the session of `worker_id` active and returns the worker, which stays alive (arena
+  // mapped) while the caller holds it, even if the rank registers again meanwhile. NOT_FOUND
+  // for an unknown id, FAILED_PRECONDITION when it already has a session.
+  absl::StatusOr<std::shared_ptr<RegisteredWorker>> OpenSession(const std::string& worker_id);
   // The session ended: drop the worker and unmap its arena.
   void CloseSession(const std::string& worker_id);
   size_t size() const;
@@ -48,8 +51,9 @@ class WorkerRegistry {
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<RegisteredWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<RegisteredWorker>> workers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  const std::string release_id_;
   metrics::Gauge& workers_gauge_;
   metrics::Gauge& arena_bytes_gauge_;
   metrics::Counter& registrations_;

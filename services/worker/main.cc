@@ -2,6 +2,7 @@
 // registers it with nq-streamer, and serves nq.v1.Worker to the router (rank 0).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <cstdlib>
@@ -27,7 +28,9 @@
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
 #include "services/model/model.h"
+#include "services/tools/release_expert_decoder.h"
 #include "services/tools/release_experts.h"
+#include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
 #include "services/worker/worker_service.h"
@@ -43,41 +46,64 @@ ABSL_FLAG(std::string, model, "", "HF checkpoint directory to serve (config.json
 ABSL_FLAG(std::string, served_model_name, "", "Model id reported to the router (default: the model directory's name)");
 ABSL_FLAG(std::string, release, "",
           "NestQuant release of --model's routed experts (nq encode); empty serves the checkpoint's experts");
-ABSL_FLAG(std::string, expert_bits, "fixed",
-          "With --release: every expert at 2 or 4 bits, or 'fixed' (the manifest's fixed 4-bit set, the rest "
-          "at 2 bits) until the streamer chooses them (issue #6)");
+ABSL_FLAG(std::string, expert_bits, "dynamic",
+          "With --release: 'dynamic' (2-bit base; an expert runs at 4 bits while the streamer holds its residual "
+          "in a READY slot), or a static choice without streaming: 2, 4, or 'fixed' (the manifest's fixed set at "
+          "4 bits, the rest at 2)");
+ABSL_FLAG(int, slot_wait_tokens, 0,
+          "During a request's first N steps, a step may wait for loads the streamer announced (0: never wait)");
+ABSL_FLAG(double, slot_wait_ms, 20, "Longest wait per step for announced loads (with --slot_wait_tokens)");
+ABSL_FLAG(bool, verify_slots, false,
+          "After every step, re-hash READY slots and count any that changed (protocol check; costs a pass over the "
+          "slots)");
 ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
-// Slot-arena geometry. Once a NestQuant release is served (issue #5) it comes from the
-// release's manifest; these flags set it until then.
-ABSL_FLAG(int, first_moe_layer, 1, "Model layer id of the first MoE layer (dense layers before it)");
-ABSL_FLAG(int, num_moe_layers, 3, "Number of MoE layers with slots");
-ABSL_FLAG(int, experts_per_layer, 16, "Routed experts per MoE layer");
-ABSL_FLAG(int, slots_per_layer, 4, "Residual slots per MoE layer");
-ABSL_FLAG(int, fixed_slots_per_layer, 2, "Slots per layer pinned to the fixed 4-bit set");
-ABSL_FLAG(int64_t, rec_bytes, 64 << 10, "Bytes of one residual record (multiple of 4096)");
+// Slot-arena geometry. With --release the MoE layers, experts and record size come from the
+// release and the fixed slots default to its fixed sets; without one these flags set it.
+ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
+ABSL_FLAG(int, num_moe_layers, 3, "Without --release: number of MoE layers with slots");
+ABSL_FLAG(int, experts_per_layer, 16, "Without --release: routed experts per MoE layer");
+ABSL_FLAG(int, slots_per_layer, 4,
+          "Residual slots per MoE layer: the fixed set's, F floating, and one staging slot");
+ABSL_FLAG(int, fixed_slots_per_layer, -1,
+          "Slots per layer pinned to the fixed 4-bit set (-1: the release's largest fixed set; 2 without one)");
+ABSL_FLAG(int64_t, rec_bytes, 64 << 10, "Without --release: bytes of one residual record (multiple of 4096)");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish the running sequence");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 namespace nq::worker {
 namespace {
 
-absl::StatusOr<SlotGeometry> GeometryFromFlags() {
-  const int first = absl::GetFlag(FLAGS_first_moe_layer);
-  const int layers = absl::GetFlag(FLAGS_num_moe_layers);
-  const int64_t rec_bytes = absl::GetFlag(FLAGS_rec_bytes);
-  if (first < 0 || layers <= 0 || absl::GetFlag(FLAGS_experts_per_layer) <= 0 ||
-      absl::GetFlag(FLAGS_slots_per_layer) <= 0 || absl::GetFlag(FLAGS_fixed_slots_per_layer) < 0 ||
-      rec_bytes <= 0) {
-    return absl::InvalidArgumentError(
-        "--first_moe_layer, --num_moe_layers, --experts_per_layer, --slots_per_layer, "
-        "--fixed_slots_per_layer and --rec_bytes must be positive (first layer and fixed slots "
-        "may be 0)");
-  }
+absl::StatusOr<SlotGeometry> GeometryFromFlags(const tools::ReleaseExpertDecoder* decoder) {
+  int first = absl::GetFlag(FLAGS_first_moe_layer);
+  int layers = absl::GetFlag(FLAGS_num_moe_layers);
+  int64_t rec_bytes = absl::GetFlag(FLAGS_rec_bytes);
+  int experts = absl::GetFlag(FLAGS_experts_per_layer);
+  int fixed = absl::GetFlag(FLAGS_fixed_slots_per_layer);
   std::vector<uint32_t> layer_ids;
-  for (int i = 0; i < layers; ++i) layer_ids.push_back(static_cast<uint32_t>(first + i));
-  SlotGeometry geometry = SlotGeometry::Packed(
-      std::move(layer_ids), absl::GetFlag(FLAGS_slots_per_layer), static_cast<uint64_t>(rec_bytes),
-      absl::GetFlag(FLAGS_experts_per_layer), absl::GetFlag(FLAGS_fixed_slots_per_layer));
+  if (decoder != nullptr) {
+    // The release decides: every MoE layer it holds (MTP included), its largest record.
+    layer_ids = decoder->moe_layer_ids();
+    experts = static_cast<int>(decoder->release().manifest().experts_per_layer);
+    rec_bytes = 0;
+    size_t largest_fixed = 0;
+    for (uint32_t layer : layer_ids) {
+      ASSIGN_OR_RETURN(uint64_t bytes, decoder->RecordBytes(layer));
+      rec_bytes = std::max<int64_t>(rec_bytes, static_cast<int64_t>(bytes));
+      largest_fixed = std::max(largest_fixed, decoder->FixedSet(layer).size());
+    }
+    if (fixed < 0) fixed = static_cast<int>(largest_fixed);
+  } else {
+    if (fixed < 0) fixed = 2;
+    for (int i = 0; i < layers; ++i) layer_ids.push_back(static_cast<uint32_t>(first + i));
+  }
+  if (first < 0 || layers <= 0 || experts <= 0 || absl::GetFlag(FLAGS_slots_per_layer) <= 0 || rec_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        "--first_moe_layer, --num_moe_layers, --experts_per_layer, --slots_per_layer and --rec_bytes must be "
+        "positive (the first layer may be 0)");
+  }
+  SlotGeometry geometry = SlotGeometry::Packed(std::move(layer_ids), absl::GetFlag(FLAGS_slots_per_layer),
+                                               static_cast<uint64_t>(rec_bytes), static_cast<uint32_t>(experts),
+                                               static_cast<uint32_t>(fixed));
   RETURN_IF_ERROR(geometry.Validate());
   return geometry;
 }
@@ -87,6 +113,12 @@ absl::Status CheckFlags() {
   RETURN_IF_ERROR(CheckPortFlag("metrics_port", absl::GetFlag(FLAGS_metrics_port), true));
   RETURN_IF_ERROR(CheckAddressFlag("streamer_address", absl::GetFlag(FLAGS_streamer_address)));
   RETURN_IF_ERROR(CheckPositiveSecondsFlag("drain_timeout_s", absl::GetFlag(FLAGS_drain_timeout_s)));
+  if (absl::GetFlag(FLAGS_slot_wait_tokens) < 0 || absl::GetFlag(FLAGS_slot_wait_ms) < 0) {
+    return absl::InvalidArgumentError("--slot_wait_tokens and --slot_wait_ms must not be negative");
+  }
+  if (const std::string bits = absl::GetFlag(FLAGS_expert_bits); bits != "dynamic" && !tools::ParseExpertBits(bits).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--expert_bits=", bits, ": want dynamic, 2, 4 or fixed"));
+  }
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
@@ -106,20 +138,15 @@ std::string ArenaName(int rank) {
 
 absl::Status Run(ShutdownSignal& shutdown) {
   RETURN_IF_ERROR(CheckFlags());
-  ASSIGN_OR_RETURN(SlotGeometry geometry, GeometryFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                    kernels::CreateBackend(absl::GetFlag(FLAGS_backend)));
   const int rank = absl::GetFlag(FLAGS_rank);
-
-  // The CPU backend's arena lives in POSIX shared memory that the streamer maps by name.
-  ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Create(ArenaName(rank), geometry.ArenaBytes()));
   metrics::Registry& registry = metrics::Registry::Default();
-  registry.Gauge("nq_worker_slot_arena_bytes", "Bytes of this worker's slot arena").Get().Set(
-      static_cast<double>(arena.size()));
-  SlotTable table(geometry);
 
   // The model loads before any server starts: health is NOT_SERVING until it is ready.
   std::unique_ptr<model::Model> model;
+  std::unique_ptr<tools::ReleaseExpertDecoder> decoder;
+  bool dynamic_experts = false;
   std::string model_id = absl::GetFlag(FLAGS_served_model_name);
   if (const std::string dir = absl::GetFlag(FLAGS_model); !dir.empty()) {
     if (absl::GetFlag(FLAGS_world_size) != 1) {
@@ -129,9 +156,21 @@ absl::Status Run(ShutdownSignal& shutdown) {
     const auto started = std::chrono::steady_clock::now();
     const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len)};
     if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
-      ASSIGN_OR_RETURN(tools::ExpertBits bits, tools::ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
-      ASSIGN_OR_RETURN(model, tools::LoadModelWithRelease(dir, release, bits, *backend, nullptr, options));
-      spdlog::info("routed experts from release {} ({} bits)", release, absl::GetFlag(FLAGS_expert_bits));
+      const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
+      dynamic_experts = bits_flag == "dynamic";
+      ASSIGN_OR_RETURN(tools::ExpertBits bits,
+                       dynamic_experts ? tools::ExpertBits::k2Bit : tools::ParseExpertBits(bits_flag));
+      ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
+      absl::StatusOr<std::unique_ptr<tools::ReleaseExpertDecoder>> opened =
+          tools::ReleaseExpertDecoder::Open(release, dir, config, options.tp);
+      if (!opened.ok()) return Annotate(opened.status(), "release " + release);
+      decoder = *std::move(opened);
+      ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
+      ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, *backend, options.tp));
+      RETURN_IF_ERROR(tools::ApplyReleaseExperts(*decoder, config, bits, *backend, weights));
+      ASSIGN_OR_RETURN(model, model::Model::Create(std::move(config), std::move(weights), *backend, nullptr, options));
+      spdlog::info("routed experts from release {} ({})", release,
+                   dynamic_experts ? "2-bit base, 4 bits from READY slots" : bits_flag + " bits, no streaming");
     } else {
       ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr, options));
     }
@@ -139,10 +178,28 @@ absl::Status Run(ShutdownSignal& shutdown) {
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
     spdlog::info("loaded {} ({}) in {:.2f} s", dir, std::string(model::ArchitectureName(model->config().architecture)),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  } else if (!absl::GetFlag(FLAGS_release).empty()) {
+    return absl::InvalidArgumentError("--release needs --model");
   }
+  ASSIGN_OR_RETURN(SlotGeometry geometry, GeometryFromFlags(decoder.get()));
+
+  // The CPU backend's arena lives in POSIX shared memory that the streamer maps by name.
+  ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Create(ArenaName(rank), geometry.ArenaBytes()));
+  registry.Gauge("nq_worker_slot_arena_bytes", "Bytes of this worker's slot arena").Get().Set(
+      static_cast<double>(arena.size()));
+  SlotTable table(geometry);
+  SlotRuntime slots(&table, std::span<const std::byte>(reinterpret_cast<const std::byte*>(arena.data()), arena.size()),
+                    dynamic_experts ? decoder.get() : nullptr, backend.get(),
+                    SlotRuntimeOptions{
+                        .wait_tokens = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_slot_wait_tokens))),
+                        .wait_per_step = absl::Milliseconds(absl::GetFlag(FLAGS_slot_wait_ms)),
+                        .verify_slots = absl::GetFlag(FLAGS_verify_slots),
+                    });
+  if (model != nullptr && dynamic_experts) model->SetRoutedExpertSource(slots.ExpertSource());
+
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
                                        static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id},
-                        &table, model.get());
+                        &slots, model.get());
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
@@ -173,9 +230,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
   if (gethostname(hostname, sizeof(hostname) - 1) == 0) client_options.arena_request.set_hostname(hostname);
   client_options.arena_request.mutable_shm()->set_name(arena.name());
   client_options.arena_request.mutable_shm()->set_bytes(arena.size());
+  // A worker with static expert bits asks for no loads: the streamer sees no release id.
+  if (dynamic_experts) client_options.release_id = decoder->release().id();
   // SERVING once the streamer first accepts the arena: from then on the worker keeps serving
   // (at 2 bits) through streamer outages, as DESIGN.md section 4 requires.
-  StreamerClient streamer(std::move(client_options), &table, [&](bool connected) {
+  StreamerClient streamer(std::move(client_options), &slots, [&](bool connected) {
     service.SetStreamerConnected(connected);
     if (connected && service.state() == nq::v1::WORKER_STATE_LOADING) {
       service.SetReady();

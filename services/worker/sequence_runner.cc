@@ -71,7 +71,9 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       return stats;
     }
     const auto start = std::chrono::steady_clock::now();
+    if (slots_ != nullptr) slots_->BeginStep(static_cast<uint32_t>(generated));
     absl::StatusOr<std::vector<float>> logits = model_->ForwardLast(input);
+    if (slots_ != nullptr) slots_->EndStep();
     if (!logits.ok()) {
       // The cache may hold part of this step: forget the sequence rather than reuse it.
       model_->ResetCache();

@@ -12,6 +12,7 @@
 #include "nq/v1/sampling.pb.h"
 #include "services/model/model.h"
 #include "services/worker/sampler.h"
+#include "services/worker/slot_runtime.h"
 
 namespace nq::worker {
 
@@ -49,10 +50,14 @@ class SequenceRunner {
                                     const std::function<bool()>& cancelled);
 
   int64_t context_window() const;
+  // Each forward becomes one step of `slots` (updates applied only between steps); null:
+  // no slots.
+  void SetSlotRuntime(SlotRuntime* slots) { slots_ = slots; }
 
  private:
   model::Model* const model_;
   const std::vector<int32_t> eos_token_ids_;
+  SlotRuntime* slots_ = nullptr;
   // Tokens whose KV is in the cache, in order (the previous sequence, for prefix reuse).
   std::vector<int32_t> cached_tokens_;
 };

@@ -28,10 +28,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 
 }  // namespace
 
-StreamerClient::StreamerClient(StreamerClientOptions options, SlotTable* table,
+StreamerClient::StreamerClient(StreamerClientOptions options, SlotRuntime* runtime,
                                std::function<void(bool)> on_connection_change)
     : options_(std::move(options)),
-      table_(table),
+      runtime_(runtime),
       on_connection_change_(std::move(on_connection_change)),
       channel_(MakeChannel(options_.address)),
       stub_(nq::v1::Streamer::NewStub(channel_)),
@@ -48,14 +48,6 @@ StreamerClient::StreamerClient(StreamerClientOptions options, SlotTable* table,
                     .Counter("nq_worker_streamer_connect_failures_total",
                              "Failed registrations or broken sessions with nq-streamer")
                     .Get()),
-      updates_applied_(metrics::Registry::Default()
-                           .Counter("nq_worker_slot_updates_applied_total",
-                                    "Slot-table updates applied at a step boundary")
-                           .Get()),
-      updates_rejected_(metrics::Registry::Default()
-                            .Counter("nq_worker_slot_updates_rejected_total",
-                                     "Slot-table updates rejected as protocol violations")
-                            .Get()),
       reports_sent_(metrics::Registry::Default()
                         .Counter("nq_worker_routing_reports_sent_total", "Routing reports sent to nq-streamer")
                         .Get()),
@@ -72,11 +64,19 @@ void StreamerClient::EnqueueRoutingReport(nq::v1::RoutingReport report) {
     return;
   }
   absl::MutexLock lock(&report_mu_);
-  if (reports_.size() >= kMaxQueuedReports) {
-    reports_.pop_front();
-    reports_dropped_.Increment();
+  if (queued_reports_ >= kMaxQueuedReports) {
+    for (auto it = outbox_.begin(); it != outbox_.end(); ++it) {
+      if (!it->has_routing()) continue;
+      outbox_.erase(it);
+      --queued_reports_;
+      reports_dropped_.Increment();
+      break;
+    }
   }
-  reports_.push_back(std::move(report));
+  nq::v1::WorkerMessage message;
+  *message.mutable_routing() = std::move(report);
+  outbox_.push_back(std::move(message));
+  ++queued_reports_;
 }
 
 StreamerClient::~StreamerClient() { Stop(); }
@@ -142,7 +142,7 @@ absl::Status StreamerClient::RunSession() {
   request.set_rank(options_.rank);
   request.set_world_size(options_.world_size);
   request.set_release_id(options_.release_id);
-  *request.mutable_geometry() = table_->geometry().ToProto();
+  *request.mutable_geometry() = runtime_->table().geometry().ToProto();
 
   nq::v1::RegisterWorkerResponse response;
   {
@@ -154,8 +154,8 @@ absl::Status StreamerClient::RunSession() {
   }
   registrations_.Increment();
   if (!streamer_instance_id_.empty() && streamer_instance_id_ != response.streamer_instance_id()) {
-    spdlog::info("streamer restarted (instance {} -> {}); resyncing {} READY slots",
-                 streamer_instance_id_, response.streamer_instance_id(), table_->ReadySlots().size());
+    spdlog::info("streamer restarted (instance {} -> {}); resyncing from this worker's slot table",
+                 streamer_instance_id_, response.streamer_instance_id());
   }
   streamer_instance_id_ = response.streamer_instance_id();
 
@@ -173,43 +173,47 @@ absl::Status StreamerClient::RunSession() {
       stub_->Session(&context);
   nq::v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(response.worker_id());
-  for (nq::v1::SlotEntry& entry : table_->ReadySlots()) {
-    *hello.mutable_hello()->add_ready_slots() = std::move(entry);
-  }
-  hello.mutable_hello()->set_applied_generation(table_->applied_generation());
+  // Taken between steps, with the old session's unapplied updates dropped: the streamer
+  // adopts exactly what this worker maps.
+  auto [ready_slots, applied_generation] = runtime_->SnapshotForHello();
+  for (nq::v1::SlotEntry& entry : ready_slots) *hello.mutable_hello()->add_ready_slots() = std::move(entry);
+  hello.mutable_hello()->set_applied_generation(applied_generation);
   if (!stream->Write(hello)) {
     clear_context();
     return Annotate(FromGrpcStatus(stream->Finish()), "session hello");
   }
   spdlog::info("registered with streamer {} as {} (rank {}/{}, arena {} bytes)", options_.address,
                response.worker_id(), options_.rank, options_.world_size,
-               table_->geometry().ArenaBytes());
+               runtime_->table().geometry().ArenaBytes());
   SetConnected(true);
 
-  // The writer thread sends queued routing reports; writes are serialised with the unmap
-  // acknowledgements this thread sends.
-  absl::Mutex write_mu;
+  // The writer thread sends queued routing reports and unmap acknowledgements.
   {
     absl::MutexLock lock(&report_mu_);
     writer_stop_ = false;
-    reports_.clear();
+    outbox_.clear();
+    queued_reports_ = 0;
   }
+  runtime_->SetAckSink([this](nq::v1::UnmapAck ack) {
+    nq::v1::WorkerMessage message;
+    *message.mutable_unmap_ack() = std::move(ack);
+    absl::MutexLock lock(&report_mu_);
+    outbox_.push_back(std::move(message));
+  });
   std::thread writer([&] {
     while (true) {
-      nq::v1::RoutingReport report;
+      nq::v1::WorkerMessage out;
       {
         absl::MutexLock lock(&report_mu_);
-        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(report_mu_) { return writer_stop_ || !reports_.empty(); };
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(report_mu_) { return writer_stop_ || !outbox_.empty(); };
         report_mu_.Await(absl::Condition(&ready));
         if (writer_stop_) return;
-        report = std::move(reports_.front());
-        reports_.pop_front();
+        out = std::move(outbox_.front());
+        outbox_.pop_front();
+        if (out.has_routing()) --queued_reports_;
       }
-      nq::v1::WorkerMessage out;
-      *out.mutable_routing() = std::move(report);
-      absl::MutexLock lock(&write_mu);
       if (!stream->Write(out)) return;
-      reports_sent_.Increment();
+      if (out.has_routing()) reports_sent_.Increment();
     }
   });
   auto stop_writer = [&] {
@@ -221,28 +225,12 @@ absl::Status StreamerClient::RunSession() {
   };
 
   nq::v1::StreamerMessage message;
-  uint64_t step = 0;
   while (stream->Read(&message)) {
-    if (!message.has_update()) continue;
-    // No decode loop runs between updates here: the worker is at a step boundary whenever
-    // this thread holds an update, so it applies it at once.
-    std::vector<nq::v1::SlotRef> unmapped;
-    absl::Status applied = table_->ApplyAtStepBoundary(message.update(), &unmapped);
-    if (!applied.ok()) {
-      updates_rejected_.Increment();
-      spdlog::error("rejected slot-table update generation {}: {}", message.update().generation(),
-                    applied.ToString());
-      continue;
-    }
-    updates_applied_.Increment();
-    if (unmapped.empty()) continue;
-    nq::v1::WorkerMessage ack;
-    ack.mutable_unmap_ack()->set_generation(message.update().generation());
-    ack.mutable_unmap_ack()->set_step(step);
-    for (nq::v1::SlotRef& ref : unmapped) *ack.mutable_unmap_ack()->add_slots() = std::move(ref);
-    absl::MutexLock lock(&write_mu);
-    if (!stream->Write(ack)) break;
+    // Applied at the next step boundary (or now, between requests).
+    if (message.has_update()) runtime_->Post(std::move(*message.mutable_update()));
   }
+  // Acknowledgements of this session are meaningless to the next one (it resyncs).
+  runtime_->SetAckSink(nullptr);
   // The session is over (streamer gone or Stop): cancel so the writer's Write cannot hang.
   context.TryCancel();
   stop_writer();

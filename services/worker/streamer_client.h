@@ -1,5 +1,6 @@
 // The worker's side of nq.v1.Streamer: registers the slot arena, keeps the session up, and
-// applies slot-table updates. It never blocks decode: when the streamer is absent or dies,
+// hands slot-table updates to the SlotRuntime (which applies them between steps) and its
+// unmap acknowledgements back to the streamer. It never blocks decode: when the streamer is absent or dies,
 // the worker serves every expert at 2 bits and this client keeps retrying in the background.
 #pragma once
 
@@ -16,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.grpc.pb.h"
 #include "services/common/metrics/registry.h"
-#include "services/worker/slot_table.h"
+#include "services/worker/slot_runtime.h"
 
 namespace nq::worker {
 
@@ -37,7 +38,7 @@ struct StreamerClientOptions {
 class StreamerClient {
  public:
   // `on_connection_change(true)` runs when a session comes up, (false) when it goes down.
-  StreamerClient(StreamerClientOptions options, SlotTable* table,
+  StreamerClient(StreamerClientOptions options, SlotRuntime* runtime,
                  std::function<void(bool)> on_connection_change);
   ~StreamerClient();
   StreamerClient(const StreamerClient&) = delete;
@@ -61,16 +62,18 @@ class StreamerClient {
   bool SleepUnlessStopped(std::chrono::milliseconds duration);
 
   const StreamerClientOptions options_;
-  SlotTable* const table_;
+  SlotRuntime* const runtime_;
   const std::function<void(bool)> on_connection_change_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<nq::v1::Streamer::Stub> stub_;
   std::atomic<bool> connected_{false};
   std::string streamer_instance_id_;
 
-  // Routing reports waiting for the session's writer thread.
+  // Messages waiting for the session's writer thread: routing reports (dropped when the
+  // queue is full) and unmap acknowledgements (never dropped while the session is up).
   absl::Mutex report_mu_;
-  std::deque<nq::v1::RoutingReport> reports_ ABSL_GUARDED_BY(report_mu_);
+  std::deque<nq::v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(report_mu_);
+  size_t queued_reports_ ABSL_GUARDED_BY(report_mu_) = 0;
   bool writer_stop_ ABSL_GUARDED_BY(report_mu_) = false;
 
   absl::Mutex mu_;
@@ -81,8 +84,6 @@ class StreamerClient {
   metrics::Gauge& connected_gauge_;
   metrics::Counter& registrations_;
   metrics::Counter& failures_;
-  metrics::Counter& updates_applied_;
-  metrics::Counter& updates_rejected_;
   metrics::Counter& reports_sent_;
   metrics::Counter& reports_dropped_;
 };

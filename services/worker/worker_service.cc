@@ -18,11 +18,12 @@ constexpr std::chrono::seconds kBusyWait{5};
 
 }  // namespace
 
-WorkerService::WorkerService(WorkerIdentity identity, const SlotTable* table, model::Model* model)
-    : identity_(std::move(identity)), table_(table), model_(model) {
+WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model::Model* model)
+    : identity_(std::move(identity)), slots_(slots), model_(model) {
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
     runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
+    runner_->SetSlotRuntime(slots_);
     const model::ModelConfig& config = model_->config();
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       if (config.IsMoeLayer(l)) moe_layers_.push_back(static_cast<uint32_t>(l));
@@ -207,7 +208,7 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext* context,
   }
   response->set_tensor_parallel_size(identity_.world_size);
   response->set_streamer_connected(streamer_connected_.load());
-  const SlotGeometry& geometry = table_->geometry();
+  const SlotGeometry& geometry = slots_->table().geometry();
   response->set_num_moe_layers(static_cast<uint32_t>(geometry.moe_layer_ids.size()));
   response->set_slots_per_layer(geometry.slots_per_layer);
   response->set_rec_bytes(geometry.rec_bytes);

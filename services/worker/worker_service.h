@@ -13,7 +13,7 @@
 #include "nq/v1/worker.grpc.pb.h"
 #include "services/model/model.h"
 #include "services/worker/sequence_runner.h"
-#include "services/worker/slot_table.h"
+#include "services/worker/slot_runtime.h"
 
 namespace nq::worker {
 
@@ -27,7 +27,7 @@ struct WorkerIdentity {
 class WorkerService final : public nq::v1::Worker::Service {
  public:
   // `model` may be null (no model loaded): Generate is then UNAVAILABLE.
-  WorkerService(WorkerIdentity identity, const SlotTable* table, model::Model* model);
+  WorkerService(WorkerIdentity identity, SlotRuntime* slots, model::Model* model);
 
   // Life-cycle transitions, driven by main(): LOADING -> READY -> DRAINING.
   void SetReady();
@@ -47,7 +47,7 @@ class WorkerService final : public nq::v1::Worker::Service {
 
  private:
   const WorkerIdentity identity_;
-  const SlotTable* const table_;
+  SlotRuntime* const slots_;
   model::Model* const model_;
   std::unique_ptr<SequenceRunner> runner_;
   // Routing of the tokens since the last report (decode thread only).

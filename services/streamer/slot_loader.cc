@@ -1,0 +1,438 @@
+#include "services/streamer/slot_loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/logging.h"
+#include "services/common/metrics/buckets.h"
+#include "services/common/status_macros.h"
+
+namespace nq::streamer {
+namespace {
+
+// While reads are in flight the thread polls the ring this often; idle, it sleeps until an
+// event arrives (or this long, to notice Stop).
+constexpr absl::Duration kPollInterval = absl::Microseconds(200);
+constexpr absl::Duration kIdleWait = absl::Milliseconds(100);
+
+}  // namespace
+
+LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
+    : read_backlog_bytes(registry.Gauge("nq_streamer_read_backlog_bytes",
+                                        "Bytes of record reads wanted but not yet landed in a slot").Get()),
+      read_queue_depth(registry.Gauge("nq_streamer_read_queue_depth", "Record reads in flight").Get()),
+      read_bytes(registry.Counter("nq_streamer_read_bytes_total", "Bytes of records read").Get()),
+      read_latency(registry.Histogram("nq_streamer_read_latency_seconds",
+                                      "Record read latency, from issue to landing in the bounce buffer",
+                                      metrics::ExponentialBuckets(25e-6, 2, 16)).Get()),
+      loads_ready(registry.Counter("nq_streamer_slot_loads_total",
+                                   "Slot loads finished, by result (ready: announced READY; failed: the "
+                                   "record failed its hash or read, never announced)",
+                                   {"result"}).WithLabels({"ready"})),
+      loads_failed(registry.Counter("nq_streamer_slot_loads_total", "", {"result"}).WithLabels({"failed"})),
+      unmaps(registry.Counter("nq_streamer_slot_unmaps_total", "Slots the streamer asked a worker to unmap").Get()),
+      refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
+                                         "Time of one predictor refresh (score, plan)",
+                                         metrics::ExponentialBuckets(1e-6, 2, 22)).Get()),
+      calls_4bit(registry.Counter("nq_streamer_expert_calls_total",
+                                  "Routed expert calls reported by workers, by the precision the streamer's "
+                                  "table gives them (4: READY in a slot)",
+                                  {"bits"}).WithLabels({"4"})),
+      calls_2bit(registry.Counter("nq_streamer_expert_calls_total", "", {"bits"}).WithLabels({"2"})) {}
+
+absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::Create(std::shared_ptr<RegisteredWorker> worker,
+                                                               const SlotLoaderOptions& options,
+                                                               LoaderMetrics* metrics, Send send) {
+  RecordStoreOptions store_options = options.store;
+  store_options.buffers = std::max(store_options.buffers, store_options.queue_depth);
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Open(options.record_dirs, store_options));
+  const SlotGeometry& g = worker->geometry;
+  const format::Manifest& manifest = store->release().manifest();
+  if (g.experts_per_layer != manifest.experts_per_layer) {
+    return absl::FailedPreconditionError(absl::StrCat("worker has ", g.experts_per_layer,
+                                                      " experts per layer, the release ", manifest.experts_per_layer));
+  }
+  for (uint32_t layer : g.moe_layer_ids) {
+    absl::StatusOr<uint64_t> rec_bytes = store->RecordBytes(worker->rank, layer);
+    if (!rec_bytes.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the release has no records for rank ", worker->rank, " layer ", layer));
+    }
+    if (*rec_bytes > g.rec_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat("layer ", layer, " records are ", *rec_bytes,
+                                                        " bytes, the worker's slots ", g.rec_bytes));
+    }
+  }
+  return std::unique_ptr<SlotLoader>(new SlotLoader(std::move(worker), std::move(store), options, metrics,
+                                                    std::move(send)));
+}
+
+SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store,
+                       const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send)
+    : worker_(std::move(worker)),
+      store_(std::move(store)),
+      options_(options),
+      metrics_(metrics),
+      send_(std::move(send)),
+      allocator_(worker_->geometry) {
+  const unsigned buffers = std::max(options_.store.buffers, options_.store.queue_depth);
+  for (unsigned b = buffers; b-- > 0;) free_buffers_.push_back(b);
+}
+
+SlotLoader::~SlotLoader() { Stop(); }
+
+absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
+  const std::vector<nq::v1::SlotEntry> ready(hello.ready_slots().begin(), hello.ready_slots().end());
+  RETURN_IF_ERROR(allocator_.Adopt(ready));
+  // Generations continue above what the worker applied: it ignores anything older.
+  next_generation_ = hello.applied_generation() + 1;
+  const SlotGeometry& g = worker_->geometry;
+  for (size_t li = 0; li < g.moe_layer_ids.size(); ++li) {
+    const format::ManifestLayer* ml = store_->release().manifest().FindLayer(g.moe_layer_ids[li]);
+    if (ml == nullptr) continue;
+    const size_t fixed = std::min<size_t>(ml->fixed_4bit.size(), g.fixed_slots_per_layer);
+    for (size_t i = 0; i < fixed; ++i) {
+      queue_.push_back(Want{.layer = g.moe_layer_ids[li], .expert = ml->fixed_4bit[i], .fixed = true});
+    }
+  }
+  spdlog::info("worker {}: {} READY slots adopted, {} fixed-set loads queued, {} floating slots per layer",
+               worker_->worker_id, hello.ready_slots_size(), queue_.size(), allocator_.floating_slots());
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+void SlotLoader::OnRouting(nq::v1::RoutingReport report) {
+  absl::MutexLock lock(&mu_);
+  events_.emplace_back(std::move(report));
+}
+
+void SlotLoader::OnUnmapAck(nq::v1::UnmapAck ack) {
+  absl::MutexLock lock(&mu_);
+  events_.emplace_back(std::move(ack));
+}
+
+void SlotLoader::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  metrics_->read_backlog_bytes.Increment(-published_backlog_);
+  metrics_->read_queue_depth.Increment(-published_depth_);
+  published_backlog_ = published_depth_ = 0;
+}
+
+SlotLoader::Stats SlotLoader::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void SlotLoader::Run() {
+  while (true) {
+    std::deque<Event> events;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !events_.empty(); };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), in_flight_.empty() ? kIdleWait : kPollInterval);
+      if (stop_) break;
+      events.swap(events_);
+    }
+    for (const Event& event : events) {
+      if (const auto* report = std::get_if<nq::v1::RoutingReport>(&event)) {
+        HandleRouting(*report);
+      } else {
+        HandleAck(std::get<nq::v1::UnmapAck>(event));
+      }
+    }
+    if (!session_gone_) Pump();
+    Reap();
+    PublishGauges();
+  }
+  // Reads still in flight land in our own buffers; drain them so the ring is idle.
+  while (store_->outstanding() > 0) {
+    if (!store_->Wait().ok()) break;
+  }
+}
+
+absl::Status SlotLoader::EnsurePredictor(const nq::v1::RoutingReport& report) {
+  if (predictor_.has_value()) return absl::OkStatus();
+  // The layers the worker reports (the main model's MoE layers; the MTP layer never runs
+  // during decode), in the report's order.
+  std::vector<uint32_t> layers;
+  for (const nq::v1::LayerRouting& entry : report.layer_entries()) {
+    if (!layers.empty() && entry.layer() == layers.front()) break;
+    layers.push_back(entry.layer());
+  }
+  if (layers.empty() || report.layer_entries_size() % layers.size() != 0) {
+    return absl::InvalidArgumentError("routing report is not token-major over a fixed layer list");
+  }
+  PredictorOptions options = options_.predictor;
+  options.num_layers = static_cast<uint32_t>(layers.size());
+  options.experts_per_layer = worker_->geometry.experts_per_layer;
+  options.floating_slots = allocator_.floating_slots();
+  options.fixed.clear();
+  options.static_ranking.clear();
+  std::vector<size_t> indexes;
+  for (uint32_t layer : layers) {
+    ASSIGN_OR_RETURN(size_t li, worker_->geometry.LayerIndex(layer));
+    indexes.push_back(li);
+    const format::ManifestLayer* ml = store_->release().manifest().FindLayer(layer);
+    std::vector<uint32_t> fixed;
+    if (ml != nullptr) {
+      const size_t n = std::min<size_t>(ml->fixed_4bit.size(), worker_->geometry.fixed_slots_per_layer);
+      fixed.assign(ml->fixed_4bit.begin(), ml->fixed_4bit.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    options.fixed.push_back(std::move(fixed));
+    options.static_ranking.push_back(ml != nullptr ? ml->ranking : std::vector<uint32_t>{});
+  }
+  ASSIGN_OR_RETURN(PredictorV0 predictor, PredictorV0::Create(std::move(options)));
+  predictor_.emplace(std::move(predictor));
+  predictor_layers_ = std::move(layers);
+  predictor_layer_index_ = std::move(indexes);
+  return absl::OkStatus();
+}
+
+void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
+  if (routing_rejected_) return;
+  if (absl::Status s = EnsurePredictor(report); !s.ok()) {
+    spdlog::error("worker {}: routing reports unusable, no floating loads this session: {}", worker_->worker_id,
+                  s.ToString());
+    routing_rejected_ = true;
+    return;
+  }
+  const size_t L = predictor_layers_.size();
+  const size_t tokens = static_cast<size_t>(report.layer_entries_size()) / L;
+  std::vector<uint32_t> experts;
+  std::vector<float> weights;
+  uint64_t calls_4bit = 0, calls_2bit = 0;
+  for (size_t t = 0; t < tokens; ++t) {
+    experts.clear();
+    weights.clear();
+    for (size_t l = 0; l < L; ++l) {
+      const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(t * L + l));
+      if (entry.layer() != predictor_layers_[l] || entry.experts_size() != entry.weights_size() ||
+          (!experts.empty() && static_cast<size_t>(entry.experts_size()) * l != experts.size())) {
+        spdlog::warn("worker {}: malformed routing report dropped (token {} layer {})", worker_->worker_id, t,
+                     entry.layer());
+        return;
+      }
+      for (int j = 0; j < entry.experts_size(); ++j) {
+        const uint32_t e = entry.experts(j);
+        const std::optional<uint32_t> slot =
+            e < worker_->geometry.experts_per_layer ? allocator_.SlotOf(predictor_layer_index_[l], e) : std::nullopt;
+        (slot && allocator_.state(predictor_layer_index_[l], *slot) == SlotState::kReady ? calls_4bit : calls_2bit)++;
+        experts.push_back(e);
+        weights.push_back(entry.weights(j));
+      }
+    }
+    if (absl::Status s = predictor_->Observe(experts, weights); !s.ok()) {
+      spdlog::warn("worker {}: routing report dropped: {}", worker_->worker_id, s.ToString());
+      return;
+    }
+    if (predictor_->RefreshDue()) Refresh();
+  }
+  metrics_->calls_4bit.Increment(static_cast<double>(calls_4bit));
+  metrics_->calls_2bit.Increment(static_cast<double>(calls_2bit));
+}
+
+void SlotLoader::Refresh() {
+  // Resync the predictor's residency with the slots (a failed or dropped load never landed).
+  for (size_t l = 0; l < predictor_layers_.size(); ++l) {
+    std::vector<uint32_t> floating;
+    for (uint32_t e : allocator_.FloatingExperts(predictor_layer_index_[l])) {
+      if (!predictor_->IsFixed(static_cast<uint32_t>(l), e)) floating.push_back(e);
+    }
+    // Transiently F + 1 (a replacement landing in the staging slot): keep the predictor's view.
+    if (floating.size() <= allocator_.floating_slots()) {
+      (void)predictor_->SetResident(static_cast<uint32_t>(l), floating);
+    }
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const PredictorPlan& plan = predictor_->Refresh();
+  metrics_->refresh_seconds.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  // The new plan replaces floating loads not yet issued: an expert no longer wanted is not read.
+  std::deque<Want> queue;
+  for (const Want& want : queue_) {
+    if (want.fixed) queue.push_back(want);
+  }
+  for (const PlannedLoad& load : plan.loads) {
+    if (failed_.count({predictor_layers_[load.layer], load.expert}) != 0) continue;
+    queue.push_back(Want{.layer = predictor_layers_[load.layer],
+                         .expert = load.expert,
+                         .victim = load.victim,
+                         .fixed = false});
+  }
+  queue_ = std::move(queue);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.refreshes;
+  }
+  // Tell the worker loads are coming, so a request's first tokens may wait for them.
+  if (!plan.loads.empty()) SendUpdate({});
+}
+
+void SlotLoader::HandleAck(const nq::v1::UnmapAck& ack) {
+  for (const nq::v1::SlotRef& ref : ack.slots()) {
+    absl::StatusOr<size_t> li = worker_->geometry.LayerIndex(ref.layer());
+    absl::Status s = li.ok() ? allocator_.Acknowledge(*li, ref.slot()) : li.status();
+    if (!s.ok()) spdlog::warn("worker {}: unexpected unmap acknowledgement: {}", worker_->worker_id, s.ToString());
+  }
+}
+
+void SlotLoader::Pump() {
+  const SlotGeometry& g = worker_->geometry;
+  nq::v1::SlotTableUpdate eager_unmaps;
+  for (auto it = queue_.begin(); it != queue_.end() && !free_buffers_.empty();) {
+    const Want want = *it;
+    absl::StatusOr<size_t> li = g.LayerIndex(want.layer);
+    if (!li.ok() || allocator_.SlotOf(*li, want.expert).has_value() || failed_.count({want.layer, want.expert})) {
+      it = queue_.erase(it);  // unknown layer, already present or loading, or known bad
+      continue;
+    }
+    std::optional<uint32_t> slot = allocator_.Reserve(*li, want.expert, want.fixed);
+    if (!slot.has_value()) {
+      // No FREE slot: unmap the victim now (eager) and wait for the acknowledgement.
+      std::optional<uint32_t> victim_slot =
+          want.victim == PlannedLoad::kNoVictim ? std::nullopt : allocator_.SlotOf(*li, want.victim);
+      if (!want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
+          allocator_.state(*li, *victim_slot) == SlotState::kReady) {
+        (void)allocator_.MarkUnmapping(*li, *victim_slot);
+        nq::v1::SlotChange* change = eager_unmaps.add_changes();
+        change->set_kind(nq::v1::SlotChange::KIND_UNMAP);
+        change->set_layer(want.layer);
+        change->set_slot(*victim_slot);
+        it->victim = PlannedLoad::kNoVictim;
+        ++it;
+      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty()) {
+        ++it;  // a slot frees up when an acknowledgement or a read comes back
+      } else {
+        it = queue_.erase(it);  // nothing will free a slot for it
+      }
+      continue;
+    }
+    const unsigned buffer = free_buffers_.back();
+    const uint64_t tag = next_tag_++;
+    absl::Status submitted = store_->Submit(ReadRequest{.rank = worker_->rank,
+                                                        .layer = want.layer,
+                                                        .expert = want.expert,
+                                                        .buffer_index = static_cast<int>(buffer),
+                                                        .tag = tag});
+    if (!submitted.ok()) {
+      spdlog::error("worker {}: read of layer {} expert {} not issued: {}", worker_->worker_id, want.layer,
+                    want.expert, submitted.ToString());
+      (void)allocator_.Release(*li, *slot);
+      failed_.insert({want.layer, want.expert});
+      it = queue_.erase(it);
+      continue;
+    }
+    free_buffers_.pop_back();
+    in_flight_[tag] = Read{.layer_index = *li, .slot = *slot, .want = want, .buffer = buffer};
+    it = queue_.erase(it);
+  }
+  if (eager_unmaps.changes_size() > 0) {
+    metrics_->unmaps.Increment(eager_unmaps.changes_size());
+    SendUpdate(std::move(eager_unmaps));
+  }
+}
+
+void SlotLoader::Reap() {
+  absl::StatusOr<std::vector<RecordCompletion>> done = store_->Poll();
+  if (!done.ok()) {
+    spdlog::error("worker {}: record store: {}", worker_->worker_id, done.status().ToString());
+    return;
+  }
+  if (done->empty()) return;
+  const SlotGeometry& g = worker_->geometry;
+  nq::v1::SlotTableUpdate update;
+  static LogRateLimiter failure_log(std::chrono::seconds(10));
+  for (const RecordCompletion& completion : *done) {
+    auto found = in_flight_.find(completion.tag);
+    if (found == in_flight_.end()) continue;
+    const Read read = found->second;
+    in_flight_.erase(found);
+    free_buffers_.push_back(read.buffer);
+    if (session_gone_) continue;
+    if (!completion.status.ok()) {
+      (void)allocator_.Release(read.layer_index, read.slot);
+      failed_.insert({read.want.layer, read.want.expert});
+      metrics_->loads_failed.Increment();
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.loads_failed;
+      }
+      if (long n = failure_log.Allow()) {
+        spdlog::error("worker {}: record of layer {} expert {} failed, it stays at 2 bits: {} ({} failures since "
+                      "last report)",
+                      worker_->worker_id, read.want.layer, read.want.expert, completion.status.ToString(), n);
+      }
+      continue;
+    }
+    metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));
+    metrics_->read_latency.Observe(completion.latency_seconds);
+    // The invariant of DESIGN.md section 4: only a slot the worker does not map is written.
+    if (!allocator_.Writable(read.layer_index, read.slot)) {
+      spdlog::critical("worker {}: layer {} slot {} is not LOADING; load dropped", worker_->worker_id,
+                       read.want.layer, read.slot);
+      continue;
+    }
+    std::byte* slot = reinterpret_cast<std::byte*>(worker_->arena.data()) + g.SlotOffset(read.layer_index, read.slot);
+    std::memcpy(slot, store_->Buffer(read.buffer).data(), completion.bytes);
+    (void)allocator_.MarkReady(read.layer_index, read.slot);
+    nq::v1::SlotChange* ready = update.add_changes();
+    ready->set_kind(nq::v1::SlotChange::KIND_READY);
+    ready->set_layer(read.want.layer);
+    ready->set_slot(read.slot);
+    ready->set_expert(read.want.expert);
+    // Lazy eviction: the victim leaves in the update that makes its replacement READY.
+    if (read.want.victim != PlannedLoad::kNoVictim) {
+      std::optional<uint32_t> victim = allocator_.SlotOf(read.layer_index, read.want.victim);
+      if (victim && *victim >= g.fixed_slots_per_layer &&
+          allocator_.state(read.layer_index, *victim) == SlotState::kReady) {
+        (void)allocator_.MarkUnmapping(read.layer_index, *victim);
+        nq::v1::SlotChange* unmap = update.add_changes();
+        unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
+        unmap->set_layer(read.want.layer);
+        unmap->set_slot(*victim);
+        metrics_->unmaps.Increment();
+      }
+    }
+    metrics_->loads_ready.Increment();
+    absl::MutexLock lock(&mu_);
+    ++stats_.loads_ready;
+  }
+  if (update.changes_size() > 0) SendUpdate(std::move(update));
+}
+
+bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
+  if (session_gone_) return false;
+  update.set_generation(next_generation_++);
+  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + in_flight_.size()));
+  nq::v1::StreamerMessage message;
+  *message.mutable_update() = std::move(update);
+  if (!send_(message)) {
+    session_gone_ = true;  // the session thread notices too and stops us
+    return false;
+  }
+  absl::MutexLock lock(&mu_);
+  ++stats_.updates_sent;
+  return true;
+}
+
+uint64_t SlotLoader::BacklogBytes() const {
+  return (queue_.size() + in_flight_.size()) * worker_->geometry.rec_bytes;
+}
+
+void SlotLoader::PublishGauges() {
+  const double backlog = static_cast<double>(BacklogBytes());
+  const double depth = static_cast<double>(in_flight_.size());
+  metrics_->read_backlog_bytes.Increment(backlog - published_backlog_);
+  metrics_->read_queue_depth.Increment(depth - published_depth_);
+  published_backlog_ = backlog;
+  published_depth_ = depth;
+}
+
+}  // namespace nq::streamer

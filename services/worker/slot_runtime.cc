@@ -1,0 +1,214 @@
+#include "services/worker/slot_runtime.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/string_view.h"
+#include "services/common/logging.h"
+#include "services/common/metrics/buckets.h"
+
+namespace nq::worker {
+namespace {
+
+uint64_t HashBytes(std::span<const std::byte> bytes) {
+  return absl::HashOf(absl::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+}
+
+}  // namespace
+
+SlotRuntime::SlotRuntime(SlotTable* table, std::span<const std::byte> arena,
+                         const tools::ReleaseExpertDecoder* decoder, kernels::Backend* backend,
+                         SlotRuntimeOptions options)
+    : table_(table),
+      arena_(arena),
+      decoder_(decoder),
+      backend_(backend),
+      options_(options),
+      calls_4bit_(metrics::Registry::Default()
+                      .Counter("nq_expert_calls_total",
+                               "Routed expert calls (token x expert), by the precision they ran at (4: the "
+                               "residual was READY in a slot)",
+                               {"bits"})
+                      .WithLabels({"4"})),
+      calls_2bit_(metrics::Registry::Default().Counter("nq_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
+      updates_applied_(metrics::Registry::Default()
+                           .Counter("nq_worker_slot_updates_applied_total",
+                                    "Slot-table updates applied at a step boundary")
+                           .Get()),
+      updates_rejected_(metrics::Registry::Default()
+                            .Counter("nq_worker_slot_updates_rejected_total",
+                                     "Slot-table updates rejected as protocol violations")
+                            .Get()),
+      decode_failures_(metrics::Registry::Default()
+                           .Counter("nq_worker_slot_decode_failures_total",
+                                    "READY slots whose record could not be decoded (the expert stays at 2 bits)")
+                           .Get()),
+      integrity_counter_(metrics::Registry::Default()
+                             .Counter("nq_worker_slot_integrity_failures_total",
+                                      "READY slots whose bytes changed while mapped (--verify_slots)")
+                             .Get()),
+      slots_ready_(metrics::Registry::Default()
+                       .Gauge("nq_worker_slots_ready", "Slots holding a READY residual")
+                       .Get()),
+      wait_seconds_(metrics::Registry::Default()
+                        .Histogram("nq_worker_slot_wait_seconds",
+                                   "Time a step of a request's first tokens waited for announced loads",
+                                   metrics::ExponentialBuckets(1e-4, 2, 14))
+                        .Get()) {}
+
+void SlotRuntime::SetAckSink(std::function<void(nq::v1::UnmapAck)> sink) {
+  absl::MutexLock lock(&pending_mu_);
+  ack_sink_ = std::move(sink);
+}
+
+void SlotRuntime::Post(nq::v1::SlotTableUpdate update) {
+  {
+    absl::MutexLock lock(&pending_mu_);
+    pending_.push_back(std::move(update));
+  }
+  TryApplyNow();
+}
+
+void SlotRuntime::TryApplyNow() {
+  while (step_mu_.TryLock()) {
+    ApplyPending();
+    step_mu_.Unlock();
+    // An update posted between ApplyPending and Unlock found the gate held: take it again.
+    absl::MutexLock lock(&pending_mu_);
+    if (pending_.empty()) return;
+  }
+  // A step runs: it applies at its end.
+}
+
+std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SlotRuntime::SnapshotForHello() {
+  absl::MutexLock step(&step_mu_);
+  {
+    absl::MutexLock lock(&pending_mu_);
+    if (!pending_.empty()) {
+      spdlog::info("dropping {} slot-table updates of the previous streamer session", pending_.size());
+      pending_.clear();
+    }
+  }
+  loads_in_flight_ = 0;
+  return {table_->ReadySlots(), table_->applied_generation()};
+}
+
+void SlotRuntime::BeginStep(uint32_t request_token) {
+  step_mu_.Lock();
+  ApplyPending();
+  if (request_token < options_.wait_tokens && options_.wait_per_step > absl::ZeroDuration() && loads_in_flight_ > 0) {
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + options_.wait_per_step;
+    while (loads_in_flight_ > 0) {
+      {
+        absl::MutexLock lock(&pending_mu_);
+        auto has_pending = [this]() ABSL_SHARED_LOCKS_REQUIRED(pending_mu_) { return !pending_.empty(); };
+        if (!pending_mu_.AwaitWithDeadline(absl::Condition(&has_pending), deadline)) break;
+      }
+      ApplyPending();
+    }
+    wait_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  steps_.fetch_add(1);
+}
+
+void SlotRuntime::EndStep() {
+  if (options_.verify_slots) VerifySlots();
+  ApplyPending();
+  step_mu_.Unlock();
+  bool more;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    more = !pending_.empty();
+  }
+  if (more) TryApplyNow();
+}
+
+void SlotRuntime::ApplyPending() {
+  std::deque<nq::v1::SlotTableUpdate> updates;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    updates.swap(pending_);
+  }
+  for (const nq::v1::SlotTableUpdate& update : updates) Apply(update);
+}
+
+std::span<const std::byte> SlotRuntime::SlotBytes(uint32_t layer, uint32_t slot) const {
+  const SlotGeometry& g = table_->geometry();
+  const size_t layer_index = *g.LayerIndex(layer);
+  uint64_t bytes = g.rec_bytes;
+  if (decoder_ != nullptr) {
+    if (absl::StatusOr<uint64_t> rec = decoder_->RecordBytes(layer); rec.ok()) bytes = *rec;
+  }
+  return arena_.subspan(g.SlotOffset(layer_index, slot), bytes);
+}
+
+void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
+  if (update.generation() <= table_->applied_generation()) return;  // stale or duplicate
+  std::vector<nq::v1::SlotRef> unmapped;
+  if (absl::Status s = table_->ApplyAtStepBoundary(update, &unmapped); !s.ok()) {
+    updates_rejected_.Increment();
+    spdlog::error("rejected slot-table update generation {}: {}", update.generation(), s.ToString());
+    return;
+  }
+  updates_applied_.Increment();
+  loads_in_flight_ = update.loads_in_flight();
+  for (const nq::v1::SlotRef& ref : unmapped) {
+    decoded_.erase({ref.layer(), ref.slot()});
+    slot_hash_.erase({ref.layer(), ref.slot()});
+  }
+  static LogRateLimiter decode_log(std::chrono::seconds(10));
+  for (const nq::v1::SlotChange& change : update.changes()) {
+    if (change.kind() != nq::v1::SlotChange::KIND_READY) continue;
+    const std::span<const std::byte> bytes = SlotBytes(change.layer(), change.slot());
+    if (options_.verify_slots) slot_hash_[{change.layer(), change.slot()}] = HashBytes(bytes);
+    if (decoder_ == nullptr || backend_ == nullptr) continue;
+    absl::StatusOr<model::MlpWeights> weights =
+        decoder_->Upload(change.layer(), change.expert(), quant::Precision::k4Bit, bytes, *backend_);
+    if (!weights.ok()) {
+      decode_failures_.Increment();
+      if (long n = decode_log.Allow()) {
+        spdlog::error("layer {} expert {}: slot {} not decoded, it stays at 2 bits: {} ({} since last report)",
+                      change.layer(), change.expert(), change.slot(), weights.status().ToString(), n);
+      }
+      continue;
+    }
+    decoded_[{change.layer(), change.slot()}] = *std::move(weights);
+  }
+  decoded_count_.store(decoded_.size());
+  slots_ready_.Set(static_cast<double>(table_->ReadySlots().size()));
+  if (unmapped.empty()) return;
+  nq::v1::UnmapAck ack;
+  ack.set_generation(update.generation());
+  ack.set_step(steps_.load());
+  for (nq::v1::SlotRef& ref : unmapped) *ack.add_slots() = std::move(ref);
+  std::function<void(nq::v1::UnmapAck)> sink;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    sink = ack_sink_;
+  }
+  if (sink) sink(std::move(ack));
+}
+
+const model::MlpWeights* SlotRuntime::FourBitWeights(int64_t layer, int32_t expert, int64_t tokens) {
+  const model::MlpWeights* weights = nullptr;
+  if (std::optional<uint32_t> slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert))) {
+    auto it = decoded_.find({static_cast<uint32_t>(layer), *slot});
+    if (it != decoded_.end()) weights = &it->second;
+  }
+  (weights != nullptr ? calls_4bit_ : calls_2bit_).Increment(static_cast<double>(tokens));
+  return weights;
+}
+
+void SlotRuntime::VerifySlots() {
+  for (const auto& [key, hash] : slot_hash_) {
+    if (HashBytes(SlotBytes(key.first, key.second)) == hash) continue;
+    integrity_failures_.fetch_add(1);
+    integrity_counter_.Increment();
+    spdlog::critical("layer {} slot {} changed while READY: the streamer wrote a mapped slot", key.first, key.second);
+  }
+}
+
+uint64_t SlotRuntime::decoded_slots() const { return decoded_count_.load(); }
+
+}  // namespace nq::worker

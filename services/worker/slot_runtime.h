@@ -1,0 +1,113 @@
+// The worker's side of the slot protocol at run time (DESIGN.md sections 3-4). Slot-table
+// updates from the streamer are applied only between decode steps; an expert runs at 4 bits
+// exactly when its residual sits in a READY slot, decoded from the slot's bytes when the slot
+// becomes READY, and at 2 bits otherwise. Unmaps are acknowledged with the step number.
+//
+//   decode loop:   runtime.BeginStep(i);  model.Forward(...);  runtime.EndStep();
+//   session:       runtime.Post(update);   // applied now if no step runs, else at EndStep
+//   model hook:    model.SetRoutedExpertSource(runtime.ExpertSource());
+//
+// A step holds the step gate from BeginStep to EndStep; updates are applied under it, so a
+// step never sees the table, or the decoded 4-bit weights, change.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "nq/v1/streamer.pb.h"
+#include "services/common/metrics/registry.h"
+#include "services/model/model.h"
+#include "services/tools/release_expert_decoder.h"
+#include "services/worker/slot_table.h"
+
+namespace nq::worker {
+
+struct SlotRuntimeOptions {
+  // Bounded wait: during a request's first `wait_tokens` steps, a step waits up to
+  // `wait_per_step` for loads the streamer announced (SlotTableUpdate.loads_in_flight).
+  uint32_t wait_tokens = 0;
+  absl::Duration wait_per_step = absl::ZeroDuration();
+  // Re-hash every READY slot after each step and count any change (a slot written while
+  // mapped). Costs a pass over the READY slots; for tests and debugging.
+  bool verify_slots = false;
+};
+
+class SlotRuntime {
+ public:
+  // `arena`: this worker's mapping of its slot arena. `decoder` (the served release) and
+  // `backend` may be null: the table is still kept, but every expert runs at 2 bits.
+  SlotRuntime(SlotTable* table, std::span<const std::byte> arena, const tools::ReleaseExpertDecoder* decoder,
+              kernels::Backend* backend, SlotRuntimeOptions options = {});
+
+  // --- The session thread.
+  void Post(nq::v1::SlotTableUpdate update);
+  // Where UnmapAcks go (the session's writer). Called from whichever thread applies.
+  void SetAckSink(std::function<void(nq::v1::UnmapAck)> sink);
+  // For a new session's hello: waits for the running step to end, drops updates of the old
+  // session not yet applied (the new streamer session starts from this table), and returns the
+  // READY slots and the applied generation.
+  std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SnapshotForHello();
+
+  // --- The decode loop. `request_token`: the step's index within its request (0 = prefill).
+  void BeginStep(uint32_t request_token);
+  void EndStep();
+  // The 4-bit weights of (layer, expert) if its residual is READY and decoded, else null.
+  // Only during a step. Counts `tokens` expert calls at 4 or 2 bits.
+  const model::MlpWeights* FourBitWeights(int64_t layer, int32_t expert, int64_t tokens);
+  model::Model::RoutedExpertSource ExpertSource() {
+    return [this](int64_t layer, int32_t expert, int64_t tokens) { return FourBitWeights(layer, expert, tokens); };
+  }
+
+  const SlotTable& table() const { return *table_; }
+  uint64_t steps() const { return steps_.load(); }
+  // Slots whose bytes changed while READY (verify_slots only); must stay 0.
+  uint64_t integrity_failures() const { return integrity_failures_.load(); }
+  uint64_t decoded_slots() const;
+
+ private:
+  void ApplyPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  void Apply(const nq::v1::SlotTableUpdate& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Applies now unless a step runs (which then applies at its end).
+  void TryApplyNow();
+  std::span<const std::byte> SlotBytes(uint32_t layer, uint32_t slot) const;
+  void VerifySlots() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+
+  SlotTable* const table_;
+  const std::span<const std::byte> arena_;
+  const tools::ReleaseExpertDecoder* const decoder_;
+  kernels::Backend* const backend_;
+  const SlotRuntimeOptions options_;
+
+  absl::Mutex step_mu_;  // held for a whole step, and while applying
+  mutable absl::Mutex pending_mu_;
+  std::deque<nq::v1::SlotTableUpdate> pending_ ABSL_GUARDED_BY(pending_mu_);
+  std::function<void(nq::v1::UnmapAck)> ack_sink_ ABSL_GUARDED_BY(pending_mu_);
+
+  // Guarded by step_mu_ (read during a step, written while applying).
+  std::map<std::pair<uint32_t, uint32_t>, model::MlpWeights> decoded_;  // (layer, slot)
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots
+  uint32_t loads_in_flight_ = 0;
+  std::atomic<uint64_t> steps_{0};
+  std::atomic<uint64_t> integrity_failures_{0};
+  std::atomic<size_t> decoded_count_{0};
+
+  metrics::Counter& calls_4bit_;
+  metrics::Counter& calls_2bit_;
+  metrics::Counter& updates_applied_;
+  metrics::Counter& updates_rejected_;
+  metrics::Counter& decode_failures_;
+  metrics::Counter& integrity_counter_;
+  metrics::Gauge& slots_ready_;
+  metrics::Histogram& wait_seconds_;
+};
+
+}  // namespace nq::worker

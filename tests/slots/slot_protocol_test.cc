@@ -1,0 +1,376 @@
+// The slot protocol end to end in one process, over real gRPC and shared memory: the
+// streamer's loader (predictor v0, record store, allocator) against the worker's runtime and
+// client, with a decode loop that checks, at every step, that each READY slot holds exactly
+// its expert's record and does not change while the step runs (DESIGN.md section 4).
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "kernels/tensor_io.h"
+#include "services/common/grpc_server.h"
+#include "services/common/metrics/registry.h"
+#include "services/common/shared_memory.h"
+#include "services/format/release_reader.h"
+#include "services/model/model_config.h"
+#include "services/streamer/streamer_service.h"
+#include "services/streamer/worker_registry.h"
+#include "services/tools/release_encoder.h"
+#include "services/tools/release_expert_decoder.h"
+#include "services/worker/slot_runtime.h"
+#include "services/worker/slot_table.h"
+#include "services/worker/streamer_client.h"
+
+namespace nq {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kModel[] = NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny";
+constexpr uint32_t kMoeLayer = 1;  // glm5_tiny: layer 0 dense, layer 1 MoE, layer 2 the MTP layer
+constexpr uint32_t kExperts = 16;
+constexpr uint32_t kTopK = 4;
+
+bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+class SlotProtocolTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-slot-protocol-", getpid()));
+    fs::create_directories(*root_);
+    ASSERT_TRUE(tools::EncodeRelease(kModel, (*root_ / "release").string(), {.fixed_per_layer = 1}).ok());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+
+  void SetUp() override {
+    release_dir_ = (*root_ / "release").string();
+    absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(kModel);
+    ASSERT_TRUE(config.ok());
+    absl::StatusOr<std::unique_ptr<tools::ReleaseExpertDecoder>> decoder =
+        tools::ReleaseExpertDecoder::Open(release_dir_, kModel, *config, {});
+    ASSERT_TRUE(decoder.ok()) << decoder.status();
+    decoder_ = *std::move(decoder);
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+    ASSERT_TRUE(backend.ok());
+    backend_ = *std::move(backend);
+    // Every record, to compare slot bytes against.
+    for (uint32_t layer : decoder_->moe_layer_ids()) {
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        absl::StatusOr<std::vector<std::byte>> record = decoder_->release().ReadRecord(0, layer, e);
+        ASSERT_TRUE(record.ok());
+        records_[{layer, e}] = *std::move(record);
+      }
+    }
+  }
+
+  void StartStreamer(const std::string& records_dir, streamer::PredictorOptions predictor) {
+    streamer::SlotLoaderOptions options;
+    options.record_dirs = {records_dir};
+    options.store.queue_depth = 4;
+    options.predictor = predictor;
+    registry_ = std::make_unique<streamer::WorkerRegistry>(streamer_metrics_, decoder_->release().id());
+    service_ = std::make_unique<streamer::StreamerService>(registry_.get(), streamer_metrics_, options);
+    absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+        GrpcServer::Start(GrpcServerOptions{.host = "127.0.0.1", .port = 0, .services = {service_.get()}});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    server_->SetServing(true);
+  }
+
+  void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots) {
+    std::vector<uint32_t> layers = decoder_->moe_layer_ids();
+    uint64_t rec_bytes = 0;
+    for (uint32_t l : layers) rec_bytes = std::max(rec_bytes, *decoder_->RecordBytes(l));
+    geometry_ = SlotGeometry::Packed(layers, slots_per_layer, rec_bytes, kExperts, fixed_slots);
+    ASSERT_TRUE(geometry_.Validate().ok());
+    absl::StatusOr<SharedMemory> arena =
+        SharedMemory::Create(absl::StrCat("/nq-slot-test-", getpid(), "-", ++arena_counter_), geometry_.ArenaBytes());
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    arena_ = *std::move(arena);
+    table_ = std::make_unique<worker::SlotTable>(geometry_);
+    runtime_ = std::make_unique<worker::SlotRuntime>(
+        table_.get(), std::span<const std::byte>(reinterpret_cast<const std::byte*>(arena_.data()), arena_.size()),
+        decoder_.get(), backend_.get(), worker::SlotRuntimeOptions{.verify_slots = true});
+    worker::StreamerClientOptions client;
+    client.address = server_->address();
+    client.release_id = decoder_->release().id();
+    client.arena_request.set_pid(static_cast<uint32_t>(getpid()));
+    client.arena_request.mutable_shm()->set_name(arena_.name());
+    client.arena_request.mutable_shm()->set_bytes(arena_.size());
+    client_ = std::make_unique<worker::StreamerClient>(std::move(client), runtime_.get(), nullptr);
+    client_->Start();
+    ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(10)));
+  }
+
+  void TearDown() override {
+    if (client_) client_->Stop();
+    client_.reset();
+    if (server_) server_->Drain(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_.reset();
+    service_.reset();
+    registry_.reset();
+  }
+
+  // One routing report of 16 tokens whose experts are drawn from `hot` (mostly) for layer 1.
+  nq::v1::RoutingReport Report(const std::vector<uint32_t>& hot, std::mt19937& rng, uint64_t first_token) {
+    nq::v1::RoutingReport report;
+    report.set_first_token(first_token);
+    report.set_num_tokens(16);
+    std::uniform_real_distribution<float> unit(0, 1);
+    for (int t = 0; t < 16; ++t) {
+      nq::v1::LayerRouting* entry = report.add_layer_entries();
+      entry->set_layer(kMoeLayer);
+      std::vector<uint32_t> chosen;
+      while (chosen.size() < kTopK) {
+        const uint32_t e = unit(rng) < 0.85f ? hot[rng() % hot.size()] : static_cast<uint32_t>(rng() % kExperts);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      }
+      for (uint32_t e : chosen) {
+        entry->add_experts(e);
+        entry->add_weights(0.25f);
+      }
+    }
+    return report;
+  }
+
+  // Every READY slot's bytes equal its expert's record. Returns the number that differ.
+  int CheckReadySlots() {
+    int bad = 0;
+    for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) {
+      const std::vector<std::byte>& record = records_.at({entry.layer(), entry.expert()});
+      const std::byte* slot = reinterpret_cast<const std::byte*>(arena_.data()) +
+                              geometry_.SlotOffset(*geometry_.LayerIndex(entry.layer()), entry.slot());
+      if (std::memcmp(slot, record.data(), record.size()) != 0) ++bad;
+    }
+    return bad;
+  }
+
+  double StreamerMetric(const std::string& sample) {
+    const std::string text = streamer_metrics_.Serialize();
+    const size_t at = text.find("\n" + sample + " ");
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + sample.size() + 2));
+  }
+
+  static fs::path* root_;
+  std::string release_dir_;
+  std::unique_ptr<tools::ReleaseExpertDecoder> decoder_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;
+  metrics::Registry streamer_metrics_;
+  std::unique_ptr<streamer::WorkerRegistry> registry_;
+  std::unique_ptr<streamer::StreamerService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  SlotGeometry geometry_;
+  SharedMemory arena_;
+  int arena_counter_ = 0;
+  std::unique_ptr<worker::SlotTable> table_;
+  std::unique_ptr<worker::SlotRuntime> runtime_;
+  std::unique_ptr<worker::StreamerClient> client_;
+};
+
+fs::path* SlotProtocolTest::root_ = nullptr;
+
+streamer::PredictorOptions ChurningPredictor() {
+  streamer::PredictorOptions p;
+  p.hysteresis_margin = 0;  // every refresh follows the newest hot set: many loads and evictions
+  p.half_lives = {4};
+  p.count_weights = {1};
+  p.mass_weights = {0};
+  p.recency_weight = 0;
+  p.static_weight = 0;
+  return p;
+}
+
+TEST_F(SlotProtocolTest, FixedSetLoadsWhenTheSessionOpens) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  StartWorker(/*slots_per_layer=*/4, /*fixed_slots=*/1);
+  // One fixed expert in each of the two MoE layers (layer 1 and the MTP layer).
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) {
+    EXPECT_EQ(entry.slot(), 0u) << "fixed experts go to the fixed region";
+    EXPECT_EQ(decoder_->FixedSet(entry.layer()), std::vector<uint32_t>{entry.expert()});
+  }
+  EXPECT_EQ(CheckReadySlots(), 0);
+}
+
+TEST_F(SlotProtocolTest, RandomLoadsAndEvictionsWhileDecodingNeverTouchAMappedSlot) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  StartWorker(/*slots_per_layer=*/5, /*fixed_slots=*/1);  // F = 3 floating + 1 staging
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad_at_begin{0}, bad_during_step{0};
+  std::atomic<uint64_t> steps{0};
+  std::thread decode([&] {
+    uint32_t token = 0;
+    while (!stop.load()) {
+      runtime_->BeginStep(token++);
+      bad_at_begin += CheckReadySlots();
+      // The "forward": the streamer keeps loading meanwhile; a mapped slot must not change.
+      std::this_thread::sleep_for(std::chrono::microseconds(300));
+      bad_during_step += CheckReadySlots();
+      runtime_->EndStep();
+      ++steps;
+    }
+  });
+  std::mt19937 rng(7);
+  uint64_t first_token = 0;
+  for (int block = 0; block < 120; ++block) {
+    // A new hot set every 4 blocks.
+    std::mt19937 hot_rng(static_cast<unsigned>(block / 4));
+    std::vector<uint32_t> hot;
+    while (hot.size() < 4) {
+      const uint32_t e = static_cast<uint32_t>(hot_rng() % kExperts);
+      if (std::find(hot.begin(), hot.end(), e) == hot.end()) hot.push_back(e);
+    }
+    client_->EnqueueRoutingReport(Report(hot, rng, first_token));
+    first_token += 16;
+    std::this_thread::sleep_for(std::chrono::milliseconds(4));
+  }
+  // Let the last loads land.
+  WaitUntil([&] { return StreamerMetric("nq_streamer_read_backlog_bytes") == 0; }, std::chrono::seconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stop = true;
+  decode.join();
+
+  const double ready = StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}");
+  const double unmaps = StreamerMetric("nq_streamer_slot_unmaps_total");
+  RecordProperty("loads_ready", std::to_string(ready));
+  RecordProperty("unmaps", std::to_string(unmaps));
+  RecordProperty("steps", std::to_string(steps.load()));
+  EXPECT_GT(ready, 40) << "the churn should have loaded many records";
+  EXPECT_GT(unmaps, 20) << "and evicted many";
+  EXPECT_EQ(StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}"), 0);
+  EXPECT_GT(steps.load(), 100u);
+  EXPECT_EQ(bad_at_begin.load(), 0) << "a READY slot did not hold its record";
+  EXPECT_EQ(bad_during_step.load(), 0) << "a slot changed during a step";
+  EXPECT_EQ(runtime_->integrity_failures(), 0u);
+  // Never more READY floating experts than F + staging, never an expert twice (SlotTable
+  // refuses that), and every READY slot decoded.
+  size_t layer1_ready = 0;
+  for (const nq::v1::SlotEntry& e : table_->ReadySlots()) layer1_ready += e.layer() == kMoeLayer;
+  EXPECT_LE(layer1_ready, 5u);
+  EXPECT_EQ(runtime_->decoded_slots(), table_->ReadySlots().size());
+}
+
+TEST_F(SlotProtocolTest, FourBitWeightsDecodedFromASlotEqualTheReleaseDecode) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  StartWorker(4, 1);
+  ASSERT_TRUE(WaitUntil([&] { return runtime_->decoded_slots() == 2; }, std::chrono::seconds(10)));
+  runtime_->BeginStep(0);
+  for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) {
+    const model::MlpWeights* from_slot =
+        runtime_->FourBitWeights(entry.layer(), static_cast<int32_t>(entry.expert()), 1);
+    ASSERT_NE(from_slot, nullptr);
+    absl::StatusOr<model::MlpWeights> from_release =
+        decoder_->Upload(entry.layer(), entry.expert(), quant::Precision::k4Bit, {}, *backend_);
+    ASSERT_TRUE(from_release.ok());
+    EXPECT_EQ(*kernels::DownloadFloats(*backend_, from_slot->gate_up),
+              *kernels::DownloadFloats(*backend_, from_release->gate_up));
+    EXPECT_EQ(*kernels::DownloadFloats(*backend_, from_slot->down),
+              *kernels::DownloadFloats(*backend_, from_release->down));
+  }
+  // An expert without a READY slot runs at 2 bits.
+  uint32_t absent = 0;
+  while (table_->SlotOf(kMoeLayer, absent).has_value()) ++absent;
+  EXPECT_EQ(runtime_->FourBitWeights(kMoeLayer, static_cast<int32_t>(absent), 1), nullptr);
+  runtime_->EndStep();
+}
+
+TEST_F(SlotProtocolTest, ARecordFailingItsHashIsNeverReadyAndIsCounted) {
+  // A copy of the release with one byte of layer 1's record file flipped.
+  const fs::path bad = *root_ / absl::StrCat("bad-", ::testing::UnitTest::GetInstance()->random_seed());
+  fs::copy(release_dir_, bad, fs::copy_options::recursive);
+  absl::StatusOr<std::string> record_path = decoder_->release().RecordPath(0, kMoeLayer);
+  ASSERT_TRUE(record_path.ok());
+  const fs::path target = bad / fs::path(*record_path).lexically_relative(release_dir_);
+  {
+    std::fstream file(target, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(file.good()) << target;
+    file.seekg(100);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    file.seekp(100);
+    file.write(&byte, 1);
+  }
+  StartStreamer(bad.string(), ChurningPredictor());
+  StartWorker(4, 1);
+  // The MTP layer's fixed expert lands; layer 1's fails its hash and never becomes READY.
+  ASSERT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}") >= 1; },
+                        std::chrono::seconds(10)));
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 1; }, std::chrono::seconds(10)));
+  std::mt19937 rng(1);
+  client_->EnqueueRoutingReport(Report({0, 1, 2, 3}, rng, 0));
+  client_->EnqueueRoutingReport(Report({0, 1, 2, 3}, rng, 16));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) EXPECT_NE(entry.layer(), kMoeLayer);
+  EXPECT_EQ(StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}"), 1);
+  EXPECT_GE(StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
+  fs::remove_all(bad);
+}
+
+TEST_F(SlotProtocolTest, ARestartedStreamerAdoptsTheWorkersReadySlots) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  const int port = server_->port();
+  StartWorker(4, 1);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  const std::vector<nq::v1::SlotEntry> before = table_->ReadySlots();
+  const uint64_t generation = table_->applied_generation();
+  // The streamer goes away: the worker keeps its table (serving what it has) and retries.
+  server_->Drain(std::chrono::system_clock::now());
+  server_.reset();
+  service_.reset();
+  registry_.reset();
+  ASSERT_TRUE(WaitUntil([&] { return !client_->connected(); }, std::chrono::seconds(10)));
+  EXPECT_EQ(table_->ReadySlots().size(), before.size());
+
+  // A new streamer on the same port: the worker registers again and the streamer adopts its
+  // READY slots instead of reloading them, continuing the generations.
+  streamer::SlotLoaderOptions options;
+  options.record_dirs = {release_dir_};
+  options.predictor = ChurningPredictor();
+  metrics::Registry fresh_metrics;
+  registry_ = std::make_unique<streamer::WorkerRegistry>(fresh_metrics, decoder_->release().id());
+  service_ = std::make_unique<streamer::StreamerService>(registry_.get(), fresh_metrics, options);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(GrpcServerOptions{.host = "127.0.0.1", .port = port, .services = {service_.get()}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = *std::move(server);
+  server_->SetServing(true);
+  ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(15)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::string text = fresh_metrics.Serialize();
+  EXPECT_NE(text.find("nq_streamer_slot_loads_total{result=\"ready\"} 0"), std::string::npos)
+      << "the fixed set was adopted, not reloaded:\n" << text;
+  EXPECT_EQ(table_->ReadySlots().size(), before.size());
+  EXPECT_EQ(table_->applied_generation(), generation);
+  // And it goes on loading: a hot set makes floating loads with generations above the old ones.
+  std::mt19937 rng(3);
+  for (int i = 0; i < 3; ++i) client_->EnqueueRoutingReport(Report({5, 6, 7, 8}, rng, 16 * i));
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > before.size(); }, std::chrono::seconds(10)));
+  EXPECT_GT(table_->applied_generation(), generation);
+  server_->Drain(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+}  // namespace
+}  // namespace nq
