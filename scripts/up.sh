@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's first command: installs what is missing, builds, writes the embedded default
 # model (scripts/embedded_model.sh) and runs the cluster on this machine (CPU backend) in the
-# foreground: nq-streamer, nq-worker (rank 0) serving the model, nq-router with its tokenizer.
+# foreground: nq-streamer streaming the model's NestQuant release, nq-worker (rank 0) serving
+# the model's routed experts from it (2-bit base, 4 bits from READY slots), nq-router with its
+# tokenizer.
 # Ctrl-C (or SIGTERM) drains and stops all three. Logs go to $NQ_RUN_DIR (default .run/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +26,10 @@ stop() {
 trap 'stop; exit 0' INT TERM
 trap stop EXIT
 
-"$bin/streamer/nq-streamer" --host=127.0.0.1 "$@" >"$run_dir/streamer.log" 2>&1 &
+"$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$model/release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
-"$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" >"$run_dir/worker.log" 2>&1 &
+"$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$model/release" \
+  --slots_per_layer=8 >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
 "$bin/router/nq-router" --host=127.0.0.1 --tokenizer="$model/tokenizer.json" >"$run_dir/router.log" 2>&1 &
 pids+=($!)

@@ -38,14 +38,20 @@ class ServingTest : public ClusterTest {
     delete model_dir_;
   }
 
-  // Starts the three services; extra router flags in `router_flags`.
-  void StartCluster(std::vector<std::string> router_flags = {}) {
+  // Starts the three services; extra router flags in `router_flags`. `streamed`: the worker
+  // serves the routed experts from the model's release and the streamer streams its records.
+  void StartCluster(std::vector<std::string> router_flags = {}, bool streamed = false) {
     streamer_ports_ = NewPorts();
     worker_ports_ = NewPorts();
     router_ports_ = NewPorts();
-    streamer_.emplace(StartStreamer(streamer_ports_));
-    worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc,
-                                {"--model=" + *model_dir_, "--served_model_name=embedded", "--max_model_len=512"}));
+    streamer_.emplace(StartStreamer(streamer_ports_, StreamerFlags(streamed)));
+    std::vector<std::string> worker_flags = {"--model=" + *model_dir_, "--served_model_name=embedded",
+                                             "--max_model_len=512"};
+    if (streamed) {
+      for (const char* flag : {"--slots_per_layer=6", "--verify_slots"}) worker_flags.push_back(flag);
+      worker_flags.push_back("--release=" + *model_dir_ + "/release");
+    }
+    worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, worker_flags));
     router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
     router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));
     ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(60))) << router_->Log() << worker_->Log();
@@ -115,6 +121,11 @@ class ServingTest : public ClusterTest {
     const size_t at = body.find("\n" + name + " ");
     if (at == std::string::npos) return -1;
     return std::stod(body.substr(at + name.size() + 2));
+  }
+
+  std::vector<std::string> StreamerFlags(bool streamed) {
+    if (!streamed) return {};
+    return {"--records_dir=" + *model_dir_ + "/release", "--read_budget=8"};
   }
 
   static std::string* model_dir_;
@@ -285,6 +296,86 @@ TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInva
   }
   const double invalid = Metric(router_ports_.http, "nq_detokenize_invalid_utf8_total");
   EXPECT_EQ(static_cast<double>(replacements), invalid) << "every U+FFFD is an invalid sequence the model produced";
+}
+
+TEST_F(ServingTest, StreamedExpertsRunAtFourBitsOnceTheirSlotsAreReady) {
+  StartCluster({}, /*streamed=*/true);
+  // The fixed sets (2 experts x 2 MoE layers) load when the session opens.
+  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= 4; },
+                      std::chrono::seconds(20)))
+      << streamer_->Log();
+  const Json request = {{"model", "embedded"}, {"prompt", "The quick brown fox"}, {"max_tokens", 48},
+                        {"temperature", 0}, {"ignore_eos", true}};
+  Streamed streamed = Stream("/v1/completions", request);
+  EXPECT_EQ(streamed.finish, "length");
+  EXPECT_GT(Metric(worker_ports_.http, "nq_expert_calls_total{bits=\"4\"}"), 0);
+  EXPECT_GT(Metric(worker_ports_.http, "nq_expert_calls_total{bits=\"2\"}"), 0);
+  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_slot_loads_total{result=\"ready\"}"), 3);
+  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_read_bytes_total"), 0);
+  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_predictor_refresh_seconds_count"), 0);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_integrity_failures_total"), 0);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_updates_rejected_total"), 0);
+  for (int port : {worker_ports_.http, streamer_ports_.http}) {
+    absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
+    EXPECT_TRUE(checked.ok()) << checked.status();
+  }
+  // Greedy output does not depend on whether the streamer is there: the same request
+  // again gives a well-formed stream (the text may differ as experts change precision).
+  EXPECT_EQ(Stream("/v1/completions", request).finish, "length");
+}
+
+TEST_F(ServingTest, KillingTheStreamerMidGenerationKeepsTheStreamGoingAndARestartResyncs) {
+  StartCluster({}, /*streamed=*/true);
+  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= 4; },
+                      std::chrono::seconds(20)));
+  Json body = {{"model", "embedded"}, {"prompt", "Once upon a time"}, {"max_tokens", 120},
+               {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+  absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, "/v1/completions", body.dump());
+  ASSERT_TRUE(http.ok());
+  ASSERT_EQ(http->Status().value_or(0), 200);
+  int events = 0;
+  std::string finish;
+  bool killed = false;
+  while (true) {
+    absl::StatusOr<std::string> event = http->NextEvent();
+    ASSERT_TRUE(event.ok()) << "the stream broke: " << event.status();
+    if (*event == "[DONE]") break;
+    Json chunk = Json::parse(*event, nullptr, false);
+    ASSERT_FALSE(chunk.is_discarded()) << *event;
+    ASSERT_FALSE(chunk.contains("error")) << *event;
+    ++events;
+    const Json& choice = chunk["choices"][0];
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"].get<std::string>();
+    if (events == 10) {
+      streamer_->Signal(SIGKILL);  // mid-generation, no drain
+      ASSERT_TRUE(streamer_->WaitForExit(std::chrono::seconds(5)).ok());
+      killed = true;
+    }
+  }
+  ASSERT_TRUE(killed);
+  EXPECT_EQ(finish, "length") << "generation went on at 2 bits to max_tokens";
+  EXPECT_GE(events, 100);
+  EXPECT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_streamer_connected") == 0; },
+                      std::chrono::seconds(10)));
+  // The worker kept what it had READY; a restarted streamer adopts it and loads again.
+  const double ready_before = Metric(worker_ports_.http, "nq_worker_slots_ready");
+  EXPECT_GE(ready_before, 4);
+  streamer_.emplace(StartStreamer(streamer_ports_, StreamerFlags(true)));
+  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_streamer_connected") == 1; },
+                      std::chrono::seconds(20)))
+      << worker_->Log();
+  EXPECT_TRUE(WaitFor([&] { return streamer_->Log().find("READY slots adopted") != std::string::npos; },
+                      std::chrono::seconds(5)));
+  EXPECT_THAT(streamer_->Log(), HasSubstr(absl::StrCat(static_cast<int>(ready_before), " READY slots adopted")));
+  body["max_tokens"] = 40;
+  body.erase("stream");
+  absl::StatusOr<std::pair<int, Json>> reply = PostJson("/v1/completions", body);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->first, 200) << reply->second.dump();
+  EXPECT_TRUE(WaitFor([&] { return Metric(streamer_ports_.http, "nq_streamer_routing_tokens_total") >= 40; },
+                      std::chrono::seconds(10)));
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_integrity_failures_total"), 0);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_updates_rejected_total"), 0);
 }
 
 }  // namespace
