@@ -39,5 +39,10 @@ int RunVerify(const std::vector<std::string>& args);
 int RunAssemble(const std::vector<std::string>& args);
 // nq bench-codec [--size N]
 int RunBenchCodec(const std::vector<std::string>& args);
+// nq kld --teacher HF_DIR --release R --mode MODE --tokens FILE[,FILE] [--window N] [--slots F]
+//        [--domains a,b] [--out JSON]
+int RunKld(const std::vector<std::string>& args);
+// nq mtp-acceptance --model DIR --tokens FILE[,FILE] [--window N] [--release R --expert-bits B]
+int RunMtpAcceptance(const std::vector<std::string>& args);
 
 }  // namespace nq::tools

@@ -33,6 +33,11 @@ constexpr char kUsage[] =
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
     "  bench-codec  codec distortion against the bounds [--size N]\n"
+    "  kld          KL(full precision || release-served experts), teacher-forced, per domain\n"
+    "                 --teacher HF_DIR --release R --mode all-4-bit|all-2-bit|fixed-set|oracle|previous-block|live\n"
+    "                 --tokens FILE[,FILE] [--window 2048] [--slots F] [--domains a,b] [--out JSON]\n"
+    "  mtp-acceptance  offline MTP draft acceptance (draft vs greedy next token)\n"
+    "                 --model DIR --tokens FILE[,FILE] [--window N] [--release R --expert-bits 2|4|fixed] [--out JSON]\n"
     "run 'nq --help' for every flag";
 
 }  // namespace
@@ -85,6 +90,8 @@ int main(int argc, char** argv) {
   if (command == "verify") return nq::tools::RunVerify(rest);
   if (command == "assemble") return nq::tools::RunAssemble(rest);
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);
+  if (command == "kld") return nq::tools::RunKld(rest);
+  if (command == "mtp-acceptance") return nq::tools::RunMtpAcceptance(rest);
   std::fprintf(stderr, "nq: unknown command '%s'\n%s\n", command.c_str(), kUsage);
   return 2;
 }

@@ -11,6 +11,7 @@
 #include "services/format/file_io.h"
 #include "services/common/status_macros.h"
 #include "services/quant/codec.h"
+#include "services/tools/kl_divergence.h"
 #include "services/tools/release_encoder.h"
 #include "services/tools/release_expert_decoder.h"
 
@@ -73,29 +74,9 @@ absl::StatusOr<KlReport> MeasureReleaseKl(const std::string& model_dir, const st
                    LoadModelWithRelease(model_dir, release_dir, bits, *backend, nullptr, options));
   ASSIGN_OR_RETURN(std::vector<float> p_logits, full->Forward(tokens));
   ASSIGN_OR_RETURN(std::vector<float> q_logits, quantized->Forward(tokens));
-  const int64_t vocab = full->config().vocab_size, rows = static_cast<int64_t>(tokens.size());
-  KlReport report;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = p_logits.data() + r * vocab;
-    const float* q = q_logits.data() + r * vocab;
-    auto log_normaliser = [&](const float* l) {
-      double mx = l[0];
-      for (int64_t i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(l[i]));
-      double z = 0;
-      for (int64_t i = 0; i < vocab; ++i) z += std::exp(l[i] - mx);
-      return mx + std::log(z);
-    };
-    const double lp = log_normaliser(p), lq = log_normaliser(q);
-    double kl = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      const double log_p = p[i] - lp, log_q = q[i] - lq;
-      kl += std::exp(log_p) * (log_p - log_q);
-    }
-    report.mean_kl += kl / static_cast<double>(rows);
-    const int64_t argmax_p = std::max_element(p, p + vocab) - p, argmax_q = std::max_element(q, q + vocab) - q;
-    report.top1_agreement += (argmax_p == argmax_q ? 1.0 : 0.0) / static_cast<double>(rows);
-  }
-  return report;
+  ASSIGN_OR_RETURN(std::vector<TokenKl> per_token, KlDivergenceRows(p_logits, q_logits, full->config().vocab_size));
+  const KlSummary summary = SummarizeKl(per_token);
+  return KlReport{.mean_kl = summary.mean, .top1_agreement = summary.top1_agreement};
 }
 
 }  // namespace nq::tools

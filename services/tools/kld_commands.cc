@@ -1,0 +1,126 @@
+// nq kld: KL(teacher || student) of the model served from a NestQuant release in one expert
+// precision mode; nq mtp-acceptance: the MTP layer's offline draft acceptance (issue #7).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "kernels/backend.h"
+#include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+#include "services/model/model.h"
+#include "services/tools/commands.h"
+#include "services/tools/kld_run.h"
+#include "services/tools/mtp_acceptance.h"
+#include "services/tools/release_experts.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, tokens);
+ABSL_DECLARE_FLAG(std::string, release);
+ABSL_DECLARE_FLAG(std::string, expert_bits);
+ABSL_DECLARE_FLAG(int, slots);
+ABSL_FLAG(std::string, teacher, "", "kld: the full-precision HF checkpoint the release was encoded from");
+ABSL_FLAG(std::string, mode, "",
+          "kld: all-4-bit, all-2-bit, fixed-set, oracle, previous-block or live (see nq kld's report)");
+ABSL_FLAG(int64_t, window, 2048, "kld, mtp-acceptance: tokens per window (a fresh KV cache each)");
+ABSL_FLAG(std::string, domains, "", "kld, mtp-acceptance: comma-separated domains to evaluate (default: all)");
+
+namespace nq::tools {
+namespace {
+
+std::vector<std::string> SplitList(const std::string& text) {
+  return absl::StrSplit(text, ',', absl::SkipWhitespace());
+}
+
+// --tokens FILE[,FILE...] and --domains, as kld_harness.h reads them.
+absl::StatusOr<std::vector<KldDomain>> TokensFromFlags() {
+  const std::string tokens = absl::GetFlag(FLAGS_tokens);
+  if (tokens.empty()) return absl::InvalidArgumentError("--tokens FILE[,FILE...] is required");
+  ASSIGN_OR_RETURN(std::vector<KldDomain> domains, ReadKldTokens(SplitList(tokens)));
+  return SelectDomains(std::move(domains), SplitList(absl::GetFlag(FLAGS_domains)));
+}
+
+absl::Status WriteJson(const nlohmann::ordered_json& json) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(format::WriteFileAtomic(out, json.dump(2) + "\n"));
+  std::fprintf(stderr, "wrote %s\n", out.c_str());
+  return absl::OkStatus();
+}
+
+absl::Status Kld() {
+  KldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
+                     .release_dir = absl::GetFlag(FLAGS_release),
+                     .window = absl::GetFlag(FLAGS_window),
+                     .slots = absl::GetFlag(FLAGS_slots)};
+  if (absl::GetFlag(FLAGS_mode).empty()) return absl::InvalidArgumentError("--mode is required");
+  ASSIGN_OR_RETURN(request.mode, ParseKldMode(absl::GetFlag(FLAGS_mode)));
+  ASSIGN_OR_RETURN(request.domains, TokensFromFlags());
+  ASSIGN_OR_RETURN(KldRunReport report, EvaluateKld(request));
+  std::fputs(KldReportTable(report).c_str(), stdout);
+  return WriteJson(KldReportJson(report));
+}
+
+absl::Status MtpAcceptanceCommand() {
+  const std::string model_dir = absl::GetFlag(FLAGS_model), release = absl::GetFlag(FLAGS_release);
+  if (model_dir.empty()) return absl::InvalidArgumentError("--model HF_DIR is required");
+  const int64_t window = absl::GetFlag(FLAGS_window);
+  if (window < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat("--window %d: a window needs at least 2 tokens", window));
+  }
+  ASSIGN_OR_RETURN(std::vector<KldDomain> domains, TokensFromFlags());
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
+  RETURN_IF_ERROR(CheckTokenIds(domains, config.vocab_size));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
+  const model::ModelOptions options{.max_tokens = LongestWindow(domains, window)};
+  std::unique_ptr<model::Model> model;
+  std::string student = "full precision";
+  if (release.empty()) {
+    ASSIGN_OR_RETURN(model, model::Model::Load(model_dir, *backend, nullptr, options));
+  } else {
+    ASSIGN_OR_RETURN(ExpertBits bits, ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
+    ASSIGN_OR_RETURN(model, LoadModelWithRelease(model_dir, release, bits, *backend, nullptr, options));
+    student = "experts from " + release + " at " + absl::GetFlag(FLAGS_expert_bits);
+  }
+  ASSIGN_OR_RETURN(MtpAcceptanceReport report, MeasureMtpAcceptance(*model, domains, window));
+  std::printf("nq mtp-acceptance: %s, window %lld\n", student.c_str(), static_cast<long long>(window));
+  std::printf("| domain | drafts | accepted (draft = greedy next) | draft = text |\n| --- | ---: | ---: | ---: |\n");
+  nlohmann::ordered_json json = {{"model", model_dir},
+                                 {"release", release},
+                                 {"expert_bits", release.empty() ? "" : absl::GetFlag(FLAGS_expert_bits)},
+                                 {"window", window}};
+  auto row = [](const std::string& name, const MtpAcceptance& a) {
+    std::printf("| %s | %lld | %.4f | %.4f |\n", name.c_str(), static_cast<long long>(a.drafts), a.rate(),
+                a.text_rate());
+  };
+  auto to_json = [](const MtpAcceptance& a) {
+    return nlohmann::ordered_json{{"drafts", a.drafts}, {"acceptance", a.rate()}, {"text_accuracy", a.text_rate()}};
+  };
+  nlohmann::ordered_json per_domain = nlohmann::ordered_json::object();
+  for (const auto& [name, a] : report.domains) {
+    row(name, a);
+    per_domain[name] = to_json(a);
+  }
+  if (report.domains.size() != 1) row("all", report.overall);
+  json.update(to_json(report.overall));
+  json["domains"] = std::move(per_domain);
+  return WriteJson(json);
+}
+
+}  // namespace
+
+int RunKld(const std::vector<std::string>& args) {
+  if (!args.empty()) return ReportCommandStatus("kld", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  return ReportCommandStatus("kld", Kld());
+}
+
+int RunMtpAcceptance(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return ReportCommandStatus("mtp-acceptance", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  }
+  return ReportCommandStatus("mtp-acceptance", MtpAcceptanceCommand());
+}
+
+}  // namespace nq::tools
