@@ -30,6 +30,7 @@ int RunEncode(const std::vector<std::string>& args);
 // nq calibrate --model DIR --tokens_file FILE --out H
 int RunCalibrate(const std::vector<std::string>& args);
 // nq trace --model DIR --tokens FILE --out TRACE
+// nq trace --worker HOST:PORT --out TRACE [--trace-tokens N] [--seconds S]
 int RunTrace(const std::vector<std::string>& args);
 // nq replay --trace TRACE [--release-dir R] [--slots F]
 int RunReplay(const std::vector<std::string>& args);

@@ -29,6 +29,7 @@ constexpr char kUsage[] =
     "  calibrate    per-expert input Hessians and routing counts over calibration tokens\n"
     "                 --model DIR --tokens FILE --out H\n"
     "  trace        routing traces of the model over token sequences: --model DIR --tokens FILE --out T\n"
+    "                 or of a running worker: --worker HOST:PORT --out T [--trace-tokens N] [--seconds S]\n"
     "  replay       4-bit share of slot policies on a trace: --trace T [--release-dir R] [--slots F]\n"
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"

@@ -1,11 +1,19 @@
 // nq trace: routing traces of the model over token sequences; nq replay: how well slot
 // allocation policies would have served a trace at 4 bits (DESIGN.md section 7).
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include <grpcpp/grpcpp.h>
+#include "nq/v1/worker.grpc.pb.h"
+#include "services/common/status_grpc.h"
 #include "kernels/backend.h"
 #include "services/common/status_macros.h"
 #include "services/format/release_reader.h"
@@ -19,7 +27,10 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, tokens);
 ABSL_FLAG(std::string, trace, "", "replay: a routing trace written by nq trace");
 ABSL_FLAG(std::string, release_dir, "", "replay: the NestQuant release (fixed sets and static rankings)");
-ABSL_FLAG(int, slots, 8, "replay: floating 4-bit slots per layer");
+ABSL_FLAG(int, slots, 8, "replay and kld: floating 4-bit slots per layer");
+ABSL_FLAG(std::string, worker, "", "trace: host:port of a running nq-worker to record from (instead of --model)");
+ABSL_FLAG(int64_t, trace_tokens, 0, "trace --worker: stop after this many tokens (0: until --seconds or Ctrl-C)");
+ABSL_FLAG(double, seconds, 0, "trace --worker: stop after this many seconds (0: until --trace_tokens or Ctrl-C)");
 
 namespace nq::tools {
 namespace {
@@ -60,6 +71,58 @@ absl::Status RecordTrace(const std::string& model_dir, const std::string& tokens
   return absl::OkStatus();
 }
 
+std::atomic<bool> interrupted{false};
+
+// Records what a running worker routes (nq.v1.Worker WatchRouting) until `max_tokens`
+// tokens, `seconds`, or Ctrl-C; writes whatever was recorded.
+absl::Status RecordTraceFromWorker(const std::string& address, const std::string& out, int64_t max_tokens,
+                                   double seconds) {
+  auto stub = nq::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  nq::v1::WorkerInfo info;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status status = stub->GetInfo(&context, {}, &info);
+    if (!status.ok()) return Annotate(FromGrpcStatus(status), "GetInfo of worker " + address);
+  }
+  if (info.experts_per_layer() == 0) return absl::FailedPreconditionError("worker " + address + " serves no model");
+  streamer::RoutingTrace trace;
+  trace.experts_per_layer = info.experts_per_layer();
+  grpc::ClientContext context;
+  if (seconds > 0) {
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
+  }
+  signal(SIGINT, [](int) { interrupted = true; });
+  std::thread canceller([&] {
+    while (!interrupted.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    context.TryCancel();
+  });
+  std::unique_ptr<grpc::ClientReader<nq::v1::RoutingReport>> reader = stub->WatchRouting(&context, {});
+  std::fprintf(stderr, "nq trace: recording from %s (%s)...\n", address.c_str(), info.model_id().c_str());
+  nq::v1::RoutingReport report;
+  absl::Status appended;
+  while (reader->Read(&report)) {
+    appended = streamer::AppendRoutingReport(report, &trace);
+    if (!appended.ok()) break;
+    if (max_tokens > 0 && static_cast<int64_t>(trace.num_tokens()) >= max_tokens) break;
+  }
+  interrupted = true;
+  context.TryCancel();
+  canceller.join();
+  grpc::Status finished = reader->Finish();
+  RETURN_IF_ERROR(appended);
+  if (!finished.ok() && finished.error_code() != grpc::StatusCode::CANCELLED &&
+      finished.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return Annotate(FromGrpcStatus(finished), "WatchRouting");
+  }
+  if (trace.num_tokens() == 0) return absl::UnavailableError("the worker ran no tokens while recording");
+  RETURN_IF_ERROR(streamer::WriteTrace(trace, out));
+  std::fprintf(stderr, "nq trace: %zu tokens x %u MoE layers -> %s\n", trace.num_tokens(), trace.num_layers(),
+               out.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status ReplayTrace(const std::string& trace_path, const std::string& release_dir, int slots) {
   ASSIGN_OR_RETURN(streamer::RoutingTrace trace, streamer::ReadTrace(trace_path));
   streamer::PredictorOptions options;
@@ -92,6 +155,13 @@ int RunTrace(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("trace", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const std::string model = absl::GetFlag(FLAGS_model), tokens = absl::GetFlag(FLAGS_tokens),
                     out = absl::GetFlag(FLAGS_out);
+  if (const std::string worker = absl::GetFlag(FLAGS_worker); !worker.empty()) {
+    if (out.empty() || !model.empty()) {
+      return ReportCommandStatus("trace", absl::InvalidArgumentError("--worker takes --out and no --model"));
+    }
+    return ReportCommandStatus("trace", RecordTraceFromWorker(worker, out, absl::GetFlag(FLAGS_trace_tokens),
+                                                              absl::GetFlag(FLAGS_seconds)));
+  }
   if (model.empty() || tokens.empty() || out.empty()) {
     return ReportCommandStatus("trace", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
   }

@@ -33,7 +33,7 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
 }
 
 void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
-  if (!routing_sink_ || moe_layers_.empty()) return;
+  if ((!routing_sink_ && watchers_.empty()) || moe_layers_.empty()) return;
   forward_routing_.push_back(routing);
   if (static_cast<uint32_t>(layer) != moe_layers_.back()) return;
   // The forward's last MoE layer: append its tokens, token-major, and report full blocks.
@@ -58,12 +58,15 @@ void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
     }
     pending_.set_num_tokens(pending_.num_tokens() + 1);
     ++sequence_tokens_;
-    if (pending_.num_tokens() == kReportIntervalTokens) {
-      routing_sink_(std::move(pending_));
-      pending_.Clear();
-    }
+    if (pending_.num_tokens() == kReportIntervalTokens) EmitPendingRouting();
   }
   forward_routing_.clear();
+}
+
+void WorkerService::EmitPendingRouting() {
+  watchers_.Publish(pending_);
+  if (routing_sink_) routing_sink_(std::move(pending_));
+  pending_.Clear();
 }
 
 void WorkerService::SetReady() {
@@ -160,10 +163,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
       },
       cancelled);
   // The sequence's last, partial block of routing.
-  if (routing_sink_ && pending_.num_tokens() > 0) {
-    routing_sink_(std::move(pending_));
-    pending_.Clear();
-  }
+  if (pending_.num_tokens() > 0) EmitPendingRouting();
   {
     absl::MutexLock lock(&mu_);
     running_request_id_.clear();
@@ -212,6 +212,19 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext* context,
   response->set_num_moe_layers(static_cast<uint32_t>(geometry.moe_layer_ids.size()));
   response->set_slots_per_layer(geometry.slots_per_layer);
   response->set_rec_bytes(geometry.rec_bytes);
+  if (model_ != nullptr) response->set_experts_per_layer(static_cast<uint32_t>(model_->config().n_routed_experts));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::WatchRouting(grpc::ServerContext* context, const nq::v1::WatchRoutingRequest* request,
+                                         grpc::ServerWriter<nq::v1::RoutingReport>* writer) {
+  if (model_ == nullptr) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no model loaded");
+  std::shared_ptr<RoutingWatchers::Watcher> watcher = watchers_.Add();
+  while (!context->IsCancelled() && state() != nq::v1::WORKER_STATE_DRAINING) {
+    std::optional<nq::v1::RoutingReport> report = watcher->Next(absl::Milliseconds(200));
+    if (report.has_value() && !writer->Write(*report)) break;
+  }
+  watchers_.Remove(watcher);
   return grpc::Status::OK;
 }
 

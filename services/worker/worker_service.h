@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/worker.grpc.pb.h"
 #include "services/model/model.h"
+#include "services/worker/routing_watchers.h"
 #include "services/worker/sequence_runner.h"
 #include "services/worker/slot_runtime.h"
 
@@ -44,6 +45,8 @@ class WorkerService final : public nq::v1::Worker::Service {
                      nq::v1::AbortResponse* response) override;
   grpc::Status GetInfo(grpc::ServerContext* context, const nq::v1::GetInfoRequest* request,
                        nq::v1::WorkerInfo* response) override;
+  grpc::Status WatchRouting(grpc::ServerContext* context, const nq::v1::WatchRoutingRequest* request,
+                            grpc::ServerWriter<nq::v1::RoutingReport>* writer) override;
 
  private:
   const WorkerIdentity identity_;
@@ -52,6 +55,9 @@ class WorkerService final : public nq::v1::Worker::Service {
   std::unique_ptr<SequenceRunner> runner_;
   // Routing of the tokens since the last report (decode thread only).
   void OnRouting(int64_t layer, const model::MoeRouting& routing);
+  // Sends pending_ to the streamer's queue and the watchers, and clears it.
+  void EmitPendingRouting();
+  RoutingWatchers watchers_;
   std::function<void(nq::v1::RoutingReport)> routing_sink_;
   std::vector<uint32_t> moe_layers_;               // main-model MoE layers, in order
   std::vector<model::MoeRouting> forward_routing_;  // this forward, one entry per MoE layer

@@ -378,5 +378,35 @@ TEST_F(ServingTest, KillingTheStreamerMidGenerationKeepsTheStreamGoingAndARestar
   EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_updates_rejected_total"), 0);
 }
 
+TEST_F(ServingTest, NqTraceRecordsTheRunningWorkerAndReplayEvaluatesIt) {
+  StartCluster({}, /*streamed=*/true);
+  const std::string trace = absl::StrCat(log_dir_, "/live.trace");
+  absl::StatusOr<ChildProcess> tracer = ChildProcess::Start(
+      NQ_TOOL_BIN, {"trace", absl::StrCat("--worker=127.0.0.1:", worker_ports_.grpc), "--out=" + trace,
+                    "--trace_tokens=40", "--seconds=60"},
+      LogPath("trace"));
+  ASSERT_TRUE(tracer.ok()) << tracer.status();
+  ASSERT_TRUE(WaitFor([&] { return tracer->Log().find("recording from") != std::string::npos; },
+                      std::chrono::seconds(10)))
+      << tracer->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the watch is registered
+  const Json request = {{"model", "embedded"}, {"prompt", "Once upon a time there was"}, {"max_tokens", 48},
+                        {"temperature", 0}, {"ignore_eos", true}};
+  absl::StatusOr<std::pair<int, Json>> reply = PostJson("/v1/completions", request);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_EQ(reply->first, 200);
+  absl::StatusOr<int> code = tracer->WaitForExit(std::chrono::seconds(20));
+  ASSERT_TRUE(code.ok() && *code == 0) << tracer->Log();
+  EXPECT_THAT(tracer->Log(), HasSubstr("x 1 MoE layers"));
+  absl::StatusOr<ChildProcess> replay = ChildProcess::Start(
+      NQ_TOOL_BIN, {"replay", "--trace=" + trace, "--release_dir=" + *model_dir_ + "/release", "--slots=2"},
+      LogPath("replay"));
+  ASSERT_TRUE(replay.ok());
+  code = replay->WaitForExit(std::chrono::seconds(20));
+  ASSERT_TRUE(code.ok() && *code == 0) << replay->Log();
+  EXPECT_THAT(replay->Log(), HasSubstr("predictor v0"));
+  EXPECT_THAT(replay->Log(), HasSubstr("oracle"));
+}
+
 }  // namespace
 }  // namespace nq::testing
