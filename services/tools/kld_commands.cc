@@ -24,6 +24,7 @@ ABSL_DECLARE_FLAG(int, slots);
 ABSL_FLAG(std::string, teacher, "", "kld: the full-precision HF checkpoint the release was encoded from");
 ABSL_FLAG(std::string, mode, "",
           "kld: all-4-bit, all-2-bit, fixed-set, oracle, previous-block or live (see nq kld's report)");
+ABSL_FLAG(std::string, streamer, "", "kld --mode live: host:port of the nq-streamer serving --release");
 ABSL_FLAG(int64_t, window, 2048, "kld, mtp-acceptance: tokens per window (a fresh KV cache each)");
 ABSL_FLAG(std::string, domains, "", "kld, mtp-acceptance: comma-separated domains to evaluate (default: all)");
 
@@ -55,6 +56,7 @@ absl::Status Kld() {
                      .release_dir = absl::GetFlag(FLAGS_release),
                      .window = absl::GetFlag(FLAGS_window),
                      .slots = absl::GetFlag(FLAGS_slots)};
+  request.streamer_address = absl::GetFlag(FLAGS_streamer);
   if (absl::GetFlag(FLAGS_mode).empty()) return absl::InvalidArgumentError("--mode is required");
   ASSIGN_OR_RETURN(request.mode, ParseKldMode(absl::GetFlag(FLAGS_mode)));
   ASSIGN_OR_RETURN(request.domains, TokensFromFlags());

@@ -1,11 +1,165 @@
 #include "services/tools/kld_live.h"
 
-namespace nq::tools {
+#include <unistd.h>
 
-absl::StatusOr<KldRunReport> RunLiveMode(const KldRequest& request) {
-  return absl::UnimplementedError(
-      "nq kld --mode live is not implemented yet (issue #7: it runs the student through the running streamer and "
-      "predictor v0); the local modes are all-4-bit, all-2-bit, fixed-set, oracle and previous-block");
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/common/status_macros.h"
+#include "services/model/model_weights.h"
+#include "services/model/safetensors.h"
+#include "services/tools/release_experts.h"
+
+namespace nq::tools {
+namespace {
+
+bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const KldRequest& request,
+                                                                           int64_t max_tokens,
+                                                                           kernels::Backend& backend) {
+  if (request.streamer_address.empty()) {
+    return absl::InvalidArgumentError("--mode live needs --streamer HOST:PORT (an nq-streamer serving the release)");
+  }
+  std::unique_ptr<LiveStudentSource> s(new LiveStudentSource());
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(request.teacher_dir));
+  ASSIGN_OR_RETURN(s->decoder_, ReleaseExpertDecoder::Open(request.release_dir, request.teacher_dir, config, {}));
+  ASSIGN_OR_RETURN(s->bytes_, MeasureExpertBytes(*s->decoder_, config));
+  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(request.teacher_dir));
+  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, backend, {}));
+  RETURN_IF_ERROR(ApplyReleaseExperts(*s->decoder_, config, ExpertBits::k2Bit, backend, weights));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (config.IsMoeLayer(l)) s->moe_layers_.push_back(static_cast<uint32_t>(l));
+  }
+  ASSIGN_OR_RETURN(s->model_, model::Model::Create(std::move(config), std::move(weights), backend, nullptr,
+                                                   {.max_tokens = max_tokens}));
+
+  // The arena: per MoE layer the fixed set's slots, F floating, one staging.
+  uint64_t rec_bytes = 0;
+  size_t fixed = 0, fixed_total = 0;
+  for (uint32_t layer : s->decoder_->moe_layer_ids()) {
+    ASSIGN_OR_RETURN(uint64_t bytes, s->decoder_->RecordBytes(layer));
+    rec_bytes = std::max(rec_bytes, bytes);
+    fixed = std::max(fixed, s->decoder_->FixedSet(layer).size());
+    fixed_total += s->decoder_->FixedSet(layer).size();
+  }
+  const SlotGeometry geometry = SlotGeometry::Packed(
+      s->decoder_->moe_layer_ids(), static_cast<uint32_t>(fixed + static_cast<size_t>(request.slots) + 1), rec_bytes,
+      s->decoder_->release().manifest().experts_per_layer, static_cast<uint32_t>(fixed));
+  RETURN_IF_ERROR(geometry.Validate());
+  std::mt19937_64 rng(std::random_device{}());
+  ASSIGN_OR_RETURN(s->arena_, SharedMemory::Create(absl::StrFormat("/nq-kld-%d-%08x", getpid(),
+                                                                   static_cast<uint32_t>(rng())),
+                                                   geometry.ArenaBytes()));
+  s->table_ = std::make_unique<worker::SlotTable>(geometry);
+  s->runtime_ = std::make_unique<worker::SlotRuntime>(
+      s->table_.get(),
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(s->arena_.data()), s->arena_.size()),
+      s->decoder_.get(), &backend);
+  worker::StreamerClientOptions client;
+  client.address = request.streamer_address;
+  client.release_id = s->decoder_->release().id();
+  client.arena_request.set_pid(static_cast<uint32_t>(getpid()));
+  client.arena_request.mutable_shm()->set_name(s->arena_.name());
+  client.arena_request.mutable_shm()->set_bytes(s->arena_.size());
+  s->client_ = std::make_unique<worker::StreamerClient>(std::move(client), s->runtime_.get(), nullptr);
+  s->client_->Start();
+  if (!WaitUntil([&] { return s->client_->connected(); }, std::chrono::seconds(10))) {
+    return absl::UnavailableError(absl::StrCat("no nq-streamer session at ", request.streamer_address,
+                                               " within 10 s (is it serving this release?)"));
+  }
+  if (!WaitUntil([&] { return s->runtime_->decoded_slots() >= fixed_total; }, std::chrono::seconds(10))) {
+    return absl::UnavailableError(absl::StrCat("the streamer at ", request.streamer_address, " loaded ",
+                                               s->runtime_->decoded_slots(), " of ", fixed_total,
+                                               " fixed-set experts in 10 s"));
+  }
+  LiveStudentSource* raw = s.get();
+  s->model_->SetRoutedExpertSource(s->runtime_->ExpertSource());
+  s->model_->SetRoutingObserver(
+      [raw](int64_t layer, const model::MoeRouting& routing) { raw->OnRouting(layer, routing); });
+  return s;
+}
+
+LiveStudentSource::~LiveStudentSource() {
+  if (client_) client_->Stop();
+}
+
+absl::Status LiveStudentSource::BeginWindow() {
+  model_->ResetCache();
+  ++sequence_id_;
+  tokens_ = 0;
+  step_ = 0;
+  return absl::OkStatus();
+}
+
+void LiveStudentSource::OnRouting(int64_t layer, const model::MoeRouting& routing) {
+  // During the step: the table is stable, so "at 4 bits" here is what the expert ran at.
+  block_routing_.push_back(routing);
+  for (int t = 0; t < routing.num_tokens; ++t) {
+    for (int j = 0; j < routing.top_k; ++j) {
+      const int32_t e = routing.experts[t * routing.top_k + j];
+      const double w = routing.weights[t * routing.top_k + j];
+      const bool four = runtime_->RunsAtFourBit(layer, e);
+      usage_.calls += 1;
+      usage_.weight += w;
+      usage_.calls_4bit += four ? 1 : 0;
+      usage_.weight_4bit += four ? w : 0;
+    }
+  }
+  const int32_t experts = static_cast<int32_t>(model_->config().n_routed_experts);
+  for (int32_t e = 0; e < experts; ++e) usage_.held_4bit += runtime_->RunsAtFourBit(layer, e) ? 1 : 0;
+  usage_.held_total += experts;
+}
+
+absl::StatusOr<std::vector<float>> LiveStudentSource::Next(std::span<const int32_t> block) {
+  block_routing_.clear();
+  runtime_->BeginStep(step_++);
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(block);
+  runtime_->EndStep();
+  if (!logits.ok()) return logits.status();
+  if (block_routing_.size() != moe_layers_.size()) return absl::InternalError("a MoE layer reported no routing");
+  // The block's routing, token-major, as the worker reports it.
+  nq::v1::RoutingReport report;
+  report.set_first_token(tokens_);
+  report.set_num_tokens(static_cast<uint32_t>(block.size()));
+  report.set_sequence_id(sequence_id_);
+  for (size_t t = 0; t < block.size(); ++t) {
+    for (size_t i = 0; i < moe_layers_.size(); ++i) {
+      const model::MoeRouting& r = block_routing_[i];
+      nq::v1::LayerRouting* entry = report.add_layer_entries();
+      entry->set_layer(moe_layers_[i]);
+      for (int j = 0; j < r.top_k; ++j) {
+        entry->add_experts(static_cast<uint32_t>(r.experts[t * r.top_k + j]));
+        entry->add_weights(r.weights[t * r.top_k + j]);
+      }
+    }
+  }
+  tokens_ += block.size();
+  const uint64_t generation = table_->applied_generation();
+  client_->EnqueueRoutingReport(std::move(report));
+  AwaitAnnouncedLoads(generation);
+  return logits;
+}
+
+void LiveStudentSource::AwaitAnnouncedLoads(uint64_t generation_before) {
+  // A refresh that plans loads announces them at once; one that plans none sends nothing.
+  if (!WaitUntil([&] { return table_->applied_generation() > generation_before; }, std::chrono::milliseconds(50))) {
+    return;
+  }
+  WaitUntil([&] { return runtime_->loads_in_flight() == 0; }, std::chrono::seconds(2));
 }
 
 }  // namespace nq::tools

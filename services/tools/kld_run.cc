@@ -1,5 +1,7 @@
 #include "services/tools/kld_run.h"
 
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
@@ -38,20 +40,33 @@ absl::Status ValidateKldRequest(const KldRequest& request) {
 
 absl::StatusOr<KldRunReport> EvaluateKld(const KldRequest& request) {
   RETURN_IF_ERROR(ValidateKldRequest(request));
-  if (request.mode == KldMode::kLive) return RunLiveMode(request);
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(request.teacher_dir));
   RETURN_IF_ERROR(CheckTokenIds(request.domains, config.vocab_size));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
   const int64_t max_tokens = LongestWindow(request.domains, request.window);
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> teacher_model,
                    model::Model::Load(request.teacher_dir, *backend, nullptr, {.max_tokens = max_tokens}));
-  ASSIGN_OR_RETURN(std::unique_ptr<StudentLogitSource> student,
-                   StudentLogitSource::Load({.model_dir = request.teacher_dir,
-                                             .release_dir = request.release_dir,
-                                             .mode = request.mode,
-                                             .slots = request.slots,
-                                             .max_tokens = max_tokens},
-                                            *backend));
+  // The student: the local policies, or live through the streamer.
+  std::unique_ptr<LogitSource> student;
+  std::function<ExpertUsage()> usage;
+  ExpertBytes bytes;
+  if (request.mode == KldMode::kLive) {
+    ASSIGN_OR_RETURN(std::unique_ptr<LiveStudentSource> live, LiveStudentSource::Load(request, max_tokens, *backend));
+    bytes = live->bytes();
+    usage = [raw = live.get()] { return raw->usage(); };
+    student = std::move(live);
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<StudentLogitSource> local,
+                     StudentLogitSource::Load({.model_dir = request.teacher_dir,
+                                               .release_dir = request.release_dir,
+                                               .mode = request.mode,
+                                               .slots = request.slots,
+                                               .max_tokens = max_tokens},
+                                              *backend));
+    bytes = local->bytes();
+    usage = [raw = local.get()] { return raw->usage(); };
+    student = std::move(local);
+  }
   ModelLogitSource teacher(*teacher_model);
   KldRunReport report{.teacher_dir = request.teacher_dir,
                       .release_dir = request.release_dir,
@@ -59,8 +74,8 @@ absl::StatusOr<KldRunReport> EvaluateKld(const KldRequest& request) {
                       .window = request.window,
                       .slots = request.slots};
   ASSIGN_OR_RETURN(report.kl, MeasureKld(teacher, *student, request.domains, request.window));
-  report.usage = student->usage();
-  report.bytes = student->bytes();
+  report.usage = usage();
+  report.bytes = bytes;
   return report;
 }
 

@@ -21,6 +21,7 @@ struct KldRequest {
   int64_t window = 2048;  // tokens per window; each window starts a fresh KV cache
   int slots = 8;          // F: floating 4-bit experts per MoE layer (oracle, previous-block, live)
   std::vector<KldDomain> domains;
+  std::string streamer_address;  // live: host:port of the nq-streamer serving the release
 };
 
 struct KldRunReport {
@@ -38,7 +39,7 @@ struct KldRunReport {
 // tokens.
 absl::Status ValidateKldRequest(const KldRequest& request);
 
-// Validates, then runs the mode (live: RunLiveMode). INVALID_ARGUMENT for token ids outside
+// Validates, then runs the mode (live: LiveStudentSource, kld_live.h). INVALID_ARGUMENT for token ids outside
 // the teacher's vocabulary; the model's and the release's load errors otherwise.
 absl::StatusOr<KldRunReport> EvaluateKld(const KldRequest& request);
 

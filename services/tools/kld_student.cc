@@ -67,7 +67,7 @@ absl::StatusOr<ExpertBytes> MeasureExpertBytes(const ReleaseExpertDecoder& decod
 absl::StatusOr<std::unique_ptr<StudentLogitSource>> StudentLogitSource::Load(const Options& options,
                                                                              kernels::Backend& backend) {
   if (options.mode == KldMode::kLive) {
-    return absl::InvalidArgumentError("mode live runs through the streamer (RunLiveMode), not a local student");
+    return absl::InvalidArgumentError("mode live runs through the streamer (LiveStudentSource, kld_live.h), not a local student");
   }
   if (options.slots < 0) return absl::InvalidArgumentError(absl::StrCat("--slots ", options.slots, ": want >= 0"));
   std::unique_ptr<StudentLogitSource> s(new StudentLogitSource());

@@ -90,6 +90,7 @@ std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SlotRuntime::SnapshotForHell
     }
   }
   loads_in_flight_ = 0;
+  loads_in_flight_published_.store(0);
   return {table_->ReadySlots(), table_->applied_generation()};
 }
 
@@ -153,6 +154,7 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
   }
   updates_applied_.Increment();
   loads_in_flight_ = update.loads_in_flight();
+  loads_in_flight_published_.store(loads_in_flight_);
   for (const nq::v1::SlotRef& ref : unmapped) {
     decoded_.erase({ref.layer(), ref.slot()});
     slot_hash_.erase({ref.layer(), ref.slot()});
@@ -188,6 +190,11 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
     sink = ack_sink_;
   }
   if (sink) sink(std::move(ack));
+}
+
+bool SlotRuntime::RunsAtFourBit(int64_t layer, int32_t expert) const {
+  std::optional<uint32_t> slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
+  return slot.has_value() && decoded_.count({static_cast<uint32_t>(layer), *slot}) != 0;
 }
 
 const model::MlpWeights* SlotRuntime::FourBitWeights(int64_t layer, int32_t expert, int64_t tokens) {

@@ -25,6 +25,7 @@
 #include "services/model/model_config.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
+#include "services/tools/kld_run.h"
 #include "services/tools/release_encoder.h"
 #include "services/tools/release_expert_decoder.h"
 #include "services/worker/slot_runtime.h"
@@ -370,6 +371,46 @@ TEST_F(SlotProtocolTest, ARestartedStreamerAdoptsTheWorkersReadySlots) {
   ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > before.size(); }, std::chrono::seconds(10)));
   EXPECT_GT(table_->applied_generation(), generation);
   server_->Drain(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+// nq kld --mode live: the student registers with the streamer as a worker would and runs
+// each block with what its slots hold; the predictor's floating loads must beat the fixed set
+// alone, and the quality must sit between all-2-bit and all-4-bit.
+TEST_F(SlotProtocolTest, LiveKldRunsThroughTheStreamerAndBeatsTheFixedSet) {
+  StartStreamer(release_dir_, streamer::PredictorOptions{});
+  std::vector<int32_t> tokens;
+  std::mt19937 rng(11);
+  // Text-like: a few recurring token ids, so routing has something to predict.
+  for (int i = 0; i < 192; ++i) tokens.push_back(static_cast<int32_t>((rng() % 6) * 37 + (i % 3)));
+  tools::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 96, .slots = 4};
+  request.domains.push_back({.name = "synthetic", .sequences = {tokens}});
+  request.streamer_address = server_->address();
+
+  request.mode = tools::KldMode::kLive;
+  absl::StatusOr<tools::KldRunReport> live = tools::EvaluateKld(request);
+  ASSERT_TRUE(live.ok()) << live.status();
+  request.mode = tools::KldMode::kFixedSet;
+  absl::StatusOr<tools::KldRunReport> fixed = tools::EvaluateKld(request);
+  request.mode = tools::KldMode::kAll2Bit;
+  absl::StatusOr<tools::KldRunReport> two = tools::EvaluateKld(request);
+  request.mode = tools::KldMode::kAll4Bit;
+  absl::StatusOr<tools::KldRunReport> four = tools::EvaluateKld(request);
+  ASSERT_TRUE(fixed.ok() && two.ok() && four.ok());
+  RecordProperty("live_call_share", std::to_string(live->usage.CallShare()));
+  RecordProperty("live_mean_kl", std::to_string(live->kl.overall.mean));
+  EXPECT_EQ(live->kl.overall.tokens, 192);
+  EXPECT_GT(live->usage.CallShare(), fixed->usage.CallShare() + 0.05);
+  EXPECT_LT(live->usage.CallShare(), 1.0);
+  EXPECT_LT(live->kl.overall.mean, two->kl.overall.mean);
+  EXPECT_GT(live->kl.overall.mean, four->kl.overall.mean);
+}
+
+TEST_F(SlotProtocolTest, LiveKldWithoutAStreamerIsUnavailable) {
+  tools::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 32, .slots = 2};
+  request.mode = tools::KldMode::kLive;
+  request.domains.push_back({.name = "x", .sequences = {{1, 2, 3, 4}}});
+  request.streamer_address = "127.0.0.1:1";
+  EXPECT_EQ(tools::EvaluateKld(request).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -347,7 +347,7 @@ TEST_P(KldModeTest, BadRequestsAreRefused) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("release /nonexistent/release")));
 
   request.mode = KldMode::kLive;
-  EXPECT_THAT(EvaluateKld(request), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("--mode live")));
+  EXPECT_THAT(EvaluateKld(request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--streamer")));
   EXPECT_THAT(ParseKldMode("all-3-bit"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown --mode 'all-3-bit'")));
   for (const char* name : {"all-4-bit", "all-2-bit", "fixed-set", "oracle", "previous-block", "live"}) {
