@@ -80,10 +80,21 @@ SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr
       send_(std::move(send)),
       allocator_(worker_->geometry) {
   const unsigned buffers = std::max(options_.store.buffers, options_.store.queue_depth);
-  for (unsigned b = buffers; b-- > 0;) free_buffers_.push_back(b);
+  for (unsigned b = buffers; b-- > 0;) {
+    // Device arenas copy from page-locked memory; a buffer that cannot be pinned is not used.
+    if (absl::Status s = worker_->arena->PrepareSource(store_->Buffer(b)); !s.ok()) {
+      spdlog::warn("worker {}: bounce buffer {} not prepared, left out: {}", worker_->worker_id, b, s.ToString());
+      continue;
+    }
+    free_buffers_.push_back(b);
+    prepared_buffers_.push_back(b);
+  }
 }
 
-SlotLoader::~SlotLoader() { Stop(); }
+SlotLoader::~SlotLoader() {
+  Stop();
+  for (unsigned b : prepared_buffers_) worker_->arena->ReleaseSource(store_->Buffer(b));
+}
 
 absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
   const std::vector<nq::v1::SlotEntry> ready(hello.ready_slots().begin(), hello.ready_slots().end());
@@ -379,8 +390,16 @@ void SlotLoader::Reap() {
                        read.want.layer, read.slot);
       continue;
     }
-    std::byte* slot = reinterpret_cast<std::byte*>(worker_->arena.data()) + g.SlotOffset(read.layer_index, read.slot);
-    std::memcpy(slot, store_->Buffer(read.buffer).data(), completion.bytes);
+    absl::Status written = worker_->arena->Write(g.SlotOffset(read.layer_index, read.slot),
+                                                 store_->Buffer(read.buffer).first(completion.bytes));
+    if (!written.ok()) {
+      (void)allocator_.Release(read.layer_index, read.slot);
+      failed_.insert({read.want.layer, read.want.expert});
+      metrics_->loads_failed.Increment();
+      spdlog::error("worker {}: copy into layer {} slot {} failed: {}", worker_->worker_id, read.want.layer,
+                    read.slot, written.ToString());
+      continue;
+    }
     (void)allocator_.MarkReady(read.layer_index, read.slot);
     nq::v1::SlotChange* ready = update.add_changes();
     ready->set_kind(nq::v1::SlotChange::KIND_READY);

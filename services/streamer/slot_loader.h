@@ -147,6 +147,7 @@ class SlotLoader {
   std::deque<Want> queue_;             // loads not yet submitted, in priority order
   std::map<uint64_t, Read> in_flight_;  // by read tag
   std::vector<unsigned> free_buffers_;
+  std::vector<unsigned> prepared_buffers_;  // PrepareSource'd, released at destruction
   std::set<std::pair<uint32_t, uint32_t>> failed_;  // (layer, expert) whose record failed
   uint64_t next_tag_ = 1;
   uint64_t next_generation_ = 1;

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/shared_memory.h"
 #include "services/common/status_macros.h"
 
 namespace nq::streamer {
@@ -36,16 +37,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
     return absl::FailedPreconditionError(absl::StrCat("the worker serves release ", request.release_id(),
                                                       ", this streamer release ", release_id_));
   }
-  if (request.arena_case() != nq::v1::RegisterWorkerRequest::kShm) {
-    // CUDA IPC arenas are opened by the GPU streamer (issue #6); this build maps shared memory.
-    return absl::UnimplementedError("only shared-memory arenas are supported by this streamer");
-  }
-  if (request.shm().bytes() != geometry.ArenaBytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("arena of ", request.shm().bytes(),
-                                                   " bytes does not match the geometry's ",
-                                                   geometry.ArenaBytes()));
-  }
-  ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Open(request.shm().name(), request.shm().bytes()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ArenaWriter> arena, OpenArena(request, geometry.ArenaBytes()));
 
   auto worker = std::make_shared<RegisteredWorker>();
   worker->rank = request.rank();
@@ -69,7 +61,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   const std::string id = worker->worker_id;
   spdlog::info("registered worker {} (pid {}, {} MoE layers x {} slots x {} bytes, arena {})", id,
                worker->pid, worker->geometry.moe_layer_ids.size(), worker->geometry.slots_per_layer,
-               worker->geometry.rec_bytes, worker->arena.name());
+               worker->geometry.rec_bytes, worker->arena->Describe());
   workers_[id] = std::move(worker);
   registrations_.Increment();
   UpdateGaugesLocked();
@@ -100,17 +92,17 @@ void WorkerRegistry::CloseSession(const std::string& worker_id) {
     workers_.erase(it);
     UpdateGaugesLocked();
   }
-  const std::string name = dropped->arena.name();
+  const std::string name = dropped->arena->shm_name();
   const bool gone = ProcessGone(dropped->pid);
   dropped.reset();  // unmaps the arena
-  if (gone) {
+  if (gone && !name.empty()) {
     // The worker died without unlinking its arena; nobody else will.
     if (absl::Status s = SharedMemory::Unlink(name); !s.ok()) {
       spdlog::warn("could not remove dead worker's arena {}: {}", name, s.ToString());
     }
   }
   spdlog::info("worker {} session ended{}: arena {} released", worker_id,
-               gone ? " (process gone)" : "", name);
+               gone ? " (process gone)" : "", name.empty() ? "(device)" : name);
 }
 
 size_t WorkerRegistry::size() const {
@@ -125,7 +117,7 @@ bool WorkerRegistry::Contains(const std::string& worker_id) const {
 
 void WorkerRegistry::UpdateGaugesLocked() {
   double bytes = 0;
-  for (const auto& [id, worker] : workers_) bytes += static_cast<double>(worker->arena.size());
+  for (const auto& [id, worker] : workers_) bytes += static_cast<double>(worker->arena->bytes());
   workers_gauge_.Set(static_cast<double>(workers_.size()));
   arena_bytes_gauge_.Set(bytes);
 }

@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
-#include "services/common/shared_memory.h"
+#include "services/streamer/arena_writer.h"
 #include "services/common/slot_geometry.h"
 
 namespace nq::streamer {
@@ -24,7 +24,7 @@ struct RegisteredWorker {
   uint32_t pid = 0;
   std::string release_id;
   SlotGeometry geometry;
-  SharedMemory arena;  // mapped read-write; the streamer writes only FREE slots
+  std::unique_ptr<ArenaWriter> arena;  // the streamer writes only FREE slots
   bool session_active = false;
 };
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/shared_memory.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::streamer {
@@ -94,8 +95,20 @@ TEST_F(WorkerRegistryTest, RejectsBadRegistrations) {
 
   nq::v1::RegisterWorkerRequest cuda = base;
   cuda.mutable_cuda_ipc()->set_bytes(base.shm().bytes());
-  EXPECT_THAT(registry_.Register(cuda), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("shared-memory")));
+  EXPECT_THAT(registry_.Register(cuda), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("without CUDA")));
   EXPECT_EQ(registry_.size(), 0u);
+}
+
+TEST_F(WorkerRegistryTest, AWorkerServingAnotherReleaseIsRefused) {
+  metrics::Registry metrics;
+  WorkerRegistry with_release(metrics, "abc123");
+  SharedMemory arena;
+  nq::v1::RegisterWorkerRequest request = MakeRequest(0, &arena);
+  request.set_release_id("def456");
+  EXPECT_THAT(with_release.Register(request),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("release def456")));
+  request.set_release_id("abc123");
+  EXPECT_THAT(with_release.Register(request), IsOk());
 }
 
 TEST_F(WorkerRegistryTest, DeadWorkersArenaNameIsRemoved) {
