@@ -3,6 +3,10 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -13,8 +17,29 @@
 namespace nq::streamer {
 namespace {
 
-// kill(pid, 0) probes without signalling: ESRCH means the process is gone.
-bool ProcessGone(uint32_t pid) { return pid != 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+// kill(pid, 0) probes without signalling: ESRCH means the process is gone. A zombie (dead,
+// not yet reaped by its parent) still answers kill(), so its /proc state counts too.
+bool ProcessGone(uint32_t pid) {
+  if (pid == 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parens).
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+// A killed worker's socket closes while the kernel is still tearing the process down, so
+// the session can end a moment before the process is gone: look again for a short while.
+bool ProcessGoneWithin(uint32_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!ProcessGone(pid)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -93,7 +118,7 @@ void WorkerRegistry::CloseSession(const std::string& worker_id) {
     UpdateGaugesLocked();
   }
   const std::string name = dropped->arena->shm_name();
-  const bool gone = ProcessGone(dropped->pid);
+  const bool gone = ProcessGoneWithin(dropped->pid, std::chrono::seconds(2));
   dropped.reset();  // unmaps the arena
   if (gone && !name.empty()) {
     // The worker died without unlinking its arena; nobody else will.

@@ -408,5 +408,33 @@ TEST_F(ServingTest, NqTraceRecordsTheRunningWorkerAndReplayEvaluatesIt) {
   EXPECT_THAT(replay->Log(), HasSubstr("oracle"));
 }
 
+TEST_F(ServingTest, AWorkerKilledMidGenerationReleasesItsArena) {
+  StartCluster({}, /*streamed=*/true);
+  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= 4; },
+                      std::chrono::seconds(20)));
+  const std::string log = worker_->Log();
+  const size_t at = log.find("arena /nq-arena-");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string arena = log.substr(at + 6, log.find(' ', at + 6) - (at + 6));
+  ASSERT_TRUE(std::filesystem::exists("/dev/shm" + arena)) << arena;
+  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_mapped_arena_bytes"), 0);
+
+  Json body = {{"model", "embedded"}, {"prompt", "Once"}, {"max_tokens", 200}, {"ignore_eos", true}, {"stream", true}};
+  absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, "/v1/completions", body.dump());
+  ASSERT_TRUE(http.ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(http->NextEvent().ok());
+  worker_->Signal(SIGKILL);  // mid-generation, while the streamer may be loading into its arena
+  ASSERT_TRUE(worker_->WaitForExit(std::chrono::seconds(5)).ok());
+  worker_.reset();
+  EXPECT_TRUE(WaitFor([&] { return Metric(streamer_ports_.http, "nq_streamer_workers_registered") == 0; },
+                      std::chrono::seconds(10)))
+      << streamer_->Log();
+  EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_mapped_arena_bytes"), 0);
+  EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_sessions_active"), 0);
+  EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_read_queue_depth"), 0);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + arena)) << "the dead worker's arena was not unlinked";
+  EXPECT_THAT(streamer_->Log(), HasSubstr("process gone"));
+}
+
 }  // namespace
 }  // namespace nq::testing
