@@ -16,7 +16,7 @@ if [[ ! -x "$NVCC" ]] && ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
-targets=(nq_backend cpu_ops_test cuda_vs_cpu_ops_test cuda_model_test)
+targets=(nq_backend cpu_ops_test cuda_vs_cpu_ops_test cuda_model_test cuda_ipc_arena_test)
 case "${1:-}" in
   "")
     build_dir=build/cuda

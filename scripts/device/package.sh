@@ -14,7 +14,8 @@ cd "$(dirname "$0")/../.."
 
 build_dir="${1:-build/cuda}"
 readonly out=.device
-readonly binaries=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test tests/model_graph/cuda_model_test)
+readonly binaries=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test tests/model_graph/cuda_model_test
+                   tests/kernels/cuda_ipc_arena_test)
 
 for b in "${binaries[@]}"; do
   if [[ ! -x "$build_dir/$b" ]]; then

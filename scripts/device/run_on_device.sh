@@ -53,6 +53,10 @@ run cuda_vs_cpu_ops_test "$dev/bin/cuda_vs_cpu_ops_test" --gtest_color=no "$@"
 # The GLM-5 / DeepSeek-V3 graph on the CUDA backend against HF's reference logits (the
 # fixtures travel with the working tree; run from the repository root).
 run cuda_model_test "$dev/bin/cuda_model_test" --gtest_color=no
+# Slot arenas across processes: a forked "streamer" writes into a "worker's" CUDA IPC arena.
+if [[ -x "$dev/bin/cuda_ipc_arena_test" ]]; then
+  run cuda_ipc_arena_test "$dev/bin/cuda_ipc_arena_test" --gtest_color=no
+fi
 
 if [[ "${NQ_DEVICE_SANITIZE:-0}" == 1 ]]; then
   if command -v compute-sanitizer >/dev/null; then
