@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# Writes the embedded default model into DIR (default .run/embedded) unless it is there:
-# a GLM-5-shaped tiny model with random bf16 weights (nq synth-model, configs/embedded/) and
-# the DeepSeek-V3 tokenizer.json, so text round-trips, and its NestQuant release in
-# DIR/release. Needs a built `nq` (build/cpu).
+# Prepares the embedded default model in DIR (default .run/embedded) unless it is there:
+# glm5_nano (models/glm5_nano: a GlmMoeDsaForCausalLM of 18.8M parameters trained on Python
+# sources, with its own byte-level BPE tokenizer; scripts/train/README.md), and its NestQuant
+# release in DIR/release, the record directory the streamer serves. Needs a built `nq`
+# (build/cpu, or $NQ_BIN).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.run/embedded}
 nq=${NQ_BIN:-build/cpu/services/tools/nq}
-if ! [[ -f "$dir/config.json" && -f "$dir/tokenizer.json" && ( -f "$dir/model.safetensors" || -f "$dir/model.safetensors.index.json" ) ]]; then
-  mkdir -p "$dir"
-  "$nq" synth-model --config configs/embedded/glm5_tiny.json --out "$dir" --dtype bf16 --seed 0
-  gunzip -c tests/tokenizer/data/deepseek_v3.tokenizer.json.gz > "$dir/tokenizer.json.tmp"
-  mv "$dir/tokenizer.json.tmp" "$dir/tokenizer.json"
-  echo "embedded model ready in $dir"
-fi
-# Its NestQuant release (2-bit base + streamed residuals), the record directory the streamer
-# serves. nq encode resumes an interrupted run and writes COMPLETE last.
+readonly src=models/glm5_nano
+readonly files=(config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json)
+mkdir -p "$dir"
+# A model that changed (a new commit of models/glm5_nano) invalidates its release.
+for f in "${files[@]}"; do
+  if ! cmp -s "$src/$f" "$dir/$f"; then
+    rm -rf "$dir/release"
+    cp "$src/$f" "$dir/$f.tmp"
+    mv "$dir/$f.tmp" "$dir/$f"
+  fi
+done
+# Calibrated on 8k tokens of training-split stdlib text (models/glm5_nano/calibration.tokens,
+# scripts/train/calibration_text.py): per-expert Hessians for LDLQ and the routing counts that
+# rank the experts; the four most routed of each layer's 32 are the fixed 4-bit set. nq encode
+# resumes an interrupted run and writes COMPLETE last.
 if [[ ! -f "$dir/release/COMPLETE" ]]; then
-  "$nq" encode --model "$dir" --out "$dir/release" --fixed-per-layer 2 >/dev/null
+  "$nq" calibrate --model "$dir" --tokens "$src/calibration.tokens" --out "$dir/calibration.tmp" >/dev/null
+  "$nq" encode --model "$dir" --out "$dir/release" --calib "$dir/calibration.tmp" --fixed-per-layer 4 >/dev/null
+  rm -f "$dir/calibration.tmp"
   echo "release ready in $dir/release"
 fi

@@ -29,7 +29,7 @@ trap stop EXIT
 "$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$model/release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
 "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$model/release" \
-  --slots_per_layer=8 >"$run_dir/worker.log" 2>&1 &
+  --slots_per_layer=13 >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
 "$bin/router/nq-router" --host=127.0.0.1 --tokenizer="$model/tokenizer.json" >"$run_dir/router.log" 2>&1 &
 pids+=($!)

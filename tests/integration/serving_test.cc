@@ -1,5 +1,5 @@
 // End to end through router, worker and streamer with the embedded default model (a
-// GLM-5-shaped tiny model with random weights and the DeepSeek-V3 tokenizer): the OpenAI
+// GlmMoeDsaForCausalLM trained on Python sources, models/glm5_nano, with its tokenizer): the OpenAI
 // API, SSE, gRPC, the queue, disconnects and every client error.
 #include <signal.h>
 
@@ -397,7 +397,7 @@ TEST_F(ServingTest, NqTraceRecordsTheRunningWorkerAndReplayEvaluatesIt) {
   ASSERT_EQ(reply->first, 200);
   absl::StatusOr<int> code = tracer->WaitForExit(std::chrono::seconds(20));
   ASSERT_TRUE(code.ok() && *code == 0) << tracer->Log();
-  EXPECT_THAT(tracer->Log(), HasSubstr("x 1 MoE layers"));
+  EXPECT_THAT(tracer->Log(), HasSubstr("x 4 MoE layers"));  // glm5_nano: layers 1-4
   absl::StatusOr<ChildProcess> replay = ChildProcess::Start(
       NQ_TOOL_BIN, {"replay", "--trace=" + trace, "--release_dir=" + *model_dir_ + "/release", "--slots=2"},
       LogPath("replay"));
