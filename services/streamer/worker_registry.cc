@@ -68,11 +68,21 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   worker->rank = request.rank();
   worker->world_size = request.world_size();
   worker->pid = request.pid();
+  worker->hostname = request.hostname();
   worker->release_id = request.release_id();
   worker->geometry = std::move(geometry);
   worker->arena = std::move(arena);
 
   absl::MutexLock lock(&mu_);
+  // A second live process claiming a rank that has a session is refused; a restarted worker
+  // (its predecessor's process gone, or on another host where we cannot tell) replaces it.
+  for (const auto& [id, other] : workers_) {
+    if (other->rank == request.rank() && other->session_active && other->pid != request.pid() &&
+        other->hostname == request.hostname() && !ProcessGone(other->pid)) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", request.rank(), " is served by live process ", other->pid,
+                                                   " (worker ", id, ")"));
+    }
+  }
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second->rank == request.rank()) {
       spdlog::info("rank {} registered again: dropping its earlier registration {}", request.rank(),

@@ -22,6 +22,7 @@ struct RegisteredWorker {
   uint32_t rank = 0;
   uint32_t world_size = 0;
   uint32_t pid = 0;
+  std::string hostname;
   std::string release_id;
   SlotGeometry geometry;
   std::unique_ptr<ArenaWriter> arena;  // the streamer writes only FREE slots
@@ -35,7 +36,8 @@ class WorkerRegistry {
   explicit WorkerRegistry(metrics::Registry& metrics, std::string release_id = "");
 
   // Validates the request, maps the arena, and records the worker under a fresh id,
-  // replacing an earlier registration of the same rank (a restarted worker).
+  // replacing an earlier registration of the same rank (a restarted worker). ALREADY_EXISTS
+  // when another live process on the same host holds that rank with an open session.
   absl::StatusOr<std::string> Register(const nq::v1::RegisterWorkerRequest& request);
   // Marks the session of `worker_id` active and returns the worker, which stays alive (arena
   // mapped) while the caller holds it, even if the rank registers again meanwhile. NOT_FOUND

@@ -73,6 +73,8 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
   client.address = request.streamer_address;
   client.release_id = s->decoder_->release().id();
   client.arena_request.set_pid(static_cast<uint32_t>(getpid()));
+  char hostname[256] = {};
+  if (gethostname(hostname, sizeof(hostname) - 1) == 0) client.arena_request.set_hostname(hostname);
   client.arena_request.mutable_shm()->set_name(s->arena_.name());
   client.arena_request.mutable_shm()->set_bytes(s->arena_.size());
   s->client_ = std::make_unique<worker::StreamerClient>(std::move(client), s->runtime_.get(), nullptr);

@@ -4,6 +4,9 @@
 // block's routing, and runs each block with whatever its slots hold READY when the block
 // starts: 2-bit base weights, and 4-bit weights for experts whose residual was streamed in.
 //
+// The harness takes rank 0: point it at a streamer no live worker of rank 0 uses (it is
+// refused, ALREADY_EXISTS, rather than displace one).
+//
 // Timing model: after each block's report the harness waits (up to 2 s) for the loads the
 // streamer announces for it to land, as if the disk kept up with decoding; a block therefore
 // sees the predictor's choice made from every block before it. With a slower disk the live

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -434,6 +435,40 @@ TEST_F(ServingTest, AWorkerKilledMidGenerationReleasesItsArena) {
   EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_read_queue_depth"), 0);
   EXPECT_FALSE(std::filesystem::exists("/dev/shm" + arena)) << "the dead worker's arena was not unlinked";
   EXPECT_THAT(streamer_->Log(), HasSubstr("process gone"));
+}
+
+// nq kld --mode live on the committed model: a real nq-streamer serving the embedded
+// model's release, the harness registering as a worker (no worker runs here: it would hold
+// rank 0). The local modes' smoke on the same model is in tests/tools/kld_test.cc.
+TEST_F(ServingTest, NqKldLiveRunsThroughARealStreamer) {
+  streamer_ports_ = NewPorts();
+  streamer_.emplace(StartStreamer(streamer_ports_, StreamerFlags(true)));
+  ASSERT_TRUE(WaitServing(streamer_ports_.grpc)) << streamer_->Log();
+  const std::string tokens = absl::StrCat(log_dir_, "/docstrings.json");
+  {
+    std::ifstream in(std::string(NQ_SOURCE_DIR) + "/models/glm5_nano/eval/docstrings.tokens.json");
+    Json ids = Json::parse(in);
+    ids.erase(ids.begin() + 96, ids.end());
+    std::ofstream(tokens) << ids.dump();
+  }
+  const std::string report = absl::StrCat(log_dir_, "/live.json");
+  absl::StatusOr<ChildProcess> kld = ChildProcess::Start(
+      NQ_TOOL_BIN,
+      {"kld", "--teacher=" + *model_dir_, "--release=" + *model_dir_ + "/release", "--mode=live",
+       absl::StrCat("--streamer=127.0.0.1:", streamer_ports_.grpc), "--tokens=" + tokens, "--window=48", "--slots=4",
+       "--out=" + report},
+      LogPath("kld"));
+  ASSERT_TRUE(kld.ok());
+  absl::StatusOr<int> code = kld->WaitForExit(std::chrono::seconds(120));
+  ASSERT_TRUE(code.ok() && *code == 0) << kld->Log();
+  std::ifstream in(report);
+  const Json result = Json::parse(in);
+  EXPECT_EQ(result["tokens"], 96);
+  EXPECT_GT(result["mean_kl"].get<double>(), 0);
+  // The fixed sets (4 of 32 experts per layer) are always there; predictor v0 adds more.
+  EXPECT_GT(result["four_bit_share"]["calls"].get<double>(), 0.125);
+  EXPECT_LT(result["four_bit_share"]["calls"].get<double>(), 1.0);
+  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_routing_tokens_total"), 90);
 }
 
 }  // namespace

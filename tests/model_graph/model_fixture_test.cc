@@ -101,6 +101,56 @@ TEST_P(ModelFixtureTest, ResetAndTruncateReuseTheCache) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
                          ::testing::Values("glm5_tiny", "glm5_tiny_fp8", "dsv3_tiny", "dsv3_tiny_fp8"));
 
+// glm5_nano (models/glm5_nano, scripts/train/): the trained embedded default against HF's
+// float64 logits on a 96-token held-out prompt whose last 32 rows make the DSA indexer select.
+// Its routing margins are 1.8e-4 and its indexer margins 1.4e-4 (reference/meta.json): far
+// above fp32 error, below the random fixtures' seed-search thresholds.
+class TrainedModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_dir_ = std::string(NQ_FIXTURE_DIR) + "/../../../models/glm5_nano";
+    tokens_ = ReadTokens(model_dir_ + "/reference");
+    reference_ = ReadFloats(model_dir_ + "/reference/logits.bin");
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+    ASSERT_THAT(backend, IsOk());
+    backend_ = *std::move(backend);
+    absl::StatusOr<std::unique_ptr<Model>> model =
+        Model::Load(model_dir_, *backend_, nullptr, ModelOptions{.max_tokens = 128});
+    ASSERT_THAT(model, IsOk());
+    model_ = *std::move(model);
+    vocab_ = model_->config().vocab_size;
+    ASSERT_EQ(reference_.size(), tokens_.size() * vocab_);
+  }
+  std::string model_dir_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> reference_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<Model> model_;
+  int64_t vocab_ = 0;
+};
+
+TEST_F(TrainedModelTest, PrefillDecodeAndMtpMatchTheReference) {
+  absl::StatusOr<std::vector<float>> logits = model_->Forward(tokens_);
+  ASSERT_THAT(logits, IsOk());
+  Comparison c = Compare(*logits, reference_, 0, vocab_);
+  EXPECT_TRUE(c.Within(kTolerance)) << "max|diff| " << c.max_abs_diff << " max|ref| " << c.max_abs_ref;
+  const std::vector<float> hidden = model_->last_hidden();
+  const int64_t D = model_->config().hidden_size, T = static_cast<int64_t>(tokens_.size());
+  absl::StatusOr<std::vector<float>> mtp =
+      model_->ForwardMtp(std::span<const int32_t>(tokens_).subspan(1), std::span<const float>(hidden).first((T - 1) * D));
+  ASSERT_THAT(mtp, IsOk());
+  c = Compare(*mtp, ReadFloats(model_dir_ + "/reference/mtp_logits.bin"), 0, vocab_);
+  EXPECT_TRUE(c.Within(kTolerance)) << "MTP max|diff| " << c.max_abs_diff << " max|ref| " << c.max_abs_ref;
+  // The last rows (where the indexer selects) one token at a time through the cache.
+  ASSERT_THAT(model_->TruncateCache(T - 8), IsOk());
+  for (int64_t i = T - 8; i < T; ++i) {
+    absl::StatusOr<std::vector<float>> row = model_->Forward(std::span<const int32_t>(&tokens_[i], 1));
+    ASSERT_THAT(row, IsOk());
+    c = Compare(*row, reference_, i, vocab_);
+    EXPECT_TRUE(c.Within(kTolerance)) << "token " << i << ": max|diff| " << c.max_abs_diff;
+  }
+}
+
 class TensorParallelTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(TensorParallelTest, SameLogitsAsOneRank) {

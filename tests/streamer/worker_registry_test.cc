@@ -99,6 +99,19 @@ TEST_F(WorkerRegistryTest, RejectsBadRegistrations) {
   EXPECT_EQ(registry_.size(), 0u);
 }
 
+TEST_F(WorkerRegistryTest, ASecondLiveProcessCannotTakeARankWithASession) {
+  SharedMemory first_arena, second_arena, third_arena;
+  absl::StatusOr<std::string> first = registry_.Register(MakeRequest(0, &first_arena, getpid()));
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(registry_.OpenSession(*first), IsOk());
+  // Another live process (our parent) claims rank 0 while the session is up: refused.
+  EXPECT_THAT(registry_.Register(MakeRequest(0, &second_arena, static_cast<uint32_t>(getppid()))),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("live process")));
+  // The same process registering again (a reconnect) replaces its registration.
+  EXPECT_THAT(registry_.Register(MakeRequest(0, &third_arena, getpid())), IsOk());
+  EXPECT_EQ(registry_.size(), 1u);
+}
+
 TEST_F(WorkerRegistryTest, AWorkerServingAnotherReleaseIsRefused) {
   metrics::Registry metrics;
   WorkerRegistry with_release(metrics, "abc123");
