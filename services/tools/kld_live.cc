@@ -13,6 +13,7 @@
 #include "services/model/model_weights.h"
 #include "services/model/safetensors.h"
 #include "services/tools/release_experts.h"
+#include "services/worker/routing_report.h"
 
 namespace nq::tools {
 namespace {
@@ -139,15 +140,7 @@ absl::StatusOr<std::vector<float>> LiveStudentSource::Next(std::span<const int32
   report.set_num_tokens(static_cast<uint32_t>(block.size()));
   report.set_sequence_id(sequence_id_);
   for (size_t t = 0; t < block.size(); ++t) {
-    for (size_t i = 0; i < moe_layers_.size(); ++i) {
-      const model::MoeRouting& r = block_routing_[i];
-      nq::v1::LayerRouting* entry = report.add_layer_entries();
-      entry->set_layer(moe_layers_[i]);
-      for (int j = 0; j < r.top_k; ++j) {
-        entry->add_experts(static_cast<uint32_t>(r.experts[t * r.top_k + j]));
-        entry->add_weights(r.weights[t * r.top_k + j]);
-      }
-    }
+    worker::AppendTokenRouting(moe_layers_, block_routing_, static_cast<int>(t), &report);
   }
   tokens_ += block.size();
   const uint64_t generation = table_->applied_generation();

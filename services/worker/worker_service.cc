@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_grpc.h"
+#include "services/worker/routing_report.h"
 
 namespace nq::worker {
 namespace {
@@ -47,15 +48,7 @@ void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
       pending_.set_first_token(sequence_tokens_);
       pending_.set_sequence_id(sequence_id_);
     }
-    for (size_t i = 0; i < moe_layers_.size(); ++i) {
-      const model::MoeRouting& r = forward_routing_[i];
-      nq::v1::LayerRouting* entry = pending_.add_layer_entries();
-      entry->set_layer(moe_layers_[i]);
-      for (int j = 0; j < r.top_k; ++j) {
-        entry->add_experts(static_cast<uint32_t>(r.experts[t * r.top_k + j]));
-        entry->add_weights(r.weights[t * r.top_k + j]);
-      }
-    }
+    AppendTokenRouting(moe_layers_, forward_routing_, t, &pending_);
     pending_.set_num_tokens(pending_.num_tokens() + 1);
     ++sequence_tokens_;
     if (pending_.num_tokens() == kReportIntervalTokens) EmitPendingRouting();

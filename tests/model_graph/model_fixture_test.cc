@@ -24,28 +24,42 @@ using ::nq::testing::IsOk;
 // reference to 1e-4 of the largest logit.
 constexpr double kTolerance = 1e-4;
 
+// A model directory and its reference (tokens.json, logits.bin, mtp_logits.bin), loaded.
+struct ReferenceCase {
+  std::vector<int32_t> tokens;
+  std::vector<float> reference;
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<Model> model;
+  int64_t vocab = 0;
+
+  void Load(const std::string& model_dir, const std::string& reference_dir, int64_t max_tokens) {
+    tokens = ReadTokens(reference_dir);
+    reference = ReadFloats(reference_dir + "/logits.bin");
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> created = kernels::CreateBackend("cpu");
+    ASSERT_THAT(created, IsOk());
+    backend = *std::move(created);
+    absl::StatusOr<std::unique_ptr<Model>> loaded =
+        Model::Load(model_dir, *backend, nullptr, ModelOptions{.max_tokens = max_tokens});
+    ASSERT_THAT(loaded, IsOk());
+    model = *std::move(loaded);
+    vocab = model->config().vocab_size;
+    ASSERT_EQ(reference.size(), tokens.size() * vocab);
+  }
+};
+
 class ModelFixtureTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = FixtureDir(GetParam());
-    tokens_ = ReadTokens(dir_);
-    reference_ = ReadFloats(dir_ + "/logits.bin");
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
-    ASSERT_THAT(backend, IsOk());
-    backend_ = *std::move(backend);
-    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir_, *backend_, nullptr, ModelOptions{.max_tokens = 64});
-    ASSERT_THAT(model, IsOk());
-    model_ = *std::move(model);
-    vocab_ = model_->config().vocab_size;
-    ASSERT_EQ(reference_.size(), tokens_.size() * vocab_);
+    ASSERT_NO_FATAL_FAILURE(case_.Load(dir_, dir_, 64));
   }
 
+  ReferenceCase case_;
   std::string dir_;
-  std::vector<int32_t> tokens_;
-  std::vector<float> reference_;
-  std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<Model> model_;
-  int64_t vocab_ = 0;
+  std::vector<int32_t>& tokens_ = case_.tokens;
+  std::vector<float>& reference_ = case_.reference;
+  std::unique_ptr<Model>& model_ = case_.model;
+  int64_t& vocab_ = case_.vocab;
 };
 
 TEST_P(ModelFixtureTest, PrefillMatchesReference) {
@@ -109,24 +123,14 @@ class TrainedModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
     model_dir_ = std::string(NQ_FIXTURE_DIR) + "/../../../models/glm5_nano";
-    tokens_ = ReadTokens(model_dir_ + "/reference");
-    reference_ = ReadFloats(model_dir_ + "/reference/logits.bin");
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
-    ASSERT_THAT(backend, IsOk());
-    backend_ = *std::move(backend);
-    absl::StatusOr<std::unique_ptr<Model>> model =
-        Model::Load(model_dir_, *backend_, nullptr, ModelOptions{.max_tokens = 128});
-    ASSERT_THAT(model, IsOk());
-    model_ = *std::move(model);
-    vocab_ = model_->config().vocab_size;
-    ASSERT_EQ(reference_.size(), tokens_.size() * vocab_);
+    ASSERT_NO_FATAL_FAILURE(case_.Load(model_dir_, model_dir_ + "/reference", 128));
   }
+  ReferenceCase case_;
   std::string model_dir_;
-  std::vector<int32_t> tokens_;
-  std::vector<float> reference_;
-  std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<Model> model_;
-  int64_t vocab_ = 0;
+  std::vector<int32_t>& tokens_ = case_.tokens;
+  std::vector<float>& reference_ = case_.reference;
+  std::unique_ptr<Model>& model_ = case_.model;
+  int64_t& vocab_ = case_.vocab;
 };
 
 TEST_F(TrainedModelTest, PrefillDecodeAndMtpMatchTheReference) {
