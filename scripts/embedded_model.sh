@@ -11,6 +11,9 @@ nq=${NQ_BIN:-build/cpu/services/tools/nq}
 readonly src=models/glm5_nano
 readonly files=(config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json)
 mkdir -p "$dir"
+# Several processes (parallel tests) may prepare the same directory: one at a time.
+exec 9>"$dir/.lock"
+flock 9
 # A model that changed (a new commit of models/glm5_nano) invalidates its release.
 for f in "${files[@]}"; do
   if ! cmp -s "$src/$f" "$dir/$f"; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Starts streamer, worker (embedded model) and router on free loopback ports, runs the real
-# `openai` npm client against them (openai_client.mjs), and stops everything.
+# Starts streamer, worker (the embedded model, experts streamed from its release) and router
+# on free loopback ports, runs the real `openai` npm client against them (openai_client.mjs),
+# and stops everything.
 # Usage: run_openai_client.sh BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,16 +20,20 @@ cleanup() {
 }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-NQ_BIN="$build/services/tools/nq" bash "$root/scripts/embedded_model.sh" "$work/model" >/dev/null
+# The embedded model and its release, prepared once per build tree (shared with cluster_test).
+model="$build/embedded-model"
+NQ_BIN="$build/services/tools/nq" bash "$root/scripts/embedded_model.sh" "$model" >/dev/null
 sg=$(port); sm=$(port); wg=$(port); wm=$(port); rh=$(port); rg=$(port)
-"$build/services/streamer/nq-streamer" --host=127.0.0.1 --grpc_port=$sg --metrics_port=$sm >"$work/streamer.log" 2>&1 &
+"$build/services/streamer/nq-streamer" --host=127.0.0.1 --grpc_port=$sg --metrics_port=$sm \
+  --records_dir="$model/release" >"$work/streamer.log" 2>&1 &
 pids+=($!)
 "$build/services/worker/nq-worker" --host=127.0.0.1 --grpc_port=$wg --metrics_port=$wm \
-  --streamer_address=127.0.0.1:$sg --model="$work/model" --served_model_name=embedded --max_model_len=512 \
+  --streamer_address=127.0.0.1:$sg --model="$model" --release="$model/release" --served_model_name=embedded \
+  --max_model_len=512 \
   >"$work/worker.log" 2>&1 &
 pids+=($!)
 "$build/services/router/nq-router" --host=127.0.0.1 --http_port=$rh --grpc_port=$rg \
-  --worker_address=127.0.0.1:$wg --worker_poll_interval_s=0.1 --tokenizer="$work/model/tokenizer.json" \
+  --worker_address=127.0.0.1:$wg --worker_poll_interval_s=0.1 --tokenizer="$model/tokenizer.json" \
   >"$work/router.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 300); do

@@ -29,15 +29,14 @@ using ::testing::HasSubstr;
 class ServingTest : public ClusterTest {
  protected:
   static void SetUpTestSuite() {
-    model_dir_ = new std::string(std::filesystem::temp_directory_path() / absl::StrCat("nq-serving-model-", getpid()));
+    // Shared by every test process (ctest runs each test alone): the script prepares it once,
+    // under a lock, and later calls find it ready.
+    model_dir_ = new std::string(NQ_EMBEDDED_MODEL_DIR);
     const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
                                              "/scripts/embedded_model.sh ", *model_dir_, " > /dev/null");
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }
-  static void TearDownTestSuite() {
-    std::filesystem::remove_all(*model_dir_);
-    delete model_dir_;
-  }
+  static void TearDownTestSuite() { delete model_dir_; }
 
   // Starts the three services; extra router flags in `router_flags`. `streamed`: the worker
   // serves the routed experts from the model's release and the streamer streams its records.
