@@ -49,17 +49,11 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
                                                    {.max_tokens = max_tokens}));
 
   // The arena: per MoE layer the fixed set's slots, F floating, one staging.
-  uint64_t rec_bytes = 0;
-  size_t fixed = 0, fixed_total = 0;
-  for (uint32_t layer : s->decoder_->moe_layer_ids()) {
-    ASSIGN_OR_RETURN(uint64_t bytes, s->decoder_->RecordBytes(layer));
-    rec_bytes = std::max(rec_bytes, bytes);
-    fixed = std::max(fixed, s->decoder_->FixedSet(layer).size());
-    fixed_total += s->decoder_->FixedSet(layer).size();
-  }
+  ASSIGN_OR_RETURN(ReleaseExpertDecoder::SlotNeeds needs, s->decoder_->Needs());
+  const size_t fixed = needs.largest_fixed, fixed_total = needs.fixed_total;
   const SlotGeometry geometry = SlotGeometry::Packed(
-      s->decoder_->moe_layer_ids(), static_cast<uint32_t>(fixed + static_cast<size_t>(request.slots) + 1), rec_bytes,
-      s->decoder_->release().manifest().experts_per_layer, static_cast<uint32_t>(fixed));
+      s->decoder_->moe_layer_ids(), static_cast<uint32_t>(fixed + static_cast<size_t>(request.slots) + 1),
+      needs.rec_bytes, s->decoder_->release().manifest().experts_per_layer, static_cast<uint32_t>(fixed));
   RETURN_IF_ERROR(geometry.Validate());
   std::mt19937_64 rng(std::random_device{}());
   ASSIGN_OR_RETURN(s->arena_, SharedMemory::Create(absl::StrFormat("/nq-kld-%d-%08x", getpid(),
@@ -143,17 +137,18 @@ absl::StatusOr<std::vector<float>> LiveStudentSource::Next(std::span<const int32
     worker::AppendTokenRouting(moe_layers_, block_routing_, static_cast<int>(t), &report);
   }
   tokens_ += block.size();
+  // The streamer's predictor refreshes every kKldBlockTokens reported tokens (the worker's
+  // report interval) and answers each refresh with an update.
+  const bool refresh_due = (reported_ + block.size()) / kKldBlockTokens > reported_ / kKldBlockTokens;
+  reported_ += block.size();
   const uint64_t generation = table_->applied_generation();
   client_->EnqueueRoutingReport(std::move(report));
-  AwaitAnnouncedLoads(generation);
+  if (refresh_due) AwaitAnnouncedLoads(generation);
   return logits;
 }
 
 void LiveStudentSource::AwaitAnnouncedLoads(uint64_t generation_before) {
-  // A refresh that plans loads announces them at once; one that plans none sends nothing.
-  if (!WaitUntil([&] { return table_->applied_generation() > generation_before; }, std::chrono::milliseconds(50))) {
-    return;
-  }
+  if (!WaitUntil([&] { return table_->applied_generation() > generation_before; }, std::chrono::seconds(2))) return;
   WaitUntil([&] { return runtime_->loads_in_flight() == 0; }, std::chrono::seconds(2));
 }
 

@@ -7,10 +7,11 @@
 // The harness takes rank 0: point it at a streamer no live worker of rank 0 uses (it is
 // refused, ALREADY_EXISTS, rather than displace one).
 //
-// Timing model: after each block's report the harness waits (up to 2 s) for the loads the
-// streamer announces for it to land, as if the disk kept up with decoding; a block therefore
-// sees the predictor's choice made from every block before it. With a slower disk the live
-// share can only be lower. Decode itself does not wait in serving (--slot_wait_tokens aside).
+// Timing model: after each report that completes a predictor refresh (every 16 tokens) the
+// harness waits (up to 2 s) for the streamer's answer and for the loads it announces to land,
+// as if the disk kept up with decoding; a block therefore sees the predictor's choice made
+// from every block before it. With a slower disk the live share can only be lower. Decode
+// itself does not wait in serving (--slot_wait_tokens aside).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,7 @@
 
 namespace nq::tools {
 
-class LiveStudentSource : public LogitSource {
+class LiveStudentSource : public StudentSource {
  public:
   // UNAVAILABLE when no streamer answers at request.streamer_address within 10 s, or it does
   // not load the fixed sets; the release's and model's own load errors otherwise.
@@ -45,8 +46,8 @@ class LiveStudentSource : public LogitSource {
   absl::Status BeginWindow() override;
   absl::StatusOr<std::vector<float>> Next(std::span<const int32_t> block) override;
 
-  const ExpertUsage& usage() const { return usage_; }
-  const ExpertBytes& bytes() const { return bytes_; }
+  const ExpertUsage& usage() const override { return usage_; }
+  const ExpertBytes& bytes() const override { return bytes_; }
 
  private:
   LiveStudentSource() = default;
@@ -63,7 +64,8 @@ class LiveStudentSource : public LogitSource {
   std::vector<uint32_t> moe_layers_;             // main-model MoE layers
   std::vector<model::MoeRouting> block_routing_;  // this block's, one per MoE layer
   uint64_t sequence_id_ = 0;
-  uint64_t tokens_ = 0;
+  uint64_t tokens_ = 0;    // in this window
+  uint64_t reported_ = 0;  // over the session, as the streamer's predictor counts them
   uint32_t step_ = 0;
   ExpertUsage usage_;
   ExpertBytes bytes_;

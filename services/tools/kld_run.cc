@@ -1,7 +1,5 @@
 #include "services/tools/kld_run.h"
 
-#include <functional>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
@@ -47,25 +45,16 @@ absl::StatusOr<KldRunReport> EvaluateKld(const KldRequest& request) {
   ASSIGN_OR_RETURN(std::unique_ptr<model::Model> teacher_model,
                    model::Model::Load(request.teacher_dir, *backend, nullptr, {.max_tokens = max_tokens}));
   // The student: the local policies, or live through the streamer.
-  std::unique_ptr<LogitSource> student;
-  std::function<ExpertUsage()> usage;
-  ExpertBytes bytes;
+  std::unique_ptr<StudentSource> student;
   if (request.mode == KldMode::kLive) {
-    ASSIGN_OR_RETURN(std::unique_ptr<LiveStudentSource> live, LiveStudentSource::Load(request, max_tokens, *backend));
-    bytes = live->bytes();
-    usage = [raw = live.get()] { return raw->usage(); };
-    student = std::move(live);
+    ASSIGN_OR_RETURN(student, LiveStudentSource::Load(request, max_tokens, *backend));
   } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<StudentLogitSource> local,
-                     StudentLogitSource::Load({.model_dir = request.teacher_dir,
-                                               .release_dir = request.release_dir,
-                                               .mode = request.mode,
-                                               .slots = request.slots,
-                                               .max_tokens = max_tokens},
-                                              *backend));
-    bytes = local->bytes();
-    usage = [raw = local.get()] { return raw->usage(); };
-    student = std::move(local);
+    ASSIGN_OR_RETURN(student, StudentLogitSource::Load({.model_dir = request.teacher_dir,
+                                                        .release_dir = request.release_dir,
+                                                        .mode = request.mode,
+                                                        .slots = request.slots,
+                                                        .max_tokens = max_tokens},
+                                                       *backend));
   }
   ModelLogitSource teacher(*teacher_model);
   KldRunReport report{.teacher_dir = request.teacher_dir,
@@ -74,8 +63,8 @@ absl::StatusOr<KldRunReport> EvaluateKld(const KldRequest& request) {
                       .window = request.window,
                       .slots = request.slots};
   ASSIGN_OR_RETURN(report.kl, MeasureKld(teacher, *student, request.domains, request.window));
-  report.usage = usage();
-  report.bytes = bytes;
+  report.usage = student->usage();
+  report.bytes = student->bytes();
   return report;
 }
 

@@ -79,7 +79,14 @@ struct ExpertBytes {
 
 absl::StatusOr<ExpertBytes> MeasureExpertBytes(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config);
 
-class StudentLogitSource : public LogitSource {
+// A student of nq kld: logits, plus what its routed experts did and cost.
+class StudentSource : public LogitSource {
+ public:
+  virtual const ExpertUsage& usage() const = 0;
+  virtual const ExpertBytes& bytes() const = 0;
+};
+
+class StudentLogitSource : public StudentSource {
  public:
   struct Options {
     std::string model_dir;  // the HF checkpoint the release was encoded from
@@ -96,8 +103,8 @@ class StudentLogitSource : public LogitSource {
   absl::Status BeginWindow() override;
   absl::StatusOr<std::vector<float>> Next(std::span<const int32_t> block) override;
 
-  const ExpertUsage& usage() const { return usage_; }
-  const ExpertBytes& bytes() const { return bytes_; }
+  const ExpertUsage& usage() const override { return usage_; }
+  const ExpertBytes& bytes() const override { return bytes_; }
 
  private:
   // Per MoE layer (rows in decoder order) and expert.

@@ -39,6 +39,18 @@ std::vector<uint32_t> ReleaseExpertDecoder::FixedSet(uint32_t layer) const {
   return ml == nullptr ? std::vector<uint32_t>{} : ml->fixed_4bit;
 }
 
+absl::StatusOr<ReleaseExpertDecoder::SlotNeeds> ReleaseExpertDecoder::Needs() const {
+  SlotNeeds needs;
+  for (uint32_t layer : moe_layer_ids_) {
+    ASSIGN_OR_RETURN(uint64_t bytes, RecordBytes(layer));
+    needs.rec_bytes = std::max(needs.rec_bytes, bytes);
+    const size_t fixed = FixedSet(layer).size();
+    needs.largest_fixed = std::max(needs.largest_fixed, fixed);
+    needs.fixed_total += fixed;
+  }
+  return needs;
+}
+
 absl::StatusOr<const model::SafetensorsFile*> ReleaseExpertDecoder::Resident(uint32_t layer) const {
   absl::MutexLock lock(&mu_);
   auto it = resident_.find(layer);

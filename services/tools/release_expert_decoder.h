@@ -49,6 +49,14 @@ class ReleaseExpertDecoder {
   absl::StatusOr<uint64_t> RecordBytes(uint32_t layer) const;
   // The manifest's fixed 4-bit set of `layer` (empty for an unknown layer).
   std::vector<uint32_t> FixedSet(uint32_t layer) const;
+  // What a slot arena for this release needs: the largest record of any MoE layer (a slot's
+  // size) and the largest fixed set (fixed slots per layer), and all fixed sets together.
+  struct SlotNeeds {
+    uint64_t rec_bytes = 0;
+    size_t largest_fixed = 0;
+    size_t fixed_total = 0;
+  };
+  absl::StatusOr<SlotNeeds> Needs() const;
 
   // 2 bits: `record` must be empty. 4 bits: the residual comes from `record` (exactly the
   // layer's rec_bytes), or, when `record` is empty, from the release's record file.

@@ -84,14 +84,9 @@ absl::StatusOr<SlotGeometry> GeometryFromFlags(const tools::ReleaseExpertDecoder
     // The release decides: every MoE layer it holds (MTP included), its largest record.
     layer_ids = decoder->moe_layer_ids();
     experts = static_cast<int>(decoder->release().manifest().experts_per_layer);
-    rec_bytes = 0;
-    size_t largest_fixed = 0;
-    for (uint32_t layer : layer_ids) {
-      ASSIGN_OR_RETURN(uint64_t bytes, decoder->RecordBytes(layer));
-      rec_bytes = std::max<int64_t>(rec_bytes, static_cast<int64_t>(bytes));
-      largest_fixed = std::max(largest_fixed, decoder->FixedSet(layer).size());
-    }
-    if (fixed < 0) fixed = static_cast<int>(largest_fixed);
+    ASSIGN_OR_RETURN(tools::ReleaseExpertDecoder::SlotNeeds needs, decoder->Needs());
+    rec_bytes = static_cast<int64_t>(needs.rec_bytes);
+    if (fixed < 0) fixed = static_cast<int>(needs.largest_fixed);
   } else {
     if (fixed < 0) fixed = 2;
     for (int i = 0; i < layers; ++i) layer_ids.push_back(static_cast<uint32_t>(first + i));

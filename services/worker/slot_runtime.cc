@@ -89,18 +89,17 @@ std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SlotRuntime::SnapshotForHell
       pending_.clear();
     }
   }
-  loads_in_flight_ = 0;
-  loads_in_flight_published_.store(0);
+  loads_in_flight_.store(0);
   return {table_->ReadySlots(), table_->applied_generation()};
 }
 
 void SlotRuntime::BeginStep(uint32_t request_token) {
   step_mu_.Lock();
   ApplyPending();
-  if (request_token < options_.wait_tokens && options_.wait_per_step > absl::ZeroDuration() && loads_in_flight_ > 0) {
+  if (request_token < options_.wait_tokens && options_.wait_per_step > absl::ZeroDuration() && loads_in_flight_.load() > 0) {
     const absl::Time start = absl::Now();
     const absl::Time deadline = start + options_.wait_per_step;
-    while (loads_in_flight_ > 0) {
+    while (loads_in_flight_.load() > 0) {
       {
         absl::MutexLock lock(&pending_mu_);
         auto has_pending = [this]() ABSL_SHARED_LOCKS_REQUIRED(pending_mu_) { return !pending_.empty(); };
@@ -153,8 +152,7 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
     return;
   }
   updates_applied_.Increment();
-  loads_in_flight_ = update.loads_in_flight();
-  loads_in_flight_published_.store(loads_in_flight_);
+  loads_in_flight_.store(update.loads_in_flight());
   for (const nq::v1::SlotRef& ref : unmapped) {
     decoded_.erase({ref.layer(), ref.slot()});
     slot_hash_.erase({ref.layer(), ref.slot()});

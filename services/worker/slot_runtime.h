@@ -71,7 +71,7 @@ class SlotRuntime {
   // statistics between steps. Counts nothing.
   bool RunsAtFourBit(int64_t layer, int32_t expert) const;
   // SlotTableUpdate.loads_in_flight of the last applied update.
-  uint32_t loads_in_flight() const { return loads_in_flight_published_.load(); }
+  uint32_t loads_in_flight() const { return loads_in_flight_.load(); }
 
   const SlotTable& table() const { return *table_; }
   uint64_t steps() const { return steps_.load(); }
@@ -101,8 +101,7 @@ class SlotRuntime {
   // Guarded by step_mu_ (read during a step, written while applying).
   std::map<std::pair<uint32_t, uint32_t>, model::MlpWeights> decoded_;  // (layer, slot)
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots
-  uint32_t loads_in_flight_ = 0;
-  std::atomic<uint32_t> loads_in_flight_published_{0};
+  std::atomic<uint32_t> loads_in_flight_{0};
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> integrity_failures_{0};
   std::atomic<size_t> decoded_count_{0};
