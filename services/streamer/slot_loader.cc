@@ -208,11 +208,12 @@ absl::Status SlotLoader::EnsurePredictor(const nq::v1::RoutingReport& report) {
 }
 
 void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
-  if (routing_rejected_) return;
   if (absl::Status s = EnsurePredictor(report); !s.ok()) {
-    spdlog::error("worker {}: routing reports unusable, no floating loads this session: {}", worker_->worker_id,
-                  s.ToString());
-    routing_rejected_ = true;
+    // Only this report is lost: the next well-formed one starts the predictor.
+    static LogRateLimiter malformed_log(std::chrono::seconds(10));
+    if (long n = malformed_log.Allow()) {
+      spdlog::warn("worker {}: routing report dropped: {} ({} since last report)", worker_->worker_id, s.ToString(), n);
+    }
     return;
   }
   const size_t L = predictor_layers_.size();
@@ -282,8 +283,10 @@ void SlotLoader::Refresh() {
     absl::MutexLock lock(&mu_);
     ++stats_.refreshes;
   }
-  // Tell the worker loads are coming, so a request's first tokens may wait for them.
-  if (!plan.loads.empty()) SendUpdate({});
+  // Every refresh ends with an update (possibly without changes) announcing the loads it
+  // queued: a request's first tokens may wait for them, and a worker knows its report was
+  // acted on.
+  SendUpdate({});
 }
 
 void SlotLoader::HandleAck(const nq::v1::UnmapAck& ack) {

@@ -143,7 +143,6 @@ class SlotLoader {
   std::optional<PredictorV0> predictor_;
   std::vector<uint32_t> predictor_layers_;  // model layer ids the worker reports, in order
   std::vector<size_t> predictor_layer_index_;  // their index in the geometry
-  bool routing_rejected_ = false;
   std::deque<Want> queue_;             // loads not yet submitted, in priority order
   std::map<uint64_t, Read> in_flight_;  // by read tag
   std::vector<unsigned> free_buffers_;

@@ -379,6 +379,17 @@ TEST_F(ServingTest, KillingTheStreamerMidGenerationKeepsTheStreamGoingAndARestar
 }
 
 TEST_F(ServingTest, NqTraceRecordsTheRunningWorkerAndReplayEvaluatesIt) {
+  // No worker at the address: a clear error, no trace.
+  absl::StatusOr<ChildProcess> orphan = ChildProcess::Start(
+      NQ_TOOL_BIN, {"trace", "--worker=127.0.0.1:1", "--out=" + absl::StrCat(log_dir_, "/none.trace")},
+      LogPath("trace-nobody"));
+  ASSERT_TRUE(orphan.ok());
+  absl::StatusOr<int> orphan_code = orphan->WaitForExit(std::chrono::seconds(20));
+  ASSERT_TRUE(orphan_code.ok());
+  EXPECT_NE(*orphan_code, 0);
+  EXPECT_THAT(orphan->Log(), HasSubstr("GetInfo of worker 127.0.0.1:1"));
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat(log_dir_, "/none.trace")));
+
   StartCluster({}, /*streamed=*/true);
   const std::string trace = absl::StrCat(log_dir_, "/live.trace");
   absl::StatusOr<ChildProcess> tracer = ChildProcess::Start(

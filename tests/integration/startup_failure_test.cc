@@ -85,6 +85,15 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"worker", {"--rec_bytes=1000"}, "multiple of 4096"},
       {"worker", {"--slots_per_layer=0"}, "must be positive"},
       {"worker", {"--no_such_flag=1"}, "no_such_flag"},
+      {"streamer", {"--read_queue_depth=0"}, "--read_queue_depth"},
+      {"streamer", {"--direct_io=maybe"}, "--direct_io=maybe"},
+      {"streamer", {"--record_mirrors=" + log_dir_}, "--record_mirrors needs --records_dir"},
+      // A directory that holds no release: refused at start, not at the first session.
+      {"streamer", {"--records_dir=" + log_dir_}, "COMPLETE"},
+      {"worker", {"--expert_bits=3"}, "--expert_bits=3"},
+      {"worker", {"--slot_wait_tokens=-1"}, "must not be negative"},
+      {"worker", {"--release=" + log_dir_}, "--release needs --model"},
+      {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--release=" + log_dir_}, "COMPLETE"},
   };
   for (const Case& c : cases) {
     ChildProcess child = c.which == "router"     ? StartRouter(ports, FreePort(), c.args)

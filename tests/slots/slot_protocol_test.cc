@@ -100,9 +100,9 @@ class SlotProtocolTest : public ::testing::Test {
 
   void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots) {
     std::vector<uint32_t> layers = decoder_->moe_layer_ids();
-    uint64_t rec_bytes = 0;
-    for (uint32_t l : layers) rec_bytes = std::max(rec_bytes, *decoder_->RecordBytes(l));
-    geometry_ = SlotGeometry::Packed(layers, slots_per_layer, rec_bytes, kExperts, fixed_slots);
+    absl::StatusOr<tools::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
+    ASSERT_TRUE(needs.ok());
+    geometry_ = SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots);
     ASSERT_TRUE(geometry_.Validate().ok());
     absl::StatusOr<SharedMemory> arena =
         SharedMemory::Create(absl::StrCat("/nq-slot-test-", getpid(), "-", ++arena_counter_), geometry_.ArenaBytes());
@@ -271,6 +271,26 @@ TEST_F(SlotProtocolTest, RandomLoadsAndEvictionsWhileDecodingNeverTouchAMappedSl
   for (const nq::v1::SlotEntry& e : table_->ReadySlots()) layer1_ready += e.layer() == kMoeLayer;
   EXPECT_LE(layer1_ready, 5u);
   EXPECT_EQ(runtime_->decoded_slots(), table_->ReadySlots().size());
+}
+
+TEST_F(SlotProtocolTest, MalformedRoutingReportsAreDroppedAndLaterOnesStillDriveLoads) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  StartWorker(5, 1);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  std::mt19937 rng(5);
+  // A layer the worker has no slots for, experts out of range, experts without weights.
+  nq::v1::RoutingReport unknown_layer = Report({0, 1, 2, 3}, rng, 0);
+  for (nq::v1::LayerRouting& e : *unknown_layer.mutable_layer_entries()) e.set_layer(7);
+  nq::v1::RoutingReport out_of_range = Report({0, 1, 2, 3}, rng, 0);
+  out_of_range.mutable_layer_entries(3)->set_experts(0, 999);
+  nq::v1::RoutingReport no_weights = Report({0, 1, 2, 3}, rng, 0);
+  no_weights.mutable_layer_entries(0)->clear_weights();
+  for (auto* bad : {&unknown_layer, &out_of_range, &no_weights}) client_->EnqueueRoutingReport(*bad);
+  // The session survives and well-formed reports still move the floating set.
+  for (int i = 0; i < 3; ++i) client_->EnqueueRoutingReport(Report({9, 10, 11, 12}, rng, 16 * (i + 1)));
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(10)));
+  EXPECT_TRUE(client_->connected());
+  EXPECT_EQ(CheckReadySlots(), 0);
 }
 
 TEST_F(SlotProtocolTest, FourBitWeightsDecodedFromASlotEqualTheReleaseDecode) {
