@@ -5,8 +5,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/chat/chat.h"
 #include "absl/synchronization/mutex.h"
+#include "services/chat/chat.h"
 #include "services/router/chat_adapter.h"
 #include "services/router/worker_connection.h"
 

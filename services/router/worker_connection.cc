@@ -4,8 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "services/common/logging.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "services/common/logging.h"
 
 namespace nq::router {
 namespace {

@@ -12,8 +12,8 @@
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
-#include "services/streamer/arena_writer.h"
 #include "services/common/slot_geometry.h"
+#include "services/streamer/arena_writer.h"
 
 namespace nq::streamer {
 

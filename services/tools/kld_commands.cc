@@ -9,12 +9,12 @@
 #include "absl/strings/str_split.h"
 #include "kernels/backend.h"
 #include "services/common/status_macros.h"
+#include "services/eval/kld_run.h"
+#include "services/eval/mtp_acceptance.h"
 #include "services/format/file_io.h"
 #include "services/model/model.h"
+#include "services/release/release_experts.h"
 #include "services/tools/commands.h"
-#include "services/tools/kld_run.h"
-#include "services/tools/mtp_acceptance.h"
-#include "services/tools/release_experts.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, tokens);
@@ -36,10 +36,10 @@ std::vector<std::string> SplitList(const std::string& text) {
 }
 
 // --tokens FILE[,FILE...] and --domains, as kld_harness.h reads them.
-absl::StatusOr<std::vector<KldDomain>> TokensFromFlags() {
+absl::StatusOr<std::vector<eval::KldDomain>> TokensFromFlags() {
   const std::string tokens = absl::GetFlag(FLAGS_tokens);
   if (tokens.empty()) return absl::InvalidArgumentError("--tokens FILE[,FILE...] is required");
-  ASSIGN_OR_RETURN(std::vector<KldDomain> domains, ReadKldTokens(SplitList(tokens)));
+  ASSIGN_OR_RETURN(std::vector<eval::KldDomain> domains, eval::ReadKldTokens(SplitList(tokens)));
   return SelectDomains(std::move(domains), SplitList(absl::GetFlag(FLAGS_domains)));
 }
 
@@ -52,17 +52,17 @@ absl::Status WriteJson(const nlohmann::ordered_json& json) {
 }
 
 absl::Status Kld() {
-  KldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
+  eval::KldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
                      .release_dir = absl::GetFlag(FLAGS_release),
                      .window = absl::GetFlag(FLAGS_window),
                      .slots = absl::GetFlag(FLAGS_slots)};
   request.streamer_address = absl::GetFlag(FLAGS_streamer);
   if (absl::GetFlag(FLAGS_mode).empty()) return absl::InvalidArgumentError("--mode is required");
-  ASSIGN_OR_RETURN(request.mode, ParseKldMode(absl::GetFlag(FLAGS_mode)));
+  ASSIGN_OR_RETURN(request.mode, eval::ParseKldMode(absl::GetFlag(FLAGS_mode)));
   ASSIGN_OR_RETURN(request.domains, TokensFromFlags());
-  ASSIGN_OR_RETURN(KldRunReport report, EvaluateKld(request));
-  std::fputs(KldReportTable(report).c_str(), stdout);
-  return WriteJson(KldReportJson(report));
+  ASSIGN_OR_RETURN(eval::KldRunReport report, eval::EvaluateKld(request));
+  std::fputs(eval::KldReportTable(report).c_str(), stdout);
+  return WriteJson(eval::KldReportJson(report));
 }
 
 absl::Status MtpAcceptanceCommand() {
@@ -72,7 +72,7 @@ absl::Status MtpAcceptanceCommand() {
   if (window < 2) {
     return absl::InvalidArgumentError(absl::StrFormat("--window %d: a window needs at least 2 tokens", window));
   }
-  ASSIGN_OR_RETURN(std::vector<KldDomain> domains, TokensFromFlags());
+  ASSIGN_OR_RETURN(std::vector<eval::KldDomain> domains, TokensFromFlags());
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
   RETURN_IF_ERROR(CheckTokenIds(domains, config.vocab_size));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
@@ -82,22 +82,22 @@ absl::Status MtpAcceptanceCommand() {
   if (release.empty()) {
     ASSIGN_OR_RETURN(model, model::Model::Load(model_dir, *backend, nullptr, options));
   } else {
-    ASSIGN_OR_RETURN(ExpertBits bits, ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
-    ASSIGN_OR_RETURN(model, LoadModelWithRelease(model_dir, release, bits, *backend, nullptr, options));
+    ASSIGN_OR_RETURN(release::ExpertBits bits, release::ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
+    ASSIGN_OR_RETURN(model, release::LoadModelWithRelease(model_dir, release, bits, *backend, nullptr, options));
     student = "experts from " + release + " at " + absl::GetFlag(FLAGS_expert_bits);
   }
-  ASSIGN_OR_RETURN(MtpAcceptanceReport report, MeasureMtpAcceptance(*model, domains, window));
+  ASSIGN_OR_RETURN(eval::MtpAcceptanceReport report, eval::MeasureMtpAcceptance(*model, domains, window));
   std::printf("nq mtp-acceptance: %s, window %lld\n", student.c_str(), static_cast<long long>(window));
   std::printf("| domain | drafts | accepted (draft = greedy next) | draft = text |\n| --- | ---: | ---: | ---: |\n");
   nlohmann::ordered_json json = {{"model", model_dir},
                                  {"release", release},
                                  {"expert_bits", release.empty() ? "" : absl::GetFlag(FLAGS_expert_bits)},
                                  {"window", window}};
-  auto row = [](const std::string& name, const MtpAcceptance& a) {
+  auto row = [](const std::string& name, const eval::MtpAcceptance& a) {
     std::printf("| %s | %lld | %.4f | %.4f |\n", name.c_str(), static_cast<long long>(a.drafts), a.rate(),
                 a.text_rate());
   };
-  auto to_json = [](const MtpAcceptance& a) {
+  auto to_json = [](const eval::MtpAcceptance& a) {
     return nlohmann::ordered_json{{"drafts", a.drafts}, {"acceptance", a.rate()}, {"text_accuracy", a.text_rate()}};
   };
   nlohmann::ordered_json per_domain = nlohmann::ordered_json::object();

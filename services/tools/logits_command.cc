@@ -9,8 +9,8 @@
 #include "absl/strings/str_split.h"
 #include "services/common/status_macros.h"
 #include "services/model/local_tp_group.h"
+#include "services/release/release_experts.h"
 #include "services/tools/commands.h"
-#include "services/tools/release_experts.h"
 
 ABSL_FLAG(std::string, model, "", "logits: HF checkpoint directory (config.json + safetensors)");
 ABSL_FLAG(std::string, tokens, "", "logits: comma-separated input token ids");
@@ -49,10 +49,10 @@ absl::Status Run() {
   }
   model::LocalTpGroup::RankLoader loader;
   if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
-    ASSIGN_OR_RETURN(ExpertBits bits, ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
+    ASSIGN_OR_RETURN(release::ExpertBits bits, release::ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
     loader = [model_dir, release, bits](kernels::Backend& backend, kernels::Communicator* comm,
                                         model::ModelOptions options) {
-      return LoadModelWithRelease(model_dir, release, bits, backend, comm, options);
+      return release::LoadModelWithRelease(model_dir, release, bits, backend, comm, options);
     };
   }
   ASSIGN_OR_RETURN(std::unique_ptr<model::LocalTpGroup> group,

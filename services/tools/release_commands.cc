@@ -13,13 +13,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "services/common/status_macros.h"
+#include "services/eval/release_kl.h"
 #include "services/format/assemble.h"
 #include "services/format/verify.h"
 #include "services/quant/codec_bench.h"
-#include "services/tools/calibration.h"
+#include "services/release/calibration.h"
+#include "services/release/release_encoder.h"
+#include "services/release/release_experts.h"
 #include "services/tools/commands.h"
-#include "services/tools/release_encoder.h"
-#include "services/tools/release_experts.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, tp);
@@ -53,13 +54,13 @@ int RunEncode(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("encode", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
   if (model.empty() || out.empty()) return ReportCommandStatus("encode", absl::InvalidArgumentError("--model and --out are required"));
-  EncodeReleaseOptions options;
+  release::EncodeReleaseOptions options;
   options.tp_size = absl::GetFlag(FLAGS_tp);
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
   options.progress = ProgressBar;
-  absl::Status status = EncodeRelease(model, out, options);
+  absl::Status status = release::EncodeRelease(model, out, options);
   if (status.ok()) std::fprintf(stderr, "nq encode: wrote %s\n", out.c_str());
   return ReportCommandStatus("encode", status);
 }
@@ -73,9 +74,9 @@ int RunCalibrate(const std::vector<std::string>& args) {
   if (model.empty() || tokens.empty() || out.empty()) {
     return ReportCommandStatus("calibrate", absl::InvalidArgumentError("--model, --tokens FILE and --out are required"));
   }
-  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens);
+  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = release::ReadTokenFile(tokens);
   if (!sequences.ok()) return ReportCommandStatus("calibrate", sequences.status());
-  absl::StatusOr<Calibration> calibration = Calibrate(model, *sequences, out);
+  absl::StatusOr<release::Calibration> calibration = release::Calibrate(model, *sequences, out);
   if (!calibration.ok()) return ReportCommandStatus("calibrate", calibration.status());
   std::fprintf(stderr, "nq calibrate: %zu sequences, %zu experts seen; wrote %s\n", sequences->size(),
                calibration->experts.size(), out.c_str());
@@ -146,8 +147,8 @@ int RunBenchCodec(const std::vector<std::string>& args) {
       char tmp[] = "/tmp/nq-bench-release-XXXXXX";
       if (mkdtemp(tmp) == nullptr) return ReportCommandStatus("bench-codec", absl::InternalError("mkdtemp failed"));
       const std::string release = std::string(tmp) + "/release";
-      absl::StatusOr<KlReport> kl2 = MeasureReleaseKl(std::string(dir), release, tokens, ExpertBits::k2Bit);
-      absl::StatusOr<KlReport> kl4 = MeasureReleaseKl(std::string(dir), release, tokens, ExpertBits::k4Bit);
+      absl::StatusOr<eval::KlReport> kl2 = eval::MeasureReleaseKl(std::string(dir), release, tokens, release::ExpertBits::k2Bit);
+      absl::StatusOr<eval::KlReport> kl4 = eval::MeasureReleaseKl(std::string(dir), release, tokens, release::ExpertBits::k4Bit);
       std::filesystem::remove_all(tmp);
       if (!kl2.ok()) return ReportCommandStatus("bench-codec", kl2.status());
       if (!kl4.ok()) return ReportCommandStatus("bench-codec", kl4.status());

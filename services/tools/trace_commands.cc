@@ -12,15 +12,15 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include <grpcpp/grpcpp.h>
+#include "kernels/backend.h"
 #include "nq/v1/worker.grpc.pb.h"
 #include "services/common/status_grpc.h"
-#include "kernels/backend.h"
 #include "services/common/status_macros.h"
 #include "services/format/release_reader.h"
 #include "services/model/model.h"
+#include "services/release/calibration.h"
 #include "services/streamer/replay.h"
 #include "services/streamer/routing_trace.h"
-#include "services/tools/calibration.h"
 #include "services/tools/commands.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -36,7 +36,7 @@ namespace nq::tools {
 namespace {
 
 absl::Status RecordTrace(const std::string& model_dir, const std::string& tokens_path, const std::string& out) {
-  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> sequences, ReadTokenFile(tokens_path));
+  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> sequences, release::ReadTokenFile(tokens_path));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
   int64_t longest = 1;
   for (const auto& s : sequences) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));

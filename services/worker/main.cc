@@ -28,8 +28,8 @@
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
 #include "services/model/model.h"
-#include "services/tools/release_expert_decoder.h"
-#include "services/tools/release_experts.h"
+#include "services/release/release_expert_decoder.h"
+#include "services/release/release_experts.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
@@ -73,7 +73,7 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 namespace nq::worker {
 namespace {
 
-absl::StatusOr<SlotGeometry> GeometryFromFlags(const tools::ReleaseExpertDecoder* decoder) {
+absl::StatusOr<SlotGeometry> GeometryFromFlags(const release::ReleaseExpertDecoder* decoder) {
   int first = absl::GetFlag(FLAGS_first_moe_layer);
   int layers = absl::GetFlag(FLAGS_num_moe_layers);
   int64_t rec_bytes = absl::GetFlag(FLAGS_rec_bytes);
@@ -84,7 +84,7 @@ absl::StatusOr<SlotGeometry> GeometryFromFlags(const tools::ReleaseExpertDecoder
     // The release decides: every MoE layer it holds (MTP included), its largest record.
     layer_ids = decoder->moe_layer_ids();
     experts = static_cast<int>(decoder->release().manifest().experts_per_layer);
-    ASSIGN_OR_RETURN(tools::ReleaseExpertDecoder::SlotNeeds needs, decoder->Needs());
+    ASSIGN_OR_RETURN(release::ReleaseExpertDecoder::SlotNeeds needs, decoder->Needs());
     rec_bytes = static_cast<int64_t>(needs.rec_bytes);
     if (fixed < 0) fixed = static_cast<int>(needs.largest_fixed);
   } else {
@@ -111,7 +111,7 @@ absl::Status CheckFlags() {
   if (absl::GetFlag(FLAGS_slot_wait_tokens) < 0 || absl::GetFlag(FLAGS_slot_wait_ms) < 0) {
     return absl::InvalidArgumentError("--slot_wait_tokens and --slot_wait_ms must not be negative");
   }
-  if (const std::string bits = absl::GetFlag(FLAGS_expert_bits); bits != "dynamic" && !tools::ParseExpertBits(bits).ok()) {
+  if (const std::string bits = absl::GetFlag(FLAGS_expert_bits); bits != "dynamic" && !release::ParseExpertBits(bits).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--expert_bits=", bits, ": want dynamic, 2, 4 or fixed"));
   }
   const int rank = absl::GetFlag(FLAGS_rank);
@@ -140,7 +140,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
 
   // The model loads before any server starts: health is NOT_SERVING until it is ready.
   std::unique_ptr<model::Model> model;
-  std::unique_ptr<tools::ReleaseExpertDecoder> decoder;
+  std::unique_ptr<release::ReleaseExpertDecoder> decoder;
   bool dynamic_experts = false;
   std::string model_id = absl::GetFlag(FLAGS_served_model_name);
   if (const std::string dir = absl::GetFlag(FLAGS_model); !dir.empty()) {
@@ -153,16 +153,16 @@ absl::Status Run(ShutdownSignal& shutdown) {
     if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
       const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
       dynamic_experts = bits_flag == "dynamic";
-      ASSIGN_OR_RETURN(tools::ExpertBits bits,
-                       dynamic_experts ? tools::ExpertBits::k2Bit : tools::ParseExpertBits(bits_flag));
+      ASSIGN_OR_RETURN(release::ExpertBits bits,
+                       dynamic_experts ? release::ExpertBits::k2Bit : release::ParseExpertBits(bits_flag));
       ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
-      absl::StatusOr<std::unique_ptr<tools::ReleaseExpertDecoder>> opened =
-          tools::ReleaseExpertDecoder::Open(release, dir, config, options.tp);
+      absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> opened =
+          release::ReleaseExpertDecoder::Open(release, dir, config, options.tp);
       if (!opened.ok()) return Annotate(opened.status(), "release " + release);
       decoder = *std::move(opened);
       ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
       ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, *backend, options.tp));
-      RETURN_IF_ERROR(tools::ApplyReleaseExperts(*decoder, config, bits, *backend, weights));
+      RETURN_IF_ERROR(release::ApplyReleaseExperts(*decoder, config, bits, *backend, weights));
       ASSIGN_OR_RETURN(model, model::Model::Create(std::move(config), std::move(weights), *backend, nullptr, options));
       spdlog::info("routed experts from release {} ({})", release,
                    dynamic_experts ? "2-bit base, 4 bits from READY slots" : bits_flag + " bits, no streaming");

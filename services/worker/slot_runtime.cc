@@ -17,7 +17,7 @@ uint64_t HashBytes(std::span<const std::byte> bytes) {
 }  // namespace
 
 SlotRuntime::SlotRuntime(SlotTable* table, std::span<const std::byte> arena,
-                         const tools::ReleaseExpertDecoder* decoder, kernels::Backend* backend,
+                         const release::ReleaseExpertDecoder* decoder, kernels::Backend* backend,
                          SlotRuntimeOptions options)
     : table_(table),
       arena_(arena),

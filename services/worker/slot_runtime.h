@@ -26,7 +26,7 @@
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
 #include "services/model/model.h"
-#include "services/tools/release_expert_decoder.h"
+#include "services/release/release_expert_decoder.h"
 #include "services/worker/slot_table.h"
 
 namespace nq::worker {
@@ -45,7 +45,7 @@ class SlotRuntime {
  public:
   // `arena`: this worker's mapping of its slot arena. `decoder` (the served release) and
   // `backend` may be null: the table is still kept, but every expert runs at 2 bits.
-  SlotRuntime(SlotTable* table, std::span<const std::byte> arena, const tools::ReleaseExpertDecoder* decoder,
+  SlotRuntime(SlotTable* table, std::span<const std::byte> arena, const release::ReleaseExpertDecoder* decoder,
               kernels::Backend* backend, SlotRuntimeOptions options = {});
 
   // --- The session thread.
@@ -89,7 +89,7 @@ class SlotRuntime {
 
   SlotTable* const table_;
   const std::span<const std::byte> arena_;
-  const tools::ReleaseExpertDecoder* const decoder_;
+  const release::ReleaseExpertDecoder* const decoder_;
   kernels::Backend* const backend_;
   const SlotRuntimeOptions options_;
 

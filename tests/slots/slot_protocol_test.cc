@@ -21,13 +21,13 @@
 #include "services/common/grpc_server.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/shared_memory.h"
+#include "services/eval/kld_run.h"
 #include "services/format/release_reader.h"
 #include "services/model/model_config.h"
+#include "services/release/release_encoder.h"
+#include "services/release/release_expert_decoder.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
-#include "services/tools/kld_run.h"
-#include "services/tools/release_encoder.h"
-#include "services/tools/release_expert_decoder.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
@@ -56,7 +56,7 @@ class SlotProtocolTest : public ::testing::Test {
   static void SetUpTestSuite() {
     root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-slot-protocol-", getpid()));
     fs::create_directories(*root_);
-    ASSERT_TRUE(tools::EncodeRelease(kModel, (*root_ / "release").string(), {.fixed_per_layer = 1}).ok());
+    ASSERT_TRUE(release::EncodeRelease(kModel, (*root_ / "release").string(), {.fixed_per_layer = 1}).ok());
   }
   static void TearDownTestSuite() {
     fs::remove_all(*root_);
@@ -67,8 +67,8 @@ class SlotProtocolTest : public ::testing::Test {
     release_dir_ = (*root_ / "release").string();
     absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(kModel);
     ASSERT_TRUE(config.ok());
-    absl::StatusOr<std::unique_ptr<tools::ReleaseExpertDecoder>> decoder =
-        tools::ReleaseExpertDecoder::Open(release_dir_, kModel, *config, {});
+    absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> decoder =
+        release::ReleaseExpertDecoder::Open(release_dir_, kModel, *config, {});
     ASSERT_TRUE(decoder.ok()) << decoder.status();
     decoder_ = *std::move(decoder);
     absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
@@ -100,7 +100,7 @@ class SlotProtocolTest : public ::testing::Test {
 
   void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots) {
     std::vector<uint32_t> layers = decoder_->moe_layer_ids();
-    absl::StatusOr<tools::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
+    absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
     ASSERT_TRUE(needs.ok());
     geometry_ = SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots);
     ASSERT_TRUE(geometry_.Validate().ok());
@@ -174,7 +174,7 @@ class SlotProtocolTest : public ::testing::Test {
 
   static fs::path* root_;
   std::string release_dir_;
-  std::unique_ptr<tools::ReleaseExpertDecoder> decoder_;
+  std::unique_ptr<release::ReleaseExpertDecoder> decoder_;
   std::unique_ptr<kernels::Backend> backend_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;
   metrics::Registry streamer_metrics_;
@@ -402,19 +402,19 @@ TEST_F(SlotProtocolTest, LiveKldRunsThroughTheStreamerAndBeatsTheFixedSet) {
   std::mt19937 rng(11);
   // Text-like: a few recurring token ids, so routing has something to predict.
   for (int i = 0; i < 192; ++i) tokens.push_back(static_cast<int32_t>((rng() % 6) * 37 + (i % 3)));
-  tools::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 96, .slots = 4};
+  eval::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 96, .slots = 4};
   request.domains.push_back({.name = "synthetic", .sequences = {tokens}});
   request.streamer_address = server_->address();
 
-  request.mode = tools::KldMode::kLive;
-  absl::StatusOr<tools::KldRunReport> live = tools::EvaluateKld(request);
+  request.mode = eval::KldMode::kLive;
+  absl::StatusOr<eval::KldRunReport> live = eval::EvaluateKld(request);
   ASSERT_TRUE(live.ok()) << live.status();
-  request.mode = tools::KldMode::kFixedSet;
-  absl::StatusOr<tools::KldRunReport> fixed = tools::EvaluateKld(request);
-  request.mode = tools::KldMode::kAll2Bit;
-  absl::StatusOr<tools::KldRunReport> two = tools::EvaluateKld(request);
-  request.mode = tools::KldMode::kAll4Bit;
-  absl::StatusOr<tools::KldRunReport> four = tools::EvaluateKld(request);
+  request.mode = eval::KldMode::kFixedSet;
+  absl::StatusOr<eval::KldRunReport> fixed = eval::EvaluateKld(request);
+  request.mode = eval::KldMode::kAll2Bit;
+  absl::StatusOr<eval::KldRunReport> two = eval::EvaluateKld(request);
+  request.mode = eval::KldMode::kAll4Bit;
+  absl::StatusOr<eval::KldRunReport> four = eval::EvaluateKld(request);
   ASSERT_TRUE(fixed.ok() && two.ok() && four.ok());
   RecordProperty("live_call_share", std::to_string(live->usage.CallShare()));
   RecordProperty("live_mean_kl", std::to_string(live->kl.overall.mean));
@@ -426,11 +426,11 @@ TEST_F(SlotProtocolTest, LiveKldRunsThroughTheStreamerAndBeatsTheFixedSet) {
 }
 
 TEST_F(SlotProtocolTest, LiveKldWithoutAStreamerIsUnavailable) {
-  tools::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 32, .slots = 2};
-  request.mode = tools::KldMode::kLive;
+  eval::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 32, .slots = 2};
+  request.mode = eval::KldMode::kLive;
   request.domains.push_back({.name = "x", .sequences = {{1, 2, 3, 4}}});
   request.streamer_address = "127.0.0.1:1";
-  EXPECT_EQ(tools::EvaluateKld(request).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(eval::EvaluateKld(request).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

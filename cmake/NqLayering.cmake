@@ -1,0 +1,62 @@
+# The layering rule of DESIGN.md section 10: services -> libraries -> kernels -> common, and
+# no service binary depends on the `nq` command's folder (services/tools). Checked at
+# configure time by walking each service's link closure, so a target_link_libraries that
+# breaks the rule fails `cmake` with the chain that broke it.
+
+# Appends to `out_var` every CMake target reachable from `target` through LINK_LIBRARIES and
+# INTERFACE_LINK_LIBRARIES, as "a -> b" edges, depth first.
+function(_nq_link_closure target visited_var edges_var)
+  set(visited ${${visited_var}})
+  set(edges ${${edges_var}})
+  if(target IN_LIST visited)
+    return()
+  endif()
+  list(APPEND visited ${target})
+  set(deps "")
+  get_target_property(type ${target} TYPE)
+  if(NOT type STREQUAL "INTERFACE_LIBRARY")
+    get_target_property(direct ${target} LINK_LIBRARIES)
+    if(direct)
+      list(APPEND deps ${direct})
+    endif()
+  endif()
+  get_target_property(iface ${target} INTERFACE_LINK_LIBRARIES)
+  if(iface)
+    list(APPEND deps ${iface})
+  endif()
+  foreach(dep IN LISTS deps)
+    # Generator expressions such as $<LINK_ONLY:x> wrap a target name; unwrap the simple ones.
+    string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" dep "${dep}")
+    if(TARGET ${dep})
+      get_target_property(aliased ${dep} ALIASED_TARGET)
+      if(aliased)
+        set(dep ${aliased})
+      endif()
+      list(APPEND edges "${target} -> ${dep}")
+      _nq_link_closure(${dep} visited edges)
+    endif()
+  endforeach()
+  set(${visited_var} ${visited} PARENT_SCOPE)
+  set(${edges_var} ${edges} PARENT_SCOPE)
+endfunction()
+
+# Fails configuration when any of `targets` links a target defined under `forbidden_dir`.
+function(nq_check_no_link_into forbidden_dir)
+  foreach(service IN LISTS ARGN)
+    set(visited "")
+    set(edges "")
+    _nq_link_closure(${service} visited edges)
+    foreach(dep IN LISTS visited)
+      get_target_property(imported ${dep} IMPORTED)
+      if(imported)
+        continue()
+      endif()
+      get_target_property(dir ${dep} SOURCE_DIR)
+      if(dir STREQUAL forbidden_dir AND NOT dep STREQUAL service)
+        string(REPLACE ";" "\n  " chain "${edges}")
+        message(FATAL_ERROR "layering: ${service} links ${dep} from ${forbidden_dir}; "
+                            "serving must not depend on the CLI. Link edges:\n  ${chain}")
+      endif()
+    endforeach()
+  endforeach()
+endfunction()

@@ -1,0 +1,267 @@
+#include "services/release/release_encoder.h"
+
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+#include "services/format/release_reader.h"
+#include "services/format/release_writer.h"
+#include "services/model/model_config.h"
+#include "services/model/safetensors.h"
+#include "services/model/safetensors_load.h"
+#include "services/model/safetensors_writer.h"
+#include "services/quant/codec.h"
+#include "services/release/calibration.h"
+
+namespace nq::release {
+namespace {
+
+constexpr const char* kProjections[] = {"gate_proj", "up_proj", "down_proj"};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The widest power-of-two block up to `widest` (128, or 512 for down_proj's input, whose
+// low-rank statistics a wider block spreads further: DESIGN.md section 6) that divides n.
+int64_t HadamardBlock(int64_t n, int64_t widest) {
+  for (int64_t b = widest; b >= quant::kMinHadamardBlock; b /= 2) {
+    if (n % b == 0) return b;
+  }
+  return 0;
+}
+
+// This rank's slice of one expert matrix: gate/up split their rows (output), down its
+// columns (input), as the model's tensor-parallel plan does.
+std::vector<float> Slice(const model::FloatTensor& t, bool split_rows, int rank, int world) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  if (split_rows) {
+    const int64_t r = rows / world;
+    return std::vector<float>(t.values.begin() + rank * r * cols, t.values.begin() + (rank + 1) * r * cols);
+  }
+  const int64_t c = cols / world;
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(rows * c));
+  for (int64_t i = 0; i < rows; ++i) {
+    out.insert(out.end(), t.values.begin() + i * cols + rank * c, t.values.begin() + i * cols + (rank + 1) * c);
+  }
+  return out;
+}
+
+std::vector<std::byte> Bytes(std::span<const uint8_t> data) {
+  std::vector<std::byte> out(data.size());
+  std::memcpy(out.data(), data.data(), data.size());
+  return out;
+}
+
+}  // namespace
+
+absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_dir,
+                           const EncodeReleaseOptions& options) {
+  ASSIGN_OR_RETURN(std::string config_text, ReadFile(model_dir + "/config.json"));
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseModelConfig(config_text));
+  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(options.codec));
+  const int world = options.tp_size;
+  const int64_t E = config.n_routed_experts, D = config.hidden_size, I = config.moe_intermediate_size;
+  if (world < 1 || I % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("moe_intermediate_size ", I, " does not split over --tp ", world));
+  }
+  if (options.fixed_per_layer < 0 || options.fixed_per_layer > E) {
+    return absl::InvalidArgumentError(absl::StrCat("--fixed-per-layer ", options.fixed_per_layer, " of ", E, " experts"));
+  }
+  const int64_t Ir = I / world;
+  const int64_t in_block = HadamardBlock(D, 128), gate_out_block = HadamardBlock(Ir, 128);
+  const int64_t down_in_block = HadamardBlock(Ir, 512), down_out_block = HadamardBlock(D, 128);
+  if (in_block == 0 || gate_out_block == 0 || down_in_block == 0 || down_out_block == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden_size ", D, " and moe_intermediate_size / tp ", Ir,
+                                                   " must be multiples of ", quant::kMinHadamardBlock,
+                                                   " for the Hadamard rotation"));
+  }
+
+  std::optional<Calibration> calibration;
+  if (!options.calibration_path.empty()) {
+    absl::StatusOr<Calibration> loaded = LoadCalibration(options.calibration_path);
+    if (!loaded.ok()) return Annotate(loaded.status(), "--calib");
+    calibration = *std::move(loaded);
+  }
+  // The ranking: most routed first with calibration, expert order without.
+  auto ranking = [&](uint32_t layer) {
+    std::vector<uint32_t> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0u);
+    if (calibration.has_value() && calibration->routing_counts.count(layer)) {
+      const std::vector<double>& counts = calibration->routing_counts.at(layer);
+      std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return (a < counts.size() ? counts[a] : 0) > (b < counts.size() ? counts[b] : 0);
+      });
+    }
+    return order;
+  };
+  format::Manifest manifest;
+  manifest.source_model = model_dir;
+  manifest.config_hash = format::Sha256Hex(config_text);
+  manifest.tp_size = static_cast<uint32_t>(world);
+  manifest.experts_per_layer = static_cast<uint32_t>(E);
+  manifest.codec = codec->name();
+  manifest.codec_params = {{"base_bits", 2}, {"residual_bits", 2}, {"lambda", quant::EncodeOptions{}.lambda}};
+  std::vector<uint32_t> layers;
+  for (int64_t l = 0; l < config.num_hidden_layers + config.num_nextn_predict_layers; ++l) {
+    if (!config.IsMoeLayer(l)) continue;
+    layers.push_back(static_cast<uint32_t>(l));
+    format::ManifestLayer& ml = manifest.layers.emplace_back();
+    ml.layer = static_cast<uint32_t>(l);
+    ml.rotation = {static_cast<uint32_t>(down_in_block), 0x6e71u * 1000003u + static_cast<uint64_t>(l)};
+    ml.ranking = ranking(static_cast<uint32_t>(l));
+    ml.fixed_4bit.assign(ml.ranking.begin(), ml.ranking.begin() + options.fixed_per_layer);
+  }
+  ASSIGN_OR_RETURN(format::ReleaseWriter writer, format::ReleaseWriter::Create(out_dir, manifest));
+
+  const int total = static_cast<int>(layers.size()) * world;
+  int done = 0;
+  for (uint32_t layer : layers) {
+    const format::ManifestLayer& ml = *manifest.FindLayer(layer);
+    for (int rank = 0; rank < world; ++rank) {
+      ASSIGN_OR_RETURN(bool have, writer.HasLayer(static_cast<uint32_t>(rank), layer));
+      if (have) {
+        if (options.progress) options.progress(++done, total);
+        continue;
+      }
+      model::SafetensorsWriter resident;
+      std::vector<std::vector<std::byte>> records;
+      std::optional<format::RecordLayout> layout;
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<std::vector<uint8_t>> residuals;
+        std::vector<format::SegmentSpec> specs;
+        for (const char* proj : kProjections) {
+          const std::string name = absl::StrCat("model.layers.", layer, ".mlp.experts.", e, ".", proj, ".weight");
+          ASSIGN_OR_RETURN(model::FloatTensor w, model::LoadFloat32(checkpoint, name));
+          const bool down = std::string(proj) == "down_proj";
+          std::vector<float> slice = Slice(w, /*split_rows=*/!down, rank, world);
+          const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
+          quant::EncodeOptions encode;
+          encode.rotation = {.row_block = down ? down_out_block : gate_out_block,
+                             .col_block = down ? down_in_block : in_block,
+                             .row_sign_seed = ml.rotation.sign_seed * 31 + 1,
+                             .col_sign_seed = ml.rotation.sign_seed * 31 + 2};
+          // LDLQ against the expert's calibration Hessian (this rank's slice of the down input).
+          std::optional<quant::Hessian> hessian;
+          if (calibration.has_value()) {
+            auto it = calibration->experts.find({layer, static_cast<uint32_t>(e)});
+            if (it != calibration->experts.end() && it->second.samples > 0) {
+              const quant::Hessian& full = down ? it->second.down : it->second.gate_up;
+              if (full.dim != (down ? I : D)) {
+                return absl::InvalidArgumentError(absl::StrCat("--calib: ", name, " Hessian has dim ", full.dim));
+              }
+              hessian = quant::Hessian{cols, std::vector<double>(static_cast<size_t>(cols * cols))};
+              const int64_t offset = down ? rank * cols : 0;
+              for (int64_t i = 0; i < cols; ++i) {
+                for (int64_t j = 0; j < cols; ++j) {
+                  hessian->values[i * cols + j] = full.values[(offset + i) * full.dim + offset + j];
+                }
+              }
+            }
+          }
+          absl::StatusOr<quant::EncodedMatrix> m =
+              codec->Encode(slice, rows, cols, hessian.has_value() ? &*hessian : nullptr, encode);
+          if (!m.ok()) return Annotate(m.status(), name);
+          const std::string key = absl::StrCat("experts.", e, ".", proj);
+          RETURN_IF_ERROR(resident.Add(key + ".base", model::DType::kU8, {static_cast<int64_t>(m->base_codes.size())},
+                                       Bytes(m->base_codes)));
+          RETURN_IF_ERROR(resident.AddFloat32(key + ".row_scales", {rows}, m->row_scales));
+          RETURN_IF_ERROR(resident.AddFloat32(key + ".col_scales", {cols}, m->col_scales));
+          // The codebooks are fitted per matrix; the rotation is what the decoder must undo.
+          RETURN_IF_ERROR(resident.AddFloat32(key + ".base_codebook",
+                                              {static_cast<int64_t>(m->params.base_codebook.size())},
+                                              m->params.base_codebook));
+          RETURN_IF_ERROR(resident.AddFloat32(key + ".residual_codebook",
+                                              {static_cast<int64_t>(m->params.residual_codebook.size())},
+                                              m->params.residual_codebook));
+          const int64_t rotation[4] = {m->params.rotation.row_block, m->params.rotation.col_block,
+                                       static_cast<int64_t>(m->params.rotation.row_sign_seed),
+                                       static_cast<int64_t>(m->params.rotation.col_sign_seed)};
+          std::vector<std::byte> rotation_bytes(sizeof(rotation));
+          std::memcpy(rotation_bytes.data(), rotation, sizeof(rotation));
+          RETURN_IF_ERROR(resident.Add(key + ".rotation", model::DType::kI64, {4}, std::move(rotation_bytes)));
+          specs.push_back({std::string(proj) + ".residual", m->residual_codes.size()});
+          residuals.push_back(std::move(m->residual_codes));
+        }
+        if (!layout.has_value()) {
+          ASSIGN_OR_RETURN(layout, format::RecordLayout::Build(specs));
+        }
+        std::vector<std::span<const std::byte>> parts;
+        for (const std::vector<uint8_t>& r : residuals) {
+          parts.emplace_back(reinterpret_cast<const std::byte*>(r.data()), r.size());
+        }
+        ASSIGN_OR_RETURN(std::vector<std::byte> record, layout->Pack(parts));
+        records.push_back(std::move(record));
+      }
+      resident.SetMetadata("codec", codec->name());
+      RETURN_IF_ERROR(writer.WriteLayer(static_cast<uint32_t>(rank), layer, *layout, records, resident));
+      if (options.progress) options.progress(++done, total);
+    }
+  }
+  return writer.Finish();
+}
+
+absl::StatusOr<quant::EncodedMatrix> LoadResidentExpert(const model::SafetensorsFile& resident,
+                                                        const std::string& codec, uint32_t expert,
+                                                        const std::string& projection) {
+  const std::string key = absl::StrCat("experts.", expert, ".", projection);
+  auto floats = [&](const std::string& name) -> absl::StatusOr<std::vector<float>> {
+    ASSIGN_OR_RETURN(model::TensorView view, resident.Find(name));
+    return model::ConvertToFloat32(view.dtype, view.data);
+  };
+  quant::EncodedMatrix m;
+  ASSIGN_OR_RETURN(m.row_scales, floats(key + ".row_scales"));
+  ASSIGN_OR_RETURN(m.col_scales, floats(key + ".col_scales"));
+  m.rows = static_cast<int64_t>(m.row_scales.size());
+  m.cols = static_cast<int64_t>(m.col_scales.size());
+  ASSIGN_OR_RETURN(m.params.base_codebook, floats(key + ".base_codebook"));
+  ASSIGN_OR_RETURN(m.params.residual_codebook, floats(key + ".residual_codebook"));
+  ASSIGN_OR_RETURN(model::TensorView rotation, resident.Find(key + ".rotation"));
+  if (rotation.dtype != model::DType::kI64 || rotation.data.size() != 4 * sizeof(int64_t)) {
+    return absl::DataLossError(absl::StrCat(resident.path(), ": ", key, ".rotation is not I64[4]"));
+  }
+  int64_t r[4];
+  std::memcpy(r, rotation.data.data(), sizeof(r));
+  m.params.rotation = {.row_block = r[0], .col_block = r[1], .row_sign_seed = static_cast<uint64_t>(r[2]),
+                       .col_sign_seed = static_cast<uint64_t>(r[3])};
+  m.params.codec = codec;
+  ASSIGN_OR_RETURN(model::TensorView base, resident.Find(key + ".base"));
+  m.base_codes.assign(reinterpret_cast<const uint8_t*>(base.data.data()),
+                      reinterpret_cast<const uint8_t*>(base.data.data()) + base.data.size());
+  return m;
+}
+
+absl::Status AttachRecordResidual(const format::RecordLayout& layout, std::span<const std::byte> record,
+                                  const std::string& projection, quant::EncodedMatrix& m) {
+  ASSIGN_OR_RETURN(std::span<const std::byte> plane, layout.Unpack(record, projection + ".residual"));
+  return quant::AttachResidual(m, std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(plane.data()),
+                                                       reinterpret_cast<const uint8_t*>(plane.data()) + plane.size()));
+}
+
+absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& release, uint32_t rank, uint32_t layer,
+                                                       uint32_t expert, const std::string& projection,
+                                                       bool with_residual) {
+  ASSIGN_OR_RETURN(std::string resident_path, release.ResidentPath(rank, layer));
+  ASSIGN_OR_RETURN(model::SafetensorsFile resident, model::SafetensorsFile::Open(resident_path));
+  ASSIGN_OR_RETURN(quant::EncodedMatrix m, LoadResidentExpert(resident, release.manifest().codec, expert, projection));
+  if (with_residual) {
+    ASSIGN_OR_RETURN(const format::LayerEntry* entry, release.Layer(rank, layer));
+    ASSIGN_OR_RETURN(std::vector<std::byte> record, release.ReadRecord(rank, layer, expert));
+    RETURN_IF_ERROR(AttachRecordResidual(entry->layout, record, projection, m));
+  }
+  return m;
+}
+
+}  // namespace nq::release

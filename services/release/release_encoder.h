@@ -1,0 +1,50 @@
+// `nq encode`: an HF checkpoint's routed experts into a NestQuant release (DESIGN.md section
+// 5): per MoE layer and tensor-parallel rank, every expert's 2-bit base planes and scales in
+// the resident file, its 2-bit residual planes in one O_DIRECT-aligned record. Resumable: a
+// layer already written with matching hashes is skipped.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/format/release_reader.h"
+#include "services/model/safetensors.h"
+#include "services/quant/codec.h"
+
+namespace nq::release {
+
+struct EncodeReleaseOptions {
+  int tp_size = 1;
+  // Experts per layer pinned at 4 bits by default (the first of the ranking).
+  int fixed_per_layer = 0;
+  std::string codec = "nested_scalar_v1";
+  // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
+  // Empty: identity Hessians and expert order.
+  std::string calibration_path;
+  // Called after each (layer, rank) with the count done and the total.
+  std::function<void(int done, int total)> progress;
+};
+
+// One expert matrix of a release as the codec reads it: base plane, scales, codebooks and
+// rotation from the resident file; with `with_residual`, the residual plane from its record.
+// `projection` is "gate_proj", "up_proj" or "down_proj".
+// The same from an open resident file (no residual): what a worker keeps per expert.
+absl::StatusOr<quant::EncodedMatrix> LoadResidentExpert(const model::SafetensorsFile& resident,
+                                                        const std::string& codec, uint32_t expert,
+                                                        const std::string& projection);
+// Attaches `projection`'s residual plane from one expert record (a release read or a slot).
+absl::Status AttachRecordResidual(const format::RecordLayout& layout, std::span<const std::byte> record,
+                                  const std::string& projection, quant::EncodedMatrix& m);
+
+absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& release, uint32_t rank, uint32_t layer,
+                                                       uint32_t expert, const std::string& projection,
+                                                       bool with_residual);
+
+absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_dir,
+                           const EncodeReleaseOptions& options);
+
+}  // namespace nq::release

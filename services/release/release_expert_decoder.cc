@@ -1,0 +1,113 @@
+#include "services/release/release_expert_decoder.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/tensor_io.h"
+#include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+#include "services/release/release_encoder.h"
+
+namespace nq::release {
+
+absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> ReleaseExpertDecoder::Open(const std::string& release_dir,
+                                                                                 const std::string& model_dir,
+                                                                                 const model::ModelConfig& config,
+                                                                                 model::TensorParallel tp) {
+  ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
+  format::ModelIdentity identity;
+  // The manifest's config hash is the sha256 of the exact config.json bytes (nq encode).
+  ASSIGN_OR_RETURN(identity.config_hash, format::Sha256File(model_dir + "/config.json"));
+  identity.tp_size = static_cast<uint32_t>(tp.world_size);
+  identity.experts_per_layer = static_cast<uint32_t>(config.n_routed_experts);
+  for (int64_t l = 0; l < config.num_hidden_layers + config.num_nextn_predict_layers; ++l) {
+    if (config.IsMoeLayer(l)) identity.moe_layer_ids.push_back(static_cast<uint32_t>(l));
+  }
+  RETURN_IF_ERROR(release.CheckMatchesModel(identity));
+  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(release.manifest().codec));
+  return std::unique_ptr<ReleaseExpertDecoder>(new ReleaseExpertDecoder(
+      std::move(release), std::move(codec), static_cast<uint32_t>(tp.rank), std::move(identity.moe_layer_ids)));
+}
+
+absl::StatusOr<uint64_t> ReleaseExpertDecoder::RecordBytes(uint32_t layer) const {
+  ASSIGN_OR_RETURN(const format::LayerEntry* entry, release_.Layer(rank_, layer));
+  return entry->layout.rec_bytes;
+}
+
+std::vector<uint32_t> ReleaseExpertDecoder::FixedSet(uint32_t layer) const {
+  const format::ManifestLayer* ml = release_.manifest().FindLayer(layer);
+  return ml == nullptr ? std::vector<uint32_t>{} : ml->fixed_4bit;
+}
+
+absl::StatusOr<ReleaseExpertDecoder::SlotNeeds> ReleaseExpertDecoder::Needs() const {
+  SlotNeeds needs;
+  for (uint32_t layer : moe_layer_ids_) {
+    ASSIGN_OR_RETURN(uint64_t bytes, RecordBytes(layer));
+    needs.rec_bytes = std::max(needs.rec_bytes, bytes);
+    const size_t fixed = FixedSet(layer).size();
+    needs.largest_fixed = std::max(needs.largest_fixed, fixed);
+    needs.fixed_total += fixed;
+  }
+  return needs;
+}
+
+absl::StatusOr<const model::SafetensorsFile*> ReleaseExpertDecoder::Resident(uint32_t layer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = resident_.find(layer);
+  if (it != resident_.end()) return it->second.get();
+  ASSIGN_OR_RETURN(std::string path, release_.ResidentPath(rank_, layer));
+  ASSIGN_OR_RETURN(model::SafetensorsFile file, model::SafetensorsFile::Open(path));
+  auto owned = std::make_unique<model::SafetensorsFile>(std::move(file));
+  const model::SafetensorsFile* raw = owned.get();
+  resident_.emplace(layer, std::move(owned));
+  return raw;
+}
+
+absl::StatusOr<DecodedExpert> ReleaseExpertDecoder::Decode(uint32_t layer, uint32_t expert, quant::Precision precision,
+                                                           std::span<const std::byte> record) const {
+  const bool four = precision == quant::Precision::k4Bit;
+  if (!four && !record.empty()) {
+    return absl::InvalidArgumentError("a 2-bit decode takes no residual record");
+  }
+  ASSIGN_OR_RETURN(const format::LayerEntry* entry, release_.Layer(rank_, layer));
+  std::vector<std::byte> read;
+  if (four && record.empty()) {
+    ASSIGN_OR_RETURN(read, release_.ReadRecord(rank_, layer, expert));
+    record = read;
+  }
+  if (four && record.size() != entry->layout.rec_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("record of layer ", layer, " expert ", expert, " has ",
+                                                   record.size(), " bytes, want ", entry->layout.rec_bytes));
+  }
+  ASSIGN_OR_RETURN(const model::SafetensorsFile* resident, Resident(layer));
+  DecodedExpert out;
+  for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+    ASSIGN_OR_RETURN(quant::EncodedMatrix m, LoadResidentExpert(*resident, release_.manifest().codec, expert, projection));
+    if (four) RETURN_IF_ERROR(AttachRecordResidual(entry->layout, record, projection, m));
+    std::vector<float> w(static_cast<size_t>(m.rows * m.cols));
+    RETURN_IF_ERROR(codec_->Decode(m, precision, w));
+    if (std::string(projection) == "down_proj") {
+      out.down = std::move(w);
+      out.hidden = m.rows;
+    } else {
+      out.intermediate = m.rows;
+      out.gate_up.insert(out.gate_up.end(), w.begin(), w.end());
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<model::MlpWeights> ReleaseExpertDecoder::Upload(uint32_t layer, uint32_t expert,
+                                                               quant::Precision precision,
+                                                               std::span<const std::byte> record,
+                                                               kernels::Backend& backend) const {
+  ASSIGN_OR_RETURN(DecodedExpert d, Decode(layer, expert, precision, record));
+  model::MlpWeights w;
+  ASSIGN_OR_RETURN(w.gate_up, kernels::UploadFloats(backend, d.gate_up, kernels::DType::kF32,
+                                                    kernels::Shape{2 * d.intermediate, d.hidden}));
+  ASSIGN_OR_RETURN(w.down, kernels::UploadFloats(backend, d.down, kernels::DType::kF32,
+                                                 kernels::Shape{d.hidden, d.intermediate}));
+  return w;
+}
+
+}  // namespace nq::release

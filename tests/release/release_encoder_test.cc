@@ -1,0 +1,255 @@
+// nq encode end to end: a synthetic GLM-5-shaped checkpoint into a NestQuant release, read
+// back expert by expert at 2 and 4 bits.
+#include "services/release/release_encoder.h"
+#include "services/release/calibration.h"
+#include "services/release/release_experts.h"
+
+#include "services/eval/kl_divergence.h"
+#include "services/eval/release_kl.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/format/release_reader.h"
+#include "services/model/model.h"
+#include "services/model/model_config.h"
+#include "services/model/safetensors.h"
+#include "services/model/safetensors_load.h"
+#include "services/model/synth_checkpoint.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::release {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+class ReleaseEncoderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / absl::StrCat("nq-encode-test-", getpid());
+    fs::remove_all(root_);
+    std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+    ASSERT_THAT(config, IsOk());
+    ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (root_ / "model").string(), {.seed = 11}), IsOk());
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST_F(ReleaseEncoderTest, EncodesVerifiesAndDecodesNestedExperts) {
+  const std::string release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {.tp_size = 1, .fixed_per_layer = 2}), IsOk());
+  absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+  ASSERT_THAT(release, IsOk());
+  EXPECT_TRUE(release->Verify().ok()) << release->Verify().ToString();
+  ASSERT_EQ(release->manifest().layers.size(), 2u) << "layer 1 and the MTP layer 2 are MoE layers";
+  EXPECT_EQ(release->manifest().layers[0].fixed_4bit, (std::vector<uint32_t>{0, 1}));
+
+  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open((root_ / "model").string());
+  ASSERT_THAT(checkpoint, IsOk());
+  absl::StatusOr<std::unique_ptr<quant::Codec>> codec = quant::MakeCodec(release->manifest().codec);
+  ASSERT_THAT(codec, IsOk());
+  for (const char* projection : {"gate_proj", "down_proj"}) {
+    absl::StatusOr<model::FloatTensor> original =
+        model::LoadFloat32(*checkpoint, absl::StrCat("model.layers.1.mlp.experts.3.", projection, ".weight"));
+    ASSERT_THAT(original, IsOk());
+    absl::StatusOr<quant::EncodedMatrix> full = LoadReleaseExpert(*release, 0, 1, 3, projection, true);
+    absl::StatusOr<quant::EncodedMatrix> base = LoadReleaseExpert(*release, 0, 1, 3, projection, false);
+    ASSERT_THAT(full, IsOk());
+    ASSERT_THAT(base, IsOk());
+    EXPECT_EQ(full->base_codes, base->base_codes) << "the base plane does not depend on the residual";
+    std::vector<float> w4(original->values.size()), w2(original->values.size()), w2_full(original->values.size());
+    ASSERT_THAT((*codec)->Decode(*full, quant::Precision::k4Bit, w4), IsOk());
+    ASSERT_THAT((*codec)->Decode(*base, quant::Precision::k2Bit, w2), IsOk());
+    ASSERT_THAT((*codec)->Decode(*full, quant::Precision::k2Bit, w2_full), IsOk());
+    EXPECT_EQ(w2, w2_full) << "2-bit decode is the same with or without the record";
+    const double e4 = RelativeError(w4, original->values), e2 = RelativeError(w2, original->values);
+    EXPECT_LT(e4, 0.15) << projection;
+    EXPECT_LT(e2, 0.45) << projection;
+    EXPECT_LT(e4, e2 / 2) << projection;
+    // A base plane alone cannot be decoded at 4 bits.
+    EXPECT_FALSE((*codec)->Decode(*base, quant::Precision::k4Bit, w4).ok());
+  }
+}
+
+TEST_F(ReleaseEncoderTest, RerunIsANoOpAndBadOptionsAreRefused) {
+  const std::string release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {}), IsOk());
+  const auto written = fs::last_write_time(fs::path(release_dir) / "rank0" / "L1.bin");
+  int progress_calls = 0;
+  ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir,
+                            {.progress = [&](int done, int total) { ++progress_calls; }}),
+              IsOk());
+  EXPECT_EQ(fs::last_write_time(fs::path(release_dir) / "rank0" / "L1.bin"), written) << "resumed layers are skipped";
+  EXPECT_EQ(progress_calls, 2);
+  EXPECT_THAT(EncodeRelease((root_ / "model").string(), (root_ / "r2").string(), {.tp_size = 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not split over --tp 3")));
+  EXPECT_THAT(EncodeRelease((root_ / "model").string(), (root_ / "r3").string(), {.fixed_per_layer = 99}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--fixed-per-layer 99")));
+  EXPECT_THAT(EncodeRelease((root_ / "nowhere").string(), (root_ / "r4").string(), {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("config.json")));
+}
+
+}  // namespace
+}  // namespace nq::release
+
+namespace nq::release {
+namespace {
+
+// Mean KL(p || q) over the rows of two [rows, vocab] logit arrays, through the eval library.
+double MeanKl(const std::vector<float>& p_logits, const std::vector<float>& q_logits, int64_t vocab) {
+  absl::StatusOr<std::vector<eval::TokenKl>> rows = eval::KlDivergenceRows(p_logits, q_logits, vocab);
+  EXPECT_THAT(rows, IsOk());
+  return rows.ok() ? eval::SummarizeKl(*rows).mean : -1.0;
+}
+
+TEST_F(ReleaseEncoderTest, ModelServesFromTheReleaseAtTwoAndFourBits) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {.fixed_per_layer = 4}), IsOk());
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  const std::vector<int32_t> tokens = {1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77};
+  auto logits_of = [&](std::optional<ExpertBits> bits) -> std::vector<float> {
+    absl::StatusOr<std::unique_ptr<model::Model>> m =
+        bits.has_value() ? LoadModelWithRelease(model_dir, release_dir, *bits, **backend, nullptr, {.max_tokens = 32})
+                         : model::Model::Load(model_dir, **backend, nullptr, {.max_tokens = 32});
+    EXPECT_THAT(m, IsOk());
+    absl::StatusOr<std::vector<float>> l = (*m)->Forward(tokens);
+    EXPECT_THAT(l, IsOk());
+    return *l;
+  };
+  const std::vector<float> full = logits_of(std::nullopt);
+  const double kl4 = MeanKl(full, logits_of(ExpertBits::k4Bit), 512);
+  const double kl_fixed = MeanKl(full, logits_of(ExpertBits::kFixedSet), 512);
+  const double kl2 = MeanKl(full, logits_of(ExpertBits::k2Bit), 512);
+  std::printf("[ release  ] KL to full precision: 4-bit %.3g, fixed set (4 of 16) %.3g, 2-bit %.3g\n", kl4, kl_fixed, kl2);
+  EXPECT_GT(kl4, 0);
+  EXPECT_LT(kl4, kl_fixed);
+  EXPECT_LT(kl_fixed, kl2);
+}
+
+TEST_F(ReleaseEncoderTest, IncompleteOrForeignReleasesAreRefused) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  // Another model's release: the config hash differs.
+  const std::string other = (root_ / "other").string();
+  std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  ASSERT_THAT(config, IsOk());
+  config->rms_norm_eps = 1e-6;
+  ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, other, {.seed = 12}), IsOk());
+  EXPECT_THAT(LoadModelWithRelease(other, release_dir, ExpertBits::k4Bit, **backend, nullptr, {.max_tokens = 8}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("config")));
+  fs::remove(fs::path(release_dir) / "COMPLETE");
+  EXPECT_THAT(LoadModelWithRelease(model_dir, release_dir, ExpertBits::k4Bit, **backend, nullptr, {.max_tokens = 8}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
+  EXPECT_THAT(ParseExpertBits("3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 2, 4 or fixed")));
+}
+
+}  // namespace
+}  // namespace nq::release
+
+namespace nq::release {
+namespace {
+
+TEST_F(ReleaseEncoderTest, CalibrationRanksExpertsAndFeedsLdlq) {
+  const std::string model_dir = (root_ / "model").string();
+  const std::string tokens_path = (root_ / "calib.txt").string();
+  {
+    std::ofstream tokens(tokens_path);
+    tokens << "1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77\n\n17 18 19 20 21 22 23 24 25 26 27 28 29 30\n";
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens_path);
+  ASSERT_THAT(sequences, IsOk());
+  ASSERT_EQ(sequences->size(), 2u);
+  const std::string calib_path = (root_ / "calib.safetensors").string();
+  absl::StatusOr<Calibration> calibration = Calibrate(model_dir, *sequences, calib_path);
+  ASSERT_THAT(calibration, IsOk());
+  // 26 tokens, top-4 routing, per MoE layer (layer 1; the MTP layer does not run here).
+  const std::vector<double>& counts = calibration->routing_counts.at(1);
+  double total = 0;
+  for (double c : counts) total += c;
+  EXPECT_EQ(total, 26 * 4);
+
+  absl::StatusOr<Calibration> loaded = LoadCalibration(calib_path);
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_EQ(loaded->experts.size(), calibration->experts.size());
+  EXPECT_EQ(loaded->routing_counts.at(1), counts);
+
+  const std::string release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {.fixed_per_layer = 3, .calibration_path = calib_path}), IsOk());
+  absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+  ASSERT_THAT(release, IsOk());
+  const format::ManifestLayer* layer = release->manifest().FindLayer(1);
+  ASSERT_NE(layer, nullptr);
+  for (size_t i = 1; i < layer->ranking.size(); ++i) {
+    EXPECT_GE(counts[layer->ranking[i - 1]], counts[layer->ranking[i]]) << "ranked by routing counts";
+  }
+  EXPECT_EQ(layer->fixed_4bit, std::vector<uint32_t>(layer->ranking.begin(), layer->ranking.begin() + 3));
+  EXPECT_THAT(LoadCalibration((root_ / "missing.safetensors").string()), StatusIs(absl::StatusCode::kNotFound, HasSubstr("missing")));
+  {
+    std::ofstream bad(root_ / "bad.txt");
+    bad << "1, 2, x\n";
+  }
+  EXPECT_THAT(ReadTokenFile((root_ / "bad.txt").string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad.txt:1: 'x' is not a token id")));
+}
+
+}  // namespace
+}  // namespace nq::release
+
+namespace nq::release {
+namespace {
+
+// The HF fixtures (GLM-5 and DeepSeek-V3, their expert matrices 64 x 16) through nq encode:
+// what 2-bit and 4-bit experts cost in KL against full precision.
+TEST_F(ReleaseEncoderTest, FixtureModelsLoseLittleAtFourBitsAndMoreAtTwo) {
+  for (const char* name : {"glm5_tiny", "dsv3_tiny_fp8"}) {
+    const std::string model_dir = std::string(NQ_SOURCE_DIR) + "/tests/fixtures/models/" + name;
+    std::ifstream in(model_dir + "/tokens.json");
+    nlohmann::json json = nlohmann::json::parse(in);
+    const std::vector<int32_t> tokens = json["input_ids"].get<std::vector<int32_t>>();
+    const std::string release = (root_ / name).string();
+    absl::StatusOr<eval::KlReport> two = eval::MeasureReleaseKl(model_dir, release, tokens, ExpertBits::k2Bit);
+    absl::StatusOr<eval::KlReport> four = eval::MeasureReleaseKl(model_dir, release, tokens, ExpertBits::k4Bit);
+    ASSERT_THAT(two, IsOk());
+    ASSERT_THAT(four, IsOk());
+    std::printf("[ release  ] %s: KL 2-bit %.5f (top-1 %.3f), 4-bit %.5f (top-1 %.3f)\n", name, two->mean_kl,
+                two->top1_agreement, four->mean_kl, four->top1_agreement);
+    EXPECT_GT(four->mean_kl, 0);
+    EXPECT_LT(four->mean_kl, 0.005) << name;
+    EXPECT_LT(four->mean_kl * 4, two->mean_kl) << name;
+    EXPECT_GE(four->top1_agreement, two->top1_agreement) << name;
+  }
+}
+
+}  // namespace
+}  // namespace nq::release
