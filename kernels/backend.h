@@ -27,6 +27,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
+#include "kernels/nq_moe.h"
+#include "kernels/nq_moe_params.h"
 #include "kernels/tensor.h"
 
 namespace nq::kernels {
@@ -149,6 +151,15 @@ class Backend {
   absl::Status IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                            std::int64_t start_pos, Tensor& selected);
 
+  // The routed experts of one MoE layer from their NestQuant codes (kernels/nq_moe.h):
+  // out[t] = sum_k expert_weights[t, k] * expert(expert_ids[t, k])(x[t]), each expert at 4 bits
+  // when slots.slot_of_expert names a slot for it, else at 2 bits. x, out: F32 [T, D] (distinct);
+  // expert_ids: I32 [T, K]; expert_weights: F32 [T, K], on this backend. Ids must be < E and
+  // distinct within a token: the CPU backend checks them (InvalidArgument), the CUDA kernels,
+  // which never read back to the host, skip an out-of-range id.
+  absl::Status NqMoe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
+                     const NqMoeWeights& weights, const NqSlots& slots, Tensor& out);
+
  protected:
   Backend();
 
@@ -190,6 +201,8 @@ class Backend {
                                       Tensor& out);
   virtual absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                                      std::int64_t start_pos, Tensor& selected);
+  // Arguments validated into raw pointers (kernels/nq_moe_op.cc).
+  virtual absl::Status DoNqMoe(const NqMoeParams& params);
 
  private:
   // InvalidArgumentError unless `t` is a non-empty tensor allocated by this backend.

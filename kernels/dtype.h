@@ -18,9 +18,9 @@
 namespace nq::kernels {
 
 // Storage dtypes. Names follow safetensors ("F32", "BF16", "F16", "I32") so checkpoint headers
-// map one to one. I32 holds indices (the DSA indexer's selected keys). Quantized NestQuant planes
-// get their own dtypes in a later issue.
-enum class DType : std::uint8_t { kF32, kBF16, kF16, kI32 };
+// map one to one. I32 holds indices (the DSA indexer's selected keys); U8 holds raw bytes
+// (NestQuant's packed code planes, kernels/nq_moe.h).
+enum class DType : std::uint8_t { kF32, kBF16, kF16, kI32, kU8 };
 
 constexpr std::size_t DTypeSize(DType dtype) {
   switch (dtype) {
@@ -28,6 +28,7 @@ constexpr std::size_t DTypeSize(DType dtype) {
     case DType::kBF16: return 2;
     case DType::kF16: return 2;
     case DType::kI32: return 4;
+    case DType::kU8: return 1;
   }
   return 0;
 }
@@ -40,6 +41,7 @@ constexpr bool IsFloatDType(DType dtype) {
     case DType::kF16:
       return true;
     case DType::kI32:
+    case DType::kU8:
       return false;
   }
   return false;
@@ -51,6 +53,7 @@ constexpr const char* DTypeName(DType dtype) {
     case DType::kBF16: return "BF16";
     case DType::kF16: return "F16";
     case DType::kI32: return "I32";
+    case DType::kU8: return "U8";
   }
   return "?";
 }
@@ -81,6 +84,10 @@ struct DTypeOf<F16> {
 template <>
 struct DTypeOf<std::int32_t> {
   static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::kU8;
 };
 
 NQ_HOST_DEVICE float BitsToFloat(std::uint32_t bits) {
@@ -176,7 +183,9 @@ decltype(auto) VisitFloatDType(DType dtype, Fn&& fn) {
     case DType::kF32: return fn(float{});
     case DType::kBF16: return fn(Bf16{});
     case DType::kF16: return fn(F16{});
-    case DType::kI32: break;
+    case DType::kI32:
+    case DType::kU8:
+      break;
   }
   std::abort();
 }

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/nq_moe.h"
 #include "kernels/cpu/ops.h"
 
 namespace nq::kernels::cpu {
@@ -179,5 +180,7 @@ absl::Status CpuBackend::DoIndexerTopK(const Tensor& q, const Tensor& k, const T
                    threads_);
   return absl::OkStatus();
 }
+
+absl::Status CpuBackend::DoNqMoe(const NqMoeParams& params) { return cpu::NqMoe(params, threads_); }
 
 }  // namespace nq::kernels::cpu

@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
                               Tensor& out) override;
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                              std::int64_t start_pos, Tensor& selected) override;
+  absl::Status DoNqMoe(const NqMoeParams& params) override;
 
  private:
   int threads_;

@@ -24,6 +24,8 @@
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/mla_attention.cuh"
+#include "kernels/cuda/nq_moe.cuh"
+#include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rows.cuh"
@@ -349,6 +351,25 @@ class CudaBackend final : public Backend {
                              ctx_);
   }
 
+  absl::Status DoNqMoe(const NqMoeParams& params) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // Up to a few tokens (decode, MTP verification) the GEMV path reads each expert once per
+    // 4 tokens; beyond, the grouped tensor-core path reads it once per 64-token tile.
+    const bool prefill = params.tokens >= kNqPrefillMinTokens && NqMoePrefillSupports(params);
+    const std::size_t bytes =
+        prefill ? NqMoePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)
+                : NqMoeWorkspaceBytes(params.top_k, params.hidden, params.intermediate);
+    if (bytes > nq_moe_workspace_.bytes()) {
+      // Growing waits for the stream: kernels enqueued earlier may still use the old block. A
+      // captured decode graph sizes it before capture (its first, uncaptured step).
+      NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+      nq_moe_workspace_.Reset();
+      ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(bytes));
+    }
+    return prefill ? LaunchNqMoePrefill(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_)
+                   : LaunchNqMoe(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_);
+  }
+
  private:
   // Makes the scratch block at least layout.total_bytes() long and enqueues the copy of the
   // layout's host staging into its start; returns the block. Growing waits for the stream first:
@@ -375,6 +396,7 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   LaunchContext ctx_;
   DeviceBuffer scratch_;  // one op's host inputs and intermediates (UploadScratch)
+  DeviceBuffer nq_moe_workspace_;  // NqMoe's intermediates (grow-only)
 };
 
 }  // namespace

@@ -14,14 +14,19 @@ cd "$(dirname "$0")/../.."
 
 build_dir="${1:-build/cuda}"
 readonly out=.device
-readonly binaries=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test tests/model_graph/cuda_model_test
-                   tests/kernels/cuda_ipc_arena_test)
+readonly required=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test)
+# Packed when built (a kernels-only build has no model test).
+readonly optional=(tests/model_graph/cuda_model_test tests/kernels/cuda_ipc_arena_test tests/kernels/nq_moe_bench)
 
-for b in "${binaries[@]}"; do
+for b in "${required[@]}"; do
   if [[ ! -x "$build_dir/$b" ]]; then
     echo "package.sh: $build_dir/$b missing; run scripts/device/build_cuda.sh first" >&2
     exit 1
   fi
+done
+binaries=("${required[@]}")
+for b in "${optional[@]}"; do
+  if [[ -x "$build_dir/$b" ]]; then binaries+=("$b"); else echo "package.sh: $b not built, not packed"; fi
 done
 
 rm -rf "$out"

@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
   ASSIGN_OR_RETURN(s->decoder_, release::ReleaseExpertDecoder::Open(request.release_dir, request.teacher_dir, config, {}));
   ASSIGN_OR_RETURN(s->bytes_, MeasureExpertBytes(*s->decoder_, config));
   ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(request.teacher_dir));
-  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, backend, {}));
+  ASSIGN_OR_RETURN(model::ModelWeights weights,
+                   model::LoadModelWeights(checkpoint, config, backend, {}, {.routed_experts = false}));
   RETURN_IF_ERROR(release::ApplyReleaseExperts(*s->decoder_, config, release::ExpertBits::k2Bit, backend, weights));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     if (config.IsMoeLayer(l)) s->moe_layers_.push_back(static_cast<uint32_t>(l));
@@ -63,7 +64,7 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
   s->runtime_ = std::make_unique<worker::SlotRuntime>(
       s->table_.get(),
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(s->arena_.data()), s->arena_.size()),
-      s->decoder_.get(), &backend);
+      s->decoder_.get());
   worker::StreamerClientOptions client;
   client.address = request.streamer_address;
   client.release_id = s->decoder_->release().id();
@@ -78,13 +79,15 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
     return absl::UnavailableError(absl::StrCat("no nq-streamer session at ", request.streamer_address,
                                                " within 10 s (is it serving this release?)"));
   }
-  if (!WaitUntil([&] { return s->runtime_->decoded_slots() >= fixed_total; }, std::chrono::seconds(10))) {
+  if (!WaitUntil([&] { return s->runtime_->ready_slots() >= fixed_total; }, std::chrono::seconds(10))) {
     return absl::UnavailableError(absl::StrCat("the streamer at ", request.streamer_address, " loaded ",
-                                               s->runtime_->decoded_slots(), " of ", fixed_total,
+                                               s->runtime_->ready_slots(), " of ", fixed_total,
                                                " fixed-set experts in 10 s"));
   }
   LiveStudentSource* raw = s.get();
-  s->model_->SetRoutedExpertSource(s->runtime_->ExpertSource());
+  s->model_->SetSlotArena(
+      worker::ModelSlotArena(geometry, reinterpret_cast<const std::byte*>(s->arena_.data())));
+  s->model_->SetExpertSlotSource(s->runtime_->SlotSource());
   s->model_->SetRoutingObserver(
       [raw](int64_t layer, const model::MoeRouting& routing) { raw->OnRouting(layer, routing); });
   return s;

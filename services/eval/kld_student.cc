@@ -78,20 +78,20 @@ absl::StatusOr<std::unique_ptr<StudentLogitSource>> StudentLogitSource::Load(con
 
   // The model runs the 2-bit weights unless the hook hands it the 4-bit ones.
   ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(options.model_dir));
-  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, backend, {}));
-  RETURN_IF_ERROR(release::ApplyReleaseExperts(*s->decoder_, config, release::ExpertBits::k2Bit, backend, weights));
+  ASSIGN_OR_RETURN(model::ModelWeights weights,
+                   model::LoadModelWeights(checkpoint, config, backend, {}, {.routed_experts = false}));
+  // Every record stays with its layer (slot e holds expert e) unless the mode is all-2-bit;
+  // the hook picks per step which experts read theirs.
+  const bool records = options.mode != KldMode::kAll2Bit;
+  RETURN_IF_ERROR(release::ApplyReleaseExperts(*s->decoder_, config,
+                                               records ? release::ExpertBits::k4Bit : release::ExpertBits::k2Bit,
+                                               backend, weights));
   const size_t experts = static_cast<size_t>(config.n_routed_experts);
   for (uint32_t layer : s->decoder_->moe_layer_ids()) {
     s->layers_.push_back(layer);
     std::vector<uint8_t> fixed(experts, 0);
     for (uint32_t e : s->decoder_->FixedSet(layer)) fixed[e] = 1;
     s->fixed_.push_back(std::move(fixed));
-    if (options.mode == KldMode::kAll2Bit) continue;
-    std::vector<model::MlpWeights>& four = s->four_bit_.emplace_back();
-    for (uint32_t e = 0; e < experts; ++e) {
-      ASSIGN_OR_RETURN(model::MlpWeights w, s->decoder_->Upload(layer, e, quant::Precision::k4Bit, {}, backend));
-      four.push_back(std::move(w));
-    }
   }
   const Table none(s->layers_.size(), std::vector<uint8_t>(experts, 0));
   s->at4_ = none;
@@ -121,17 +121,17 @@ int StudentLogitSource::Row(int64_t layer) const {
 
 void StudentLogitSource::InstallHooks() {
   const int64_t stack = model_->config().num_hidden_layers;
-  model_->SetRoutedExpertSource(
-      [this, stack](int64_t layer, int32_t expert, int64_t tokens) -> const model::MlpWeights* {
+  model_->SetExpertSlotSource(
+      [this, stack](int64_t layer, int32_t expert, int64_t tokens) -> int32_t {
         const int row = Row(layer);
         // The oracle's routing pass runs every expert at 2 bits and counts nothing.
-        if (row < 0 || !real_run_) return nullptr;
+        if (row < 0 || !real_run_) return -1;
         const bool four = at4_[row][expert] != 0;
         if (layer < stack) {
           usage_.calls += static_cast<double>(tokens);
           if (four) usage_.calls_4bit += static_cast<double>(tokens);
         }
-        return four ? &four_bit_[row][expert] : nullptr;
+        return four ? expert : -1;  // slot e of the layer's records holds expert e
       });
   model_->SetRoutingObserver([this, stack](int64_t layer, const model::MoeRouting& routing) {
     const int row = Row(layer);

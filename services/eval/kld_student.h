@@ -121,7 +121,6 @@ class StudentLogitSource : public StudentSource {
   std::unique_ptr<release::ReleaseExpertDecoder> decoder_;
   std::unique_ptr<model::Model> model_;
   std::vector<int64_t> layers_;                           // MoE layer id of each row
-  std::vector<std::vector<model::MlpWeights>> four_bit_;  // [row][expert]; empty for all-2-bit
   Table fixed_;
   Table at4_;                                       // the running block's 4-bit set
   Table previous_;                                  // the previous block's top-F (previous-block mode)

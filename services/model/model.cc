@@ -65,9 +65,47 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
   if (options.max_tokens <= 0) {
     options.max_tokens = std::min<int64_t>(config.max_position_embeddings, kDefaultMaxTokens);
   }
+  // Every MoE layer runs its routed experts either dense or packed; packed layers get the slot
+  // table their NqMoe reads.
+  std::map<int64_t, Tensor> slot_tables;
+  auto check_moe = [&](const LayerWeights& lw, int64_t layer) -> absl::Status {
+    if (!lw.moe.has_value()) return absl::OkStatus();
+    const int64_t E = config.n_routed_experts;
+    if (lw.moe->packed.has_value()) {
+      const PackedExperts& p = *lw.moe->packed;
+      if (p.weights.num_experts != E || (!p.static_slots.empty() && static_cast<int64_t>(p.static_slots.size()) != E)) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": packed experts hold ", p.weights.num_experts,
+                                                       " experts, the config ", E));
+      }
+      ASSIGN_OR_RETURN(slot_tables[layer], backend.Allocate(kernels::DType::kI32, Shape{E}));
+    } else if (static_cast<int64_t>(lw.moe->experts.size()) != E) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": ", lw.moe->experts.size(), " routed experts of ",
+                                                     E, " loaded and none packed (serve a release, or load them)"));
+    }
+    return absl::OkStatus();
+  };
+  for (size_t l = 0; l < weights.layers.size(); ++l) RETURN_IF_ERROR(check_moe(weights.layers[l], static_cast<int64_t>(l)));
+  for (size_t i = 0; i < weights.mtp.size(); ++i) {
+    RETURN_IF_ERROR(check_moe(weights.mtp[i].block, config.num_hidden_layers + static_cast<int64_t>(i)));
+  }
   ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, IndexerLayers(config), options.max_tokens));
-  return std::unique_ptr<Model>(
-      new Model(std::move(config), std::move(weights), backend, comm, std::move(cache), options));
+  std::unique_ptr<Model> model(new Model(std::move(config), std::move(weights), backend, comm, std::move(cache), options));
+  model->slot_tables_ = std::move(slot_tables);
+  return model;
+}
+
+int64_t Model::RoutedExpertBytes() const {
+  int64_t bytes = 0;
+  auto add = [&](const LayerWeights& lw) {
+    if (!lw.moe.has_value()) return;
+    if (lw.moe->packed.has_value()) {
+      bytes += lw.moe->packed->packed_bytes + static_cast<int64_t>(lw.moe->packed->records.nbytes());
+    }
+    for (const MlpWeights& e : lw.moe->experts) bytes += static_cast<int64_t>(e.gate_up.nbytes() + e.down.nbytes());
+  };
+  for (const LayerWeights& lw : weights_.layers) add(lw);
+  for (const MtpWeights& m : weights_.mtp) add(m.block);
+  return bytes;
 }
 
 Model::Model(ModelConfig config, ModelWeights weights, kernels::Backend& backend, kernels::Communicator* comm,
@@ -301,6 +339,13 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
                                                 .routed_scaling_factor =
                                                     static_cast<float>(c.routed_scaling_factor)}));
   if (routing_observer_) routing_observer_(layer, routing);
+  if (w.packed.has_value()) {
+    ASSIGN_OR_RETURN(Tensor routed, PackedMoe(*w.packed, layer, xn, routing));
+    if (!w.shared.has_value()) return routed;
+    ASSIGN_OR_RETURN(Tensor shared, Mlp(*w.shared, xn));
+    RETURN_IF_ERROR(backend_.Add(routed, shared, routed));
+    return routed;
+  }
   // Tokens per expert, then each used expert once over its tokens.
   std::vector<std::vector<int32_t>> rows(static_cast<size_t>(E));
   std::vector<std::vector<float>> weights(static_cast<size_t>(E));
@@ -323,9 +368,6 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
     ASSIGN_OR_RETURN(Tensor xe, backend_.Allocate(kernels::DType::kF32, Shape{n, c.hidden_size}));
     RETURN_IF_ERROR(backend_.GatherRows(xn, rows[e], xe));
     const MlpWeights* expert = &w.experts[e];
-    if (expert_source_) {
-      if (const MlpWeights* chosen = expert_source_(layer, static_cast<int32_t>(e), n)) expert = chosen;
-    }
     std::vector<float> down_input;
     ASSIGN_OR_RETURN(Tensor ye, Mlp(*expert, xe, observer_ ? &down_input : nullptr));
     if (observer_) {
@@ -337,6 +379,43 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
     }
     RETURN_IF_ERROR(backend_.ScatterAddRows(ye, rows[e], weights[e], out));
   }
+  return out;
+}
+
+absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, const Tensor& xn,
+                                        const MoeRouting& routing) {
+  const int64_t T = xn.shape().dim(0), E = config_.n_routed_experts, K = routing.top_k;
+  // Which slot each expert's residual sits in: the source's choice (a worker's slot runtime,
+  // nq kld) for the experts this forward uses, else the layer's static choice.
+  std::vector<int32_t> slots(static_cast<size_t>(E), -1);
+  if (slot_source_) {
+    std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
+    for (int32_t e : routing.experts) ++tokens[e];
+    for (int64_t e = 0; e < E; ++e) {
+      if (tokens[e] > 0) slots[e] = slot_source_(layer, static_cast<int32_t>(e), tokens[e]);
+    }
+  } else if (!w.static_slots.empty()) {
+    slots = w.static_slots;
+  }
+  kernels::NqSlots nq_slots;
+  if (arena_.has_value()) {
+    if (auto it = arena_->layer_offsets.find(layer); it != arena_->layer_offsets.end()) {
+      nq_slots.arena = arena_->base + it->second;
+      nq_slots.slot_bytes = arena_->slot_bytes;
+      nq_slots.num_slots = arena_->slots_per_layer;
+    }
+  } else if (w.records.valid()) {
+    nq_slots.arena = static_cast<const std::byte*>(w.records.data());
+    nq_slots.slot_bytes = w.record_bytes;
+    nq_slots.num_slots = w.record_bytes > 0 ? static_cast<int64_t>(w.records.nbytes()) / w.record_bytes : 0;
+  }
+  Tensor& table = slot_tables_.at(layer);
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(slots)), table));
+  nq_slots.slot_of_expert = &table;
+  ASSIGN_OR_RETURN(Tensor ids, kernels::UploadInt32s(backend_, routing.experts, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor weights, kernels::UploadFloats(backend_, routing.weights, kernels::DType::kF32, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
+  RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, w.weights, nq_slots, out));
   return out;
 }
 

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -83,12 +85,25 @@ class Model {
     routing_observer_ = std::move(observer);
   }
 
-  // Serving a NestQuant release: which weights each routed expert runs with. `source(layer,
-  // expert, tokens)` returns the expert's 4-bit weights, or null to run the loaded weights
-  // (the 2-bit base). Called once per (layer, expert) that has tokens in a forward, on the
-  // forward's thread, so the pointer must stay valid until that forward returns.
-  using RoutedExpertSource = std::function<const MlpWeights*(int64_t layer, int32_t expert, int64_t tokens)>;
-  void SetRoutedExpertSource(RoutedExpertSource source) { expert_source_ = std::move(source); }
+  // Serving a NestQuant release (MoeWeights::packed, kernels/nq_moe.h). `source(layer, expert,
+  // tokens)` names the slot holding the expert's residual record, or -1 to run it at 2 bits;
+  // called once per (layer, expert) that has tokens in a forward, on the forward's thread. The
+  // slots index the slot arena of SetSlotArena when one is set, else the layer's own records
+  // (PackedExperts::records). Without a source, each layer's PackedExperts::static_slots apply.
+  using ExpertSlotSource = std::function<std::int32_t(int64_t layer, int32_t expert, int64_t tokens)>;
+  void SetExpertSlotSource(ExpertSlotSource source) { slot_source_ = std::move(source); }
+  // A worker's slot arena: model layer L's slot s starts at base + layer_offsets.at(L) +
+  // s * slot_bytes. Memory of the backend's kind; it must outlive the model.
+  struct SlotArena {
+    const std::byte* base = nullptr;
+    std::map<int64_t, uint64_t> layer_offsets;
+    int64_t slot_bytes = 0;
+    int64_t slots_per_layer = 0;
+  };
+  void SetSlotArena(SlotArena arena) { arena_ = std::move(arena); }
+  // Bytes of routed-expert weights this model holds: packed codes, scales and level tables, plus
+  // records its layers keep themselves (a worker's slot arena is counted by the worker).
+  int64_t RoutedExpertBytes() const;
 
   int64_t cache_length() const { return cache_.length(); }
   // Tokens the KV cache can hold: the context window of this model instance.
@@ -113,6 +128,9 @@ class Model {
   absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn,
                                       std::vector<float>* down_input = nullptr);
   absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn);
+  // The routed experts of a release-served layer through Backend::NqMoe.
+  absl::StatusOr<kernels::Tensor> PackedMoe(const PackedExperts& w, int64_t layer, const kernels::Tensor& xn,
+                                            const MoeRouting& routing);
   // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.
@@ -135,7 +153,10 @@ class Model {
   std::optional<kernels::Tensor> selection_;
   std::function<void(const ExpertActivations&)> observer_;
   std::function<void(int64_t, const MoeRouting&)> routing_observer_;
-  RoutedExpertSource expert_source_;
+  ExpertSlotSource slot_source_;
+  std::optional<SlotArena> arena_;
+  // The slot table each packed layer's NqMoe reads, written before each use (model layer id).
+  std::map<int64_t, kernels::Tensor> slot_tables_;
 };
 
 }  // namespace nq::model

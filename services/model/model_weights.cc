@@ -157,7 +157,7 @@ absl::StatusOr<AttentionWeights> LoadAttention(const HostLoader& io, const Model
 }
 
 absl::StatusOr<MoeWeights> LoadMoe(const HostLoader& io, const ModelConfig& c, const std::string& p,
-                                   TensorParallel tp) {
+                                   TensorParallel tp, bool routed_experts) {
   const int64_t D = c.hidden_size, E = c.n_routed_experts;
   MoeWeights moe;
   ASSIGN_OR_RETURN(FloatTensor router, io.Read(p + "mlp.gate.weight", {E, D}));
@@ -165,8 +165,8 @@ absl::StatusOr<MoeWeights> LoadMoe(const HostLoader& io, const ModelConfig& c, c
   ASSIGN_OR_RETURN(moe.router_device, io.Upload(router.values, Shape{E, D}));
   moe.router = std::move(router.values);
   moe.bias = std::move(bias.values);
-  moe.experts.reserve(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
+  moe.experts.reserve(routed_experts ? static_cast<size_t>(E) : 0);
+  for (int64_t e = 0; routed_experts && e < E; ++e) {
     ASSIGN_OR_RETURN(MlpWeights expert,
                      LoadMlp(io, absl::StrCat(p, "mlp.experts.", e, "."), D, c.moe_intermediate_size, tp));
     moe.experts.push_back(std::move(expert));
@@ -179,7 +179,7 @@ absl::StatusOr<MoeWeights> LoadMoe(const HostLoader& io, const ModelConfig& c, c
 }
 
 absl::StatusOr<LayerWeights> LoadLayer(const HostLoader& io, const ModelConfig& c, int64_t layer,
-                                       TensorParallel tp) {
+                                       TensorParallel tp, bool routed_experts) {
   const std::string p = LayerPrefix(layer);
   const int64_t D = c.hidden_size;
   const bool mtp = layer >= c.num_hidden_layers;
@@ -189,7 +189,7 @@ absl::StatusOr<LayerWeights> LoadLayer(const HostLoader& io, const ModelConfig& 
   const bool indexer = c.indexer.enabled && (mtp || c.indexer.kinds[layer] == IndexerKind::kFull);
   ASSIGN_OR_RETURN(w.attention, LoadAttention(io, c, p, indexer, tp));
   if (c.IsMoeLayer(layer)) {
-    ASSIGN_OR_RETURN(w.moe, LoadMoe(io, c, p, tp));
+    ASSIGN_OR_RETURN(w.moe, LoadMoe(io, c, p, tp, routed_experts));
   } else {
     ASSIGN_OR_RETURN(w.dense, LoadMlp(io, p + "mlp.", D, c.intermediate_size, tp));
   }
@@ -208,7 +208,7 @@ absl::StatusOr<Tensor> LoadHead(const HostLoader& io, const std::string& name, c
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
-                                              kernels::Backend& backend, TensorParallel tp) {
+                                              kernels::Backend& backend, TensorParallel tp, WeightsOptions options) {
   if (tp.world_size < 1 || tp.rank < 0 || tp.rank >= tp.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", tp.rank, " of world size ", tp.world_size));
   }
@@ -221,7 +221,7 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, cons
   w.vocab_rows_per_rank = config.vocab_size / tp.world_size;
   ASSIGN_OR_RETURN(w.embed, io.Replicated("model.embed_tokens.weight", {config.vocab_size, D}));
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    ASSIGN_OR_RETURN(LayerWeights lw, LoadLayer(io, config, layer, tp));
+    ASSIGN_OR_RETURN(LayerWeights lw, LoadLayer(io, config, layer, tp, options.routed_experts));
     w.layers.push_back(std::move(lw));
   }
   ASSIGN_OR_RETURN(w.final_norm, io.Replicated("model.norm.weight", {D}));
@@ -240,7 +240,7 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, cons
     ASSIGN_OR_RETURN(m.eh_hidden, io.Upload(Cols(eh, D, D), Shape{D, D}));
     ASSIGN_OR_RETURN(m.head_norm, io.Replicated(p + "shared_head.norm.weight", {D}));
     ASSIGN_OR_RETURN(m.head, LoadHead(io, p + "shared_head.head.weight", config, tp));
-    ASSIGN_OR_RETURN(m.block, LoadLayer(io, config, layer, tp));
+    ASSIGN_OR_RETURN(m.block, LoadLayer(io, config, layer, tp, options.routed_experts));
     w.mtp.push_back(std::move(m));
   }
   return w;

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/nq_moe.h"
 #include "services/model/model_config.h"
 #include "services/model/safetensors.h"
 
@@ -59,11 +60,27 @@ struct AttentionWeights {
   std::optional<IndexerWeights> indexer;
 };
 
+// Every routed expert of a layer as a NestQuant release holds it (kernels/nq_moe.h): packed
+// 2-bit base codes, scales and level tables; 4-bit residuals are read in place from a slot.
+struct PackedExperts {
+  kernels::NqMoeWeights weights;
+  // Residual records this layer keeps itself (nq logits / nq kld at 4 bits or the fixed set):
+  // slot s of `records` is record_bytes long; static_slots[e] is expert e's slot or -1. Empty
+  // when the records come from a worker's slot arena (Model::SetSlotArena).
+  kernels::Tensor records;
+  std::int64_t record_bytes = 0;
+  std::vector<std::int32_t> static_slots;  // [E]; empty = every expert at 2 bits
+  // Bytes of the packed planes, scales and tables (records counted apart).
+  std::int64_t packed_bytes = 0;
+};
+
 struct MoeWeights {
   std::vector<float> router;  // [E, D], on the host: routing is decided on the host
   std::vector<float> bias;    // [E] e_score_correction_bias
   kernels::Tensor router_device;  // the same [E, D] on the backend, for the logits matmul
+  // Dense routed experts (a checkpoint served as it is). Empty when `packed` is set.
   std::vector<MlpWeights> experts;
+  std::optional<PackedExperts> packed;
   std::optional<MlpWeights> shared;
 };
 
@@ -99,7 +116,13 @@ struct ModelWeights {
 // (F8_E4M3 weights are dequantized with their 128x128 block scales). Errors name the tensor:
 // NOT_FOUND for a missing one, INVALID_ARGUMENT for a wrong shape or a split that does not
 // divide (heads, intermediate sizes and vocabulary must divide by the world size).
+struct WeightsOptions {
+  // false: the routed experts are not read (they come from a NestQuant release, which fills
+  // MoeWeights::packed), so a checkpoint without expert weights loads.
+  bool routed_experts = true;
+};
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
-                                              kernels::Backend& backend, TensorParallel tp);
+                                              kernels::Backend& backend, TensorParallel tp,
+                                              WeightsOptions options = {});
 
 }  // namespace nq::model

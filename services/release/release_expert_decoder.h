@@ -67,11 +67,16 @@ class ReleaseExpertDecoder {
   absl::StatusOr<model::MlpWeights> Upload(uint32_t layer, uint32_t expert, quant::Precision precision,
                                            std::span<const std::byte> record, kernels::Backend& backend) const;
 
+  // The rank's index entry of `layer` (record layout, files) and its resident planes, mapped
+  // once and kept. NOT_FOUND for a layer the release does not hold.
+  absl::StatusOr<const format::LayerEntry*> Layer(uint32_t layer) const { return release_.Layer(rank_, layer); }
+  absl::StatusOr<const model::SafetensorsFile*> Resident(uint32_t layer) const;
+  uint32_t rank() const { return rank_; }
+
  private:
   ReleaseExpertDecoder(format::Release release, std::unique_ptr<quant::Codec> codec, uint32_t rank,
                        std::vector<uint32_t> moe_layer_ids)
       : release_(std::move(release)), codec_(std::move(codec)), rank_(rank), moe_layer_ids_(std::move(moe_layer_ids)) {}
-  absl::StatusOr<const model::SafetensorsFile*> Resident(uint32_t layer) const;
 
   const format::Release release_;
   const std::unique_ptr<quant::Codec> codec_;

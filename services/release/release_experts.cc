@@ -12,6 +12,7 @@
 #include "services/format/file_io.h"
 #include "services/quant/codec.h"
 #include "services/release/release_encoder.h"
+#include "services/release/packed_experts.h"
 #include "services/release/release_expert_decoder.h"
 
 namespace nq::release {
@@ -34,16 +35,21 @@ absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::stri
 absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config,
                                  ExpertBits bits, kernels::Backend& backend, model::ModelWeights& weights) {
   for (uint32_t layer : decoder.moe_layer_ids()) {
-    const std::vector<uint32_t> fixed = decoder.FixedSet(layer);
     model::LayerWeights& lw = layer < config.num_hidden_layers
                                   ? weights.layers[layer]
                                   : weights.mtp[layer - config.num_hidden_layers].block;
-    for (uint32_t e = 0; e < static_cast<uint32_t>(config.n_routed_experts); ++e) {
-      const bool four = bits == ExpertBits::k4Bit ||
-                        (bits == ExpertBits::kFixedSet && std::find(fixed.begin(), fixed.end(), e) != fixed.end());
-      ASSIGN_OR_RETURN(lw.moe->experts[e],
-                       decoder.Upload(layer, e, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, {}, backend));
+    if (!lw.moe.has_value()) return absl::InternalError(absl::StrCat("layer ", layer, " of the release is not MoE"));
+    ASSIGN_OR_RETURN(model::PackedExperts packed, LoadPackedExperts(decoder, layer, backend));
+    std::vector<uint32_t> four;
+    if (bits == ExpertBits::k4Bit) {
+      for (uint32_t e = 0; e < static_cast<uint32_t>(config.n_routed_experts); ++e) four.push_back(e);
+    } else if (bits == ExpertBits::kFixedSet) {
+      four = decoder.FixedSet(layer);
     }
+    RETURN_IF_ERROR(AttachRecords(decoder, layer, four, backend, packed));
+    // Routed experts live only as the release's codes: any dense copy goes.
+    lw.moe->experts.clear();
+    lw.moe->packed = std::move(packed);
   }
   return absl::OkStatus();
 }
@@ -55,7 +61,8 @@ absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::st
                                                                    model::ModelOptions options) {
   ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
-  ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, backend, options.tp));
+  ASSIGN_OR_RETURN(model::ModelWeights weights,
+                   model::LoadModelWeights(checkpoint, config, backend, options.tp, {.routed_experts = false}));
   absl::Status applied = ApplyReleaseExperts(release_dir, model_dir, config, options.tp, bits, backend, weights);
   if (!applied.ok()) return Annotate(applied, "release " + release_dir);
   return model::Model::Create(std::move(config), std::move(weights), backend, comm, options);

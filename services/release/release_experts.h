@@ -1,6 +1,7 @@
-// Serving routed experts from a NestQuant release: each expert's weights become the codec's
-// 2-bit or 4-bit decode (DESIGN.md sections 5 and 6). Until the streamer makes the choice
-// dynamic (issue #6), a policy picks all-2-bit, all-4-bit, or the manifest's fixed set.
+// Serving routed experts from a NestQuant release (DESIGN.md sections 5 and 6; issue #12): each
+// MoE layer holds its experts only as the release's packed codes (packed_experts.h), dequantised
+// inside the kernels. Without a streamer, a policy picks all-2-bit, all-4-bit, or the manifest's
+// fixed set (whose records the layer then keeps); a worker's slots make the choice dynamic.
 #pragma once
 
 #include <span>
@@ -23,11 +24,12 @@ absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text);
 
 // Opens `release_dir` (refused without COMPLETE), checks that it was made from this model
 // (config hash, TP size, MoE layers, experts; FAILED_PRECONDITION naming the mismatch), and
-// replaces every routed expert of `weights` (rank `tp.rank`) with its decoded weights.
+// gives every MoE layer of `weights` (rank `tp.rank`) its packed experts, with the records of the
+// experts `bits` runs at 4 bits. Dense routed experts in `weights`, if any, are dropped.
 absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::string& model_dir,
                                  const model::ModelConfig& config, model::TensorParallel tp, ExpertBits bits,
                                  kernels::Backend& backend, model::ModelWeights& weights);
-// The same with an open decoder (which the worker keeps to decode slots later).
+// The same with an open decoder (which the worker keeps for its slot geometry).
 absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config,
                                  ExpertBits bits, kernels::Backend& backend, model::ModelWeights& weights);
 

@@ -161,7 +161,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
       if (!opened.ok()) return Annotate(opened.status(), "release " + release);
       decoder = *std::move(opened);
       ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
-      ASSIGN_OR_RETURN(model::ModelWeights weights, model::LoadModelWeights(checkpoint, config, *backend, options.tp));
+      // Routed experts come from the release alone (a checkpoint without them serves).
+      ASSIGN_OR_RETURN(model::ModelWeights weights,
+                       model::LoadModelWeights(checkpoint, config, *backend, options.tp, {.routed_experts = false}));
       RETURN_IF_ERROR(release::ApplyReleaseExperts(*decoder, config, bits, *backend, weights));
       ASSIGN_OR_RETURN(model, model::Model::Create(std::move(config), std::move(weights), *backend, nullptr, options));
       spdlog::info("routed experts from release {} ({})", release,
@@ -184,13 +186,29 @@ absl::Status Run(ShutdownSignal& shutdown) {
       static_cast<double>(arena.size()));
   SlotTable table(geometry);
   SlotRuntime slots(&table, std::span<const std::byte>(reinterpret_cast<const std::byte*>(arena.data()), arena.size()),
-                    dynamic_experts ? decoder.get() : nullptr, backend.get(),
+                    dynamic_experts ? decoder.get() : nullptr,
                     SlotRuntimeOptions{
                         .wait_tokens = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_slot_wait_tokens))),
                         .wait_per_step = absl::Milliseconds(absl::GetFlag(FLAGS_slot_wait_ms)),
                         .verify_slots = absl::GetFlag(FLAGS_verify_slots),
                     });
-  if (model != nullptr && dynamic_experts) model->SetRoutedExpertSource(slots.ExpertSource());
+  if (model != nullptr && dynamic_experts) {
+    if (backend->name() != "cpu") {
+      return absl::UnimplementedError(absl::StrCat("--expert_bits dynamic on --backend ", std::string(backend->name()),
+                                                   " needs a device slot arena; use --expert_bits 2, 4 or fixed"));
+    }
+    // The kernels read residuals in place from the arena the streamer writes.
+    model->SetSlotArena(ModelSlotArena(geometry, reinterpret_cast<const std::byte*>(arena.data())));
+    model->SetExpertSlotSource(slots.SlotSource());
+  }
+  if (model != nullptr) {
+    // Routed experts in memory: the packed codes, scales and tables (plus any records a layer
+    // keeps), and the slot arena. Nothing else holds expert weights.
+    auto& expert_bytes = registry.Gauge("nq_worker_routed_expert_bytes",
+                                        "Bytes of routed-expert weights held, by where they live", {"kind"});
+    expert_bytes.WithLabels({"resident"}).Set(static_cast<double>(model->RoutedExpertBytes()));
+    expert_bytes.WithLabels({"slots"}).Set(dynamic_experts ? static_cast<double>(arena.size()) : 0.0);
+  }
 
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
                                        static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id},

@@ -16,13 +16,21 @@ uint64_t HashBytes(std::span<const std::byte> bytes) {
 
 }  // namespace
 
+model::Model::SlotArena ModelSlotArena(const SlotGeometry& geometry, const std::byte* base) {
+  model::Model::SlotArena arena{.base = base,
+                                .slot_bytes = static_cast<int64_t>(geometry.slot_stride_bytes),
+                                .slots_per_layer = geometry.slots_per_layer};
+  for (size_t i = 0; i < geometry.moe_layer_ids.size(); ++i) {
+    arena.layer_offsets[geometry.moe_layer_ids[i]] = geometry.SlotOffset(i, 0);
+  }
+  return arena;
+}
+
 SlotRuntime::SlotRuntime(SlotTable* table, std::span<const std::byte> arena,
-                         const release::ReleaseExpertDecoder* decoder, kernels::Backend* backend,
-                         SlotRuntimeOptions options)
+                         const release::ReleaseExpertDecoder* decoder, SlotRuntimeOptions options)
     : table_(table),
       arena_(arena),
       decoder_(decoder),
-      backend_(backend),
       options_(options),
       calls_4bit_(metrics::Registry::Default()
                       .Counter("nq_expert_calls_total",
@@ -39,10 +47,6 @@ SlotRuntime::SlotRuntime(SlotTable* table, std::span<const std::byte> arena,
                             .Counter("nq_worker_slot_updates_rejected_total",
                                      "Slot-table updates rejected as protocol violations")
                             .Get()),
-      decode_failures_(metrics::Registry::Default()
-                           .Counter("nq_worker_slot_decode_failures_total",
-                                    "READY slots whose record could not be decoded (the expert stays at 2 bits)")
-                           .Get()),
       integrity_counter_(metrics::Registry::Default()
                              .Counter("nq_worker_slot_integrity_failures_total",
                                       "READY slots whose bytes changed while mapped (--verify_slots)")
@@ -153,29 +157,14 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
   }
   updates_applied_.Increment();
   loads_in_flight_.store(update.loads_in_flight());
-  for (const nq::v1::SlotRef& ref : unmapped) {
-    decoded_.erase({ref.layer(), ref.slot()});
-    slot_hash_.erase({ref.layer(), ref.slot()});
-  }
-  static LogRateLimiter decode_log(std::chrono::seconds(10));
-  for (const nq::v1::SlotChange& change : update.changes()) {
-    if (change.kind() != nq::v1::SlotChange::KIND_READY) continue;
-    const std::span<const std::byte> bytes = SlotBytes(change.layer(), change.slot());
-    if (options_.verify_slots) slot_hash_[{change.layer(), change.slot()}] = HashBytes(bytes);
-    if (decoder_ == nullptr || backend_ == nullptr) continue;
-    absl::StatusOr<model::MlpWeights> weights =
-        decoder_->Upload(change.layer(), change.expert(), quant::Precision::k4Bit, bytes, *backend_);
-    if (!weights.ok()) {
-      decode_failures_.Increment();
-      if (long n = decode_log.Allow()) {
-        spdlog::error("layer {} expert {}: slot {} not decoded, it stays at 2 bits: {} ({} since last report)",
-                      change.layer(), change.expert(), change.slot(), weights.status().ToString(), n);
-      }
-      continue;
+  for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
+  if (options_.verify_slots && !arena_.empty()) {
+    for (const nq::v1::SlotChange& change : update.changes()) {
+      if (change.kind() != nq::v1::SlotChange::KIND_READY) continue;
+      slot_hash_[{change.layer(), change.slot()}] = HashBytes(SlotBytes(change.layer(), change.slot()));
     }
-    decoded_[{change.layer(), change.slot()}] = *std::move(weights);
   }
-  decoded_count_.store(decoded_.size());
+  ready_count_.store(decoder_ == nullptr ? 0 : table_->ReadySlots().size());
   slots_ready_.Set(static_cast<double>(table_->ReadySlots().size()));
   if (unmapped.empty()) return;
   nq::v1::UnmapAck ack;
@@ -191,18 +180,15 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
 }
 
 bool SlotRuntime::RunsAtFourBit(int64_t layer, int32_t expert) const {
-  std::optional<uint32_t> slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
-  return slot.has_value() && decoded_.count({static_cast<uint32_t>(layer), *slot}) != 0;
+  return decoder_ != nullptr &&
+         table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)).has_value();
 }
 
-const model::MlpWeights* SlotRuntime::FourBitWeights(int64_t layer, int32_t expert, int64_t tokens) {
-  const model::MlpWeights* weights = nullptr;
-  if (std::optional<uint32_t> slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert))) {
-    auto it = decoded_.find({static_cast<uint32_t>(layer), *slot});
-    if (it != decoded_.end()) weights = &it->second;
-  }
-  (weights != nullptr ? calls_4bit_ : calls_2bit_).Increment(static_cast<double>(tokens));
-  return weights;
+int32_t SlotRuntime::SlotFor(int64_t layer, int32_t expert, int64_t tokens) {
+  std::optional<uint32_t> slot;
+  if (decoder_ != nullptr) slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
+  (slot.has_value() ? calls_4bit_ : calls_2bit_).Increment(static_cast<double>(tokens));
+  return slot.has_value() ? static_cast<int32_t>(*slot) : -1;
 }
 
 void SlotRuntime::VerifySlots() {
@@ -214,6 +200,5 @@ void SlotRuntime::VerifySlots() {
   }
 }
 
-uint64_t SlotRuntime::decoded_slots() const { return decoded_count_.load(); }
 
 }  // namespace nq::worker

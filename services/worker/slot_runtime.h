@@ -1,14 +1,14 @@
 // The worker's side of the slot protocol at run time (DESIGN.md sections 3-4). Slot-table
 // updates from the streamer are applied only between decode steps; an expert runs at 4 bits
-// exactly when its residual sits in a READY slot, decoded from the slot's bytes when the slot
-// becomes READY, and at 2 bits otherwise. Unmaps are acknowledged with the step number.
+// exactly when its residual sits in a READY slot (the kernels read the slot's bytes in place,
+// kernels/nq_moe.h), and at 2 bits otherwise. Unmaps are acknowledged with the step number.
 //
 //   decode loop:   runtime.BeginStep(i);  model.Forward(...);  runtime.EndStep();
 //   session:       runtime.Post(update);   // applied now if no step runs, else at EndStep
-//   model hook:    model.SetRoutedExpertSource(runtime.ExpertSource());
+//   model hook:    model.SetExpertSlotSource(runtime.SlotSource());
 //
 // A step holds the step gate from BeginStep to EndStep; updates are applied under it, so a
-// step never sees the table, or the decoded 4-bit weights, change.
+// step never sees the table, or a slot's bytes, change.
 #pragma once
 
 #include <atomic>
@@ -41,12 +41,17 @@ struct SlotRuntimeOptions {
   bool verify_slots = false;
 };
 
+// The model's view of a slot arena of this geometry starting at `base` (memory of the model's
+// backend kind): each MoE layer's row of slots, slot_stride_bytes apart.
+model::Model::SlotArena ModelSlotArena(const SlotGeometry& geometry, const std::byte* base);
+
 class SlotRuntime {
  public:
-  // `arena`: this worker's mapping of its slot arena. `decoder` (the served release) and
-  // `backend` may be null: the table is still kept, but every expert runs at 2 bits.
+  // `arena`: this worker's host view of its slot arena (for --verify_slots hashing; empty when
+  // the arena lives in device memory). `decoder` (the served release) gives record sizes; it may
+  // be null: the table is still kept, but every expert runs at 2 bits.
   SlotRuntime(SlotTable* table, std::span<const std::byte> arena, const release::ReleaseExpertDecoder* decoder,
-              kernels::Backend* backend, SlotRuntimeOptions options = {});
+              SlotRuntimeOptions options = {});
 
   // --- The session thread.
   void Post(nq::v1::SlotTableUpdate update);
@@ -60,15 +65,15 @@ class SlotRuntime {
   // --- The decode loop. `request_token`: the step's index within its request (0 = prefill).
   void BeginStep(uint32_t request_token);
   void EndStep();
-  // The 4-bit weights of (layer, expert) if its residual is READY and decoded, else null.
-  // Only during a step. Counts `tokens` expert calls at 4 or 2 bits.
-  const model::MlpWeights* FourBitWeights(int64_t layer, int32_t expert, int64_t tokens);
-  model::Model::RoutedExpertSource ExpertSource() {
-    return [this](int64_t layer, int32_t expert, int64_t tokens) { return FourBitWeights(layer, expert, tokens); };
+  // The slot (of the layer's row in the arena) holding (layer, expert)'s READY residual, or -1
+  // (2 bits). Only during a step. Counts `tokens` expert calls at 4 or 2 bits.
+  int32_t SlotFor(int64_t layer, int32_t expert, int64_t tokens);
+  model::Model::ExpertSlotSource SlotSource() {
+    return [this](int64_t layer, int32_t expert, int64_t tokens) { return SlotFor(layer, expert, tokens); };
   }
 
-  // Whether (layer, expert) has decoded 4-bit weights now. During a step (stable), or for
-  // statistics between steps. Counts nothing.
+  // Whether (layer, expert) runs at 4 bits now. During a step (stable), or for statistics
+  // between steps. Counts nothing.
   bool RunsAtFourBit(int64_t layer, int32_t expert) const;
   // SlotTableUpdate.loads_in_flight of the last applied update.
   uint32_t loads_in_flight() const { return loads_in_flight_.load(); }
@@ -77,7 +82,8 @@ class SlotRuntime {
   uint64_t steps() const { return steps_.load(); }
   // Slots whose bytes changed while READY (verify_slots only); must stay 0.
   uint64_t integrity_failures() const { return integrity_failures_.load(); }
-  uint64_t decoded_slots() const;
+  // READY slots the model may read (what the last applied update left).
+  uint64_t ready_slots() const { return ready_count_.load(); }
 
  private:
   void ApplyPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
@@ -90,7 +96,6 @@ class SlotRuntime {
   SlotTable* const table_;
   const std::span<const std::byte> arena_;
   const release::ReleaseExpertDecoder* const decoder_;
-  kernels::Backend* const backend_;
   const SlotRuntimeOptions options_;
 
   absl::Mutex step_mu_;  // held for a whole step, and while applying
@@ -99,18 +104,16 @@ class SlotRuntime {
   std::function<void(nq::v1::UnmapAck)> ack_sink_ ABSL_GUARDED_BY(pending_mu_);
 
   // Guarded by step_mu_ (read during a step, written while applying).
-  std::map<std::pair<uint32_t, uint32_t>, model::MlpWeights> decoded_;  // (layer, slot)
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots
   std::atomic<uint32_t> loads_in_flight_{0};
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> integrity_failures_{0};
-  std::atomic<size_t> decoded_count_{0};
+  std::atomic<size_t> ready_count_{0};
 
   metrics::Counter& calls_4bit_;
   metrics::Counter& calls_2bit_;
   metrics::Counter& updates_applied_;
   metrics::Counter& updates_rejected_;
-  metrics::Counter& decode_failures_;
   metrics::Counter& integrity_counter_;
   metrics::Gauge& slots_ready_;
   metrics::Histogram& wait_seconds_;

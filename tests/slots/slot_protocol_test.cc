@@ -111,7 +111,7 @@ class SlotProtocolTest : public ::testing::Test {
     table_ = std::make_unique<worker::SlotTable>(geometry_);
     runtime_ = std::make_unique<worker::SlotRuntime>(
         table_.get(), std::span<const std::byte>(reinterpret_cast<const std::byte*>(arena_.data()), arena_.size()),
-        decoder_.get(), backend_.get(), worker::SlotRuntimeOptions{.verify_slots = true});
+        decoder_.get(), worker::SlotRuntimeOptions{.verify_slots = true});
     worker::StreamerClientOptions client;
     client.address = server_->address();
     client.release_id = decoder_->release().id();
@@ -270,7 +270,7 @@ TEST_F(SlotProtocolTest, RandomLoadsAndEvictionsWhileDecodingNeverTouchAMappedSl
   size_t layer1_ready = 0;
   for (const nq::v1::SlotEntry& e : table_->ReadySlots()) layer1_ready += e.layer() == kMoeLayer;
   EXPECT_LE(layer1_ready, 5u);
-  EXPECT_EQ(runtime_->decoded_slots(), table_->ReadySlots().size());
+  EXPECT_EQ(runtime_->ready_slots(), table_->ReadySlots().size());
 }
 
 TEST_F(SlotProtocolTest, MalformedRoutingReportsAreDroppedAndLaterOnesStillDriveLoads) {
@@ -293,27 +293,28 @@ TEST_F(SlotProtocolTest, MalformedRoutingReportsAreDroppedAndLaterOnesStillDrive
   EXPECT_EQ(CheckReadySlots(), 0);
 }
 
-TEST_F(SlotProtocolTest, FourBitWeightsDecodedFromASlotEqualTheReleaseDecode) {
+// The kernels read a READY expert's residual in place from its slot: the slot must hold exactly
+// the release's record, and the slot runtime must name that slot (and -1 for an expert
+// without one).
+TEST_F(SlotProtocolTest, ReadySlotsHoldTheReleaseRecordsTheModelReadsInPlace) {
   StartStreamer(release_dir_, ChurningPredictor());
   StartWorker(4, 1);
-  ASSERT_TRUE(WaitUntil([&] { return runtime_->decoded_slots() == 2; }, std::chrono::seconds(10)));
+  ASSERT_TRUE(WaitUntil([&] { return runtime_->ready_slots() == 2; }, std::chrono::seconds(10)));
   runtime_->BeginStep(0);
+  const SlotGeometry& g = table_->geometry();
   for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) {
-    const model::MlpWeights* from_slot =
-        runtime_->FourBitWeights(entry.layer(), static_cast<int32_t>(entry.expert()), 1);
-    ASSERT_NE(from_slot, nullptr);
-    absl::StatusOr<model::MlpWeights> from_release =
-        decoder_->Upload(entry.layer(), entry.expert(), quant::Precision::k4Bit, {}, *backend_);
-    ASSERT_TRUE(from_release.ok());
-    EXPECT_EQ(*kernels::DownloadFloats(*backend_, from_slot->gate_up),
-              *kernels::DownloadFloats(*backend_, from_release->gate_up));
-    EXPECT_EQ(*kernels::DownloadFloats(*backend_, from_slot->down),
-              *kernels::DownloadFloats(*backend_, from_release->down));
+    const int32_t slot = runtime_->SlotFor(entry.layer(), static_cast<int32_t>(entry.expert()), 1);
+    ASSERT_EQ(slot, static_cast<int32_t>(entry.slot()));
+    absl::StatusOr<std::vector<std::byte>> record =
+        decoder_->release().ReadRecord(0, entry.layer(), entry.expert());
+    ASSERT_TRUE(record.ok());
+    const size_t offset = g.SlotOffset(*g.LayerIndex(entry.layer()), entry.slot());
+    EXPECT_TRUE(std::equal(record->begin(), record->end(), reinterpret_cast<const std::byte*>(arena_.data()) + offset));
   }
   // An expert without a READY slot runs at 2 bits.
   uint32_t absent = 0;
   while (table_->SlotOf(kMoeLayer, absent).has_value()) ++absent;
-  EXPECT_EQ(runtime_->FourBitWeights(kMoeLayer, static_cast<int32_t>(absent), 1), nullptr);
+  EXPECT_EQ(runtime_->SlotFor(kMoeLayer, static_cast<int32_t>(absent), 1), -1);
   runtime_->EndStep();
 }
 

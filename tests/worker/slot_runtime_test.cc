@@ -31,7 +31,7 @@ class SlotRuntimeTest : public ::testing::Test {
  protected:
   SlotRuntimeTest() : arena_(Geometry().ArenaBytes()), table_(Geometry()) {}
   std::unique_ptr<SlotRuntime> Make(SlotRuntimeOptions options = {}) {
-    auto runtime = std::make_unique<SlotRuntime>(&table_, arena_, nullptr, nullptr, options);
+    auto runtime = std::make_unique<SlotRuntime>(&table_, arena_, nullptr, options);
     runtime->SetAckSink([this](nq::v1::UnmapAck ack) { acks_.push_back(std::move(ack)); });
     return runtime;
   }

@@ -1,0 +1,116 @@
+// CPU reference of the NestQuant routed-expert block (kernels/nq_moe.h): the oracle the CUDA
+// kernels are tested against. It follows the contract's math step by step in fp32 (double for
+// the dot products), one (token, assignment) at a time; parallel over the rows of each GEMV.
+#include "kernels/cpu/nq_moe.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/nq_moe.h"
+
+namespace nq::kernels::cpu {
+namespace {
+
+constexpr int kCodeBits = 2;
+constexpr int kCodesPerByte = 8 / kCodeBits;
+
+// In-place normalised Walsh-Hadamard transform of each `block`-wide slice of x[0, n) (Sylvester
+// order, scaled by 1/sqrt(block)): the blockdiag(H) of hadamard.h.
+void BlockFwht(float* x, std::int64_t n, std::int64_t block) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(block));
+  for (std::int64_t b0 = 0; b0 < n; b0 += block) {
+    float* v = x + b0;
+    for (std::int64_t h = 1; h < block; h *= 2) {
+      for (std::int64_t i = 0; i < block; i += 2 * h) {
+        for (std::int64_t j = i; j < i + h; ++j) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+      }
+    }
+    for (std::int64_t i = 0; i < block; ++i) v[i] *= scale;
+  }
+}
+
+void Rotate(std::vector<float>& x, const NqRotationView& r) {
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= r.signs[i];
+  BlockFwht(x.data(), static_cast<std::int64_t>(x.size()), r.block);
+}
+
+void Unrotate(std::vector<float>& x, const NqRotationView& r) {
+  BlockFwht(x.data(), static_cast<std::int64_t>(x.size()), r.block);
+  for (size_t i = 0; i < x.size(); ++i) x[i] *= r.signs[i];
+}
+
+inline int Code(const std::uint8_t* plane, std::int64_t k) {
+  return (plane[k / kCodesPerByte] >> (kCodeBits * (k % kCodesPerByte))) & 3;
+}
+
+// y[i] = rs[i] * sum_j Q[i][j] * cs[j] * v[j] for the rows x cols matrix of expert e.
+void Gemv(const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
+          const std::uint8_t* residual, const std::vector<float>& v, float* y, int threads) {
+  const std::uint8_t* base = p.base + e * NqPlaneBytes(rows, cols);
+  const float* rs = p.row_scales + e * rows;
+  const float* cs = p.col_scales + e * cols;
+  const float* levels = p.levels + e * kNqLevelTable;
+  std::vector<float> scaled(static_cast<size_t>(cols));
+  for (std::int64_t j = 0; j < cols; ++j) scaled[j] = cs[j] * v[j];
+  ParallelFor(rows, 64, threads, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) {
+      double acc = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::int64_t k = i * cols + j;
+        const int b = Code(base, k);
+        const float level = residual == nullptr ? levels[b] : levels[kNqBaseLevels + 4 * b + Code(residual, k)];
+        acc += static_cast<double>(level) * scaled[j];
+      }
+      y[i] = rs[i] * static_cast<float>(acc);
+    }
+  });
+}
+
+}  // namespace
+
+absl::Status NqMoe(const NqMoeParams& p, int threads) {
+  const std::int64_t D = p.hidden, I = p.intermediate, K = p.top_k;
+  for (std::int64_t a = 0; a < p.tokens * K; ++a) {
+    const std::int32_t e = p.expert_ids[a];
+    if (e < 0 || e >= p.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("NqMoe: expert id ", e, " of token ", a / K,
+                                                     " is outside [0, ", p.num_experts, ")"));
+    }
+    for (std::int64_t b = (a / K) * K; b < a; ++b) {
+      if (p.expert_ids[b] == e) {
+        return absl::InvalidArgumentError(absl::StrCat("NqMoe: token ", a / K, " names expert ", e, " twice"));
+      }
+    }
+  }
+  std::vector<float> xr(static_cast<size_t>(D)), acc(static_cast<size_t>(D)), y(static_cast<size_t>(D));
+  std::vector<float> g(static_cast<size_t>(I)), u(static_cast<size_t>(I)), h(static_cast<size_t>(I));
+  for (std::int64_t t = 0; t < p.tokens; ++t) {
+    xr.assign(p.x + t * D, p.x + (t + 1) * D);
+    Rotate(xr, p.input);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::int64_t k = 0; k < K; ++k) {
+      const std::int32_t e = p.expert_ids[t * K + k];
+      const std::int32_t slot = p.slot_of_expert[e];
+      Gemv(p.gate, e, I, D, NqResidualPlane(p, p.gate, slot), xr, g.data(), threads);
+      Gemv(p.up, e, I, D, NqResidualPlane(p, p.up, slot), xr, u.data(), threads);
+      Unrotate(g, p.gate_rows);
+      Unrotate(u, p.gate_rows);
+      for (std::int64_t j = 0; j < I; ++j) h[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+      Rotate(h, p.down_cols);
+      Gemv(p.down, e, D, I, NqResidualPlane(p, p.down, slot), h, y.data(), threads);
+      const float w = p.expert_weights[t * K + k];
+      for (std::int64_t i = 0; i < D; ++i) acc[i] += w * y[i];
+    }
+    Unrotate(acc, p.down_rows);
+    std::copy(acc.begin(), acc.end(), p.out + t * D);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace nq::kernels::cpu

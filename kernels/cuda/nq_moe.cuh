@@ -1,0 +1,47 @@
+// The NestQuant routed-expert block on the GPU (contract and math: kernels/nq_moe.h).
+//
+// Five stream-ordered launches per chunk of at most kNqMaxDecodeTokens tokens, no host
+// synchronisation and no allocation (the caller passes the workspace), so a decode step
+// captures it in a CUDA graph:
+//   1. NqRotateInputKernel   xr = R_in x                           one block per token
+//   2. NqGemvKernel          gate/up rows of every distinct expert  blocks: (assignment, 32 rows)
+//   3. NqSwigluKernel        h = R_dc (silu(R_g^T g) * R_g^T u)      one block per assignment
+//   4. NqGemvKernel          down rows                             blocks: (assignment, 32 rows)
+//   5. NqCombineKernel       out = R_dr^T sum_k w_k y_k             one block per token
+// The GEMV block of the first assignment naming an expert serves every token of the chunk that
+// routes to it (its weights are read once); later assignments of the same expert exit at once.
+// Each block reads the layer's slot table on the device and runs its expert at 4 bits when the
+// expert's residual sits in a slot, at 2 bits otherwise.
+//
+// Dequantisation: a 32-bit word holds 16 codes. Its 2-bit codes (or 4-bit base*4+residual
+// indices) are gathered into byte-permute selectors and looked up in per-matrix fp16 level
+// tables held in registers (prmt), giving half2 weight pairs; the input is kept in shared memory
+// as half2 in the matching order, scaled per token to unit max so fp16 keeps its precision.
+// Products accumulate in half2 over one word (8 pairs) and in fp32 beyond.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/nq_moe_params.h"
+
+namespace nq::kernels::cuda {
+
+// A decode step (1 token) or an MTP verification (1 + 3 drafts) runs as one chunk; longer
+// inputs run chunk by chunk.
+inline constexpr std::int64_t kNqMaxDecodeTokens = 4;
+
+// Workspace bytes LaunchNqMoe needs for top_k assignments per token.
+std::size_t NqMoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate);
+
+// Contract: p validated by Backend::NqMoe; hidden and intermediate multiples of 16 (a code word)
+// and at most kNqMaxVectorWidth (shared-memory vectors); workspace of NqMoeWorkspaceBytes, 16-byte
+// aligned. InvalidArgumentError otherwise. Expert ids outside [0, E) contribute nothing.
+absl::Status LaunchNqMoe(const NqMoeParams& p, void* workspace, std::size_t workspace_bytes,
+                         const LaunchContext& ctx);
+
+inline constexpr std::int64_t kNqMaxVectorWidth = 16384;
+
+}  // namespace nq::kernels::cuda

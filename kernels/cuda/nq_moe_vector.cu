@@ -1,0 +1,111 @@
+#include "kernels/cuda/nq_moe_vector.cuh"
+
+#include "services/common/status_macros.h"
+
+namespace nq::kernels::cuda {
+namespace {
+
+constexpr int kVectorThreads = 512;
+constexpr int kChunkThreads = 128;  // one Hadamard block (e.g. 128 wide) per CUDA block
+
+// ---- Rotations in shared memory -------------------------------------------------------------
+
+// In-place blockdiag(H_block) of v[0, n) without the 1/sqrt(block) normalisation (callers fold
+// it into their next write). Every thread of the block calls it; it ends on a barrier.
+__device__ void BlockFwht(float* v, int n, int block) {
+  for (int h = 1; h < block; h <<= 1) {
+    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const int i = (p / h) * 2 * h + (p % h);
+      const float a = v[i], b = v[i + h];
+      v[i] = a + b;
+      v[i + h] = a - b;
+    }
+    __syncthreads();
+  }
+}
+
+
+__global__ void __launch_bounds__(kChunkThreads) NqRotateInputKernel(const __grid_constant__ NqVectorParams v) {
+  // One Hadamard block of one token per CUDA block: the blocks are independent.
+  extern __shared__ float smem[];
+  const int D = static_cast<int>(v.p.hidden), t = blockIdx.x, n = static_cast<int>(v.p.input.block);
+  const int i0 = blockIdx.y * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) smem[i] = v.p.x[t * D + i0 + i] * v.p.input.signs[i0 + i];
+  __syncthreads();
+  BlockFwht(smem, n, n);
+  const float scale = rsqrtf(static_cast<float>(n));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) v.xr[t * D + i0 + i] = smem[i] * scale;
+}
+
+__global__ void __launch_bounds__(kVectorThreads) NqSwigluKernel(const __grid_constant__ NqVectorParams v) {
+  extern __shared__ float smem[];
+  const int I = static_cast<int>(v.p.intermediate), a = blockIdx.x;
+  const float* in = v.hg + static_cast<std::int64_t>(a) * 2 * I;
+  for (int i = threadIdx.x; i < 2 * I; i += blockDim.x) smem[i] = in[i];
+  __syncthreads();
+  BlockFwht(smem, 2 * I, static_cast<int>(v.p.gate_rows.block));  // gate and up, block by block
+  const float g_scale = rsqrtf(static_cast<float>(v.p.gate_rows.block));
+  for (int i = threadIdx.x; i < I; i += blockDim.x) {
+    const float s = v.p.gate_rows.signs[i] * g_scale;
+    const float g = smem[i] * s, u = smem[I + i] * s;
+    smem[i] = g / (1.0f + __expf(-g)) * u * v.p.down_cols.signs[i];
+  }
+  __syncthreads();
+  BlockFwht(smem, I, static_cast<int>(v.p.down_cols.block));
+  const float d_scale = rsqrtf(static_cast<float>(v.p.down_cols.block));
+  for (int i = threadIdx.x; i < I; i += blockDim.x) v.hh[static_cast<std::int64_t>(a) * I + i] = smem[i] * d_scale;
+}
+
+__global__ void __launch_bounds__(kChunkThreads) NqCombineKernel(const __grid_constant__ NqVectorParams v) {
+  // One Hadamard block of one token per CUDA block.
+  extern __shared__ float smem[];
+  const int D = static_cast<int>(v.p.hidden), K = static_cast<int>(v.p.top_k), t = blockIdx.x;
+  const int n = static_cast<int>(v.p.down_rows.block), i0 = blockIdx.y * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      const int e = v.p.expert_ids[t * K + k];
+      if (e < 0 || e >= v.p.num_experts) continue;
+      acc += v.p.expert_weights[t * K + k] * v.yd[static_cast<std::int64_t>(t * K + k) * D + i0 + i];
+    }
+    smem[i] = acc;
+  }
+  __syncthreads();
+  BlockFwht(smem, n, n);
+  const float scale = rsqrtf(static_cast<float>(n));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    v.p.out[t * D + i0 + i] = smem[i] * scale * v.p.down_rows.signs[i0 + i];
+  }
+}
+
+absl::Status SetSmem(const void* kernel, std::size_t bytes) {
+  return CudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                    "cudaFuncSetAttribute (NqMoe vector kernel)");
+}
+
+}  // namespace
+
+absl::Status LaunchNqRotateInput(const NqVectorParams& v, const LaunchContext& ctx) {
+  const std::size_t smem = v.p.input.block * sizeof(float);
+  RETURN_IF_ERROR(SetSmem(reinterpret_cast<const void*>(NqRotateInputKernel), smem));
+  const dim3 grid(static_cast<unsigned>(v.p.tokens), static_cast<unsigned>(v.p.hidden / v.p.input.block));
+  NqRotateInputKernel<<<grid, kChunkThreads, smem, ctx.stream>>>(v);
+  return CheckLaunch("NqRotateInputKernel");
+}
+
+absl::Status LaunchNqSwiglu(const NqVectorParams& v, const LaunchContext& ctx) {
+  const std::size_t smem = 2 * v.p.intermediate * sizeof(float);
+  RETURN_IF_ERROR(SetSmem(reinterpret_cast<const void*>(NqSwigluKernel), smem));
+  NqSwigluKernel<<<static_cast<unsigned>(v.p.tokens * v.p.top_k), kVectorThreads, smem, ctx.stream>>>(v);
+  return CheckLaunch("NqSwigluKernel");
+}
+
+absl::Status LaunchNqCombine(const NqVectorParams& v, const LaunchContext& ctx) {
+  const std::size_t smem = v.p.down_rows.block * sizeof(float);
+  RETURN_IF_ERROR(SetSmem(reinterpret_cast<const void*>(NqCombineKernel), smem));
+  const dim3 grid(static_cast<unsigned>(v.p.tokens), static_cast<unsigned>(v.p.hidden / v.p.down_rows.block));
+  NqCombineKernel<<<grid, kChunkThreads, smem, ctx.stream>>>(v);
+  return CheckLaunch("NqCombineKernel");
+}
+
+}  // namespace nq::kernels::cuda

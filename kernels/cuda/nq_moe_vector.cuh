@@ -1,0 +1,29 @@
+// The per-vector steps of the NestQuant MoE block (kernels/nq_moe.h), shared by the decode
+// (nq_moe.cuh) and prefill (nq_moe_prefill.cuh) paths: each runs one block per token or per
+// assignment over a whole vector in shared memory, where the blockwise Hadamard transforms are
+// cheap.
+//   LaunchNqRotateInput  xr[t] = R_in x[t]
+//   LaunchNqSwiglu       hh[a] = R_dc (silu(R_g^T g[a]) * R_g^T u[a]),  hg[a] = [g | u]
+//   LaunchNqCombine      out[t] = R_dr^T sum_k w[t,k] yd[t*K + k]   (invalid ids skipped)
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/nq_moe_params.h"
+
+namespace nq::kernels::cuda {
+
+// p.tokens tokens and p.tokens * p.top_k assignments; the buffers are the caller's workspace.
+struct NqVectorParams {
+  NqMoeParams p;
+  float* xr = nullptr;  // [T, D]
+  float* hg = nullptr;  // [T * K, 2 I]
+  float* hh = nullptr;  // [T * K, I]
+  float* yd = nullptr;  // [T * K, D]
+};
+
+absl::Status LaunchNqRotateInput(const NqVectorParams& v, const LaunchContext& ctx);
+absl::Status LaunchNqSwiglu(const NqVectorParams& v, const LaunchContext& ctx);
+absl::Status LaunchNqCombine(const NqVectorParams& v, const LaunchContext& ctx);
+
+}  // namespace nq::kernels::cuda

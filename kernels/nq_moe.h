@@ -1,0 +1,82 @@
+// The NestQuant routed-expert block (issue #12; DESIGN.md sections 3 and 6): every routed expert
+// of a layer held only as the release's packed codes, dequantised inside the GEMV.
+//
+// For each token t and each of its top-k assignments (expert e, weight w):
+//   xr  = R_in x[t]                          input rotation, once per token and layer
+//   g   = R_g^T (diag(rs) Q_gate diag(cs)) xr  gate rows (Q from the codes, see below)
+//   u   = R_g^T (diag(rs) Q_up   diag(cs)) xr  up rows
+//   h   = R_dc (silu(g) * u)                  into the down projection's rotated domain
+//   y' += w * diag(rs) Q_down diag(cs) h
+//   out[t] = R_dr^T y'                         output rotation, once per token and layer
+// which is sum_k w_k * expert_k(x[t]) with each expert's dense weights W = R_rows^T W' R_cols
+// (services/quant/hadamard.h; W' = diag(rs) Q diag(cs) is what nested_scalar_v1 codes).
+// The shared expert is not part of this op (callers add it); the benchmark passes it as one more
+// expert with weight 1.
+//
+// Codes: each projection of each expert has a 2-bit base plane (codec.h's PackCodes layout:
+// row-major, 4 codes per byte, code k at bits 2*(k%4)). Q[i][j] = levels[b] at 2 bits and
+// levels[4 + 4b + r] at 4 bits, where r is the code from the residual plane. An expert runs at 4
+// bits exactly when slot_of_expert[e] names a slot (0 <= s < num_slots); its residual planes are
+// read in place from that slot of the arena, at each projection's residual_offset. That choice
+// is made per expert where the op runs (on the device for CUDA): the host never waits on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace nq::kernels {
+
+// The level table of one matrix: kNqBaseLevels base levels c_b, then the kNqLevels4 4-bit levels
+// c_b + d_{b,r} at index 4b + r (computed in float as the CPU decoder does, so the dequantised
+// weight is bit-identical to quant::NestedScalarCodec::Decode before its unrotation).
+inline constexpr int kNqBaseLevels = 4;
+inline constexpr int kNqLevels4 = 16;
+inline constexpr int kNqLevelTable = kNqBaseLevels + kNqLevels4;
+
+// One projection (gate_proj, up_proj or down_proj) of every routed expert of a layer.
+struct NqProjection {
+  Tensor base;        // U8 [E, rows * cols / 4]
+  Tensor row_scales;  // F32 [E, rows]
+  Tensor col_scales;  // F32 [E, cols]
+  Tensor levels;      // F32 [E, kNqLevelTable]
+  // Byte offset of this projection's residual plane (rows * cols / 4 bytes) inside a slot.
+  std::int64_t residual_offset = 0;
+};
+
+// A random-sign Hadamard rotation: x -> blockdiag(H_block) diag(signs) x (hadamard.h).
+struct NqRotation {
+  Tensor signs;  // F32 [n], each +1 or -1
+  std::int64_t block = 0;
+};
+
+// A layer's routed experts: E experts, hidden size D, intermediate size I (this rank's slice).
+// gate/up are [I, D], down is [D, I].
+struct NqMoeWeights {
+  std::int64_t hidden = 0;
+  std::int64_t intermediate = 0;
+  std::int64_t num_experts = 0;
+  NqProjection gate;
+  NqProjection up;
+  NqProjection down;
+  NqRotation input;      // columns of gate/up (width D)
+  NqRotation gate_rows;  // rows of gate/up (width I)
+  NqRotation down_cols;  // columns of down (width I)
+  NqRotation down_rows;  // rows of down (width D)
+};
+
+// Where residual planes live: the layer's slot table and the slot arena it points into. The
+// arena is memory of the backend's kind (device memory for CUDA: the worker's DeviceArena;
+// host memory for CPU), owned by whoever registered it, num_slots * slot_bytes long.
+struct NqSlots {
+  const Tensor* slot_of_expert = nullptr;  // I32 [E]; -1 (or any value outside the arena) = 2 bits
+  const std::byte* arena = nullptr;
+  std::int64_t slot_bytes = 0;
+  std::int64_t num_slots = 0;
+};
+
+// Bytes of a packed 2-bit plane of rows x cols codes.
+inline std::int64_t NqPlaneBytes(std::int64_t rows, std::int64_t cols) { return (rows * cols + 3) / 4; }
+
+}  // namespace nq::kernels

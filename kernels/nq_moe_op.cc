@@ -1,0 +1,135 @@
+// Backend::NqMoe: validation of the NestQuant MoE op's tensors (kernels/nq_moe.h) into the raw
+// NqMoeParams both backends run from, and the default hook for a backend without the op.
+#include <bit>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/common/status_macros.h"
+
+namespace nq::kernels {
+namespace {
+
+constexpr absl::string_view kOp = "NqMoe";
+
+absl::Status ExpectShape(absl::string_view arg, const Tensor& t, DType dtype, const Shape& shape) {
+  if (t.dtype() != dtype || t.shape() != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", arg, " is ", t.DebugString(), ", want ",
+                                                   DTypeName(dtype), shape.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRotation(absl::string_view arg, const NqRotation& r, std::int64_t n) {
+  RETURN_IF_ERROR(ExpectShape(absl::StrCat(arg, ".signs"), r.signs, DType::kF32, Shape{n}));
+  if (r.block < 2 || !std::has_single_bit(static_cast<std::uint64_t>(r.block)) || n % r.block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", arg, ".block ", r.block,
+                                                   " must be a power of two >= 2 dividing ", n));
+  }
+  return absl::OkStatus();
+}
+
+NqProjectionView View(const NqProjection& p) {
+  return {.base = p.base.data_as<std::uint8_t>(),
+          .row_scales = p.row_scales.data_as<float>(),
+          .col_scales = p.col_scales.data_as<float>(),
+          .levels = p.levels.data_as<float>(),
+          .residual_offset = p.residual_offset};
+}
+
+NqRotationView View(const NqRotation& r) { return {.signs = r.signs.data_as<float>(), .block = r.block}; }
+
+}  // namespace
+
+absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
+                            const NqMoeWeights& w, const NqSlots& slots, Tensor& out) {
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckOwned(kOp, "expert_ids", expert_ids));
+  RETURN_IF_ERROR(CheckOwned(kOp, "expert_weights", expert_weights));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  const std::int64_t D = w.hidden, I = w.intermediate, E = w.num_experts;
+  if (D <= 0 || I <= 0 || E <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": hidden ", D, ", intermediate ", I, " and num_experts ", E, " must be positive"));
+  }
+  if (x.shape().rank() != 2 || x.shape().dim(1) != D || x.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": x is ", x.DebugString(), ", want F32[T, ", D, "]"));
+  }
+  const std::int64_t T = x.shape().dim(0);
+  if (expert_ids.shape().rank() != 2 || expert_ids.shape().dim(0) != T || expert_ids.shape().dim(1) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": expert_ids is ", expert_ids.DebugString(), ", want I32[", T, ", K] with K >= 1"));
+  }
+  const std::int64_t K = expert_ids.shape().dim(1);
+  RETURN_IF_ERROR(ExpectShape("expert_ids", expert_ids, DType::kI32, Shape{T, K}));
+  RETURN_IF_ERROR(ExpectShape("expert_weights", expert_weights, DType::kF32, Shape{T, K}));
+  RETURN_IF_ERROR(ExpectShape("out", out, DType::kF32, Shape{T, D}));
+  if (out.data() == x.data()) return absl::InvalidArgumentError(absl::StrCat(kOp, ": out must not alias x"));
+
+  struct Named {
+    const char* name;
+    const NqProjection* p;
+    std::int64_t rows, cols;
+  };
+  for (const Named& n : {Named{"gate", &w.gate, I, D}, Named{"up", &w.up, I, D}, Named{"down", &w.down, D, I}}) {
+    for (const Tensor* t : {&n.p->base, &n.p->row_scales, &n.p->col_scales, &n.p->levels}) {
+      RETURN_IF_ERROR(CheckOwned(kOp, n.name, *t));
+    }
+    RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".base"), n.p->base, DType::kU8, Shape{E, NqPlaneBytes(n.rows, n.cols)}));
+    RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".row_scales"), n.p->row_scales, DType::kF32, Shape{E, n.rows}));
+    RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".col_scales"), n.p->col_scales, DType::kF32, Shape{E, n.cols}));
+    RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".levels"), n.p->levels, DType::kF32, Shape{E, kNqLevelTable}));
+    // Residual planes are read 4 bytes at a time by the CUDA kernels.
+    if (slots.arena != nullptr &&
+        (n.p->residual_offset < 0 || n.p->residual_offset % 4 != 0 ||
+         n.p->residual_offset + NqPlaneBytes(n.rows, n.cols) > slots.slot_bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", n.name, " residual plane at offset ",
+                                                     n.p->residual_offset, " (", NqPlaneBytes(n.rows, n.cols),
+                                                     " bytes) does not fit a ", slots.slot_bytes,
+                                                     "-byte slot 4-byte aligned"));
+    }
+  }
+  RETURN_IF_ERROR(CheckRotation("input", w.input, D));
+  RETURN_IF_ERROR(CheckRotation("gate_rows", w.gate_rows, I));
+  RETURN_IF_ERROR(CheckRotation("down_cols", w.down_cols, I));
+  RETURN_IF_ERROR(CheckRotation("down_rows", w.down_rows, D));
+  for (const NqRotation* r : {&w.input, &w.gate_rows, &w.down_cols, &w.down_rows}) {
+    RETURN_IF_ERROR(CheckOwned(kOp, "rotation signs", r->signs));
+  }
+  if (slots.slot_of_expert == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": slots.slot_of_expert is required (all -1 for 2 bits)"));
+  }
+  RETURN_IF_ERROR(CheckOwned(kOp, "slot_of_expert", *slots.slot_of_expert));
+  RETURN_IF_ERROR(ExpectShape("slot_of_expert", *slots.slot_of_expert, DType::kI32, Shape{E}));
+  if (slots.arena != nullptr && (slots.num_slots < 0 || slots.slot_bytes <= 0 || slots.slot_bytes % 4 != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": arena of ", slots.num_slots, " slots of ", slots.slot_bytes,
+                                                   " bytes (slot_bytes must be a positive multiple of 4)"));
+  }
+  if (T == 0) return absl::OkStatus();
+  return DoNqMoe({.tokens = T,
+                  .top_k = K,
+                  .hidden = D,
+                  .intermediate = I,
+                  .num_experts = E,
+                  .x = x.data_as<float>(),
+                  .expert_ids = expert_ids.data_as<std::int32_t>(),
+                  .expert_weights = expert_weights.data_as<float>(),
+                  .out = out.data_as<float>(),
+                  .gate = View(w.gate),
+                  .up = View(w.up),
+                  .down = View(w.down),
+                  .input = View(w.input),
+                  .gate_rows = View(w.gate_rows),
+                  .down_cols = View(w.down_cols),
+                  .down_rows = View(w.down_rows),
+                  .slot_of_expert = slots.slot_of_expert->data_as<std::int32_t>(),
+                  .arena = reinterpret_cast<const std::uint8_t*>(slots.arena),
+                  .slot_bytes = slots.arena == nullptr ? 0 : slots.slot_bytes,
+                  .num_slots = slots.arena == nullptr ? 0 : slots.num_slots});
+}
+
+absl::Status Backend::DoNqMoe(const NqMoeParams&) {
+  return absl::UnimplementedError(absl::StrCat("NqMoe is not implemented by the ", std::string(name()), " backend"));
+}
+
+}  // namespace nq::kernels

@@ -1,0 +1,48 @@
+// The NestQuant MoE op's arguments as raw pointers, after Backend::NqMoe has validated them
+// (kernels/nq_moe.h states the math). Shared by the CPU reference and the CUDA kernels, so it
+// includes nothing but <cstdint>. Pointers are memory of the backend that runs the op.
+#pragma once
+
+#include <cstdint>
+
+namespace nq::kernels {
+
+struct NqProjectionView {
+  const std::uint8_t* base = nullptr;  // [E][rows * cols / 4] packed 2-bit codes
+  const float* row_scales = nullptr;   // [E][rows]
+  const float* col_scales = nullptr;   // [E][cols]
+  const float* levels = nullptr;       // [E][kNqLevelTable]
+  std::int64_t residual_offset = 0;    // inside a slot
+};
+
+struct NqRotationView {
+  const float* signs = nullptr;  // [n]
+  std::int64_t block = 0;        // power of two dividing n
+};
+
+struct NqMoeParams {
+  std::int64_t tokens = 0;        // T
+  std::int64_t top_k = 0;         // K assignments per token
+  std::int64_t hidden = 0;        // D
+  std::int64_t intermediate = 0;  // I
+  std::int64_t num_experts = 0;   // E
+  const float* x = nullptr;                  // [T, D]
+  const std::int32_t* expert_ids = nullptr;  // [T, K]; distinct within a token
+  const float* expert_weights = nullptr;     // [T, K]
+  float* out = nullptr;                      // [T, D]; must not alias x
+  NqProjectionView gate, up, down;
+  NqRotationView input, gate_rows, down_cols, down_rows;
+  const std::int32_t* slot_of_expert = nullptr;  // [E]
+  const std::uint8_t* arena = nullptr;           // num_slots * slot_bytes
+  std::int64_t slot_bytes = 0;
+  std::int64_t num_slots = 0;
+};
+
+// The residual plane of `projection` for expert e, or null when e runs at 2 bits.
+inline const std::uint8_t* NqResidualPlane(const NqMoeParams& p, const NqProjectionView& projection,
+                                           std::int32_t slot) {
+  if (p.arena == nullptr || slot < 0 || slot >= p.num_slots) return nullptr;
+  return p.arena + slot * p.slot_bytes + projection.residual_offset;
+}
+
+}  // namespace nq::kernels

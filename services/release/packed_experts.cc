@@ -1,0 +1,169 @@
+#include "services/release/packed_experts.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/tensor_io.h"
+#include "services/common/status_macros.h"
+#include "services/quant/hadamard.h"
+#include "services/quant/nested_codebook.h"
+#include "services/quant/nested_scalar_codec.h"
+#include "services/release/release_encoder.h"
+
+namespace nq::release {
+namespace {
+
+struct HostProjection {
+  int64_t rows = 0, cols = 0;
+  std::vector<uint8_t> base;
+  std::vector<float> row_scales, col_scales, levels;
+  quant::RotationParams rotation;
+};
+
+// The level table of kernels/nq_moe.h: the 4 base levels, then base[b] + residual[4b + r] added
+// in float as NestedScalarCodec::Decode adds them.
+absl::Status AppendLevels(const quant::CodecParams& p, const std::string& what, std::vector<float>& levels) {
+  if (p.base_codebook.size() != quant::kBaseLevels ||
+      p.residual_codebook.size() != quant::kBaseLevels * quant::kResidualLevels) {
+    return absl::DataLossError(absl::StrCat(what, ": codebooks of ", p.base_codebook.size(), " and ",
+                                            p.residual_codebook.size(), " levels, want 4 and 16"));
+  }
+  levels.insert(levels.end(), p.base_codebook.begin(), p.base_codebook.end());
+  for (int b = 0; b < quant::kBaseLevels; ++b) {
+    for (int r = 0; r < quant::kResidualLevels; ++r) {
+      float v = p.base_codebook[b];
+      v += p.residual_codebook[b * quant::kResidualLevels + r];
+      levels.push_back(v);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<HostProjection> ReadProjection(const model::SafetensorsFile& resident, const std::string& codec,
+                                              uint32_t experts, const std::string& projection) {
+  HostProjection h;
+  for (uint32_t e = 0; e < experts; ++e) {
+    ASSIGN_OR_RETURN(quant::EncodedMatrix m, LoadResidentExpert(resident, codec, e, projection));
+    const std::string what = absl::StrCat(resident.path(), ": expert ", e, " ", projection);
+    if (e == 0) {
+      h.rows = m.rows;
+      h.cols = m.cols;
+      h.rotation = m.params.rotation;
+    } else if (m.rows != h.rows || m.cols != h.cols) {
+      return absl::FailedPreconditionError(absl::StrCat(what, " is ", m.rows, " x ", m.cols, ", expert 0's ", h.rows,
+                                                        " x ", h.cols));
+    } else if (m.params.rotation.row_block != h.rotation.row_block ||
+               m.params.rotation.col_block != h.rotation.col_block ||
+               m.params.rotation.row_sign_seed != h.rotation.row_sign_seed ||
+               m.params.rotation.col_sign_seed != h.rotation.col_sign_seed) {
+      // The kernels rotate a layer's input once and its output once: one rotation per layer.
+      return absl::FailedPreconditionError(absl::StrCat(what, " is rotated unlike expert 0 of its layer"));
+    }
+    if (static_cast<int64_t>(m.base_codes.size()) != kernels::NqPlaneBytes(m.rows, m.cols)) {
+      return absl::DataLossError(absl::StrCat(what, ": base plane of ", m.base_codes.size(), " bytes, want ",
+                                              kernels::NqPlaneBytes(m.rows, m.cols)));
+    }
+    h.base.insert(h.base.end(), m.base_codes.begin(), m.base_codes.end());
+    h.row_scales.insert(h.row_scales.end(), m.row_scales.begin(), m.row_scales.end());
+    h.col_scales.insert(h.col_scales.end(), m.col_scales.begin(), m.col_scales.end());
+    RETURN_IF_ERROR(AppendLevels(m.params, what, h.levels));
+  }
+  return h;
+}
+
+absl::StatusOr<kernels::NqProjection> Upload(const HostProjection& h, int64_t experts,
+                                             const format::RecordLayout& layout, const std::string& projection,
+                                             kernels::Backend& backend, int64_t& bytes) {
+  kernels::NqProjection p;
+  ASSIGN_OR_RETURN(p.base, backend.Allocate(kernels::DType::kU8, kernels::Shape{experts, kernels::NqPlaneBytes(h.rows, h.cols)}));
+  RETURN_IF_ERROR(backend.CopyFromHost(std::as_bytes(std::span<const uint8_t>(h.base)), p.base));
+  ASSIGN_OR_RETURN(p.row_scales, kernels::UploadFloats(backend, h.row_scales, kernels::DType::kF32, {experts, h.rows}));
+  ASSIGN_OR_RETURN(p.col_scales, kernels::UploadFloats(backend, h.col_scales, kernels::DType::kF32, {experts, h.cols}));
+  ASSIGN_OR_RETURN(p.levels, kernels::UploadFloats(backend, h.levels, kernels::DType::kF32, {experts, kernels::kNqLevelTable}));
+  ASSIGN_OR_RETURN(format::Segment segment, layout.Find(projection + ".residual"));
+  if (static_cast<int64_t>(segment.bytes) != kernels::NqPlaneBytes(h.rows, h.cols)) {
+    return absl::DataLossError(absl::StrCat(projection, ".residual segment of ", segment.bytes, " bytes, want ",
+                                            kernels::NqPlaneBytes(h.rows, h.cols)));
+  }
+  p.residual_offset = static_cast<int64_t>(segment.offset);
+  bytes += static_cast<int64_t>(p.base.nbytes() + p.row_scales.nbytes() + p.col_scales.nbytes() + p.levels.nbytes());
+  return p;
+}
+
+absl::StatusOr<kernels::NqRotation> Rotation(uint64_t seed, int64_t n, int64_t block, kernels::Backend& backend,
+                                             int64_t& bytes) {
+  kernels::NqRotation r;
+  ASSIGN_OR_RETURN(r.signs, kernels::UploadFloats(backend, quant::RandomSigns(seed, n), kernels::DType::kF32, {n}));
+  r.block = block;
+  bytes += static_cast<int64_t>(r.signs.nbytes());
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<model::PackedExperts> LoadPackedExperts(const ReleaseExpertDecoder& decoder, uint32_t layer,
+                                                       kernels::Backend& backend) {
+  const std::string& codec = decoder.release().manifest().codec;
+  if (codec != quant::kNestedScalarV1) {
+    return absl::FailedPreconditionError(absl::StrCat("release codec '", codec, "' has no packed MoE kernel (have: ",
+                                                      quant::kNestedScalarV1, ")"));
+  }
+  const uint32_t E = decoder.release().manifest().experts_per_layer;
+  ASSIGN_OR_RETURN(const format::LayerEntry* entry, decoder.Layer(layer));
+  ASSIGN_OR_RETURN(const model::SafetensorsFile* resident, decoder.Resident(layer));
+  ASSIGN_OR_RETURN(HostProjection gate, ReadProjection(*resident, codec, E, "gate_proj"));
+  ASSIGN_OR_RETURN(HostProjection up, ReadProjection(*resident, codec, E, "up_proj"));
+  ASSIGN_OR_RETURN(HostProjection down, ReadProjection(*resident, codec, E, "down_proj"));
+  const quant::RotationParams& g = gate.rotation;
+  const quant::RotationParams& u = up.rotation;
+  if (up.rows != gate.rows || up.cols != gate.cols || u.row_block != g.row_block || u.col_block != g.col_block ||
+      u.row_sign_seed != g.row_sign_seed || u.col_sign_seed != g.col_sign_seed || down.rows != gate.cols ||
+      down.cols != gate.rows) {
+    return absl::FailedPreconditionError(absl::StrCat("layer ", layer, ": gate/up/down shapes or rotations disagree (",
+                                                      gate.rows, "x", gate.cols, ", ", up.rows, "x", up.cols, ", ",
+                                                      down.rows, "x", down.cols, ")"));
+  }
+  model::PackedExperts packed;
+  kernels::NqMoeWeights& w = packed.weights;
+  w.hidden = gate.cols;
+  w.intermediate = gate.rows;
+  w.num_experts = E;
+  int64_t& bytes = packed.packed_bytes;
+  ASSIGN_OR_RETURN(w.gate, Upload(gate, E, entry->layout, "gate_proj", backend, bytes));
+  ASSIGN_OR_RETURN(w.up, Upload(up, E, entry->layout, "up_proj", backend, bytes));
+  ASSIGN_OR_RETURN(w.down, Upload(down, E, entry->layout, "down_proj", backend, bytes));
+  ASSIGN_OR_RETURN(w.input, Rotation(g.col_sign_seed, w.hidden, g.col_block, backend, bytes));
+  ASSIGN_OR_RETURN(w.gate_rows, Rotation(g.row_sign_seed, w.intermediate, g.row_block, backend, bytes));
+  ASSIGN_OR_RETURN(w.down_cols, Rotation(down.rotation.col_sign_seed, w.intermediate, down.rotation.col_block, backend, bytes));
+  ASSIGN_OR_RETURN(w.down_rows, Rotation(down.rotation.row_sign_seed, w.hidden, down.rotation.row_block, backend, bytes));
+  packed.record_bytes = static_cast<int64_t>(entry->layout.rec_bytes);
+  return packed;
+}
+
+absl::Status AttachRecords(const ReleaseExpertDecoder& decoder, uint32_t layer, std::span<const uint32_t> experts,
+                           kernels::Backend& backend, model::PackedExperts& packed) {
+  packed.static_slots.assign(static_cast<size_t>(packed.weights.num_experts), -1);
+  if (experts.empty()) {
+    packed.records = kernels::Tensor();
+    return absl::OkStatus();
+  }
+  const int64_t rec = packed.record_bytes;
+  std::vector<std::byte> host(static_cast<size_t>(rec) * experts.size());
+  for (size_t i = 0; i < experts.size(); ++i) {
+    if (experts[i] >= packed.weights.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("expert ", experts[i], " of layer ", layer, " out of range"));
+    }
+    ASSIGN_OR_RETURN(std::vector<std::byte> record, decoder.release().ReadRecord(decoder.rank(), layer, experts[i]));
+    if (static_cast<int64_t>(record.size()) != rec) {
+      return absl::DataLossError(absl::StrCat("record of layer ", layer, " expert ", experts[i], " has ", record.size(),
+                                              " bytes, want ", rec));
+    }
+    std::copy(record.begin(), record.end(), host.begin() + static_cast<int64_t>(i) * rec);
+    packed.static_slots[experts[i]] = static_cast<int32_t>(i);
+  }
+  ASSIGN_OR_RETURN(packed.records, backend.Allocate(kernels::DType::kU8, kernels::Shape{static_cast<int64_t>(host.size())}));
+  return backend.CopyFromHost(host, packed.records);
+}
+
+}  // namespace nq::release

@@ -1,0 +1,281 @@
+// nq_moe_bench: the NestQuant MoE block on the GPU at DeepSeek-V3 and GLM-5 shapes (issue #12;
+// results and how to rerun them: bench/README.md). A measurement, not a test: it prints one
+// line per case with microseconds per block (a CUDA graph of the whole block, replayed), the
+// weight bytes the block must read, and their rate over the device-to-device copy bandwidth
+// measured in the same run.
+//
+//   nq_moe_bench [--quick]     (--quick: 1 and 4 tokens only)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/nq_moe.cuh"
+#include "kernels/cuda/nq_moe_prefill.cuh"
+#include "kernels/tensor_io.h"
+
+namespace nq::kernels {
+namespace {
+
+#define BENCH_CHECK(expr)                                                            \
+  do {                                                                               \
+    const cudaError_t e_ = (expr);                                                   \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));               \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+#define BENCH_OK(expr)                                                               \
+  do {                                                                               \
+    const absl::Status s_ = (expr);                                                  \
+    if (!s_.ok()) {                                                                  \
+      std::fprintf(stderr, "%s: %s\n", #expr, std::string(s_.message()).c_str());   \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+struct DeviceBytes {
+  void* p = nullptr;
+  explicit DeviceBytes(std::size_t n) { BENCH_CHECK(cudaMalloc(&p, n)); }
+  ~DeviceBytes() { cudaFree(p); }
+};
+
+// Fills device memory with pseudo-random bytes (xorshift64 on the host, copied in 64 MiB pieces).
+void FillRandom(void* dst, std::size_t bytes, std::uint64_t seed) {
+  constexpr std::size_t kPiece = 64 << 20;
+  std::vector<std::uint64_t> host(kPiece / 8);
+  std::uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (std::size_t off = 0; off < bytes; off += kPiece) {
+    for (auto& v : host) {
+      s ^= s << 13;
+      s ^= s >> 7;
+      s ^= s << 17;
+      v = s;
+    }
+    BENCH_CHECK(cudaMemcpy(static_cast<char*>(dst) + off, host.data(), std::min(kPiece, bytes - off),
+                           cudaMemcpyHostToDevice));
+  }
+}
+
+float* UploadFloats(const std::vector<float>& v) {
+  void* p = nullptr;
+  BENCH_CHECK(cudaMalloc(&p, v.size() * sizeof(float)));
+  BENCH_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return static_cast<float*>(p);
+}
+
+double CopyBandwidth() {
+  constexpr std::size_t kBytes = std::size_t{2} << 30;
+  DeviceBytes a(kBytes), b(kBytes);
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
+  constexpr int kIters = 10;
+  BENCH_CHECK(cudaEventRecord(start));
+  for (int i = 0; i < kIters; ++i) BENCH_CHECK(cudaMemcpyAsync(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
+  BENCH_CHECK(cudaEventRecord(stop));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  return 2.0 * kBytes * kIters / (ms * 1e-3);  // read + write, bytes per second
+}
+
+struct Model {
+  const char* name;
+  std::int64_t hidden, intermediate, routed, top_k;
+};
+
+struct Layer {
+  NqMoeParams p;  // pointers filled, per-case fields set later
+  std::int64_t slot_bytes = 0;
+  std::vector<void*> owned;
+};
+
+Layer MakeLayer(const Model& m, std::int64_t experts) {
+  Layer l;
+  const std::int64_t D = m.hidden, I = m.intermediate, plane = NqPlaneBytes(I, D);
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> scale(0.02f, 0.06f), col(0.5f, 1.5f);
+  auto floats = [&](std::int64_t n, std::uniform_real_distribution<float>& d) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = d(rng);
+    float* p = UploadFloats(v);
+    l.owned.push_back(p);
+    return p;
+  };
+  std::vector<float> levels;
+  const float design[4] = {-1.51f, -0.453f, 0.453f, 1.51f}, offsets[4] = {-0.25f, -0.08f, 0.08f, 0.25f};
+  for (std::int64_t e = 0; e < experts; ++e) {
+    levels.insert(levels.end(), design, design + 4);
+    for (int b = 0; b < 4; ++b) {
+      for (int r = 0; r < 4; ++r) levels.push_back(design[b] + offsets[r]);
+    }
+  }
+  auto projection = [&](std::int64_t rows, std::int64_t cols, std::int64_t offset) {
+    NqProjectionView v;
+    void* base = nullptr;
+    BENCH_CHECK(cudaMalloc(&base, experts * plane));
+    FillRandom(base, experts * plane, rows * 31 + cols + offset);
+    l.owned.push_back(base);
+    v.base = static_cast<const std::uint8_t*>(base);
+    v.row_scales = floats(experts * rows, scale);
+    v.col_scales = floats(experts * cols, col);
+    float* lv = UploadFloats(levels);
+    l.owned.push_back(lv);
+    v.levels = lv;
+    v.residual_offset = offset;
+    return v;
+  };
+  const std::int64_t seg = (plane + 255) / 256 * 256;
+  l.slot_bytes = (3 * seg + 4095) / 4096 * 4096;
+  l.p.hidden = D;
+  l.p.intermediate = I;
+  l.p.num_experts = experts;
+  l.p.gate = projection(I, D, 0);
+  l.p.up = projection(I, D, seg);
+  l.p.down = projection(D, I, 2 * seg);
+  std::bernoulli_distribution coin(0.5);
+  auto signs = [&](std::int64_t n) {
+    std::vector<float> s(static_cast<size_t>(n));
+    for (auto& v : s) v = coin(rng) ? 1.0f : -1.0f;
+    float* p = UploadFloats(s);
+    l.owned.push_back(p);
+    return p;
+  };
+  l.p.input = {signs(D), 128};
+  l.p.gate_rows = {signs(I), 128};
+  l.p.down_cols = {signs(I), 512};
+  l.p.down_rows = {signs(D), 128};
+  void* arena = nullptr;
+  BENCH_CHECK(cudaMalloc(&arena, experts * l.slot_bytes));
+  FillRandom(arena, experts * l.slot_bytes, 99);
+  l.owned.push_back(arena);
+  l.p.arena = static_cast<const std::uint8_t*>(arena);
+  l.p.slot_bytes = l.slot_bytes;
+  l.p.num_slots = experts;
+  return l;
+}
+
+void RunCase(const Model& m, Layer& l, std::int64_t tokens, int mode, double copy_bw, cudaStream_t stream,
+             void* workspace, std::size_t workspace_bytes) {
+  const std::int64_t E = l.p.num_experts, K = m.top_k + 1;  // + the shared expert (id E - 1)
+  std::mt19937_64 rng(tokens * 3 + mode);
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+  std::vector<std::int32_t> all(static_cast<size_t>(m.routed));
+  std::iota(all.begin(), all.end(), 0);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    ids.insert(ids.end(), all.begin(), all.begin() + m.top_k);
+    ids.push_back(static_cast<std::int32_t>(E - 1));
+    for (std::int64_t k = 0; k < K; ++k) weights.push_back(k + 1 == K ? 1.0f : 0.3f);
+  }
+  std::vector<std::int32_t> slots(static_cast<size_t>(E), -1);
+  std::bernoulli_distribution coin(0.5);
+  for (std::int64_t e = 0; e < E; ++e) {
+    if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = static_cast<std::int32_t>(e);
+  }
+  // The path the CUDA backend takes (cuda_backend.cu) and the weight bytes it must read: each
+  // distinct expert of each chunk once (decode: 4 tokens; prefill: once per 64-token tile, counted
+  // here once per chunk, the floor).
+  const bool prefill = tokens >= cuda::kNqPrefillMinTokens;
+  const std::int64_t chunk = prefill ? cuda::kNqPrefillChunk : cuda::kNqMaxDecodeTokens;
+  double bytes = 0, flops = 0;
+  const std::int64_t plane = NqPlaneBytes(m.intermediate, m.hidden);
+  flops = 2.0 * tokens * K * 3.0 * m.intermediate * m.hidden;
+  for (std::int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    std::set<std::int32_t> distinct(ids.begin() + t0 * K, ids.begin() + std::min(tokens, t0 + chunk) * K);
+    for (std::int32_t e : distinct) {
+      bytes += 3.0 * plane * (slots[e] >= 0 ? 2 : 1) + 4.0 * (3 * m.intermediate + 3 * m.hidden) + 4 * 20 * 3;
+    }
+  }
+  NqMoeParams p = l.p;
+  p.tokens = tokens;
+  p.top_k = K;
+  std::vector<float> x(static_cast<size_t>(tokens * m.hidden));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto& v : x) v = normal(rng);
+  float* dx = UploadFloats(x);
+  float* dw = UploadFloats(weights);
+  void* dids = nullptr;
+  BENCH_CHECK(cudaMalloc(&dids, ids.size() * 4));
+  BENCH_CHECK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  void* dslots = nullptr;
+  BENCH_CHECK(cudaMalloc(&dslots, slots.size() * 4));
+  BENCH_CHECK(cudaMemcpy(dslots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+  void* dout = nullptr;
+  BENCH_CHECK(cudaMalloc(&dout, x.size() * 4));
+  p.x = dx;
+  p.expert_weights = dw;
+  p.expert_ids = static_cast<const std::int32_t*>(dids);
+  p.slot_of_expert = static_cast<const std::int32_t*>(dslots);
+  p.out = static_cast<float*>(dout);
+  const cuda::LaunchContext ctx{.stream = stream, .num_sms = 132};
+  auto launch = [&] {
+    return prefill ? cuda::LaunchNqMoePrefill(p, workspace, workspace_bytes, ctx)
+                   : cuda::LaunchNqMoe(p, workspace, workspace_bytes, ctx);
+  };
+  BENCH_OK(launch());  // warm-up, outside capture
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  BENCH_OK(launch());
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  const int iters = tokens <= 4 ? 200 : 10;
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iters; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaEventRecord(stop, stream));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  const double us = ms * 1e3 / iters;
+  const char* mode_name[] = {"2-bit", "4-bit", "half/half"};
+  std::printf("%-5s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s\n",
+              m.name, static_cast<long long>(tokens), mode_name[mode], prefill ? "prefill" : "decode", us,
+              bytes / 1e6, bytes / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / copy_bw, flops / (us * 1e-6) / 1e12);
+  std::fflush(stdout);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (void* q : {static_cast<void*>(dx), static_cast<void*>(dw), dids, dslots, dout}) cudaFree(q);
+}
+
+}  // namespace
+}  // namespace nq::kernels
+
+int main(int argc, char** argv) {
+  using namespace nq::kernels;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const double copy_bw = CopyBandwidth();
+  std::printf("device-to-device copy: %.2f TB/s (read + write)\n", copy_bw / 1e12);
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (const Model& m : {Model{"dsv3", 7168, 2048, 32, 8}, Model{"glm5", 6144, 2048, 256, 8}}) {
+    Layer layer = MakeLayer(m, m.routed + 1);
+    const std::size_t ws_bytes =
+        std::max(cuda::NqMoeWorkspaceBytes(m.top_k + 1, m.hidden, m.intermediate),
+                 cuda::NqMoePrefillWorkspaceBytes(m.top_k + 1, m.hidden, m.intermediate, m.routed + 1));
+    DeviceBytes ws(ws_bytes);
+    for (const std::int64_t tokens : {1, 4, 512, 4096}) {
+      if (quick && tokens > 4) continue;
+      for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, tokens, mode, copy_bw, stream, ws.p, ws_bytes);
+    }
+    for (void* p : layer.owned) cudaFree(p);
+  }
+  return 0;
+}

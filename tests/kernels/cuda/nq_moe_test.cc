@@ -1,0 +1,94 @@
+// CUDA NqMoe vs the CPU backend's (itself checked against a dense reference in cpu_ops_test):
+// 1, 4 and 512 tokens, every expert at 2 bits, at 4 bits, and a random mix; tokens that share
+// experts; a chunk boundary. Tolerance: 2e-3 of the largest output (issue #12), which covers the
+// fp16 weights and inputs of the GEMV.
+#include <algorithm>
+#include <cstdlib>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/kernels/cuda/backend_pair.h"
+#include "tests/kernels/nq_moe_fixture.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::ErrorSummary;
+using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::NormalizedError;
+using ::nq::kernels::testing::RandomNormal;
+using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadI32;
+
+constexpr double kTolerance = 2e-3;
+
+std::vector<float> RunNqMoe(Backend& backend, const testing::NqMoeHost& host, std::span<const std::int32_t> slots,
+                       const std::vector<float>& x, const std::vector<std::int32_t>& ids, const std::vector<float>& w,
+                       std::int64_t top_k) {
+  const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
+  testing::NqMoeDevice layer = testing::UploadNqMoe(backend, host, slots);
+  Tensor tx = Upload(backend, x, DType::kF32, {T, host.hidden});
+  Tensor tids = UploadI32(backend, ids, {T, top_k});
+  Tensor tw = Upload(backend, w, DType::kF32, {T, top_k});
+  absl::StatusOr<Tensor> out = backend.Allocate(DType::kF32, Shape{T, host.hidden});
+  EXPECT_TRUE(out.ok());
+  const absl::Status run = backend.NqMoe(tx, tids, tw, layer.weights, layer.slots, *out);
+  EXPECT_TRUE(run.ok()) << run;
+  return Download(backend, *out);
+}
+
+TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4301);
+  ErrorSummary summary("NqMoe", kTolerance);
+  struct Shape3 {
+    std::int64_t hidden, intermediate, experts, top_k;
+  };
+  // Under compute-sanitizer (NQ_SANITIZE_SMALL=1) the small shapes only: the tools slow kernels
+  // down a hundredfold. glm5_nano's shape (D 256, I 64, 32 experts, top-4 + shared) is one case.
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  for (const Shape3 s : {Shape3{256, 64, 33, 5}, Shape3{64, 16, 8, 2}, Shape3{256, 128, 16, 4}, Shape3{1024, 256, 32, 8}}) {
+    if (small && s.hidden > 256) continue;
+    const testing::NqMoeHost host = testing::RandomNqMoe(rng, s.hidden, s.intermediate, s.experts);
+    for (const std::int64_t tokens : {1, 4, 7, 512}) {
+      if (tokens == 512 && (s.hidden > 256 || small)) continue;  // the CPU oracle's time, not the kernel's limit
+      const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
+      std::vector<std::int32_t> ids;
+      std::vector<float> w;
+      std::vector<std::int32_t> all(static_cast<size_t>(s.experts));
+      for (std::int64_t e = 0; e < s.experts; ++e) all[e] = static_cast<std::int32_t>(e);
+      std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        // Draw from the first 2K experts only, so tokens of a chunk share experts.
+        std::shuffle(all.begin(), all.begin() + std::min<std::int64_t>(2 * s.top_k, s.experts), rng);
+        for (std::int64_t k = 0; k < s.top_k; ++k) {
+          ids.push_back(all[k]);
+          w.push_back(weight(rng));
+        }
+      }
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<std::int32_t> slots(static_cast<size_t>(s.experts), -1);
+        std::bernoulli_distribution coin(0.5);
+        std::int32_t next = 0;
+        for (std::int64_t e = 0; e < s.experts; ++e) {
+          if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = next++;
+        }
+        const std::vector<float> want = RunNqMoe(*Backends().cpu, host, slots, x, ids, w, s.top_k);
+        const std::vector<float> got = RunNqMoe(*Backends().cuda, host, slots, x, ids, w, s.top_k);
+        const double error = NormalizedError(got, want);
+        SCOPED_TRACE(absl::StrCat("D ", s.hidden, " I ", s.intermediate, " E ", s.experts, " K ", s.top_k, " T ",
+                                  tokens, " mode ", mode));
+        summary.Add(error);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nq::kernels

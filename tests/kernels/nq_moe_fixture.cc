@@ -1,0 +1,215 @@
+#include "tests/kernels/nq_moe_fixture.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/tensor_io.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels::testing {
+namespace {
+
+constexpr std::int64_t kSegmentAlign = 256;  // record segments start on 256-byte boundaries
+constexpr std::int64_t kRecordAlign = 4096;  // records are whole O_DIRECT pages
+
+std::int64_t RoundUp(std::int64_t v, std::int64_t a) { return (v + a - 1) / a * a; }
+
+NqProjectionHost RandomProjection(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols, std::int64_t experts) {
+  NqProjectionHost p{.rows = rows, .cols = cols};
+  const std::int64_t plane = NqPlaneBytes(rows, cols);
+  std::uniform_int_distribution<int> byte(0, 255);
+  p.base.resize(static_cast<size_t>(experts * plane));
+  p.residual.resize(p.base.size());
+  for (auto& b : p.base) b = static_cast<std::uint8_t>(byte(rng));
+  for (auto& b : p.residual) b = static_cast<std::uint8_t>(byte(rng));
+  p.row_scales = RandomUniform(rng, experts * rows, 0.02f, 0.06f);
+  p.col_scales = RandomUniform(rng, experts * cols, 0.5f, 1.5f);
+  const float design[4] = {-1.51f, -0.453f, 0.453f, 1.51f};
+  const float offsets[4] = {-0.25f, -0.08f, 0.08f, 0.25f};
+  std::normal_distribution<float> jitter(0.0f, 0.02f);
+  for (std::int64_t e = 0; e < experts; ++e) {
+    float table[kNqLevelTable];
+    for (int b = 0; b < 4; ++b) table[b] = design[b] + jitter(rng);
+    for (int b = 0; b < 4; ++b) {
+      for (int r = 0; r < 4; ++r) table[kNqBaseLevels + 4 * b + r] = table[b] + (offsets[r] + jitter(rng)) * (b % 3 == 0 ? 1.6f : 1.0f);
+    }
+    p.levels.insert(p.levels.end(), table, table + kNqLevelTable);
+  }
+  return p;
+}
+
+std::vector<float> Signs(std::mt19937_64& rng, std::int64_t n) {
+  std::vector<float> s(static_cast<size_t>(n));
+  std::bernoulli_distribution coin(0.5);
+  for (auto& v : s) v = coin(rng) ? 1.0f : -1.0f;
+  return s;
+}
+
+std::int64_t Block(std::int64_t n, std::int64_t widest) {
+  std::int64_t b = 1;
+  while (b * 2 <= widest && n % (b * 2) == 0) b *= 2;
+  return b;
+}
+
+Tensor UploadBytes(Backend& backend, std::span<const std::uint8_t> bytes, Shape shape) {
+  absl::StatusOr<Tensor> t = backend.Allocate(DType::kU8, std::move(shape));
+  EXPECT_TRUE(t.ok()) << t.status();
+  if (!t.ok()) return Tensor();
+  const absl::Status copied = backend.CopyFromHost(std::as_bytes(bytes), *t);
+  EXPECT_TRUE(copied.ok()) << copied;
+  return *std::move(t);
+}
+
+NqProjection UploadProjection(Backend& backend, const NqProjectionHost& p, std::int64_t experts, std::int64_t offset) {
+  NqProjection out;
+  out.base = UploadBytes(backend, p.base, Shape{experts, NqPlaneBytes(p.rows, p.cols)});
+  out.row_scales = Upload(backend, p.row_scales, DType::kF32, {experts, p.rows});
+  out.col_scales = Upload(backend, p.col_scales, DType::kF32, {experts, p.cols});
+  out.levels = Upload(backend, p.levels, DType::kF32, {experts, kNqLevelTable});
+  out.residual_offset = offset;
+  return out;
+}
+
+// Dense normalised Hadamard of width n with blocks of `block`, times diag(signs): the rotation R.
+std::vector<double> RotationMatrix(std::span<const float> signs, std::int64_t block) {
+  const std::int64_t n = static_cast<std::int64_t>(signs.size());
+  std::vector<double> r(static_cast<size_t>(n * n), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(block));
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = (i / block) * block; j < (i / block + 1) * block; ++j) {
+      const int parity = __builtin_popcountll(static_cast<unsigned long long>((i % block) & (j % block))) & 1;
+      r[i * n + j] = (parity ? -scale : scale) * signs[j];
+    }
+  }
+  return r;
+}
+
+// W = R_r^T W' R_c for expert e (rows x cols), W' from the codes.
+std::vector<double> DenseExpert(const NqProjectionHost& p, std::int64_t e, bool four_bit, const std::vector<double>& rr,
+                                const std::vector<double>& rc) {
+  const std::int64_t rows = p.rows, cols = p.cols, plane = NqPlaneBytes(rows, cols);
+  std::vector<double> wq(static_cast<size_t>(rows * cols));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const std::int64_t k = i * cols + j;
+      const int b = (p.base[e * plane + k / 4] >> (2 * (k % 4))) & 3;
+      const int r = (p.residual[e * plane + k / 4] >> (2 * (k % 4))) & 3;
+      const float level = four_bit ? p.levels[e * kNqLevelTable + kNqBaseLevels + 4 * b + r] : p.levels[e * kNqLevelTable + b];
+      wq[k] = static_cast<double>(p.row_scales[e * rows + i]) * level * p.col_scales[e * cols + j];
+    }
+  }
+  // tmp = W' R_c, then W = R_r^T tmp.
+  std::vector<double> tmp(static_cast<size_t>(rows * cols), 0.0), w(static_cast<size_t>(rows * cols), 0.0);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t k = 0; k < cols; ++k) {
+      const double a = wq[i * cols + k];
+      if (a == 0.0) continue;
+      for (std::int64_t j = 0; j < cols; ++j) tmp[i * cols + j] += a * rc[k * cols + j];
+    }
+  }
+  for (std::int64_t k = 0; k < rows; ++k) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const double a = rr[k * rows + i];
+      if (a == 0.0) continue;
+      for (std::int64_t j = 0; j < cols; ++j) w[i * cols + j] += a * tmp[k * cols + j];
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate, std::int64_t experts) {
+  NqMoeHost h{.hidden = hidden, .intermediate = intermediate, .num_experts = experts};
+  h.gate = RandomProjection(rng, intermediate, hidden, experts);
+  h.up = RandomProjection(rng, intermediate, hidden, experts);
+  h.down = RandomProjection(rng, hidden, intermediate, experts);
+  h.input_signs = Signs(rng, hidden);
+  h.gate_row_signs = Signs(rng, intermediate);
+  h.down_col_signs = Signs(rng, intermediate);
+  h.down_row_signs = Signs(rng, hidden);
+  // nq encode's choice: 128-wide blocks, 512 on down_proj's input.
+  h.input_block = Block(hidden, 128);
+  h.gate_row_block = Block(intermediate, 128);
+  h.down_col_block = Block(intermediate, 512);
+  h.down_row_block = Block(hidden, 128);
+  return h;
+}
+
+NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert) {
+  const std::int64_t E = host.num_experts;
+  const std::int64_t gate_plane = NqPlaneBytes(host.gate.rows, host.gate.cols);
+  const std::int64_t down_plane = NqPlaneBytes(host.down.rows, host.down.cols);
+  const std::int64_t up_offset = RoundUp(gate_plane, kSegmentAlign);
+  const std::int64_t down_offset = up_offset + RoundUp(gate_plane, kSegmentAlign);
+  const std::int64_t slot_bytes = RoundUp(down_offset + down_plane, kRecordAlign);
+  NqMoeDevice d;
+  d.weights.hidden = host.hidden;
+  d.weights.intermediate = host.intermediate;
+  d.weights.num_experts = E;
+  d.weights.gate = UploadProjection(backend, host.gate, E, 0);
+  d.weights.up = UploadProjection(backend, host.up, E, up_offset);
+  d.weights.down = UploadProjection(backend, host.down, E, down_offset);
+  d.weights.input = {Upload(backend, host.input_signs, DType::kF32, {host.hidden}), host.input_block};
+  d.weights.gate_rows = {Upload(backend, host.gate_row_signs, DType::kF32, {host.intermediate}), host.gate_row_block};
+  d.weights.down_cols = {Upload(backend, host.down_col_signs, DType::kF32, {host.intermediate}), host.down_col_block};
+  d.weights.down_rows = {Upload(backend, host.down_row_signs, DType::kF32, {host.hidden}), host.down_row_block};
+  std::int64_t num_slots = 0;
+  for (std::int32_t s : slot_of_expert) num_slots = std::max<std::int64_t>(num_slots, s + 1);
+  std::vector<std::uint8_t> arena(static_cast<size_t>(std::max<std::int64_t>(num_slots, 1) * slot_bytes), 0);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int32_t s = slot_of_expert[e];
+    if (s < 0) continue;
+    std::uint8_t* slot = arena.data() + s * slot_bytes;
+    std::copy_n(host.gate.residual.begin() + e * gate_plane, gate_plane, slot);
+    std::copy_n(host.up.residual.begin() + e * gate_plane, gate_plane, slot + up_offset);
+    std::copy_n(host.down.residual.begin() + e * down_plane, down_plane, slot + down_offset);
+  }
+  d.arena = UploadBytes(backend, arena, Shape{static_cast<std::int64_t>(arena.size())});
+  d.slot_table = UploadI32(backend, slot_of_expert, {E});
+  d.slots = {.slot_of_expert = &d.slot_table,
+             .arena = static_cast<const std::byte*>(d.arena.data()),
+             .slot_bytes = slot_bytes,
+             .num_slots = num_slots};
+  return d;
+}
+
+std::vector<double> DenseNqMoeReference(const NqMoeHost& h, std::span<const float> x, std::span<const std::int32_t> ids,
+                                        std::span<const float> weights, std::int64_t top_k,
+                                        std::span<const std::int32_t> slot_of_expert) {
+  const std::int64_t D = h.hidden, I = h.intermediate;
+  const std::int64_t T = static_cast<std::int64_t>(x.size()) / D;
+  const std::vector<double> r_in = RotationMatrix(h.input_signs, h.input_block);
+  const std::vector<double> r_g = RotationMatrix(h.gate_row_signs, h.gate_row_block);
+  const std::vector<double> r_dc = RotationMatrix(h.down_col_signs, h.down_col_block);
+  const std::vector<double> r_dr = RotationMatrix(h.down_row_signs, h.down_row_block);
+  std::vector<double> out(static_cast<size_t>(T * D), 0.0);
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t k = 0; k < top_k; ++k) {
+      const std::int32_t e = ids[t * top_k + k];
+      const bool four = slot_of_expert[e] >= 0;
+      const std::vector<double> wg = DenseExpert(h.gate, e, four, r_g, r_in);
+      const std::vector<double> wu = DenseExpert(h.up, e, four, r_g, r_in);
+      const std::vector<double> wd = DenseExpert(h.down, e, four, r_dr, r_dc);
+      std::vector<double> act(static_cast<size_t>(I));
+      for (std::int64_t i = 0; i < I; ++i) {
+        double g = 0, u = 0;
+        for (std::int64_t j = 0; j < D; ++j) {
+          g += wg[i * D + j] * x[t * D + j];
+          u += wu[i * D + j] * x[t * D + j];
+        }
+        act[i] = g / (1.0 + std::exp(-g)) * u;
+      }
+      for (std::int64_t i = 0; i < D; ++i) {
+        double y = 0;
+        for (std::int64_t j = 0; j < I; ++j) y += wd[i * I + j] * act[j];
+        out[t * D + i] += weights[t * top_k + k] * y;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace nq::kernels::testing

@@ -1,0 +1,49 @@
+// Random NestQuant MoE layers for the NqMoe op's tests and benchmark: packed codes, scales,
+// level tables and rotations as nq encode lays them out, uploaded to any backend with a slot
+// arena holding the residual planes of the experts chosen to run at 4 bits.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace nq::kernels::testing {
+
+struct NqProjectionHost {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::uint8_t> base;      // [E][rows * cols / 4]
+  std::vector<std::uint8_t> residual;  // [E][rows * cols / 4]
+  std::vector<float> row_scales, col_scales, levels;
+};
+
+struct NqMoeHost {
+  std::int64_t hidden = 0, intermediate = 0, num_experts = 0;
+  NqProjectionHost gate, up, down;
+  std::vector<float> input_signs, gate_row_signs, down_col_signs, down_row_signs;
+  std::int64_t input_block = 0, gate_row_block = 0, down_col_block = 0, down_row_block = 0;
+};
+
+// Codes uniform, scales and levels like a rotated, scaled real expert (levels near the
+// Gaussian 2-bit design, 4-bit levels nested inside each base cell).
+NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate, std::int64_t experts);
+
+// The layer on `backend`: slot_of_expert[e] >= 0 puts expert e's residuals in that slot.
+struct NqMoeDevice {
+  NqMoeWeights weights;
+  Tensor slot_table;
+  Tensor arena;
+  NqSlots slots;
+};
+NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert);
+
+// The dense result, independent of the op's code path: each expert's weights dequantised and
+// unrotated into dense matrices W = R_rows^T W' R_cols (rotations as dense matrices), then
+// sum_k w_k * down(silu(gate x) * up x) in double.
+std::vector<double> DenseNqMoeReference(const NqMoeHost& host, std::span<const float> x,
+                                        std::span<const std::int32_t> ids, std::span<const float> weights,
+                                        std::int64_t top_k, std::span<const std::int32_t> slot_of_expert);
+
+}  // namespace nq::kernels::testing

@@ -1,0 +1,169 @@
+// Routed experts served as the release's packed codes (issue #12): the model's logits equal the
+// old dense decode's (every expert dequantised by the codec into dense weights) at 2 bits, 4 bits
+// and the fixed set; a checkpoint without any expert weights serves; the memory the experts take
+// is the packed planes, not 32 bits a weight; a codec without a packed kernel is refused.
+#include "services/release/packed_experts.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/model/model.h"
+#include "services/model/safetensors.h"
+#include "services/model/safetensors_writer.h"
+#include "services/model/synth_checkpoint.h"
+#include "services/release/release_encoder.h"
+#include "services/release/release_experts.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::release {
+namespace {
+
+using ::nq::testing::IsOk;
+namespace fs = std::filesystem;
+
+double MaxAbsDiffOverMax(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, max = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+    max = std::max(max, std::abs(static_cast<double>(want[i])));
+  }
+  return diff / max;
+}
+
+class PackedExpertsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-packed-test-", getpid()));
+    fs::remove_all(*root_);
+    std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+    ASSERT_THAT(config, IsOk());
+    ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (*root_ / "model").string(), {.seed = 5}), IsOk());
+    ASSERT_THAT(EncodeRelease((*root_ / "model").string(), (*root_ / "release").string(), {.fixed_per_layer = 3}),
+                IsOk());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string Dir(const char* name) { return (*root_ / name).string(); }
+
+  // The reference: every routed expert dequantised by the codec (ReleaseExpertDecoder::Upload)
+  // into dense F32 weights, run by the dense MoE path.
+  std::vector<float> DenseDecodeLogits(ExpertBits bits, const std::vector<int32_t>& tokens) {
+    absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(Dir("model"));
+    absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(Dir("model"));
+    absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
+        ReleaseExpertDecoder::Open(Dir("release"), Dir("model"), *config, {});
+    EXPECT_TRUE(config.ok() && checkpoint.ok() && decoder.ok());
+    absl::StatusOr<model::ModelWeights> weights = model::LoadModelWeights(*checkpoint, *config, *backend_, {});
+    EXPECT_THAT(weights, IsOk());
+    for (uint32_t layer : (*decoder)->moe_layer_ids()) {
+      model::LayerWeights& lw = layer < config->num_hidden_layers ? weights->layers[layer]
+                                                                  : weights->mtp[layer - config->num_hidden_layers].block;
+      const std::vector<uint32_t> fixed = (*decoder)->FixedSet(layer);
+      for (uint32_t e = 0; e < lw.moe->experts.size(); ++e) {
+        const bool four = bits == ExpertBits::k4Bit ||
+                          (bits == ExpertBits::kFixedSet && std::find(fixed.begin(), fixed.end(), e) != fixed.end());
+        absl::StatusOr<model::MlpWeights> w =
+            (*decoder)->Upload(layer, e, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, {}, *backend_);
+        EXPECT_THAT(w, IsOk());
+        lw.moe->experts[e] = *std::move(w);
+      }
+    }
+    absl::StatusOr<std::unique_ptr<model::Model>> m =
+        model::Model::Create(*std::move(config), *std::move(weights), *backend_, nullptr, {.max_tokens = 64});
+    EXPECT_THAT(m, IsOk());
+    absl::StatusOr<std::vector<float>> logits = (*m)->Forward(tokens);
+    EXPECT_THAT(logits, IsOk());
+    return *logits;
+  }
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::CreateBackend("cpu");
+    ASSERT_THAT(b, IsOk());
+    backend_ = *std::move(b);
+  }
+
+  static fs::path* root_;
+  std::unique_ptr<kernels::Backend> backend_;
+};
+fs::path* PackedExpertsTest::root_ = nullptr;
+
+TEST_F(PackedExpertsTest, LogitsEqualTheDenseDecodeAtEveryPolicy) {
+  const std::vector<int32_t> tokens = {1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77, 12, 200};
+  for (ExpertBits bits : {ExpertBits::k2Bit, ExpertBits::k4Bit, ExpertBits::kFixedSet}) {
+    absl::StatusOr<std::unique_ptr<model::Model>> packed =
+        LoadModelWithRelease(Dir("model"), Dir("release"), bits, *backend_, nullptr, {.max_tokens = 64});
+    ASSERT_THAT(packed, IsOk());
+    absl::StatusOr<std::vector<float>> got = (*packed)->Forward(tokens);
+    ASSERT_THAT(got, IsOk());
+    const double error = MaxAbsDiffOverMax(*got, DenseDecodeLogits(bits, tokens));
+    std::printf("[ packed   ] bits policy %d: max |packed - dense decode| / max |logit| = %.3g\n",
+                static_cast<int>(bits), error);
+    EXPECT_LT(error, 1e-4);
+  }
+}
+
+TEST_F(PackedExpertsTest, ACheckpointWithoutExpertWeightsServesAndHoldsOnlyPackedCodes) {
+  // The same checkpoint with every routed expert tensor removed.
+  absl::StatusOr<model::Checkpoint> full = model::Checkpoint::Open(Dir("model"));
+  ASSERT_THAT(full, IsOk());
+  model::SafetensorsWriter writer;
+  int64_t expert_weights = 0;
+  for (const std::string& name : full->Names()) {
+    absl::StatusOr<model::TensorView> view = full->Find(name);
+    ASSERT_THAT(view, IsOk());
+    if (absl::StrContains(name, ".mlp.experts.")) {
+      expert_weights += static_cast<int64_t>(view->numel());
+      continue;
+    }
+    ASSERT_THAT(writer.Add(name, view->dtype, std::vector<int64_t>(view->shape.begin(), view->shape.end()),
+                           std::vector<std::byte>(view->data.begin(), view->data.end())),
+                IsOk());
+  }
+  const std::string stripped = Dir("no_experts");
+  ASSERT_THAT(writer.WriteCheckpoint(stripped), IsOk());
+  fs::copy_file(Dir("model") + "/config.json", stripped + "/config.json");
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      LoadModelWithRelease(stripped, Dir("release"), ExpertBits::k2Bit, *backend_, nullptr, {.max_tokens = 64});
+  ASSERT_THAT(m, IsOk());
+  const std::vector<int32_t> tokens = {1, 50, 7, 300};
+  absl::StatusOr<std::vector<float>> logits = (*m)->Forward(tokens);
+  ASSERT_THAT(logits, IsOk());
+  absl::StatusOr<std::unique_ptr<model::Model>> from_full =
+      LoadModelWithRelease(Dir("model"), Dir("release"), ExpertBits::k2Bit, *backend_, nullptr, {.max_tokens = 64});
+  ASSERT_THAT(from_full, IsOk());
+  EXPECT_EQ(*logits, *(*from_full)->Forward(tokens)) << "the checkpoint's expert weights are never read";
+  // 2 bits a weight plus fp32 row/column scales, tables and signs: far from 32 bits a weight.
+  const double bits_per_weight = 8.0 * static_cast<double>((*m)->RoutedExpertBytes()) / expert_weights;
+  std::printf("[ packed   ] routed experts held at %.2f bits per weight (%lld weights)\n", bits_per_weight,
+              static_cast<long long>(expert_weights));
+  EXPECT_GT(bits_per_weight, 2.0);
+  EXPECT_LT(bits_per_weight, 8.0);
+}
+
+TEST_F(PackedExpertsTest, AModelWithoutExpertsOrReleaseIsRefusedByName) {
+  absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(Dir("model"));
+  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(Dir("model"));
+  ASSERT_TRUE(config.ok() && checkpoint.ok());
+  absl::StatusOr<model::ModelWeights> weights =
+      model::LoadModelWeights(*checkpoint, *config, *backend_, {}, {.routed_experts = false});
+  ASSERT_THAT(weights, IsOk());
+  EXPECT_THAT(model::Model::Create(*std::move(config), *std::move(weights), *backend_, nullptr, {}),
+              nq::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("none packed")));
+}
+
+}  // namespace
+}  // namespace nq::release
