@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # helm template with the default values and with ci/values-2gpu.yaml; every object checked
 # by check_manifests.mjs (schemas and cross-references) and every service flag by
-# check_flags.mjs; a bad value fails the render with a message.
+# check_flags.mjs; a bad value fails the render with a message (values.schema.json, or the
+# templates' own checks).
 # Usage: check_helm_template.sh SOURCE_DIR NQ_ROUTER NQ_STREAMER NQ_WORKER NQ
 set -euo pipefail
 NQ_ROOT=${1:?usage: check_helm_template.sh SOURCE_DIR NQ_ROUTER NQ_STREAMER NQ_WORKER NQ}
@@ -42,7 +43,10 @@ expect_refused() {
   fi
   grep -qF -- "$want" <<<"$out" || { echo "helm template $*: '$out' lacks '$want'" >&2; exit 1; }
 }
-expect_refused "tensorParallelSize must be at least 1" --set tensorParallelSize=0
-expect_refused "worker.backend must be cuda or cpu" --set worker.backend=rocm
+expect_refused "tensorParallelSize: Must be greater than or equal to 1" --set tensorParallelSize=0
+expect_refused 'worker.backend must be one of the following: "cuda", "cpu"' --set worker.backend=rocm
+expect_refused "Additional property slotsPerLayr is not allowed" --set worker.slotsPerLayr=8
+expect_refused "worker.slotsPerLayer: Invalid type. Expected: integer" --set-string worker.slotsPerLayer=8
 expect_refused "set model.existingClaim or model.hostPath" --set model.hostPath=
+expect_refused "set records.existingClaim or records.hostPath" --set records.hostPath=
 echo "helm template: all renders valid"
