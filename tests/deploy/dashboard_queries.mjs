@@ -38,7 +38,7 @@ const kPromqlWords = new Set([
   "sum", "min", "max", "avg", "count", "rate", "irate", "increase", "deriv", "by", "without",
   "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
   "histogram_quantile", "scalar", "vector", "min_over_time", "max_over_time", "avg_over_time",
-  "le", "topk", "bottomk", "abs", "clamp_min", "clamp_max", "time", "label_replace",
+  "le", "topk", "bottomk", "abs", "clamp_min", "clamp_max", "time", "label_replace", "absent",
 ]);
 export function metricsOf(expr) {
   const noStrings = expr.replace(/"[^"]*"/g, '""');
