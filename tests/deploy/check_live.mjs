@@ -3,12 +3,17 @@
 // and the rules evaluated without error; each query that reads only exported metrics returns
 // data, each panel has data unless all it shows is pending (dashboard_queries.mjs), and a
 // pending metric that appears fails the check so the list is kept true.
-// Usage: node check_live.mjs SOURCE_DIR PROMETHEUS_URL
+// Usage: node check_live.mjs wait|check SOURCE_DIR PROMETHEUS_URL
+//   wait: until every job's target is up; check: all of the above (targets first).
 import {
   familyOf, kPendingMetrics, loadDashboard, loadRules, metricsOf, substitute,
 } from "./dashboard_queries.mjs";
 
-const [sourceDir, prom] = process.argv.slice(2);
+const [mode, sourceDir, prom] = process.argv.slice(2);
+if (!["wait", "check"].includes(mode) || !sourceDir || !prom) {
+  console.error("usage: check_live.mjs wait|check SOURCE_DIR PROMETHEUS_URL");
+  process.exit(2);
+}
 const kJobs = ["nq-router", "nq-streamer", "nq-worker"];
 // Wide enough to hold the whole run, so counters that moved at start-up still show a rate.
 const kRateWindow = "5m";
@@ -45,7 +50,8 @@ for (;;) {
   await sleep(500);
 }
 console.log(`targets up: ${kJobs.map((j) => health[j][0].scrapeUrl).join(" ")}`);
-// Requests finished before this script started; three more scrapes and rule evaluations.
+if (mode === "wait") process.exit(0);
+// Requests finished before this step started; three more scrapes and rule evaluations.
 await sleep(3500);
 
 const names = new Set(await api("/api/v1/label/__name__/values"));

@@ -21,36 +21,45 @@ base=" libc6 libgcc-s1 libstdc++6 "
 closure=" $(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
   --no-replaces --no-enhances $runtime_libs 2>/dev/null | grep -v '^ ' | tr '\n' ' ') "
 
+# Every library the binaries resolve, and the package that owns it (one dpkg-query call;
+# Debian 12 is merged-/usr, so ldd's /lib/... may be owned as /usr/lib/...).
+declare -A owner=()
+mapfile -t libs < <(for bin in "$@"; do ldd "$bin" | awk '/=> \// { print $3 }'; done | sort -u)
+if ((${#libs[@]} == 0)); then
+  echo "ldd found no shared libraries in $*" >&2
+  exit 1
+fi
+owners() { dpkg-query -S "$@" 2>/dev/null | awk -F': ' '!/^diversion/ { split($1, p, ":"); print $2 " " p[1] }'; }
+while read -r path pkg; do owner[$path]=$pkg; done < <(owners "${libs[@]}")
+while read -r path pkg; do owner[${path#/usr}]=$pkg; done < <(owners "${libs[@]/#//usr}")
+
 status=0
 needed=" "
-for bin in "$@"; do
-  while read -r lib; do
-    pkg=$(dpkg-query -S "$lib" 2>/dev/null | head -n1 | cut -d: -f1) || true
-    if [[ -z $pkg ]]; then
-      # Debian 12 is merged-/usr: ldd may name /lib/... for a file dpkg owns as /usr/lib/...
-      pkg=$(dpkg-query -S "/usr$lib" 2>/dev/null | head -n1 | cut -d: -f1) || true
-    fi
-    if [[ -z $pkg ]]; then
-      echo "$(basename "$bin"): $lib belongs to no Debian package" >&2
-      status=1
-      continue
-    fi
-    needed+="$pkg "
-    if [[ $base != *" $pkg "* && $closure != *" $pkg "* ]]; then
-      echo "$(basename "$bin"): $lib ($pkg) is not in the Dockerfile's RUNTIME_LIBS or their dependencies" >&2
-      status=1
-    fi
-  done < <(ldd "$bin" | awk '/=> \// { print $3 }')
+for lib in "${libs[@]}"; do
+  pkg=${owner[$lib]:-}
+  if [[ -z $pkg ]]; then
+    echo "$lib belongs to no Debian package" >&2
+    status=1
+    continue
+  fi
+  needed+="$pkg "
+  if [[ $base != *" $pkg "* && $closure != *" $pkg "* ]]; then
+    echo "$lib ($pkg) is not in the Dockerfile's RUNTIME_LIBS or their dependencies" >&2
+    status=1
+  fi
 done
 for pkg in $runtime_libs; do
   if [[ $needed != *" $pkg "* ]]; then
     echo "Dockerfile RUNTIME_LIBS: $pkg is linked by none of the binaries" >&2
     status=1
   fi
-  if ! apt-cache show "$pkg" >/dev/null 2>&1; then
-    echo "Dockerfile RUNTIME_LIBS: $pkg is not a Debian 12 package" >&2
-    status=1
-  fi
 done
-if ((status == 0)); then echo "runtime libraries ok: $(wc -w <<<"$runtime_libs") packages cover $# binaries"; fi
+# One apt-cache call for the whole list (slow per call); name the culprit only on failure.
+if ! apt-cache show $runtime_libs >/dev/null 2>&1; then
+  for pkg in $runtime_libs; do
+    apt-cache show "$pkg" >/dev/null 2>&1 || echo "Dockerfile RUNTIME_LIBS: $pkg is not a Debian 12 package" >&2
+  done
+  status=1
+fi
+if ((status == 0)); then echo "runtime libraries ok: $(wc -w <<<"$runtime_libs") packages cover the ${#libs[@]} libraries of $# binaries"; fi
 exit $status
