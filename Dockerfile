@@ -65,10 +65,11 @@ RUN apt-get update -q && \
     rm -rf /var/lib/apt/lists/* /tmp/cuda-keyring.deb && \
     groupadd --gid 10001 nq && \
     useradd --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin nq
-# Each service's /health answers 200 only while it serves (grpc.health.v1 SERVING); the port
-# follows $NQ_HEALTH_PORT where a deployment moves it.
 USER 10001:10001
 WORKDIR /tmp
+
+# The healthchecks: each service's /health answers 200 only while it serves (grpc.health.v1
+# SERVING); the port follows $NQ_HEALTH_PORT where a deployment moves it.
 
 # ---------------------------------------------------------------------------------------------
 FROM runtime AS streamer
