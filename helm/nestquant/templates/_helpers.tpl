@@ -1,0 +1,90 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "nestquant.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-qualified name: <release>-nestquant, or the release name when it has "nestquant". */}}
+{{- define "nestquant.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nestquant.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "nestquant.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component (router or engine): pass (dict "root" $ "component" "router"). */}}
+{{- define "nestquant.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nestquant.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image of one service: (dict "root" $ "service" "worker"). */}}
+{{- define "nestquant.image" -}}
+{{- $img := .root.Values.image -}}
+{{- $tag := default .root.Chart.AppVersion $img.tag -}}
+{{- if $img.registry -}}
+{{- printf "%s/%s/%s:%s" $img.registry $img.repository .service $tag -}}
+{{- else -}}
+{{- printf "%s/%s:%s" $img.repository .service $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nestquant.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "nestquant.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A read-only volume from a PVC or a hostPath: (dict "name" "model" "spec" .Values.model). */}}
+{{- define "nestquant.dataVolume" -}}
+- name: {{ .name }}
+{{- if .spec.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .spec.existingClaim }}
+    readOnly: true
+{{- else if .spec.hostPath }}
+  hostPath:
+    path: {{ .spec.hostPath }}
+    type: Directory
+{{- else }}
+{{- fail (printf "values: set %s.existingClaim or %s.hostPath" .name .name) }}
+{{- end }}
+{{- end -}}
+
+{{/* The mount of such a volume: (dict "name" "model" "spec" .Values.model "path" "/models/model"). */}}
+{{- define "nestquant.dataVolumeMount" -}}
+- name: {{ .name }}
+  mountPath: {{ .path }}
+  readOnly: true
+{{- with .spec.subPath }}
+  subPath: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Ports of worker rank r inside the engine pod (containers share its network namespace). */}}
+{{- define "nestquant.workerGrpcPort" -}}{{ add 8100 (mul 2 .) }}{{- end -}}
+{{- define "nestquant.workerMetricsPort" -}}{{ add 8101 (mul 2 .) }}{{- end -}}
+
+{{/* Checks that fail the render with a message naming the value. */}}
+{{- define "nestquant.validate" -}}
+{{- if lt (int .Values.tensorParallelSize) 1 -}}
+{{- fail "values: tensorParallelSize must be at least 1" -}}
+{{- end -}}
+{{- if gt (int .Values.tensorParallelSize) 16 -}}
+{{- fail "values: tensorParallelSize above 16 does not fit one node's pod" -}}
+{{- end -}}
+{{- if not (has .Values.worker.backend (list "cuda" "cpu")) -}}
+{{- fail "values: worker.backend must be cuda or cpu" -}}
+{{- end -}}
+{{- end -}}
