@@ -103,11 +103,6 @@ __device__ __forceinline__ int PairSlot(int i) {
   return (group * 4 + (k >> 1)) * 2 + (k & 1);
 }
 
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, offset));
-  return v;
-}
 
 // ---- The GEMV ---------------------------------------------------------------------------------
 
@@ -118,8 +113,8 @@ struct GemvParams {
   int rows = 0;              // rows of each projection
   int cols = 0;
   int tiles_per_proj = 0;    // ceil(rows / kGemvRows)
-  // Inputs prepared by NqPrepKernel: for assignment a and projection j, the input times the
-  // expert's column scales as half2 in decode pair order, normalised to unit max (scale[a][j]).
+  // Inputs prepared by NqRotatePrepKernel / NqSwigluPrepKernel: for assignment a and projection
+  // j, the input times the expert's column scales as half2 in decode pair order, times xscale.
   const __half2* xh = nullptr;     // [A][num_proj][cols / 2]
   const float* xscale = nullptr;   // [A][num_proj]
   float* out = nullptr;       // out[a * out_stride + proj * rows + row]
@@ -229,44 +224,19 @@ __device__ __forceinline__ void GemvRows(const GemvParams& g, const NqProjection
   }
 }
 
-// For every assignment a (and projection j): xh[a][j] = half(cs_e * in / max|cs_e * in|) in the
-// decode's pair order, xscale[a][j] = that max. One block per (a, j).
+// Where the decode path's GEMV inputs go: for assignment a and projection j, xh[a][j] holds the
+// input times expert e's column scales as half2 in the decode's pair order, xscale[a][j] its scale.
 struct PrepParams {
   NqMoeParams p;
   NqProjectionView proj[2];
   int cols = 0;
-  const float* in = nullptr;  // in[a] (in_per_assignment) or in[a / K]
-  bool in_per_assignment = false;
   __half2* xh = nullptr;
   float* xscale = nullptr;
 };
 
-constexpr int kPrepThreads = 1024;  // one pass over a 7168-wide vector: 7 iterations
 
-__global__ void __launch_bounds__(kPrepThreads) NqPrepKernel(const __grid_constant__ PrepParams g) {
-  __shared__ float reduce_scratch[kPrepThreads / kWarpSize];
-  const int a = blockIdx.x, j = blockIdx.y, num_proj = gridDim.y;
-  const int e = g.p.expert_ids[a];
-  if (e < 0 || e >= g.p.num_experts) return;
-  const float* in = g.in + static_cast<std::int64_t>(g.in_per_assignment ? a : a / g.p.top_k) * g.cols;
-  const float* cs = g.proj[j].col_scales + static_cast<std::int64_t>(e) * g.cols;
-  float local_max = 0.0f;
-  for (int c = threadIdx.x; c < g.cols; c += blockDim.x) local_max = fmaxf(local_max, fabsf(cs[c] * in[c]));
-  local_max = WarpMax(local_max);
-  if (threadIdx.x % kWarpSize == 0) reduce_scratch[threadIdx.x / kWarpSize] = local_max;
-  __syncthreads();
-  float max = 0.0f;
-  for (int w = 0; w < kPrepThreads / kWarpSize; ++w) max = fmaxf(max, reduce_scratch[w]);
-  const float inv = max > 0.0f ? 1.0f / max : 0.0f;
-  const std::int64_t vec = static_cast<std::int64_t>(a) * num_proj + j;
-  if (threadIdx.x == 0) g.xscale[vec] = max;
-  __half* out = reinterpret_cast<__half*>(g.xh + vec * (g.cols / 2));
-  for (int c = threadIdx.x; c < g.cols; c += blockDim.x) {
-    out[(c / kCodesPerWord) * kCodesPerWord + PairSlot(c % kCodesPerWord)] = __float2half_rn(cs[c] * in[c] * inv);
-  }
-}
 
-__global__ void __launch_bounds__(kGemvWarps * kWarpSize) NqGemvKernel(const __grid_constant__ GemvParams g) {
+__global__ void __launch_bounds__(kGemvWarps * kWarpSize, 2) NqGemvKernel(const __grid_constant__ GemvParams g) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float xscale[kNqMaxDecodeTokens];
   __shared__ int ids[kMaxAssignments];
@@ -320,14 +290,80 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize) NqGemvKernel(const __g
   }
 }
 
-absl::Status LaunchPrep(const PrepParams& g, int num_proj, const LaunchContext& ctx) {
-  const dim3 grid(static_cast<unsigned>(g.p.tokens * g.p.top_k), static_cast<unsigned>(num_proj));
-  NqPrepKernel<<<grid, kPrepThreads, 0, ctx.stream>>>(g);
-  return CheckLaunch("NqPrepKernel");
+// The decode path's inputs, straight from the rotations (no fp32 round trip and no max pass):
+// each CUDA block takes one Hadamard block of a vector and writes, for every assignment that
+// needs it, the half2 input of the GEMV (times the expert's column scales, pair order, xscale 1).
+// Contract: the scaled inputs stay inside fp16's range (|v| < 65504; rotated, RMS-normed hidden
+// states times column scales are orders of magnitude below it).
+constexpr int kChunkThreads = 128;
+
+__device__ __forceinline__ void WritePrepared(const float* v, int n, int c0, const float* cs, int cols, __half2* xh) {
+  __half* out = reinterpret_cast<__half*>(xh);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int c = c0 + i;
+    out[(c / kCodesPerWord) * kCodesPerWord + PairSlot(c % kCodesPerWord)] = __float2half_rn(v[i] * cs[c]);
+  }
 }
 
+// grid (T, D / input.block): xr chunk = H (signs * x chunk), then gate and up inputs of each of
+// the token's K assignments.
+__global__ void __launch_bounds__(kChunkThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
+  extern __shared__ float chunk[];
+  const int D = g.cols, t = blockIdx.x, K = static_cast<int>(g.p.top_k);
+  const int n = static_cast<int>(g.p.input.block), c0 = blockIdx.y * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = g.p.x[t * D + c0 + i] * g.p.input.signs[c0 + i];
+  __syncthreads();
+  BlockFwht(chunk, n, n);
+  const float scale = rsqrtf(static_cast<float>(n));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= scale;
+  __syncthreads();
+  for (int k = 0; k < K; ++k) {
+    const int a = t * K + k, e = g.p.expert_ids[a];
+    if (e < 0 || e >= g.p.num_experts) continue;
+    for (int j = 0; j < 2; ++j) {
+      const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;
+      WritePrepared(chunk, n, c0, g.proj[j].col_scales + static_cast<std::int64_t>(e) * D, D, g.xh + vec * (D / 2));
+      if (blockIdx.y == 0 && threadIdx.x == 0) g.xscale[vec] = 1.0f;
+    }
+  }
+}
+
+// grid (A, I / n), n = the larger of the two intermediate Hadamard blocks: g and u unrotated,
+// silu(g) * u rotated for down_proj, the down input written.
+__global__ void __launch_bounds__(kChunkThreads) NqSwigluPrepKernel(const __grid_constant__ PrepParams g,
+                                                                     const float* hg, int n) {
+  extern __shared__ float chunk[];  // [2n]: gate then up
+  const int I = g.cols, a = blockIdx.x, c0 = blockIdx.y * n;
+  const int e = g.p.expert_ids[a];
+  if (e < 0 || e >= g.p.num_experts) return;
+  const float* in = hg + static_cast<std::int64_t>(a) * 2 * I;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    chunk[i] = in[c0 + i];
+    chunk[n + i] = in[I + c0 + i];
+  }
+  __syncthreads();
+  const int gb = static_cast<int>(g.p.gate_rows.block), db = static_cast<int>(g.p.down_cols.block);
+  BlockFwht(chunk, 2 * n, gb);
+  const float g_scale = rsqrtf(static_cast<float>(gb));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float s = g.p.gate_rows.signs[c0 + i] * g_scale;
+    const float gate = chunk[i] * s, up = chunk[n + i] * s;
+    chunk[i] = gate / (1.0f + __expf(-gate)) * up * g.p.down_cols.signs[c0 + i];
+  }
+  __syncthreads();
+  BlockFwht(chunk, n, db);
+  const float d_scale = rsqrtf(static_cast<float>(db));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= d_scale;
+  __syncthreads();
+  WritePrepared(chunk, n, c0, g.proj[0].col_scales + static_cast<std::int64_t>(e) * I, I,
+                g.xh + static_cast<std::int64_t>(a) * (I / 2));
+  if (blockIdx.y == 0 && threadIdx.x == 0) g.xscale[a] = 1.0f;
+}
+
+
 absl::Status LaunchGemv(const GemvParams& g, const LaunchContext& ctx) {
-  const std::size_t smem = static_cast<std::size_t>(kNqMaxDecodeTokens) * g.cols * sizeof(__half);
+  // Shared memory for the chunk's tokens only: a one-token step leaves room for more blocks.
+  const std::size_t smem = static_cast<std::size_t>(g.p.tokens) * g.cols * sizeof(__half);
   NQ_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(NqGemvKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(g.p.tokens * g.p.top_k), static_cast<unsigned>(g.num_proj * g.tiles_per_proj));
@@ -344,10 +380,15 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
   v.yd = v.hh + kNqMaxDecodeTokens * K * I;
   float* xscale = v.yd + kNqMaxDecodeTokens * K * D;
   __half2* xh = reinterpret_cast<__half2*>(xscale + kNqMaxDecodeTokens * K * 2);
-  RETURN_IF_ERROR(LaunchNqRotateInput(v, ctx));
-  RETURN_IF_ERROR(LaunchPrep({.p = p, .proj = {p.gate, p.up}, .cols = static_cast<int>(D), .in = v.xr,
-                              .in_per_assignment = false, .xh = xh, .xscale = xscale},
-                             2, ctx));
+  {
+    const PrepParams prep{.p = p, .proj = {p.gate, p.up}, .cols = static_cast<int>(D), .xh = xh, .xscale = xscale};
+    const std::size_t smem = p.input.block * sizeof(float);
+    NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqRotatePrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+    NqRotatePrepKernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(D / p.input.block)), kChunkThreads, smem,
+                         ctx.stream>>>(prep);
+    RETURN_IF_ERROR(CheckLaunch("NqRotatePrepKernel"));
+  }
 
   const int gate_tiles = static_cast<int>((I + kGemvRows - 1) / kGemvRows);
   RETURN_IF_ERROR(LaunchGemv({.p = p,
@@ -361,10 +402,16 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                               .out = v.hg,
                               .out_stride = 2 * I},
                              ctx));
-  RETURN_IF_ERROR(LaunchNqSwiglu(v, ctx));
-  RETURN_IF_ERROR(LaunchPrep({.p = p, .proj = {p.down, p.down}, .cols = static_cast<int>(I), .in = v.hh,
-                              .in_per_assignment = true, .xh = xh, .xscale = xscale},
-                             1, ctx));
+  {
+    const PrepParams prep{.p = p, .proj = {p.down, p.down}, .cols = static_cast<int>(I), .xh = xh, .xscale = xscale};
+    const int n = static_cast<int>(std::max(p.gate_rows.block, p.down_cols.block));
+    const std::size_t smem = 2 * n * sizeof(float);
+    NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqSwigluPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+    NqSwigluPrepKernel<<<dim3(static_cast<unsigned>(T * K), static_cast<unsigned>(I / n)), kChunkThreads, smem,
+                         ctx.stream>>>(prep, v.hg, n);
+    RETURN_IF_ERROR(CheckLaunch("NqSwigluPrepKernel"));
+  }
   const int down_tiles = static_cast<int>((D + kGemvRows - 1) / kGemvRows);
   RETURN_IF_ERROR(LaunchGemv({.p = p,
                               .proj = {p.down, p.down},

@@ -3,11 +3,13 @@
 // Five stream-ordered launches per chunk of at most kNqMaxDecodeTokens tokens, no host
 // synchronisation and no allocation (the caller passes the workspace), so a decode step
 // captures it in a CUDA graph:
-//   1. NqRotateInputKernel   xr = R_in x                           one block per token
-//   2. NqGemvKernel          gate/up rows of every distinct expert  blocks: (assignment, 32 rows)
-//   3. NqSwigluKernel        h = R_dc (silu(R_g^T g) * R_g^T u)      one block per assignment
-//   4. NqGemvKernel          down rows                             blocks: (assignment, 32 rows)
-//   5. NqCombineKernel       out = R_dr^T sum_k w_k y_k             one block per token
+//   1. NqRotatePrepKernel    R_in x, times each assignment's column scales, as fp16 GEMV inputs
+//                                                       blocks: (token, Hadamard block)
+//   2. NqGemvKernel          gate/up rows of every distinct expert  blocks: (assignment, 64 rows)
+//   3. NqSwigluPrepKernel    R_dc (silu(R_g^T g) * R_g^T u), the down GEMV's inputs
+//                                                       blocks: (assignment, Hadamard block)
+//   4. NqGemvKernel          down rows                             blocks: (assignment, 64 rows)
+//   5. NqCombineKernel       out = R_dr^T sum_k w_k y_k  blocks: (token, Hadamard block)
 // The GEMV block of the first assignment naming an expert serves every token of the chunk that
 // routes to it (its weights are read once); later assignments of the same expert exit at once.
 // Each block reads the layer's slot table on the device and runs its expert at 4 bits when the
@@ -16,7 +18,7 @@
 // Dequantisation: a 32-bit word holds 16 codes. Its 2-bit codes (or 4-bit base*4+residual
 // indices) are gathered into byte-permute selectors and looked up in per-matrix fp16 level
 // tables held in registers (prmt), giving half2 weight pairs; the input is kept in shared memory
-// as half2 in the matching order, scaled per token to unit max so fp16 keeps its precision.
+// as half2 in the matching order (inputs times column scales must stay inside fp16's range).
 // Products accumulate in half2 over one word (8 pairs) and in fp32 beyond.
 #pragma once
 

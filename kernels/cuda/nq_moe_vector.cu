@@ -8,23 +8,6 @@ namespace {
 constexpr int kVectorThreads = 512;
 constexpr int kChunkThreads = 128;  // one Hadamard block (e.g. 128 wide) per CUDA block
 
-// ---- Rotations in shared memory -------------------------------------------------------------
-
-// In-place blockdiag(H_block) of v[0, n) without the 1/sqrt(block) normalisation (callers fold
-// it into their next write). Every thread of the block calls it; it ends on a barrier.
-__device__ void BlockFwht(float* v, int n, int block) {
-  for (int h = 1; h < block; h <<= 1) {
-    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
-      const int i = (p / h) * 2 * h + (p % h);
-      const float a = v[i], b = v[i + h];
-      v[i] = a + b;
-      v[i + h] = a - b;
-    }
-    __syncthreads();
-  }
-}
-
-
 __global__ void __launch_bounds__(kChunkThreads) NqRotateInputKernel(const __grid_constant__ NqVectorParams v) {
   // One Hadamard block of one token per CUDA block: the blocks are independent.
   extern __shared__ float smem[];

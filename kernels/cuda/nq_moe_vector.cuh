@@ -22,6 +22,21 @@ struct NqVectorParams {
   float* yd = nullptr;  // [T * K, D]
 };
 
+// In-place blockdiag(H_block) of v[0, n) without the 1/sqrt(block) normalisation (callers fold
+// it into their next write). Every thread of the block calls it; it ends on a barrier.
+__device__ __forceinline__ void BlockFwht(float* v, int n, int block) {
+  for (int h = 1; h < block; h <<= 1) {
+    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const int i = (p / h) * 2 * h + (p % h);
+      const float a = v[i], b = v[i + h];
+      v[i] = a + b;
+      v[i + h] = a - b;
+    }
+    __syncthreads();
+  }
+}
+
+
 absl::Status LaunchNqRotateInput(const NqVectorParams& v, const LaunchContext& ctx);
 absl::Status LaunchNqSwiglu(const NqVectorParams& v, const LaunchContext& ctx);
 absl::Status LaunchNqCombine(const NqVectorParams& v, const LaunchContext& ctx);

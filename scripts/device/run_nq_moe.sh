@@ -19,6 +19,12 @@ if [[ "${NQ_DEVICE_SANITIZE:-0}" == 1 ]]; then
       --gtest_filter='CudaNqMoe.*' --gtest_brief=1 || status=1
   done
 fi
+if [[ "${NQ_PROFILE:-0}" == 1 ]]; then
+  # The seven kernels of one DeepSeek-V3-shaped decode step (the bench's first, uncaptured launch).
+  echo "== ncu: one decode step, kernel by kernel"
+  ncu --launch-count 7 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    "$dev/bin/nq_moe_bench" --quick 2>&1 | grep -E "NqRotate|NqPrep|NqGemv|NqSwiglu|NqCombine|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit" | head -80
+fi
 echo "== nq_moe_bench"; "$dev/bin/nq_moe_bench" ${NQ_BENCH_ARGS:-} || status=1
 echo "== bf16 prefill yardstick"; python3 bench/gpu/bf16_moe_prefill.py || status=1
 if [[ -f .hbm/hbm_probe.py ]]; then echo "== hbm_probe"; python3 .hbm/hbm_probe.py || status=1; fi
