@@ -48,6 +48,7 @@ int RunMtpAcceptance(const std::vector<std::string>& args);
 
 // nq nvfp4 quantize --model DIR --out DIR [--scale-search off|nonclip|clip] [--tap FILE.jsonl]
 //                   [--include GLOBS] [--exclude GLOBS] [--threads N]
+// nq nvfp4 dequantize --model NVFP4_DIR --out DIR
 // nq nvfp4 repack-error --model NVFP4_DIR --reference HF_DIR [--tp W]
 int RunNvfp4(const std::vector<std::string>& args);
 // nq census --model NVFP4_DIR [--json]

@@ -42,6 +42,7 @@ constexpr char kUsage[] =
     "  nvfp4        NVFP4 checkpoints (ModelOpt layout), routed experts by default\n"
     "                 quantize --model DIR --out DIR [--scale-search off|nonclip|clip] [--tap FILE.jsonl]\n"
     "                          [--include GLOBS] [--exclude GLOBS]\n"
+    "                 dequantize --model NVFP4_DIR --out DIR   (F32 weights, for nq logits)\n"
     "                 repack-error --model NVFP4_DIR --reference HF_DIR [--tp W]\n"
     "  census       gate/up weight_scale_2 mismatches of an NVFP4 checkpoint: --model DIR [--json]\n"
     "  probe-utf8   U+FFFD / broken tool-call probe of an OpenAI endpoint: --url URL [--runs N] [--stream]\n"

@@ -1,4 +1,4 @@
-// nq nvfp4 quantize | repack-error, nq census: the NVFP4 checkpoint tools (services/nvfp4).
+// nq nvfp4 quantize | dequantize | repack-error, nq census: the NVFP4 checkpoint tools (services/nvfp4).
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,6 +8,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
+#include "services/nvfp4/checkpoint_dequantizer.h"
 #include "services/nvfp4/checkpoint_quantizer.h"
 #include "services/nvfp4/repack_measure.h"
 #include "services/nvfp4/scale_census.h"
@@ -91,13 +92,23 @@ int RunRepackError() {
   return 0;
 }
 
+int RunDequantize() {
+  const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
+  absl::StatusOr<nvfp4::DequantizeCheckpointSummary> summary = nvfp4::DequantizeCheckpoint(model, out);
+  if (!summary.ok()) return ReportCommandStatus("nvfp4 dequantize", summary.status());
+  std::printf("dequantized %ld NVFP4 tensors to F32, copied %ld -> %s\n", static_cast<long>(summary->dequantized_tensors),
+              static_cast<long>(summary->copied_tensors), out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int RunNvfp4(const std::vector<std::string>& args) {
-  if (args.size() != 1 || (args[0] != "quantize" && args[0] != "repack-error")) {
-    return ReportCommandStatus("nvfp4", absl::InvalidArgumentError("want 'nq nvfp4 quantize' or 'nq nvfp4 repack-error'"));
-  }
-  return args[0] == "quantize" ? RunQuantize() : RunRepackError();
+  const std::string sub = args.size() == 1 ? args[0] : "";
+  if (sub == "quantize") return RunQuantize();
+  if (sub == "dequantize") return RunDequantize();
+  if (sub == "repack-error") return RunRepackError();
+  return ReportCommandStatus("nvfp4", absl::InvalidArgumentError("want 'nq nvfp4 quantize|dequantize|repack-error'"));
 }
 
 int RunCensus(const std::vector<std::string>& args) {

@@ -2,6 +2,8 @@
 // and configs, every other tensor byte for byte, and an output our own loader reads back.
 #include "services/nvfp4/checkpoint_quantizer.h"
 
+#include "services/nvfp4/checkpoint_dequantizer.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -182,6 +184,34 @@ TEST(QuantizeCheckpoint, RefusesWhatItCannotDo) {
   options.exclude = {"lm_head.*"};
   EXPECT_THAT(QuantizeCheckpoint(options).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("select no linear weight")));
+}
+
+TEST(DequantizeCheckpoint, ExpandsNvfp4WeightsToTheirExactValues) {
+  QuantizeCheckpointOptions options;
+  options.model_dir = MakeSource("nvfp4_src_deq");
+  options.out_dir = ::testing::TempDir() + "/nvfp4_out_deq";
+  ASSERT_TRUE(QuantizeCheckpoint(options).ok());
+  const std::string plain_dir = ::testing::TempDir() + "/nvfp4_plain";
+  absl::StatusOr<DequantizeCheckpointSummary> summary = DequantizeCheckpoint(options.out_dir, plain_dir);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->dequantized_tensors, 18);
+  absl::StatusOr<model::Checkpoint> quantized = model::Checkpoint::Open(options.out_dir);
+  absl::StatusOr<model::Checkpoint> plain = model::Checkpoint::Open(plain_dir);
+  absl::StatusOr<model::Checkpoint> source = model::Checkpoint::Open(options.model_dir);
+  ASSERT_TRUE(quantized.ok() && plain.ok() && source.ok());
+  EXPECT_EQ(plain->Names(), source->Names());  // no scale tensor left behind
+  const std::string name = "model.layers.2.mlp.experts.1.up_proj.weight";
+  absl::StatusOr<Nvfp4View> view = ReadNvfp4(*quantized, name);
+  absl::StatusOr<model::TensorView> expanded = plain->Find(name);
+  ASSERT_TRUE(view.ok() && expanded.ok());
+  EXPECT_EQ(expanded->dtype, model::DType::kF32);
+  absl::StatusOr<std::vector<float>> want = Dequantize(*view);
+  absl::StatusOr<std::vector<float>> got = model::ConvertToFloat32(expanded->dtype, expanded->data);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(*got, *want);
+  const nlohmann::json config = nlohmann::json::parse(ReadFile(fs::path(plain_dir) / "config.json"));
+  EXPECT_FALSE(config.contains("quantization_config"));
+  EXPECT_FALSE(fs::exists(fs::path(plain_dir) / std::string(kHfQuantConfigName)));
 }
 
 TEST(GlobMatch, MatchesWholeNames) {
