@@ -110,8 +110,14 @@ void Judge(const Output& out, LanguageTally& tally, std::vector<std::string>& ex
   tally.empty_outputs += empty ? 1 : 0;
   if ((fffd > 0 || malformed > 0 || empty) && examples.size() < kMaxExamples) {
     std::string text = out.content;
+    if (!out.reasoning.empty()) absl::StrAppend(&text, " [reasoning] ", out.reasoning);
     for (const auto& [index, arguments] : out.tool_arguments) absl::StrAppend(&text, " [tool ", index, "] ", arguments);
-    if (text.size() > kExampleBytes) text.resize(kExampleBytes);
+    if (text.size() > kExampleBytes) {
+      // Cut on a character boundary so the example stays printable UTF-8.
+      size_t cut = kExampleBytes;
+      while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+      text.resize(cut);
+    }
     examples.push_back(absl::StrCat(tally.language, ": ", empty ? "(empty)" : text));
   }
 }

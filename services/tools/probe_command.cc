@@ -33,7 +33,8 @@ int RunProbeUtf8(const std::vector<std::string>& args) {
   absl::StatusOr<nvfp4::ProbeReport> report = nvfp4::RunUtf8Probe(options);
   if (!report.ok()) return ReportCommandStatus("probe-utf8", report.status());
   if (absl::GetFlag(FLAGS_probe_json)) {
-    std::printf("%s\n", nvfp4::ProbeJson(*report).dump(2).c_str());
+    // The examples quote served text; replace (never throw on) anything that is not UTF-8.
+    std::printf("%s\n", nvfp4::ProbeJson(*report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("%s", nvfp4::ProbeText(*report).c_str());
   }

@@ -125,7 +125,11 @@ TEST(Utf8Probe, CleanServerPasses) {
 TEST(Utf8Probe, CatchesReplacementCharactersPerLanguage) {
   FakeOpenAiServer server([](const Json& request) -> std::pair<std::string, std::string> {
     const std::string prompt = request["messages"][0]["content"];
-    if (prompt.find("서울") != std::string::npos) return {"서울\xEF\xBF\xBD의 가을 \xEF\xBF\xBD", ""};
+    if (prompt.find("서울") != std::string::npos) {
+      std::string long_tail;
+      for (int i = 0; i < 100; ++i) long_tail += "가";
+      return {"서울\xEF\xBF\xBD의 가을 \xEF\xBF\xBD " + long_tail, ""};
+    }
     return CleanAnswer(request);
   });
   absl::StatusOr<ProbeReport> report = RunUtf8Probe(Options(server, 3));
@@ -134,6 +138,10 @@ TEST(Utf8Probe, CatchesReplacementCharactersPerLanguage) {
   EXPECT_EQ(report->languages[0].replacement_chars, 6);  // 2 per answer x 3 runs
   EXPECT_EQ(Sum(*report, &LanguageTally::replacement_chars), 6);
   EXPECT_THAT(ProbeText(*report), HasSubstr("CORRUPTION"));
+  // Examples are cut on a character boundary: the report serialises without a UTF-8 error.
+  ASSERT_FALSE(report->examples.empty());
+  EXPECT_TRUE(IsValidUtf8(report->examples[0]));
+  EXPECT_NO_THROW(ProbeJson(*report).dump());
 }
 
 TEST(Utf8Probe, CatchesBrokenToolCallJson) {
