@@ -63,6 +63,14 @@ void Accumulate(const Json& message, Output& out) {
   }
 }
 
+// Adds choice[key] (key: "message" or "delta"); false when the choice is not an object.
+// (json::value() would throw on a non-object, and no exception may leave this file.)
+bool AccumulateChoice(const Json& choice, const char* key, Output& out) {
+  if (!choice.is_object()) return false;
+  if (choice.contains(key)) Accumulate(choice[key], out);
+  return true;
+}
+
 // Parses a response body into `out`; false when it is not what an OpenAI server sends.
 bool ParseBody(const std::string& body, bool stream, Output& out) {
   if (!stream) {
@@ -70,8 +78,7 @@ bool ParseBody(const std::string& body, bool stream, Output& out) {
     if (json.is_discarded() || !json.contains("choices") || !json["choices"].is_array() || json["choices"].empty()) {
       return false;
     }
-    Accumulate(json["choices"][0].value("message", Json::object()), out);
-    return true;
+    return AccumulateChoice(json["choices"][0], "message", out);
   }
   bool any = false;
   for (absl::string_view line : absl::StrSplit(body, '\n')) {
@@ -82,7 +89,7 @@ bool ParseBody(const std::string& body, bool stream, Output& out) {
     const Json event = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (event.is_discarded()) return false;
     if (event.contains("choices") && event["choices"].is_array() && !event["choices"].empty()) {
-      Accumulate(event["choices"][0].value("delta", Json::object()), out);
+      if (!AccumulateChoice(event["choices"][0], "delta", out)) return false;
       any = true;
     }
   }

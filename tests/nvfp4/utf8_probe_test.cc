@@ -27,19 +27,18 @@ using Answer = std::function<std::pair<std::string, std::string>(const Json& req
 
 class FakeOpenAiServer {
  public:
-  explicit FakeOpenAiServer(Answer answer, bool raw_invalid_utf8 = false) {
+  // A non-empty `raw_body` is sent as is to every chat request.
+  explicit FakeOpenAiServer(Answer answer, std::string raw_body = "") {
     server_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"object":"list","data":[{"id":"fake-nvfp4","object":"model"}]})", "application/json");
     });
-    server_.Post("/v1/chat/completions", [this, answer, raw_invalid_utf8](const httplib::Request& req,
-                                                                          httplib::Response& res) {
+    server_.Post("/v1/chat/completions", [this, answer, raw_body](const httplib::Request& req,
+                                                                  httplib::Response& res) {
       const Json request = Json::parse(req.body);
       ++requests_;
       last_model_ = request["model"];
-      if (raw_invalid_utf8) {
-        // A server that splits a 3-byte character and does not repair it.
-        res.set_content("{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"\xEC\xA0\"}}]}",
-                        "application/json");
+      if (!raw_body.empty()) {
+        res.set_content(raw_body, "application/json");
         return;
       }
       auto [content, arguments] = answer(request);
@@ -167,11 +166,22 @@ TEST(Utf8Probe, EmptyOutputsAndInvalidBytesAreNotClean) {
   EXPECT_FALSE(report->Clean());
   EXPECT_EQ(Sum(*report, &LanguageTally::empty_outputs), 18);
 
-  FakeOpenAiServer split(CleanAnswer, /*raw_invalid_utf8=*/true);
+  // A server that splits a 3-byte character and does not repair it.
+  FakeOpenAiServer split(CleanAnswer, "{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"\xEC\xA0\"}}]}");
   report = RunUtf8Probe(Options(split));
   ASSERT_TRUE(report.ok());
   EXPECT_FALSE(report->Clean());
   EXPECT_EQ(Sum(*report, &LanguageTally::invalid_utf8), 18);
+}
+
+TEST(Utf8Probe, BodiesThatAreNotOpenAiAnswersCountAsFailedRequests) {
+  for (const char* body : {R"({"choices": ["text"]})", R"({"choices": []})", "not json", R"([1, 2])"}) {
+    FakeOpenAiServer server(CleanAnswer, body);
+    absl::StatusOr<ProbeReport> report = RunUtf8Probe(Options(server));
+    ASSERT_TRUE(report.ok()) << body;
+    EXPECT_FALSE(report->Clean()) << body;
+    EXPECT_EQ(Sum(*report, &LanguageTally::failed_requests), 18) << body;
+  }
 }
 
 TEST(Utf8Probe, RefusesBadOptionsAndDeadServers) {
