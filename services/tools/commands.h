@@ -46,4 +46,14 @@ int RunKld(const std::vector<std::string>& args);
 // nq mtp-acceptance --model DIR --tokens FILE[,FILE] [--window N] [--release R --expert-bits B]
 int RunMtpAcceptance(const std::vector<std::string>& args);
 
+// nq nvfp4 quantize --model DIR --out DIR [--scale-search off|nonclip|clip] [--tap FILE.jsonl]
+//                   [--include GLOBS] [--exclude GLOBS] [--threads N]
+// nq nvfp4 dequantize --model NVFP4_DIR --out DIR
+// nq nvfp4 repack-error --model NVFP4_DIR --reference HF_DIR [--tp W]
+int RunNvfp4(const std::vector<std::string>& args);
+// nq census --model NVFP4_DIR [--json]
+int RunCensus(const std::vector<std::string>& args);
+// nq probe-utf8 --url URL [--runs N] [--probe-model M] [--stream] [--probe-json]
+int RunProbeUtf8(const std::vector<std::string>& args);
+
 }  // namespace nq::tools

@@ -39,6 +39,13 @@ constexpr char kUsage[] =
     "                 --tokens FILE[,FILE] [--window 2048] [--slots F] [--domains a,b] [--out JSON]\n"
     "  mtp-acceptance  offline MTP draft acceptance (draft vs greedy next token)\n"
     "                 --model DIR --tokens FILE[,FILE] [--window N] [--release R --expert-bits 2|4|fixed] [--out JSON]\n"
+    "  nvfp4        NVFP4 checkpoints (ModelOpt layout), routed experts by default\n"
+    "                 quantize --model DIR --out DIR [--scale-search off|nonclip|clip] [--tap FILE.jsonl]\n"
+    "                          [--include GLOBS] [--exclude GLOBS]\n"
+    "                 dequantize --model NVFP4_DIR --out DIR   (F32 weights, for nq logits)\n"
+    "                 repack-error --model NVFP4_DIR --reference HF_DIR [--tp W]\n"
+    "  census       gate/up weight_scale_2 mismatches of an NVFP4 checkpoint: --model DIR [--json]\n"
+    "  probe-utf8   U+FFFD / broken tool-call probe of an OpenAI endpoint: --url URL [--runs N] [--stream]\n"
     "run 'nq --help' for every flag";
 
 }  // namespace
@@ -93,6 +100,9 @@ int main(int argc, char** argv) {
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);
   if (command == "kld") return nq::tools::RunKld(rest);
   if (command == "mtp-acceptance") return nq::tools::RunMtpAcceptance(rest);
+  if (command == "nvfp4") return nq::tools::RunNvfp4(rest);
+  if (command == "census") return nq::tools::RunCensus(rest);
+  if (command == "probe-utf8") return nq::tools::RunProbeUtf8(rest);
   std::fprintf(stderr, "nq: unknown command '%s'\n%s\n", command.c_str(), kUsage);
   return 2;
 }
