@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/quant/nested_scalar_codec.h"
+#include "services/quant/trellis_codec.h"
 
 namespace nq::quant {
 
@@ -62,6 +63,7 @@ Registry& GetRegistry() {
     r->factories[std::string(kNestedScalarV1)] = [] {
       return std::make_unique<NestedScalarCodec>();
     };
+    r->factories[std::string(kTrellisV1)] = [] { return std::make_unique<TrellisCodec>(); };
     return r;
   }();
   return *registry;
