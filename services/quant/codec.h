@@ -131,5 +131,9 @@ absl::Status RegisterCodec(const std::string& name, CodecFactory factory);
 // A new instance of the named codec; NotFound naming the known codecs otherwise.
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view name);
 std::vector<std::string> RegisteredCodecNames();
+// The registry name for what a user typed: the short names "scalar" (nested_scalar_v1) and
+// "trellis" (trellis_v1), or a registered name as it is; NotFound (as MakeCodec) otherwise.
+// Manifests always record the registry name.
+absl::StatusOr<std::string> ResolveCodecName(absl::string_view name);
 
 }  // namespace nq::quant

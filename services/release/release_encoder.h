@@ -21,6 +21,8 @@ struct EncodeReleaseOptions {
   int tp_size = 1;
   // Experts per layer pinned at 4 bits by default (the first of the ranking).
   int fixed_per_layer = 0;
+  // A registry name or a short name ("scalar", "trellis": quant::ResolveCodecName); the
+  // manifest records the registry name.
   std::string codec = "nested_scalar_v1";
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.
