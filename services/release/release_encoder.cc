@@ -135,14 +135,16 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   }
   ASSIGN_OR_RETURN(format::ReleaseWriter writer, format::ReleaseWriter::Create(out_dir, manifest));
 
-  const int total = static_cast<int>(layers.size()) * world;
+  // Progress counts experts (a trellis encode of one layer shard can take minutes).
+  const int total = static_cast<int>(layers.size()) * world * static_cast<int>(E);
   int done = 0;
   for (uint32_t layer : layers) {
     const format::ManifestLayer& ml = *manifest.FindLayer(layer);
     for (int rank = 0; rank < world; ++rank) {
       ASSIGN_OR_RETURN(bool have, writer.HasLayer(static_cast<uint32_t>(rank), layer));
       if (have) {
-        if (options.progress) options.progress(++done, total);
+        done += static_cast<int>(E);
+        if (options.progress) options.progress(done, total);
         continue;
       }
       model::SafetensorsWriter resident;
@@ -213,10 +215,10 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         }
         ASSIGN_OR_RETURN(std::vector<std::byte> record, layout->Pack(parts));
         records.push_back(std::move(record));
+        if (options.progress) options.progress(++done, total);
       }
       resident.SetMetadata("codec", codec->name());
       RETURN_IF_ERROR(writer.WriteLayer(static_cast<uint32_t>(rank), layer, *layout, records, resident));
-      if (options.progress) options.progress(++done, total);
     }
   }
   return writer.Finish();

@@ -27,7 +27,8 @@ struct EncodeReleaseOptions {
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.
   std::string calibration_path;
-  // Called after each (layer, rank) with the count done and the total.
+  // Called after each expert of each (layer, rank) with the experts done and the total
+  // (layers x ranks x experts); a (layer, rank) already written counts all its experts at once.
   std::function<void(int done, int total)> progress;
 };
 
