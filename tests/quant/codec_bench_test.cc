@@ -94,14 +94,14 @@ TEST(BitsPerWeightTest, CountsPlanesScalesGainsAndRotation) {
 }
 
 TEST(MeasureEncodeCostTest, ExtrapolatesFromASliceAndRefusesBadSlices) {
-  auto r = MeasureEncodeCost("trellis_v1", 64, 64, 16, 3);
+  auto r = MeasureEncodeCost("trellis_v1", 64, 128, 16, 3);
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(r->slice_rows, 16);
   EXPECT_GT(r->slice_seconds, 0.0);
   EXPECT_DOUBLE_EQ(r->seconds_per_matrix, 4 * r->slice_seconds);
-  // 64 x 64: 2 bits + 32 * (64 + 64 + 4 + 4) + 256 side bits over 4096 weights.
-  EXPECT_DOUBLE_EQ(r->bits_2bit, 2.0 + (32.0 * 136 + 256) / 4096.0);
-  EXPECT_THAT(MeasureEncodeCost("trellis_v1", 64, 64, 24, 3),
+  // 64 x 128: 2 bits + 32 * (64 + 128 + 8 + 8) + 256 side bits over 8192 weights.
+  EXPECT_DOUBLE_EQ(r->bits_2bit, 2.0 + (32.0 * 208 + 256) / 8192.0);
+  EXPECT_THAT(MeasureEncodeCost("trellis_v1", 64, 128, 24, 3),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must divide")));
 }
 
