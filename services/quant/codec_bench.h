@@ -89,7 +89,7 @@ struct EncodeCostReport {
   double bits_4bit = 0.0;
 };
 
-// Times one single-threaded CPU encode (identity Hessian) of a slice_rows x cols slice of
+// Times (thread CPU time) one single-threaded CPU encode (identity Hessian) of a slice_rows x cols slice of
 // i.i.d. N(0,1) and extrapolates to rows x cols; the bits per weight are those of the full
 // shape. slice_rows must divide rows and suit the row rotation block (128 or less).
 absl::StatusOr<EncodeCostReport> MeasureEncodeCost(absl::string_view codec_name, int64_t rows,

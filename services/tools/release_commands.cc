@@ -176,7 +176,7 @@ int RunBenchCodec(const std::vector<std::string>& args) {
     std::printf("| %s | 4 | %.4f | %.4f | %.4f |\n", r.codec.c_str(), r.out.rtn_4bit, r.out.plain_4bit, r.out.ldlq_4bit);
   }
 
-  std::printf("\nBits per weight (every scale, gain and rotation record) and CPU encode time, %lldx%lld, 1 thread\n",
+  std::printf("\nBits per weight (every scale, gain and rotation record) and CPU encode time, %lldx%lld, 1 thread, CPU seconds\n",
               static_cast<long long>(kTimedRows), static_cast<long long>(kTimedCols));
   std::printf("| codec | bits/weight at 2 | at 4 | timed slice | slice s | s per matrix (scaled) |\n");
   std::printf("| --- | ---: | ---: | --- | ---: | ---: |\n");
