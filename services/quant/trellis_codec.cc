@@ -86,9 +86,6 @@ void FeedForward(const std::vector<double>& u, int64_t rows, int64_t cols, int64
   }
 }
 
-// Packs tile-ordered symbols (one per weight) into a plane.
-std::vector<uint8_t> PackTiles(const std::vector<uint8_t>& codes) { return PackCodes(codes, kCodeBits); }
-
 }  // namespace
 
 absl::StatusOr<EncodedMatrix> TrellisCodec::Encode(std::span<const float> w, int64_t rows,
@@ -176,8 +173,9 @@ absl::StatusOr<EncodedMatrix> TrellisCodec::Encode(std::span<const float> w, int
 
   m.row_scales = std::move(p.row_scales);
   m.col_scales = std::move(p.col_scales);
-  m.base_codes = PackTiles(base_codes);
-  if (options.keep_residual) m.residual_codes = PackTiles(residual_codes);
+  // Codes are in tile order, so PackCodes lays out whole 64-byte tiles (trellis_decode.h).
+  m.base_codes = PackCodes(base_codes, kCodeBits);
+  if (options.keep_residual) m.residual_codes = PackCodes(residual_codes, kCodeBits);
   return m;
 }
 
