@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/status_macros.h"
 #include "services/quant/nested_scalar_codec.h"
+#include "services/quant/trellis_codec.h"
 
 namespace nq::quant {
 
@@ -62,6 +64,7 @@ Registry& GetRegistry() {
     r->factories[std::string(kNestedScalarV1)] = [] {
       return std::make_unique<NestedScalarCodec>();
     };
+    r->factories[std::string(kTrellisV1)] = [] { return std::make_unique<TrellisCodec>(); };
     return r;
   }();
   return *registry;
@@ -90,6 +93,13 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view name) {
                                             absl::StrJoin(names, ", "), ")"));
   }
   return it->second();
+}
+
+absl::StatusOr<std::string> ResolveCodecName(absl::string_view name) {
+  if (name == "scalar") return std::string(kNestedScalarV1);
+  if (name == "trellis") return std::string(kTrellisV1);
+  ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(name));
+  return codec->name();
 }
 
 std::vector<std::string> RegisteredCodecNames() {

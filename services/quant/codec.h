@@ -6,7 +6,7 @@
 // base alone.
 //
 // Codecs live behind one interface and are found by name (MakeCodec): "nested_scalar_v1"
-// first; a bitshift-trellis codec (QTIP-style) can register later with its own params.
+// (nested_scalar_codec.h) and "trellis_v1", the bitshift-trellis codec (trellis_codec.h).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +57,8 @@ struct CodecParams {
   RotationParams rotation;
   double lambda = 0.5;
   // Codebooks in the rotated, scaled domain. For nested_scalar_v1: 4 base levels and 16
-  // residual offsets (residual_codebook[b * 4 + r] is added to base_codebook[b]).
+  // residual offsets (residual_codebook[b * 4 + r] is added to base_codebook[b]). For
+  // trellis_v1: the base and residual gains of each 16-column block (cols / 16 each).
   std::vector<float> base_codebook;
   std::vector<float> residual_codebook;
 };
@@ -124,10 +125,15 @@ class Codec {
 // ---- Registry ------------------------------------------------------------------------
 using CodecFactory = std::function<std::unique_ptr<Codec>()>;
 
-// Registers a codec by name; AlreadyExists if taken. "nested_scalar_v1" is built in.
+// Registers a codec by name; AlreadyExists if taken. "nested_scalar_v1" and "trellis_v1"
+// are built in.
 absl::Status RegisterCodec(const std::string& name, CodecFactory factory);
 // A new instance of the named codec; NotFound naming the known codecs otherwise.
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(absl::string_view name);
 std::vector<std::string> RegisteredCodecNames();
+// The registry name for what a user typed: the short names "scalar" (nested_scalar_v1) and
+// "trellis" (trellis_v1), or a registered name as it is; NotFound (as MakeCodec) otherwise.
+// Manifests always record the registry name.
+absl::StatusOr<std::string> ResolveCodecName(absl::string_view name);
 
 }  // namespace nq::quant

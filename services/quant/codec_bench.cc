@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -12,6 +13,12 @@ namespace {
 // MSE-optimal uniform quantiser steps for N(0,1) (Max 1960, Table II).
 constexpr double kUniformStep4Levels = 0.9957;
 constexpr double kUniformStep16Levels = 0.3352;
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 double Mse(std::span<const float> a, std::span<const float> b) {
   double s = 0.0;
@@ -184,6 +191,44 @@ absl::StatusOr<OutputErrorReport> MeasureOutputError(int64_t rows, int64_t cols,
   ASSIGN_OR_RETURN(r.rtn_2bit, RelativeOutputError(w, rtn2, rows, cols, h));
   ASSIGN_OR_RETURN(std::vector<float> rtn4, RoundToNearest(w, rows, cols, 4));
   ASSIGN_OR_RETURN(r.rtn_4bit, RelativeOutputError(w, rtn4, rows, cols, h));
+  return r;
+}
+
+double BitsPerWeight(const EncodedMatrix& m, bool at_4bit) {
+  // The rotation record: row/col block and row/col sign seed, int64 each (release_encoder.cc).
+  constexpr double kRotationBits = 4 * 64;
+  const double side = 32.0 * static_cast<double>(m.rows + m.cols + m.params.base_codebook.size() +
+                                                 m.params.residual_codebook.size()) +
+                      kRotationBits;
+  double planes = 8.0 * static_cast<double>(BasePlaneBytes(m));
+  if (at_4bit) planes += 8.0 * static_cast<double>(ResidualPlaneBytes(m));
+  return (planes + side) / static_cast<double>(m.rows * m.cols);
+}
+
+absl::StatusOr<EncodeCostReport> MeasureEncodeCost(absl::string_view codec_name, int64_t rows,
+                                                   int64_t cols, int64_t slice_rows, uint64_t seed) {
+  if (rows <= 0 || cols <= 0 || slice_rows <= 0 || rows % slice_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("slice of ", slice_rows, " rows must divide ", rows,
+                                                   " x ", cols));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(codec_name));
+  const std::vector<float> w = GaussianValues(slice_rows * cols, seed);
+  EncodeOptions options;
+  options.rotation.row_block = std::min<int64_t>(slice_rows, kDefaultHadamardBlock);
+  // CPU time of this thread, not wall time: the encode is single-threaded, and on a shared
+  // machine wall time measures the neighbours.
+  const double start = ThreadCpuSeconds();
+  ASSIGN_OR_RETURN(EncodedMatrix m, codec->Encode(w, slice_rows, cols, nullptr, options));
+  EncodeCostReport r;
+  r.slice_seconds = ThreadCpuSeconds() - start;
+  r.rows = rows;
+  r.cols = cols;
+  r.slice_rows = slice_rows;
+  r.seconds_per_matrix = r.slice_seconds * static_cast<double>(rows / slice_rows);
+  // The full shape's planes and scales; the codebooks depend on cols only (both codecs).
+  m.rows = rows;
+  r.bits_2bit = BitsPerWeight(m, false);
+  r.bits_4bit = BitsPerWeight(m, true);
   return r;
 }
 

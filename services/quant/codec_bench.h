@@ -73,4 +73,26 @@ absl::StatusOr<OutputErrorReport> MeasureOutputError(
     int64_t rows, int64_t cols, int64_t samples, double rho, uint64_t seed,
     absl::string_view codec_name = "nested_scalar_v1", const EncodeOptions& options = {});
 
+// Bits per weight of an encoded rows x cols matrix, every side table counted: the planes,
+// fp32 row/column scales, fp32 codebooks (gains) and the rotation record (4 x int64), as
+// nq encode's resident file and record hold them. `at_4bit` adds the residual plane.
+double BitsPerWeight(const EncodedMatrix& m, bool at_4bit);
+
+struct EncodeCostReport {
+  int64_t rows = 0;        // the matrix the figures are for (e.g. 7168 x 2048)
+  int64_t cols = 0;
+  int64_t slice_rows = 0;  // rows actually encoded and timed
+  double slice_seconds = 0.0;
+  // slice_seconds * rows / slice_rows: every codec here costs the same per row of tiles.
+  double seconds_per_matrix = 0.0;
+  double bits_2bit = 0.0;  // BitsPerWeight at rows x cols
+  double bits_4bit = 0.0;
+};
+
+// Times (thread CPU time) one single-threaded CPU encode (identity Hessian) of a slice_rows x cols slice of
+// i.i.d. N(0,1) and extrapolates to rows x cols; the bits per weight are those of the full
+// shape. slice_rows must divide rows and suit the row rotation block (128 or less).
+absl::StatusOr<EncodeCostReport> MeasureEncodeCost(absl::string_view codec_name, int64_t rows,
+                                                   int64_t cols, int64_t slice_rows, uint64_t seed);
+
 }  // namespace nq::quant

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "services/quant/codec_prep.h"
 #include "services/quant/nested_codebook.h"
 
 namespace nq::quant {
@@ -17,59 +18,6 @@ constexpr int kCodeBits = 2;
 // L2 while the rows stream past it.
 constexpr int64_t kFeedbackBlock = 128;
 constexpr int64_t kFeedbackTile = 512;
-
-absl::Status ValidateInput(std::span<const float> w, int64_t rows, int64_t cols,
-                           const EncodeOptions& o) {
-  if (rows <= 0 || cols <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matrix must be non-empty, got ", rows, " x ", cols));
-  }
-  if (static_cast<int64_t>(w.size()) != rows * cols) {
-    return absl::InvalidArgumentError(absl::StrCat("weight buffer holds ", w.size(),
-                                                   " values, expected ", rows, " x ", cols));
-  }
-  RETURN_IF_ERROR(ValidateHadamardBlock(rows, o.rotation.row_block, "rows"));
-  RETURN_IF_ERROR(ValidateHadamardBlock(cols, o.rotation.col_block, "cols"));
-  if (o.scale_passes < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scale_passes must be >= 1, got ", o.scale_passes));
-  }
-  if (o.codebook_refinements < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codebook_refinements must be >= 0, got ", o.codebook_refinements));
-  }
-  for (float v : w) {
-    if (!std::isfinite(v)) return absl::InvalidArgumentError("weights hold a non-finite value");
-  }
-  return absl::OkStatus();
-}
-
-// Alternating RMS normalisation of rows and columns of the rotated matrix.
-void FoldScales(const std::vector<float>& wr, int64_t rows, int64_t cols, int passes,
-                std::vector<float>& row_scales, std::vector<float>& col_scales) {
-  row_scales.assign(static_cast<size_t>(rows), 1.0f);
-  col_scales.assign(static_cast<size_t>(cols), 1.0f);
-  std::vector<double> acc;
-  for (int p = 0; p < passes; ++p) {
-    for (int64_t i = 0; i < rows; ++i) {
-      double s = 0.0;
-      const float* row = wr.data() + i * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        const double v = col_scales[j] > 0 ? row[j] / col_scales[j] : 0.0;
-        s += v * v;
-      }
-      row_scales[i] = static_cast<float>(std::sqrt(s / cols));
-    }
-    acc.assign(static_cast<size_t>(cols), 0.0);
-    for (int64_t i = 0; i < rows; ++i) {
-      if (row_scales[i] == 0.0f) continue;
-      const double inv = 1.0 / row_scales[i];
-      const float* row = wr.data() + i * cols;
-      for (int64_t j = 0; j < cols; ++j) acc[j] += (row[j] * inv) * (row[j] * inv);
-    }
-    for (int64_t j = 0; j < cols; ++j) col_scales[j] = static_cast<float>(std::sqrt(acc[j] / rows));
-  }
-}
 
 // Per-cell sums of the targets each code was chosen for: the Lloyd update of a codebook
 // refit (base level = mean 2-bit target of its cell, 4-bit level = mean 4-bit target).
@@ -168,47 +116,22 @@ NestedCodebook Refit(const NestedCodebook& cb, const CellMeans& means) {
 absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w, int64_t rows,
                                                         int64_t cols, const Hessian* hessian,
                                                         const EncodeOptions& options) const {
-  RETURN_IF_ERROR(ValidateInput(w, rows, cols, options));
+  RETURN_IF_ERROR(ValidateEncodeInput(w, rows, cols, options));
+  if (options.codebook_refinements < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codebook_refinements must be >= 0, got ", options.codebook_refinements));
+  }
 
   EncodedMatrix m;
   m.rows = rows;
   m.cols = cols;
   ASSIGN_OR_RETURN(m.params, DefaultParams(options.lambda, options.rotation));
   ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(options.lambda));
-
-  std::vector<float> wr(w.begin(), w.end());
-  RETURN_IF_ERROR(RotateMatrix(wr, rows, cols, options.rotation));
-  FoldScales(wr, rows, cols, options.scale_passes, m.row_scales, m.col_scales);
-
-  // The feedback factor in the scaled domain: error in W' of row i is
-  // row_scale_i * C (z - z_hat), so every row sees H_z = C (R H R^T) C.
-  // An all-zero matrix has all-zero scales and codes nothing; it needs no feedback.
-  std::vector<double> u;
-  const bool all_zero = std::all_of(m.col_scales.begin(), m.col_scales.end(),
-                                    [](float c) { return c == 0.0f; });
-  if (hessian != nullptr) RETURN_IF_ERROR(ValidateHessian(*hessian, cols));
-  if (hessian != nullptr && !all_zero) {
-    Hessian hz = *hessian;
-    RETURN_IF_ERROR(RotateSymmetric(hz.values, cols, options.rotation.col_block,
-                                    options.rotation.col_sign_seed));
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t k = 0; k < cols; ++k) {
-        hz.values[j * cols + k] *= static_cast<double>(m.col_scales[j]) * m.col_scales[k];
-      }
-    }
-    // A zero column scale makes H_z singular there; damping keeps it definite.
-    ASSIGN_OR_RETURN(u, FeedbackFactor(hz, options.damping));
-  }
-
-  // The scaled, rotated weights Z, the quantiser's input.
-  std::vector<double> z(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i) {
-    const double inv_r = m.row_scales[i] > 0 ? 1.0 / m.row_scales[i] : 0.0;
-    for (int64_t j = 0; j < cols; ++j) {
-      const double inv_c = m.col_scales[j] > 0 ? 1.0 / m.col_scales[j] : 0.0;
-      z[i * cols + j] = wr[i * cols + j] * inv_r * inv_c;
-    }
-  }
+  ASSIGN_OR_RETURN(PreparedMatrix prepared, PrepareMatrix(w, rows, cols, hessian, options));
+  m.row_scales = std::move(prepared.row_scales);
+  m.col_scales = std::move(prepared.col_scales);
+  const std::vector<double>& z = prepared.z;
+  const std::vector<double>& u = prepared.feedback;
   std::vector<uint8_t> base(static_cast<size_t>(rows * cols));
   std::vector<uint8_t> residual(static_cast<size_t>(rows * cols));
   NestedCodebook fitted = cb;

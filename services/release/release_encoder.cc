@@ -17,6 +17,8 @@
 #include "services/model/safetensors_load.h"
 #include "services/model/safetensors_writer.h"
 #include "services/quant/codec.h"
+#include "services/quant/trellis_codec.h"
+#include "services/quant/trellis_decode.h"
 #include "services/release/calibration.h"
 
 namespace nq::release {
@@ -71,7 +73,8 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::string config_text, ReadFile(model_dir + "/config.json"));
   ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseModelConfig(config_text));
   ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(options.codec));
+  ASSIGN_OR_RETURN(const std::string codec_name, quant::ResolveCodecName(options.codec));
+  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(codec_name));
   const int world = options.tp_size;
   const int64_t E = config.n_routed_experts, D = config.hidden_size, I = config.moe_intermediate_size;
   if (world < 1 || I % world != 0) {
@@ -114,6 +117,12 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   manifest.experts_per_layer = static_cast<uint32_t>(E);
   manifest.codec = codec->name();
   manifest.codec_params = {{"base_bits", 2}, {"residual_bits", 2}, {"lambda", quant::EncodeOptions{}.lambda}};
+  if (manifest.codec == quant::kTrellisV1) {
+    // What trellis_decode.h assumes; the resident codebook tensors hold per-16-column gains.
+    manifest.codec_params["state_bits"] = quant::trellis::kStateBits;
+    manifest.codec_params["tile"] = quant::trellis::kTileDim;
+    manifest.codec_params["tail_biting"] = true;
+  }
   std::vector<uint32_t> layers;
   for (int64_t l = 0; l < config.num_hidden_layers + config.num_nextn_predict_layers; ++l) {
     if (!config.IsMoeLayer(l)) continue;
@@ -126,14 +135,16 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   }
   ASSIGN_OR_RETURN(format::ReleaseWriter writer, format::ReleaseWriter::Create(out_dir, manifest));
 
-  const int total = static_cast<int>(layers.size()) * world;
+  // Progress counts experts (a trellis encode of one layer shard can take minutes).
+  const int total = static_cast<int>(layers.size()) * world * static_cast<int>(E);
   int done = 0;
   for (uint32_t layer : layers) {
     const format::ManifestLayer& ml = *manifest.FindLayer(layer);
     for (int rank = 0; rank < world; ++rank) {
       ASSIGN_OR_RETURN(bool have, writer.HasLayer(static_cast<uint32_t>(rank), layer));
       if (have) {
-        if (options.progress) options.progress(++done, total);
+        done += static_cast<int>(E);
+        if (options.progress) options.progress(done, total);
         continue;
       }
       model::SafetensorsWriter resident;
@@ -204,10 +215,10 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         }
         ASSIGN_OR_RETURN(std::vector<std::byte> record, layout->Pack(parts));
         records.push_back(std::move(record));
+        if (options.progress) options.progress(++done, total);
       }
       resident.SetMetadata("codec", codec->name());
       RETURN_IF_ERROR(writer.WriteLayer(static_cast<uint32_t>(rank), layer, *layout, records, resident));
-      if (options.progress) options.progress(++done, total);
     }
   }
   return writer.Finish();

@@ -21,11 +21,14 @@ struct EncodeReleaseOptions {
   int tp_size = 1;
   // Experts per layer pinned at 4 bits by default (the first of the ranking).
   int fixed_per_layer = 0;
+  // A registry name or a short name ("scalar", "trellis": quant::ResolveCodecName); the
+  // manifest records the registry name.
   std::string codec = "nested_scalar_v1";
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.
   std::string calibration_path;
-  // Called after each (layer, rank) with the count done and the total.
+  // Called after each expert of each (layer, rank) with the experts done and the total
+  // (layers x ranks x experts); a (layer, rank) already written counts all its experts at once.
   std::function<void(int done, int total)> progress;
 };
 

@@ -24,9 +24,14 @@ absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> ReleaseExpertDecoder::Open
     if (config.IsMoeLayer(l)) identity.moe_layer_ids.push_back(static_cast<uint32_t>(l));
   }
   RETURN_IF_ERROR(release.CheckMatchesModel(identity));
-  ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(release.manifest().codec));
+  absl::StatusOr<std::unique_ptr<quant::Codec>> codec = quant::MakeCodec(release.manifest().codec);
+  if (!codec.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("release ", release_dir, " is coded with '",
+                                                      release.manifest().codec, "', which this build cannot decode: ",
+                                                      codec.status().message()));
+  }
   return std::unique_ptr<ReleaseExpertDecoder>(new ReleaseExpertDecoder(
-      std::move(release), std::move(codec), static_cast<uint32_t>(tp.rank), std::move(identity.moe_layer_ids)));
+      std::move(release), *std::move(codec), static_cast<uint32_t>(tp.rank), std::move(identity.moe_layer_ids)));
 }
 
 absl::StatusOr<uint64_t> ReleaseExpertDecoder::RecordBytes(uint32_t layer) const {

@@ -1,6 +1,8 @@
 // nq encode, nq verify, nq assemble, nq bench-codec: the NestQuant release tools.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +29,10 @@ ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::string, tokens);
 ABSL_FLAG(int, fixed_per_layer, 0, "encode: experts per layer pinned at 4 bits by default");
 ABSL_FLAG(std::string, calib, "", "encode: calibration Hessians and routing counts from nq calibrate");
-ABSL_FLAG(std::string, codec, "nested_scalar_v1", "encode: the codec");
+ABSL_FLAG(std::string, codec, "scalar",
+          "encode: the codec, scalar (nested_scalar_v1) or trellis (trellis_v1, ~2x lower 2-bit "
+          "MSE, Viterbi encode ~1000x slower)");
+ABSL_FLAG(std::string, codecs, "scalar,trellis", "bench-codec: the codecs to compare, comma-separated");
 ABSL_FLAG(std::string, tokens_file, "", "calibrate: token ids, one sequence per line (comma or space separated)");
 ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
 ABSL_FLAG(std::string, into, "", "assemble: the release directory to install into");
@@ -40,11 +45,21 @@ ABSL_FLAG(int, size, 1024, "bench-codec: n of the n x n N(0,1) matrix (the issue
 namespace nq::tools {
 namespace {
 
+// A bar on a terminal; otherwise a plain line about every 5% (logs of hours-long encodes).
 void ProgressBar(int done, int total) {
-  if (!isatty(STDERR_FILENO)) return;
+  static const auto start = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double left = done > 0 ? elapsed * (total - done) / done : 0.0;
+  if (!isatty(STDERR_FILENO)) {
+    const int step = std::max(1, total / 20);
+    if (done % step == 0 || done == total) {
+      std::fprintf(stderr, "nq encode: %d/%d experts, %.0f s elapsed, ~%.0f s left\n", done, total, elapsed, left);
+    }
+    return;
+  }
   const int width = 40, filled = total > 0 ? done * width / total : width;
-  std::fprintf(stderr, "\r[%s%s] %d/%d layer shards", std::string(filled, '#').c_str(),
-               std::string(width - filled, '.').c_str(), done, total);
+  std::fprintf(stderr, "\r[%s%s] %d/%d experts, %.0f s, ~%.0f s left ", std::string(filled, '#').c_str(),
+               std::string(width - filled, '.').c_str(), done, total, elapsed, left);
   if (done == total) std::fprintf(stderr, "\n");
 }
 
@@ -117,23 +132,59 @@ int RunAssemble(const std::vector<std::string>& args) {
 int RunBenchCodec(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("bench-codec", absl::InvalidArgumentError("unexpected argument " + args[0]));
   const int n = absl::GetFlag(FLAGS_size);
-  absl::StatusOr<quant::GaussianMseReport> mse = quant::MeasureGaussianMse(n, /*seed=*/1, absl::GetFlag(FLAGS_codec));
-  if (!mse.ok()) return ReportCommandStatus("bench-codec", mse.status());
-  std::printf("MSE on i.i.d. N(0,1) %dx%d (codec %s)\n", n, n, absl::GetFlag(FLAGS_codec).c_str());
-  std::printf("| bits | codec | round-to-nearest | Lloyd-Max (scalar) | rate-distortion bound |\n");
-  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
-  std::printf("| 2 | %.4f | %.4f | %.4f | %.4f |\n", mse->mse_2bit, mse->rtn_mse_2bit, quant::kLloydMax2Bit,
-              quant::kRateDistortion2Bit);
-  std::printf("| 4 | %.5f | %.5f | %.4f | %.5f |\n", mse->mse_4bit, mse->rtn_mse_4bit, quant::kLloydMax4Bit,
-              quant::kRateDistortion4Bit);
-  absl::StatusOr<quant::OutputErrorReport> out =
-      quant::MeasureOutputError(512, 512, 2048, 0.9, /*seed=*/2, absl::GetFlag(FLAGS_codec));
-  if (!out.ok()) return ReportCommandStatus("bench-codec", out.status());
+  // The issue's encode-time shape (DeepSeek-V3's expert gate/up: 7168 x 2048), timed on a
+  // 128-row slice (one row rotation block) and scaled, single-threaded.
+  constexpr int64_t kTimedRows = 7168, kTimedCols = 2048, kTimedSlice = 128;
+  struct Row {
+    std::string codec;
+    quant::GaussianMseReport mse;
+    quant::OutputErrorReport out;
+    quant::EncodeCostReport cost;
+  };
+  std::vector<Row> rows;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_codecs), ',', absl::SkipEmpty())) {
+    absl::StatusOr<std::string> codec = quant::ResolveCodecName(name);
+    if (!codec.ok()) return ReportCommandStatus("bench-codec", codec.status());
+    Row& row = rows.emplace_back();
+    row.codec = *codec;
+    absl::StatusOr<quant::GaussianMseReport> mse = quant::MeasureGaussianMse(n, /*seed=*/1, *codec);
+    if (!mse.ok()) return ReportCommandStatus("bench-codec", mse.status());
+    row.mse = *mse;
+    absl::StatusOr<quant::OutputErrorReport> out = quant::MeasureOutputError(512, 512, 2048, 0.9, /*seed=*/2, *codec);
+    if (!out.ok()) return ReportCommandStatus("bench-codec", out.status());
+    row.out = *out;
+    absl::StatusOr<quant::EncodeCostReport> cost =
+        quant::MeasureEncodeCost(*codec, kTimedRows, kTimedCols, kTimedSlice, /*seed=*/3);
+    if (!cost.ok()) return ReportCommandStatus("bench-codec", cost.status());
+    row.cost = *cost;
+  }
+  if (rows.empty()) return ReportCommandStatus("bench-codec", absl::InvalidArgumentError("--codecs names no codec"));
+  const quant::GaussianMseReport& ref = rows.front().mse;
+  std::printf("MSE on i.i.d. N(0,1) %dx%d, identity Hessian\n", n, n);
+  std::printf("| codec | 2-bit MSE | 4-bit MSE |\n| --- | ---: | ---: |\n");
+  for (const Row& r : rows) std::printf("| %s | %.4f | %.5f |\n", r.codec.c_str(), r.mse.mse_2bit, r.mse.mse_4bit);
+  std::printf("| round-to-nearest | %.4f | %.5f |\n", ref.rtn_mse_2bit, ref.rtn_mse_4bit);
+  std::printf("| scalar Lloyd-Max | %.4f | %.5f |\n", quant::kLloydMax2Bit, quant::kLloydMax4Bit);
+  std::printf("| issue #16 target | 0.0700 | 0.00450 |\n");
+  std::printf("| rate-distortion bound | %.4f | %.5f |\n", quant::kRateDistortion2Bit, quant::kRateDistortion4Bit);
+
   std::printf("\nRelative output error ||X(W-W^)||/||XW||, 512x512 N(0,1) weights, correlated X (rho 0.9)\n");
-  std::printf("| bits | round-to-nearest | codec, identity Hessian | codec, LDLQ with H = X^T X |\n");
-  std::printf("| --- | ---: | ---: | ---: |\n");
-  std::printf("| 2 | %.4f | %.4f | %.4f |\n", out->rtn_2bit, out->plain_2bit, out->ldlq_2bit);
-  std::printf("| 4 | %.4f | %.4f | %.4f |\n", out->rtn_4bit, out->plain_4bit, out->ldlq_4bit);
+  std::printf("| codec | bits | round-to-nearest | identity Hessian | LDLQ with H = X^T X |\n");
+  std::printf("| --- | ---: | ---: | ---: | ---: |\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | 2 | %.4f | %.4f | %.4f |\n", r.codec.c_str(), r.out.rtn_2bit, r.out.plain_2bit, r.out.ldlq_2bit);
+    std::printf("| %s | 4 | %.4f | %.4f | %.4f |\n", r.codec.c_str(), r.out.rtn_4bit, r.out.plain_4bit, r.out.ldlq_4bit);
+  }
+
+  std::printf("\nBits per weight (every scale, gain and rotation record) and CPU encode time, %lldx%lld, 1 thread, CPU seconds\n",
+              static_cast<long long>(kTimedRows), static_cast<long long>(kTimedCols));
+  std::printf("| codec | bits/weight at 2 | at 4 | timed slice | slice s | s per matrix (scaled) |\n");
+  std::printf("| --- | ---: | ---: | --- | ---: | ---: |\n");
+  for (const Row& r : rows) {
+    std::printf("| %s | %.4f | %.4f | %lldx%lld | %.2f | %.1f |\n", r.codec.c_str(), r.cost.bits_2bit, r.cost.bits_4bit,
+                static_cast<long long>(r.cost.slice_rows), static_cast<long long>(r.cost.cols), r.cost.slice_seconds,
+                r.cost.seconds_per_matrix);
+  }
   if (const std::string models = absl::GetFlag(FLAGS_kl_models); !models.empty()) {
     std::printf("\nKL(full precision || NestQuant) over each model's tokens.json, experts from nq encode\n");
     std::printf("| model | all-2-bit KL | top-1 | all-4-bit KL | top-1 |\n| --- | ---: | ---: | ---: | ---: |\n");

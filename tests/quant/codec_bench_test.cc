@@ -78,3 +78,32 @@ TEST(MeasureOutputErrorTest, RejectsBadCorrelation) {
 
 }  // namespace
 }  // namespace nq::quant
+
+namespace nq::quant {
+namespace {
+
+TEST(BitsPerWeightTest, CountsPlanesScalesGainsAndRotation) {
+  EncodedMatrix m;
+  m.rows = 7168;
+  m.cols = 2048;
+  m.params.base_codebook.assign(2048 / 16, 1.0f);
+  m.params.residual_codebook.assign(2048 / 16, 0.25f);
+  const double side = 32.0 * (7168 + 2048 + 256) + 256;
+  EXPECT_DOUBLE_EQ(BitsPerWeight(m, false), 2.0 + side / (7168.0 * 2048.0));
+  EXPECT_DOUBLE_EQ(BitsPerWeight(m, true), 4.0 + side / (7168.0 * 2048.0));
+}
+
+TEST(MeasureEncodeCostTest, ExtrapolatesFromASliceAndRefusesBadSlices) {
+  auto r = MeasureEncodeCost("trellis_v1", 64, 128, 16, 3);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->slice_rows, 16);
+  EXPECT_GT(r->slice_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(r->seconds_per_matrix, 4 * r->slice_seconds);
+  // 64 x 128: 2 bits + 32 * (64 + 128 + 8 + 8) + 256 side bits over 8192 weights.
+  EXPECT_DOUBLE_EQ(r->bits_2bit, 2.0 + (32.0 * 208 + 256) / 8192.0);
+  EXPECT_THAT(MeasureEncodeCost("trellis_v1", 64, 128, 24, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must divide")));
+}
+
+}  // namespace
+}  // namespace nq::quant

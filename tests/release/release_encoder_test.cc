@@ -19,12 +19,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "services/format/manifest.h"
 #include "services/format/release_reader.h"
 #include "services/model/model.h"
 #include "services/model/model_config.h"
 #include "services/model/safetensors.h"
 #include "services/model/safetensors_load.h"
 #include "services/model/synth_checkpoint.h"
+#include "services/release/release_expert_decoder.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::release {
@@ -32,6 +34,7 @@ namespace {
 
 using ::nq::testing::IsOk;
 using ::nq::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -172,6 +175,77 @@ TEST_F(ReleaseEncoderTest, IncompleteOrForeignReleasesAreRefused) {
   EXPECT_THAT(LoadModelWithRelease(model_dir, release_dir, ExpertBits::k4Bit, **backend, nullptr, {.max_tokens = 8}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("COMPLETE")));
   EXPECT_THAT(ParseExpertBits("3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 2, 4 or fixed")));
+}
+
+// trellis_v1 through the whole release path, on a narrower model (2 experts of 128 x 16) so
+// the Viterbi encode stays within a few seconds.
+TEST_F(ReleaseEncoderTest, TrellisReleaseNamesItsCodecAndServesBothLevels) {
+  std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  ASSERT_THAT(config, IsOk());
+  config->n_routed_experts = 2;
+  config->num_experts_per_tok = 2;
+  config->moe_intermediate_size = 16;
+  const std::string model_dir = (root_ / "narrow").string(), release_dir = (root_ / "trellis").string();
+  ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, model_dir, {.seed = 13}), IsOk());
+  std::vector<std::pair<int, int>> progress;
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir,
+                            {.codec = "trellis", .progress = [&](int done, int total) { progress.emplace_back(done, total); }}),
+              IsOk());
+  // One call per expert: 2 MoE layers x 2 experts.
+  ASSERT_EQ(progress.size(), 4u);
+  EXPECT_EQ(progress.front(), std::make_pair(1, 4));
+  EXPECT_EQ(progress.back(), std::make_pair(4, 4));
+  absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+  ASSERT_THAT(release, IsOk());
+  EXPECT_EQ(release->manifest().codec, "trellis_v1");
+  EXPECT_EQ(release->manifest().codec_params.value("state_bits", 0), 16);
+
+  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(model_dir);
+  ASSERT_THAT(checkpoint, IsOk());
+  absl::StatusOr<model::FloatTensor> original = model::LoadFloat32(*checkpoint, "model.layers.1.mlp.experts.1.up_proj.weight");
+  ASSERT_THAT(original, IsOk());
+  absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
+      ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {});
+  ASSERT_THAT(decoder, IsOk());
+  absl::StatusOr<DecodedExpert> two = (*decoder)->Decode(1, 1, quant::Precision::k2Bit, {});
+  absl::StatusOr<DecodedExpert> four = (*decoder)->Decode(1, 1, quant::Precision::k4Bit, {});
+  ASSERT_THAT(two, IsOk());
+  ASSERT_THAT(four, IsOk());
+  // gate_up holds gate's rows then up's.
+  const size_t n = original->values.size();
+  const std::vector<float> up2(two->gate_up.begin() + n, two->gate_up.end());
+  const std::vector<float> up4(four->gate_up.begin() + n, four->gate_up.end());
+  const double e2 = RelativeError(up2, original->values), e4 = RelativeError(up4, original->values);
+  std::printf("[ release  ] trellis_v1 up_proj relative error: 2-bit %.4f, 4-bit %.4f\n", e2, e4);
+  // sqrt of the N(0,1) MSEs (0.069 / 0.0047) is 0.26 / 0.069; small matrices fold scales less well.
+  EXPECT_LT(e2, 0.30);
+  EXPECT_LT(e4, 0.085);
+}
+
+TEST_F(ReleaseEncoderTest, DecoderRefusesACodecThisBuildLacks) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
+  // A release from a newer build: only the manifest's codec name differs.
+  const std::string manifest_path = release_dir + "/" + format::kManifestFile;
+  std::ifstream in(manifest_path);
+  nlohmann::json manifest = nlohmann::json::parse(in);
+  in.close();
+  manifest["codec"]["name"] = "trellis_v9";
+  std::ofstream(manifest_path) << manifest.dump(2);
+  std::ifstream config_in(model_dir + "/config.json");
+  std::stringstream text;
+  text << config_in.rdbuf();
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  ASSERT_THAT(config, IsOk());
+  EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("coded with 'trellis_v9'"), HasSubstr("cannot decode"),
+                             HasSubstr("known: nested_scalar_v1, trellis_v1"))));
+  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "r5").string(), {.codec = "trellis_v9"}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("unknown codec 'trellis_v9'")));
 }
 
 }  // namespace

@@ -1,0 +1,190 @@
+#include "services/quant/trellis_viterbi.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace nq::quant::trellis {
+namespace {
+
+// The search runs the trellis in left-shift form, s^L_t = ((s^L_{t-1} << 2) | c_t) & 0xFFFF
+// (the same symbols as trellis_decode.h's right-shift state, bit pairs reversed): the
+// predecessors of s' are g | j << 14 for g = s' >> 2 ("group"), j = 0..3.
+//
+// Layout: at step t (counted from the start of a run) the cost of state s sits at position
+// rotr16(s, 2t). With g and j as above, the four predecessors of group g and its four
+// successors g << 2 | c then occupy the same four positions rotr16(g | k << 14, 2t), which
+// differ only in the two bits at b = (14 - 2t) mod 16: a step is an in-place min-of-four
+// and update over position quadruples p0 + k * 2^b. For b >= 4 these are runs of 16 or more
+// contiguous floats per partner, which GCC vectorises; every eighth step the layout is back
+// to natural order.
+constexpr uint32_t kGroups = kStateCount >> kSymbolBits;  // 16384
+constexpr uint32_t kGroupMask = kGroups - 1u;
+constexpr int kSymbols = 1 << kSymbolBits;
+constexpr int kLayouts = kStateBits / kSymbolBits;  // 8: the layout's period in steps
+constexpr float kUnreachable = std::numeric_limits<float>::infinity();
+
+constexpr uint32_t Rotr16(uint32_t v, int r) {
+  r &= 15;
+  return ((v >> r) | (v << ((16 - r) & 15))) & kStateMask;
+}
+constexpr uint32_t Rotl16(uint32_t v, int r) { return Rotr16(v, 16 - (r & 15)); }
+
+// Left-shift state to trellis_decode.h's right-shift state: reverse the eight bit pairs.
+constexpr uint32_t LeftToRight(uint32_t s) {
+  uint32_t out = 0;
+  for (int k = 0; k < kStateSpan; ++k) out |= ((s >> (2 * k)) & 3u) << (2 * (kStateSpan - 1 - k));
+  return out;
+}
+
+// Partner bit of step t's layout, and the 14-bit backpointer index of a quadruple's p0.
+constexpr int PartnerBit(int t) { return (kStateBits - kSymbolBits - kSymbolBits * t) & 15; }
+constexpr uint32_t QuadIndex(uint32_t p0, int b) {
+  return (p0 & ((1u << b) - 1u)) | ((p0 >> (b + kSymbolBits)) << b);
+}
+
+}  // namespace
+
+TileSearcher::TileSearcher(std::span<const float> values)
+    : values_(values.begin(), values.end()),
+      layout_values_(static_cast<size_t>(kLayouts) * kStateCount),
+      cost_(kStateCount),
+      backpointers_(static_cast<size_t>(kTileWeights) * kGroups) {
+  // Step t writes the successor s' = rotl16(p, 2t + 2) at position p.
+  for (int t = 0; t < kLayouts; ++t) {
+    float* v = layout_values_.data() + static_cast<size_t>(t) * kStateCount;
+    for (uint32_t p = 0; p < kStateCount; ++p) v[p] = values_[LeftToRight(Rotl16(p, 2 * t + 2))];
+  }
+}
+
+void TileSearcher::Step(int t, float x, uint8_t* bp) {
+  const int b = PartnerBit(t);
+  const uint32_t stride = 1u << b;
+  float* cost = cost_.data();
+  const float* v = layout_values_.data() + static_cast<size_t>(t % kLayouts) * kStateCount;
+  for (uint32_t hi = 0; hi < kStateCount; hi += 4 * stride) {
+    float* c0 = cost + hi;
+    float* c1 = c0 + stride;
+    float* c2 = c1 + stride;
+    float* c3 = c2 + stride;
+    const float* v0 = v + hi;
+    uint8_t* bpo = bp + (hi >> kSymbolBits);
+    uint32_t lo = 0;
+#if defined(__SSE2__)
+    // Four groups per iteration; the same arithmetic as the scalar tail below (minps(a, b)
+    // is a < b ? a : b, so ties keep the lower index).
+    const __m128 xv = _mm_set1_ps(x);
+    const __m128i one = _mm_set1_epi32(1);
+    const __m128i two = _mm_set1_epi32(2);
+    for (; lo + 4 <= stride; lo += 4) {
+      const __m128 a0 = _mm_loadu_ps(c0 + lo), a1 = _mm_loadu_ps(c1 + lo);
+      const __m128 a2 = _mm_loadu_ps(c2 + lo), a3 = _mm_loadu_ps(c3 + lo);
+      const __m128i j01 = _mm_and_si128(_mm_castps_si128(_mm_cmplt_ps(a1, a0)), one);
+      const __m128i j23 = _mm_add_epi32(two, _mm_and_si128(_mm_castps_si128(_mm_cmplt_ps(a3, a2)), one));
+      const __m128 m01 = _mm_min_ps(a1, a0);
+      const __m128 m23 = _mm_min_ps(a3, a2);
+      const __m128i high = _mm_castps_si128(_mm_cmplt_ps(m23, m01));
+      const __m128 m = _mm_min_ps(m23, m01);
+      const __m128i j = _mm_or_si128(_mm_and_si128(high, j23), _mm_andnot_si128(high, j01));
+      const __m128i j8 = _mm_packus_epi16(_mm_packs_epi32(j, j), _mm_setzero_si128());
+      const int packed = _mm_cvtsi128_si32(j8);
+      std::memcpy(bpo + lo, &packed, 4);
+      const __m128 d0 = _mm_sub_ps(xv, _mm_loadu_ps(v0 + lo));
+      const __m128 d1 = _mm_sub_ps(xv, _mm_loadu_ps(v0 + lo + stride));
+      const __m128 d2 = _mm_sub_ps(xv, _mm_loadu_ps(v0 + lo + 2 * stride));
+      const __m128 d3 = _mm_sub_ps(xv, _mm_loadu_ps(v0 + lo + 3 * stride));
+      _mm_storeu_ps(c0 + lo, _mm_add_ps(m, _mm_mul_ps(d0, d0)));
+      _mm_storeu_ps(c1 + lo, _mm_add_ps(m, _mm_mul_ps(d1, d1)));
+      _mm_storeu_ps(c2 + lo, _mm_add_ps(m, _mm_mul_ps(d2, d2)));
+      _mm_storeu_ps(c3 + lo, _mm_add_ps(m, _mm_mul_ps(d3, d3)));
+    }
+#endif
+    for (; lo < stride; ++lo) {
+      const float a0 = c0[lo], a1 = c1[lo], a2 = c2[lo], a3 = c3[lo];
+      const bool b01 = a1 < a0;
+      const float m01 = b01 ? a1 : a0;
+      const bool b23 = a3 < a2;
+      const float m23 = b23 ? a3 : a2;
+      const bool high = m23 < m01;
+      const float m = high ? m23 : m01;
+      bpo[lo] = static_cast<uint8_t>(high ? 2 + b23 : b01);
+      const float d0 = x - v0[lo];
+      const float d1 = x - v0[lo + stride];
+      const float d2 = x - v0[lo + 2 * stride];
+      const float d3 = x - v0[lo + 3 * stride];
+      c0[lo] = m + d0 * d0;
+      c1[lo] = m + d1 * d1;
+      c2[lo] = m + d2 * d2;
+      c3[lo] = m + d3 * d3;
+    }
+  }
+}
+
+void TileSearcher::Run(const float* x, int steps) {
+  for (int t = 0; t < steps; ++t) Step(t, x[t], backpointers_.data() + static_cast<size_t>(t) * kGroups);
+}
+
+void TileSearcher::Trace(uint32_t state, int steps, uint8_t* symbols) const {
+  for (int t = steps - 1; t >= 0; --t) {
+    symbols[t] = static_cast<uint8_t>(state & (kSymbols - 1));
+    const uint32_t group = state >> kSymbolBits;
+    const int b = PartnerBit(t);
+    const uint32_t p0 = Rotr16(group, kSymbolBits * t);
+    const uint32_t j = backpointers_[static_cast<size_t>(t) * kGroups + QuadIndex(p0, b)];
+    state = group | (j << (kStateBits - kSymbolBits));
+  }
+}
+
+double TileSearcher::Search(const float* x, uint8_t* symbols, float* decoded) {
+  static_assert(kProbeSteps % kLayouts == 0 && kTileWeights % kLayouts == 0,
+                "runs must end in the natural layout");
+  // Probe: the kProbeSteps targets around the seam, in ring order, from a free start.
+  float probe_x[kProbeSteps];
+  for (int k = 0; k < kProbeSteps; ++k) {
+    probe_x[k] = x[(kTileWeights - kProbeSteps / 2 + k) % kTileWeights];
+  }
+  std::fill(cost_.begin(), cost_.end(), 0.0f);
+  Run(probe_x, kProbeSteps);
+  const uint32_t probe_end =
+      static_cast<uint32_t>(std::min_element(cost_.begin(), cost_.end()) - cost_.begin());
+  uint8_t probe_symbols[kProbeSteps];
+  Trace(probe_end, kProbeSteps, probe_symbols);
+  // The seven symbols before the seam (ring positions 249..255) are the low 14 bits of both
+  // s^L_{-1} and s^L_255 (newest symbol lowest).
+  uint32_t overlap = 0;
+  for (int k = 0; k < kStateSpan - 1; ++k) {
+    overlap = (overlap << kSymbolBits) | probe_symbols[kProbeSteps / 2 - (kStateSpan - 1) + k];
+  }
+
+  // Full ring: s_{-1} is any state carrying the overlap (its top symbol never reaches s_0),
+  // and s_255 must carry it too.
+  std::fill(cost_.begin(), cost_.end(), kUnreachable);
+  for (uint32_t j = 0; j < static_cast<uint32_t>(kSymbols); ++j) cost_[overlap | (j << 14)] = 0.0f;
+  Run(x, kTileWeights);
+  uint32_t end = overlap;
+  for (uint32_t j = 1; j < static_cast<uint32_t>(kSymbols); ++j) {
+    if (cost_[overlap | (j << 14)] < cost_[end]) end = overlap | (j << 14);
+  }
+  Trace(end, kTileWeights, symbols);
+
+  // Decode from the ring itself (trellis_decode.h's right-shift state) and measure.
+  double err = 0.0;
+  uint32_t state = 0;
+  for (int k = 0; k < kStateSpan; ++k) {
+    state = (state >> kSymbolBits) |
+            (static_cast<uint32_t>(symbols[kTileWeights - kStateSpan + k]) << (kStateBits - kSymbolBits));
+  }
+  for (int t = 0; t < kTileWeights; ++t) {
+    state = (state >> kSymbolBits) | (static_cast<uint32_t>(symbols[t]) << (kStateBits - kSymbolBits));
+    decoded[t] = values_[state];
+    const double d = static_cast<double>(x[t]) - decoded[t];
+    err += d * d;
+  }
+  return err;
+}
+
+}  // namespace nq::quant::trellis
