@@ -114,6 +114,12 @@ absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
   }
   spdlog::info("worker {}: {} READY slots adopted, {} fixed-set loads queued, {} floating slots per layer",
                worker_->worker_id, hello.ready_slots_size(), queue_.size(), allocator_.floating_slots());
+  if (allocator_.floating_slots() == 0) {
+    spdlog::warn("worker {}: its arena has {} slots per layer for a fixed set of {}: NO floating slot, so only the "
+                 "fixed set ever runs at 4 bits and the predictor places nothing (give the worker more "
+                 "--slots_per_layer)",
+                 worker_->worker_id, g.slots_per_layer, g.fixed_slots_per_layer);
+  }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
 }

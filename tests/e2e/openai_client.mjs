@@ -37,6 +37,9 @@ for await (const chunk of chatStream) {
   }
 }
 assert.ok(chatChunks > 1, 'the chat completion streamed');
+// The plain chat format (run_openai_client.sh) puts the model's answer in content, not in a
+// reasoning block it never closes.
+assert.ok(chatText.length > 0, 'the chat answer arrives as content');
 assert.ok(['stop', 'length'].includes(chatFinish), `chat finish_reason ${chatFinish}`);
 assert.ok(chatUsage && chatUsage.completion_tokens > 0, 'usage arrives at the end of the stream');
 
