@@ -42,7 +42,7 @@ for _ in $(seq 1 300); do
   curl -sf "http://127.0.0.1:$rh/health" >/dev/null && break
   sleep 0.1
 done
-if ! node "$here/openai_client.mjs" "http://127.0.0.1:$rh/v1"; then
+if ! node "$here/openai_client.mjs" "http://127.0.0.1:$rh/v1" "http://127.0.0.1:$sm/metrics"; then
   tail -n 20 "$work"/*.log >&2
   exit 1
 fi
