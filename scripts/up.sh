@@ -28,16 +28,22 @@ trap stop EXIT
 
 "$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$model/release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
+# The slot arena is sized from the release: its fixed set, 2 x top-k floating slots, 1 staging.
 "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$model/release" \
-  --slots_per_layer=13 >"$run_dir/worker.log" 2>&1 &
+  >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
-"$bin/router/nq-router" --host=127.0.0.1 --tokenizer="$model/tokenizer.json" >"$run_dir/router.log" 2>&1 &
+# The embedded model was trained on Python sources only and never saw chat markup: its chats
+# are plain text it continues (--chat_format=plain). A model of your own (NQ_MODEL) gets the
+# template of its architecture.
+if [[ -z "${NQ_MODEL:-}" ]]; then chat_format=plain; else chat_format=auto; fi
+"$bin/router/nq-router" --host=127.0.0.1 --tokenizer="$model/tokenizer.json" --chat_format="$chat_format" \
+  >"$run_dir/router.log" 2>&1 &
 pids+=($!)
 
 for _ in $(seq 1 100); do
   if curl -sf http://127.0.0.1:8000/health >/dev/null; then
     echo "cluster up: router HTTP http://127.0.0.1:8000 (OpenAI API: /v1/chat/completions, /v1/completions, /v1/models), gRPC 127.0.0.1:8001"
-    echo "try: curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"embedded\",\"prompt\":\"Hello\",\"max_tokens\":16}'"
+    echo "try: curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":\"embedded\",\"messages\":[{\"role\":\"user\",\"content\":\"def fibonacci(n):\"}],\"max_tokens\":32}'"
     echo "logs in $run_dir/; Ctrl-C to stop"
     wait -n || true
     echo "a service exited; see $run_dir/*.log" >&2

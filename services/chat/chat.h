@@ -77,6 +77,14 @@ struct Chat {
 // name or with parameters that are not JSON. Messages are numbered from 0 in the errors.
 absl::StatusOr<std::string> RenderChat(ChatFormat format, const Chat& chat);
 
+// The chat of a base model that never saw chat markup (the embedded glm5_nano, trained on
+// Python sources only; the router's --chat_format=plain): the messages' contents in order,
+// each ending in a newline, and nothing else (no roles, special tokens or reasoning block),
+// so the model continues the text and all of its output is content. Besides RenderChat's
+// refusals, INVALID_ARGUMENT naming what plain text cannot carry: tools, tool calls, tool
+// messages, reasoning_content, enable_thinking = true.
+absl::StatusOr<std::string> RenderPlainChat(const Chat& chat);
+
 // Whether the rendered prompt ends inside a reasoning block, so that the model's output
 // starts with reasoning (GLM with the generation prompt and thinking not disabled:
 // "<|assistant|><think>"). Feeds ParseOptions::starts_in_reasoning.

@@ -1,4 +1,5 @@
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/chat/chat.h"
 #include "services/chat/py_text.h"
@@ -88,6 +89,29 @@ absl::StatusOr<std::string> RenderChat(ChatFormat format, const Chat& chat) {
     case ChatFormat::kDeepSeekV3: return internal::RenderDeepSeekV3(chat);
   }
   return absl::InvalidArgumentError("unknown chat format");
+}
+
+absl::StatusOr<std::string> RenderPlainChat(const Chat& chat) {
+  RETURN_IF_ERROR(ValidateChat(chat));
+  if (!chat.tools.empty()) {
+    return absl::InvalidArgumentError("the plain chat format has no tools (the model has no tool-call syntax)");
+  }
+  if (chat.enable_thinking.value_or(false)) {
+    return absl::InvalidArgumentError("the plain chat format has no reasoning block: enable_thinking must not be true");
+  }
+  std::string text;
+  for (size_t i = 0; i < chat.messages.size(); ++i) {
+    const ChatMessage& m = chat.messages[i];
+    if (m.role == "tool" || !m.tool_calls.empty()) {
+      return MessageError(i, "the plain chat format has no tool calls or tool results");
+    }
+    if (!m.reasoning_content.empty()) {
+      return MessageError(i, "the plain chat format has no reasoning_content");
+    }
+    text += m.content;
+    if (!absl::EndsWith(m.content, "\n")) text += '\n';
+  }
+  return text;
 }
 
 bool GenerationOpensReasoning(ChatFormat format, const Chat& chat) {

@@ -43,6 +43,11 @@ nq::v1::SlotGeometry SlotGeometry::ToProto() const {
   return proto;
 }
 
+uint32_t SlotGeometry::FloatingSlots() const {
+  const uint32_t non_fixed = slots_per_layer - std::min(fixed_slots_per_layer, slots_per_layer);
+  return non_fixed >= 2 ? non_fixed - 1 : non_fixed;
+}
+
 absl::Status SlotGeometry::Validate() const {
   auto invalid = [](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("slot geometry: ", parts...));

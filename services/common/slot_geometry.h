@@ -34,6 +34,11 @@ struct SlotGeometry {
 
   // INVALID_ARGUMENT naming the first rule broken.
   absl::Status Validate() const;
+  // F, the floating 4-bit experts per layer: the slots outside the fixed set, less one
+  // staging slot (a replacement lands there before its victim is unmapped) when there are
+  // at least two. 0 means only the fixed set can run at 4 bits: the predictor has nothing
+  // to place.
+  uint32_t FloatingSlots() const;
   uint64_t ArenaBytes() const;
   // Byte offset of slot `slot` of the `layer_index`-th MoE layer (an index into
   // moe_layer_ids, not a model layer id).

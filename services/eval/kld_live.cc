@@ -13,6 +13,7 @@
 #include "services/model/model_weights.h"
 #include "services/model/safetensors.h"
 #include "services/release/release_experts.h"
+#include "services/worker/arena_geometry.h"
 #include "services/worker/routing_report.h"
 
 namespace nq::eval {
@@ -49,13 +50,15 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
   ASSIGN_OR_RETURN(s->model_, model::Model::Create(std::move(config), std::move(weights), backend, nullptr,
                                                    {.max_tokens = max_tokens}));
 
-  // The arena: per MoE layer the fixed set's slots, F floating, one staging.
-  ASSIGN_OR_RETURN(release::ReleaseExpertDecoder::SlotNeeds needs, s->decoder_->Needs());
-  const size_t fixed = needs.largest_fixed, fixed_total = needs.fixed_total;
-  const SlotGeometry geometry = SlotGeometry::Packed(
-      s->decoder_->moe_layer_ids(), static_cast<uint32_t>(fixed + static_cast<size_t>(request.slots) + 1),
-      needs.rec_bytes, s->decoder_->release().manifest().experts_per_layer, static_cast<uint32_t>(fixed));
-  RETURN_IF_ERROR(geometry.Validate());
+  // The arena a worker would size for `--slots` floating slots: per decode MoE layer the
+  // fixed set's slots, F floating, one staging (worker/arena_geometry.h; no MTP layer).
+  ASSIGN_OR_RETURN(const SlotGeometry geometry,
+                   worker::ReleaseArenaGeometry(*s->decoder_, s->model_->config(),
+                                                {.floating_slots = static_cast<uint32_t>(request.slots)}));
+  size_t fixed_total = 0;
+  for (uint32_t layer : geometry.moe_layer_ids) {
+    fixed_total += std::min<size_t>(s->decoder_->FixedSet(layer).size(), geometry.fixed_slots_per_layer);
+  }
   std::mt19937_64 rng(std::random_device{}());
   ASSIGN_OR_RETURN(s->arena_, SharedMemory::Create(absl::StrFormat("/nq-kld-%d-%08x", getpid(),
                                                                    static_cast<uint32_t>(rng())),

@@ -54,7 +54,8 @@ class Adapter final : public ChatAdapter {
   const chat::ChatFormat format_;
 };
 
-// Used only when no format could be resolved: everything is content.
+// Everything is content: for the plain format (whose prompt opens nothing), and when no
+// format could be resolved.
 class PassThroughParser final : public ChatStreamParser {
  public:
   ChatDelta Feed(const std::string& text) override {
@@ -66,6 +67,17 @@ class PassThroughParser final : public ChatStreamParser {
 
  private:
   std::string content_;
+};
+
+// A base model's chat (chat::RenderPlainChat): the messages' text, continued as content.
+class PlainAdapter final : public ChatAdapter {
+ public:
+  absl::StatusOr<std::string> Render(const nq::v1::Chat& chat) const override {
+    return chat::RenderPlainChat(ToChat(chat));
+  }
+  std::unique_ptr<ChatStreamParser> NewParser(const nq::v1::Chat&) const override {
+    return std::make_unique<PassThroughParser>();
+  }
 };
 
 }  // namespace
@@ -119,6 +131,7 @@ chat::Chat ToChat(const nq::v1::Chat& proto) {
 }
 
 absl::StatusOr<std::unique_ptr<ChatAdapter>> MakeChatAdapter(const std::string& name) {
+  if (name == "plain") return std::unique_ptr<ChatAdapter>(new PlainAdapter());
   chat::ChatFormat format;
   if (name == "glm5") {
     format = chat::ChatFormat::kGlm5;
@@ -128,7 +141,7 @@ absl::StatusOr<std::unique_ptr<ChatAdapter>> MakeChatAdapter(const std::string& 
     absl::StatusOr<chat::ChatFormat> by_architecture = chat::ChatFormatForArchitecture(name);
     if (!by_architecture.ok()) {
       return absl::InvalidArgumentError("unknown chat format '" + name +
-                                        "': want glm5, deepseek_v3, or a supported HF architecture");
+                                        "': want glm5, deepseek_v3, plain, or a supported HF architecture");
     }
     format = *by_architecture;
   }

@@ -13,7 +13,8 @@
 namespace nq::router {
 
 // The chat format for an HF architecture ("GlmMoeDsaForCausalLM", "DeepseekV3ForCausalLM"),
-// or a format name ("glm5", "deepseek_v3"). INVALID_ARGUMENT for anything else.
+// or a format name ("glm5", "deepseek_v3", or "plain": a base model's chat, see
+// chat::RenderPlainChat). INVALID_ARGUMENT for anything else.
 absl::StatusOr<std::unique_ptr<ChatAdapter>> MakeChatAdapter(const std::string& format_or_architecture);
 
 // Takes the chat format from the leader worker's architecture the first time it is needed.

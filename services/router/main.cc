@@ -35,7 +35,9 @@ ABSL_FLAG(double, worker_poll_interval_s, 0.5, "Seconds between health checks of
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish running requests");
 ABSL_FLAG(std::string, tokenizer, "", "The model's tokenizer.json (empty: the generation routes answer 503)");
 ABSL_FLAG(std::string, chat_format, "auto",
-          "Chat template and output parser: glm5, deepseek_v3, none, or auto (from the worker's architecture)");
+          "Chat template and output parser: glm5, deepseek_v3, none, auto (from the worker's architecture), or "
+          "plain (a base model without chat markup, e.g. the embedded glm5_nano: the messages' text, continued as "
+          "content)");
 ABSL_FLAG(int, max_waiting, 16, "Requests that may wait for the worker; more get 429 / RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_tokens_limit, 4096, "Largest max_tokens a request may ask for");
 ABSL_FLAG(int, default_max_tokens, 256, "max_tokens of a request that sets none");

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace nq::streamer {
 namespace {
@@ -24,6 +25,11 @@ absl::StatusOr<std::unique_ptr<IoUringReader>> IoUringReader::Create(
   int rc = io_uring_queue_init(queue_depth, &reader->ring_, 0);
   if (rc < 0) return ErrnoStatus(-rc, "io_uring_queue_init");
   reader->ring_ready_ = true;
+  absl::StatusOr<EventFd> signal = EventFd::Create();
+  if (!signal.ok()) return signal.status();
+  reader->completion_signal_.emplace(*std::move(signal));
+  rc = io_uring_register_eventfd(&reader->ring_, reader->completion_signal_->fd());
+  if (rc < 0) return ErrnoStatus(-rc, "io_uring_register_eventfd");
   if (!buffers.empty()) {
     std::vector<iovec> iovecs;
     iovecs.reserve(buffers.size());
@@ -41,11 +47,26 @@ IoUringReader::~IoUringReader() {
   // Drain what is in flight so the kernel never writes into freed memory.
   while (in_flight_ > 0) {
     io_uring_cqe* cqe = nullptr;
-    if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
+    int rc = io_uring_wait_cqe(&ring_, &cqe);
+    if (rc == -EINTR) continue;
+    if (rc < 0) {
+      spdlog::error("io_uring_wait_cqe while draining {} reads: {}", in_flight_, std::strerror(-rc));
+      break;
+    }
     io_uring_cqe_seen(&ring_, cqe);
     --in_flight_;
   }
-  if (!buffers_.empty()) (void)io_uring_unregister_buffers(&ring_);
+  // Unregistering is implied by io_uring_queue_exit; a failure here is only worth a log.
+  if (!buffers_.empty()) {
+    if (int rc = io_uring_unregister_buffers(&ring_); rc < 0) {
+      spdlog::warn("io_uring_unregister_buffers: {}", std::strerror(-rc));
+    }
+  }
+  if (completion_signal_.has_value()) {
+    if (int rc = io_uring_unregister_eventfd(&ring_); rc < 0 && rc != -ENXIO) {
+      spdlog::warn("io_uring_unregister_eventfd: {}", std::strerror(-rc));
+    }
+  }
   io_uring_queue_exit(&ring_);
 }
 

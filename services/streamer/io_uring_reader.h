@@ -1,7 +1,9 @@
 // A thin RAII wrapper over one io_uring used for reads only: a ring of `queue_depth`
 // entries, an optional set of registered (fixed) buffers, read submissions tagged with a
-// caller `user_data`, and completions turned into absl::Status. Every liburing return is
-// checked. Not thread-safe: one owner thread submits and reaps.
+// caller `user_data`, and completions turned into absl::Status. An eventfd registered with
+// the ring (completion_fd) becomes readable whenever a completion is posted, so an owner
+// that also waits for other events can sleep in poll(2) instead of polling the ring. Every
+// liburing return is checked. Not thread-safe: one owner thread submits and reaps.
 #pragma once
 
 #include <liburing.h>
@@ -15,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/streamer/event_fd.h"
 
 namespace nq::streamer {
 
@@ -28,8 +31,8 @@ struct IoCompletion {
 
 class IoUringReader {
  public:
-  // INVALID_ARGUMENT for queue_depth 0; the errno of io_uring_queue_init or
-  // io_uring_register_buffers otherwise. `buffers` (may be empty) are registered as fixed
+  // INVALID_ARGUMENT for queue_depth 0; the errno of io_uring_queue_init, eventfd,
+  // io_uring_register_eventfd or io_uring_register_buffers otherwise. `buffers` (may be empty) are registered as fixed
   // buffers 0..n-1 and must outlive the reader.
   static absl::StatusOr<std::unique_ptr<IoUringReader>> Create(
       unsigned queue_depth, std::span<const std::span<std::byte>> buffers = {});
@@ -50,6 +53,12 @@ class IoUringReader {
   absl::Status SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
                           uint64_t user_data);
 
+  // Readable once a completion has been posted since the last ClearCompletionSignal.
+  int completion_fd() const { return completion_signal_->fd(); }
+  // Call before draining with Poll: a completion posted after it makes the fd readable
+  // again, so no completion is left behind unsignalled.
+  absl::Status ClearCompletionSignal() { return completion_signal_->Clear(); }
+
   // A completion if one is ready, without blocking.
   absl::StatusOr<std::optional<IoCompletion>> Poll();
   // Blocks for the next completion; FAILED_PRECONDITION when nothing is in flight.
@@ -65,6 +74,7 @@ class IoUringReader {
   unsigned in_flight_ = 0;
   bool ring_ready_ = false;
   io_uring ring_{};
+  std::optional<EventFd> completion_signal_;
   std::vector<std::span<std::byte>> buffers_;
 };
 

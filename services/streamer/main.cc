@@ -21,7 +21,7 @@
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/status_macros.h"
-#include "services/streamer/record_store.h"
+#include "services/streamer/record_files.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
 
@@ -80,11 +80,13 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   options.store.direct_io = absl::GetFlag(FLAGS_direct_io) == "off" ? DirectIo::kOff : DirectIo::kAuto;
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
-  // Open once now so a bad release fails the start, not the first session.
-  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Open(options.record_dirs, options.store));
-  *release_id = store->release().id();
-  spdlog::info("release {} ({} copies, {} MoE layers, codec {})", *release_id, store->copies(),
-               store->release().manifest().layers.size(), store->release().manifest().codec);
+  // Opened once, now, so a bad release fails the start, not the first session; every
+  // session reads through these files, so each layer file is hashed once per process.
+  ASSIGN_OR_RETURN(std::shared_ptr<RecordFiles> files, RecordFiles::Open(options.record_dirs, options.store.direct_io));
+  *release_id = files->release().id();
+  spdlog::info("release {} ({} copies, {} MoE layers, codec {})", *release_id, files->copies(),
+               files->release().manifest().layers.size(), files->release().manifest().codec);
+  options.files = std::move(files);
   return std::optional<SlotLoaderOptions>(std::move(options));
 }
 

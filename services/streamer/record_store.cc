@@ -1,8 +1,5 @@
 #include "services/streamer/record_store.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -10,8 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
-#include "services/format/file_io.h"
-#include "spdlog/spdlog.h"
 
 namespace nq::streamer {
 namespace {
@@ -19,17 +14,6 @@ namespace {
 uint64_t RoundUp(uint64_t n, uint64_t align) { return (n + align - 1) / align * align; }
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDirectIoAlign == 0; }
-
-// True when `fd` (opened with O_DIRECT) can really read with it: some filesystems accept
-// the flag at open and refuse the read with EINVAL.
-bool DirectReadWorks(int fd, uint64_t offset) {
-  void* probe = std::aligned_alloc(kDirectIoAlign, kDirectIoAlign);
-  if (probe == nullptr) return false;
-  ssize_t n = ::pread(fd, probe, kDirectIoAlign, static_cast<off_t>(offset));
-  int err = errno;
-  std::free(probe);
-  return n >= 0 || err != EINVAL;
-}
 
 }  // namespace
 
@@ -39,18 +23,18 @@ absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(std::vector<std::
   if (options.queue_depth == 0) {
     return absl::InvalidArgumentError("record store: queue depth must be > 0");
   }
-  std::vector<Copy> copies;
-  for (std::string& dir : dirs) {
-    ASSIGN_OR_RETURN(format::Release release, format::Release::Open(dir));
-    if (!copies.empty() && release.indexes() != copies.front().release.indexes()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("record store: mirror ", dir, " does not hold the same release as ",
-                       copies.front().dir, " (rank indexes differ)"));
-    }
-    copies.push_back(Copy{.dir = dir, .release = std::move(release), .files = {}, .reads = 0});
+  ASSIGN_OR_RETURN(std::shared_ptr<RecordFiles> files,
+                   RecordFiles::Open(std::move(dirs), options.direct_io));
+  return Create(std::move(files), options);
+}
+
+absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Create(
+    std::shared_ptr<const RecordFiles> files, RecordStoreOptions options) {
+  if (files == nullptr) return absl::InvalidArgumentError("record store: no record files");
+  if (options.queue_depth == 0) {
+    return absl::InvalidArgumentError("record store: queue depth must be > 0");
   }
-  std::unique_ptr<RecordStore> store(new RecordStore(options, std::move(copies)));
-  RETURN_IF_ERROR(store->OpenFiles(options.direct_io));
+  std::unique_ptr<RecordStore> store(new RecordStore(options, std::move(files)));
   RETURN_IF_ERROR(store->AllocateBuffers());
   ASSIGN_OR_RETURN(store->ring_, IoUringReader::Create(options.queue_depth, store->buffers_));
   return store;
@@ -58,60 +42,11 @@ absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Open(std::vector<std::
 
 RecordStore::~RecordStore() {
   ring_.reset();  // drains reads in flight before their buffers go
-  for (Copy& copy : copies_) {
-    for (auto& [key, file] : copy.files) {
-      if (file.fd >= 0) ::close(file.fd);
-    }
-  }
   for (std::byte* b : buffer_memory_) std::free(b);
 }
 
-absl::Status RecordStore::OpenFiles(DirectIo mode) {
-  for (Copy& copy : copies_) {
-    for (const format::RankIndex& index : copy.release.indexes()) {
-      for (const format::LayerEntry& entry : index.layers) {
-        ASSIGN_OR_RETURN(std::string path, copy.release.RecordPath(index.rank, entry.layer));
-        File file;
-        file.path = path;
-        file.rank = index.rank;
-        file.layer = entry.layer;
-        file.base_offset = entry.records.offset;
-        file.range_bytes = entry.records.bytes;
-        file.rec_bytes = entry.layout.rec_bytes;
-        file.sha256 = entry.records.sha256;
-        max_rec_bytes_ = std::max(max_rec_bytes_, file.rec_bytes);
-        if (mode == DirectIo::kAuto) {
-          file.fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-          if (file.fd < 0 && errno != EINVAL) {
-            return absl::ErrnoToStatus(errno, absl::StrCat("open ", path, ": ",
-                                                           std::strerror(errno)));
-          }
-          if (file.fd >= 0 && !DirectReadWorks(file.fd, file.base_offset)) {
-            ::close(file.fd);
-            file.fd = -1;
-          }
-          if (file.fd >= 0) {
-            file.direct = true;
-          } else {
-            spdlog::warn("record store: O_DIRECT refused for {}; reading it buffered", path);
-          }
-        }
-        if (file.fd < 0) {
-          file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-          if (file.fd < 0) {
-            return absl::ErrnoToStatus(errno, absl::StrCat("open ", path, ": ",
-                                                           std::strerror(errno)));
-          }
-        }
-        copy.files.emplace(std::make_pair(index.rank, entry.layer), std::move(file));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status RecordStore::AllocateBuffers() {
-  const uint64_t size = RoundUp(std::max<uint64_t>(max_rec_bytes_, 1), kDirectIoAlign);
+  const uint64_t size = RoundUp(std::max<uint64_t>(files_->max_rec_bytes(), 1), kDirectIoAlign);
   for (unsigned i = 0; i < options_.buffers; ++i) {
     auto* memory = static_cast<std::byte*>(std::aligned_alloc(kDirectIoAlign, size));
     if (memory == nullptr) {
@@ -124,70 +59,12 @@ absl::Status RecordStore::AllocateBuffers() {
   return absl::OkStatus();
 }
 
-std::vector<uint64_t> RecordStore::reads_per_copy() const {
-  std::vector<uint64_t> reads;
-  for (const Copy& copy : copies_) reads.push_back(copy.reads);
-  return reads;
-}
-
-size_t RecordStore::direct_files() const {
-  size_t n = 0;
-  for (const Copy& copy : copies_) {
-    for (const auto& [key, file] : copy.files) n += file.direct ? 1 : 0;
-  }
-  return n;
-}
-
-size_t RecordStore::buffered_files() const {
-  size_t n = 0;
-  for (const Copy& copy : copies_) n += copy.files.size();
-  return n - direct_files();
-}
-
 absl::StatusOr<uint64_t> RecordStore::RecordBytes(uint32_t rank, uint32_t layer) const {
-  ASSIGN_OR_RETURN(const format::LayerEntry* entry, release().Layer(rank, layer));
-  return entry->layout.rec_bytes;
+  return files_->RecordBytes(rank, layer);
 }
 
 std::span<std::byte> RecordStore::Buffer(unsigned index) const {
   return index < buffers_.size() ? buffers_[index] : std::span<std::byte>();
-}
-
-absl::Status RecordStore::VerifyFile(File& file) {
-  if (file.verified.has_value()) return *file.verified;
-  absl::StatusOr<std::string> hash =
-      format::Sha256FileRange(file.path, file.base_offset, file.range_bytes);
-  if (!hash.ok()) {
-    file.verified = absl::DataLossError(absl::StrCat("record store: cannot hash ", file.path,
-                                                     ": ", hash.status().message()));
-  } else if (*hash != file.sha256) {
-    file.verified = absl::DataLossError(absl::StrCat(
-        "record store: ", file.path, " (rank ", file.rank, " layer ", file.layer,
-        ") fails its sha256: index says ", file.sha256, ", file has ", *hash));
-  } else {
-    file.verified = absl::OkStatus();
-  }
-  if (!file.verified->ok()) spdlog::error("{}", std::string(file.verified->message()));
-  return *file.verified;
-}
-
-absl::Status RecordStore::VerifyLayer(uint32_t rank, uint32_t layer) {
-  RETURN_IF_ERROR(release().Layer(rank, layer).status());
-  for (Copy& copy : copies_) {
-    RETURN_IF_ERROR(VerifyFile(copy.files.at({rank, layer})));
-  }
-  return absl::OkStatus();
-}
-
-bool RecordStore::LayerVerified(uint32_t rank, uint32_t layer) const {
-  for (const Copy& copy : copies_) {
-    auto it = copy.files.find({rank, layer});
-    if (it == copy.files.end() || !it->second.verified.has_value() ||
-        !it->second.verified->ok()) {
-      return false;
-    }
-  }
-  return true;
 }
 
 absl::Status RecordStore::Submit(const ReadRequest& request) { return Enqueue(request, false); }
@@ -198,15 +75,15 @@ absl::Status RecordStore::Enqueue(const ReadRequest& request, bool sync) {
   if (!entry.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("record store: no rank ", request.rank,
                                                    " layer ", request.layer, " in ",
-                                                   copies_.front().dir));
+                                                   files_->dir(0)));
   }
   const uint32_t experts = release().manifest().experts_per_layer;
   if (request.expert >= experts) {
     return absl::InvalidArgumentError(absl::StrCat("record store: expert ", request.expert,
                                                    " out of range (", experts, " per layer)"));
   }
-  const uint32_t copy = next_copy_ % copies_.size();
-  File& file = copies_[copy].files.at({request.rank, request.layer});
+  const uint32_t copy = next_copy_ % files_->copies();
+  const File& file = *files_->Find(copy, request.rank, request.layer);
   if (request.buffer_index >= 0) {
     if (static_cast<size_t>(request.buffer_index) >= buffers_.size()) {
       return absl::InvalidArgumentError(absl::StrCat("record store: buffer index ",
@@ -226,7 +103,7 @@ absl::Status RecordStore::Enqueue(const ReadRequest& request, bool sync) {
   }
   ++next_copy_;
   if (options_.verify_hashes) {
-    absl::Status verified = VerifyFile(file);
+    absl::Status verified = files_->Verify(file);
     if (!verified.ok()) {
       Complete(RecordCompletion{.tag = request.tag, .status = verified, .copy = copy}, sync);
       return absl::OkStatus();
@@ -297,13 +174,14 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
                                                 f.bytes, " bytes"));
   } else {
     c.bytes = io.bytes;
-    ++copies_[f.copy].reads;
+    ++reads_per_copy_[f.copy];
   }
   Complete(std::move(c), f.sync);
   return Pump();
 }
 
 absl::StatusOr<std::vector<RecordCompletion>> RecordStore::Poll() {
+  RETURN_IF_ERROR(ring_->ClearCompletionSignal());
   while (true) {
     ASSIGN_OR_RETURN(std::optional<IoCompletion> io, ring_->Poll());
     if (!io.has_value()) break;

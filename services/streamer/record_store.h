@@ -8,14 +8,15 @@
 //                                  .tag = 42}));
 //   ASSIGN_OR_RETURN(RecordCompletion done, store->Wait());   // done.tag == 42
 //
-// Open validates every copy through format::Release (COMPLETE present, every file listed and
-// long enough) and requires the copies to hold the same release. Hashing is on demand: the
-// index only has a sha256 per layer file, so before the first record of a (copy, rank,
-// layer) is read its whole file is hashed once and the result cached; a file that fails
-// makes every read of it complete with DATA_LOSS naming the file, so a bad record is never
-// handed out as good. Files are opened with O_DIRECT; where the filesystem refuses it
-// (EINVAL at open or on a probe read) the file is read buffered, with a warning naming it.
-// Not thread-safe: one owner thread submits and reaps.
+// The files themselves (validation, open descriptors, O_DIRECT fallback, the per-file sha256
+// checked once before the first record of a file is handed out) are a RecordFiles, which
+// several stores may share: the streamer opens one per process and gives each worker session
+// a RecordStore of its own over it, so a layer file is hashed once per process. A file that
+// fails its hash makes every read of it complete with DATA_LOSS naming the file, so a bad
+// record is never handed out as good.
+//
+// A store is not thread-safe: one owner thread submits and reaps. completion_fd() lets that
+// thread sleep in poll(2) until a read lands, alongside its other wake-ups.
 #pragma once
 
 #include <chrono>
@@ -35,24 +36,18 @@
 #include "absl/status/statusor.h"
 #include "services/format/release_reader.h"
 #include "services/streamer/io_uring_reader.h"
+#include "services/streamer/record_files.h"
 
 namespace nq::streamer {
-
-// O_DIRECT alignment of buffers, offsets and lengths (records are multiples of it).
-inline constexpr size_t kDirectIoAlign = 4096;
-
-enum class DirectIo {
-  kAuto,  // O_DIRECT, buffered with a warning where the filesystem refuses it
-  kOff,   // always buffered (page cache)
-};
 
 struct RecordStoreOptions {
   unsigned queue_depth = 8;  // reads in flight at once; more are queued in the store
   // Registered (fixed) aligned buffers the store owns, each as large as the largest
   // record; ReadRequest::buffer_index picks one.
   unsigned buffers = 0;
+  // How Open opens the files (Create takes them as they are).
   DirectIo direct_io = DirectIo::kAuto;
-  // Hash a layer file (once) before its first read is allowed to complete OK.
+  // Hash a layer file (once per RecordFiles) before its first read is allowed to complete OK.
   bool verify_hashes = true;
 };
 
@@ -77,23 +72,27 @@ struct RecordCompletion {
 
 class RecordStore {
  public:
-  // `dirs`: the primary release directory, then mirrors holding identical copies.
-  // INVALID_ARGUMENT for no directory, a zero queue depth; the Release::Open error of a
-  // copy (FAILED_PRECONDITION without COMPLETE, DATA_LOSS for a missing/short file);
-  // FAILED_PRECONDITION when a mirror's indexes differ from the primary's.
+  // A store over files of its own: RecordFiles::Open(dirs, options.direct_io), then Create.
+  // INVALID_ARGUMENT for no directory, a zero queue depth; RecordFiles::Open's errors.
   static absl::StatusOr<std::unique_ptr<RecordStore>> Open(std::vector<std::string> dirs,
                                                            RecordStoreOptions options = {});
+  // A store with its own ring and buffers over shared `files`. INVALID_ARGUMENT for a null
+  // `files` or a zero queue depth; RESOURCE_EXHAUSTED when a buffer cannot be allocated; the
+  // io_uring setup errors.
+  static absl::StatusOr<std::unique_ptr<RecordStore>> Create(std::shared_ptr<const RecordFiles> files,
+                                                             RecordStoreOptions options = {});
   ~RecordStore();
   RecordStore(const RecordStore&) = delete;
   RecordStore& operator=(const RecordStore&) = delete;
 
-  const format::Release& release() const { return copies_.front().release; }
-  size_t copies() const { return copies_.size(); }
-  // Records each copy has served so far.
-  std::vector<uint64_t> reads_per_copy() const;
+  const RecordFiles& files() const { return *files_; }
+  const format::Release& release() const { return files_->release(); }
+  size_t copies() const { return files_->copies(); }
+  // Records each copy has served through this store so far.
+  std::vector<uint64_t> reads_per_copy() const { return reads_per_copy_; }
   // Files read with O_DIRECT / buffered (after fallback or DirectIo::kOff).
-  size_t direct_files() const;
-  size_t buffered_files() const;
+  size_t direct_files() const { return files_->direct_files(); }
+  size_t buffered_files() const { return files_->buffered_files(); }
   // rec_bytes of a layer (NOT_FOUND for a layer the release lacks).
   absl::StatusOr<uint64_t> RecordBytes(uint32_t rank, uint32_t layer) const;
   // Registered buffer `index` (largest record size, kDirectIoAlign-aligned).
@@ -108,37 +107,24 @@ class RecordStore {
   // Blocks for the next completion; FAILED_PRECONDITION when nothing is outstanding.
   absl::StatusOr<RecordCompletion> Wait();
   size_t outstanding() const { return ready_.size() + pending_.size() + in_flight_.size(); }
+  // Readable once a read has landed since the last Poll (see IoUringReader::completion_fd).
+  // Completions of reads that never reach the ring (a file that fails its hash) are ready
+  // at once: Poll right after Submit finds them.
+  int completion_fd() const { return ring_->completion_fd(); }
 
   // Synchronous read of one record into `out` (rec_bytes, aligned as for Submit); other
   // completions reaped meanwhile stay queued for Poll/Wait.
   absl::Status ReadRecord(uint32_t rank, uint32_t layer, uint32_t expert,
                           std::span<std::byte> out);
 
-  // Hashes every copy's file of the layer (once; cached). DATA_LOSS naming the file on a
-  // mismatch.
-  absl::Status VerifyLayer(uint32_t rank, uint32_t layer);
+  // Hashes every copy's file of the layer (once per RecordFiles; cached). DATA_LOSS naming
+  // the file on a mismatch.
+  absl::Status VerifyLayer(uint32_t rank, uint32_t layer) { return files_->VerifyLayer(rank, layer); }
   // True once every copy's file of the layer has been hashed and matched.
-  bool LayerVerified(uint32_t rank, uint32_t layer) const;
+  bool LayerVerified(uint32_t rank, uint32_t layer) const { return files_->LayerVerified(rank, layer); }
 
  private:
-  struct File {
-    std::string path;
-    int fd = -1;
-    bool direct = false;
-    uint32_t rank = 0;
-    uint32_t layer = 0;
-    uint64_t base_offset = 0;  // the layer's records.offset
-    uint64_t range_bytes = 0;  // the layer's records.bytes
-    uint64_t rec_bytes = 0;
-    std::string sha256;
-    std::optional<absl::Status> verified;  // cached hash result
-  };
-  struct Copy {
-    std::string dir;
-    format::Release release;
-    std::map<std::pair<uint32_t, uint32_t>, File> files;  // (rank, layer)
-    uint64_t reads = 0;
-  };
+  using File = RecordFiles::File;
   struct InFlight {
     uint64_t tag = 0;
     const File* file = nullptr;
@@ -151,27 +137,25 @@ class RecordStore {
   struct Pending {
     ReadRequest request;
     uint32_t copy = 0;
-    File* file = nullptr;
+    const File* file = nullptr;
     bool sync = false;
     std::chrono::steady_clock::time_point start;
   };
 
-  RecordStore(RecordStoreOptions options, std::vector<Copy> copies)
-      : options_(options), copies_(std::move(copies)) {}
-  absl::Status OpenFiles(DirectIo mode);
+  RecordStore(RecordStoreOptions options, std::shared_ptr<const RecordFiles> files)
+      : options_(options), files_(std::move(files)), reads_per_copy_(files_->copies(), 0) {}
   absl::Status AllocateBuffers();
-  absl::Status VerifyFile(File& file);
   absl::Status Enqueue(const ReadRequest& request, bool sync);
   void Complete(RecordCompletion completion, bool sync);
   absl::Status Pump();  // moves pending reads into the ring while it has room
   absl::Status Reap(const IoCompletion& io);
 
   RecordStoreOptions options_;
-  std::vector<Copy> copies_;
+  const std::shared_ptr<const RecordFiles> files_;
+  std::vector<uint64_t> reads_per_copy_;
   std::unique_ptr<IoUringReader> ring_;
   std::vector<std::byte*> buffer_memory_;
   std::vector<std::span<std::byte>> buffers_;
-  uint64_t max_rec_bytes_ = 0;
   uint32_t next_copy_ = 0;
   uint64_t next_id_ = 0;
   std::deque<Pending> pending_;

@@ -7,11 +7,6 @@
 namespace nq::streamer {
 namespace {
 
-uint32_t FloatingSlots(const SlotGeometry& g) {
-  const uint32_t non_fixed = g.slots_per_layer - std::min(g.fixed_slots_per_layer, g.slots_per_layer);
-  return non_fixed >= 2 ? non_fixed - 1 : non_fixed;
-}
-
 const char* StateName(SlotState state) {
   switch (state) {
     case SlotState::kFree: return "FREE";
@@ -26,7 +21,7 @@ const char* StateName(SlotState state) {
 
 SlotAllocator::SlotAllocator(SlotGeometry geometry)
     : geometry_(std::move(geometry)),
-      floating_slots_(FloatingSlots(geometry_)),
+      floating_slots_(geometry_.FloatingSlots()),
       slots_(geometry_.moe_layer_ids.size() * geometry_.slots_per_layer) {}
 
 absl::Status SlotAllocator::Adopt(std::span<const nq::v1::SlotEntry> ready) {

@@ -14,10 +14,9 @@
 namespace nq::streamer {
 namespace {
 
-// While reads are in flight the thread polls the ring this often; idle, it sleeps until an
-// event arrives (or this long, to notice Stop).
-constexpr absl::Duration kPollInterval = absl::Microseconds(200);
-constexpr absl::Duration kIdleWait = absl::Milliseconds(100);
+// The thread sleeps until an event is queued or a read lands, both signalled through
+// eventfds; this bound only caps what a lost wake-up (an eventfd error, logged) could cost.
+constexpr absl::Duration kMaxSleep = absl::Seconds(1);
 
 }  // namespace
 
@@ -47,9 +46,11 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
 absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::Create(std::shared_ptr<RegisteredWorker> worker,
                                                                const SlotLoaderOptions& options,
                                                                LoaderMetrics* metrics, Send send) {
+  if (options.files == nullptr) return absl::InvalidArgumentError("slot loader: no record files");
   RecordStoreOptions store_options = options.store;
   store_options.buffers = std::max(store_options.buffers, store_options.queue_depth);
-  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Open(options.record_dirs, store_options));
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Create(options.files, store_options));
+  ASSIGN_OR_RETURN(EventFd wake, EventFd::Create());
   const SlotGeometry& g = worker->geometry;
   const format::Manifest& manifest = store->release().manifest();
   if (g.experts_per_layer != manifest.experts_per_layer) {
@@ -67,14 +68,15 @@ absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::Create(std::shared_ptr<R
                                                         " bytes, the worker's slots ", g.rec_bytes));
     }
   }
-  return std::unique_ptr<SlotLoader>(new SlotLoader(std::move(worker), std::move(store), options, metrics,
-                                                    std::move(send)));
+  return std::unique_ptr<SlotLoader>(new SlotLoader(std::move(worker), std::move(store), std::move(wake), options,
+                                                    metrics, std::move(send)));
 }
 
-SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store,
+SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store, EventFd wake,
                        const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send)
     : worker_(std::move(worker)),
       store_(std::move(store)),
+      wake_(std::move(wake)),
       options_(options),
       metrics_(metrics),
       send_(std::move(send)),
@@ -112,18 +114,56 @@ absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
   }
   spdlog::info("worker {}: {} READY slots adopted, {} fixed-set loads queued, {} floating slots per layer",
                worker_->worker_id, hello.ready_slots_size(), queue_.size(), allocator_.floating_slots());
+  if (allocator_.floating_slots() == 0) {
+    spdlog::warn("worker {}: its arena has {} slots per layer for a fixed set of {}: NO floating slot, so only the "
+                 "fixed set ever runs at 4 bits and the predictor places nothing (give the worker more "
+                 "--slots_per_layer)",
+                 worker_->worker_id, g.slots_per_layer, g.fixed_slots_per_layer);
+  }
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();
 }
 
 void SlotLoader::OnRouting(nq::v1::RoutingReport report) {
-  absl::MutexLock lock(&mu_);
-  events_.emplace_back(std::move(report));
+  {
+    absl::MutexLock lock(&mu_);
+    events_.emplace_back(std::move(report));
+  }
+  Wake();
 }
 
 void SlotLoader::OnUnmapAck(nq::v1::UnmapAck ack) {
-  absl::MutexLock lock(&mu_);
-  events_.emplace_back(std::move(ack));
+  {
+    absl::MutexLock lock(&mu_);
+    events_.emplace_back(std::move(ack));
+  }
+  Wake();
+}
+
+void SlotLoader::Wake() {
+  if (absl::Status s = wake_.Signal(); !s.ok()) {
+    static LogRateLimiter wake_log(std::chrono::seconds(10));
+    if (long n = wake_log.Allow()) {
+      spdlog::error("worker {}: loader wake-up lost ({} since last report), it waits up to {} s: {}",
+                    worker_->worker_id, n, absl::ToDoubleSeconds(kMaxSleep), s.ToString());
+    }
+  }
+}
+
+void SlotLoader::Sleep() {
+  const int fds[] = {wake_.fd(), store_->completion_fd()};
+  absl::StatusOr<std::vector<bool>> readable = WaitReadable(fds, kMaxSleep);
+  absl::Status cleared = readable.ok() ? wake_.Clear() : readable.status();
+  if (!cleared.ok()) {
+    static LogRateLimiter sleep_log(std::chrono::seconds(10));
+    if (long n = sleep_log.Allow()) {
+      spdlog::error("worker {}: loader wait failed ({} since last report): {}", worker_->worker_id, n,
+                    cleared.ToString());
+    }
+    // Never spin on a persistent error.
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // The ring's signal is cleared by the next Reap (RecordStore::Poll), before it drains.
 }
 
 void SlotLoader::Stop() {
@@ -131,6 +171,7 @@ void SlotLoader::Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  Wake();
   if (thread_.joinable()) thread_.join();
   metrics_->read_backlog_bytes.Increment(-published_backlog_);
   metrics_->read_queue_depth.Increment(-published_depth_);
@@ -147,8 +188,6 @@ void SlotLoader::Run() {
     std::deque<Event> events;
     {
       absl::MutexLock lock(&mu_);
-      auto woken = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_ || !events_.empty(); };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), in_flight_.empty() ? kIdleWait : kPollInterval);
       if (stop_) break;
       events.swap(events_);
     }
@@ -162,6 +201,9 @@ void SlotLoader::Run() {
     if (!session_gone_) Pump();
     Reap();
     PublishGauges();
+    // Events queued since the swap above signalled wake_ after queueing, and reads that
+    // land after Reap's drain signal the ring's eventfd: neither is slept through.
+    Sleep();
   }
   // Reads still in flight land in our own buffers; drain them so the ring is idle.
   while (store_->outstanding() > 0) {

@@ -9,8 +9,11 @@
 // announced, is counted in nq_streamer_slot_loads_total{result="failed"} and logged, and that
 // expert is not retried for the session.
 //
-// One thread per loader owns the record store, allocator and predictor; the session thread
-// only queues reports and acks. The loader writes only to the session stream (its `send`).
+// One thread per loader owns its record store (an io_uring ring and bounce buffers over the
+// process's shared RecordFiles), allocator and predictor; the session thread only queues
+// reports and acks. The thread sleeps in poll(2) on two eventfds, its event queue's and the
+// ring's completion signal, so it wakes as soon as a report, an ack or a read arrives and
+// never polls. The loader writes only to the session stream (its `send`).
 #pragma once
 
 #include <atomic>
@@ -31,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
+#include "services/streamer/event_fd.h"
 #include "services/streamer/predictor.h"
 #include "services/streamer/record_store.h"
 #include "services/streamer/slot_allocator.h"
@@ -57,6 +61,11 @@ struct LoaderMetrics {
 struct SlotLoaderOptions {
   // The release directory, then mirrors holding identical copies on other drives.
   std::vector<std::string> record_dirs;
+  // Those directories' files, opened once per process and shared by every session, so
+  // each layer file is hashed once per process. StreamerService opens them from
+  // record_dirs at its first session when they are not given.
+  std::shared_ptr<const RecordFiles> files;
+  // Each session's own reader: queue depth, bounce buffers, hash checking.
   RecordStoreOptions store;
   // Tuning (half-lives, weights, hysteresis, read budget); layers, experts, floating slots
   // and fixed sets are filled in from the worker's geometry and the manifest.
@@ -68,9 +77,10 @@ class SlotLoader {
   // Writes one message on the worker's session; false once the stream is gone.
   using Send = std::function<bool(const nq::v1::StreamerMessage&)>;
 
-  // Opens the record store for `worker`'s rank. FAILED_PRECONDITION when the worker's
-  // geometry cannot hold the release's records (slot smaller than a record, experts or
-  // layers the release lacks).
+  // A record store of its own over `options.files` for `worker`'s rank. INVALID_ARGUMENT
+  // without options.files; FAILED_PRECONDITION when the worker's geometry cannot hold the
+  // release's records (slot smaller than a record, experts or layers the release lacks);
+  // the errors of RecordStore::Create and eventfd(2).
   static absl::StatusOr<std::unique_ptr<SlotLoader>> Create(std::shared_ptr<RegisteredWorker> worker,
                                                             const SlotLoaderOptions& options,
                                                             LoaderMetrics* metrics, Send send);
@@ -111,8 +121,12 @@ class SlotLoader {
   };
   using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck>;
 
-  SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store,
+  SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store, EventFd wake,
              const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send);
+  // Wakes the loader thread (an event was queued, or Stop).
+  void Wake();
+  // Sleeps until an event is queued or a read lands.
+  void Sleep();
   void Run();
   void HandleRouting(const nq::v1::RoutingReport& report);
   void HandleAck(const nq::v1::UnmapAck& ack);
@@ -127,6 +141,7 @@ class SlotLoader {
 
   const std::shared_ptr<RegisteredWorker> worker_;
   const std::unique_ptr<RecordStore> store_;
+  const EventFd wake_;  // signalled after every queued event and by Stop
   const SlotLoaderOptions options_;
   LoaderMetrics* const metrics_;
   const Send send_;

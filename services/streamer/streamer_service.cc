@@ -32,6 +32,18 @@ StreamerService::StreamerService(WorkerRegistry* registry, metrics::Registry& me
       unmap_acks_(metrics.Counter("nq_streamer_unmap_acks_total",
                                   "Slot unmap acknowledgements received from workers").Get()) {}
 
+absl::StatusOr<SlotLoaderOptions> StreamerService::LoaderOptions() {
+  absl::MutexLock lock(&files_mu_);
+  if (!loader_options_.has_value()) return absl::FailedPreconditionError("the streamer has no release");
+  if (loader_options_->files == nullptr) {
+    absl::StatusOr<std::shared_ptr<RecordFiles>> files =
+        RecordFiles::Open(loader_options_->record_dirs, loader_options_->store.direct_io);
+    if (!files.ok()) return files.status();
+    loader_options_->files = *std::move(files);
+  }
+  return *loader_options_;
+}
+
 grpc::Status StreamerService::RegisterWorker(grpc::ServerContext* context,
                                              const nq::v1::RegisterWorkerRequest* request,
                                              nq::v1::RegisterWorkerResponse* response) {
@@ -68,10 +80,17 @@ grpc::Status StreamerService::Session(
   // The loader writes slot-table updates from its own thread; gRPC allows one writer
   // alongside this reader.
   std::unique_ptr<SlotLoader> loader;
-  if (loader_options_.has_value() && !(*worker)->release_id.empty()) {
-    absl::StatusOr<std::unique_ptr<SlotLoader>> created = SlotLoader::Create(
-        *worker, *loader_options_, &loader_metrics_,
-        [stream](const nq::v1::StreamerMessage& out) { return stream->Write(out); });
+  bool has_release;
+  {
+    absl::MutexLock lock(&files_mu_);
+    has_release = loader_options_.has_value();
+  }
+  if (has_release && !(*worker)->release_id.empty()) {
+    absl::StatusOr<SlotLoaderOptions> options = LoaderOptions();
+    absl::StatusOr<std::unique_ptr<SlotLoader>> created =
+        options.ok() ? SlotLoader::Create(*worker, *options, &loader_metrics_,
+                                          [stream](const nq::v1::StreamerMessage& out) { return stream->Write(out); })
+                     : options.status();
     absl::Status started = created.ok() ? (*created)->Start(hello) : created.status();
     if (started.ok()) {
       loader = std::move(*created);

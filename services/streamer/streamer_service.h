@@ -6,6 +6,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.grpc.pb.h"
 #include "services/common/metrics/registry.h"
 #include "services/streamer/slot_loader.h"
@@ -20,6 +22,8 @@ class StreamerService final : public nq::v1::Streamer::Service {
  public:
   // `loader_options`: where records come from and how to read and predict; nullopt when the
   // streamer has no release (sessions then only count reports; workers stay at 2 bits).
+  // Every session reads through one RecordFiles: loader_options->files, or, when that is
+  // null, one opened from record_dirs at the first session that needs it.
   StreamerService(WorkerRegistry* registry, metrics::Registry& metrics,
                   std::optional<SlotLoaderOptions> loader_options = std::nullopt);
 
@@ -33,8 +37,13 @@ class StreamerService final : public nq::v1::Streamer::Service {
   const std::string& instance_id() const { return instance_id_; }
 
  private:
+  // loader_options_ with its shared files opened (once; a failure is retried by the next
+  // session).
+  absl::StatusOr<SlotLoaderOptions> LoaderOptions();
+
   WorkerRegistry* const registry_;
-  const std::optional<SlotLoaderOptions> loader_options_;
+  absl::Mutex files_mu_;
+  std::optional<SlotLoaderOptions> loader_options_ ABSL_GUARDED_BY(files_mu_);
   LoaderMetrics loader_metrics_;
   // Random per start: tells workers that the streamer restarted (see RegisterWorkerResponse).
   const std::string instance_id_;

@@ -30,6 +30,7 @@
 #include "services/model/model.h"
 #include "services/release/release_expert_decoder.h"
 #include "services/release/release_experts.h"
+#include "services/worker/arena_geometry.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
@@ -62,8 +63,10 @@ ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + comp
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
 ABSL_FLAG(int, num_moe_layers, 3, "Without --release: number of MoE layers with slots");
 ABSL_FLAG(int, experts_per_layer, 16, "Without --release: routed experts per MoE layer");
-ABSL_FLAG(int, slots_per_layer, 4,
-          "Residual slots per MoE layer: the fixed set's, F floating, and one staging slot");
+ABSL_FLAG(int, slots_per_layer, -1,
+          "Residual slots per MoE layer: the fixed set's, F floating, and one staging slot (-1: with --release, the "
+          "fixed set + 2 x num_experts_per_tok floating + 1 staging; without, 4). With streaming on, a value that "
+          "leaves no floating slot is refused");
 ABSL_FLAG(int, fixed_slots_per_layer, -1,
           "Slots per layer pinned to the fixed 4-bit set (-1: the release's largest fixed set; 2 without one)");
 ABSL_FLAG(int64_t, rec_bytes, 64 << 10, "Without --release: bytes of one residual record (multiple of 4096)");
@@ -73,33 +76,50 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 namespace nq::worker {
 namespace {
 
-absl::StatusOr<SlotGeometry> GeometryFromFlags(const release::ReleaseExpertDecoder* decoder) {
-  int first = absl::GetFlag(FLAGS_first_moe_layer);
-  int layers = absl::GetFlag(FLAGS_num_moe_layers);
-  int64_t rec_bytes = absl::GetFlag(FLAGS_rec_bytes);
-  int experts = absl::GetFlag(FLAGS_experts_per_layer);
-  int fixed = absl::GetFlag(FLAGS_fixed_slots_per_layer);
-  std::vector<uint32_t> layer_ids;
-  if (decoder != nullptr) {
-    // The release decides: every MoE layer it holds (MTP included), its largest record.
-    layer_ids = decoder->moe_layer_ids();
-    experts = static_cast<int>(decoder->release().manifest().experts_per_layer);
-    ASSIGN_OR_RETURN(release::ReleaseExpertDecoder::SlotNeeds needs, decoder->Needs());
-    rec_bytes = static_cast<int64_t>(needs.rec_bytes);
-    if (fixed < 0) fixed = static_cast<int>(needs.largest_fixed);
-  } else {
-    if (fixed < 0) fixed = 2;
-    for (int i = 0; i < layers; ++i) layer_ids.push_back(static_cast<uint32_t>(first + i));
-  }
-  if (first < 0 || layers <= 0 || experts <= 0 || absl::GetFlag(FLAGS_slots_per_layer) <= 0 || rec_bytes <= 0) {
+// Without a release the arena only carries the slot protocol: the old fixed default.
+constexpr int kSlotsWithoutRelease = 4;
+constexpr int kFixedWithoutRelease = 2;
+
+// With a release: sized from it (worker/arena_geometry.h), --slots_per_layer and
+// --fixed_slots_per_layer overriding. `streaming`: the streamer will fill the floating slots,
+// so an arena without one is refused rather than serving the fixed set alone in silence.
+absl::StatusOr<SlotGeometry> GeometryFromFlags(const release::ReleaseExpertDecoder* decoder,
+                                               const model::ModelConfig* config, bool streaming) {
+  const int slots = absl::GetFlag(FLAGS_slots_per_layer);
+  const int fixed = absl::GetFlag(FLAGS_fixed_slots_per_layer);
+  const int first = absl::GetFlag(FLAGS_first_moe_layer);
+  const int layers = absl::GetFlag(FLAGS_num_moe_layers);
+  const int experts = absl::GetFlag(FLAGS_experts_per_layer);
+  const int64_t rec_bytes = absl::GetFlag(FLAGS_rec_bytes);
+  if (first < 0 || layers <= 0 || experts <= 0 || slots == 0 || slots < -1 || rec_bytes <= 0) {
     return absl::InvalidArgumentError(
         "--first_moe_layer, --num_moe_layers, --experts_per_layer, --slots_per_layer and --rec_bytes must be "
-        "positive (the first layer may be 0)");
+        "positive (the first layer may be 0; --slots_per_layer=-1 sizes the arena from the release)");
   }
-  SlotGeometry geometry = SlotGeometry::Packed(std::move(layer_ids), absl::GetFlag(FLAGS_slots_per_layer),
-                                               static_cast<uint64_t>(rec_bytes), static_cast<uint32_t>(experts),
-                                               static_cast<uint32_t>(fixed));
-  RETURN_IF_ERROR(geometry.Validate());
+  if (fixed < -1) return absl::InvalidArgumentError("--fixed_slots_per_layer must be >= 0, or -1 for the release's");
+  if (decoder == nullptr) {
+    std::vector<uint32_t> layer_ids;
+    for (int i = 0; i < layers; ++i) layer_ids.push_back(static_cast<uint32_t>(first + i));
+    SlotGeometry geometry = SlotGeometry::Packed(
+        std::move(layer_ids), static_cast<uint32_t>(slots < 0 ? kSlotsWithoutRelease : slots),
+        static_cast<uint64_t>(rec_bytes), static_cast<uint32_t>(experts),
+        static_cast<uint32_t>(fixed < 0 ? kFixedWithoutRelease : fixed));
+    RETURN_IF_ERROR(geometry.Validate());
+    return geometry;
+  }
+  ArenaSizing sizing;
+  if (slots > 0) sizing.slots_per_layer = static_cast<uint32_t>(slots);
+  if (fixed >= 0) sizing.fixed_slots_per_layer = static_cast<uint32_t>(fixed);
+  ASSIGN_OR_RETURN(SlotGeometry geometry, ReleaseArenaGeometry(*decoder, *config, sizing));
+  if (streaming && geometry.FloatingSlots() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--slots_per_layer=", geometry.slots_per_layer, " with ", geometry.fixed_slots_per_layer,
+        " fixed slots per layer leaves no floating slot: the streamer could only load the fixed set and the "
+        "predictor would place nothing. Leave --slots_per_layer unset to size the arena from the release (",
+        geometry.fixed_slots_per_layer + DefaultFloatingSlots(*config) + kStagingSlotsPerLayer,
+        " here), give at least ", geometry.fixed_slots_per_layer + 1, ", or serve the fixed set without streaming "
+        "with --expert_bits=fixed"));
+  }
   return geometry;
 }
 
@@ -178,7 +198,14 @@ absl::Status Run(ShutdownSignal& shutdown) {
   } else if (!absl::GetFlag(FLAGS_release).empty()) {
     return absl::InvalidArgumentError("--release needs --model");
   }
-  ASSIGN_OR_RETURN(SlotGeometry geometry, GeometryFromFlags(decoder.get()));
+  ASSIGN_OR_RETURN(SlotGeometry geometry,
+                   GeometryFromFlags(decoder.get(), model != nullptr ? &model->config() : nullptr, dynamic_experts));
+  if (decoder != nullptr) {
+    spdlog::info("slot arena: {} MoE layers (MTP layers get none) x {} slots: {} fixed, {} floating, {} staging",
+                 geometry.moe_layer_ids.size(), geometry.slots_per_layer, geometry.fixed_slots_per_layer,
+                 geometry.FloatingSlots(),
+                 geometry.slots_per_layer - geometry.fixed_slots_per_layer - geometry.FloatingSlots());
+  }
 
   // The CPU backend's arena lives in POSIX shared memory that the streamer maps by name.
   ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Create(ArenaName(rank), geometry.ArenaBytes()));

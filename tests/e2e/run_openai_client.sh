@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Starts streamer, worker (the embedded model, experts streamed from its release) and router
-# on free loopback ports, runs the real `openai` npm client against them (openai_client.mjs),
-# and stops everything.
+# Starts streamer, worker (the embedded model, experts streamed from its release, the arena
+# sized by default so the predictor has floating slots) and router (the plain chat format, as
+# scripts/up.sh serves the embedded model) on free loopback ports, runs the real `openai` npm
+# client against them (openai_client.mjs), checks that streaming ran with floating slots, and
+# stops everything.
 # Usage: run_openai_client.sh BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,13 +36,19 @@ pids+=($!)
 pids+=($!)
 "$build/services/router/nq-router" --host=127.0.0.1 --http_port=$rh --grpc_port=$rg \
   --worker_address=127.0.0.1:$wg --worker_poll_interval_s=0.1 --tokenizer="$model/tokenizer.json" \
-  >"$work/router.log" 2>&1 &
+  --chat_format=plain >"$work/router.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 300); do
   curl -sf "http://127.0.0.1:$rh/health" >/dev/null && break
   sleep 0.1
 done
-if ! node "$here/openai_client.mjs" "http://127.0.0.1:$rh/v1"; then
+if ! node "$here/openai_client.mjs" "http://127.0.0.1:$rh/v1" "http://127.0.0.1:$sm/metrics"; then
+  tail -n 20 "$work"/*.log >&2
+  exit 1
+fi
+# The default arena must leave the predictor something to place (issue #11).
+if ! grep -Eq "fixed-set loads queued, [1-9][0-9]* floating slots per layer" "$work/streamer.log"; then
+  echo "the worker's session has no floating slots: streaming ran with the fixed set only" >&2
   tail -n 20 "$work"/*.log >&2
   exit 1
 fi

@@ -48,7 +48,9 @@ class ServingTest : public ClusterTest {
     std::vector<std::string> worker_flags = {"--model=" + *model_dir_, "--served_model_name=embedded",
                                              "--max_model_len=512"};
     if (streamed) {
-      for (const char* flag : {"--slots_per_layer=6", "--verify_slots"}) worker_flags.push_back(flag);
+      // The arena as a newcomer gets it: sized from the release (its 4 fixed experts per
+      // layer, 8 floating, 1 staging), so the predictor has slots to fill.
+      worker_flags.push_back("--verify_slots");
       worker_flags.push_back("--release=" + *model_dir_ + "/release");
     }
     worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, worker_flags));
@@ -181,6 +183,43 @@ TEST_F(ServingTest, ChatCompletionStreamsAndStops) {
   EXPECT_GT(streamed.events, 1);
 }
 
+// The README's first chat request, as scripts/up.sh serves it (--chat_format=plain for the
+// embedded model, which never saw chat markup): the answer is text in `content`. Under the
+// GLM-5 template the same model opens a <think> block it never closes, and everything it
+// says lands in reasoning_content (what a real GLM-5 checkpoint still gets).
+TEST_F(ServingTest, TheReadmeChatExampleAnswersInContentWithThePlainFormat) {
+  StartCluster({"--chat_format=plain"});
+  const Json request = {{"model", "embedded"},
+                        {"messages", Json::array({{{"role", "user"}, {"content", "def fibonacci(n):"}}})},
+                        {"max_tokens", 16}, {"temperature", 0}, {"ignore_eos", true}};
+  absl::StatusOr<std::pair<int, Json>> reply = PostJson("/v1/chat/completions", request);
+  ASSERT_TRUE(reply.ok());
+  ASSERT_EQ(reply->first, 200) << reply->second.dump();
+  const Json& message = reply->second["choices"][0]["message"];
+  ASSERT_TRUE(message["content"].is_string()) << message.dump();
+  EXPECT_FALSE(message["content"].get<std::string>().empty()) << message.dump();
+  EXPECT_TRUE(!message.contains("reasoning_content") || message["reasoning_content"].is_null() ||
+              message["reasoning_content"] == "")
+      << message.dump();
+  // The prompt is the user's text and a newline: no roles, no special tokens.
+  absl::StatusOr<std::pair<int, Json>> plain =
+      PostJson("/tokenize", {{"prompt", "def fibonacci(n):\n"}, {"add_special_tokens", false}});
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<std::pair<int, Json>> rendered = PostJson("/tokenize", {{"messages", request["messages"]}});
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(rendered->second["tokens"], plain->second["tokens"]) << rendered->second.dump();
+  EXPECT_EQ(reply->second["usage"]["prompt_tokens"], plain->second["count"]);
+  Streamed streamed = Stream("/v1/chat/completions", request);
+  EXPECT_EQ(streamed.text, message["content"].get<std::string>());
+  // Plain text cannot carry tools: refused by name, not ignored.
+  Json with_tools = request;
+  with_tools["tools"] = Json::array({{{"type", "function"}, {"function", {{"name", "get_weather"}}}}});
+  absl::StatusOr<std::pair<int, Json>> refused = PostJson("/v1/chat/completions", with_tools);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->first, 400) << refused->second.dump();
+  EXPECT_THAT(refused->second.dump(), HasSubstr("no tools"));
+}
+
 TEST_F(ServingTest, GrpcGenerateStreams) {
   StartCluster();
   auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_ports_.grpc), grpc::InsecureChannelCredentials());
@@ -300,17 +339,25 @@ TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInva
 
 TEST_F(ServingTest, StreamedExpertsRunAtFourBitsOnceTheirSlotsAreReady) {
   StartCluster({}, /*streamed=*/true);
-  // The fixed sets (2 experts x 2 MoE layers) load when the session opens.
-  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= 4; },
+  // The fixed sets (4 experts x the 4 decode MoE layers; the MTP layer gets no slots) load
+  // when the session opens, and the default arena leaves the predictor 8 floating slots.
+  constexpr double kFixedLoads = 16;
+  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= kFixedLoads; },
                       std::chrono::seconds(20)))
       << streamer_->Log();
+  EXPECT_THAT(worker_->Log(), HasSubstr("4 MoE layers (MTP layers get none) x 13 slots: 4 fixed, 8 floating"));
+  EXPECT_THAT(streamer_->Log(), HasSubstr("16 fixed-set loads queued, 8 floating slots per layer"));
   const Json request = {{"model", "embedded"}, {"prompt", "The quick brown fox"}, {"max_tokens", 48},
                         {"temperature", 0}, {"ignore_eos", true}};
   Streamed streamed = Stream("/v1/completions", request);
   EXPECT_EQ(streamed.finish, "length");
   EXPECT_GT(Metric(worker_ports_.http, "nq_expert_calls_total{bits=\"4\"}"), 0);
   EXPECT_GT(Metric(worker_ports_.http, "nq_expert_calls_total{bits=\"2\"}"), 0);
-  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_slot_loads_total{result=\"ready\"}"), 3);
+  // Beyond the fixed sets: the predictor placed experts in floating slots.
+  EXPECT_TRUE(WaitFor(
+      [&] { return Metric(streamer_ports_.http, "nq_streamer_slot_loads_total{result=\"ready\"}") > kFixedLoads; },
+      std::chrono::seconds(10)))
+      << streamer_->Log();
   EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_read_bytes_total"), 0);
   EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_predictor_refresh_seconds_count"), 0);
   EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_integrity_failures_total"), 0);
@@ -322,6 +369,22 @@ TEST_F(ServingTest, StreamedExpertsRunAtFourBitsOnceTheirSlotsAreReady) {
   // Greedy output does not depend on whether the streamer is there: the same request
   // again gives a well-formed stream (the text may differ as experts change precision).
   EXPECT_EQ(Stream("/v1/completions", request).finish, "length");
+}
+
+// An explicit arena that leaves no floating slot would quietly turn streaming into "the
+// fixed set at 4 bits, nothing else": the worker refuses to start and says what to do.
+TEST_F(ServingTest, AWorkerArenaWithoutAFloatingSlotIsRefused) {
+  streamer_ports_ = NewPorts();
+  worker_ports_ = NewPorts();
+  streamer_.emplace(StartStreamer(streamer_ports_, StreamerFlags(true)));
+  ChildProcess worker = StartWorker(worker_ports_, streamer_ports_.grpc,
+                                    {"--model=" + *model_dir_, "--release=" + *model_dir_ + "/release",
+                                     "--slots_per_layer=4"});
+  absl::StatusOr<int> code = worker.WaitForExit(std::chrono::seconds(60));
+  ASSERT_TRUE(code.ok()) << "the worker kept running:\n" << worker.Log();
+  EXPECT_EQ(*code, 1) << worker.Log();
+  EXPECT_THAT(worker.Log(), HasSubstr("--slots_per_layer=4 with 4 fixed slots per layer leaves no floating slot"));
+  EXPECT_THAT(worker.Log(), HasSubstr("--expert_bits=fixed"));
 }
 
 TEST_F(ServingTest, KillingTheStreamerMidGenerationKeepsTheStreamGoingAndARestartResyncs) {

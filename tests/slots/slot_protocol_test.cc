@@ -28,6 +28,7 @@
 #include "services/release/release_expert_decoder.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
+#include "services/worker/arena_geometry.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
@@ -102,7 +103,11 @@ class SlotProtocolTest : public ::testing::Test {
     std::vector<uint32_t> layers = decoder_->moe_layer_ids();
     absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
     ASSERT_TRUE(needs.ok());
-    geometry_ = SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots);
+    StartWorkerWith(SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots));
+  }
+
+  void StartWorkerWith(const SlotGeometry& geometry) {
+    geometry_ = geometry;
     ASSERT_TRUE(geometry_.Validate().ok());
     absl::StatusOr<SharedMemory> arena =
         SharedMemory::Create(absl::StrCat("/nq-slot-test-", getpid(), "-", ++arena_counter_), geometry_.ArenaBytes());
@@ -200,6 +205,51 @@ streamer::PredictorOptions ChurningPredictor() {
   p.recency_weight = 0;
   p.static_weight = 0;
   return p;
+}
+
+// Issue #11: the arena a worker sizes from the release by default has floating slots for the
+// predictor (2 x num_experts_per_tok), and rows only for the MoE layers decode runs: the MTP
+// layer (layer 2) gets no slots, hence no fixed-set loads.
+TEST_F(SlotProtocolTest, ArenaSizedFromTheReleaseHasFloatingSlotsAndNoMtpRow) {
+  absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(kModel);
+  ASSERT_TRUE(config.ok());
+  ASSERT_EQ(decoder_->moe_layer_ids(), (std::vector<uint32_t>{kMoeLayer, 2}));  // the release has both
+  absl::StatusOr<SlotGeometry> geometry = worker::ReleaseArenaGeometry(*decoder_, *config, {});
+  ASSERT_TRUE(geometry.ok()) << geometry.status();
+  EXPECT_EQ(geometry->moe_layer_ids, std::vector<uint32_t>{kMoeLayer});
+  EXPECT_EQ(geometry->fixed_slots_per_layer, 1u);  // EncodeRelease's fixed_per_layer
+  EXPECT_EQ(worker::DefaultFloatingSlots(*config), 2 * kTopK);
+  EXPECT_EQ(geometry->slots_per_layer, 1 + 2 * kTopK + worker::kStagingSlotsPerLayer);
+  EXPECT_EQ(geometry->FloatingSlots(), 2 * kTopK);
+  EXPECT_EQ(geometry->rec_bytes, decoder_->RecordBytes(kMoeLayer).value());
+  EXPECT_EQ(geometry->experts_per_layer, kExperts);
+
+  // Explicit values override; this one leaves no floating slot (the worker refuses it when
+  // streaming, services/worker/main.cc).
+  absl::StatusOr<SlotGeometry> fixed_only =
+      worker::ReleaseArenaGeometry(*decoder_, *config, {.slots_per_layer = 1});
+  ASSERT_TRUE(fixed_only.ok());
+  EXPECT_EQ(fixed_only->FloatingSlots(), 0u);
+  absl::StatusOr<SlotGeometry> three = worker::ReleaseArenaGeometry(*decoder_, *config, {.floating_slots = 3});
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->slots_per_layer, 5u);
+  EXPECT_EQ(three->FloatingSlots(), 3u);
+  // Capped at the experts per layer by default; refused when asked for explicitly.
+  absl::StatusOr<SlotGeometry> capped = worker::ReleaseArenaGeometry(*decoder_, *config, {.floating_slots = 100});
+  ASSERT_TRUE(capped.ok());
+  EXPECT_EQ(capped->slots_per_layer, kExperts);
+  absl::Status too_many = worker::ReleaseArenaGeometry(*decoder_, *config, {.slots_per_layer = kExperts + 1}).status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(too_many.message()), ::testing::HasSubstr("exceeds experts_per_layer"));
+
+  // A streamer session over that arena loads layer 1's fixed expert and nothing for layer 2.
+  StartStreamer(release_dir_, streamer::PredictorOptions{});
+  StartWorkerWith(*geometry);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 1; }, std::chrono::seconds(10)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const std::vector<nq::v1::SlotEntry> ready = table_->ReadySlots();
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].layer(), kMoeLayer);
 }
 
 TEST_F(SlotProtocolTest, FixedSetLoadsWhenTheSessionOpens) {

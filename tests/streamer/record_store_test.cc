@@ -17,11 +17,13 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "services/format/release_writer.h"
 #include "services/model/safetensors_writer.h"
+#include "services/streamer/event_fd.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::streamer {
@@ -359,6 +361,112 @@ TEST_F(RecordStoreTest, BadRequestsAreInvalidArgument) {
   EXPECT_THAT(RecordStore::Open({}).status(), StatusIs(absl::StatusCode::kInvalidArgument, _));
   EXPECT_EQ((*store)->outstanding(), 0u);
   EXPECT_THAT((*store)->Wait().status(), StatusIs(absl::StatusCode::kFailedPrecondition, _));
+}
+
+// Issue #11: one RecordFiles per streamer process, a RecordStore per session over it. Two
+// stores reading every record at once, from two threads, hash each layer file exactly once.
+TEST_F(RecordStoreTest, StoresSharingRecordFilesHashEachFileOncePerProcess) {
+  auto files = RecordFiles::Open({*dir_});
+  ASSERT_THAT(files.status(), IsOk());
+  EXPECT_EQ((*files)->files_hashed(), 0u);
+  std::vector<std::unique_ptr<RecordStore>> stores;
+  for (int i = 0; i < 2; ++i) {
+    auto store = RecordStore::Create(*files, {.queue_depth = 4});
+    ASSERT_THAT(store.status(), IsOk());
+    stores.push_back(*std::move(store));
+  }
+  std::vector<std::thread> sessions;
+  for (auto& store : stores) sessions.emplace_back([&store] { ReadAllConcurrently(*store, 2); });
+  for (std::thread& t : sessions) t.join();
+  EXPECT_EQ((*files)->files_hashed(), kTp * kLayers.size());
+  EXPECT_TRUE(stores[0]->LayerVerified(1, 4));
+  EXPECT_TRUE(stores[1]->LayerVerified(0, 3));
+  // A third session later reads without hashing anything again.
+  auto late = RecordStore::Create(*files);
+  ASSERT_THAT(late.status(), IsOk());
+  ReadAllConcurrently(**late, 1);
+  EXPECT_EQ((*files)->files_hashed(), kTp * kLayers.size());
+  EXPECT_THAT(RecordStore::Create(nullptr).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no record files")));
+  EXPECT_THAT(RecordStore::Create(*files, {.queue_depth = 0}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("queue depth")));
+}
+
+TEST_F(RecordStoreTest, ASharedFileThatFailsItsHashFailsEverySessionAndIsHashedOnce) {
+  const std::string bad = MakeTempDir("nq_record_store_shared_bad") + "/release";
+  fs::copy(*dir_, bad, fs::copy_options::recursive);
+  {
+    std::fstream f(bad + "/rank1/L4.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(5000);
+    char c = 0;
+    f.get(c);
+    f.seekp(5000);
+    f.put(static_cast<char>(c ^ 0x01));
+  }
+  auto files = RecordFiles::Open({bad});
+  ASSERT_THAT(files.status(), IsOk());
+  for (int session = 0; session < 2; ++session) {
+    auto store = RecordStore::Create(*files);
+    ASSERT_THAT(store.status(), IsOk());
+    AlignedBuffer out(Expected({1, 4, 0}).size());
+    EXPECT_THAT((*store)->ReadRecord(1, 4, 3, out.span()),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("rank1/L4.bin")));
+    EXPECT_THAT((*store)->ReadRecord(1, 3, 3, out.span()), IsOk());
+  }
+  EXPECT_EQ((*files)->files_hashed(), 2u);  // rank 1's L4 (bad) and L3, once each
+  EXPECT_FALSE((*files)->LayerVerified(1, 4));
+}
+
+// The store's completion_fd turns readable when a read lands, so its owner can sleep in
+// poll(2) instead of polling the ring; Poll clears it.
+TEST_F(RecordStoreTest, CompletionFdIsReadableExactlyWhileAReadHasLanded) {
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 2, .buffers = 1});
+  ASSERT_THAT(store.status(), IsOk());
+  const int fds[] = {(*store)->completion_fd()};
+  auto idle = WaitReadable(fds, absl::ZeroDuration());
+  ASSERT_THAT(idle.status(), IsOk());
+  EXPECT_FALSE((*idle)[0]);
+  ASSERT_THAT((*store)->VerifyLayer(0, 3), IsOk());  // so the read below goes to the ring
+  ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 3, .expert = 2, .buffer_index = 0, .tag = 9}), IsOk());
+  auto landed = WaitReadable(fds, absl::Seconds(10));
+  ASSERT_THAT(landed.status(), IsOk());
+  ASSERT_TRUE((*landed)[0]) << "no completion signalled within 10 s";
+  auto done = (*store)->Poll();
+  ASSERT_THAT(done.status(), IsOk());
+  ASSERT_EQ(done->size(), 1u);
+  EXPECT_EQ((*done)[0].tag, 9u);
+  EXPECT_THAT((*done)[0].status, IsOk());
+  const auto& want = Expected({0, 3, 2});
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), (*store)->Buffer(0).data()));
+  auto cleared = WaitReadable(fds, absl::ZeroDuration());
+  ASSERT_THAT(cleared.status(), IsOk());
+  EXPECT_FALSE((*cleared)[0]) << "Poll left the completion signal set";
+}
+
+TEST(EventFdTest, SignalMakesItReadableAndClearResetsIt) {
+  auto event = EventFd::Create();
+  ASSERT_THAT(event.status(), IsOk());
+  const int fds[] = {event->fd()};
+  EXPECT_FALSE(WaitReadable(fds, absl::ZeroDuration()).value()[0]);
+  ASSERT_THAT(event->Signal(), IsOk());
+  ASSERT_THAT(event->Signal(), IsOk());
+  EXPECT_TRUE(WaitReadable(fds, absl::ZeroDuration()).value()[0]);
+  ASSERT_THAT(event->Clear(), IsOk());
+  EXPECT_FALSE(WaitReadable(fds, absl::ZeroDuration()).value()[0]);
+  ASSERT_THAT(event->Clear(), IsOk());  // nothing pending is not an error
+  // A signal from another thread wakes a waiter.
+  std::thread signaller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_THAT(event->Signal(), IsOk());
+  });
+  auto woken = WaitReadable(fds, absl::Seconds(10));
+  signaller.join();
+  ASSERT_THAT(woken.status(), IsOk());
+  EXPECT_TRUE((*woken)[0]);
+  const int bad[] = {-1};
+  auto none = WaitReadable(bad, absl::ZeroDuration());  // poll ignores negative fds
+  ASSERT_THAT(none.status(), IsOk());
+  EXPECT_FALSE((*none)[0]);
 }
 
 }  // namespace
