@@ -45,4 +45,15 @@ inline const std::uint8_t* NqResidualPlane(const NqMoeParams& p, const NqProject
   return p.arena + slot * p.slot_bytes + projection.residual_offset;
 }
 
+// Tokens [t0, t0 + n) of p as an op of their own (the CUDA paths run long inputs chunk by chunk).
+inline NqMoeParams NqMoeTokenChunk(const NqMoeParams& p, std::int64_t t0, std::int64_t n) {
+  NqMoeParams chunk = p;
+  chunk.tokens = n;
+  chunk.x = p.x + t0 * p.hidden;
+  chunk.out = p.out + t0 * p.hidden;
+  chunk.expert_ids = p.expert_ids + t0 * p.top_k;
+  chunk.expert_weights = p.expert_weights + t0 * p.top_k;
+  return chunk;
+}
+
 }  // namespace nq::kernels

@@ -452,12 +452,7 @@ absl::Status LaunchNqMoe(const NqMoeParams& p, void* workspace, std::size_t work
                                                    NqMoeWorkspaceBytes(p.top_k, D, I), " 16-byte aligned"));
   }
   for (std::int64_t t0 = 0; t0 < p.tokens; t0 += kNqMaxDecodeTokens) {
-    NqMoeParams chunk = p;
-    chunk.tokens = std::min(kNqMaxDecodeTokens, p.tokens - t0);
-    chunk.x = p.x + t0 * D;
-    chunk.out = p.out + t0 * D;
-    chunk.expert_ids = p.expert_ids + t0 * p.top_k;
-    chunk.expert_weights = p.expert_weights + t0 * p.top_k;
+    const NqMoeParams chunk = NqMoeTokenChunk(p, t0, std::min(kNqMaxDecodeTokens, p.tokens - t0));
     RETURN_IF_ERROR(LaunchChunk(chunk, static_cast<float*>(workspace), ctx));
   }
   return absl::OkStatus();

@@ -305,13 +305,7 @@ absl::Status LaunchNqMoePrefill(const NqMoeParams& p, void* workspace, std::size
                                                    NqMoePrefillWorkspaceBytes(p.top_k, D, I, p.num_experts)));
   }
   for (std::int64_t t0 = 0; t0 < p.tokens; t0 += kNqPrefillChunk) {
-    NqMoeParams chunk = p;
-    chunk.tokens = std::min(kNqPrefillChunk, p.tokens - t0);
-    chunk.x = p.x + t0 * D;
-    chunk.out = p.out + t0 * D;
-    chunk.expert_ids = p.expert_ids + t0 * p.top_k;
-    chunk.expert_weights = p.expert_weights + t0 * p.top_k;
-    RETURN_IF_ERROR(LaunchChunk(chunk, workspace, ctx));
+    RETURN_IF_ERROR(LaunchChunk(NqMoeTokenChunk(p, t0, std::min(kNqPrefillChunk, p.tokens - t0)), workspace, ctx));
   }
   return absl::OkStatus();
 }
