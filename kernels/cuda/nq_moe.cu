@@ -131,12 +131,31 @@ __device__ __forceinline__ void LoadWords(const std::uint32_t* p, std::uint32_t 
     w[1] = v.y;
     w[2] = v.z;
     w[3] = v.w;
+  } else if constexpr (kWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x;
+    w[1] = v.y;
   } else {
     w[0] = __ldg(p);
   }
 }
 
-template <bool kFourBit, int kWords>
+// sum_q w[q] . x[q] over a word's eight pairs: two half2 chains of four products each, then
+// fp32 (bounds fp16 rounding to short sums).
+__device__ __forceinline__ float DotPairs(const __half2 (&w)[kPairsPerWord], const uint4& xa, const uint4& xb) {
+  __half2 s0 = __hmul2(w[0], *reinterpret_cast<const __half2*>(&xa.x));
+  __half2 s1 = __hmul2(w[1], *reinterpret_cast<const __half2*>(&xa.y));
+  s0 = __hfma2(w[2], *reinterpret_cast<const __half2*>(&xa.z), s0);
+  s1 = __hfma2(w[3], *reinterpret_cast<const __half2*>(&xa.w), s1);
+  s0 = __hfma2(w[4], *reinterpret_cast<const __half2*>(&xb.x), s0);
+  s1 = __hfma2(w[5], *reinterpret_cast<const __half2*>(&xb.y), s1);
+  s0 = __hfma2(w[6], *reinterpret_cast<const __half2*>(&xb.z), s0);
+  s1 = __hfma2(w[7], *reinterpret_cast<const __half2*>(&xb.w), s1);
+  const float2 f0 = __half22float2(s0), f1 = __half22float2(s1);
+  return (f0.x + f0.y) + (f1.x + f1.y);
+}
+
+template <bool kFourBit, int kWords, int kMaxTok>
 __device__ __forceinline__ void GemvRows(const GemvParams& g, const NqProjectionView& P, int e, int slot, int proj,
                                          int first_row, int n_tok, const int* tok_a, const __half2* xs,
                                          const float* xscale) {
@@ -161,7 +180,7 @@ __device__ __forceinline__ void GemvRows(const GemvParams& g, const NqProjection
   for (int r = 0; r < kRowsPerWarp; ++r) {
     row_offset[r] = static_cast<std::int64_t>(min(first_row + r, g.rows - 1)) * words;  // tail rows: unused re-reads
   }
-  float acc[kNqMaxDecodeTokens][kRowsPerWarp] = {};
+  float acc[kMaxTok][kRowsPerWarp] = {};
 #pragma unroll 2
   for (int w0 = lane * kWords; w0 < words; w0 += kWarpSize * kWords) {
     std::uint32_t wb[kRowsPerWarp][kWords], wr[kRowsPerWarp][kWords];
@@ -172,6 +191,23 @@ __device__ __forceinline__ void GemvRows(const GemvParams& g, const NqProjection
     }
 #pragma unroll
     for (int q = 0; q < kWords; ++q) {
+      if constexpr (kMaxTok == 1) {
+        // One token: its input pairs stay in registers and each row is decoded and used at
+        // once, so only one row's pairs are live (fewer registers, more resident warps).
+        const uint4* xv = reinterpret_cast<const uint4*>(xs + static_cast<std::int64_t>(w0 + q) * kPairsPerWord);
+        const uint4 xa = xv[0], xb = xv[1];
+#pragma unroll
+        for (int r = 0; r < kRowsPerWarp; ++r) {
+          __half2 wp[kPairsPerWord];
+          if constexpr (kFourBit) {
+            DecodeWord4(t4, wb[r][q], wr[r][q], wp);
+          } else {
+            DecodeWord2(t2, wb[r][q], wp);
+          }
+          acc[0][r] += DotPairs(wp, xa, xb);
+        }
+        continue;
+      } else {
       // Decode the four rows' word once, then reuse it for every token.
       __half2 wp[kRowsPerWarp][kPairsPerWord];
 #pragma unroll
@@ -183,35 +219,20 @@ __device__ __forceinline__ void GemvRows(const GemvParams& g, const NqProjection
         }
       }
 #pragma unroll
-      for (int t = 0; t < kNqMaxDecodeTokens; ++t) {
+      for (int t = 0; t < kMaxTok; ++t) {
         if (t >= n_tok) break;
         const uint4* xv =
             reinterpret_cast<const uint4*>(xs + (static_cast<std::int64_t>(t) * words + w0 + q) * kPairsPerWord);
         const uint4 xa = xv[0], xb = xv[1];
-        const __half2 x[kPairsPerWord] = {
-            *reinterpret_cast<const __half2*>(&xa.x), *reinterpret_cast<const __half2*>(&xa.y),
-            *reinterpret_cast<const __half2*>(&xa.z), *reinterpret_cast<const __half2*>(&xa.w),
-            *reinterpret_cast<const __half2*>(&xb.x), *reinterpret_cast<const __half2*>(&xb.y),
-            *reinterpret_cast<const __half2*>(&xb.z), *reinterpret_cast<const __half2*>(&xb.w)};
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          // Two half2 chains of four products each, then fp32: bounds fp16 rounding to short sums.
-          __half2 s0 = __hmul2(wp[r][0], x[0]), s1 = __hmul2(wp[r][1], x[1]);
-          s0 = __hfma2(wp[r][2], x[2], s0);
-          s1 = __hfma2(wp[r][3], x[3], s1);
-          s0 = __hfma2(wp[r][4], x[4], s0);
-          s1 = __hfma2(wp[r][5], x[5], s1);
-          s0 = __hfma2(wp[r][6], x[6], s0);
-          s1 = __hfma2(wp[r][7], x[7], s1);
-          const float2 f0 = __half22float2(s0), f1 = __half22float2(s1);
-          acc[t][r] += (f0.x + f0.y) + (f1.x + f1.y);
-        }
+        for (int r = 0; r < kRowsPerWarp; ++r) acc[t][r] += DotPairs(wp[r], xa, xb);
+      }
       }
     }
   }
   const float* rs = P.row_scales + static_cast<std::int64_t>(e) * g.rows;
 #pragma unroll
-  for (int t = 0; t < kNqMaxDecodeTokens; ++t) {
+  for (int t = 0; t < kMaxTok; ++t) {
     if (t >= n_tok) break;
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -236,7 +257,10 @@ struct PrepParams {
 
 
 
-__global__ void __launch_bounds__(kGemvWarps * kWarpSize, 2) NqGemvKernel(const __grid_constant__ GemvParams g) {
+// kMaxTok: 1 for a one-token chunk (a plain decode step), else kNqMaxDecodeTokens.
+template <int kMaxTok>
+__global__ void __launch_bounds__(kGemvWarps * kWarpSize, kMaxTok == 1 ? 3 : 2)
+    NqGemvKernel(const __grid_constant__ GemvParams g) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float xscale[kNqMaxDecodeTokens];
   __shared__ int ids[kMaxAssignments];
@@ -275,17 +299,19 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize, 2) NqGemvKernel(const 
   for (int group = 0; group < kRowGroups; ++group) {
     const int first_row = row0 + (group * kGemvWarps + warp) * kRowsPerWarp;
     if (first_row >= g.rows) break;
+    // Wide loads when rows split into whole 16-byte pieces per lane: 4 words (2 bits) or 2
+    // words of each plane (4 bits, two planes: the same bytes in flight, fewer registers).
     const bool wide = g.cols % (kCodesPerWord * 4) == 0;
     if (four_bit) {
       if (wide) {
-        GemvRows<true, 4>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
+        GemvRows<true, 2, kMaxTok>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
       } else {
-        GemvRows<true, 1>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
+        GemvRows<true, 1, kMaxTok>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
       }
     } else if (wide) {
-      GemvRows<false, 4>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
+      GemvRows<false, 4, kMaxTok>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
     } else {
-      GemvRows<false, 1>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
+      GemvRows<false, 1, kMaxTok>(g, P, e, slot, proj, first_row, n_tok, tok_a, xs, xscale);
     }
   }
 }
@@ -364,10 +390,16 @@ __global__ void __launch_bounds__(kChunkThreads) NqSwigluPrepKernel(const __grid
 absl::Status LaunchGemv(const GemvParams& g, const LaunchContext& ctx) {
   // Shared memory for the chunk's tokens only: a one-token step leaves room for more blocks.
   const std::size_t smem = static_cast<std::size_t>(g.p.tokens) * g.cols * sizeof(__half);
-  NQ_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(NqGemvKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(g.p.tokens * g.p.top_k), static_cast<unsigned>(g.num_proj * g.tiles_per_proj));
-  NqGemvKernel<<<grid, kGemvWarps * kWarpSize, smem, ctx.stream>>>(g);
+  if (g.p.tokens == 1) {
+    NQ_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(NqGemvKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    NqGemvKernel<1><<<grid, kGemvWarps * kWarpSize, smem, ctx.stream>>>(g);
+  } else {
+    NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqGemvKernel<kNqMaxDecodeTokens>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    NqGemvKernel<kNqMaxDecodeTokens><<<grid, kGemvWarps * kWarpSize, smem, ctx.stream>>>(g);
+  }
   return CheckLaunch("NqGemvKernel");
 }
 
