@@ -321,7 +321,10 @@ __global__ void __launch_bounds__(kGemvWarps * kWarpSize, kMaxTok == 1 ? 3 : 2)
 // needs it, the half2 input of the GEMV (times the expert's column scales, pair order, xscale 1).
 // Contract: the scaled inputs stay inside fp16's range (|v| < 65504; rotated, RMS-normed hidden
 // states times column scales are orders of magnitude below it).
-constexpr int kChunkThreads = 128;
+// One thread per element of a Hadamard block (up to 512 wide), so each phase of these latency-
+// bound kernels pays one round trip to memory rather than a loop of them.
+constexpr int kVectorMaxThreads = 512;
+int ChunkThreads(std::int64_t n) { return static_cast<int>(std::min<std::int64_t>(n, kVectorMaxThreads)); }
 
 __device__ __forceinline__ void WritePrepared(const float* v, int n, int c0, const float* cs, int cols, __half2* xh) {
   __half* out = reinterpret_cast<__half*>(xh);
@@ -331,32 +334,31 @@ __device__ __forceinline__ void WritePrepared(const float* v, int n, int c0, con
   }
 }
 
-// grid (T, D / input.block): xr chunk = H (signs * x chunk), then gate and up inputs of each of
-// the token's K assignments.
-__global__ void __launch_bounds__(kChunkThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
+// grid (T, D / input.block, K): xr chunk = H (signs * x chunk), then the gate and up inputs of
+// assignment k of token t. Each (token, chunk) is rotated K times over: a few hundred flops
+// against one serial chain of column-scale loads per block instead of 2K.
+__global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
   extern __shared__ float chunk[];
-  const int D = g.cols, t = blockIdx.x, K = static_cast<int>(g.p.top_k);
+  const int D = g.cols, t = blockIdx.x, K = static_cast<int>(g.p.top_k), k = blockIdx.z;
   const int n = static_cast<int>(g.p.input.block), c0 = blockIdx.y * n;
+  const int a = t * K + k, e = g.p.expert_ids[a];
+  if (e < 0 || e >= g.p.num_experts) return;
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = g.p.x[t * D + c0 + i] * g.p.input.signs[c0 + i];
   __syncthreads();
   BlockFwht(chunk, n, n);
   const float scale = rsqrtf(static_cast<float>(n));
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= scale;
   __syncthreads();
-  for (int k = 0; k < K; ++k) {
-    const int a = t * K + k, e = g.p.expert_ids[a];
-    if (e < 0 || e >= g.p.num_experts) continue;
-    for (int j = 0; j < 2; ++j) {
-      const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;
-      WritePrepared(chunk, n, c0, g.proj[j].col_scales + static_cast<std::int64_t>(e) * D, D, g.xh + vec * (D / 2));
-      if (blockIdx.y == 0 && threadIdx.x == 0) g.xscale[vec] = 1.0f;
-    }
+  for (int j = 0; j < 2; ++j) {
+    const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;
+    WritePrepared(chunk, n, c0, g.proj[j].col_scales + static_cast<std::int64_t>(e) * D, D, g.xh + vec * (D / 2));
+    if (blockIdx.y == 0 && threadIdx.x == 0) g.xscale[vec] = 1.0f;
   }
 }
 
 // grid (A, I / n), n = the larger of the two intermediate Hadamard blocks: g and u unrotated,
 // silu(g) * u rotated for down_proj, the down input written.
-__global__ void __launch_bounds__(kChunkThreads) NqSwigluPrepKernel(const __grid_constant__ PrepParams g,
+__global__ void __launch_bounds__(kVectorMaxThreads) NqSwigluPrepKernel(const __grid_constant__ PrepParams g,
                                                                      const float* hg, int n) {
   extern __shared__ float chunk[];  // [2n]: gate then up
   const int I = g.cols, a = blockIdx.x, c0 = blockIdx.y * n;
@@ -417,8 +419,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
     const std::size_t smem = p.input.block * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqRotatePrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
-    NqRotatePrepKernel<<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(D / p.input.block)), kChunkThreads, smem,
-                         ctx.stream>>>(prep);
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(D / p.input.block), static_cast<unsigned>(K));
+    NqRotatePrepKernel<<<grid, ChunkThreads(p.input.block), smem, ctx.stream>>>(prep);
     RETURN_IF_ERROR(CheckLaunch("NqRotatePrepKernel"));
   }
 
@@ -440,7 +442,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
     const std::size_t smem = 2 * n * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqSwigluPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
-    NqSwigluPrepKernel<<<dim3(static_cast<unsigned>(T * K), static_cast<unsigned>(I / n)), kChunkThreads, smem,
+    NqSwigluPrepKernel<<<dim3(static_cast<unsigned>(T * K), static_cast<unsigned>(I / n)), ChunkThreads(n), smem,
                          ctx.stream>>>(prep, v.hg, n);
     RETURN_IF_ERROR(CheckLaunch("NqSwigluPrepKernel"));
   }
