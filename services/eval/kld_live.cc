@@ -37,13 +37,13 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
     return absl::InvalidArgumentError("--mode live needs --streamer HOST:PORT (an nq-streamer serving the release)");
   }
   std::unique_ptr<LiveStudentSource> s(new LiveStudentSource());
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(request.teacher_dir));
-  ASSIGN_OR_RETURN(s->decoder_, release::ReleaseExpertDecoder::Open(request.release_dir, request.teacher_dir, config, {}));
-  ASSIGN_OR_RETURN(s->bytes_, MeasureExpertBytes(*s->decoder_, config));
-  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(request.teacher_dir));
-  ASSIGN_OR_RETURN(model::ModelWeights weights,
-                   model::LoadModelWeights(checkpoint, config, backend, {}, {.routed_experts = false}));
-  RETURN_IF_ERROR(release::ApplyReleaseExperts(*s->decoder_, config, release::ExpertBits::k2Bit, backend, weights));
+  // 2-bit bases only: residuals come from the slots the streamer fills.
+  ASSIGN_OR_RETURN(ReleaseStudent student,
+                   LoadReleaseStudent(request.teacher_dir, request.release_dir, release::ExpertBits::k2Bit, backend));
+  model::ModelConfig config = std::move(student.config);
+  model::ModelWeights weights = std::move(student.weights);
+  s->decoder_ = std::move(student.decoder);
+  s->bytes_ = student.bytes;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     if (config.IsMoeLayer(l)) s->moe_layers_.push_back(static_cast<uint32_t>(l));
   }

@@ -64,6 +64,18 @@ absl::StatusOr<ExpertBytes> MeasureExpertBytes(const release::ReleaseExpertDecod
   return bytes;
 }
 
+absl::StatusOr<ReleaseStudent> LoadReleaseStudent(const std::string& model_dir, const std::string& release_dir,
+                                                  release::ExpertBits bits, kernels::Backend& backend) {
+  ReleaseStudent s;
+  ASSIGN_OR_RETURN(s.config, model::LoadModelConfig(model_dir));
+  ASSIGN_OR_RETURN(s.decoder, release::ReleaseExpertDecoder::Open(release_dir, model_dir, s.config, {}));
+  ASSIGN_OR_RETURN(s.bytes, MeasureExpertBytes(*s.decoder, s.config));
+  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
+  ASSIGN_OR_RETURN(s.weights, model::LoadModelWeights(checkpoint, s.config, backend, {}, {.routed_experts = false}));
+  RETURN_IF_ERROR(release::ApplyReleaseExperts(*s.decoder, s.config, bits, backend, s.weights));
+  return s;
+}
+
 absl::StatusOr<std::unique_ptr<StudentLogitSource>> StudentLogitSource::Load(const Options& options,
                                                                              kernels::Backend& backend) {
   if (options.mode == KldMode::kLive) {
@@ -72,20 +84,16 @@ absl::StatusOr<std::unique_ptr<StudentLogitSource>> StudentLogitSource::Load(con
   if (options.slots < 0) return absl::InvalidArgumentError(absl::StrCat("--slots ", options.slots, ": want >= 0"));
   std::unique_ptr<StudentLogitSource> s(new StudentLogitSource());
   s->options_ = options;
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(options.model_dir));
-  ASSIGN_OR_RETURN(s->decoder_, release::ReleaseExpertDecoder::Open(options.release_dir, options.model_dir, config, {}));
-  ASSIGN_OR_RETURN(s->bytes_, MeasureExpertBytes(*s->decoder_, config));
-
-  // The model runs the 2-bit weights unless the hook hands it the 4-bit ones.
-  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(options.model_dir));
-  ASSIGN_OR_RETURN(model::ModelWeights weights,
-                   model::LoadModelWeights(checkpoint, config, backend, {}, {.routed_experts = false}));
   // Every record stays with its layer (slot e holds expert e) unless the mode is all-2-bit;
   // the hook picks per step which experts read theirs.
   const bool records = options.mode != KldMode::kAll2Bit;
-  RETURN_IF_ERROR(release::ApplyReleaseExperts(*s->decoder_, config,
-                                               records ? release::ExpertBits::k4Bit : release::ExpertBits::k2Bit,
-                                               backend, weights));
+  ASSIGN_OR_RETURN(ReleaseStudent student,
+                   LoadReleaseStudent(options.model_dir, options.release_dir,
+                                      records ? release::ExpertBits::k4Bit : release::ExpertBits::k2Bit, backend));
+  model::ModelConfig config = std::move(student.config);
+  model::ModelWeights weights = std::move(student.weights);
+  s->decoder_ = std::move(student.decoder);
+  s->bytes_ = student.bytes;
   const size_t experts = static_cast<size_t>(config.n_routed_experts);
   for (uint32_t layer : s->decoder_->moe_layer_ids()) {
     s->layers_.push_back(layer);

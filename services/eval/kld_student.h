@@ -32,6 +32,7 @@
 #include "services/eval/kld_harness.h"
 #include "services/model/model.h"
 #include "services/release/release_expert_decoder.h"
+#include "services/release/release_experts.h"
 
 namespace nq::eval {
 
@@ -78,6 +79,18 @@ struct ExpertBytes {
 };
 
 absl::StatusOr<ExpertBytes> MeasureExpertBytes(const release::ReleaseExpertDecoder& decoder, const model::ModelConfig& config);
+
+// A student model served from a release: the opened release, what its experts cost, and the
+// model's weights with every routed expert packed (records kept for the experts `bits` runs at 4
+// bits; the checkpoint's expert tensors are never read).
+struct ReleaseStudent {
+  model::ModelConfig config;
+  std::unique_ptr<release::ReleaseExpertDecoder> decoder;
+  ExpertBytes bytes;
+  model::ModelWeights weights;
+};
+absl::StatusOr<ReleaseStudent> LoadReleaseStudent(const std::string& model_dir, const std::string& release_dir,
+                                                  release::ExpertBits bits, kernels::Backend& backend);
 
 // A student of nq kld: logits, plus what its routed experts did and cost.
 class StudentSource : public LogitSource {
