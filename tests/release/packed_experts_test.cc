@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
+#include "services/format/release_reader.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "services/model/model.h"
@@ -152,6 +153,35 @@ TEST_F(PackedExpertsTest, ACheckpointWithoutExpertWeightsServesAndHoldsOnlyPacke
               static_cast<long long>(expert_weights));
   EXPECT_GT(bits_per_weight, 2.0);
   EXPECT_LT(bits_per_weight, 8.0);
+}
+
+// What the model holds for its routed experts is exactly the release's resident planes (codes,
+// row and column scales, the two codebooks as one level table of the same size) plus one set of
+// rotation signs per layer: nothing dense, nothing decoded.
+TEST_F(PackedExpertsTest, RoutedExpertBytesAreTheResidentPlanesAndTheLayersSigns) {
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      LoadModelWithRelease(Dir("model"), Dir("release"), ExpertBits::k2Bit, *backend_, nullptr, {.max_tokens = 16});
+  ASSERT_THAT(m, IsOk());
+  absl::StatusOr<format::Release> release = format::Release::Open(Dir("release"));
+  ASSERT_THAT(release, IsOk());
+  int64_t expected = 0;
+  for (const format::ManifestLayer& layer : release->manifest().layers) {
+    absl::StatusOr<std::string> path = release->ResidentPath(0, layer.layer);
+    ASSERT_THAT(path, IsOk());
+    absl::StatusOr<model::SafetensorsFile> resident = model::SafetensorsFile::Open(*path);
+    ASSERT_THAT(resident, IsOk());
+    for (const std::string& name : resident->Names()) {
+      if (absl::EndsWith(name, ".rotation")) continue;  // the seeds; the model holds the signs
+      absl::StatusOr<model::TensorView> view = resident->Find(name);
+      ASSERT_THAT(view, IsOk());
+      expected += static_cast<int64_t>(view->data.size());
+    }
+    // Signs of the four rotations: gate/up columns and down rows (hidden), gate/up rows and
+    // down columns (intermediate).
+    const model::ModelConfig& c = (*m)->config();
+    expected += 4 * (2 * c.hidden_size + 2 * c.moe_intermediate_size);
+  }
+  EXPECT_EQ((*m)->RoutedExpertBytes(), expected);
 }
 
 TEST_F(PackedExpertsTest, AModelWithoutExpertsOrReleaseIsRefusedByName) {
