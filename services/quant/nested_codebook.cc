@@ -1,5 +1,7 @@
 #include "services/quant/nested_codebook.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/dtype.h"
 
 namespace nq::quant {
 namespace {
@@ -96,6 +99,28 @@ NestedCodebook Design(double lambda) {
 
 }  // namespace
 
+float RoundToHalfPrecision(float v) {
+  constexpr float kHalfMax = 65504.0f;  // the largest finite fp16
+  if (!std::isfinite(v)) return v;
+  if (std::fabs(v) >= kHalfMax) return std::copysign(kHalfMax, v);
+  return kernels::ToFloat(kernels::ToF16(v));  // round to nearest even, subnormals included
+}
+
+NestedCodebook SnapToHalfGrid(NestedCodebook cb) {
+  std::array<float, kBaseLevels * kResidualLevels> level4{};
+  for (int b = 0; b < kBaseLevels; ++b) {
+    for (int r = 0; r < kResidualLevels; ++r) level4[b * kResidualLevels + r] = RoundToHalfPrecision(cb.Level4(b, r));
+  }
+  for (int b = 0; b < kBaseLevels; ++b) {
+    cb.base[b] = RoundToHalfPrecision(cb.base[b]);
+    // Both fp16 values, so the float difference and the decoder's float sum are exact.
+    for (int r = 0; r < kResidualLevels; ++r) {
+      cb.residual[b * kResidualLevels + r] = level4[b * kResidualLevels + r] - cb.base[b];
+    }
+  }
+  return cb;
+}
+
 NestedChoice ChooseNested(const NestedCodebook& cb, double x2, double x4) {
   const double lambda = cb.lambda;
   double best_cost = std::numeric_limits<double>::infinity();
@@ -129,7 +154,7 @@ absl::StatusOr<NestedCodebook> DesignNestedCodebook(double lambda) {
   static std::map<double, NestedCodebook>* cache = new std::map<double, NestedCodebook>();
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(lambda);
-  if (it == cache->end()) it = cache->emplace(lambda, Design(lambda)).first;
+  if (it == cache->end()) it = cache->emplace(lambda, SnapToHalfGrid(Design(lambda))).first;
   return it->second;
 }
 

@@ -30,6 +30,14 @@ struct NestedCodebook {
   float Level4(int b, int r) const { return base[b] + residual[b * kResidualLevels + r]; }
 };
 
+// Levels snapped to fp16 values: v rounded to nearest (ties to even) at fp16's precision (11
+// significant bits, subnormal step 2^-24, saturating at 65504). The codebooks nq encode writes
+// hold only such levels, and each 4-bit level base[b] + residual[b, r] is one too, so the GPU
+// kernels, which hold levels as fp16, multiply by exactly the levels the CPU decoder adds up
+// (kernels/nq_moe.h); the design loses nothing measurable (a level moves by < 2^-12 of itself).
+float RoundToHalfPrecision(float v);
+NestedCodebook SnapToHalfGrid(NestedCodebook cb);
+
 // The blended-objective codebook for N(0,1); lambda in [0, 1]. Results are cached per
 // lambda (encoding thousands of expert matrices designs it once).
 absl::StatusOr<NestedCodebook> DesignNestedCodebook(double lambda);

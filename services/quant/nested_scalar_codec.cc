@@ -108,7 +108,7 @@ NestedCodebook Refit(const NestedCodebook& cb, const CellMeans& means) {
       out.residual[s] = static_cast<float>(level - out.base[b]);
     }
   }
-  return out;
+  return SnapToHalfGrid(out);
 }
 
 }  // namespace

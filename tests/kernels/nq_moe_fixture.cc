@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/dtype.h"
 #include "kernels/tensor_io.h"
 #include "tests/kernels/test_util.h"
 
@@ -29,11 +30,15 @@ NqProjectionHost RandomProjection(std::mt19937_64& rng, std::int64_t rows, std::
   const float design[4] = {-1.51f, -0.453f, 0.453f, 1.51f};
   const float offsets[4] = {-0.25f, -0.08f, 0.08f, 0.25f};
   std::normal_distribution<float> jitter(0.0f, 0.02f);
+  // Levels on the fp16 grid, as nq encode writes them (services/quant/nested_codebook.h).
+  auto snap = [](float v) { return ToFloat(ToF16(v)); };
   for (std::int64_t e = 0; e < experts; ++e) {
     float table[kNqLevelTable];
-    for (int b = 0; b < 4; ++b) table[b] = design[b] + jitter(rng);
+    for (int b = 0; b < 4; ++b) table[b] = snap(design[b] + jitter(rng));
     for (int b = 0; b < 4; ++b) {
-      for (int r = 0; r < 4; ++r) table[kNqBaseLevels + 4 * b + r] = table[b] + (offsets[r] + jitter(rng)) * (b % 3 == 0 ? 1.6f : 1.0f);
+      for (int r = 0; r < 4; ++r) {
+        table[kNqBaseLevels + 4 * b + r] = snap(table[b] + (offsets[r] + jitter(rng)) * (b % 3 == 0 ? 1.6f : 1.0f));
+      }
     }
     p.levels.insert(p.levels.end(), table, table + kNqLevelTable);
   }
