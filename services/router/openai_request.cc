@@ -50,6 +50,32 @@ std::string StringOr(const Json& json, const char* field, const std::string& fal
   return json.contains(field) && json[field].is_string() ? json[field].get<std::string>() : fallback;
 }
 
+absl::Status Unsupported(const std::string& field, const std::string& default_value) {
+  return Invalid(field, absl::StrCat("is not supported by this server; omit it or send ", default_value));
+}
+
+// OpenAI fields the sampler does not implement: their defaults are accepted (clients such as
+// the official SDKs may send them), anything else is refused rather than ignored.
+absl::Status RefuseUnimplemented(const Json& json) {
+  for (const char* field : {"presence_penalty", "frequency_penalty"}) {
+    if (!Has(json, field)) continue;
+    ASSIGN_OR_RETURN(double penalty, Number(json, field, -2, 2));  // OpenAI's range
+    if (penalty != 0) return Unsupported(field, "0");
+  }
+  if (Has(json, "logit_bias")) {
+    if (!json["logit_bias"].is_object()) return Invalid("logit_bias", "must be an object mapping token ids to biases");
+    if (!json["logit_bias"].empty()) return Unsupported("logit_bias", "{}");
+  }
+  if (Has(json, "response_format")) {
+    const Json& format = json["response_format"];
+    if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+      return Invalid("response_format", "must be an object with a string 'type'");
+    }
+    if (format["type"] != "text") return Unsupported("response_format", "{\"type\": \"text\"}");
+  }
+  return absl::OkStatus();
+}
+
 // The fields both endpoints share.
 absl::Status ParseCommon(const Json& json, OpenAiRequest* out) {
   if (!Has(json, "model")) return Invalid("model", "is required");
@@ -109,6 +135,7 @@ absl::Status ParseCommon(const Json& json, OpenAiRequest* out) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "n", 1, 1));
     (void)n;
   }
+  RETURN_IF_ERROR(RefuseUnimplemented(json));
   if (Has(json, "stream")) {
     if (!json["stream"].is_boolean()) return Invalid("stream", "must be a boolean");
     out->stream = json["stream"].get<bool>();
@@ -166,10 +193,10 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(const std::string& body) {
   } else {
     return Invalid("prompt", "must be a string or an array of token ids");
   }
+  // The router does not return log-probabilities yet: only "none" (0) is accepted.
   if (Has(json, "logprobs")) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "logprobs", 0, 20));
-    out.logprobs = n > 0;
-    out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
+    if (n != 0) return Unsupported("logprobs", "0");
   }
   if (Has(json, "echo") && json["echo"].is_boolean() && json["echo"].get<bool>()) {
     return Invalid("echo", "is not supported");
@@ -242,13 +269,14 @@ absl::StatusOr<OpenAiRequest> ParseChatRequest(const std::string& body) {
       out.chat_input.set_enable_thinking(kwargs["enable_thinking"].get<bool>());
     }
   }
+  // The router does not return log-probabilities yet: only their absence is accepted.
   if (Has(json, "logprobs")) {
     if (!json["logprobs"].is_boolean()) return Invalid("logprobs", "must be a boolean");
-    out.logprobs = json["logprobs"].get<bool>();
+    if (json["logprobs"].get<bool>()) return Unsupported("logprobs", "false");
   }
   if (Has(json, "top_logprobs")) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "top_logprobs", 0, 20));
-    out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
+    if (n != 0) return Unsupported("top_logprobs", "0");
   }
   return out;
 }
