@@ -1,7 +1,7 @@
 // Parsing and validating OpenAI-compatible request bodies (/v1/completions,
 // /v1/chat/completions) into the router's request form. Every rule broken is an
 // INVALID_ARGUMENT naming the field, so the client gets a precise 400. OpenAI fields this
-// server does not implement (penalties, logit_bias, response_format, logprobs) are accepted
+// server does not implement (response_format, logprobs) are accepted
 // only at their default value; any other value is refused by name, never silently ignored.
 #pragma once
 

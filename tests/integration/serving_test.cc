@@ -414,6 +414,34 @@ TEST_F(ServingTest, DrainTimeoutEndsRunningAndQueuedHttpRequestsAndTheRouterExit
   EXPECT_THAT(*body, HasSubstr("drain deadline"));
 }
 
+TEST_F(ServingTest, LogitBiasReachesTheWorkersSampler) {
+  StartCluster();
+  absl::StatusOr<std::pair<int, Json>> tokens =
+      PostJson("/tokenize", {{"prompt", "hello"}, {"add_special_tokens", false}});
+  ASSERT_TRUE(tokens.ok());
+  ASSERT_EQ(tokens->first, 200) << tokens->second;
+  const int32_t id = tokens->second["tokens"][0].get<int32_t>();
+  // +100 makes the token win every greedy step, whatever the model prefers.
+  const Json request = {{"model", "embedded"}, {"prompt", "def"}, {"max_tokens", 4}, {"temperature", 0},
+                        {"ignore_eos", true}, {"logit_bias", {{std::to_string(id), 100}}}};
+  absl::StatusOr<std::pair<int, Json>> forced = PostJson("/v1/completions", request);
+  ASSERT_TRUE(forced.ok());
+  ASSERT_EQ(forced->first, 200) << forced->second;
+  absl::StatusOr<std::pair<int, Json>> expected =
+      PostJson("/detokenize", {{"tokens", std::vector<int32_t>(4, id)}});
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(forced->second["choices"][0]["text"], expected->second["prompt"]);
+  EXPECT_EQ(forced->second["usage"]["completion_tokens"], 4);
+
+  Json outside = request;
+  outside["logit_bias"] = {{"9999999", 1}};
+  absl::StatusOr<std::pair<int, Json>> refused = PostJson("/v1/completions", outside);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->first, 400);
+  EXPECT_THAT(refused->second["error"]["message"].get<std::string>(),
+              HasSubstr("logit_bias token id 9999999 is outside the vocabulary"));
+}
+
 TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInvalidBytes) {
   StartCluster();
   const Json request = {{"model", "embedded"}, {"prompt", "한국어 日本語 中文 தமிழ் हिन्दी العربية русский 👩‍👩‍👧"},

@@ -93,16 +93,33 @@ TEST(OpenAiRequestTest, RejectsEachBadField) {
   }
 }
 
-// Fields the server does not implement are refused by name at any non-default value, on both
-// endpoints, instead of being parsed and dropped.
-TEST(OpenAiRequestTest, RefusesUnimplementedFieldsByName) {
+TEST(OpenAiRequestTest, ParsesPenaltiesAndLogitBiasForTheSampler) {
+  for (const std::string& head : {std::string(R"({"model":"m","prompt":"x",)"),
+                                  std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],)")}) {
+    const std::string body = head + R"("presence_penalty":0.5,"frequency_penalty":-1.25,"logit_bias":{"7":-100,"42":3.5}})";
+    absl::StatusOr<OpenAiRequest> r = head.find("prompt") != std::string::npos ? ParseCompletionRequest(body)
+                                                                                : ParseChatRequest(body);
+    ASSERT_THAT(r, IsOk()) << body;
+    EXPECT_FLOAT_EQ(r->sampling.presence_penalty(), 0.5f);
+    EXPECT_FLOAT_EQ(r->sampling.frequency_penalty(), -1.25f);
+    ASSERT_EQ(r->sampling.logit_bias_size(), 2);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(7), -100.0f);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(42), 3.5f);
+  }
+}
+
+// Bad penalty values and the fields the server does not implement are refused by name, on
+// both endpoints, instead of being parsed and dropped.
+TEST(OpenAiRequestTest, RefusesBadPenaltiesAndUnimplementedFieldsByName) {
   const std::pair<const char*, const char*> common[] = {
-      {R"("presence_penalty":0.5)", "'presence_penalty' is not supported"},
-      {R"("frequency_penalty":-1)", "'frequency_penalty' is not supported"},
       {R"("presence_penalty":3)", "'presence_penalty' must be in [-2, 2]"},
       {R"("frequency_penalty":"x")", "'frequency_penalty' must be a number"},
-      {R"("logit_bias":{"50256":-100})", "'logit_bias' is not supported"},
       {R"("logit_bias":[1])", "'logit_bias' must be an object"},
+      {R"("logit_bias":{"abc":1})", R"('logit_bias["abc"]' must be keyed by a token id)"},
+      {R"("logit_bias":{"-3":1})", R"('logit_bias["-3"]' must be keyed by a token id)"},
+      {R"("logit_bias":{"99999999999":1})", "must be keyed by a token id"},
+      {R"("logit_bias":{"5":101})", R"('logit_bias["5"]' must be in [-100, 100])"},
+      {R"("logit_bias":{"5":"x"})", R"('logit_bias["5"]' must be a number)"},
       {R"("response_format":{"type":"json_object"})", "'response_format' is not supported"},
       {R"("response_format":{"type":"json_schema","json_schema":{}})", "'response_format' is not supported"},
       {R"("response_format":"json")", "'response_format' must be an object"},
@@ -123,8 +140,7 @@ TEST(OpenAiRequestTest, RefusesUnimplementedFieldsByName) {
 }
 
 TEST(OpenAiRequestTest, AcceptsTheDefaultsOfUnimplementedFields) {
-  const char* defaults = R"("presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},)"
-                         R"("response_format":{"type":"text"})";
+  const char* defaults = R"("logit_bias":{},"response_format":{"type":"text"})";
   ASSERT_THAT(ParseCompletionRequest(std::string(R"({"model":"m","prompt":"x","logprobs":0,)") + defaults + "}"),
               IsOk());
   absl::StatusOr<OpenAiRequest> chat = ParseChatRequest(
