@@ -66,6 +66,12 @@ absl::Status Generator::Validate(GenerationRequest& request) const {
   if (sampling->max_tokens() == 0) sampling->set_max_tokens(limits_.default_max_tokens);
   const uint32_t room = max_len - static_cast<uint32_t>(request.prompt.size());
   if (sampling->max_tokens() > room) sampling->set_max_tokens(room);
+  for (const auto& [id, bias] : sampling->logit_bias()) {
+    if (id >= info->vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias token id ", id, " is outside the vocabulary of ",
+                                                     info->vocab_size()));
+    }
+  }
   for (int32_t id : request.prompt) {
     if (id < 0 || static_cast<uint32_t>(id) >= info->vocab_size()) {
       return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " is outside the vocabulary of ",

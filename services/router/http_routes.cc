@@ -8,7 +8,9 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_format.h"
+#include "services/common/http_peer.h"
 #include "services/common/http_server.h"
+#include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/status_http.h"
 #include "services/common/status_macros.h"
@@ -54,6 +56,15 @@ Json UsageJson(const nq::v1::Usage& usage) {
   }
   return json;
 }
+
+// What a generation ended by the drain deadline reports instead of its usual end.
+absl::Status DrainedError() {
+  return absl::UnavailableError(
+      "the server is shutting down: the request was ended at the drain deadline (--drain_timeout_s); retry on "
+      "another replica");
+}
+
+bool DrainPassed(const HttpRoutesConfig& config) { return config.drain != nullptr && config.drain->Passed(); }
 
 std::string Sse(const Json& json) { return "data: " + json.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n"; }
 
@@ -122,10 +133,23 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
   }
 
   const std::string id = request.request_id;
+  // The client's socket, polled while the request waits in the queue and while it runs, so
+  // a client that leaves frees its queue place and the worker at once.
+  absl::StatusOr<HttpPeer> peer = HttpPeer::Find(http_request);
+  if (!peer.ok()) {
+    static LogRateLimiter limiter(std::chrono::seconds(10));
+    if (long n = limiter.Allow()) {
+      spdlog::warn("serving without disconnect detection ({} times): {}", n, peer.status().ToString());
+    }
+  }
+  auto client_gone = [&peer] { return peer.ok() && peer->Gone(); };
+  auto cancelled = [&] { return client_gone() || DrainPassed(config); };
   // Admission happens before any byte is sent, so a full queue is a plain 429.
-  absl::StatusOr<std::unique_ptr<Generation>> started =
-      config.generator->Start(std::move(request), [] { return false; });
-  if (!started.ok()) return SendError(response, started.status());
+  absl::StatusOr<std::unique_ptr<Generation>> started = config.generator->Start(std::move(request), cancelled);
+  if (!started.ok()) {
+    return SendError(response, DrainPassed(config) && absl::IsCancelled(started.status()) ? DrainedError()
+                                                                                           : started.status());
+  }
   std::shared_ptr<Generation> generation = *std::move(started);
   const std::string model = route.ServedModel();
   const int64_t created = NowUnix();
@@ -135,8 +159,13 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
   if (!parsed->stream) {
     std::string text;
     absl::StatusOr<GenerationOutcome> outcome =
-        generation->Run([&](const GenerationDelta& delta) { text += delta.text; return true; }, [] { return false; });
+        generation->Run([&](const GenerationDelta& delta) { text += delta.text; return true; }, cancelled);
     if (!outcome.ok()) return SendError(response, outcome.status());
+    if (outcome->finish == nq::v1::FINISH_REASON_ABORT) {
+      // Nobody reads a disconnected client's answer; a drained one gets the reason.
+      return SendError(response, DrainPassed(config) ? DrainedError()
+                                                     : absl::CancelledError("the client went away"));
+    }
     Json choice = {{"index", 0}, {"finish_reason", FinishReasonText(outcome->finish)}, {"logprobs", nullptr}};
     Json body = {{"id", id}, {"created", created}, {"model", model}, {"usage", UsageJson(outcome->usage)}};
     if (chat) {
@@ -169,7 +198,8 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(
       "text/event-stream",
-      [generation, parser, id, model, created, chat, include_usage](size_t, httplib::DataSink& sink) {
+      [generation, parser, id, model, created, chat, include_usage, config = &config](size_t,
+                                                                                  httplib::DataSink& sink) {
         auto chunk = [&](Json delta_or_text, const char* finish) {
           Json choice = {{"index", 0}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}, {"logprobs", nullptr}};
           if (chat) {
@@ -198,7 +228,10 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
               if (chat) return emit_chat(parser->Feed(delta.text));
               return delta.text.empty() ? true : chunk(delta.text, nullptr);
             },
-            [&] { return !sink.is_writable(); });
+            [&] { return !sink.is_writable() || DrainPassed(*config); });
+        if (outcome.ok() && outcome->finish == nq::v1::FINISH_REASON_ABORT && DrainPassed(*config)) {
+          outcome = DrainedError();
+        }
         if (!outcome.ok()) {
           const std::string event = Sse(Json::parse(ToHttpError(outcome.status()).body));
           sink.write(event.data(), event.size());

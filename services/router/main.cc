@@ -108,6 +108,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   }
   AutoChatAdapter auto_chat(&worker);
   const ChatAdapter* chat_adapter = chat_format == "auto" ? &auto_chat : chat.get();
+  DrainDeadline http_drain;
   InferenceService service(&worker, generator.get(), chat_adapter, absl::GetFlag(FLAGS_served_model_name));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
@@ -134,6 +135,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                          },
                                                          .request_timeout = std::chrono::seconds(static_cast<int64_t>(
                                                              absl::GetFlag(FLAGS_request_timeout_s))),
+                                                         .drain = &http_drain,
                                                      });
                            },
                        .max_body_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_body_bytes)),
@@ -153,7 +155,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
     absl::MutexLock lock(&serving_mu);
     draining = true;
   }
-  grpc_server->Drain(std::chrono::system_clock::now() + Millis(absl::GetFlag(FLAGS_drain_timeout_s)));
+  // One deadline for both APIs: HTTP generations still running at it end with UNAVAILABLE,
+  // so Stop() (which waits for every handler) returns by then.
+  const std::chrono::milliseconds drain_timeout = Millis(absl::GetFlag(FLAGS_drain_timeout_s));
+  http_drain.Set(std::chrono::steady_clock::now() + drain_timeout);
+  grpc_server->Drain(std::chrono::system_clock::now() + drain_timeout);
   http_server->Stop();
   worker.Stop();
   spdlog::info("nq-router stopped");

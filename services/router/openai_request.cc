@@ -50,6 +50,53 @@ std::string StringOr(const Json& json, const char* field, const std::string& fal
   return json.contains(field) && json[field].is_string() ? json[field].get<std::string>() : fallback;
 }
 
+absl::Status Unsupported(const std::string& field, const std::string& default_value) {
+  return Invalid(field, absl::StrCat("is not supported by this server; omit it or send ", default_value));
+}
+
+// OpenAI's penalties and logit_bias, applied by the worker's sampler (SamplingParams).
+absl::Status ParsePenalties(const Json& json, nq::v1::SamplingParams* s) {
+  if (Has(json, "presence_penalty")) {
+    ASSIGN_OR_RETURN(double penalty, Number(json, "presence_penalty", -2, 2));  // OpenAI's range
+    s->set_presence_penalty(static_cast<float>(penalty));
+  }
+  if (Has(json, "frequency_penalty")) {
+    ASSIGN_OR_RETURN(double penalty, Number(json, "frequency_penalty", -2, 2));
+    s->set_frequency_penalty(static_cast<float>(penalty));
+  }
+  if (Has(json, "logit_bias")) {
+    const Json& bias = json["logit_bias"];
+    if (!bias.is_object()) return Invalid("logit_bias", "must be an object mapping token ids to biases");
+    for (const auto& [key, value] : bias.items()) {
+      // OpenAI sends the ids as JSON object keys, i.e. decimal strings.
+      const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+      if (key.empty() || key.size() > 10 || key.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoull(key) > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        return Invalid(field, "must be keyed by a token id (a non-negative integer)");
+      }
+      const auto id = static_cast<uint32_t>(std::stoull(key));
+      if (!value.is_number()) return Invalid(field, "must be a number");
+      const double b = value.get<double>();
+      if (!std::isfinite(b) || b < -100 || b > 100) return Invalid(field, "must be in [-100, 100]");
+      (*s->mutable_logit_bias())[id] = static_cast<float>(b);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI fields this server does not implement: their defaults are accepted (clients such
+// as the official SDKs may send them), anything else is refused rather than ignored.
+absl::Status RefuseUnimplemented(const Json& json) {
+  if (Has(json, "response_format")) {
+    const Json& format = json["response_format"];
+    if (!format.is_object() || !format.contains("type") || !format["type"].is_string()) {
+      return Invalid("response_format", "must be an object with a string 'type'");
+    }
+    if (format["type"] != "text") return Unsupported("response_format", "{\"type\": \"text\"}");
+  }
+  return absl::OkStatus();
+}
+
 // The fields both endpoints share.
 absl::Status ParseCommon(const Json& json, OpenAiRequest* out) {
   if (!Has(json, "model")) return Invalid("model", "is required");
@@ -109,6 +156,8 @@ absl::Status ParseCommon(const Json& json, OpenAiRequest* out) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "n", 1, 1));
     (void)n;
   }
+  RETURN_IF_ERROR(ParsePenalties(json, &s));
+  RETURN_IF_ERROR(RefuseUnimplemented(json));
   if (Has(json, "stream")) {
     if (!json["stream"].is_boolean()) return Invalid("stream", "must be a boolean");
     out->stream = json["stream"].get<bool>();
@@ -166,10 +215,10 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(const std::string& body) {
   } else {
     return Invalid("prompt", "must be a string or an array of token ids");
   }
+  // The router does not return log-probabilities yet: only "none" (0) is accepted.
   if (Has(json, "logprobs")) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "logprobs", 0, 20));
-    out.logprobs = n > 0;
-    out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
+    if (n != 0) return Unsupported("logprobs", "0");
   }
   if (Has(json, "echo") && json["echo"].is_boolean() && json["echo"].get<bool>()) {
     return Invalid("echo", "is not supported");
@@ -242,13 +291,14 @@ absl::StatusOr<OpenAiRequest> ParseChatRequest(const std::string& body) {
       out.chat_input.set_enable_thinking(kwargs["enable_thinking"].get<bool>());
     }
   }
+  // The router does not return log-probabilities yet: only their absence is accepted.
   if (Has(json, "logprobs")) {
     if (!json["logprobs"].is_boolean()) return Invalid("logprobs", "must be a boolean");
-    out.logprobs = json["logprobs"].get<bool>();
+    if (json["logprobs"].get<bool>()) return Unsupported("logprobs", "false");
   }
   if (Has(json, "top_logprobs")) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "top_logprobs", 0, 20));
-    out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
+    if (n != 0) return Unsupported("top_logprobs", "0");
   }
   return out;
 }

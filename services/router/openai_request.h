@@ -1,6 +1,8 @@
 // Parsing and validating OpenAI-compatible request bodies (/v1/completions,
 // /v1/chat/completions) into the router's request form. Every rule broken is an
-// INVALID_ARGUMENT naming the field, so the client gets a precise 400.
+// INVALID_ARGUMENT naming the field, so the client gets a precise 400. OpenAI fields this
+// server does not implement (response_format, logprobs) are accepted
+// only at their default value; any other value is refused by name, never silently ignored.
 #pragma once
 
 #include <optional>
@@ -22,7 +24,6 @@ struct OpenAiRequest {
   nq::v1::SamplingParams sampling;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
-  bool logprobs = false;
 };
 
 // `body` is the raw request body. max_stop_strings bounds `stop`.

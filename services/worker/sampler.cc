@@ -20,10 +20,48 @@ absl::StatusOr<Sampler> Sampler::Create(const SamplingConfig& c) {
   if (c.top_logprobs < 0 || c.top_logprobs > 20) {
     return absl::InvalidArgumentError(absl::StrCat("top_logprobs ", c.top_logprobs, " must be in 0..20"));
   }
+  // OpenAI's documented ranges.
+  constexpr float kMaxPenalty = 2.0f;
+  constexpr float kMaxBias = 100.0f;
+  for (const auto& [name, value] : {std::pair{"presence_penalty", c.presence_penalty},
+                                    std::pair{"frequency_penalty", c.frequency_penalty}}) {
+    if (!(std::abs(value) <= kMaxPenalty)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " ", value, " must be in [-2, 2]"));
+    }
+  }
+  for (const auto& [id, bias] : c.logit_bias) {
+    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("logit_bias token id ", id, " must be >= 0"));
+    if (!(std::abs(bias) <= kMaxBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias for token ", id, " is ", bias,
+                                                     "; it must be in [-100, 100]"));
+    }
+  }
   return Sampler(c);
 }
 
-absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> logits) {
+std::span<const float> Sampler::Adjust(std::span<const float> logits) {
+  const bool penalised = !counts_.empty() && (config_.presence_penalty != 0 || config_.frequency_penalty != 0);
+  if (config_.logit_bias.empty() && !penalised) return logits;
+  adjusted_.assign(logits.begin(), logits.end());
+  for (const auto& [id, bias] : config_.logit_bias) adjusted_[static_cast<size_t>(id)] += bias;
+  if (penalised) {
+    for (const auto& [id, count] : counts_) {
+      adjusted_[static_cast<size_t>(id)] -= config_.frequency_penalty * static_cast<float>(count) + config_.presence_penalty;
+    }
+  }
+  return adjusted_;
+}
+
+void Sampler::Count(int32_t id) { ++counts_[id]; }
+
+absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) {
+  for (const auto& [id, bias] : config_.logit_bias) {
+    if (static_cast<size_t>(id) >= raw_logits.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias token id ", id, " is outside the vocabulary of ",
+                                                     raw_logits.size()));
+    }
+  }
+  const std::span<const float> logits = Adjust(raw_logits);
   const size_t V = logits.size();
   const bool greedy = config_.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
@@ -88,6 +126,7 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> logits) {
       }
     }
   }
+  Count(out.id);
   out.logprob = logprob(static_cast<size_t>(out.id));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(V); ++i) {
     out.top.emplace_back(order_[i], logprob(static_cast<size_t>(order_[i])));

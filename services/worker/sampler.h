@@ -1,10 +1,13 @@
-// Next-token sampling in the leader worker: greedy, temperature, top-k and top-p (nucleus),
-// seeded so a request with a seed is reproducible, with log-probabilities for the API.
+// Next-token sampling in the leader worker: OpenAI's logit_bias and presence/frequency
+// penalties on the raw logits, then greedy, temperature, top-k and top-p (nucleus), seeded so
+// a request with a seed is reproducible, with log-probabilities for the API. One Sampler per
+// sequence: it counts the tokens it has sampled, which the penalties read.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +20,9 @@ struct SamplingConfig {
   int top_k = 0;             // 0: off
   uint64_t seed = 0;
   int top_logprobs = 0;      // alternatives to report per token (0..20)
+  float presence_penalty = 0;   // [-2, 2]
+  float frequency_penalty = 0;  // [-2, 2]
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
 };
 
 struct SampledToken {
@@ -30,20 +36,27 @@ struct SampledToken {
 class Sampler {
  public:
   // INVALID_ARGUMENT for a negative or non-finite temperature, top_p outside (0, 1], a
-  // negative top_k, or top_logprobs outside 0..20.
+  // negative top_k, top_logprobs outside 0..20, a penalty outside [-2, 2], or a logit_bias
+  // entry with a negative id or a bias outside [-100, 100].
   static absl::StatusOr<Sampler> Create(const SamplingConfig& config);
 
   // Picks the next token from one row of logits. Non-finite logits count as -inf; a row with
-  // no finite logit is INVALID_ARGUMENT.
+  // no finite logit, or a logit_bias id outside the row, is INVALID_ARGUMENT. The reported
+  // log-probabilities are those of the biased and penalised distribution that was sampled.
   absl::StatusOr<SampledToken> Sample(std::span<const float> logits);
 
  private:
   explicit Sampler(const SamplingConfig& config) : config_(config), rng_(config.seed) {}
+  // The logits with logit_bias and the penalties applied (`logits` itself when none apply).
+  std::span<const float> Adjust(std::span<const float> logits);
+  void Count(int32_t id);
 
   SamplingConfig config_;
   std::mt19937_64 rng_;
   std::vector<int32_t> order_;  // scratch
   std::vector<double> probs_;   // scratch
+  std::vector<float> adjusted_;  // scratch: the logits after bias and penalties
+  std::unordered_map<int32_t, int> counts_;  // token id -> times sampled in this sequence
 };
 
 }  // namespace nq::worker

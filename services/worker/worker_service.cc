@@ -1,6 +1,8 @@
 #include "services/worker/worker_service.h"
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -101,6 +103,13 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
   sequence.sampling.top_k = static_cast<int>(sampling.top_k());
   sequence.sampling.seed = sampling.has_seed() ? sampling.seed() : std::random_device{}();
   sequence.sampling.top_logprobs = static_cast<int>(sampling.top_logprobs());
+  sequence.sampling.presence_penalty = sampling.presence_penalty();
+  sequence.sampling.frequency_penalty = sampling.frequency_penalty();
+  for (const auto& [id, bias] : sampling.logit_bias()) {
+    // An id past int32 is outside every vocabulary: clamped, it still fails the sampler's check.
+    sequence.sampling.logit_bias.emplace_back(
+        static_cast<int32_t>(std::min<uint32_t>(id, std::numeric_limits<int32_t>::max())), bias);
+  }
   sequence.max_tokens = sampling.max_tokens();
   sequence.stop_token_ids.assign(sampling.stop_token_ids().begin(), sampling.stop_token_ids().end());
   sequence.ignore_eos = sampling.ignore_eos();

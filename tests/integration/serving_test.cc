@@ -323,6 +323,125 @@ TEST_F(ServingTest, DisconnectMidStreamFreesTheWorkerWithinOneSecond) {
   EXPECT_GE(Metric(router_ports_.http, "nq_request_success_total{finished_reason=\"abort\"}"), 1);
 }
 
+// A 400-token generation takes seconds on the embedded model (about 43 tokens/s on 2 cores):
+// long enough that a request waiting behind it would be seen to wait.
+Json LongCompletion(bool stream) {
+  return {{"model", "embedded"}, {"prompt", "go"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", stream}};
+}
+
+TEST_F(ServingTest, NonStreamingClientThatHangsUpAbortsItsSequence) {
+  StartCluster();
+  absl::StatusOr<RawHttp> abandoned = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false).dump());
+  ASSERT_TRUE(abandoned.ok());
+  ASSERT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_running") == 1; },
+                      std::chrono::seconds(10)));
+  abandoned->Close();
+  const auto closed = std::chrono::steady_clock::now();
+  // The next request does not wait for the abandoned one's 400 tokens.
+  absl::StatusOr<std::pair<int, Json>> next =
+      PostJson("/v1/completions", {{"model", "embedded"}, {"prompt", "next"}, {"max_tokens", 1}});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->first, 200) << next->second;
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, std::chrono::seconds(1));
+  EXPECT_EQ(Metric(router_ports_.http, "nq_request_success_total{finished_reason=\"abort\"}"), 1);
+  EXPECT_EQ(Metric(router_ports_.http, "nq_request_success_total{finished_reason=\"length\"}"), 1)
+      << "only the 1-token request ran to its length";
+}
+
+TEST_F(ServingTest, QueuedClientThatHangsUpLosesItsPlaceAtOnce) {
+  StartCluster();
+  absl::StatusOr<RawHttp> running = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false).dump());
+  ASSERT_TRUE(running.ok());
+  ASSERT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_running") == 1; },
+                      std::chrono::seconds(10)));
+  for (bool stream : {false, true}) {
+    absl::StatusOr<RawHttp> queued = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(stream).dump());
+    ASSERT_TRUE(queued.ok());
+    ASSERT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_waiting") == 1; },
+                        std::chrono::seconds(5)));
+    queued->Close();
+    // Dropped within the scheduler's poll, not at --request_timeout_s (600 s) nor when the
+    // running request ends (seconds from now).
+    EXPECT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_waiting") == 0; },
+                        std::chrono::milliseconds(500)))
+        << "stream=" << stream;
+    EXPECT_EQ(Metric(router_ports_.http, "nq_num_requests_running"), 1) << "the running request is untouched";
+  }
+  absl::StatusOr<int> status = running->Status();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(*status, 200);
+  // Neither queued request ran after the first finished.
+  EXPECT_EQ(Metric(router_ports_.http, "nq_request_success_total{finished_reason=\"length\"}"), 1);
+  EXPECT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_running") == 0; },
+                      std::chrono::seconds(1)));
+}
+
+TEST_F(ServingTest, DrainTimeoutEndsRunningAndQueuedHttpRequestsAndTheRouterExitsByIt) {
+  StartCluster({"--drain_timeout_s=2"});
+  absl::StatusOr<RawHttp> running = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(true).dump());
+  ASSERT_TRUE(running.ok());
+  ASSERT_EQ(running->Status().value_or(0), 200);
+  ASSERT_TRUE(running->NextEvent().ok());
+  absl::StatusOr<RawHttp> queued = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false).dump());
+  ASSERT_TRUE(queued.ok());
+  ASSERT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_waiting") == 1; },
+                      std::chrono::seconds(5)));
+
+  const auto signalled = std::chrono::steady_clock::now();
+  router_->Signal(SIGTERM);
+  absl::StatusOr<int> code = router_->WaitForExit(std::chrono::seconds(10));
+  const auto exited = std::chrono::steady_clock::now();
+  ASSERT_TRUE(code.ok()) << code.status() << router_->Log();
+  EXPECT_EQ(*code, 0) << router_->Log();
+  EXPECT_GE(exited - signalled, std::chrono::milliseconds(1900)) << "the drain waits for running requests";
+  EXPECT_LT(exited - signalled, std::chrono::seconds(3)) << router_->Log();
+  router_.reset();
+
+  // The stream ends with an error event that says why, then [DONE].
+  std::string last_data;
+  for (absl::StatusOr<std::string> event = running->NextEvent(); event.ok() && *event != "[DONE]";
+       event = running->NextEvent()) {
+    last_data = *event;
+  }
+  Json error = Json::parse(last_data, nullptr, false);
+  ASSERT_TRUE(error.is_object() && error.contains("error")) << last_data;
+  EXPECT_EQ(error["error"]["type"], "service_unavailable_error");
+  EXPECT_THAT(error["error"]["message"].get<std::string>(), HasSubstr("drain deadline"));
+  // The queued request never started: a plain 503 with the same reason.
+  EXPECT_EQ(queued->Status().value_or(0), 503);
+  absl::StatusOr<std::string> body = queued->Body();
+  ASSERT_TRUE(body.ok());
+  EXPECT_THAT(*body, HasSubstr("drain deadline"));
+}
+
+TEST_F(ServingTest, LogitBiasReachesTheWorkersSampler) {
+  StartCluster();
+  absl::StatusOr<std::pair<int, Json>> tokens =
+      PostJson("/tokenize", {{"prompt", "hello"}, {"add_special_tokens", false}});
+  ASSERT_TRUE(tokens.ok());
+  ASSERT_EQ(tokens->first, 200) << tokens->second;
+  const int32_t id = tokens->second["tokens"][0].get<int32_t>();
+  // +100 makes the token win every greedy step, whatever the model prefers.
+  const Json request = {{"model", "embedded"}, {"prompt", "def"}, {"max_tokens", 4}, {"temperature", 0},
+                        {"ignore_eos", true}, {"logit_bias", {{std::to_string(id), 100}}}};
+  absl::StatusOr<std::pair<int, Json>> forced = PostJson("/v1/completions", request);
+  ASSERT_TRUE(forced.ok());
+  ASSERT_EQ(forced->first, 200) << forced->second;
+  absl::StatusOr<std::pair<int, Json>> expected =
+      PostJson("/detokenize", {{"tokens", std::vector<int32_t>(4, id)}});
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(forced->second["choices"][0]["text"], expected->second["prompt"]);
+  EXPECT_EQ(forced->second["usage"]["completion_tokens"], 4);
+
+  Json outside = request;
+  outside["logit_bias"] = {{"9999999", 1}};
+  absl::StatusOr<std::pair<int, Json>> refused = PostJson("/v1/completions", outside);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->first, 400);
+  EXPECT_THAT(refused->second["error"]["message"].get<std::string>(),
+              HasSubstr("logit_bias token id 9999999 is outside the vocabulary"));
+}
+
 TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInvalidBytes) {
   StartCluster();
   const Json request = {{"model", "embedded"}, {"prompt", "한국어 日本語 中文 தமிழ் हिन्दी العربية русский 👩‍👩‍👧"},

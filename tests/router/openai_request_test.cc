@@ -15,7 +15,7 @@ using ::testing::HasSubstr;
 TEST(OpenAiRequestTest, ParsesACompletion) {
   absl::StatusOr<OpenAiRequest> r = ParseCompletionRequest(
       R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":40,"seed":-3,
-          "stop":["a","b"],"stream":true,"stream_options":{"include_usage":true},"logprobs":2})");
+          "stop":["a","b"],"stream":true,"stream_options":{"include_usage":true},"logprobs":0})");
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(*r->prompt_text, "hi");
   EXPECT_EQ(r->sampling.max_tokens(), 5u);
@@ -25,7 +25,8 @@ TEST(OpenAiRequestTest, ParsesACompletion) {
   EXPECT_EQ(r->sampling.stop_size(), 2);
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
-  EXPECT_EQ(r->sampling.top_logprobs(), 2u);
+  // Log-probabilities are not returned, so none are asked of the worker.
+  EXPECT_EQ(r->sampling.top_logprobs(), 0u);
 }
 
 TEST(OpenAiRequestTest, TokenIdPromptsAndSingleStop) {
@@ -90,6 +91,63 @@ TEST(OpenAiRequestTest, RejectsEachBadField) {
   for (const auto& [body, message] : chat_cases) {
     EXPECT_THAT(ParseChatRequest(body), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message))) << body;
   }
+}
+
+TEST(OpenAiRequestTest, ParsesPenaltiesAndLogitBiasForTheSampler) {
+  for (const std::string& head : {std::string(R"({"model":"m","prompt":"x",)"),
+                                  std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],)")}) {
+    const std::string body = head + R"("presence_penalty":0.5,"frequency_penalty":-1.25,"logit_bias":{"7":-100,"42":3.5}})";
+    absl::StatusOr<OpenAiRequest> r = head.find("prompt") != std::string::npos ? ParseCompletionRequest(body)
+                                                                                : ParseChatRequest(body);
+    ASSERT_THAT(r, IsOk()) << body;
+    EXPECT_FLOAT_EQ(r->sampling.presence_penalty(), 0.5f);
+    EXPECT_FLOAT_EQ(r->sampling.frequency_penalty(), -1.25f);
+    ASSERT_EQ(r->sampling.logit_bias_size(), 2);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(7), -100.0f);
+    EXPECT_FLOAT_EQ(r->sampling.logit_bias().at(42), 3.5f);
+  }
+}
+
+// Bad penalty values and the fields the server does not implement are refused by name, on
+// both endpoints, instead of being parsed and dropped.
+TEST(OpenAiRequestTest, RefusesBadPenaltiesAndUnimplementedFieldsByName) {
+  const std::pair<const char*, const char*> common[] = {
+      {R"("presence_penalty":3)", "'presence_penalty' must be in [-2, 2]"},
+      {R"("frequency_penalty":"x")", "'frequency_penalty' must be a number"},
+      {R"("logit_bias":[1])", "'logit_bias' must be an object"},
+      {R"("logit_bias":{"abc":1})", R"('logit_bias["abc"]' must be keyed by a token id)"},
+      {R"("logit_bias":{"-3":1})", R"('logit_bias["-3"]' must be keyed by a token id)"},
+      {R"("logit_bias":{"99999999999":1})", "must be keyed by a token id"},
+      {R"("logit_bias":{"5":101})", R"('logit_bias["5"]' must be in [-100, 100])"},
+      {R"("logit_bias":{"5":"x"})", R"('logit_bias["5"]' must be a number)"},
+      {R"("response_format":{"type":"json_object"})", "'response_format' is not supported"},
+      {R"("response_format":{"type":"json_schema","json_schema":{}})", "'response_format' is not supported"},
+      {R"("response_format":"json")", "'response_format' must be an object"},
+  };
+  for (const auto& [field, message] : common) {
+    const std::string completion = std::string(R"({"model":"m","prompt":"x",)") + field + "}";
+    EXPECT_THAT(ParseCompletionRequest(completion), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message)))
+        << completion;
+    const std::string chat = std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],)") + field + "}";
+    EXPECT_THAT(ParseChatRequest(chat), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message))) << chat;
+  }
+  EXPECT_THAT(ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":2})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' is not supported")));
+  EXPECT_THAT(ParseChatRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' is not supported")));
+  EXPECT_THAT(ParseChatRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'top_logprobs' is not supported")));
+}
+
+TEST(OpenAiRequestTest, AcceptsTheDefaultsOfUnimplementedFields) {
+  const char* defaults = R"("logit_bias":{},"response_format":{"type":"text"})";
+  ASSERT_THAT(ParseCompletionRequest(std::string(R"({"model":"m","prompt":"x","logprobs":0,)") + defaults + "}"),
+              IsOk());
+  absl::StatusOr<OpenAiRequest> chat = ParseChatRequest(
+      std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0,)") +
+      defaults + "}");
+  ASSERT_THAT(chat, IsOk());
+  EXPECT_EQ(chat->sampling.top_logprobs(), 0u);
 }
 
 }  // namespace

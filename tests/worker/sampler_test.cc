@@ -78,5 +78,66 @@ TEST(SamplerTest, RejectsBadConfigsAndRows) {
   EXPECT_THAT(s->Sample(nans), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no finite")));
 }
 
+// Greedy picks from kLogits under a penalty config, `steps` times in one sequence.
+std::vector<int32_t> GreedyRun(SamplingConfig config, int steps) {
+  config.temperature = 0;
+  absl::StatusOr<Sampler> s = Sampler::Create(config);
+  EXPECT_THAT(s, IsOk());
+  std::vector<int32_t> ids;
+  for (int i = 0; s.ok() && i < steps; ++i) {
+    absl::StatusOr<SampledToken> t = s->Sample(kLogits);
+    EXPECT_THAT(t, IsOk());
+    if (t.ok()) ids.push_back(t->id);
+  }
+  return ids;
+}
+
+TEST(SamplerTest, LogitBiasIsAddedToTheRawLogits) {
+  // -100 bans the argmax (id 1, logit 2.0): the next best (id 4, 1.5) wins.
+  EXPECT_EQ(GreedyRun({.logit_bias = {{1, -100.0f}}}, 1), std::vector<int32_t>{4});
+  // +100 forces the least likely token, and its reported logprob is that of the biased row.
+  absl::StatusOr<Sampler> s = Sampler::Create({.temperature = 0, .logit_bias = {{3, 100.0f}}});
+  ASSERT_THAT(s, IsOk());
+  absl::StatusOr<SampledToken> t = s->Sample(kLogits);
+  ASSERT_THAT(t, IsOk());
+  EXPECT_EQ(t->id, 3);
+  double z = std::exp(-1.0 + 100.0);
+  for (size_t i = 0; i < kLogits.size(); ++i) z += i == 3 ? 0 : std::exp(kLogits[i]);
+  EXPECT_NEAR(t->logprob, 99.0 - std::log(z), 1e-5);
+  // A small bias only shifts: 1.0 + 0.6 beats 1.5 but not 2.0.
+  EXPECT_EQ(GreedyRun({.logit_bias = {{2, 0.6f}, {4, -0.1f}}}, 1), std::vector<int32_t>{1});
+  EXPECT_EQ(GreedyRun({.logit_bias = {{2, 0.6f}, {1, -0.5f}}}, 1), std::vector<int32_t>{2});
+}
+
+// logits 0.0 2.0 1.0 -1.0 1.5 (ids 0..4). OpenAI: logit[j] -= count[j] * frequency +
+// (count[j] > 0) * presence, counting only the tokens this sequence sampled.
+TEST(SamplerTest, FrequencyPenaltyGrowsWithEachOccurrence) {
+  // id 1: 2.0, 1.4, 0.8 after 0, 1, 2 picks; id 4: 1.5, 0.9; id 2 stays 1.0.
+  EXPECT_EQ(GreedyRun({.frequency_penalty = 0.6f}, 4), (std::vector<int32_t>{1, 4, 1, 2}));
+  // A negative penalty rewards repetition.
+  EXPECT_EQ(GreedyRun({.frequency_penalty = -1.0f}, 3), (std::vector<int32_t>{1, 1, 1}));
+}
+
+TEST(SamplerTest, PresencePenaltyIsChargedOncePerToken) {
+  // id 1 drops to 1.4 once and stays there, above id 2 (1.0) and the penalised id 4 (0.9).
+  EXPECT_EQ(GreedyRun({.presence_penalty = 0.6f}, 4), (std::vector<int32_t>{1, 4, 1, 1}));
+  EXPECT_EQ(GreedyRun({}, 3), (std::vector<int32_t>{1, 1, 1}));
+}
+
+TEST(SamplerTest, RejectsBadPenaltiesAndBiases) {
+  EXPECT_THAT(Sampler::Create({.presence_penalty = 2.5f}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("presence_penalty 2.5 must be in [-2, 2]")));
+  EXPECT_THAT(Sampler::Create({.frequency_penalty = NAN}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("frequency_penalty")));
+  EXPECT_THAT(Sampler::Create({.logit_bias = {{-1, 0.0f}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logit_bias token id -1")));
+  EXPECT_THAT(Sampler::Create({.logit_bias = {{0, 101.0f}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[-100, 100]")));
+  absl::StatusOr<Sampler> s = Sampler::Create({.logit_bias = {{5, 1.0f}}});
+  ASSERT_THAT(s, IsOk());
+  EXPECT_THAT(s->Sample(kLogits),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token id 5 is outside the vocabulary of 5")));
+}
+
 }  // namespace
 }  // namespace nq::worker
