@@ -29,8 +29,9 @@
 namespace nq::kernels {
 
 // The level table of one matrix: kNqBaseLevels base levels c_b, then the kNqLevels4 4-bit levels
-// c_b + d_{b,r} at index 4b + r (computed in float as the CPU decoder does, so the dequantised
-// weight is bit-identical to quant::NestedScalarCodec::Decode before its unrotation).
+// c_b + d_{b,r} at index 4b + r (computed in float as the CPU decoder does). The CPU op uses them
+// as they are; the CUDA kernels hold them as fp16, which is exact for the levels nq encode writes
+// (quant::SnapToHalfGrid) and rounds others (2^-11 relative, a bias that does not average out).
 inline constexpr int kNqBaseLevels = 4;
 inline constexpr int kNqLevels4 = 16;
 inline constexpr int kNqLevelTable = kNqBaseLevels + kNqLevels4;

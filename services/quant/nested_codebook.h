@@ -34,7 +34,7 @@ struct NestedCodebook {
 // significant bits, subnormal step 2^-24, saturating at 65504). The codebooks nq encode writes
 // hold only such levels, and each 4-bit level base[b] + residual[b, r] is one too, so the GPU
 // kernels, which hold levels as fp16, multiply by exactly the levels the CPU decoder adds up
-// (kernels/nq_moe.h); the design loses nothing measurable (a level moves by < 2^-12 of itself).
+// (kernels/nq_moe.h); the design loses nothing measurable (a level moves by at most 2^-11 of itself).
 float RoundToHalfPrecision(float v);
 NestedCodebook SnapToHalfGrid(NestedCodebook cb);
 
