@@ -97,4 +97,43 @@ absl::StatusOr<PreparedMatrix> PrepareMatrix(std::span<const float> w, int64_t r
   return p;
 }
 
+absl::Status ValidateDecodeInput(const EncodedMatrix& m, absl::string_view codec, Precision precision,
+                                 size_t out_size, absl::string_view codebooks, size_t base_codebook,
+                                 size_t residual_codebook) {
+  constexpr int kCodeBits = 2;
+  const int64_t rows = m.rows, cols = m.cols;
+  if (m.params.codec != codec) {
+    return absl::InvalidArgumentError(absl::StrCat("matrix was encoded by '", m.params.codec, "', not '", codec, "'"));
+  }
+  if (m.params.base_bits != kCodeBits || m.params.residual_bits != kCodeBits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(codec, " codes are 2+2 bits, got ", m.params.base_bits, "+", m.params.residual_bits));
+  }
+  if (rows <= 0 || cols <= 0 || static_cast<int64_t>(out_size) != rows * cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output holds ", out_size, " values, expected ", rows, " x ", cols));
+  }
+  if (static_cast<int64_t>(m.base_codes.size()) != BasePlaneBytes(m) ||
+      static_cast<int64_t>(m.row_scales.size()) != rows || static_cast<int64_t>(m.col_scales.size()) != cols ||
+      m.params.base_codebook.size() != base_codebook || m.params.residual_codebook.size() != residual_codebook) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "encoded matrix is inconsistent: base plane ", m.base_codes.size(), " bytes (expected ", BasePlaneBytes(m),
+        "), scales ", m.row_scales.size(), "/", m.col_scales.size(), ", ", codebooks, " ",
+        m.params.base_codebook.size(), "/", m.params.residual_codebook.size(), " (expected ",
+        base_codebook == residual_codebook ? absl::StrCat(base_codebook, " each")
+                                           : absl::StrCat(base_codebook, "/", residual_codebook),
+        ")"));
+  }
+  if (precision == Precision::k4Bit) {
+    if (!m.has_residual()) {
+      return absl::FailedPreconditionError("4-bit decode needs the residual plane, which this matrix does not hold");
+    }
+    if (static_cast<int64_t>(m.residual_codes.size()) != ResidualPlaneBytes(m)) {
+      return absl::InvalidArgumentError(absl::StrCat("residual plane has ", m.residual_codes.size(),
+                                                     " bytes, expected ", ResidualPlaneBytes(m)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace nq::quant

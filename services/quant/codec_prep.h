@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "services/quant/codec.h"
 
 namespace nq::quant {
@@ -33,5 +34,15 @@ struct PreparedMatrix {
 // Hessian (cols x cols), builds the feedback factor with options.damping.
 absl::StatusOr<PreparedMatrix> PrepareMatrix(std::span<const float> w, int64_t rows, int64_t cols,
                                              const Hessian* hessian, const EncodeOptions& options);
+
+// The checks every codec's Decode makes before it reads a plane: `m` was written by `codec`
+// with 2 + 2-bit codes, out holds rows x cols values, the base plane, scales and the two
+// codebooks have their sizes (base_codebook / residual_codebook entries, the codec's own), and
+// a 4-bit decode has a residual plane of its size (FAILED_PRECONDITION without one).
+// INVALID_ARGUMENT naming the first problem otherwise.
+// `codebooks` names them in errors ("codebooks", "gains").
+absl::Status ValidateDecodeInput(const EncodedMatrix& m, absl::string_view codec, Precision precision,
+                                 size_t out_size, absl::string_view codebooks, size_t base_codebook,
+                                 size_t residual_codebook);
 
 }  // namespace nq::quant

@@ -165,42 +165,9 @@ absl::Status NestedScalarCodec::Decode(const EncodedMatrix& m, Precision precisi
                                        std::span<float> out) const {
   const int64_t rows = m.rows;
   const int64_t cols = m.cols;
-  if (m.params.codec != name()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matrix was encoded by '", m.params.codec, "', not '", name(), "'"));
-  }
-  if (m.params.base_bits != kCodeBits || m.params.residual_bits != kCodeBits) {
-    return absl::InvalidArgumentError(absl::StrCat("nested_scalar_v1 codes are 2+2 bits, got ",
-                                                   m.params.base_bits, "+",
-                                                   m.params.residual_bits));
-  }
-  if (rows <= 0 || cols <= 0 || static_cast<int64_t>(out.size()) != rows * cols) {
-    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(),
-                                                   " values, expected ", rows, " x ", cols));
-  }
-  if (static_cast<int64_t>(m.base_codes.size()) != BasePlaneBytes(m) ||
-      static_cast<int64_t>(m.row_scales.size()) != rows ||
-      static_cast<int64_t>(m.col_scales.size()) != cols ||
-      m.params.base_codebook.size() != kBaseLevels ||
-      m.params.residual_codebook.size() != kBaseLevels * kResidualLevels) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("encoded matrix is inconsistent: base plane ", m.base_codes.size(),
-                     " bytes (expected ", BasePlaneBytes(m), "), scales ", m.row_scales.size(),
-                     "/", m.col_scales.size(), ", codebooks ", m.params.base_codebook.size(),
-                     "/", m.params.residual_codebook.size()));
-  }
+  RETURN_IF_ERROR(ValidateDecodeInput(m, kNestedScalarV1, precision, out.size(), "codebooks", kBaseLevels,
+                                      kBaseLevels * kResidualLevels));
   const bool four_bit = precision == Precision::k4Bit;
-  if (four_bit) {
-    if (!m.has_residual()) {
-      return absl::FailedPreconditionError(
-          "4-bit decode needs the residual plane, which this matrix does not hold");
-    }
-    if (static_cast<int64_t>(m.residual_codes.size()) != ResidualPlaneBytes(m)) {
-      return absl::InvalidArgumentError(absl::StrCat("residual plane has ",
-                                                     m.residual_codes.size(),
-                                                     " bytes, expected ", ResidualPlaneBytes(m)));
-    }
-  }
   const std::vector<float>& cbb = m.params.base_codebook;
   const std::vector<float>& cbr = m.params.residual_codebook;
   for (int64_t i = 0; i < rows; ++i) {

@@ -183,49 +183,19 @@ absl::Status TrellisCodec::Decode(const EncodedMatrix& m, Precision precision,
                                   std::span<float> out) const {
   const int64_t rows = m.rows;
   const int64_t cols = m.cols;
-  if (m.params.codec != name()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matrix was encoded by '", m.params.codec, "', not '", name(), "'"));
-  }
-  if (m.params.base_bits != kCodeBits || m.params.residual_bits != kCodeBits) {
-    return absl::InvalidArgumentError(absl::StrCat("trellis_v1 codes are 2+2 bits, got ",
-                                                   m.params.base_bits, "+", m.params.residual_bits));
-  }
   if (rows <= 0 || cols <= 0 || rows % kTileDim != 0 || cols % kTileDim != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("trellis_v1 matrices are whole 16 x 16 tiles, got ", rows, " x ", cols));
   }
-  if (static_cast<int64_t>(out.size()) != rows * cols) {
-    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(),
-                                                   " values, expected ", rows, " x ", cols));
-  }
+  // One base and one residual gain per 16-column block.
   const size_t blocks = static_cast<size_t>(cols / kTileDim);
-  if (static_cast<int64_t>(m.base_codes.size()) != BasePlaneBytes(m) ||
-      static_cast<int64_t>(m.row_scales.size()) != rows ||
-      static_cast<int64_t>(m.col_scales.size()) != cols ||
-      m.params.base_codebook.size() != blocks || m.params.residual_codebook.size() != blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "encoded matrix is inconsistent: base plane ", m.base_codes.size(), " bytes (expected ",
-        BasePlaneBytes(m), "), scales ", m.row_scales.size(), "/", m.col_scales.size(),
-        ", gains ", m.params.base_codebook.size(), "/", m.params.residual_codebook.size(),
-        " (expected ", blocks, " each)"));
-  }
+  RETURN_IF_ERROR(ValidateDecodeInput(m, name(), precision, out.size(), "gains", blocks, blocks));
   for (size_t b = 0; b < blocks; ++b) {
     if (!std::isfinite(m.params.base_codebook[b]) || !std::isfinite(m.params.residual_codebook[b])) {
       return absl::InvalidArgumentError(absl::StrCat("trellis_v1 gain of column block ", b, " is not finite"));
     }
   }
   const bool four_bit = precision == Precision::k4Bit;
-  if (four_bit) {
-    if (!m.has_residual()) {
-      return absl::FailedPreconditionError(
-          "4-bit decode needs the residual plane, which this matrix does not hold");
-    }
-    if (static_cast<int64_t>(m.residual_codes.size()) != ResidualPlaneBytes(m)) {
-      return absl::InvalidArgumentError(absl::StrCat("residual plane has ", m.residual_codes.size(),
-                                                     " bytes, expected ", ResidualPlaneBytes(m)));
-    }
-  }
   // Words are assembled from bytes so the decode is independent of host byte order.
   auto tile_words = [](const uint8_t* bytes, uint32_t* words) {
     for (int k = 0; k < trellis::kTileWords; ++k) {
