@@ -4,8 +4,8 @@
 // synchronisation and no allocation (the caller passes the workspace), so a decode step
 // captures it in a CUDA graph:
 //   1. NqRotatePrepKernel    R_in x, times each assignment's column scales, as fp16 GEMV inputs
-//                                                       blocks: (token, Hadamard block)
-//   2. NqGemvKernel          gate/up rows of every distinct expert  blocks: (assignment, 64 rows)
+//                                                   blocks: (token, Hadamard block, assignment)
+//   2. NqGemvKernel          gate/up rows of every distinct expert  blocks: (assignment, 32 rows)
 //   3. NqSwigluPrepKernel    R_dc (silu(R_g^T g) * R_g^T u), the down GEMV's inputs
 //                                                       blocks: (assignment, Hadamard block)
 //   4. NqGemvKernel          down rows                             blocks: (assignment, 64 rows)
@@ -13,13 +13,9 @@
 // The GEMV block of the first assignment naming an expert serves every token of the chunk that
 // routes to it (its weights are read once); later assignments of the same expert exit at once.
 // Each block reads the layer's slot table on the device and runs its expert at 4 bits when the
-// expert's residual sits in a slot, at 2 bits otherwise.
-//
-// Dequantisation: a 32-bit word holds 16 codes. Its 2-bit codes (or 4-bit base*4+residual
-// indices) are gathered into byte-permute selectors and looked up in per-matrix fp16 level
-// tables held in registers (prmt), giving half2 weight pairs; the input is kept in shared memory
-// as half2 in the matching order (inputs times column scales must stay inside fp16's range).
-// Products accumulate in half2 over one word (8 pairs) and in fp32 beyond.
+// expert's residual sits in a slot, at 2 bits otherwise. The GEMV (nq_moe_gemv.cuh) dequantises
+// code words in registers (prmt lookups in fp16 level tables, nq_code_lookup.cuh) straight into
+// m16n8k16 tensor-core fragments, the chunk's tokens as the MMA's columns, fp32 accumulation.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +30,8 @@ namespace nq::kernels::cuda {
 // A decode step (1 token) or an MTP verification (1 + 3 drafts) runs as one chunk; longer
 // inputs run chunk by chunk.
 inline constexpr std::int64_t kNqMaxDecodeTokens = 4;
+// Assignments (tokens x top_k) of one decode chunk: top_k up to 16.
+inline constexpr int kNqMaxDecodeAssignments = 64;
 
 // Workspace bytes LaunchNqMoe needs for top_k assignments per token.
 std::size_t NqMoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate);

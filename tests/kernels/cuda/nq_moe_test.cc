@@ -53,11 +53,14 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
   // Under compute-sanitizer (NQ_SANITIZE_SMALL=1) the small shapes only: the tools slow kernels
   // down a hundredfold. glm5_nano's shape (D 256, I 64, 32 experts, top-4 + shared) is one case.
   const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
-  for (const Shape3 s : {Shape3{256, 64, 33, 5}, Shape3{64, 16, 8, 2}, Shape3{256, 128, 16, 4}, Shape3{1024, 256, 32, 8}}) {
-    if (small && s.hidden > 256) continue;
+  // The GEMV's three block shapes (rows of 1, 4 to 15, and 16 or more 256-input steps), rows
+  // ending mid-step (320, 48), and rows of 16-byte pieces or not (cols % 64: 48, 16).
+  for (const Shape3 s : {Shape3{256, 64, 33, 5}, Shape3{64, 16, 8, 2}, Shape3{256, 128, 16, 4}, Shape3{1024, 256, 32, 8},
+                         Shape3{320, 48, 12, 3}, Shape3{4096, 512, 16, 4}}) {
+    if (small && s.hidden > 320) continue;
     const testing::NqMoeHost host = testing::RandomNqMoe(rng, s.hidden, s.intermediate, s.experts);
     for (const std::int64_t tokens : {1, 4, 7, 512}) {
-      if (tokens == 512 && (s.hidden > 256 || small)) continue;  // the CPU oracle's time, not the kernel's limit
+      if (tokens == 512 && (s.hidden > 320 || small)) continue;  // the CPU oracle's time, not the kernel's limit
       const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
       std::vector<std::int32_t> ids;
       std::vector<float> w;

@@ -1,0 +1,355 @@
+#include "kernels/cuda/nq_moe_gemv.cuh"
+
+#include "kernels/cuda/nq_moe.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/nq_moe.h"
+#include "services/common/status_macros.h"
+
+namespace nq::kernels::cuda {
+namespace {
+
+constexpr int kMmaRows = 16;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kWordsPerLane = 4;  // a lane's words of a row per step (16 bytes)
+// Steps of code bytes each warp keeps in its own shared-memory ring (cp.async, no barriers: a
+// lane reads back only what it copied): kStages - 1 in flight while one is decoded.
+constexpr int kStages = 4;
+
+// Both widths run in one launch: a warp's step decodes its tile at the width of the tile's
+// expert. 2 planes of ring per stage (the residual's unused at 2 bits), two blocks of 8 warps
+// per SM (the 4-bit lookup's registers).
+constexpr int kPlanes = 2;  // base, residual
+constexpr int kRows = 2;    // a lane's rows: g and g + 8 of its 16-row tile
+constexpr int kBlocksPerSm = 2;
+constexpr int kRingUint4PerWarp = kStages * kPlanes * kRows * kWarpSize;
+
+// The chunk's distinct experts, worked out once per block (shared memory: no initialisers).
+struct Unit {
+  int expert;
+  int slot;  // >= 0: runs at 4 bits, its residual in this slot
+  int n_tok;
+  int tok_a[kNqMaxDecodeTokens];  // the assignment of each of its tokens
+  std::uint32_t lut[2][8];        // per projection: the level table's bytes (nq_code_lookup.cuh)
+};
+
+struct Plan {
+  int units;
+  Unit unit[kNqMaxDecodeAssignments];
+};
+
+__device__ __forceinline__ void Mma16816(float (&d)[4], const __half2& a0, const __half2& a1, const __half2& a2,
+                                         const __half2& a3, std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(*reinterpret_cast<const std::uint32_t*>(&a0)), "r"(*reinterpret_cast<const std::uint32_t*>(&a1)),
+        "r"(*reinterpret_cast<const std::uint32_t*>(&a2)), "r"(*reinterpret_cast<const std::uint32_t*>(&a3)),
+        "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ std::uint32_t SharedAddress(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes (4 words) of a row into shared memory; `valid` words are read, the rest zero-filled.
+// kWide: the row is 16-byte aligned (cols % 64 == 0) and valid is 0 or 4.
+template <bool kWide>
+__device__ __forceinline__ void CopyWords(uint4* dst, const std::uint32_t* src, int valid) {
+  if constexpr (kWide) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(SharedAddress(dst)), "l"(src),
+                 "r"(valid > 0 ? 16 : 0));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
+                       SharedAddress(reinterpret_cast<std::uint32_t*>(dst) + i)),
+                   "l"(src + (i < valid ? i : 0)), "r"(i < valid ? 4 : 0));
+    }
+  }
+}
+
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;"); }
+
+template <int kPending>
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+__device__ __forceinline__ std::uint32_t Word(const uint4& v, int q) {
+  return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
+}
+
+// The four MMAs of one word position: pairs p and p + 4 of rows g (lo) and g + 8 (hi) are the A
+// fragment, the word's input pairs p and p + 4 the B fragment; two accumulators alternate so
+// consecutive MMAs do not wait on each other.
+__device__ __forceinline__ void MmaWord(float (&acc)[2][4], const __half2 (&lo)[kPairsPerWord],
+                                        const __half2 (&hi)[kPairsPerWord], const uint4& xa, const uint4& xb) {
+  Mma16816(acc[0], lo[0], hi[0], lo[4], hi[4], xa.x, xb.x);
+  Mma16816(acc[1], lo[1], hi[1], lo[5], hi[5], xa.y, xb.y);
+  Mma16816(acc[0], lo[2], hi[2], lo[6], hi[6], xa.z, xb.z);
+  Mma16816(acc[1], lo[3], hi[3], lo[7], hi[7], xa.w, xb.w);
+}
+
+// The plan: unit u is the u-th assignment (in order) whose expert no earlier assignment names.
+// Warp 0 builds it; every thread of the block calls this (it ends on a barrier).
+__device__ __forceinline__ void BuildPlan(const NqGemvParams& g, Plan& plan, int* ids) {
+  const int A = static_cast<int>(g.p.tokens * g.p.top_k);
+  const int lane = threadIdx.x % kWarpSize;
+  if (threadIdx.x < A) ids[threadIdx.x] = g.p.expert_ids[threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x < kWarpSize) {
+    bool mine[2];
+    int slot[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int a = lane + kWarpSize * h;
+      const int e = a < A ? ids[a] : -1;
+      mine[h] = e >= 0 && e < g.p.num_experts;
+      for (int b = 0; b < a && mine[h]; ++b) mine[h] = ids[b] != e;
+      slot[h] = mine[h] ? g.p.slot_of_expert[e] : -1;
+      if (g.p.arena == nullptr || slot[h] >= g.p.num_slots) slot[h] = -1;  // 2 bits
+    }
+    const unsigned lo = __ballot_sync(0xffffffffu, mine[0]), hi = __ballot_sync(0xffffffffu, mine[1]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!mine[h]) continue;
+      const int a = lane + kWarpSize * h;
+      const unsigned below = (1u << lane) - 1u;
+      const int u = h == 0 ? __popc(lo & below) : __popc(lo) + __popc(hi & below);
+      Unit& unit = plan.unit[u];
+      unit.expert = ids[a];
+      unit.slot = slot[h];
+      int n = 0;
+      for (int b = a; b < A && n < kNqMaxDecodeTokens; ++b) {
+        if (ids[b] == unit.expert) unit.tok_a[n++] = b;
+      }
+      unit.n_tok = n;
+      for (int j = 0; j < g.num_proj; ++j) {
+        const float* levels = g.proj[j].levels + static_cast<std::int64_t>(unit.expert) * kNqLevelTable;
+        if (unit.slot >= 0) {
+          PackLevelBytes(levels + kNqBaseLevels, kNqLevels4, unit.lut[j], unit.lut[j] + 4);
+        } else {
+          PackLevelBytes(levels, kNqBaseLevels, unit.lut[j], unit.lut[j] + 1);
+        }
+      }
+    }
+    if (lane == 0) plan.units = __popc(lo) + __popc(hi);
+  }
+  __syncthreads();
+}
+
+// A 16-row tile of one projection of one unit as a lane sees it: where its rows' code words
+// start (its quad lane's 16 bytes of each step included) and its token's inputs.
+struct Tile {
+  int unit = 0;
+  int proj = 0;
+  int row0 = 0;
+  bool four_bit = false;
+  const std::uint32_t* codes[kPlanes][kRows] = {};  // [plane][row]; the residual's null at 2 bits
+  const __half* x = nullptr;                        // null when the lane has no token
+};
+
+__device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, int tile, int tiles_per_proj,
+                                       int words) {
+  Tile t;
+  t.unit = tile / (g.num_proj * tiles_per_proj);
+  const int rest = tile % (g.num_proj * tiles_per_proj);
+  t.proj = rest / tiles_per_proj;
+  t.row0 = (rest % tiles_per_proj) * kMmaRows;
+  const Unit& u = plan.unit[t.unit];
+  t.four_bit = u.slot >= 0;
+  const NqProjectionView& P = g.proj[t.proj];
+  const int lane = threadIdx.x % kWarpSize, grp = lane / 4;
+  const std::int64_t plane_words = static_cast<std::int64_t>(g.rows) * words;
+  const std::uint32_t* base = reinterpret_cast<const std::uint32_t*>(P.base) + u.expert * plane_words;
+  const std::uint32_t* residual =
+      t.four_bit ? reinterpret_cast<const std::uint32_t*>(g.p.arena + u.slot * g.p.slot_bytes + P.residual_offset)
+                 : nullptr;
+#pragma unroll
+  for (int h = 0; h < kRows; ++h) {
+    // Tail rows re-read the last row; their results are not stored.
+    const std::int64_t offset = min(t.row0 + grp + 8 * h, g.rows - 1) * static_cast<std::int64_t>(words) +
+                                kWordsPerLane * (lane % 4);
+    t.codes[0][h] = base + offset;
+    t.codes[1][h] = residual != nullptr ? residual + offset : nullptr;
+  }
+  if (grp < u.n_tok) {
+    t.x = g.xh + (static_cast<std::int64_t>(u.tok_a[grp]) * g.num_proj + t.proj) * NqGemvPaddedCols(g.cols);
+  }
+  return t;
+}
+
+// Every warp of the grid streams an equal, contiguous share of the (tile, step) space: tiles
+// ordered (unit, projection, 16-row tile), 256-input steps within a tile. A share is at least one
+// tile long, so a tile is split between at most two warps and each output gets at most two
+// atomic additions onto zero (a + b == b + a in fp32: the result does not depend on timing).
+template <bool kWide>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __grid_constant__ NqGemvParams g) {
+  extern __shared__ __align__(16) uint4 ring[];  // [kWarps][kStages][kPlanes][kRows][kWarpSize]
+  __shared__ Plan plan;
+  __shared__ int ids[kNqMaxDecodeAssignments];
+  BuildPlan(g, plan, ids);
+
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int words = g.cols / kCodesPerWord;
+  const int steps = NqGemvPaddedCols(g.cols) / kNqStepCodes;
+  const int tiles_per_proj = (g.rows + kMmaRows - 1) / kMmaRows;
+  const int total = plan.units * g.num_proj * tiles_per_proj * steps;
+  const int warps = static_cast<int>(gridDim.x) * kWarps;
+  const int share = max((total + warps - 1) / warps, steps);
+  const int begin = (static_cast<int>(blockIdx.x) * kWarps + warp) * share;
+  const int end = min(begin + share, total);
+  if (begin >= end) return;  // no barrier follows
+
+  const int grp = lane / 4, quad_lane = lane % 4;
+  uint4* my_ring = ring + warp * kRingUint4PerWarp + lane;
+  constexpr int kStageStride = kPlanes * kRows * kWarpSize;  // uint4 per stage
+
+  // Issue side: the tile and step the next copy is for.
+  int issue_tile = begin / steps, issue_step = begin % steps, issued = begin;
+  Tile it = TileAt(g, plan, issue_tile, tiles_per_proj, words);
+  auto issue = [&](int stage) {
+    if (issued < end) {
+      const int w0 = issue_step * kNqStepWords;
+      const int valid = max(0, min(kWordsPerLane, words - w0 - kWordsPerLane * quad_lane));
+      uint4* dst = my_ring + stage * kStageStride;
+#pragma unroll
+      for (int h = 0; h < kRows; ++h) {
+        CopyWords<kWide>(dst + h * kWarpSize, it.codes[0][h] + (valid > 0 ? w0 : 0), valid);
+      }
+      if (it.four_bit) {
+#pragma unroll
+        for (int h = 0; h < kRows; ++h) {
+          CopyWords<kWide>(dst + (kRows + h) * kWarpSize, it.codes[1][h] + (valid > 0 ? w0 : 0), valid);
+        }
+      }
+      ++issued;
+      if (++issue_step == steps && issued < end) {
+        issue_step = 0;
+        it = TileAt(g, plan, ++issue_tile, tiles_per_proj, words);
+      }
+    }
+    CommitCopies();  // one group per call, empty or not, so the wait count below holds
+  };
+#pragma unroll
+  for (int s = 0; s + 1 < kStages; ++s) issue(s);
+
+  // Compute side.
+  int tile = begin / steps, step = begin % steps;
+  Tile ct;
+  const Unit* unit = nullptr;
+  LevelBytes2 t2;
+  LevelBytes4 t4;
+  float rs[kRows] = {};
+  float acc[2][4] = {};
+  auto enter_tile = [&]() {
+    ct = TileAt(g, plan, tile, tiles_per_proj, words);
+    unit = &plan.unit[ct.unit];
+    if (ct.four_bit) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        t4.lo[i] = unit->lut[ct.proj][i];
+        t4.hi[i] = unit->lut[ct.proj][4 + i];
+      }
+    } else {
+      t2.lo = unit->lut[ct.proj][0];
+      t2.hi = unit->lut[ct.proj][1];
+    }
+    // Row scales now, used at the tile's end: their latency hides behind its steps.
+    const float* scales = g.proj[ct.proj].row_scales + static_cast<std::int64_t>(unit->expert) * g.rows;
+#pragma unroll
+    for (int h = 0; h < kRows; ++h) rs[h] = __ldg(scales + min(ct.row0 + grp + 8 * h, g.rows - 1));
+  };
+  // C holds (row g, tokens 2j, 2j+1) and (row g + 8, tokens 2j, 2j+1).
+  auto flush = [&]() {
+#pragma unroll
+    for (int h = 0; h < kRows; ++h) {
+      const int row = ct.row0 + grp + 8 * h;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const int t = 2 * quad_lane + n;
+        if (row < g.rows && t < unit->n_tok) {
+          atomicAdd(g.out + unit->tok_a[t] * g.out_stride + ct.proj * g.rows + row,
+                    rs[h] * (acc[0][2 * h + n] + acc[1][2 * h + n]));
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[0][r] = acc[1][r] = 0.0f;
+  };
+  enter_tile();
+
+  int stage = 0;
+  for (int idx = begin; idx < end; ++idx) {
+    issue((stage + kStages - 1) % kStages);
+    // The step's inputs (B fragments; zeros for lanes without a token) straight from global
+    // memory (L1/L2: every tile of the vector reads them), before the wait so they are in flight.
+    uint4 xa[kWordsPerLane], xb[kWordsPerLane];
+#pragma unroll
+    for (int q = 0; q < kWordsPerLane; ++q) {
+      xa[q] = xb[q] = make_uint4(0, 0, 0, 0);
+      if (ct.x != nullptr) {
+        const uint4* xv =
+            reinterpret_cast<const uint4*>(ct.x + (step * kNqStepWords + 4 * q + quad_lane) * kCodesPerWord);
+        xa[q] = __ldg(xv);
+        xb[q] = __ldg(xv + 1);
+      }
+    }
+    WaitCopies<kStages - 1>();  // this step's codes have landed
+    const uint4* src = my_ring + stage * kStageStride;
+    const uint4 b_lo = src[0], b_hi = src[kWarpSize];
+    if (ct.four_bit) {
+      const uint4 r_lo = src[2 * kWarpSize], r_hi = src[3 * kWarpSize];
+#pragma unroll
+      for (int q = 0; q < kWordsPerLane; ++q) {
+        __half2 lo[kPairsPerWord], hi[kPairsPerWord];
+        DecodeWord4(t4, Word(b_lo, q), Word(r_lo, q), lo);
+        DecodeWord4(t4, Word(b_hi, q), Word(r_hi, q), hi);
+        MmaWord(acc, lo, hi, xa[q], xb[q]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kWordsPerLane; ++q) {
+        __half2 lo[kPairsPerWord], hi[kPairsPerWord];
+        DecodeWord2(t2, Word(b_lo, q), lo);
+        DecodeWord2(t2, Word(b_hi, q), hi);
+        MmaWord(acc, lo, hi, xa[q], xb[q]);
+      }
+    }
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    if (++step == steps || idx + 1 == end) {
+      flush();
+      if (idx + 1 < end) {
+        step = 0;
+        ++tile;
+        enter_tile();
+      }
+    }
+  }
+}
+
+template <bool kWide>
+absl::Status Launch(const NqGemvParams& g, const LaunchContext& ctx) {
+  int device = 0, sms = 0;
+  NQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  NQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::size_t smem = static_cast<std::size_t>(kWarps) * kRingUint4PerWarp * sizeof(uint4);
+  NQ_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(NqGemvKernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  NqGemvKernel<kWide><<<static_cast<unsigned>(sms * kBlocksPerSm), kThreads, smem, ctx.stream>>>(g);
+  return CheckLaunch("NqGemvKernel");
+}
+
+}  // namespace
+
+absl::Status LaunchNqGemv(const NqGemvParams& g, const LaunchContext& ctx) {
+  if (g.p.tokens > kNqMaxDecodeTokens || g.p.tokens * g.p.top_k > kNqMaxDecodeAssignments) {
+    return absl::InvalidArgumentError("NqGemv: chunk larger than the decode path takes");
+  }
+  if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true>(g, ctx);
+  return Launch<false>(g, ctx);
+}
+
+}  // namespace nq::kernels::cuda
