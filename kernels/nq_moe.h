@@ -9,7 +9,7 @@
 //   y' += w * diag(rs) Q_down diag(cs) h
 //   out[t] = R_dr^T y'                         output rotation, once per token and layer
 // which is sum_k w_k * expert_k(x[t]) with each expert's dense weights W = R_rows^T W' R_cols
-// (services/quant/hadamard.h; W' = diag(rs) Q diag(cs) is what nested_scalar_v1 codes).
+// (services/quant/hadamard.h; W' = diag(rs) Q diag(cs) is what both codecs code).
 // The shared expert is not part of this op (callers add it); the benchmark passes it as one more
 // expert with weight 1.
 //
@@ -23,6 +23,9 @@
 //                     and sb, sr the base and residual states of weight (i, j):
 //                     Q[i][j] = gb[j/16] * U(sb) at 2 bits, + gr[j/16] * U(sr) at 4 bits, the
 //                     gains being the expert's per-16-column-block base and residual gains.
+//                     The CUDA backend runs it on the prefill path (>= 16 tokens, hidden and
+//                     intermediate multiples of 64) and answers Unimplemented elsewhere until
+//                     the decode GEMV decodes tiles (kernels/cuda/trellis_tile.cuh).
 // An expert runs at 4 bits exactly when slot_of_expert[e] names a slot (0 <= s < num_slots); its
 // residual planes are read in place from that slot of the arena, at each projection's
 // residual_offset. That choice is made per expert where the op runs (on the device for CUDA):

@@ -1,7 +1,8 @@
 // Routed experts served as the release's packed codes (issue #12): the model's logits equal the
 // old dense decode's (every expert dequantised by the codec into dense weights) at 2 bits, 4 bits
 // and the fixed set; a checkpoint without any expert weights serves; the memory the experts take
-// is the packed planes, not 32 bits a weight; a codec without a packed kernel is refused.
+// is the packed planes, not 32 bits a weight. Both codecs: nested_scalar_v1 and (on a narrower
+// model, the encoder being slow) trellis_v1.
 #include "services/release/packed_experts.h"
 
 #include <unistd.h>
