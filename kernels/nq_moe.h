@@ -9,21 +9,33 @@
 //   y' += w * diag(rs) Q_down diag(cs) h
 //   out[t] = R_dr^T y'                         output rotation, once per token and layer
 // which is sum_k w_k * expert_k(x[t]) with each expert's dense weights W = R_rows^T W' R_cols
-// (services/quant/hadamard.h; W' = diag(rs) Q diag(cs) is what nested_scalar_v1 codes).
+// (services/quant/hadamard.h; W' = diag(rs) Q diag(cs) is what both codecs code).
 // The shared expert is not part of this op (callers add it); the benchmark passes it as one more
 // expert with weight 1.
 //
-// Codes: each projection of each expert has a 2-bit base plane (codec.h's PackCodes layout:
-// row-major, 4 codes per byte, code k at bits 2*(k%4)). Q[i][j] = levels[b] at 2 bits and
-// levels[4 + 4b + r] at 4 bits, where r is the code from the residual plane. An expert runs at 4
-// bits exactly when slot_of_expert[e] names a slot (0 <= s < num_slots); its residual planes are
-// read in place from that slot of the arena, at each projection's residual_offset. That choice
-// is made per expert where the op runs (on the device for CUDA): the host never waits on it.
+// Codes: each projection of each expert has a 2-bit base plane and, at 4 bits, a 2-bit residual
+// plane of the same size (rows * cols / 4 bytes). What Q is depends on the layer's codec:
+//   nested_scalar_v1  planes in codec.h's PackCodes layout (row-major, 4 codes per byte, code k
+//                     at bits 2*(k%4)). Q[i][j] = levels[b] at 2 bits and levels[4 + 4b + r] at
+//                     4 bits, where r is the code from the residual plane.
+//   trellis_v1        planes in tile order (services/quant/trellis_decode.h: 64 bytes per 16 x 16
+//                     tile, tiles row-major over the tile grid). With U the computed codebook
+//                     and sb, sr the base and residual states of weight (i, j):
+//                     Q[i][j] = gb[j/16] * U(sb) at 2 bits, + gr[j/16] * U(sr) at 4 bits, the
+//                     gains being the expert's per-16-column-block base and residual gains.
+//                     The CUDA backend runs it on the prefill path (>= 16 tokens, hidden and
+//                     intermediate multiples of 64) and answers Unimplemented elsewhere until
+//                     the decode GEMV decodes tiles (kernels/cuda/trellis_tile.cuh).
+// An expert runs at 4 bits exactly when slot_of_expert[e] names a slot (0 <= s < num_slots); its
+// residual planes are read in place from that slot of the arena, at each projection's
+// residual_offset. That choice is made per expert where the op runs (on the device for CUDA):
+// the host never waits on it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/nq_moe_params.h"
 #include "kernels/tensor.h"
 
 namespace nq::kernels {
@@ -36,12 +48,20 @@ inline constexpr int kNqBaseLevels = 4;
 inline constexpr int kNqLevels4 = 16;
 inline constexpr int kNqLevelTable = kNqBaseLevels + kNqLevels4;
 
-// One projection (gate_proj, up_proj or down_proj) of every routed expert of a layer.
+// trellis_v1 keeps one (base gain, residual gain) pair per 16-column block of each matrix
+// (CodecParams::base_codebook[tj], residual_codebook[tj]); the pair is stored together so one
+// 8-byte load serves both planes.
+inline constexpr int kNqTrellisBlock = 16;
+inline constexpr int kNqGainsPerBlock = 2;
+
+// One projection (gate_proj, up_proj or down_proj) of every routed expert of a layer. Exactly
+// one of levels and gains is set, as the layer's codec says; the other stays an empty Tensor.
 struct NqProjection {
   Tensor base;        // U8 [E, rows * cols / 4]
   Tensor row_scales;  // F32 [E, rows]
   Tensor col_scales;  // F32 [E, cols]
-  Tensor levels;      // F32 [E, kNqLevelTable]
+  Tensor levels;      // nested_scalar_v1: F32 [E, kNqLevelTable]
+  Tensor gains;       // trellis_v1: F32 [E, cols / 16, 2]: (base, residual) gain of block tj
   // Byte offset of this projection's residual plane (rows * cols / 4 bytes) inside a slot.
   std::int64_t residual_offset = 0;
 };
@@ -54,7 +74,9 @@ struct NqRotation {
 
 // A layer's routed experts: E experts, hidden size D, intermediate size I (this rank's slice).
 // gate/up are [I, D], down is [D, I].
+// trellis_v1 needs hidden and intermediate multiples of 16 (whole tiles).
 struct NqMoeWeights {
+  NqCodec codec = NqCodec::kNestedScalar;
   std::int64_t hidden = 0;
   std::int64_t intermediate = 0;
   std::int64_t num_experts = 0;

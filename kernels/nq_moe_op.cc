@@ -29,11 +29,47 @@ absl::Status CheckRotation(absl::string_view arg, const NqRotation& r, std::int6
   return absl::OkStatus();
 }
 
+absl::string_view CodecName(NqCodec codec) {
+  switch (codec) {
+    case NqCodec::kNestedScalar:
+      return "nested_scalar_v1";
+    case NqCodec::kTrellis:
+      return "trellis_v1";
+  }
+  return "an unknown codec";
+}
+
+// The codec's own tables of one projection: nested_scalar_v1's level table or trellis_v1's
+// per-column-block gains, and the other left empty so nothing given is silently ignored.
+absl::Status CheckCodecTables(NqCodec codec, const char* name, const NqProjection& p, std::int64_t E,
+                              std::int64_t rows, std::int64_t cols) {
+  const bool trellis = codec == NqCodec::kTrellis;
+  const Tensor& used = trellis ? p.gains : p.levels;
+  const Tensor& unused = trellis ? p.levels : p.gains;
+  const char* used_name = trellis ? "gains" : "levels";
+  if (unused.valid()) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, ".", trellis ? "levels" : "gains", " is ",
+                                                   unused.DebugString(), " but a ", CodecName(codec),
+                                                   " layer takes only ", used_name));
+  }
+  if (!used.valid()) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, ".", used_name, " is an empty tensor"));
+  }
+  if (!trellis) return ExpectShape(absl::StrCat(name, ".levels"), used, DType::kF32, Shape{E, kNqLevelTable});
+  if (rows % kNqTrellisBlock != 0 || cols % kNqTrellisBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is ", rows, " x ", cols,
+                                                   "; trellis_v1 codes whole 16 x 16 tiles"));
+  }
+  return ExpectShape(absl::StrCat(name, ".gains"), used, DType::kF32,
+                     Shape{E, cols / kNqTrellisBlock, kNqGainsPerBlock});
+}
+
 NqProjectionView View(const NqProjection& p) {
   return {.base = p.base.data_as<std::uint8_t>(),
           .row_scales = p.row_scales.data_as<float>(),
           .col_scales = p.col_scales.data_as<float>(),
-          .levels = p.levels.data_as<float>(),
+          .levels = p.levels.valid() ? p.levels.data_as<float>() : nullptr,
+          .gains = p.gains.valid() ? p.gains.data_as<float>() : nullptr,
           .residual_offset = p.residual_offset};
 }
 
@@ -48,6 +84,10 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
   RETURN_IF_ERROR(CheckOwned(kOp, "expert_weights", expert_weights));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
   const std::int64_t D = w.hidden, I = w.intermediate, E = w.num_experts;
+  if (w.codec != NqCodec::kNestedScalar && w.codec != NqCodec::kTrellis) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": codec ", static_cast<std::int32_t>(w.codec), " is neither nested_scalar_v1 nor trellis_v1"));
+  }
   if (D <= 0 || I <= 0 || E <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": hidden ", D, ", intermediate ", I, " and num_experts ", E, " must be positive"));
@@ -72,13 +112,15 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
     std::int64_t rows, cols;
   };
   for (const Named& n : {Named{"gate", &w.gate, I, D}, Named{"up", &w.up, I, D}, Named{"down", &w.down, D, I}}) {
-    for (const Tensor* t : {&n.p->base, &n.p->row_scales, &n.p->col_scales, &n.p->levels}) {
+    for (const Tensor* t : {&n.p->base, &n.p->row_scales, &n.p->col_scales}) {
       RETURN_IF_ERROR(CheckOwned(kOp, n.name, *t));
     }
+    // Both codecs' planes hold 2 bits a weight: the same bytes, in row-major or tile order.
     RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".base"), n.p->base, DType::kU8, Shape{E, NqPlaneBytes(n.rows, n.cols)}));
     RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".row_scales"), n.p->row_scales, DType::kF32, Shape{E, n.rows}));
     RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".col_scales"), n.p->col_scales, DType::kF32, Shape{E, n.cols}));
-    RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".levels"), n.p->levels, DType::kF32, Shape{E, kNqLevelTable}));
+    RETURN_IF_ERROR(CheckCodecTables(w.codec, n.name, *n.p, E, n.rows, n.cols));
+    RETURN_IF_ERROR(CheckOwned(kOp, n.name, w.codec == NqCodec::kTrellis ? n.p->gains : n.p->levels));
     // Residual planes are read 4 bytes at a time by the CUDA kernels.
     if (slots.arena != nullptr &&
         (n.p->residual_offset < 0 || n.p->residual_offset % 4 != 0 ||
@@ -106,7 +148,8 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
                                                    " bytes (slot_bytes must be a positive multiple of 4)"));
   }
   if (T == 0) return absl::OkStatus();
-  return DoNqMoe({.tokens = T,
+  return DoNqMoe({.codec = w.codec,
+                  .tokens = T,
                   .top_k = K,
                   .hidden = D,
                   .intermediate = I,

@@ -7,11 +7,19 @@
 
 namespace nq::kernels {
 
+// Which codec a layer's planes are coded with (the release manifest's codec name; the math of
+// each: kernels/nq_moe.h).
+enum class NqCodec : std::int32_t {
+  kNestedScalar = 0,  // nested_scalar_v1: level tables
+  kTrellis = 1,       // trellis_v1: tile-ordered planes, computed codebook, per-block gains
+};
+
 struct NqProjectionView {
   const std::uint8_t* base = nullptr;  // [E][rows * cols / 4] packed 2-bit codes
   const float* row_scales = nullptr;   // [E][rows]
   const float* col_scales = nullptr;   // [E][cols]
-  const float* levels = nullptr;       // [E][kNqLevelTable]
+  const float* levels = nullptr;       // nested scalar: [E][kNqLevelTable]; else null
+  const float* gains = nullptr;        // trellis: [E][cols / 16][2] (base, residual); else null
   std::int64_t residual_offset = 0;    // inside a slot
 };
 
@@ -21,6 +29,7 @@ struct NqRotationView {
 };
 
 struct NqMoeParams {
+  NqCodec codec = NqCodec::kNestedScalar;
   std::int64_t tokens = 0;        // T
   std::int64_t top_k = 0;         // K assignments per token
   std::int64_t hidden = 0;        // D

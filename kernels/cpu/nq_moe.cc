@@ -1,6 +1,8 @@
 // CPU reference of the NestQuant routed-expert block (kernels/nq_moe.h): the oracle the CUDA
 // kernels are tested against. It follows the contract's math step by step in fp32 (double for
 // the dot products), one (token, assignment) at a time; parallel over the rows of each GEMV.
+// Weights are decoded from the codes inside each GEMV, as each codec's Decode computes them:
+// no dense copy of an expert is ever kept.
 #include "kernels/cpu/nq_moe.h"
 
 #include <cmath>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/nq_moe.h"
+#include "services/quant/trellis_decode.h"
 
 namespace nq::kernels::cpu {
 namespace {
@@ -49,9 +52,10 @@ inline int Code(const std::uint8_t* plane, std::int64_t k) {
   return (plane[k / kCodesPerByte] >> (kCodeBits * (k % kCodesPerByte))) & 3;
 }
 
-// y[i] = rs[i] * sum_j Q[i][j] * cs[j] * v[j] for the rows x cols matrix of expert e.
-void Gemv(const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
-          const std::uint8_t* residual, const std::vector<float>& v, float* y, int threads) {
+// y[i] = rs[i] * sum_j Q[i][j] * cs[j] * v[j] for the rows x cols nested_scalar_v1 matrix of
+// expert e.
+void ScalarGemv(const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
+                const std::uint8_t* residual, const std::vector<float>& v, float* y, int threads) {
   const std::uint8_t* base = p.base + e * NqPlaneBytes(rows, cols);
   const float* rs = p.row_scales + e * rows;
   const float* cs = p.col_scales + e * cols;
@@ -70,6 +74,63 @@ void Gemv(const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int
       y[i] = rs[i] * static_cast<float>(acc);
     }
   });
+}
+
+// Sixteen little-endian words of the tile at `bytes`, assembled from bytes as TrellisCodec::Decode
+// does, so the decode does not depend on host byte order.
+void TileWords(const std::uint8_t* bytes, std::uint32_t* words) {
+  for (int k = 0; k < quant::trellis::kTileWords; ++k) {
+    words[k] = static_cast<std::uint32_t>(bytes[4 * k]) | static_cast<std::uint32_t>(bytes[4 * k + 1]) << 8 |
+               static_cast<std::uint32_t>(bytes[4 * k + 2]) << 16 | static_cast<std::uint32_t>(bytes[4 * k + 3]) << 24;
+  }
+}
+
+// The same GEMV for a trellis_v1 matrix: Q[i][j] = gb * U(sb) (+ gr * U(sr) at 4 bits) in float,
+// term by term as TrellisCodec::Decode computes it, decoded tile by tile inside the GEMV. Work is
+// split by 16-row tile rows, so every tile is decoded once.
+void TrellisGemv(const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
+                 const std::uint8_t* residual, const std::vector<float>& v, float* y, int threads) {
+  namespace trellis = quant::trellis;
+  const std::int64_t blocks = cols / trellis::kTileDim;
+  const std::uint8_t* base = p.base + e * NqPlaneBytes(rows, cols);
+  const float* rs = p.row_scales + e * rows;
+  const float* cs = p.col_scales + e * cols;
+  const float* gains = p.gains + e * blocks * kNqGainsPerBlock;
+  std::vector<float> scaled(static_cast<size_t>(cols));
+  for (std::int64_t j = 0; j < cols; ++j) scaled[j] = cs[j] * v[j];
+  ParallelFor(rows / trellis::kTileDim, 4, threads, [&](std::int64_t begin, std::int64_t end) {
+    std::uint32_t base_words[trellis::kTileWords];
+    std::uint32_t residual_words[trellis::kTileWords];
+    for (std::int64_t ti = begin; ti < end; ++ti) {
+      double acc[trellis::kTileDim] = {};
+      for (std::int64_t tj = 0; tj < blocks; ++tj) {
+        const std::int64_t offset = trellis::TileByteOffset(ti, tj, cols);
+        TileWords(base + offset, base_words);
+        if (residual != nullptr) TileWords(residual + offset, residual_words);
+        const float base_gain = gains[tj * kNqGainsPerBlock];
+        const float residual_gain = gains[tj * kNqGainsPerBlock + 1];
+        const float* x = scaled.data() + tj * trellis::kTileDim;
+        for (int t = 0; t < trellis::kTileWeights; ++t) {
+          float q = base_gain * trellis::UnitValue(trellis::TileState(base_words, t));
+          if (residual != nullptr) q += residual_gain * trellis::UnitValue(trellis::TileState(residual_words, t));
+          acc[t / trellis::kTileDim] += static_cast<double>(q) * x[t % trellis::kTileDim];
+        }
+      }
+      for (int r = 0; r < trellis::kTileDim; ++r) {
+        const std::int64_t i = ti * trellis::kTileDim + r;
+        y[i] = rs[i] * static_cast<float>(acc[r]);
+      }
+    }
+  });
+}
+
+void Gemv(NqCodec codec, const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
+          const std::uint8_t* residual, const std::vector<float>& v, float* y, int threads) {
+  if (codec == NqCodec::kTrellis) {
+    TrellisGemv(p, e, rows, cols, residual, v, y, threads);
+  } else {
+    ScalarGemv(p, e, rows, cols, residual, v, y, threads);
+  }
 }
 
 }  // namespace
@@ -97,13 +158,13 @@ absl::Status NqMoe(const NqMoeParams& p, int threads) {
     for (std::int64_t k = 0; k < K; ++k) {
       const std::int32_t e = p.expert_ids[t * K + k];
       const std::int32_t slot = p.slot_of_expert[e];
-      Gemv(p.gate, e, I, D, NqResidualPlane(p, p.gate, slot), xr, g.data(), threads);
-      Gemv(p.up, e, I, D, NqResidualPlane(p, p.up, slot), xr, u.data(), threads);
+      Gemv(p.codec, p.gate, e, I, D, NqResidualPlane(p, p.gate, slot), xr, g.data(), threads);
+      Gemv(p.codec, p.up, e, I, D, NqResidualPlane(p, p.up, slot), xr, u.data(), threads);
       Unrotate(g, p.gate_rows);
       Unrotate(u, p.gate_rows);
       for (std::int64_t j = 0; j < I; ++j) h[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
       Rotate(h, p.down_cols);
-      Gemv(p.down, e, D, I, NqResidualPlane(p, p.down, slot), h, y.data(), threads);
+      Gemv(p.codec, p.down, e, D, I, NqResidualPlane(p, p.down, slot), h, y.data(), threads);
       const float w = p.expert_weights[t * K + k];
       for (std::int64_t i = 0; i < D; ++i) acc[i] += w * y[i];
     }

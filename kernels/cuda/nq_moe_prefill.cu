@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/nq_moe_vector.cuh"
+#include "kernels/cuda/trellis_tile.cuh"
 #include "kernels/nq_moe.h"
 #include "services/common/status_macros.h"
 
@@ -84,6 +85,8 @@ __device__ __forceinline__ std::uint32_t PackHalf(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
 
+__device__ __forceinline__ std::uint32_t HalfBits(__half2 v) { return *reinterpret_cast<const std::uint32_t*>(&v); }
+
 __device__ __forceinline__ void Mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -92,9 +95,67 @@ __device__ __forceinline__ void Mma(float (&d)[4], const std::uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+using SmemTile = __half[kTileM][kSmemStride];
+
+// 16 consecutive inputs of one A row times the expert's column scales and `gain`, as fp16.
+__device__ __forceinline__ void LoadInputs(const float* x, const float* cs, float gain, std::uint32_t* dst) {
+#pragma unroll
+  for (int i = 0; i < 16; i += 4) {
+    const float4 v = *reinterpret_cast<const float4*>(x + i);
+    const float4 c = *reinterpret_cast<const float4*>(cs + i);
+    dst[i / 2] = PackHalf(v.x * c.x * gain, v.y * c.y * gain);
+    dst[i / 2 + 1] = PackHalf(v.z * c.z * gain, v.w * c.w * gain);
+  }
+}
+
+// acc += A (64 tokens x 32 k) * B^T (64 rows x 32 k) of one k step, the warp's 32 x 32 share.
+__device__ __forceinline__ void MmaStep(const SmemTile& a_tile, const SmemTile& b_tile, int wm, int wn, int group,
+                                        int quad, float (&acc)[2][4][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kTileK; ks += 16) {
+    std::uint32_t a[2][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+      const int r = wm * 32 + mi * 16 + group;
+      a[mi][0] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r][ks + quad * 2]);
+      a[mi][1] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r + 8][ks + quad * 2]);
+      a[mi][2] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r][ks + quad * 2 + 8]);
+      a[mi][3] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r + 8][ks + quad * 2 + 8]);
+    }
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      const int c = wn * 32 + ni * 8 + group;
+      const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(&b_tile[c][ks + quad * 2]);
+      const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(&b_tile[c][ks + quad * 2 + 8]);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) Mma(acc[mi][ni], a[mi], b0, b1);
+    }
+  }
+}
+
+// The codecs as policies of one GEMM (FlashInfer-style variants, not copied kernels). Each
+// dequantises B (64 weight rows x 32 k, without row and column scales: columns go into A, rows
+// into the epilogue) into one or two planes of products:
+//   nested_scalar_v1  one plane: B = level of (base, residual) code, fp16 (the levels are fp16
+//                     values, nested_codebook.h), A = x * cs.
+//   trellis_v1        B = S - 510 of the base (plane 0) and, at 4 bits, residual (plane 1) tile
+//                     rows, exact in fp16 (trellis_tile.cuh); A = x * cs * gain of the plane's
+//                     column block; 1/147.8005 in the epilogue. Weights stay exact, so a 4-bit
+//                     tile costs two MMAs rather than a rounded fp16 sum of two gained terms.
+struct ScalarCodes {
+  static constexpr int kPlanes = 1;
+  static constexpr float kEpilogueScale = 1.0f;
+};
+struct TrellisCodes {
+  static constexpr int kPlanes = 2;
+  static constexpr float kEpilogueScale = trellis::kInvByteSumSd;
+};
+
+template <class Codes>
 __global__ void __launch_bounds__(kGemmThreads) NqGroupGemmKernel(const __grid_constant__ GemmParams g) {
-  __shared__ __align__(16) __half a_tile[kTileM][kSmemStride];
-  __shared__ __align__(16) __half b_tile[kTileN][kSmemStride];
+  constexpr bool kTrellis = Codes::kPlanes == 2;
+  __shared__ __align__(16) SmemTile a_tile[Codes::kPlanes];
+  __shared__ __align__(16) SmemTile b_tile[Codes::kPlanes];
   __shared__ float levels[kNqLevelTable];
   __shared__ int tile_assignment[kTileM];
   const int e = blockIdx.x;
@@ -106,8 +167,9 @@ __global__ void __launch_bounds__(kGemmThreads) NqGroupGemmKernel(const __grid_c
   const NqProjectionView& P = g.proj[proj];
   const int slot = g.p.slot_of_expert[e];
   const bool four_bit = g.p.arena != nullptr && slot >= 0 && slot < g.p.num_slots;
+  const int planes = kTrellis && four_bit ? 2 : 1;
   const int tid = threadIdx.x;
-  if (tid < kNqLevelTable) levels[tid] = P.levels[static_cast<std::int64_t>(e) * kNqLevelTable + tid];
+  if (!kTrellis && tid < kNqLevelTable) levels[tid] = P.levels[static_cast<std::int64_t>(e) * kNqLevelTable + tid];
   if (tid < kTileM) tile_assignment[tid] = m0 + tid < n_e ? g.order[g.offsets[e] + m0 + tid] : -1;
   __syncthreads();
 
@@ -120,12 +182,19 @@ __global__ void __launch_bounds__(kGemmThreads) NqGroupGemmKernel(const __grid_c
   const float* cs = P.col_scales + static_cast<std::int64_t>(e) * g.cols;
   const int K = static_cast<int>(g.p.top_k);
 
-  // Loader roles: a thread fills 16 consecutive k of one A row and one 16-code word of a B row.
+  // Loader roles: a thread fills 16 consecutive k of one A row and of one B row (16 codes: one
+  // word of a row-major scalar plane, one tile row of one column block of a trellis plane).
   const int load_row = tid >> 1, load_k = (tid & 1) * 16;
   const int a_row = tile_assignment[load_row];
   const float* a_src = a_row < 0 ? nullptr
                                  : g.in + static_cast<std::int64_t>(g.in_per_assignment ? a_row : a_row / K) * g.cols;
-  const std::int64_t b_word0 = static_cast<std::int64_t>(n0 + load_row) * words_per_row + (load_k / kCodesPerWord);
+  const int b_row = n0 + load_row;
+  const std::int64_t b_word0 = static_cast<std::int64_t>(b_row) * words_per_row + (load_k / kCodesPerWord);
+  // Trellis: word of tile (b_row / 16, 0) holding row b_row % 16's states (and the one before).
+  const int blocks = g.cols / trellis::kTileDim;
+  const std::int64_t tile_row_word0 = static_cast<std::int64_t>(b_row / trellis::kTileDim) * blocks * trellis::kTileWords;
+  const int tile_r = b_row % trellis::kTileDim;
+  const float* gains = kTrellis ? P.gains + static_cast<std::int64_t>(e) * blocks * kNqGainsPerBlock : nullptr;
 
   const int warp = tid / 32, lane = tid % 32;
   const int wm = warp / 2, wn = warp % 2;
@@ -133,59 +202,47 @@ __global__ void __launch_bounds__(kGemmThreads) NqGroupGemmKernel(const __grid_c
   float acc[2][4][4] = {};
 
   for (int k0 = 0; k0 < g.cols; k0 += kTileK) {
-    // A: the tokens' inputs with the expert's column scales folded in, rounded to fp16.
-    std::uint32_t* a_dst = reinterpret_cast<std::uint32_t*>(&a_tile[load_row][load_k]);
-    if (a_src != nullptr) {
-#pragma unroll
-      for (int i = 0; i < 16; i += 4) {
-        const float4 x = *reinterpret_cast<const float4*>(a_src + k0 + load_k + i);
-        const float4 c = *reinterpret_cast<const float4*>(cs + k0 + load_k + i);
-        a_dst[i / 2] = PackHalf(x.x * c.x, x.y * c.y);
-        a_dst[i / 2 + 1] = PackHalf(x.z * c.z, x.w * c.w);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) a_dst[i] = 0;
-    }
-    // B: 16 codes of one weight row, dequantised to fp16 levels (row and column scales stay
-    // outside: columns in A, rows in the epilogue).
-    const std::uint32_t wb = base[b_word0 + k0 / kCodesPerWord];
-    const std::uint32_t wr = four_bit ? residual[b_word0 + k0 / kCodesPerWord] : 0u;
-    std::uint32_t* b_dst = reinterpret_cast<std::uint32_t*>(&b_tile[load_row][load_k]);
-#pragma unroll
-    for (int i = 0; i < 16; i += 2) {
-      const int b0 = (wb >> (2 * i)) & 3, b1 = (wb >> (2 * i + 2)) & 3;
-      float v0, v1;
-      if (four_bit) {
-        v0 = levels[kNqBaseLevels + 4 * b0 + ((wr >> (2 * i)) & 3)];
-        v1 = levels[kNqBaseLevels + 4 * b1 + ((wr >> (2 * i + 2)) & 3)];
+    const int k = k0 + load_k;
+    for (int plane = 0; plane < planes; ++plane) {
+      // A: the tokens' inputs with the expert's column scales (and a trellis plane's gain).
+      std::uint32_t* a_dst = reinterpret_cast<std::uint32_t*>(&a_tile[plane][load_row][load_k]);
+      const float gain = kTrellis ? gains[(k / trellis::kTileDim) * kNqGainsPerBlock + plane] : 1.0f;
+      if (a_src != nullptr) {
+        LoadInputs(a_src + k, cs + k, gain, a_dst);
       } else {
-        v0 = levels[b0];
-        v1 = levels[b1];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a_dst[i] = 0;
       }
-      b_dst[i / 2] = PackHalf(v0, v1);
+      std::uint32_t* b_dst = reinterpret_cast<std::uint32_t*>(&b_tile[plane][load_row][load_k]);
+      if constexpr (kTrellis) {
+        // B: tile row tile_r of the column block at k, S - 510 exact (trellis_tile.cuh).
+        const std::uint32_t* tile = (plane == 0 ? base : residual) + tile_row_word0 +
+                                    static_cast<std::int64_t>(k / trellis::kTileDim) * trellis::kTileWords;
+        __half2 row[8];
+        trellis::TileRow(tile[(tile_r + trellis::kTileWords - 1) % trellis::kTileWords], tile[tile_r], row);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) b_dst[i] = HalfBits(row[i]);
+      } else {
+        // B: 16 codes of one weight row, dequantised to fp16 levels.
+        const std::uint32_t wb = base[b_word0 + k0 / kCodesPerWord];
+        const std::uint32_t wr = four_bit ? residual[b_word0 + k0 / kCodesPerWord] : 0u;
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+          const int b0 = (wb >> (2 * i)) & 3, b1 = (wb >> (2 * i + 2)) & 3;
+          float v0, v1;
+          if (four_bit) {
+            v0 = levels[kNqBaseLevels + 4 * b0 + ((wr >> (2 * i)) & 3)];
+            v1 = levels[kNqBaseLevels + 4 * b1 + ((wr >> (2 * i + 2)) & 3)];
+          } else {
+            v0 = levels[b0];
+            v1 = levels[b1];
+          }
+          b_dst[i / 2] = PackHalf(v0, v1);
+        }
+      }
     }
     __syncthreads();
-#pragma unroll
-    for (int ks = 0; ks < kTileK; ks += 16) {
-      std::uint32_t a[2][4];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        const int r = wm * 32 + mi * 16 + group;
-        a[mi][0] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r][ks + quad * 2]);
-        a[mi][1] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r + 8][ks + quad * 2]);
-        a[mi][2] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r][ks + quad * 2 + 8]);
-        a[mi][3] = *reinterpret_cast<const std::uint32_t*>(&a_tile[r + 8][ks + quad * 2 + 8]);
-      }
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int c = wn * 32 + ni * 8 + group;
-        const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(&b_tile[c][ks + quad * 2]);
-        const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(&b_tile[c][ks + quad * 2 + 8]);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) Mma(acc[mi][ni], a[mi], b0, b1);
-      }
-    }
+    for (int plane = 0; plane < planes; ++plane) MmaStep(a_tile[plane], b_tile[plane], wm, wn, group, quad, acc);
     __syncthreads();
   }
 
@@ -200,8 +257,8 @@ __global__ void __launch_bounds__(kGemmThreads) NqGroupGemmKernel(const __grid_c
 #pragma unroll
       for (int ni = 0; ni < 4; ++ni) {
         const int n = n0 + wn * 32 + ni * 8 + quad * 2;
-        out[n] = acc[mi][ni][half * 2] * rs[n];
-        out[n + 1] = acc[mi][ni][half * 2 + 1] * rs[n + 1];
+        out[n] = acc[mi][ni][half * 2] * (rs[n] * Codes::kEpilogueScale);
+        out[n + 1] = acc[mi][ni][half * 2 + 1] * (rs[n + 1] * Codes::kEpilogueScale);
       }
     }
   }
@@ -231,8 +288,12 @@ Workspace Carve(const NqMoeParams& p, void* workspace) {
 absl::Status LaunchGemm(const GemmParams& g, std::int64_t tokens, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(g.p.num_experts), static_cast<unsigned>(g.num_proj * g.tiles_per_proj),
                   static_cast<unsigned>((tokens + kTileM - 1) / kTileM));
-  NqGroupGemmKernel<<<grid, kGemmThreads, 0, ctx.stream>>>(g);
-  return CheckLaunch("NqGroupGemmKernel");
+  if (g.p.codec == NqCodec::kTrellis) {
+    NqGroupGemmKernel<TrellisCodes><<<grid, kGemmThreads, 0, ctx.stream>>>(g);
+    return CheckLaunch("NqGroupGemmKernel<TrellisCodes>");
+  }
+  NqGroupGemmKernel<ScalarCodes><<<grid, kGemmThreads, 0, ctx.stream>>>(g);
+  return CheckLaunch("NqGroupGemmKernel<ScalarCodes>");
 }
 
 absl::Status LaunchChunk(const NqMoeParams& p, void* workspace, const LaunchContext& ctx) {

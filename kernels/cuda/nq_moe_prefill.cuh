@@ -11,7 +11,9 @@
 // Weights are dequantised once per (expert, 64-token tile) into fp16 levels (row scales applied
 // in the epilogue); inputs are rounded to fp16 with the expert's column scales folded in (fp16's
 // 11-bit significand keeps the block within 2e-3 of the CPU; bf16 did not); products accumulate
-// in fp32.
+// in fp32. trellis_v1 layers decode tile rows into the exact integers S - 510
+// (trellis_tile.cuh), fold each column block's gain into the inputs and 1/147.8005 into the
+// epilogue; a 4-bit expert's residual is a second MMA plane.
 #pragma once
 
 #include <cstddef>

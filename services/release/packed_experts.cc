@@ -9,6 +9,7 @@
 #include "services/quant/hadamard.h"
 #include "services/quant/nested_codebook.h"
 #include "services/quant/nested_scalar_codec.h"
+#include "services/quant/trellis_codec.h"
 #include "services/release/release_encoder.h"
 
 namespace nq::release {
@@ -17,9 +18,18 @@ namespace {
 struct HostProjection {
   int64_t rows = 0, cols = 0;
   std::vector<uint8_t> base;
-  std::vector<float> row_scales, col_scales, levels;
+  std::vector<float> row_scales, col_scales;
+  std::vector<float> levels;  // nested_scalar_v1
+  std::vector<float> gains;   // trellis_v1
   quant::RotationParams rotation;
 };
+
+absl::StatusOr<kernels::NqCodec> PackedCodec(const std::string& codec) {
+  if (codec == quant::kNestedScalarV1) return kernels::NqCodec::kNestedScalar;
+  if (codec == quant::kTrellisV1) return kernels::NqCodec::kTrellis;
+  return absl::FailedPreconditionError(absl::StrCat("release codec '", codec, "' has no packed MoE kernel (have: ",
+                                                    quant::kNestedScalarV1, ", ", quant::kTrellisV1, ")"));
+}
 
 // The level table of kernels/nq_moe.h: the 4 base levels, then base[b] + residual[4b + r] added
 // in float as NestedScalarCodec::Decode adds them.
@@ -36,6 +46,25 @@ absl::Status AppendLevels(const quant::CodecParams& p, const std::string& what, 
       v += p.residual_codebook[b * quant::kResidualLevels + r];
       levels.push_back(v);
     }
+  }
+  return absl::OkStatus();
+}
+
+// trellis_v1's gains as kernels/nq_moe.h wants them: the base and residual gain of each
+// 16-column block (the codec's base_codebook[tj], residual_codebook[tj]) side by side.
+absl::Status AppendGains(const quant::EncodedMatrix& m, const std::string& what, std::vector<float>& gains) {
+  if (m.rows % kernels::kNqTrellisBlock != 0 || m.cols % kernels::kNqTrellisBlock != 0) {
+    return absl::DataLossError(absl::StrCat(what, " is ", m.rows, " x ", m.cols, ", not whole 16 x 16 tiles"));
+  }
+  const size_t blocks = static_cast<size_t>(m.cols / kernels::kNqTrellisBlock);
+  const quant::CodecParams& p = m.params;
+  if (p.base_codebook.size() != blocks || p.residual_codebook.size() != blocks) {
+    return absl::DataLossError(absl::StrCat(what, ": gains of ", p.base_codebook.size(), " and ",
+                                            p.residual_codebook.size(), " column blocks, want ", blocks));
+  }
+  for (size_t b = 0; b < blocks; ++b) {
+    gains.push_back(p.base_codebook[b]);
+    gains.push_back(p.residual_codebook[b]);
   }
   return absl::OkStatus();
 }
@@ -67,7 +96,11 @@ absl::StatusOr<HostProjection> ReadProjection(const model::SafetensorsFile& resi
     h.base.insert(h.base.end(), m.base_codes.begin(), m.base_codes.end());
     h.row_scales.insert(h.row_scales.end(), m.row_scales.begin(), m.row_scales.end());
     h.col_scales.insert(h.col_scales.end(), m.col_scales.begin(), m.col_scales.end());
-    RETURN_IF_ERROR(AppendLevels(m.params, what, h.levels));
+    if (codec == quant::kTrellisV1) {
+      RETURN_IF_ERROR(AppendGains(m, what, h.gains));
+    } else {
+      RETURN_IF_ERROR(AppendLevels(m.params, what, h.levels));
+    }
   }
   return h;
 }
@@ -80,14 +113,20 @@ absl::StatusOr<kernels::NqProjection> Upload(const HostProjection& h, int64_t ex
   RETURN_IF_ERROR(backend.CopyFromHost(std::as_bytes(std::span<const uint8_t>(h.base)), p.base));
   ASSIGN_OR_RETURN(p.row_scales, kernels::UploadFloats(backend, h.row_scales, kernels::DType::kF32, {experts, h.rows}));
   ASSIGN_OR_RETURN(p.col_scales, kernels::UploadFloats(backend, h.col_scales, kernels::DType::kF32, {experts, h.cols}));
-  ASSIGN_OR_RETURN(p.levels, kernels::UploadFloats(backend, h.levels, kernels::DType::kF32, {experts, kernels::kNqLevelTable}));
+  if (h.gains.empty()) {
+    ASSIGN_OR_RETURN(p.levels, kernels::UploadFloats(backend, h.levels, kernels::DType::kF32, {experts, kernels::kNqLevelTable}));
+  } else {
+    ASSIGN_OR_RETURN(p.gains, kernels::UploadFloats(backend, h.gains, kernels::DType::kF32,
+                                                    {experts, h.cols / kernels::kNqTrellisBlock, kernels::kNqGainsPerBlock}));
+  }
   ASSIGN_OR_RETURN(format::Segment segment, layout.Find(projection + ".residual"));
   if (static_cast<int64_t>(segment.bytes) != kernels::NqPlaneBytes(h.rows, h.cols)) {
     return absl::DataLossError(absl::StrCat(projection, ".residual segment of ", segment.bytes, " bytes, want ",
                                             kernels::NqPlaneBytes(h.rows, h.cols)));
   }
   p.residual_offset = static_cast<int64_t>(segment.offset);
-  bytes += static_cast<int64_t>(p.base.nbytes() + p.row_scales.nbytes() + p.col_scales.nbytes() + p.levels.nbytes());
+  const kernels::Tensor& tables = h.gains.empty() ? p.levels : p.gains;
+  bytes += static_cast<int64_t>(p.base.nbytes() + p.row_scales.nbytes() + p.col_scales.nbytes() + tables.nbytes());
   return p;
 }
 
@@ -105,10 +144,7 @@ absl::StatusOr<kernels::NqRotation> Rotation(uint64_t seed, int64_t n, int64_t b
 absl::StatusOr<model::PackedExperts> LoadPackedExperts(const ReleaseExpertDecoder& decoder, uint32_t layer,
                                                        kernels::Backend& backend) {
   const std::string& codec = decoder.release().manifest().codec;
-  if (codec != quant::kNestedScalarV1) {
-    return absl::FailedPreconditionError(absl::StrCat("release codec '", codec, "' has no packed MoE kernel (have: ",
-                                                      quant::kNestedScalarV1, ")"));
-  }
+  ASSIGN_OR_RETURN(const kernels::NqCodec packed_codec, PackedCodec(codec));
   const uint32_t E = decoder.release().manifest().experts_per_layer;
   ASSIGN_OR_RETURN(const format::LayerEntry* entry, decoder.Layer(layer));
   ASSIGN_OR_RETURN(const model::SafetensorsFile* resident, decoder.Resident(layer));
@@ -126,6 +162,7 @@ absl::StatusOr<model::PackedExperts> LoadPackedExperts(const ReleaseExpertDecode
   }
   model::PackedExperts packed;
   kernels::NqMoeWeights& w = packed.weights;
+  w.codec = packed_codec;
   w.hidden = gate.cols;
   w.intermediate = gate.rows;
   w.num_experts = E;

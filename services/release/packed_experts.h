@@ -1,6 +1,8 @@
 // A release's routed experts as the model runs them (issue #12): each layer's resident planes
 // (2-bit base codes, scales, codebooks, rotation) uploaded as packed kernels::NqMoeWeights, never
 // dequantised to dense weights. 4-bit residuals stay in records, read in place from a slot.
+// Both codecs have a packed kernel: nested_scalar_v1 (level tables) and trellis_v1 (per-column-
+// block gains; the planes are already in the kernels' tile order).
 #pragma once
 
 #include <cstdint>

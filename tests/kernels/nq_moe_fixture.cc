@@ -7,6 +7,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/tensor_io.h"
+#include "services/quant/trellis_decode.h"
 #include "tests/kernels/test_util.h"
 
 namespace nq::kernels::testing {
@@ -45,6 +46,25 @@ NqProjectionHost RandomProjection(std::mt19937_64& rng, std::int64_t rows, std::
   return p;
 }
 
+NqProjectionHost RandomTrellisProjection(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols,
+                                         std::int64_t experts) {
+  NqProjectionHost p{.rows = rows, .cols = cols};
+  const std::int64_t plane = NqPlaneBytes(rows, cols);
+  std::uniform_int_distribution<int> byte(0, 255);
+  p.base.resize(static_cast<size_t>(experts * plane));
+  p.residual.resize(p.base.size());
+  for (auto& b : p.base) b = static_cast<std::uint8_t>(byte(rng));
+  for (auto& b : p.residual) b = static_cast<std::uint8_t>(byte(rng));
+  p.row_scales = RandomUniform(rng, experts * rows, 0.02f, 0.06f);
+  p.col_scales = RandomUniform(rng, experts * cols, 0.5f, 1.5f);
+  std::uniform_real_distribution<float> base_gain(0.85f, 1.15f), residual_gain(0.2f, 0.32f);
+  for (std::int64_t k = 0; k < experts * (cols / kNqTrellisBlock); ++k) {
+    p.gains.push_back(base_gain(rng));
+    p.gains.push_back(residual_gain(rng));
+  }
+  return p;
+}
+
 std::vector<float> Signs(std::mt19937_64& rng, std::int64_t n) {
   std::vector<float> s(static_cast<size_t>(n));
   std::bernoulli_distribution coin(0.5);
@@ -72,7 +92,10 @@ NqProjection UploadProjection(Backend& backend, const NqProjectionHost& p, std::
   out.base = UploadBytes(backend, p.base, Shape{experts, NqPlaneBytes(p.rows, p.cols)});
   out.row_scales = Upload(backend, p.row_scales, DType::kF32, {experts, p.rows});
   out.col_scales = Upload(backend, p.col_scales, DType::kF32, {experts, p.cols});
-  out.levels = Upload(backend, p.levels, DType::kF32, {experts, kNqLevelTable});
+  if (!p.levels.empty()) out.levels = Upload(backend, p.levels, DType::kF32, {experts, kNqLevelTable});
+  if (!p.gains.empty()) {
+    out.gains = Upload(backend, p.gains, DType::kF32, {experts, p.cols / kNqTrellisBlock, kNqGainsPerBlock});
+  }
   out.residual_offset = offset;
   return out;
 }
@@ -91,18 +114,36 @@ std::vector<double> RotationMatrix(std::span<const float> signs, std::int64_t bl
   return r;
 }
 
+// Q[i][j] of expert e of a nested_scalar_v1 projection.
+float ScalarWeight(const NqProjectionHost& p, std::int64_t e, bool four_bit, std::int64_t i, std::int64_t j) {
+  const std::int64_t plane = NqPlaneBytes(p.rows, p.cols), k = i * p.cols + j;
+  const int b = (p.base[e * plane + k / 4] >> (2 * (k % 4))) & 3;
+  const int r = (p.residual[e * plane + k / 4] >> (2 * (k % 4))) & 3;
+  return four_bit ? p.levels[e * kNqLevelTable + kNqBaseLevels + 4 * b + r] : p.levels[e * kNqLevelTable + b];
+}
+
+// Q[i][j] of expert e of a trellis_v1 projection, from the tile's bytes (TileStateFromBytes: the
+// byte-wise road, not the word-wise one the op takes).
+float TrellisWeight(const NqProjectionHost& p, std::int64_t e, bool four_bit, std::int64_t i, std::int64_t j) {
+  namespace trellis = quant::trellis;
+  const std::int64_t plane = NqPlaneBytes(p.rows, p.cols);
+  const std::int64_t tile = e * plane + trellis::TileByteOffset(i / 16, j / 16, p.cols);
+  const int t = static_cast<int>((i % 16) * 16 + j % 16);
+  const float* gains = p.gains.data() + (e * (p.cols / kNqTrellisBlock) + j / kNqTrellisBlock) * kNqGainsPerBlock;
+  float q = gains[0] * trellis::UnitValue(trellis::TileStateFromBytes(p.base.data() + tile, t));
+  if (four_bit) q += gains[1] * trellis::UnitValue(trellis::TileStateFromBytes(p.residual.data() + tile, t));
+  return q;
+}
+
 // W = R_r^T W' R_c for expert e (rows x cols), W' from the codes.
-std::vector<double> DenseExpert(const NqProjectionHost& p, std::int64_t e, bool four_bit, const std::vector<double>& rr,
-                                const std::vector<double>& rc) {
-  const std::int64_t rows = p.rows, cols = p.cols, plane = NqPlaneBytes(rows, cols);
+std::vector<double> DenseExpert(NqCodec codec, const NqProjectionHost& p, std::int64_t e, bool four_bit,
+                                const std::vector<double>& rr, const std::vector<double>& rc) {
+  const std::int64_t rows = p.rows, cols = p.cols;
   std::vector<double> wq(static_cast<size_t>(rows * cols));
   for (std::int64_t i = 0; i < rows; ++i) {
     for (std::int64_t j = 0; j < cols; ++j) {
-      const std::int64_t k = i * cols + j;
-      const int b = (p.base[e * plane + k / 4] >> (2 * (k % 4))) & 3;
-      const int r = (p.residual[e * plane + k / 4] >> (2 * (k % 4))) & 3;
-      const float level = four_bit ? p.levels[e * kNqLevelTable + kNqBaseLevels + 4 * b + r] : p.levels[e * kNqLevelTable + b];
-      wq[k] = static_cast<double>(p.row_scales[e * rows + i]) * level * p.col_scales[e * cols + j];
+      const float q = codec == NqCodec::kTrellis ? TrellisWeight(p, e, four_bit, i, j) : ScalarWeight(p, e, four_bit, i, j);
+      wq[i * cols + j] = static_cast<double>(p.row_scales[e * rows + i]) * q * p.col_scales[e * cols + j];
     }
   }
   // tmp = W' R_c, then W = R_r^T tmp.
@@ -143,6 +184,16 @@ NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t in
   return h;
 }
 
+NqMoeHost RandomTrellisNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate,
+                             std::int64_t experts) {
+  NqMoeHost h = RandomNqMoe(rng, hidden, intermediate, experts);
+  h.codec = NqCodec::kTrellis;
+  h.gate = RandomTrellisProjection(rng, intermediate, hidden, experts);
+  h.up = RandomTrellisProjection(rng, intermediate, hidden, experts);
+  h.down = RandomTrellisProjection(rng, hidden, intermediate, experts);
+  return h;
+}
+
 NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert) {
   const std::int64_t E = host.num_experts;
   const std::int64_t gate_plane = NqPlaneBytes(host.gate.rows, host.gate.cols);
@@ -151,6 +202,7 @@ NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const
   const std::int64_t down_offset = up_offset + RoundUp(gate_plane, kSegmentAlign);
   const std::int64_t slot_bytes = RoundUp(down_offset + down_plane, kRecordAlign);
   NqMoeDevice d;
+  d.weights.codec = host.codec;
   d.weights.hidden = host.hidden;
   d.weights.intermediate = host.intermediate;
   d.weights.num_experts = E;
@@ -195,9 +247,9 @@ std::vector<double> DenseNqMoeReference(const NqMoeHost& h, std::span<const floa
     for (std::int64_t k = 0; k < top_k; ++k) {
       const std::int32_t e = ids[t * top_k + k];
       const bool four = slot_of_expert[e] >= 0;
-      const std::vector<double> wg = DenseExpert(h.gate, e, four, r_g, r_in);
-      const std::vector<double> wu = DenseExpert(h.up, e, four, r_g, r_in);
-      const std::vector<double> wd = DenseExpert(h.down, e, four, r_dr, r_dc);
+      const std::vector<double> wg = DenseExpert(h.codec, h.gate, e, four, r_g, r_in);
+      const std::vector<double> wu = DenseExpert(h.codec, h.up, e, four, r_g, r_in);
+      const std::vector<double> wd = DenseExpert(h.codec, h.down, e, four, r_dr, r_dc);
       std::vector<double> act(static_cast<size_t>(I));
       for (std::int64_t i = 0; i < I; ++i) {
         double g = 0, u = 0;

@@ -16,10 +16,13 @@ struct NqProjectionHost {
   std::int64_t rows = 0, cols = 0;
   std::vector<std::uint8_t> base;      // [E][rows * cols / 4]
   std::vector<std::uint8_t> residual;  // [E][rows * cols / 4]
-  std::vector<float> row_scales, col_scales, levels;
+  std::vector<float> row_scales, col_scales;
+  std::vector<float> levels;  // nested_scalar_v1: [E][kNqLevelTable]
+  std::vector<float> gains;   // trellis_v1: [E][cols / 16][2] (base, residual)
 };
 
 struct NqMoeHost {
+  NqCodec codec = NqCodec::kNestedScalar;
   std::int64_t hidden = 0, intermediate = 0, num_experts = 0;
   NqProjectionHost gate, up, down;
   std::vector<float> input_signs, gate_row_signs, down_col_signs, down_row_signs;
@@ -29,6 +32,12 @@ struct NqMoeHost {
 // Codes uniform, scales and levels like a rotated, scaled real expert (levels near the
 // Gaussian 2-bit design, 4-bit levels nested inside each base cell).
 NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate, std::int64_t experts);
+
+// The same for trellis_v1 (hidden and intermediate multiples of 16): uniform tile bits (every
+// state equally likely, as the Viterbi search's output is near enough) and per-column-block gains
+// like an encode of N(0, 1) targets (base near 1, residual near the base's error RMS).
+NqMoeHost RandomTrellisNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate,
+                             std::int64_t experts);
 
 // The layer on `backend`: slot_of_expert[e] >= 0 puts expert e's residuals in that slot.
 struct NqMoeDevice {

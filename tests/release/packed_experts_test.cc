@@ -1,7 +1,8 @@
 // Routed experts served as the release's packed codes (issue #12): the model's logits equal the
 // old dense decode's (every expert dequantised by the codec into dense weights) at 2 bits, 4 bits
 // and the fixed set; a checkpoint without any expert weights serves; the memory the experts take
-// is the packed planes, not 32 bits a weight; a codec without a packed kernel is refused.
+// is the packed planes, not 32 bits a weight. Both codecs: nested_scalar_v1 and (on a narrower
+// model, the encoder being slow) trellis_v1.
 #include "services/release/packed_experts.h"
 
 #include <unistd.h>
@@ -40,15 +41,51 @@ double MaxAbsDiffOverMax(const std::vector<float>& got, const std::vector<float>
   return diff / max;
 }
 
+// The reference: every routed expert dequantised by the codec (ReleaseExpertDecoder::Upload)
+// into dense F32 weights, run by the dense MoE path.
+std::vector<float> DenseDecodeLogits(const std::string& model_dir, const std::string& release_dir, ExpertBits bits,
+                                     const std::vector<int32_t>& tokens, kernels::Backend& backend) {
+  absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(model_dir);
+  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(model_dir);
+  absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
+      ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {});
+  EXPECT_TRUE(config.ok() && checkpoint.ok() && decoder.ok());
+  absl::StatusOr<model::ModelWeights> weights = model::LoadModelWeights(*checkpoint, *config, backend, {});
+  EXPECT_THAT(weights, IsOk());
+  for (uint32_t layer : (*decoder)->moe_layer_ids()) {
+    model::LayerWeights& lw = layer < config->num_hidden_layers ? weights->layers[layer]
+                                                                : weights->mtp[layer - config->num_hidden_layers].block;
+    const std::vector<uint32_t> fixed = (*decoder)->FixedSet(layer);
+    for (uint32_t e = 0; e < lw.moe->experts.size(); ++e) {
+      const bool four = bits == ExpertBits::k4Bit ||
+                        (bits == ExpertBits::kFixedSet && std::find(fixed.begin(), fixed.end(), e) != fixed.end());
+      absl::StatusOr<model::MlpWeights> w =
+          (*decoder)->Upload(layer, e, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, {}, backend);
+      EXPECT_THAT(w, IsOk());
+      lw.moe->experts[e] = *std::move(w);
+    }
+  }
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      model::Model::Create(*std::move(config), *std::move(weights), backend, nullptr, {.max_tokens = 64});
+  EXPECT_THAT(m, IsOk());
+  absl::StatusOr<std::vector<float>> logits = (*m)->Forward(tokens);
+  EXPECT_THAT(logits, IsOk());
+  return *logits;
+}
+
+absl::StatusOr<model::ModelConfig> EncodeConfig() {
+  std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return model::ParseModelConfig(text.str());
+}
+
 class PackedExpertsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-packed-test-", getpid()));
     fs::remove_all(*root_);
-    std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+    absl::StatusOr<model::ModelConfig> config = EncodeConfig();
     ASSERT_THAT(config, IsOk());
     ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (*root_ / "model").string(), {.seed = 5}), IsOk());
     ASSERT_THAT(EncodeRelease((*root_ / "model").string(), (*root_ / "release").string(), {.fixed_per_layer = 3}),
@@ -59,37 +96,6 @@ class PackedExpertsTest : public ::testing::Test {
     delete root_;
   }
   static std::string Dir(const char* name) { return (*root_ / name).string(); }
-
-  // The reference: every routed expert dequantised by the codec (ReleaseExpertDecoder::Upload)
-  // into dense F32 weights, run by the dense MoE path.
-  std::vector<float> DenseDecodeLogits(ExpertBits bits, const std::vector<int32_t>& tokens) {
-    absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(Dir("model"));
-    absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(Dir("model"));
-    absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
-        ReleaseExpertDecoder::Open(Dir("release"), Dir("model"), *config, {});
-    EXPECT_TRUE(config.ok() && checkpoint.ok() && decoder.ok());
-    absl::StatusOr<model::ModelWeights> weights = model::LoadModelWeights(*checkpoint, *config, *backend_, {});
-    EXPECT_THAT(weights, IsOk());
-    for (uint32_t layer : (*decoder)->moe_layer_ids()) {
-      model::LayerWeights& lw = layer < config->num_hidden_layers ? weights->layers[layer]
-                                                                  : weights->mtp[layer - config->num_hidden_layers].block;
-      const std::vector<uint32_t> fixed = (*decoder)->FixedSet(layer);
-      for (uint32_t e = 0; e < lw.moe->experts.size(); ++e) {
-        const bool four = bits == ExpertBits::k4Bit ||
-                          (bits == ExpertBits::kFixedSet && std::find(fixed.begin(), fixed.end(), e) != fixed.end());
-        absl::StatusOr<model::MlpWeights> w =
-            (*decoder)->Upload(layer, e, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, {}, *backend_);
-        EXPECT_THAT(w, IsOk());
-        lw.moe->experts[e] = *std::move(w);
-      }
-    }
-    absl::StatusOr<std::unique_ptr<model::Model>> m =
-        model::Model::Create(*std::move(config), *std::move(weights), *backend_, nullptr, {.max_tokens = 64});
-    EXPECT_THAT(m, IsOk());
-    absl::StatusOr<std::vector<float>> logits = (*m)->Forward(tokens);
-    EXPECT_THAT(logits, IsOk());
-    return *logits;
-  }
 
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::CreateBackend("cpu");
@@ -110,7 +116,7 @@ TEST_F(PackedExpertsTest, LogitsEqualTheDenseDecodeAtEveryPolicy) {
     ASSERT_THAT(packed, IsOk());
     absl::StatusOr<std::vector<float>> got = (*packed)->Forward(tokens);
     ASSERT_THAT(got, IsOk());
-    const double error = MaxAbsDiffOverMax(*got, DenseDecodeLogits(bits, tokens));
+    const double error = MaxAbsDiffOverMax(*got, DenseDecodeLogits(Dir("model"), Dir("release"), bits, tokens, *backend_));
     std::printf("[ packed   ] bits policy %d: max |packed - dense decode| / max |logit| = %.3g\n",
                 static_cast<int>(bits), error);
     EXPECT_LT(error, 1e-4);
@@ -193,6 +199,86 @@ TEST_F(PackedExpertsTest, AModelWithoutExpertsOrReleaseIsRefusedByName) {
   ASSERT_THAT(weights, IsOk());
   EXPECT_THAT(model::Model::Create(*std::move(config), *std::move(weights), *backend_, nullptr, {}),
               nq::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("none packed")));
+}
+
+// A trellis_v1 release through the same packed op. The narrow model of release_encoder_test
+// (3 experts of 128 x 16, top 2) keeps the Viterbi encode to seconds.
+class PackedTrellisExpertsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-packed-trellis-test-", getpid()));
+    fs::remove_all(*root_);
+    absl::StatusOr<model::ModelConfig> config = EncodeConfig();
+    ASSERT_THAT(config, IsOk());
+    config->n_routed_experts = 3;
+    config->num_experts_per_tok = 2;
+    config->moe_intermediate_size = 16;
+    ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (*root_ / "model").string(), {.seed = 7}), IsOk());
+    ASSERT_THAT(EncodeRelease((*root_ / "model").string(), (*root_ / "release").string(),
+                              {.fixed_per_layer = 1, .codec = "trellis"}),
+                IsOk());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  static std::string Dir(const char* name) { return (*root_ / name).string(); }
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::CreateBackend("cpu");
+    ASSERT_THAT(b, IsOk());
+    backend_ = *std::move(b);
+  }
+
+  static fs::path* root_;
+  std::unique_ptr<kernels::Backend> backend_;
+};
+fs::path* PackedTrellisExpertsTest::root_ = nullptr;
+
+TEST_F(PackedTrellisExpertsTest, LogitsEqualTheDenseDecodeAtEveryPolicy) {
+  const std::vector<int32_t> tokens = {1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77, 12, 200};
+  std::vector<std::vector<float>> by_policy;
+  for (ExpertBits bits : {ExpertBits::k2Bit, ExpertBits::k4Bit, ExpertBits::kFixedSet}) {
+    absl::StatusOr<std::unique_ptr<model::Model>> packed =
+        LoadModelWithRelease(Dir("model"), Dir("release"), bits, *backend_, nullptr, {.max_tokens = 64});
+    ASSERT_THAT(packed, IsOk());
+    absl::StatusOr<std::vector<float>> got = (*packed)->Forward(tokens);
+    ASSERT_THAT(got, IsOk());
+    const double error =
+        MaxAbsDiffOverMax(*got, DenseDecodeLogits(Dir("model"), Dir("release"), bits, tokens, *backend_));
+    std::printf("[ packed   ] trellis_v1, bits policy %d: max |packed - dense decode| / max |logit| = %.3g\n",
+                static_cast<int>(bits), error);
+    EXPECT_LT(error, 1e-4);
+    by_policy.push_back(*std::move(got));
+  }
+  // The policies must differ, or the 4-bit residual planes were never read.
+  EXPECT_GT(MaxAbsDiffOverMax(by_policy[1], by_policy[0]), 1e-3);
+}
+
+// The layer's routed experts are the resident planes: codes, scales and the gains (one base and
+// one residual gain per 16-column block, as the codec stored them) plus the rotations' signs.
+TEST_F(PackedTrellisExpertsTest, RoutedExpertBytesAreTheResidentPlanesAndGains) {
+  absl::StatusOr<std::unique_ptr<model::Model>> m =
+      LoadModelWithRelease(Dir("model"), Dir("release"), ExpertBits::k2Bit, *backend_, nullptr, {.max_tokens = 16});
+  ASSERT_THAT(m, IsOk());
+  absl::StatusOr<format::Release> release = format::Release::Open(Dir("release"));
+  ASSERT_THAT(release, IsOk());
+  int64_t expected = 0;
+  for (const format::ManifestLayer& layer : release->manifest().layers) {
+    absl::StatusOr<std::string> path = release->ResidentPath(0, layer.layer);
+    ASSERT_THAT(path, IsOk());
+    absl::StatusOr<model::SafetensorsFile> resident = model::SafetensorsFile::Open(*path);
+    ASSERT_THAT(resident, IsOk());
+    for (const std::string& name : resident->Names()) {
+      if (absl::EndsWith(name, ".rotation")) continue;
+      absl::StatusOr<model::TensorView> view = resident->Find(name);
+      ASSERT_THAT(view, IsOk());
+      expected += static_cast<int64_t>(view->data.size());
+    }
+    const model::ModelConfig& c = (*m)->config();
+    expected += 4 * (2 * c.hidden_size + 2 * c.moe_intermediate_size);
+  }
+  EXPECT_EQ((*m)->RoutedExpertBytes(), expected);
 }
 
 }  // namespace

@@ -1,0 +1,188 @@
+// trellis_v1 on the GPU. (a) kernels/cuda/trellis_tile.cuh decodes every weight of random tiles
+// exactly as the CPU decoder (services/quant/trellis_decode.h) does: the fp16 integer S - 510,
+// scaled by 1/147.8005 on the host, equals trellis::UnitValue bit for bit, in the mma A-fragment
+// positions, per single weight and per tile row. (b) The CUDA NqMoe prefill path vs the CPU
+// backend on random trellis layers, 16 and 512 tokens, every expert at 2 bits, at 4 bits and a
+// mix; tolerance 2e-3 of the largest output (issue #12). (c) The decode path refuses trellis.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "services/quant/trellis_decode.h"
+#include "tests/kernels/cuda/backend_pair.h"
+#include "tests/kernels/cuda/trellis_tile_probe.h"
+#include "tests/kernels/nq_moe_fixture.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+namespace trellis = ::nq::quant::trellis;
+using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::ErrorSummary;
+using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::NormalizedError;
+using ::nq::kernels::testing::RandomNormal;
+using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadI32;
+using ::testing::HasSubstr;
+
+constexpr double kTolerance = 2e-3;
+
+// The byte sum of a state's hash, by a byte loop (not UnitValue's paired adds).
+int HostByteSum(std::uint32_t state) {
+  const std::uint32_t x = state * trellis::kHashMul + trellis::kHashAdd;
+  int sum = 0;
+  for (int b = 0; b < 4; ++b) sum += static_cast<int>((x >> (8 * b)) & 0xFFu);
+  return sum;
+}
+
+// Checks one device weight (fp16 bits of S - 510) of tile `words` at (r, c) against the host.
+void ExpectWeight(const std::uint32_t* words, int r, int c, std::uint16_t half_bits, const char* what) {
+  const std::uint32_t state = trellis::TileState(words, trellis::kTileDim * r + c);
+  const float centred = ToFloat(F16{half_bits});
+  EXPECT_EQ(centred, static_cast<float>(HostByteSum(state) - 510)) << what << " (" << r << ", " << c << ")";
+  // (S - 510) * 1/147.8005 in float is UnitValue's own last step, so equal bits are required.
+  EXPECT_EQ(centred * trellis::kInvByteSumSd, trellis::UnitValue(state)) << what << " (" << r << ", " << c << ")";
+}
+
+TEST(CudaNqMoeTrellis, TileDecodeMatchesTheHostDecoderBitForBit) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4401);
+  constexpr int kRandomTiles = 256;
+  std::vector<std::uint32_t> words;
+  // All-zero and all-one tiles (every state 0 / 0xFFFF), then uniform random tiles.
+  words.insert(words.end(), trellis::kTileWords, 0u);
+  words.insert(words.end(), trellis::kTileWords, 0xFFFFFFFFu);
+  std::uniform_int_distribution<std::uint32_t> word;
+  for (int i = 0; i < kRandomTiles * trellis::kTileWords; ++i) words.push_back(word(rng));
+  const int tiles = static_cast<int>(words.size()) / trellis::kTileWords;
+
+  absl::StatusOr<testing::TrellisTileProbe> probe = testing::ProbeTrellisTiles(words);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  for (int tile = 0; tile < tiles; ++tile) {
+    SCOPED_TRACE(absl::StrCat("tile ", tile));
+    const std::uint32_t* w = words.data() + tile * trellis::kTileWords;
+    // A fragment: lane 4g + j holds a0 (g, 2j..), a1 (g + 8, 2j..), a2 (g, 2j + 8..), a3 (g + 8, 2j + 8..).
+    std::vector<int> seen(trellis::kTileWeights, 0);
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, j = lane % 4;
+      for (int k = 0; k < 8; ++k) {
+        const int reg = k / 2;
+        const int r = g + (reg % 2) * 8;
+        const int c = 2 * j + (reg / 2) * 8 + k % 2;
+        ExpectWeight(w, r, c, probe->fragment[(tile * 32 + lane) * 8 + k], "fragment");
+        ++seen[trellis::kTileDim * r + c];
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), trellis::kTileWeights) << "the fragments cover the tile once";
+    for (int t = 0; t < trellis::kTileWeights; ++t) {
+      const int r = t / trellis::kTileDim, c = t % trellis::kTileDim;
+      ExpectWeight(w, r, c, probe->single[tile * trellis::kTileWeights + t], "CentredWeight");
+      ExpectWeight(w, r, c, probe->row[tile * trellis::kTileWeights + t], "TileRow");
+      EXPECT_EQ(probe->single_int[tile * trellis::kTileWeights + t],
+                HostByteSum(trellis::TileState(w, t)) - 510) << "CentredWeightInt (" << r << ", " << c << ")";
+    }
+    if (::testing::Test::HasFailure()) break;  // one tile's failures say enough
+  }
+}
+
+std::vector<float> RunNqMoe(Backend& backend, const testing::NqMoeHost& host, std::span<const std::int32_t> slots,
+                            const std::vector<float>& x, const std::vector<std::int32_t>& ids,
+                            const std::vector<float>& w, std::int64_t top_k, absl::Status* status = nullptr) {
+  const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
+  testing::NqMoeDevice layer = testing::UploadNqMoe(backend, host, slots);
+  Tensor tx = Upload(backend, x, DType::kF32, {T, host.hidden});
+  Tensor tids = UploadI32(backend, ids, {T, top_k});
+  Tensor tw = Upload(backend, w, DType::kF32, {T, top_k});
+  absl::StatusOr<Tensor> out = backend.Allocate(DType::kF32, Shape{T, host.hidden});
+  EXPECT_TRUE(out.ok());
+  const absl::Status run = backend.NqMoe(tx, tids, tw, layer.weights, layer.slots, *out);
+  if (status != nullptr) {
+    *status = run;
+    return {};
+  }
+  EXPECT_TRUE(run.ok()) << run;
+  return Download(backend, *out);
+}
+
+struct Routing {
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+};
+
+// Tokens draw from the first 2K experts only, so the groups of the prefill GEMM hold many tokens.
+Routing SharedRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts) {
+  Routing r;
+  std::vector<std::int32_t> all(static_cast<size_t>(experts));
+  for (std::int64_t e = 0; e < experts; ++e) all[e] = static_cast<std::int32_t>(e);
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.begin() + std::min<std::int64_t>(2 * top_k, experts), rng);
+    for (std::int64_t k = 0; k < top_k; ++k) {
+      r.ids.push_back(all[k]);
+      r.weights.push_back(weight(rng));
+    }
+  }
+  return r;
+}
+
+TEST(CudaNqMoeTrellis, PrefillMatchesCpuAtTwoFourAndMixedBits) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4402);
+  ErrorSummary summary("NqMoe trellis prefill", kTolerance);
+  struct Shape4 {
+    std::int64_t hidden, intermediate, experts, top_k;
+  };
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  for (const Shape4 s : {Shape4{256, 64, 33, 5}, Shape4{64, 64, 8, 2}, Shape4{256, 128, 16, 4}, Shape4{1024, 256, 32, 8}}) {
+    if (small && s.hidden > 256) continue;
+    const testing::NqMoeHost host = testing::RandomTrellisNqMoe(rng, s.hidden, s.intermediate, s.experts);
+    for (const std::int64_t tokens : {16, 512}) {
+      if (tokens == 512 && (s.hidden > 256 || small)) continue;  // the CPU oracle's time, not the kernel's limit
+      const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
+      const Routing routing = SharedRouting(rng, tokens, s.top_k, s.experts);
+      for (int mode = 0; mode < 3; ++mode) {
+        std::vector<std::int32_t> slots(static_cast<size_t>(s.experts), -1);
+        std::bernoulli_distribution coin(0.5);
+        std::int32_t next = 0;
+        for (std::int64_t e = 0; e < s.experts; ++e) {
+          if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = next++;
+        }
+        SCOPED_TRACE(absl::StrCat("D ", s.hidden, " I ", s.intermediate, " E ", s.experts, " K ", s.top_k, " T ",
+                                  tokens, " mode ", mode));
+        const std::vector<float> want = RunNqMoe(*Backends().cpu, host, slots, x, routing.ids, routing.weights, s.top_k);
+        const std::vector<float> got = RunNqMoe(*Backends().cuda, host, slots, x, routing.ids, routing.weights, s.top_k);
+        summary.Add(NormalizedError(got, want));
+      }
+    }
+  }
+}
+
+TEST(CudaNqMoeTrellis, DecodePathRefusesTrellisAsUnimplemented) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4403);
+  // 4 tokens (the decode GEMV), and 16 tokens of a shape the prefill GEMM does not take (D 32).
+  struct Case {
+    std::int64_t hidden, intermediate, tokens;
+  };
+  for (const Case c : {Case{64, 64, 4}, Case{32, 16, 16}}) {
+    const testing::NqMoeHost host = testing::RandomTrellisNqMoe(rng, c.hidden, c.intermediate, 4);
+    const std::vector<float> x = RandomNormal(rng, c.tokens * c.hidden, 1.0f);
+    const Routing routing = SharedRouting(rng, c.tokens, 2, 4);
+    absl::Status status;
+    RunNqMoe(*Backends().cuda, host, std::vector<std::int32_t>(4, -1), x, routing.ids, routing.weights, 2, &status);
+    EXPECT_THAT(status, testing::StatusIs(absl::StatusCode::kUnimplemented,
+                                          HasSubstr("trellis_v1 layers run only on the prefill path")))
+        << c.tokens << " tokens";
+  }
+}
+
+}  // namespace
+}  // namespace nq::kernels
