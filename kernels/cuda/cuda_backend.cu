@@ -356,14 +356,6 @@ class CudaBackend final : public Backend {
     // Up to a few tokens (decode, MTP verification) the GEMV path reads each expert once per
     // 4 tokens; beyond, the grouped tensor-core path reads it once per 64-token tile.
     const bool prefill = params.tokens >= kNqPrefillMinTokens && NqMoePrefillSupports(params);
-    if (!prefill && params.codec == NqCodec::kTrellis) {
-      // The decode GEMV (nq_moe.cu) reads level tables only; its trellis variant will decode
-      // tiles with trellis_tile.cuh. Until then refuse rather than read a missing table.
-      return absl::UnimplementedError(absl::StrCat(
-          "NqMoe (CUDA): trellis_v1 layers run only on the prefill path (at least ", kNqPrefillMinTokens,
-          " tokens, hidden and intermediate multiples of 64); got ", params.tokens, " tokens, hidden ",
-          params.hidden, ", intermediate ", params.intermediate));
-    }
     const std::size_t bytes =
         prefill ? NqMoePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)
                 : NqMoeWorkspaceBytes(params.top_k, params.hidden, params.intermediate);

@@ -9,6 +9,7 @@
 #include "kernels/cuda/nq_moe_vector.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/nq_moe.h"
+#include "services/quant/trellis_decode.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
@@ -35,17 +36,42 @@ struct PrepParams {
 constexpr int kVectorMaxThreads = 512;
 int ChunkThreads(std::int64_t n) { return static_cast<int>(std::min<std::int64_t>(n, kVectorMaxThreads)); }
 
-// Elements [c0, c0 + n) of one GEMV input vector; the block of c0 == 0 also zeroes the padding.
-__device__ __forceinline__ void WritePrepared(const float* v, int n, int c0, const float* cs, int cols, __half* xh) {
+// Elements [c0, c0 + n) of the GEMV input vectors of one (assignment, projection): v times the
+// expert's column scales, and for trellis_v1 one vector per plane, also times the plane's gain of
+// the column block and 1/147.8005 (nq_moe_gemv.cuh). The block of c0 == 0 zeroes the padding.
+__device__ __forceinline__ void WritePrepared(const float* v, int n, int c0, const float* cs, const float* gains,
+                                              int cols, __half* xh) {
+  const std::int64_t padded = NqGemvPaddedCols(cols);
+  if (gains == nullptr) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int c = c0 + i;
+      xh[NqGemvInputIndex(c)] = __float2half_rn(v[i] * cs[c]);
+    }
+    if (c0 == 0) {
+      for (int c = cols + threadIdx.x; c < padded; c += blockDim.x) xh[NqGemvInputIndex(c)] = __float2half_rn(0.0f);
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int c = c0 + i;
-    xh[NqGemvInputIndex(c)] = __float2half_rn(v[i] * cs[c]);
-  }
-  if (c0 == 0) {
-    for (int c = cols + threadIdx.x; c < NqGemvPaddedCols(cols); c += blockDim.x) {
-      xh[NqGemvInputIndex(c)] = __float2half_rn(0.0f);
+    const float scaled = v[i] * cs[c] * quant::trellis::kInvByteSumSd;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      xh[q * padded + NqGemvTrellisInputIndex(c)] = __float2half_rn(scaled * gains[(c / 16) * kNqGainsPerBlock + q]);
     }
   }
+  if (c0 == 0) {
+    for (int c = cols + threadIdx.x; c < padded; c += blockDim.x) {
+      xh[NqGemvTrellisInputIndex(c)] = xh[padded + NqGemvTrellisInputIndex(c)] = __float2half_rn(0.0f);
+    }
+  }
+}
+
+// The expert's gains of one projection (trellis_v1), or null.
+__device__ __forceinline__ const float* ExpertGains(const NqMoeParams& p, const NqProjectionView& proj, int e,
+                                                    int cols) {
+  if (p.codec != NqCodec::kTrellis) return nullptr;
+  return proj.gains + static_cast<std::int64_t>(e) * (cols / 16) * kNqGainsPerBlock;
 }
 
 // grid (T, D / input.block, K): xr chunk = H (signs * x chunk), then the gate and up inputs of
@@ -66,10 +92,11 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
   const float scale = rsqrtf(static_cast<float>(n));
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= scale;
   __syncthreads();
-  const std::int64_t padded = NqGemvPaddedCols(D);
+  const std::int64_t padded = NqGemvPaddedCols(D), planes = NqGemvInputPlanes(g.p.codec);
   for (int j = 0; j < 2; ++j) {
-    const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;
-    WritePrepared(chunk, n, c0, g.proj[j].col_scales + static_cast<std::int64_t>(e) * D, D, g.xh + vec * padded);
+    const std::int64_t vec = (static_cast<std::int64_t>(a) * 2 + j) * planes;
+    WritePrepared(chunk, n, c0, g.proj[j].col_scales + static_cast<std::int64_t>(e) * D,
+                  ExpertGains(g.p, g.proj[j], e, D), D, g.xh + vec * padded);
   }
 }
 
@@ -103,8 +130,8 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqSwigluPrepKernel(const __
   const float d_scale = rsqrtf(static_cast<float>(db));
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= d_scale;
   __syncthreads();
-  WritePrepared(chunk, n, c0, g.proj[0].col_scales + static_cast<std::int64_t>(e) * I, I,
-                g.xh + static_cast<std::int64_t>(a) * NqGemvPaddedCols(I));
+  WritePrepared(chunk, n, c0, g.proj[0].col_scales + static_cast<std::int64_t>(e) * I, ExpertGains(g.p, g.proj[0], e, I),
+                I, g.xh + static_cast<std::int64_t>(a) * NqGemvInputPlanes(g.p.codec) * NqGemvPaddedCols(I));
 }
 
 absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& ctx) {
@@ -170,8 +197,9 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
 std::size_t NqMoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate) {
   const std::int64_t A = kNqMaxDecodeTokens * top_k;
   const std::int64_t floats = kNqMaxDecodeTokens * hidden + A * (2 * intermediate + intermediate + hidden);
+  // Two input planes per (assignment, projection): what trellis_v1 needs, the most of any codec.
   const std::int64_t halves =
-      A * 2 * std::max(NqGemvPaddedCols(static_cast<int>(hidden)), NqGemvPaddedCols(static_cast<int>(intermediate)));
+      A * 2 * 2 * std::max(NqGemvPaddedCols(static_cast<int>(hidden)), NqGemvPaddedCols(static_cast<int>(intermediate)));
   return static_cast<std::size_t>(floats) * sizeof(float) + static_cast<std::size_t>(halves) * sizeof(__half);
 }
 

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/trellis_tile.cuh"
 #include "kernels/nq_moe.h"
 #include "services/common/status_macros.h"
 
@@ -126,7 +127,7 @@ __device__ __forceinline__ void BuildPlan(const NqGemvParams& g, Plan& plan, int
         if (ids[b] == unit.expert) unit.tok_a[n++] = b;
       }
       unit.n_tok = n;
-      for (int j = 0; j < g.num_proj; ++j) {
+      for (int j = 0; j < g.num_proj && g.p.codec == NqCodec::kNestedScalar; ++j) {
         const float* levels = g.proj[j].levels + static_cast<std::int64_t>(unit.expert) * kNqLevelTable;
         if (unit.slot >= 0) {
           PackLevelBytes(levels + kNqBaseLevels, kNqLevels4, unit.lut[j], unit.lut[j] + 4);
@@ -149,8 +150,10 @@ struct Tile {
   bool four_bit = false;
   const std::uint32_t* codes[kPlanes][kRows] = {};  // [plane][row]; the residual's null at 2 bits
   const __half* x = nullptr;                        // null when the lane has no token
+  std::int64_t x_plane_stride = 0;                  // halves between a trellis vector's planes
 };
 
+template <bool kTrellis>
 __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, int tile, int tiles_per_proj,
                                        int words) {
   Tile t;
@@ -169,23 +172,59 @@ __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, 
                  : nullptr;
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
-    // Tail rows re-read the last row; their results are not stored.
-    const std::int64_t offset = min(t.row0 + grp + 8 * h, g.rows - 1) * static_cast<std::int64_t>(words) +
-                                kWordsPerLane * (lane % 4);
+    std::int64_t offset;
+    if constexpr (kTrellis) {
+      // The tile row's tiles are consecutive 64-byte pieces: a step's 16 tiles are 1 KB, which the
+      // warp copies as two 512-byte halves (h), lane l taking 16 bytes of each.
+      offset = static_cast<std::int64_t>(t.row0 / kMmaRows) * words * kMmaRows + (h * kWarpSize + lane) * 4;
+    } else {
+      // Rows g and g + 8; tail rows re-read the last row (their results are not stored).
+      offset = min(t.row0 + grp + 8 * h, g.rows - 1) * static_cast<std::int64_t>(words) + kWordsPerLane * (lane % 4);
+    }
     t.codes[0][h] = base + offset;
     t.codes[1][h] = residual != nullptr ? residual + offset : nullptr;
   }
   if (grp < u.n_tok) {
-    t.x = g.xh + (static_cast<std::int64_t>(u.tok_a[grp]) * g.num_proj + t.proj) * NqGemvPaddedCols(g.cols);
+    const int planes = kTrellis ? 2 : 1;
+    t.x_plane_stride = NqGemvPaddedCols(g.cols);
+    t.x = g.xh + (static_cast<std::int64_t>(u.tok_a[grp]) * g.num_proj + t.proj) * planes * t.x_plane_stride;
   }
   return t;
+}
+
+// One trellis_v1 step: the 16 tiles (16 x 16 each) of the step's 1 KB per plane in the ring,
+// one MMA per tile and plane. A tile's A fragment needs four of its words per lane
+// (trellis_tile.cuh); the B fragments of the lane's token come from the plane's input vector,
+// two tiles per 16-byte load (nq_moe_gemv.cuh, NqGemvTrellisInputIndex).
+__device__ __forceinline__ void TrellisStep(float (&acc)[2][4], const std::uint32_t* stage_words, const Tile& ct,
+                                            int step, int lane) {
+  constexpr int kTiles = kNqStepWords;
+  constexpr int kPlaneWords = kTiles * trellis::kTileWords;  // 256
+  const int quad_lane = lane % 4;
+  const std::int64_t padded_offset = static_cast<std::int64_t>(step * 4 + quad_lane) * kTiles * 4;  // halves
+  const int planes = ct.four_bit ? 2 : 1;
+  for (int plane = 0; plane < planes; ++plane) {
+    const uint4* xv = ct.x != nullptr ? reinterpret_cast<const uint4*>(ct.x + plane * ct.x_plane_stride + padded_offset)
+                                      : nullptr;
+#pragma unroll
+    for (int k2 = 0; k2 < kTiles / 2; ++k2) {
+      const uint4 b = xv != nullptr ? __ldg(xv + k2) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const int k = 2 * k2 + t;
+        __half2 a[4];
+        trellis::TileAFragment(stage_words + plane * kPlaneWords + k * trellis::kTileWords, lane, a);
+        Mma16816(acc[t], a[0], a[1], a[2], a[3], t == 0 ? b.x : b.z, t == 0 ? b.y : b.w);
+      }
+    }
+  }
 }
 
 // Every warp of the grid streams an equal, contiguous share of the (tile, step) space: tiles
 // ordered (unit, projection, 16-row tile), 256-input steps within a tile. A share is at least one
 // tile long, so a tile is split between at most two warps and each output gets at most two
 // atomic additions onto zero (a + b == b + a in fp32: the result does not depend on timing).
-template <bool kWide>
+template <bool kWide, bool kTrellis>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __grid_constant__ NqGemvParams g) {
   extern __shared__ __align__(16) uint4 ring[];  // [kWarps][kStages][kPlanes][kRows][kWarpSize]
   __shared__ Plan plan;
@@ -204,31 +243,38 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   if (begin >= end) return;  // no barrier follows
 
   const int grp = lane / 4, quad_lane = lane % 4;
-  uint4* my_ring = ring + warp * kRingUint4PerWarp + lane;
+  uint4* warp_ring = ring + warp * kRingUint4PerWarp;
+  uint4* my_ring = warp_ring + lane;
   constexpr int kStageStride = kPlanes * kRows * kWarpSize;  // uint4 per stage
 
   // Issue side: the tile and step the next copy is for.
   int issue_tile = begin / steps, issue_step = begin % steps, issued = begin;
-  Tile it = TileAt(g, plan, issue_tile, tiles_per_proj, words);
+  Tile it = TileAt<kTrellis>(g, plan, issue_tile, tiles_per_proj, words);
   auto issue = [&](int stage) {
     if (issued < end) {
-      const int w0 = issue_step * kNqStepWords;
-      const int valid = max(0, min(kWordsPerLane, words - w0 - kWordsPerLane * quad_lane));
+      int w0, valid;
+      if constexpr (kTrellis) {
+        w0 = issue_step * kNqStepWords * kMmaRows;  // 16 tiles of 16 words
+        valid = 0;                                  // (per half below)
+      } else {
+        w0 = issue_step * kNqStepWords;
+        valid = max(0, min(kWordsPerLane, words - w0 - kWordsPerLane * quad_lane));
+      }
       uint4* dst = my_ring + stage * kStageStride;
 #pragma unroll
       for (int h = 0; h < kRows; ++h) {
-        CopyWords<kWide>(dst + h * kWarpSize, it.codes[0][h] + (valid > 0 ? w0 : 0), valid);
-      }
-      if (it.four_bit) {
-#pragma unroll
-        for (int h = 0; h < kRows; ++h) {
-          CopyWords<kWide>(dst + (kRows + h) * kWarpSize, it.codes[1][h] + (valid > 0 ? w0 : 0), valid);
+        // Trellis: this lane's 16 bytes are inside the step's tiles (a row's last step may hold
+        // fewer than 16).
+        if constexpr (kTrellis) valid = (h * kWarpSize + lane) * 4 < words * kMmaRows - w0 ? 4 : 0;
+        CopyWords<kWide || kTrellis>(dst + h * kWarpSize, it.codes[0][h] + (valid > 0 ? w0 : 0), valid);
+        if (it.four_bit) {
+          CopyWords<kWide || kTrellis>(dst + (kRows + h) * kWarpSize, it.codes[1][h] + (valid > 0 ? w0 : 0), valid);
         }
       }
       ++issued;
       if (++issue_step == steps && issued < end) {
         issue_step = 0;
-        it = TileAt(g, plan, ++issue_tile, tiles_per_proj, words);
+        it = TileAt<kTrellis>(g, plan, ++issue_tile, tiles_per_proj, words);
       }
     }
     CommitCopies();  // one group per call, empty or not, so the wait count below holds
@@ -245,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   float rs[kRows] = {};
   float acc[2][4] = {};
   auto enter_tile = [&]() {
-    ct = TileAt(g, plan, tile, tiles_per_proj, words);
+    ct = TileAt<kTrellis>(g, plan, tile, tiles_per_proj, words);
     unit = &plan.unit[ct.unit];
     if (ct.four_bit) {
 #pragma unroll
@@ -284,6 +330,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   int stage = 0;
   for (int idx = begin; idx < end; ++idx) {
     issue((stage + kStages - 1) % kStages);
+    if constexpr (kTrellis) {
+      WaitCopies<kStages - 1>();
+      TrellisStep(acc, reinterpret_cast<const std::uint32_t*>(warp_ring + stage * kStageStride), ct, step, lane);
+    } else {
     // The step's inputs (B fragments; zeros for lanes without a token) straight from global
     // memory (L1/L2: every tile of the vector reads them), before the wait so they are in flight.
     uint4 xa[kWordsPerLane], xb[kWordsPerLane];
@@ -318,6 +368,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
         MmaWord(acc, lo, hi, xa[q], xb[q]);
       }
     }
+    }
     stage = stage + 1 == kStages ? 0 : stage + 1;
     if (++step == steps || idx + 1 == end) {
       flush();
@@ -330,15 +381,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   }
 }
 
-template <bool kWide>
+template <bool kWide, bool kTrellis>
 absl::Status Launch(const NqGemvParams& g, const LaunchContext& ctx) {
   int device = 0, sms = 0;
   NQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   NQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::size_t smem = static_cast<std::size_t>(kWarps) * kRingUint4PerWarp * sizeof(uint4);
-  NQ_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(NqGemvKernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  NqGemvKernel<kWide><<<static_cast<unsigned>(sms * kBlocksPerSm), kThreads, smem, ctx.stream>>>(g);
+  NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqGemvKernel<kWide, kTrellis>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  NqGemvKernel<kWide, kTrellis><<<static_cast<unsigned>(sms * kBlocksPerSm), kThreads, smem, ctx.stream>>>(g);
   return CheckLaunch("NqGemvKernel");
 }
 
@@ -348,8 +399,14 @@ absl::Status LaunchNqGemv(const NqGemvParams& g, const LaunchContext& ctx) {
   if (g.p.tokens > kNqMaxDecodeTokens || g.p.tokens * g.p.top_k > kNqMaxDecodeAssignments) {
     return absl::InvalidArgumentError("NqGemv: chunk larger than the decode path takes");
   }
-  if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true>(g, ctx);
-  return Launch<false>(g, ctx);
+  if (g.p.codec == NqCodec::kTrellis) {
+    if (g.rows % kMmaRows != 0 || g.cols % kMmaRows != 0) {
+      return absl::InvalidArgumentError("NqGemv: trellis_v1 rows and columns must be whole 16 x 16 tiles");
+    }
+    return Launch<true, true>(g, ctx);
+  }
+  if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true, false>(g, ctx);
+  return Launch<false, false>(g, ctx);
 }
 
 }  // namespace nq::kernels::cuda

@@ -42,14 +42,31 @@ __host__ __device__ __forceinline__ int NqGemvInputIndex(int c) {
   return stored * kCodesPerWord + PairSlot(c % kCodesPerWord);
 }
 
+// trellis_v1 (kernels/cuda/trellis_tile.cuh): a step is 16 tiles (16 rows x 16 columns each) of
+// one tile row, and one tile is one MMA whose K is the tile's 16 columns in natural order. Lane
+// 4 g + j's B fragment of tile k is inputs (2j, 2j+1) and (2j+8, 2j+9) of the tile's columns: the
+// layout puts a quad lane's 16 tiles of a step in 128 contiguous bytes, [j][tile][b0 | b1].
+__host__ __device__ __forceinline__ int NqGemvTrellisInputIndex(int c) {
+  const int tile = c / 16, in_tile = c % 16;
+  const int step = tile / kNqStepWords, k = tile % kNqStepWords;
+  const int j = (in_tile % 8) / 2, which = in_tile / 8, half = in_tile % 2;
+  return (((step * 4 + j) * kNqStepWords + k) * 2 + which) * 2 + half;
+}
+
+// Input vectors per (assignment, projection): one, or for trellis_v1 one per plane (the base's
+// and the residual's per-column-block gains differ, and are folded into the inputs).
+__host__ __device__ __forceinline__ int NqGemvInputPlanes(NqCodec codec) { return codec == NqCodec::kTrellis ? 2 : 1; }
+
 struct NqGemvParams {
   NqMoeParams p;
   NqProjectionView proj[2];  // gate, up (num_proj 2) or down (num_proj 1)
   int num_proj = 1;
   int rows = 0;  // rows of each projection
   int cols = 0;
-  // For assignment a and projection j: the input times expert e's column scales, fp16, at
-  // xh[(a * num_proj + j) * NqGemvPaddedCols(cols) + NqGemvInputIndex(c)], padding zero.
+  // For assignment a, projection j and input plane q (NqGemvInputPlanes): the input times expert
+  // e's column scales (trellis: times plane q's gain of the column block / 147.8005), fp16, at
+  // xh[((a * num_proj + j) * planes + q) * NqGemvPaddedCols(cols) + index(c)], padding zero;
+  // index is NqGemvInputIndex, or NqGemvTrellisInputIndex for trellis_v1.
   const __half* xh = nullptr;
   float* out = nullptr;  // out[a * out_stride + proj * rows + row]
   std::int64_t out_stride = 0;

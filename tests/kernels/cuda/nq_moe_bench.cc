@@ -5,6 +5,9 @@
 // measured in the same run.
 //
 //   nq_moe_bench [--quick]     (--quick: 1 and 4 tokens only)
+//
+// Both codecs (nested_scalar_v1, trellis_v1) on the same random planes: the bytes read are the
+// same, the decode work is not.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -132,6 +135,9 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
     float* lv = UploadFloats(levels);
     l.owned.push_back(lv);
     v.levels = lv;
+    // trellis_v1's per-16-column-block (base, residual) gains, for the cases run as trellis.
+    std::uniform_real_distribution<float> gain(0.8f, 1.2f);
+    v.gains = floats(experts * (cols / 16) * kNqGainsPerBlock, gain);
     v.residual_offset = offset;
     return v;
   };
@@ -165,8 +171,8 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
   return l;
 }
 
-void RunCase(const Model& m, Layer& l, std::int64_t tokens, int mode, double copy_bw, cudaStream_t stream,
-             void* workspace, std::size_t workspace_bytes) {
+void RunCase(const Model& m, Layer& l, NqCodec codec, std::int64_t tokens, int mode, double copy_bw,
+             cudaStream_t stream, void* workspace, std::size_t workspace_bytes) {
   const std::int64_t E = l.p.num_experts, K = m.top_k + 1;  // + the shared expert (id E - 1)
   std::mt19937_64 rng(tokens * 3 + mode);
   std::vector<std::int32_t> ids;
@@ -199,6 +205,7 @@ void RunCase(const Model& m, Layer& l, std::int64_t tokens, int mode, double cop
     }
   }
   NqMoeParams p = l.p;
+  p.codec = codec;
   p.tokens = tokens;
   p.top_k = K;
   std::vector<float> x(static_cast<size_t>(tokens * m.hidden));
@@ -246,8 +253,9 @@ void RunCase(const Model& m, Layer& l, std::int64_t tokens, int mode, double cop
   BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
   const double us = ms * 1e3 / iters;
   const char* mode_name[] = {"2-bit", "4-bit", "half/half"};
-  std::printf("%-5s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s\n",
-              m.name, static_cast<long long>(tokens), mode_name[mode], prefill ? "prefill" : "decode", us,
+  std::printf("%-5s %-8s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s\n",
+              m.name, codec == NqCodec::kTrellis ? "trellis" : "scalar", static_cast<long long>(tokens),
+              mode_name[mode], prefill ? "prefill" : "decode", us,
               bytes / 1e6, bytes / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / copy_bw, flops / (us * 1e-6) / 1e12);
   std::fflush(stdout);
   cudaGraphExecDestroy(exec);
@@ -273,7 +281,16 @@ int main(int argc, char** argv) {
     DeviceBytes ws(ws_bytes);
     for (const std::int64_t tokens : {1, 4, 512, 4096}) {
       if (quick && tokens > 4) continue;
-      for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, tokens, mode, copy_bw, stream, ws.p, ws_bytes);
+      for (int mode = 0; mode < 3; ++mode) {
+        RunCase(m, layer, NqCodec::kNestedScalar, tokens, mode, copy_bw, stream, ws.p, ws_bytes);
+      }
+    }
+    // trellis_v1: decode and one prefill size (its tiles cost more to decode than its bytes).
+    for (const std::int64_t tokens : {1, 4, 512}) {
+      if (quick && tokens > 4) continue;
+      for (int mode = 0; mode < 3; ++mode) {
+        RunCase(m, layer, NqCodec::kTrellis, tokens, mode, copy_bw, stream, ws.p, ws_bytes);
+      }
     }
     for (void* p : layer.owned) cudaFree(p);
   }

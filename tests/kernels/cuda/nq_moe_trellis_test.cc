@@ -3,10 +3,12 @@
 // scaled by 1/147.8005 on the host, equals trellis::UnitValue bit for bit, in the mma A-fragment
 // positions, per single weight and per tile row. (b) The CUDA NqMoe prefill path vs the CPU
 // backend on random trellis layers, 16 and 512 tokens, every expert at 2 bits, at 4 bits and a
-// mix; tolerance 2e-3 of the largest output (issue #12). (c) The decode path refuses trellis.
+// mix, and the decode GEMV path for 1, 4 and 7 tokens; tolerance 2e-3 of the largest output
+// (issue #12).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +33,6 @@ using ::nq::kernels::testing::NormalizedError;
 using ::nq::kernels::testing::RandomNormal;
 using ::nq::kernels::testing::Upload;
 using ::nq::kernels::testing::UploadI32;
-using ::testing::HasSubstr;
 
 constexpr double kTolerance = 2e-3;
 
@@ -133,19 +134,24 @@ Routing SharedRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t to
   return r;
 }
 
-TEST(CudaNqMoeTrellis, PrefillMatchesCpuAtTwoFourAndMixedBits) {
-  if (Backends().cuda == nullptr) return;
-  std::mt19937_64 rng = MakeRng(4402);
-  ErrorSummary summary("NqMoe trellis prefill", kTolerance);
+// Random trellis layers through both backends at 2 bits, 4 bits and a random mix, for each token
+// count: the largest error as a share of the largest output goes into `summary`.
+void CompareWithCpu(std::mt19937_64& rng, std::initializer_list<std::int64_t> token_counts, ErrorSummary& summary) {
   struct Shape4 {
     std::int64_t hidden, intermediate, experts, top_k;
   };
   const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
-  for (const Shape4 s : {Shape4{256, 64, 33, 5}, Shape4{64, 64, 8, 2}, Shape4{256, 128, 16, 4}, Shape4{1024, 256, 32, 8}}) {
-    if (small && s.hidden > 256) continue;
+  // 4096 x 512: rows of 16 steps (256 tiles), the decode GEMV's long-row case; 320 x 48: rows
+  // ending inside a step.
+  for (const Shape4 s : {Shape4{256, 64, 33, 5}, Shape4{64, 64, 8, 2}, Shape4{256, 128, 16, 4}, Shape4{1024, 256, 32, 8},
+                         Shape4{320, 48, 12, 3}, Shape4{4096, 512, 16, 4}}) {
+    if (small && s.hidden > 320) continue;
+    const bool prefill_shape = s.hidden % 64 == 0 && s.intermediate % 64 == 0;
     const testing::NqMoeHost host = testing::RandomTrellisNqMoe(rng, s.hidden, s.intermediate, s.experts);
-    for (const std::int64_t tokens : {16, 512}) {
+    for (const std::int64_t tokens : token_counts) {
+      if (tokens >= 16 && !prefill_shape) continue;  // the prefill GEMM takes multiples of 64
       if (tokens == 512 && (s.hidden > 256 || small)) continue;  // the CPU oracle's time, not the kernel's limit
+      if (s.hidden > 1024 && tokens > 4) continue;
       const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
       const Routing routing = SharedRouting(rng, tokens, s.top_k, s.experts);
       for (int mode = 0; mode < 3; ++mode) {
@@ -165,23 +171,19 @@ TEST(CudaNqMoeTrellis, PrefillMatchesCpuAtTwoFourAndMixedBits) {
   }
 }
 
-TEST(CudaNqMoeTrellis, DecodePathRefusesTrellisAsUnimplemented) {
+TEST(CudaNqMoeTrellis, PrefillMatchesCpuAtTwoFourAndMixedBits) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4402);
+  ErrorSummary summary("NqMoe trellis prefill", kTolerance);
+  CompareWithCpu(rng, {16, 512}, summary);
+}
+
+// The decode GEMV (up to 15 tokens: chunks of 4) decodes trellis tiles into MMA fragments.
+TEST(CudaNqMoeTrellis, DecodeMatchesCpuAtTwoFourAndMixedBits) {
   if (Backends().cuda == nullptr) return;
   std::mt19937_64 rng = MakeRng(4403);
-  // 4 tokens (the decode GEMV), and 16 tokens of a shape the prefill GEMM does not take (D 32).
-  struct Case {
-    std::int64_t hidden, intermediate, tokens;
-  };
-  for (const Case c : {Case{64, 64, 4}, Case{32, 16, 16}}) {
-    const testing::NqMoeHost host = testing::RandomTrellisNqMoe(rng, c.hidden, c.intermediate, 4);
-    const std::vector<float> x = RandomNormal(rng, c.tokens * c.hidden, 1.0f);
-    const Routing routing = SharedRouting(rng, c.tokens, 2, 4);
-    absl::Status status;
-    RunNqMoe(*Backends().cuda, host, std::vector<std::int32_t>(4, -1), x, routing.ids, routing.weights, 2, &status);
-    EXPECT_THAT(status, testing::StatusIs(absl::StatusCode::kUnimplemented,
-                                          HasSubstr("trellis_v1 layers run only on the prefill path")))
-        << c.tokens << " tokens";
-  }
+  ErrorSummary summary("NqMoe trellis decode", kTolerance);
+  CompareWithCpu(rng, {1, 4, 7}, summary);
 }
 
 }  // namespace
