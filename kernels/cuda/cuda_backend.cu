@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/activation.cuh"
+#include "kernels/cuda/blas_handles.h"
 #include "kernels/cuda/cuda_handles.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -26,6 +27,7 @@
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
+#include "kernels/cuda/nq_moe_prefill_dense.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rows.cuh"
@@ -354,21 +356,61 @@ class CudaBackend final : public Backend {
   absl::Status DoNqMoe(const NqMoeParams& params) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // Up to a few tokens (decode, MTP verification) the GEMV path reads each expert once per
-    // 4 tokens; beyond, the grouped tensor-core path reads it once per 64-token tile.
+    // 4 tokens; from 16 the grouped tensor-core path reads it once per 64-token tile; with enough
+    // tokens per expert, each expert is dequantised once and its tokens run through cuBLAS.
+    if (params.tokens >= kNqPrefillMinTokens && NqMoeDensePrefillPays(params)) return DenseNqMoe(params);
     const bool prefill = params.tokens >= kNqPrefillMinTokens && NqMoePrefillSupports(params);
     const std::size_t bytes =
         prefill ? NqMoePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)
                 : NqMoeWorkspaceBytes(params.top_k, params.hidden, params.intermediate);
-    if (bytes > nq_moe_workspace_.bytes()) {
-      // Growing waits for the stream: kernels enqueued earlier may still use the old block. A
-      // captured decode graph sizes it before capture (its first, uncaptured step).
-      NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
-      nq_moe_workspace_.Reset();
-      ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(bytes));
-    }
+    RETURN_IF_ERROR(GrowNqMoeWorkspace(bytes));
     return prefill ? LaunchNqMoePrefill(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_)
                    : LaunchNqMoe(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_);
   }
+
+  absl::Status GrowNqMoeWorkspace(std::size_t bytes) {
+    if (bytes <= nq_moe_workspace_.bytes()) return absl::OkStatus();
+    // Growing waits for the stream: kernels enqueued earlier may still use the old block. A
+    // captured decode graph sizes it before capture (its first, uncaptured step).
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    nq_moe_workspace_.Reset();
+    ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(bytes));
+    return absl::OkStatus();
+  }
+
+  // Long prefills: chunks of kNqDensePrefillChunk tokens through LaunchNqMoeDensePrefill. Its
+  // resources are made on first use (most workers prefill long prompts sooner or later; a
+  // decode-only process never pays for them).
+  absl::Status DenseNqMoe(const NqMoeParams& params) {
+    RETURN_IF_ERROR(GrowNqMoeWorkspace(
+        NqMoeDensePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)));
+    if (blas_.get() == nullptr) {
+      ASSIGN_OR_RETURN(blas_, BlasHandle::Create());
+      ASSIGN_OR_RETURN(side_stream_, CudaStream::CreateNonBlocking());
+      for (CudaEvent* event : {&dense_start_, &dense_ready_[0], &dense_ready_[1], &dense_free_[0], &dense_free_[1]}) {
+        ASSIGN_OR_RETURN(*event, CudaEvent::Create());
+      }
+    }
+    const std::size_t host_bytes = 2 * static_cast<std::size_t>(params.num_experts) * sizeof(int);
+    if (dense_host_.bytes() < host_bytes) {
+      ASSIGN_OR_RETURN(dense_host_, PinnedHostBuffer::Allocate(host_bytes));
+    }
+    const NqDensePrefillResources resources{
+        .blas = blas_.get(),
+        .side = side_stream_.get(),
+        .start = dense_start_.get(),
+        .ready = {dense_ready_[0].get(), dense_ready_[1].get()},
+        .free = {dense_free_[0].get(), dense_free_[1].get()},
+        .host_counts = static_cast<int*>(dense_host_.get()),
+        .host_capacity = static_cast<std::int64_t>(dense_host_.bytes() / sizeof(int))};
+    for (std::int64_t t0 = 0; t0 < params.tokens; t0 += kNqDensePrefillChunk) {
+      const NqMoeParams chunk = NqMoeTokenChunk(params, t0, std::min(kNqDensePrefillChunk, params.tokens - t0));
+      RETURN_IF_ERROR(
+          LaunchNqMoeDensePrefill(chunk, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), resources, ctx_));
+    }
+    return absl::OkStatus();
+  }
+
 
  private:
   // Makes the scratch block at least layout.total_bytes() long and enqueues the copy of the
@@ -397,6 +439,11 @@ class CudaBackend final : public Backend {
   LaunchContext ctx_;
   DeviceBuffer scratch_;  // one op's host inputs and intermediates (UploadScratch)
   DeviceBuffer nq_moe_workspace_;  // NqMoe's intermediates (grow-only)
+  // The dense prefill's resources (DenseNqMoe).
+  BlasHandle blas_;
+  CudaStream side_stream_;
+  CudaEvent dense_start_, dense_ready_[2], dense_free_[2];
+  PinnedHostBuffer dense_host_;
 };
 
 }  // namespace

@@ -300,14 +300,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, void* workspace, const LaunchCont
   Workspace w = Carve(p, workspace);
   const std::int64_t T = p.tokens, K = p.top_k, D = p.hidden, I = p.intermediate, E = p.num_experts;
   RETURN_IF_ERROR(LaunchNqRotateInput(w.v, ctx));
-  const GroupParams group{.ids = p.expert_ids,
-                          .assignments = static_cast<int>(T * K),
-                          .num_experts = static_cast<int>(E),
-                          .counts = w.counts,
-                          .offsets = w.offsets,
-                          .order = w.order};
-  NqGroupKernel<<<1, kGroupThreads, 2 * E * sizeof(int), ctx.stream>>>(group);
-  RETURN_IF_ERROR(CheckLaunch("NqGroupKernel"));
+  RETURN_IF_ERROR(LaunchNqGroupByExpert(p.expert_ids, static_cast<int>(T * K), static_cast<int>(E), w.counts,
+                                        w.offsets, w.order, ctx));
   GemmParams gate_up{.p = p,
                      .proj = {p.gate, p.up},
                      .num_proj = 2,
@@ -338,6 +332,22 @@ absl::Status LaunchChunk(const NqMoeParams& p, void* workspace, const LaunchCont
 }
 
 }  // namespace
+
+absl::Status LaunchNqGroupByExpert(const std::int32_t* ids, int assignments, int num_experts, int* counts,
+                                   int* offsets, int* order, const LaunchContext& ctx) {
+  if (num_experts > kMaxGroupExperts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NqMoe (CUDA): ", num_experts, " experts exceed the grouping kernel's ", kMaxGroupExperts));
+  }
+  const GroupParams group{.ids = ids,
+                          .assignments = assignments,
+                          .num_experts = num_experts,
+                          .counts = counts,
+                          .offsets = offsets,
+                          .order = order};
+  NqGroupKernel<<<1, kGroupThreads, 2 * num_experts * sizeof(int), ctx.stream>>>(group);
+  return CheckLaunch("NqGroupKernel");
+}
 
 std::size_t NqMoePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate,
                                        std::int64_t num_experts) {

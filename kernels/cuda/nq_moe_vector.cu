@@ -36,7 +36,31 @@ __global__ void __launch_bounds__(kVectorThreads) NqSwigluKernel(const __grid_co
   __syncthreads();
   BlockFwht(smem, I, static_cast<int>(v.p.down_cols.block));
   const float d_scale = rsqrtf(static_cast<float>(v.p.down_cols.block));
-  for (int i = threadIdx.x; i < I; i += blockDim.x) v.hh[static_cast<std::int64_t>(a) * I + i] = smem[i] * d_scale;
+  if (v.hh_half != nullptr) {
+    for (int i = threadIdx.x; i < I; i += blockDim.x) {
+      v.hh_half[static_cast<std::int64_t>(a) * I + i] = __float2half_rn(smem[i] * d_scale);
+    }
+  } else {
+    for (int i = threadIdx.x; i < I; i += blockDim.x) v.hh[static_cast<std::int64_t>(a) * I + i] = smem[i] * d_scale;
+  }
+}
+
+// smem[0, n) (one Hadamard block at i0 of token t's output, summed) rotated into out[t].
+__device__ __forceinline__ void RotateOutBlock(const NqMoeParams& p, float* smem, int t, int n, int i0) {
+  const int D = static_cast<int>(p.hidden);
+  __syncthreads();
+  BlockFwht(smem, n, n);
+  const float scale = rsqrtf(static_cast<float>(n));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p.out[t * D + i0 + i] = smem[i] * scale * p.down_rows.signs[i0 + i];
+}
+
+__global__ void __launch_bounds__(kChunkThreads) NqRotateOutputKernel(const __grid_constant__ NqMoeParams p,
+                                                                     const float* acc) {
+  extern __shared__ float smem[];
+  const int D = static_cast<int>(p.hidden), t = blockIdx.x;
+  const int n = static_cast<int>(p.down_rows.block), i0 = blockIdx.y * n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) smem[i] = acc[static_cast<std::int64_t>(t) * D + i0 + i];
+  RotateOutBlock(p, smem, t, n, i0);
 }
 
 __global__ void __launch_bounds__(kChunkThreads) NqCombineKernel(const __grid_constant__ NqVectorParams v) {
@@ -53,12 +77,7 @@ __global__ void __launch_bounds__(kChunkThreads) NqCombineKernel(const __grid_co
     }
     smem[i] = acc;
   }
-  __syncthreads();
-  BlockFwht(smem, n, n);
-  const float scale = rsqrtf(static_cast<float>(n));
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    v.p.out[t * D + i0 + i] = smem[i] * scale * v.p.down_rows.signs[i0 + i];
-  }
+  RotateOutBlock(v.p, smem, t, n, i0);
 }
 
 absl::Status SetSmem(const void* kernel, std::size_t bytes) {
@@ -79,8 +98,17 @@ absl::Status LaunchNqRotateInput(const NqVectorParams& v, const LaunchContext& c
 absl::Status LaunchNqSwiglu(const NqVectorParams& v, const LaunchContext& ctx) {
   const std::size_t smem = 2 * v.p.intermediate * sizeof(float);
   RETURN_IF_ERROR(SetSmem(reinterpret_cast<const void*>(NqSwigluKernel), smem));
-  NqSwigluKernel<<<static_cast<unsigned>(v.p.tokens * v.p.top_k), kVectorThreads, smem, ctx.stream>>>(v);
+  const std::int64_t rows = v.rows > 0 ? v.rows : v.p.tokens * v.p.top_k;
+  NqSwigluKernel<<<static_cast<unsigned>(rows), kVectorThreads, smem, ctx.stream>>>(v);
   return CheckLaunch("NqSwigluKernel");
+}
+
+absl::Status LaunchNqRotateOutput(const NqMoeParams& p, const float* acc, const LaunchContext& ctx) {
+  const std::size_t smem = p.down_rows.block * sizeof(float);
+  RETURN_IF_ERROR(SetSmem(reinterpret_cast<const void*>(NqRotateOutputKernel), smem));
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(p.hidden / p.down_rows.block));
+  NqRotateOutputKernel<<<grid, kChunkThreads, smem, ctx.stream>>>(p, acc);
+  return CheckLaunch("NqRotateOutputKernel");
 }
 
 absl::Status LaunchNqCombine(const NqVectorParams& v, const LaunchContext& ctx) {

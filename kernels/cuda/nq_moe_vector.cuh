@@ -7,6 +7,8 @@
 //   LaunchNqCombine      out[t] = R_dr^T sum_k w[t,k] yd[t*K + k]   (invalid ids skipped)
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/nq_moe_params.h"
@@ -20,6 +22,10 @@ struct NqVectorParams {
   float* hg = nullptr;  // [T * K, 2 I]
   float* hh = nullptr;  // [T * K, I]
   float* yd = nullptr;  // [T * K, D]
+  // LaunchNqSwiglu only: when set, hh is written here as fp16 instead (a GEMM's input), for
+  // `rows` rows of hg when rows > 0 (else T * K).
+  __half* hh_half = nullptr;
+  std::int64_t rows = 0;
 };
 
 // In-place blockdiag(H_block) of v[0, n) without the 1/sqrt(block) normalisation (callers fold
@@ -38,6 +44,8 @@ __device__ __forceinline__ void BlockFwht(float* v, int n, int block) {
 
 
 absl::Status LaunchNqRotateInput(const NqVectorParams& v, const LaunchContext& ctx);
+// out[t] = R_dr^T acc[t] for t < p.tokens (the combine's output rotation alone).
+absl::Status LaunchNqRotateOutput(const NqMoeParams& p, const float* acc, const LaunchContext& ctx);
 absl::Status LaunchNqSwiglu(const NqVectorParams& v, const LaunchContext& ctx);
 absl::Status LaunchNqCombine(const NqVectorParams& v, const LaunchContext& ctx);
 

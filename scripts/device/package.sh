@@ -36,11 +36,12 @@ for b in "${binaries[@]}"; do
   strip --strip-debug "$out/bin/$(basename "$b")"
 done
 
-# Libraries the GPU machine provides itself: glibc, the C++ runtime, the CUDA driver.
+# Libraries the GPU machine provides itself: glibc, the C++ runtime, the CUDA driver, and
+# cuBLAS (its nvidia-cublas wheel; scripts/device/cuda_wheel_libs.sh puts it on the path).
 is_system_library() {
   case "$1" in
     linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libdl.so* | libpthread.so* | \
-      librt.so* | libstdc++.so* | libgcc_s.so* | libcuda.so* | libnvidia-*.so*)
+      librt.so* | libstdc++.so* | libgcc_s.so* | libcuda.so* | libnvidia-*.so* | libcublas*.so*)
       return 0 ;;
   esac
   return 1

@@ -8,15 +8,18 @@ cd "$(dirname "$0")/../.."
 if [[ -n "${OUT:-}" && -d "${OUT}" ]]; then exec > >(tee "$OUT/nq_moe_log.txt") 2>&1; fi
 readonly dev="$PWD/.device"
 export LD_LIBRARY_PATH="$dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS (and NCCL) from the machine's CUDA wheels: the binaries link them dynamically.
+wheel_libs="$(bash scripts/device/cuda_wheel_libs.sh)"
+[[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
 nvidia-smi -L
 status=0
-echo "== cpu_ops_test (NqMoe)"; "$dev/bin/cpu_ops_test" --gtest_filter='CpuNqMoe.*' --gtest_brief=1 || status=1
-echo "== cuda_vs_cpu_ops_test (NqMoe)"; "$dev/bin/cuda_vs_cpu_ops_test" --gtest_filter='CudaNqMoe.*' || status=1
+echo "== cpu_ops_test (NqMoe)"; "$dev/bin/cpu_ops_test" --gtest_filter='CpuNqMoe*' --gtest_brief=1 || status=1
+echo "== cuda_vs_cpu_ops_test (NqMoe)"; "$dev/bin/cuda_vs_cpu_ops_test" --gtest_filter='CudaNqMoe*' || status=1
 if [[ "${NQ_DEVICE_SANITIZE:-0}" == 1 ]]; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool"
     NQ_SANITIZE_SMALL=1 compute-sanitizer --tool "$tool" --error-exitcode 3 "$dev/bin/cuda_vs_cpu_ops_test" \
-      --gtest_filter='CudaNqMoe.*' --gtest_brief=1 || status=1
+      --gtest_filter='CudaNqMoe*' --gtest_brief=1 || status=1
   done
 fi
 if [[ "${NQ_PROFILE:-0}" == 1 ]]; then

@@ -24,6 +24,9 @@ fi
 [[ -f "$dev/MANIFEST" ]] && head -n 1 "$dev/MANIFEST"
 
 export LD_LIBRARY_PATH="$dev/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuBLAS (and NCCL) from the machine's CUDA wheels: the binaries link them dynamically.
+wheel_libs="$(bash scripts/device/cuda_wheel_libs.sh)"
+[[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
 if ldd "$dev/bin/cuda_vs_cpu_ops_test" 2>&1 | grep -q "not found"; then
   echo "run_on_device.sh: this machine's C++ runtime is older than the build machine's;" \
     "using .device/compat"

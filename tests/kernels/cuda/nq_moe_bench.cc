@@ -8,6 +8,7 @@
 //
 // Both codecs (nested_scalar_v1, trellis_v1) on the same random planes: the bytes read are the
 // same, the decode work is not.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +24,8 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
+#include "kernels/cuda/nq_moe_prefill_dense.cuh"
+#include "services/common/status_macros.h"
 #include "kernels/tensor_io.h"
 
 namespace nq::kernels {
@@ -171,8 +174,21 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
   return l;
 }
 
-void RunCase(const Model& m, Layer& l, NqCodec codec, std::int64_t tokens, int mode, double copy_bw,
-             cudaStream_t stream, void* workspace, std::size_t workspace_bytes) {
+enum class Path { kDecode, kGroupedPrefill, kDensePrefill };
+
+struct Bench {
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  cuda::NqDensePrefillResources dense;
+  double copy_bw = 0;
+};
+
+void RunCase(const Model& m, Layer& l, NqCodec codec, Path path, std::int64_t tokens, int mode, const Bench& b) {
+  cudaStream_t stream = b.stream;
+  void* workspace = b.workspace;
+  const std::size_t workspace_bytes = b.workspace_bytes;
+  const double copy_bw = b.copy_bw;
   const std::int64_t E = l.p.num_experts, K = m.top_k + 1;  // + the shared expert (id E - 1)
   std::mt19937_64 rng(tokens * 3 + mode);
   std::vector<std::int32_t> ids;
@@ -193,8 +209,10 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, std::int64_t tokens, int m
   // The path the CUDA backend takes (cuda_backend.cu) and the weight bytes it must read: each
   // distinct expert of each chunk once (decode: 4 tokens; prefill: once per 64-token tile, counted
   // here once per chunk, the floor).
-  const bool prefill = tokens >= cuda::kNqPrefillMinTokens;
-  const std::int64_t chunk = prefill ? cuda::kNqPrefillChunk : cuda::kNqMaxDecodeTokens;
+  const bool prefill = path != Path::kDecode;
+  const std::int64_t chunk = path == Path::kDecode          ? cuda::kNqMaxDecodeTokens
+                             : path == Path::kGroupedPrefill ? cuda::kNqPrefillChunk
+                                                             : cuda::kNqDensePrefillChunk;
   double bytes = 0, flops = 0;
   const std::int64_t plane = NqPlaneBytes(m.intermediate, m.hidden);
   flops = 2.0 * tokens * K * 3.0 * m.intermediate * m.hidden;
@@ -227,27 +245,47 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, std::int64_t tokens, int m
   p.slot_of_expert = static_cast<const std::int32_t*>(dslots);
   p.out = static_cast<float*>(dout);
   const cuda::LaunchContext ctx{.stream = stream, .num_sms = 132};
-  auto launch = [&] {
-    return prefill ? cuda::LaunchNqMoePrefill(p, workspace, workspace_bytes, ctx)
-                   : cuda::LaunchNqMoe(p, workspace, workspace_bytes, ctx);
+  auto launch = [&]() -> absl::Status {
+    switch (path) {
+      case Path::kDecode:
+        return cuda::LaunchNqMoe(p, workspace, workspace_bytes, ctx);
+      case Path::kGroupedPrefill:
+        return cuda::LaunchNqMoePrefill(p, workspace, workspace_bytes, ctx);
+      case Path::kDensePrefill:
+        for (std::int64_t t0 = 0; t0 < p.tokens; t0 += cuda::kNqDensePrefillChunk) {
+          const NqMoeParams c = NqMoeTokenChunk(p, t0, std::min(cuda::kNqDensePrefillChunk, p.tokens - t0));
+          RETURN_IF_ERROR(cuda::LaunchNqMoeDensePrefill(c, workspace, workspace_bytes, b.dense, ctx));
+        }
+        return absl::OkStatus();
+    }
+    return absl::InternalError("unknown path");
   };
-  BENCH_OK(launch());  // warm-up, outside capture
-  BENCH_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  BENCH_OK(launch());
-  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_OK(launch());  // warm-up
   BENCH_CHECK(cudaStreamSynchronize(stream));
   const int iters = tokens <= 4 ? 200 : 10;
   cudaEvent_t start, stop;
   BENCH_CHECK(cudaEventCreate(&start));
   BENCH_CHECK(cudaEventCreate(&stop));
-  BENCH_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  BENCH_CHECK(cudaEventRecord(stop, stream));
+  cudaGraphExec_t exec = nullptr;
+  if (path == Path::kDensePrefill) {
+    // Not capturable (it reads the group sizes on the host): timed as issued, its one
+    // synchronisation per chunk included.
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < iters; ++i) BENCH_OK(launch());
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+  } else {
+    cudaGraph_t graph;
+    BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    BENCH_OK(launch());
+    BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+    BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    BENCH_CHECK(cudaGraphDestroy(graph));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaStreamSynchronize(stream));
+    BENCH_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < iters; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaEventRecord(stop, stream));
+  }
   BENCH_CHECK(cudaEventSynchronize(stop));
   float ms = 0;
   BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
@@ -255,11 +293,12 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, std::int64_t tokens, int m
   const char* mode_name[] = {"2-bit", "4-bit", "half/half"};
   std::printf("%-5s %-8s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s\n",
               m.name, codec == NqCodec::kTrellis ? "trellis" : "scalar", static_cast<long long>(tokens),
-              mode_name[mode], prefill ? "prefill" : "decode", us,
+              mode_name[mode], path == Path::kDecode ? "decode" : path == Path::kGroupedPrefill ? "grouped" : "dense", us,
               bytes / 1e6, bytes / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / copy_bw, flops / (us * 1e-6) / 1e12);
   std::fflush(stdout);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   for (void* q : {static_cast<void*>(dx), static_cast<void*>(dw), dids, dslots, dout}) cudaFree(q);
 }
 
@@ -269,30 +308,47 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, std::int64_t tokens, int m
 int main(int argc, char** argv) {
   using namespace nq::kernels;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const double copy_bw = CopyBandwidth();
-  std::printf("device-to-device copy: %.2f TB/s (read + write)\n", copy_bw / 1e12);
-  cudaStream_t stream;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Bench bench;
+  bench.copy_bw = CopyBandwidth();
+  std::printf("device-to-device copy: %.2f TB/s (read + write)\n", bench.copy_bw / 1e12);
+  BENCH_CHECK(cudaStreamCreateWithFlags(&bench.stream, cudaStreamNonBlocking));
+  if (cublasCreate(&bench.dense.blas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    return 1;
+  }
+  BENCH_CHECK(cudaStreamCreateWithFlags(&bench.dense.side, cudaStreamNonBlocking));
+  for (cudaEvent_t* event : {&bench.dense.start, &bench.dense.ready[0], &bench.dense.ready[1], &bench.dense.free[0],
+                             &bench.dense.free[1]}) {
+    BENCH_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+  }
   for (const Model& m : {Model{"dsv3", 7168, 2048, 32, 8}, Model{"glm5", 6144, 2048, 256, 8}}) {
     Layer layer = MakeLayer(m, m.routed + 1);
-    const std::size_t ws_bytes =
-        std::max(cuda::NqMoeWorkspaceBytes(m.top_k + 1, m.hidden, m.intermediate),
-                 cuda::NqMoePrefillWorkspaceBytes(m.top_k + 1, m.hidden, m.intermediate, m.routed + 1));
-    DeviceBytes ws(ws_bytes);
-    for (const std::int64_t tokens : {1, 4, 512, 4096}) {
-      if (quick && tokens > 4) continue;
-      for (int mode = 0; mode < 3; ++mode) {
-        RunCase(m, layer, NqCodec::kNestedScalar, tokens, mode, copy_bw, stream, ws.p, ws_bytes);
+    const std::int64_t K = m.top_k + 1, E = m.routed + 1;
+    bench.workspace_bytes = std::max({cuda::NqMoeWorkspaceBytes(K, m.hidden, m.intermediate),
+                                      cuda::NqMoePrefillWorkspaceBytes(K, m.hidden, m.intermediate, E),
+                                      cuda::NqMoeDensePrefillWorkspaceBytes(K, m.hidden, m.intermediate, E)});
+    DeviceBytes ws(bench.workspace_bytes);
+    bench.workspace = ws.p;
+    void* pinned = nullptr;
+    BENCH_CHECK(cudaMallocHost(&pinned, 2 * E * sizeof(int)));
+    bench.dense.host_counts = static_cast<int*>(pinned);
+    bench.dense.host_capacity = 2 * E;
+    for (const NqCodec codec : {NqCodec::kNestedScalar, NqCodec::kTrellis}) {
+      for (const std::int64_t tokens : {1, 4, 512, 4096}) {
+        if (quick && tokens > 4) continue;
+        // Prefill sizes through both prefill paths (the backend picks by NqMoeDensePrefillPays);
+        // the grouped path at 4096 only for the scalar codec (slow).
+        std::vector<Path> paths = {Path::kDecode};
+        if (tokens > 4) paths = {Path::kGroupedPrefill, Path::kDensePrefill};
+        if (tokens == 4096 && codec == NqCodec::kTrellis) paths = {Path::kDensePrefill};
+        for (const Path path : paths) {
+          for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, codec, path, tokens, mode, bench);
+        }
       }
     }
-    // trellis_v1: decode and one prefill size (its tiles cost more to decode than its bytes).
-    for (const std::int64_t tokens : {1, 4, 512}) {
-      if (quick && tokens > 4) continue;
-      for (int mode = 0; mode < 3; ++mode) {
-        RunCase(m, layer, NqCodec::kTrellis, tokens, mode, copy_bw, stream, ws.p, ws_bytes);
-      }
-    }
+    BENCH_CHECK(cudaFreeHost(pinned));
     for (void* p : layer.owned) cudaFree(p);
   }
+  cublasDestroy(bench.dense.blas);
   return 0;
 }
