@@ -13,8 +13,9 @@ constexpr int kMmaRows = 16;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kWordsPerLane = 4;  // a lane's words of a row per step (16 bytes)
-// Steps of code bytes each warp keeps in its own shared-memory ring (cp.async, no barriers: a
-// lane reads back only what it copied): kStages - 1 in flight while one is decoded.
+// Steps of code bytes each warp keeps in its own shared-memory ring (cp.async): kStages - 1 in
+// flight while one is decoded. A scalar lane reads back only what it copied (no barrier); trellis
+// lanes read the whole step's tiles, so that path adds warp barriers around each step.
 constexpr int kStages = 4;
 
 // Both widths run in one launch: a warp's step decodes its tile at the width of the tile's
@@ -329,9 +330,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
 
   int stage = 0;
   for (int idx = begin; idx < end; ++idx) {
+    // Trellis lanes read each other's copies: every lane must be done with the stage about to
+    // be refilled (read last step) before any lane refills it.
+    if constexpr (kTrellis) __syncwarp();
     issue((stage + kStages - 1) % kStages);
     if constexpr (kTrellis) {
       WaitCopies<kStages - 1>();
+      __syncwarp();  // and every lane's copies of this step have landed before any lane reads them
       TrellisStep(acc, reinterpret_cast<const std::uint32_t*>(warp_ring + stage * kStageStride), ct, step, lane);
     } else {
     // The step's inputs (B fragments; zeros for lanes without a token) straight from global
