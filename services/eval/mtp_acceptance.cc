@@ -24,8 +24,10 @@ absl::StatusOr<MtpAcceptanceReport> MeasureMtpAcceptance(model::Model& model, st
   if (window < 2) {
     return absl::InvalidArgumentError(absl::StrCat("--window ", window, ": a window needs at least 2 tokens"));
   }
-  if (model.config().num_nextn_predict_layers < 1) {
-    return absl::FailedPreconditionError("the model has no MTP layer (num_nextn_predict_layers is 0)");
+  if (!model.has_mtp()) {
+    return absl::FailedPreconditionError(
+        model.mtp_missing().empty() ? "the model has no MTP layer (num_nextn_predict_layers is 0)"
+                                    : absl::StrCat("the model has no MTP layer: ", model.mtp_missing()));
   }
   const size_t vocab = static_cast<size_t>(model.config().vocab_size);
   const size_t hidden = static_cast<size_t>(model.config().hidden_size);

@@ -88,7 +88,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
   for (size_t i = 0; i < weights.mtp.size(); ++i) {
     RETURN_IF_ERROR(check_moe(weights.mtp[i].block, config.num_hidden_layers + static_cast<int64_t>(i)));
   }
-  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, IndexerLayers(config), options.max_tokens));
+  // Cache layers for the decoder and the MTP layers actually loaded.
+  std::vector<bool> cache_layers = IndexerLayers(config);
+  cache_layers.resize(static_cast<size_t>(config.num_hidden_layers) + weights.mtp.size());
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, cache_layers, options.max_tokens));
   std::unique_ptr<Model> model(new Model(std::move(config), std::move(weights), backend, comm, std::move(cache), options));
   model->slot_tables_ = std::move(slot_tables);
   return model;
@@ -132,6 +135,15 @@ absl::Status Model::TruncateCache(int64_t length) {
   }
   cache_.set_length(length);
   mtp_length_ = std::min(mtp_length_, length);
+  return absl::OkStatus();
+}
+
+absl::Status Model::TruncateMtpCache(int64_t length) {
+  if (length < 0 || length > mtp_length_) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot truncate an MTP cache of ", mtp_length_,
+                                                   " entries to ", length));
+  }
+  mtp_length_ = length;
   return absl::OkStatus();
 }
 
@@ -182,9 +194,28 @@ absl::StatusOr<std::vector<float>> Model::ForwardLast(std::span<const int32_t> t
 
 absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> next_tokens,
                                                      std::span<const float> hidden, int index) {
+  Tensor u;
+  RETURN_IF_ERROR(RunMtp(next_tokens, hidden, index, u));
+  return Logits(u, weights_.mtp[index].head);
+}
+
+absl::StatusOr<std::vector<float>> Model::ForwardMtpLast(std::span<const int32_t> next_tokens,
+                                                         std::span<const float> hidden, int index) {
+  Tensor u;
+  RETURN_IF_ERROR(RunMtp(next_tokens, hidden, index, u));
+  const int32_t last = static_cast<int32_t>(next_tokens.size() - 1);
+  ASSIGN_OR_RETURN(Tensor row, backend_.Allocate(kernels::DType::kF32, Shape{1, config_.hidden_size}));
+  RETURN_IF_ERROR(backend_.GatherRows(u, std::span<const int32_t>(&last, 1), row));
+  return Logits(row, weights_.mtp[index].head);
+}
+
+absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const float> hidden, int index,
+                           Tensor& u) {
   if (index < 0 || index >= static_cast<int>(weights_.mtp.size())) {
     return absl::FailedPreconditionError(absl::StrCat("the checkpoint has ", weights_.mtp.size(),
-                                                      " MTP layers; asked for layer ", index));
+                                                      " MTP layers; asked for layer ", index,
+                                                      weights_.mtp_missing.empty() ? "" : " (",
+                                                      weights_.mtp_missing, weights_.mtp_missing.empty() ? "" : ")"));
   }
   const int64_t T = static_cast<int64_t>(next_tokens.size()), D = config_.hidden_size;
   if (T == 0 || static_cast<int64_t>(hidden.size()) != T * D) {
@@ -202,7 +233,7 @@ absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> ne
   ASSIGN_OR_RETURN(Tensor h, kernels::UploadFloats(backend_, hidden, kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.RmsNorm(h, m.hnorm, eps, h));
   // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ.
-  ASSIGN_OR_RETURN(Tensor u, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(u, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
   RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
@@ -212,7 +243,8 @@ absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> ne
   RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, mtp_length_));
   mtp_length_ += T;
   RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, eps, u));
-  return Logits(u, m.head);
+  ASSIGN_OR_RETURN(last_mtp_hidden_, kernels::DownloadFloats(backend_, u));
+  return absl::OkStatus();
 }
 
 absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,

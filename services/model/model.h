@@ -62,12 +62,26 @@ class Model {
   // The final-normed hidden states [T, hidden_size] of the last Forward: what MTP reads.
   const std::vector<float>& last_hidden() const { return last_hidden_; }
 
+  // Whether the checkpoint's MTP layers were loaded (a config may name some that the files
+  // lack: mtp_missing() then says why, and the model serves without drafts).
+  bool has_mtp() const { return !weights_.mtp.empty(); }
+  const std::string& mtp_missing() const { return weights_.mtp_missing; }
+
   // MTP layer `index`: entry i takes the embedding of next_tokens[i] and hidden row i (the
   // main model's final-normed state at the position before next_tokens[i]); entries append
   // to the MTP layer's own cache. Returns logits [T, vocab_size] predicting the token after
   // next_tokens[i]. FAILED_PRECONDITION when the checkpoint has no MTP layer.
   absl::StatusOr<std::vector<float>> ForwardMtp(std::span<const int32_t> next_tokens,
                                                 std::span<const float> hidden, int index = 0);
+  // As ForwardMtp, but returns only the last entry's logits [vocab_size] (drafting: a prefill's
+  // worth of entries feeds the MTP cache, and only the last one drafts).
+  absl::StatusOr<std::vector<float>> ForwardMtpLast(std::span<const int32_t> next_tokens,
+                                                    std::span<const float> hidden, int index = 0);
+  // The shared_head-normed MTP states [T, hidden_size] of the last ForwardMtp. Speculative
+  // decoding feeds them back as `hidden` to draft further ahead: after shared_head.norm they
+  // are the MTP layer's counterpart of the main model's final-normed state, which is what the
+  // layer was trained to read.
+  const std::vector<float>& last_mtp_hidden() const { return last_mtp_hidden_; }
 
   // Calibration (nq calibrate): sees the inputs of every routed expert as they run. `rows`
   // holds n x dim floats: the expert's gate/up input (dim = hidden_size) or, with down_input,
@@ -111,8 +125,13 @@ class Model {
   int64_t mtp_cache_length() const { return mtp_length_; }
   // Forgets the sequence (the cache is reused; nothing is freed).
   void ResetCache();
-  // Keeps the first `length` tokens of the cache (prefix reuse).
+  // Keeps the first `length` tokens of the cache (prefix reuse, and rolling back the
+  // positions of rejected drafts); the MTP cache keeps at most as many. Nothing is erased: the
+  // next forward overwrites the latent, rope key and indexer key rows past `length` before any
+  // query can see them (attention and the indexer read positions < start + T only).
   absl::Status TruncateCache(int64_t length);
+  // Keeps the first `length` entries of the MTP layer's cache (drafts of a rejected run).
+  absl::Status TruncateMtpCache(int64_t length);
 
  private:
   Model(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
@@ -135,6 +154,9 @@ class Model {
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.
   absl::Status RunStack(std::span<const int32_t> tokens, kernels::Tensor& x);
+  // MTP layer `index` over its entries; leaves the shared_head-normed states in `u`.
+  absl::Status RunMtp(std::span<const int32_t> next_tokens, std::span<const float> hidden, int index,
+                      kernels::Tensor& u);
   absl::Status AllReduce(kernels::Tensor& t);
   absl::StatusOr<kernels::Tensor> Zeros(kernels::Shape shape);
 
@@ -148,6 +170,7 @@ class Model {
   const float attention_scaling_;
   const float softmax_scale_;
   std::vector<float> last_hidden_;
+  std::vector<float> last_mtp_hidden_;
   int64_t mtp_length_ = 0;
   // DSA top-k of the last full indexer layer in the current forward (shared layers reuse it).
   std::optional<kernels::Tensor> selection_;

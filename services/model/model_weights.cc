@@ -3,6 +3,7 @@
 #include <span>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/tensor_io.h"
 #include "services/common/status_macros.h"
@@ -205,6 +206,22 @@ absl::StatusOr<Tensor> LoadHead(const HostLoader& io, const std::string& name, c
   return io.Upload(Rows(head, tp.rank * Vr, Vr), Shape{Vr, c.hidden_size});
 }
 
+// A description of the config's MTP layers when the checkpoint holds no tensor of any of
+// them, else "". Only all-absent counts: a partial MTP layer is a broken file, not a dropped
+// layer, and fails on its first missing tensor.
+std::string AbsentMtpLayers(const Checkpoint& checkpoint, const ModelConfig& c) {
+  if (c.num_nextn_predict_layers == 0) return "";
+  const std::vector<std::string> names = checkpoint.Names();
+  for (int64_t i = 0; i < c.num_nextn_predict_layers; ++i) {
+    const std::string prefix = LayerPrefix(c.num_hidden_layers + i);
+    for (const std::string& name : names) {
+      if (absl::StartsWith(name, prefix)) return "";
+    }
+  }
+  return absl::StrCat("config.json names ", c.num_nextn_predict_layers, " MTP layer(s) (num_nextn_predict_layers) "
+                      "but the checkpoint has no ", LayerPrefix(c.num_hidden_layers), "* tensor");
+}
+
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
@@ -227,6 +244,10 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, cons
   ASSIGN_OR_RETURN(w.final_norm, io.Replicated("model.norm.weight", {D}));
   ASSIGN_OR_RETURN(w.lm_head, LoadHead(io, config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
                                        config, tp));
+  if (const std::string absent = AbsentMtpLayers(checkpoint, config); !absent.empty()) {
+    w.mtp_missing = absent;
+    return w;
+  }
   for (int64_t i = 0; i < config.num_nextn_predict_layers; ++i) {
     const int64_t layer = config.num_hidden_layers + i;
     const std::string p = LayerPrefix(layer);

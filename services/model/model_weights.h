@@ -109,13 +109,20 @@ struct ModelWeights {
   kernels::Tensor final_norm;  // [D]
   kernels::Tensor lm_head;     // [V_r, D], vocabulary rows of this rank
   int64_t vocab_rows_per_rank = 0;
+  // One entry per config MTP layer, or none when the checkpoint ships without them (see
+  // mtp_missing).
   std::vector<MtpWeights> mtp;
+  // Why `mtp` is empty although the config names MTP layers (transformers' save_pretrained and
+  // many fine-tunes drop them); empty otherwise. The model then serves without drafts.
+  std::string mtp_missing;
 };
 
 // Loads and shards every weight of `config` from `checkpoint` onto `backend` as F32
 // (F8_E4M3 weights are dequantized with their 128x128 block scales). Errors name the tensor:
 // NOT_FOUND for a missing one, INVALID_ARGUMENT for a wrong shape or a split that does not
-// divide (heads, intermediate sizes and vocabulary must divide by the world size).
+// divide (heads, intermediate sizes and vocabulary must divide by the world size). A config
+// that names MTP layers whose tensors are all absent loads without them (mtp_missing says so);
+// an MTP layer with only some of its tensors is NOT_FOUND like any other missing tensor.
 struct WeightsOptions {
   // false: the routed experts are not read (they come from a NestQuant release, which fills
   // MoeWeights::packed), so a checkpoint without expert weights loads.

@@ -57,6 +57,9 @@ ABSL_FLAG(double, slot_wait_ms, 20, "Longest wait per step for announced loads (
 ABSL_FLAG(bool, verify_slots, false,
           "After every step, re-hash READY slots and count any that changed (protocol check; costs a pass over the "
           "slots)");
+ABSL_FLAG(int, speculative_tokens, -1,
+          "MTP speculative decoding: draft tokens verified per decode step (0: off; -1: 3 when the checkpoint has an "
+          "MTP layer, else off). A positive count on a model without MTP weights is refused");
 ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
@@ -75,6 +78,33 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or of
 
 namespace nq::worker {
 namespace {
+
+// The seed system's setting (issue #15): GLM-5.3 accepts 2.60 tokens per step with 3 drafts.
+constexpr int kDefaultSpeculativeTokens = 3;
+// Drafts past this many are almost never all accepted, and each costs a verification row.
+constexpr int kMaxSpeculativeTokens = 16;
+
+// --speculative_tokens resolved against the loaded model.
+absl::StatusOr<int> SpeculativeTokens(const model::Model& model) {
+  const int flag = absl::GetFlag(FLAGS_speculative_tokens);
+  if (flag < -1 || flag > kMaxSpeculativeTokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--speculative_tokens=", flag, ": want -1 (auto), 0 (off) or 1..",
+                                                   kMaxSpeculativeTokens));
+  }
+  if (!model.has_mtp()) {
+    if (!model.mtp_missing().empty()) {
+      if (flag > 0) {
+        return absl::FailedPreconditionError(absl::StrCat("--speculative_tokens=", flag, ": ", model.mtp_missing()));
+      }
+      spdlog::warn("{}: serving without MTP speculative decoding", model.mtp_missing());
+    } else if (flag > 0) {
+      return absl::FailedPreconditionError(absl::StrCat("--speculative_tokens=", flag,
+                                                        ": the model has no MTP layer (num_nextn_predict_layers is 0)"));
+    }
+    return 0;
+  }
+  return flag < 0 ? kDefaultSpeculativeTokens : flag;
+}
 
 // Without a release the arena only carries the slot protocol: the old fixed default.
 constexpr int kSlotsWithoutRelease = 4;
@@ -240,6 +270,13 @@ absl::Status Run(ShutdownSignal& shutdown) {
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
                                        static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id},
                         &slots, model.get());
+  if (model != nullptr) {
+    ASSIGN_OR_RETURN(const int speculative_tokens, SpeculativeTokens(*model));
+    RETURN_IF_ERROR(service.EnableSpeculation(speculative_tokens));
+    spdlog::info("speculative decoding: {}", speculative_tokens > 0
+                                                 ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")
+                                                 : std::string("off"));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),

@@ -45,16 +45,50 @@ class Sampler {
   // log-probabilities are those of the biased and penalised distribution that was sampled.
   absl::StatusOr<SampledToken> Sample(std::span<const float> logits);
 
+  // Speculative verification of `draft` against this row (Leviathan et al. 2023, "Fast
+  // Inference from Transformers via Speculative Decoding", algorithm 1). `draft_probs` is the
+  // distribution the draft was drawn from ([vocab], sums to 1); empty means a deterministic
+  // draft (all mass on `draft`). With p this sampler's distribution for the row:
+  //   greedy: the token is exactly Sample's pick; accepted when it equals the draft;
+  //   else:   the draft is accepted with probability min(1, p(draft) / q(draft)); otherwise
+  //           the token is drawn from max(0, p - q), normalised.
+  // Either way the returned token is distributed as p, so speculation leaves the output
+  // distribution unchanged. The token counts for the penalties like a sampled one.
+  // INVALID_ARGUMENT: as Sample, a draft outside the row, draft_probs of another length, or a
+  // draft the draft distribution gives no mass.
+  struct Verdict {
+    bool accepted = false;
+    SampledToken token;
+  };
+  absl::StatusOr<Verdict> Verify(std::span<const float> logits, int32_t draft, std::span<const float> draft_probs);
+
+  // The distribution Sample would draw from for this row, normalised ([vocab]; greedy: all mass
+  // on the pick). Changes no state: it neither draws nor counts.
+  absl::StatusOr<std::vector<float>> Distribution(std::span<const float> logits);
+
  private:
   explicit Sampler(const SamplingConfig& config) : config_(config), rng_(config.seed) {}
   // The logits with logit_bias and the penalties applied (`logits` itself when none apply).
   std::span<const float> Adjust(std::span<const float> logits);
+  // Fills probs_ (exp of the scaled logits, unnormalised), sum_, order_ (candidates by
+  // descending probability) and kept_ (how many of order_ survive top-k / top-p).
+  absl::Status Prepare(std::span<const float> raw_logits);
+  // The pick from the prepared row: the argmax when greedy, else one draw over the kept set.
+  int32_t Draw();
   void Count(int32_t id);
+  // Counts `id` for the penalties and reports its log-probabilities from the prepared row.
+  SampledToken Commit(int32_t id);
+  // Whether token `id` survived the prepared row's top-k / top-p; its probability under p.
+  double TargetProbability(int32_t id) const;
 
   SamplingConfig config_;
   std::mt19937_64 rng_;
   std::vector<int32_t> order_;  // scratch
   std::vector<double> probs_;   // scratch
+  double sum_ = 0;              // of probs_
+  size_t kept_ = 0;             // candidates order_[0, kept_) after top-k / top-p
+  double kept_mass_ = 0;        // of those candidates, in probs_ units
+  std::vector<uint8_t> in_kept_;  // scratch: token id -> survived top-k / top-p
   std::vector<float> adjusted_;  // scratch: the logits after bias and penalties
   std::unordered_map<int32_t, int> counts_;  // token id -> times sampled in this sequence
 };

@@ -17,6 +17,22 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 int64_t SequenceRunner::context_window() const { return model_->max_tokens(); }
 
+size_t SequenceRunner::ReusablePrefix(const std::vector<int32_t>& prompt) const {
+  size_t common = 0;
+  while (common < cached_tokens_.size() && common < prompt.size() && cached_tokens_[common] == prompt[common]) {
+    ++common;
+  }
+  // At least the last prompt token is recomputed so there are logits to sample from.
+  size_t reuse = std::min(common, prompt.size() - 1);
+  if (num_drafts_ > 0) {
+    // The drafter's entry for position j also read token j + 1, so it stays valid only where
+    // that token matches too; and the positions it lacks need the main model's hidden states,
+    // which only a recomputation gives.
+    reuse = std::min({reuse, common > 0 ? common - 1 : 0, static_cast<size_t>(drafter_->CoveredPositions())});
+  }
+  return reuse;
+}
+
 absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request,
                                                   const std::function<bool(const SequenceStep&)>& emit,
                                                   const std::function<bool()>& cancelled) {
@@ -28,15 +44,9 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     }
   }
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(request.sampling));
+  if (num_drafts_ > 0) RETURN_IF_ERROR(drafter_->BeginSequence(request.sampling));
 
-  // Longest common prefix with what the cache holds; at least the last prompt token is
-  // recomputed so there are logits to sample from.
-  size_t reuse = 0;
-  while (reuse < cached_tokens_.size() && reuse < request.prompt.size() &&
-         cached_tokens_[reuse] == request.prompt[reuse]) {
-    ++reuse;
-  }
-  reuse = std::min(reuse, request.prompt.size() - 1);
+  const size_t reuse = ReusablePrefix(request.prompt);
   RETURN_IF_ERROR(model_->TruncateCache(static_cast<int64_t>(reuse)));
   cached_tokens_.resize(reuse);
 
@@ -61,9 +71,69 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     return !request.ignore_eos && std::find(eos_token_ids_.begin(), eos_token_ids_.end(), id) != eos_token_ids_.end();
   };
 
-  std::span<const int32_t> input = std::span<const int32_t>(request.prompt).subspan(reuse);
-  std::vector<int32_t> next(1);
-  for (int64_t generated = 0;; ++generated) {
+  // The prompt, then every emitted token; the last one has no KV until the next forward.
+  std::vector<int32_t> sequence = request.prompt;
+  std::vector<int32_t> input(request.prompt.begin() + static_cast<std::ptrdiff_t>(reuse), request.prompt.end());
+  Drafts drafts;  // verified by the next forward, after input[0]
+  int64_t generated = 0;
+
+  // One forward: the prefill, or the last token and its drafts; then the verification of the
+  // drafts, the rollback of rejected positions, and the next drafts.
+  auto run_step = [&](SequenceStep& step) -> absl::Status {
+    const bool prefill = generated == 0;
+    const int64_t first = model_->cache_length();
+    ASSIGN_OR_RETURN(std::vector<float> logits, prefill ? model_->ForwardLast(input) : model_->Forward(input));
+    const int n = static_cast<int>(drafts.tokens.size());
+    step.drafts = n;
+    for (int i = 0; i <= n; ++i) {
+      const std::span<const float> row =
+          std::span<const float>(logits).subspan(static_cast<size_t>(prefill ? 0 : i) * vocab, vocab);
+      bool accepted = false;
+      SampledToken token;
+      if (i < n) {
+        const std::span<const float> q = drafts.probs.empty() ? std::span<const float>() : drafts.probs[i];
+        ASSIGN_OR_RETURN(Sampler::Verdict verdict, sampler.Verify(row, drafts.tokens[i], q));
+        accepted = verdict.accepted;
+        token = std::move(verdict.token);
+      } else {
+        ASSIGN_OR_RETURN(token, sampler.Sample(row));
+      }
+      if (accepted) ++step.accepted;
+      sequence.push_back(token.id);
+      step.tokens.push_back(std::move(token));
+      ++generated;
+      if (is_stop(sequence.back())) {
+        step.finish = nq::v1::FINISH_REASON_STOP;
+      } else if (generated >= budget) {
+        step.finish = nq::v1::FINISH_REASON_LENGTH;
+      }
+      if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED || !accepted) break;
+    }
+    // Keep the input's verified positions; the rejected drafts' KV rows are rolled back.
+    const int64_t kept = prefill ? static_cast<int64_t>(input.size()) : 1 + step.accepted;
+    RETURN_IF_ERROR(model_->TruncateCache(first + kept));
+    cached_tokens_.insert(cached_tokens_.end(), input.begin(), input.begin() + kept);
+    if (kept_observer_) kept_observer_(kept);
+    drafts = Drafts();
+    if (step.finish == nq::v1::FINISH_REASON_UNSPECIFIED && num_drafts_ > 0) {
+      // No draft past the budget: the step after next could not emit it.
+      const int want = static_cast<int>(std::min<int64_t>(num_drafts_, budget - generated - 1));
+      const std::vector<float>& hidden = model_->last_hidden();
+      const size_t D = static_cast<size_t>(model_->config().hidden_size);
+      ASSIGN_OR_RETURN(drafts, drafter_->Propose(DraftRequest{
+                                   .sequence = sequence,
+                                   .first_position = first,
+                                   .kept = kept,
+                                   .hidden = std::span<const float>(hidden).first(static_cast<size_t>(kept) * D),
+                                   .num_drafts = want,
+                               }));
+    }
+    input.assign(1, sequence.back());
+    input.insert(input.end(), drafts.tokens.begin(), drafts.tokens.end());
+    return absl::OkStatus();
+  };
+
+  for (;;) {
     if (cancelled()) {
       SequenceStep step;
       step.finish = nq::v1::FINISH_REASON_ABORT;
@@ -71,30 +141,20 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       return stats;
     }
     const auto start = std::chrono::steady_clock::now();
+    SequenceStep step;
     if (slots_ != nullptr) slots_->BeginStep(static_cast<uint32_t>(generated));
-    absl::StatusOr<std::vector<float>> logits = model_->ForwardLast(input);
+    const absl::Status status = run_step(step);
     if (slots_ != nullptr) slots_->EndStep();
-    if (!logits.ok()) {
+    if (!status.ok()) {
       // The cache may hold part of this step: forget the sequence rather than reuse it.
       model_->ResetCache();
       cached_tokens_.clear();
-      return logits.status();
+      return status;
     }
-    cached_tokens_.insert(cached_tokens_.end(), input.begin(), input.end());
-    ASSIGN_OR_RETURN(SampledToken token, sampler.Sample(*logits));
-    SequenceStep step;
     step.seconds = SecondsSince(start);
-    step.tokens.push_back(token);
-    ++stats.completion_tokens;
-    if (is_stop(token.id)) {
-      step.finish = nq::v1::FINISH_REASON_STOP;
-    } else if (generated + 1 >= budget) {
-      step.finish = nq::v1::FINISH_REASON_LENGTH;
-    }
+    stats.completion_tokens += static_cast<uint32_t>(step.tokens.size());
     if (!emit(step)) return stats;
     if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED) return stats;
-    next[0] = token.id;
-    input = next;
   }
 }
 

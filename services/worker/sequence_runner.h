@@ -1,6 +1,13 @@
 // Runs one sequence on the leader worker: reuse the longest common prefix of the previous
-// sequence's KV cache, prefill the rest of the prompt, then decode and sample token by token
-// until a stop token, max_tokens, the context window, or cancellation.
+// sequence's KV cache, prefill the rest of the prompt, then decode and sample until a stop
+// token, max_tokens, the context window, or cancellation.
+//
+// With a drafter (speculative decoding, DESIGN.md section 3) each decode step runs the last
+// token and up to N drafts through the main model in one forward, verifies the drafts in order
+// (Sampler::Verify), keeps the accepted prefix plus one token of the target's, and rolls the KV
+// cache back past it. The emitted tokens are those plain decoding emits: the same ones for a
+// greedy request (the CPU backend's rows do not depend on how many share a forward), the same
+// distribution otherwise; a stop token or max_tokens inside an accepted run ends it there.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +18,7 @@
 #include "absl/status/status.h"
 #include "nq/v1/sampling.pb.h"
 #include "services/model/model.h"
+#include "services/worker/drafter.h"
 #include "services/worker/sampler.h"
 #include "services/worker/slot_runtime.h"
 
@@ -28,6 +36,8 @@ struct SequenceStep {
   std::vector<SampledToken> tokens;  // accepted this step
   nq::v1::FinishReason finish = nq::v1::FINISH_REASON_UNSPECIFIED;
   double seconds = 0;                 // time of this step (prefill for the first)
+  int drafts = 0;    // drafts this step verified (0: a prefill, or speculation off)
+  int accepted = 0;  // of those, the accepted prefix (drafts[0, accepted) were kept)
 };
 
 struct SequenceStats {
@@ -53,11 +63,27 @@ class SequenceRunner {
   // Each forward becomes one step of `slots` (updates applied only between steps); null:
   // no slots.
   void SetSlotRuntime(SlotRuntime* slots) { slots_ = slots; }
+  // Speculative decoding with up to `num_drafts` drafts per step from `drafter` (which must
+  // outlive the runner); null or 0 turns it off.
+  void SetDrafter(Drafter* drafter, int num_drafts) {
+    drafter_ = drafter;
+    num_drafts_ = drafter != nullptr ? num_drafts : 0;
+  }
+  // Called after each main-model forward with how many of its leading tokens were kept: all
+  // of a prefill's, 1 + the accepted drafts of a verification. The rest were rolled back, so
+  // nothing about them (their routing) may be reported.
+  void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
 
  private:
+  // Tokens of the cache a prompt may keep; the runner recomputes the rest.
+  size_t ReusablePrefix(const std::vector<int32_t>& prompt) const;
+
   model::Model* const model_;
   const std::vector<int32_t> eos_token_ids_;
   SlotRuntime* slots_ = nullptr;
+  Drafter* drafter_ = nullptr;
+  int num_drafts_ = 0;
+  std::function<void(int64_t)> kept_observer_;
   // Tokens whose KV is in the cache, in order (the previous sequence, for prefix reuse).
   std::vector<int32_t> cached_tokens_;
 };

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_grpc.h"
+#include "services/worker/mtp_drafter.h"
 #include "services/worker/routing_report.h"
 
 namespace nq::worker {
@@ -32,19 +33,42 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
       if (config.IsMoeLayer(l)) moe_layers_.push_back(static_cast<uint32_t>(l));
     }
     model_->SetRoutingObserver([this](int64_t layer, const model::MoeRouting& routing) { OnRouting(layer, routing); });
+    runner_->SetKeptTokensObserver([this](int64_t kept) { OnKeptTokens(kept); });
   }
+}
+
+absl::Status WorkerService::EnableSpeculation(int num_drafts) {
+  if (num_drafts < 0) return absl::InvalidArgumentError(absl::StrCat("--speculative_tokens=", num_drafts, " is negative"));
+  if (num_drafts == 0 || model_ == nullptr) return absl::OkStatus();
+  if (!model_->has_mtp()) {
+    return absl::FailedPreconditionError(absl::StrCat("--speculative_tokens=", num_drafts,
+                                                      " needs an MTP layer, and the model has none",
+                                                      model_->mtp_missing().empty() ? "" : ": ", model_->mtp_missing()));
+  }
+  drafter_ = std::make_unique<MtpDrafter>(model_);
+  spec_metrics_ = std::make_unique<SpecDecodeMetrics>(metrics::Registry::Default(), num_drafts);
+  runner_->SetDrafter(drafter_.get(), num_drafts);
+  return absl::OkStatus();
 }
 
 void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
   if ((!routing_sink_ && watchers_.empty()) || moe_layers_.empty()) return;
+  // The MTP layer's routing (layer ids past the decoder's) belongs to the drafts, not to the
+  // sequence: the streamer's predictor models the main layers only.
+  if (layer >= model_->config().num_hidden_layers) return;
+  // The first MoE layer starts a forward: drop what a failed one may have left.
+  if (static_cast<uint32_t>(layer) == moe_layers_.front()) forward_routing_.clear();
   forward_routing_.push_back(routing);
-  if (static_cast<uint32_t>(layer) != moe_layers_.back()) return;
-  // The forward's last MoE layer: append its tokens, token-major, and report full blocks.
+}
+
+void WorkerService::OnKeptTokens(int64_t kept) {
+  if (forward_routing_.empty()) return;
+  // Append the kept tokens, token-major, and report full blocks.
   if (forward_routing_.size() != moe_layers_.size()) {
-    forward_routing_.clear();  // a partial forward (an error mid-way): nothing consistent to report
+    forward_routing_.clear();  // not one whole forward: nothing consistent to report
     return;
   }
-  const int tokens = forward_routing_[0].num_tokens;
+  const int tokens = static_cast<int>(std::min<int64_t>(kept, forward_routing_[0].num_tokens));
   for (int t = 0; t < tokens; ++t) {
     if (pending_.num_tokens() == 0) {
       pending_.set_first_token(sequence_tokens_);
@@ -156,6 +180,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
           }
         }
         response.set_step_seconds(step.seconds);
+        if (spec_metrics_ != nullptr) spec_metrics_->RecordStep(step.drafts, step.accepted);
         if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED) {
           response.set_finish_reason(step.finish);
           last = std::move(response);

@@ -14,6 +14,7 @@
 #include "services/model/model.h"
 #include "services/worker/routing_watchers.h"
 #include "services/worker/sequence_runner.h"
+#include "services/worker/spec_decode_metrics.h"
 #include "services/worker/slot_runtime.h"
 
 namespace nq::worker {
@@ -29,6 +30,10 @@ class WorkerService final : public nq::v1::Worker::Service {
  public:
   // `model` may be null (no model loaded): Generate is then UNAVAILABLE.
   WorkerService(WorkerIdentity identity, SlotRuntime* slots, model::Model* model);
+
+  // Speculative decoding with `num_drafts` MTP drafts per step (0: off). FAILED_PRECONDITION
+  // when the model has no MTP layer; INVALID_ARGUMENT for a negative count. Before serving.
+  absl::Status EnableSpeculation(int num_drafts);
 
   // Life-cycle transitions, driven by main(): LOADING -> READY -> DRAINING.
   void SetReady();
@@ -53,14 +58,19 @@ class WorkerService final : public nq::v1::Worker::Service {
   SlotRuntime* const slots_;
   model::Model* const model_;
   std::unique_ptr<SequenceRunner> runner_;
-  // Routing of the tokens since the last report (decode thread only).
+  // Routing of the tokens since the last report (decode thread only). A forward's routing
+  // waits in forward_routing_ until the runner says how many of its tokens were kept
+  // (OnKeptTokens): rejected drafts were never part of the sequence and are not reported.
   void OnRouting(int64_t layer, const model::MoeRouting& routing);
+  void OnKeptTokens(int64_t kept);
   // Sends pending_ to the streamer's queue and the watchers, and clears it.
   void EmitPendingRouting();
   RoutingWatchers watchers_;
   std::function<void(nq::v1::RoutingReport)> routing_sink_;
   std::vector<uint32_t> moe_layers_;               // main-model MoE layers, in order
   std::vector<model::MoeRouting> forward_routing_;  // this forward, one entry per MoE layer
+  std::unique_ptr<Drafter> drafter_;
+  std::unique_ptr<SpecDecodeMetrics> spec_metrics_;
   nq::v1::RoutingReport pending_;                   // tokens not yet reported
   uint64_t sequence_id_ = 0;
   uint64_t sequence_tokens_ = 0;

@@ -1,0 +1,82 @@
+#include "services/worker/mtp_drafter.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace nq::worker {
+namespace {
+
+// Draft draws use their own stream, apart from the target sampler's, so a seeded request is
+// reproducible for a given --speculative_tokens.
+constexpr uint64_t kDraftSeedSalt = 0x9e3779b97f4a7c15ull;
+
+}  // namespace
+
+absl::Status MtpDrafter::BeginSequence(const SamplingConfig& sampling) {
+  SamplingConfig draft = sampling;
+  draft.presence_penalty = 0;
+  draft.frequency_penalty = 0;
+  draft.top_logprobs = 0;
+  ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(draft));
+  draft_sampler_.emplace(std::move(sampler));
+  greedy_ = sampling.temperature == 0;
+  rng_.seed(sampling.seed ^ kDraftSeedSalt);
+  return absl::OkStatus();
+}
+
+absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, Drafts& drafts) {
+  if (!draft_sampler_.has_value()) return absl::FailedPreconditionError("MtpDrafter: no BeginSequence");
+  ASSIGN_OR_RETURN(std::vector<float> q, draft_sampler_->Distribution(logits));
+  if (greedy_) {
+    // Distribution puts all mass on the greedy pick (the argmax, lower id on ties).
+    drafts.tokens.push_back(static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin()));
+    return absl::OkStatus();
+  }
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const double u = uniform(rng_);
+  double acc = 0;
+  int32_t id = -1;
+  for (size_t i = 0; i < q.size(); ++i) {
+    if (q[i] <= 0) continue;
+    id = static_cast<int32_t>(i);  // rounding past the end lands on the last token with mass
+    acc += q[i];
+    if (u < acc) break;
+  }
+  drafts.tokens.push_back(id);
+  drafts.probs.push_back(std::move(q));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
+  const int64_t D = model_->config().hidden_size;
+  // Every kept position needs the token after it.
+  if (r.first_position < 0 || r.kept <= 0 || static_cast<int64_t>(r.hidden.size()) != r.kept * D ||
+      r.first_position + r.kept >= static_cast<int64_t>(r.sequence.size())) {
+    return absl::InternalError(absl::StrCat("MtpDrafter: ", r.kept, " kept positions from ", r.first_position,
+                                            " with ", r.hidden.size(), " hidden values for a sequence of ",
+                                            r.sequence.size()));
+  }
+  // Entries past first_position hold the previous drafts (or a rejected run): roll them back.
+  if (model_->mtp_cache_length() < r.first_position) {
+    return absl::InternalError(absl::StrCat("MtpDrafter: the MTP cache covers ", model_->mtp_cache_length(),
+                                            " positions, the kept run starts at ", r.first_position));
+  }
+  RETURN_IF_ERROR(model_->TruncateMtpCache(r.first_position));
+  const std::span<const int32_t> next_tokens = r.sequence.subspan(static_cast<size_t>(r.first_position + 1),
+                                                                  static_cast<size_t>(r.kept));
+  ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));
+  Drafts drafts;
+  if (r.num_drafts == 0) return drafts;
+  RETURN_IF_ERROR(DraftFrom(logits, drafts));
+  while (static_cast<int>(drafts.tokens.size()) < r.num_drafts) {
+    const std::vector<float> state = model_->last_mtp_hidden();
+    const std::span<const float> last_state = std::span<const float>(state).last(static_cast<size_t>(D));
+    ASSIGN_OR_RETURN(logits, model_->ForwardMtpLast(std::span<const int32_t>(&drafts.tokens.back(), 1), last_state));
+    RETURN_IF_ERROR(DraftFrom(logits, drafts));
+  }
+  return drafts;
+}
+
+}  // namespace nq::worker

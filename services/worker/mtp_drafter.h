@@ -1,0 +1,41 @@
+// Drafts from the checkpoint's MTP layer (DeepSeek-V3 / GLM-5 multi-token prediction). MTP
+// entry j pairs the main model's final-normed state at position j with the embedding of token
+// j + 1 and predicts token j + 2; its KV sits at MTP cache position j, so the MTP cache tracks
+// the main one position for position. Each Propose first rolls the MTP cache back to the
+// request's first kept position (dropping the entries of the previous drafts), feeds it the
+// kept positions, drafts one token from the last, then drafts further ahead autoregressively:
+// each next entry reads the previous entry's shared_head-normed state and the token it drafted.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "services/model/model.h"
+#include "services/worker/drafter.h"
+
+namespace nq::worker {
+
+class MtpDrafter final : public Drafter {
+ public:
+  // `model` must have an MTP layer (Model::has_mtp) and outlive the drafter.
+  explicit MtpDrafter(model::Model* model) : model_(model) {}
+
+  absl::Status BeginSequence(const SamplingConfig& sampling) override;
+  int64_t CoveredPositions() const override { return model_->mtp_cache_length(); }
+  absl::StatusOr<Drafts> Propose(const DraftRequest& request) override;
+
+ private:
+  // The draft after one row of MTP logits, appended to `drafts`.
+  absl::Status DraftFrom(std::span<const float> logits, Drafts& drafts);
+
+  model::Model* const model_;
+  bool greedy_ = true;
+  // The draft distribution: the request's temperature, top-k, top-p and logit_bias, no
+  // penalties (the drafter does not see which drafts are kept). Any distribution keeps the
+  // output exact; the closer to the target's, the more drafts are accepted.
+  std::optional<Sampler> draft_sampler_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace nq::worker
