@@ -1,0 +1,272 @@
+// Speculative decoding in the sequence runner on glm5_nano (CPU): greedy output identical to
+// plain decoding, rollback after a rejection at every draft position, stop tokens and
+// max_tokens inside an accepted run, the MTP drafter's state against a teacher-forced pass.
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "services/worker/mtp_drafter.h"
+#include "services/worker/sequence_runner.h"
+#include "tests/common/status_matchers.h"
+#include "tests/worker/nano_model.h"
+
+namespace nq::worker {
+namespace {
+
+using ::nq::testing::IsOk;
+using testing::Generate;
+using testing::LoadedModel;
+using testing::RunResult;
+
+constexpr int kGeneratedTokens = 32;
+
+SequenceRequest Greedy(std::vector<int32_t> prompt, uint32_t max_tokens = kGeneratedTokens) {
+  SequenceRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.sampling.top_logprobs = 2;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+// Drafts what plain decoding emits (the test knows it), except at `wrong_position` of every
+// step's drafts, where it drafts another token: each verification then rejects exactly there.
+class OracleDrafter final : public Drafter {
+ public:
+  OracleDrafter(size_t prompt_size, std::vector<int32_t> plain, int wrong_position, int64_t vocab)
+      : prompt_size_(prompt_size), plain_(std::move(plain)), wrong_position_(wrong_position), vocab_(vocab) {}
+  absl::Status BeginSequence(const SamplingConfig&) override { return absl::OkStatus(); }
+  int64_t CoveredPositions() const override { return std::numeric_limits<int64_t>::max(); }
+  absl::StatusOr<Drafts> Propose(const DraftRequest& r) override {
+    Drafts drafts;
+    const size_t generated = r.sequence.size() - prompt_size_;
+    for (int i = 0; i < r.num_drafts; ++i) {
+      const size_t at = generated + static_cast<size_t>(i);
+      int32_t token = at < plain_.size() ? plain_[at] : 0;
+      if (i == wrong_position_) token = static_cast<int32_t>((token + 1) % vocab_);
+      drafts.tokens.push_back(token);
+    }
+    return drafts;
+  }
+
+ private:
+  const size_t prompt_size_;
+  const std::vector<int32_t> plain_;
+  const int wrong_position_;
+  const int64_t vocab_;
+};
+
+// Records, for every Propose of the MTP drafter it wraps, the sequence and the first draft.
+class RecordingDrafter final : public Drafter {
+ public:
+  explicit RecordingDrafter(Drafter* inner) : inner_(inner) {}
+  absl::Status BeginSequence(const SamplingConfig& s) override { return inner_->BeginSequence(s); }
+  int64_t CoveredPositions() const override { return inner_->CoveredPositions(); }
+  absl::StatusOr<Drafts> Propose(const DraftRequest& r) override {
+    absl::StatusOr<Drafts> drafts = inner_->Propose(r);
+    if (drafts.ok() && !drafts->tokens.empty()) first_drafts[r.sequence.size()] = drafts->tokens[0];
+    return drafts;
+  }
+  std::map<size_t, int32_t> first_drafts;  // sequence length -> the draft for the token at that index
+
+ private:
+  Drafter* const inner_;
+};
+
+class SpeculativeDecodingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (LoadedModel* m : {&plain_model_, &spec_model_}) {
+      absl::StatusOr<LoadedModel> loaded = testing::LoadModel(testing::NanoModelDir());
+      ASSERT_THAT(loaded, IsOk());
+      *m = *std::move(loaded);
+    }
+    ASSERT_TRUE(spec_model_.model->has_mtp());
+  }
+  static void TearDownTestSuite() {
+    plain_model_ = {};
+    spec_model_ = {};
+  }
+  static std::vector<int32_t> Eos(const LoadedModel& m) {
+    return {m.model->config().eos_token_ids.begin(), m.model->config().eos_token_ids.end()};
+  }
+  RunResult Plain(const SequenceRequest& request) {
+    SequenceRunner runner(plain_model_.model.get(), Eos(plain_model_));
+    absl::StatusOr<RunResult> result = Generate(runner, request);
+    EXPECT_THAT(result, IsOk());
+    return result.ok() ? *result : RunResult{};
+  }
+  int64_t vocab() const { return spec_model_.model->config().vocab_size; }
+
+  static LoadedModel plain_model_;
+  static LoadedModel spec_model_;
+};
+LoadedModel SpeculativeDecodingTest::plain_model_;
+LoadedModel SpeculativeDecodingTest::spec_model_;
+
+void ExpectSameOutput(const RunResult& plain, const RunResult& spec, const std::string& what) {
+  EXPECT_EQ(spec.ids, plain.ids) << what;
+  EXPECT_EQ(spec.logprobs, plain.logprobs) << what;  // bit for bit: the same logits
+  EXPECT_EQ(spec.finish, plain.finish) << what;
+}
+
+TEST_F(SpeculativeDecodingTest, GreedyOutputIsPlainDecodingsTokenForTokenOnManyPrompts) {
+  const std::vector<std::vector<int32_t>> prompts = testing::HeldOutPrompts(12);
+  std::vector<RunResult> plain;
+  for (const std::vector<int32_t>& prompt : prompts) plain.push_back(Plain(Greedy(prompt)));
+  MtpDrafter drafter(spec_model_.model.get());
+  for (int n : {1, 3, 5}) {
+    SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
+    runner.SetDrafter(&drafter, n);
+    int drafts = 0, accepted = 0, multi_token_steps = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      absl::StatusOr<RunResult> spec = Generate(runner, Greedy(prompts[i]));
+      ASSERT_THAT(spec, IsOk());
+      ExpectSameOutput(plain[i], *spec, "N=" + std::to_string(n) + " prompt " + std::to_string(i));
+      for (const SequenceStep& step : spec->steps) {
+        EXPECT_LE(step.drafts, n);
+        drafts += step.drafts;
+        accepted += step.accepted;
+        multi_token_steps += step.tokens.size() > 1 ? 1 : 0;
+      }
+    }
+    // Otherwise nothing was speculated and the equality above is plain vs plain.
+    EXPECT_GT(accepted, 0) << "N=" << n;
+    EXPECT_LT(accepted, drafts) << "N=" << n << ": no draft rejected, no rollback exercised";
+    EXPECT_GT(multi_token_steps, 0) << "N=" << n;
+  }
+}
+
+TEST_F(SpeculativeDecodingTest, ARejectionAtEveryDraftPositionRollsBackToPlainDecoding) {
+  constexpr int kDrafts = 4;
+  const std::vector<std::vector<int32_t>> prompts = testing::HeldOutPrompts(3);
+  for (const std::vector<int32_t>& prompt : prompts) {
+    SequenceRequest request = Greedy(prompt, 24);
+    request.ignore_eos = true;  // every step full, so every position is reached
+    const RunResult plain = Plain(request);
+    ASSERT_EQ(plain.ids.size(), 24u);
+    for (int wrong = 0; wrong <= kDrafts; ++wrong) {  // kDrafts: every draft right
+      OracleDrafter drafter(prompt.size(), plain.ids, wrong, vocab());
+      SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
+      runner.SetDrafter(&drafter, kDrafts);
+      std::vector<int64_t> kept;
+      runner.SetKeptTokensObserver([&](int64_t k) { kept.push_back(k); });
+      absl::StatusOr<RunResult> spec = Generate(runner, request);
+      ASSERT_THAT(spec, IsOk());
+      ExpectSameOutput(plain, *spec, "draft " + std::to_string(wrong) + " wrong");
+      ASSERT_EQ(kept.size(), spec->steps.size());
+      for (size_t s = 1; s < spec->steps.size(); ++s) {
+        const SequenceStep& step = spec->steps[s];
+        EXPECT_EQ(step.accepted, std::min(wrong, step.drafts)) << "step " << s;
+        EXPECT_EQ(kept[s], 1 + step.accepted) << "step " << s;
+        if (s + 1 < spec->steps.size()) {
+          EXPECT_EQ(step.tokens.size(), static_cast<size_t>(1 + step.accepted)) << "step " << s;
+        }
+      }
+      // The cache holds the prompt and every emitted token but the last (plain decoding's
+      // state), or, when the run ended on an accepted draft, that one too.
+      const int64_t cached = spec_model_.model->cache_length();
+      const int64_t expected = static_cast<int64_t>(prompt.size() + plain.ids.size()) - 1;
+      EXPECT_TRUE(cached == expected || cached == expected + 1) << cached << " vs " << expected;
+    }
+  }
+}
+
+TEST_F(SpeculativeDecodingTest, StopTokensAndMaxTokensInsideAnAcceptedRunEndItThere) {
+  constexpr int kDrafts = 4;
+  const std::vector<int32_t> prompt = testing::HeldOutPrompts(5)[4];
+  SequenceRequest free_run = Greedy(prompt, 30);
+  free_run.ignore_eos = true;
+  const RunResult plain = Plain(free_run);
+  ASSERT_EQ(plain.ids.size(), 30u);
+  // With every draft right, step 1 emits tokens 1..5, step 2 tokens 6..10: index 7 is inside
+  // an accepted run. Stop on the first token whose first occurrence is there or later.
+  size_t stop_at = 7;
+  while (stop_at < plain.ids.size() &&
+         std::find(plain.ids.begin(), plain.ids.begin() + static_cast<std::ptrdiff_t>(stop_at),
+                   plain.ids[stop_at]) != plain.ids.begin() + static_cast<std::ptrdiff_t>(stop_at)) {
+    ++stop_at;
+  }
+  ASSERT_LT(stop_at, plain.ids.size() - 1) << "no fresh token to stop on";
+  ASSERT_NE(stop_at % (kDrafts + 1), 0u) << "the stop falls on a step boundary; pick another index";
+
+  SequenceRequest stopped = free_run;
+  stopped.stop_token_ids = {plain.ids[stop_at]};
+  SequenceRequest short_run = free_run;
+  short_run.max_tokens = 8;  // ends inside step 2's run too
+  for (const SequenceRequest& request : {stopped, short_run}) {
+    const RunResult expected = Plain(request);
+    OracleDrafter drafter(prompt.size(), plain.ids, /*wrong_position=*/kDrafts, vocab());
+    SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
+    runner.SetDrafter(&drafter, kDrafts);
+    absl::StatusOr<RunResult> spec = Generate(runner, request);
+    ASSERT_THAT(spec, IsOk());
+    ExpectSameOutput(expected, *spec, "stop / max_tokens");
+    EXPECT_GT(spec->steps.back().tokens.size(), 1u) << "the run did not end inside a multi-token step";
+  }
+  EXPECT_EQ(Plain(stopped).ids.size(), stop_at + 1);
+  EXPECT_EQ(Plain(stopped).finish, nq::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(Plain(short_run).finish, nq::v1::FINISH_REASON_LENGTH);
+}
+
+TEST_F(SpeculativeDecodingTest, MtpDraftsMatchATeacherForcedPassOverTheFinalSequence) {
+  // If the MTP cache kept a rejected draft's entry, or missed a kept position, its next draft
+  // would read the wrong context: the first draft of every step must be what the MTP layer
+  // predicts over the whole final sequence in one pass.
+  MtpDrafter mtp(spec_model_.model.get());
+  RecordingDrafter drafter(&mtp);
+  SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
+  runner.SetDrafter(&drafter, 3);
+  const std::vector<int32_t> prompt = testing::HeldOutPrompts(8)[6];
+  SequenceRequest request = Greedy(prompt, 48);
+  request.ignore_eos = true;
+  absl::StatusOr<RunResult> spec = Generate(runner, request);
+  ASSERT_THAT(spec, IsOk());
+
+  std::vector<int32_t> sequence = prompt;
+  sequence.insert(sequence.end(), spec->ids.begin(), spec->ids.end());
+  absl::StatusOr<LoadedModel> fresh = testing::LoadModel(testing::NanoModelDir());
+  ASSERT_THAT(fresh, IsOk());
+  model::Model& m = *fresh->model;
+  const std::span<const int32_t> ids(sequence);
+  ASSERT_THAT(m.Forward(ids.first(ids.size() - 1)), IsOk());
+  const std::vector<float> hidden = m.last_hidden();
+  const size_t entries = ids.size() - 2;
+  absl::StatusOr<std::vector<float>> mtp_logits = m.ForwardMtp(
+      ids.subspan(1, entries),
+      std::span<const float>(hidden).first(entries * static_cast<size_t>(m.config().hidden_size)));
+  ASSERT_THAT(mtp_logits, IsOk());
+  const size_t V = static_cast<size_t>(vocab());
+  ASSERT_GT(drafter.first_drafts.size(), 5u);
+  for (const auto& [length, draft] : drafter.first_drafts) {
+    // Drafting the token at index `length` reads MTP entry length - 2.
+    const std::span<const float> row = std::span<const float>(*mtp_logits).subspan((length - 2) * V, V);
+    const int32_t expected = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+    EXPECT_EQ(draft, expected) << "draft for index " << length;
+  }
+}
+
+TEST_F(SpeculativeDecodingTest, SeededSamplingIsReproducibleWithDrafts) {
+  MtpDrafter drafter(spec_model_.model.get());
+  SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
+  runner.SetDrafter(&drafter, 3);
+  SequenceRequest request = Greedy(testing::HeldOutPrompts(3)[2], 32);
+  request.sampling.temperature = 0.8f;
+  request.sampling.top_p = 0.95f;
+  request.sampling.seed = 1234;
+  request.ignore_eos = true;
+  absl::StatusOr<RunResult> first = Generate(runner, request);
+  absl::StatusOr<RunResult> second = Generate(runner, request);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(first->ids, second->ids);
+  int accepted = 0;
+  for (const SequenceStep& step : first->steps) accepted += step.accepted;
+  EXPECT_GT(accepted, 0) << "no draft accepted: rejection sampling was not exercised";
+}
+
+}  // namespace
+}  // namespace nq::worker
