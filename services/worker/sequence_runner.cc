@@ -109,8 +109,11 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       }
       if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED || !accepted) break;
     }
-    // Keep the input's verified positions; the rejected drafts' KV rows are rolled back.
-    const int64_t kept = prefill ? static_cast<int64_t>(input.size()) : 1 + step.accepted;
+    // Keep what plain decoding's cache would hold: every emitted token but the last. Input
+    // position i (the last token, then the drafts) is followed by emitted token i, so that is
+    // one position per emitted token; the rest (rejected drafts, and an accepted draft the
+    // sequence ended on) are rolled back.
+    const int64_t kept = prefill ? static_cast<int64_t>(input.size()) : static_cast<int64_t>(step.tokens.size());
     RETURN_IF_ERROR(model_->TruncateCache(first + kept));
     cached_tokens_.insert(cached_tokens_.end(), input.begin(), input.begin() + kept);
     if (kept_observer_) kept_observer_(kept);

@@ -70,8 +70,10 @@ class SequenceRunner {
     num_drafts_ = drafter != nullptr ? num_drafts : 0;
   }
   // Called after each main-model forward with how many of its leading tokens were kept: all
-  // of a prefill's, 1 + the accepted drafts of a verification. The rest were rolled back, so
-  // nothing about them (their routing) may be reported.
+  // of a prefill's; of a verification, one per token it emitted (the last token and the
+  // accepted drafts before the final emitted token). The rest were rolled back, so nothing
+  // about them (their routing) may be reported. The cache then holds what plain decoding's
+  // would: the prompt and every emitted token but the last.
   void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
 
  private:
