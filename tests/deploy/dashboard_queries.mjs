@@ -6,13 +6,8 @@ import YAML from "yaml";
 
 // Metrics the dashboard and rules read that no service exports yet. A panel may show them
 // (empty) until they exist; check_live.mjs fails once one appears, so the list stays true.
-//   nq_spec_decode_*: MTP speculative decoding is not wired into generation (README "Not yet").
 //   DCGM_FI_DEV_FB_USED: GPU memory, from NVIDIA's dcgm-exporter, not from our services.
 export const kPendingMetrics = [
-  "nq_spec_decode_num_drafts_total",
-  "nq_spec_decode_num_draft_tokens_total",
-  "nq_spec_decode_num_accepted_tokens_total",
-  "nq_spec_decode_num_accepted_tokens_per_pos_total",
   "DCGM_FI_DEV_FB_USED",
 ];
 
