@@ -133,8 +133,11 @@ TEST_F(SpeculativeServingTest, GreedyAnswersAndStopStringsAreThoseOfAWorkerWitho
   EXPECT_EQ(pos0 + pos1 + pos2, accepted);
   EXPECT_GE(pos0, pos1);
   EXPECT_GE(pos1, pos2);
-  // Each step emits 1 + its accepted drafts: the completions' tokens, prefill steps aside.
-  EXPECT_EQ(drafts + accepted, kPrompts.size() * (40 - 1));
+  // A verification step emits 1 + its accepted drafts, so the decode steps' tokens (each
+  // completion's but the prefill's) are drafts + accepted, give or take one per request: its
+  // last step may verify no draft (nothing left to draft for) or end on an accepted draft.
+  const double decoded = static_cast<double>(kPrompts.size() * (40 - 1));
+  EXPECT_NEAR(drafts + accepted, decoded, static_cast<double>(kPrompts.size()));
   EXPECT_EQ(Metric(plain.worker_ports.http, "nq_spec_decode_num_drafts_total"), -1) << "no drafts, no counters";
   absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
   EXPECT_TRUE(checked.ok()) << checked.status();
