@@ -65,23 +65,27 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
   const size_t V = logits.size();
   const bool greedy = config_.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
-  // Log-softmax of the scaled logits, in double.
   double max_logit = -std::numeric_limits<double>::infinity();
   for (float l : logits) {
-    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l) * inv_t);
+    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l));
   }
   if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
+  // probs_: the unnormalised sampling weights exp((l - max) / T), in double. The reported
+  // log-probabilities are at temperature 1 (SampledToken): log_sum1 normalises them.
   probs_.assign(V, 0.0);
   double sum = 0;
+  double sum1 = 0;
   for (size_t i = 0; i < V; ++i) {
     if (!std::isfinite(logits[i])) continue;
-    probs_[i] = std::exp(static_cast<double>(logits[i]) * inv_t - max_logit);
+    const double shifted = static_cast<double>(logits[i]) - max_logit;
+    probs_[i] = std::exp(shifted * inv_t);
     sum += probs_[i];
+    sum1 += inv_t == 1.0 ? probs_[i] : std::exp(shifted);
   }
-  const double log_sum = std::log(sum);
+  const double log_sum1 = max_logit + std::log(sum1);
   auto logprob = [&](size_t i) {
-    return probs_[i] > 0 ? static_cast<float>(std::log(probs_[i]) - log_sum)
-                         : -std::numeric_limits<float>::infinity();
+    return std::isfinite(logits[i]) ? static_cast<float>(static_cast<double>(logits[i]) - log_sum1)
+                                    : -std::numeric_limits<float>::infinity();
   };
 
   // Candidates by descending probability (ties: lower id), truncated by top-k then top-p.
@@ -89,7 +93,13 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
   const size_t need_sorted = std::max<size_t>(greedy ? 1 : keep_k, config_.top_logprobs);
   order_.resize(V);
   std::iota(order_.begin(), order_.end(), 0);
-  auto by_prob = [&](int32_t a, int32_t b) { return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b); };
+  // By logit rather than by probs_: the same order wherever probs_ differ, and a strict one
+  // where a low temperature underflows them to 0 (top_logprobs are reported at temperature 1).
+  auto key = [&](int32_t i) {
+    const float l = logits[static_cast<size_t>(i)];
+    return std::isfinite(l) ? l : -std::numeric_limits<float>::infinity();
+  };
+  auto by_prob = [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); };
   if (need_sorted < V) {
     std::partial_sort(order_.begin(), order_.begin() + need_sorted, order_.end(), by_prob);
   } else {

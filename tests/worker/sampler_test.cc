@@ -31,6 +31,35 @@ TEST(SamplerTest, GreedyPicksTheArgmaxWithItsLogprob) {
   EXPECT_EQ(t->top[1].first, 4);
 }
 
+// The reported log-probabilities are the model's distribution at temperature 1 whatever the
+// request's temperature, top-k and top-p (SampledToken's contract): the same for greedy, a
+// low and a high temperature and a truncated draw, and the alternatives ordered by logit even
+// where a low temperature underflows the sampling weights to 0.
+TEST(SamplerTest, LogprobsAreTheTemperatureOneDistributionWhateverTheSamplingSettings) {
+  double z = 0;
+  for (float l : kLogits) z += std::exp(l);
+  for (SamplingConfig config : {SamplingConfig{.temperature = 0}, SamplingConfig{.temperature = 0.01f},
+                                SamplingConfig{.temperature = 3.0f}, SamplingConfig{.temperature = 0.7f, .top_k = 2},
+                                SamplingConfig{.temperature = 1.3f, .top_p = 0.5f}}) {
+    config.top_logprobs = 5;
+    config.seed = 7;
+    absl::StatusOr<Sampler> s = Sampler::Create(config);
+    ASSERT_THAT(s, IsOk());
+    absl::StatusOr<SampledToken> t = s->Sample(kLogits);
+    ASSERT_THAT(t, IsOk());
+    EXPECT_NEAR(t->logprob, kLogits[t->id] - std::log(z), 1e-5) << "temperature " << config.temperature;
+    const std::vector<int32_t> by_logit = {1, 4, 2, 0, 3};
+    ASSERT_EQ(t->top.size(), 5u);
+    double mass = 0;
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(t->top[i].first, by_logit[i]) << "temperature " << config.temperature << " rank " << i;
+      EXPECT_NEAR(t->top[i].second, kLogits[by_logit[i]] - std::log(z), 1e-5);
+      mass += std::exp(t->top[i].second);
+    }
+    EXPECT_NEAR(mass, 1.0, 1e-5) << "the whole vocabulary";
+  }
+}
+
 TEST(SamplerTest, SeededSamplingIsReproducibleAndFollowsTheDistribution) {
   std::map<int, int> counts;
   std::vector<int> first_run;
