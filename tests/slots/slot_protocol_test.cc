@@ -99,14 +99,16 @@ class SlotProtocolTest : public ::testing::Test {
     server_->SetServing(true);
   }
 
-  void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots) {
+  // `wait_connected`: return once the session is up (false: the session may fail).
+  void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots, bool wait_connected = true) {
     std::vector<uint32_t> layers = decoder_->moe_layer_ids();
     absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
     ASSERT_TRUE(needs.ok());
-    StartWorkerWith(SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots));
+    StartWorkerWith(SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots),
+                    wait_connected);
   }
 
-  void StartWorkerWith(const SlotGeometry& geometry) {
+  void StartWorkerWith(const SlotGeometry& geometry, bool wait_connected = true) {
     geometry_ = geometry;
     ASSERT_TRUE(geometry_.Validate().ok());
     absl::StatusOr<SharedMemory> arena =
@@ -125,7 +127,7 @@ class SlotProtocolTest : public ::testing::Test {
     client.arena_request.mutable_shm()->set_bytes(arena_.size());
     client_ = std::make_unique<worker::StreamerClient>(std::move(client), runtime_.get(), nullptr);
     client_->Start();
-    ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(10)));
+    if (wait_connected) ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(10)));
   }
 
   void TearDown() override {
@@ -379,6 +381,31 @@ TEST_F(SlotProtocolTest, OutOfOrderRoutingReportsAreRefusedAndGapsAndSequencesCo
   EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_refused_total"), 3);
   EXPECT_EQ(StreamerMetric("nq_streamer_routing_report_gaps_total"), 1);
   EXPECT_TRUE(client_->connected());
+}
+
+// A loader that cannot start (here: the record directory is missing) ends the worker's
+// session with an error instead of leaving it open and idle: the streamer counts it and holds
+// no session, the worker retries, and once the records are back a retry loads the fixed set.
+TEST_F(SlotProtocolTest, ASessionWhoseLoaderCannotStartFailsAndTheWorkerRetries) {
+  const fs::path late = *root_ / absl::StrCat("late-release-", getpid());
+  fs::remove(late);
+  StartStreamer(late.string(), ChurningPredictor());
+  StartWorker(5, 1, /*wait_connected=*/false);
+  ASSERT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_sessions_failed_total") >= 2; },
+                        std::chrono::seconds(15)))
+      << "the worker retried after its failed session";
+  EXPECT_TRUE(table_->ReadySlots().empty());
+  EXPECT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_sessions_active") == 0; }, std::chrono::seconds(5)));
+  // The records arrive: the next retry's session loads the fixed set and stays up.
+  fs::create_directory_symlink(release_dir_, late);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(15)));
+  EXPECT_TRUE(client_->connected());
+  EXPECT_EQ(StreamerMetric("nq_streamer_sessions_active"), 1);
+  const double failed = StreamerMetric("nq_streamer_sessions_failed_total");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(StreamerMetric("nq_streamer_sessions_failed_total"), failed) << "no failures once the loader runs";
+  EXPECT_EQ(CheckReadySlots(), 0);
+  fs::remove(late);
 }
 
 // The kernels read a READY expert's residual in place from its slot: the slot must hold exactly
