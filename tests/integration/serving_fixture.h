@@ -81,6 +81,7 @@ class ServingTest : public ClusterTest {
   // Streams a request; returns the concatenated text/content and the finish reason.
   struct Streamed {
     std::string text;
+    std::string reasoning;  // chat: delta.reasoning_content
     std::string finish;
     Json usage;
     int events = 0;
@@ -109,6 +110,9 @@ class ServingTest : public ClusterTest {
         if (choice.contains("text")) out.text += choice["text"].get<std::string>();
         if (choice.contains("delta") && choice["delta"].contains("content")) {
           out.text += choice["delta"]["content"].get<std::string>();
+        }
+        if (choice.contains("delta") && choice["delta"].contains("reasoning_content")) {
+          out.reasoning += choice["delta"]["reasoning_content"].get<std::string>();
         }
         if (choice.contains("finish_reason") && !choice["finish_reason"].is_null()) {
           out.finish = choice["finish_reason"].get<std::string>();
