@@ -3,8 +3,9 @@
 // Both operands are k-contiguous, so every output is a dot product of two contiguous rows. The
 // loop nest computes kTile x kTile blocks of outputs at once (kTile rows of x against kTile rows
 // of w), reading each x and w element once per block instead of once per output; 16-bit weights
-// are widened once per block of w rows. Threads split the n dimension, so decode (m == 1) is
-// parallel too.
+// are widened once per block of w rows. Rows of x left over from whole tiles (all of decode's
+// single row) take DotRows, one x row against kTile w rows. Threads split the n dimension, so
+// decode (m == 1) is parallel too.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -40,6 +41,27 @@ void DotTile(const float* const x_rows[kTile], const float* const w_rows[kTile],
   }
 }
 
+// out[j] = dot(x, w_rows[j]) over k, for one row of x: the tile of a block with fewer than
+// kTile rows of x (decode is m == 1), where DotTile would repeat the last row kTile times.
+// Each w row keeps kLanes independent partial sums, so the compiler holds them in SIMD
+// registers without reassociating a float sum; they are added at the end.
+constexpr int kLanes = 8;
+void DotRows(const float* x, const float* const w_rows[kTile], std::int64_t k, float out[kTile]) {
+  float acc[kTile][kLanes] = {};
+  std::int64_t p = 0;
+  for (; p + kLanes <= k; p += kLanes) {
+    for (int j = 0; j < kTile; ++j) {
+      for (int l = 0; l < kLanes; ++l) acc[j][l] += x[p + l] * w_rows[j][p + l];
+    }
+  }
+  for (int j = 0; j < kTile; ++j) {
+    float sum = 0;
+    for (int l = 0; l < kLanes; ++l) sum += acc[j][l];
+    for (std::int64_t q = p; q < k; ++q) sum += x[q] * w_rows[j][q];
+    out[j] = sum;
+  }
+}
+
 // Computes columns [n_begin, n_end) of y; n_begin is a multiple of kTile.
 template <typename WeightT>
 void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims& dims,
@@ -63,6 +85,14 @@ void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims&
     }
     for (std::int64_t m0 = 0; m0 < dims.m; m0 += kTile) {
       const int m_valid = static_cast<int>(std::min<std::int64_t>(kTile, dims.m - m0));
+      if (m_valid < kTile) {
+        for (int i = 0; i < m_valid; ++i) {
+          float out[kTile];
+          DotRows(x + (m0 + i) * k, w_rows, k, out);
+          for (int j = 0; j < n_valid; ++j) y[(m0 + i) * dims.n + n0 + j] = out[j];
+        }
+        continue;
+      }
       const float* x_rows[kTile];
       for (int i = 0; i < kTile; ++i) x_rows[i] = x + (m0 + std::min(i, m_valid - 1)) * k;
       float acc[kTile][kTile];
