@@ -8,6 +8,7 @@
 // decode (m == 1) is parallel too.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -43,20 +44,40 @@ void DotTile(const float* const x_rows[kTile], const float* const w_rows[kTile],
 
 // out[j] = dot(x, w_rows[j]) over k, for one row of x: the tile of a block with fewer than
 // kTile rows of x (decode is m == 1), where DotTile would repeat the last row kTile times.
-// Each w row keeps kLanes independent partial sums, so the compiler holds them in SIMD
-// registers without reassociating a float sum; they are added at the end.
-constexpr int kLanes = 8;
+// Each w row keeps two 4-float vectors of independent partial sums (GCC/Clang vector
+// extensions, SSE/NEON-width on every target), added together at the end: the sums are in
+// registers and no float sum is reassociated by the compiler.
+using Vec4 = float __attribute__((vector_size(16)));
+inline Vec4 Load4(const float* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline float Sum4(Vec4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+
 void DotRows(const float* x, const float* const w_rows[kTile], std::int64_t k, float out[kTile]) {
-  float acc[kTile][kLanes] = {};
+  static_assert(kTile == 4, "DotRows names its four w rows");
+  const float* w0 = w_rows[0];
+  const float* w1 = w_rows[1];
+  const float* w2 = w_rows[2];
+  const float* w3 = w_rows[3];
+  Vec4 a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
   std::int64_t p = 0;
-  for (; p + kLanes <= k; p += kLanes) {
-    for (int j = 0; j < kTile; ++j) {
-      for (int l = 0; l < kLanes; ++l) acc[j][l] += x[p + l] * w_rows[j][p + l];
-    }
+  for (; p + 8 <= k; p += 8) {
+    const Vec4 xa = Load4(x + p);
+    const Vec4 xb = Load4(x + p + 4);
+    a0 += xa * Load4(w0 + p);
+    b0 += xb * Load4(w0 + p + 4);
+    a1 += xa * Load4(w1 + p);
+    b1 += xb * Load4(w1 + p + 4);
+    a2 += xa * Load4(w2 + p);
+    b2 += xb * Load4(w2 + p + 4);
+    a3 += xa * Load4(w3 + p);
+    b3 += xb * Load4(w3 + p + 4);
   }
+  const float partial[kTile] = {Sum4(a0 + b0), Sum4(a1 + b1), Sum4(a2 + b2), Sum4(a3 + b3)};
   for (int j = 0; j < kTile; ++j) {
-    float sum = 0;
-    for (int l = 0; l < kLanes; ++l) sum += acc[j][l];
+    float sum = partial[j];
     for (std::int64_t q = p; q < k; ++q) sum += x[q] * w_rows[j][q];
     out[j] = sum;
   }
