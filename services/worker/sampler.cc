@@ -88,11 +88,12 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
                                     : -std::numeric_limits<float>::infinity();
   };
 
-  // Candidates by descending probability (ties: lower id), truncated by top-k then top-p.
-  const size_t keep_k = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
-  const size_t need_sorted = std::max<size_t>(greedy ? 1 : keep_k, config_.top_logprobs);
+  // Candidates by descending probability (ties: lower id), sorted only as far as a step needs
+  // (partial selection, not a sort of the vocabulary): order_[0, sorted) holds the `sorted`
+  // most likely ids in order, and every id after them is less likely than order_[sorted - 1].
   order_.resize(V);
   std::iota(order_.begin(), order_.end(), 0);
+  size_t sorted = 0;
   // By logit rather than by probs_: the same order wherever probs_ differ, and a strict one
   // where a low temperature underflows them to 0 (top_logprobs are reported at temperature 1).
   auto key = [&](int32_t i) {
@@ -100,44 +101,62 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
     return std::isfinite(l) ? l : -std::numeric_limits<float>::infinity();
   };
   auto by_prob = [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); };
-  if (need_sorted < V) {
-    std::partial_sort(order_.begin(), order_.begin() + need_sorted, order_.end(), by_prob);
-  } else {
-    std::sort(order_.begin(), order_.end(), by_prob);
-  }
-
-  SampledToken out;
-  if (greedy) {
-    out.id = order_[0];
-  } else {
-    // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
-    size_t n = keep_k;
-    if (config_.top_p < 1) {
-      double mass = 0;
-      for (size_t i = 0; i < keep_k; ++i) {
-        mass += probs_[order_[i]] / sum;
-        if (mass >= config_.top_p) {
-          n = i + 1;
-          break;
-        }
-      }
-    }
+  auto sort_prefix = [&](size_t n) {
+    n = std::min(n, V);
+    if (n <= sorted) return;
+    std::partial_sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted), order_.begin() + static_cast<std::ptrdiff_t>(n),
+                      order_.end(), by_prob);
+    sorted = n;
+  };
+  // Draws from order_[0, n) with weights probs_.
+  auto draw = [&](size_t n) {
     double kept = 0;
     for (size_t i = 0; i < n; ++i) kept += probs_[order_[i]];
     std::uniform_real_distribution<double> uniform(0.0, kept);
     const double u = uniform(rng_);
     double acc = 0;
-    out.id = order_[n - 1];
     for (size_t i = 0; i < n; ++i) {
       acc += probs_[order_[i]];
-      if (u < acc) {
-        out.id = order_[i];
-        break;
+      if (u < acc) return order_[i];
+    }
+    return order_[n - 1];
+  };
+
+  SampledToken out;
+  if (greedy) {
+    sort_prefix(1);
+    out.id = order_[0];
+  } else if (config_.top_k == 0 && config_.top_p >= 1) {
+    // The whole distribution: drawn in id order, no sorting at all.
+    out.id = draw(V);
+  } else {
+    size_t n = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
+    if (config_.top_p < 1) {
+      // Nucleus: the smallest prefix (of the top-k) whose mass reaches top_p, at least one
+      // token. The prefix is sorted in growing steps; most of the mass sits in a few ids.
+      constexpr size_t kFirstStep = 64;
+      const size_t limit = n;
+      double mass = 0;
+      size_t i = 0;
+      bool reached = false;
+      for (size_t step = kFirstStep; !reached && i < limit; step *= 4) {
+        sort_prefix(std::min(limit, step));
+        for (; i < sorted && i < limit; ++i) {
+          mass += probs_[order_[i]] / sum;
+          if (mass >= config_.top_p) {
+            n = i + 1;
+            reached = true;
+            break;
+          }
+        }
       }
     }
+    sort_prefix(n);
+    out.id = draw(n);
   }
   Count(out.id);
   out.logprob = logprob(static_cast<size_t>(out.id));
+  sort_prefix(static_cast<size_t>(config_.top_logprobs));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(V); ++i) {
     out.top.emplace_back(order_[i], logprob(static_cast<size_t>(order_[i])));
   }

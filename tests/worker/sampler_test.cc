@@ -1,7 +1,10 @@
 #include "services/worker/sampler.h"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <numeric>
+#include <set>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -95,6 +98,39 @@ TEST(SamplerTest, TopKAndTopPTruncate) {
     const int b = p->Sample(kLogits)->id;
     EXPECT_TRUE(b == 1 || b == 4) << b;
   }
+}
+
+// A flat-ish row of 1000 logits whose nucleus at top_p 0.5 spans hundreds of ids, past the
+// sampler's first partial-selection step: every draw lies inside the nucleus the test computes
+// by sorting the whole row, and draws reach deep into it.
+TEST(SamplerTest, NucleusBeyondTheFirstSelectionStepMatchesAFullSort) {
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.001f * static_cast<float>((i * 7919) % 1000);
+  std::vector<int32_t> by_logit(logits.size());
+  std::iota(by_logit.begin(), by_logit.end(), 0);
+  std::sort(by_logit.begin(), by_logit.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  std::set<int32_t> nucleus;
+  double mass = 0;
+  for (int32_t id : by_logit) {
+    nucleus.insert(id);
+    mass += std::exp(static_cast<double>(logits[id])) / z;
+    if (mass >= 0.5) break;
+  }
+  ASSERT_GT(nucleus.size(), 256u) << "the nucleus must outgrow two selection steps";
+  absl::StatusOr<Sampler> s = Sampler::Create({.temperature = 1.0f, .top_p = 0.5f, .seed = 3});
+  ASSERT_THAT(s, IsOk());
+  std::set<int32_t> seen;
+  for (int i = 0; i < 3000; ++i) {
+    absl::StatusOr<SampledToken> t = s->Sample(logits);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_TRUE(nucleus.count(t->id)) << "token " << t->id << " is outside the nucleus";
+    seen.insert(t->id);
+  }
+  EXPECT_GT(seen.size(), nucleus.size() / 2) << "draws cover the nucleus, not just its head";
 }
 
 TEST(SamplerTest, RejectsBadConfigsAndRows) {
