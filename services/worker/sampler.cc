@@ -108,17 +108,25 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
                       order_.end(), by_prob);
     sorted = n;
   };
-  // Draws from order_[0, n) with weights probs_.
-  auto draw = [&](size_t n) {
-    double kept = 0;
-    for (size_t i = 0; i < n; ++i) kept += probs_[order_[i]];
+  // Draws from the n most likely ids with weights probs_, walking them most likely first (the
+  // inverse CDF in sorted order): a small change of the logits, such as an expert moving
+  // between 2 and 4 bits, then rarely changes the token a seed picks. The order is sorted only
+  // as far as the walk goes, in growing steps; most of the mass sits in a few ids.
+  constexpr size_t kFirstStep = 64;
+  auto draw = [&](size_t n, double kept) {
     std::uniform_real_distribution<double> uniform(0.0, kept);
     const double u = uniform(rng_);
     double acc = 0;
+    size_t step = kFirstStep;
     for (size_t i = 0; i < n; ++i) {
+      if (i == sorted) {
+        sort_prefix(std::min(n, std::max(step, sorted + 1)));
+        step *= 4;
+      }
       acc += probs_[order_[i]];
       if (u < acc) return order_[i];
     }
+    sort_prefix(n);  // rounding left u at the very top: the least likely candidate
     return order_[n - 1];
   };
 
@@ -127,14 +135,12 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
     sort_prefix(1);
     out.id = order_[0];
   } else if (config_.top_k == 0 && config_.top_p >= 1) {
-    // The whole distribution: drawn in id order, no sorting at all.
-    out.id = draw(V);
+    out.id = draw(V, sum);  // the whole distribution
   } else {
     size_t n = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
     if (config_.top_p < 1) {
       // Nucleus: the smallest prefix (of the top-k) whose mass reaches top_p, at least one
       // token. The prefix is sorted in growing steps; most of the mass sits in a few ids.
-      constexpr size_t kFirstStep = 64;
       const size_t limit = n;
       double mass = 0;
       size_t i = 0;
@@ -152,7 +158,9 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
       }
     }
     sort_prefix(n);
-    out.id = draw(n);
+    double kept = 0;
+    for (size_t i = 0; i < n; ++i) kept += probs_[order_[i]];
+    out.id = draw(n, kept);
   }
   Count(out.id);
   out.logprob = logprob(static_cast<size_t>(out.id));

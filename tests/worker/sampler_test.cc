@@ -133,6 +133,46 @@ TEST(SamplerTest, NucleusBeyondTheFirstSelectionStepMatchesAFullSort) {
   EXPECT_GT(seen.size(), nucleus.size() / 2) << "draws cover the nucleus, not just its head";
 }
 
+// Plain temperature sampling draws by the inverse CDF walked most likely first (sampler.cc: so a
+// seed's token survives small changes of the logits). Replayed here with the same random stream
+// over a fully sorted row, over a vocabulary wide enough that the walk outgrows the sampler's
+// first sorted step whenever it draws an unlikely token.
+TEST(SamplerTest, TemperatureDrawsWalkTheSortedDistribution) {
+  std::vector<float> logits(600);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.01f * static_cast<float>((i * 389) % 600);
+  std::vector<int32_t> sorted(logits.size());
+  std::iota(sorted.begin(), sorted.end(), 0);
+  std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  const double max_logit = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> weights(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = std::exp(static_cast<double>(logits[i]) - max_logit);
+    total += weights[i];
+  }
+  absl::StatusOr<Sampler> s = Sampler::Create({.temperature = 1.0f, .seed = 21});
+  ASSERT_THAT(s, IsOk());
+  std::mt19937_64 rng(21);
+  int deep = 0;
+  for (int draw = 0; draw < 500; ++draw) {
+    std::uniform_real_distribution<double> uniform(0.0, total);
+    const double u = uniform(rng);
+    double acc = 0;
+    size_t rank = 0;
+    for (; rank + 1 < sorted.size(); ++rank) {
+      acc += weights[sorted[rank]];
+      if (u < acc) break;
+    }
+    deep += rank >= 64;
+    absl::StatusOr<SampledToken> t = s->Sample(logits);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_EQ(t->id, sorted[rank]) << "draw " << draw;
+  }
+  EXPECT_GT(deep, 100) << "draws past the first sorted step";
+}
+
 TEST(SamplerTest, RejectsBadConfigsAndRows) {
   EXPECT_THAT(Sampler::Create({.temperature = -1}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("temperature")));
   EXPECT_THAT(Sampler::Create({.top_p = 0}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_p")));
