@@ -38,7 +38,9 @@ class ServingTest : public ClusterTest {
 
   // Starts the three services; extra router flags in `router_flags`. `streamed`: the worker
   // serves the routed experts from the model's release and the streamer streams its records.
-  void StartCluster(std::vector<std::string> router_flags = {}, bool streamed = false) {
+  // `worker_flags` are added to (and override) the worker's defaults.
+  void StartCluster(std::vector<std::string> router_flags = {}, bool streamed = false,
+                    std::vector<std::string> worker_extra = {}) {
     streamer_ports_ = NewPorts();
     worker_ports_ = NewPorts();
     router_ports_ = NewPorts();
@@ -51,6 +53,7 @@ class ServingTest : public ClusterTest {
       worker_flags.push_back("--verify_slots");
       worker_flags.push_back("--release=" + *model_dir_ + "/release");
     }
+    worker_flags.insert(worker_flags.end(), worker_extra.begin(), worker_extra.end());
     worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, worker_flags));
     router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
     router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));

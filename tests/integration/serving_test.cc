@@ -247,8 +247,8 @@ TEST_F(ServingTest, DisconnectMidStreamFreesTheWorkerWithinOneSecond) {
 
 // A 400-token generation takes seconds on the embedded model (about 43 tokens/s on 2 cores):
 // long enough that a request waiting behind it would be seen to wait.
-Json LongCompletion(bool stream) {
-  return {{"model", "embedded"}, {"prompt", "go"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", stream}};
+Json LongCompletion(bool stream, int max_tokens = 400) {
+  return {{"model", "embedded"}, {"prompt", "go"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", stream}};
 }
 
 TEST_F(ServingTest, NonStreamingClientThatHangsUpAbortsItsSequence) {
@@ -299,12 +299,16 @@ TEST_F(ServingTest, QueuedClientThatHangsUpLosesItsPlaceAtOnce) {
 }
 
 TEST_F(ServingTest, DrainTimeoutEndsRunningAndQueuedHttpRequestsAndTheRouterExitsByIt) {
-  StartCluster({"--drain_timeout_s=2"});
-  absl::StatusOr<RawHttp> running = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(true).dump());
+  // A generation that outlasts the 2 s drain by far on any machine: 4000 tokens (the CPU
+  // backend runs about 280 a second on two cores), in a context window that holds them.
+  StartCluster({"--drain_timeout_s=2"}, /*streamed=*/false, {"--max_model_len=4096"});
+  absl::StatusOr<RawHttp> running =
+      RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(true, 4000).dump());
   ASSERT_TRUE(running.ok());
   ASSERT_EQ(running->Status().value_or(0), 200);
   ASSERT_TRUE(running->NextEvent().ok());
-  absl::StatusOr<RawHttp> queued = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false).dump());
+  absl::StatusOr<RawHttp> queued =
+      RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false, 4000).dump());
   ASSERT_TRUE(queued.ok());
   ASSERT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_waiting") == 1; },
                       std::chrono::seconds(5)));
