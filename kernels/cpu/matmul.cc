@@ -3,10 +3,12 @@
 // Both operands are k-contiguous, so every output is a dot product of two contiguous rows. The
 // loop nest computes kTile x kTile blocks of outputs at once (kTile rows of x against kTile rows
 // of w), reading each x and w element once per block instead of once per output; 16-bit weights
-// are widened once per block of w rows. Threads split the n dimension, so decode (m == 1) is
-// parallel too.
+// are widened once per block of w rows. Rows of x left over from whole tiles (all of decode's
+// single row) take DotRows, one x row against kTile w rows. Threads split the n dimension, so
+// decode (m == 1) is parallel too.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +42,47 @@ void DotTile(const float* const x_rows[kTile], const float* const w_rows[kTile],
   }
 }
 
+// out[j] = dot(x, w_rows[j]) over k, for one row of x: the tile of a block with fewer than
+// kTile rows of x (decode is m == 1), where DotTile would repeat the last row kTile times.
+// Each w row keeps two 4-float vectors of independent partial sums (GCC/Clang vector
+// extensions, SSE/NEON-width on every target), added together at the end: the sums are in
+// registers and no float sum is reassociated by the compiler.
+using Vec4 = float __attribute__((vector_size(16)));
+inline Vec4 Load4(const float* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline float Sum4(Vec4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+
+void DotRows(const float* x, const float* const w_rows[kTile], std::int64_t k, float out[kTile]) {
+  static_assert(kTile == 4, "DotRows names its four w rows");
+  const float* w0 = w_rows[0];
+  const float* w1 = w_rows[1];
+  const float* w2 = w_rows[2];
+  const float* w3 = w_rows[3];
+  Vec4 a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
+  std::int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    const Vec4 xa = Load4(x + p);
+    const Vec4 xb = Load4(x + p + 4);
+    a0 += xa * Load4(w0 + p);
+    b0 += xb * Load4(w0 + p + 4);
+    a1 += xa * Load4(w1 + p);
+    b1 += xb * Load4(w1 + p + 4);
+    a2 += xa * Load4(w2 + p);
+    b2 += xb * Load4(w2 + p + 4);
+    a3 += xa * Load4(w3 + p);
+    b3 += xb * Load4(w3 + p + 4);
+  }
+  const float partial[kTile] = {Sum4(a0 + b0), Sum4(a1 + b1), Sum4(a2 + b2), Sum4(a3 + b3)};
+  for (int j = 0; j < kTile; ++j) {
+    float sum = partial[j];
+    for (std::int64_t q = p; q < k; ++q) sum += x[q] * w_rows[j][q];
+    out[j] = sum;
+  }
+}
+
 // Computes columns [n_begin, n_end) of y; n_begin is a multiple of kTile.
 template <typename WeightT>
 void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims& dims,
@@ -63,6 +106,14 @@ void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims&
     }
     for (std::int64_t m0 = 0; m0 < dims.m; m0 += kTile) {
       const int m_valid = static_cast<int>(std::min<std::int64_t>(kTile, dims.m - m0));
+      if (m_valid < kTile) {
+        for (int i = 0; i < m_valid; ++i) {
+          float out[kTile];
+          DotRows(x + (m0 + i) * k, w_rows, k, out);
+          for (int j = 0; j < n_valid; ++j) y[(m0 + i) * dims.n + n0 + j] = out[j];
+        }
+        continue;
+      }
       const float* x_rows[kTile];
       for (int i = 0; i < kTile; ++i) x_rows[i] = x + (m0 + std::min(i, m_valid - 1)) * k;
       float acc[kTile][kTile];

@@ -238,7 +238,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
   }
 
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
-                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id},
+                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id,
+                                       decoder != nullptr ? decoder->release().id() : ""},
                         &slots, model.get());
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{

@@ -65,69 +65,106 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> raw_logits) 
   const size_t V = logits.size();
   const bool greedy = config_.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
-  // Log-softmax of the scaled logits, in double.
   double max_logit = -std::numeric_limits<double>::infinity();
   for (float l : logits) {
-    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l) * inv_t);
+    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l));
   }
   if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
+  // probs_: the unnormalised sampling weights exp((l - max) / T), in double. The reported
+  // log-probabilities are at temperature 1 (SampledToken): log_sum1 normalises them.
   probs_.assign(V, 0.0);
   double sum = 0;
+  double sum1 = 0;
   for (size_t i = 0; i < V; ++i) {
     if (!std::isfinite(logits[i])) continue;
-    probs_[i] = std::exp(static_cast<double>(logits[i]) * inv_t - max_logit);
+    const double shifted = static_cast<double>(logits[i]) - max_logit;
+    probs_[i] = std::exp(shifted * inv_t);
     sum += probs_[i];
+    sum1 += inv_t == 1.0 ? probs_[i] : std::exp(shifted);
   }
-  const double log_sum = std::log(sum);
+  const double log_sum1 = max_logit + std::log(sum1);
   auto logprob = [&](size_t i) {
-    return probs_[i] > 0 ? static_cast<float>(std::log(probs_[i]) - log_sum)
-                         : -std::numeric_limits<float>::infinity();
+    return std::isfinite(logits[i]) ? static_cast<float>(static_cast<double>(logits[i]) - log_sum1)
+                                    : -std::numeric_limits<float>::infinity();
   };
 
-  // Candidates by descending probability (ties: lower id), truncated by top-k then top-p.
-  const size_t keep_k = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
-  const size_t need_sorted = std::max<size_t>(greedy ? 1 : keep_k, config_.top_logprobs);
+  // Candidates by descending probability (ties: lower id), sorted only as far as a step needs
+  // (partial selection, not a sort of the vocabulary): order_[0, sorted) holds the `sorted`
+  // most likely ids in order, and every id after them is less likely than order_[sorted - 1].
   order_.resize(V);
   std::iota(order_.begin(), order_.end(), 0);
-  auto by_prob = [&](int32_t a, int32_t b) { return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b); };
-  if (need_sorted < V) {
-    std::partial_sort(order_.begin(), order_.begin() + need_sorted, order_.end(), by_prob);
-  } else {
-    std::sort(order_.begin(), order_.end(), by_prob);
-  }
-
-  SampledToken out;
-  if (greedy) {
-    out.id = order_[0];
-  } else {
-    // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
-    size_t n = keep_k;
-    if (config_.top_p < 1) {
-      double mass = 0;
-      for (size_t i = 0; i < keep_k; ++i) {
-        mass += probs_[order_[i]] / sum;
-        if (mass >= config_.top_p) {
-          n = i + 1;
-          break;
-        }
-      }
-    }
-    double kept = 0;
-    for (size_t i = 0; i < n; ++i) kept += probs_[order_[i]];
+  size_t sorted = 0;
+  // By logit rather than by probs_: the same order wherever probs_ differ, and a strict one
+  // where a low temperature underflows them to 0 (top_logprobs are reported at temperature 1).
+  auto key = [&](int32_t i) {
+    const float l = logits[static_cast<size_t>(i)];
+    return std::isfinite(l) ? l : -std::numeric_limits<float>::infinity();
+  };
+  auto by_prob = [&](int32_t a, int32_t b) { return key(a) > key(b) || (key(a) == key(b) && a < b); };
+  auto sort_prefix = [&](size_t n) {
+    n = std::min(n, V);
+    if (n <= sorted) return;
+    std::partial_sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted), order_.begin() + static_cast<std::ptrdiff_t>(n),
+                      order_.end(), by_prob);
+    sorted = n;
+  };
+  // Draws from the n most likely ids with weights probs_, walking them most likely first (the
+  // inverse CDF in sorted order): a small change of the logits, such as an expert moving
+  // between 2 and 4 bits, then rarely changes the token a seed picks. The order is sorted only
+  // as far as the walk goes, in growing steps; most of the mass sits in a few ids.
+  constexpr size_t kFirstStep = 64;
+  auto draw = [&](size_t n, double kept) {
     std::uniform_real_distribution<double> uniform(0.0, kept);
     const double u = uniform(rng_);
     double acc = 0;
-    out.id = order_[n - 1];
+    size_t step = kFirstStep;
     for (size_t i = 0; i < n; ++i) {
+      if (i == sorted) {
+        sort_prefix(std::min(n, std::max(step, sorted + 1)));
+        step *= 4;
+      }
       acc += probs_[order_[i]];
-      if (u < acc) {
-        out.id = order_[i];
-        break;
+      if (u < acc) return order_[i];
+    }
+    sort_prefix(n);  // rounding left u at the very top: the least likely candidate
+    return order_[n - 1];
+  };
+
+  SampledToken out;
+  if (greedy) {
+    sort_prefix(1);
+    out.id = order_[0];
+  } else if (config_.top_k == 0 && config_.top_p >= 1) {
+    out.id = draw(V, sum);  // the whole distribution
+  } else {
+    size_t n = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
+    if (config_.top_p < 1) {
+      // Nucleus: the smallest prefix (of the top-k) whose mass reaches top_p, at least one
+      // token. The prefix is sorted in growing steps; most of the mass sits in a few ids.
+      const size_t limit = n;
+      double mass = 0;
+      size_t i = 0;
+      bool reached = false;
+      for (size_t step = kFirstStep; !reached && i < limit; step *= 4) {
+        sort_prefix(std::min(limit, step));
+        for (; i < sorted && i < limit; ++i) {
+          mass += probs_[order_[i]] / sum;
+          if (mass >= config_.top_p) {
+            n = i + 1;
+            reached = true;
+            break;
+          }
+        }
       }
     }
+    sort_prefix(n);
+    double kept = 0;
+    for (size_t i = 0; i < n; ++i) kept += probs_[order_[i]];
+    out.id = draw(n, kept);
   }
   Count(out.id);
   out.logprob = logprob(static_cast<size_t>(out.id));
+  sort_prefix(static_cast<size_t>(config_.top_logprobs));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(V); ++i) {
     out.top.emplace_back(order_[i], logprob(static_cast<size_t>(order_[i])));
   }

@@ -25,12 +25,18 @@ struct SamplingConfig {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
 };
 
+// The log-probabilities a Sampler reports are those of the model's next-token distribution
+// as the request adjusted it: log_softmax(logits + logit_bias - penalties) at temperature 1,
+// over the whole vocabulary (before top-k / top-p). Temperature, top-k and top-p shape only
+// how the token is drawn, so the reported values do not depend on them (greedy included), as
+// OpenAI documents logprobs ("the log probability of this token") and vLLM reports them by
+// default. A token with zero probability reports -infinity.
 struct SampledToken {
   int32_t id = 0;
-  // log p(id) under the temperature-scaled full distribution (greedy: temperature 1), before
-  // top-k / top-p truncation, as OpenAI-compatible servers report it.
   float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // most likely first
+  // The top_logprobs most likely tokens with their log-probabilities, most likely first
+  // (ties: lower id first).
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 class Sampler {
@@ -42,7 +48,7 @@ class Sampler {
 
   // Picks the next token from one row of logits. Non-finite logits count as -inf; a row with
   // no finite logit, or a logit_bias id outside the row, is INVALID_ARGUMENT. The reported
-  // log-probabilities are those of the biased and penalised distribution that was sampled.
+  // log-probabilities are those of SampledToken's contract.
   absl::StatusOr<SampledToken> Sample(std::span<const float> logits);
 
  private:
