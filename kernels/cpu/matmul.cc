@@ -1,12 +1,15 @@
 // CPU reference MatMul: y[m, n] = x[m, k] · w[n, k]^T.
 //
-// Both operands are k-contiguous, so every output is a dot product of two contiguous rows. The
-// loop nest computes kTile x kTile blocks of outputs at once (kTile rows of x against kTile rows
-// of w), reading each x and w element once per block instead of once per output; 16-bit weights
-// are widened once per block of w rows. Threads split the n dimension, so decode (m == 1) is
-// parallel too.
+// Both operands are k-contiguous, so every output is a dot product of two contiguous rows.
+// For each block of kTile rows of w (widened once to fp32 for 16-bit weights, then hot in L1),
+// every row of x runs DotRows against it: one x row against kTile w rows. Every row of x takes
+// the same path with the same summation order, so a row's output does not depend on how many
+// rows share the call (batch invariance: speculative decoding verifies 1 + N tokens in one
+// forward and must reproduce plain decoding's one-token forwards bit for bit). Threads split
+// the n dimension, so decode (m == 1) is parallel too.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -16,27 +19,48 @@
 namespace nq::kernels::cpu {
 namespace {
 
-// Register block: kTile x kTile accumulators (16 floats fit the x86-64 SSE register file).
+// w rows per DotRows call: each keeps two 4-float accumulators, so 8 vector registers.
 constexpr int kTile = 4;
 // Below this many multiply-adds a call runs on one thread (spawning threads costs ~tens of us).
 constexpr std::int64_t kParallelMinFmas = std::int64_t{1} << 22;
 
-// acc[i][j] = dot(x_rows[i], w_rows[j]) over k. Rows past the real edge point at a valid row;
-// the caller drops their results.
-void DotTile(const float* const x_rows[kTile], const float* const w_rows[kTile], std::int64_t k,
-             float acc[kTile][kTile]) {
-  float sum[kTile][kTile] = {};
-  for (std::int64_t p = 0; p < k; ++p) {
-    float xv[kTile];
-    float wv[kTile];
-    for (int i = 0; i < kTile; ++i) xv[i] = x_rows[i][p];
-    for (int j = 0; j < kTile; ++j) wv[j] = w_rows[j][p];
-    for (int i = 0; i < kTile; ++i) {
-      for (int j = 0; j < kTile; ++j) sum[i][j] += xv[i] * wv[j];
-    }
+// out[j] = dot(x, w_rows[j]) over k, for one row of x. Each w row keeps two 4-float vectors
+// of independent partial sums (GCC/Clang vector extensions, SSE/NEON-width on every target),
+// added together at the end: the sums are in registers and no float sum is reassociated by
+// the compiler.
+using Vec4 = float __attribute__((vector_size(16)));
+inline Vec4 Load4(const float* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline float Sum4(Vec4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+
+void DotRows(const float* x, const float* const w_rows[kTile], std::int64_t k, float out[kTile]) {
+  static_assert(kTile == 4, "DotRows names its four w rows");
+  const float* w0 = w_rows[0];
+  const float* w1 = w_rows[1];
+  const float* w2 = w_rows[2];
+  const float* w3 = w_rows[3];
+  Vec4 a0 = {}, b0 = {}, a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
+  std::int64_t p = 0;
+  for (; p + 8 <= k; p += 8) {
+    const Vec4 xa = Load4(x + p);
+    const Vec4 xb = Load4(x + p + 4);
+    a0 += xa * Load4(w0 + p);
+    b0 += xb * Load4(w0 + p + 4);
+    a1 += xa * Load4(w1 + p);
+    b1 += xb * Load4(w1 + p + 4);
+    a2 += xa * Load4(w2 + p);
+    b2 += xb * Load4(w2 + p + 4);
+    a3 += xa * Load4(w3 + p);
+    b3 += xb * Load4(w3 + p + 4);
   }
-  for (int i = 0; i < kTile; ++i) {
-    for (int j = 0; j < kTile; ++j) acc[i][j] = sum[i][j];
+  const float partial[kTile] = {Sum4(a0 + b0), Sum4(a1 + b1), Sum4(a2 + b2), Sum4(a3 + b3)};
+  for (int j = 0; j < kTile; ++j) {
+    float sum = partial[j];
+    for (std::int64_t q = p; q < k; ++q) sum += x[q] * w_rows[j][q];
+    out[j] = sum;
   }
 }
 
@@ -61,15 +85,10 @@ void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims&
         w_rows[j] = dst;
       }
     }
-    for (std::int64_t m0 = 0; m0 < dims.m; m0 += kTile) {
-      const int m_valid = static_cast<int>(std::min<std::int64_t>(kTile, dims.m - m0));
-      const float* x_rows[kTile];
-      for (int i = 0; i < kTile; ++i) x_rows[i] = x + (m0 + std::min(i, m_valid - 1)) * k;
-      float acc[kTile][kTile];
-      DotTile(x_rows, w_rows, k, acc);
-      for (int i = 0; i < m_valid; ++i) {
-        for (int j = 0; j < n_valid; ++j) y[(m0 + i) * dims.n + n0 + j] = acc[i][j];
-      }
+    for (std::int64_t i = 0; i < dims.m; ++i) {
+      float out[kTile];
+      DotRows(x + i * k, w_rows, k, out);
+      for (int j = 0; j < n_valid; ++j) y[i * dims.n + n0 + j] = out[j];
     }
   }
 }

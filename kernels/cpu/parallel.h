@@ -1,6 +1,6 @@
-// A minimal fork-join helper for the CPU reference backend: splits [0, n) into contiguous chunks
-// over short-lived std::threads. Enough for a reference implementation and CI's two cores; the
-// CPU backend is an oracle, not the production path.
+// A minimal fork-join helper for the CPU backend: splits [0, n) into contiguous chunks run by a
+// process-wide pool of hardware_concurrency - 1 threads and the caller (parallel.cc says how a
+// call stays safe when called from several threads or from inside a body).
 #pragma once
 
 #include <cstdint>

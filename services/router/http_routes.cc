@@ -15,6 +15,7 @@
 #include "services/common/status_http.h"
 #include "services/common/status_macros.h"
 #include "services/router/inference_service.h"
+#include "services/router/openai_logprobs.h"
 #include "services/router/openai_request.h"
 
 namespace nq::router {
@@ -65,6 +66,24 @@ absl::Status DrainedError() {
 }
 
 bool DrainPassed(const HttpRoutesConfig& config) { return config.drain != nullptr && config.drain->Passed(); }
+
+// The tokenizer's bytes for the logprobs objects (openai_logprobs.h); an id the tokenizer
+// lacks (a vocabulary padded past it) reads as no text, as it streams.
+TokenText TokenTextOf(const tokenizer::Tokenizer& tok) {
+  auto of = [&tok](int32_t id, bool skip_special) {
+    absl::StatusOr<std::string_view> bytes = tok.TokenBytes(id, skip_special);
+    return bytes.ok() ? std::string(*bytes) : std::string();
+  };
+  return {.bytes = [of](int32_t id) { return of(id, false); }, .text_bytes = [of](int32_t id) { return of(id, true); }};
+}
+
+// A choice's `logprobs` for `tokens`: null unless the request asked for them.
+Json ChoiceLogprobs(const LogprobsRequest& want, bool chat, std::span<const nq::v1::TokenLogprob> tokens,
+                    const TokenText& text, CompletionLogprobs& legacy) {
+  if (!want.enabled) return nullptr;
+  if (chat) return {{"content", ChatLogprobContent(tokens, text)}, {"refusal", nullptr}};
+  return legacy.Next(tokens);
+}
 
 std::string Sse(const Json& json) { return "data: " + json.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n"; }
 
@@ -155,18 +174,28 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
   const int64_t created = NowUnix();
   std::shared_ptr<ChatStreamParser> parser;
   if (chat) parser = config.chat->NewParser(parsed->chat_input);
+  const LogprobsRequest want_logprobs = parsed->logprobs;
+  const TokenText token_text = TokenTextOf(tok);
 
   if (!parsed->stream) {
     std::string text;
-    absl::StatusOr<GenerationOutcome> outcome =
-        generation->Run([&](const GenerationDelta& delta) { text += delta.text; return true; }, cancelled);
+    std::vector<nq::v1::TokenLogprob> tokens;
+    absl::StatusOr<GenerationOutcome> outcome = generation->Run(
+        [&](const GenerationDelta& delta) {
+          text += delta.text;
+          if (want_logprobs.enabled) tokens.insert(tokens.end(), delta.tokens.begin(), delta.tokens.end());
+          return true;
+        },
+        cancelled);
     if (!outcome.ok()) return SendError(response, outcome.status());
     if (outcome->finish == nq::v1::FINISH_REASON_ABORT) {
       // Nobody reads a disconnected client's answer; a drained one gets the reason.
       return SendError(response, DrainPassed(config) ? DrainedError()
                                                      : absl::CancelledError("the client went away"));
     }
-    Json choice = {{"index", 0}, {"finish_reason", FinishReasonText(outcome->finish)}, {"logprobs", nullptr}};
+    CompletionLogprobs legacy(token_text, want_logprobs.top);
+    Json choice = {{"index", 0}, {"finish_reason", FinishReasonText(outcome->finish)},
+                   {"logprobs", ChoiceLogprobs(want_logprobs, chat, tokens, token_text, legacy)}};
     Json body = {{"id", id}, {"created", created}, {"model", model}, {"usage", UsageJson(outcome->usage)}};
     if (chat) {
       parser->Feed(text);
@@ -198,10 +227,17 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(
       "text/event-stream",
-      [generation, parser, id, model, created, chat, include_usage, config = &config](size_t,
-                                                                                  httplib::DataSink& sink) {
+      [generation, parser, id, model, created, chat, include_usage, want_logprobs, token_text,
+       config = &config](size_t, httplib::DataSink& sink) {
+        // The tokens whose logprobs the next chunk carries: those of the text it brings, and
+        // of text still held (by the detokenizer, stop matcher or chat parser) when a chunk
+        // goes out; the last chunk carries the rest.
+        std::vector<nq::v1::TokenLogprob> pending;
+        CompletionLogprobs legacy(token_text, want_logprobs.top);
         auto chunk = [&](Json delta_or_text, const char* finish) {
-          Json choice = {{"index", 0}, {"finish_reason", finish ? Json(finish) : Json(nullptr)}, {"logprobs", nullptr}};
+          Json choice = {{"index", 0}, {"finish_reason", finish ? Json(finish) : Json(nullptr)},
+                         {"logprobs", ChoiceLogprobs(want_logprobs, chat, pending, token_text, legacy)}};
+          pending.clear();
           if (chat) {
             choice["delta"] = std::move(delta_or_text);
           } else {
@@ -225,6 +261,7 @@ void ServeGeneration(const HttpRoutesConfig& config, const httplib::Request& htt
         absl::StatusOr<GenerationOutcome> outcome = generation->Run(
             [&](const GenerationDelta& delta) {
               if (!sink.is_writable()) return false;
+              if (want_logprobs.enabled) pending.insert(pending.end(), delta.tokens.begin(), delta.tokens.end());
               if (chat) return emit_chat(parser->Feed(delta.text));
               return delta.text.empty() ? true : chunk(delta.text, nullptr);
             },

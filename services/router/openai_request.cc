@@ -215,10 +215,13 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(const std::string& body) {
   } else {
     return Invalid("prompt", "must be a string or an array of token ids");
   }
-  // The router does not return log-probabilities yet: only "none" (0) is accepted.
+  // OpenAI's legacy `logprobs`: the number of alternatives per token (OpenAI allows 5; the
+  // worker reports up to 20, as chat's top_logprobs). Present, the sampled tokens' logprobs are
+  // returned even for 0.
   if (Has(json, "logprobs")) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "logprobs", 0, 20));
-    if (n != 0) return Unsupported("logprobs", "0");
+    out.logprobs = {.enabled = true, .top = static_cast<int>(n)};
+    out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
   }
   if (Has(json, "echo") && json["echo"].is_boolean() && json["echo"].get<bool>()) {
     return Invalid("echo", "is not supported");
@@ -291,14 +294,18 @@ absl::StatusOr<OpenAiRequest> ParseChatRequest(const std::string& body) {
       out.chat_input.set_enable_thinking(kwargs["enable_thinking"].get<bool>());
     }
   }
-  // The router does not return log-probabilities yet: only their absence is accepted.
+  // Chat: `logprobs: true` returns each token's logprob, `top_logprobs` (0..20) the
+  // alternatives, which OpenAI only accepts together with `logprobs: true` (0, the default
+  // that SDKs may send, is accepted alone).
   if (Has(json, "logprobs")) {
     if (!json["logprobs"].is_boolean()) return Invalid("logprobs", "must be a boolean");
-    if (json["logprobs"].get<bool>()) return Unsupported("logprobs", "false");
+    out.logprobs.enabled = json["logprobs"].get<bool>();
   }
   if (Has(json, "top_logprobs")) {
     ASSIGN_OR_RETURN(int64_t n, Integer(json, "top_logprobs", 0, 20));
-    if (n != 0) return Unsupported("top_logprobs", "0");
+    if (n > 0 && !out.logprobs.enabled) return Invalid("top_logprobs", "requires 'logprobs': true");
+    out.logprobs.top = static_cast<int>(n);
+    out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
   }
   return out;
 }

@@ -41,7 +41,15 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
                                   "Routed expert calls reported by workers, by the precision the streamer's "
                                   "table gives them (4: READY in a slot)",
                                   {"bits"}).WithLabels({"4"})),
-      calls_2bit(registry.Counter("nq_streamer_expert_calls_total", "", {"bits"}).WithLabels({"2"})) {}
+      calls_2bit(registry.Counter("nq_streamer_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
+      reports_refused(registry.Counter("nq_streamer_routing_reports_refused_total",
+                                       "Routing reports not fed to the predictor: out of order (an older "
+                                       "sequence, or tokens already reported) or malformed").Get()),
+      report_gaps(registry.Counter("nq_streamer_routing_report_gaps_total",
+                                   "Routing reports that followed missing tokens of their sequence (blocks "
+                                   "the worker dropped)").Get()),
+      sequences(registry.Counter("nq_streamer_routing_sequences_total",
+                                 "Worker sequences whose routing reached a predictor").Get()) {}
 
 absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::Create(std::shared_ptr<RegisteredWorker> worker,
                                                                const SlotLoaderOptions& options,
@@ -250,7 +258,20 @@ absl::Status SlotLoader::EnsurePredictor(const nq::v1::RoutingReport& report) {
 }
 
 void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
+  static LogRateLimiter refused_log(std::chrono::seconds(10));
+  absl::StatusOr<ReportPlace> place = order_.Accept(report);
+  if (!place.ok()) {
+    metrics_->reports_refused.Increment();
+    if (long n = refused_log.Allow()) {
+      spdlog::warn("worker {}: routing report refused: {} ({} since last report)", worker_->worker_id,
+                   place.status().ToString(), n);
+    }
+    return;
+  }
+  if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) metrics_->sequences.Increment();
+  if (*place == ReportPlace::kAfterGap) metrics_->report_gaps.Increment();
   if (absl::Status s = EnsurePredictor(report); !s.ok()) {
+    metrics_->reports_refused.Increment();
     // Only this report is lost: the next well-formed one starts the predictor.
     static LogRateLimiter malformed_log(std::chrono::seconds(10));
     if (long n = malformed_log.Allow()) {
@@ -260,6 +281,14 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
   }
   const size_t L = predictor_layers_.size();
   const size_t tokens = static_cast<size_t>(report.layer_entries_size()) / L;
+  if (tokens != report.num_tokens() || tokens * L != static_cast<size_t>(report.layer_entries_size())) {
+    metrics_->reports_refused.Increment();
+    if (long n = refused_log.Allow()) {
+      spdlog::warn("worker {}: routing report refused: {} entries for {} tokens x {} layers ({} since last report)",
+                   worker_->worker_id, report.layer_entries_size(), report.num_tokens(), L, n);
+    }
+    return;
+  }
   std::vector<uint32_t> experts;
   std::vector<float> weights;
   uint64_t calls_4bit = 0, calls_2bit = 0;
@@ -270,6 +299,7 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
       const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(t * L + l));
       if (entry.layer() != predictor_layers_[l] || entry.experts_size() != entry.weights_size() ||
           (!experts.empty() && static_cast<size_t>(entry.experts_size()) * l != experts.size())) {
+        metrics_->reports_refused.Increment();
         spdlog::warn("worker {}: malformed routing report dropped (token {} layer {})", worker_->worker_id, t,
                      entry.layer());
         return;
@@ -284,6 +314,7 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
       }
     }
     if (absl::Status s = predictor_->Observe(experts, weights); !s.ok()) {
+      metrics_->reports_refused.Increment();
       spdlog::warn("worker {}: routing report dropped: {}", worker_->worker_id, s.ToString());
       return;
     }

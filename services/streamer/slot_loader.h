@@ -37,6 +37,7 @@
 #include "services/streamer/event_fd.h"
 #include "services/streamer/predictor.h"
 #include "services/streamer/record_store.h"
+#include "services/streamer/report_order.h"
 #include "services/streamer/slot_allocator.h"
 #include "services/streamer/worker_registry.h"
 
@@ -56,6 +57,9 @@ struct LoaderMetrics {
   metrics::Histogram& refresh_seconds;
   metrics::Counter& calls_4bit;
   metrics::Counter& calls_2bit;
+  metrics::Counter& reports_refused;
+  metrics::Counter& report_gaps;
+  metrics::Counter& sequences;
 };
 
 struct SlotLoaderOptions {
@@ -156,6 +160,7 @@ class SlotLoader {
 
   // Loader thread only.
   std::optional<PredictorV0> predictor_;
+  ReportOrder order_;  // the session's reports in order (sequence_id, first_token)
   std::vector<uint32_t> predictor_layers_;  // model layer ids the worker reports, in order
   std::vector<size_t> predictor_layer_index_;  // their index in the geometry
   std::deque<Want> queue_;             // loads not yet submitted, in priority order

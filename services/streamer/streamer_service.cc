@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "services/common/status_grpc.h"
+#include "services/common/status_macros.h"
 
 namespace nq::streamer {
 namespace {
@@ -30,7 +31,10 @@ StreamerService::StreamerService(WorkerRegistry* registry, metrics::Registry& me
       routing_tokens_(metrics.Counter("nq_streamer_routing_tokens_total",
                                       "Decode tokens covered by routing reports").Get()),
       unmap_acks_(metrics.Counter("nq_streamer_unmap_acks_total",
-                                  "Slot unmap acknowledgements received from workers").Get()) {}
+                                  "Slot unmap acknowledgements received from workers").Get()),
+      sessions_failed_(metrics.Counter("nq_streamer_sessions_failed_total",
+                                       "Worker sessions the streamer ended because their slot loader could not "
+                                       "start (the worker retries)").Get()) {}
 
 absl::StatusOr<SlotLoaderOptions> StreamerService::LoaderOptions() {
   absl::MutexLock lock(&files_mu_);
@@ -59,6 +63,22 @@ grpc::Status StreamerService::RegisterWorker(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+absl::StatusOr<std::unique_ptr<SlotLoader>> StreamerService::StartLoader(
+    const std::shared_ptr<RegisteredWorker>& worker, const nq::v1::SessionHello& hello,
+    grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream) {
+  {
+    absl::MutexLock lock(&files_mu_);
+    if (!loader_options_.has_value()) return nullptr;
+  }
+  if (worker->release_id.empty()) return nullptr;  // static expert bits: nothing to load
+  ASSIGN_OR_RETURN(SlotLoaderOptions options, LoaderOptions());
+  ASSIGN_OR_RETURN(std::unique_ptr<SlotLoader> loader,
+                   SlotLoader::Create(worker, options, &loader_metrics_,
+                                      [stream](const nq::v1::StreamerMessage& out) { return stream->Write(out); }));
+  RETURN_IF_ERROR(loader->Start(hello));
+  return loader;
+}
+
 grpc::Status StreamerService::Session(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream) {
@@ -79,25 +99,18 @@ grpc::Status StreamerService::Session(
 
   // The loader writes slot-table updates from its own thread; gRPC allows one writer
   // alongside this reader.
-  std::unique_ptr<SlotLoader> loader;
-  bool has_release;
-  {
-    absl::MutexLock lock(&files_mu_);
-    has_release = loader_options_.has_value();
-  }
-  if (has_release && !(*worker)->release_id.empty()) {
-    absl::StatusOr<SlotLoaderOptions> options = LoaderOptions();
-    absl::StatusOr<std::unique_ptr<SlotLoader>> created =
-        options.ok() ? SlotLoader::Create(*worker, *options, &loader_metrics_,
-                                          [stream](const nq::v1::StreamerMessage& out) { return stream->Write(out); })
-                     : options.status();
-    absl::Status started = created.ok() ? (*created)->Start(hello) : created.status();
-    if (started.ok()) {
-      loader = std::move(*created);
-    } else {
-      spdlog::error("worker {}: no slot loads this session, it serves every expert at 2 bits: {}", worker_id,
-                    started.ToString());
-    }
+  absl::StatusOr<std::unique_ptr<SlotLoader>> loader = StartLoader(*worker, hello, stream);
+  if (!loader.ok()) {
+    // A session without its loader would look connected and never load a slot: end it, so the
+    // worker's session fails, it serves at 2 bits meanwhile, and its retry gets a new loader
+    // (a record directory back in place, say). Logged by the worker's retry loop too.
+    sessions_failed_.Increment();
+    spdlog::error("worker {}: session ended, its slot loader could not start: {}", worker_id,
+                  loader.status().ToString());
+    worker->reset();
+    sessions_active_.Decrement();
+    registry_->CloseSession(worker_id);
+    return ToGrpcStatus(Annotate(loader.status(), "streamer slot loader"));
   }
 
   while (stream->Read(&message)) {
@@ -105,11 +118,11 @@ grpc::Status StreamerService::Session(
       case nq::v1::WorkerMessage::kRouting:
         routing_reports_.Increment();
         routing_tokens_.Increment(message.routing().num_tokens());
-        if (loader) loader->OnRouting(std::move(*message.mutable_routing()));
+        if (*loader) (*loader)->OnRouting(std::move(*message.mutable_routing()));
         break;
       case nq::v1::WorkerMessage::kUnmapAck:
         unmap_acks_.Increment();
-        if (loader) loader->OnUnmapAck(std::move(*message.mutable_unmap_ack()));
+        if (*loader) (*loader)->OnUnmapAck(std::move(*message.mutable_unmap_ack()));
         break;
       default:
         spdlog::warn("worker {} sent an unexpected {} message; ignored", worker_id,
@@ -117,8 +130,8 @@ grpc::Status StreamerService::Session(
     }
   }
   // Stop the loader before the arena can be unmapped.
-  if (loader) loader->Stop();
-  loader.reset();
+  if (*loader) (*loader)->Stop();
+  loader->reset();
   worker->reset();
   sessions_active_.Decrement();
   registry_->CloseSession(worker_id);

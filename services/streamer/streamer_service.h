@@ -40,6 +40,12 @@ class StreamerService final : public nq::v1::Streamer::Service {
   // loader_options_ with its shared files opened (once; a failure is retried by the next
   // session).
   absl::StatusOr<SlotLoaderOptions> LoaderOptions();
+  // The session's started loader; null when there is nothing to load (no release here, or a
+  // worker with static expert bits). The errors of LoaderOptions, SlotLoader::Create and
+  // SlotLoader::Start.
+  absl::StatusOr<std::unique_ptr<SlotLoader>> StartLoader(
+      const std::shared_ptr<RegisteredWorker>& worker, const nq::v1::SessionHello& hello,
+      grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream);
 
   WorkerRegistry* const registry_;
   absl::Mutex files_mu_;
@@ -51,6 +57,7 @@ class StreamerService final : public nq::v1::Streamer::Service {
   metrics::Counter& routing_reports_;
   metrics::Counter& routing_tokens_;
   metrics::Counter& unmap_acks_;
+  metrics::Counter& sessions_failed_;
 };
 
 }  // namespace nq::streamer

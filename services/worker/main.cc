@@ -268,7 +268,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
   }
 
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
-                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id},
+                                       static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id,
+                                       decoder != nullptr ? decoder->release().id() : ""},
                         &slots, model.get());
   if (model != nullptr) {
     ASSIGN_OR_RETURN(const int speculative_tokens, SpeculativeTokens(*model));

@@ -55,6 +55,22 @@ std::span<const float> Sampler::Adjust(std::span<const float> logits) {
 
 void Sampler::Count(int32_t id) { ++counts_[id]; }
 
+double Sampler::Key(int32_t id) const {
+  const float l = logits_[static_cast<size_t>(id)];
+  return std::isfinite(l) ? l : -std::numeric_limits<double>::infinity();
+}
+
+void Sampler::SortPrefix(size_t n) {
+  n = std::min(n, order_.size());
+  if (n <= sorted_) return;
+  // By logit rather than by probs_: the same order wherever probs_ differ, and a strict one
+  // where a low temperature underflows them to 0 (top_logprobs are reported at temperature 1).
+  auto by_prob = [&](int32_t a, int32_t b) { return Key(a) > Key(b) || (Key(a) == Key(b) && a < b); };
+  std::partial_sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted_),
+                    order_.begin() + static_cast<std::ptrdiff_t>(n), order_.end(), by_prob);
+  sorted_ = n;
+}
+
 absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
   for (const auto& [id, bias] : config_.logit_bias) {
     if (static_cast<size_t>(id) >= raw_logits.size()) {
@@ -62,82 +78,118 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
                                                      raw_logits.size()));
     }
   }
-  const std::span<const float> logits = Adjust(raw_logits);
-  const size_t V = logits.size();
+  logits_ = Adjust(raw_logits);
+  const size_t V = logits_.size();
   const bool greedy = config_.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
-  // Softmax of the scaled logits, in double, left unnormalised (sum_ holds the total).
   double max_logit = -std::numeric_limits<double>::infinity();
-  for (float l : logits) {
-    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l) * inv_t);
+  for (float l : logits_) {
+    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l));
   }
   if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
+  // probs_: the unnormalised sampling weights exp((l - max) / T), in double. The reported
+  // log-probabilities are at temperature 1 (SampledToken): log_sum1_ normalises them.
   probs_.assign(V, 0.0);
   sum_ = 0;
+  double sum1 = 0;
   for (size_t i = 0; i < V; ++i) {
-    if (!std::isfinite(logits[i])) continue;
-    probs_[i] = std::exp(static_cast<double>(logits[i]) * inv_t - max_logit);
+    if (!std::isfinite(logits_[i])) continue;
+    const double shifted = static_cast<double>(logits_[i]) - max_logit;
+    probs_[i] = std::exp(shifted * inv_t);
     sum_ += probs_[i];
+    sum1 += inv_t == 1.0 ? probs_[i] : std::exp(shifted);
   }
+  log_sum1_ = max_logit + std::log(sum1);
 
-  // Candidates by descending probability (ties: lower id), truncated by top-k then top-p.
-  const size_t keep_k = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
-  const size_t need_sorted = std::max<size_t>(greedy ? 1 : keep_k, config_.top_logprobs);
+  // Candidates by descending probability (ties: lower id), sorted only as far as a step needs
+  // (partial selection, not a sort of the vocabulary): order_[0, sorted_) holds the sorted_
+  // most likely ids in order, and every id after them is less likely than order_[sorted_ - 1].
   order_.resize(V);
   std::iota(order_.begin(), order_.end(), 0);
-  auto by_prob = [&](int32_t a, int32_t b) { return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b); };
-  if (need_sorted < V) {
-    std::partial_sort(order_.begin(), order_.begin() + need_sorted, order_.end(), by_prob);
-  } else {
-    std::sort(order_.begin(), order_.end(), by_prob);
-  }
+  sorted_ = 0;
   if (greedy) {
     kept_ = 1;
+  } else if (config_.top_k == 0 && config_.top_p >= 1) {
+    kept_ = V;  // the whole distribution
   } else {
-    // Nucleus: the smallest prefix whose mass reaches top_p (at least one token).
-    kept_ = keep_k;
+    kept_ = config_.top_k > 0 ? std::min<size_t>(config_.top_k, V) : V;
     if (config_.top_p < 1) {
+      // Nucleus: the smallest prefix (of the top-k) whose mass reaches top_p, at least one
+      // token. The prefix is sorted in growing steps; most of the mass sits in a few ids.
+      const size_t limit = kept_;
       double mass = 0;
-      for (size_t i = 0; i < keep_k; ++i) {
-        mass += probs_[order_[i]] / sum_;
-        if (mass >= config_.top_p) {
-          kept_ = i + 1;
-          break;
+      size_t i = 0;
+      bool reached = false;
+      for (size_t step = kFirstSortStep; !reached && i < limit; step *= 4) {
+        SortPrefix(std::min(limit, step));
+        for (; i < sorted_ && i < limit; ++i) {
+          mass += probs_[order_[i]] / sum_;
+          if (mass >= config_.top_p) {
+            kept_ = i + 1;
+            reached = true;
+            break;
+          }
         }
       }
     }
   }
-  kept_mass_ = 0;
-  for (size_t i = 0; i < kept_; ++i) kept_mass_ += probs_[order_[i]];
+  if (!greedy && config_.top_k == 0 && config_.top_p >= 1) {
+    kept_mass_ = sum_;
+  } else {
+    SortPrefix(kept_);
+    kept_mass_ = 0;
+    for (size_t i = 0; i < kept_; ++i) kept_mass_ += probs_[order_[i]];
+  }
   return absl::OkStatus();
 }
 
 int32_t Sampler::Draw() {
-  if (config_.temperature == 0) return order_[0];
+  if (config_.temperature == 0) {
+    SortPrefix(1);
+    return order_[0];
+  }
+  // Draws from the kept_ most likely ids with weights probs_, walking them most likely first
+  // (the inverse CDF in sorted order): a small change of the logits, such as an expert moving
+  // between 2 and 4 bits, then rarely changes the token a seed picks. The order is sorted only
+  // as far as the walk goes, in growing steps; most of the mass sits in a few ids.
   std::uniform_real_distribution<double> uniform(0.0, kept_mass_);
   const double u = uniform(rng_);
   double acc = 0;
+  size_t step = kFirstSortStep;
   for (size_t i = 0; i < kept_; ++i) {
+    if (i == sorted_) {
+      SortPrefix(std::min(kept_, std::max(step, sorted_ + 1)));
+      step *= 4;
+    }
     acc += probs_[order_[i]];
     if (u < acc) return order_[i];
   }
+  SortPrefix(kept_);  // rounding left u at the very top: the least likely candidate
   return order_[kept_ - 1];
 }
 
 SampledToken Sampler::Commit(int32_t id) {
-  const double log_sum = std::log(sum_);
   auto logprob = [&](size_t i) {
-    return probs_[i] > 0 ? static_cast<float>(std::log(probs_[i]) - log_sum)
-                         : -std::numeric_limits<float>::infinity();
+    return std::isfinite(logits_[i]) ? static_cast<float>(static_cast<double>(logits_[i]) - log_sum1_)
+                                     : -std::numeric_limits<float>::infinity();
   };
   SampledToken out;
   out.id = id;
   Count(id);
   out.logprob = logprob(static_cast<size_t>(id));
+  SortPrefix(static_cast<size_t>(config_.top_logprobs));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(order_.size()); ++i) {
     out.top.emplace_back(order_[i], logprob(static_cast<size_t>(order_[i])));
   }
   return out;
+}
+
+void Sampler::MarkKept() {
+  // The whole vocabulary is kept unless top-k / top-p cut it (then order_[0, kept_) is sorted).
+  in_kept_.assign(order_.size(), kept_ == order_.size() ? 1 : 0);
+  if (kept_ < order_.size()) {
+    for (size_t i = 0; i < kept_; ++i) in_kept_[static_cast<size_t>(order_[i])] = 1;
+  }
 }
 
 double Sampler::TargetProbability(int32_t id) const {
@@ -152,7 +204,12 @@ absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> logits) {
 absl::StatusOr<std::vector<float>> Sampler::Distribution(std::span<const float> logits) {
   RETURN_IF_ERROR(Prepare(logits));
   std::vector<float> p(logits.size(), 0.0f);
-  for (size_t i = 0; i < kept_; ++i) p[order_[i]] = static_cast<float>(probs_[order_[i]] / kept_mass_);
+  if (config_.temperature == 0) {
+    p[static_cast<size_t>(Draw())] = 1.0f;
+    return p;
+  }
+  MarkKept();
+  for (size_t id = 0; id < p.size(); ++id) p[id] = static_cast<float>(TargetProbability(static_cast<int32_t>(id)));
   return p;
 }
 
@@ -172,8 +229,7 @@ absl::StatusOr<Sampler::Verdict> Sampler::Verify(std::span<const float> logits, 
     const int32_t id = Draw();
     return Verdict{.accepted = id == draft, .token = Commit(id)};
   }
-  in_kept_.assign(logits.size(), 0);
-  for (size_t i = 0; i < kept_; ++i) in_kept_[static_cast<size_t>(order_[i])] = 1;
+  MarkKept();
   auto q = [&](size_t id) -> double {
     if (draft_probs.empty()) return id == static_cast<size_t>(draft) ? 1.0 : 0.0;
     return draft_probs[id];
@@ -186,11 +242,11 @@ absl::StatusOr<Sampler::Verdict> Sampler::Verify(std::span<const float> logits, 
   if (uniform(rng_) * q_draft < TargetProbability(draft)) {
     return Verdict{.accepted = true, .token = Commit(draft)};
   }
-  // Rejected: draw from the residual max(0, p - q). Only kept tokens have p > 0.
+  // Rejected: draw from the residual max(0, p - q), over the ids in order (the residual's
+  // order does not matter to its distribution, and needs no sort of the vocabulary).
+  const size_t V = logits.size();
   double residual_mass = 0;
-  for (size_t i = 0; i < kept_; ++i) {
-    residual_mass += std::max(0.0, TargetProbability(order_[i]) - q(static_cast<size_t>(order_[i])));
-  }
+  for (size_t id = 0; id < V; ++id) residual_mass += std::max(0.0, TargetProbability(static_cast<int32_t>(id)) - q(id));
   if (!(residual_mass > 0)) {
     // p <= q everywhere means p == q, where a rejection has probability 0; rounding can still
     // land here: p itself is then the right distribution.
@@ -200,10 +256,10 @@ absl::StatusOr<Sampler::Verdict> Sampler::Verify(std::span<const float> logits, 
   const double u = residual_uniform(rng_);
   double acc = 0;
   int32_t id = -1;
-  for (size_t i = 0; i < kept_; ++i) {
-    const double r = std::max(0.0, TargetProbability(order_[i]) - q(static_cast<size_t>(order_[i])));
+  for (size_t i = 0; i < V; ++i) {
+    const double r = std::max(0.0, TargetProbability(static_cast<int32_t>(i)) - q(i));
     if (r <= 0) continue;
-    id = order_[i];  // rounding past the end lands on the last token with residual mass
+    id = static_cast<int32_t>(i);  // rounding past the end lands on the last token with residual mass
     acc += r;
     if (u < acc) break;
   }

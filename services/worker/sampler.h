@@ -25,12 +25,18 @@ struct SamplingConfig {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
 };
 
+// The log-probabilities a Sampler reports are those of the model's next-token distribution
+// as the request adjusted it: log_softmax(logits + logit_bias - penalties) at temperature 1,
+// over the whole vocabulary (before top-k / top-p). Temperature, top-k and top-p shape only
+// how the token is drawn, so the reported values do not depend on them (greedy included), as
+// OpenAI documents logprobs ("the log probability of this token") and vLLM reports them by
+// default. A token with zero probability reports -infinity.
 struct SampledToken {
   int32_t id = 0;
-  // log p(id) under the temperature-scaled full distribution (greedy: temperature 1), before
-  // top-k / top-p truncation, as OpenAI-compatible servers report it.
   float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // most likely first
+  // The top_logprobs most likely tokens with their log-probabilities, most likely first
+  // (ties: lower id first).
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 class Sampler {
@@ -42,7 +48,7 @@ class Sampler {
 
   // Picks the next token from one row of logits. Non-finite logits count as -inf; a row with
   // no finite logit, or a logit_bias id outside the row, is INVALID_ARGUMENT. The reported
-  // log-probabilities are those of the biased and penalised distribution that was sampled.
+  // log-probabilities are those of SampledToken's contract.
   absl::StatusOr<SampledToken> Sample(std::span<const float> logits);
 
   // Speculative verification of `draft` against this row (Leviathan et al. 2023, "Fast
@@ -63,33 +69,44 @@ class Sampler {
   absl::StatusOr<Verdict> Verify(std::span<const float> logits, int32_t draft, std::span<const float> draft_probs);
 
   // The distribution Sample would draw from for this row, normalised ([vocab]; greedy: all mass
-  // on the pick). Changes no state: it neither draws nor counts.
+  // on the pick). Draws nothing and counts nothing.
   absl::StatusOr<std::vector<float>> Distribution(std::span<const float> logits);
 
  private:
+  // Ids sorted per step before the walk over them sorts further (growing by 4x each time):
+  // most of the mass sits in a few ids.
+  static constexpr size_t kFirstSortStep = 64;
+
   explicit Sampler(const SamplingConfig& config) : config_(config), rng_(config.seed) {}
   // The logits with logit_bias and the penalties applied (`logits` itself when none apply).
   std::span<const float> Adjust(std::span<const float> logits);
-  // Fills probs_ (exp of the scaled logits, unnormalised), sum_, order_ (candidates by
-  // descending probability) and kept_ (how many of order_ survive top-k / top-p).
+  void Count(int32_t id);
+  // Fills logits_, probs_ (exp of the scaled logits, unnormalised), sum_, log_sum1_, order_
+  // and kept_ / kept_mass_ (the candidates top-k / top-p leave) for one row.
   absl::Status Prepare(std::span<const float> raw_logits);
   // The pick from the prepared row: the argmax when greedy, else one draw over the kept set.
   int32_t Draw();
-  void Count(int32_t id);
   // Counts `id` for the penalties and reports its log-probabilities from the prepared row.
   SampledToken Commit(int32_t id);
-  // Whether token `id` survived the prepared row's top-k / top-p; its probability under p.
+  // The sort key of an id (its adjusted logit), and order_[0, n) sorted by it.
+  double Key(int32_t id) const;
+  void SortPrefix(size_t n);
+  // in_kept_ for the prepared row, and an id's probability under p (0 outside the kept set).
+  void MarkKept();
   double TargetProbability(int32_t id) const;
 
   SamplingConfig config_;
   std::mt19937_64 rng_;
-  std::vector<int32_t> order_;  // scratch
-  std::vector<double> probs_;   // scratch
-  double sum_ = 0;              // of probs_
-  size_t kept_ = 0;             // candidates order_[0, kept_) after top-k / top-p
-  double kept_mass_ = 0;        // of those candidates, in probs_ units
-  std::vector<uint8_t> in_kept_;  // scratch: token id -> survived top-k / top-p
-  std::vector<float> adjusted_;  // scratch: the logits after bias and penalties
+  std::span<const float> logits_;  // the prepared row after Adjust (valid within one call)
+  std::vector<int32_t> order_;     // scratch: candidates, order_[0, sorted_) sorted
+  size_t sorted_ = 0;
+  std::vector<double> probs_;      // scratch
+  double sum_ = 0;                 // of probs_
+  double log_sum1_ = 0;            // log of the temperature-1 normaliser
+  size_t kept_ = 0;                // candidates after top-k / top-p (order_[0, kept_) when cut)
+  double kept_mass_ = 0;           // their probs_
+  std::vector<uint8_t> in_kept_;   // scratch: token id -> survived top-k / top-p
+  std::vector<float> adjusted_;    // scratch: the logits after bias and penalties
   std::unordered_map<int32_t, int> counts_;  // token id -> times sampled in this sequence
 };
 

@@ -231,8 +231,9 @@ absl::Status StreamerClient::RunSession() {
   }
   // Acknowledgements of this session are meaningless to the next one (it resyncs).
   runtime_->SetAckSink(nullptr);
-  // The session is over (streamer gone or Stop): cancel so the writer's Write cannot hang.
-  context.TryCancel();
+  // Read returned false, so the call is over (the streamer ended it, the connection broke, or
+  // Stop cancelled it) and a pending Write fails at once. No TryCancel here: it would turn the
+  // streamer's own status (why it ended the session) into CANCELLED.
   stop_writer();
   grpc::Status finished = stream->Finish();
   clear_context();

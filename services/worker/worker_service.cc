@@ -119,6 +119,12 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
   if (request->prompt_token_ids().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt_token_ids is empty");
   }
+  if (request->num_speculative_tokens() > 0) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrCat("num_speculative_tokens ", request->num_speculative_tokens(),
+                                     ": MTP speculative decoding is not wired into generation; send 0 or leave it "
+                                     "unset"));
+  }
   const nq::v1::SamplingParams& sampling = request->sampling();
   SequenceRequest sequence;
   sequence.prompt.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
@@ -226,6 +232,10 @@ grpc::Status WorkerService::GetInfo(grpc::ServerContext* context,
   }
   response->set_backend(identity_.backend);
   response->set_model_id(identity_.model_id);
+  response->set_release_id(identity_.release_id);
+  // MTP speculative decoding is not wired into generation (README "Not yet"), so every
+  // sequence decodes one token per step; Generate refuses a request that asks for drafts.
+  response->set_num_speculative_tokens(0);
   if (model_ != nullptr) {
     const model::ModelConfig& config = model_->config();
     response->set_architecture(std::string(model::ArchitectureName(config.architecture)));

@@ -24,6 +24,9 @@ struct WorkerIdentity {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   std::string model_id;  // served model name (the model directory's name by default)
+  // The NestQuant release the routed experts come from (format::Release::id(), the manifest's
+  // identity), whatever --expert_bits; empty when they are the checkpoint's own weights.
+  std::string release_id;
 };
 
 class WorkerService final : public nq::v1::Worker::Service {

@@ -1,5 +1,5 @@
-// StatusIs(code, message_matcher) for absl::Status and absl::StatusOr<T> (Debian's Abseil
-// ships no status matchers).
+// StatusIs(code, message_matcher), IsOk() and IsOkAndHolds(value_matcher) for absl::Status
+// and absl::StatusOr<T> (Debian's Abseil ships no status matchers).
 #pragma once
 
 #include <gmock/gmock.h>
@@ -29,6 +29,15 @@ MATCHER(IsOk, "is OK") {
   const absl::Status& status = GetStatus(arg);
   *result_listener << "status is " << status.ToString();
   return status.ok();
+}
+
+// A StatusOr that is OK and whose value matches `value_matcher` (never dereferences an error).
+MATCHER_P(IsOkAndHolds, value_matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status().ToString();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
 }
 
 }  // namespace nq::testing

@@ -3,10 +3,12 @@
 // API, SSE, gRPC, the queue, disconnects and every client error.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -16,8 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nq/v1/inference.grpc.pb.h"
-#include "tests/integration/cluster_fixture.h"
-#include "tests/integration/raw_http.h"
+#include "tests/integration/serving_fixture.h"
 
 namespace nq::testing {
 namespace {
@@ -25,117 +26,6 @@ namespace {
 using Json = nlohmann::json;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
-
-class ServingTest : public ClusterTest {
- protected:
-  static void SetUpTestSuite() {
-    // Shared by every test process (ctest runs each test alone): the script prepares it once,
-    // under a lock, and later calls find it ready.
-    model_dir_ = new std::string(NQ_EMBEDDED_MODEL_DIR);
-    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
-                                             "/scripts/embedded_model.sh ", *model_dir_, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  }
-  static void TearDownTestSuite() { delete model_dir_; }
-
-  // Starts the three services; extra router flags in `router_flags`. `streamed`: the worker
-  // serves the routed experts from the model's release and the streamer streams its records.
-  void StartCluster(std::vector<std::string> router_flags = {}, bool streamed = false) {
-    streamer_ports_ = NewPorts();
-    worker_ports_ = NewPorts();
-    router_ports_ = NewPorts();
-    streamer_.emplace(StartStreamer(streamer_ports_, StreamerFlags(streamed)));
-    std::vector<std::string> worker_flags = {"--model=" + *model_dir_, "--served_model_name=embedded",
-                                             "--max_model_len=512"};
-    if (streamed) {
-      // The arena as a newcomer gets it: sized from the release (its 4 fixed experts per
-      // layer, 8 floating, 1 staging), so the predictor has slots to fill.
-      worker_flags.push_back("--verify_slots");
-      worker_flags.push_back("--release=" + *model_dir_ + "/release");
-    }
-    worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, worker_flags));
-    router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
-    router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));
-    ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(60))) << router_->Log() << worker_->Log();
-  }
-
-  void TearDown() override {
-    for (std::optional<ChildProcess>* child : {&router_, &worker_, &streamer_}) {
-      if (!child->has_value()) continue;
-      (*child)->Signal(SIGTERM);
-      absl::StatusOr<int> code = (*child)->WaitForExit(std::chrono::seconds(20));
-      EXPECT_TRUE(code.ok() && *code == 0) << (*child)->Log();
-    }
-  }
-
-  absl::StatusOr<std::pair<int, Json>> PostJson(const std::string& path, const Json& body,
-                                                const std::vector<std::string>& headers = {}) {
-    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, path, body.dump(), headers);
-    if (!http.ok()) return http.status();
-    absl::StatusOr<int> status = http->Status();
-    if (!status.ok()) return status.status();
-    absl::StatusOr<std::string> text = http->Body();
-    if (!text.ok()) return text.status();
-    Json json = Json::parse(*text, nullptr, false);
-    return std::make_pair(*status, json);
-  }
-
-  // Streams a request; returns the concatenated text/content and the finish reason.
-  struct Streamed {
-    std::string text;
-    std::string finish;
-    Json usage;
-    int events = 0;
-  };
-  Streamed Stream(const std::string& path, Json body) {
-    body["stream"] = true;
-    body["stream_options"] = {{"include_usage", true}};
-    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, path, body.dump());
-    EXPECT_TRUE(http.ok());
-    EXPECT_EQ(http->Status().value_or(0), 200);
-    Streamed out;
-    while (true) {
-      absl::StatusOr<std::string> event = http->NextEvent();
-      if (!event.ok()) {
-        ADD_FAILURE() << "the stream ended without [DONE]: " << event.status();
-        break;
-      }
-      if (*event == "[DONE]") break;
-      Json chunk = Json::parse(*event, nullptr, false);
-      EXPECT_FALSE(chunk.is_discarded()) << *event;
-      ++out.events;
-      if (chunk.contains("usage") && !chunk["usage"].is_null()) out.usage = chunk["usage"];
-      for (const Json& choice : chunk.value("choices", Json::array())) {
-        if (choice.contains("text")) out.text += choice["text"].get<std::string>();
-        if (choice.contains("delta") && choice["delta"].contains("content")) {
-          out.text += choice["delta"]["content"].get<std::string>();
-        }
-        if (choice.contains("finish_reason") && !choice["finish_reason"].is_null()) {
-          out.finish = choice["finish_reason"].get<std::string>();
-        }
-      }
-    }
-    return out;
-  }
-
-  double Metric(int port, const std::string& name) {
-    const std::string body = HttpGet(port, "/metrics").body;
-    const size_t at = body.find("\n" + name + " ");
-    if (at == std::string::npos) return -1;
-    return std::stod(body.substr(at + name.size() + 2));
-  }
-
-  std::vector<std::string> StreamerFlags(bool streamed) {
-    if (!streamed) return {};
-    return {"--records_dir=" + *model_dir_ + "/release", "--read_budget=8"};
-  }
-
-  static std::string* model_dir_;
-  ServicePorts streamer_ports_, worker_ports_, router_ports_;
-  std::optional<ChildProcess> streamer_, worker_, router_;
-};
-
-std::string* ServingTest::model_dir_ = nullptr;
 
 TEST_F(ServingTest, CompletionsAreSeededAndReportUsage) {
   StartCluster();
@@ -169,18 +59,50 @@ TEST_F(ServingTest, CompletionsAreSeededAndReportUsage) {
 
 TEST_F(ServingTest, ChatCompletionStreamsAndStops) {
   StartCluster();
-  const Json request = {{"model", "embedded"},
-                        {"messages", Json::array({{{"role", "system"}, {"content", "Be brief."}},
-                                                  {{"role", "user"}, {"content", "Say hello in Korean: 안녕"}}})},
-                        {"max_tokens", 8}, {"temperature", 0}};
+  Json request = {{"model", "embedded"},
+                  {"messages", Json::array({{{"role", "system"}, {"content", "Be brief."}},
+                                            {{"role", "user"}, {"content", "Say hello in Korean: 안녕"}}})},
+                  {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
   absl::StatusOr<std::pair<int, Json>> reply = PostJson("/v1/chat/completions", request);
   ASSERT_TRUE(reply.ok());
   ASSERT_EQ(reply->first, 200) << reply->second.dump();
   EXPECT_EQ(reply->second["object"], "chat.completion");
-  EXPECT_EQ(reply->second["choices"][0]["message"]["role"], "assistant");
+  const Json& message = reply->second["choices"][0]["message"];
+  EXPECT_EQ(message["role"], "assistant");
+  const std::string content = message["content"].is_string() ? message["content"].get<std::string>() : "";
+  const std::string reasoning = message.value("reasoning_content", std::string());
+  // Greedy: the stream says exactly what the single answer said, in the same fields.
   Streamed streamed = Stream("/v1/chat/completions", request);
-  EXPECT_THAT(streamed.finish, AnyOf("length", "stop"));
+  EXPECT_EQ(streamed.text, content);
+  EXPECT_EQ(streamed.reasoning, reasoning);
+  EXPECT_EQ(streamed.finish, "length");
   EXPECT_GT(streamed.events, 1);
+
+  // A stop string taken from the middle of the answer: both forms end just before it. (The
+  // GLM-5 template leaves this model's output in reasoning_content; see the README test.)
+  const std::string& said = reasoning.empty() ? content : reasoning;
+  constexpr size_t kStopLength = 3;
+  size_t at = said.size() / 2;
+  auto usable = [&](size_t p) {
+    const std::string stop = said.substr(p, kStopLength);
+    return stop.size() == kStopLength && said.find(stop) == p && stop.find_first_of("<>") == std::string::npos &&
+           std::all_of(stop.begin(), stop.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; }) &&
+           std::string("<think></think>\n").find(stop) == std::string::npos;
+  };
+  while (at < said.size() && !usable(at)) ++at;
+  ASSERT_LT(at, said.size()) << "no usable stop string in: " << said;
+  request["stop"] = said.substr(at, kStopLength);
+  const std::string expected = said.substr(0, at);
+  absl::StatusOr<std::pair<int, Json>> stopped = PostJson("/v1/chat/completions", request);
+  ASSERT_TRUE(stopped.ok());
+  ASSERT_EQ(stopped->first, 200) << stopped->second.dump();
+  const Json& stopped_message = stopped->second["choices"][0]["message"];
+  EXPECT_EQ(stopped->second["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(reasoning.empty() ? stopped_message["content"] : stopped_message["reasoning_content"], expected)
+      << "stop " << request["stop"] << " in " << said;
+  Streamed streamed_stop = Stream("/v1/chat/completions", request);
+  EXPECT_EQ(streamed_stop.finish, "stop");
+  EXPECT_EQ(reasoning.empty() ? streamed_stop.text : streamed_stop.reasoning, expected);
 }
 
 // The README's first chat request, as scripts/up.sh serves it (--chat_format=plain for the
@@ -325,8 +247,8 @@ TEST_F(ServingTest, DisconnectMidStreamFreesTheWorkerWithinOneSecond) {
 
 // A 400-token generation takes seconds on the embedded model (about 43 tokens/s on 2 cores):
 // long enough that a request waiting behind it would be seen to wait.
-Json LongCompletion(bool stream) {
-  return {{"model", "embedded"}, {"prompt", "go"}, {"max_tokens", 400}, {"ignore_eos", true}, {"stream", stream}};
+Json LongCompletion(bool stream, int max_tokens = 400) {
+  return {{"model", "embedded"}, {"prompt", "go"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", stream}};
 }
 
 TEST_F(ServingTest, NonStreamingClientThatHangsUpAbortsItsSequence) {
@@ -377,12 +299,16 @@ TEST_F(ServingTest, QueuedClientThatHangsUpLosesItsPlaceAtOnce) {
 }
 
 TEST_F(ServingTest, DrainTimeoutEndsRunningAndQueuedHttpRequestsAndTheRouterExitsByIt) {
-  StartCluster({"--drain_timeout_s=2"});
-  absl::StatusOr<RawHttp> running = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(true).dump());
+  // A generation that outlasts the 2 s drain by far on any machine: 4000 tokens (the CPU
+  // backend runs about 280 a second on two cores), in a context window that holds them.
+  StartCluster({"--drain_timeout_s=2"}, /*streamed=*/false, {"--max_model_len=4096"});
+  absl::StatusOr<RawHttp> running =
+      RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(true, 4000).dump());
   ASSERT_TRUE(running.ok());
   ASSERT_EQ(running->Status().value_or(0), 200);
   ASSERT_TRUE(running->NextEvent().ok());
-  absl::StatusOr<RawHttp> queued = RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false).dump());
+  absl::StatusOr<RawHttp> queued =
+      RawHttp::Post(router_ports_.http, "/v1/completions", LongCompletion(false, 4000).dump());
   ASSERT_TRUE(queued.ok());
   ASSERT_TRUE(WaitFor([&] { return Metric(router_ports_.http, "nq_num_requests_waiting") == 1; },
                       std::chrono::seconds(5)));
@@ -442,18 +368,103 @@ TEST_F(ServingTest, LogitBiasReachesTheWorkersSampler) {
               HasSubstr("logit_bias token id 9999999 is outside the vocabulary"));
 }
 
-TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInvalidBytes) {
-  StartCluster();
-  const Json request = {{"model", "embedded"}, {"prompt", "한국어 日本語 中文 தமிழ் हिन्दी العربية русский 👩‍👩‍👧"},
-                        {"max_tokens", 64}, {"ignore_eos", true}, {"seed", 7}, {"temperature", 1.0}};
-  Streamed streamed = Stream("/v1/completions", request);
-  size_t replacements = 0;
-  for (size_t at = streamed.text.find("\xEF\xBF\xBD"); at != std::string::npos;
-       at = streamed.text.find("\xEF\xBF\xBD", at + 3)) {
-    ++replacements;
+// The text the raw bytes `bytes` become: each maximal ill-formed subsequence replaced by one
+// U+FFFD (Unicode's "maximal subpart" practice, section 3.9), written here from the standard
+// so the router's detokenizer is checked against an independent decoder. Counts the
+// replacements in `invalid`.
+std::string SanitizeUtf8ForTest(const std::string& bytes, int* invalid) {
+  std::string out;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const unsigned char b = static_cast<unsigned char>(bytes[i]);
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the valid range of the second byte
+    if (b < 0x80) {
+      out.push_back(static_cast<char>(b));
+      ++i;
+      continue;
+    } else if (b >= 0xC2 && b <= 0xDF) {
+      need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      need = 2;
+      if (b == 0xE0) lo = 0xA0;
+      if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      need = 3;
+      if (b == 0xF0) lo = 0x90;
+      if (b == 0xF4) hi = 0x8F;
+    }
+    size_t j = i + 1;
+    int got = 0;
+    while (need > 0 && got < need && j < bytes.size()) {
+      const unsigned char c = static_cast<unsigned char>(bytes[j]);
+      if (got == 0 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) break;
+      ++got;
+      ++j;
+    }
+    if (need > 0 && got == need) {
+      out.append(bytes, i, j - i);
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++*invalid;
+    }
+    i = j;
   }
-  const double invalid = Metric(router_ports_.http, "nq_detokenize_invalid_utf8_total");
-  EXPECT_EQ(static_cast<double>(replacements), invalid) << "every U+FFFD is an invalid sequence the model produced";
+  return out;
+}
+
+// The special tokens' texts (the detokenizer skips them), from the model's tokenizer.json.
+std::set<std::string> SpecialTokenTexts(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/tokenizer.json");
+  const Json tokenizer = Json::parse(in, nullptr, false);
+  std::set<std::string> out;
+  for (const Json& added : tokenizer.value("added_tokens", Json::array())) {
+    if (added.value("special", false)) out.insert(added.value("content", std::string()));
+  }
+  return out;
+}
+
+// The stream's text is the generated bytes, token by token (from the logprobs entries, which
+// carry every token's exact bytes), decoded by an independent UTF-8 decoder: whole characters,
+// a U+FFFD exactly where the model's bytes are ill-formed, and the router's counter agrees.
+TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInvalidBytes) {
+  StartCluster({"--chat_format=plain"});
+  const Json request = {{"model", "embedded"},
+                        {"messages", Json::array({{{"role", "user"},
+                                                   {"content", "한국어 日本語 中文 தமிழ் हिन्दी العربية русский 👩‍👩‍👧"}}})},
+                        {"max_tokens", 64}, {"ignore_eos", true}, {"seed", 7}, {"temperature", 1.0}, {"logprobs", true}};
+  Streamed streamed = Stream("/v1/chat/completions", request);
+  const std::set<std::string> specials = SpecialTokenTexts(*model_dir_);
+  std::string raw;
+  int tokens = 0;
+  for (const Json& chunk : streamed.chunks) {
+    for (const Json& choice : chunk["choices"]) {
+      if (!choice.contains("logprobs") || choice["logprobs"].is_null()) continue;
+      for (const Json& entry : choice["logprobs"]["content"]) {
+        ++tokens;
+        std::string bytes;
+        for (const Json& b : entry["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
+        if (specials.count(bytes) == 0) raw += bytes;
+      }
+    }
+  }
+  ASSERT_EQ(tokens, 64);
+  int invalid = 0;
+  EXPECT_EQ(streamed.text, SanitizeUtf8ForTest(raw, &invalid));
+  EXPECT_EQ(Metric(router_ports_.http, "nq_detokenize_invalid_utf8_total"), invalid);
+}
+
+TEST(SanitizeUtf8ForTest, ReplacesMaximalSubpartsOnce) {
+  int invalid = 0;
+  // Valid 2-, 3- and 4-byte characters pass; a truncated 3-byte sequence is one U+FFFD; a lone
+  // continuation byte, an overlong lead (C0) and a surrogate lead's bad second byte are one each.
+  EXPECT_EQ(SanitizeUtf8ForTest("a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80", &invalid), "a\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80");
+  EXPECT_EQ(invalid, 0);
+  EXPECT_EQ(SanitizeUtf8ForTest("\xE4\xB8x", &invalid), "\xEF\xBF\xBDx");
+  EXPECT_EQ(invalid, 1);
+  EXPECT_EQ(SanitizeUtf8ForTest("\x80\xC0\xAF\xED\xA0\x80", &invalid),
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(invalid, 7);
 }
 
 TEST_F(ServingTest, StreamedExpertsRunAtFourBitsOnceTheirSlotsAreReady) {
@@ -485,8 +496,9 @@ TEST_F(ServingTest, StreamedExpertsRunAtFourBitsOnceTheirSlotsAreReady) {
     absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
     EXPECT_TRUE(checked.ok()) << checked.status();
   }
-  // Greedy output does not depend on whether the streamer is there: the same request
-  // again gives a well-formed stream (the text may differ as experts change precision).
+  // Greedy output does depend on the slots (an expert runs at 4 bits exactly while its
+  // residual is READY), so the same request again is only required to stream well-formed to
+  // its length; the text may differ.
   EXPECT_EQ(Stream("/v1/completions", request).finish, "length");
 }
 
@@ -666,9 +678,27 @@ TEST_F(ServingTest, NqKldLiveRunsThroughARealStreamer) {
   const Json result = Json::parse(in);
   EXPECT_EQ(result["tokens"], 96);
   EXPECT_GT(result["mean_kl"].get<double>(), 0);
-  // The fixed sets (4 of 32 experts per layer) are always there; predictor v0 adds more.
-  EXPECT_GT(result["four_bit_share"]["calls"].get<double>(), 0.125);
-  EXPECT_LT(result["four_bit_share"]["calls"].get<double>(), 1.0);
+  // The baseline a dead predictor would give: the fixed sets alone (4 of 32 experts per
+  // layer, about a quarter of the calls since they are the most used), on the same tokens.
+  const std::string fixed_report = absl::StrCat(log_dir_, "/fixed.json");
+  absl::StatusOr<ChildProcess> fixed = ChildProcess::Start(
+      NQ_TOOL_BIN,
+      {"kld", "--teacher=" + *model_dir_, "--release=" + *model_dir_ + "/release", "--mode=fixed-set",
+       "--tokens=" + tokens, "--window=48", "--out=" + fixed_report},
+      LogPath("kld-fixed"));
+  ASSERT_TRUE(fixed.ok());
+  code = fixed->WaitForExit(std::chrono::seconds(120));
+  ASSERT_TRUE(code.ok() && *code == 0) << fixed->Log();
+  std::ifstream fixed_in(fixed_report);
+  const Json baseline = Json::parse(fixed_in);
+  // Predictor v0 puts experts in the floating slots that the calls then use: more calls run at
+  // 4 bits than on the fixed sets alone, and the answer is closer to the teacher.
+  const double live_share = result["four_bit_share"]["calls"].get<double>();
+  const double fixed_share = baseline["four_bit_share"]["calls"].get<double>();
+  // Measured: 0.51 live against 0.24 on the fixed sets (mean KL 0.056 against 0.087).
+  EXPECT_GT(live_share, fixed_share + 0.1) << "live " << live_share << ", fixed set " << fixed_share;
+  EXPECT_LT(live_share, 1.0);
+  EXPECT_LT(result["mean_kl"].get<double>(), baseline["mean_kl"].get<double>());
   EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_routing_tokens_total"), 90);
 }
 

@@ -50,8 +50,10 @@ std::vector<float> DenseDecodeLogits(const std::string& model_dir, const std::st
   absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
       ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {});
   EXPECT_TRUE(config.ok() && checkpoint.ok() && decoder.ok());
+  if (!config.ok() || !checkpoint.ok() || !decoder.ok()) return {};
   absl::StatusOr<model::ModelWeights> weights = model::LoadModelWeights(*checkpoint, *config, backend, {});
   EXPECT_THAT(weights, IsOk());
+  if (!weights.ok()) return {};
   for (uint32_t layer : (*decoder)->moe_layer_ids()) {
     model::LayerWeights& lw = layer < config->num_hidden_layers ? weights->layers[layer]
                                                                 : weights->mtp[layer - config->num_hidden_layers].block;
@@ -62,15 +64,17 @@ std::vector<float> DenseDecodeLogits(const std::string& model_dir, const std::st
       absl::StatusOr<model::MlpWeights> w =
           (*decoder)->Upload(layer, e, four ? quant::Precision::k4Bit : quant::Precision::k2Bit, {}, backend);
       EXPECT_THAT(w, IsOk());
+      if (!w.ok()) return {};
       lw.moe->experts[e] = *std::move(w);
     }
   }
   absl::StatusOr<std::unique_ptr<model::Model>> m =
       model::Model::Create(*std::move(config), *std::move(weights), backend, nullptr, {.max_tokens = 64});
   EXPECT_THAT(m, IsOk());
+  if (!m.ok()) return {};
   absl::StatusOr<std::vector<float>> logits = (*m)->Forward(tokens);
   EXPECT_THAT(logits, IsOk());
-  return *logits;
+  return logits.ok() ? *std::move(logits) : std::vector<float>();
 }
 
 absl::StatusOr<model::ModelConfig> EncodeConfig() {

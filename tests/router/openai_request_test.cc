@@ -25,8 +25,45 @@ TEST(OpenAiRequestTest, ParsesACompletion) {
   EXPECT_EQ(r->sampling.stop_size(), 2);
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
-  // Log-probabilities are not returned, so none are asked of the worker.
+  // `logprobs: 0` asks for the sampled tokens' logprobs without alternatives.
+  EXPECT_TRUE(r->logprobs.enabled);
+  EXPECT_EQ(r->logprobs.top, 0);
   EXPECT_EQ(r->sampling.top_logprobs(), 0u);
+}
+
+TEST(OpenAiRequestTest, ParsesLogprobsOnBothEndpoints) {
+  absl::StatusOr<OpenAiRequest> completion = ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":5})");
+  ASSERT_THAT(completion, IsOk());
+  EXPECT_TRUE(completion->logprobs.enabled);
+  EXPECT_EQ(completion->logprobs.top, 5);
+  EXPECT_EQ(completion->sampling.top_logprobs(), 5u);
+  absl::StatusOr<OpenAiRequest> none = ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":null})");
+  ASSERT_THAT(none, IsOk());
+  EXPECT_FALSE(none->logprobs.enabled);
+
+  const std::string head = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
+  absl::StatusOr<OpenAiRequest> chat = ParseChatRequest(head + R"("logprobs":true,"top_logprobs":20})");
+  ASSERT_THAT(chat, IsOk());
+  EXPECT_TRUE(chat->logprobs.enabled);
+  EXPECT_EQ(chat->logprobs.top, 20);
+  EXPECT_EQ(chat->sampling.top_logprobs(), 20u);
+  absl::StatusOr<OpenAiRequest> bare = ParseChatRequest(head + R"("logprobs":true})");
+  ASSERT_THAT(bare, IsOk());
+  EXPECT_TRUE(bare->logprobs.enabled);
+  EXPECT_EQ(bare->sampling.top_logprobs(), 0u);
+
+  EXPECT_THAT(ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":21})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' must be in [0, 20]")));
+  EXPECT_THAT(ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":true})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' must be an integer")));
+  EXPECT_THAT(ParseChatRequest(head + R"("logprobs":1})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' must be a boolean")));
+  EXPECT_THAT(ParseChatRequest(head + R"("logprobs":true,"top_logprobs":21})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'top_logprobs' must be in [0, 20]")));
+  EXPECT_THAT(ParseChatRequest(head + R"("top_logprobs":3})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'top_logprobs' requires 'logprobs': true")));
+  EXPECT_THAT(ParseChatRequest(head + R"("logprobs":false,"top_logprobs":3})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'top_logprobs' requires 'logprobs': true")));
 }
 
 TEST(OpenAiRequestTest, TokenIdPromptsAndSingleStop) {
@@ -131,22 +168,16 @@ TEST(OpenAiRequestTest, RefusesBadPenaltiesAndUnimplementedFieldsByName) {
     const std::string chat = std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],)") + field + "}";
     EXPECT_THAT(ParseChatRequest(chat), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(message))) << chat;
   }
-  EXPECT_THAT(ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":2})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' is not supported")));
-  EXPECT_THAT(ParseChatRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' is not supported")));
-  EXPECT_THAT(ParseChatRequest(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'top_logprobs' is not supported")));
 }
 
 TEST(OpenAiRequestTest, AcceptsTheDefaultsOfUnimplementedFields) {
   const char* defaults = R"("logit_bias":{},"response_format":{"type":"text"})";
-  ASSERT_THAT(ParseCompletionRequest(std::string(R"({"model":"m","prompt":"x","logprobs":0,)") + defaults + "}"),
-              IsOk());
+  ASSERT_THAT(ParseCompletionRequest(std::string(R"({"model":"m","prompt":"x",)") + defaults + "}"), IsOk());
   absl::StatusOr<OpenAiRequest> chat = ParseChatRequest(
       std::string(R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":false,"top_logprobs":0,)") +
       defaults + "}");
   ASSERT_THAT(chat, IsOk());
+  EXPECT_FALSE(chat->logprobs.enabled);
   EXPECT_EQ(chat->sampling.top_logprobs(), 0u);
 }
 

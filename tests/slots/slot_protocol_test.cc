@@ -99,14 +99,16 @@ class SlotProtocolTest : public ::testing::Test {
     server_->SetServing(true);
   }
 
-  void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots) {
+  // `wait_connected`: return once the session is up (false: the session may fail).
+  void StartWorker(uint32_t slots_per_layer, uint32_t fixed_slots, bool wait_connected = true) {
     std::vector<uint32_t> layers = decoder_->moe_layer_ids();
     absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
     ASSERT_TRUE(needs.ok());
-    StartWorkerWith(SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots));
+    StartWorkerWith(SlotGeometry::Packed(layers, slots_per_layer, needs->rec_bytes, kExperts, fixed_slots),
+                    wait_connected);
   }
 
-  void StartWorkerWith(const SlotGeometry& geometry) {
+  void StartWorkerWith(const SlotGeometry& geometry, bool wait_connected = true) {
     geometry_ = geometry;
     ASSERT_TRUE(geometry_.Validate().ok());
     absl::StatusOr<SharedMemory> arena =
@@ -125,7 +127,7 @@ class SlotProtocolTest : public ::testing::Test {
     client.arena_request.mutable_shm()->set_bytes(arena_.size());
     client_ = std::make_unique<worker::StreamerClient>(std::move(client), runtime_.get(), nullptr);
     client_->Start();
-    ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(10)));
+    if (wait_connected) ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(10)));
   }
 
   void TearDown() override {
@@ -328,19 +330,82 @@ TEST_F(SlotProtocolTest, MalformedRoutingReportsAreDroppedAndLaterOnesStillDrive
   StartWorker(5, 1);
   ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
   std::mt19937 rng(5);
-  // A layer the worker has no slots for, experts out of range, experts without weights.
+  // In token order (so only their contents are wrong): a layer the worker has no slots for,
+  // experts out of range, experts without weights, entries that disagree with num_tokens.
   nq::v1::RoutingReport unknown_layer = Report({0, 1, 2, 3}, rng, 0);
   for (nq::v1::LayerRouting& e : *unknown_layer.mutable_layer_entries()) e.set_layer(7);
-  nq::v1::RoutingReport out_of_range = Report({0, 1, 2, 3}, rng, 0);
+  nq::v1::RoutingReport out_of_range = Report({0, 1, 2, 3}, rng, 16);
   out_of_range.mutable_layer_entries(3)->set_experts(0, 999);
-  nq::v1::RoutingReport no_weights = Report({0, 1, 2, 3}, rng, 0);
+  nq::v1::RoutingReport no_weights = Report({0, 1, 2, 3}, rng, 32);
   no_weights.mutable_layer_entries(0)->clear_weights();
-  for (auto* bad : {&unknown_layer, &out_of_range, &no_weights}) client_->EnqueueRoutingReport(*bad);
+  nq::v1::RoutingReport miscounted = Report({0, 1, 2, 3}, rng, 48);
+  miscounted.set_num_tokens(15);
+  for (auto* bad : {&unknown_layer, &out_of_range, &no_weights, &miscounted}) client_->EnqueueRoutingReport(*bad);
   // The session survives and well-formed reports still move the floating set.
-  for (int i = 0; i < 3; ++i) client_->EnqueueRoutingReport(Report({9, 10, 11, 12}, rng, 16 * (i + 1)));
+  for (int i = 0; i < 3; ++i) client_->EnqueueRoutingReport(Report({9, 10, 11, 12}, rng, 16 * (i + 4)));
   ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(10)));
+  EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_refused_total"), 4);
   EXPECT_TRUE(client_->connected());
   EXPECT_EQ(CheckReadySlots(), 0);
+}
+
+// RoutingReport.sequence_id and first_token order a session's reports: a report of an older
+// sequence or one repeating reported tokens never reaches the predictor (its expert calls are
+// not counted), a gap (a block the worker dropped) and a new sequence are accepted and counted.
+TEST_F(SlotProtocolTest, OutOfOrderRoutingReportsAreRefusedAndGapsAndSequencesCounted) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  StartWorker(5, 1);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  std::mt19937 rng(9);
+  auto report = [&](uint64_t sequence, uint64_t first_token) {
+    nq::v1::RoutingReport r = Report({0, 1, 2, 3}, rng, first_token);
+    r.set_sequence_id(sequence);
+    return r;
+  };
+  client_->EnqueueRoutingReport(report(1, 0));
+  client_->EnqueueRoutingReport(report(1, 16));
+  client_->EnqueueRoutingReport(report(0, 32));  // stale: an older sequence
+  client_->EnqueueRoutingReport(report(1, 16));  // repeated tokens
+  client_->EnqueueRoutingReport(report(1, 8));   // overlapping tokens
+  client_->EnqueueRoutingReport(report(1, 64));  // after a gap of 32 tokens
+  client_->EnqueueRoutingReport(report(2, 0));   // a new sequence
+  auto calls = [&] {
+    return StreamerMetric("nq_streamer_expert_calls_total{bits=\"4\"}") +
+           StreamerMetric("nq_streamer_expert_calls_total{bits=\"2\"}");
+  };
+  // The last report opens sequence 2; once its calls are counted every report was handled.
+  ASSERT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_routing_sequences_total") == 2 && calls() >= 4 * 16 * kTopK; },
+                        std::chrono::seconds(10)))
+      << calls();
+  EXPECT_EQ(calls(), 4 * 16 * kTopK) << "exactly the four accepted reports reached the predictor";
+  EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_refused_total"), 3);
+  EXPECT_EQ(StreamerMetric("nq_streamer_routing_report_gaps_total"), 1);
+  EXPECT_TRUE(client_->connected());
+}
+
+// A loader that cannot start (here: the record directory is missing) ends the worker's
+// session with an error instead of leaving it open and idle: the streamer counts it and holds
+// no session, the worker retries, and once the records are back a retry loads the fixed set.
+TEST_F(SlotProtocolTest, ASessionWhoseLoaderCannotStartFailsAndTheWorkerRetries) {
+  const fs::path late = *root_ / absl::StrCat("late-release-", getpid());
+  fs::remove(late);
+  StartStreamer(late.string(), ChurningPredictor());
+  StartWorker(5, 1, /*wait_connected=*/false);
+  ASSERT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_sessions_failed_total") >= 2; },
+                        std::chrono::seconds(15)))
+      << "the worker retried after its failed session";
+  EXPECT_TRUE(table_->ReadySlots().empty());
+  EXPECT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_sessions_active") == 0; }, std::chrono::seconds(5)));
+  // The records arrive: the next retry's session loads the fixed set and stays up.
+  fs::create_directory_symlink(release_dir_, late);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(15)));
+  EXPECT_TRUE(client_->connected());
+  EXPECT_EQ(StreamerMetric("nq_streamer_sessions_active"), 1);
+  const double failed = StreamerMetric("nq_streamer_sessions_failed_total");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(StreamerMetric("nq_streamer_sessions_failed_total"), failed) << "no failures once the loader runs";
+  EXPECT_EQ(CheckReadySlots(), 0);
+  fs::remove(late);
 }
 
 // The kernels read a READY expert's residual in place from its slot: the slot must hold exactly

@@ -166,6 +166,7 @@ int LoadsOnNearTies(float margin) {
   options.hysteresis_margin = margin;
   absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(options);
   EXPECT_THAT(predictor, IsOk());
+  if (!predictor.ok()) return -1;
   int loads_after_warmup = 0;
   for (int block = 0; block < 24; ++block) {
     for (int t = 0; t < 16; ++t) {

@@ -29,6 +29,7 @@ class WorkerRegistryTest : public ::testing::Test {
     absl::StatusOr<SharedMemory> arena = SharedMemory::Create(name, geometry.ArenaBytes());
     EXPECT_THAT(arena, IsOk());
     nq::v1::RegisterWorkerRequest request;
+    if (!arena.ok()) return request;
     request.set_rank(rank);
     request.set_world_size(2);
     request.set_pid(pid);

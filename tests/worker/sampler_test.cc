@@ -1,7 +1,10 @@
 #include "services/worker/sampler.h"
 
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <numeric>
+#include <set>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -29,6 +32,35 @@ TEST(SamplerTest, GreedyPicksTheArgmaxWithItsLogprob) {
   ASSERT_EQ(t->top.size(), 2u);
   EXPECT_EQ(t->top[0].first, 1);
   EXPECT_EQ(t->top[1].first, 4);
+}
+
+// The reported log-probabilities are the model's distribution at temperature 1 whatever the
+// request's temperature, top-k and top-p (SampledToken's contract): the same for greedy, a
+// low and a high temperature and a truncated draw, and the alternatives ordered by logit even
+// where a low temperature underflows the sampling weights to 0.
+TEST(SamplerTest, LogprobsAreTheTemperatureOneDistributionWhateverTheSamplingSettings) {
+  double z = 0;
+  for (float l : kLogits) z += std::exp(l);
+  for (SamplingConfig config : {SamplingConfig{.temperature = 0}, SamplingConfig{.temperature = 0.01f},
+                                SamplingConfig{.temperature = 3.0f}, SamplingConfig{.temperature = 0.7f, .top_k = 2},
+                                SamplingConfig{.temperature = 1.3f, .top_p = 0.5f}}) {
+    config.top_logprobs = 5;
+    config.seed = 7;
+    absl::StatusOr<Sampler> s = Sampler::Create(config);
+    ASSERT_THAT(s, IsOk());
+    absl::StatusOr<SampledToken> t = s->Sample(kLogits);
+    ASSERT_THAT(t, IsOk());
+    EXPECT_NEAR(t->logprob, kLogits[t->id] - std::log(z), 1e-5) << "temperature " << config.temperature;
+    const std::vector<int32_t> by_logit = {1, 4, 2, 0, 3};
+    ASSERT_EQ(t->top.size(), 5u);
+    double mass = 0;
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(t->top[i].first, by_logit[i]) << "temperature " << config.temperature << " rank " << i;
+      EXPECT_NEAR(t->top[i].second, kLogits[by_logit[i]] - std::log(z), 1e-5);
+      mass += std::exp(t->top[i].second);
+    }
+    EXPECT_NEAR(mass, 1.0, 1e-5) << "the whole vocabulary";
+  }
 }
 
 TEST(SamplerTest, SeededSamplingIsReproducibleAndFollowsTheDistribution) {
@@ -66,6 +98,79 @@ TEST(SamplerTest, TopKAndTopPTruncate) {
     const int b = p->Sample(kLogits)->id;
     EXPECT_TRUE(b == 1 || b == 4) << b;
   }
+}
+
+// A flat-ish row of 1000 logits whose nucleus at top_p 0.5 spans hundreds of ids, past the
+// sampler's first partial-selection step: every draw lies inside the nucleus the test computes
+// by sorting the whole row, and draws reach deep into it.
+TEST(SamplerTest, NucleusBeyondTheFirstSelectionStepMatchesAFullSort) {
+  std::vector<float> logits(1000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.001f * static_cast<float>((i * 7919) % 1000);
+  std::vector<int32_t> by_logit(logits.size());
+  std::iota(by_logit.begin(), by_logit.end(), 0);
+  std::sort(by_logit.begin(), by_logit.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  std::set<int32_t> nucleus;
+  double mass = 0;
+  for (int32_t id : by_logit) {
+    nucleus.insert(id);
+    mass += std::exp(static_cast<double>(logits[id])) / z;
+    if (mass >= 0.5) break;
+  }
+  ASSERT_GT(nucleus.size(), 256u) << "the nucleus must outgrow two selection steps";
+  absl::StatusOr<Sampler> s = Sampler::Create({.temperature = 1.0f, .top_p = 0.5f, .seed = 3});
+  ASSERT_THAT(s, IsOk());
+  std::set<int32_t> seen;
+  for (int i = 0; i < 3000; ++i) {
+    absl::StatusOr<SampledToken> t = s->Sample(logits);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_TRUE(nucleus.count(t->id)) << "token " << t->id << " is outside the nucleus";
+    seen.insert(t->id);
+  }
+  EXPECT_GT(seen.size(), nucleus.size() / 2) << "draws cover the nucleus, not just its head";
+}
+
+// Plain temperature sampling draws by the inverse CDF walked most likely first (sampler.cc: so a
+// seed's token survives small changes of the logits). Replayed here with the same random stream
+// over a fully sorted row, over a vocabulary wide enough that the walk outgrows the sampler's
+// first sorted step whenever it draws an unlikely token.
+TEST(SamplerTest, TemperatureDrawsWalkTheSortedDistribution) {
+  std::vector<float> logits(600);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.01f * static_cast<float>((i * 389) % 600);
+  std::vector<int32_t> sorted(logits.size());
+  std::iota(sorted.begin(), sorted.end(), 0);
+  std::sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  const double max_logit = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> weights(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = std::exp(static_cast<double>(logits[i]) - max_logit);
+    total += weights[i];
+  }
+  absl::StatusOr<Sampler> s = Sampler::Create({.temperature = 1.0f, .seed = 21});
+  ASSERT_THAT(s, IsOk());
+  std::mt19937_64 rng(21);
+  int deep = 0;
+  for (int draw = 0; draw < 500; ++draw) {
+    std::uniform_real_distribution<double> uniform(0.0, total);
+    const double u = uniform(rng);
+    double acc = 0;
+    size_t rank = 0;
+    for (; rank + 1 < sorted.size(); ++rank) {
+      acc += weights[sorted[rank]];
+      if (u < acc) break;
+    }
+    deep += rank >= 64;
+    absl::StatusOr<SampledToken> t = s->Sample(logits);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_EQ(t->id, sorted[rank]) << "draw " << draw;
+  }
+  EXPECT_GT(deep, 100) << "draws past the first sorted step";
 }
 
 TEST(SamplerTest, RejectsBadConfigsAndRows) {

@@ -42,6 +42,7 @@ CodedProjection Code(std::mt19937_64& rng, std::int64_t rows, std::int64_t cols,
     absl::StatusOr<quant::EncodedMatrix> m =
         codec.Encode(w, rows, cols, nullptr, {.keep_residual = true, .rotation = rotation});
     EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return c;
     std::vector<float> two(static_cast<size_t>(rows * cols)), four(two.size());
     NQ_EXPECT_OK(codec.Decode(*m, quant::Precision::k2Bit, two));
     NQ_EXPECT_OK(codec.Decode(*m, quant::Precision::k4Bit, four));
@@ -119,6 +120,7 @@ TEST(CpuNqMoeTrellisCodec, MatchesTheCodecsDenseDecodeAtTwoFourAndMixedBits) {
   const CodedProjection gate = Code(rng, kI, kD, kGateUpRotation);
   const CodedProjection up = Code(rng, kI, kD, kGateUpRotation);
   const CodedProjection down = Code(rng, kD, kI, kDownRotation);
+  ASSERT_FALSE(::testing::Test::HasFailure()) << "an encode failed; the projections are incomplete";
   const std::int64_t plane = NqPlaneBytes(kI, kD);  // every projection has I * D weights
   const std::int64_t slot_bytes = 3 * plane;
 

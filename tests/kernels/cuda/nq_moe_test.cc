@@ -37,7 +37,8 @@ std::vector<float> RunNqMoe(Backend& backend, const testing::NqMoeHost& host, st
   Tensor tids = UploadI32(backend, ids, {T, top_k});
   Tensor tw = Upload(backend, w, DType::kF32, {T, top_k});
   absl::StatusOr<Tensor> out = backend.Allocate(DType::kF32, Shape{T, host.hidden});
-  EXPECT_TRUE(out.ok());
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
   const absl::Status run = backend.NqMoe(tx, tids, tw, layer.weights, layer.slots, *out);
   EXPECT_TRUE(run.ok()) << run;
   return Download(backend, *out);

@@ -1,0 +1,145 @@
+// The serving tests' fixture: the three real binaries on loopback with the embedded default
+// model (a GlmMoeDsaForCausalLM trained on Python sources, models/glm5_nano, with its
+// tokenizer), and the HTTP helpers the tests share (JSON posts, SSE streams, metrics).
+#pragma once
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "tests/integration/cluster_fixture.h"
+#include "tests/integration/raw_http.h"
+
+namespace nq::testing {
+
+class ServingTest : public ClusterTest {
+ public:
+  using Json = nlohmann::json;
+
+ protected:
+  static void SetUpTestSuite() {
+    // Shared by every test process (ctest runs each test alone): the script prepares it once,
+    // under a lock, and later calls find it ready.
+    model_dir_ = new std::string(NQ_EMBEDDED_MODEL_DIR);
+    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
+                                             "/scripts/embedded_model.sh ", *model_dir_, " > /dev/null");
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  static void TearDownTestSuite() { delete model_dir_; }
+
+  // Starts the three services; extra router flags in `router_flags`. `streamed`: the worker
+  // serves the routed experts from the model's release and the streamer streams its records.
+  // `worker_flags` are added to (and override) the worker's defaults.
+  void StartCluster(std::vector<std::string> router_flags = {}, bool streamed = false,
+                    std::vector<std::string> worker_extra = {}) {
+    streamer_ports_ = NewPorts();
+    worker_ports_ = NewPorts();
+    router_ports_ = NewPorts();
+    streamer_.emplace(StartStreamer(streamer_ports_, StreamerFlags(streamed)));
+    std::vector<std::string> worker_flags = {"--model=" + *model_dir_, "--served_model_name=embedded",
+                                             "--max_model_len=512"};
+    if (streamed) {
+      // The arena as a newcomer gets it: sized from the release (its 4 fixed experts per
+      // layer, 8 floating, 1 staging), so the predictor has slots to fill.
+      worker_flags.push_back("--verify_slots");
+      worker_flags.push_back("--release=" + *model_dir_ + "/release");
+    }
+    worker_flags.insert(worker_flags.end(), worker_extra.begin(), worker_extra.end());
+    worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, worker_flags));
+    router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
+    router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));
+    ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(60))) << router_->Log() << worker_->Log();
+  }
+
+  void TearDown() override {
+    for (std::optional<ChildProcess>* child : {&router_, &worker_, &streamer_}) {
+      if (!child->has_value()) continue;
+      (*child)->Signal(SIGTERM);
+      absl::StatusOr<int> code = (*child)->WaitForExit(std::chrono::seconds(20));
+      EXPECT_TRUE(code.ok() && *code == 0) << (*child)->Log();
+    }
+  }
+
+  absl::StatusOr<std::pair<int, Json>> PostJson(const std::string& path, const Json& body,
+                                                const std::vector<std::string>& headers = {}) {
+    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, path, body.dump(), headers);
+    if (!http.ok()) return http.status();
+    absl::StatusOr<int> status = http->Status();
+    if (!status.ok()) return status.status();
+    absl::StatusOr<std::string> text = http->Body();
+    if (!text.ok()) return text.status();
+    Json json = Json::parse(*text, nullptr, false);
+    return std::make_pair(*status, json);
+  }
+
+  // Streams a request; returns the concatenated text/content and the finish reason.
+  struct Streamed {
+    std::string text;
+    std::string reasoning;  // chat: delta.reasoning_content
+    std::string finish;
+    Json usage;
+    int events = 0;
+    std::vector<Json> chunks;  // every event but [DONE], parsed
+  };
+  Streamed Stream(const std::string& path, Json body) {
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, path, body.dump());
+    EXPECT_TRUE(http.ok());
+    EXPECT_EQ(http->Status().value_or(0), 200);
+    Streamed out;
+    while (true) {
+      absl::StatusOr<std::string> event = http->NextEvent();
+      if (!event.ok()) {
+        ADD_FAILURE() << "the stream ended without [DONE]: " << event.status();
+        break;
+      }
+      if (*event == "[DONE]") break;
+      Json chunk = Json::parse(*event, nullptr, false);
+      EXPECT_FALSE(chunk.is_discarded()) << *event;
+      ++out.events;
+      out.chunks.push_back(chunk);
+      if (chunk.contains("usage") && !chunk["usage"].is_null()) out.usage = chunk["usage"];
+      for (const Json& choice : chunk.value("choices", Json::array())) {
+        if (choice.contains("text")) out.text += choice["text"].get<std::string>();
+        if (choice.contains("delta") && choice["delta"].contains("content")) {
+          out.text += choice["delta"]["content"].get<std::string>();
+        }
+        if (choice.contains("delta") && choice["delta"].contains("reasoning_content")) {
+          out.reasoning += choice["delta"]["reasoning_content"].get<std::string>();
+        }
+        if (choice.contains("finish_reason") && !choice["finish_reason"].is_null()) {
+          out.finish = choice["finish_reason"].get<std::string>();
+        }
+      }
+    }
+    return out;
+  }
+
+  double Metric(int port, const std::string& name) {
+    const std::string body = HttpGet(port, "/metrics").body;
+    const size_t at = body.find("\n" + name + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(body.substr(at + name.size() + 2));
+  }
+
+  std::vector<std::string> StreamerFlags(bool streamed) {
+    if (!streamed) return {};
+    return {"--records_dir=" + *model_dir_ + "/release", "--read_budget=8"};
+  }
+
+  static std::string* model_dir_;
+  ServicePorts streamer_ports_, worker_ports_, router_ports_;
+  std::optional<ChildProcess> streamer_, worker_, router_;
+};
+
+}  // namespace nq::testing
