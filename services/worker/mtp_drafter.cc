@@ -22,11 +22,11 @@ absl::Status MtpDrafter::BeginSequence(const SamplingConfig& sampling) {
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(draft));
   draft_sampler_.emplace(std::move(sampler));
   greedy_ = sampling.temperature == 0;
-  rng_.seed(sampling.seed ^ kDraftSeedSalt);
+  seed_ = sampling.seed ^ kDraftSeedSalt;
   return absl::OkStatus();
 }
 
-absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, Drafts& drafts) {
+absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, uint64_t position, Drafts& drafts) {
   if (!draft_sampler_.has_value()) return absl::FailedPreconditionError("MtpDrafter: no BeginSequence");
   ASSIGN_OR_RETURN(std::vector<float> q, draft_sampler_->Distribution(logits));
   if (greedy_) {
@@ -34,6 +34,7 @@ absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, Drafts& drafts
     drafts.tokens.push_back(static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin()));
     return absl::OkStatus();
   }
+  rng_.seed(PositionSeed(seed_, position));
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   const double u = uniform(rng_);
   double acc = 0;
@@ -69,12 +70,13 @@ absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
   ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));
   Drafts drafts;
   if (r.num_drafts == 0) return drafts;
-  RETURN_IF_ERROR(DraftFrom(logits, drafts));
+  // Draft i is the token at sequence position sequence.size() + i.
+  RETURN_IF_ERROR(DraftFrom(logits, r.sequence.size(), drafts));
   while (static_cast<int>(drafts.tokens.size()) < r.num_drafts) {
     const std::vector<float> state = model_->last_mtp_hidden();
     const std::span<const float> last_state = std::span<const float>(state).last(static_cast<size_t>(D));
     ASSIGN_OR_RETURN(logits, model_->ForwardMtpLast(std::span<const int32_t>(&drafts.tokens.back(), 1), last_state));
-    RETURN_IF_ERROR(DraftFrom(logits, drafts));
+    RETURN_IF_ERROR(DraftFrom(logits, r.sequence.size() + drafts.tokens.size(), drafts));
   }
   return drafts;
 }

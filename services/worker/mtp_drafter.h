@@ -26,8 +26,9 @@ class MtpDrafter final : public Drafter {
   absl::StatusOr<Drafts> Propose(const DraftRequest& request) override;
 
  private:
-  // The draft after one row of MTP logits, appended to `drafts`.
-  absl::Status DraftFrom(std::span<const float> logits, Drafts& drafts);
+  // The draft for sequence position `position` after one row of MTP logits, appended to
+  // `drafts`. Draws are keyed by position (PositionSeed), like the verifying sampler's.
+  absl::Status DraftFrom(std::span<const float> logits, uint64_t position, Drafts& drafts);
 
   model::Model* const model_;
   bool greedy_ = true;
@@ -35,6 +36,7 @@ class MtpDrafter final : public Drafter {
   // penalties (the drafter does not see which drafts are kept). Any distribution keeps the
   // output exact; the closer to the target's, the more drafts are accepted.
   std::optional<Sampler> draft_sampler_;
+  uint64_t seed_ = 0;
   std::mt19937_64 rng_;
 };
 

@@ -55,6 +55,21 @@ std::span<const float> Sampler::Adjust(std::span<const float> logits) {
 
 void Sampler::Count(int32_t id) { ++counts_[id]; }
 
+uint64_t PositionSeed(uint64_t seed, uint64_t position) {
+  // SplitMix64's finaliser (Steele et al. 2014), over the seed mixed with the position.
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  return mix(seed ^ mix(position));
+}
+
+void Sampler::KeyDraws() {
+  if (config_.position_keyed_draws) rng_.seed(PositionSeed(config_.seed, committed_));
+}
+
 double Sampler::Key(int32_t id) const {
   const float l = logits_[static_cast<size_t>(id)];
   return std::isfinite(l) ? l : -std::numeric_limits<double>::infinity();
@@ -176,6 +191,7 @@ SampledToken Sampler::Commit(int32_t id) {
   SampledToken out;
   out.id = id;
   Count(id);
+  ++committed_;
   out.logprob = logprob(static_cast<size_t>(id));
   SortPrefix(static_cast<size_t>(config_.top_logprobs));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(order_.size()); ++i) {
@@ -198,6 +214,7 @@ double Sampler::TargetProbability(int32_t id) const {
 
 absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> logits) {
   RETURN_IF_ERROR(Prepare(logits));
+  KeyDraws();
   return Commit(Draw());
 }
 
@@ -224,6 +241,7 @@ absl::StatusOr<Sampler::Verdict> Sampler::Verify(std::span<const float> logits, 
                                                    " tokens for logits over ", logits.size()));
   }
   RETURN_IF_ERROR(Prepare(logits));
+  KeyDraws();
   if (config_.temperature == 0) {
     // Greedy: exactly plain decoding's pick, so the output is identical token for token.
     const int32_t id = Draw();

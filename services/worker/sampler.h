@@ -23,7 +23,18 @@ struct SamplingConfig {
   float presence_penalty = 0;   // [-2, 2]
   float frequency_penalty = 0;  // [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
+  // Set by the sequence runner when it speculates, not by requests: the draws for the k-th
+  // token of the sequence come from a stream keyed by (seed, k) instead of one stream for the
+  // whole sequence. Verification consumes a varying number of draws per token (an acceptance
+  // test, sometimes a residual draw); keyed streams keep a small logit change (an expert moving
+  // between 2 and 4 bits) from shifting every later token's draws, as plain sampling's single
+  // inverse-CDF draw per token does.
+  bool position_keyed_draws = false;
 };
+
+// The seed of the draw stream for the token at `position` (SplitMix64 of both): independent
+// streams per position, reproducible per seed.
+uint64_t PositionSeed(uint64_t seed, uint64_t position);
 
 // The log-probabilities a Sampler reports are those of the model's next-token distribution
 // as the request adjusted it: log_softmax(logits + logit_bias - penalties) at temperature 1,
@@ -88,6 +99,8 @@ class Sampler {
   int32_t Draw();
   // Counts `id` for the penalties and reports its log-probabilities from the prepared row.
   SampledToken Commit(int32_t id);
+  // With position_keyed_draws: rng_ restarts on the stream of the next token's position.
+  void KeyDraws();
   // The sort key of an id (its adjusted logit), and order_[0, n) sorted by it.
   double Key(int32_t id) const;
   void SortPrefix(size_t n);
@@ -108,6 +121,7 @@ class Sampler {
   std::vector<uint8_t> in_kept_;   // scratch: token id -> survived top-k / top-p
   std::vector<float> adjusted_;    // scratch: the logits after bias and penalties
   std::unordered_map<int32_t, int> counts_;  // token id -> times sampled in this sequence
+  uint64_t committed_ = 0;                    // tokens sampled so far: the next one's position
 };
 
 }  // namespace nq::worker

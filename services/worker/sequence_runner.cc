@@ -43,7 +43,9 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " is outside the vocabulary of ", vocab));
     }
   }
-  ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(request.sampling));
+  SamplingConfig sampling = request.sampling;
+  sampling.position_keyed_draws = num_drafts_ > 0;
+  ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(sampling));
   if (num_drafts_ > 0) RETURN_IF_ERROR(drafter_->BeginSequence(request.sampling));
 
   const size_t reuse = ReusablePrefix(request.prompt);

@@ -102,6 +102,22 @@ TEST(RejectionSamplingTest, VerifiedTokensFollowTheTargetDistribution) {
   EXPECT_NEAR(static_cast<double>(out.accepted) / kTrials, expected_rate, 0.01);
 }
 
+TEST(RejectionSamplingTest, PositionKeyedDrawsFollowTheTargetToo) {
+  // What the sequence runner uses when it speculates: each token's draws on its own stream.
+  SamplingConfig config = Config(1.0f, 17);
+  config.position_keyed_draws = true;
+  const Outcome out = RunVerifications(config, 19);
+  EXPECT_LT(ChiSquare(out.counts, Softmax(kTargetLogits, 1.0)), kChiSquareCritical5);
+  // Keyed by position, a sampler's k-th token draws the same whatever came before it.
+  absl::StatusOr<Sampler> a = Sampler::Create(config);
+  absl::StatusOr<Sampler> b = Sampler::Create(config);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  ASSERT_THAT(a->Verify(kTargetLogits, 0, kDraftProbs), IsOk());  // one verification: several draws
+  ASSERT_THAT(b->Sample(kTargetLogits), IsOk());                  // one sample: one draw
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(a->Sample(kTargetLogits)->id, b->Sample(kTargetLogits)->id) << i;
+}
+
 TEST(RejectionSamplingTest, TemperatureAndTopKShapeTheTargetTheSameWay) {
   // top_k = 4 drops tokens 2 and 3; temperature 0.7 sharpens the rest.
   const Outcome out = RunVerifications(Config(0.7f, 3, 4), 5);
