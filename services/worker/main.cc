@@ -59,7 +59,8 @@ ABSL_FLAG(bool, verify_slots, false,
           "slots)");
 ABSL_FLAG(int, speculative_tokens, -1,
           "MTP speculative decoding: draft tokens verified per decode step (0: off; -1: 3 when the checkpoint has an "
-          "MTP layer, else off). A positive count on a model without MTP weights is refused");
+          "MTP layer and the backend is not cpu, else off). A positive count on a model without MTP weights is "
+          "refused");
 ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
@@ -84,8 +85,11 @@ constexpr int kDefaultSpeculativeTokens = 3;
 // Drafts past this many are almost never all accepted, and each costs a verification row.
 constexpr int kMaxSpeculativeTokens = 16;
 
-// --speculative_tokens resolved against the loaded model.
-absl::StatusOr<int> SpeculativeTokens(const model::Model& model) {
+// --speculative_tokens resolved against the loaded model and the backend. Auto is off on the CPU
+// backend: there a forward costs per row, so verifying 1 + 3 tokens costs 2.7 plain steps and
+// drafts make glm5_nano 0.6-0.8x as fast (bench/README.md); a GPU decode step is bound by
+// reading weights, which the extra rows share.
+absl::StatusOr<int> SpeculativeTokens(const model::Model& model, absl::string_view backend) {
   const int flag = absl::GetFlag(FLAGS_speculative_tokens);
   if (flag < -1 || flag > kMaxSpeculativeTokens) {
     return absl::InvalidArgumentError(absl::StrCat("--speculative_tokens=", flag, ": want -1 (auto), 0 (off) or 1..",
@@ -103,7 +107,13 @@ absl::StatusOr<int> SpeculativeTokens(const model::Model& model) {
     }
     return 0;
   }
-  return flag < 0 ? kDefaultSpeculativeTokens : flag;
+  if (flag >= 0) return flag;
+  if (backend == "cpu") {
+    spdlog::info("MTP layer present; speculative decoding off on the cpu backend by default (it is slower there: "
+                 "bench/README.md); --speculative_tokens=N turns it on");
+    return 0;
+  }
+  return kDefaultSpeculativeTokens;
 }
 
 // Without a release the arena only carries the slot protocol: the old fixed default.
@@ -272,7 +282,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                        decoder != nullptr ? decoder->release().id() : ""},
                         &slots, model.get());
   if (model != nullptr) {
-    ASSIGN_OR_RETURN(const int speculative_tokens, SpeculativeTokens(*model));
+    ASSIGN_OR_RETURN(const int speculative_tokens, SpeculativeTokens(*model, backend->name()));
     RETURN_IF_ERROR(service.EnableSpeculation(speculative_tokens));
     spdlog::info("speculative decoding: {}", speculative_tokens > 0
                                                  ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")

@@ -90,8 +90,11 @@ class SpeculativeServingTest : public ClusterTest {
 };
 
 TEST_F(SpeculativeServingTest, GreedyAnswersAndStopStringsAreThoseOfAWorkerWithoutDrafts) {
-  Cluster& plain = Start(NQ_EMBEDDED_MODEL_DIR, {"--speculative_tokens=0"});
-  Cluster& spec = Start(NQ_EMBEDDED_MODEL_DIR, {});  // the default: 3 drafts with an MTP layer
+  // The CPU backend's default is no drafts (slower there); the other worker asks for 3.
+  Cluster& plain = Start(NQ_EMBEDDED_MODEL_DIR, {});
+  EXPECT_THAT(plain.worker->Log(), HasSubstr("speculative decoding off on the cpu backend by default"));
+  EXPECT_THAT(plain.worker->Log(), HasSubstr("speculative decoding: off"));
+  Cluster& spec = Start(NQ_EMBEDDED_MODEL_DIR, {"--speculative_tokens=3"});
   EXPECT_THAT(spec.worker->Log(), HasSubstr("speculative decoding: 3 MTP draft tokens per step"));
 
   // Phase 1: full-length greedy completions, and the routing each worker reported.
