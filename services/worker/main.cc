@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -89,7 +90,7 @@ constexpr int kMaxSpeculativeTokens = 16;
 // backend: there a forward costs per row, so verifying 1 + 3 tokens costs 2.7 plain steps and
 // drafts make glm5_nano 0.6-0.8x as fast (bench/README.md); a GPU decode step is bound by
 // reading weights, which the extra rows share.
-absl::StatusOr<int> SpeculativeTokens(const model::Model& model, absl::string_view backend) {
+absl::StatusOr<int> SpeculativeTokens(const model::Model& model, std::string_view backend) {
   const int flag = absl::GetFlag(FLAGS_speculative_tokens);
   if (flag < -1 || flag > kMaxSpeculativeTokens) {
     return absl::InvalidArgumentError(absl::StrCat("--speculative_tokens=", flag, ": want -1 (auto), 0 (off) or 1..",
