@@ -61,10 +61,12 @@ if ((!scraped)); then
   exit 1
 fi
 # 13 slots per layer (as scripts/up.sh): floating slots beside the fixed set, so decoding
-# moves residuals (reads, loads, unmaps, predictor refreshes).
+# moves residuals (reads, loads, unmaps, predictor refreshes). MTP drafts on (the CPU backend's
+# default is off) so the dashboard's MTP panels have data as on a GPU deployment.
 "$build/services/worker/nq-worker" --host=127.0.0.1 --grpc_port="$wg" --metrics_port="$wm" \
   --streamer_address="127.0.0.1:$sg" --model="$model" --release="$model/release" \
-  --served_model_name=embedded --max_model_len=512 --slots_per_layer=13 >"$work/worker.log" 2>&1 &
+  --served_model_name=embedded --max_model_len=512 --slots_per_layer=13 --speculative_tokens=3 \
+  >"$work/worker.log" 2>&1 &
 pids+=($!)
 "$build/services/router/nq-router" --host=127.0.0.1 --http_port="$rh" --grpc_port="$rg" \
   --worker_address="127.0.0.1:$wg" --worker_poll_interval_s=0.1 --tokenizer="$model/tokenizer.json" \
