@@ -269,4 +269,36 @@ std::vector<double> DenseNqMoeReference(const NqMoeHost& h, std::span<const floa
   return out;
 }
 
+NqMoeRouting RandomNqMoeRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts,
+                                std::int64_t pool) {
+  NqMoeRouting r;
+  std::vector<std::int32_t> all(static_cast<size_t>(experts));
+  for (std::int64_t e = 0; e < experts; ++e) all[e] = static_cast<std::int32_t>(e);
+  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.begin() + std::min(pool, experts), rng);
+    for (std::int64_t k = 0; k < top_k; ++k) {
+      r.ids.push_back(all[k]);
+      r.weights.push_back(weight(rng));
+    }
+  }
+  return r;
+}
+
+std::vector<float> RunNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
+                            const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k) {
+  const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
+  NqMoeDevice layer = UploadNqMoe(backend, host, slot_of_expert);
+  Tensor tx = Upload(backend, x, DType::kF32, {T, host.hidden});
+  Tensor ids = UploadI32(backend, routing.ids, {T, top_k});
+  Tensor weights = Upload(backend, routing.weights, DType::kF32, {T, top_k});
+  absl::StatusOr<Tensor> out = backend.Allocate(DType::kF32, Shape{T, host.hidden});
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  const absl::Status run = backend.NqMoe(tx, ids, weights, layer.weights, layer.slots, *out);
+  EXPECT_TRUE(run.ok()) << run;
+  if (!run.ok()) return {};
+  return Download(backend, *out);
+}
+
 }  // namespace nq::kernels::testing

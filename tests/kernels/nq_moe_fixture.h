@@ -48,6 +48,19 @@ struct NqMoeDevice {
 };
 NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert);
 
+// top_k distinct experts per token with weights in [0.1, 1): each token draws from the first
+// `pool` experts (pool < experts makes the tokens of a chunk share experts).
+struct NqMoeRouting {
+  std::vector<std::int32_t> ids;
+  std::vector<float> weights;
+};
+NqMoeRouting RandomNqMoeRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts,
+                                std::int64_t pool);
+
+// backend.NqMoe of the layer over x (tokens x hidden); a failure is a test failure and returns {}.
+std::vector<float> RunNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
+                            const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k);
+
 // The dense result, independent of the op's code path: each expert's weights dequantised and
 // unrotated into dense matrices W = R_rows^T W' R_cols (rotations as dense matrices), then
 // sum_k w_k * down(silu(gate x) * up x) in double.

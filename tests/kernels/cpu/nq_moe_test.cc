@@ -21,33 +21,13 @@ using ::nq::kernels::testing::Upload;
 using ::nq::kernels::testing::UploadI32;
 using ::testing::HasSubstr;
 
-struct Routing {
-  std::vector<std::int32_t> ids;
-  std::vector<float> weights;
-};
-
-Routing RandomRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts) {
-  Routing r;
-  std::vector<std::int32_t> all(static_cast<size_t>(experts));
-  for (std::int64_t e = 0; e < experts; ++e) all[e] = static_cast<std::int32_t>(e);
-  std::uniform_real_distribution<float> w(0.1f, 1.0f);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::shuffle(all.begin(), all.end(), rng);
-    for (std::int64_t k = 0; k < top_k; ++k) {
-      r.ids.push_back(all[k]);
-      r.weights.push_back(w(rng));
-    }
-  }
-  return r;
-}
-
 TEST(CpuNqMoe, MatchesTheDenseReferenceAtTwoFourAndMixedBits) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   std::mt19937_64 rng = MakeRng(4201);
   constexpr std::int64_t kD = 64, kI = 32, kE = 8, kK = 3, kT = 5;
   const testing::NqMoeHost host = testing::RandomNqMoe(rng, kD, kI, kE);
   const std::vector<float> x = RandomNormal(rng, kT * kD, 1.0f);
-  const Routing routing = RandomRouting(rng, kT, kK, kE);
+  const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, kT, kK, kE, kE);
   const std::vector<std::vector<std::int32_t>> precisions = {
       std::vector<std::int32_t>(kE, -1), {0, 1, 2, 3, 4, 5, 6, 7}, {-1, 0, -1, 1, 2, -1, -1, 3}};
   for (const std::vector<std::int32_t>& slots : precisions) {

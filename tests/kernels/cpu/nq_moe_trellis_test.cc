@@ -21,41 +21,6 @@ using ::nq::kernels::testing::Upload;
 using ::nq::kernels::testing::UploadI32;
 using ::testing::HasSubstr;
 
-struct Routing {
-  std::vector<std::int32_t> ids;
-  std::vector<float> weights;
-};
-
-Routing RandomRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts) {
-  Routing r;
-  std::vector<std::int32_t> all(static_cast<size_t>(experts));
-  for (std::int64_t e = 0; e < experts; ++e) all[e] = static_cast<std::int32_t>(e);
-  std::uniform_real_distribution<float> w(0.1f, 1.0f);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::shuffle(all.begin(), all.end(), rng);
-    for (std::int64_t k = 0; k < top_k; ++k) {
-      r.ids.push_back(all[k]);
-      r.weights.push_back(w(rng));
-    }
-  }
-  return r;
-}
-
-std::vector<float> RunOp(Backend& cpu, const testing::NqMoeHost& host, const std::vector<std::int32_t>& slots,
-                         const std::vector<float>& x, const Routing& routing, std::int64_t top_k) {
-  const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
-  testing::NqMoeDevice layer = testing::UploadNqMoe(cpu, host, slots);
-  Tensor tx = Upload(cpu, x, DType::kF32, {T, host.hidden});
-  Tensor ids = UploadI32(cpu, routing.ids, {T, top_k});
-  Tensor weights = Upload(cpu, routing.weights, DType::kF32, {T, top_k});
-  absl::StatusOr<Tensor> out = cpu.Allocate(DType::kF32, Shape{T, host.hidden});
-  EXPECT_TRUE(out.ok()) << out.status();
-  if (!out.ok()) return {};
-  const absl::Status run = cpu.NqMoe(tx, ids, weights, layer.weights, layer.slots, *out);
-  EXPECT_TRUE(run.ok()) << run;
-  return Download(cpu, *out);
-}
-
 TEST(CpuNqMoeTrellis, MatchesTheDenseReferenceAtTwoFourAndMixedBits) {
   std::unique_ptr<Backend> cpu = MakeCpuBackend();
   std::mt19937_64 rng = MakeRng(4211);
@@ -63,11 +28,11 @@ TEST(CpuNqMoeTrellis, MatchesTheDenseReferenceAtTwoFourAndMixedBits) {
   constexpr std::int64_t kD = 64, kI = 32, kE = 8, kK = 3, kT = 5;
   const testing::NqMoeHost host = testing::RandomTrellisNqMoe(rng, kD, kI, kE);
   const std::vector<float> x = RandomNormal(rng, kT * kD, 1.0f);
-  const Routing routing = RandomRouting(rng, kT, kK, kE);
+  const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, kT, kK, kE, kE);
   const std::vector<std::vector<std::int32_t>> precisions = {
       std::vector<std::int32_t>(kE, -1), {0, 1, 2, 3, 4, 5, 6, 7}, {-1, 0, -1, 1, 2, -1, -1, 3}};
   for (const std::vector<std::int32_t>& slots : precisions) {
-    const std::vector<float> got = RunOp(*cpu, host, slots, x, routing, kK);
+    const std::vector<float> got = testing::RunNqMoe(*cpu, host, slots, x, routing, kK);
     const std::vector<double> want = testing::DenseNqMoeReference(host, x, routing.ids, routing.weights, kK, slots);
     EXPECT_LT(NormalizedError(got, want), 1e-5);
   }
@@ -79,17 +44,17 @@ TEST(CpuNqMoeTrellis, ResidualGainsMoveOnlyFourBitExperts) {
   constexpr std::int64_t kD = 32, kI = 16, kE = 4;
   testing::NqMoeHost host = testing::RandomTrellisNqMoe(rng, kD, kI, kE);
   const std::vector<float> x = RandomNormal(rng, 2 * kD, 1.0f);
-  const Routing routing{.ids = {1, 2, 2, 1}, .weights = {0.7f, 0.3f, 0.6f, 0.4f}};
+  const testing::NqMoeRouting routing{.ids = {1, 2, 2, 1}, .weights = {0.7f, 0.3f, 0.6f, 0.4f}};
   const std::vector<std::int32_t> slots = {-1, 0, -1, -1};  // expert 1 at 4 bits, 2 at 2 bits
-  const std::vector<float> before = RunOp(*cpu, host, slots, x, routing, 2);
+  const std::vector<float> before = testing::RunNqMoe(*cpu, host, slots, x, routing, 2);
   // Doubling every residual gain of expert 2 (at 2 bits) changes nothing; of expert 1, the output.
   testing::NqMoeHost two = host;
   const std::int64_t blocks = kD / 16;
   for (std::int64_t b = 0; b < blocks; ++b) two.gate.gains[(2 * blocks + b) * 2 + 1] *= 2.0f;
-  EXPECT_EQ(RunOp(*cpu, two, slots, x, routing, 2), before);
+  EXPECT_EQ(testing::RunNqMoe(*cpu, two, slots, x, routing, 2), before);
   testing::NqMoeHost one = host;
   for (std::int64_t b = 0; b < blocks; ++b) one.gate.gains[(1 * blocks + b) * 2 + 1] *= 2.0f;
-  EXPECT_NE(RunOp(*cpu, one, slots, x, routing, 2), before);
+  EXPECT_NE(testing::RunNqMoe(*cpu, one, slots, x, routing, 2), before);
 }
 
 class CpuNqMoeTrellisArgs : public ::testing::Test {

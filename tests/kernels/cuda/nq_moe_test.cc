@@ -28,22 +28,6 @@ using ::nq::kernels::testing::UploadI32;
 
 constexpr double kTolerance = 2e-3;
 
-std::vector<float> RunNqMoe(Backend& backend, const testing::NqMoeHost& host, std::span<const std::int32_t> slots,
-                       const std::vector<float>& x, const std::vector<std::int32_t>& ids, const std::vector<float>& w,
-                       std::int64_t top_k) {
-  const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
-  testing::NqMoeDevice layer = testing::UploadNqMoe(backend, host, slots);
-  Tensor tx = Upload(backend, x, DType::kF32, {T, host.hidden});
-  Tensor tids = UploadI32(backend, ids, {T, top_k});
-  Tensor tw = Upload(backend, w, DType::kF32, {T, top_k});
-  absl::StatusOr<Tensor> out = backend.Allocate(DType::kF32, Shape{T, host.hidden});
-  EXPECT_TRUE(out.ok()) << out.status();
-  if (!out.ok()) return {};
-  const absl::Status run = backend.NqMoe(tx, tids, tw, layer.weights, layer.slots, *out);
-  EXPECT_TRUE(run.ok()) << run;
-  return Download(backend, *out);
-}
-
 TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
   if (Backends().cuda == nullptr) return;
   std::mt19937_64 rng = MakeRng(4301);
@@ -66,19 +50,8 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
       if (tokens == 512 && (s.hidden > 320 || small)) continue;  // the CPU oracle's time, not the kernel's limit
       if (tokens == 256 && s.hidden > 64) continue;
       const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
-      std::vector<std::int32_t> ids;
-      std::vector<float> w;
-      std::vector<std::int32_t> all(static_cast<size_t>(s.experts));
-      for (std::int64_t e = 0; e < s.experts; ++e) all[e] = static_cast<std::int32_t>(e);
-      std::uniform_real_distribution<float> weight(0.1f, 1.0f);
-      for (std::int64_t t = 0; t < tokens; ++t) {
-        // Draw from the first 2K experts only, so tokens of a chunk share experts.
-        std::shuffle(all.begin(), all.begin() + std::min<std::int64_t>(2 * s.top_k, s.experts), rng);
-        for (std::int64_t k = 0; k < s.top_k; ++k) {
-          ids.push_back(all[k]);
-          w.push_back(weight(rng));
-        }
-      }
+      // Each token draws from the first 2K experts only, so tokens of a chunk share experts.
+      const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, tokens, s.top_k, s.experts, 2 * s.top_k);
       for (int mode = 0; mode < 3; ++mode) {
         std::vector<std::int32_t> slots(static_cast<size_t>(s.experts), -1);
         std::bernoulli_distribution coin(0.5);
@@ -86,8 +59,8 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
         for (std::int64_t e = 0; e < s.experts; ++e) {
           if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = next++;
         }
-        const std::vector<float> want = RunNqMoe(*Backends().cpu, host, slots, x, ids, w, s.top_k);
-        const std::vector<float> got = RunNqMoe(*Backends().cuda, host, slots, x, ids, w, s.top_k);
+        const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, routing, s.top_k);
+        const std::vector<float> got = testing::RunNqMoe(*Backends().cuda, host, slots, x, routing, s.top_k);
         const double error = NormalizedError(got, want);
         SCOPED_TRACE(absl::StrCat("D ", s.hidden, " I ", s.intermediate, " E ", s.experts, " K ", s.top_k, " T ",
                                   tokens, " mode ", mode));

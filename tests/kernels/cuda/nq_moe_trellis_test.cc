@@ -94,47 +94,6 @@ TEST(CudaNqMoeTrellis, TileDecodeMatchesTheHostDecoderBitForBit) {
   }
 }
 
-std::vector<float> RunNqMoe(Backend& backend, const testing::NqMoeHost& host, std::span<const std::int32_t> slots,
-                            const std::vector<float>& x, const std::vector<std::int32_t>& ids,
-                            const std::vector<float>& w, std::int64_t top_k, absl::Status* status = nullptr) {
-  const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
-  testing::NqMoeDevice layer = testing::UploadNqMoe(backend, host, slots);
-  Tensor tx = Upload(backend, x, DType::kF32, {T, host.hidden});
-  Tensor tids = UploadI32(backend, ids, {T, top_k});
-  Tensor tw = Upload(backend, w, DType::kF32, {T, top_k});
-  absl::StatusOr<Tensor> out = backend.Allocate(DType::kF32, Shape{T, host.hidden});
-  EXPECT_TRUE(out.ok()) << out.status();
-  if (!out.ok()) return {};
-  const absl::Status run = backend.NqMoe(tx, tids, tw, layer.weights, layer.slots, *out);
-  if (status != nullptr) {
-    *status = run;
-    return {};
-  }
-  EXPECT_TRUE(run.ok()) << run;
-  return Download(backend, *out);
-}
-
-struct Routing {
-  std::vector<std::int32_t> ids;
-  std::vector<float> weights;
-};
-
-// Tokens draw from the first 2K experts only, so the groups of the prefill GEMM hold many tokens.
-Routing SharedRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts) {
-  Routing r;
-  std::vector<std::int32_t> all(static_cast<size_t>(experts));
-  for (std::int64_t e = 0; e < experts; ++e) all[e] = static_cast<std::int32_t>(e);
-  std::uniform_real_distribution<float> weight(0.1f, 1.0f);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    std::shuffle(all.begin(), all.begin() + std::min<std::int64_t>(2 * top_k, experts), rng);
-    for (std::int64_t k = 0; k < top_k; ++k) {
-      r.ids.push_back(all[k]);
-      r.weights.push_back(weight(rng));
-    }
-  }
-  return r;
-}
-
 // Random trellis layers through both backends at 2 bits, 4 bits and a random mix, for each token
 // count: the largest error as a share of the largest output goes into `summary`.
 void CompareWithCpu(std::mt19937_64& rng, std::initializer_list<std::int64_t> token_counts, ErrorSummary& summary) {
@@ -157,7 +116,8 @@ void CompareWithCpu(std::mt19937_64& rng, std::initializer_list<std::int64_t> to
       if (s.hidden > 1024 && tokens > 4) continue;
       if (tokens == 256 && s.experts != 4) continue;
       const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
-      const Routing routing = SharedRouting(rng, tokens, s.top_k, s.experts);
+      // Tokens draw from the first 2K experts only, so the groups of the prefill GEMM hold many tokens.
+      const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, tokens, s.top_k, s.experts, 2 * s.top_k);
       for (int mode = 0; mode < 3; ++mode) {
         std::vector<std::int32_t> slots(static_cast<size_t>(s.experts), -1);
         std::bernoulli_distribution coin(0.5);
@@ -167,8 +127,8 @@ void CompareWithCpu(std::mt19937_64& rng, std::initializer_list<std::int64_t> to
         }
         SCOPED_TRACE(absl::StrCat("D ", s.hidden, " I ", s.intermediate, " E ", s.experts, " K ", s.top_k, " T ",
                                   tokens, " mode ", mode));
-        const std::vector<float> want = RunNqMoe(*Backends().cpu, host, slots, x, routing.ids, routing.weights, s.top_k);
-        const std::vector<float> got = RunNqMoe(*Backends().cuda, host, slots, x, routing.ids, routing.weights, s.top_k);
+        const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, routing, s.top_k);
+        const std::vector<float> got = testing::RunNqMoe(*Backends().cuda, host, slots, x, routing, s.top_k);
         summary.Add(NormalizedError(got, want));
       }
     }
