@@ -84,20 +84,20 @@ absl::StatusOr<model::ModelConfig> EncodeConfig() {
   return model::ParseModelConfig(text.str());
 }
 
-class PackedExpertsTest : public ::testing::Test {
+// A synthetic checkpoint and its release in a temporary directory, made once per suite.
+class ReleaseSuite : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-packed-test-", getpid()));
+  static void Make(const std::string& name, const model::ModelConfig& config, uint64_t seed,
+                   const EncodeReleaseOptions& options) {
+    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat(name, "-", getpid()));
     fs::remove_all(*root_);
-    absl::StatusOr<model::ModelConfig> config = EncodeConfig();
-    ASSERT_THAT(config, IsOk());
-    ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (*root_ / "model").string(), {.seed = 5}), IsOk());
-    ASSERT_THAT(EncodeRelease((*root_ / "model").string(), (*root_ / "release").string(), {.fixed_per_layer = 3}),
-                IsOk());
+    ASSERT_THAT(model::WriteSyntheticCheckpoint(config, (*root_ / "model").string(), {.seed = seed}), IsOk());
+    ASSERT_THAT(EncodeRelease((*root_ / "model").string(), (*root_ / "release").string(), options), IsOk());
   }
   static void TearDownTestSuite() {
     fs::remove_all(*root_);
     delete root_;
+    root_ = nullptr;
   }
   static std::string Dir(const char* name) { return (*root_ / name).string(); }
 
@@ -110,7 +110,16 @@ class PackedExpertsTest : public ::testing::Test {
   static fs::path* root_;
   std::unique_ptr<kernels::Backend> backend_;
 };
-fs::path* PackedExpertsTest::root_ = nullptr;
+fs::path* ReleaseSuite::root_ = nullptr;
+
+class PackedExpertsTest : public ReleaseSuite {
+ protected:
+  static void SetUpTestSuite() {
+    absl::StatusOr<model::ModelConfig> config = EncodeConfig();
+    ASSERT_THAT(config, IsOk());
+    Make("nq-packed-test", *config, 5, {.fixed_per_layer = 3});
+  }
+};
 
 TEST_F(PackedExpertsTest, LogitsEqualTheDenseDecodeAtEveryPolicy) {
   const std::vector<int32_t> tokens = {1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77, 12, 200};
@@ -207,37 +216,17 @@ TEST_F(PackedExpertsTest, AModelWithoutExpertsOrReleaseIsRefusedByName) {
 
 // A trellis_v1 release through the same packed op. The narrow model of release_encoder_test
 // (3 experts of 128 x 16, top 2) keeps the Viterbi encode to seconds.
-class PackedTrellisExpertsTest : public ::testing::Test {
+class PackedTrellisExpertsTest : public ReleaseSuite {
  protected:
   static void SetUpTestSuite() {
-    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-packed-trellis-test-", getpid()));
-    fs::remove_all(*root_);
     absl::StatusOr<model::ModelConfig> config = EncodeConfig();
     ASSERT_THAT(config, IsOk());
     config->n_routed_experts = 3;
     config->num_experts_per_tok = 2;
     config->moe_intermediate_size = 16;
-    ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (*root_ / "model").string(), {.seed = 7}), IsOk());
-    ASSERT_THAT(EncodeRelease((*root_ / "model").string(), (*root_ / "release").string(),
-                              {.fixed_per_layer = 1, .codec = "trellis"}),
-                IsOk());
+    Make("nq-packed-trellis-test", *config, 7, {.fixed_per_layer = 1, .codec = "trellis"});
   }
-  static void TearDownTestSuite() {
-    fs::remove_all(*root_);
-    delete root_;
-  }
-  static std::string Dir(const char* name) { return (*root_ / name).string(); }
-
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> b = kernels::CreateBackend("cpu");
-    ASSERT_THAT(b, IsOk());
-    backend_ = *std::move(b);
-  }
-
-  static fs::path* root_;
-  std::unique_ptr<kernels::Backend> backend_;
 };
-fs::path* PackedTrellisExpertsTest::root_ = nullptr;
 
 TEST_F(PackedTrellisExpertsTest, LogitsEqualTheDenseDecodeAtEveryPolicy) {
   const std::vector<int32_t> tokens = {1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77, 12, 200};
