@@ -285,6 +285,16 @@ NqMoeRouting RandomNqMoeRouting(std::mt19937_64& rng, std::int64_t tokens, std::
   return r;
 }
 
+std::vector<std::int32_t> NqMoeSlots(std::mt19937_64& rng, std::int64_t experts, int mode) {
+  std::vector<std::int32_t> slots(static_cast<size_t>(experts), -1);
+  std::bernoulli_distribution coin(0.5);
+  std::int32_t next = 0;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = next++;
+  }
+  return slots;
+}
+
 std::vector<float> RunNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
                             const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k) {
   const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;

@@ -57,6 +57,10 @@ struct NqMoeRouting {
 NqMoeRouting RandomNqMoeRouting(std::mt19937_64& rng, std::int64_t tokens, std::int64_t top_k, std::int64_t experts,
                                 std::int64_t pool);
 
+// A slot table by mode: 0 every expert at 2 bits, 1 every expert in a slot (4 bits), 2 a random
+// half; slots numbered in expert order.
+std::vector<std::int32_t> NqMoeSlots(std::mt19937_64& rng, std::int64_t experts, int mode);
+
 // backend.NqMoe of the layer over x (tokens x hidden); a failure is a test failure and returns {}.
 std::vector<float> RunNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
                             const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k);

@@ -53,12 +53,7 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
       // Each token draws from the first 2K experts only, so tokens of a chunk share experts.
       const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, tokens, s.top_k, s.experts, 2 * s.top_k);
       for (int mode = 0; mode < 3; ++mode) {
-        std::vector<std::int32_t> slots(static_cast<size_t>(s.experts), -1);
-        std::bernoulli_distribution coin(0.5);
-        std::int32_t next = 0;
-        for (std::int64_t e = 0; e < s.experts; ++e) {
-          if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = next++;
-        }
+        const std::vector<std::int32_t> slots = testing::NqMoeSlots(rng, s.experts, mode);
         const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, routing, s.top_k);
         const std::vector<float> got = testing::RunNqMoe(*Backends().cuda, host, slots, x, routing, s.top_k);
         const double error = NormalizedError(got, want);

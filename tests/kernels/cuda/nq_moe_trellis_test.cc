@@ -119,12 +119,7 @@ void CompareWithCpu(std::mt19937_64& rng, std::initializer_list<std::int64_t> to
       // Tokens draw from the first 2K experts only, so the groups of the prefill GEMM hold many tokens.
       const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, tokens, s.top_k, s.experts, 2 * s.top_k);
       for (int mode = 0; mode < 3; ++mode) {
-        std::vector<std::int32_t> slots(static_cast<size_t>(s.experts), -1);
-        std::bernoulli_distribution coin(0.5);
-        std::int32_t next = 0;
-        for (std::int64_t e = 0; e < s.experts; ++e) {
-          if (mode == 1 || (mode == 2 && coin(rng))) slots[e] = next++;
-        }
+        const std::vector<std::int32_t> slots = testing::NqMoeSlots(rng, s.experts, mode);
         SCOPED_TRACE(absl::StrCat("D ", s.hidden, " I ", s.intermediate, " E ", s.experts, " K ", s.top_k, " T ",
                                   tokens, " mode ", mode));
         const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, routing, s.top_k);
