@@ -336,7 +336,8 @@ class CudaBackend final : public Backend {
                              std::int64_t start_pos, Tensor& selected) override {
     const std::int64_t tokens = q.shape().dim(0);
     const std::int64_t visible_max = start_pos + tokens;
-    RETURN_IF_ERROR(CheckIndexerKeys(visible_max));
+    RETURN_IF_ERROR(CheckIndexerShape(visible_max, q.shape().dim(1), q.shape().dim(2),
+                                      selected.shape().dim(1)));
     RETURN_IF_ERROR(CheckIntRange("IndexerTopK", {tokens, q.shape().dim(1), q.shape().dim(2),
                                                   selected.shape().dim(1)}));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
