@@ -16,10 +16,17 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kKeyTile = 32;        // keys per pipeline stage: 4 MMA column tiles of 8
-constexpr int kAbsorbCols = 64;     // absorb: columns per block, 4 threads share one
-constexpr int kAbsorbTokens = 8;    // absorb: queries per pass over the block's w_uk columns
-constexpr int kMergeRows = 32;      // merge: output rows (of dv) per block
-constexpr int kMinTilesPerSplit = 2;
+// absorb: a block covers 256 columns of one head; each thread 8 consecutive columns (one 16-byte
+// load of bf16) of every 8th row of w_uk, for 4 queries per pass.
+constexpr int kAbsorbCols = 256;
+constexpr int kAbsorbRowGroups = kThreads / (kAbsorbCols / 8);
+constexpr int kAbsorbTokens = 4;
+// combine: a block covers 128 columns of O (a float4 per thread) and reads the splits 8 at a time.
+constexpr int kCombineCols = 128;
+constexpr int kCombineSplitGroups = kThreads / (kCombineCols / 4);
+// output (w_uv): 2 rows per warp, the queries' O in shared memory 8 at a time.
+constexpr int kOutputRows = 2 * kWarps;
+constexpr int kOutputTokens = 8;
 
 // Shared-memory row strides, in elements. d + 8 keeps rows 16-byte aligned (cp.async) and moves
 // consecutive rows 8 words apart (fp32) / 4 words apart (bf16), so the fragment loads of a
@@ -36,6 +43,7 @@ struct SplitArgs {
   float* partial = nullptr;    // [tokens][head_groups][splits][16][c]
   float* row_max = nullptr;    // [tokens][head_groups][splits][16]
   float* row_sum = nullptr;    // same
+  float* o = nullptr;          // [tokens][heads][c]: the merged, normalised latent output
 };
 
 std::size_t SplitSharedBytes(int d) {
@@ -78,56 +86,70 @@ __device__ __forceinline__ std::uint32_t Load32(const std::uint16_t* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }
 
+// 8 weights of w_uk at `w` (16-byte aligned) as floats.
+__device__ __forceinline__ void Load8(const float* w, float (&out)[8]) {
+  Load16B(w, out);
+  Load16B(w + 4, out + 4);
+}
+__device__ __forceinline__ void Load8(const Bf16* w, float (&out)[8]) { Load16B(w, out); }
+
 // grid: (head_groups * 16, ceil((c + dr) / kAbsorbCols)). Column `col` of head h's query row:
 // scale * (q_nope · w_uk[h])[col] for col < c, scale * q_pe[col - c] after; heads past `heads`
-// (the last group's padding) are zero.
+// (the last group's padding) are zero. Thread (row group rg, column group cg) sums rows
+// rg, rg + kAbsorbRowGroups, ... of columns 8 cg..8 cg + 7; the row groups meet in shared memory.
 template <typename UkT>
 __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
-  __shared__ float partial[kAbsorbTokens][kThreads / kAbsorbCols][kAbsorbCols];
-  const int d = p.c + p.dr;
+  __shared__ float partial[kAbsorbRowGroups][kAbsorbTokens][kAbsorbCols];
+  const int d = p.c + p.dr, qs = QStride(d);
   const int h = blockIdx.x;
-  const int i = threadIdx.x % kAbsorbCols;
-  const int quarter = threadIdx.x / kAbsorbCols;
-  const int col = blockIdx.y * kAbsorbCols + i;
+  const int cg = threadIdx.x % (kAbsorbCols / 8), rg = threadIdx.x / (kAbsorbCols / 8);
+  const int col0 = static_cast<int>(blockIdx.y) * kAbsorbCols;
+  const int my_col = col0 + 8 * cg;  // c % 16 == 0: a group is wholly inside [0, c) or past it
   const bool real_head = h < p.heads;
-  const UkT* w = static_cast<const UkT*>(p.w_uk) + std::int64_t{h} * p.dn * p.c + col;
+  const bool reads = real_head && my_col < p.c;
+  const UkT* w = static_cast<const UkT*>(p.w_uk) + std::int64_t{h} * p.dn * p.c + my_col;
   for (int t0 = 0; t0 < p.tokens; t0 += kAbsorbTokens) {
     const int n = min(kAbsorbTokens, p.tokens - t0);
-    float acc[kAbsorbTokens] = {};
-    if (real_head && col < p.c) {
-      for (int j = quarter; j < p.dn; j += kThreads / kAbsorbCols) {
-        const float wv = LoadFloat(w + std::int64_t{j} * p.c);
+    float acc[kAbsorbTokens][8] = {};
+    if (reads) {
+#pragma unroll 4
+      for (int j = rg; j < p.dn; j += kAbsorbRowGroups) {
+        float wv[8];
+        Load8(w + std::int64_t{j} * p.c, wv);
 #pragma unroll
         for (int k = 0; k < kAbsorbTokens; ++k) {
-          if (k < n) {
-            acc[k] = fmaf(__ldg(p.q_nope + (std::int64_t{t0 + k} * p.heads + h) * p.dn + j), wv, acc[k]);
-          }
+          const float q = k < n ? __ldg(p.q_nope + (std::int64_t{t0 + k} * p.heads + h) * p.dn + j) : 0.0f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[k][e] = fmaf(q, wv[e], acc[k][e]);
         }
       }
     }
 #pragma unroll
-    for (int k = 0; k < kAbsorbTokens; ++k) partial[k][quarter][i] = acc[k];
-    __syncthreads();
-    if (quarter == 0 && col < d) {
-      for (int k = 0; k < n; ++k) {
-        const int t = t0 + k;
-        float v = 0.0f;
-        if (real_head && col < p.c) {
-          v = ((partial[k][0][i] + partial[k][1][i]) + (partial[k][2][i] + partial[k][3][i])) * p.scale;
-        } else if (real_head) {
-          v = __ldg(p.q_pe + (std::int64_t{t} * p.heads + h) * p.dr + (col - p.c)) * p.scale;
-        }
-        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-        const __nv_bfloat16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
-        const int qs = QStride(d);
-        std::uint16_t* row = a.q + ((std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * 2 * kMlaHeadGroup +
-                                    h % kMlaHeadGroup) * qs + col;
-        row[0] = __bfloat16_as_ushort(hi);
-        row[kMlaHeadGroup * qs] = __bfloat16_as_ushort(lo);
-      }
+    for (int k = 0; k < kAbsorbTokens; ++k) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[rg][k][8 * cg + e] = acc[k][e];
     }
-    __syncthreads();  // `partial` is rewritten by the next token batch
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * kAbsorbCols; i += kThreads) {
+      const int k = i / kAbsorbCols, col = col0 + i % kAbsorbCols;
+      if (col >= d) continue;
+      const int t = t0 + k;
+      float v = 0.0f;
+      if (real_head && col < p.c) {
+        for (int r = 0; r < kAbsorbRowGroups; ++r) v += partial[r][k][i % kAbsorbCols];
+        v *= p.scale;
+      } else if (real_head) {
+        v = __ldg(p.q_pe + (std::int64_t{t} * p.heads + h) * p.dr + (col - p.c)) * p.scale;
+      }
+      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+      const __nv_bfloat16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+      std::uint16_t* row = a.q + ((std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * 2 * kMlaHeadGroup +
+                                  h % kMlaHeadGroup) * qs + col;
+      row[0] = __bfloat16_as_ushort(hi);
+      row[kMlaHeadGroup * qs] = __bfloat16_as_ushort(lo);
+    }
+    __syncthreads();  // `partial` is rewritten by the next batch of queries
   }
 }
 
@@ -158,11 +180,12 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
   const std::int64_t tile_begin = split * tiles / a.splits;
   const std::int64_t tile_end = (split + 1) * tiles / a.splits;
   const std::int64_t stats = ((std::int64_t{t} * a.head_groups + hg) * a.splits + split) * kMlaHeadGroup;
-  if (tile_begin == tile_end) {  // no keys here: the merge gives this split no weight
+  if (tile_begin == tile_end) {  // no keys here: no weight in the merge, and zeros (not garbage) to add
     if (tid < kMlaHeadGroup) {
       a.row_max[stats + tid] = -INFINITY;
       a.row_sum[stats + tid] = 0.0f;
     }
+    for (int i = tid; i < kMlaHeadGroup * p.c; i += kThreads) a.partial[stats * p.c + i] = 0.0f;
     return;
   }
 
@@ -345,42 +368,94 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return v;
 }
 
-// grid: (ceil(dv / kMergeRows), heads, tokens). out[t, h*dv + v] = w_uv[h, v, :] · O, O the
-// splits' partials rescaled to the common max and divided by the common sum (zeros when the
-// query saw no key).
-template <typename UvT>
-__global__ void __launch_bounds__(kThreads) MlaMergeKernel(const __grid_constant__ SplitArgs a) {
+// grid: (ceil(c / kCombineCols), heads, tokens). O[t, h, :] = the splits' partials rescaled to
+// their common max and divided by the common sum (zeros when the query saw no key). Thread
+// (split group sg, column quad cq) adds splits sg, sg + kCombineSplitGroups, ... (independent
+// loads; empty splits hold zeros), and the groups meet in shared memory.
+__global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
   __shared__ float weight[kMlaMaxSplits];
-  __shared__ float o[kMlaMaxLatent];
+  __shared__ float4 partial[kCombineSplitGroups][kCombineCols / 4];
   __shared__ float scratch[kWarps];
-  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int tid = threadIdx.x;
   const int h = blockIdx.y, t = blockIdx.z;
   const std::int64_t first = (std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * a.splits * kMlaHeadGroup +
-                             h % kMlaHeadGroup;  // split s: first + s * 16
+                             h % kMlaHeadGroup;  // split s: row first + s * 16
   const float m = tid < a.splits ? a.row_max[first + tid * kMlaHeadGroup] : -INFINITY;
   const float top = BlockMax(m, scratch);
   const float w = top != -INFINITY && m != -INFINITY ? expf(m - top) : 0.0f;
   const float sum = BlockSum<kThreads>(tid < a.splits ? w * a.row_sum[first + tid * kMlaHeadGroup] : 0.0f, scratch);
   if (tid < a.splits) weight[tid] = sum > 0.0f ? w / sum : 0.0f;
   __syncthreads();
-  for (int i = tid; i < p.c; i += kThreads) {
-    float acc = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float ws = weight[s];  // zero for splits that never wrote their partial
-      if (ws != 0.0f) acc = fmaf(ws, a.partial[(first + s * kMlaHeadGroup) * p.c + i], acc);
+  const int cq = tid % (kCombineCols / 4), sg = tid / (kCombineCols / 4);
+  const int col = static_cast<int>(blockIdx.x) * kCombineCols + 4 * cq;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (col < p.c) {
+    const float* base = a.partial + first * p.c + col;
+#pragma unroll 4
+    for (int s = sg; s < a.splits; s += kCombineSplitGroups) {
+      const float ws = weight[s];
+      const float4 v = __ldg(reinterpret_cast<const float4*>(base + std::int64_t{s} * kMlaHeadGroup * p.c));
+      acc.x = fmaf(ws, v.x, acc.x);
+      acc.y = fmaf(ws, v.y, acc.y);
+      acc.z = fmaf(ws, v.z, acc.z);
+      acc.w = fmaf(ws, v.w, acc.w);
     }
-    o[i] = acc;
   }
+  partial[sg][cq] = acc;
   __syncthreads();
+  if (sg == 0 && col < p.c) {
+    for (int g = 1; g < kCombineSplitGroups; ++g) {
+      const float4 v = partial[g][cq];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    *reinterpret_cast<float4*>(a.o + (std::int64_t{t} * p.heads + h) * p.c + col) = acc;
+  }
+}
+
+// grid: (ceil(dv / kOutputRows), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
+// every query; each warp streams two rows of w_uv with 16-byte loads.
+template <typename UvT>
+__global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constant__ SplitArgs a) {
+  const MlaAttentionParams& p = a.p;
+  __shared__ __align__(16) float o[kOutputTokens][kMlaMaxLatent];
+  constexpr int kVec = kVec16<UvT>;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int h = blockIdx.y;
   const UvT* w_uv = static_cast<const UvT*>(p.w_uv) + std::int64_t{h} * p.dv * p.c;
-  const int v_end = min(p.dv, static_cast<int>(blockIdx.x + 1) * kMergeRows);
-  for (int v = static_cast<int>(blockIdx.x) * kMergeRows + warp; v < v_end; v += kWarps) {
-    const UvT* row = w_uv + std::int64_t{v} * p.c;
-    float partial = 0.0f;
-    for (int i = lane; i < p.c; i += kWarpSize) partial = fmaf(LoadFloat(row + i), o[i], partial);
-    partial = WarpSum(partial);
-    if (lane == 0) p.out[(std::int64_t{t} * p.heads + h) * p.dv + v] = partial;
+  for (int t0 = 0; t0 < p.tokens; t0 += kOutputTokens) {
+    const int n = min(kOutputTokens, p.tokens - t0);
+    for (int i = threadIdx.x; i < n * p.c; i += kThreads) {
+      o[i / p.c][i % p.c] = a.o[(std::int64_t{t0 + i / p.c} * p.heads + h) * p.c + i % p.c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int v = static_cast<int>(blockIdx.x) * kOutputRows + 2 * warp + r;
+      if (v >= p.dv) break;
+      const UvT* row = w_uv + std::int64_t{v} * p.c;
+      float acc[kOutputTokens] = {};
+      for (int i = kVec * lane; i < p.c; i += kVec * kWarpSize) {
+        float wv[kVec];
+        Load16B(row + i, wv);
+#pragma unroll
+        for (int k = 0; k < kOutputTokens; ++k) {
+          if (k < n) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) acc[k] = fmaf(wv[e], o[k][i + e], acc[k]);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kOutputTokens; ++k) {
+        const float total = WarpSum(acc[k]);
+        if (lane == 0 && k < n) p.out[(std::int64_t{t0 + k} * p.heads + h) * p.dv + v] = total;
+      }
+    }
+    __syncthreads();  // `o` is rewritten by the next batch of queries
   }
 }
 
@@ -401,11 +476,10 @@ absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
 }
 
 template <typename UvT>
-absl::Status LaunchMerge(const SplitArgs& a, const LaunchContext& ctx) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kMergeRows)), static_cast<unsigned>(a.p.heads),
-                  static_cast<unsigned>(a.p.tokens));
-  MlaMergeKernel<UvT><<<grid, kThreads, 0, ctx.stream>>>(a);
-  return CheckLaunch("MlaMergeKernel");
+absl::Status LaunchOutput(const SplitArgs& a, const LaunchContext& ctx) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows)), static_cast<unsigned>(a.p.heads));
+  MlaOutputKernel<UvT><<<grid, kThreads, 0, ctx.stream>>>(a);
+  return CheckLaunch("MlaOutputKernel");
 }
 
 }  // namespace
@@ -414,25 +488,27 @@ bool MlaDecodeApplies(const MlaAttentionParams& p) {
   return p.tokens >= 1 && p.tokens <= kMlaDecodeMaxTokens && p.heads >= 1 && p.dn >= 1 && p.dv >= 1 &&
          p.c >= 16 && p.c <= kMlaMaxLatent && p.c % 16 == 0 && p.dr % 16 == 0 &&
          CeilDiv(p.heads, kMlaHeadGroup) <= kMaxGridY && p.heads <= kMaxGridY && WeightIndex(p.w_uk_dtype) >= 0 &&
-         WeightIndex(p.w_uv_dtype) >= 0 && IsAligned(p.kv_latent, 16) && IsAligned(p.k_pe, 16);
+         WeightIndex(p.w_uv_dtype) >= 0 && IsAligned(p.kv_latent, 16) && IsAligned(p.k_pe, 16) &&
+         IsAligned(p.w_uk, 16) && IsAligned(p.w_uv, 16);
 }
 
 MlaDecodePlan PlanMlaDecode(const MlaAttentionParams& p, int num_sms, int splits) {
   MlaDecodePlan plan;
   plan.head_groups = static_cast<int>(CeilDiv(p.heads, kMlaHeadGroup));
-  // Enough splits to give every SM a block, each split at least kMinTilesPerSplit tiles of the
-  // longest query's keys (fewer splits write and merge fewer partials).
+  // Enough splits to give every SM a block (the split kernel runs one block per SM), no more than
+  // the longest query has key tiles.
   const std::int64_t candidates = p.selected != nullptr ? p.top_k : std::int64_t{p.start_pos} + p.tokens;
   const std::int64_t tiles = CeilDiv(std::max<std::int64_t>(candidates, 1), kKeyTile);
   const std::int64_t by_sms = std::max<std::int64_t>(1, num_sms / (std::int64_t{p.tokens} * plan.head_groups));
   plan.splits = static_cast<int>(std::clamp<std::int64_t>(
-      splits > 0 ? splits : std::min(by_sms, CeilDiv(tiles, kMinTilesPerSplit)), 1, kMlaMaxSplits));
+      splits > 0 ? splits : std::min(by_sms, tiles), 1, kMlaMaxSplits));
   const std::int64_t groups = std::int64_t{p.tokens} * plan.head_groups;
   const std::int64_t rows = groups * plan.splits * kMlaHeadGroup;
   auto aligned = [](std::int64_t bytes) { return static_cast<std::size_t>(CeilDiv(bytes, 256) * 256); };
   plan.q_bytes = aligned(groups * 2 * kMlaHeadGroup * QStride(p.c + p.dr) * 2);
   plan.partial_bytes = aligned(rows * p.c * 4);
   plan.stats_bytes = aligned(rows * 4);
+  plan.o_bytes = aligned(std::int64_t{p.tokens} * p.heads * p.c * 4);
   return plan;
 }
 
@@ -456,7 +532,8 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
               .q = reinterpret_cast<std::uint16_t*>(bytes),
               .partial = reinterpret_cast<float*>(bytes + plan.q_bytes),
               .row_max = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes),
-              .row_sum = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + plan.stats_bytes)};
+              .row_sum = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + plan.stats_bytes),
+              .o = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + 2 * plan.stats_bytes)};
   RETURN_IF_ERROR(WeightIndex(p.w_uk_dtype) == 0 ? LaunchAbsorb<float>(a, ctx) : LaunchAbsorb<Bf16>(a, ctx));
 
   const std::size_t smem = SplitSharedBytes(p.c + p.dr);
@@ -467,7 +544,11 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
   MlaSplitKernel<<<grid, kThreads, smem, ctx.stream>>>(a);
   RETURN_IF_ERROR(CheckLaunch("MlaSplitKernel"));
 
-  return WeightIndex(p.w_uv_dtype) == 0 ? LaunchMerge<float>(a, ctx) : LaunchMerge<Bf16>(a, ctx);
+  const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, kCombineCols)), static_cast<unsigned>(p.heads),
+                          static_cast<unsigned>(p.tokens));
+  MlaCombineKernel<<<combine_grid, kThreads, 0, ctx.stream>>>(a);
+  RETURN_IF_ERROR(CheckLaunch("MlaCombineKernel"));
+  return WeightIndex(p.w_uv_dtype) == 0 ? LaunchOutput<float>(a, ctx) : LaunchOutput<Bf16>(a, ctx);
 }
 
 }  // namespace nq::kernels::cuda

@@ -1,6 +1,6 @@
 // MLA attention for a few queries (decode, MTP verification): every head of a query shares each
 // pass over the latent cache, and the keys are split across blocks so one query fills the GPU.
-// Same contract as MlaAttention (kernels/backend.h); three kernels:
+// Same contract as MlaAttention (kernels/backend.h); four kernels:
 //
 //  1. MlaAbsorbKernel: q_lat = q_nope · w_uk[h] for every head, joined with q_pe and the softmax
 //     scale, written as the attention kernel's tensor-core A operand: 16-head groups of
@@ -12,8 +12,9 @@
 //     into bf16 hi + lo and multiplied as hi·hi + hi·lo + lo·hi (the "bf16x3" scheme): the error
 //     is ~2^-16 of each product, so results keep fp32-class accuracy while the latent is fp32.
 //     Each split writes its unnormalised O, running max and sum for its 16 heads.
-//  3. MlaMergeKernel: per (query, head, 32 output rows) rescales and sums the splits' partial O
-//     (flash-decoding's merge) and applies w_uv.
+//  3. MlaCombineKernel: per (query, head, 128 latent columns) rescales and sums the splits'
+//     partial O (flash-decoding's merge).
+//  4. MlaOutputKernel: out = w_uv[h] · O, each w_uv row read once for every query.
 //
 // No host synchronisation; the scratch is the caller's.
 #pragma once
@@ -42,7 +43,8 @@ struct MlaDecodePlan {
   std::size_t q_bytes = 0;        // the absorbed queries, bf16 hi + lo
   std::size_t partial_bytes = 0;  // each split's O [16 x c] fp32
   std::size_t stats_bytes = 0;    // each split's running max and sum per head
-  std::size_t ScratchBytes() const { return q_bytes + partial_bytes + 2 * stats_bytes; }
+  std::size_t o_bytes = 0;        // the merged latent output [tokens, heads, c] fp32
+  std::size_t ScratchBytes() const { return q_bytes + partial_bytes + 2 * stats_bytes + o_bytes; }
 };
 // `splits` > 0 overrides the automatic split count (clamped to [1, kMlaMaxSplits]; benchmarks).
 MlaDecodePlan PlanMlaDecode(const MlaAttentionParams& p, int num_sms, int splits = 0);

@@ -35,6 +35,13 @@ if [[ "${NQ_DEVICE_SANITIZE:-1}" == 1 ]]; then
       "$dev/bin/cuda_vs_cpu_ops_test" --gtest_filter="$small" --gtest_brief=1
   done
 fi
+if [[ "${NQ_PROFILE:-0}" == 1 ]]; then
+  # The MLA decode kernels of the first bench case (16 heads, 4096 keys), one launch each.
+  echo "== ncu: MLA decode kernels"
+  ncu --kernel-name regex:Mla --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section SchedulerStats --section WarpStateStats "$dev/bin/mla_decode_bench" --quick 2>&1 |
+    grep -E "Mla[A-Za-z]*Kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Issued Warp|No Eligible|Stall|Warp Cycles Per Issued" | head -80
+fi
 step mla_decode_bench "$dev/bin/mla_decode_bench" ${NQ_MLA_BENCH_ARGS:---sweep}
 step nq_moe_bench "$dev/bin/nq_moe_bench" --quick
 [[ -x "$dev/bin/nq_moe_bench_alt" ]] && step nq_moe_bench_alt "$dev/bin/nq_moe_bench_alt" --quick

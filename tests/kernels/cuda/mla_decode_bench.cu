@@ -6,7 +6,8 @@
 // Each case runs on enough independent copies of its cache and weights (like consecutive layers)
 // that nothing stays in the 50 MB L2 between calls: a CUDA graph runs every copy once, replayed.
 //
-//   mla_decode_bench [--sweep]    (--sweep: also every split count from 8 to 256)
+//   mla_decode_bench [--sweep|--quick]   (--sweep: also every split count from 8 to 256;
+//                                          --quick: the first case only, for a profiler)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -219,6 +220,7 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
 int main(int argc, char** argv) {
   using namespace nq::kernels::cuda;
   const bool sweep = argc > 1 && std::strcmp(argv[1], "--sweep") == 0;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   int device = 0, sms = 0;
   BENCH_CHECK(cudaGetDevice(&device));
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -233,7 +235,10 @@ int main(int argc, char** argv) {
       {"dsv3-rank dense MTP", 4, 16, 4096, 0},  {"dsv3-rank dense MTP", 4, 16, 32768, 0},
       {"dsv3 all heads dense", 1, 128, 4096, 0}, {"dsv3 all heads dense", 1, 128, 32768, 0},
   };
-  for (const Case& c : cases) RunCase(c, copy_bw, sms, stream, sweep);
+  for (const Case& c : cases) {
+    RunCase(c, copy_bw, sms, stream, sweep);
+    if (quick) break;
+  }
   BENCH_CHECK(cudaStreamDestroy(stream));
   return 0;
 }
