@@ -16,9 +16,10 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kKeyTile = 32;        // keys per pipeline stage: 4 MMA column tiles of 8
-// absorb: a block covers 256 columns of one head; each thread 8 consecutive columns (one 16-byte
-// load of bf16) of every 8th row of w_uk, for 4 queries per pass.
-constexpr int kAbsorbCols = 256;
+// absorb: a block covers 64 columns of one head (16 heads x 9 blocks at DeepSeek-V3's 576); each
+// thread 8 consecutive columns (one 16-byte load of bf16) of every 32nd row of w_uk, for 4
+// queries per pass.
+constexpr int kAbsorbCols = 64;
 constexpr int kAbsorbRowGroups = kThreads / (kAbsorbCols / 8);
 constexpr int kAbsorbTokens = 4;
 // combine: a block covers 128 columns of O (a float4 per thread) and reads the splits 8 at a time.
@@ -82,6 +83,12 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
 }
 
+// Programmatic dependent launch (Launch below): each kernel lets the next one's blocks start at
+// once, and the next one does its independent prologue (its first key tile, its w_uv rows) before
+// waiting for this one's results.
+__device__ __forceinline__ void LetTheNextKernelStart() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void WaitForThePreviousKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 __device__ __forceinline__ std::uint32_t Load32(const std::uint16_t* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }
@@ -101,6 +108,8 @@ template <typename UkT>
 __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
   __shared__ float partial[kAbsorbRowGroups][kAbsorbTokens][kAbsorbCols];
+  extern __shared__ float q_nope[];  // [kAbsorbTokens][dn] of this head
+  LetTheNextKernelStart();
   const int d = p.c + p.dr, qs = QStride(d);
   const int h = blockIdx.x;
   const int cg = threadIdx.x % (kAbsorbCols / 8), rg = threadIdx.x / (kAbsorbCols / 8);
@@ -108,9 +117,17 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
   const int my_col = col0 + 8 * cg;  // c % 16 == 0: a group is wholly inside [0, c) or past it
   const bool real_head = h < p.heads;
   const bool reads = real_head && my_col < p.c;
+  const bool any_reads = real_head && col0 < p.c;  // uniform over the block
   const UkT* w = static_cast<const UkT*>(p.w_uk) + std::int64_t{h} * p.dn * p.c + my_col;
   for (int t0 = 0; t0 < p.tokens; t0 += kAbsorbTokens) {
     const int n = min(kAbsorbTokens, p.tokens - t0);
+    if (any_reads) {
+      for (int i = threadIdx.x; i < kAbsorbTokens * p.dn; i += kThreads) {
+        const int k = i / p.dn;
+        q_nope[i] = k < n ? __ldg(p.q_nope + (std::int64_t{t0 + k} * p.heads + h) * p.dn + i % p.dn) : 0.0f;
+      }
+      __syncthreads();
+    }
     float acc[kAbsorbTokens][8] = {};
     if (reads) {
 #pragma unroll 4
@@ -119,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
         Load8(w + std::int64_t{j} * p.c, wv);
 #pragma unroll
         for (int k = 0; k < kAbsorbTokens; ++k) {
-          const float q = k < n ? __ldg(p.q_nope + (std::int64_t{t0 + k} * p.heads + h) * p.dn + j) : 0.0f;
+          const float q = q_nope[k * p.dn + j];
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[k][e] = fmaf(q, wv[e], acc[k][e]);
         }
@@ -149,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
       row[0] = __bfloat16_as_ushort(hi);
       row[kMlaHeadGroup * qs] = __bfloat16_as_ushort(lo);
     }
-    __syncthreads();  // `partial` is rewritten by the next batch of queries
+    __syncthreads();  // `partial` and `q_nope` are rewritten by the next batch of queries
   }
 }
 
@@ -180,7 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
   const std::int64_t tile_begin = split * tiles / a.splits;
   const std::int64_t tile_end = (split + 1) * tiles / a.splits;
   const std::int64_t stats = ((std::int64_t{t} * a.head_groups + hg) * a.splits + split) * kMlaHeadGroup;
-  if (tile_begin == tile_end) {  // no keys here: no weight in the merge, and zeros (not garbage) to add
+  LetTheNextKernelStart();
+  if (tile_begin == tile_end) {
+    WaitForThePreviousKernel();  // no keys here: no weight in the merge, and zeros (not garbage) to add
     if (tid < kMlaHeadGroup) {
       a.row_max[stats + tid] = -INFINITY;
       a.row_sum[stats + tid] = 0.0f;
@@ -189,9 +208,6 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
     return;
   }
 
-  // The query block (hi and lo halves are contiguous in scratch).
-  const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
-  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
   if (tid < kMlaHeadGroup) {
     row_max[tid] = -INFINITY;
     row_sum[tid] = 0.0f;
@@ -221,7 +237,13 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
 
   const int pv_tiles = p.c / 8;  // O's 8-column MMA tiles; warp w owns w, w + 8, ...
   float o[kMlaMaxLatent / 64][4] = {};
+  // The first key tile does not depend on the absorb kernel: in flight while it finishes. Then
+  // the query block (hi and lo halves contiguous in scratch), which does.
   issue(tile_begin, 0);
+  WaitForThePreviousKernel();
+  const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
+  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
+  CommitCopies();
   for (std::int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int buffer = static_cast<int>((tile - tile_begin) & 1);
     if (tile + 1 < tile_end) {
@@ -377,6 +399,8 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
   __shared__ float weight[kMlaMaxSplits];
   __shared__ float4 partial[kCombineSplitGroups][kCombineCols / 4];
   __shared__ float scratch[kWarps];
+  LetTheNextKernelStart();
+  WaitForThePreviousKernel();
   const int tid = threadIdx.x;
   const int h = blockIdx.y, t = blockIdx.z;
   const std::int64_t first = (std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * a.splits * kMlaHeadGroup +
@@ -417,15 +441,33 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
 }
 
 // grid: (ceil(dv / kOutputRows), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
-// every query; each warp streams two rows of w_uv with 16-byte loads.
+// every query; each warp holds two rows of w_uv in registers (16-byte loads, issued before the
+// wait for the combine kernel).
 template <typename UvT>
 __global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
   __shared__ __align__(16) float o[kOutputTokens][kMlaMaxLatent];
   constexpr int kVec = kVec16<UvT>;
+  constexpr int kLoads = kMlaMaxLatent / (kVec * kWarpSize);  // per lane and row, at most
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int h = blockIdx.y;
+  const int v0 = static_cast<int>(blockIdx.x) * kOutputRows + 2 * warp;
   const UvT* w_uv = static_cast<const UvT*>(p.w_uv) + std::int64_t{h} * p.dv * p.c;
+  float w[2][kLoads][kVec];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int i = kVec * (lane + kWarpSize * l);
+      if (v0 + r < p.dv && i < p.c) {
+        Load16B(w_uv + std::int64_t{v0 + r} * p.c + i, w[r][l]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) w[r][l][e] = 0.0f;
+      }
+    }
+  }
+  WaitForThePreviousKernel();
   for (int t0 = 0; t0 < p.tokens; t0 += kOutputTokens) {
     const int n = min(kOutputTokens, p.tokens - t0);
     for (int i = threadIdx.x; i < n * p.c; i += kThreads) {
@@ -434,29 +476,45 @@ __global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constan
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int v = static_cast<int>(blockIdx.x) * kOutputRows + 2 * warp + r;
-      if (v >= p.dv) break;
-      const UvT* row = w_uv + std::int64_t{v} * p.c;
       float acc[kOutputTokens] = {};
-      for (int i = kVec * lane; i < p.c; i += kVec * kWarpSize) {
-        float wv[kVec];
-        Load16B(row + i, wv);
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const int i = kVec * (lane + kWarpSize * l);
+        if (i >= p.c) break;
 #pragma unroll
         for (int k = 0; k < kOutputTokens; ++k) {
           if (k < n) {
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) acc[k] = fmaf(wv[e], o[k][i + e], acc[k]);
+            for (int e = 0; e < kVec; ++e) acc[k] = fmaf(w[r][l][e], o[k][i + e], acc[k]);
           }
         }
       }
 #pragma unroll
       for (int k = 0; k < kOutputTokens; ++k) {
         const float total = WarpSum(acc[k]);
-        if (lane == 0 && k < n) p.out[(std::int64_t{t0 + k} * p.heads + h) * p.dv + v] = total;
+        if (lane == 0 && k < n && v0 + r < p.dv) p.out[(std::int64_t{t0 + k} * p.heads + h) * p.dv + v0 + r] = total;
       }
     }
     __syncthreads();  // `o` is rewritten by the next batch of queries
   }
+}
+
+// Launches `kernel` as a programmatic dependent of the kernel before it on the stream.
+template <typename... Args>
+absl::Status LaunchDependent(void (*kernel)(Args...), dim3 grid, std::size_t smem, const LaunchContext& ctx,
+                             const char* name, const SplitArgs& a) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = ctx.stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  NQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+  return CheckLaunch(name);
 }
 
 int WeightIndex(DType dtype) {
@@ -471,21 +529,20 @@ template <typename UkT>
 absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(a.head_groups * kMlaHeadGroup),
                   static_cast<unsigned>(CeilDiv(a.p.c + a.p.dr, kAbsorbCols)));
-  MlaAbsorbKernel<UkT><<<grid, kThreads, 0, ctx.stream>>>(a);
+  MlaAbsorbKernel<UkT><<<grid, kThreads, sizeof(float) * kAbsorbTokens * a.p.dn, ctx.stream>>>(a);
   return CheckLaunch("MlaAbsorbKernel");
 }
 
 template <typename UvT>
 absl::Status LaunchOutput(const SplitArgs& a, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows)), static_cast<unsigned>(a.p.heads));
-  MlaOutputKernel<UvT><<<grid, kThreads, 0, ctx.stream>>>(a);
-  return CheckLaunch("MlaOutputKernel");
+  return LaunchDependent(MlaOutputKernel<UvT>, grid, 0, ctx, "MlaOutputKernel", a);
 }
 
 }  // namespace
 
 bool MlaDecodeApplies(const MlaAttentionParams& p) {
-  return p.tokens >= 1 && p.tokens <= kMlaDecodeMaxTokens && p.heads >= 1 && p.dn >= 1 && p.dv >= 1 &&
+  return p.tokens >= 1 && p.tokens <= kMlaDecodeMaxTokens && p.heads >= 1 && p.dn >= 1 && p.dn <= 1024 && p.dv >= 1 &&
          p.c >= 16 && p.c <= kMlaMaxLatent && p.c % 16 == 0 && p.dr % 16 == 0 &&
          CeilDiv(p.heads, kMlaHeadGroup) <= kMaxGridY && p.heads <= kMaxGridY && WeightIndex(p.w_uk_dtype) >= 0 &&
          WeightIndex(p.w_uv_dtype) >= 0 && IsAligned(p.kv_latent, 16) && IsAligned(p.k_pe, 16) &&
@@ -541,13 +598,11 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
       cudaFuncSetAttribute(MlaSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(plan.head_groups),
                   static_cast<unsigned>(p.tokens));
-  MlaSplitKernel<<<grid, kThreads, smem, ctx.stream>>>(a);
-  RETURN_IF_ERROR(CheckLaunch("MlaSplitKernel"));
+  RETURN_IF_ERROR(LaunchDependent(MlaSplitKernel, grid, smem, ctx, "MlaSplitKernel", a));
 
   const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, kCombineCols)), static_cast<unsigned>(p.heads),
                           static_cast<unsigned>(p.tokens));
-  MlaCombineKernel<<<combine_grid, kThreads, 0, ctx.stream>>>(a);
-  RETURN_IF_ERROR(CheckLaunch("MlaCombineKernel"));
+  RETURN_IF_ERROR(LaunchDependent(MlaCombineKernel, combine_grid, 0, ctx, "MlaCombineKernel", a));
   return WeightIndex(p.w_uv_dtype) == 0 ? LaunchOutput<float>(a, ctx) : LaunchOutput<Bf16>(a, ctx);
 }
 
