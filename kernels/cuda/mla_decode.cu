@@ -16,6 +16,12 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kKeyTile = 32;        // keys per pipeline stage: 4 MMA column tiles of 8
+// The split kernel runs one 16-warp block per SM (its tiles fill shared memory): the scores of a
+// tile are 4 column tiles x 4 slices of the d dimensions, one warp each.
+constexpr int kSplitThreads = 512;
+constexpr int kSplitWarps = kSplitThreads / kWarpSize;
+constexpr int kQkSlices = kSplitWarps / (kKeyTile / 8);
+constexpr int kPvTilesPerWarp = kMlaMaxLatent / 8 / kSplitWarps;
 // absorb: a block covers 64 columns of one head (16 heads x 9 blocks at DeepSeek-V3's 576); each
 // thread 8 consecutive columns (one 16-byte load of bf16) of every 32nd row of w_uk, for 4
 // queries per pass.
@@ -50,7 +56,7 @@ struct SplitArgs {
 std::size_t SplitSharedBytes(int d) {
   return sizeof(std::uint16_t) * 2 * kMlaHeadGroup * QStride(d) +     // q hi, lo
          sizeof(float) * 2 * kKeyTile * KvStride(d) +                 // two key tiles
-         sizeof(float) * 3 * kMlaHeadGroup * kPStride +               // two score halves, P
+         sizeof(float) * (kQkSlices + 1) * kMlaHeadGroup * kPStride +  // score slices, P
          sizeof(float) * 3 * kMlaHeadGroup + sizeof(int) * 2 * kKeyTile;  // row stats, validity
 }
 
@@ -173,15 +179,15 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
 // grid: (splits, head_groups, tokens). See the header; the fragment layouts are those of
 // mma.m16n8k16 (PTX ISA): lane = 4 * g + qd holds A rows g and g + 8, columns 2qd.. and
 // 2qd + 8..; B column g, rows 2qd.. and 2qd + 8..; C rows g and g + 8, columns 2qd, 2qd + 1.
-__global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_constant__ SplitArgs a) {
+__global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
   extern __shared__ __align__(16) unsigned char smem[];
   const int d = p.c + p.dr, qs = QStride(d), ks = KvStride(d);
   std::uint16_t* q_hi = reinterpret_cast<std::uint16_t*>(smem);  // [16][qs]
   std::uint16_t* q_lo = q_hi + kMlaHeadGroup * qs;                 // [16][qs]
   float* kv = reinterpret_cast<float*>(q_lo + kMlaHeadGroup * qs);  // [2][kKeyTile][ks]
-  float* s_part = kv + 2 * kKeyTile * ks;                           // [2][16][kPStride]
-  float* prob = s_part + 2 * kMlaHeadGroup * kPStride;              // [16][kPStride]
+  float* s_part = kv + 2 * kKeyTile * ks;                           // [kQkSlices][16][kPStride]
+  float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
   float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
   float* row_sum = row_max + kMlaHeadGroup;                         // [16]
   float* row_corr = row_sum + kMlaHeadGroup;                        // [16]
@@ -204,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
       a.row_max[stats + tid] = -INFINITY;
       a.row_sum[stats + tid] = 0.0f;
     }
-    for (int i = tid; i < kMlaHeadGroup * p.c; i += kThreads) a.partial[stats * p.c + i] = 0.0f;
+    for (int i = tid; i < kMlaHeadGroup * p.c; i += kSplitThreads) a.partial[stats * p.c + i] = 0.0f;
     return;
   }
 
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
   // Warp w copies rows w, w + 8, ... of a tile; a row past the candidates, a -1 or a key past
   // the query's position is zero-filled (its probability is zero: no garbage times zero).
   auto issue = [&](std::int64_t tile, int buffer) {
-    for (int r = warp; r < kKeyTile; r += kWarps) {
+    for (int r = warp; r < kKeyTile; r += kSplitWarps) {
       const std::int64_t candidate = tile * kKeyTile + r;
       int key = -1;
       if (candidate < candidates) {
@@ -235,14 +241,14 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
     CommitCopies();
   };
 
-  const int pv_tiles = p.c / 8;  // O's 8-column MMA tiles; warp w owns w, w + 8, ...
-  float o[kMlaMaxLatent / 64][4] = {};
+  const int pv_tiles = p.c / 8;  // O's 8-column MMA tiles; warp w owns w, w + 16, ...
+  float o[kPvTilesPerWarp][4] = {};
   // The first key tile does not depend on the absorb kernel: in flight while it finishes. Then
   // the query block (hi and lo halves contiguous in scratch), which does.
   issue(tile_begin, 0);
   WaitForThePreviousKernel();
   const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
-  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
+  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kSplitThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
   CommitCopies();
   for (std::int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int buffer = static_cast<int>((tile - tile_begin) & 1);
@@ -255,12 +261,13 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
     __syncthreads();
     const float* keys = kv + buffer * kKeyTile * ks;
 
-    // Scores: warp w takes key columns 8 (w % 4).. and half w / 4 of the d dimensions.
+    // Scores: warp w takes key columns 8 (w % 4).. and slice w / 4 of the d dimensions.
     {
-      const int steps = d / 16, half = warp / 4;
-      const int k_begin = half == 0 ? 0 : steps / 2, k_end = half == 0 ? steps / 2 : steps;
+      const int steps = d / 16, slice = warp / 4;
+      const int k_begin = slice * steps / kQkSlices, k_end = (slice + 1) * steps / kQkSlices;
       const float* krow = keys + ((warp % 4) * 8 + g) * ks;
       float hh[4] = {}, hl[4] = {}, lh[4] = {};
+#pragma unroll 3
       for (int kk = k_begin; kk < k_end; ++kk) {
         const int col = kk * 16 + 2 * qd;
         const std::uint32_t ah[4] = {Load32(q_hi + g * qs + col), Load32(q_hi + (g + 8) * qs + col),
@@ -276,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
         Mma(hl, ah, bl0, bl1);
         Mma(lh, al, bh0, bh1);
       }
-      float* sp = s_part + half * kMlaHeadGroup * kPStride;
+      float* sp = s_part + slice * kMlaHeadGroup * kPStride;
       const int key = (warp % 4) * 8 + 2 * qd;
       sp[g * kPStride + key] = (hl[0] + lh[0]) + hh[0];
       sp[g * kPStride + key + 1] = (hl[1] + lh[1]) + hh[1];
@@ -285,35 +292,28 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
     }
     __syncthreads();
 
-    // Online softmax: 16 threads per head row, two keys each.
+    // Online softmax: one warp per head row, one key per lane.
     {
-      const int r = tid / 16, j = tid % 16;
-      float s[2], pr[2] = {0.0f, 0.0f};
-      bool valid[2];
+      const int r = warp;
+      const bool valid = tile_valid[buffer * kKeyTile + lane] != 0;
+      float score = 0.0f;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int k = 2 * j + e;
-        valid[e] = tile_valid[buffer * kKeyTile + k] != 0;
-        s[e] = valid[e] ? s_part[r * kPStride + k] + s_part[(kMlaHeadGroup + r) * kPStride + k] : -INFINITY;
-      }
-      float mx = fmaxf(s[0], s[1]);
+      for (int sl = 0; sl < kQkSlices; ++sl) score += s_part[(sl * kMlaHeadGroup + r) * kPStride + lane];
+      if (!valid) score = -INFINITY;
+      float mx = score;
 #pragma unroll
-      for (int off = 8; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, off));
+      for (int off = kWarpSize / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, off));
       const float m_old = row_max[r];
       const float m_new = fmaxf(m_old, mx);
-      float corr = 1.0f;
+      float corr = 1.0f, pr = 0.0f;
       if (m_new != -INFINITY) {
         corr = expf(m_old - m_new);  // 0 while nothing was visible
-#pragma unroll
-        for (int e = 0; e < 2; ++e) pr[e] = valid[e] ? expf(s[e] - m_new) : 0.0f;
+        pr = valid ? expf(score - m_new) : 0.0f;
       }
-      float sum = pr[0] + pr[1];
-#pragma unroll
-      for (int off = 8; off > 0; off /= 2) sum += __shfl_xor_sync(kFullWarpMask, sum, off);
-      prob[r * kPStride + 2 * j] = pr[0];
-      prob[r * kPStride + 2 * j + 1] = pr[1];
-      __syncwarp();  // every lane of the row read row_max before lane j == 0 replaces it
-      if (j == 0) {
+      const float sum = WarpSum(pr);
+      prob[r * kPStride + lane] = pr;
+      __syncwarp();  // every lane read row_max before lane 0 replaces it
+      if (lane == 0) {
         row_sum[r] = row_sum[r] * corr + sum;
         row_max[r] = m_new;
         row_corr[r] = corr;
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
     {
       const float corr_lo = row_corr[g], corr_hi = row_corr[g + 8];
 #pragma unroll
-      for (int i = 0; i < kMlaMaxLatent / 64; ++i) {
+      for (int i = 0; i < kPvTilesPerWarp; ++i) {
         o[i][0] *= corr_lo;
         o[i][1] *= corr_lo;
         o[i][2] *= corr_hi;
@@ -345,8 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
         Split(p3.x, p3.y, ah[3], al[3]);
         const float* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
 #pragma unroll
-        for (int i = 0; i < kMlaMaxLatent / 64; ++i) {
-          const int n_tile = warp + kWarps * i;
+        for (int i = 0; i < kPvTilesPerWarp; ++i) {
+          const int n_tile = warp + kSplitWarps * i;
           if (n_tile < pv_tiles) {
             const int n = n_tile * 8 + g;
             std::uint32_t bh0, bl0, bh1, bl1;
@@ -364,8 +364,8 @@ __global__ void __launch_bounds__(kThreads, 1) MlaSplitKernel(const __grid_const
 
   float* out = a.partial + stats * p.c;
 #pragma unroll
-  for (int i = 0; i < kMlaMaxLatent / 64; ++i) {
-    const int n_tile = warp + kWarps * i;
+  for (int i = 0; i < kPvTilesPerWarp; ++i) {
+    const int n_tile = warp + kSplitWarps * i;
     if (n_tile < pv_tiles) {
       const int n = n_tile * 8 + 2 * qd;
       *reinterpret_cast<float2*>(out + g * p.c + n) = make_float2(o[i][0], o[i][1]);
@@ -501,14 +501,14 @@ __global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constan
 
 // Launches `kernel` as a programmatic dependent of the kernel before it on the stream.
 template <typename... Args>
-absl::Status LaunchDependent(void (*kernel)(Args...), dim3 grid, std::size_t smem, const LaunchContext& ctx,
-                             const char* name, const SplitArgs& a) {
+absl::Status LaunchDependent(void (*kernel)(Args...), dim3 grid, int threads, std::size_t smem,
+                             const LaunchContext& ctx, const char* name, const SplitArgs& a) {
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem;
   config.stream = ctx.stream;
   config.attrs = &attribute;
@@ -536,7 +536,7 @@ absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
 template <typename UvT>
 absl::Status LaunchOutput(const SplitArgs& a, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows)), static_cast<unsigned>(a.p.heads));
-  return LaunchDependent(MlaOutputKernel<UvT>, grid, 0, ctx, "MlaOutputKernel", a);
+  return LaunchDependent(MlaOutputKernel<UvT>, grid, kThreads, 0, ctx, "MlaOutputKernel", a);
 }
 
 }  // namespace
@@ -598,11 +598,11 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
       cudaFuncSetAttribute(MlaSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(plan.head_groups),
                   static_cast<unsigned>(p.tokens));
-  RETURN_IF_ERROR(LaunchDependent(MlaSplitKernel, grid, smem, ctx, "MlaSplitKernel", a));
+  RETURN_IF_ERROR(LaunchDependent(MlaSplitKernel, grid, kSplitThreads, smem, ctx, "MlaSplitKernel", a));
 
   const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, kCombineCols)), static_cast<unsigned>(p.heads),
                           static_cast<unsigned>(p.tokens));
-  RETURN_IF_ERROR(LaunchDependent(MlaCombineKernel, combine_grid, 0, ctx, "MlaCombineKernel", a));
+  RETURN_IF_ERROR(LaunchDependent(MlaCombineKernel, combine_grid, kThreads, 0, ctx, "MlaCombineKernel", a));
   return WeightIndex(p.w_uv_dtype) == 0 ? LaunchOutput<float>(a, ctx) : LaunchOutput<Bf16>(a, ctx);
 }
 
