@@ -25,6 +25,7 @@
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/mla_attention.cuh"
+#include "kernels/cuda/mla_decode.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
@@ -301,8 +302,8 @@ class CudaBackend final : public Backend {
                          q_pe.shape().dim(2), kv_latent.shape().dim(0), kv_latent.shape().dim(1),
                          w_uv.shape().dim(1), top_k}));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    return LaunchMlaAttention(
-        {.q_nope = q_nope.data_as<float>(),
+    const MlaAttentionParams params{
+        .q_nope = q_nope.data_as<float>(),
          .q_pe = q_pe.data_as<float>(),
          .kv_latent = kv_latent.data_as<float>(),
          .k_pe = k_pe.data_as<float>(),
@@ -320,15 +321,23 @@ class CudaBackend final : public Backend {
          .dv = static_cast<int>(w_uv.shape().dim(1)),
          .top_k = static_cast<int>(top_k),
          .start_pos = static_cast<int>(start_pos),  // < keys, checked above
-         .scale = scale},
-        ctx_);
+         .scale = scale};
+    // A few queries (decode, MTP verification): the split kernels share each key read among the
+    // heads and spread the keys over the GPU; the per-(query, head) kernel otherwise.
+    if (!MlaDecodeApplies(params)) return LaunchMlaAttention(params, ctx_);
+    const MlaDecodePlan plan = PlanMlaDecode(params, ctx_.num_sms);
+    ScratchLayout layout;
+    const std::size_t work_at = layout.AddDevice(plan.ScratchBytes());
+    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    return LaunchMlaDecode(params, plan, scratch + work_at, plan.ScratchBytes(), ctx_);
   }
 
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                              std::int64_t start_pos, Tensor& selected) override {
     const std::int64_t tokens = q.shape().dim(0);
     const std::int64_t visible_max = start_pos + tokens;
-    RETURN_IF_ERROR(CheckIndexerKeys(visible_max));
+    RETURN_IF_ERROR(CheckIndexerShape(visible_max, q.shape().dim(1), q.shape().dim(2),
+                                      selected.shape().dim(1)));
     RETURN_IF_ERROR(CheckIntRange("IndexerTopK", {tokens, q.shape().dim(1), q.shape().dim(2),
                                                   selected.shape().dim(1)}));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));

@@ -77,8 +77,13 @@ __device__ __forceinline__ const float* ExpertGains(const NqMoeParams& p, const 
 // grid (T, D / input.block, K): xr chunk = H (signs * x chunk), then the gate and up inputs of
 // assignment k of token t. Each (token, chunk) is rotated K times over: a few hundred flops
 // against one serial chain of column-scale loads per block instead of 2K.
+// Both preparation kernels let the GEMV that follows launch at once (griddepcontrol): its
+// blocks build their plans and start their code copies while these run, then wait for them.
+__device__ __forceinline__ void LetTheGemvStart() { asm volatile("griddepcontrol.launch_dependents;"); }
+
 __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
   extern __shared__ float chunk[];
+  LetTheGemvStart();
   const int D = g.cols, t = blockIdx.x, K = static_cast<int>(g.p.top_k), k = blockIdx.z;
   const int n = static_cast<int>(g.p.input.block), c0 = blockIdx.y * n;
   const int a = t * K + k, e = g.p.expert_ids[a];
@@ -105,6 +110,7 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
 __global__ void __launch_bounds__(kVectorMaxThreads) NqSwigluPrepKernel(const __grid_constant__ PrepParams g,
                                                                      const float* hg, int n) {
   extern __shared__ float chunk[];  // [2n]: gate then up
+  LetTheGemvStart();
   const int I = g.cols, a = blockIdx.x, c0 = blockIdx.y * n;
   const int e = g.p.expert_ids[a];
   // The down GEMV adds into its outputs: zero this assignment's, a slice per block.

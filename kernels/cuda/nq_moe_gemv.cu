@@ -327,6 +327,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
     for (int r = 0; r < 4; ++r) acc[0][r] = acc[1][r] = 0.0f;
   };
   enter_tile();
+  // Launched as a programmatic dependent of the preparation kernel (Launch below): everything
+  // above (the plan, the first code copies, the level tables) overlaps it; the inputs it writes
+  // and the outputs it zeroes are touched only after this wait.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 
   int stage = 0;
   for (int idx = begin; idx < end; ++idx) {
@@ -394,7 +398,19 @@ absl::Status Launch(const NqGemvParams& g, const LaunchContext& ctx) {
   const std::size_t smem = static_cast<std::size_t>(kWarps) * kRingUint4PerWarp * sizeof(uint4);
   NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqGemvKernel<kWide, kTrellis>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  NqGemvKernel<kWide, kTrellis><<<static_cast<unsigned>(sms * kBlocksPerSm), kThreads, smem, ctx.stream>>>(g);
+  // Programmatic dependent launch: the kernel may start while the preparation kernel before it
+  // runs (that kernel signals at its start), and waits for its results in-kernel.
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(sms * kBlocksPerSm));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = ctx.stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  NQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, NqGemvKernel<kWide, kTrellis>, g));
   return CheckLaunch("NqGemvKernel");
 }
 

@@ -70,10 +70,15 @@ __global__ void __launch_bounds__(kChunkThreads) NqCombineKernel(const __grid_co
   const int n = static_cast<int>(v.p.down_rows.block), i0 = blockIdx.y * n;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     float acc = 0.0f;
+    // Every assignment's row is loaded (yd has top_k rows per token) and the invalid ones are
+    // selected away rather than skipped: no branch between the loads, so they are all in flight
+    // at once instead of one latency each (a select, not a multiply by 0, so a row nobody wrote
+    // cannot turn the sum into NaN).
+#pragma unroll 4
     for (int k = 0; k < K; ++k) {
       const int e = v.p.expert_ids[t * K + k];
-      if (e < 0 || e >= v.p.num_experts) continue;
-      acc += v.p.expert_weights[t * K + k] * v.yd[static_cast<std::int64_t>(t * K + k) * D + i0 + i];
+      const float y = v.yd[static_cast<std::int64_t>(t * K + k) * D + i0 + i];
+      acc += e >= 0 && e < v.p.num_experts ? v.p.expert_weights[t * K + k] * y : 0.0f;
     }
     smem[i] = acc;
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <vector>
 
@@ -151,6 +152,84 @@ TEST(CudaMlaAttention, SelectedKeysMatchCpu) {
       }
     }
   }
+}
+
+// The split kernels (kernels/cuda/mla_decode.cuh) take up to 64 queries with c and dr multiples
+// of 16: DeepSeek-V3 dims over many key tiles and splits, head counts that leave the last
+// 16-head group partly empty, query rows at the causal edge, and small dims that leave most warps
+// of a block without PV columns.
+TEST(CudaMlaAttention, DecodeSplitMatchesCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(3604);
+  auto dsv3 = [](std::int64_t tokens, std::int64_t heads, std::int64_t keys) {
+    return MlaShape{.tokens = tokens, .heads = heads, .dn = 128, .dr = 64, .c = 512, .dv = 128,
+                    .keys = keys, .start_pos = keys - tokens};
+  };
+  const std::vector<MlaShape> cases = {
+      dsv3(1, 16, 1),    dsv3(1, 16, 31),  dsv3(1, 16, 32),   dsv3(1, 16, 33),  dsv3(1, 16, 4097),
+      dsv3(2, 20, 1000), dsv3(4, 16, 9000), dsv3(3, 128, 300), dsv3(64, 2, 100),
+      {.tokens = 1, .heads = 5, .dn = 8, .dr = 16, .c = 16, .dv = 8, .keys = 200, .start_pos = 199},
+      {.tokens = 2, .heads = 3, .dn = 24, .dr = 16, .c = 48, .dv = 40, .keys = 77, .start_pos = 70},
+      // Keys past the last query stay unread (start_pos + tokens < keys).
+      {.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 600, .start_pos = 100}};
+  // Under compute-sanitizer (NQ_SANITIZE_SMALL=1) the short caches only.
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  for (DType w_dtype : {DType::kBF16, DType::kF32}) {
+    ErrorSummary summary(absl::StrCat("MlaAttention split dense w=", DTypeName(w_dtype)), kTolerance);
+    for (const MlaShape& m : cases) {
+      if (small && m.keys * m.heads > 4000) continue;
+      SCOPED_TRACE(absl::StrCat("w ", DTypeName(w_dtype), " T=", m.tokens, " H=", m.heads, " c=", m.c,
+                                " dr=", m.dr, " S=", m.keys, " start=", m.start_pos));
+      const MlaInputs in = RandomMlaInputs(rng, m, w_dtype, w_dtype, 0.05f);
+      summary.Add(NormalizedError(
+          RunMlaAttention(*Backends().cuda, m, in, w_dtype, w_dtype, {}, 0, Scale(m)),
+          RunMlaAttention(*Backends().cpu, m, in, w_dtype, w_dtype, {}, 0, Scale(m))));
+    }
+  }
+}
+
+TEST(CudaMlaAttention, DecodeSplitSelectedMatchesCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(3605);
+  struct Case {
+    MlaShape shape;
+    std::int64_t top_k;
+  };
+  const std::vector<Case> cases = {
+      {{.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 5000, .start_pos = 4998},
+       2048},
+      // top_k past the visible keys: most entries -1.
+      {{.tokens = 1, .heads = 17, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 100, .start_pos = 99}, 2048},
+      {{.tokens = 4, .heads = 4, .dn = 16, .dr = 16, .c = 32, .dv = 24, .keys = 300, .start_pos = 296}, 70}};
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  ErrorSummary summary("MlaAttention split selected (DSA)", kTolerance);
+  for (const Case& c : cases) {
+    const MlaShape& m = c.shape;
+    if (small && m.keys * m.heads > 4000) continue;
+    SCOPED_TRACE(absl::StrCat("T=", m.tokens, " H=", m.heads, " S=", m.keys, " top_k=", c.top_k));
+    const MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.05f);
+    const std::vector<std::int32_t> selected = RandomSelection(rng, m, c.top_k, true);
+    summary.Add(NormalizedError(
+        RunMlaAttention(*Backends().cuda, m, in, DType::kBF16, DType::kBF16, selected, c.top_k, Scale(m)),
+        RunMlaAttention(*Backends().cpu, m, in, DType::kBF16, DType::kBF16, selected, c.top_k, Scale(m))));
+  }
+  // A query whose selection names no visible key gets zeros (not NaN), beside one that does.
+  const MlaShape m{.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 50, .start_pos = 10};
+  const MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.05f);
+  constexpr std::int64_t kTopK = 40;
+  std::vector<std::int32_t> selected(2 * kTopK, -1);
+  selected[0] = 30;  // query 0 (position 10): only a key past its position
+  selected[kTopK] = 3;
+  selected[kTopK + 1] = 11;
+  const std::vector<float> cuda =
+      RunMlaAttention(*Backends().cuda, m, in, DType::kBF16, DType::kBF16, selected, kTopK, Scale(m));
+  const std::vector<float> cpu =
+      RunMlaAttention(*Backends().cpu, m, in, DType::kBF16, DType::kBF16, selected, kTopK, Scale(m));
+  ASSERT_EQ(cuda.size(), static_cast<std::size_t>(2 * m.heads * m.dv));
+  const std::int64_t width = m.heads * m.dv;
+  EXPECT_TRUE(std::all_of(cuda.begin(), cuda.begin() + width, [](float v) { return v == 0.0f; }));
+  EXPECT_TRUE(std::any_of(cuda.begin() + width, cuda.end(), [](float v) { return v != 0.0f; }));
+  summary.Add(NormalizedError(cuda, cpu));
 }
 
 // Small enough for compute-sanitizer's racecheck: several key tiles, masked and empty rows.

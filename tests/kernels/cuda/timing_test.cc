@@ -191,17 +191,17 @@ TEST(CudaTiming, PrintsThroughputAgainstDeviceCopy) {
                      bytes, s, copy_gbps);
     }
   }
-  // DSA indexer for one decode token: 64 heads of 128 over 16384 keys, top 2048.
-  {
-    constexpr std::int64_t kHeads = 64, kDim = 128, kKeys = 16384, kTopK = 2048;
+  // DSA indexer for one decode token: 64 heads of 128 over 16384 and 131072 keys, top 2048.
+  for (const std::int64_t keys : {std::int64_t{16384}, std::int64_t{131072}}) {
+    constexpr std::int64_t kHeads = 64, kDim = 128, kTopK = 2048;
     Tensor q = RandomTensor(cuda, rng, DType::kF32, {1, kHeads, kDim}, 1.0f);
-    Tensor k = RandomTensor(cuda, rng, DType::kF32, {kKeys, kDim}, 1.0f);
+    Tensor k = RandomTensor(cuda, rng, DType::kF32, {keys, kDim}, 1.0f);
     Tensor w = RandomTensor(cuda, rng, DType::kF32, {1, kHeads}, 0.1f);
     Tensor selected = AllocateOrFail(cuda, DType::kI32, {1, kTopK});
     const double s = SecondsPerCall(
-        cuda, [&] { return cuda.IndexerTopK(q, k, w, kKeys - 1, selected); });
+        cuda, [&] { return cuda.IndexerTopK(q, k, w, keys - 1, selected); });
     ASSERT_GT(s, 0.0);
-    PrintBandwidth("IndexerTopK decode 64h x 16384 keys, top 2048",
+    PrintBandwidth("IndexerTopK decode 64h x " + std::to_string(keys) + " keys, top 2048",
                    static_cast<double>(k.nbytes() + q.nbytes()), s, copy_gbps);
   }
   std::fflush(stdout);

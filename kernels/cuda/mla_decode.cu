@@ -1,0 +1,609 @@
+#include "kernels/cuda/mla_decode.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/load.cuh"
+#include "kernels/cuda/reduce.cuh"
+#include "services/common/status_macros.h"
+
+namespace nq::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kKeyTile = 32;        // keys per pipeline stage: 4 MMA column tiles of 8
+// The split kernel runs one 16-warp block per SM (its tiles fill shared memory): the scores of a
+// tile are 4 column tiles x 4 slices of the d dimensions, one warp each.
+constexpr int kSplitThreads = 512;
+constexpr int kSplitWarps = kSplitThreads / kWarpSize;
+constexpr int kQkSlices = kSplitWarps / (kKeyTile / 8);
+constexpr int kPvTilesPerWarp = kMlaMaxLatent / 8 / kSplitWarps;
+// absorb: a block covers 64 columns of one head (16 heads x 9 blocks at DeepSeek-V3's 576); each
+// thread 8 consecutive columns (one 16-byte load of bf16) of every 32nd row of w_uk, for 4
+// queries per pass.
+constexpr int kAbsorbCols = 64;
+constexpr int kAbsorbRowGroups = kThreads / (kAbsorbCols / 8);
+constexpr int kAbsorbTokens = 4;
+// combine: a block covers 128 columns of O (a float4 per thread) and reads the splits 8 at a time.
+constexpr int kCombineCols = 128;
+constexpr int kCombineSplitGroups = kThreads / (kCombineCols / 4);
+// output (w_uv): 2 rows per warp, the queries' O in shared memory 8 at a time.
+constexpr int kOutputRows = 2 * kWarps;
+constexpr int kOutputTokens = 8;
+
+// Shared-memory row strides, in elements. d + 8 keeps rows 16-byte aligned (cp.async) and moves
+// consecutive rows 8 words apart (fp32) / 4 words apart (bf16), so the fragment loads of a
+// warp's 8 row groups land on distinct banks.
+__host__ __device__ constexpr int QStride(int d) { return d + 8; }
+__host__ __device__ constexpr int KvStride(int d) { return d + 8; }
+constexpr int kPStride = kKeyTile + 8;
+
+struct SplitArgs {
+  MlaAttentionParams p;
+  int head_groups = 0;
+  int splits = 0;
+  std::uint16_t* q = nullptr;  // [tokens][head_groups][hi, lo][16][QStride] bf16 bits
+  float* partial = nullptr;    // [tokens][head_groups][splits][16][c]
+  float* row_max = nullptr;    // [tokens][head_groups][splits][16]
+  float* row_sum = nullptr;    // same
+  float* o = nullptr;          // [tokens][heads][c]: the merged, normalised latent output
+};
+
+std::size_t SplitSharedBytes(int d) {
+  return sizeof(std::uint16_t) * 2 * kMlaHeadGroup * QStride(d) +     // q hi, lo
+         sizeof(float) * 2 * kKeyTile * KvStride(d) +                 // two key tiles
+         sizeof(float) * (kQkSlices + 1) * kMlaHeadGroup * kPStride +  // score slices, P
+         sizeof(float) * 3 * kMlaHeadGroup + sizeof(int) * 2 * kKeyTile;  // row stats, validity
+}
+
+// bf16 hi + lo of two floats, packed as an MMA operand register (element 0 in the low half).
+__device__ __forceinline__ void Split(float a, float b, std::uint32_t& hi, std::uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+  lo = *reinterpret_cast<const std::uint32_t*>(&l);
+}
+
+__device__ __forceinline__ void Mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                    std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                   static_cast<std::uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ __forceinline__ void WaitCopies() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+// Programmatic dependent launch (Launch below): each kernel lets the next one's blocks start at
+// once, and the next one does its independent prologue (its first key tile, its w_uv rows) before
+// waiting for this one's results.
+__device__ __forceinline__ void LetTheNextKernelStart() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void WaitForThePreviousKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__device__ __forceinline__ std::uint32_t Load32(const std::uint16_t* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+
+// 8 weights of w_uk at `w` (16-byte aligned) as floats.
+__device__ __forceinline__ void Load8(const float* w, float (&out)[8]) {
+  Load16B(w, out);
+  Load16B(w + 4, out + 4);
+}
+__device__ __forceinline__ void Load8(const Bf16* w, float (&out)[8]) { Load16B(w, out); }
+
+// grid: (head_groups * 16, ceil((c + dr) / kAbsorbCols)). Column `col` of head h's query row:
+// scale * (q_nope · w_uk[h])[col] for col < c, scale * q_pe[col - c] after; heads past `heads`
+// (the last group's padding) are zero. Thread (row group rg, column group cg) sums rows
+// rg, rg + kAbsorbRowGroups, ... of columns 8 cg..8 cg + 7; the row groups meet in shared memory.
+template <typename UkT>
+__global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constant__ SplitArgs a) {
+  const MlaAttentionParams& p = a.p;
+  __shared__ float partial[kAbsorbRowGroups][kAbsorbTokens][kAbsorbCols];
+  extern __shared__ float q_nope[];  // [kAbsorbTokens][dn] of this head
+  LetTheNextKernelStart();
+  const int d = p.c + p.dr, qs = QStride(d);
+  const int h = blockIdx.x;
+  const int cg = threadIdx.x % (kAbsorbCols / 8), rg = threadIdx.x / (kAbsorbCols / 8);
+  const int col0 = static_cast<int>(blockIdx.y) * kAbsorbCols;
+  const int my_col = col0 + 8 * cg;  // c % 16 == 0: a group is wholly inside [0, c) or past it
+  const bool real_head = h < p.heads;
+  const bool reads = real_head && my_col < p.c;
+  const bool any_reads = real_head && col0 < p.c;  // uniform over the block
+  const UkT* w = static_cast<const UkT*>(p.w_uk) + std::int64_t{h} * p.dn * p.c + my_col;
+  for (int t0 = 0; t0 < p.tokens; t0 += kAbsorbTokens) {
+    const int n = min(kAbsorbTokens, p.tokens - t0);
+    if (any_reads) {
+      for (int i = threadIdx.x; i < kAbsorbTokens * p.dn; i += kThreads) {
+        const int k = i / p.dn;
+        q_nope[i] = k < n ? __ldg(p.q_nope + (std::int64_t{t0 + k} * p.heads + h) * p.dn + i % p.dn) : 0.0f;
+      }
+      __syncthreads();
+    }
+    float acc[kAbsorbTokens][8] = {};
+    if (reads) {
+#pragma unroll 4
+      for (int j = rg; j < p.dn; j += kAbsorbRowGroups) {
+        float wv[8];
+        Load8(w + std::int64_t{j} * p.c, wv);
+#pragma unroll
+        for (int k = 0; k < kAbsorbTokens; ++k) {
+          const float q = q_nope[k * p.dn + j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[k][e] = fmaf(q, wv[e], acc[k][e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kAbsorbTokens; ++k) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[rg][k][8 * cg + e] = acc[k][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * kAbsorbCols; i += kThreads) {
+      const int k = i / kAbsorbCols, col = col0 + i % kAbsorbCols;
+      if (col >= d) continue;
+      const int t = t0 + k;
+      float v = 0.0f;
+      if (real_head && col < p.c) {
+        for (int r = 0; r < kAbsorbRowGroups; ++r) v += partial[r][k][i % kAbsorbCols];
+        v *= p.scale;
+      } else if (real_head) {
+        v = __ldg(p.q_pe + (std::int64_t{t} * p.heads + h) * p.dr + (col - p.c)) * p.scale;
+      }
+      const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+      const __nv_bfloat16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+      std::uint16_t* row = a.q + ((std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * 2 * kMlaHeadGroup +
+                                  h % kMlaHeadGroup) * qs + col;
+      row[0] = __bfloat16_as_ushort(hi);
+      row[kMlaHeadGroup * qs] = __bfloat16_as_ushort(lo);
+    }
+    __syncthreads();  // `partial` and `q_nope` are rewritten by the next batch of queries
+  }
+}
+
+// grid: (splits, head_groups, tokens). See the header; the fragment layouts are those of
+// mma.m16n8k16 (PTX ISA): lane = 4 * g + qd holds A rows g and g + 8, columns 2qd.. and
+// 2qd + 8..; B column g, rows 2qd.. and 2qd + 8..; C rows g and g + 8, columns 2qd, 2qd + 1.
+__global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_constant__ SplitArgs a) {
+  const MlaAttentionParams& p = a.p;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int d = p.c + p.dr, qs = QStride(d), ks = KvStride(d);
+  std::uint16_t* q_hi = reinterpret_cast<std::uint16_t*>(smem);  // [16][qs]
+  std::uint16_t* q_lo = q_hi + kMlaHeadGroup * qs;                 // [16][qs]
+  float* kv = reinterpret_cast<float*>(q_lo + kMlaHeadGroup * qs);  // [2][kKeyTile][ks]
+  float* s_part = kv + 2 * kKeyTile * ks;                           // [kQkSlices][16][kPStride]
+  float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
+  float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
+  float* row_sum = row_max + kMlaHeadGroup;                         // [16]
+  float* row_corr = row_sum + kMlaHeadGroup;                        // [16]
+  int* tile_valid = reinterpret_cast<int*>(row_corr + kMlaHeadGroup);  // [2][kKeyTile]
+
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane / 4, qd = lane % 4;
+  const int split = blockIdx.x, hg = blockIdx.y, t = blockIdx.z;
+  const int pos = p.start_pos + t;
+  const std::int32_t* selected = p.selected != nullptr ? p.selected + std::int64_t{t} * p.top_k : nullptr;
+  const std::int64_t candidates = selected != nullptr ? p.top_k : pos + 1;
+  const std::int64_t tiles = (candidates + kKeyTile - 1) / kKeyTile;
+  const std::int64_t tile_begin = split * tiles / a.splits;
+  const std::int64_t tile_end = (split + 1) * tiles / a.splits;
+  const std::int64_t stats = ((std::int64_t{t} * a.head_groups + hg) * a.splits + split) * kMlaHeadGroup;
+  LetTheNextKernelStart();
+  if (tile_begin == tile_end) {
+    WaitForThePreviousKernel();  // no keys here: no weight in the merge, and zeros (not garbage) to add
+    if (tid < kMlaHeadGroup) {
+      a.row_max[stats + tid] = -INFINITY;
+      a.row_sum[stats + tid] = 0.0f;
+    }
+    for (int i = tid; i < kMlaHeadGroup * p.c; i += kSplitThreads) a.partial[stats * p.c + i] = 0.0f;
+    return;
+  }
+
+  if (tid < kMlaHeadGroup) {
+    row_max[tid] = -INFINITY;
+    row_sum[tid] = 0.0f;
+  }
+
+  // Warp w copies rows w, w + 8, ... of a tile; a row past the candidates, a -1 or a key past
+  // the query's position is zero-filled (its probability is zero: no garbage times zero).
+  auto issue = [&](std::int64_t tile, int buffer) {
+    for (int r = warp; r < kKeyTile; r += kSplitWarps) {
+      const std::int64_t candidate = tile * kKeyTile + r;
+      int key = -1;
+      if (candidate < candidates) {
+        key = selected != nullptr ? __ldg(selected + candidate) : static_cast<int>(candidate);
+        if (key > pos) key = -1;
+      }
+      float* dst = kv + (buffer * kKeyTile + r) * ks;
+      const float* latent = p.kv_latent + std::int64_t{max(key, 0)} * p.c;
+      const float* rope = p.k_pe + std::int64_t{max(key, 0)} * p.dr;
+      for (int j = lane; j < d / 4; j += kWarpSize) {
+        const float* src = 4 * j < p.c ? latent + 4 * j : rope + (4 * j - p.c);
+        CopyAsync16(dst + 4 * j, src, key >= 0);
+      }
+      if (lane == 0) tile_valid[buffer * kKeyTile + r] = key >= 0;
+    }
+    CommitCopies();
+  };
+
+  const int pv_tiles = p.c / 8;  // O's 8-column MMA tiles; warp w owns w, w + 16, ...
+  float o[kPvTilesPerWarp][4] = {};
+  // The first key tile does not depend on the absorb kernel: in flight while it finishes. Then
+  // the query block (hi and lo halves contiguous in scratch), which does.
+  issue(tile_begin, 0);
+  WaitForThePreviousKernel();
+  const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
+  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kSplitThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
+  CommitCopies();
+  for (std::int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int buffer = static_cast<int>((tile - tile_begin) & 1);
+    if (tile + 1 < tile_end) {
+      issue(tile + 1, buffer ^ 1);  // its buffer was last read before the previous barrier
+      WaitCopies<1>();
+    } else {
+      WaitCopies<0>();
+    }
+    __syncthreads();
+    const float* keys = kv + buffer * kKeyTile * ks;
+
+    // Scores: warp w takes key columns 8 (w % 4).. and slice w / 4 of the d dimensions.
+    {
+      const int steps = d / 16, slice = warp / 4;
+      const int k_begin = slice * steps / kQkSlices, k_end = (slice + 1) * steps / kQkSlices;
+      const float* krow = keys + ((warp % 4) * 8 + g) * ks;
+      float hh[4] = {}, hl[4] = {}, lh[4] = {};
+#pragma unroll 3
+      for (int kk = k_begin; kk < k_end; ++kk) {
+        const int col = kk * 16 + 2 * qd;
+        const std::uint32_t ah[4] = {Load32(q_hi + g * qs + col), Load32(q_hi + (g + 8) * qs + col),
+                                     Load32(q_hi + g * qs + col + 8), Load32(q_hi + (g + 8) * qs + col + 8)};
+        const std::uint32_t al[4] = {Load32(q_lo + g * qs + col), Load32(q_lo + (g + 8) * qs + col),
+                                     Load32(q_lo + g * qs + col + 8), Load32(q_lo + (g + 8) * qs + col + 8)};
+        const float2 f0 = *reinterpret_cast<const float2*>(krow + col);
+        const float2 f1 = *reinterpret_cast<const float2*>(krow + col + 8);
+        std::uint32_t bh0, bl0, bh1, bl1;
+        Split(f0.x, f0.y, bh0, bl0);
+        Split(f1.x, f1.y, bh1, bl1);
+        Mma(hh, ah, bh0, bh1);
+        Mma(hl, ah, bl0, bl1);
+        Mma(lh, al, bh0, bh1);
+      }
+      float* sp = s_part + slice * kMlaHeadGroup * kPStride;
+      const int key = (warp % 4) * 8 + 2 * qd;
+      sp[g * kPStride + key] = (hl[0] + lh[0]) + hh[0];
+      sp[g * kPStride + key + 1] = (hl[1] + lh[1]) + hh[1];
+      sp[(g + 8) * kPStride + key] = (hl[2] + lh[2]) + hh[2];
+      sp[(g + 8) * kPStride + key + 1] = (hl[3] + lh[3]) + hh[3];
+    }
+    __syncthreads();
+
+    // Online softmax: one warp per head row, one key per lane.
+    {
+      const int r = warp;
+      const bool valid = tile_valid[buffer * kKeyTile + lane] != 0;
+      float score = 0.0f;
+#pragma unroll
+      for (int sl = 0; sl < kQkSlices; ++sl) score += s_part[(sl * kMlaHeadGroup + r) * kPStride + lane];
+      if (!valid) score = -INFINITY;
+      float mx = score;
+#pragma unroll
+      for (int off = kWarpSize / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullWarpMask, mx, off));
+      const float m_old = row_max[r];
+      const float m_new = fmaxf(m_old, mx);
+      float corr = 1.0f, pr = 0.0f;
+      if (m_new != -INFINITY) {
+        corr = expf(m_old - m_new);  // 0 while nothing was visible
+        pr = valid ? expf(score - m_new) : 0.0f;
+      }
+      const float sum = WarpSum(pr);
+      prob[r * kPStride + lane] = pr;
+      __syncwarp();  // every lane read row_max before lane 0 replaces it
+      if (lane == 0) {
+        row_sum[r] = row_sum[r] * corr + sum;
+        row_max[r] = m_new;
+        row_corr[r] = corr;
+      }
+    }
+    __syncthreads();
+
+    // O = O * corr + P · V (V: the first c columns of the key rows).
+    {
+      const float corr_lo = row_corr[g], corr_hi = row_corr[g + 8];
+#pragma unroll
+      for (int i = 0; i < kPvTilesPerWarp; ++i) {
+        o[i][0] *= corr_lo;
+        o[i][1] *= corr_lo;
+        o[i][2] *= corr_hi;
+        o[i][3] *= corr_hi;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKeyTile / 16; ++kk) {
+        const int k0 = kk * 16 + 2 * qd;
+        std::uint32_t ah[4], al[4];
+        const float2 p0 = *reinterpret_cast<const float2*>(prob + g * kPStride + k0);
+        const float2 p1 = *reinterpret_cast<const float2*>(prob + (g + 8) * kPStride + k0);
+        const float2 p2 = *reinterpret_cast<const float2*>(prob + g * kPStride + k0 + 8);
+        const float2 p3 = *reinterpret_cast<const float2*>(prob + (g + 8) * kPStride + k0 + 8);
+        Split(p0.x, p0.y, ah[0], al[0]);
+        Split(p1.x, p1.y, ah[1], al[1]);
+        Split(p2.x, p2.y, ah[2], al[2]);
+        Split(p3.x, p3.y, ah[3], al[3]);
+        const float* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
+#pragma unroll
+        for (int i = 0; i < kPvTilesPerWarp; ++i) {
+          const int n_tile = warp + kSplitWarps * i;
+          if (n_tile < pv_tiles) {
+            const int n = n_tile * 8 + g;
+            std::uint32_t bh0, bl0, bh1, bl1;
+            Split(v[n], v[ks + n], bh0, bl0);
+            Split(v[8 * ks + n], v[9 * ks + n], bh1, bl1);
+            Mma(o[i], ah, bh0, bh1);
+            Mma(o[i], ah, bl0, bl1);
+            Mma(o[i], al, bh0, bh1);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the tile, P and the scores are free for the next tile
+  }
+
+  float* out = a.partial + stats * p.c;
+#pragma unroll
+  for (int i = 0; i < kPvTilesPerWarp; ++i) {
+    const int n_tile = warp + kSplitWarps * i;
+    if (n_tile < pv_tiles) {
+      const int n = n_tile * 8 + 2 * qd;
+      *reinterpret_cast<float2*>(out + g * p.c + n) = make_float2(o[i][0], o[i][1]);
+      *reinterpret_cast<float2*>(out + (g + 8) * p.c + n) = make_float2(o[i][2], o[i][3]);
+    }
+  }
+  if (tid < kMlaHeadGroup) {
+    a.row_max[stats + tid] = row_max[tid];
+    a.row_sum[stats + tid] = row_sum[tid];
+  }
+}
+
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, off));
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  v = threadIdx.x % kWarpSize < kWarps ? scratch[threadIdx.x % kWarpSize] : -INFINITY;
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, off));
+  __syncthreads();
+  return v;
+}
+
+// grid: (ceil(c / kCombineCols), heads, tokens). O[t, h, :] = the splits' partials rescaled to
+// their common max and divided by the common sum (zeros when the query saw no key). Thread
+// (split group sg, column quad cq) adds splits sg, sg + kCombineSplitGroups, ... (independent
+// loads; empty splits hold zeros), and the groups meet in shared memory.
+__global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_constant__ SplitArgs a) {
+  const MlaAttentionParams& p = a.p;
+  __shared__ float weight[kMlaMaxSplits];
+  __shared__ float4 partial[kCombineSplitGroups][kCombineCols / 4];
+  __shared__ float scratch[kWarps];
+  LetTheNextKernelStart();
+  WaitForThePreviousKernel();
+  const int tid = threadIdx.x;
+  const int h = blockIdx.y, t = blockIdx.z;
+  const std::int64_t first = (std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * a.splits * kMlaHeadGroup +
+                             h % kMlaHeadGroup;  // split s: row first + s * 16
+  const float m = tid < a.splits ? a.row_max[first + tid * kMlaHeadGroup] : -INFINITY;
+  const float top = BlockMax(m, scratch);
+  const float w = top != -INFINITY && m != -INFINITY ? expf(m - top) : 0.0f;
+  const float sum = BlockSum<kThreads>(tid < a.splits ? w * a.row_sum[first + tid * kMlaHeadGroup] : 0.0f, scratch);
+  if (tid < a.splits) weight[tid] = sum > 0.0f ? w / sum : 0.0f;
+  __syncthreads();
+  const int cq = tid % (kCombineCols / 4), sg = tid / (kCombineCols / 4);
+  const int col = static_cast<int>(blockIdx.x) * kCombineCols + 4 * cq;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (col < p.c) {
+    const float* base = a.partial + first * p.c + col;
+#pragma unroll 4
+    for (int s = sg; s < a.splits; s += kCombineSplitGroups) {
+      const float ws = weight[s];
+      const float4 v = __ldg(reinterpret_cast<const float4*>(base + std::int64_t{s} * kMlaHeadGroup * p.c));
+      acc.x = fmaf(ws, v.x, acc.x);
+      acc.y = fmaf(ws, v.y, acc.y);
+      acc.z = fmaf(ws, v.z, acc.z);
+      acc.w = fmaf(ws, v.w, acc.w);
+    }
+  }
+  partial[sg][cq] = acc;
+  __syncthreads();
+  if (sg == 0 && col < p.c) {
+    for (int g = 1; g < kCombineSplitGroups; ++g) {
+      const float4 v = partial[g][cq];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    *reinterpret_cast<float4*>(a.o + (std::int64_t{t} * p.heads + h) * p.c + col) = acc;
+  }
+}
+
+// grid: (ceil(dv / kOutputRows), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
+// every query; each warp holds two rows of w_uv in registers (16-byte loads, issued before the
+// wait for the combine kernel).
+template <typename UvT>
+__global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constant__ SplitArgs a) {
+  const MlaAttentionParams& p = a.p;
+  __shared__ __align__(16) float o[kOutputTokens][kMlaMaxLatent];
+  constexpr int kVec = kVec16<UvT>;
+  constexpr int kLoads = kMlaMaxLatent / (kVec * kWarpSize);  // per lane and row, at most
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int h = blockIdx.y;
+  const int v0 = static_cast<int>(blockIdx.x) * kOutputRows + 2 * warp;
+  const UvT* w_uv = static_cast<const UvT*>(p.w_uv) + std::int64_t{h} * p.dv * p.c;
+  float w[2][kLoads][kVec];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int l = 0; l < kLoads; ++l) {
+      const int i = kVec * (lane + kWarpSize * l);
+      if (v0 + r < p.dv && i < p.c) {
+        Load16B(w_uv + std::int64_t{v0 + r} * p.c + i, w[r][l]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) w[r][l][e] = 0.0f;
+      }
+    }
+  }
+  WaitForThePreviousKernel();
+  for (int t0 = 0; t0 < p.tokens; t0 += kOutputTokens) {
+    const int n = min(kOutputTokens, p.tokens - t0);
+    for (int i = threadIdx.x; i < n * p.c; i += kThreads) {
+      o[i / p.c][i % p.c] = a.o[(std::int64_t{t0 + i / p.c} * p.heads + h) * p.c + i % p.c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float acc[kOutputTokens] = {};
+#pragma unroll
+      for (int l = 0; l < kLoads; ++l) {
+        const int i = kVec * (lane + kWarpSize * l);
+        if (i >= p.c) break;
+#pragma unroll
+        for (int k = 0; k < kOutputTokens; ++k) {
+          if (k < n) {
+#pragma unroll
+            for (int e = 0; e < kVec; ++e) acc[k] = fmaf(w[r][l][e], o[k][i + e], acc[k]);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kOutputTokens; ++k) {
+        const float total = WarpSum(acc[k]);
+        if (lane == 0 && k < n && v0 + r < p.dv) p.out[(std::int64_t{t0 + k} * p.heads + h) * p.dv + v0 + r] = total;
+      }
+    }
+    __syncthreads();  // `o` is rewritten by the next batch of queries
+  }
+}
+
+// Launches `kernel` as a programmatic dependent of the kernel before it on the stream.
+template <typename... Args>
+absl::Status LaunchDependent(void (*kernel)(Args...), dim3 grid, int threads, std::size_t smem,
+                             const LaunchContext& ctx, const char* name, const SplitArgs& a) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = ctx.stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  NQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+  return CheckLaunch(name);
+}
+
+int WeightIndex(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 0;
+    case DType::kBF16: return 1;
+    default: return -1;
+  }
+}
+
+template <typename UkT>
+absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
+  const dim3 grid(static_cast<unsigned>(a.head_groups * kMlaHeadGroup),
+                  static_cast<unsigned>(CeilDiv(a.p.c + a.p.dr, kAbsorbCols)));
+  MlaAbsorbKernel<UkT><<<grid, kThreads, sizeof(float) * kAbsorbTokens * a.p.dn, ctx.stream>>>(a);
+  return CheckLaunch("MlaAbsorbKernel");
+}
+
+template <typename UvT>
+absl::Status LaunchOutput(const SplitArgs& a, const LaunchContext& ctx) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows)), static_cast<unsigned>(a.p.heads));
+  return LaunchDependent(MlaOutputKernel<UvT>, grid, kThreads, 0, ctx, "MlaOutputKernel", a);
+}
+
+}  // namespace
+
+bool MlaDecodeApplies(const MlaAttentionParams& p) {
+  return p.tokens >= 1 && p.tokens <= kMlaDecodeMaxTokens && p.heads >= 1 && p.dn >= 1 && p.dn <= 1024 && p.dv >= 1 &&
+         p.c >= 16 && p.c <= kMlaMaxLatent && p.c % 16 == 0 && p.dr % 16 == 0 &&
+         CeilDiv(p.heads, kMlaHeadGroup) <= kMaxGridY && p.heads <= kMaxGridY && WeightIndex(p.w_uk_dtype) >= 0 &&
+         WeightIndex(p.w_uv_dtype) >= 0 && IsAligned(p.kv_latent, 16) && IsAligned(p.k_pe, 16) &&
+         IsAligned(p.w_uk, 16) && IsAligned(p.w_uv, 16);
+}
+
+MlaDecodePlan PlanMlaDecode(const MlaAttentionParams& p, int num_sms, int splits) {
+  MlaDecodePlan plan;
+  plan.head_groups = static_cast<int>(CeilDiv(p.heads, kMlaHeadGroup));
+  // Enough splits to give every SM a block (the split kernel runs one block per SM), no more than
+  // the longest query has key tiles.
+  const std::int64_t candidates = p.selected != nullptr ? p.top_k : std::int64_t{p.start_pos} + p.tokens;
+  const std::int64_t tiles = CeilDiv(std::max<std::int64_t>(candidates, 1), kKeyTile);
+  const std::int64_t by_sms = std::max<std::int64_t>(1, num_sms / (std::int64_t{p.tokens} * plan.head_groups));
+  plan.splits = static_cast<int>(std::clamp<std::int64_t>(
+      splits > 0 ? splits : std::min(by_sms, tiles), 1, kMlaMaxSplits));
+  const std::int64_t groups = std::int64_t{p.tokens} * plan.head_groups;
+  const std::int64_t rows = groups * plan.splits * kMlaHeadGroup;
+  auto aligned = [](std::int64_t bytes) { return static_cast<std::size_t>(CeilDiv(bytes, 256) * 256); };
+  plan.q_bytes = aligned(groups * 2 * kMlaHeadGroup * QStride(p.c + p.dr) * 2);
+  plan.partial_bytes = aligned(rows * p.c * 4);
+  plan.stats_bytes = aligned(rows * 4);
+  plan.o_bytes = aligned(std::int64_t{p.tokens} * p.heads * p.c * 4);
+  return plan;
+}
+
+absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& plan, void* scratch,
+                             std::size_t scratch_bytes, const LaunchContext& ctx) {
+  if (!MlaDecodeApplies(p)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlaDecode: shapes outside the split kernels (tokens=", p.tokens, " heads=", p.heads, " c=", p.c,
+        " dr=", p.dr, "; want 1 <= tokens <= ", kMlaDecodeMaxTokens, ", c and dr multiples of 16, c <= ",
+        kMlaMaxLatent, ", 16-byte aligned caches)"));
+  }
+  if (scratch == nullptr || !IsAligned(scratch, 16) || scratch_bytes < plan.ScratchBytes() ||
+      plan.splits < 1 || plan.splits > kMlaMaxSplits || plan.head_groups != CeilDiv(p.heads, kMlaHeadGroup)) {
+    return absl::InvalidArgumentError(absl::StrCat("MlaDecode: scratch of ", scratch_bytes, " bytes for a plan of ",
+                                                   plan.ScratchBytes(), " (", plan.splits, " splits)"));
+  }
+  auto* bytes = static_cast<std::byte*>(scratch);
+  SplitArgs a{.p = p,
+              .head_groups = plan.head_groups,
+              .splits = plan.splits,
+              .q = reinterpret_cast<std::uint16_t*>(bytes),
+              .partial = reinterpret_cast<float*>(bytes + plan.q_bytes),
+              .row_max = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes),
+              .row_sum = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + plan.stats_bytes),
+              .o = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + 2 * plan.stats_bytes)};
+  RETURN_IF_ERROR(WeightIndex(p.w_uk_dtype) == 0 ? LaunchAbsorb<float>(a, ctx) : LaunchAbsorb<Bf16>(a, ctx));
+
+  const std::size_t smem = SplitSharedBytes(p.c + p.dr);
+  NQ_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(MlaSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(plan.head_groups),
+                  static_cast<unsigned>(p.tokens));
+  RETURN_IF_ERROR(LaunchDependent(MlaSplitKernel, grid, kSplitThreads, smem, ctx, "MlaSplitKernel", a));
+
+  const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, kCombineCols)), static_cast<unsigned>(p.heads),
+                          static_cast<unsigned>(p.tokens));
+  RETURN_IF_ERROR(LaunchDependent(MlaCombineKernel, combine_grid, kThreads, 0, ctx, "MlaCombineKernel", a));
+  return WeightIndex(p.w_uv_dtype) == 0 ? LaunchOutput<float>(a, ctx) : LaunchOutput<Bf16>(a, ctx);
+}
+
+}  // namespace nq::kernels::cuda
