@@ -347,6 +347,10 @@ class CudaBackend final : public Backend {
     ScratchLayout layout;
     const std::size_t scores_at =
         layout.AddDevice(static_cast<std::size_t>(score_rows * row_bytes));
+    // Decode's multi-block selection lists (0 bytes for a prefill chunk).
+    const std::int64_t select_bytes =
+        IndexerSelectScratchBytes(tokens, visible_max, selected.shape().dim(1));
+    const std::size_t select_at = layout.AddDevice(static_cast<std::size_t>(select_bytes));
     ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
     return LaunchIndexerTopK({.q = q.data_as<float>(),
                               .k = k.data_as<float>(),
@@ -358,7 +362,8 @@ class CudaBackend final : public Backend {
                               .dim = static_cast<int>(q.shape().dim(2)),
                               .top_k = static_cast<int>(selected.shape().dim(1)),
                               .start_pos = static_cast<int>(start_pos),
-                              .score_rows = static_cast<int>(score_rows)},
+                              .score_rows = static_cast<int>(score_rows),
+                              .select_scratch = select_bytes > 0 ? scratch + select_at : nullptr},
                              ctx_);
   }
 
