@@ -81,6 +81,13 @@ class Backend {
   // checkpoints. x: F32 [..., k]; w: F32, BF16 or F16 [n, k]; y: F32 [..., n]. y must not be x.
   absl::Status MatMul(const Tensor& x, const Tensor& w, Tensor& y);
 
+  // MatMul by an FP8 weight as FP8 checkpoints store it: w = w_fp8 * scale_inv per 128 x 128
+  // block, i.e. w[j, p] = float(w_fp8[j, p]) * scale_inv[j / 128, p / 128], never materialised.
+  // x: F32 [..., k]; w_fp8: F8_E4M3 [n, k]; scale_inv: F32 [ceil(n / 128), ceil(k / 128)];
+  // y: F32 [..., n]. y must not be x. A NaN weight (0x7f / 0xff) makes its outputs NaN.
+  absl::Status MatMulBlockScaled(const Tensor& x, const Tensor& w_fp8, const Tensor& scale_inv,
+                                 Tensor& y);
+
   // y = x / sqrt(mean(x^2 over the last dim) + eps) * weight. x, y: F32 [..., d] (y may be x);
   // weight: F32, BF16 or F16 [d]; eps >= 0 and finite.
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
@@ -173,6 +180,9 @@ class Backend {
   virtual absl::Status DoCopy(const void* src, std::size_t bytes, void* dst) = 0;
   virtual absl::Status DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
                                 const MatMulDims& dims) = 0;
+  virtual absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
+                                           const Tensor& scale_inv, Tensor& y,
+                                           const MatMulDims& dims) = 0;
   virtual absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                  const RowDims& dims) = 0;
   // dims.cols is d, the width of y (x has 2d columns).

@@ -64,6 +64,14 @@ absl::Status CpuBackend::DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
+                                             const Tensor& scale_inv, Tensor& y,
+                                             const MatMulDims& dims) {
+  cpu::MatMulBlockScaled(x.data_as<float>(), w_fp8.data_as<F8E4M3>(), scale_inv.data_as<float>(),
+                         y.data_as<float>(), dims, threads_);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                    const RowDims& dims) {
   cpu::RmsNorm(x.data_as<float>(), weight.data(), weight.dtype(), eps, y.data_as<float>(), dims,

@@ -14,6 +14,11 @@ namespace nq::kernels::cpu {
 void MatMul(const float* x, const void* w, DType w_dtype, float* y, const MatMulDims& dims,
             int threads);
 
+// y[m, n] = x[m, k] · w[n, k]^T with w[j, p] = float(w_fp8[j, p]) * scale_inv[j / 128, p / 128]
+// (one fp32 rounding per weight, kWeightScaleBlock = 128), then exactly as MatMul.
+void MatMulBlockScaled(const float* x, const F8E4M3* w_fp8, const float* scale_inv, float* y,
+                       const MatMulDims& dims, int threads);
+
 // y = x * rsqrt(mean(x^2) + eps) * weight, per row; y may equal x. Double accumulation.
 void RmsNorm(const float* x, const void* weight, DType weight_dtype, float eps, float* y,
              const RowDims& dims, int threads);

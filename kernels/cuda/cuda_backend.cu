@@ -135,6 +135,21 @@ class CudaBackend final : public Backend {
                         ctx_);
   }
 
+  absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8, const Tensor& scale_inv,
+                                   Tensor& y, const MatMulDims& dims) override {
+    RETURN_IF_ERROR(CheckIntRange("MatMulBlockScaled", {dims.m, dims.n, dims.k}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchMatMul({.x = x.data_as<float>(),
+                         .w = w_fp8.data(),
+                         .w_dtype = w_fp8.dtype(),
+                         .w_scale = scale_inv.data_as<float>(),
+                         .y = y.data_as<float>(),
+                         .m = static_cast<int>(dims.m),
+                         .n = static_cast<int>(dims.n),
+                         .k = static_cast<int>(dims.k)},
+                        ctx_);
+  }
+
   absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                          const RowDims& dims) override {
     RETURN_IF_ERROR(CheckIntRange("RmsNorm", {dims.rows, dims.cols}));
