@@ -97,6 +97,10 @@ absl::Status LaunchMatMul(const MatMulParams& p, const LaunchContext& ctx) {
         DTypeName(p.w_dtype), ", scales ", p.w_scale != nullptr ? "given" : "missing", ")"));
   }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
+  if (p.k == 0) {  // an empty sum: zeros, whatever the kernels' loops would (not) write
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.y, 0, sizeof(float) * static_cast<std::size_t>(p.m) * p.n, ctx.stream));
+    return absl::OkStatus();
+  }
   return kLaunchers[row][ChoosePath(p, ctx.num_sms)](p, ctx);
 }
 
