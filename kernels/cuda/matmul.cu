@@ -91,7 +91,8 @@ absl::Status LaunchMatMul(const MatMulParams& p, const LaunchContext& ctx) {
     return absl::InvalidArgumentError(
         absl::StrCat("MatMul: no CUDA kernel for weights of dtype ", DTypeName(p.w_dtype)));
   }
-  if ((p.w_dtype == DType::kF8E4M3) != (p.w_scale != nullptr)) {
+  // (An FP8 weight with k == 0 has empty scales, which live at a null address.)
+  if ((p.w_dtype == DType::kF8E4M3) != (p.w_scale != nullptr) && p.k > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MatMul: block scales go with F8_E4M3 weights and only with them (weights are ",
         DTypeName(p.w_dtype), ", scales ", p.w_scale != nullptr ? "given" : "missing", ")"));

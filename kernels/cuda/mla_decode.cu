@@ -54,11 +54,18 @@ struct SplitArgs {
   float* o = nullptr;          // [tokens][heads][c]: the merged, normalised latent output
 };
 
-std::size_t SplitSharedBytes(int d, std::size_t kv_bytes) {
+// Key tiles in flight per block: as many as the same shared memory holds (an fp32 tile is 74 KB
+// at DeepSeek-V3's d = 576, a bf16 one 37 KB). One block per SM keeps only these in flight, so
+// more stages is more bandwidth.
+template <typename KvT>
+constexpr int kStages = sizeof(KvT) == 4 ? 2 : 4;
+
+template <typename KvT>
+std::size_t SplitSharedBytes(int d) {
   return sizeof(std::uint16_t) * 2 * kMlaHeadGroup * QStride(d) +     // q hi, lo
-         kv_bytes * 2 * kKeyTile * KvStride(d) +                      // two key tiles
+         sizeof(KvT) * kStages<KvT> * kKeyTile * KvStride(d) +          // the key tiles
          sizeof(float) * (kQkSlices + 1) * kMlaHeadGroup * kPStride +  // score slices, P
-         sizeof(float) * 3 * kMlaHeadGroup + sizeof(int) * 2 * kKeyTile;  // row stats, validity
+         sizeof(float) * 3 * kMlaHeadGroup + sizeof(int) * kStages<KvT> * kKeyTile;  // row stats, validity
 }
 
 // bf16 hi + lo of two floats, packed as an MMA operand register (element 0 in the low half).
@@ -198,12 +205,12 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   std::uint16_t* q_hi = reinterpret_cast<std::uint16_t*>(smem);  // [16][qs]
   std::uint16_t* q_lo = q_hi + kMlaHeadGroup * qs;                 // [16][qs]
   KvT* kv = reinterpret_cast<KvT*>(q_lo + kMlaHeadGroup * qs);      // [2][kKeyTile][ks]
-  float* s_part = reinterpret_cast<float*>(kv + 2 * kKeyTile * ks);  // [kQkSlices][16][kPStride]
+  float* s_part = reinterpret_cast<float*>(kv + kStages<KvT> * kKeyTile * ks);  // [kQkSlices][16][kPStride]
   float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
   float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
   float* row_sum = row_max + kMlaHeadGroup;                         // [16]
   float* row_corr = row_sum + kMlaHeadGroup;                        // [16]
-  int* tile_valid = reinterpret_cast<int*>(row_corr + kMlaHeadGroup);  // [2][kKeyTile]
+  int* tile_valid = reinterpret_cast<int*>(row_corr + kMlaHeadGroup);  // [kStages][kKeyTile]
 
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane / 4, qd = lane % 4;
@@ -233,8 +240,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
 
   // Warp w copies rows w, w + 8, ... of a tile; a row past the candidates, a -1 or a key past
   // the query's position is zero-filled (its probability is zero: no garbage times zero).
+  // One commit group per call, empty past the split's last tile, so the wait counts below hold.
   auto issue = [&](std::int64_t tile, int buffer) {
-    for (int r = warp; r < kKeyTile; r += kSplitWarps) {
+    for (int r = warp; r < kKeyTile && tile < tile_end; r += kSplitWarps) {
       const std::int64_t candidate = tile * kKeyTile + r;
       int key = -1;
       if (candidate < candidates) {
@@ -257,19 +265,19 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   float o[kPvTilesPerWarp][4] = {};
   // The first key tile does not depend on the absorb kernel: in flight while it finishes. Then
   // the query block (hi and lo halves contiguous in scratch), which does.
+  // Groups: tile 0, the query block, tiles 1 .. kStages - 2, then one per iteration.
+  constexpr int kAhead = kStages<KvT> - 1;
   issue(tile_begin, 0);
   WaitForThePreviousKernel();
   const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
   for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kSplitThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
   CommitCopies();
+  for (int s = 1; s < kAhead; ++s) issue(tile_begin + s, s);
   for (std::int64_t tile = tile_begin; tile < tile_end; ++tile) {
-    const int buffer = static_cast<int>((tile - tile_begin) & 1);
-    if (tile + 1 < tile_end) {
-      issue(tile + 1, buffer ^ 1);  // its buffer was last read before the previous barrier
-      WaitCopies<1>();
-    } else {
-      WaitCopies<0>();
-    }
+    const int buffer = static_cast<int>((tile - tile_begin) % kStages<KvT>);
+    // Its buffer held tile - 1, consumed before the previous iteration's last barrier.
+    issue(tile + kAhead, static_cast<int>((tile + kAhead - tile_begin) % kStages<KvT>));
+    WaitCopies<kAhead>();  // everything but the newest kAhead groups: this tile and the queries
     __syncthreads();
     const KvT* keys = kv + buffer * kKeyTile * ks;
 
@@ -621,7 +629,7 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
   RETURN_IF_ERROR(WeightIndex(p.w_uk_dtype) == 0 ? LaunchAbsorb<float>(a, ctx) : LaunchAbsorb<Bf16>(a, ctx));
 
   const bool f32_cache = p.kv_dtype == DType::kF32;
-  const std::size_t smem = SplitSharedBytes(p.c + p.dr, f32_cache ? sizeof(float) : sizeof(Bf16));
+  const std::size_t smem = f32_cache ? SplitSharedBytes<float>(p.c + p.dr) : SplitSharedBytes<Bf16>(p.c + p.dr);
   auto* split_kernel = f32_cache ? &MlaSplitKernel<float> : &MlaSplitKernel<Bf16>;
   NQ_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
