@@ -109,6 +109,25 @@ absl::Status CheckPositions(absl::string_view op, std::int64_t start_pos, std::i
   return absl::OkStatus();
 }
 
+// The shapes MatMul and MatMulBlockScaled share: x [..., k], w [n, k] (rank 2), y [..., n], y
+// distinct from x and w. Returns the folded dims.
+absl::StatusOr<MatMulDims> CheckMatMulShapes(absl::string_view op, const Tensor& x,
+                                             const Tensor& w, const Tensor& y) {
+  RETURN_IF_ERROR(CheckHasLastDim(op, "x", x));
+  RETURN_IF_ERROR(CheckRank(op, "w", w, 2));
+  const MatMulDims dims{.m = x.shape().NumRows(), .n = w.shape().dim(0), .k = w.shape().dim(1)};
+  if (x.shape().dim(-1) != dims.k) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": x ", x.DebugString(), " and w ",
+                                                   w.DebugString(), " disagree on k (",
+                                                   x.shape().dim(-1), " vs ", dims.k, ")"));
+  }
+  RETURN_IF_ERROR(CheckShape(op, "y", y, x.shape().WithLastDim(dims.n),
+                             absl::StrCat("x ", x.DebugString(), " and w ", w.DebugString())));
+  RETURN_IF_ERROR(CheckDistinct(op, x, "x", y, "y"));
+  RETURN_IF_ERROR(CheckDistinct(op, w, "w", y, "y"));
+  return dims;
+}
+
 }  // namespace
 
 Backend::Backend() : id_(next_backend_id.fetch_add(1, std::memory_order_relaxed)) {}
@@ -189,20 +208,34 @@ absl::Status Backend::MatMul(const Tensor& x, const Tensor& w, Tensor& y) {
   RETURN_IF_ERROR(CheckOwned(kOp, "y", y));
   RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
   RETURN_IF_ERROR(CheckDType(kOp, "y", y, DType::kF32));
-  RETURN_IF_ERROR(CheckHasLastDim(kOp, "x", x));
-  RETURN_IF_ERROR(CheckRank(kOp, "w", w, 2));
-  const MatMulDims dims{.m = x.shape().NumRows(), .n = w.shape().dim(0), .k = w.shape().dim(1)};
-  if (x.shape().dim(-1) != dims.k) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": x ", x.DebugString(), " and w ",
-                                                   w.DebugString(), " disagree on k (",
-                                                   x.shape().dim(-1), " vs ", dims.k, ")"));
+  if (w.dtype() == DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": w ", w.DebugString(), " needs its block scales; use MatMulBlockScaled"));
   }
-  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape().WithLastDim(dims.n),
-                             absl::StrCat("x ", x.DebugString(), " and w ", w.DebugString())));
-  RETURN_IF_ERROR(CheckDistinct(kOp, x, "x", y, "y"));
-  RETURN_IF_ERROR(CheckDistinct(kOp, w, "w", y, "y"));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "w", w, {DType::kF32, DType::kBF16, DType::kF16}));
+  ASSIGN_OR_RETURN(const MatMulDims dims, CheckMatMulShapes(kOp, x, w, y));
   if (dims.m == 0 || dims.n == 0) return absl::OkStatus();
   return DoMatMul(x, w, y, dims);
+}
+
+absl::Status Backend::MatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
+                                        const Tensor& scale_inv, Tensor& y) {
+  constexpr absl::string_view kOp = "MatMulBlockScaled";
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckOwned(kOp, "w_fp8", w_fp8));
+  RETURN_IF_ERROR(CheckOwned(kOp, "scale_inv", scale_inv));
+  RETURN_IF_ERROR(CheckOwned(kOp, "y", y));
+  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "w_fp8", w_fp8, DType::kF8E4M3));
+  RETURN_IF_ERROR(CheckDType(kOp, "scale_inv", scale_inv, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "y", y, DType::kF32));
+  ASSIGN_OR_RETURN(const MatMulDims dims, CheckMatMulShapes(kOp, x, w_fp8, y));
+  const auto blocks = [](std::int64_t d) { return (d + kWeightScaleBlock - 1) / kWeightScaleBlock; };
+  RETURN_IF_ERROR(CheckShape(kOp, "scale_inv", scale_inv, Shape{blocks(dims.n), blocks(dims.k)},
+                             absl::StrCat("w_fp8 ", w_fp8.DebugString(), " in ", kWeightScaleBlock,
+                                          " x ", kWeightScaleBlock, " blocks")));
+  if (dims.m == 0 || dims.n == 0) return absl::OkStatus();
+  return DoMatMulBlockScaled(x, w_fp8, scale_inv, y, dims);
 }
 
 absl::Status Backend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y) {
@@ -370,7 +403,7 @@ absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, std::int64_t row
   RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
   RETURN_IF_ERROR(CheckOwned(kOp, "dst", dst));
   RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
-  RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kF32));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "dst", dst, {DType::kF32, DType::kBF16}));
   RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
   RETURN_IF_ERROR(CheckRank(kOp, "dst", dst, 2));
   if (src.shape().dim(1) != dst.shape().dim(1)) {
@@ -435,12 +468,16 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                                    const Tensor& w_uk, const Tensor& w_uv, const Tensor* selected,
                                    std::int64_t start_pos, float scale, Tensor& out) {
   constexpr absl::string_view kOp = "MlaAttention";
-  const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {
-      {"q_nope", &q_nope}, {"q_pe", &q_pe}, {"kv_latent", &kv_latent}, {"k_pe", &k_pe}};
+  const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {{"q_nope", &q_nope}, {"q_pe", &q_pe}};
   for (const auto& [name, t] : f32_inputs) {
     RETURN_IF_ERROR(CheckOwned(kOp, name, *t));
     RETURN_IF_ERROR(CheckDType(kOp, name, *t, DType::kF32));
   }
+  // The latent cache: F32, or BF16 (half the bytes every decode step reads).
+  RETURN_IF_ERROR(CheckOwned(kOp, "kv_latent", kv_latent));
+  RETURN_IF_ERROR(CheckOwned(kOp, "k_pe", k_pe));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "kv_latent", kv_latent, {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDType(kOp, "k_pe", k_pe, kv_latent.dtype()));
   RETURN_IF_ERROR(CheckOwned(kOp, "w_uk", w_uk));
   RETURN_IF_ERROR(CheckOwned(kOp, "w_uv", w_uv));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));

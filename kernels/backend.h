@@ -81,6 +81,13 @@ class Backend {
   // checkpoints. x: F32 [..., k]; w: F32, BF16 or F16 [n, k]; y: F32 [..., n]. y must not be x.
   absl::Status MatMul(const Tensor& x, const Tensor& w, Tensor& y);
 
+  // MatMul by an FP8 weight as FP8 checkpoints store it: w = w_fp8 * scale_inv per 128 x 128
+  // block, i.e. w[j, p] = float(w_fp8[j, p]) * scale_inv[j / 128, p / 128], never materialised.
+  // x: F32 [..., k]; w_fp8: F8_E4M3 [n, k]; scale_inv: F32 [ceil(n / 128), ceil(k / 128)];
+  // y: F32 [..., n]. y must not be x. A NaN weight (0x7f / 0xff) makes its outputs NaN.
+  absl::Status MatMulBlockScaled(const Tensor& x, const Tensor& w_fp8, const Tensor& scale_inv,
+                                 Tensor& y);
+
   // y = x / sqrt(mean(x^2 over the last dim) + eps) * weight. x, y: F32 [..., d] (y may be x);
   // weight: F32, BF16 or F16 [d]; eps >= 0 and finite.
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
@@ -117,7 +124,9 @@ class Backend {
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                          Tensor& y);
 
-  // dst[row_offset + i, :] = src[i, :]. src, dst: F32 [*, d]; the rows must fit in dst.
+  // dst[row_offset + i, :] = src[i, :]. src: F32 [n, d]; dst: F32 or BF16 [*, d] (a BF16 dst
+  // stores each value rounded to nearest even, kernels/dtype.h ToBf16: the BF16 latent KV
+  // cache); the rows must fit in dst.
   absl::Status WriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset);
 
   // out[i, :] = x[rows[i], :]. x: F32 [T, d]; rows: host, each < T; out: F32 [rows.size(), d].
@@ -135,8 +144,8 @@ class Backend {
   //   out[t, h*dv:(h+1)*dv] = w_uv[h] · (sum_s p[t,h,s] kv_latent[s,:])
   // Query t sits at position start_pos + t and sees keys s <= start_pos + t; when `selected`
   // is given (DSA), only the keys it lists for t (I32 [T, K], -1 = none; duplicates are not
-  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 [S, c];
-  // k_pe F32 [S, dr] with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
+  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 or BF16 [S, c];
+  // k_pe [S, dr] of kv_latent's dtype, with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
   // [H, dv, c]; out F32 [T, H * dv].
   absl::Status MlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
                             const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
@@ -173,6 +182,9 @@ class Backend {
   virtual absl::Status DoCopy(const void* src, std::size_t bytes, void* dst) = 0;
   virtual absl::Status DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
                                 const MatMulDims& dims) = 0;
+  virtual absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
+                                           const Tensor& scale_inv, Tensor& y,
+                                           const MatMulDims& dims) = 0;
   virtual absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                  const RowDims& dims) = 0;
   // dims.cols is d, the width of y (x has 2d columns).

@@ -17,10 +17,12 @@
 
 namespace nq::kernels {
 
-// Storage dtypes. Names follow safetensors ("F32", "BF16", "F16", "I32") so checkpoint headers
-// map one to one. I32 holds indices (the DSA indexer's selected keys); U8 holds raw bytes
-// (NestQuant's packed code planes, kernels/nq_moe.h).
-enum class DType : std::uint8_t { kF32, kBF16, kF16, kI32, kU8 };
+// Storage dtypes. Names follow safetensors ("F32", "BF16", "F16", "I32", "F8_E4M3") so checkpoint
+// headers map one to one. I32 holds indices (the DSA indexer's selected keys); U8 holds raw bytes
+// (NestQuant's packed code planes, kernels/nq_moe.h). F8_E4M3 holds the OCP "e4m3fn" weights of
+// FP8 checkpoints (DeepSeek-V3, GLM-5), which are meaningful only with their block scales
+// (Backend::MatMulBlockScaled); the order of the first three is relied on by kernel tables.
+enum class DType : std::uint8_t { kF32, kBF16, kF16, kI32, kU8, kF8E4M3 };
 
 constexpr std::size_t DTypeSize(DType dtype) {
   switch (dtype) {
@@ -29,11 +31,14 @@ constexpr std::size_t DTypeSize(DType dtype) {
     case DType::kF16: return 2;
     case DType::kI32: return 4;
     case DType::kU8: return 1;
+    case DType::kF8E4M3: return 1;
   }
   return 0;
 }
 
-// Whether `dtype` holds floating-point values (what VisitFloatDType accepts).
+// Whether `dtype` holds floating-point values an op may widen on its own (what VisitFloatDType
+// accepts). F8_E4M3 is not one: its values need the block scales stored beside them, so only ops
+// that take those scales accept it.
 constexpr bool IsFloatDType(DType dtype) {
   switch (dtype) {
     case DType::kF32:
@@ -42,6 +47,7 @@ constexpr bool IsFloatDType(DType dtype) {
       return true;
     case DType::kI32:
     case DType::kU8:
+    case DType::kF8E4M3:
       return false;
   }
   return false;
@@ -54,6 +60,7 @@ constexpr const char* DTypeName(DType dtype) {
     case DType::kF16: return "F16";
     case DType::kI32: return "I32";
     case DType::kU8: return "U8";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -66,6 +73,15 @@ struct Bf16 {
 struct F16 {
   std::uint16_t bits;
 };
+// OCP FP8 E4M3 ("e4m3fn"): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, the
+// two patterns S.1111.111 (0x7f, 0xff) are NaN, the largest finite value is 448.
+struct F8E4M3 {
+  std::uint8_t bits;
+};
+
+// Side of the square weight blocks that share one scale in FP8 checkpoints (w = fp8 * scale_inv):
+// DeepSeek-V3's and GLM-5's quantization_config `weight_block_size` [128, 128].
+inline constexpr int kWeightScaleBlock = 128;
 
 template <typename T>
 struct DTypeOf;
@@ -80,6 +96,10 @@ struct DTypeOf<Bf16> {
 template <>
 struct DTypeOf<F16> {
   static constexpr DType value = DType::kF16;
+};
+template <>
+struct DTypeOf<F8E4M3> {
+  static constexpr DType value = DType::kF8E4M3;
 };
 template <>
 struct DTypeOf<std::int32_t> {
@@ -122,6 +142,17 @@ NQ_HOST_DEVICE float ToFloat(F16 v) {
   if (exponent != 0) return BitsToFloat(sign | ((exponent + 112u) << 23) | (mantissa << 13));
   // Zero or subnormal: mantissa * 2^-24, exact in fp32.
   const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+  return sign != 0 ? -magnitude : magnitude;
+}
+
+// OCP E4M3 -> fp32, exact: normals (1 + m/8) * 2^(e-7), subnormals m/8 * 2^-6, NaN for 0x7f/0xff.
+NQ_HOST_DEVICE float ToFloat(F8E4M3 v) {
+  const std::uint32_t sign = std::uint32_t{v.bits & 0x80u} << 24;
+  const std::uint32_t exponent = (v.bits >> 3) & 0xfu;
+  const std::uint32_t mantissa = v.bits & 0x7u;
+  if (exponent == 0xf && mantissa == 0x7) return BitsToFloat(sign | 0x7fc00000u);
+  if (exponent != 0) return BitsToFloat(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+  const float magnitude = static_cast<float>(mantissa) * 0.001953125f;  // m * 2^-9, exact
   return sign != 0 ? -magnitude : magnitude;
 }
 
@@ -185,6 +216,7 @@ decltype(auto) VisitFloatDType(DType dtype, Fn&& fn) {
     case DType::kF16: return fn(F16{});
     case DType::kI32:
     case DType::kU8:
+    case DType::kF8E4M3:
       break;
   }
   std::abort();

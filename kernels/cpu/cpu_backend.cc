@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nq_moe.h"
@@ -64,6 +65,14 @@ absl::Status CpuBackend::DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
+                                             const Tensor& scale_inv, Tensor& y,
+                                             const MatMulDims& dims) {
+  cpu::MatMulBlockScaled(x.data_as<float>(), w_fp8.data_as<F8E4M3>(), scale_inv.data_as<float>(),
+                         y.data_as<float>(), dims, threads_);
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                    const RowDims& dims) {
   cpu::RmsNorm(x.data_as<float>(), weight.data(), weight.dtype(), eps, y.data_as<float>(), dims,
@@ -118,8 +127,14 @@ absl::Status CpuBackend::DoLayerNorm(const Tensor& x, const Tensor& weight, cons
 }
 
 absl::Status CpuBackend::DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) {
-  // The destination rows are contiguous: one copy.
-  std::memcpy(dst.data_as<float>() + row_offset * dst.shape().dim(1), src.data(), src.nbytes());
+  // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
+  const std::int64_t first = row_offset * dst.shape().dim(1);
+  if (dst.dtype() == DType::kBF16) {
+    cpu::FloatsToBf16(src.data_as<float>(), src.NumElements(), dst.data_as<Bf16>() + first,
+                      threads_);
+    return absl::OkStatus();
+  }
+  std::memcpy(dst.data_as<float>() + first, src.data(), src.nbytes());
   return absl::OkStatus();
 }
 
@@ -141,10 +156,28 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
                                         const Tensor& w_uk, const Tensor& w_uv,
                                         const Tensor* selected, std::int64_t start_pos,
                                         float scale, Tensor& out) {
+  // A BF16 cache is widened to fp32 (exactly) and attended like an F32 one: the CPU backend is
+  // the oracle the CUDA kernels are checked against, so it computes in one precision only.
+  std::vector<float> latent_wide, rope_wide;
+  const float* latent = nullptr;
+  const float* rope = nullptr;
+  if (kv_latent.dtype() == DType::kBF16) {
+    auto widen = [](const Tensor& t, std::vector<float>& wide) {
+      const Bf16* v = t.data_as<Bf16>();
+      wide.resize(static_cast<std::size_t>(t.shape().NumElements()));
+      for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = ToFloat(v[i]);
+      return wide.data();
+    };
+    latent = widen(kv_latent, latent_wide);
+    rope = widen(k_pe, rope_wide);
+  } else {
+    latent = kv_latent.data_as<float>();
+    rope = k_pe.data_as<float>();
+  }
   cpu::MlaAttention({.q_nope = q_nope.data_as<float>(),
                      .q_pe = q_pe.data_as<float>(),
-                     .kv_latent = kv_latent.data_as<float>(),
-                     .k_pe = k_pe.data_as<float>(),
+                     .kv_latent = latent,
+                     .k_pe = rope,
                      .w_uk = w_uk.data(),
                      .w_uk_dtype = w_uk.dtype(),
                      .w_uv = w_uv.data(),

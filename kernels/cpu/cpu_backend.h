@@ -29,6 +29,8 @@ class CpuBackend final : public Backend {
   absl::Status DoCopy(const void* src, std::size_t bytes, void* dst) override;
   absl::Status DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
                         const MatMulDims& dims) override;
+  absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8, const Tensor& scale_inv,
+                                   Tensor& y, const MatMulDims& dims) override;
   absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                          const RowDims& dims) override;
   absl::Status DoSiluAndMul(const Tensor& x, Tensor& y, const RowDims& dims) override;

@@ -1,5 +1,8 @@
 // CPU reference MatMul: y[m, n] = x[m, k] · w[n, k]^T.
 //
+// MatMulBlockScaled is the same product with each FP8 weight row widened and multiplied by its
+// 128 x 128 block scale on the way in (the oracle for the CUDA FP8 kernels).
+//
 // Both operands are k-contiguous, so every output is a dot product of two contiguous rows.
 // For each block of kTile rows of w (widened once to fp32 for 16-bit weights, then hot in L1),
 // every row of x runs DotRows against it: one x row against kTile w rows. Every row of x takes
@@ -64,26 +67,48 @@ void DotRows(const float* x, const float* const w_rows[kTile], std::int64_t k, f
   }
 }
 
-// Computes columns [n_begin, n_end) of y; n_begin is a multiple of kTile.
-template <typename WeightT>
-void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims& dims,
-                   std::int64_t n_begin, std::int64_t n_end) {
+// How MatMulColumns gets a row of w as fp32: F32 rows are used in place; other dtypes are widened
+// into `dst` (k floats) and that is used instead.
+struct PlainRows {
+  template <typename WeightT>
+  const float* operator()(const WeightT* w, std::int64_t row, std::int64_t k, float* dst) const {
+    if constexpr (std::is_same_v<WeightT, float>) {
+      return w + row * k;
+    } else {
+      const WeightT* src = w + row * k;
+      for (std::int64_t p = 0; p < k; ++p) dst[p] = ToFloat(src[p]);
+      return dst;
+    }
+  }
+};
+
+// FP8 rows times their block scales: w[row, p] = float(fp8) * scale_inv[row / 128, p / 128].
+struct BlockScaledRows {
+  const float* scale_inv;  // [ceil(n / 128), ceil(k / 128)]
+  std::int64_t scale_cols;
+
+  const float* operator()(const F8E4M3* w, std::int64_t row, std::int64_t k, float* dst) const {
+    const F8E4M3* src = w + row * k;
+    const float* scales = scale_inv + (row / kWeightScaleBlock) * scale_cols;
+    for (std::int64_t p = 0; p < k; ++p) dst[p] = ToFloat(src[p]) * scales[p / kWeightScaleBlock];
+    return dst;
+  }
+};
+
+// Computes columns [n_begin, n_end) of y; n_begin is a multiple of kTile. `rows` yields each row of
+// w as fp32 (PlainRows, BlockScaledRows).
+template <typename WeightT, typename Rows>
+void MatMulColumns(const float* x, const WeightT* w, const Rows& rows, float* y,
+                   const MatMulDims& dims, std::int64_t n_begin, std::int64_t n_end) {
   const std::int64_t k = dims.k;
-  std::vector<float> widened;  // kTile rows of w as fp32, for 16-bit weights
+  std::vector<float> widened;  // kTile rows of w as fp32, for weights not stored as F32
   if constexpr (!std::is_same_v<WeightT, float>) widened.resize(kTile * k);
   for (std::int64_t n0 = n_begin; n0 < n_end; n0 += kTile) {
     const int n_valid = static_cast<int>(std::min<std::int64_t>(kTile, n_end - n0));
     const float* w_rows[kTile];
     for (int j = 0; j < kTile; ++j) {
       const std::int64_t row = n0 + std::min(j, n_valid - 1);
-      if constexpr (std::is_same_v<WeightT, float>) {
-        w_rows[j] = w + row * k;
-      } else {
-        float* dst = widened.data() + j * k;
-        const WeightT* src = w + row * k;
-        for (std::int64_t p = 0; p < k; ++p) dst[p] = ToFloat(src[p]);
-        w_rows[j] = dst;
-      }
+      w_rows[j] = rows(w, row, k, widened.empty() ? nullptr : widened.data() + j * k);
     }
     for (std::int64_t i = 0; i < dims.m; ++i) {
       float out[kTile];
@@ -93,22 +118,35 @@ void MatMulColumns(const float* x, const WeightT* w, float* y, const MatMulDims&
   }
 }
 
+template <typename WeightT, typename Rows>
+void MatMulParallel(const float* x, const WeightT* w, const Rows& rows, float* y,
+                    const MatMulDims& dims, int threads) {
+  const std::int64_t fmas = dims.m * dims.n * std::max<std::int64_t>(dims.k, 1);
+  const int use_threads = fmas < kParallelMinFmas ? 1 : threads;
+  ParallelFor(
+      dims.n, kTile, use_threads,
+      [&](std::int64_t begin, std::int64_t end) {
+        MatMulColumns(x, w, rows, y, dims, begin, end);
+      },
+      kTile);
+}
+
 }  // namespace
 
 void MatMul(const float* x, const void* w, DType w_dtype, float* y, const MatMulDims& dims,
             int threads) {
-  const std::int64_t fmas = dims.m * dims.n * std::max<std::int64_t>(dims.k, 1);
-  const int use_threads = fmas < kParallelMinFmas ? 1 : threads;
   VisitFloatDType(w_dtype, [&](auto tag) {
     using WeightT = decltype(tag);
-    const auto* weights = static_cast<const WeightT*>(w);
-    ParallelFor(
-        dims.n, kTile, use_threads,
-        [&](std::int64_t begin, std::int64_t end) {
-          MatMulColumns(x, weights, y, dims, begin, end);
-        },
-        kTile);
+    MatMulParallel(x, static_cast<const WeightT*>(w), PlainRows{}, y, dims, threads);
   });
+}
+
+void MatMulBlockScaled(const float* x, const F8E4M3* w_fp8, const float* scale_inv, float* y,
+                       const MatMulDims& dims, int threads) {
+  const BlockScaledRows rows{
+      .scale_inv = scale_inv,
+      .scale_cols = (dims.k + kWeightScaleBlock - 1) / kWeightScaleBlock};
+  MatMulParallel(x, w_fp8, rows, y, dims, threads);
 }
 
 }  // namespace nq::kernels::cpu

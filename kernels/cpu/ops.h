@@ -14,6 +14,11 @@ namespace nq::kernels::cpu {
 void MatMul(const float* x, const void* w, DType w_dtype, float* y, const MatMulDims& dims,
             int threads);
 
+// y[m, n] = x[m, k] · w[n, k]^T with w[j, p] = float(w_fp8[j, p]) * scale_inv[j / 128, p / 128]
+// (one fp32 rounding per weight, kWeightScaleBlock = 128), then exactly as MatMul.
+void MatMulBlockScaled(const float* x, const F8E4M3* w_fp8, const float* scale_inv, float* y,
+                       const MatMulDims& dims, int threads);
+
 // y = x * rsqrt(mean(x^2) + eps) * weight, per row; y may equal x. Double accumulation.
 void RmsNorm(const float* x, const void* weight, DType weight_dtype, float eps, float* y,
              const RowDims& dims, int threads);
@@ -50,6 +55,10 @@ void Rope(const RopeParams& params, int threads);
 // accumulation); y may equal x.
 void LayerNorm(const float* x, const float* weight, const float* bias, float eps, float* y,
                const RowDims& dims, int threads);
+
+// out[i] = bf16(src[i]) for `count` floats, rounded to nearest even (ToBf16): WriteRows into a
+// BF16 KV cache.
+void FloatsToBf16(const float* src, std::int64_t count, Bf16* out, int threads);
 
 // out[i, :] = x[rows[i], :], rows of `cols` floats.
 void GatherRows(const float* x, std::span<const std::int32_t> rows, std::int64_t cols, float* out,

@@ -135,6 +135,21 @@ class CudaBackend final : public Backend {
                         ctx_);
   }
 
+  absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8, const Tensor& scale_inv,
+                                   Tensor& y, const MatMulDims& dims) override {
+    RETURN_IF_ERROR(CheckIntRange("MatMulBlockScaled", {dims.m, dims.n, dims.k}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchMatMul({.x = x.data_as<float>(),
+                         .w = w_fp8.data(),
+                         .w_dtype = w_fp8.dtype(),
+                         .w_scale = scale_inv.data_as<float>(),
+                         .y = y.data_as<float>(),
+                         .m = static_cast<int>(dims.m),
+                         .n = static_cast<int>(dims.n),
+                         .k = static_cast<int>(dims.k)},
+                        ctx_);
+  }
+
   absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                          const RowDims& dims) override {
     RETURN_IF_ERROR(CheckIntRange("RmsNorm", {dims.rows, dims.cols}));
@@ -230,8 +245,14 @@ class CudaBackend final : public Backend {
 
   absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    // The destination rows are contiguous: one copy.
-    float* to = dst.data_as<float>() + row_offset * dst.shape().dim(1);
+    // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
+    const std::int64_t first = row_offset * dst.shape().dim(1);
+    if (dst.dtype() == DType::kBF16) {
+      return LaunchFloatsToBf16(
+          {.src = src.data_as<float>(), .out = dst.data_as<Bf16>() + first, .count = src.NumElements()},
+          ctx_);
+    }
+    float* to = dst.data_as<float>() + first;
     NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src.data(), src.nbytes(),
                                             cudaMemcpyDeviceToDevice, stream_.get()));
     return absl::OkStatus();
@@ -305,8 +326,9 @@ class CudaBackend final : public Backend {
     const MlaAttentionParams params{
         .q_nope = q_nope.data_as<float>(),
          .q_pe = q_pe.data_as<float>(),
-         .kv_latent = kv_latent.data_as<float>(),
-         .k_pe = k_pe.data_as<float>(),
+         .kv_latent = kv_latent.data(),
+         .k_pe = k_pe.data(),
+         .kv_dtype = kv_latent.dtype(),
          .w_uk = w_uk.data(),
          .w_uk_dtype = w_uk.dtype(),
          .w_uv = w_uv.data(),
@@ -347,6 +369,10 @@ class CudaBackend final : public Backend {
     ScratchLayout layout;
     const std::size_t scores_at =
         layout.AddDevice(static_cast<std::size_t>(score_rows * row_bytes));
+    // Decode's multi-block selection lists (0 bytes for a prefill chunk).
+    const std::int64_t select_bytes =
+        IndexerSelectScratchBytes(tokens, visible_max, selected.shape().dim(1));
+    const std::size_t select_at = layout.AddDevice(static_cast<std::size_t>(select_bytes));
     ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
     return LaunchIndexerTopK({.q = q.data_as<float>(),
                               .k = k.data_as<float>(),
@@ -358,7 +384,8 @@ class CudaBackend final : public Backend {
                               .dim = static_cast<int>(q.shape().dim(2)),
                               .top_k = static_cast<int>(selected.shape().dim(1)),
                               .start_pos = static_cast<int>(start_pos),
-                              .score_rows = static_cast<int>(score_rows)},
+                              .score_rows = static_cast<int>(score_rows),
+                              .select_scratch = select_bytes > 0 ? scratch + select_at : nullptr},
                              ctx_);
   }
 

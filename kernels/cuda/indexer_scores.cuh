@@ -16,12 +16,18 @@
 // rows first when they are all one query's heads), then a sum over each query's parts in a fixed
 // order (deterministic), written as the score. NaN scores are written as -inf and -0 as +0, so
 // the selection's bit order matches the reference's comparison.
+//
+// kHistogram (the decode path, indexer_decode_select.cuh): the block also counts its scores'
+// top radix digits (bits 31..21 of OrderedBits) per query in shared memory and adds them to the
+// per-query global histogram `top_hist` [tokens][kRadixBins] (zeroed by the launcher), so the
+// selection needs no pass of its own to find the first threshold digit.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/indexer_select.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
 #include "kernels/cuda/reduce.cuh"
 
@@ -44,6 +50,10 @@ __host__ __device__ constexpr int ScoreKeyStride(int k_steps) { return k_steps *
 __host__ __device__ constexpr int ScoreSmemBytes(int k_steps) {
   return static_cast<int>(sizeof(float)) * (kScoreStages * kScoreTileKeys * ScoreKeyStride(k_steps) +
                                             kScoreMaxRows * kScorePartStride);
+}
+// With kHistogram: one top-digit histogram per query of the block after the tiles and parts.
+__host__ __device__ constexpr int ScoreHistSmemBytes(int queries_per_block) {
+  return queries_per_block * kRadixBins * static_cast<int>(sizeof(unsigned));
 }
 
 // The TF32 hi part of x (low 13 mantissa bits zero) and the TF32 rounding of the remainder.
@@ -100,15 +110,18 @@ __device__ __forceinline__ void LoadKeyTile(float* tile, const float* k, int dim
 
 // grid: (key splits, query groups of `queries_per_block`); block: ceil(rows / 16) warps, rows =
 // queries of the group x heads <= kScoreMaxRows; dynamic shared memory ScoreSmemBytes(kKSteps).
-// kKSteps * 8 >= dim (A fragments are registers, so a compile-time count).
-template <int kKSteps>
+// kKSteps * 8 >= dim (A fragments are registers, so a compile-time count). With kHistogram, add
+// ScoreHistSmemBytes(queries_per_block) of dynamic shared memory; top_hist is unused without.
+template <int kKSteps, bool kHistogram>
 __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
-    IndexerScoresKernel(const __grid_constant__ IndexerTopKParams p, int queries_per_block) {
+    IndexerScoresKernel(const __grid_constant__ IndexerTopKParams p, int queries_per_block,
+                        unsigned* top_hist) {
   extern __shared__ float score_smem[];
   constexpr int stride = ScoreKeyStride(kKSteps);
   constexpr int padded = kKSteps * 8;
   float* tiles = score_smem;                                       // [stages][64][stride]
   float* part = score_smem + kScoreStages * kScoreTileKeys * stride;  // [rows][72]
+  unsigned* hist = reinterpret_cast<unsigned*>(part + kScoreMaxRows * kScorePartStride);
 
   const int q0 = blockIdx.y * queries_per_block;
   const int queries = min(queries_per_block, p.tokens - q0);
@@ -119,6 +132,20 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
   // A warp's 16 rows are one query's heads when heads % 16 == 0: its parts are summed in-warp.
   const bool warp_is_one_query = p.heads % kScoreWarpRows == 0;
   const int parts_per_query = warp_is_one_query ? p.heads / kScoreWarpRows : p.heads;
+
+  // The first key tile is in flight (HBM) while the query fragments load (L2) below.
+  const bool vec4 = p.dim % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.k) % 16 == 0;
+  const int tiles_total = last_key / kScoreTileKeys + 1;
+  const std::int64_t row_stride = std::int64_t{p.start_pos} + p.tokens;
+  int tile = blockIdx.x;
+  if (tile < tiles_total) {
+    LoadKeyTile(tiles, p.k, p.dim, padded, stride, tile * kScoreTileKeys, last_key, vec4);
+  }
+  CpAsyncCommit();
+  if constexpr (kHistogram) {
+    // Ordered before the first epilogue's counts by the loop's first barrier.
+    for (int i = threadIdx.x; i < queries * kRadixBins; i += blockDim.x) hist[i] = 0;
+  }
 
   // This warp's rows r0 = 16 warp + g and r1 = r0 + 8 of the group: A fragments and weights.
   const float* q = p.q + std::int64_t{q0} * p.heads * p.dim;
@@ -139,14 +166,6 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
   const float* w = p.weights + std::int64_t{q0} * p.heads;
   const float w0 = r0 < rows ? w[r0] : 0.0f, w1 = r1 < rows ? w[r1] : 0.0f;
 
-  const bool vec4 = p.dim % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.k) % 16 == 0;
-  const int tiles_total = last_key / kScoreTileKeys + 1;
-  const std::int64_t row_stride = std::int64_t{p.start_pos} + p.tokens;
-  int tile = blockIdx.x;
-  if (tile < tiles_total) {
-    LoadKeyTile(tiles, p.k, p.dim, padded, stride, tile * kScoreTileKeys, last_key, vec4);
-  }
-  CpAsyncCommit();
   for (int it = 0; tile < tiles_total; ++it, tile += gridDim.x) {
     // Prefetch the next tile into the other stage (read last iteration, before its barriers).
     const int next = tile + gridDim.x;
@@ -208,8 +227,17 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
       for (int j = 0; j < parts_per_query; ++j) score += src[j * kScorePartStride];
       score = isnan(score) ? -INFINITY : (score == 0.0f ? 0.0f : score);
       p.scores[(q0 + ql) * row_stride + key] = score;
+      if constexpr (kHistogram) {
+        atomicAdd(&hist[ql * kRadixBins + (OrderedBits(score) >> kTopDigitShift)], 1u);
+      }
     }
     // The next iteration's barrier (after its wait) orders these reads before the next epilogue.
+  }
+  if constexpr (kHistogram) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < queries * kRadixBins; i += blockDim.x) {
+      if (hist[i] != 0) atomicAdd(&top_hist[q0 * kRadixBins + i], hist[i]);
+    }
   }
 }
 

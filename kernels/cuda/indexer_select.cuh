@@ -36,6 +36,9 @@ inline constexpr int kSelectItems = 4;  // consecutive keys per thread in an ord
 static_assert(kRadixBins == 2 * kSelectThreads, "DigitPass gives each thread two bins");
 static_assert(kSelectWarps == kWarpSize, "BlockExclusiveSum scans the warp sums in one warp");
 
+// The first (top) digit: bits 31..21 of OrderedBits.
+inline constexpr int kTopDigitShift = 21;
+
 // Digit d covers bits [shift, shift + width): 11 + 11 + 10 bits.
 __device__ __forceinline__ int DigitShift(int level) { return level == 0 ? 21 : (level == 1 ? 10 : 0); }
 __device__ __forceinline__ std::uint32_t DigitMask(int level) {

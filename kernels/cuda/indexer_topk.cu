@@ -2,6 +2,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/indexer_decode_select.cuh"
 #include "kernels/cuda/indexer_scores.cuh"
 #include "kernels/cuda/indexer_select.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
@@ -16,18 +17,19 @@ constexpr int kSelectDynamicSmemBytes = 200 * 1024;
 // Score blocks resident per SM at 4 warps (T = 1, 64 heads): ~104 KiB of shared memory each.
 constexpr int kScoreBlocksPerSm = 2;
 
-using ScoresKernel = void (*)(IndexerTopKParams, int);
+using ScoresKernel = void (*)(IndexerTopKParams, int, unsigned*);
 
 struct ScoresVariant {
   int k_steps;
-  ScoresKernel kernel;
+  ScoresKernel kernel;       // scores only (chunked path)
+  ScoresKernel with_hist;    // scores and the top-digit histograms (decode path)
 };
 
 // dim <= 8 x k_steps; the first that fits is used (fewer k steps: fewer MMAs and registers).
 constexpr std::array<ScoresVariant, 3> kScoresVariants = {{
-    {4, IndexerScoresKernel<4>},
-    {8, IndexerScoresKernel<8>},
-    {16, IndexerScoresKernel<16>},
+    {4, IndexerScoresKernel<4, false>, IndexerScoresKernel<4, true>},
+    {8, IndexerScoresKernel<8, false>, IndexerScoresKernel<8, true>},
+    {16, IndexerScoresKernel<16, false>, IndexerScoresKernel<16, true>},
 }};
 static_assert(kScoresVariants.back().k_steps * 8 == kMaxIndexerDim);
 
@@ -40,28 +42,94 @@ absl::StatusOr<ScoresVariant> PickScoresVariant(int dim) {
                    " the CUDA scoring kernel holds in registers"));
 }
 
-// Scores then selects for one chunk of queries (q, weights, selected, start_pos, tokens already
-// offset to it).
-absl::Status LaunchChunk(const IndexerTopKParams& chunk, const ScoresVariant& scores,
-                         int candidate_capacity, int select_smem, const LaunchContext& ctx) {
+// The select scratch of the decode path (IndexerSelectScratchBytes): the zeroed histograms and
+// counts first, then the sure and candidate entry lists.
+struct SelectScratchLayout {
+  std::int64_t second_hist, counts, zeroed_bytes, sure, cand, total;
+};
+
+SelectScratchLayout MakeSelectScratchLayout(std::int64_t tokens, std::int64_t visible_max,
+                                            std::int64_t top_k) {
+  const auto align = [](std::int64_t bytes) { return (bytes + 15) / 16 * 16; };
+  SelectScratchLayout l;
+  const std::int64_t hist_bytes = tokens * kRadixBins * std::int64_t{sizeof(unsigned)};
+  l.second_hist = hist_bytes;
+  l.counts = 2 * hist_bytes;
+  l.zeroed_bytes = l.counts + tokens * std::int64_t{sizeof(DecodeSelectCounts)};
+  l.sure = align(l.zeroed_bytes);
+  l.cand = align(l.sure + tokens * top_k * std::int64_t{sizeof(std::uint64_t)});
+  l.total = l.cand + tokens * visible_max * std::int64_t{sizeof(std::uint64_t)};
+  return l;
+}
+
+// The scoring grid of a chunk: enough key splits to fill the GPU; the groups of a decode chunk
+// walk the same tiles at the same time, so a key read by one group is an L2 hit for the others.
+struct ScoreLaunch {
+  int queries_per_block;
+  dim3 grid;
+  int threads;
+};
+ScoreLaunch MakeScoreLaunch(const IndexerTopKParams& chunk, const LaunchContext& ctx) {
   const int queries_per_block = std::min(chunk.tokens, kScoreMaxRows / chunk.heads);
   const int groups = static_cast<int>(CeilDiv(chunk.tokens, queries_per_block));
   const int warps = static_cast<int>(CeilDiv(queries_per_block * chunk.heads, kScoreWarpRows));
   const std::int64_t tiles = CeilDiv(std::int64_t{chunk.start_pos} + chunk.tokens, kScoreTileKeys);
-  // Enough key splits to fill the GPU; the groups of a decode chunk walk the same tiles at the
-  // same time, so a key read by one group is an L2 hit for the others.
   const std::int64_t splits = std::clamp<std::int64_t>(
       CeilDiv(std::int64_t{kScoreBlocksPerSm} * ctx.num_sms, groups), 1, tiles);
-  const dim3 score_grid(static_cast<unsigned>(splits), static_cast<unsigned>(groups));
-  scores.kernel<<<score_grid, warps * kWarpSize, ScoreSmemBytes(scores.k_steps), ctx.stream>>>(
-      chunk, queries_per_block);
+  return {queries_per_block, dim3(static_cast<unsigned>(splits), static_cast<unsigned>(groups)),
+          warps * kWarpSize};
+}
+
+// Scores then selects for one chunk of queries (q, weights, selected, start_pos, tokens already
+// offset to it).
+absl::Status LaunchChunk(const IndexerTopKParams& chunk, const ScoresVariant& scores,
+                         int candidate_capacity, int select_smem, const LaunchContext& ctx) {
+  const ScoreLaunch sl = MakeScoreLaunch(chunk, ctx);
+  scores.kernel<<<sl.grid, sl.threads, ScoreSmemBytes(scores.k_steps), ctx.stream>>>(
+      chunk, sl.queries_per_block, nullptr);
   RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel"));
   IndexerSelectKernel<<<static_cast<unsigned>(chunk.tokens), kSelectThreads, select_smem,
                         ctx.stream>>>(chunk, candidate_capacity);
   return CheckLaunch("IndexerSelectKernel");
 }
 
+// The decode path (indexer_decode_select.cuh): a memset, scores with the top-digit histograms,
+// the multi-block filter, the per-query resolve. All of p's queries in one chunk.
+absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& scores,
+                          int candidate_capacity, int select_smem, const LaunchContext& ctx) {
+  const std::int64_t visible_max = std::int64_t{p.start_pos} + p.tokens;
+  const SelectScratchLayout l = MakeSelectScratchLayout(p.tokens, visible_max, p.top_k);
+  auto* base = static_cast<std::byte*>(p.select_scratch);
+  const DecodeSelectScratch s{
+      .top_hist = reinterpret_cast<unsigned*>(base),
+      .second_hist = reinterpret_cast<unsigned*>(base + l.second_hist),
+      .counts = reinterpret_cast<DecodeSelectCounts*>(base + l.counts),
+      .sure = reinterpret_cast<std::uint64_t*>(base + l.sure),
+      .cand = reinterpret_cast<std::uint64_t*>(base + l.cand),
+      .cand_stride = visible_max};
+  NQ_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(base, 0, static_cast<std::size_t>(l.zeroed_bytes), ctx.stream));
+  const ScoreLaunch sl = MakeScoreLaunch(p, ctx);
+  scores.with_hist<<<sl.grid, sl.threads,
+                     ScoreSmemBytes(scores.k_steps) + ScoreHistSmemBytes(sl.queries_per_block),
+                     ctx.stream>>>(p, sl.queries_per_block, s.top_hist);
+  RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel (histogram)"));
+  const dim3 filter_grid(static_cast<unsigned>(CeilDiv(visible_max, kFilterKeysPerBlock)),
+                         static_cast<unsigned>(p.tokens));
+  IndexerFilterKernel<<<filter_grid, kDecodeSelectThreads, 0, ctx.stream>>>(p, s);
+  RETURN_IF_ERROR(CheckLaunch("IndexerFilterKernel"));
+  IndexerResolveKernel<<<static_cast<unsigned>(p.tokens), kDecodeSelectThreads, select_smem,
+                         ctx.stream>>>(p, s, candidate_capacity);
+  return CheckLaunch("IndexerResolveKernel");
+}
+
 }  // namespace
+
+std::int64_t IndexerSelectScratchBytes(std::int64_t tokens, std::int64_t visible_max,
+                                       std::int64_t top_k) {
+  if (tokens < 1 || tokens > kIndexerDecodeMaxQueries) return 0;
+  return MakeSelectScratchLayout(tokens, visible_max, top_k).total;
+}
 
 absl::Status CheckIndexerShape(std::int64_t visible_keys, std::int64_t heads, std::int64_t dim,
                                std::int64_t top_k) {
@@ -106,6 +174,16 @@ absl::Status LaunchIndexerTopK(const IndexerTopKParams& p, const LaunchContext& 
   NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerSelectKernel,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                kSelectDynamicSmemBytes));
+  if (p.select_scratch != nullptr && p.tokens <= kIndexerDecodeMaxQueries &&
+      p.tokens <= p.score_rows) {
+    NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        scores.with_hist, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        ScoreSmemBytes(scores.k_steps) + ScoreHistSmemBytes(kIndexerDecodeMaxQueries)));
+    NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerResolveKernel,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 kSelectDynamicSmemBytes));
+    return LaunchDecode(p, scores, candidate_capacity, kSelectDynamicSmemBytes, ctx);
+  }
   for (int first = 0; first < p.tokens; first += p.score_rows) {
     IndexerTopKParams chunk = p;
     chunk.tokens = std::min(p.score_rows, p.tokens - first);

@@ -1,4 +1,6 @@
-// DSA indexer selection (contract in kernels/backend.h), two kernels per chunk of queries:
+// DSA indexer selection (contract in kernels/backend.h). Decode (tokens <= kIndexerDecodeMaxQueries,
+// with select_scratch) takes indexer_decode_select.cuh's path: the selection spread over many
+// blocks. Otherwise two kernels per chunk of queries:
 //  - IndexerScoresKernel (indexer_scores.cuh): score[t, s] for the visible keys s <= pos_t on
 //    tensor cores (3xTF32, near-FP32), each key read once for all heads of a group of queries,
 //    into a device scratch matrix [score_rows, start_pos + tokens].
@@ -23,6 +25,8 @@ namespace nq::kernels::cuda {
 inline constexpr int kMaxIndexerHeads = 128;
 inline constexpr int kMaxIndexerDim = 128;
 inline constexpr int kMaxIndexerSurvivors = 16384;
+// Up to this many queries (decode, MTP verification) select on the decode path.
+inline constexpr int kIndexerDecodeMaxQueries = 4;
 
 struct IndexerTopKParams {
   const float* q = nullptr;          // [tokens, heads, dim]
@@ -37,7 +41,15 @@ struct IndexerTopKParams {
   int start_pos = 0;
   // Rows of `scores`: queries are processed in chunks of this many.
   int score_rows = 0;
+  // Device scratch of IndexerSelectScratchBytes(tokens, start_pos + tokens, top_k) bytes
+  // (16-byte aligned) for the decode path; null, or tokens > score_rows, takes the chunked path.
+  void* select_scratch = nullptr;
 };
+
+// Bytes of select_scratch for `tokens` queries that see up to `visible_max` keys; 0 when the call
+// takes the chunked path (tokens > kIndexerDecodeMaxQueries).
+std::int64_t IndexerSelectScratchBytes(std::int64_t tokens, std::int64_t visible_max,
+                                       std::int64_t top_k);
 
 // Contract: shapes validated by Backend (and CheckIndexerShape). Enqueues on ctx.stream only.
 absl::Status LaunchIndexerTopK(const IndexerTopKParams& params, const LaunchContext& ctx);

@@ -1,6 +1,8 @@
-// LaunchMatMul: picks the kernel (GEMV or tiled, tile size) and the weight dtype's instantiation
-// through one table lookup.
+// LaunchMatMul: picks the kernel (GEMV for each m up to kGemvMaxRows, or tiled with a tile size)
+// and the weight dtype's instantiation through one table lookup.
 #include "kernels/cuda/matmul.cuh"
+
+#include <array>
 
 #include "absl/strings/str_cat.h"
 
@@ -9,15 +11,15 @@ namespace {
 
 using Launcher = absl::Status (*)(const MatMulParams&, const LaunchContext&);
 
-template <typename WeightT>
+template <typename WeightT, int kM>
 absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.n, kGemvWarps)));
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.n, kGemvRowsPerBlock)));
   // Each row of x and w starts 16-byte aligned when the bases are and k fills whole vectors.
   const bool vectorized = p.k % kVec16<WeightT> == 0 && IsAligned(p.w, 16) && IsAligned(p.x, 16);
   if (vectorized) {
-    MatMulGemvKernel<WeightT, true><<<grid, kGemvThreads, 0, ctx.stream>>>(p);
+    MatMulGemvKernel<WeightT, kM, true><<<grid, kGemvThreads, 0, ctx.stream>>>(p);
   } else {
-    MatMulGemvKernel<WeightT, false><<<grid, kGemvThreads, 0, ctx.stream>>>(p);
+    MatMulGemvKernel<WeightT, kM, false><<<grid, kGemvThreads, 0, ctx.stream>>>(p);
   }
   return CheckLaunch("MatMulGemvKernel");
 }
@@ -36,21 +38,40 @@ absl::Status LaunchTiled(const MatMulParams& p, const LaunchContext& ctx) {
   return CheckLaunch("MatMulTiledKernel");
 }
 
-enum Path : int { kPathGemv, kPathTileSmall, kPathTileLarge, kNumPaths };
+// Paths 0 .. kGemvMaxRows - 1 are the GEMV for m = path + 1; then the two tile shapes.
+constexpr int kPathTileSmall = kGemvMaxRows;
+constexpr int kPathTileLarge = kGemvMaxRows + 1;
+constexpr int kNumPaths = kGemvMaxRows + 2;
 
-static_assert(static_cast<int>(DType::kF32) == 0 && static_cast<int>(DType::kBF16) == 1 &&
-              static_cast<int>(DType::kF16) == 2, "kLaunchers rows follow DType's order");
-constexpr int kNumWeightDTypes = 3;
+static_assert(kGemvMaxRows == 8, "kPaths lists one GEMV launcher per m");
+template <typename WeightT>
+constexpr std::array<Launcher, kNumPaths> kPaths = {
+    &LaunchGemv<WeightT, 1>, &LaunchGemv<WeightT, 2>, &LaunchGemv<WeightT, 3>,
+    &LaunchGemv<WeightT, 4>, &LaunchGemv<WeightT, 5>, &LaunchGemv<WeightT, 6>,
+    &LaunchGemv<WeightT, 7>, &LaunchGemv<WeightT, 8>, &LaunchTiled<GemmTileSmall, WeightT>,
+    &LaunchTiled<GemmTileLarge, WeightT>};
 
-constexpr Launcher kLaunchers[kNumWeightDTypes][kNumPaths] = {
-    {&LaunchGemv<float>, &LaunchTiled<GemmTileSmall, float>,
-     &LaunchTiled<GemmTileLarge, float>},
-    {&LaunchGemv<Bf16>, &LaunchTiled<GemmTileSmall, Bf16>, &LaunchTiled<GemmTileLarge, Bf16>},
-    {&LaunchGemv<F16>, &LaunchTiled<GemmTileSmall, F16>, &LaunchTiled<GemmTileLarge, F16>},
-};
+// The weight dtypes a MatMul kernel reads, in kLaunchers' row order.
+constexpr int kNumWeightDTypes = 4;
+constexpr std::array<Launcher, kNumPaths> kLaunchers[kNumWeightDTypes] = {
+    kPaths<float>, kPaths<Bf16>, kPaths<F16>, kPaths<F8E4M3>};
 
-Path ChoosePath(const MatMulParams& p, int num_sms) {
-  if (p.m <= kGemvMaxRows) return kPathGemv;
+// kLaunchers' row for `dtype`, or -1 when no kernel reads it.
+int WeightRow(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return 0;
+    case DType::kBF16: return 1;
+    case DType::kF16: return 2;
+    case DType::kF8E4M3: return 3;
+    case DType::kI32:
+    case DType::kU8:
+      break;
+  }
+  return -1;
+}
+
+int ChoosePath(const MatMulParams& p, int num_sms) {
+  if (p.m <= kGemvMaxRows) return p.m - 1;
   // Large tiles only once they alone give every SM a block; otherwise small tiles spread the
   // work wider.
   const std::int64_t large_tiles = CeilDiv(p.m, GemmTileLarge::kBlockM) *
@@ -65,13 +86,23 @@ absl::Status LaunchMatMul(const MatMulParams& p, const LaunchContext& ctx) {
     return absl::InvalidArgumentError(
         absl::StrCat("MatMul: negative size m=", p.m, " n=", p.n, " k=", p.k));
   }
-  const int dtype = static_cast<int>(p.w_dtype);
-  if (dtype < 0 || dtype >= kNumWeightDTypes) {
+  const int row = WeightRow(p.w_dtype);
+  if (row < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("MatMul: no CUDA kernel for weights of dtype ", DTypeName(p.w_dtype)));
   }
+  // (An FP8 weight with k == 0 has empty scales, which live at a null address.)
+  if ((p.w_dtype == DType::kF8E4M3) != (p.w_scale != nullptr) && p.k > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MatMul: block scales go with F8_E4M3 weights and only with them (weights are ",
+        DTypeName(p.w_dtype), ", scales ", p.w_scale != nullptr ? "given" : "missing", ")"));
+  }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
-  return kLaunchers[dtype][ChoosePath(p, ctx.num_sms)](p, ctx);
+  if (p.k == 0) {  // an empty sum: zeros, whatever the kernels' loops would (not) write
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.y, 0, sizeof(float) * static_cast<std::size_t>(p.m) * p.n, ctx.stream));
+    return absl::OkStatus();
+  }
+  return kLaunchers[row][ChoosePath(p, ctx.num_sms)](p, ctx);
 }
 
 }  // namespace nq::kernels::cuda

@@ -1,9 +1,11 @@
 // MatMul, the linear layer: y[m, n] = x[m, k] · w[n, k]^T, fp32 activations and accumulation,
-// weights F32 / BF16 / F16 widened to fp32 as they are loaded.
+// weights F32 / BF16 / F16, or FP8 E4M3 with 128 x 128 block scales, widened (and scaled) to fp32
+// as they are loaded.
 //
 // Two kernels, chosen per call by LaunchMatMul:
-//  - MatMulGemvKernel for m <= kGemvMaxRows (decode, MTP verification): one warp per output
-//    column streams its weight row with 16-byte loads; memory-bound, so it aims at bandwidth.
+//  - MatMulGemvKernel (matmul_gemv.cuh) for m <= kGemvMaxRows (decode, MTP verification): x
+//    staged in shared memory, each warp streaming several weight rows; memory-bound, so it aims at
+//    bandwidth.
 //  - MatMulTiledKernel otherwise (prefill): a classic shared-memory SIMT GEMM. A block computes a
 //    kBlockM x kBlockN tile of y, staging kBlockK-wide slices of x and w in shared memory
 //    (transposed, so the inner loop reads contiguous m and n); each thread owns a
@@ -15,35 +17,29 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/load.cuh"
+#include "kernels/cuda/matmul_gemv.cuh"
+#include "kernels/cuda/matmul_params.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/dtype.h"
 
 namespace nq::kernels::cuda {
 
-struct MatMulParams {
-  const float* x = nullptr;  // [m, k], row-major
-  const void* w = nullptr;   // [n, k], row-major, elements of w_dtype
-  DType w_dtype = DType::kF32;
-  float* y = nullptr;  // [m, n], row-major; overlaps neither x nor w
-  int m = 0;
-  int n = 0;
-  int k = 0;
-};
-
-// Contract: 0 <= m, n, k < 2^31 (Backend checks the int range); x, w, y allocations of at least
-// the sizes above. Any alignment and any k work; 16-byte aligned rows (k a multiple of 4 for F32,
-// of 8 for 16-bit weights) take the vectorised GEMV path. InvalidArgumentError for a bad dtype or
-// more than kMaxGridY * 128 rows; launch failures as CudaStatus.
+// Contract: 0 <= m, n, k < 2^31 (Backend checks the int range); x, w, y (and w_scale for F8E4M3)
+// allocations of at least the sizes in MatMulParams. Any alignment and any k work; 16-byte aligned
+// rows (k a multiple of 4 for F32, of 8 for 16-bit, of 16 for FP8 weights) take the vectorised
+// GEMV path. InvalidArgumentError for a bad dtype, FP8 weights without scales, or more than
+// kMaxGridY * 128 rows; launch failures as CudaStatus. Enqueues only: no host sync, no
+// allocation, so a CUDA graph can capture it.
 absl::Status LaunchMatMul(const MatMulParams& params, const LaunchContext& ctx);
 
-// Rows of x the GEMV kernel handles in one pass; larger m goes to the tiled kernel.
-inline constexpr int kGemvMaxRows = 4;
-inline constexpr int kGemvThreads = 256;
-inline constexpr int kGemvWarps = kGemvThreads / kWarpSize;
+// Rows of x the GEMV kernel handles in one pass (one instantiation per m); larger m goes to the
+// tiled kernel.
+inline constexpr int kGemvMaxRows = 8;
 
 // Tile policy of MatMulTiledKernel.
 template <int kBlockM_, int kBlockN_, int kBlockK_, int kThreadM_, int kThreadN_,
@@ -94,6 +90,8 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
   const int m0 = blockIdx.y * kBM;
   const int n0 = blockIdx.x * kBN;
   const WeightT* w = static_cast<const WeightT*>(p.w);
+  // FP8: the scale row of this thread's staged weight rows (one 128-row block per kRowStep row).
+  const int scale_cols = (p.k + kWeightScaleBlock - 1) / kWeightScaleBlock;
 
   // Each thread stages one k column (tid % kBK) of rows tid / kBK + j * kRowStep: a warp reads
   // runs of kBK consecutive k, i.e. whole 32-byte sectors.
@@ -118,6 +116,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
     for (int j = 0; j < Tile::kLoadsW; ++j) {
       w_stage[j] =
           (col_ok && j * kRowStep < w_rows_left) ? LoadFloat(w_src + j * src_step + k0) : 0.0f;
+      if constexpr (std::is_same_v<WeightT, F8E4M3>) {
+        // Dequantised per element as it is staged; the scales are a few KiB and stay in L1.
+        if (col_ok && j * kRowStep < w_rows_left) {
+          const int row = n0 + stage_row + j * kRowStep;
+          w_stage[j] *= __ldg(p.w_scale + std::int64_t{row / kWeightScaleBlock} * scale_cols +
+                              (k0 + stage_col) / kWeightScaleBlock);
+        }
+      }
     }
   };
   auto stage = [&]() {
@@ -175,54 +181,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm)
       const int col = n0 + tile_col(j);
       if (col < p.n) p.y[std::int64_t{row} * p.n + col] = acc[i][j];
     }
-  }
-}
-
-// kVectorized: rows of w and x are 16-byte aligned (checked by the launcher).
-template <typename WeightT, bool kVectorized>
-__global__ void __launch_bounds__(kGemvThreads)
-    MatMulGemvKernel(const __grid_constant__ MatMulParams p) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int col = blockIdx.x * kGemvWarps + threadIdx.x / kWarpSize;
-  // The kernel has no block-wide barrier, so a warp past the last column may simply leave.
-  if (col >= p.n) return;
-  const WeightT* w_row = static_cast<const WeightT*>(p.w) + std::int64_t{col} * p.k;
-
-  float acc[kGemvMaxRows] = {};
-  if constexpr (kVectorized) {
-    constexpr int kVec = kVec16<WeightT>;
-#pragma unroll 4
-    for (int c = lane * kVec; c < p.k; c += kWarpSize * kVec) {
-      float wv[kVec];
-      Load16B(w_row + c, wv);
-#pragma unroll
-      for (int r = 0; r < kGemvMaxRows; ++r) {
-        if (r >= p.m) break;
-        const float* x_row = p.x + std::int64_t{r} * p.k + c;
-#pragma unroll
-        for (int v = 0; v < kVec; v += 4) {
-          float xv[4];
-          Load16B(x_row + v, xv);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[r] = fmaf(wv[v + e], xv[e], acc[r]);
-        }
-      }
-    }
-  } else {
-    for (int c = lane; c < p.k; c += kWarpSize) {
-      const float wv = LoadFloat(w_row + c);
-#pragma unroll
-      for (int r = 0; r < kGemvMaxRows; ++r) {
-        if (r >= p.m) break;
-        acc[r] = fmaf(wv, __ldg(p.x + std::int64_t{r} * p.k + c), acc[r]);
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kGemvMaxRows; ++r) {
-    if (r >= p.m) break;
-    const float sum = WarpSum(acc[r]);
-    if (lane == 0) p.y[std::int64_t{r} * p.n + col] = sum;
   }
 }
 

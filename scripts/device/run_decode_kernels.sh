@@ -26,7 +26,7 @@ step() {
     failed+=("$name")
   fi
 }
-readonly small='CudaMlaAttention.*:CudaMlaDecode*:CudaIndexerTopK.Tiny*'
+readonly small="${NQ_SANITIZE_FILTER:-CudaMlaAttention.*:CudaMlaDecode*:CudaIndexerTopK.Tiny*:CudaMatMul*}"
 step cuda_vs_cpu_ops_test "$dev/bin/cuda_vs_cpu_ops_test" --gtest_color=no ${NQ_GTEST_FILTER:+--gtest_filter=$NQ_GTEST_FILTER}
 [[ -x "$dev/bin/cuda_model_test" ]] && step cuda_model_test "$dev/bin/cuda_model_test" --gtest_color=no --gtest_brief=1
 if [[ "${NQ_DEVICE_SANITIZE:-1}" == 1 ]]; then

@@ -168,6 +168,20 @@ TEST(TensorIo, Int32TensorsRoundTripAndAreNotFloats) {
   EXPECT_TRUE(IsFloatDType(DType::kBF16));
 }
 
+TEST(DTypeConversion, E4M3IsAOneByteScaledFormat) {
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3), 1u);
+  EXPECT_STREQ(DTypeName(DType::kF8E4M3), "F8_E4M3");  // the safetensors name
+  // Not widened by ops on their own: its values need the block scales.
+  EXPECT_FALSE(IsFloatDType(DType::kF8E4M3));
+  // Sign of zero, the largest normal, the smallest normal and subnormal, both NaNs.
+  EXPECT_TRUE(std::signbit(ToFloat(F8E4M3{0x80})));
+  EXPECT_EQ(ToFloat(F8E4M3{0x7e}), 448.0f);
+  EXPECT_EQ(ToFloat(F8E4M3{0x08}), 0x1p-6f);
+  EXPECT_EQ(ToFloat(F8E4M3{0x87}), -7 * 0x1p-9f);
+  EXPECT_TRUE(std::isnan(ToFloat(F8E4M3{0x7f})));
+  EXPECT_TRUE(std::isnan(ToFloat(F8E4M3{0xff})));
+}
+
 TEST(DTypeConversion, Bf16RoundsToNearestEven) {
   // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1).
   EXPECT_EQ(ToBf16(1.0f + 0x1p-8f).bits, 0x3f80);

@@ -51,6 +51,10 @@ class BareBackend final : public Backend {
   absl::Status DoMatMul(const Tensor&, const Tensor&, Tensor&, const MatMulDims&) override {
     return absl::InternalError("unused");
   }
+  absl::Status DoMatMulBlockScaled(const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                                   const MatMulDims&) override {
+    return absl::InternalError("unused");
+  }
   absl::Status DoRmsNorm(const Tensor&, const Tensor&, float, Tensor&, const RowDims&) override {
     return absl::InternalError("unused");
   }

@@ -64,6 +64,17 @@ std::int64_t RandomInt(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
   return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
 }
 
+std::vector<std::uint8_t> RandomE4M3(std::mt19937_64& rng, std::size_t count, bool allow_nan) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<std::uint8_t> out(count);
+  for (std::uint8_t& b : out) {
+    do {
+      b = static_cast<std::uint8_t>(byte(rng));
+    } while (!allow_nan && (b & 0x7f) == 0x7f);
+  }
+  return out;
+}
+
 std::vector<float> RoundTo(DType dtype, std::span<const float> values) {
   std::vector<float> out(values.begin(), values.end());
   for (float& v : out) {
@@ -72,6 +83,10 @@ std::vector<float> RoundTo(DType dtype, std::span<const float> values) {
       case DType::kBF16: v = ToFloat(ToBf16(v)); break;
       case DType::kF16: v = ToFloat(ToF16(v)); break;
       case DType::kI32: v = std::nearbyint(v); break;
+      case DType::kU8:
+      case DType::kF8E4M3:
+        ADD_FAILURE() << "RoundTo: " << DTypeName(dtype) << " is not a rounding target";
+        break;
     }
   }
   return out;
@@ -160,6 +175,25 @@ Tensor Upload(Backend& backend, std::span<const float> values, DType dtype, Shap
   absl::StatusOr<Tensor> tensor = UploadFloats(backend, values, dtype, std::move(shape));
   if (!tensor.ok()) {
     ADD_FAILURE() << "UploadFloats: " << tensor.status();
+    return Tensor();
+  }
+  return *std::move(tensor);
+}
+
+Tensor UploadBytes(Backend& backend, std::span<const std::uint8_t> bytes, DType dtype,
+                   Shape shape) {
+  absl::StatusOr<Tensor> tensor = backend.Allocate(dtype, std::move(shape));
+  if (!tensor.ok()) {
+    ADD_FAILURE() << "Allocate: " << tensor.status();
+    return Tensor();
+  }
+  if (DTypeSize(dtype) != 1) {
+    ADD_FAILURE() << "UploadBytes: " << DTypeName(dtype) << " is not a 1-byte dtype";
+    return Tensor();
+  }
+  const absl::Status status = backend.CopyFromHost(std::as_bytes(bytes), *tensor);
+  if (!status.ok()) {
+    ADD_FAILURE() << "CopyFromHost: " << status;
     return Tensor();
   }
   return *std::move(tensor);

@@ -45,6 +45,9 @@ std::vector<float> RandomUniform(std::mt19937_64& rng, std::size_t count, float 
 std::vector<float> RandomNormal(std::mt19937_64& rng, std::size_t count, float stddev);
 // A uniform integer in [lo, hi].
 std::int64_t RandomInt(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi);
+// `count` uniformly random E4M3 bit patterns (every sign, exponent and subnormal), without the two
+// NaNs (0x7f, 0xff) unless `allow_nan`.
+std::vector<std::uint8_t> RandomE4M3(std::mt19937_64& rng, std::size_t count, bool allow_nan);
 
 // The values `dtype` can hold nearest to `values` (identity for F32, nearest integer for I32):
 // what a tensor of that dtype stores after an upload, so references see exactly the weights the
@@ -72,6 +75,10 @@ Tensor AllocateOrFail(Backend& backend, DType dtype, Shape shape);
 // UploadInt32s / DownloadInt32s likewise (I32 tensors: token ids, selected keys).
 Tensor UploadI32(Backend& backend, std::span<const std::int32_t> values, Shape shape);
 std::vector<std::int32_t> DownloadI32(Backend& backend, const Tensor& tensor);
+// A new tensor of 1-byte `dtype` (U8, F8_E4M3) holding `bytes` as they are; fails the test and
+// returns an empty tensor on error.
+Tensor UploadBytes(Backend& backend, std::span<const std::uint8_t> bytes, DType dtype,
+                   Shape shape);
 
 MATCHER_P2(StatusIs, code, message_matcher,
            "status code " + ::testing::PrintToString(code) + " with a message that " +

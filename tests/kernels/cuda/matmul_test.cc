@@ -1,5 +1,6 @@
-// CUDA MatMul vs the CPU backend on fresh random inputs: GEMV and both tile shapes, sizes that
-// are not multiples of the tiles or of the 16-byte vectors, F32 / BF16 / F16 weights.
+// CUDA MatMul vs the CPU backend on fresh random inputs: GEMV (each m up to 8) and both tile
+// shapes, sizes that are not multiples of the tiles or of the 16-byte vectors, F32 / BF16 / F16
+// weights.
 #include <cstdint>
 #include <vector>
 
@@ -64,6 +65,16 @@ TEST(CudaMatMul, MatchesCpuOnFreshRandomInputs) {
   for (int i = 0; i < 4; ++i) {
     cases.push_back({RandomInt(rng, 1, 300), RandomInt(rng, 1, 1000), RandomInt(rng, 1, 1000)});
   }
+  // The GEMV instantiation of every m <= 8: rows not a multiple of a block's 32, k odd (scalar
+  // path) and k a multiple of the vectors spanning several staged x chunks (1024 columns at
+  // m = 8, 8192 at m = 1).
+  for (std::int64_t m = 1; m <= 8; ++m) {
+    cases.push_back({m, 77, 1001});
+    cases.push_back({m, 33, 2051});
+    cases.push_back({m, 4099, 2056});
+  }
+  cases.push_back({1, 100, 9000});
+  cases.push_back({2, 65, 8200});
   for (DType w_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     ErrorSummary summary(absl::StrCat("MatMul w=", DTypeName(w_dtype)), kTolerance);
     for (const Dims& d : cases) {

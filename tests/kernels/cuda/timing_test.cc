@@ -20,8 +20,10 @@ namespace {
 using ::nq::kernels::testing::AllocateOrFail;
 using ::nq::kernels::testing::Backends;
 using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::RandomE4M3;
 using ::nq::kernels::testing::RandomNormal;
 using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadBytes;
 using ::nq::kernels::testing::UploadI32;
 
 // H200 SXM fp32 (non-tensor) peak from NVIDIA's datasheet; a reference line, not a measurement.
@@ -77,6 +79,16 @@ Tensor RandomTensor(Backend& backend, std::mt19937_64& rng, DType dtype, Shape s
   return Upload(backend, values, dtype, std::move(shape));
 }
 
+// Random finite E4M3 bytes, drawn for the first 2^20 and repeated, as RandomTensor.
+Tensor RandomE4M3Tensor(Backend& backend, std::mt19937_64& rng, Shape shape) {
+  constexpr std::size_t kDrawn = std::size_t{1} << 20;
+  const std::size_t count = static_cast<std::size_t>(shape.NumElements());
+  std::vector<std::uint8_t> bytes = RandomE4M3(rng, std::min(count, kDrawn), /*allow_nan=*/false);
+  bytes.resize(count);
+  for (std::size_t i = kDrawn; i < count; ++i) bytes[i] = bytes[i - kDrawn];
+  return UploadBytes(backend, bytes, DType::kF8E4M3, std::move(shape));
+}
+
 void PrintBandwidth(const std::string& what, double bytes, double seconds, double copy_gbps) {
   const double gbps = bytes / seconds / 1e9;
   std::printf("[  timing  ] %-40s %9.3f ms %8.0f GB/s  %5.2f x copy\n", what.c_str(),
@@ -119,7 +131,10 @@ TEST(CudaTiming, PrintsThroughputAgainstDeviceCopy) {
     DType w_dtype;
   };
   for (const Gemv& g : {Gemv{1, 7168, 7168, DType::kBF16}, Gemv{1, 18432, 7168, DType::kBF16},
-                        Gemv{4, 18432, 7168, DType::kBF16}, Gemv{1, 7168, 7168, DType::kF32}}) {
+                        Gemv{4, 18432, 7168, DType::kBF16}, Gemv{1, 7168, 7168, DType::kF32},
+                        Gemv{2, 18432, 7168, DType::kBF16}, Gemv{8, 18432, 7168, DType::kBF16},
+                        Gemv{4, 7168, 7168, DType::kBF16}, Gemv{4, 7168, 18432, DType::kBF16},
+                        Gemv{4, 18432, 7168, DType::kF16}, Gemv{4, 7168, 7168, DType::kF32}}) {
     Tensor x = RandomTensor(cuda, rng, DType::kF32, {g.m, g.k}, 1.0f);
     Tensor w = RandomTensor(cuda, rng, g.w_dtype, {g.n, g.k}, 0.02f);
     Tensor y = AllocateOrFail(cuda, DType::kF32, {g.m, g.n});
@@ -128,6 +143,22 @@ TEST(CudaTiming, PrintsThroughputAgainstDeviceCopy) {
     const double bytes = static_cast<double>(w.nbytes() + x.nbytes() + y.nbytes());
     PrintBandwidth(std::string("MatMul GEMV ") + DTypeName(g.w_dtype) + " " + std::to_string(g.m) +
                        "x" + std::to_string(g.n) + "x" + std::to_string(g.k),
+                   bytes, s, copy_gbps);
+  }
+
+  // FP8 (E4M3, 128 x 128 block scales) decode GEMVs: bytes are weights + scales + x + y.
+  for (const std::int64_t m : {1, 4, 8}) {
+    constexpr std::int64_t kN = 18432, kK = 7168;
+    Tensor x = RandomTensor(cuda, rng, DType::kF32, {m, kK}, 1.0f);
+    Tensor w = RandomE4M3Tensor(cuda, rng, {kN, kK});
+    Tensor scale = RandomTensor(cuda, rng, DType::kF32, {kN / 128, kK / 128}, 1e-3f);
+    Tensor y = AllocateOrFail(cuda, DType::kF32, {m, kN});
+    const double s = SecondsPerCall(cuda, [&] { return cuda.MatMulBlockScaled(x, w, scale, y); });
+    ASSERT_GT(s, 0.0);
+    const double bytes =
+        static_cast<double>(w.nbytes() + scale.nbytes() + x.nbytes() + y.nbytes());
+    PrintBandwidth("MatMul GEMV F8_E4M3 " + std::to_string(m) + "x" + std::to_string(kN) + "x" +
+                       std::to_string(kK),
                    bytes, s, copy_gbps);
   }
 

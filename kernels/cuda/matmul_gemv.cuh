@@ -1,0 +1,239 @@
+// MatMulGemvKernel: y[m, n] = x[m, k] · w[n, k]^T for decode-sized m (1 to kGemvMaxRows), where
+// reading w once at memory bandwidth is the whole cost.
+//
+// Why it is shaped this way (bench/README.md "Backend ops": the previous one-row-per-warp kernel
+// fell to 0.36 of copy bandwidth at m = 4 because every warp re-read all of x through L1/L2):
+//  - A block of kGemvWarps warps owns kGemvRowsPerBlock consecutive rows of w; each warp streams
+//    kGemvRowsPerWarp whole rows side by side with 16-byte loads (lane l reads elements
+//    [l * kElems, (l + 1) * kElems) of each row per step), and issues the next step's loads before
+//    it multiplies the current ones, so 2 * kGemvRowsPerWarp loads per lane are in flight.
+//  - x is staged in shared memory once per block, in chunks of GemvChunkCols(m) columns (32 KiB),
+//    and each float4 of x read there serves all kGemvRowsPerWarp rows: the shared-memory traffic
+//    per weight byte is m / kGemvRowsPerWarp of what one row per warp would need.
+//  - The m tokens are a template parameter, so all of them are served by each weight read and the
+//    accumulators (m x kGemvRowsPerWarp fp32) stay in registers.
+//  - FP8 block-scaled weights: a block's rows lie in one 128-row scale block, so the scale of
+//    column block p / 128 is folded into x as it is staged (x[p] * scale_inv[rb, p / 128]); the
+//    inner loop is then the same as for plain weights.
+//  - Staged x is stored with an XOR swizzle of its float4 index so that the lanes of a quarter
+//    warp, which read float4s kElems / 4 apart, hit distinct banks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/load.cuh"
+#include "kernels/cuda/matmul_params.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/dtype.h"
+
+namespace nq::kernels::cuda {
+
+inline constexpr int kGemvWarps = 8;
+inline constexpr int kGemvThreads = kGemvWarps * kWarpSize;
+inline constexpr int kGemvRowsPerWarp = 4;
+inline constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
+// Two blocks per SM caps registers at 128 per thread; the m = 8 accumulators need 32 of them.
+inline constexpr int kGemvMinBlocksPerSm = 2;
+// Staged x per block (32 KiB, under the 48 KiB that needs no opt-in attribute).
+inline constexpr int kGemvSmemFloats = 8192;
+// Chunks are a multiple of the widest warp step (32 lanes x 16 FP8 values), so every lane of every
+// warp crosses a chunk boundary at the same step and the block can stage the next chunk together.
+inline constexpr int kGemvColStep = kWarpSize * 16;
+
+static_assert(kWeightScaleBlock % kGemvRowsPerBlock == 0,
+              "a block's rows must share one 128-row block of FP8 scales");
+
+__host__ __device__ constexpr int GemvChunkCols(int m) {
+  return kGemvSmemFloats / m / kGemvColStep * kGemvColStep;
+}
+
+// A lane's share of one weight row per step, and how it is widened to fp32.
+template <typename WeightT, bool kVectorized>
+struct GemvVector;
+
+// 16-byte loads: 4 F32, 8 BF16 / F16 or 16 FP8 values; widened 4 at a time (group g).
+template <typename WeightT>
+struct GemvVector<WeightT, true> {
+  static constexpr int kElems = kVec16<WeightT>;
+  using Raw = uint4;
+  static __device__ __forceinline__ Raw Load(const WeightT* p) {
+    return __ldg(reinterpret_cast<const uint4*>(p));
+  }
+  static __device__ __forceinline__ std::uint32_t Word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+  }
+  static __device__ __forceinline__ void Widen4(const Raw& raw, int g, float* out) {
+    if constexpr (std::is_same_v<WeightT, float>) {
+      out[0] = __uint_as_float(raw.x);
+      out[1] = __uint_as_float(raw.y);
+      out[2] = __uint_as_float(raw.z);
+      out[3] = __uint_as_float(raw.w);
+    } else if constexpr (sizeof(WeightT) == 2) {
+      Widen2(Word(raw, 2 * g), WeightT{}, out);
+      Widen2(Word(raw, 2 * g + 1), WeightT{}, out + 2);
+    } else {
+      cuda::Widen4(Word(raw, g), WeightT{}, out);
+    }
+  }
+};
+
+// Unaligned rows or k not a multiple of the vector: one element per lane per step.
+template <typename WeightT>
+struct GemvVector<WeightT, false> {
+  static constexpr int kElems = 1;
+  using Raw = float;
+  static __device__ __forceinline__ Raw Load(const WeightT* p) { return LoadFloat(p); }
+};
+
+// The float4 slot of staged x holding float4 `q` of its row (see the file comment). Vectorised
+// lanes read float4s kElems / 4 apart; flipping the low bits by q / 8 spreads each quarter warp
+// over all 32 banks.
+template <int kElems>
+__device__ __forceinline__ int GemvSwizzle(int q) {
+  constexpr int kMask = kElems / 4 - 1;
+  return q ^ ((q >> 3) & kMask);
+}
+
+// xs[mi][cc] = x[mi, c0 + cc] (times the FP8 column-block scale) for cc < cols, by all threads.
+template <int kM, bool kVectorized, int kElems>
+__device__ __forceinline__ void GemvStageX(const MatMulParams& p, int c0, int cols,
+                                           const float* scale_row, float* xs) {
+  constexpr int kChunk = GemvChunkCols(kM);
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+    const float* x_row = p.x + std::int64_t{mi} * p.k + c0;
+    if constexpr (kVectorized) {
+      float4* dst = reinterpret_cast<float4*>(xs + mi * kChunk);
+      for (int q = threadIdx.x; q < cols / 4; q += kGemvThreads) {
+        float4 v = __ldg(reinterpret_cast<const float4*>(x_row) + q);
+        if (scale_row != nullptr) {
+          // 4 | 128: the four columns share one scale.
+          const float s = __ldg(scale_row + (c0 + 4 * q) / kWeightScaleBlock);
+          v.x *= s;
+          v.y *= s;
+          v.z *= s;
+          v.w *= s;
+        }
+        dst[GemvSwizzle<kElems>(q)] = v;
+      }
+    } else {
+      for (int cc = threadIdx.x; cc < cols; cc += kGemvThreads) {
+        float v = __ldg(x_row + cc);
+        if (scale_row != nullptr) v *= __ldg(scale_row + (c0 + cc) / kWeightScaleBlock);
+        xs[mi * kChunk + cc] = v;
+      }
+    }
+  }
+}
+
+// acc[mi][r] += w_r[cc .. cc + kElems) · xs[mi][cc .. cc + kElems).
+template <typename WeightT, int kM, bool kVectorized>
+__device__ __forceinline__ void GemvAccumulate(
+    const typename GemvVector<WeightT, kVectorized>::Raw (&raw)[kGemvRowsPerWarp], const float* xs,
+    int cc, float (&acc)[kM][kGemvRowsPerWarp]) {
+  using Vec = GemvVector<WeightT, kVectorized>;
+  constexpr int kChunk = GemvChunkCols(kM);
+  if constexpr (kVectorized) {
+#pragma unroll
+    for (int g = 0; g < Vec::kElems / 4; ++g) {
+      float wf[kGemvRowsPerWarp][4];
+#pragma unroll
+      for (int r = 0; r < kGemvRowsPerWarp; ++r) Vec::Widen4(raw[r], g, wf[r]);
+#pragma unroll
+      for (int mi = 0; mi < kM; ++mi) {
+        const float4 xv = reinterpret_cast<const float4*>(
+            xs + mi * kChunk)[GemvSwizzle<Vec::kElems>(cc / 4 + g)];
+#pragma unroll
+        for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+          acc[mi][r] = fmaf(wf[r][0], xv.x, acc[mi][r]);
+          acc[mi][r] = fmaf(wf[r][1], xv.y, acc[mi][r]);
+          acc[mi][r] = fmaf(wf[r][2], xv.z, acc[mi][r]);
+          acc[mi][r] = fmaf(wf[r][3], xv.w, acc[mi][r]);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < kM; ++mi) {
+      const float xv = xs[mi * kChunk + cc];
+#pragma unroll
+      for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[mi][r] = fmaf(raw[r], xv, acc[mi][r]);
+    }
+  }
+}
+
+// kM: rows of x (p.m == kM). kVectorized: rows of w and x are 16-byte aligned and k is a multiple
+// of the vector (checked by the launcher). F8E4M3 weights need p.w_scale.
+template <typename WeightT, int kM, bool kVectorized>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
+    MatMulGemvKernel(const __grid_constant__ MatMulParams p) {
+  using Vec = GemvVector<WeightT, kVectorized>;
+  constexpr int kElems = Vec::kElems;
+  constexpr int kStep = kWarpSize * kElems;  // columns a warp covers per step
+  constexpr int kChunk = GemvChunkCols(kM);
+  constexpr int kStepsPerChunk = kChunk / kStep;
+  static_assert(kChunk % kStep == 0 && kStepsPerChunk >= 1);
+  __shared__ __align__(16) float xs[kM * kChunk];
+
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int block_row0 = blockIdx.x * kGemvRowsPerBlock;
+  const int row0 = block_row0 + warp * kGemvRowsPerWarp;
+  // Rows past n (last block only) re-read row n - 1 and are not stored: every warp must reach the
+  // block's barriers.
+  const WeightT* w_rows[kGemvRowsPerWarp];
+#pragma unroll
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+    w_rows[r] = static_cast<const WeightT*>(p.w) + std::int64_t{min(row0 + r, p.n - 1)} * p.k;
+  }
+  const float* scale_row = nullptr;
+  if constexpr (std::is_same_v<WeightT, F8E4M3>) {
+    const int scale_cols = (p.k + kWeightScaleBlock - 1) / kWeightScaleBlock;
+    scale_row = p.w_scale + std::int64_t{block_row0 / kWeightScaleBlock} * scale_cols;
+  }
+
+  float acc[kM][kGemvRowsPerWarp] = {};
+  typename Vec::Raw cur[kGemvRowsPerWarp] = {};
+  typename Vec::Raw next[kGemvRowsPerWarp] = {};
+  int c = lane * kElems;  // this lane's column at the current step
+  if (c < p.k) {
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) cur[r] = Vec::Load(w_rows[r] + c);
+  }
+  const int steps = (p.k + kStep - 1) / kStep;
+  for (int s = 0; s < steps; ++s) {
+    const int c_next = c + kStep;
+    if (c_next < p.k) {
+#pragma unroll
+      for (int r = 0; r < kGemvRowsPerWarp; ++r) next[r] = Vec::Load(w_rows[r] + c_next);
+    }
+    const int chunk = s / kStepsPerChunk;
+    if (s == chunk * kStepsPerChunk) {  // first step of a chunk: stage its x
+      const int c0 = chunk * kChunk;
+      __syncthreads();  // every warp is done with the previous chunk
+      GemvStageX<kM, kVectorized, kElems>(p, c0, min(kChunk, p.k - c0), scale_row, xs);
+      __syncthreads();
+    }
+    if (c < p.k) GemvAccumulate<WeightT, kM, kVectorized>(cur, xs, c - chunk * kChunk, acc);
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) cur[r] = next[r];
+    c = c_next;
+  }
+
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+      const float sum = WarpSum(acc[mi][r]);  // every lane holds the total
+      // One lane per output, spread over the warp, stores it.
+      if (lane == (mi * kGemvRowsPerWarp + r) % kWarpSize && row0 + r < p.n) {
+        p.y[std::int64_t{mi} * p.n + row0 + r] = sum;
+      }
+    }
+  }
+}
+
+}  // namespace nq::kernels::cuda

@@ -1,0 +1,143 @@
+// CUDA MatMulBlockScaled (FP8 E4M3 weights, 128 x 128 block scales) vs the CPU backend: the GEMV
+// for every m up to 8 (16-byte and scalar paths), the tiled kernel beyond, ragged n and k, NaN
+// weights, and the refusal of CPU tensors.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/kernels/cuda/backend_pair.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::kernels::testing::AllocateOrFail;
+using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::ErrorSummary;
+using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::NormalizedError;
+using ::nq::kernels::testing::RandomE4M3;
+using ::nq::kernels::testing::RandomInt;
+using ::nq::kernels::testing::RandomNormal;
+using ::nq::kernels::testing::RandomUniform;
+using ::nq::kernels::testing::StatusIs;
+using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadBytes;
+using ::testing::HasSubstr;
+
+// As CudaMatMul: fp32 sums of up to ~7000 terms in another order than the CPU, plus one rounding
+// of x * scale (GEMV) where the CPU rounds w * scale: ~1e-6 expected.
+constexpr double kTolerance = 1e-4;
+constexpr std::int64_t kBlock = 128;
+
+std::int64_t Blocks(std::int64_t d) { return (d + kBlock - 1) / kBlock; }
+
+struct Dims {
+  std::int64_t m, n, k;
+};
+
+struct Fp8Weight {
+  std::vector<std::uint8_t> bytes;  // [n, k]
+  std::vector<float> scales;        // [ceil(n / 128), ceil(k / 128)]
+};
+
+// Every finite E4M3 pattern; scales a few binades apart block to block, as checkpoints have them.
+Fp8Weight RandomWeight(std::mt19937_64& rng, const Dims& d) {
+  Fp8Weight w{.bytes = RandomE4M3(rng, d.n * d.k, /*allow_nan=*/false),
+              .scales = RandomUniform(rng, Blocks(d.n) * Blocks(d.k), 0.5f, 1.0f)};
+  for (float& s : w.scales) s = std::ldexp(s, static_cast<int>(RandomInt(rng, -12, -4)));
+  return w;
+}
+
+// y on the CPU (outputs[0]) and CUDA (outputs[1]) backends from the same inputs.
+void RunBoth(const std::vector<float>& x, const Fp8Weight& w, const Dims& d,
+             std::vector<float> (&outputs)[2]) {
+  int i = 0;
+  for (Backend* backend : {Backends().cpu.get(), Backends().cuda.get()}) {
+    Tensor tx = Upload(*backend, x, DType::kF32, {d.m, d.k});
+    Tensor tw = UploadBytes(*backend, w.bytes, DType::kF8E4M3, {d.n, d.k});
+    Tensor ts = Upload(*backend, w.scales, DType::kF32, {Blocks(d.n), Blocks(d.k)});
+    Tensor ty = AllocateOrFail(*backend, DType::kF32, {d.m, d.n});
+    const absl::Status status = backend->MatMulBlockScaled(tx, tw, ts, ty);
+    EXPECT_TRUE(status.ok()) << backend->name() << ": " << status;
+    outputs[i++] = Download(*backend, ty);
+  }
+}
+
+TEST(CudaMatMulBlockScaled, MatchesCpuOnFreshRandomInputs) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(1131);
+  std::vector<Dims> cases = {
+      // DeepSeek-V3 shapes at decode: 16-byte path, whole scale blocks.
+      {1, 7168, 7168}, {4, 2112, 7168}, {8, 7168, 2048}, {1, 1536, 18432},
+      // Tiled path (m > 8), ragged in every dimension.
+      {9, 130, 129}, {64, 300, 520}, {200, 257, 1000}};
+  // Every GEMV instantiation: n not a multiple of a block's 32 rows nor of 128, k odd (scalar
+  // path), k a multiple of 16 that ends inside a scale block and spans several staged x chunks.
+  for (std::int64_t m = 1; m <= 8; ++m) {
+    cases.push_back({m, 77, 1001});
+    cases.push_back({m, 161, 2080});
+  }
+  cases.push_back({1, 40, 9008});  // m = 1 stages x in 8192-column chunks
+  for (int i = 0; i < 4; ++i) {
+    cases.push_back({RandomInt(rng, 1, 40), RandomInt(rng, 1, 700), RandomInt(rng, 1, 1500)});
+  }
+  ErrorSummary summary("MatMulBlockScaled", kTolerance);
+  for (const Dims& d : cases) {
+    SCOPED_TRACE(absl::StrCat("m=", d.m, " n=", d.n, " k=", d.k));
+    const std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
+    std::vector<float> outputs[2];
+    RunBoth(x, RandomWeight(rng, d), d, outputs);
+    summary.Add(NormalizedError(outputs[1], outputs[0]));
+  }
+}
+
+TEST(CudaMatMulBlockScaled, NanWeightPoisonsOnlyItsOutputs) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(1132);
+  for (const Dims& d : {Dims{3, 70, 256}, Dims{3, 70, 250}, Dims{12, 70, 256}}) {
+    SCOPED_TRACE(absl::StrCat("m=", d.m, " n=", d.n, " k=", d.k));
+    Fp8Weight w = RandomWeight(rng, d);
+    w.bytes[5 * d.k + 130] = 0x7f;  // NaN in row 5, second scale block
+    std::vector<float> outputs[2];
+    RunBoth(RandomNormal(rng, d.m * d.k, 1.0f), w, d, outputs);
+    const std::vector<float>& y = outputs[1];
+    for (std::int64_t i = 0; i < d.m; ++i) {
+      for (std::int64_t j = 0; j < d.n; ++j) {
+        ASSERT_EQ(std::isnan(y[i * d.n + j]), j == 5) << "y[" << i << ", " << j << "]";
+      }
+    }
+  }
+}
+
+TEST(CudaMatMulBlockScaled, EmptyKGivesZeros) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  Tensor x = AllocateOrFail(cuda, DType::kF32, {3, 0});
+  Tensor w = AllocateOrFail(cuda, DType::kF8E4M3, {40, 0});
+  Tensor scale = AllocateOrFail(cuda, DType::kF32, {1, 0});
+  Tensor y = Upload(cuda, std::vector<float>(3 * 40, 3.0f), DType::kF32, {3, 40});
+  NQ_ASSERT_OK(cuda.MatMulBlockScaled(x, w, scale, y));
+  EXPECT_THAT(Download(cuda, y), ::testing::Each(0.0f));
+}
+
+TEST(CudaMatMulBlockScaled, RejectsCpuScales) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  Tensor x = AllocateOrFail(cuda, DType::kF32, {2, 128});
+  Tensor w = AllocateOrFail(cuda, DType::kF8E4M3, {4, 128});
+  Tensor scale = AllocateOrFail(*Backends().cpu, DType::kF32, {1, 1});
+  Tensor y = AllocateOrFail(cuda, DType::kF32, {2, 4});
+  EXPECT_THAT(cuda.MatMulBlockScaled(x, w, scale, y),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("MatMulBlockScaled: scale_inv F32[1, 1] belongs to another "
+                                 "backend")));
+}
+
+}  // namespace
+}  // namespace nq::kernels
