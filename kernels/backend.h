@@ -228,6 +228,9 @@ struct BackendOptions {
   int device = 0;
   // CPU worker threads for large ops; 0 picks std::thread::hardware_concurrency().
   int cpu_threads = 0;
+  // CPU: MlaAttention in double (the reference) instead of fp32 (serving). For tests that compare
+  // with a float64 reference to a few fp32 ulps of the output.
+  bool cpu_float64_attention = false;
 };
 
 // Whether `name` ("cpu", "cuda") was compiled into this build.

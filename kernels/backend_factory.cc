@@ -24,7 +24,9 @@ bool IsBackendCompiledIn(std::string_view name) {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
                                                        const BackendOptions& options) {
-  if (name == "cpu") return std::make_unique<cpu::CpuBackend>(options.cpu_threads);
+  if (name == "cpu") {
+    return std::make_unique<cpu::CpuBackend>(options.cpu_threads, options.cpu_float64_attention);
+  }
   if (name == "cuda") {
 #if NQ_HAVE_CUDA
     return cuda::CreateCudaBackend(options.device);

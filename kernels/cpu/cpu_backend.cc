@@ -24,12 +24,14 @@ class HostStorage final : public Storage {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int threads)
+CpuBackend::CpuBackend(int threads, bool float64_attention)
     : threads_(threads > 0 ? threads
-                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))) {}
+                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+      float64_attention_(float64_attention) {}
 
 std::string CpuBackend::DeviceDescription() const {
-  return absl::StrCat("cpu (", threads_, " threads)");
+  return absl::StrCat("cpu (", threads_, " threads", float64_attention_ ? ", float64 attention" : "",
+                      ")");
 }
 
 absl::StatusOr<std::unique_ptr<Storage>> CpuBackend::AllocateStorage(std::size_t bytes) {
@@ -174,27 +176,31 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
     latent = kv_latent.data_as<float>();
     rope = k_pe.data_as<float>();
   }
-  cpu::MlaAttention({.q_nope = q_nope.data_as<float>(),
-                     .q_pe = q_pe.data_as<float>(),
-                     .kv_latent = latent,
-                     .k_pe = rope,
-                     .w_uk = w_uk.data(),
-                     .w_uk_dtype = w_uk.dtype(),
-                     .w_uv = w_uv.data(),
-                     .w_uv_dtype = w_uv.dtype(),
-                     .selected = selected != nullptr ? selected->data_as<std::int32_t>() : nullptr,
-                     .out = out.data_as<float>(),
-                     .tokens = q_nope.shape().dim(0),
-                     .heads = q_nope.shape().dim(1),
-                     .dn = q_nope.shape().dim(2),
-                     .dr = q_pe.shape().dim(2),
-                     .c = kv_latent.shape().dim(1),
-                     .dv = w_uv.shape().dim(1),
-                     .keys = kv_latent.shape().dim(0),
-                     .top_k = selected != nullptr ? selected->shape().dim(1) : 0,
-                     .start_pos = start_pos,
-                     .scale = scale},
-                    threads_);
+  const MlaAttentionParams params{.q_nope = q_nope.data_as<float>(),
+                                  .q_pe = q_pe.data_as<float>(),
+                                  .kv_latent = latent,
+                                  .k_pe = rope,
+                                  .w_uk = w_uk.data(),
+                                  .w_uk_dtype = w_uk.dtype(),
+                                  .w_uv = w_uv.data(),
+                                  .w_uv_dtype = w_uv.dtype(),
+                                  .selected = selected != nullptr ? selected->data_as<std::int32_t>() : nullptr,
+                                  .out = out.data_as<float>(),
+                                  .tokens = q_nope.shape().dim(0),
+                                  .heads = q_nope.shape().dim(1),
+                                  .dn = q_nope.shape().dim(2),
+                                  .dr = q_pe.shape().dim(2),
+                                  .c = kv_latent.shape().dim(1),
+                                  .dv = w_uv.shape().dim(1),
+                                  .keys = kv_latent.shape().dim(0),
+                                  .top_k = selected != nullptr ? selected->shape().dim(1) : 0,
+                                  .start_pos = start_pos,
+                                  .scale = scale};
+  if (float64_attention_) {
+    cpu::MlaAttentionF64(params, threads_);
+  } else {
+    cpu::MlaAttention(params, threads_);
+  }
   return absl::OkStatus();
 }
 

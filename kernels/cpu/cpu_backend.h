@@ -14,8 +14,9 @@ namespace nq::kernels::cpu {
 
 class CpuBackend final : public Backend {
  public:
-  // `threads` <= 0 picks std::thread::hardware_concurrency().
-  explicit CpuBackend(int threads);
+  // `threads` <= 0 picks std::thread::hardware_concurrency(). `float64_attention` runs the float64
+  // MlaAttention reference instead of the fp32 kernel (ops.h).
+  explicit CpuBackend(int threads, bool float64_attention = false);
 
   std::string_view name() const override { return "cpu"; }
   std::string DeviceDescription() const override;
@@ -57,6 +58,7 @@ class CpuBackend final : public Backend {
 
  private:
   int threads_;
+  bool float64_attention_;
 };
 
 }  // namespace nq::kernels::cpu

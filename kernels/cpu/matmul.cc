@@ -12,12 +12,12 @@
 // the n dimension, so decode (m == 1) is parallel too.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec4.h"
 
 namespace nq::kernels::cpu {
 namespace {
@@ -28,17 +28,8 @@ constexpr int kTile = 4;
 constexpr std::int64_t kParallelMinFmas = std::int64_t{1} << 22;
 
 // out[j] = dot(x, w_rows[j]) over k, for one row of x. Each w row keeps two 4-float vectors
-// of independent partial sums (GCC/Clang vector extensions, SSE/NEON-width on every target),
-// added together at the end: the sums are in registers and no float sum is reassociated by
-// the compiler.
-using Vec4 = float __attribute__((vector_size(16)));
-inline Vec4 Load4(const float* p) {
-  Vec4 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-inline float Sum4(Vec4 v) { return (v[0] + v[1]) + (v[2] + v[3]); }
-
+// of independent partial sums (vec4.h), added together at the end: the sums are in registers
+// and no float sum is reassociated by the compiler.
 void DotRows(const float* x, const float* const w_rows[kTile], std::int64_t k, float out[kTile]) {
   static_assert(kTile == 4, "DotRows names its four w rows");
   const float* w0 = w_rows[0];

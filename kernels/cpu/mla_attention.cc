@@ -1,139 +1,115 @@
-// CPU reference multi-head latent attention in the absorbed form (contract in
-// kernels/backend.h):
+// The CPU backend's multi-head latent attention in fp32, the serving path (contract in
+// kernels/backend.h), in the absorbed form:
 //   q_lat = q_nope · w_uk[h];  score_s = scale * (q_lat · kv_latent[s] + q_pe · k_pe[s]);
 //   p = softmax(score) over the visible keys;  out = w_uv[h] · sum_s p_s kv_latent[s].
+// mla_attention_f64.cc computes the same in double, the reference this kernel is tested against
+// (tests/kernels/cpu/mla_attention_fp32_test.cc).
 //
-// Work items are (token, head) pairs; threads take contiguous ranges of them. Within a range the
-// heads of one token are processed together in groups of up to kHeadGroup, so each latent row
-// kv_latent[s] is read once per group rather than once per head. q_lat, the scores, the softmax
-// and the latent output are held in double: this is the oracle the CUDA kernel and the model's
-// float64 references are compared with.
+// Work items are (token, head) pairs; the process-wide pool (parallel.h) takes contiguous ranges
+// of them. Within a range the heads of one token are processed together in groups of up to
+// kHeadGroup, so each latent row kv_latent[s] is read once per group rather than once per head.
+// Every dot product and axpy runs on 4-float vectors (vec4.h) in a fixed order, and a query's
+// result depends only on its own inputs and keys: a decode call reproduces the rows of a prefill
+// call bit for bit (speculative verification relies on it).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/mla_keys.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec4.h"
 
 namespace nq::kernels::cpu {
 namespace {
 
 // Heads sharing one pass over the keys; bounds the per-thread score buffer at kHeadGroup * keys.
 constexpr std::int64_t kHeadGroup = 16;
-// Below this many multiply-adds a call runs on one thread.
+// Below this many multiply-adds a call runs on one thread (a pool hand-off costs microseconds).
 constexpr std::int64_t kParallelMinFmas = std::int64_t{1} << 20;
 
-// The keys query t may attend to, in the order they are accumulated: every s <= pos, or the
-// selected entries that are visible (others, -1 included, are skipped).
-void VisibleKeys(const MlaAttentionParams& p, std::int64_t t, std::vector<std::int64_t>& keys) {
-  const std::int64_t pos = p.start_pos + t;
-  keys.clear();
-  if (p.selected == nullptr) {
-    for (std::int64_t s = 0; s <= pos; ++s) keys.push_back(s);
-    return;
-  }
-  const std::int32_t* row = p.selected + t * p.top_k;
-  for (std::int64_t k = 0; k < p.top_k; ++k) {
-    if (row[k] >= 0 && row[k] <= pos) keys.push_back(row[k]);
-  }
-}
-
-double Dot(const double* a, const float* b, std::int64_t n) {
-  double sum = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
+// Per-thread buffers, reused across the groups of a range.
+struct Scratch {
+  std::vector<std::int64_t> keys;
+  std::vector<float> q_lat;   // [group, c]
+  std::vector<float> scores;  // [group, keys]: scores, then unnormalised probabilities
+  std::vector<float> o_lat;   // [group, c]
+};
 
 // Heads [h0, h0 + group) of token t.
 template <typename UkT, typename UvT>
 void AttendGroup(const MlaAttentionParams& p, std::int64_t t, std::int64_t h0, std::int64_t group,
-                 const std::vector<std::int64_t>& keys, std::vector<double>& q_lat,
-                 std::vector<double>& q_pe, std::vector<double>& scores,
-                 std::vector<double>& o_lat) {
+                 Scratch& s) {
   const std::int64_t c = p.c;
-  const std::int64_t n = static_cast<std::int64_t>(keys.size());
+  const std::int64_t n = static_cast<std::int64_t>(s.keys.size());
   const auto* w_uk = static_cast<const UkT*>(p.w_uk);
   const auto* w_uv = static_cast<const UvT*>(p.w_uv);
-  q_lat.assign(group * c, 0.0);
-  q_pe.resize(group * p.dr);
-  scores.resize(group * n);
-  o_lat.assign(group * c, 0.0);
+  s.q_lat.assign(group * c, 0.0f);
+  s.scores.resize(group * n);
+  s.o_lat.assign(group * c, 0.0f);
 
-  // q_lat[g, :] = q_nope[t, h, :] · w_uk[h]  ([dn] x [dn, c]), row by row of w_uk.
+  // q_lat[g, :] = q_nope[t, h, :] · w_uk[h]  ([dn] x [dn, c]), one axpy per row of w_uk.
   for (std::int64_t g = 0; g < group; ++g) {
     const std::int64_t h = h0 + g;
     const float* qn = p.q_nope + (t * p.heads + h) * p.dn;
-    double* ql = q_lat.data() + g * c;
     for (std::int64_t j = 0; j < p.dn; ++j) {
-      const double qv = qn[j];
-      const UkT* w_row = w_uk + (h * p.dn + j) * c;
-      for (std::int64_t i = 0; i < c; ++i) ql[i] += qv * ToFloat(w_row[i]);
+      Axpy(qn[j], w_uk + (h * p.dn + j) * c, s.q_lat.data() + g * c, c);
     }
-    const float* qp = p.q_pe + (t * p.heads + h) * p.dr;
-    for (std::int64_t i = 0; i < p.dr; ++i) q_pe[g * p.dr + i] = qp[i];
   }
 
   // Scores, key-major so each latent row serves the whole group.
   for (std::int64_t i = 0; i < n; ++i) {
-    const float* kv = p.kv_latent + keys[i] * c;
-    const float* kp = p.k_pe + keys[i] * p.dr;
+    const float* kv = p.kv_latent + s.keys[i] * c;
+    const float* kp = p.k_pe + s.keys[i] * p.dr;
     for (std::int64_t g = 0; g < group; ++g) {
-      scores[g * n + i] =
-          p.scale * (Dot(q_lat.data() + g * c, kv, c) + Dot(q_pe.data() + g * p.dr, kp, p.dr));
+      const float* qp = p.q_pe + (t * p.heads + h0 + g) * p.dr;
+      s.scores[g * n + i] = p.scale * (Dot(s.q_lat.data() + g * c, kv, c) + Dot(qp, kp, p.dr));
     }
   }
 
-  // Stable softmax per head; the scores become probabilities.
-  std::vector<double> inv_sum(group, 0.0);
+  // Stable softmax per head: exp(score - max), normalised at the output.
+  float inv_sum[kHeadGroup];
   for (std::int64_t g = 0; g < group; ++g) {
-    double* sg = scores.data() + g * n;
-    double max = -std::numeric_limits<double>::infinity();
+    float* sg = s.scores.data() + g * n;
+    float max = -std::numeric_limits<float>::infinity();
     for (std::int64_t i = 0; i < n; ++i) max = std::max(max, sg[i]);
-    double sum = 0.0;
+    float sum = 0.0f;
     for (std::int64_t i = 0; i < n; ++i) {
       sg[i] = std::exp(sg[i] - max);
       sum += sg[i];
     }
-    inv_sum[g] = n > 0 ? 1.0 / sum : 0.0;
+    inv_sum[g] = n > 0 ? 1.0f / sum : 0.0f;
   }
 
   // o_lat[g, :] = sum_s p[g, s] kv_latent[s, :].
   for (std::int64_t i = 0; i < n; ++i) {
-    const float* kv = p.kv_latent + keys[i] * c;
-    for (std::int64_t g = 0; g < group; ++g) {
-      const double pg = scores[g * n + i];
-      double* ol = o_lat.data() + g * c;
-      for (std::int64_t j = 0; j < c; ++j) ol[j] += pg * kv[j];
-    }
+    const float* kv = p.kv_latent + s.keys[i] * c;
+    for (std::int64_t g = 0; g < group; ++g) Axpy(s.scores[g * n + i], kv, s.o_lat.data() + g * c, c);
   }
 
   // out[t, h*dv + v] = w_uv[h, v, :] · o_lat[g, :] / sum.
   for (std::int64_t g = 0; g < group; ++g) {
     const std::int64_t h = h0 + g;
-    const double* ol = o_lat.data() + g * c;
+    const float* ol = s.o_lat.data() + g * c;
     float* out = p.out + t * p.heads * p.dv + h * p.dv;
     for (std::int64_t v = 0; v < p.dv; ++v) {
-      const UvT* w_row = w_uv + (h * p.dv + v) * c;
-      double sum = 0.0;
-      for (std::int64_t j = 0; j < c; ++j) sum += ToFloat(w_row[j]) * ol[j];
-      out[v] = static_cast<float>(sum * inv_sum[g]);
+      out[v] = Dot(ol, w_uv + (h * p.dv + v) * c, c) * inv_sum[g];
     }
   }
 }
 
 template <typename UkT, typename UvT>
 void AttendRange(const MlaAttentionParams& p, std::int64_t begin, std::int64_t end) {
-  std::vector<std::int64_t> keys;
-  std::vector<double> q_lat, q_pe, scores, o_lat;
+  Scratch scratch;
   std::int64_t item = begin;
   while (item < end) {
     const std::int64_t t = item / p.heads;
     const std::int64_t h0 = item % p.heads;
     const std::int64_t group = std::min({kHeadGroup, p.heads - h0, end - item});
-    if (h0 == 0 || item == begin) VisibleKeys(p, t, keys);
-    AttendGroup<UkT, UvT>(p, t, h0, group, keys, q_lat, q_pe, scores, o_lat);
+    if (h0 == 0 || item == begin) VisibleKeys(p, t, scratch.keys);
+    AttendGroup<UkT, UvT>(p, t, h0, group, scratch);
     item += group;
   }
 }
@@ -141,16 +117,12 @@ void AttendRange(const MlaAttentionParams& p, std::int64_t begin, std::int64_t e
 }  // namespace
 
 void MlaAttention(const MlaAttentionParams& p, int threads) {
-  const std::int64_t items = p.tokens * p.heads;
-  const std::int64_t keys_per_query = p.selected != nullptr ? p.top_k : p.start_pos + p.tokens;
-  const std::int64_t fmas =
-      items * (p.dn * p.c + keys_per_query * (2 * p.c + p.dr) + p.dv * p.c);
-  const int use_threads = fmas < kParallelMinFmas ? 1 : threads;
+  const int use_threads = MlaAttentionFmas(p) < kParallelMinFmas ? 1 : threads;
   VisitFloatDType(p.w_uk_dtype, [&](auto uk_tag) {
     VisitFloatDType(p.w_uv_dtype, [&](auto uv_tag) {
       using UkT = decltype(uk_tag);
       using UvT = decltype(uv_tag);
-      ParallelFor(items, 1, use_threads, [&](std::int64_t begin, std::int64_t end) {
+      ParallelFor(p.tokens * p.heads, 1, use_threads, [&](std::int64_t begin, std::int64_t end) {
         AttendRange<UkT, UvT>(p, begin, end);
       });
     });

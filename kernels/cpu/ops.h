@@ -91,9 +91,13 @@ struct MlaAttentionParams {
   std::int64_t start_pos = 0;
   float scale = 1.0f;
 };
-// Absorbed MLA; q_lat, scores, the softmax and the latent output in double. Selected entries
-// outside [0, start_pos + t] count as -1; a query with no visible key gets zeros.
+// Absorbed MLA in fp32 (the serving path). Selected entries outside [0, start_pos + t] count as
+// -1; a query with no visible key gets zeros. A query's output does not depend on the other
+// queries of the call.
 void MlaAttention(const MlaAttentionParams& params, int threads);
+// The same in double (q_lat, the scores, the softmax and the latent output): the reference the
+// fp32 kernel is tested against.
+void MlaAttentionF64(const MlaAttentionParams& params, int threads);
 
 struct IndexerTopKParams {
   const float* q = nullptr;        // [tokens, heads, dim]

@@ -13,14 +13,25 @@
 
 namespace nq::kernels::testing {
 
-std::unique_ptr<Backend> MakeCpuBackend(int threads) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend("cpu", BackendOptions{.cpu_threads = threads});
+namespace {
+
+std::unique_ptr<Backend> CpuBackendOrFail(const BackendOptions& options) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", options);
   if (!backend.ok()) {
     ADD_FAILURE() << "CreateBackend(cpu): " << backend.status();
     return nullptr;
   }
   return *std::move(backend);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(int threads) {
+  return CpuBackendOrFail(BackendOptions{.cpu_threads = threads});
+}
+
+std::unique_ptr<Backend> MakeCpuReferenceBackend(int threads) {
+  return CpuBackendOrFail(BackendOptions{.cpu_threads = threads, .cpu_float64_attention = true});
 }
 
 std::uint64_t TestSeed() {

@@ -30,6 +30,8 @@ namespace nq::kernels::testing {
 
 // A CPU backend for tests, `threads` workers (CI has two cores).
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 2);
+// The same with the float64 MlaAttention reference (BackendOptions::cpu_float64_attention).
+std::unique_ptr<Backend> MakeCpuReferenceBackend(int threads = 2);
 
 // The run's seed: $NQ_TEST_SEED if set, else from std::random_device and the clock. Printed
 // once ("NQ_TEST_SEED=...") so a failing run can be replayed.

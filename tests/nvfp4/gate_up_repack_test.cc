@@ -68,14 +68,16 @@ Case MakeCase(float ratio) {
   return c;
 }
 
-FusedGateUp Repack(const Case& c, GateUpScaleMode mode, int rank = 0, int size = 1) {
+// RepackGateUp into *out; a failure is fatal to the test (callers wrap it in
+// ASSERT_NO_FATAL_FAILURE), never a crash on an empty StatusOr.
+void Repack(const Case& c, GateUpScaleMode mode, FusedGateUp* out, int rank = 0, int size = 1) {
   RepackOptions options;
   options.mode = mode;
   options.tp_rank = rank;
   options.tp_size = size;
   absl::StatusOr<FusedGateUp> fused = RepackGateUp(c.gate_q.view(), c.up_q.view(), options);
-  EXPECT_TRUE(fused.ok()) << fused.status();
-  return *std::move(fused);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  *out = *std::move(fused);
 }
 
 class MismatchedScales : public ::testing::TestWithParam<float> {};
@@ -89,9 +91,10 @@ TEST_P(MismatchedScales, CompensateMatchesMatchedScalesAndGateOnlyDoesNot) {
   const double matched_up = HalfMse(matched->tensor, kRows, c.up);
   const double matched_gate = HalfMse(matched->tensor, 0, c.gate);
 
-  const FusedGateUp compensate = Repack(c, GateUpScaleMode::kCompensate);
-  const FusedGateUp requantize = Repack(c, GateUpScaleMode::kRequantize);
-  const FusedGateUp gate_only = Repack(c, GateUpScaleMode::kGateOnly);
+  FusedGateUp compensate, requantize, gate_only;
+  ASSERT_NO_FATAL_FAILURE(Repack(c, GateUpScaleMode::kCompensate, &compensate));
+  ASSERT_NO_FATAL_FAILURE(Repack(c, GateUpScaleMode::kRequantize, &requantize));
+  ASSERT_NO_FATAL_FAILURE(Repack(c, GateUpScaleMode::kGateOnly, &gate_only));
   EXPECT_GT(compensate.rescaled_blocks, 0);
   EXPECT_EQ(compensate.clamped_blocks, 0);
   // The compensated half's block scales are re-rounded to E4M3 (up to 1/16 relative), which
@@ -109,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(Ratios, MismatchedScales, ::testing::Values(10.0f, 0.1f
 
 TEST(RepackGateUp, UpWithTheLargerGlobalIsCopiedExactly) {
   const Case c = MakeCase(10.0f);
-  const FusedGateUp fused = Repack(c, GateUpScaleMode::kCompensate);
+  FusedGateUp fused;
+  ASSERT_NO_FATAL_FAILURE(Repack(c, GateUpScaleMode::kCompensate, &fused));
   EXPECT_EQ(fused.tensor.scale_2, c.up_q.scale_2);
   const size_t half_scales = c.up_q.scales.size();
   EXPECT_TRUE(std::equal(c.up_q.scales.begin(), c.up_q.scales.end(), fused.tensor.scales.begin() + half_scales));
@@ -118,13 +122,15 @@ TEST(RepackGateUp, UpWithTheLargerGlobalIsCopiedExactly) {
 
 TEST(RepackGateUp, EachTensorParallelRankGetsItsGateRowsThenItsUpRows) {
   const Case c = MakeCase(3.0f);
-  const FusedGateUp whole = Repack(c, GateUpScaleMode::kCompensate);
+  FusedGateUp whole;
+  ASSERT_NO_FATAL_FAILURE(Repack(c, GateUpScaleMode::kCompensate, &whole));
   absl::StatusOr<std::vector<float>> whole_values = Dequantize(whole.tensor.view());
   ASSERT_TRUE(whole_values.ok());
   constexpr int kTp = 4;
   constexpr int64_t kShard = kRows / kTp;
   for (int rank = 0; rank < kTp; ++rank) {
-    const FusedGateUp shard = Repack(c, GateUpScaleMode::kCompensate, rank, kTp);
+    FusedGateUp shard;
+    ASSERT_NO_FATAL_FAILURE(Repack(c, GateUpScaleMode::kCompensate, &shard, rank, kTp));
     ASSERT_EQ(shard.tensor.rows, 2 * kShard);
     absl::StatusOr<std::vector<float>> values = Dequantize(shard.tensor.view());
     ASSERT_TRUE(values.ok());

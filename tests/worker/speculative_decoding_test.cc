@@ -1,5 +1,6 @@
 // Speculative decoding in the sequence runner on glm5_nano (CPU): greedy output identical to
-// plain decoding, rollback after a rejection at every draft position, stop tokens and
+// plain decoding with every step accepting exactly the drafts plain greedy decoding emits,
+// rollback after a rejection at every draft position, stop tokens and
 // max_tokens inside an accepted run, the MTP drafter's state against a teacher-forced pass.
 #include <algorithm>
 #include <limits>
@@ -59,7 +60,7 @@ class OracleDrafter final : public Drafter {
   const int64_t vocab_;
 };
 
-// Records, for every Propose of the MTP drafter it wraps, the sequence and the first draft.
+// Records, for every Propose of the MTP drafter it wraps, the sequence and the drafts.
 class RecordingDrafter final : public Drafter {
  public:
   explicit RecordingDrafter(Drafter* inner) : inner_(inner) {}
@@ -67,10 +68,14 @@ class RecordingDrafter final : public Drafter {
   int64_t CoveredPositions() const override { return inner_->CoveredPositions(); }
   absl::StatusOr<Drafts> Propose(const DraftRequest& r) override {
     absl::StatusOr<Drafts> drafts = inner_->Propose(r);
-    if (drafts.ok() && !drafts->tokens.empty()) first_drafts[r.sequence.size()] = drafts->tokens[0];
+    if (drafts.ok() && !drafts->tokens.empty()) {
+      first_drafts[r.sequence.size()] = drafts->tokens[0];
+      all_drafts[r.sequence.size()] = drafts->tokens;
+    }
     return drafts;
   }
   std::map<size_t, int32_t> first_drafts;  // sequence length -> the draft for the token at that index
+  std::map<size_t, std::vector<int32_t>> all_drafts;  // sequence length -> the drafts from that index on
 
  private:
   Drafter* const inner_;
@@ -107,6 +112,18 @@ class SpeculativeDecodingTest : public ::testing::Test {
 LoadedModel SpeculativeDecodingTest::plain_model_;
 LoadedModel SpeculativeDecodingTest::spec_model_;
 
+// What greedy verification must accept of `drafts` proposed for the tokens from index `at` of
+// the output: the longest prefix equal to plain (non-speculative) greedy decoding's tokens there,
+// ending early where plain decoding ended.
+int GreedyAccepted(const std::vector<int32_t>& drafts, const std::vector<int32_t>& plain, size_t at) {
+  int accepted = 0;
+  while (static_cast<size_t>(accepted) < drafts.size() && at + accepted < plain.size() &&
+         drafts[accepted] == plain[at + accepted]) {
+    ++accepted;
+  }
+  return accepted;
+}
+
 void ExpectSameOutput(const RunResult& plain, const RunResult& spec, const std::string& what) {
   EXPECT_EQ(spec.ids, plain.ids) << what;
   EXPECT_EQ(spec.logprobs, plain.logprobs) << what;  // bit for bit: the same logits
@@ -117,17 +134,30 @@ TEST_F(SpeculativeDecodingTest, GreedyOutputIsPlainDecodingsTokenForTokenOnManyP
   const std::vector<std::vector<int32_t>> prompts = testing::HeldOutPrompts(12);
   std::vector<RunResult> plain;
   for (const std::vector<int32_t>& prompt : prompts) plain.push_back(Plain(Greedy(prompt)));
-  MtpDrafter drafter(spec_model_.model.get());
+  MtpDrafter mtp(spec_model_.model.get());
+  RecordingDrafter drafter(&mtp);
   for (int n : {1, 3, 5}) {
     SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
     runner.SetDrafter(&drafter, n);
     int drafts = 0, accepted = 0, multi_token_steps = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string what = "N=" + std::to_string(n) + " prompt " + std::to_string(i);
+      drafter.all_drafts.clear();
       absl::StatusOr<RunResult> spec = Generate(runner, Greedy(prompts[i]));
       ASSERT_THAT(spec, IsOk());
-      ExpectSameOutput(plain[i], *spec, "N=" + std::to_string(n) + " prompt " + std::to_string(i));
+      ExpectSameOutput(plain[i], *spec, what);
+      size_t generated = 0;  // tokens emitted before the step
       for (const SequenceStep& step : spec->steps) {
         EXPECT_LE(step.drafts, n);
+        if (step.drafts > 0) {
+          // A draft is accepted iff it is the token plain greedy decoding emits there.
+          const auto proposed = drafter.all_drafts.find(prompts[i].size() + generated);
+          ASSERT_NE(proposed, drafter.all_drafts.end()) << what << ": no drafts recorded at " << generated;
+          ASSERT_EQ(proposed->second.size(), static_cast<size_t>(step.drafts)) << what;
+          EXPECT_EQ(step.accepted, GreedyAccepted(proposed->second, plain[i].ids, generated))
+              << what << ", step at output index " << generated;
+        }
+        generated += step.tokens.size();
         drafts += step.drafts;
         accepted += step.accepted;
         multi_token_steps += step.tokens.size() > 1 ? 1 : 0;

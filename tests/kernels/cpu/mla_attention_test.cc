@@ -1,6 +1,8 @@
-// CPU MlaAttention (absorbed) against HF's non-absorbed form in double: dense causal prefill,
-// chunked prefill and decode at start_pos > 0, DSA selected keys with -1 padding, BF16 weights;
-// and its argument errors.
+// The CPU backend's float64 MlaAttention reference (BackendOptions::cpu_float64_attention)
+// against HF's non-absorbed form in double: dense causal prefill, chunked prefill and decode at
+// start_pos > 0, DSA selected keys with -1 padding, BF16 weights. Decode calls reproducing a
+// prefill's rows and a full selection equalling dense, for the reference and for the fp32
+// serving kernel (which mla_attention_fp32_test.cc compares with the reference); argument errors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +22,7 @@ namespace {
 
 using ::nq::kernels::testing::AllocateOrFail;
 using ::nq::kernels::testing::MakeCpuBackend;
+using ::nq::kernels::testing::MakeCpuReferenceBackend;
 using ::nq::kernels::testing::MakeRng;
 using ::nq::kernels::testing::MlaInputs;
 using ::nq::kernels::testing::MlaShape;
@@ -44,9 +47,17 @@ std::vector<float> Rows(const std::vector<float>& x, std::int64_t width, std::in
   return std::vector<float>(x.begin() + first * width, x.begin() + (first + count) * width);
 }
 
+// The fp32 serving kernel and the float64 reference, for the properties both must keep.
+std::vector<std::unique_ptr<Backend>> BothKernels() {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(MakeCpuBackend());
+  backends.push_back(MakeCpuReferenceBackend());
+  return backends;
+}
+
 TEST(CpuMlaAttention, DenseCausalMatchesNonAbsorbedReference) {
   std::mt19937_64 rng = MakeRng(2601);
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = MakeCpuReferenceBackend();
   std::vector<MlaShape> cases = {
       {.tokens = 1, .heads = 1, .dn = 1, .dr = 2, .c = 1, .dv = 1, .keys = 1},
       {.tokens = 5, .heads = 3, .dn = 8, .dr = 4, .c = 16, .dv = 8, .keys = 5},
@@ -83,34 +94,36 @@ TEST(CpuMlaAttention, DenseCausalMatchesNonAbsorbedReference) {
 
 TEST(CpuMlaAttention, DecodeCallsMatchTheRowsOfAPrefillCall) {
   std::mt19937_64 rng = MakeRng(2602);
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
   const MlaShape prefill{.tokens = 7, .heads = 4, .dn = 16, .dr = 8, .c = 32, .dv = 16, .keys = 7};
   const MlaInputs in = RandomMlaInputs(rng, prefill, DType::kBF16, DType::kBF16);
-  const std::int64_t width = prefill.heads * prefill.dv;
-  const std::vector<float> full =
-      RunMlaAttention(*backend, prefill, in, DType::kBF16, DType::kBF16, {}, 0, Scale(prefill));
-  // Token by token (decode), then a chunk of 3 at start_pos 2, against the same full cache.
-  for (const auto& [first, count] :
-       {std::pair<std::int64_t, std::int64_t>{0, 1}, {3, 1}, {6, 1}, {2, 3}}) {
-    MlaShape m = prefill;
-    m.tokens = count;
-    m.start_pos = first;
-    MlaInputs part = in;
-    const std::int64_t q_nope_row = prefill.heads * prefill.dn;
-    const std::int64_t q_pe_row = prefill.heads * prefill.dr;
-    part.q_nope.assign(in.q_nope.begin() + first * q_nope_row,
-                       in.q_nope.begin() + (first + count) * q_nope_row);
-    part.q_pe.assign(in.q_pe.begin() + first * q_pe_row,
-                     in.q_pe.begin() + (first + count) * q_pe_row);
-    const std::vector<float> got =
-        RunMlaAttention(*backend, m, part, DType::kBF16, DType::kBF16, {}, 0, Scale(m));
-    EXPECT_EQ(got, Rows(full, width, first, count)) << "first=" << first << " count=" << count;
+  for (const std::unique_ptr<Backend>& backend : BothKernels()) {
+    SCOPED_TRACE(backend->DeviceDescription());
+    const std::int64_t width = prefill.heads * prefill.dv;
+    const std::vector<float> full =
+        RunMlaAttention(*backend, prefill, in, DType::kBF16, DType::kBF16, {}, 0, Scale(prefill));
+    // Token by token (decode), then a chunk of 3 at start_pos 2, against the same full cache.
+    for (const auto& [first, count] :
+         {std::pair<std::int64_t, std::int64_t>{0, 1}, {3, 1}, {6, 1}, {2, 3}}) {
+      MlaShape m = prefill;
+      m.tokens = count;
+      m.start_pos = first;
+      MlaInputs part = in;
+      const std::int64_t q_nope_row = prefill.heads * prefill.dn;
+      const std::int64_t q_pe_row = prefill.heads * prefill.dr;
+      part.q_nope.assign(in.q_nope.begin() + first * q_nope_row,
+                         in.q_nope.begin() + (first + count) * q_nope_row);
+      part.q_pe.assign(in.q_pe.begin() + first * q_pe_row,
+                       in.q_pe.begin() + (first + count) * q_pe_row);
+      const std::vector<float> got =
+          RunMlaAttention(*backend, m, part, DType::kBF16, DType::kBF16, {}, 0, Scale(m));
+      EXPECT_EQ(got, Rows(full, width, first, count)) << "first=" << first << " count=" << count;
+    }
   }
 }
 
 TEST(CpuMlaAttention, SelectedKeysMaskPadAndIgnoreInvisibleEntries) {
   std::mt19937_64 rng = MakeRng(2603);
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::unique_ptr<Backend> backend = MakeCpuReferenceBackend();
   const MlaShape m{
       .tokens = 6, .heads = 3, .dn = 8, .dr = 4, .c = 16, .dv = 8, .keys = 16, .start_pos = 10};
   const MlaInputs in = RandomMlaInputs(rng, m, DType::kF32, DType::kBF16);
@@ -142,7 +155,6 @@ TEST(CpuMlaAttention, SelectedKeysMaskPadAndIgnoreInvisibleEntries) {
 
 TEST(CpuMlaAttention, SelectingEveryVisibleKeyEqualsDense) {
   std::mt19937_64 rng = MakeRng(2604);
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
   const MlaShape m{
       .tokens = 4, .heads = 2, .dn = 8, .dr = 4, .c = 16, .dv = 8, .keys = 6, .start_pos = 2};
   const MlaInputs in = RandomMlaInputs(rng, m, DType::kF32, DType::kF32);
@@ -155,11 +167,14 @@ TEST(CpuMlaAttention, SelectingEveryVisibleKeyEqualsDense) {
       selected.push_back(s >= 0 ? static_cast<std::int32_t>(s) : -1);
     }
   }
-  EXPECT_LT(
-      NormalizedError(
-          RunMlaAttention(*backend, m, in, DType::kF32, DType::kF32, selected, kTopK, Scale(m)),
-          RunMlaAttention(*backend, m, in, DType::kF32, DType::kF32, {}, 0, Scale(m))),
-      kTolerance);
+  for (const std::unique_ptr<Backend>& backend : BothKernels()) {
+    EXPECT_LT(
+        NormalizedError(
+            RunMlaAttention(*backend, m, in, DType::kF32, DType::kF32, selected, kTopK, Scale(m)),
+            RunMlaAttention(*backend, m, in, DType::kF32, DType::kF32, {}, 0, Scale(m))),
+        kTolerance)
+        << backend->DeviceDescription();
+  }
 }
 
 // A BF16 cache is its values widened: the same result, bit for bit, as an F32 cache holding the

@@ -69,7 +69,10 @@ NqProjection Pack(Backend& cpu, const CodedProjection& c, std::int64_t offset) {
   }
   NqProjection p;
   absl::StatusOr<Tensor> t = cpu.Allocate(DType::kU8, Shape{kE, NqPlaneBytes(rows, cols)});
-  EXPECT_TRUE(t.ok());
+  if (!t.ok()) {
+    ADD_FAILURE() << t.status();
+    return p;
+  }
   p.base = *std::move(t);
   NQ_EXPECT_OK(cpu.CopyFromHost(std::as_bytes(std::span<const std::uint8_t>(base)), p.base));
   p.row_scales = Upload(cpu, rs, DType::kF32, {kE, rows});

@@ -11,7 +11,8 @@ namespace nq::kernels::testing {
 BackendPair& Backends() {
   static BackendPair* pair = [] {
     auto* p = new BackendPair;
-    p->cpu = MakeCpuBackend(0);  // all cores: the CPU reference runs large shapes here
+    // All cores: the CPU reference runs large shapes here. MlaAttention in float64, the oracle.
+    p->cpu = MakeCpuReferenceBackend(0);
     absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend("cuda");
     if (cuda.ok()) {
       p->cuda = *std::move(cuda);
