@@ -47,21 +47,32 @@ GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, GrpcServerOptions o
 GrpcServer::~GrpcServer() { Drain(std::chrono::system_clock::now()); }
 
 void GrpcServer::SetServing(bool serving) {
-  if (drained_) return;
+  absl::MutexLock lock(&state_mu_);
+  SetServingLocked(serving);
+}
+
+void GrpcServer::SetServingLocked(bool serving) {
+  if (drained_.load(std::memory_order_acquire)) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
   health->SetServingStatus(serving);  // the overall "" entry
   for (const std::string& name : options_.health_service_names) {
     health->SetServingStatus(name, serving);
   }
-  if (serving != serving_) spdlog::info("gRPC {} health: {}", address_, serving ? "SERVING" : "NOT_SERVING");
-  serving_ = serving;
+  if (serving != serving_.load(std::memory_order_relaxed)) {
+    spdlog::info("gRPC {} health: {}", address_, serving ? "SERVING" : "NOT_SERVING");
+  }
+  serving_.store(serving, std::memory_order_release);
 }
 
 void GrpcServer::Drain(std::chrono::system_clock::time_point deadline) {
-  if (drained_) return;
-  SetServing(false);
-  drained_ = true;
+  {
+    absl::MutexLock lock(&state_mu_);
+    if (drained_.load(std::memory_order_acquire)) return;
+    SetServingLocked(false);
+    // From here every SetServing returns at once: the health stays NOT_SERVING.
+    drained_.store(true, std::memory_order_release);
+  }
   // Shutdown(deadline) stops new calls at once and cancels what is still running when the
   // deadline passes; Wait() joins the server's threads.
   server_->Shutdown(deadline);

@@ -3,6 +3,7 @@
 // accepting, lets in-flight calls finish up to a deadline, then cancels the rest.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace nq {
 
@@ -32,25 +34,34 @@ class GrpcServer {
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(GrpcServerOptions options);
   ~GrpcServer();
 
-  // Sets every health entry ("" and the service names) to SERVING or NOT_SERVING.
+  // Sets every health entry ("" and the service names) to SERVING or NOT_SERVING. Any
+  // thread; after Drain it does nothing. Calls from several threads are serialised.
   void SetServing(bool serving);
-  bool serving() const { return serving_; }
+  // Any thread (the health state a service last set).
+  bool serving() const { return serving_.load(std::memory_order_acquire); }
   int port() const { return port_; }
   const std::string& address() const { return address_; }
 
   // Health to NOT_SERVING, stop accepting calls, wait for in-flight calls up to `deadline`,
-  // cancel those still running, and return when the server has stopped. Idempotent.
+  // cancel those still running, and return when the server has stopped. Idempotent: a
+  // second call (another thread, the destructor) returns at once.
   void Drain(std::chrono::system_clock::time_point deadline);
 
  private:
   GrpcServer(std::unique_ptr<grpc::Server> server, GrpcServerOptions options, int port);
+  void SetServingLocked(bool serving) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
 
   std::unique_ptr<grpc::Server> server_;
   GrpcServerOptions options_;
   int port_;
   std::string address_;
-  bool serving_ = false;
-  bool drained_ = false;
+  // SetServing is called from a service's own threads (a watcher, a session) while Drain
+  // runs on the signal-handling thread. state_mu_ orders each health change against the
+  // drain, so no SetServing(true) lands after Drain's NOT_SERVING; the atomics let serving()
+  // and a repeated Drain read the state without taking it.
+  absl::Mutex state_mu_;
+  std::atomic<bool> serving_{false};
+  std::atomic<bool> drained_{false};
 };
 
 }  // namespace nq

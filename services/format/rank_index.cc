@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,11 @@ bool IsSha256Hex(const std::string& s) {
          });
 }
 
+// The largest byte offset a range may reach (offset + bytes): off_t's, as pread takes it.
+// Validate refuses a range past it, so offset + bytes never wraps around uint64 (a crafted
+// offset near 2^64 would otherwise end "before" any file's size and pass the size check).
+constexpr uint64_t kMaxFileOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+
 // A relative path inside the release: no absolute paths, no "..".
 bool IsSafeRelativePath(const std::string& p) {
   if (p.empty() || p.front() == '/') return false;
@@ -40,6 +46,10 @@ absl::Status ValidateRange(const FileRange& r, const std::string& where) {
   if (!IsSha256Hex(r.sha256)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ".sha256 must be 64 lower-case hex digits"));
+  }
+  if (r.offset > kMaxFileOffset || r.bytes > kMaxFileOffset - r.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": offset ", r.offset, " + bytes ", r.bytes, " of ", r.file,
+                                                   " is past the largest file offset ", kMaxFileOffset));
   }
   return absl::OkStatus();
 }
@@ -104,7 +114,9 @@ absl::Status RankIndex::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat(where, ": records offset ", e.records.offset,
                                                      " is not a multiple of ", kRecordAlign));
     }
-    if (e.records.bytes != uint64_t{experts_per_layer} * e.layout.rec_bytes) {
+    uint64_t expected_bytes = 0;
+    if (__builtin_mul_overflow(uint64_t{experts_per_layer}, e.layout.rec_bytes, &expected_bytes) ||
+        e.records.bytes != expected_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": records bytes ", e.records.bytes,
                                                      " != ", experts_per_layer,
                                                      " experts x rec_bytes ", e.layout.rec_bytes));

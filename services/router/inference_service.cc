@@ -24,8 +24,21 @@ absl::StatusOr<nq::v1::ModelInfo> CurrentModelInfo(const WorkerConnection& worke
 }
 
 InferenceService::InferenceService(WorkerConnection* worker, Generator* generator, const ChatAdapter* chat,
-                                   std::string served_model_name)
-    : worker_(worker), generator_(generator), chat_(chat), served_model_name_(std::move(served_model_name)) {}
+                                   std::string served_model_name, const ApiKeyCheck* api_key)
+    : worker_(worker),
+      generator_(generator),
+      chat_(chat),
+      served_model_name_(std::move(served_model_name)),
+      api_key_(api_key) {}
+
+absl::Status InferenceService::Authorize(const grpc::ServerContext& context) const {
+  if (api_key_ == nullptr || !api_key_->enabled()) return absl::OkStatus();
+  // gRPC metadata keys are lower-case; a repeated key counts as missing rather than guessed at.
+  const auto& metadata = context.client_metadata();
+  if (metadata.count("authorization") != 1) return api_key_->Check("");
+  const grpc::string_ref value = metadata.find("authorization")->second;
+  return api_key_->Check(std::string(value.data(), value.size()));
+}
 
 absl::StatusOr<std::vector<int32_t>> InferenceService::PromptIds(const nq::v1::GenerateRequest& request) const {
   switch (request.input_case()) {
@@ -45,6 +58,7 @@ absl::StatusOr<std::vector<int32_t>> InferenceService::PromptIds(const nq::v1::G
 
 grpc::Status InferenceService::Generate(grpc::ServerContext* context, const nq::v1::GenerateRequest* request,
                                         grpc::ServerWriter<nq::v1::GenerateResponse>* writer) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   if (generator_ == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this router has no tokenizer loaded (--tokenizer)");
   }
@@ -105,6 +119,7 @@ grpc::Status InferenceService::Generate(grpc::ServerContext* context, const nq::
 
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const nq::v1::TokenizeRequest* request,
                                         nq::v1::TokenizeResponse* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   if (generator_ == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this router has no tokenizer loaded (--tokenizer)");
   }
@@ -130,6 +145,7 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context, const nq::
 grpc::Status InferenceService::GetModelInfo(grpc::ServerContext* context,
                                             const nq::v1::GetModelInfoRequest* request,
                                             nq::v1::ModelInfo* response) {
+  if (absl::Status s = Authorize(*context); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<nq::v1::ModelInfo> info = CurrentModelInfo(*worker_, served_model_name_);
   if (!info.ok()) return ToGrpcStatus(info.status());
   *response = *std::move(info);

@@ -44,7 +44,9 @@ ABSL_FLAG(int, default_max_tokens, 256, "max_tokens of a request that sets none"
 ABSL_FLAG(double, request_timeout_s, 600, "A request's deadline, queue wait included");
 ABSL_FLAG(int64_t, max_body_bytes, 8 << 20, "Largest HTTP request body (larger: 413)");
 ABSL_FLAG(std::string, api_key, "",
-          "Require 'Authorization: Bearer <key>' on the API (also read from $NQ_API_KEY; never logged)");
+          "Require 'Authorization: Bearer <key>' on the API: every HTTP route but /health and /metrics, and every "
+          "nq.v1.Inference call (as 'authorization' metadata; gRPC health stays open). Also read from $NQ_API_KEY; "
+          "never logged");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 namespace nq::router {
@@ -109,7 +111,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   AutoChatAdapter auto_chat(&worker);
   const ChatAdapter* chat_adapter = chat_format == "auto" ? &auto_chat : chat.get();
   DrainDeadline http_drain;
-  InferenceService service(&worker, generator.get(), chat_adapter, absl::GetFlag(FLAGS_served_model_name));
+  InferenceService service(&worker, generator.get(), chat_adapter, absl::GetFlag(FLAGS_served_model_name), &api_key);
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),

@@ -17,6 +17,9 @@ namespace {
 // The thread sleeps until an event is queued or a read lands, both signalled through
 // eventfds; this bound only caps what a lost wake-up (an eventfd error, logged) could cost.
 constexpr absl::Duration kMaxSleep = absl::Seconds(1);
+// A worker sending malformed reports, or more than its loader reads, does so with every block:
+// one log line per interval (with the count since the last one) says so without flooding the log.
+constexpr std::chrono::seconds kReportLogInterval(10);
 
 }  // namespace
 
@@ -45,6 +48,13 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
       reports_refused(registry.Counter("nq_streamer_routing_reports_refused_total",
                                        "Routing reports not fed to the predictor: out of order (an older "
                                        "sequence, or tokens already reported) or malformed").Get()),
+      reports_malformed(registry.Counter("nq_streamer_routing_reports_malformed_total",
+                                         "Routing reports refused as malformed (layers, experts, weights or token "
+                                         "counts that contradict the worker's geometry); also counted in "
+                                         "nq_streamer_routing_reports_refused_total").Get()),
+      reports_dropped(registry.Counter("nq_streamer_routing_reports_dropped_total",
+                                       "Routing reports dropped unread because the loader's queue was full "
+                                       "(SlotLoaderOptions.max_queued_reports)").Get()),
       report_gaps(registry.Counter("nq_streamer_routing_report_gaps_total",
                                    "Routing reports that followed missing tokens of their sequence (blocks "
                                    "the worker dropped)").Get()),
@@ -88,7 +98,8 @@ SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr
       options_(options),
       metrics_(metrics),
       send_(std::move(send)),
-      allocator_(worker_->geometry) {
+      allocator_(worker_->geometry),
+      events_(options.max_queued_reports, &metrics->reports_dropped) {
   const unsigned buffers = std::max(options_.store.buffers, options_.store.queue_depth);
   for (unsigned b = buffers; b-- > 0;) {
     // Device arenas copy from page-locked memory; a buffer that cannot be pinned is not used.
@@ -135,7 +146,15 @@ absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
 void SlotLoader::OnRouting(nq::v1::RoutingReport report) {
   {
     absl::MutexLock lock(&mu_);
-    events_.emplace_back(std::move(report));
+    if (!events_.PushReport(std::move(report))) {
+      stats_.reports_dropped = events_.dropped_reports();
+      static LogRateLimiter dropped_log(kReportLogInterval);
+      if (long n = dropped_log.Allow()) {
+        spdlog::warn("worker {}: routing report dropped, {} wait for the loader ({} since last report)",
+                     worker_->worker_id, events_.queued_reports(), n);
+      }
+      return;  // the loader has plenty to read already
+    }
   }
   Wake();
 }
@@ -143,7 +162,7 @@ void SlotLoader::OnRouting(nq::v1::RoutingReport report) {
 void SlotLoader::OnUnmapAck(nq::v1::UnmapAck ack) {
   {
     absl::MutexLock lock(&mu_);
-    events_.emplace_back(std::move(ack));
+    events_.PushAck(std::move(ack));
   }
   Wake();
 }
@@ -197,7 +216,7 @@ void SlotLoader::Run() {
     {
       absl::MutexLock lock(&mu_);
       if (stop_) break;
-      events.swap(events_);
+      events = events_.TakeAll();
     }
     for (const Event& event : events) {
       if (const auto* report = std::get_if<nq::v1::RoutingReport>(&event)) {
@@ -271,23 +290,14 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
   if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) metrics_->sequences.Increment();
   if (*place == ReportPlace::kAfterGap) metrics_->report_gaps.Increment();
   if (absl::Status s = EnsurePredictor(report); !s.ok()) {
-    metrics_->reports_refused.Increment();
     // Only this report is lost: the next well-formed one starts the predictor.
-    static LogRateLimiter malformed_log(std::chrono::seconds(10));
-    if (long n = malformed_log.Allow()) {
-      spdlog::warn("worker {}: routing report dropped: {} ({} since last report)", worker_->worker_id, s.ToString(), n);
-    }
-    return;
+    return RefuseMalformed(s.ToString());
   }
   const size_t L = predictor_layers_.size();
   const size_t tokens = static_cast<size_t>(report.layer_entries_size()) / L;
   if (tokens != report.num_tokens() || tokens * L != static_cast<size_t>(report.layer_entries_size())) {
-    metrics_->reports_refused.Increment();
-    if (long n = refused_log.Allow()) {
-      spdlog::warn("worker {}: routing report refused: {} entries for {} tokens x {} layers ({} since last report)",
-                   worker_->worker_id, report.layer_entries_size(), report.num_tokens(), L, n);
-    }
-    return;
+    return RefuseMalformed(absl::StrCat(report.layer_entries_size(), " entries for ", report.num_tokens(),
+                                        " tokens x ", L, " layers"));
   }
   std::vector<uint32_t> experts;
   std::vector<float> weights;
@@ -299,10 +309,8 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
       const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(t * L + l));
       if (entry.layer() != predictor_layers_[l] || entry.experts_size() != entry.weights_size() ||
           (!experts.empty() && static_cast<size_t>(entry.experts_size()) * l != experts.size())) {
-        metrics_->reports_refused.Increment();
-        spdlog::warn("worker {}: malformed routing report dropped (token {} layer {})", worker_->worker_id, t,
-                     entry.layer());
-        return;
+        return RefuseMalformed(absl::StrCat("token ", t, " layer ", entry.layer(), " does not match the report's "
+                                            "layers or has experts without weights"));
       }
       for (int j = 0; j < entry.experts_size(); ++j) {
         const uint32_t e = entry.experts(j);
@@ -313,15 +321,22 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
         weights.push_back(entry.weights(j));
       }
     }
-    if (absl::Status s = predictor_->Observe(experts, weights); !s.ok()) {
-      metrics_->reports_refused.Increment();
-      spdlog::warn("worker {}: routing report dropped: {}", worker_->worker_id, s.ToString());
-      return;
-    }
+    if (absl::Status s = predictor_->Observe(experts, weights); !s.ok()) return RefuseMalformed(s.ToString());
     if (predictor_->RefreshDue()) Refresh();
   }
   metrics_->calls_4bit.Increment(static_cast<double>(calls_4bit));
   metrics_->calls_2bit.Increment(static_cast<double>(calls_2bit));
+}
+
+void SlotLoader::RefuseMalformed(const std::string& why) {
+  metrics_->reports_refused.Increment();
+  metrics_->reports_malformed.Increment();
+  // Shared by every loader: a flood from any worker is one line per interval.
+  static LogRateLimiter malformed_log(kReportLogInterval);
+  if (long n = malformed_log.Allow()) {
+    spdlog::warn("worker {}: malformed routing report dropped: {} ({} malformed since last report)",
+                 worker_->worker_id, why, n);
+  }
 }
 
 void SlotLoader::Refresh() {

@@ -11,7 +11,8 @@
 //
 // One thread per loader owns its record store (an io_uring ring and bounce buffers over the
 // process's shared RecordFiles), allocator and predictor; the session thread only queues
-// reports and acks. The thread sleeps in poll(2) on two eventfds, its event queue's and the
+// reports and acks (a bounded queue, loader_events.h: reports past max_queued_reports are
+// dropped and counted). The thread sleeps in poll(2) on two eventfds, its event queue's and the
 // ring's completion signal, so it wakes as soon as a report, an ack or a read arrives and
 // never polls. The loader writes only to the session stream (its `send`).
 #pragma once
@@ -35,6 +36,7 @@
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
 #include "services/streamer/event_fd.h"
+#include "services/streamer/loader_events.h"
 #include "services/streamer/predictor.h"
 #include "services/streamer/record_store.h"
 #include "services/streamer/report_order.h"
@@ -58,6 +60,8 @@ struct LoaderMetrics {
   metrics::Counter& calls_4bit;
   metrics::Counter& calls_2bit;
   metrics::Counter& reports_refused;
+  metrics::Counter& reports_malformed;
+  metrics::Counter& reports_dropped;
   metrics::Counter& report_gaps;
   metrics::Counter& sequences;
 };
@@ -74,6 +78,10 @@ struct SlotLoaderOptions {
   // Tuning (half-lives, weights, hysteresis, read budget); layers, experts, floating slots
   // and fixed sets are filled in from the worker's geometry and the manifest.
   PredictorOptions predictor;
+  // Routing reports waiting for the loader thread; more are dropped and counted
+  // (nq_streamer_routing_reports_dropped_total, loader_events.h). A report is a few KB to a
+  // few hundred KB (tokens x layers x top-k), so this caps a slow loader's backlog at tens of MB.
+  size_t max_queued_reports = 256;
 };
 
 class SlotLoader {
@@ -106,6 +114,7 @@ class SlotLoader {
     uint64_t loads_failed = 0;
     uint64_t updates_sent = 0;
     uint64_t refreshes = 0;
+    uint64_t reports_dropped = 0;  // the event queue was full (max_queued_reports)
   };
   Stats stats() const;
 
@@ -123,7 +132,7 @@ class SlotLoader {
     unsigned buffer = 0;
     uint64_t bytes = 0;
   };
-  using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck>;
+  using Event = LoaderEvents::Event;
 
   SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store, EventFd wake,
              const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send);
@@ -133,6 +142,8 @@ class SlotLoader {
   void Sleep();
   void Run();
   void HandleRouting(const nq::v1::RoutingReport& report);
+  // Counts a malformed report (refused and malformed) and logs it, rate-limited.
+  void RefuseMalformed(const std::string& why);
   void HandleAck(const nq::v1::UnmapAck& ack);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
@@ -153,7 +164,7 @@ class SlotLoader {
 
   // Session thread -> loader thread.
   mutable absl::Mutex mu_;
-  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
+  LoaderEvents events_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

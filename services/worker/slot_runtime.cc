@@ -179,6 +179,11 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
   if (sink) sink(std::move(ack));
 }
 
+// Any thread, between steps too (nq kld's statistics): like SlotFor it reads only the
+// SlotTable, under the table's own mutex, and decoder_ is const. (It once also read a map of
+// decoded weights without a lock; that map went with issue #12, issue #22 checked the rest.)
+// During a step the answer is stable, as updates wait for EndStep; between steps two calls may
+// straddle an update, which statistics tolerate.
 bool SlotRuntime::RunsAtFourBit(int64_t layer, int32_t expert) const {
   return decoder_ != nullptr &&
          table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)).has_value();

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "services/format/manifest.h"
 #include "tests/common/status_matchers.h"
 #include "tests/format/test_release.h"
@@ -12,6 +14,7 @@ namespace {
 
 using ::nq::testing::IsOk;
 using ::nq::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
@@ -96,6 +99,35 @@ TEST(RankIndexTest, OffsetsAndSizes) {
   index.layers[0].records.sha256 = "abc";
   EXPECT_THAT(index.Validate(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("64 lower-case hex")));
+}
+
+// Issue #22: offsets are uint64 from the JSON; offset + bytes must not wrap around (an
+// aligned offset near UINT64_MAX would otherwise end "before" the file's size) nor leave
+// off_t's range, and experts_per_layer x rec_bytes must not overflow into a match.
+TEST(RankIndexTest, OffsetPlusBytesMustNotOverflow) {
+  RankIndex index = TestIndex();
+  index.layers[1].records.offset = std::numeric_limits<uint64_t>::max() - (kRecordAlign - 1);  // aligned
+  EXPECT_THAT(index.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank1.json: layer 4 records"), HasSubstr(RecordFile(1, 4)),
+                             HasSubstr("past the largest file offset"))));
+  index = TestIndex();
+  // The largest aligned off_t: fits alone, not with the records' bytes.
+  constexpr uint64_t kMaxOffT = std::numeric_limits<int64_t>::max();
+  index.layers[0].records.offset = kMaxOffT - (kMaxOffT % kRecordAlign);
+  EXPECT_THAT(index.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank1.json: layer 3 records: offset")));
+  index = TestIndex();
+  index.layers[0].resident.bytes = std::numeric_limits<uint64_t>::max();
+  EXPECT_THAT(index.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank1.json: layer 3 resident: offset 0")));
+  // experts_per_layer x rec_bytes = 2^16 x (2^48 + 2^12) = 2^64 + 2^28 wraps to 2^28 in uint64.
+  index = TestIndex();
+  index.experts_per_layer = 1u << 16;
+  index.layers[0].layout.rec_bytes = (uint64_t{1} << 48) + kRecordAlign;
+  index.layers[0].records.bytes = uint64_t{1} << 28;
+  EXPECT_THAT(index.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank1.json: layer 3: records bytes")));
 }
 
 TEST(RankIndexTest, OverlappingRecordsInOneFile) {

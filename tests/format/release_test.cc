@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
+
+#include <nlohmann/json.hpp>
 
 #include "services/format/file_io.h"
 #include "services/format/release_reader.h"
@@ -114,6 +117,37 @@ TEST_F(ReleaseTest, MalformedManifestOrIndexIsRefused) {
   testing::WriteAll(other + "/rank1.json", "{");
   EXPECT_THAT(Release::Open(other), StatusIs(absl::StatusCode::kInvalidArgument,
                                              HasSubstr("rank1.json is not valid JSON")));
+}
+
+// Issue #22: a crafted index whose record offset wraps offset + bytes around uint64, or whose
+// records run past the end of their file, is refused naming the index file, the layer and the
+// records file; nothing in the release is changed, and with the index restored it opens.
+TEST_F(ReleaseTest, CraftedIndexOffsetsAreRefusedAndNothingElseIsLost) {
+  const std::map<std::string, std::string> before = Snapshot(dir_);
+  const std::string original = testing::ReadAll(Path("rank1.json"));
+  auto craft = [&](uint64_t offset) {
+    nlohmann::json index = nlohmann::json::parse(original);
+    for (nlohmann::json& layer : index["layers"]) {
+      if (layer["layer"] == 4) layer["records"]["offset"] = offset;
+    }
+    testing::WriteAll(Path("rank1.json"), index.dump());
+  };
+  // Aligned and 4096 short of 2^64: offset + bytes wraps to a few KB, inside any file.
+  craft(std::numeric_limits<uint64_t>::max() - (kRecordAlign - 1));
+  EXPECT_THAT(Release::Open(dir_),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank1.json: layer 4 records"), HasSubstr("rank1/L4.bin"),
+                             HasSubstr("past the largest file offset"))));
+  // One record in: the layer's records end a record past the end of the file.
+  craft(TestLayout().rec_bytes);
+  EXPECT_THAT(Release::Open(dir_),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank 1 layer 4"), HasSubstr("rank1/L4.bin truncated"))));
+  testing::WriteAll(Path("rank1.json"), original);
+  EXPECT_EQ(Snapshot(dir_), before);
+  auto release = Release::Open(dir_);
+  ASSERT_THAT(release.status(), IsOk());
+  EXPECT_THAT(release->ReadRecord(1, 4, 0).status(), IsOk());
 }
 
 TEST_F(ReleaseTest, VerifyCatchesFlippedRecordByte) {

@@ -16,6 +16,15 @@ namespace nq::testing {
 
 absl::StatusOr<RawHttp> RawHttp::Post(int port, const std::string& path, const std::string& body,
                                       const std::vector<std::string>& extra_headers) {
+  return Send(port, "POST", path, body, extra_headers);
+}
+
+absl::StatusOr<RawHttp> RawHttp::Get(int port, const std::string& path, const std::vector<std::string>& extra_headers) {
+  return Send(port, "GET", path, "", extra_headers);
+}
+
+absl::StatusOr<RawHttp> RawHttp::Send(int port, const std::string& method, const std::string& path,
+                                      const std::string& body, const std::vector<std::string>& extra_headers) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return absl::InternalError("socket");
   sockaddr_in addr{};
@@ -26,7 +35,7 @@ absl::StatusOr<RawHttp> RawHttp::Post(int port, const std::string& path, const s
     close(fd);
     return absl::UnavailableError(absl::StrCat("connect :", port, ": ", std::strerror(errno)));
   }
-  std::string request = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
+  std::string request = absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n",
                                      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n");
   for (const std::string& h : extra_headers) absl::StrAppend(&request, h, "\r\n");
   absl::StrAppend(&request, "\r\n", body);

@@ -14,6 +14,9 @@ class RawHttp {
   // Connects to 127.0.0.1:port and sends a POST with a JSON body.
   static absl::StatusOr<RawHttp> Post(int port, const std::string& path, const std::string& body,
                                       const std::vector<std::string>& extra_headers = {});
+  // The same with a GET and no body.
+  static absl::StatusOr<RawHttp> Get(int port, const std::string& path,
+                                     const std::vector<std::string>& extra_headers = {});
   RawHttp(RawHttp&& other) noexcept;
   RawHttp& operator=(RawHttp&&) = delete;
   ~RawHttp();
@@ -30,6 +33,8 @@ class RawHttp {
 
  private:
   explicit RawHttp(int fd) : fd_(fd) {}
+  static absl::StatusOr<RawHttp> Send(int port, const std::string& method, const std::string& path,
+                                      const std::string& body, const std::vector<std::string>& extra_headers);
   absl::Status Fill();
 
   int fd_ = -1;

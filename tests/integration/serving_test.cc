@@ -200,6 +200,112 @@ TEST_F(ServingTest, ClientErrorsGetPreciseStatusesAndTheServerStaysUp) {
   EXPECT_EQ(HttpGet(router_ports_.http, "/health").status, 200);
 }
 
+// Issue #22: with --api_key set, every route that generates or tells about the model needs
+// the key, over HTTP and gRPC; a missing key, a wrong one and a prefix of the right one are
+// all refused; /health, /metrics and gRPC health stay open.
+TEST_F(ServingTest, ApiKeyGuardsEveryGenerationRouteButHealthAndMetrics) {
+  StartCluster({"--api_key=s3cret"});
+  struct Key {
+    std::string name;
+    std::vector<std::string> headers;  // HTTP
+    std::string metadata;              // gRPC 'authorization', empty: none
+    bool accepted;
+  };
+  const std::vector<Key> keys = {
+      {"no key", {}, "", false},
+      {"wrong key", {"Authorization: Bearer wrong"}, "Bearer wrong", false},
+      {"prefix of the key", {"Authorization: Bearer s3cre"}, "Bearer s3cre", false},
+      {"key plus a suffix", {"Authorization: Bearer s3cret2"}, "Bearer s3cret2", false},
+      {"key without Bearer", {"Authorization: s3cret"}, "s3cret", false},
+      {"right key", {"Authorization: Bearer s3cret"}, "Bearer s3cret", true},
+  };
+  const Json completion = {{"model", "embedded"}, {"prompt", "hi"}, {"max_tokens", 2}, {"ignore_eos", true}};
+  const Json chat = {{"model", "embedded"},
+                     {"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})},
+                     {"max_tokens", 2},
+                     {"ignore_eos", true}};
+  auto streaming = [](Json body) {
+    body["stream"] = true;
+    return body;
+  };
+  struct Route {
+    std::string method, path;
+    Json body;
+  };
+  const std::vector<Route> routes = {
+      {"POST", "/v1/completions", completion},
+      {"POST", "/v1/completions", streaming(completion)},
+      {"POST", "/v1/chat/completions", chat},
+      {"POST", "/v1/chat/completions", streaming(chat)},
+      {"GET", "/v1/models", nullptr},
+      {"POST", "/tokenize", {{"prompt", "hi"}}},
+      {"POST", "/detokenize", {{"tokens", Json::array({1, 2})}}},
+  };
+  for (const Key& key : keys) {
+    for (const Route& route : routes) {
+      const std::string what = absl::StrCat(key.name, ": ", route.method, " ", route.path, " ", route.body.dump());
+      absl::StatusOr<RawHttp> http = route.method == "GET"
+                                         ? RawHttp::Get(router_ports_.http, route.path, key.headers)
+                                         : RawHttp::Post(router_ports_.http, route.path, route.body.dump(), key.headers);
+      ASSERT_TRUE(http.ok()) << what;
+      const int status = http->Status().value_or(0);
+      const std::string body = http->Body().value_or("");
+      if (key.accepted) {
+        EXPECT_EQ(status, 200) << what << " -> " << body;
+        if (route.body.is_object() && route.body.value("stream", false)) {
+          EXPECT_THAT(body, HasSubstr("[DONE]")) << what;
+        }
+      } else {
+        EXPECT_EQ(status, 401) << what << " -> " << body;
+        EXPECT_EQ(Json::parse(body, nullptr, false)["error"]["type"], "authentication_error") << what;
+        EXPECT_THAT(body, ::testing::Not(HasSubstr("s3cret"))) << what;
+      }
+    }
+
+    auto stub = nq::v1::Inference::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", router_ports_.grpc), grpc::InsecureChannelCredentials()));
+    auto context = [&] {
+      auto c = std::make_unique<grpc::ClientContext>();
+      c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      if (!key.metadata.empty()) c->AddMetadata("authorization", key.metadata);
+      return c;
+    };
+    const grpc::StatusCode want = key.accepted ? grpc::StatusCode::OK : grpc::StatusCode::UNAUTHENTICATED;
+    {
+      nq::v1::GenerateRequest request;
+      request.set_prompt("hi");
+      request.mutable_sampling()->set_max_tokens(2);
+      request.mutable_sampling()->set_ignore_eos(true);
+      auto c = context();
+      auto reader = stub->Generate(c.get(), request);
+      nq::v1::GenerateResponse response;
+      int tokens = 0;
+      while (reader->Read(&response)) tokens += response.tokens_size();
+      EXPECT_EQ(reader->Finish().error_code(), want) << key.name << ": Generate";
+      if (!key.accepted) {
+        EXPECT_EQ(tokens, 0) << key.name;
+      }
+    }
+    {
+      nq::v1::TokenizeRequest request;
+      request.set_text("hi");
+      nq::v1::TokenizeResponse response;
+      auto c = context();
+      EXPECT_EQ(stub->Tokenize(c.get(), request, &response).error_code(), want) << key.name << ": Tokenize";
+    }
+    {
+      nq::v1::GetModelInfoRequest request;
+      nq::v1::ModelInfo response;
+      auto c = context();
+      EXPECT_EQ(stub->GetModelInfo(c.get(), request, &response).error_code(), want) << key.name << ": GetModelInfo";
+    }
+  }
+  // Open without a key: health (HTTP and gRPC) and metrics.
+  EXPECT_EQ(HttpGet(router_ports_.http, "/health").status, 200);
+  EXPECT_EQ(HttpGet(router_ports_.http, "/metrics").status, 200);
+  EXPECT_EQ(GrpcHealth(router_ports_.grpc), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
 TEST_F(ServingTest, FullQueueRefusesWith429AndNoRequestHangs) {
   StartCluster({"--max_waiting=4"});
   const Json request = {{"model", "embedded"}, {"prompt", "count"}, {"max_tokens", 40}, {"ignore_eos", true}};

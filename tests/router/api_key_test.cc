@@ -24,6 +24,9 @@ TEST(ApiKeyTest, AcceptsOnlyTheBearerKey) {
   EXPECT_THAT(check.Check(""), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("missing")));
   EXPECT_THAT(check.Check("k-123"), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("missing")));
   EXPECT_THAT(check.Check("Bearer k-1234"), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("incorrect")));
+  // A prefix of the key (what a comparison stopping at the shorter length would accept).
+  EXPECT_THAT(check.Check("Bearer k-12"), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("incorrect")));
+  EXPECT_THAT(check.Check("Bearer K-123"), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("incorrect")));
   EXPECT_THAT(check.Check("Bearer "), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("incorrect")));
   // The key never appears in an error.
   EXPECT_THAT(std::string(check.Check("Bearer nope").message()), ::testing::Not(HasSubstr("k-123")));

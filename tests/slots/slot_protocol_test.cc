@@ -350,6 +350,9 @@ TEST_F(SlotProtocolTest, MalformedRoutingReportsAreDroppedAndLaterOnesStillDrive
   for (int i = 0; i < 3; ++i) client_->EnqueueRoutingReport(Report({9, 10, 11, 12}, rng, 16 * (i + 4)));
   ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(10)));
   EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_refused_total"), 4);
+  // Issue #22: each malformed report is counted on its own (the log line is rate-limited).
+  EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_malformed_total"), 4);
+  EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_dropped_total"), 0);
   EXPECT_TRUE(client_->connected());
   EXPECT_EQ(CheckReadySlots(), 0);
 }
@@ -384,6 +387,7 @@ TEST_F(SlotProtocolTest, OutOfOrderRoutingReportsAreRefusedAndGapsAndSequencesCo
       << calls();
   EXPECT_EQ(calls(), 4 * 16 * kTopK) << "exactly the four accepted reports reached the predictor";
   EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_refused_total"), 3);
+  EXPECT_EQ(StreamerMetric("nq_streamer_routing_reports_malformed_total"), 0) << "out of order is not malformed";
   EXPECT_EQ(StreamerMetric("nq_streamer_routing_report_gaps_total"), 1);
   EXPECT_TRUE(client_->connected());
 }
@@ -411,6 +415,40 @@ TEST_F(SlotProtocolTest, ASessionWhoseLoaderCannotStartFailsAndTheWorkerRetries)
   EXPECT_EQ(StreamerMetric("nq_streamer_sessions_failed_total"), failed) << "no failures once the loader runs";
   EXPECT_EQ(CheckReadySlots(), 0);
   fs::remove(late);
+}
+
+// Issue #22: RunsAtFourBit is read between steps from another thread (statistics) while the
+// session thread applies updates. The race cannot be forced deterministically; this runs the
+// two side by side while loads and evictions churn (a ThreadSanitizer build flags any
+// unguarded read), then checks that, once quiet, the answer is the table's.
+TEST_F(SlotProtocolTest, RunsAtFourBitIsSafeToReadWhileUpdatesApply) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  StartWorker(5, 1);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> reads{0}, four_bit{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        four_bit += runtime_->RunsAtFourBit(kMoeLayer, static_cast<int32_t>(e)) ? 1 : 0;
+        ++reads;
+      }
+    }
+  });
+  std::mt19937 rng(11);
+  for (int i = 0; i < 6; ++i) {
+    const uint32_t base = static_cast<uint32_t>(4 * (i % 3));
+    client_->EnqueueRoutingReport(Report({base, base + 1, base + 2, base + 3}, rng, 16 * static_cast<uint64_t>(i)));
+  }
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(10)));
+  done.store(true);
+  reader.join();
+  EXPECT_GT(reads.load(), 0u);
+  EXPECT_GT(four_bit.load(), 0u) << "the fixed set runs at 4 bits throughout";
+  client_->Stop();  // no more updates: the table is quiet
+  for (uint32_t e = 0; e < kExperts; ++e) {
+    EXPECT_EQ(runtime_->RunsAtFourBit(kMoeLayer, static_cast<int32_t>(e)), table_->SlotOf(kMoeLayer, e).has_value()) << e;
+  }
 }
 
 // The kernels read a READY expert's residual in place from its slot: the slot must hold exactly

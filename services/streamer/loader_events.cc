@@ -1,0 +1,31 @@
+#include "services/streamer/loader_events.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace nq::streamer {
+
+LoaderEvents::LoaderEvents(size_t max_reports, metrics::Counter* dropped)
+    : max_reports_(std::max<size_t>(max_reports, 1)), dropped_(dropped) {}
+
+bool LoaderEvents::PushReport(nq::v1::RoutingReport report) {
+  if (queued_reports_ >= max_reports_) {
+    ++dropped_reports_;
+    if (dropped_ != nullptr) dropped_->Increment();
+    return false;
+  }
+  events_.emplace_back(std::move(report));
+  ++queued_reports_;
+  return true;
+}
+
+void LoaderEvents::PushAck(nq::v1::UnmapAck ack) { events_.emplace_back(std::move(ack)); }
+
+std::deque<LoaderEvents::Event> LoaderEvents::TakeAll() {
+  std::deque<Event> taken;
+  taken.swap(events_);
+  queued_reports_ = 0;
+  return taken;
+}
+
+}  // namespace nq::streamer

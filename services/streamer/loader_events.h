@@ -1,0 +1,50 @@
+// The events a worker's session thread hands its loader thread (slot_loader.h): routing
+// reports and unmap acks, in arrival order, with a bound on the reports.
+//
+// Unmap acks are never dropped: each frees slots the loader may reuse only once acked, and
+// there is at most one per update the loader sent, so the loader's own pace bounds them.
+// Routing reports are advice for the predictor and arrive at the worker's pace: when
+// `max_reports` are already waiting, the incoming one is dropped and counted (the predictor
+// then sees a gap in that sequence, which ReportOrder accepts and counts). Dropping the
+// newest rather than the oldest keeps the queue a plain FIFO, so acks keep their order
+// relative to the reports around them.
+//
+// Not thread-safe: SlotLoader holds its mutex around every call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <variant>
+
+#include "nq/v1/streamer.pb.h"
+#include "services/common/metrics/counter.h"
+
+namespace nq::streamer {
+
+class LoaderEvents {
+ public:
+  using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck>;
+
+  // `max_reports` of 0 is taken as 1 (a loader that takes no report could never predict);
+  // `dropped` (may be null) counts the reports dropped.
+  LoaderEvents(size_t max_reports, metrics::Counter* dropped);
+
+  // False when the report was dropped (max_reports already wait).
+  bool PushReport(nq::v1::RoutingReport report);
+  void PushAck(nq::v1::UnmapAck ack);
+  // Everything queued, oldest first; the queue is empty afterwards.
+  std::deque<Event> TakeAll();
+
+  size_t queued_reports() const { return queued_reports_; }
+  uint64_t dropped_reports() const { return dropped_reports_; }
+
+ private:
+  const size_t max_reports_;
+  metrics::Counter* const dropped_;
+  std::deque<Event> events_;
+  size_t queued_reports_ = 0;
+  uint64_t dropped_reports_ = 0;
+};
+
+}  // namespace nq::streamer
