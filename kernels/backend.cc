@@ -403,7 +403,7 @@ absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, std::int64_t row
   RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
   RETURN_IF_ERROR(CheckOwned(kOp, "dst", dst));
   RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
-  RETURN_IF_ERROR(CheckDType(kOp, "dst", dst, DType::kF32));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "dst", dst, {DType::kF32, DType::kBF16}));
   RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
   RETURN_IF_ERROR(CheckRank(kOp, "dst", dst, 2));
   if (src.shape().dim(1) != dst.shape().dim(1)) {

@@ -124,7 +124,9 @@ class Backend {
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                          Tensor& y);
 
-  // dst[row_offset + i, :] = src[i, :]. src, dst: F32 [*, d]; the rows must fit in dst.
+  // dst[row_offset + i, :] = src[i, :]. src: F32 [n, d]; dst: F32 or BF16 [*, d] (a BF16 dst
+  // stores each value rounded to nearest even, kernels/dtype.h ToBf16: the BF16 latent KV
+  // cache); the rows must fit in dst.
   absl::Status WriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset);
 
   // out[i, :] = x[rows[i], :]. x: F32 [T, d]; rows: host, each < T; out: F32 [rows.size(), d].

@@ -126,8 +126,14 @@ absl::Status CpuBackend::DoLayerNorm(const Tensor& x, const Tensor& weight, cons
 }
 
 absl::Status CpuBackend::DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) {
-  // The destination rows are contiguous: one copy.
-  std::memcpy(dst.data_as<float>() + row_offset * dst.shape().dim(1), src.data(), src.nbytes());
+  // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
+  const std::int64_t first = row_offset * dst.shape().dim(1);
+  if (dst.dtype() == DType::kBF16) {
+    cpu::FloatsToBf16(src.data_as<float>(), src.NumElements(), dst.data_as<Bf16>() + first,
+                      threads_);
+    return absl::OkStatus();
+  }
+  std::memcpy(dst.data_as<float>() + first, src.data(), src.nbytes());
   return absl::OkStatus();
 }
 

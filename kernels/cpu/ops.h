@@ -56,6 +56,10 @@ void Rope(const RopeParams& params, int threads);
 void LayerNorm(const float* x, const float* weight, const float* bias, float eps, float* y,
                const RowDims& dims, int threads);
 
+// out[i] = bf16(src[i]) for `count` floats, rounded to nearest even (ToBf16): WriteRows into a
+// BF16 KV cache.
+void FloatsToBf16(const float* src, std::int64_t count, Bf16* out, int threads);
+
 // out[i, :] = x[rows[i], :], rows of `cols` floats.
 void GatherRows(const float* x, std::span<const std::int32_t> rows, std::int64_t cols, float* out,
                 int threads);

@@ -1,6 +1,6 @@
 // CPU reference row movement: GatherRows (MoE dispatch: tokens -> expert batches) and
 // ScatterAddRows (MoE combine: weighted expert outputs -> tokens). WriteRows is one contiguous
-// copy (CpuBackend::DoWriteRows).
+// copy (CpuBackend::DoWriteRows), or FloatsToBf16 into a BF16 KV cache.
 #include <cstdint>
 #include <cstring>
 
@@ -15,6 +15,16 @@ constexpr std::int64_t kParallelMinElements = std::int64_t{1} << 20;
 constexpr std::int64_t kAlignFloats = 16;
 
 }  // namespace
+
+void FloatsToBf16(const float* src, std::int64_t count, Bf16* out, int threads) {
+  const int use_threads = count < kParallelMinElements ? 1 : threads;
+  ParallelFor(
+      count, kAlignFloats, use_threads,
+      [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) out[i] = ToBf16(src[i]);
+      },
+      kAlignFloats);
+}
 
 void GatherRows(const float* x, std::span<const std::int32_t> rows, std::int64_t cols, float* out,
                 int threads) {

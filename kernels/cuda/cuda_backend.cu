@@ -245,8 +245,14 @@ class CudaBackend final : public Backend {
 
   absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    // The destination rows are contiguous: one copy.
-    float* to = dst.data_as<float>() + row_offset * dst.shape().dim(1);
+    // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
+    const std::int64_t first = row_offset * dst.shape().dim(1);
+    if (dst.dtype() == DType::kBF16) {
+      return LaunchFloatsToBf16(
+          {.src = src.data_as<float>(), .out = dst.data_as<Bf16>() + first, .count = src.NumElements()},
+          ctx_);
+    }
+    float* to = dst.data_as<float>() + first;
     NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src.data(), src.nbytes(),
                                             cudaMemcpyDeviceToDevice, stream_.get()));
     return absl::OkStatus();

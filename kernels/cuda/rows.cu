@@ -1,7 +1,26 @@
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/rows.cuh"
 
 namespace nq::kernels::cuda {
+namespace {
+
+// Resident blocks per SM the grid-stride conversion aims for (2048 threads / kRowsThreads).
+constexpr std::int64_t kBlocksPerSm = 8;
+
+}  // namespace
+
+absl::Status LaunchFloatsToBf16(const FloatsToBf16Params& p, const LaunchContext& ctx) {
+  if (p.count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("FloatsToBf16: negative size count=", p.count));
+  }
+  if (p.count == 0) return absl::OkStatus();
+  const std::int64_t blocks =
+      std::clamp<std::int64_t>(CeilDiv(p.count, kRowsThreads), 1, ctx.num_sms * kBlocksPerSm);
+  FloatsToBf16Kernel<kRowsThreads><<<dim3(static_cast<unsigned>(blocks)), kRowsThreads, 0, ctx.stream>>>(p);
+  return CheckLaunch("FloatsToBf16Kernel");
+}
 
 absl::Status LaunchGatherRows(const GatherRowsParams& p, const LaunchContext& ctx) {
   if (p.n < 0 || p.n > kMaxGridX || p.cols < 0) {

@@ -1,4 +1,7 @@
-// Row movement for the MoE dispatch and combine (WriteRows is a plain cudaMemcpyAsync):
+// Row movement for the KV cache writes and the MoE dispatch and combine:
+//  - WriteRows into an F32 cache is a plain cudaMemcpyAsync; into a BF16 cache it is
+//    FloatsToBf16Kernel over the contiguous destination rows (round to nearest even, the
+//    CPU backend's ToBf16, so both backends store the same bits).
 //  - GatherRowsKernel: out[i, :] = x[rows[i], :], one block per output row.
 //  - ScatterAddRowsKernel: out[r, :] += sum_i weights[i] * src[i, :] over the i with rows[i] = r,
 //    one block per distinct target row. The host groups the contributions by target (a stable
@@ -13,8 +16,18 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/dtype.h"
 
 namespace nq::kernels::cuda {
+
+struct FloatsToBf16Params {
+  const float* src = nullptr;  // [count]
+  Bf16* out = nullptr;         // [count]; does not overlap src
+  std::int64_t count = 0;
+};
+
+// Contract: count >= 0; any alignment of src and out (a cache row offset may be odd).
+absl::Status LaunchFloatsToBf16(const FloatsToBf16Params& params, const LaunchContext& ctx);
 
 struct GatherRowsParams {
   const float* x = nullptr;            // [*, cols]
@@ -43,6 +56,15 @@ struct ScatterAddRowsParams {
 absl::Status LaunchScatterAddRows(const ScatterAddRowsParams& params, const LaunchContext& ctx);
 
 inline constexpr int kRowsThreads = 256;
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    FloatsToBf16Kernel(const __grid_constant__ FloatsToBf16Params p) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * kThreads;
+  for (std::int64_t i = blockIdx.x * std::int64_t{kThreads} + threadIdx.x; i < p.count; i += stride) {
+    p.out[i] = ToBf16(__ldg(p.src + i));
+  }
+}
 
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)

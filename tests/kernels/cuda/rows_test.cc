@@ -1,6 +1,9 @@
-// CUDA WriteRows / GatherRows / ScatterAddRows vs the CPU backend. Row moves are copies and the
-// scatter adds in the CPU's order with the same roundings, so all three must match exactly.
+// CUDA WriteRows (F32 and BF16 caches) / GatherRows / ScatterAddRows vs the CPU backend. Row moves
+// are copies or the same round-to-nearest-even conversion, and the scatter adds in the CPU's order
+// with the same roundings, so all three must match exactly.
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +42,41 @@ TEST(CudaWriteRows, MatchesCpuExactly) {
     outputs[i++] = Download(*backend, tcache);
   }
   EXPECT_TRUE(outputs[1] == outputs[0]);
+}
+
+TEST(CudaWriteRows, Bf16CacheMatchesCpuBitForBit) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(3503);
+  // A BF16 latent cache (c = 512) and rope-key cache (dr = 64): a prefill chunk, a decode row at
+  // the end, and odd widths and offsets (the destination need not be aligned). Both backends
+  // round to nearest even, so the stored bits must agree exactly; ties are planted on purpose.
+  struct Case {
+    std::int64_t rows, cols, chunk, offset;
+  };
+  const std::vector<Case> cases = {{4096, 512, 300, 1000}, {4096, 64, 1, 4095}, {37, 3, 5, 11}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("rows=", c.rows, " cols=", c.cols, " chunk=", c.chunk,
+                              " offset=", c.offset));
+    std::vector<float> chunk = RandomNormal(rng, c.chunk * c.cols, 2.0f);
+    // Every 7th value becomes an exact tie: its low 16 bits are 0x8000.
+    for (std::size_t i = 0; i < chunk.size(); i += 7) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &chunk[i], sizeof(bits));
+      bits = (bits & 0xffff0000u) | 0x8000u;
+      std::memcpy(&chunk[i], &bits, sizeof(bits));
+    }
+    const std::vector<float> cache = RandomNormal(rng, c.rows * c.cols, 1.0f);
+    std::vector<float> outputs[2];
+    int i = 0;
+    for (Backend* backend : {Backends().cpu.get(), Backends().cuda.get()}) {
+      Tensor tcache = Upload(*backend, cache, DType::kBF16, {c.rows, c.cols});
+      Tensor tchunk = Upload(*backend, chunk, DType::kF32, {c.chunk, c.cols});
+      NQ_ASSERT_OK(backend->WriteRows(tchunk, tcache, c.offset));
+      outputs[i++] = Download(*backend, tcache);
+    }
+    ASSERT_EQ(outputs[0].size(), outputs[1].size());
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(float)), 0);
+  }
 }
 
 TEST(CudaGatherAndScatterAddRows, MatchCpuExactly) {
