@@ -468,12 +468,16 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                                    const Tensor& w_uk, const Tensor& w_uv, const Tensor* selected,
                                    std::int64_t start_pos, float scale, Tensor& out) {
   constexpr absl::string_view kOp = "MlaAttention";
-  const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {
-      {"q_nope", &q_nope}, {"q_pe", &q_pe}, {"kv_latent", &kv_latent}, {"k_pe", &k_pe}};
+  const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {{"q_nope", &q_nope}, {"q_pe", &q_pe}};
   for (const auto& [name, t] : f32_inputs) {
     RETURN_IF_ERROR(CheckOwned(kOp, name, *t));
     RETURN_IF_ERROR(CheckDType(kOp, name, *t, DType::kF32));
   }
+  // The latent cache: F32, or BF16 (half the bytes every decode step reads).
+  RETURN_IF_ERROR(CheckOwned(kOp, "kv_latent", kv_latent));
+  RETURN_IF_ERROR(CheckOwned(kOp, "k_pe", k_pe));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "kv_latent", kv_latent, {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDType(kOp, "k_pe", k_pe, kv_latent.dtype()));
   RETURN_IF_ERROR(CheckOwned(kOp, "w_uk", w_uk));
   RETURN_IF_ERROR(CheckOwned(kOp, "w_uv", w_uv));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));

@@ -144,8 +144,8 @@ class Backend {
   //   out[t, h*dv:(h+1)*dv] = w_uv[h] · (sum_s p[t,h,s] kv_latent[s,:])
   // Query t sits at position start_pos + t and sees keys s <= start_pos + t; when `selected`
   // is given (DSA), only the keys it lists for t (I32 [T, K], -1 = none; duplicates are not
-  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 [S, c];
-  // k_pe F32 [S, dr] with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
+  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 or BF16 [S, c];
+  // k_pe [S, dr] of kv_latent's dtype, with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
   // [H, dv, c]; out F32 [T, H * dv].
   absl::Status MlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
                             const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,

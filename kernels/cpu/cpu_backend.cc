@@ -4,6 +4,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nq_moe.h"
@@ -155,10 +156,28 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
                                         const Tensor& w_uk, const Tensor& w_uv,
                                         const Tensor* selected, std::int64_t start_pos,
                                         float scale, Tensor& out) {
+  // A BF16 cache is widened to fp32 (exactly) and attended like an F32 one: the CPU backend is
+  // the oracle the CUDA kernels are checked against, so it computes in one precision only.
+  std::vector<float> latent_wide, rope_wide;
+  const float* latent = nullptr;
+  const float* rope = nullptr;
+  if (kv_latent.dtype() == DType::kBF16) {
+    auto widen = [](const Tensor& t, std::vector<float>& wide) {
+      const Bf16* v = t.data_as<Bf16>();
+      wide.resize(static_cast<std::size_t>(t.shape().NumElements()));
+      for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = ToFloat(v[i]);
+      return wide.data();
+    };
+    latent = widen(kv_latent, latent_wide);
+    rope = widen(k_pe, rope_wide);
+  } else {
+    latent = kv_latent.data_as<float>();
+    rope = k_pe.data_as<float>();
+  }
   cpu::MlaAttention({.q_nope = q_nope.data_as<float>(),
                      .q_pe = q_pe.data_as<float>(),
-                     .kv_latent = kv_latent.data_as<float>(),
-                     .k_pe = k_pe.data_as<float>(),
+                     .kv_latent = latent,
+                     .k_pe = rope,
                      .w_uk = w_uk.data(),
                      .w_uk_dtype = w_uk.dtype(),
                      .w_uv = w_uv.data(),

@@ -326,8 +326,9 @@ class CudaBackend final : public Backend {
     const MlaAttentionParams params{
         .q_nope = q_nope.data_as<float>(),
          .q_pe = q_pe.data_as<float>(),
-         .kv_latent = kv_latent.data_as<float>(),
-         .k_pe = k_pe.data_as<float>(),
+         .kv_latent = kv_latent.data(),
+         .k_pe = k_pe.data(),
+         .kv_dtype = kv_latent.dtype(),
          .w_uk = w_uk.data(),
          .w_uk_dtype = w_uk.dtype(),
          .w_uv = w_uv.data(),

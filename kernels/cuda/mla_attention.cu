@@ -7,21 +7,23 @@ namespace {
 
 using Launcher = absl::Status (*)(const MlaAttentionParams&, std::size_t, const LaunchContext&);
 
-template <typename UkT, typename UvT>
+template <typename KvT, typename UkT, typename UvT>
 absl::Status Launch(const MlaAttentionParams& p, std::size_t shared_bytes,
                     const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(std::int64_t{p.tokens} * p.heads));
-  MlaAttentionKernel<UkT, UvT><<<grid, kMlaThreads, shared_bytes, ctx.stream>>>(p);
+  MlaAttentionKernel<KvT, UkT, UvT><<<grid, kMlaThreads, shared_bytes, ctx.stream>>>(p);
   return CheckLaunch("MlaAttentionKernel");
 }
 
-// Rows: w_uk F32, BF16; columns: w_uv F32, BF16.
-constexpr Launcher kLaunchers[2][2] = {
-    {&Launch<float, float>, &Launch<float, Bf16>},
-    {&Launch<Bf16, float>, &Launch<Bf16, Bf16>},
+// [kv cache][w_uk][w_uv], each F32 then BF16.
+constexpr Launcher kLaunchers[2][2][2] = {
+    {{&Launch<float, float, float>, &Launch<float, float, Bf16>},
+     {&Launch<float, Bf16, float>, &Launch<float, Bf16, Bf16>}},
+    {{&Launch<Bf16, float, float>, &Launch<Bf16, float, Bf16>},
+     {&Launch<Bf16, Bf16, float>, &Launch<Bf16, Bf16, Bf16>}},
 };
 
-// The row / column of kLaunchers for a weight dtype, or -1.
+// The index of kLaunchers for a cache or weight dtype, or -1.
 int WeightIndex(DType dtype) {
   switch (dtype) {
     case DType::kF32: return 0;
@@ -40,12 +42,13 @@ absl::Status LaunchMlaAttention(const MlaAttentionParams& p, const LaunchContext
         "MlaAttention: unsupported size tokens=", p.tokens, " heads=", p.heads, " dn=", p.dn,
         " dr=", p.dr, " c=", p.c, " dv=", p.dv, " top_k=", p.top_k, " start_pos=", p.start_pos));
   }
+  const int kv = WeightIndex(p.kv_dtype);
   const int uk = WeightIndex(p.w_uk_dtype);
   const int uv = WeightIndex(p.w_uv_dtype);
-  if (uk < 0 || uv < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("MlaAttention: no CUDA kernel for w_uk ",
-                                                   DTypeName(p.w_uk_dtype), " and w_uv ",
-                                                   DTypeName(p.w_uv_dtype), " (F32 or BF16 each)"));
+  if (kv < 0 || uk < 0 || uv < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MlaAttention: no CUDA kernel for a ", DTypeName(p.kv_dtype), " cache with w_uk ",
+        DTypeName(p.w_uk_dtype), " and w_uv ", DTypeName(p.w_uv_dtype), " (F32 or BF16 each)"));
   }
   const std::size_t shared_bytes = MlaSharedBytes(p.dn, p.dr, p.c);
   if (shared_bytes > kMlaMaxSharedBytes) {
@@ -54,7 +57,7 @@ absl::Status LaunchMlaAttention(const MlaAttentionParams& p, const LaunchContext
         " bytes of shared memory per block; the CUDA kernel supports up to ", kMlaMaxSharedBytes));
   }
   if (p.tokens == 0 || p.heads == 0) return absl::OkStatus();
-  return kLaunchers[uk][uv](p, shared_bytes, ctx);
+  return kLaunchers[kv][uk][uv](p, shared_bytes, ctx);
 }
 
 }  // namespace nq::kernels::cuda

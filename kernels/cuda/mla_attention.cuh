@@ -30,8 +30,9 @@ namespace nq::kernels::cuda {
 struct MlaAttentionParams {
   const float* q_nope = nullptr;     // [tokens, heads, dn]
   const float* q_pe = nullptr;       // [tokens, heads, dr]
-  const float* kv_latent = nullptr;  // [keys, c]
-  const float* k_pe = nullptr;       // [keys, dr]
+  const void* kv_latent = nullptr;  // [keys, c], elements of kv_dtype (F32 or BF16)
+  const void* k_pe = nullptr;       // [keys, dr], the same dtype
+  DType kv_dtype = DType::kF32;
   const void* w_uk = nullptr;        // [heads, dn, c], elements of w_uk_dtype (F32 or BF16)
   DType w_uk_dtype = DType::kF32;
   const void* w_uv = nullptr;  // [heads, dv, c], elements of w_uv_dtype (F32 or BF16)
@@ -64,9 +65,11 @@ constexpr std::size_t MlaSharedBytes(std::size_t dn, std::size_t dr, std::size_t
   return sizeof(float) * (dn + dr + 2 * c + 2 * kMlaKeyTile);
 }
 
-template <typename UkT, typename UvT>
+template <typename KvT, typename UkT, typename UvT>
 __global__ void __launch_bounds__(kMlaThreads)
     MlaAttentionKernel(const __grid_constant__ MlaAttentionParams p) {
+  const KvT* kv_latent = static_cast<const KvT*>(p.kv_latent);
+  const KvT* k_pe = static_cast<const KvT*>(p.k_pe);
   extern __shared__ float smem[];
   float* q_nope = smem;         // [dn]
   float* q_pe = q_nope + p.dn;  // [dr]
@@ -114,14 +117,14 @@ __global__ void __launch_bounds__(kMlaThreads)
       }
       float score = -INFINITY;
       if (key >= 0) {
-        const float* kv = p.kv_latent + std::int64_t{key} * p.c;
-        const float* kp = p.k_pe + std::int64_t{key} * p.dr;
+        const KvT* kv = kv_latent + std::int64_t{key} * p.c;
+        const KvT* kp = k_pe + std::int64_t{key} * p.dr;
         float partial = 0.0f;
         for (int i = lane; i < p.c; i += kWarpSize) {
-          partial = fmaf(q_lat[i], __ldg(kv + i), partial);
+          partial = fmaf(q_lat[i], LoadFloat(kv + i), partial);
         }
         for (int i = lane; i < p.dr; i += kWarpSize) {
-          partial = fmaf(q_pe[i], __ldg(kp + i), partial);
+          partial = fmaf(q_pe[i], LoadFloat(kp + i), partial);
         }
         score = WarpSum(partial) * p.scale;
       }
@@ -151,7 +154,7 @@ __global__ void __launch_bounds__(kMlaThreads)
       for (int k = 0; k < kMlaKeyTile; ++k) {
         const int key = tile_key[k];
         if (key >= 0) {
-          acc = fmaf(tile_p[k], __ldg(p.kv_latent + std::int64_t{key} * p.c + i), acc);
+          acc = fmaf(tile_p[k], LoadFloat(kv_latent + std::int64_t{key} * p.c + i), acc);
         }
       }
       o_lat[i] = acc;

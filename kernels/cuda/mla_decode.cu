@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/load.cuh"
@@ -53,9 +54,9 @@ struct SplitArgs {
   float* o = nullptr;          // [tokens][heads][c]: the merged, normalised latent output
 };
 
-std::size_t SplitSharedBytes(int d) {
+std::size_t SplitSharedBytes(int d, std::size_t kv_bytes) {
   return sizeof(std::uint16_t) * 2 * kMlaHeadGroup * QStride(d) +     // q hi, lo
-         sizeof(float) * 2 * kKeyTile * KvStride(d) +                 // two key tiles
+         kv_bytes * 2 * kKeyTile * KvStride(d) +                      // two key tiles
          sizeof(float) * (kQkSlices + 1) * kMlaHeadGroup * kPStride +  // score slices, P
          sizeof(float) * 3 * kMlaHeadGroup + sizeof(int) * 2 * kKeyTile;  // row stats, validity
 }
@@ -94,6 +95,11 @@ __device__ __forceinline__ void WaitCopies() {
 // waiting for this one's results.
 __device__ __forceinline__ void LetTheNextKernelStart() { asm volatile("griddepcontrol.launch_dependents;"); }
 __device__ __forceinline__ void WaitForThePreviousKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Two bf16 as one MMA operand register, `first` in the low half.
+__device__ __forceinline__ std::uint32_t Pack(Bf16 first, Bf16 second) {
+  return std::uint32_t{first.bits} | (std::uint32_t{second.bits} << 16);
+}
 
 __device__ __forceinline__ std::uint32_t Load32(const std::uint16_t* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
@@ -179,14 +185,20 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
 // grid: (splits, head_groups, tokens). See the header; the fragment layouts are those of
 // mma.m16n8k16 (PTX ISA): lane = 4 * g + qd holds A rows g and g + 8, columns 2qd.. and
 // 2qd + 8..; B column g, rows 2qd.. and 2qd + 8..; C rows g and g + 8, columns 2qd, 2qd + 1.
+//
+// KvT float: the cache's values are split into bf16 hi + lo like the queries' (three MMAs per
+// product). KvT Bf16: the cache values are exact bf16 operands (two MMAs: q hi and q lo).
+template <typename KvT>
 __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_constant__ SplitArgs a) {
+  constexpr bool kF32 = std::is_same_v<KvT, float>;
+  constexpr int kChunk = 16 / static_cast<int>(sizeof(KvT));  // cache elements per cp.async
   const MlaAttentionParams& p = a.p;
   extern __shared__ __align__(16) unsigned char smem[];
   const int d = p.c + p.dr, qs = QStride(d), ks = KvStride(d);
   std::uint16_t* q_hi = reinterpret_cast<std::uint16_t*>(smem);  // [16][qs]
   std::uint16_t* q_lo = q_hi + kMlaHeadGroup * qs;                 // [16][qs]
-  float* kv = reinterpret_cast<float*>(q_lo + kMlaHeadGroup * qs);  // [2][kKeyTile][ks]
-  float* s_part = kv + 2 * kKeyTile * ks;                           // [kQkSlices][16][kPStride]
+  KvT* kv = reinterpret_cast<KvT*>(q_lo + kMlaHeadGroup * qs);      // [2][kKeyTile][ks]
+  float* s_part = reinterpret_cast<float*>(kv + 2 * kKeyTile * ks);  // [kQkSlices][16][kPStride]
   float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
   float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
   float* row_sum = row_max + kMlaHeadGroup;                         // [16]
@@ -229,12 +241,12 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
         key = selected != nullptr ? __ldg(selected + candidate) : static_cast<int>(candidate);
         if (key > pos) key = -1;
       }
-      float* dst = kv + (buffer * kKeyTile + r) * ks;
-      const float* latent = p.kv_latent + std::int64_t{max(key, 0)} * p.c;
-      const float* rope = p.k_pe + std::int64_t{max(key, 0)} * p.dr;
-      for (int j = lane; j < d / 4; j += kWarpSize) {
-        const float* src = 4 * j < p.c ? latent + 4 * j : rope + (4 * j - p.c);
-        CopyAsync16(dst + 4 * j, src, key >= 0);
+      KvT* dst = kv + (buffer * kKeyTile + r) * ks;
+      const KvT* latent = static_cast<const KvT*>(p.kv_latent) + std::int64_t{max(key, 0)} * p.c;
+      const KvT* rope = static_cast<const KvT*>(p.k_pe) + std::int64_t{max(key, 0)} * p.dr;
+      for (int j = lane; j < d / kChunk; j += kWarpSize) {
+        const int e = kChunk * j;  // c and dr are multiples of 16: a chunk never straddles them
+        CopyAsync16(dst + e, e < p.c ? latent + e : rope + (e - p.c), key >= 0);
       }
       if (lane == 0) tile_valid[buffer * kKeyTile + r] = key >= 0;
     }
@@ -259,13 +271,13 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
       WaitCopies<0>();
     }
     __syncthreads();
-    const float* keys = kv + buffer * kKeyTile * ks;
+    const KvT* keys = kv + buffer * kKeyTile * ks;
 
     // Scores: warp w takes key columns 8 (w % 4).. and slice w / 4 of the d dimensions.
     {
       const int steps = d / 16, slice = warp / 4;
       const int k_begin = slice * steps / kQkSlices, k_end = (slice + 1) * steps / kQkSlices;
-      const float* krow = keys + ((warp % 4) * 8 + g) * ks;
+      const KvT* krow = keys + ((warp % 4) * 8 + g) * ks;
       float hh[4] = {}, hl[4] = {}, lh[4] = {};
 #pragma unroll 3
       for (int kk = k_begin; kk < k_end; ++kk) {
@@ -274,14 +286,21 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
                                      Load32(q_hi + g * qs + col + 8), Load32(q_hi + (g + 8) * qs + col + 8)};
         const std::uint32_t al[4] = {Load32(q_lo + g * qs + col), Load32(q_lo + (g + 8) * qs + col),
                                      Load32(q_lo + g * qs + col + 8), Load32(q_lo + (g + 8) * qs + col + 8)};
-        const float2 f0 = *reinterpret_cast<const float2*>(krow + col);
-        const float2 f1 = *reinterpret_cast<const float2*>(krow + col + 8);
-        std::uint32_t bh0, bl0, bh1, bl1;
-        Split(f0.x, f0.y, bh0, bl0);
-        Split(f1.x, f1.y, bh1, bl1);
-        Mma(hh, ah, bh0, bh1);
-        Mma(hl, ah, bl0, bl1);
-        Mma(lh, al, bh0, bh1);
+        if constexpr (kF32) {
+          const float2 f0 = *reinterpret_cast<const float2*>(krow + col);
+          const float2 f1 = *reinterpret_cast<const float2*>(krow + col + 8);
+          std::uint32_t bh0, bl0, bh1, bl1;
+          Split(f0.x, f0.y, bh0, bl0);
+          Split(f1.x, f1.y, bh1, bl1);
+          Mma(hh, ah, bh0, bh1);
+          Mma(hl, ah, bl0, bl1);
+          Mma(lh, al, bh0, bh1);
+        } else {
+          const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(krow + col);
+          const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(krow + col + 8);
+          Mma(hh, ah, b0, b1);
+          Mma(lh, al, b0, b1);
+        }
       }
       float* sp = s_part + slice * kMlaHeadGroup * kPStride;
       const int key = (warp % 4) * 8 + 2 * qd;
@@ -343,18 +362,25 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
         Split(p1.x, p1.y, ah[1], al[1]);
         Split(p2.x, p2.y, ah[2], al[2]);
         Split(p3.x, p3.y, ah[3], al[3]);
-        const float* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
+        const KvT* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
 #pragma unroll
         for (int i = 0; i < kPvTilesPerWarp; ++i) {
           const int n_tile = warp + kSplitWarps * i;
           if (n_tile < pv_tiles) {
             const int n = n_tile * 8 + g;
-            std::uint32_t bh0, bl0, bh1, bl1;
-            Split(v[n], v[ks + n], bh0, bl0);
-            Split(v[8 * ks + n], v[9 * ks + n], bh1, bl1);
-            Mma(o[i], ah, bh0, bh1);
-            Mma(o[i], ah, bl0, bl1);
-            Mma(o[i], al, bh0, bh1);
+            if constexpr (kF32) {
+              std::uint32_t bh0, bl0, bh1, bl1;
+              Split(v[n], v[ks + n], bh0, bl0);
+              Split(v[8 * ks + n], v[9 * ks + n], bh1, bl1);
+              Mma(o[i], ah, bh0, bh1);
+              Mma(o[i], ah, bl0, bl1);
+              Mma(o[i], al, bh0, bh1);
+            } else {
+              const std::uint32_t b0 = Pack(v[n], v[ks + n]);
+              const std::uint32_t b1 = Pack(v[8 * ks + n], v[9 * ks + n]);
+              Mma(o[i], ah, b0, b1);
+              Mma(o[i], al, b0, b1);
+            }
           }
         }
       }
@@ -545,7 +571,8 @@ bool MlaDecodeApplies(const MlaAttentionParams& p) {
   return p.tokens >= 1 && p.tokens <= kMlaDecodeMaxTokens && p.heads >= 1 && p.dn >= 1 && p.dn <= 1024 && p.dv >= 1 &&
          p.c >= 16 && p.c <= kMlaMaxLatent && p.c % 16 == 0 && p.dr % 16 == 0 &&
          CeilDiv(p.heads, kMlaHeadGroup) <= kMaxGridY && p.heads <= kMaxGridY && WeightIndex(p.w_uk_dtype) >= 0 &&
-         WeightIndex(p.w_uv_dtype) >= 0 && IsAligned(p.kv_latent, 16) && IsAligned(p.k_pe, 16) &&
+         WeightIndex(p.w_uv_dtype) >= 0 && WeightIndex(p.kv_dtype) >= 0 && IsAligned(p.kv_latent, 16) &&
+         IsAligned(p.k_pe, 16) &&
          IsAligned(p.w_uk, 16) && IsAligned(p.w_uv, 16);
 }
 
@@ -593,12 +620,14 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
               .o = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + 2 * plan.stats_bytes)};
   RETURN_IF_ERROR(WeightIndex(p.w_uk_dtype) == 0 ? LaunchAbsorb<float>(a, ctx) : LaunchAbsorb<Bf16>(a, ctx));
 
-  const std::size_t smem = SplitSharedBytes(p.c + p.dr);
+  const bool f32_cache = p.kv_dtype == DType::kF32;
+  const std::size_t smem = SplitSharedBytes(p.c + p.dr, f32_cache ? sizeof(float) : sizeof(Bf16));
+  auto* split_kernel = f32_cache ? &MlaSplitKernel<float> : &MlaSplitKernel<Bf16>;
   NQ_CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(MlaSplitKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(plan.head_groups),
                   static_cast<unsigned>(p.tokens));
-  RETURN_IF_ERROR(LaunchDependent(MlaSplitKernel, grid, kSplitThreads, smem, ctx, "MlaSplitKernel", a));
+  RETURN_IF_ERROR(LaunchDependent(split_kernel, grid, kSplitThreads, smem, ctx, "MlaSplitKernel", a));
 
   const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, kCombineCols)), static_cast<unsigned>(p.heads),
                           static_cast<unsigned>(p.tokens));

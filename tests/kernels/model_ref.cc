@@ -176,11 +176,11 @@ MlaInputs RandomMlaInputs(std::mt19937_64& rng, const MlaShape& m, DType w_uk_dt
 std::vector<float> RunMlaAttention(Backend& backend, const MlaShape& m, const MlaInputs& in,
                                    DType w_uk_dtype, DType w_uv_dtype,
                                    std::span<const std::int32_t> selected, std::int64_t top_k,
-                                   float scale) {
+                                   float scale, DType kv_dtype) {
   Tensor q_nope = Upload(backend, in.q_nope, DType::kF32, {m.tokens, m.heads, m.dn});
   Tensor q_pe = Upload(backend, in.q_pe, DType::kF32, {m.tokens, m.heads, m.dr});
-  Tensor kv_latent = Upload(backend, in.kv_latent, DType::kF32, {m.keys, m.c});
-  Tensor k_pe = Upload(backend, in.k_pe, DType::kF32, {m.keys, m.dr});
+  Tensor kv_latent = Upload(backend, in.kv_latent, kv_dtype, {m.keys, m.c});
+  Tensor k_pe = Upload(backend, in.k_pe, kv_dtype, {m.keys, m.dr});
   Tensor w_uk = Upload(backend, in.w_uk, w_uk_dtype, {m.heads, m.dn, m.c});
   Tensor w_uv = Upload(backend, in.w_uv, w_uv_dtype, {m.heads, m.dv, m.c});
   Tensor out = AllocateOrFail(backend, DType::kF32, {m.tokens, m.heads * m.dv});

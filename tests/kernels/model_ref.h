@@ -71,12 +71,13 @@ std::vector<std::int32_t> RefIndexerTopK(std::span<const float> q, std::span<con
 MlaInputs RandomMlaInputs(std::mt19937_64& rng, const MlaShape& shape, DType w_uk_dtype,
                           DType w_uv_dtype, float weight_sd = 0.1f);
 
-// Backend::MlaAttention on fresh tensors of `backend`; `selected` empty = dense. Returns out
+// Backend::MlaAttention on fresh tensors of `backend` (the cache uploaded as kv_dtype); `selected`
+// empty = dense. Returns out
 // (empty, with a test failure, if the op fails).
 std::vector<float> RunMlaAttention(Backend& backend, const MlaShape& shape, const MlaInputs& in,
                                    DType w_uk_dtype, DType w_uv_dtype,
                                    std::span<const std::int32_t> selected, std::int64_t top_k,
-                                   float scale);
+                                   float scale, DType kv_dtype = DType::kF32);
 
 // Backend::IndexerTopK on fresh tensors of `backend`: q [tokens, heads, dim], k [keys, dim],
 // weights [tokens, heads]. Returns selected (empty, with a test failure, if the op fails).

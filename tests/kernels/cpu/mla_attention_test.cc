@@ -162,6 +162,36 @@ TEST(CpuMlaAttention, SelectingEveryVisibleKeyEqualsDense) {
       kTolerance);
 }
 
+// A BF16 cache is its values widened: the same result, bit for bit, as an F32 cache holding the
+// BF16-rounded values (dense and DSA, decode and prefill).
+TEST(CpuMlaAttention, Bf16CacheEqualsAnF32CacheOfTheRoundedValues) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::mt19937_64 rng = MakeRng(3701);
+  const MlaShape m{.tokens = 3, .heads = 4, .dn = 16, .dr = 8, .c = 32, .dv = 12, .keys = 40, .start_pos = 30};
+  MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.1f);
+  MlaInputs rounded = in;
+  for (std::vector<float>* v : {&rounded.kv_latent, &rounded.k_pe}) {
+    for (float& x : *v) x = ToFloat(ToBf16(x));
+  }
+  ASSERT_NE(rounded.kv_latent, in.kv_latent);  // the rounding is not a no-op on these values
+  constexpr std::int64_t kTopK = 9;
+  std::vector<std::int32_t> selected;
+  for (std::int64_t t = 0; t < m.tokens; ++t) {
+    for (std::int64_t k = 0; k < kTopK; ++k) selected.push_back(static_cast<std::int32_t>((7 * k + t) % 33));
+  }
+  for (bool dense : {true, false}) {
+    SCOPED_TRACE(dense ? "dense" : "selected");
+    const std::span<const std::int32_t> sel = dense ? std::span<const std::int32_t>() : selected;
+    const std::int64_t top_k = dense ? 0 : kTopK;
+    const std::vector<float> bf16 =
+        RunMlaAttention(*backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kBF16);
+    const std::vector<float> f32 =
+        RunMlaAttention(*backend, m, rounded, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF32);
+    EXPECT_EQ(bf16, f32);
+    EXPECT_NE(bf16, RunMlaAttention(*backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m)));
+  }
+}
+
 class CpuMlaAttentionErrors : public ::testing::Test {
  protected:
   absl::Status Call(const Tensor* selected = nullptr, std::int64_t start_pos = 2) {
@@ -195,6 +225,16 @@ TEST_F(CpuMlaAttentionErrors, RejectsCacheRowsThatDisagree) {
   EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument,
                                HasSubstr("MlaAttention: k_pe is F32[5, 2], expected [6, 2] from "
                                          "kv_latent F32[6, 8] and q_pe F32[3, 2, 2]")));
+}
+
+TEST_F(CpuMlaAttentionErrors, RejectsACacheOfOtherDTypes) {
+  kv_ = AllocateOrFail(*backend_, DType::kF16, {6, 8});
+  EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MlaAttention: kv_latent")));
+  kv_ = AllocateOrFail(*backend_, DType::kBF16, {6, 8});  // k_pe stays F32
+  EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr("MlaAttention: k_pe must be BF16, got F32[6, 2]")));
+  k_pe_ = AllocateOrFail(*backend_, DType::kBF16, {6, 2});
+  NQ_EXPECT_OK(Call());
 }
 
 TEST_F(CpuMlaAttentionErrors, RejectsWeightsOfWrongShapeOrDType) {

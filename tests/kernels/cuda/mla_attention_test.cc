@@ -232,6 +232,39 @@ TEST(CudaMlaAttention, DecodeSplitSelectedMatchesCpu) {
   summary.Add(NormalizedError(cuda, cpu));
 }
 
+// A BF16 cache on both backends (the CPU widens it exactly): the split kernels' two-MMA path and
+// the per-(query, head) kernel's BF16 loads.
+TEST(CudaMlaAttention, Bf16CacheMatchesCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(3606);
+  struct Case {
+    MlaShape shape;
+    std::int64_t top_k;  // 0: dense
+  };
+  const std::vector<Case> cases = {
+      {{.tokens = 1, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 4097, .start_pos = 4096}, 0},
+      {{.tokens = 4, .heads = 20, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 900, .start_pos = 896}, 0},
+      {{.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 3000, .start_pos = 2998}, 2048},
+      {{.tokens = 1, .heads = 5, .dn = 8, .dr = 16, .c = 16, .dv = 8, .keys = 200, .start_pos = 199}, 0},
+      // The per-(query, head) kernel: more queries than the split kernels take, and c = 40.
+      {{.tokens = 70, .heads = 2, .dn = 16, .dr = 16, .c = 32, .dv = 8, .keys = 90, .start_pos = 20}, 0},
+      {{.tokens = 3, .heads = 2, .dn = 16, .dr = 8, .c = 40, .dv = 12, .keys = 90, .start_pos = 80}, 70}};
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  ErrorSummary summary("MlaAttention BF16 cache", kTolerance);
+  for (const Case& c : cases) {
+    const MlaShape& m = c.shape;
+    if (small && m.keys * m.heads > 4000) continue;
+    SCOPED_TRACE(absl::StrCat("T=", m.tokens, " H=", m.heads, " c=", m.c, " S=", m.keys, " top_k=", c.top_k));
+    const MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.05f);
+    const std::vector<std::int32_t> selected =
+        c.top_k > 0 ? RandomSelection(rng, m, c.top_k, true) : std::vector<std::int32_t>{};
+    summary.Add(NormalizedError(RunMlaAttention(*Backends().cuda, m, in, DType::kBF16, DType::kBF16, selected,
+                                                c.top_k, Scale(m), DType::kBF16),
+                                RunMlaAttention(*Backends().cpu, m, in, DType::kBF16, DType::kBF16, selected,
+                                                c.top_k, Scale(m), DType::kBF16)));
+  }
+}
+
 // Small enough for compute-sanitizer's racecheck: several key tiles, masked and empty rows.
 TEST(CudaMlaAttention, TinySelectedMatchesCpu) {
   if (Backends().cuda == nullptr) return;

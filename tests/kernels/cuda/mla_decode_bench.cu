@@ -91,6 +91,7 @@ double CopyBandwidth() {
 struct Case {
   const char* name;
   int tokens, heads, keys, top_k;  // top_k 0: dense
+  bool bf16_cache = false;
 };
 
 struct Instance {
@@ -143,7 +144,8 @@ double TimeCase(std::vector<Instance>& copies, Kernel kernel, int splits, int nu
 
 void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bool sweep) {
   constexpr int kDn = 128, kDr = 64, kC = 512, kDv = 128;
-  const std::size_t kv_bytes = std::size_t{4} * c.keys * kC, pe_bytes = std::size_t{4} * c.keys * kDr;
+  const std::size_t kv_elem = c.bf16_cache ? 2 : 4;
+  const std::size_t kv_bytes = kv_elem * c.keys * kC, pe_bytes = kv_elem * c.keys * kDr;
   const std::size_t w_bytes = std::size_t{2} * c.heads * kDn * kC;  // each of w_uk, w_uv (bf16)
   const std::size_t instance_bytes = kv_bytes + pe_bytes + 2 * w_bytes;
   const int n = static_cast<int>(std::clamp<std::size_t>(kColdBytes / instance_bytes + 1, 2, 64));
@@ -159,8 +161,9 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
     MlaAttentionParams& p = in.p;
     p.q_nope = static_cast<float*>(add(std::size_t{4} * c.tokens * c.heads * kDn, false));
     p.q_pe = static_cast<float*>(add(std::size_t{4} * c.tokens * c.heads * kDr, false));
-    p.kv_latent = static_cast<float*>(add(kv_bytes, false));
-    p.k_pe = static_cast<float*>(add(pe_bytes, false));
+    p.kv_latent = add(kv_bytes, c.bf16_cache);
+    p.k_pe = add(pe_bytes, c.bf16_cache);
+    p.kv_dtype = c.bf16_cache ? DType::kBF16 : DType::kF32;
     p.w_uk = add(w_bytes, true);
     p.w_uk_dtype = DType::kBF16;
     p.w_uv = add(w_bytes, true);
@@ -190,7 +193,7 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
     BENCH_CHECK(cudaMalloc(&scratch[i], plan.ScratchBytes()));
   }
   const std::int64_t rows = c.top_k > 0 ? std::int64_t{c.tokens} * c.top_k : c.keys;  // keys attended (read once)
-  const double bytes = static_cast<double>(rows) * (kC + kDr) * 4 + 2.0 * w_bytes;
+  const double bytes = static_cast<double>(rows) * (kC + kDr) * kv_elem + 2.0 * w_bytes;
   auto print = [&](const char* kernel, int splits, double us) {
     std::printf("%-26s T=%d H=%-3d keys=%-6d %-9s splits=%-4d %9.2f us  %7.2f MB  %6.2f TB/s  ratio to copy %.3f\n",
                 c.name, c.tokens, c.heads, c.keys, kernel, splits, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12,
@@ -234,6 +237,9 @@ int main(int argc, char** argv) {
       {"dsv3-rank DSA 2048", 1, 16, 4096, 2048}, {"dsv3-rank DSA 2048", 1, 16, 32768, 2048},
       {"dsv3-rank dense MTP", 4, 16, 4096, 0},  {"dsv3-rank dense MTP", 4, 16, 32768, 0},
       {"dsv3 all heads dense", 1, 128, 4096, 0}, {"dsv3 all heads dense", 1, 128, 32768, 0},
+      {"dsv3-rank dense bf16 kv", 1, 16, 4096, 0, true},  {"dsv3-rank dense bf16 kv", 1, 16, 32768, 0, true},
+      {"dsv3-rank DSA bf16 kv", 1, 16, 32768, 2048, true}, {"dsv3-rank MTP bf16 kv", 4, 16, 32768, 0, true},
+      {"dsv3 all heads bf16 kv", 1, 128, 32768, 0, true},
   };
   for (const Case& c : cases) {
     RunCase(c, copy_bw, sms, stream, sweep);
