@@ -2,6 +2,11 @@
 // rotated shared rope key (qk_rope_head_dim) of every token, plus the DSA indexer keys
 // (index_head_dim) for layers that run an indexer. Replicated on every tensor-parallel rank:
 // the latent is shared by all heads, so it cannot be split by head.
+//
+// The latent and rope key are stored in the cache's dtype: F32, or BF16 (half the memory, so
+// twice the context per byte; issue #13). The model computes them in F32 and Backend::WriteRows
+// rounds them into the cache; Backend::MlaAttention widens them back as it reads. The indexer
+// keys stay F32: the DSA top-k compares scores, and a rounded key can flip which key is kept.
 #pragma once
 
 #include <cstdint>
@@ -9,24 +14,31 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "services/model/model_config.h"
 
 namespace nq::model {
 
 struct LayerCache {
-  kernels::Tensor latent;  // [max_tokens, kv_lora_rank]
-  kernels::Tensor k_pe;    // [max_tokens, qk_rope_head_dim]
-  std::optional<kernels::Tensor> index_keys;  // [max_tokens, index_head_dim]
+  kernels::Tensor latent;  // [max_tokens, kv_lora_rank], the cache's dtype
+  kernels::Tensor k_pe;    // [max_tokens, qk_rope_head_dim], the cache's dtype
+  std::optional<kernels::Tensor> index_keys;  // [max_tokens, index_head_dim], always F32
 };
+
+// The --kv_cache_dtype values: "f32" or "bf16". INVALID_ARGUMENT names the accepted values.
+absl::StatusOr<kernels::DType> ParseKvCacheDType(absl::string_view name);
 
 class KvCache {
  public:
-  // One LayerCache per entry of `has_indexer` (decoder layers, then MTP layers).
+  // One LayerCache per entry of `has_indexer` (decoder layers, then MTP layers). `dtype`, of the
+  // latent and rope key: F32 or BF16 (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<KvCache> Create(kernels::Backend& backend, const ModelConfig& config,
-                                        const std::vector<bool>& has_indexer, int64_t max_tokens);
+                                        const std::vector<bool>& has_indexer, int64_t max_tokens,
+                                        kernels::DType dtype);
 
   LayerCache& layer(size_t i) { return layers_[i]; }
+  kernels::DType dtype() const { return dtype_; }
   int64_t max_tokens() const { return max_tokens_; }
   // Tokens whose keys are in the cache; the next forward writes at this position.
   int64_t length() const { return length_; }
@@ -34,6 +46,7 @@ class KvCache {
 
  private:
   std::vector<LayerCache> layers_;
+  kernels::DType dtype_ = kernels::DType::kF32;
   int64_t max_tokens_ = 0;
   int64_t length_ = 0;
 };

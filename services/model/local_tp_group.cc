@@ -8,7 +8,7 @@
 namespace nq::model {
 
 absl::StatusOr<std::unique_ptr<LocalTpGroup>> LocalTpGroup::Load(const std::string& model_dir, int world_size,
-                                                                 int64_t max_tokens, RankLoader loader) {
+                                                                 ModelOptions options, RankLoader loader) {
   auto group = std::unique_ptr<LocalTpGroup>(new LocalTpGroup());
   ASSIGN_OR_RETURN(group->comms_, kernels::CpuCommunicatorGroup::Create(world_size));
   // Share the cores between the ranks.
@@ -16,7 +16,7 @@ absl::StatusOr<std::unique_ptr<LocalTpGroup>> LocalTpGroup::Load(const std::stri
   for (int r = 0; r < world_size; ++r) {
     ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                      kernels::CreateBackend("cpu", kernels::BackendOptions{.cpu_threads = threads}));
-    const ModelOptions options{.max_tokens = max_tokens, .tp = {r, world_size}};
+    options.tp = {r, world_size};
     ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                      loader ? loader(*backend, group->comms_[r].get(), options)
                             : Model::Load(model_dir, *backend, group->comms_[r].get(), options));

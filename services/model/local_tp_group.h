@@ -22,8 +22,9 @@ class LocalTpGroup {
   // Loads one rank's model; Model::Load by default (a caller may swap in release experts).
   using RankLoader = std::function<absl::StatusOr<std::unique_ptr<Model>>(kernels::Backend&, kernels::Communicator*,
                                                                           ModelOptions)>;
+  // `options` apply to every rank (max_tokens, kv_cache_dtype); options.tp is set per rank.
   static absl::StatusOr<std::unique_ptr<LocalTpGroup>> Load(const std::string& model_dir, int world_size,
-                                                            int64_t max_tokens = 0, RankLoader loader = nullptr);
+                                                            ModelOptions options = {}, RankLoader loader = nullptr);
 
   // Runs Forward on every rank at once; returns rank 0's logits after checking that every
   // rank produced the same ones (they must: the last step is an all-gather).

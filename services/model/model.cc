@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
   // Cache layers for the decoder and the MTP layers actually loaded.
   std::vector<bool> cache_layers = IndexerLayers(config);
   cache_layers.resize(static_cast<size_t>(config.num_hidden_layers) + weights.mtp.size());
-  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, cache_layers, options.max_tokens));
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, cache_layers, options.max_tokens,
+                                                  options.kv_cache_dtype));
   std::unique_ptr<Model> model(new Model(std::move(config), std::move(weights), backend, comm, std::move(cache), options));
   model->slot_tables_ = std::move(slot_tables);
   return model;

@@ -33,6 +33,9 @@ struct ModelOptions {
   // Tokens the KV cache holds (prompt + generated); 0 uses min(max_position_embeddings, 4096).
   int64_t max_tokens = 0;
   TensorParallel tp;
+  // Storage of the KV cache's latent and rope key (KvCache): F32 (the reference; the default on
+  // every backend until the BF16 cache has been measured on the served models) or BF16.
+  kernels::DType kv_cache_dtype = kernels::DType::kF32;
 };
 
 class Model {
@@ -120,6 +123,7 @@ class Model {
   int64_t RoutedExpertBytes() const;
 
   int64_t cache_length() const { return cache_.length(); }
+  kernels::DType kv_cache_dtype() const { return cache_.dtype(); }
   // Tokens the KV cache can hold: the context window of this model instance.
   int64_t max_tokens() const { return cache_.max_tokens(); }
   int64_t mtp_cache_length() const { return mtp_length_; }

@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, release, "", "logits: take the routed experts from this N
 ABSL_FLAG(std::string, expert_bits, "fixed", "logits: with --release, 2, 4 or fixed");
 ABSL_FLAG(int, tp, 1, "logits: tensor-parallel world size (ranks run as threads on the CPU backend)");
 ABSL_FLAG(bool, decode, false, "logits: feed the tokens one at a time through the KV cache");
+ABSL_FLAG(std::string, kv_cache_dtype, "f32",
+          "logits: storage of the KV cache's latent and rope key, f32 or bf16 (the indexer keys stay f32)");
 ABSL_FLAG(bool, mtp, false,
           "logits: write the MTP layer's logits instead (row i from token i+1 and the hidden state "
           "at i; one row fewer than tokens)");
@@ -47,6 +49,8 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_mtp) && tokens.size() < 2) {
     return absl::InvalidArgumentError("--mtp needs at least 2 tokens");
   }
+  absl::StatusOr<kernels::DType> kv_dtype = model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) return Annotate(kv_dtype.status(), "--kv_cache_dtype");
   model::LocalTpGroup::RankLoader loader;
   if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
     ASSIGN_OR_RETURN(release::ExpertBits bits, release::ParseExpertBits(absl::GetFlag(FLAGS_expert_bits)));
@@ -56,7 +60,10 @@ absl::Status Run() {
     };
   }
   ASSIGN_OR_RETURN(std::unique_ptr<model::LocalTpGroup> group,
-                   model::LocalTpGroup::Load(model_dir, tp, static_cast<int64_t>(tokens.size()), loader));
+                   model::LocalTpGroup::Load(model_dir, tp,
+                                             {.max_tokens = static_cast<int64_t>(tokens.size()),
+                                              .kv_cache_dtype = *kv_dtype},
+                                             loader));
   std::vector<float> logits;
   if (absl::GetFlag(FLAGS_decode)) {
     std::vector<float> hidden;

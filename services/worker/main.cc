@@ -63,6 +63,10 @@ ABSL_FLAG(int, speculative_tokens, -1,
           "MTP layer and the backend is not cpu, else off). A positive count on a model without MTP weights is "
           "refused");
 ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
+// f32 on every backend until the BF16 cache's accuracy has been measured on the served models
+// (issue #13); bf16 halves the cache (twice the context per byte).
+ABSL_FLAG(std::string, kv_cache_dtype, "f32",
+          "Storage of the KV cache's MLA latent and rope key: f32 or bf16 (the DSA indexer keys stay f32)");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -175,6 +179,11 @@ absl::Status CheckFlags() {
   if (const std::string bits = absl::GetFlag(FLAGS_expert_bits); bits != "dynamic" && !release::ParseExpertBits(bits).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--expert_bits=", bits, ": want dynamic, 2, 4 or fixed"));
   }
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); !model::ParseKvCacheDType(kv).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, ": want f32 or bf16"));
+  } else if (kv != "f32" && absl::GetFlag(FLAGS_model).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, " needs --model (no model, no KV cache)"));
+  }
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
@@ -210,7 +219,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
     }
     if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
     const auto started = std::chrono::steady_clock::now();
-    const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len)};
+    ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
+    const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
+                                      .kv_cache_dtype = kv_cache_dtype};
     if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
       const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
       dynamic_experts = bits_flag == "dynamic";
@@ -234,8 +245,10 @@ absl::Status Run(ShutdownSignal& shutdown) {
     }
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-    spdlog::info("loaded {} ({}) in {:.2f} s", dir, std::string(model::ArchitectureName(model->config().architecture)),
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    spdlog::info("loaded {} ({}) in {:.2f} s; KV cache {} tokens, latent {}", dir,
+                 std::string(model::ArchitectureName(model->config().architecture)),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+                 model->max_tokens(), kernels::DTypeName(model->kv_cache_dtype()));
   } else if (!absl::GetFlag(FLAGS_release).empty()) {
     return absl::InvalidArgumentError("--release needs --model");
   }

@@ -171,8 +171,8 @@ TEST_P(TensorParallelTest, SameLogitsAsOneRank) {
   const auto& [name, world] = GetParam();
   const std::string dir = FixtureDir(name);
   const std::vector<int32_t> tokens = ReadTokens(dir);
-  absl::StatusOr<std::unique_ptr<LocalTpGroup>> single = LocalTpGroup::Load(dir, 1, 64);
-  absl::StatusOr<std::unique_ptr<LocalTpGroup>> group = LocalTpGroup::Load(dir, world, 64);
+  absl::StatusOr<std::unique_ptr<LocalTpGroup>> single = LocalTpGroup::Load(dir, 1, {.max_tokens = 64});
+  absl::StatusOr<std::unique_ptr<LocalTpGroup>> group = LocalTpGroup::Load(dir, world, {.max_tokens = 64});
   ASSERT_THAT(single, IsOk());
   ASSERT_THAT(group, IsOk());
   absl::StatusOr<std::vector<float>> expected = (*single)->Forward(tokens);
