@@ -80,8 +80,9 @@ struct SlotLoaderOptions {
   PredictorOptions predictor;
   // Routing reports waiting for the loader thread; more are dropped and counted
   // (nq_streamer_routing_reports_dropped_total, loader_events.h). A report is a few KB to a
-  // few hundred KB (tokens x layers x top-k), so this caps a slow loader's backlog at tens of MB.
-  size_t max_queued_reports = 256;
+  // few hundred KB (tokens x layers x top-k); 4096 keeps a loader busy with reads from dropping
+  // the reports of a normal burst (a prefill reports every token) and still bounds the backlog.
+  size_t max_queued_reports = 4096;
 };
 
 class SlotLoader {
