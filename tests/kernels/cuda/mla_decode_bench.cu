@@ -20,26 +20,13 @@
 
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
+#include "tests/kernels/cuda/bench_util.h"
 
 namespace nq::kernels::cuda {
 namespace {
 
-#define BENCH_CHECK(expr)                                                      \
-  do {                                                                         \
-    const cudaError_t e_ = (expr);                                             \
-    if (e_ != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));         \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
-#define BENCH_OK(expr)                                                         \
-  do {                                                                         \
-    const absl::Status s_ = (expr);                                            \
-    if (!s_.ok()) {                                                            \
-      std::fprintf(stderr, "%s: %s\n", #expr, std::string(s_.message()).c_str()); \
-      std::exit(1);                                                            \
-    }                                                                          \
-  } while (0)
+using ::nq::bench::CopyBandwidth;
+
 
 constexpr std::size_t kColdBytes = std::size_t{400} << 20;  // 8x the L2
 
@@ -67,26 +54,6 @@ void* DeviceRandom(std::size_t bytes, std::uint64_t seed, bool bf16) {
   return p;
 }
 
-double CopyBandwidth() {
-  constexpr std::size_t kBytes = std::size_t{2} << 30;
-  void *a = nullptr, *b = nullptr;
-  BENCH_CHECK(cudaMalloc(&a, kBytes));
-  BENCH_CHECK(cudaMalloc(&b, kBytes));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  BENCH_CHECK(cudaMemcpy(b, a, kBytes, cudaMemcpyDeviceToDevice));
-  constexpr int kIters = 10;
-  BENCH_CHECK(cudaEventRecord(start));
-  for (int i = 0; i < kIters; ++i) BENCH_CHECK(cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice));
-  BENCH_CHECK(cudaEventRecord(stop));
-  BENCH_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  BENCH_CHECK(cudaFree(a));
-  BENCH_CHECK(cudaFree(b));
-  return 2.0 * kBytes * kIters / (ms * 1e-3);
-}
 
 struct Case {
   const char* name;

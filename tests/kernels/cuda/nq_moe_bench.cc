@@ -27,32 +27,15 @@
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
 #include "services/common/status_macros.h"
 #include "kernels/tensor_io.h"
+#include "tests/kernels/cuda/bench_util.h"
 
 namespace nq::kernels {
 namespace {
 
-#define BENCH_CHECK(expr)                                                            \
-  do {                                                                               \
-    const cudaError_t e_ = (expr);                                                   \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));               \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
-#define BENCH_OK(expr)                                                               \
-  do {                                                                               \
-    const absl::Status s_ = (expr);                                                  \
-    if (!s_.ok()) {                                                                  \
-      std::fprintf(stderr, "%s: %s\n", #expr, std::string(s_.message()).c_str());   \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
+using ::nq::bench::CopyBandwidth;
+using ::nq::bench::DeviceBytes;
 
-struct DeviceBytes {
-  void* p = nullptr;
-  explicit DeviceBytes(std::size_t n) { BENCH_CHECK(cudaMalloc(&p, n)); }
-  ~DeviceBytes() { cudaFree(p); }
-};
+
 
 // Fills device memory with pseudo-random bytes (xorshift64 on the host, copied in 64 MiB pieces).
 void FillRandom(void* dst, std::size_t bytes, std::uint64_t seed) {
@@ -78,22 +61,6 @@ float* UploadFloats(const std::vector<float>& v) {
   return static_cast<float*>(p);
 }
 
-double CopyBandwidth() {
-  constexpr std::size_t kBytes = std::size_t{2} << 30;
-  DeviceBytes a(kBytes), b(kBytes);
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  BENCH_CHECK(cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  constexpr int kIters = 10;
-  BENCH_CHECK(cudaEventRecord(start));
-  for (int i = 0; i < kIters; ++i) BENCH_CHECK(cudaMemcpyAsync(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
-  BENCH_CHECK(cudaEventRecord(stop));
-  BENCH_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  return 2.0 * kBytes * kIters / (ms * 1e-3);  // read + write, bytes per second
-}
 
 struct Model {
   const char* name;

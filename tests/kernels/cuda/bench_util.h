@@ -1,0 +1,63 @@
+// What the GPU benchmarks (nq_moe_bench, mla_decode_bench) share: exit-on-error checks and the
+// device-to-device copy bandwidth every figure is set against. Measurements, not tests: a
+// failure ends the program with the failing call printed.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+
+#define BENCH_CHECK(expr)                                                             \
+  do {                                                                                \
+    const cudaError_t e_ = (expr);                                                    \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));                \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+#define BENCH_OK(expr)                                                                \
+  do {                                                                                \
+    const absl::Status s_ = (expr);                                                   \
+    if (!s_.ok()) {                                                                   \
+      std::fprintf(stderr, "%s: %s\n", #expr, std::string(s_.message()).c_str());    \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+namespace nq::bench {
+
+// Device memory for the length of a scope.
+struct DeviceBytes {
+  void* p = nullptr;
+  explicit DeviceBytes(std::size_t n) { BENCH_CHECK(cudaMalloc(&p, n)); }
+  ~DeviceBytes() { cudaFree(p); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
+// Bytes per second of a 2 GiB cudaMemcpyAsync device to device, read + write counted.
+inline double CopyBandwidth() {
+  constexpr std::size_t kBytes = std::size_t{2} << 30;
+  DeviceBytes a(kBytes), b(kBytes);
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
+  constexpr int kIters = 10;
+  BENCH_CHECK(cudaEventRecord(start));
+  for (int i = 0; i < kIters; ++i) BENCH_CHECK(cudaMemcpyAsync(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice));
+  BENCH_CHECK(cudaEventRecord(stop));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  return 2.0 * kBytes * kIters / (ms * 1e-3);
+}
+
+}  // namespace nq::bench
