@@ -45,8 +45,10 @@ void HttpServer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void AddMetricsRoute(httplib::Server& server, const metrics::Registry& registry) {
-  server.Get("/metrics", [&registry](const httplib::Request&, httplib::Response& response) {
+void AddMetricsRoute(httplib::Server& server, const metrics::Registry& registry, std::function<void()> before_scrape) {
+  server.Get("/metrics", [&registry, before_scrape = std::move(before_scrape)](const httplib::Request&,
+                                                                            httplib::Response& response) {
+    if (before_scrape) before_scrape();
     response.set_content(registry.Serialize(), metrics::kContentType);
   });
 }

@@ -45,7 +45,10 @@ class HttpServer {
 };
 
 // GET /metrics: the registry in the Prometheus text format.
-void AddMetricsRoute(httplib::Server& server, const metrics::Registry& registry);
+// `before_scrape`, when set, runs before each serialisation (gauges read at scrape time, such as
+// a GPU's free memory).
+void AddMetricsRoute(httplib::Server& server, const metrics::Registry& registry,
+                     std::function<void()> before_scrape = nullptr);
 
 // GET /health: 200 {"status":"SERVING"} when serving() is true, 503 {"status":"NOT_SERVING"}
 // otherwise (load balancers and Kubernetes probes read the code).

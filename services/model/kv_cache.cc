@@ -12,6 +12,15 @@ absl::StatusOr<kernels::DType> ParseKvCacheDType(absl::string_view name) {
       absl::StrCat("KV cache dtype \"", name, "\" is not one of f32, bf16"));
 }
 
+std::vector<bool> KvCacheIndexerLayers(const ModelConfig& c) {
+  std::vector<bool> has;
+  for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
+    const bool mtp = l >= c.num_hidden_layers;
+    has.push_back(c.indexer.enabled && (mtp || c.indexer.kinds[l] == IndexerKind::kFull));
+  }
+  return has;
+}
+
 absl::StatusOr<KvCache> KvCache::Create(kernels::Backend& backend, const ModelConfig& config,
                                         const std::vector<bool>& has_indexer, int64_t max_tokens,
                                         kernels::DType dtype) {
@@ -39,6 +48,26 @@ absl::StatusOr<KvCache> KvCache::Create(kernels::Backend& backend, const ModelCo
     cache.layers_.push_back(std::move(layer));
   }
   return cache;
+}
+
+int64_t KvCache::BytesFor(const ModelConfig& config, const std::vector<bool>& has_indexer, int64_t max_tokens,
+                          kernels::DType dtype) {
+  const auto element = static_cast<int64_t>(kernels::DTypeSize(dtype));
+  int64_t bytes = 0;
+  for (bool indexer : has_indexer) {
+    bytes += max_tokens * (config.kv_lora_rank + config.qk_rope_head_dim) * element;
+    if (indexer) bytes += max_tokens * config.indexer.head_dim * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
+}
+
+int64_t KvCache::bytes() const {
+  int64_t bytes = 0;
+  for (const LayerCache& layer : layers_) {
+    bytes += static_cast<int64_t>(layer.latent.nbytes() + layer.k_pe.nbytes());
+    if (layer.index_keys.has_value()) bytes += static_cast<int64_t>(layer.index_keys->nbytes());
+  }
+  return bytes;
 }
 
 }  // namespace nq::model

@@ -29,6 +29,10 @@ struct LayerCache {
 // The --kv_cache_dtype values: "f32" or "bf16". INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<kernels::DType> ParseKvCacheDType(absl::string_view name);
 
+// Which cache layers keep DSA indexer keys: decoder layers with a full indexer, then every MTP
+// layer the config names (a model that loads fewer MTP layers keeps a prefix).
+std::vector<bool> KvCacheIndexerLayers(const ModelConfig& config);
+
 class KvCache {
  public:
   // One LayerCache per entry of `has_indexer` (decoder layers, then MTP layers). `dtype`, of the
@@ -36,6 +40,12 @@ class KvCache {
   static absl::StatusOr<KvCache> Create(kernels::Backend& backend, const ModelConfig& config,
                                         const std::vector<bool>& has_indexer, int64_t max_tokens,
                                         kernels::DType dtype);
+
+  // Bytes Create allocates for the same arguments (a worker's device-fit check, before loading).
+  static int64_t BytesFor(const ModelConfig& config, const std::vector<bool>& has_indexer, int64_t max_tokens,
+                          kernels::DType dtype);
+  // Bytes this cache holds.
+  int64_t bytes() const;
 
   LayerCache& layer(size_t i) { return layers_[i]; }
   kernels::DType dtype() const { return dtype_; }

@@ -33,15 +33,6 @@ bool IndexerRopeInterleaved(const ModelConfig& c) {
   return c.architecture == Architecture::kGlmMoeDsa ? true : c.indexer.rope_interleave;
 }
 
-std::vector<bool> IndexerLayers(const ModelConfig& c) {
-  std::vector<bool> has;
-  for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
-    const bool mtp = l >= c.num_hidden_layers;
-    has.push_back(c.indexer.enabled && (mtp || c.indexer.kinds[l] == IndexerKind::kFull));
-  }
-  return has;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, kernels::Backend& backend,
@@ -89,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
     RETURN_IF_ERROR(check_moe(weights.mtp[i].block, config.num_hidden_layers + static_cast<int64_t>(i)));
   }
   // Cache layers for the decoder and the MTP layers actually loaded.
-  std::vector<bool> cache_layers = IndexerLayers(config);
+  std::vector<bool> cache_layers = KvCacheIndexerLayers(config);
   cache_layers.resize(static_cast<size_t>(config.num_hidden_layers) + weights.mtp.size());
   ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(backend, config, cache_layers, options.max_tokens,
                                                   options.kv_cache_dtype));

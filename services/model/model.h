@@ -126,6 +126,8 @@ class Model {
   kernels::DType kv_cache_dtype() const { return cache_.dtype(); }
   // Tokens the KV cache can hold: the context window of this model instance.
   int64_t max_tokens() const { return cache_.max_tokens(); }
+  // Bytes of the KV cache (latent, rope keys, indexer keys of every cache layer).
+  int64_t kv_cache_bytes() const { return cache_.bytes(); }
   int64_t mtp_cache_length() const { return mtp_length_; }
   // Forgets the sequence (the cache is reused; nothing is freed).
   void ResetCache();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -24,7 +25,6 @@
 #include "services/common/http_server.h"
 #include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
-#include "services/common/shared_memory.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
@@ -32,6 +32,9 @@
 #include "services/release/release_expert_decoder.h"
 #include "services/release/release_experts.h"
 #include "services/worker/arena_geometry.h"
+#include "services/worker/device_fit.h"
+#include "services/worker/gpu_memory.h"
+#include "services/worker/slot_arena_memory.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
@@ -44,6 +47,7 @@ ABSL_FLAG(std::string, streamer_address, "127.0.0.1:8200", "host:port of nq-stre
 ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker");
 ABSL_FLAG(int, world_size, 1, "Tensor-parallel world size");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(int, gpu, 0, "With --backend cuda: the CUDA device ordinal this worker runs on (as CUDA_VISIBLE_DEVICES numbers them)");
 ABSL_FLAG(std::string, model, "", "HF checkpoint directory to serve (config.json + safetensors); empty serves none");
 ABSL_FLAG(std::string, served_model_name, "", "Model id reported to the router (default: the model directory's name)");
 ABSL_FLAG(std::string, release, "",
@@ -184,6 +188,7 @@ absl::Status CheckFlags() {
   } else if (kv != "f32" && absl::GetFlag(FLAGS_model).empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, " needs --model (no model, no KV cache)"));
   }
+  if (absl::GetFlag(FLAGS_gpu) < 0) return absl::InvalidArgumentError("--gpu must be a device ordinal (>= 0)");
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
@@ -193,18 +198,34 @@ absl::Status CheckFlags() {
   return absl::OkStatus();
 }
 
-std::string ArenaName(int rank) {
-  // Unique per process and start, so a restarted worker never collides with a name a dead
-  // predecessor left behind.
-  std::mt19937_64 rng(std::random_device{}());
-  return absl::StrFormat("/nq-arena-r%d-%d-%08x", rank, getpid(),
-                         static_cast<uint32_t>(rng()));
+// A CUDA worker refuses before loading when the model would not fit (DESIGN.md: a clear error,
+// not an out-of-memory failure minutes into the load).
+absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const model::Checkpoint& checkpoint,
+                            const model::ModelConfig& config, const format::Release* release,
+                            const model::ModelOptions& options, uint64_t slot_arena_bytes) {
+  ASSIGN_OR_RETURN(const GpuMemory memory, QueryGpuMemory(gpu));
+  ASSIGN_OR_RETURN(const DeviceBytesEstimate needed,
+                   EstimateDeviceBytes({.checkpoint = &checkpoint,
+                                        .config = &config,
+                                        .release = release,
+                                        .rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank)),
+                                        .max_tokens = options.max_tokens,
+                                        .kv_cache_dtype = options.kv_cache_dtype,
+                                        .slot_arena_bytes = slot_arena_bytes}));
+  spdlog::info("GPU {} ({}): the model needs about {}; {:.2f} GiB free", gpu, backend.DeviceDescription(),
+               needed.ToString(), static_cast<double>(memory.free) / (1 << 30));
+  return CheckFitsOnDevice(needed, memory.free, memory.total,
+                           absl::StrCat("GPU ", gpu, " (", backend.DeviceDescription(), ")"));
 }
 
 absl::Status Run(ShutdownSignal& shutdown) {
   RETURN_IF_ERROR(CheckFlags());
+  const int gpu = absl::GetFlag(FLAGS_gpu);
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
-                   kernels::CreateBackend(absl::GetFlag(FLAGS_backend)));
+                   kernels::CreateBackend(absl::GetFlag(FLAGS_backend), {.device = gpu}));
+  // The CUDA backend keeps the model, KV cache and (streaming) the slot arena on the GPU.
+  const bool on_gpu = backend->name() == "cuda";
+  if (on_gpu) spdlog::info("GPU {}: {}", gpu, backend->DeviceDescription());
   const int rank = absl::GetFlag(FLAGS_rank);
   metrics::Registry& registry = metrics::Registry::Default();
 
@@ -233,6 +254,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
       if (!opened.ok()) return Annotate(opened.status(), "release " + release);
       decoder = *std::move(opened);
       ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
+      if (on_gpu) {
+        ASSIGN_OR_RETURN(const SlotGeometry geometry, GeometryFromFlags(decoder.get(), &config, dynamic_experts));
+        RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, checkpoint, config, &decoder->release(), options,
+                                       dynamic_experts ? geometry.ArenaBytes() : 0));
+      }
       // Routed experts come from the release alone (a checkpoint without them serves).
       ASSIGN_OR_RETURN(model::ModelWeights weights,
                        model::LoadModelWeights(checkpoint, config, *backend, options.tp, {.routed_experts = false}));
@@ -241,6 +267,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
       spdlog::info("routed experts from release {} ({})", release,
                    dynamic_experts ? "2-bit base, 4 bits from READY slots" : bits_flag + " bits, no streaming");
     } else {
+      if (on_gpu) {
+        ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(dir));
+        ASSIGN_OR_RETURN(const model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
+        RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, checkpoint, config, nullptr, options, 0));
+      }
       ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr, options));
     }
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
@@ -261,25 +292,29 @@ absl::Status Run(ShutdownSignal& shutdown) {
                  geometry.slots_per_layer - geometry.fixed_slots_per_layer - geometry.FloatingSlots());
   }
 
-  // The CPU backend's arena lives in POSIX shared memory that the streamer maps by name.
-  ASSIGN_OR_RETURN(SharedMemory arena, SharedMemory::Create(ArenaName(rank), geometry.ArenaBytes()));
+  // Where the streamer writes residuals: device memory it opens through CUDA IPC when a CUDA
+  // worker streams, else POSIX shared memory it maps by name (the CPU backend; and a worker with
+  // static expert bits, whose arena only carries the slot protocol).
+  std::unique_ptr<SlotArenaMemory> arena;
+  if (on_gpu && dynamic_experts) {
+    ASSIGN_OR_RETURN(arena, SlotArenaMemory::CreateDevice(gpu, geometry.ArenaBytes()));
+  } else {
+    ASSIGN_OR_RETURN(arena, SlotArenaMemory::CreateHost(rank, geometry.ArenaBytes()));
+  }
   registry.Gauge("nq_worker_slot_arena_bytes", "Bytes of this worker's slot arena").Get().Set(
-      static_cast<double>(arena.size()));
+      static_cast<double>(arena->bytes()));
   SlotTable table(geometry);
-  SlotRuntime slots(&table, std::span<const std::byte>(reinterpret_cast<const std::byte*>(arena.data()), arena.size()),
-                    dynamic_experts ? decoder.get() : nullptr,
+  SlotRuntime slots(&table, arena->host_view(), dynamic_experts ? decoder.get() : nullptr,
                     SlotRuntimeOptions{
                         .wait_tokens = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_slot_wait_tokens))),
                         .wait_per_step = absl::Milliseconds(absl::GetFlag(FLAGS_slot_wait_ms)),
                         .verify_slots = absl::GetFlag(FLAGS_verify_slots),
                     });
   if (model != nullptr && dynamic_experts) {
-    if (backend->name() != "cpu") {
-      return absl::UnimplementedError(absl::StrCat("--expert_bits dynamic on --backend ", std::string(backend->name()),
-                                                   " needs a device slot arena; use --expert_bits 2, 4 or fixed"));
-    }
-    // The kernels read residuals in place from the arena the streamer writes.
-    model->SetSlotArena(ModelSlotArena(geometry, reinterpret_cast<const std::byte*>(arena.data())));
+    // The kernels read residuals in place from the arena the streamer writes. A step reads the
+    // slot table once, between steps, and ends synchronised with the device (its logits come
+    // back), so a slot the worker acks as unmapped is no longer being read on the GPU.
+    model->SetSlotArena(ModelSlotArena(geometry, arena->base()));
     model->SetExpertSlotSource(slots.SlotSource());
   }
   if (model != nullptr) {
@@ -288,7 +323,23 @@ absl::Status Run(ShutdownSignal& shutdown) {
     auto& expert_bytes = registry.Gauge("nq_worker_routed_expert_bytes",
                                         "Bytes of routed-expert weights held, by where they live", {"kind"});
     expert_bytes.WithLabels({"resident"}).Set(static_cast<double>(model->RoutedExpertBytes()));
-    expert_bytes.WithLabels({"slots"}).Set(dynamic_experts ? static_cast<double>(arena.size()) : 0.0);
+    expert_bytes.WithLabels({"slots"}).Set(dynamic_experts ? static_cast<double>(arena->bytes()) : 0.0);
+    registry.Gauge("nq_worker_kv_cache_bytes", "Bytes of the KV cache (latent, rope and indexer keys)")
+        .Get()
+        .Set(static_cast<double>(model->kv_cache_bytes()));
+  }
+  // The GPU's memory as the driver reports it, read at each scrape.
+  std::function<void()> before_scrape;
+  if (on_gpu) {
+    auto& gpu_bytes = registry.Gauge("nq_worker_gpu_memory_bytes", "Memory of this worker's GPU", {"kind"});
+    before_scrape = [&gpu_bytes, gpu] {
+      absl::StatusOr<GpuMemory> memory = QueryGpuMemory(gpu);
+      if (!memory.ok()) return;
+      gpu_bytes.WithLabels({"total"}).Set(static_cast<double>(memory->total));
+      gpu_bytes.WithLabels({"free"}).Set(static_cast<double>(memory->free));
+      gpu_bytes.WithLabels({"used"}).Set(static_cast<double>(memory->total - memory->free));
+    };
+    before_scrape();
   }
 
   WorkerService service(WorkerIdentity{absl::GetFlag(FLAGS_backend), static_cast<uint32_t>(rank),
@@ -315,13 +366,13 @@ absl::Status Run(ShutdownSignal& shutdown) {
                        .port = absl::GetFlag(FLAGS_metrics_port),
                        .add_routes =
                            [&](httplib::Server& server) {
-                             AddMetricsRoute(server, registry);
+                             AddMetricsRoute(server, registry, before_scrape);
                              AddHealthRoute(server, [&] { return grpc_server->serving(); });
                            },
                    }));
   spdlog::info("nq-worker rank {}/{} ({} backend): gRPC on {}, metrics on :{}, arena {} ({} bytes)",
                rank, absl::GetFlag(FLAGS_world_size), backend->name(), grpc_server->address(),
-               http_server->port(), arena.name(), arena.size());
+               http_server->port(), arena->name(), arena->bytes());
 
   StreamerClientOptions client_options;
   client_options.address = absl::GetFlag(FLAGS_streamer_address);
@@ -330,8 +381,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   client_options.arena_request.set_pid(static_cast<uint32_t>(getpid()));
   char hostname[256] = {};
   if (gethostname(hostname, sizeof(hostname) - 1) == 0) client_options.arena_request.set_hostname(hostname);
-  client_options.arena_request.mutable_shm()->set_name(arena.name());
-  client_options.arena_request.mutable_shm()->set_bytes(arena.size());
+  arena->Describe(client_options.arena_request);
   // A worker with static expert bits asks for no loads: the streamer sees no release id.
   if (dynamic_experts) client_options.release_id = decoder->release().id();
   // SERVING once the streamer first accepts the arena: from then on the worker keeps serving

@@ -82,6 +82,9 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"streamer", {"--log_level=loud"}, "--log_level"},
       {"worker", {"--rank=2", "--world_size=2"}, "0 <= rank < world_size"},
       {"worker", {"--backend=tpu"}, "tpu"},
+      {"worker", {"--gpu=-1"}, "--gpu must be a device ordinal"},
+      // Not compiled in (the CPU preset), or no usable device: refused either way, by name.
+      {"worker", {"--backend=cuda"}, "cuda"},
       {"worker", {"--rec_bytes=1000"}, "multiple of 4096"},
       {"worker", {"--slots_per_layer=0"}, "must be positive"},
       {"worker", {"--no_such_flag=1"}, "no_such_flag"},
