@@ -34,6 +34,10 @@ absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> ReleaseExpertDecoder::Open
       std::move(release), *std::move(codec), static_cast<uint32_t>(tp.rank), std::move(identity.moe_layer_ids)));
 }
 
+absl::StatusOr<std::vector<std::byte>> ReleaseExpertDecoder::ReadRecord(uint32_t layer, uint32_t expert) const {
+  return release_.ReadRecord(rank_, layer, expert);
+}
+
 absl::StatusOr<uint64_t> ReleaseExpertDecoder::RecordBytes(uint32_t layer) const {
   ASSIGN_OR_RETURN(const format::LayerEntry* entry, release_.Layer(rank_, layer));
   return entry->layout.rec_bytes;

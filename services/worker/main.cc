@@ -60,8 +60,9 @@ ABSL_FLAG(int, slot_wait_tokens, 0,
           "During a request's first N steps, a step may wait for loads the streamer announced (0: never wait)");
 ABSL_FLAG(double, slot_wait_ms, 20, "Longest wait per step for announced loads (with --slot_wait_tokens)");
 ABSL_FLAG(bool, verify_slots, false,
-          "After every step, re-hash READY slots and count any that changed (protocol check; costs a pass over the "
-          "slots)");
+          "Check each slot announced READY against its record in the release, and after every step re-hash READY "
+          "slots and count any that changed (nq_worker_slot_integrity_failures_total; costs a read per load and a "
+          "pass over the slots per step)");
 ABSL_FLAG(int, speculative_tokens, -1,
           "MTP speculative decoding: draft tokens verified per decode step (0: off; -1: 3 when the checkpoint has an "
           "MTP layer and the backend is not cpu, else off). A positive count on a model without MTP weights is "
@@ -309,6 +310,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
                         .wait_tokens = static_cast<uint32_t>(std::max(0, absl::GetFlag(FLAGS_slot_wait_tokens))),
                         .wait_per_step = absl::Milliseconds(absl::GetFlag(FLAGS_slot_wait_ms)),
                         .verify_slots = absl::GetFlag(FLAGS_verify_slots),
+                        .read_arena = [&arena](uint64_t offset, std::span<std::byte> out) {
+                          return arena->Read(offset, out);
+                        },
                     });
   if (model != nullptr && dynamic_experts) {
     // The kernels read residuals in place from the arena the streamer writes. A step reads the

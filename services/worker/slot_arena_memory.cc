@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -16,12 +17,25 @@
 namespace nq::worker {
 namespace {
 
+absl::Status CheckRange(uint64_t offset, uint64_t size, uint64_t bytes) {
+  if (offset > bytes || size > bytes - offset) {
+    return absl::OutOfRangeError(absl::StrCat("read of ", size, " bytes at ", offset, " leaves the slot arena of ",
+                                              bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 class HostSlotArena final : public SlotArenaMemory {
  public:
   explicit HostSlotArena(SharedMemory memory) : memory_(std::move(memory)) {}
   const std::byte* base() const override { return reinterpret_cast<const std::byte*>(memory_.data()); }
   std::span<const std::byte> host_view() const override { return {base(), memory_.size()}; }
   uint64_t bytes() const override { return memory_.size(); }
+  absl::Status Read(uint64_t offset, std::span<std::byte> out) const override {
+    RETURN_IF_ERROR(CheckRange(offset, out.size(), bytes()));
+    std::copy_n(base() + offset, out.size(), out.begin());
+    return absl::OkStatus();
+  }
   void Describe(nq::v1::RegisterWorkerRequest& request) const override {
     request.mutable_shm()->set_name(memory_.name());
     request.mutable_shm()->set_bytes(memory_.size());
@@ -46,6 +60,17 @@ class DeviceSlotArena final : public SlotArenaMemory {
   const std::byte* base() const override { return arena_->data(); }
   std::span<const std::byte> host_view() const override { return {}; }
   uint64_t bytes() const override { return arena_->bytes(); }
+  absl::Status Read(uint64_t offset, std::span<std::byte> out) const override {
+    RETURN_IF_ERROR(CheckRange(offset, out.size(), bytes()));
+    if (const cudaError_t error = cudaSetDevice(gpu_); error != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("cudaSetDevice(", gpu_, "): ", cudaGetErrorString(error)));
+    }
+    if (const cudaError_t error = cudaMemcpy(out.data(), base() + offset, out.size(), cudaMemcpyDeviceToHost);
+        error != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("reading the device slot arena: ", cudaGetErrorString(error)));
+    }
+    return absl::OkStatus();
+  }
   void Describe(nq::v1::RegisterWorkerRequest& request) const override {
     const kernels::cuda::IpcArenaHandle& handle = arena_->handle();
     nq::v1::CudaIpcArena& ipc = *request.mutable_cuda_ipc();

@@ -30,6 +30,9 @@ class SlotArenaMemory {
   // The arena as host memory (the --verify_slots hash), or empty when it lives on the device.
   virtual std::span<const std::byte> host_view() const = 0;
   virtual uint64_t bytes() const = 0;
+  // Copies arena bytes [offset, offset + out.size()) to the host (--verify_slots). OUT_OF_RANGE
+  // past the end.
+  virtual absl::Status Read(uint64_t offset, std::span<std::byte> out) const = 0;
   // Names the arena in the streamer registration (its shm or cuda_ipc field).
   virtual void Describe(nq::v1::RegisterWorkerRequest& request) const = 0;
   // For logs: "shm /nq-arena-r0-..." or "cuda device 0".

@@ -1,11 +1,14 @@
 #include "services/worker/slot_runtime.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "services/common/logging.h"
 #include "services/common/metrics/buckets.h"
+#include "services/common/status_macros.h"
 
 namespace nq::worker {
 namespace {
@@ -49,7 +52,7 @@ SlotRuntime::SlotRuntime(SlotTable* table, std::span<const std::byte> arena,
                             .Get()),
       integrity_counter_(metrics::Registry::Default()
                              .Counter("nq_worker_slot_integrity_failures_total",
-                                      "READY slots whose bytes changed while mapped (--verify_slots)")
+                                      "READY slots whose bytes differed from their record or changed while mapped (--verify_slots)")
                              .Get()),
       slots_ready_(metrics::Registry::Default()
                        .Gauge("nq_worker_slots_ready", "Slots holding a READY residual")
@@ -137,14 +140,48 @@ void SlotRuntime::ApplyPending() {
   for (const nq::v1::SlotTableUpdate& update : updates) Apply(update);
 }
 
-std::span<const std::byte> SlotRuntime::SlotBytes(uint32_t layer, uint32_t slot) const {
+absl::StatusOr<std::vector<std::byte>> SlotRuntime::SlotBytes(uint32_t layer, uint32_t slot) const {
   const SlotGeometry& g = table_->geometry();
   const size_t layer_index = *g.LayerIndex(layer);
   uint64_t bytes = g.rec_bytes;
   if (decoder_ != nullptr) {
     if (absl::StatusOr<uint64_t> rec = decoder_->RecordBytes(layer); rec.ok()) bytes = *rec;
   }
-  return arena_.subspan(g.SlotOffset(layer_index, slot), bytes);
+  const uint64_t offset = g.SlotOffset(layer_index, slot);
+  std::vector<std::byte> copy(bytes);
+  if (!arena_.empty()) {
+    const std::span<const std::byte> source = arena_.subspan(offset, bytes);
+    std::copy(source.begin(), source.end(), copy.begin());
+  } else if (options_.read_arena) {
+    RETURN_IF_ERROR(options_.read_arena(offset, copy));
+  } else {
+    return absl::FailedPreconditionError("the slot arena cannot be read from the host");
+  }
+  return copy;
+}
+
+void SlotRuntime::CountIntegrityFailure() {
+  integrity_failures_.fetch_add(1);
+  integrity_counter_.Increment();
+}
+
+void SlotRuntime::CheckAgainstRecord(uint32_t layer, uint32_t slot, uint32_t expert) {
+  absl::StatusOr<std::vector<std::byte>> held = SlotBytes(layer, slot);
+  if (!held.ok()) {
+    spdlog::error("--verify_slots: layer {} slot {}: {}", layer, slot, held.status().ToString());
+    return;
+  }
+  slot_hash_[{layer, slot}] = HashBytes(*held);
+  if (decoder_ == nullptr) return;
+  absl::StatusOr<std::vector<std::byte>> record = decoder_->ReadRecord(layer, expert);
+  if (!record.ok()) {
+    spdlog::error("--verify_slots: record of layer {} expert {}: {}", layer, expert, record.status().ToString());
+    return;
+  }
+  if (*record == *held) return;
+  CountIntegrityFailure();
+  spdlog::critical("layer {} slot {} was announced READY for expert {} but does not hold its record", layer, slot,
+                   expert);
 }
 
 void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
@@ -158,10 +195,9 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
   updates_applied_.Increment();
   loads_in_flight_.store(update.loads_in_flight());
   for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
-  if (options_.verify_slots && !arena_.empty()) {
+  if (options_.verify_slots) {
     for (const nq::v1::SlotChange& change : update.changes()) {
-      if (change.kind() != nq::v1::SlotChange::KIND_READY) continue;
-      slot_hash_[{change.layer(), change.slot()}] = HashBytes(SlotBytes(change.layer(), change.slot()));
+      if (change.kind() == nq::v1::SlotChange::KIND_READY) CheckAgainstRecord(change.layer(), change.slot(), change.expert());
     }
   }
   ready_count_.store(decoder_ == nullptr ? 0 : table_->ReadySlots().size());
@@ -198,9 +234,9 @@ int32_t SlotRuntime::SlotFor(int64_t layer, int32_t expert, int64_t tokens) {
 
 void SlotRuntime::VerifySlots() {
   for (const auto& [key, hash] : slot_hash_) {
-    if (HashBytes(SlotBytes(key.first, key.second)) == hash) continue;
-    integrity_failures_.fetch_add(1);
-    integrity_counter_.Increment();
+    absl::StatusOr<std::vector<std::byte>> held = SlotBytes(key.first, key.second);
+    if (!held.ok() || HashBytes(*held) == hash) continue;
+    CountIntegrityFailure();
     spdlog::critical("layer {} slot {} changed while READY: the streamer wrote a mapped slot", key.first, key.second);
   }
 }

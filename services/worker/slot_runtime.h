@@ -36,9 +36,14 @@ struct SlotRuntimeOptions {
   // `wait_per_step` for loads the streamer announced (SlotTableUpdate.loads_in_flight).
   uint32_t wait_tokens = 0;
   absl::Duration wait_per_step = absl::ZeroDuration();
-  // Re-hash every READY slot after each step and count any change (a slot written while
-  // mapped). Costs a pass over the READY slots; for tests and debugging.
+  // Check every slot announced READY against its record in the release, and re-hash every
+  // READY slot after each step, counting any difference (a bad copy, or a slot written while
+  // mapped). Costs a read of each loaded record and a pass over the READY slots; for tests,
+  // stress runs and debugging.
   bool verify_slots = false;
+  // How verification reads an arena that is not host memory (a device arena: a copy to the
+  // host). Unused when the runtime is given a host view.
+  std::function<absl::Status(uint64_t offset, std::span<std::byte> out)> read_arena;
 };
 
 // The model's view of a slot arena of this geometry starting at `base` (memory of the model's
@@ -47,8 +52,8 @@ model::Model::SlotArena ModelSlotArena(const SlotGeometry& geometry, const std::
 
 class SlotRuntime {
  public:
-  // `arena`: this worker's host view of its slot arena (for --verify_slots hashing; empty when
-  // the arena lives in device memory). `decoder` (the served release) gives record sizes; it may
+  // `arena`: this worker's host view of its slot arena (for --verify_slots; empty when the
+  // arena lives in device memory, which options.read_arena then reads). `decoder` (the served release) gives record sizes; it may
   // be null: the table is still kept, but every expert runs at 2 bits.
   SlotRuntime(SlotTable* table, std::span<const std::byte> arena, const release::ReleaseExpertDecoder* decoder,
               SlotRuntimeOptions options = {});
@@ -80,7 +85,8 @@ class SlotRuntime {
 
   const SlotTable& table() const { return *table_; }
   uint64_t steps() const { return steps_.load(); }
-  // Slots whose bytes changed while READY (verify_slots only); must stay 0.
+  // READY slots whose bytes differed from their record or changed while READY (verify_slots
+  // only); must stay 0.
   uint64_t integrity_failures() const { return integrity_failures_.load(); }
   // READY slots the model may read (what the last applied update left).
   uint64_t ready_slots() const { return ready_count_.load(); }
@@ -90,7 +96,11 @@ class SlotRuntime {
   void Apply(const nq::v1::SlotTableUpdate& update) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Applies now unless a step runs (which then applies at its end).
   void TryApplyNow();
-  std::span<const std::byte> SlotBytes(uint32_t layer, uint32_t slot) const;
+  // A copy of the slot's record-sized bytes, through the host view or options_.read_arena.
+  absl::StatusOr<std::vector<std::byte>> SlotBytes(uint32_t layer, uint32_t slot) const;
+  // verify_slots: whether the slot holds the expert's record; counts and logs a difference.
+  void CheckAgainstRecord(uint32_t layer, uint32_t slot, uint32_t expert);
+  void CountIntegrityFailure();
   void VerifySlots() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
 
   SlotTable* const table_;

@@ -113,7 +113,10 @@ class SlotProtocolTest : public ::testing::Test {
                     wait_connected);
   }
 
-  void StartWorkerWith(const SlotGeometry& geometry, bool wait_connected = true) {
+  // `read_arena`: when set, the runtime gets no host view and reads the arena through it, as a
+  // CUDA worker reads its device arena.
+  void StartWorkerWith(const SlotGeometry& geometry, bool wait_connected = true,
+                       std::function<absl::Status(uint64_t, std::span<std::byte>)> read_arena = nullptr) {
     geometry_ = geometry;
     ASSERT_TRUE(geometry_.Validate().ok());
     absl::StatusOr<SharedMemory> arena =
@@ -121,9 +124,11 @@ class SlotProtocolTest : public ::testing::Test {
     ASSERT_TRUE(arena.ok()) << arena.status();
     arena_ = *std::move(arena);
     table_ = std::make_unique<worker::SlotTable>(geometry_);
+    std::span<const std::byte> host_view(reinterpret_cast<const std::byte*>(arena_.data()), arena_.size());
+    if (read_arena) host_view = {};
     runtime_ = std::make_unique<worker::SlotRuntime>(
-        table_.get(), std::span<const std::byte>(reinterpret_cast<const std::byte*>(arena_.data()), arena_.size()),
-        decoder_.get(), worker::SlotRuntimeOptions{.verify_slots = true});
+        table_.get(), host_view, decoder_.get(),
+        worker::SlotRuntimeOptions{.verify_slots = true, .read_arena = std::move(read_arena)});
     worker::StreamerClientOptions client;
     client.address = server_->address();
     client.release_id = decoder_->release().id();
@@ -269,6 +274,30 @@ TEST_F(SlotProtocolTest, FixedSetLoadsWhenTheSessionOpens) {
     EXPECT_EQ(decoder_->FixedSet(entry.layer()), std::vector<uint32_t>{entry.expert()});
   }
   EXPECT_EQ(CheckReadySlots(), 0);
+}
+
+// --verify_slots through an arena the host reads by copying (a CUDA worker's device arena):
+// every slot announced READY is compared with its record in the release, so a bad copy is caught
+// and counted, and a good one is not.
+TEST_F(SlotProtocolTest, VerifySlotsComparesEachReadySlotWithItsRecord) {
+  for (const bool corrupt : {false, true}) {
+    SCOPED_TRACE(corrupt ? "a reader that flips a byte" : "an honest reader");
+    StartStreamer(release_dir_, ChurningPredictor());
+    std::vector<uint32_t> layers = decoder_->moe_layer_ids();
+    absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
+    ASSERT_TRUE(needs.ok());
+    StartWorkerWith(SlotGeometry::Packed(layers, 4, needs->rec_bytes, kExperts, 1), true,
+                    [this, corrupt](uint64_t offset, std::span<std::byte> out) {
+                      std::memcpy(out.data(), reinterpret_cast<const std::byte*>(arena_.data()) + offset, out.size());
+                      if (corrupt) out[out.size() / 2] ^= std::byte{0x40};
+                      return absl::OkStatus();
+                    });
+    // ready_slots() is published after the update's slots were verified.
+    ASSERT_TRUE(WaitUntil([&] { return runtime_->ready_slots() == 2; }, std::chrono::seconds(10)));
+    EXPECT_EQ(CheckReadySlots(), 0) << "the streamer wrote the records";
+    EXPECT_EQ(runtime_->integrity_failures(), corrupt ? 2u : 0u);
+    TearDown();
+  }
 }
 
 TEST_F(SlotProtocolTest, RandomLoadsAndEvictionsWhileDecodingNeverTouchAMappedSlot) {
