@@ -222,26 +222,20 @@ absl::Status Run(ShutdownSignal& shutdown) {
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
                                       .kv_cache_dtype = kv_cache_dtype};
-    if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
-      const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
-      dynamic_experts = bits_flag == "dynamic";
-      ASSIGN_OR_RETURN(release::ExpertBits bits,
-                       dynamic_experts ? release::ExpertBits::k2Bit : release::ParseExpertBits(bits_flag));
-      ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
-      absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> opened =
-          release::ReleaseExpertDecoder::Open(release, dir, config, options.tp);
-      if (!opened.ok()) return Annotate(opened.status(), "release " + release);
-      decoder = *std::move(opened);
-      ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
-      // Routed experts come from the release alone (a checkpoint without them serves).
-      ASSIGN_OR_RETURN(model::ModelWeights weights,
-                       model::LoadModelWeights(checkpoint, config, *backend, options.tp, {.routed_experts = false}));
-      RETURN_IF_ERROR(release::ApplyReleaseExperts(*decoder, config, bits, *backend, weights));
-      ASSIGN_OR_RETURN(model, model::Model::Create(std::move(config), std::move(weights), *backend, nullptr, options));
+    const std::string release = absl::GetFlag(FLAGS_release);
+    const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
+    dynamic_experts = !release.empty() && bits_flag == "dynamic";
+    // Dynamic experts load at 2 bits; the slots the streamer fills raise them to 4.
+    ASSIGN_OR_RETURN(release::ExpertBits bits, release.empty() || dynamic_experts
+                                                   ? release::ExpertBits::k2Bit
+                                                   : release::ParseExpertBits(bits_flag));
+    ASSIGN_OR_RETURN(release::ServedModel served,
+                     release::LoadServedModel(dir, release, bits, *backend, nullptr, options));
+    model = std::move(served.model);
+    decoder = std::move(served.decoder);
+    if (!release.empty()) {
       spdlog::info("routed experts from release {} ({})", release,
                    dynamic_experts ? "2-bit base, 4 bits from READY slots" : bits_flag + " bits, no streaming");
-    } else {
-      ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr, options));
     }
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
