@@ -24,14 +24,6 @@ absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text) {
   return absl::InvalidArgumentError("expert bits '" + text + "': want 2, 4 or fixed");
 }
 
-absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::string& model_dir,
-                                 const model::ModelConfig& config, model::TensorParallel tp, ExpertBits bits,
-                                 kernels::Backend& backend, model::ModelWeights& weights) {
-  ASSIGN_OR_RETURN(std::unique_ptr<ReleaseExpertDecoder> decoder,
-                   ReleaseExpertDecoder::Open(release_dir, model_dir, config, tp));
-  return ApplyReleaseExperts(*decoder, config, bits, backend, weights);
-}
-
 absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config,
                                  ExpertBits bits, kernels::Backend& backend, model::ModelWeights& weights) {
   for (uint32_t layer : decoder.moe_layer_ids()) {
@@ -57,18 +49,37 @@ absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const mode
   return absl::OkStatus();
 }
 
+absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, const std::string& release_dir,
+                                            ExpertBits bits, kernels::Backend& backend, kernels::Communicator* comm,
+                                            model::ModelOptions options) {
+  ServedModel served;
+  if (release_dir.empty()) {
+    ASSIGN_OR_RETURN(served.model, model::Model::Load(model_dir, backend, comm, options));
+    return served;
+  }
+  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
+  absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> opened =
+      ReleaseExpertDecoder::Open(release_dir, model_dir, config, options.tp);
+  if (!opened.ok()) return Annotate(opened.status(), "release " + release_dir);
+  served.decoder = *std::move(opened);
+  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
+  // Routed experts come from the release alone (a checkpoint without them serves).
+  ASSIGN_OR_RETURN(model::ModelWeights weights,
+                   model::LoadModelWeights(checkpoint, config, backend, options.tp, {.routed_experts = false}));
+  absl::Status applied = ApplyReleaseExperts(*served.decoder, config, bits, backend, weights);
+  if (!applied.ok()) return Annotate(applied, "release " + release_dir);
+  ASSIGN_OR_RETURN(served.model, model::Model::Create(std::move(config), std::move(weights), backend, comm, options));
+  return served;
+}
+
 absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::string& model_dir,
                                                                    const std::string& release_dir, ExpertBits bits,
                                                                    kernels::Backend& backend,
                                                                    kernels::Communicator* comm,
                                                                    model::ModelOptions options) {
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(model_dir));
-  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
-  ASSIGN_OR_RETURN(model::ModelWeights weights,
-                   model::LoadModelWeights(checkpoint, config, backend, options.tp, {.routed_experts = false}));
-  absl::Status applied = ApplyReleaseExperts(release_dir, model_dir, config, options.tp, bits, backend, weights);
-  if (!applied.ok()) return Annotate(applied, "release " + release_dir);
-  return model::Model::Create(std::move(config), std::move(weights), backend, comm, options);
+  if (release_dir.empty()) return absl::InvalidArgumentError("LoadModelWithRelease: no release directory");
+  ASSIGN_OR_RETURN(ServedModel served, LoadServedModel(model_dir, release_dir, bits, backend, comm, options));
+  return std::move(served.model);
 }
 
 }  // namespace nq::release

@@ -4,6 +4,7 @@
 // fixed set (whose records the layer then keeps); a worker's slots make the choice dynamic.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 
@@ -22,18 +23,31 @@ enum class ExpertBits { k2Bit, k4Bit, kFixedSet };
 // "2", "4" or "fixed".
 absl::StatusOr<ExpertBits> ParseExpertBits(const std::string& text);
 
-// Opens `release_dir` (refused without COMPLETE), checks that it was made from this model
-// (config hash, TP size, MoE layers, experts; FAILED_PRECONDITION naming the mismatch), and
-// gives every MoE layer of `weights` (rank `tp.rank`) its packed experts, with the records of the
-// experts `bits` runs at 4 bits. Dense routed experts in `weights`, if any, are dropped.
-absl::Status ApplyReleaseExperts(const std::string& release_dir, const std::string& model_dir,
-                                 const model::ModelConfig& config, model::TensorParallel tp, ExpertBits bits,
-                                 kernels::Backend& backend, model::ModelWeights& weights);
-// The same with an open decoder (which the worker keeps for its slot geometry).
+// Gives every MoE layer of `weights` (the rank `decoder` was opened for) its packed experts from
+// the release `decoder` opened (ReleaseExpertDecoder::Open checked it against the model), with
+// the records of the experts `bits` runs at 4 bits. Dense routed experts in `weights`, if any,
+// are dropped.
 absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const model::ModelConfig& config,
                                  ExpertBits bits, kernels::Backend& backend, model::ModelWeights& weights);
 
-// Model::Load with the routed experts taken from `release_dir` at `bits`.
+// A model as nq-worker serves it, and the open decoder of its release (null without one).
+struct ServedModel {
+  std::unique_ptr<model::Model> model;
+  std::unique_ptr<ReleaseExpertDecoder> decoder;
+};
+
+// The one load nq-worker and the `nq` commands that stand in for it (bench-decode) share.
+// Without `release_dir`: Model::Load of `model_dir`. With one: the release is opened and
+// checked against the model first (so a wrong release fails before the weights are read), then
+// the checkpoint's weights load without its routed experts (a checkpoint stripped of them
+// serves) and every MoE layer gets the release's packed experts at `bits`. A release that
+// fails to open or to apply is named in the error ("release DIR: ...").
+absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, const std::string& release_dir,
+                                            ExpertBits bits, kernels::Backend& backend, kernels::Communicator* comm,
+                                            model::ModelOptions options);
+
+// Model::Load with the routed experts taken from `release_dir` at `bits` (LoadServedModel
+// without the decoder; `release_dir` must not be empty).
 absl::StatusOr<std::unique_ptr<model::Model>> LoadModelWithRelease(const std::string& model_dir,
                                                                    const std::string& release_dir, ExpertBits bits,
                                                                    kernels::Backend& backend,

@@ -40,6 +40,10 @@ int RunVerify(const std::vector<std::string>& args);
 int RunAssemble(const std::vector<std::string>& args);
 // nq bench-codec [--size N]
 int RunBenchCodec(const std::vector<std::string>& args);
+// nq bench-decode --model DIR [--release R --expert-bits 2|4|fixed] [--backend cpu|cuda] [--gpu N]
+//                 [--prompt-tokens P] [--warmup W] [--decode-tokens N] [--seed S]
+//                 [--kv-cache-dtype f32|bf16] [--max-model-len L] [--out JSON]
+int RunBenchDecode(const std::vector<std::string>& args);
 // nq kld --teacher HF_DIR --release R --mode MODE --tokens FILE[,FILE] [--window N] [--slots F]
 //        [--domains a,b] [--out JSON]
 int RunKld(const std::vector<std::string>& args);

@@ -9,7 +9,8 @@
 #include "absl/flags/usage.h"
 #include "services/tools/commands.h"
 
-ABSL_FLAG(std::string, out, "", "Output file (logits) or directory (synth-model)");
+ABSL_FLAG(std::string, out, "",
+          "Output file (logits; the JSON report of kld, mtp-acceptance, bench-decode) or directory (synth-model)");
 
 namespace {
 
@@ -34,6 +35,10 @@ constexpr char kUsage[] =
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
     "  bench-codec  the codecs side by side: distortion, bits, LDLQ, encode time [--size N --codecs scalar,trellis]\n"
+    "  bench-decode decode tokens/s of a model loaded as nq-worker loads it, no services in the way\n"
+    "                 --model DIR [--release R --expert-bits 2|4|fixed] [--backend cpu|cuda] [--gpu N]\n"
+    "                 [--prompt-tokens 128] [--warmup 4] [--decode-tokens 64] [--seed S] [--kv-cache-dtype f32|bf16]\n"
+    "                 [--max-model-len 4096] [--out JSON]\n"
     "  kld          KL(full precision || release-served experts), teacher-forced, per domain\n"
     "                 --teacher HF_DIR --release R --mode all-4-bit|all-2-bit|fixed-set|oracle|previous-block|live\n"
     "                 --tokens FILE[,FILE] [--window 2048] [--slots F] [--domains a,b] [--out JSON]\n"
@@ -98,6 +103,7 @@ int main(int argc, char** argv) {
   if (command == "verify") return nq::tools::RunVerify(rest);
   if (command == "assemble") return nq::tools::RunAssemble(rest);
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);
+  if (command == "bench-decode") return nq::tools::RunBenchDecode(rest);
   if (command == "kld") return nq::tools::RunKld(rest);
   if (command == "mtp-acceptance") return nq::tools::RunMtpAcceptance(rest);
   if (command == "nvfp4") return nq::tools::RunNvfp4(rest);

@@ -12,7 +12,7 @@
 
 ABSL_FLAG(std::string, config, "", "synth-model: config.json to build the checkpoint for");
 ABSL_FLAG(std::string, dtype, "f32", "synth-model: f32, bf16 or fp8 (F8_E4M3 with 128x128 block scales)");
-ABSL_FLAG(uint64_t, seed, 0, "synth-model: random seed");
+ABSL_FLAG(uint64_t, seed, 0, "synth-model: random seed; bench-decode: seed of the prompt's token ids");
 ABSL_FLAG(uint64_t, max_shard_mb, 0, "synth-model: shard the weights into files of at most this many MiB");
 
 namespace nq::tools {

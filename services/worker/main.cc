@@ -200,19 +200,33 @@ absl::Status CheckFlags() {
 }
 
 // A CUDA worker refuses before loading when the model would not fit (DESIGN.md: a clear error,
-// not an out-of-memory failure minutes into the load).
-absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const model::Checkpoint& checkpoint,
-                            const model::ModelConfig& config, const format::Release* release,
-                            const model::ModelOptions& options, uint64_t slot_arena_bytes) {
+// not an out-of-memory failure minutes into the load). Opening the checkpoint and the release
+// maps their headers and indexes only.
+absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std::string& model_dir,
+                            const std::string& release_dir, bool streaming, const model::ModelOptions& options) {
+  ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
+  ASSIGN_OR_RETURN(const model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
+  std::unique_ptr<release::ReleaseExpertDecoder> decoder;
+  uint64_t arena_bytes = 0;
+  if (!release_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> opened =
+        release::ReleaseExpertDecoder::Open(release_dir, model_dir, config, options.tp);
+    if (!opened.ok()) return Annotate(opened.status(), "release " + release_dir);
+    decoder = *std::move(opened);
+    if (streaming) {
+      ASSIGN_OR_RETURN(const SlotGeometry geometry, GeometryFromFlags(decoder.get(), &config, streaming));
+      arena_bytes = geometry.ArenaBytes();
+    }
+  }
   ASSIGN_OR_RETURN(const GpuMemory memory, QueryGpuMemory(gpu));
   ASSIGN_OR_RETURN(const DeviceBytesEstimate needed,
                    EstimateDeviceBytes({.checkpoint = &checkpoint,
                                         .config = &config,
-                                        .release = release,
+                                        .release = decoder != nullptr ? &decoder->release() : nullptr,
                                         .rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank)),
                                         .max_tokens = options.max_tokens,
                                         .kv_cache_dtype = options.kv_cache_dtype,
-                                        .slot_arena_bytes = slot_arena_bytes}));
+                                        .slot_arena_bytes = arena_bytes}));
   spdlog::info("GPU {} ({}): the model needs about {}; {:.2f} GiB free", gpu, backend.DeviceDescription(),
                needed.ToString(), static_cast<double>(memory.free) / (1 << 30));
   return CheckFitsOnDevice(needed, memory.free, memory.total,
@@ -244,36 +258,21 @@ absl::Status Run(ShutdownSignal& shutdown) {
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
                                       .kv_cache_dtype = kv_cache_dtype};
-    if (const std::string release = absl::GetFlag(FLAGS_release); !release.empty()) {
-      const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
-      dynamic_experts = bits_flag == "dynamic";
-      ASSIGN_OR_RETURN(release::ExpertBits bits,
-                       dynamic_experts ? release::ExpertBits::k2Bit : release::ParseExpertBits(bits_flag));
-      ASSIGN_OR_RETURN(model::ModelConfig config, model::LoadModelConfig(dir));
-      absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> opened =
-          release::ReleaseExpertDecoder::Open(release, dir, config, options.tp);
-      if (!opened.ok()) return Annotate(opened.status(), "release " + release);
-      decoder = *std::move(opened);
-      ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
-      if (on_gpu) {
-        ASSIGN_OR_RETURN(const SlotGeometry geometry, GeometryFromFlags(decoder.get(), &config, dynamic_experts));
-        RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, checkpoint, config, &decoder->release(), options,
-                                       dynamic_experts ? geometry.ArenaBytes() : 0));
-      }
-      // Routed experts come from the release alone (a checkpoint without them serves).
-      ASSIGN_OR_RETURN(model::ModelWeights weights,
-                       model::LoadModelWeights(checkpoint, config, *backend, options.tp, {.routed_experts = false}));
-      RETURN_IF_ERROR(release::ApplyReleaseExperts(*decoder, config, bits, *backend, weights));
-      ASSIGN_OR_RETURN(model, model::Model::Create(std::move(config), std::move(weights), *backend, nullptr, options));
+    const std::string release = absl::GetFlag(FLAGS_release);
+    const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
+    dynamic_experts = !release.empty() && bits_flag == "dynamic";
+    // Dynamic experts load at 2 bits; the slots the streamer fills raise them to 4.
+    ASSIGN_OR_RETURN(release::ExpertBits bits, release.empty() || dynamic_experts
+                                                   ? release::ExpertBits::k2Bit
+                                                   : release::ParseExpertBits(bits_flag));
+    if (on_gpu) RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, dir, release, dynamic_experts, options));
+    ASSIGN_OR_RETURN(release::ServedModel served,
+                     release::LoadServedModel(dir, release, bits, *backend, nullptr, options));
+    model = std::move(served.model);
+    decoder = std::move(served.decoder);
+    if (!release.empty()) {
       spdlog::info("routed experts from release {} ({})", release,
                    dynamic_experts ? "2-bit base, 4 bits from READY slots" : bits_flag + " bits, no streaming");
-    } else {
-      if (on_gpu) {
-        ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(dir));
-        ASSIGN_OR_RETURN(const model::Checkpoint checkpoint, model::Checkpoint::Open(dir));
-        RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, checkpoint, config, nullptr, options, 0));
-      }
-      ASSIGN_OR_RETURN(model, model::Model::Load(dir, *backend, nullptr, options));
     }
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();

@@ -1,0 +1,110 @@
+// nq bench-decode: decode tokens/s of a model loaded as nq-worker loads it, with no service in
+// the way (services/worker/decode_bench.h says what a step is and what is timed).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+#include "services/model/model.h"
+#include "services/release/release_experts.h"
+#include "services/tools/commands.h"
+#include "services/worker/decode_bench.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, release);
+ABSL_DECLARE_FLAG(std::string, expert_bits);
+ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_FLAG(std::string, backend, "cpu", "bench-decode: compute backend, cpu or cuda");
+ABSL_FLAG(int, gpu, 0, "bench-decode: CUDA device ordinal (with --backend cuda)");
+ABSL_FLAG(int, prompt_tokens, 128, "bench-decode: prompt length (token ids drawn from --seed)");
+ABSL_FLAG(int, warmup, 4, "bench-decode: untimed decode steps after the prefill");
+ABSL_FLAG(int, decode_tokens, 64, "bench-decode: timed decode steps, one token each");
+// nq-worker's default, so the KV cache is the one a served model allocates.
+ABSL_FLAG(int64_t, max_model_len, 4096, "bench-decode: context window (tokens the KV cache holds)");
+
+namespace nq::tools {
+namespace {
+
+absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags() {
+  const std::string name = absl::GetFlag(FLAGS_backend);
+  const int gpu = absl::GetFlag(FLAGS_gpu);
+  if (name != "cuda" && gpu != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu=", gpu, " applies to --backend cuda, not ", name));
+  }
+  // Unknown names (INVALID_ARGUMENT), cuda in a CPU-only build (UNIMPLEMENTED) and a missing or
+  // unusable device (FAILED_PRECONDITION) come back from the factory with their reason.
+  return kernels::CreateBackend(name, {.device = gpu});
+}
+
+absl::Status BenchDecode() {
+  const std::string model_dir = absl::GetFlag(FLAGS_model), release = absl::GetFlag(FLAGS_release);
+  if (model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
+  const worker::DecodeBenchOptions options{.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens),
+                                           .warmup_tokens = absl::GetFlag(FLAGS_warmup),
+                                           .decode_tokens = absl::GetFlag(FLAGS_decode_tokens),
+                                           .seed = absl::GetFlag(FLAGS_seed)};
+  const int64_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  if (max_model_len <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
+  // Before the load, which takes minutes on a large model.
+  absl::Status fits = worker::CheckDecodeBench(options, max_model_len);
+  if (!fits.ok()) return Annotate(fits, "--prompt_tokens, --warmup, --decode_tokens, --max_model_len");
+  if (!std::filesystem::is_directory(model_dir)) {
+    return absl::NotFoundError(absl::StrCat("--model ", model_dir, ": no such directory"));
+  }
+  // The streamer raises experts to 4 bits only in a cluster; here the bits are fixed.
+  absl::StatusOr<release::ExpertBits> bits = release::ParseExpertBits(absl::GetFlag(FLAGS_expert_bits));
+  if (!release.empty() && !bits.ok()) {
+    return Annotate(bits.status(), "--expert_bits (dynamic needs the streamer: measure it through the cluster)");
+  }
+  absl::StatusOr<kernels::DType> kv_dtype = model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) return Annotate(kv_dtype.status(), "--kv_cache_dtype");
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
+
+  model::ModelOptions model_options;
+  model_options.max_tokens = max_model_len;
+  model_options.kv_cache_dtype = *kv_dtype;
+  const auto started = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(release::ServedModel served,
+                   release::LoadServedModel(model_dir, release, release.empty() ? release::ExpertBits::k2Bit : *bits,
+                                            *backend, nullptr, model_options));
+  model::Model& model = *served.model;
+  std::fprintf(stderr, "nq bench-decode: loaded %s (%s) in %.2f s on %s; KV cache %lld tokens, latent %s\n",
+               model_dir.c_str(), std::string(model::ArchitectureName(model.config().architecture)).c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
+               backend->DeviceDescription().c_str(), static_cast<long long>(model.max_tokens()),
+               std::string(kernels::DTypeName(model.kv_cache_dtype())).c_str());
+
+  ASSIGN_OR_RETURN(worker::DecodeBenchReport report, worker::RunDecodeBench(model, options));
+  const worker::DecodeBenchSetup setup{.model = model_dir,
+                                       .release = release,
+                                       .expert_bits = absl::GetFlag(FLAGS_expert_bits),
+                                       .backend = std::string(backend->name()),
+                                       .device = backend->DeviceDescription(),
+                                       .kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype),
+                                       .max_model_len = model.max_tokens()};
+  std::printf("%s\n", worker::DecodeBenchSummary(setup, report).c_str());
+  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+    RETURN_IF_ERROR(format::WriteFileAtomic(out, worker::DecodeBenchJson(setup, report).dump(2) + "\n"));
+    std::fprintf(stderr, "wrote %s\n", out.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunBenchDecode(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    return ReportCommandStatus("bench-decode", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  }
+  return ReportCommandStatus("bench-decode", BenchDecode());
+}
+
+}  // namespace nq::tools

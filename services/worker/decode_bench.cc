@@ -1,0 +1,139 @@
+#include "services/worker/decode_bench.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "services/common/status_macros.h"
+#include "services/worker/sampler.h"
+#include "services/worker/sequence_runner.h"
+
+namespace nq::worker {
+
+double DecodeBenchReport::decode_seconds() const {
+  double total = 0;
+  for (double s : step_seconds) total += s;
+  return total;
+}
+
+double DecodeBenchReport::tokens_per_second() const {
+  const double seconds = decode_seconds();
+  return seconds > 0 ? static_cast<double>(step_seconds.size()) / seconds : 0;
+}
+
+double DecodeBenchReport::StepMillisecondsAt(double fraction) const {
+  if (step_seconds.empty()) return 0;
+  std::vector<double> sorted = step_seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double rank = std::ceil(fraction * static_cast<double>(sorted.size()));
+  const size_t index = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(sorted.size()))) - 1;
+  return sorted[index] * 1e3;
+}
+
+std::vector<int32_t> DecodeBenchPrompt(int64_t prompt_tokens, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> ids;
+  ids.reserve(static_cast<size_t>(std::max<int64_t>(prompt_tokens, 0)));
+  for (int64_t i = 0; i < prompt_tokens; ++i) {
+    ids.push_back(static_cast<int32_t>(PositionSeed(seed, static_cast<uint64_t>(i)) % static_cast<uint64_t>(vocab)));
+  }
+  return ids;
+}
+
+absl::Status CheckDecodeBench(const DecodeBenchOptions& options, int64_t context_window) {
+  if (options.prompt_tokens < 1 || options.warmup_tokens < 0 || options.decode_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt ", options.prompt_tokens, ", warm-up ",
+                                                   options.warmup_tokens, ", decode ", options.decode_tokens,
+                                                   " tokens: want at least 1 prompt token, 0 or more warm-up "
+                                                   "steps and at least 1 decode step"));
+  }
+  // The worker's count (SequenceRunner): prompt + completion tokens within the window; the
+  // prefill emits the first completion token.
+  const int64_t needed = options.prompt_tokens + 1 + options.warmup_tokens + options.decode_tokens;
+  if (needed > context_window) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.prompt_tokens, " prompt tokens + 1 from the prefill + ", options.warmup_tokens, " warm-up + ",
+        options.decode_tokens, " decode tokens = ", needed, " tokens exceed the context window of ", context_window));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const DecodeBenchOptions& options) {
+  RETURN_IF_ERROR(CheckDecodeBench(options, model.max_tokens()));
+  model.ResetCache();
+  SequenceRunner runner(&model, /*eos_token_ids=*/{});
+  SequenceRequest request;
+  request.prompt = DecodeBenchPrompt(options.prompt_tokens, model.config().vocab_size, options.seed);
+  request.sampling.temperature = 0;  // greedy
+  request.max_tokens = static_cast<uint32_t>(1 + options.warmup_tokens + options.decode_tokens);
+  request.ignore_eos = true;  // every run decodes all its steps, whatever the tokens
+  DecodeBenchReport report;
+  report.options = options;
+  int64_t step_index = 0;  // 0: the prefill; then warm-up steps; then the timed ones
+  absl::Status failed;
+  // Step times are the runner's steady_clock around the forward and the selection. On CUDA
+  // that is the device's time too, not just the launches': the forward hands its logits to the
+  // host through Backend::CopyToHost, which returns only once the work enqueued before it is
+  // done (kernels/cuda/cuda_backend.cu: cudaMemcpyAsync, then cudaStreamSynchronize on the
+  // backend's one stream), and the selection needs them.
+  auto emit = [&](const SequenceStep& step) {
+    if (step.tokens.size() != 1) {
+      failed = absl::InternalError(absl::StrCat("step ", step_index, " emitted ", step.tokens.size(),
+                                                " tokens; a plain decode step emits 1"));
+      return false;
+    }
+    if (step_index == 0) {
+      report.prefill_seconds = step.seconds;
+    } else if (step_index > options.warmup_tokens) {
+      report.step_seconds.push_back(step.seconds);
+      report.tokens.push_back(step.tokens[0].id);
+    }
+    ++step_index;
+    return true;
+  };
+  RETURN_IF_ERROR(runner.Run(request, emit, [] { return false; }).status());
+  RETURN_IF_ERROR(failed);
+  if (static_cast<int64_t>(report.tokens.size()) != options.decode_tokens) {
+    return absl::InternalError(absl::StrCat("the sequence ended after ", step_index, " steps; wanted 1 + ",
+                                            options.warmup_tokens, " + ", options.decode_tokens));
+  }
+  return report;
+}
+
+std::string DecodeBenchSummary(const DecodeBenchSetup& setup, const DecodeBenchReport& report) {
+  const std::string experts = setup.release.empty() ? "checkpoint experts"
+                                                    : absl::StrCat("release experts, --expert_bits ", setup.expert_bits);
+  return absl::StrFormat(
+      "nq bench-decode: %s (%s) on %s: %.2f tokens/s over %d decode steps (%.3f ms/token p50, %.3f p90) after a "
+      "%d-token prompt (prefill %.3f s) and %d warm-up steps",
+      setup.model, experts, setup.device, report.tokens_per_second(), report.options.decode_tokens,
+      report.StepMillisecondsAt(0.5), report.StepMillisecondsAt(0.9), report.options.prompt_tokens,
+      report.prefill_seconds, report.options.warmup_tokens);
+}
+
+nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const DecodeBenchReport& report) {
+  nlohmann::ordered_json json = {{"model", setup.model},
+                                 {"release", setup.release},
+                                 {"expert_bits", setup.release.empty() ? "" : setup.expert_bits},
+                                 {"backend", setup.backend},
+                                 {"device", setup.device}};
+  if (setup.backend == "cuda") json["gpu"] = setup.device;
+  std::vector<double> step_ms;
+  for (double s : report.step_seconds) step_ms.push_back(s * 1e3);
+  json.update(nlohmann::ordered_json{{"kv_cache_dtype", setup.kv_cache_dtype},
+                                     {"max_model_len", setup.max_model_len},
+                                     {"seed", report.options.seed},
+                                     {"prompt_tokens", report.options.prompt_tokens},
+                                     {"warmup_tokens", report.options.warmup_tokens},
+                                     {"decode_tokens", report.options.decode_tokens},
+                                     {"prefill_seconds", report.prefill_seconds},
+                                     {"decode_seconds", report.decode_seconds()},
+                                     {"tokens_per_second", report.tokens_per_second()},
+                                     {"ms_per_token_p50", report.StepMillisecondsAt(0.5)},
+                                     {"ms_per_token_p90", report.StepMillisecondsAt(0.9)},
+                                     {"step_ms", step_ms},
+                                     {"tokens", report.tokens}});
+  return json;
+}
+
+}  // namespace nq::worker

@@ -1,0 +1,74 @@
+// The worker's decode speed with no service in the way (`nq bench-decode`, issues #13 and #14):
+// the leader's SequenceRunner, greedy, without drafts, on a model loaded as nq-worker loads it.
+// What the HTTP stream's tokens/s is compared with: the difference is what the services cost.
+//
+// One run: a prompt of P token ids (PositionSeed of the seed, so the same seed gives the same
+// prompt on every machine), its prefill (which emits the first token), W warm-up decode steps,
+// then N timed decode steps. A decode step is exactly the worker's plain step: the model's
+// forward of the last token (appended to the cache, so the sequence continues from the prompt),
+// greedy selection on the host (Sampler), nothing else. Each step's wall time is the runner's
+// steady_clock measurement of its forward and sampling (SequenceStep::seconds).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/model/model.h"
+
+namespace nq::worker {
+
+struct DecodeBenchOptions {
+  int64_t prompt_tokens = 128;
+  int64_t warmup_tokens = 4;
+  int64_t decode_tokens = 64;
+  uint64_t seed = 0;
+};
+
+struct DecodeBenchReport {
+  DecodeBenchOptions options;
+  double prefill_seconds = 0;      // the prompt's forward and the first token's selection
+  std::vector<double> step_seconds;  // [decode_tokens]: each timed step
+  std::vector<int32_t> tokens;       // [decode_tokens]: the token each timed step emitted
+
+  double decode_seconds() const;
+  double tokens_per_second() const;
+  // The nearest-rank percentile of the timed steps in milliseconds: the smallest step time
+  // that at least `fraction` of the steps do not exceed.
+  double StepMillisecondsAt(double fraction) const;
+};
+
+// P token ids below `vocab`: id i is PositionSeed(seed, i) mod vocab.
+std::vector<int32_t> DecodeBenchPrompt(int64_t prompt_tokens, int64_t vocab, uint64_t seed);
+
+// INVALID_ARGUMENT, naming the numbers, unless P >= 1, W >= 0, N >= 1 and the sequence fits
+// `context_window` as the worker counts it: prompt plus completion tokens (1 from the prefill,
+// W, N) at most the window.
+absl::Status CheckDecodeBench(const DecodeBenchOptions& options, int64_t context_window);
+
+// Runs the benchmark on `model` (its cache is reset first and holds the sequence after).
+absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const DecodeBenchOptions& options);
+
+// What ran, for the report: the caller's labels.
+struct DecodeBenchSetup {
+  std::string model;
+  std::string release;      // empty: the checkpoint's experts
+  std::string expert_bits;  // with a release
+  std::string backend;
+  std::string device;       // Backend::DeviceDescription()
+  std::string kv_cache_dtype;
+  int64_t max_model_len = 0;
+};
+
+// One line for people: tokens/s, ms per token p50 / p90, prefill time.
+std::string DecodeBenchSummary(const DecodeBenchSetup& setup, const DecodeBenchReport& report);
+// {model, release, expert_bits, backend, device, gpu (cuda only), kv_cache_dtype,
+//  max_model_len, seed, prompt_tokens, warmup_tokens, decode_tokens, prefill_seconds,
+//  decode_seconds, tokens_per_second, ms_per_token_p50, ms_per_token_p90, step_ms, tokens}.
+nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const DecodeBenchReport& report);
+
+}  // namespace nq::worker

@@ -1,0 +1,264 @@
+// nq bench-decode on glm5_nano (CPU): the benchmark decodes what the model decodes (its timed
+// tokens equal a greedy argmax loop over Model::Forward written here), it counts the context
+// window as the worker does (a run that exactly fills it runs; one more token is refused, naming
+// the numbers), and the `nq` command writes that report, for the checkpoint and for a release
+// encoded here (nq encode of glm5_nano takes about a second on 2 cores).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "services/release/release_encoder.h"
+#include "services/release/release_experts.h"
+#include "services/worker/decode_bench.h"
+#include "tests/common/status_matchers.h"
+#include "tests/worker/nano_model.h"
+
+namespace nq::worker {
+namespace {
+
+namespace fs = std::filesystem;
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+using testing::LoadedModel;
+using testing::NanoModelDir;
+
+// The first maximum: the sampler's greedy rule (ties to the lower id).
+int32_t Argmax(const std::vector<float>& row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// Greedy decoding by hand: prefill `prompt`, then feed each argmax back one token at a time.
+// Returns the tokens of the last `timed` of `warmup + timed` decode steps.
+std::vector<int32_t> ReferenceTokens(model::Model& model, const std::vector<int32_t>& prompt, int64_t warmup,
+                                     int64_t timed) {
+  model.ResetCache();
+  absl::StatusOr<std::vector<float>> logits = model.ForwardLast(prompt);
+  EXPECT_THAT(logits, IsOk());
+  if (!logits.ok()) return {};
+  int32_t token = Argmax(*logits);
+  std::vector<int32_t> tokens;
+  for (int64_t step = 0; step < warmup + timed; ++step) {
+    logits = model.Forward(std::span<const int32_t>(&token, 1));
+    EXPECT_THAT(logits, IsOk());
+    if (!logits.ok()) return {};
+    token = Argmax(*logits);
+    if (step >= warmup) tokens.push_back(token);
+  }
+  return tokens;
+}
+
+TEST(DecodeBenchTest, TimedTokensAreTheModelsGreedyTokens) {
+  absl::StatusOr<LoadedModel> loaded = testing::LoadModel(NanoModelDir(), 256);
+  ASSERT_THAT(loaded, IsOk());
+  model::Model& model = *loaded->model;
+  const DecodeBenchOptions options{.prompt_tokens = 48, .warmup_tokens = 3, .decode_tokens = 16, .seed = 7};
+  absl::StatusOr<DecodeBenchReport> report = RunDecodeBench(model, options);
+  ASSERT_THAT(report, IsOk());
+  ASSERT_EQ(report->tokens.size(), 16u);
+  ASSERT_EQ(report->step_seconds.size(), 16u);
+  // The sequence continued from the prompt: every step appended to one cache.
+  EXPECT_EQ(model.cache_length(), 48 + 3 + 16);
+  EXPECT_GT(report->prefill_seconds, 0);
+  for (double s : report->step_seconds) EXPECT_GT(s, 0);
+  EXPECT_GT(report->tokens_per_second(), 0);
+
+  const std::vector<int32_t> prompt = DecodeBenchPrompt(48, model.config().vocab_size, 7);
+  EXPECT_EQ(ReferenceTokens(model, prompt, 3, 16), report->tokens);
+}
+
+TEST(DecodeBenchTest, PromptIsDeterministicAndInsideTheVocabulary) {
+  const std::vector<int32_t> a = DecodeBenchPrompt(500, 8192, 1);
+  EXPECT_EQ(a, DecodeBenchPrompt(500, 8192, 1));
+  EXPECT_NE(a, DecodeBenchPrompt(500, 8192, 2));
+  ASSERT_EQ(a.size(), 500u);
+  for (int32_t id : a) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, 8192);
+  }
+  // Spread over the vocabulary, not a few ids repeated: 500 draws from 8192 repeat about 15.
+  std::vector<int32_t> distinct = a;
+  std::sort(distinct.begin(), distinct.end());
+  EXPECT_GT(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 400);
+}
+
+TEST(DecodeBenchTest, RunThatFillsTheWindowRunsAndOneMoreTokenIsRefused) {
+  absl::StatusOr<LoadedModel> loaded = testing::LoadModel(NanoModelDir(), 64);
+  ASSERT_THAT(loaded, IsOk());
+  // 40 + 1 + 3 + 20 = 64: prompt plus completion exactly fill the window.
+  absl::StatusOr<DecodeBenchReport> full =
+      RunDecodeBench(*loaded->model, {.prompt_tokens = 40, .warmup_tokens = 3, .decode_tokens = 20, .seed = 0});
+  ASSERT_THAT(full, IsOk());
+  EXPECT_EQ(full->tokens.size(), 20u);
+  EXPECT_THAT(
+      RunDecodeBench(*loaded->model, {.prompt_tokens = 40, .warmup_tokens = 3, .decode_tokens = 21, .seed = 0}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("40 prompt tokens + 1 from the prefill + 3 warm-up + 21 decode tokens = 65 tokens exceed "
+                         "the context window of 64")));
+  EXPECT_THAT(CheckDecodeBench({.prompt_tokens = 0, .warmup_tokens = 0, .decode_tokens = 1, .seed = 0}, 64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least 1 prompt token")));
+  EXPECT_THAT(CheckDecodeBench({.prompt_tokens = 1, .warmup_tokens = 0, .decode_tokens = 0, .seed = 0}, 64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least 1 decode step")));
+}
+
+TEST(DecodeBenchTest, PercentilesAreNearestRank) {
+  DecodeBenchReport report;
+  report.step_seconds = {0.004, 0.001, 0.003, 0.002, 0.010};
+  report.tokens = {1, 2, 3, 4, 5};
+  report.options.decode_tokens = 5;
+  EXPECT_DOUBLE_EQ(report.StepMillisecondsAt(0.5), 3.0);
+  EXPECT_DOUBLE_EQ(report.StepMillisecondsAt(0.9), 10.0);
+  EXPECT_DOUBLE_EQ(report.decode_seconds(), 0.020);
+  EXPECT_DOUBLE_EQ(report.tokens_per_second(), 250.0);
+  const nlohmann::ordered_json json = DecodeBenchJson({.model = "m", .release = "", .expert_bits = "fixed",
+                                                       .backend = "cpu", .device = "cpu (2 threads)",
+                                                       .kv_cache_dtype = "f32", .max_model_len = 64},
+                                                      report);
+  EXPECT_EQ(json["expert_bits"], "");  // no release, no bits
+  EXPECT_FALSE(json.contains("gpu"));
+  EXPECT_EQ(json["step_ms"].size(), 5u);
+  EXPECT_DOUBLE_EQ(json["ms_per_token_p90"].get<double>(), 10.0);
+}
+
+// ---- the `nq bench-decode` command ----
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult RunNq(const std::string& args) {
+  CommandResult result;
+  FILE* pipe = popen(absl::StrCat(NQ_TOOL_BIN, " bench-decode ", args, " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+}
+
+class BenchDecodeCommandTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = new fs::path(fs::temp_directory_path() / absl::StrCat("nq-bench-decode-test-", getpid()));
+    fs::remove_all(*root_);
+    fs::create_directories(*root_);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*root_);
+    delete root_;
+  }
+  // glm5_nano's release, encoded once for the suite.
+  static std::string Release() {
+    const std::string dir = (*root_ / "release").string();
+    if (!fs::exists(fs::path(dir) / "COMPLETE")) {
+      release::EncodeReleaseOptions options;
+      options.fixed_per_layer = 4;
+      EXPECT_THAT(release::EncodeRelease(NanoModelDir(), dir, options), IsOk());
+    }
+    return dir;
+  }
+
+  static fs::path* root_;
+};
+fs::path* BenchDecodeCommandTest::root_ = nullptr;
+
+// Prompt 32, warm-up 2, 12 timed steps: the flags the command tests pass.
+constexpr char kSmallRun[] = "--prompt-tokens 32 --warmup 2 --decode-tokens 12 --seed 5 --max-model-len 64";
+
+TEST_F(BenchDecodeCommandTest, WritesTheReportOfTheCheckpoint) {
+  const std::string out = (*root_ / "checkpoint.json").string();
+  const CommandResult run = RunNq(absl::StrCat("--model ", NanoModelDir(), " ", kSmallRun, " --out ", out));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("tokens/s over 12 decode steps"));
+  const nlohmann::json json = ReadJson(out);
+  ASSERT_TRUE(json.is_object()) << out;
+  EXPECT_EQ(json["backend"], "cpu");
+  EXPECT_FALSE(json.contains("gpu"));
+  EXPECT_EQ(json["release"], "");
+  EXPECT_EQ(json["prompt_tokens"], 32);
+  EXPECT_EQ(json["decode_tokens"], 12);
+  EXPECT_EQ(json["max_model_len"], 64);
+  EXPECT_GT(json["tokens_per_second"].get<double>(), 0);
+  EXPECT_GT(json["decode_seconds"].get<double>(), 0);
+  EXPECT_GE(json["ms_per_token_p90"].get<double>(), json["ms_per_token_p50"].get<double>());
+  ASSERT_EQ(json["tokens"].size(), 12u);
+
+  absl::StatusOr<LoadedModel> loaded = testing::LoadModel(NanoModelDir(), 64);
+  ASSERT_THAT(loaded, IsOk());
+  const std::vector<int32_t> prompt = DecodeBenchPrompt(32, loaded->model->config().vocab_size, 5);
+  EXPECT_EQ(json["tokens"].get<std::vector<int32_t>>(), ReferenceTokens(*loaded->model, prompt, 2, 12));
+}
+
+TEST_F(BenchDecodeCommandTest, WritesTheReportOfARelease) {
+  const std::string release = Release();
+  const std::string out = (*root_ / "release.json").string();
+  const CommandResult run = RunNq(
+      absl::StrCat("--model ", NanoModelDir(), " --release ", release, " --expert-bits fixed ", kSmallRun, " --out ", out));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json json = ReadJson(out);
+  ASSERT_TRUE(json.is_object()) << out;
+  EXPECT_EQ(json["release"], release);
+  EXPECT_EQ(json["expert_bits"], "fixed");
+  ASSERT_EQ(json["tokens"].size(), 12u);
+  EXPECT_GT(json["tokens_per_second"].get<double>(), 0);
+
+  // The release's experts, not the checkpoint's, decoded them.
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  absl::StatusOr<std::unique_ptr<model::Model>> model = release::LoadModelWithRelease(
+      NanoModelDir(), release, release::ExpertBits::kFixedSet, **backend, nullptr, {.max_tokens = 64, .tp = {}});
+  ASSERT_THAT(model, IsOk());
+  const std::vector<int32_t> prompt = DecodeBenchPrompt(32, (*model)->config().vocab_size, 5);
+  EXPECT_EQ(json["tokens"].get<std::vector<int32_t>>(), ReferenceTokens(**model, prompt, 2, 12));
+}
+
+TEST_F(BenchDecodeCommandTest, RefusesWhatItCannotRun) {
+  CommandResult run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --prompt-tokens 4050"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("4050 prompt tokens + 1 from the prefill + 4 warm-up + 64 decode tokens = 4119 "
+                                    "tokens exceed the context window of 4096"));
+  run = RunNq("--model " + (*root_ / "absent").string());
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("absent: no such directory"));
+  run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --backend tpu"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("unknown backend 'tpu'"));
+  run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --gpu 1"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--gpu=1 applies to --backend cuda"));
+  // Refused by name before the release is opened.
+  run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --release ", (*root_ / "release").string(),
+                           " --expert-bits dynamic"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("dynamic needs the streamer"));
+  if (!kernels::IsBackendCompiledIn("cuda")) {
+    run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --backend cuda"));
+    EXPECT_EQ(run.exit_code, 1);
+    EXPECT_THAT(run.output, HasSubstr("not compiled into this build"));
+  }
+}
+
+}  // namespace
+}  // namespace nq::worker
