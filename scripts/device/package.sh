@@ -36,30 +36,8 @@ for b in "${binaries[@]}"; do
   strip --strip-debug "$out/bin/$(basename "$b")"
 done
 
-# Libraries the GPU machine provides itself: glibc, the C++ runtime, the CUDA driver, and
-# cuBLAS (its nvidia-cublas wheel; scripts/device/cuda_wheel_libs.sh puts it on the path).
-is_system_library() {
-  case "$1" in
-    linux-vdso.so* | ld-linux*.so* | libc.so* | libm.so* | libdl.so* | libpthread.so* | \
-      librt.so* | libstdc++.so* | libgcc_s.so* | libcuda.so* | libnvidia-*.so* | libcublas*.so*)
-      return 0 ;;
-  esac
-  return 1
-}
-
-missing=0
-for bin in "$out"/bin/*; do
-  while read -r name arrow path _; do
-    [[ "$arrow" == "=>" ]] || continue
-    if [[ "$path" == "not" ]]; then
-      echo "package.sh: $bin needs $name, which ldd cannot find here" >&2
-      missing=1
-      continue
-    fi
-    is_system_library "$name" || cp -L "$path" "$out/lib/$name"
-  done < <(ldd "$bin")
-done
-[[ "$missing" == 0 ]] || exit 1
+source scripts/device/shared_libs.sh
+copy_shared_libs "$out/lib" "$out"/bin/*
 
 for name in libstdc++.so.6 libgcc_s.so.1; do
   path="$(ldd "$out/bin/cuda_vs_cpu_ops_test" | awk -v n="$name" '$1 == n { print $3 }')"

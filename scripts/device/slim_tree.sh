@@ -4,16 +4,26 @@
 # needs them, so `on` takes them out of the index and hides them (.git/info/exclude) for the
 # call, and `off` puts both back. Always run `off` after the call.
 #
-#   bash scripts/device/slim_tree.sh on|off
+# `on cluster` (scripts/device/run_gpu_cluster.sh, whose bundle is larger) also hides the test
+# fixtures and tokenizer data, which only the test binaries read.
+#
+#   bash scripts/device/slim_tree.sh on [cluster] | off
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-readonly big=(
+big=(
   models/glm5_nano/model.safetensors
   models/glm5_nano/reference/logits.bin
   models/glm5_nano/reference/mtp_logits.bin
   models/glm5_nano/reference/mtp_logits_vllm.bin
   tests/tokenizer/data/llama3.tokenizer.json.gz
 )
+# `off` restores whichever were hidden.
+if [[ "${2:-}" == cluster || "${1:-}" == off ]]; then
+  # From HEAD: once hidden they are no longer in the index.
+  mapfile -t more < <(git ls-tree -r --name-only HEAD tests/fixtures/models tests/tokenizer/data)
+  big+=("${more[@]}")
+fi
+readonly big
 exclude="$(git rev-parse --git-path info/exclude)"
 case "${1:-}" in
   on)

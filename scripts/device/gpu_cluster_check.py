@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""The whole cluster on one machine, checked end to end (issue #14; run by run_gpu_cluster.sh).
+
+Starts the three real binaries (nq-streamer, nq-worker, nq-router) on loopback and checks, each
+result into a JSON report:
+  greedy       64 greedy tokens of the worker under test equal those of a CPU worker, at 2 bits,
+               4 bits and the release's fixed set (static bits, no drafts: deterministic)
+  streaming    a chat completion streamed through the OpenAI API by a worker whose residuals the
+               streamer writes into its slots (dynamic bits), with loads and 4-bit calls counted
+  speed        decode tokens/s through the HTTP stream next to `nq bench-decode` on the same model,
+               bits and backend; and streamed decode while residual reads run against the same
+               request once the slots have settled
+  streamer_kill  the streamer is killed mid-generation: the stream finishes without an error, and
+               a restarted streamer adopts the worker's READY slots
+  worker_kill  the worker is killed: the router answers 503 (not a hang), and serves again once a
+               new worker is up
+  stress       requests over varied prompts with --verify_slots: every slot announced READY is
+               compared with its record in the release, and READY slots are re-hashed after every
+               step (nq_worker_slot_integrity_failures_total must stay 0)
+Python's standard library only (the GPU machine has no extra packages for it).
+
+  gpu_cluster_check.py --bin DIR --model DIR --out DIR [--backend cuda] [--reference-backend cpu]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+PROMPTS = [
+    "def fibonacci(n):",
+    "import os\n\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "def parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"",
+    "for i in range(10):\n",
+    "def merge_sort(items):",
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method, url, body=None, timeout=60.0):
+    """(status, parsed JSON or text); status 0 when the connection failed."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        text, status = error.read().decode(errors="replace"), error.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as error:
+        return 0, str(error)
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def metrics(port):
+    """Samples of a /metrics page: {'name{labels}': value}."""
+    status, text = http("GET", f"http://127.0.0.1:{port}/metrics", timeout=10)
+    samples = {}
+    if status != 200 or not isinstance(text, str):
+        return samples
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                samples[key] = float(value)
+            except ValueError:
+                pass
+    return samples
+
+
+def stream_chat(port, body, on_chunk=None, timeout=300.0):
+    """Streams a chat completion. Returns (chunk arrival times, text, finish_reason, usage, error)."""
+    body = dict(body, stream=True, stream_options={"include_usage": True})
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    times, text, finish, usage, error = [], "", None, None, None
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                payload = line[len("data:"):].strip()
+                if payload == "[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    error = event["error"]
+                    continue
+                if event.get("usage"):
+                    usage = event["usage"]
+                for choice in event.get("choices", []):
+                    delta = choice.get("delta", {}).get("content") or ""
+                    if delta:
+                        times.append(time.monotonic())
+                        text += delta
+                        if on_chunk:
+                            on_chunk(len(times))
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+    except Exception as exc:  # the check records any failure of the stream itself
+        error = f"{type(exc).__name__}: {exc}"
+    return times, text, finish, usage, error
+
+
+class Cluster:
+    """The three services on fresh loopback ports; logs under `log_dir`."""
+
+    def __init__(self, bin_dir, model_dir, log_dir, name):
+        self.bin, self.model, self.name = bin_dir, model_dir, name
+        self.log_dir = os.path.join(log_dir, name)
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.ports = {k: free_port() for k in ("s_grpc", "s_metrics", "w_grpc", "w_metrics", "r_http", "r_grpc")}
+        self.procs = {}
+        self.worker_flags = []
+
+    def _spawn(self, service, args):
+        log = open(os.path.join(self.log_dir, f"{service}.log"), "a")
+        log.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(args)}\n")
+        log.flush()
+        self.procs[service] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_streamer(self):
+        self._spawn("streamer", [f"{self.bin}/nq-streamer", "--host=127.0.0.1", f"--grpc_port={self.ports['s_grpc']}",
+                                 f"--metrics_port={self.ports['s_metrics']}",
+                                 f"--records_dir={self.model}/release"])
+
+    def start_worker(self, flags=None):
+        if flags is not None:
+            self.worker_flags = flags
+        self._spawn("worker", [f"{self.bin}/nq-worker", "--host=127.0.0.1", f"--grpc_port={self.ports['w_grpc']}",
+                               f"--metrics_port={self.ports['w_metrics']}",
+                               f"--streamer_address=127.0.0.1:{self.ports['s_grpc']}", f"--model={self.model}",
+                               f"--release={self.model}/release", "--served_model_name=embedded"] + self.worker_flags)
+
+    def start_router(self):
+        self._spawn("router", [f"{self.bin}/nq-router", "--host=127.0.0.1", f"--http_port={self.ports['r_http']}",
+                               f"--grpc_port={self.ports['r_grpc']}",
+                               f"--worker_address=127.0.0.1:{self.ports['w_grpc']}",
+                               f"--tokenizer={self.model}/tokenizer.json", "--chat_format=plain",
+                               "--worker_poll_interval_s=0.2"])
+
+    def start(self, worker_flags, timeout=120):
+        self.start_streamer()
+        self.start_worker(worker_flags)
+        self.start_router()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for service, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{self.name}: {service} exited with {proc.returncode}; see "
+                                       f"{self.log_dir}/{service}.log:\n{self.tail(service)}")
+            status, _ = http("GET", f"http://127.0.0.1:{self.ports['r_http']}/health", timeout=2)
+            if status == 200:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name}: not healthy in {timeout} s:\n{self.tail('worker')}")
+
+    def kill(self, service):
+        proc = self.procs[service]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def stop(self):
+        for service in ("router", "worker", "streamer"):
+            proc = self.procs.get(service)
+            if proc and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def tail(self, service, lines=30):
+        try:
+            with open(os.path.join(self.log_dir, f"{service}.log")) as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log_size(self, service):
+        try:
+            return os.path.getsize(os.path.join(self.log_dir, f"{service}.log"))
+        except OSError:
+            return 0
+
+    def log_since(self, service, offset):
+        with open(os.path.join(self.log_dir, f"{service}.log"), errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+
+    def completion(self, prompt, max_tokens, timeout=300):
+        return http("POST", f"http://127.0.0.1:{self.ports['r_http']}/v1/completions",
+                    {"model": "embedded", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                     "ignore_eos": True}, timeout=timeout)
+
+    def chat_body(self, prompt, max_tokens):
+        return {"model": "embedded", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                "temperature": 0, "ignore_eos": True}
+
+
+def decode_rate(times, usage):
+    """Decode tokens/s between the first and the last streamed chunk."""
+    if not usage or len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (usage["completion_tokens"] - 1) / (times[-1] - times[0])
+
+
+def check_greedy(args, report):
+    """Greedy tokens of the backend under test against a CPU worker, static bits, no drafts."""
+    results = {}
+    for bits in ("2", "4", "fixed"):
+        texts = {}
+        for backend in (args.reference_backend, args.backend):
+            cluster = Cluster(args.bin, args.model, args.logs, f"greedy-{bits}-{backend}")
+            try:
+                cluster.start([f"--backend={backend}", f"--expert_bits={bits}", "--speculative_tokens=0"])
+                outputs = []
+                for prompt in PROMPTS[:3]:
+                    status, body = cluster.completion(prompt, 64)
+                    ok = status == 200 and body["usage"]["completion_tokens"] == 64
+                    outputs.append(body["choices"][0]["text"] if ok else f"HTTP {status}: {body}")
+                texts[backend] = outputs
+                if backend == args.backend and bits == "fixed":
+                    # The HTTP-stream rate of this cluster, for the bench-decode comparison.
+                    times, _, _, usage, error = stream_chat(cluster.ports["r_http"],
+                                                            cluster.chat_body(PROMPTS[0], args.decode_tokens))
+                    report["speed"]["http_tokens_per_s_fixed"] = decode_rate(times, usage)
+                    report["speed"]["http_stream_error"] = error
+            finally:
+                cluster.stop()
+        same = [a == b for a, b in zip(texts[args.reference_backend], texts[args.backend])]
+        results[bits] = {"equal": all(same), "per_prompt_equal": same, args.backend: texts[args.backend],
+                         args.reference_backend: texts[args.reference_backend]}
+    report["greedy"] = {"pass": all(r["equal"] for r in results.values()), "by_bits": results}
+
+
+def check_bench_decode(args, report):
+    out = os.path.join(args.out, "bench_decode_fixed.json")
+    command = [f"{args.bin}/nq", "bench-decode", f"--model={args.model}", f"--release={args.model}/release",
+               "--expert-bits=fixed", f"--backend={args.backend}", f"--decode-tokens={args.decode_tokens}",
+               "--warmup=8", "--prompt-tokens=16", f"--out={out}"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    report["speed"]["bench_decode_command"] = " ".join(command)
+    if run.returncode != 0:
+        report["speed"]["bench_decode_error"] = run.stderr[-2000:]
+        return
+    with open(out) as f:
+        bench = json.load(f)
+    report["speed"]["bench_decode_tokens_per_s_fixed"] = bench["tokens_per_second"]
+    http_rate = report["speed"].get("http_tokens_per_s_fixed")
+    if http_rate:
+        report["speed"]["http_over_bench_decode"] = http_rate / bench["tokens_per_second"]
+
+
+def check_streaming_and_kills(args, report):
+    cluster = Cluster(args.bin, args.model, args.logs, "dynamic")
+    try:
+        cluster.start([f"--backend={args.backend}", "--expert_bits=dynamic"])
+        worker_port, streamer_port, http_port = cluster.ports["w_metrics"], cluster.ports["s_metrics"], cluster.ports["r_http"]
+
+        # Streamed chat with residual reads running (a fresh worker: the predictor is placing experts).
+        before = metrics(streamer_port)
+        times, text, finish, usage, error = stream_chat(http_port, cluster.chat_body(PROMPTS[1], args.decode_tokens))
+        during = metrics(streamer_port)
+        # The same request again once the slots have settled (few reads).
+        times2, _, _, usage2, error2 = stream_chat(http_port, cluster.chat_body(PROMPTS[1], args.decode_tokens))
+        after = metrics(streamer_port)
+        worker = metrics(worker_port)
+        read = lambda m: m.get("nq_streamer_read_bytes_total", 0.0)
+        ready = lambda m: m.get('nq_streamer_slot_loads_total{result="ready"}', 0.0)
+        report["streaming"] = {
+            "pass": error is None and finish == "length" and usage is not None
+                    and usage["completion_tokens"] == args.decode_tokens and ready(during) > 0
+                    and worker.get('nq_expert_calls_total{bits="4"}', 0) > 0,
+            "error": error, "finish_reason": finish, "usage": usage, "text_head": text[:200],
+            "loads_ready": ready(after), "loads_failed": after.get('nq_streamer_slot_loads_total{result="failed"}'),
+            "expert_calls_4bit": worker.get('nq_expert_calls_total{bits="4"}'),
+            "expert_calls_2bit": worker.get('nq_expert_calls_total{bits="2"}'),
+            "gpu_memory_bytes": {k: v for k, v in worker.items() if k.startswith("nq_worker_gpu_memory_bytes")},
+            "routed_expert_bytes": {k: v for k, v in worker.items() if k.startswith("nq_worker_routed_expert_bytes")},
+            "kv_cache_bytes": worker.get("nq_worker_kv_cache_bytes"),
+        }
+        report["speed"]["dynamic_first_request"] = {"tokens_per_s": decode_rate(times, usage),
+                                                    "record_bytes_read": read(during) - read(before)}
+        report["speed"]["dynamic_repeat_request"] = {"tokens_per_s": decode_rate(times2, usage2),
+                                                     "record_bytes_read": read(after) - read(during), "error": error2}
+
+        # Kill the streamer mid-generation; the stream must finish (experts fall back to 2 bits).
+        killed_at = {}
+
+        def kill_after(n):
+            if n == 24 and "t" not in killed_at:
+                killed_at["t"] = time.monotonic()
+                cluster.kill("streamer")
+
+        times, text, finish, usage, error = stream_chat(http_port, cluster.chat_body(PROMPTS[2], 160), kill_after)
+        after_kill = metrics(worker_port)
+        log_offset = cluster.log_size("streamer")
+        cluster.start_streamer()
+        adopted, deadline = None, time.monotonic() + 60
+        while time.monotonic() < deadline and adopted is None:
+            match = re.findall(r"(\d+) READY slots adopted", cluster.log_since("streamer", log_offset))
+            if match:
+                adopted = int(match[-1])
+            time.sleep(0.5)
+        status, body = cluster.completion(PROMPTS[3], 32)
+        report["streamer_kill"] = {
+            "pass": "t" in killed_at and error is None and finish == "length" and usage is not None
+                    and usage["completion_tokens"] == 160 and adopted is not None and adopted > 0 and status == 200,
+            "killed_after_chunks": 24 if "t" in killed_at else None, "stream_error": error, "finish_reason": finish,
+            "completion_tokens": usage and usage["completion_tokens"],
+            "worker_streamer_connected_after_kill": after_kill.get("nq_worker_streamer_connected"),
+            "ready_slots_adopted_by_the_new_streamer": adopted, "request_after_restart_status": status,
+        }
+
+        # Kill the worker: 503 from the router, not a hang; serving again once it is back.
+        cluster.kill("worker")
+        time.sleep(0.5)
+        started = time.monotonic()
+        status, body = cluster.completion(PROMPTS[0], 8, timeout=60)
+        answer_seconds = time.monotonic() - started
+        cluster.start_worker()
+        recovered, deadline = None, time.monotonic() + 180
+        while time.monotonic() < deadline:
+            status2, _ = cluster.completion(PROMPTS[0], 8, timeout=30)
+            if status2 == 200:
+                recovered = time.monotonic() - started
+                break
+            time.sleep(0.5)
+        report["worker_kill"] = {"pass": status == 503 and answer_seconds < 10 and recovered is not None,
+                                 "status_while_down": status, "answer_seconds": answer_seconds,
+                                 "body_while_down": body if isinstance(body, (dict, str)) else None,
+                                 "seconds_until_serving_again": recovered}
+    finally:
+        cluster.stop()
+
+
+def check_stress(args, report):
+    """Loads and evictions over varied prompts with every READY slot checked against its record."""
+    cluster = Cluster(args.bin, args.model, args.logs, "stress")
+    try:
+        cluster.start([f"--backend={args.backend}", "--expert_bits=dynamic", "--verify_slots"])
+        errors = []
+        for round_ in range(args.stress_rounds):
+            for prompt in PROMPTS:
+                status, body = cluster.completion(prompt + "\n" * (round_ % 3), 48)
+                if status != 200:
+                    errors.append(f"HTTP {status}: {body}")
+        worker = metrics(cluster.ports["w_metrics"])
+        streamer = metrics(cluster.ports["s_metrics"])
+        failures = worker.get("nq_worker_slot_integrity_failures_total")
+        report["stress"] = {
+            "pass": not errors and failures == 0 and streamer.get("nq_streamer_slot_unmaps_total", 0) > 0,
+            "requests": args.stress_rounds * len(PROMPTS), "errors": errors[:5],
+            "integrity_failures": failures,
+            "loads_ready": streamer.get('nq_streamer_slot_loads_total{result="ready"}'),
+            "unmaps": streamer.get("nq_streamer_slot_unmaps_total"),
+            "updates_applied": worker.get("nq_worker_slot_updates_applied_total"),
+        }
+    finally:
+        cluster.stop()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--backend", default="cuda")
+    parser.add_argument("--reference-backend", default="cpu")
+    parser.add_argument("--decode-tokens", type=int, default=256)
+    parser.add_argument("--stress-rounds", type=int, default=4)
+    parser.add_argument("--only", default="greedy,bench,streaming,stress")
+    args = parser.parse_args()
+    args.logs = os.path.join(args.out, "logs")
+    os.makedirs(args.logs, exist_ok=True)
+    report = {"backend": args.backend, "reference_backend": args.reference_backend, "speed": {}}
+    checks = {"greedy": check_greedy, "bench": check_bench_decode, "streaming": check_streaming_and_kills,
+              "stress": check_stress}
+    for name in args.only.split(","):
+        started = time.monotonic()
+        try:
+            checks[name](args, report)
+        except Exception as exc:  # one failed check must not hide the others' results
+            report.setdefault("exceptions", {})[name] = f"{type(exc).__name__}: {exc}"
+        report.setdefault("seconds", {})[name] = round(time.monotonic() - started, 1)
+        with open(os.path.join(args.out, "gpu_cluster.json"), "w") as f:
+            json.dump(report, f, indent=2)
+    verdicts = {k: v["pass"] for k, v in report.items() if isinstance(v, dict) and "pass" in v}
+    print(json.dumps({"verdicts": verdicts, "speed": report["speed"], "exceptions": report.get("exceptions")},
+                     indent=2))
+    return 0 if verdicts and all(verdicts.values()) and not report.get("exceptions") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One device call for serving on the GPU (issue #14): unpacks .gpu-cluster/bundle.tar.xz
+# (scripts/device/package_cluster.sh: the four binaries of a CUDA build, the shared libraries the
+# GPU machine lacks, glm5_nano and its release), says what it carried, checks that the worker
+# refuses clearly where it must (an ordinal past the visible GPUs, a model that does not fit),
+# then runs scripts/device/gpu_cluster_check.py: router, streamer and a CUDA worker on the H200
+# against a CPU worker's greedy tokens, a streamed chat completion with residuals written into
+# device slots, tokens/s through the HTTP stream next to `nq bench-decode`, killing the streamer
+# and the worker, and a --verify_slots stress run. Results: $OUT/gpu_cluster.json, the services'
+# logs in $OUT/logs/, everything printed in $OUT/gpu_cluster_log.txt.
+#
+#   run tool: carry [".gpu-cluster"], command "bash scripts/device/run_gpu_cluster.sh"
+#   (bash scripts/device/slim_tree.sh on cluster before, off after)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/nq-gpu-cluster-out}"
+mkdir -p "$out"
+exec > >(tee "$out/gpu_cluster_log.txt") 2>&1
+work="$(mktemp -d)"
+tar -C "$work" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
+echo "== carried: $(head -n 1 "$work/MANIFEST")"
+echo "   binaries: $(ls "$work/bin" | tr '\n' ' ')"
+echo "   libraries ($(ls "$work/lib" | wc -l)): $(ls "$work/lib" | tr '\n' ' ')"
+export LD_LIBRARY_PATH="$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+wheel_libs="$(bash scripts/device/cuda_wheel_libs.sh)"
+[[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
+if ldd "$work/bin/nq-worker" | grep -q "not found"; then
+  ldd "$work/bin/nq-worker" | grep "not found"
+  exit 1
+fi
+
+failed=()
+# Refusals, before anything serves: each must exit non-zero, saying why, within seconds.
+refuses() {
+  local name="$1" expect="$2"
+  shift 2
+  local log="$out/logs/refusal-$name.log"
+  mkdir -p "$out/logs"
+  timeout 120 "$@" >"$log" 2>&1
+  local code=$?
+  if [[ $code -ne 0 && $code -ne 124 ]] && grep -q "$expect" "$log"; then
+    echo "== refusal $name: passed ($(grep -m1 "$expect" "$log" | cut -c1-300))"
+  else
+    echo "== refusal $name: FAILED (exit $code)"; tail -5 "$log"; failed+=("refusal $name")
+  fi
+}
+worker=("$work/bin/nq-worker" --host=127.0.0.1 --grpc_port=18100 --metrics_port=18101 --backend=cuda
+        --model="$work/model" --release="$work/model/release")
+refuses gpu-ordinal "visible" "${worker[@]}" --gpu=7
+# A context window no H200 holds: the fit check names the KV cache's bytes and the free memory.
+refuses does-not-fit "does not fit on GPU 0" "${worker[@]}" --max_model_len=2000000000
+
+python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$work/model" --out "$out" \
+  --backend cuda --reference-backend cpu ${NQ_CLUSTER_ARGS:-} || failed+=("gpu_cluster_check")
+rm -rf "$work"
+if ((${#failed[@]})); then echo "FAILED: ${failed[*]}"; exit 1; fi
+echo "all passed"
