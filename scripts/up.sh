@@ -5,17 +5,35 @@
 # the model's routed experts from it (2-bit base, 4 bits from READY slots), nq-router with its
 # tokenizer.
 # Ctrl-C (or SIGTERM) drains and stops all three. Logs go to $NQ_RUN_DIR (default .run/).
+#
+# On a GPU machine, NQ_BACKEND=cuda builds the cuda preset and runs the worker on GPU NQ_GPU
+# (default 0): model, KV cache and slot arena in device memory, residuals written there by the
+# streamer through CUDA IPC. NQ_MODEL=DIR (with DIR/release, from nq encode) serves a model of
+# your own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+backend=${NQ_BACKEND:-cpu}
+case "$backend" in
+  cpu) preset=cpu ;;
+  cuda) preset=cuda ;;
+  *) echo "NQ_BACKEND=$backend: want cpu or cuda" >&2; exit 2 ;;
+esac
 bash scripts/setup.sh
-cmake --preset cpu >/dev/null
-cmake --build --preset cpu -j "$(nproc)" --target nq-router nq-worker nq-streamer nq
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset" -j "$(nproc)" --target nq-router nq-worker nq-streamer nq
 
-bin=build/cpu/services
+bin=build/$preset/services
 run_dir=${NQ_RUN_DIR:-.run}
 mkdir -p "$run_dir"
 model=${NQ_MODEL:-$run_dir/embedded}
-bash scripts/embedded_model.sh "$model"
+# The embedded default is written (once) into .run/embedded; a model of your own is used as it is
+# (embedded_model.sh would overwrite its files with glm5_nano's).
+if [[ -z "${NQ_MODEL:-}" ]]; then
+  NQ_BIN="$bin/tools/nq" bash scripts/embedded_model.sh "$model"
+elif [[ ! -f "$model/release/COMPLETE" ]]; then
+  echo "NQ_MODEL=$model has no release in $model/release (make one with: nq encode --model $model --out $model/release)" >&2
+  exit 2
+fi
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -29,7 +47,8 @@ trap stop EXIT
 "$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$model/release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
 # The slot arena is sized from the release: its fixed set, 2 x top-k floating slots, 1 staging.
-"$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$model/release" \
+"$bin/worker/nq-worker" --host=127.0.0.1 --backend="$backend" --gpu="${NQ_GPU:-0}" --model="$model" \
+  --release="$model/release" \
   >"$run_dir/worker.log" 2>&1 &
 pids+=($!)
 # The embedded model was trained on Python sources only and never saw chat markup: its chats
