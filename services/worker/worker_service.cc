@@ -7,8 +7,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/metrics/buckets.h"
+#include "services/common/metrics/registry.h"
 #include "services/common/status_grpc.h"
 #include "services/worker/mtp_drafter.h"
+#include "services/worker/queued_stream_writer.h"
 #include "services/worker/routing_report.h"
 
 namespace nq::worker {
@@ -23,7 +26,13 @@ constexpr std::chrono::seconds kBusyWait{5};
 }  // namespace
 
 WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model::Model* model)
-    : identity_(std::move(identity)), slots_(slots), model_(model) {
+    : identity_(std::move(identity)),
+      slots_(slots),
+      model_(model),
+      step_seconds_(metrics::Registry::Default().Histogram(
+          "nq_worker_step_seconds",
+          "Time of a sequence step on the decode thread: the forward, MTP drafting and sampling (prefill: the prompt)",
+          metrics::ExponentialBuckets(1e-4, 2, 18), {"phase"})) {
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
     runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
@@ -171,6 +180,8 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
   // The last step's tokens are held back so finish_reason and usage travel with them.
   nq::v1::WorkerGenerateResponse last;
   last.set_finish_reason(nq::v1::FINISH_REASON_ABORT);
+  QueuedStreamWriter queued(writer);
+  uint64_t response_count = 0;
   absl::StatusOr<SequenceStats> stats = runner_->Run(
       sequence,
       [&](const SequenceStep& step) {
@@ -186,15 +197,17 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
           }
         }
         response.set_step_seconds(step.seconds);
+        step_seconds_.WithLabels({response_count++ == 0 ? "prefill" : "decode"}).Observe(step.seconds);
         if (spec_metrics_ != nullptr) spec_metrics_->RecordStep(step.drafts, step.accepted);
         if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED) {
           response.set_finish_reason(step.finish);
           last = std::move(response);
           return true;
         }
-        return writer->Write(response);
+        return queued.Push(std::move(response));
       },
       cancelled);
+  queued.Finish();
   // The sequence's last, partial block of routing.
   if (pending_.num_tokens() > 0) EmitPendingRouting();
   {

@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/worker.grpc.pb.h"
+#include "services/common/metrics/registry.h"
 #include "services/model/model.h"
 #include "services/worker/routing_watchers.h"
 #include "services/worker/sequence_runner.h"
@@ -74,6 +75,7 @@ class WorkerService final : public nq::v1::Worker::Service {
   std::vector<model::MoeRouting> forward_routing_;  // this forward, one entry per MoE layer
   std::unique_ptr<Drafter> drafter_;
   std::unique_ptr<SpecDecodeMetrics> spec_metrics_;
+  metrics::HistogramFamily& step_seconds_;
   nq::v1::RoutingReport pending_;                   // tokens not yet reported
   uint64_t sequence_id_ = 0;
   uint64_t sequence_tokens_ = 0;

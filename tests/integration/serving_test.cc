@@ -733,9 +733,12 @@ TEST_F(ServingTest, AWorkerKilledMidGenerationReleasesItsArena) {
   ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= 4; },
                       std::chrono::seconds(20)));
   const std::string log = worker_->Log();
-  const size_t at = log.find("arena /nq-arena-");
+  // "arena shm /nq-arena-r0-... (N bytes)"
+  constexpr std::string_view kPrefix = "arena shm ";
+  const size_t at = log.find(std::string(kPrefix) + "/nq-arena-");
   ASSERT_NE(at, std::string::npos) << log;
-  const std::string arena = log.substr(at + 6, log.find(' ', at + 6) - (at + 6));
+  const size_t name_at = at + kPrefix.size();
+  const std::string arena = log.substr(name_at, log.find(' ', name_at) - name_at);
   ASSERT_TRUE(std::filesystem::exists("/dev/shm" + arena)) << arena;
   EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_mapped_arena_bytes"), 0);
 
