@@ -7,9 +7,9 @@ result into a JSON report:
                4 bits and the release's fixed set (static bits, no drafts: deterministic)
   streaming    a chat completion streamed through the OpenAI API by a worker whose residuals the
                streamer writes into its slots (dynamic bits), with loads and 4-bit calls counted
-  speed        decode tokens/s through the HTTP stream next to `nq bench-decode` on the same model,
-               bits and backend; and streamed decode while residual reads run against the same
-               request once the slots have settled
+  bench, http  decode tokens/s through the HTTP stream next to `nq bench-decode` on the same model,
+               bits and backend (and the worker's own step time); streaming also times a request
+               while residual reads run against the same request once the slots have settled
   streamer_kill  the streamer is killed mid-generation: the stream finishes without an error, and
                a restarted streamer adopts the worker's READY slots
   worker_kill  the worker is killed: the router answers 503 (not a hang), and serves again once a
@@ -237,22 +237,45 @@ def check_greedy(args, report):
                 cluster.start([f"--backend={backend}", f"--expert_bits={bits}", "--speculative_tokens=0"])
                 outputs = []
                 for prompt in PROMPTS[:3]:
-                    status, body = cluster.completion(prompt, 64)
-                    ok = status == 200 and body["usage"]["completion_tokens"] == 64
+                    status, body = cluster.completion(prompt, args.greedy_tokens)
+                    ok = status == 200 and body["usage"]["completion_tokens"] == args.greedy_tokens
                     outputs.append(body["choices"][0]["text"] if ok else f"HTTP {status}: {body}")
                 texts[backend] = outputs
-                if backend == args.backend and bits == "fixed":
-                    # The HTTP-stream rate of this cluster, for the bench-decode comparison.
-                    times, _, _, usage, error = stream_chat(cluster.ports["r_http"],
-                                                            cluster.chat_body(PROMPTS[0], args.decode_tokens))
-                    report["speed"]["http_tokens_per_s_fixed"] = decode_rate(times, usage)
-                    report["speed"]["http_stream_error"] = error
             finally:
                 cluster.stop()
         same = [a == b for a, b in zip(texts[args.reference_backend], texts[args.backend])]
         results[bits] = {"equal": all(same), "per_prompt_equal": same, args.backend: texts[args.backend],
                          args.reference_backend: texts[args.reference_backend]}
     report["greedy"] = {"pass": all(r["equal"] for r in results.values()), "by_bits": results}
+
+
+def check_http_speed(args, report):
+    """Decode tokens/s through the HTTP stream of a worker with static bits and no drafts (what
+    `nq bench-decode` measures without the services), and where a token's time goes: the
+    worker's own decode steps (its histogram) against the gaps the client sees."""
+    cluster = Cluster(args.bin, args.model, args.logs, "http-speed")
+    try:
+        cluster.start([f"--backend={args.backend}", "--expert_bits=fixed", "--speculative_tokens=0"])
+        # A warm-up request (first-use costs: lazy module loading, allocations).
+        stream_chat(cluster.ports["r_http"], cluster.chat_body(PROMPTS[0], 16))
+        before = metrics(cluster.ports["w_metrics"])
+        times, _, _, usage, error = stream_chat(cluster.ports["r_http"],
+                                                cluster.chat_body(PROMPTS[0], args.decode_tokens))
+        after = metrics(cluster.ports["w_metrics"])
+        report["speed"]["http_tokens_per_s_fixed"] = decode_rate(times, usage)
+        report["speed"]["http_stream_error"] = error
+        key = 'nq_worker_step_seconds_{}{{phase="decode"}}'
+        steps = after.get(key.format("count"), 0) - before.get(key.format("count"), 0)
+        if steps > 0:
+            step_s = (after[key.format("sum")] - before.get(key.format("sum"), 0)) / steps
+            report["speed"]["worker_decode_step_ms_mean"] = step_s * 1e3
+            if len(times) > 1:
+                report["speed"]["client_gap_ms_mean"] = (times[-1] - times[0]) / (len(times) - 1) * 1e3
+    finally:
+        cluster.stop()
+    bench = report["speed"].get("bench_decode_tokens_per_s_fixed")
+    if bench and report["speed"]["http_tokens_per_s_fixed"]:
+        report["speed"]["http_over_bench_decode"] = report["speed"]["http_tokens_per_s_fixed"] / bench
 
 
 def check_bench_decode(args, report):
@@ -268,9 +291,7 @@ def check_bench_decode(args, report):
     with open(out) as f:
         bench = json.load(f)
     report["speed"]["bench_decode_tokens_per_s_fixed"] = bench["tokens_per_second"]
-    http_rate = report["speed"].get("http_tokens_per_s_fixed")
-    if http_rate:
-        report["speed"]["http_over_bench_decode"] = http_rate / bench["tokens_per_second"]
+    report["speed"]["bench_decode_step_ms_p50"] = bench["ms_per_token_p50"]
 
 
 def check_streaming_and_kills(args, report):
@@ -391,13 +412,14 @@ def main():
     parser.add_argument("--reference-backend", default="cpu")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--stress-rounds", type=int, default=4)
-    parser.add_argument("--only", default="greedy,bench,streaming,stress")
+    parser.add_argument("--only", default="greedy,bench,http,streaming,stress")
+    parser.add_argument("--greedy-tokens", type=int, default=64)
     args = parser.parse_args()
     args.logs = os.path.join(args.out, "logs")
     os.makedirs(args.logs, exist_ok=True)
     report = {"backend": args.backend, "reference_backend": args.reference_backend, "speed": {}}
-    checks = {"greedy": check_greedy, "bench": check_bench_decode, "streaming": check_streaming_and_kills,
-              "stress": check_stress}
+    checks = {"greedy": check_greedy, "bench": check_bench_decode, "http": check_http_speed,
+              "streaming": check_streaming_and_kills, "stress": check_stress}
     for name in args.only.split(","):
         started = time.monotonic()
         try:

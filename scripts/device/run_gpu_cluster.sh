@@ -53,6 +53,35 @@ refuses does-not-fit "does not fit on GPU 0" "${worker[@]}" --max_model_len=2000
 
 python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$work/model" --out "$out" \
   --backend cuda --reference-backend cpu ${NQ_CLUSTER_ARGS:-} || failed+=("gpu_cluster_check")
+# Where a decode step's time goes (when the machine has Nsight Systems): the CUDA API calls and
+# kernels of 128 bench-decode steps, summarised.
+nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)"
+if [[ -n "$nsys_bin" && "${NQ_NSYS:-1}" == 1 ]]; then
+  echo "== nsys: bench-decode --backend cuda --expert-bits fixed, 128 steps"
+  "$nsys_bin" profile -t cuda,osrt --stats=true --force-overwrite=true -o /tmp/nq_bench_decode \
+    "$work/bin/nq" bench-decode --model="$work/model" --release="$work/model/release" --expert-bits=fixed \
+    --backend=cuda --decode-tokens=128 --warmup=8 --prompt-tokens=16 >"$out/nsys_bench_decode.txt" 2>&1 \
+    || echo "nsys failed (see nsys_bench_decode.txt)"
+  grep -A 25 -E "cuda_api_sum|cuda_gpu_kern_sum" "$out/nsys_bench_decode.txt" | cut -c1-200 | head -70
+else
+  echo "== nsys: not on this machine, no profile"
+fi
+# The same services on a GLM-5-shaped slice (make_glm5_slice.sh: GLM-5's layer shapes, 3 layers,
+# 32 experts, random weights, its release): records of 9 MiB streamed into device slots, and a
+# step long enough for the services' per-token cost to show at its real share. No CPU reference
+# (a CPU forward at these shapes takes seconds a token).
+if [[ "${NQ_SLICE:-1}" == 1 ]]; then
+  slice=/tmp/nq_glm5_slice
+  echo "== GLM-5-shaped slice"
+  if NQ="$work/bin/nq" bash scripts/device/make_glm5_slice.sh "$slice" 3 32 >"$out/logs/make_glm5_slice.log" 2>&1; then
+    grep -E "^(synth-model|encode):" "$out/logs/make_glm5_slice.log"
+    python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$slice" --out "$out/slice" \
+      --backend cuda --only bench,http,streaming --decode-tokens 128 || failed+=("slice")
+  else
+    tail -5 "$out/logs/make_glm5_slice.log"; failed+=("make_glm5_slice")
+  fi
+  rm -rf "$slice"
+fi
 rm -rf "$work"
 if ((${#failed[@]})); then echo "FAILED: ${failed[*]}"; exit 1; fi
 echo "all passed"
