@@ -14,6 +14,8 @@ result into a JSON report:
                a restarted streamer adopts the worker's READY slots
   worker_kill  the worker is killed: the router answers 503 (not a hang), and serves again once a
                new worker is up
+  spec         MTP speculative decoding with N = 0..3 drafts: tokens/s, step time, acceptance per
+               position, and greedy output identical to N = 0's
   stress       requests over varied prompts with --verify_slots: every slot announced READY is
                compared with its record in the release, and READY slots are re-hashed after every
                step (nq_worker_slot_integrity_failures_total must stay 0)
@@ -377,6 +379,53 @@ def check_streaming_and_kills(args, report):
         cluster.stop()
 
 
+def check_spec(args, report):
+    """MTP speculative decoding on the backend under test (issue #15): for N = 0..3 drafts, a
+    256-token streamed request's tokens/s, the worker's mean step (drafting + the 1 + N
+    verification forward + sampling), tokens per step and acceptance per position, and greedy
+    output identical to N = 0's (batch-invariant verification)."""
+    rows, base = {}, None
+    for n in args.spec_drafts:
+        cluster = Cluster(args.bin, args.model, args.logs, f"spec-{n}")
+        try:
+            cluster.start([f"--backend={args.backend}", "--expert_bits=fixed", f"--speculative_tokens={n}"])
+            stream_chat(cluster.ports["r_http"], cluster.chat_body(PROMPTS[0], 16))  # warm-up
+            before = metrics(cluster.ports["w_metrics"])
+            times, _, _, usage, error = stream_chat(cluster.ports["r_http"],
+                                                    cluster.chat_body(PROMPTS[4], args.decode_tokens))
+            after = metrics(cluster.ports["w_metrics"])
+            delta = lambda key: after.get(key, 0.0) - before.get(key, 0.0)
+            steps = delta('nq_worker_step_seconds_count{phase="decode"}')
+            texts = []
+            for prompt in PROMPTS[:3]:
+                status, body = cluster.completion(prompt, args.greedy_tokens)
+                texts.append(body["choices"][0]["text"] if status == 200 else f"HTTP {status}")
+            drafts = delta("nq_spec_decode_num_draft_tokens_total")
+            rows[n] = {
+                "tokens_per_s": decode_rate(times, usage), "error": error,
+                "decode_steps": steps,
+                "step_ms_mean": delta('nq_worker_step_seconds_sum{phase="decode"}') / steps * 1e3 if steps else None,
+                "tokens_per_step": (usage["completion_tokens"] - 1) / steps if steps and usage else None,
+                "acceptance": delta("nq_spec_decode_num_accepted_tokens_total") / drafts if drafts else None,
+                "accepted_per_position": [
+                    delta(f'nq_spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}') /
+                    max(1.0, delta("nq_spec_decode_num_drafts_total")) for i in range(n)],
+                "greedy_texts": texts,
+            }
+            if base is None:
+                base = texts
+            rows[n]["greedy_equal_to_first"] = texts == base
+        finally:
+            cluster.stop()
+    first, last = args.spec_drafts[0], args.spec_drafts[-1]
+    summary = {"pass": all(r["greedy_equal_to_first"] and r["error"] is None for r in rows.values()), "by_drafts": rows}
+    if rows[first]["tokens_per_s"] and rows[last]["tokens_per_s"]:
+        summary[f"speedup_{last}_over_{first}"] = rows[last]["tokens_per_s"] / rows[first]["tokens_per_s"]
+    if rows[first]["step_ms_mean"] and rows[last]["step_ms_mean"]:
+        summary[f"step_time_{last}_over_{first}"] = rows[last]["step_ms_mean"] / rows[first]["step_ms_mean"]
+    report["spec"] = summary
+
+
 def check_stress(args, report):
     """Loads and evictions over varied prompts with every READY slot checked against its record."""
     cluster = Cluster(args.bin, args.model, args.logs, "stress")
@@ -412,14 +461,15 @@ def main():
     parser.add_argument("--reference-backend", default="cpu")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--stress-rounds", type=int, default=4)
-    parser.add_argument("--only", default="greedy,bench,http,streaming,stress")
+    parser.add_argument("--only", default="greedy,bench,http,streaming,spec,stress")
     parser.add_argument("--greedy-tokens", type=int, default=64)
+    parser.add_argument("--spec-drafts", default="0,1,2,3", type=lambda v: [int(x) for x in v.split(",")])
     args = parser.parse_args()
     args.logs = os.path.join(args.out, "logs")
     os.makedirs(args.logs, exist_ok=True)
     report = {"backend": args.backend, "reference_backend": args.reference_backend, "speed": {}}
     checks = {"greedy": check_greedy, "bench": check_bench_decode, "http": check_http_speed,
-              "streaming": check_streaming_and_kills, "stress": check_stress}
+              "streaming": check_streaming_and_kills, "spec": check_spec, "stress": check_stress}
     for name in args.only.split(","):
         started = time.monotonic()
         try:

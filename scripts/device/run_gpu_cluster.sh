@@ -66,22 +66,30 @@ if [[ -n "$nsys_bin" && "${NQ_NSYS:-1}" == 1 ]]; then
 else
   echo "== nsys: not on this machine, no profile"
 fi
-# The same services on a GLM-5-shaped slice (make_glm5_slice.sh: GLM-5's layer shapes, 3 layers,
-# 32 experts, random weights, its release): records of 9 MiB streamed into device slots, and a
-# step long enough for the services' per-token cost to show at its real share. No CPU reference
-# (a CPU forward at these shapes takes seconds a token).
+# The same services on a GLM-5-shaped slice (make_glm5_slice.sh: GLM-5's layer shapes, random
+# weights, its release; NQ_SLICE_SHAPE="layers experts mtp", default 2 16 1): records of 9 MiB
+# streamed into device slots, a step long enough for the services' per-token cost to show at its
+# real share, and MTP's 1 + 3 verification step against a plain one. No CPU reference (a CPU
+# forward at these shapes takes seconds a token).
 if [[ "${NQ_SLICE:-1}" == 1 ]]; then
   slice=/tmp/nq_glm5_slice
-  echo "== GLM-5-shaped slice"
-  if NQ="$work/bin/nq" bash scripts/device/make_glm5_slice.sh "$slice" 3 32 >"$out/logs/make_glm5_slice.log" 2>&1; then
+  read -r slice_layers slice_experts slice_mtp <<<"${NQ_SLICE_SHAPE:-2 16 1}"
+  echo "== GLM-5-shaped slice: $slice_layers layers + $slice_mtp MTP, $slice_experts experts"
+  if NQ="$work/bin/nq" bash scripts/device/make_glm5_slice.sh "$slice" "$slice_layers" "$slice_experts" "$slice_mtp" \
+    >"$out/logs/make_glm5_slice.log" 2>&1; then
     grep -E "^(synth-model|encode):" "$out/logs/make_glm5_slice.log"
+    spec=""
+    [[ "$slice_mtp" -gt 0 ]] && spec=",spec"
     python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$slice" --out "$out/slice" \
-      --backend cuda --only bench,http,streaming --decode-tokens 128 || failed+=("slice")
+      --backend cuda --only "bench,http,streaming$spec" --decode-tokens 128 --spec-drafts 0,3 || failed+=("slice")
   else
     tail -5 "$out/logs/make_glm5_slice.log"; failed+=("make_glm5_slice")
   fi
   rm -rf "$slice"
 fi
+# The run tool returns a limited number of files: the services' logs travel as one archive.
+tar -C "$out" -czf "$out/logs.tar.gz" logs $( [[ -d "$out/slice/logs" ]] && echo slice/logs ) && \
+  rm -rf "$out/logs" "$out/slice/logs"
 rm -rf "$work"
 if ((${#failed[@]})); then echo "FAILED: ${failed[*]}"; exit 1; fi
 echo "all passed"
