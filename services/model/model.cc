@@ -39,7 +39,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
                                                    kernels::Communicator* comm, ModelOptions options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(model_dir));
-  absl::StatusOr<ModelWeights> weights = LoadModelWeights(checkpoint, config, backend, options.tp);
+  absl::StatusOr<ModelWeights> weights =
+      LoadModelWeights(checkpoint, config, backend, options.tp, {.matrix_dtype = options.weight_dtype});
   if (!weights.ok()) return Annotate(weights.status(), absl::StrCat("loading ", model_dir));
   return Create(std::move(config), *std::move(weights), backend, comm, options);
 }

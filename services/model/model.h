@@ -36,6 +36,8 @@ struct ModelOptions {
   // Storage of the KV cache's latent and rope key (KvCache): F32 (the reference; the default on
   // every backend until the BF16 cache has been measured on the served models) or BF16.
   kernels::DType kv_cache_dtype = kernels::DType::kF32;
+  // Storage of the weight matrices (WeightsOptions::matrix_dtype): F32 or BF16.
+  kernels::DType weight_dtype = kernels::DType::kF32;
 };
 
 class Model {

@@ -26,7 +26,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 // Reads one weight as float and checks its shape against the config.
 class HostLoader {
  public:
-  HostLoader(const Checkpoint& checkpoint, Backend& backend) : checkpoint_(checkpoint), backend_(backend) {}
+  HostLoader(const Checkpoint& checkpoint, Backend& backend, kernels::DType matrix_dtype)
+      : checkpoint_(checkpoint), backend_(backend), matrix_dtype_(matrix_dtype) {}
 
   absl::StatusOr<FloatTensor> Read(const std::string& name, std::vector<int64_t> shape) const {
     ASSIGN_OR_RETURN(FloatTensor t, LoadFloat32(checkpoint_, name));
@@ -41,15 +42,25 @@ class HostLoader {
     return kernels::UploadFloats(backend_, values, kernels::DType::kF32, std::move(shape));
   }
 
+  // A weight matrix only MatMul reads, stored as WeightsOptions::matrix_dtype.
+  absl::StatusOr<Tensor> UploadMatrix(std::span<const float> values, Shape shape) const {
+    return kernels::UploadFloats(backend_, values, matrix_dtype_, std::move(shape));
+  }
+
   // A whole tensor, replicated.
   absl::StatusOr<Tensor> Replicated(const std::string& name, std::vector<int64_t> shape) const {
     ASSIGN_OR_RETURN(FloatTensor t, Read(name, shape));
     return Upload(t.values, Shape(shape));
   }
+  absl::StatusOr<Tensor> ReplicatedMatrix(const std::string& name, std::vector<int64_t> shape) const {
+    ASSIGN_OR_RETURN(FloatTensor t, Read(name, shape));
+    return UploadMatrix(t.values, Shape(shape));
+  }
 
  private:
   const Checkpoint& checkpoint_;
   Backend& backend_;
+  const kernels::DType matrix_dtype_;
 };
 
 // Rows [begin, begin + count) of a row-major [rows, cols] matrix.
@@ -87,8 +98,8 @@ absl::StatusOr<MlpWeights> LoadMlp(const HostLoader& io, const std::string& pref
   std::vector<float> up_rows = Rows(up, begin, Ir);
   gate_up.insert(gate_up.end(), up_rows.begin(), up_rows.end());
   MlpWeights mlp;
-  ASSIGN_OR_RETURN(mlp.gate_up, io.Upload(gate_up, Shape{2 * Ir, D}));
-  ASSIGN_OR_RETURN(mlp.down, io.Upload(Cols(down, begin, Ir), Shape{D, Ir}));
+  ASSIGN_OR_RETURN(mlp.gate_up, io.UploadMatrix(gate_up, Shape{2 * Ir, D}));
+  ASSIGN_OR_RETURN(mlp.down, io.UploadMatrix(Cols(down, begin, Ir), Shape{D, Ir}));
   return mlp;
 }
 
@@ -105,7 +116,7 @@ absl::StatusOr<AttentionWeights> LoadAttention(const HostLoader& io, const Model
   const int64_t q_in = c.HasQLora() ? c.q_lora_rank : D;
   FloatTensor q;
   if (c.HasQLora()) {
-    ASSIGN_OR_RETURN(a.q_a, io.Replicated(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, D}));
+    ASSIGN_OR_RETURN(a.q_a, io.ReplicatedMatrix(p + "self_attn.q_a_proj.weight", {c.q_lora_rank, D}));
     ASSIGN_OR_RETURN(a.q_a_norm, io.Replicated(p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}));
     ASSIGN_OR_RETURN(q, io.Read(p + "self_attn.q_b_proj.weight", {H * c.QkHeadDim(), q_in}));
   } else {
@@ -117,13 +128,13 @@ absl::StatusOr<AttentionWeights> LoadAttention(const HostLoader& io, const Model
     q_nope.insert(q_nope.end(), nope.begin(), nope.end());
     q_pe.insert(q_pe.end(), pe.begin(), pe.end());
   }
-  ASSIGN_OR_RETURN(a.q_nope, io.Upload(q_nope, Shape{Hr * dn, q_in}));
-  ASSIGN_OR_RETURN(a.q_pe, io.Upload(q_pe, Shape{Hr * dr, q_in}));
+  ASSIGN_OR_RETURN(a.q_nope, io.UploadMatrix(q_nope, Shape{Hr * dn, q_in}));
+  ASSIGN_OR_RETURN(a.q_pe, io.UploadMatrix(q_pe, Shape{Hr * dr, q_in}));
 
   // Keys and values: the latent and the shared rope key come from one projection.
   ASSIGN_OR_RETURN(FloatTensor kv_a, io.Read(p + "self_attn.kv_a_proj_with_mqa.weight", {kv + dr, D}));
-  ASSIGN_OR_RETURN(a.kv_a, io.Upload(Rows(kv_a, 0, kv), Shape{kv, D}));
-  ASSIGN_OR_RETURN(a.k_pe_proj, io.Upload(Rows(kv_a, kv, dr), Shape{dr, D}));
+  ASSIGN_OR_RETURN(a.kv_a, io.UploadMatrix(Rows(kv_a, 0, kv), Shape{kv, D}));
+  ASSIGN_OR_RETURN(a.k_pe_proj, io.UploadMatrix(Rows(kv_a, kv, dr), Shape{dr, D}));
   ASSIGN_OR_RETURN(a.kv_a_norm, io.Replicated(p + "self_attn.kv_a_layernorm.weight", {kv}));
   // kv_b_proj rows per head: dn rows of k_nope, then dv rows of v, each over the latent.
   ASSIGN_OR_RETURN(FloatTensor kv_b, io.Read(p + "self_attn.kv_b_proj.weight", {H * (dn + dv), kv}));
@@ -136,14 +147,14 @@ absl::StatusOr<AttentionWeights> LoadAttention(const HostLoader& io, const Model
   ASSIGN_OR_RETURN(a.w_uk, io.Upload(w_uk, Shape{Hr, dn, kv}));
   ASSIGN_OR_RETURN(a.w_uv, io.Upload(w_uv, Shape{Hr, dv, kv}));
   ASSIGN_OR_RETURN(FloatTensor o, io.Read(p + "self_attn.o_proj.weight", {D, H * dv}));
-  ASSIGN_OR_RETURN(a.o_proj, io.Upload(Cols(o, h0 * dv, Hr * dv), Shape{D, Hr * dv}));
+  ASSIGN_OR_RETURN(a.o_proj, io.UploadMatrix(Cols(o, h0 * dv, Hr * dv), Shape{D, Hr * dv}));
 
   if (with_indexer) {
     const IndexerConfig& ix = c.indexer;
     const std::string q_prefix = p + "self_attn.indexer.";
     IndexerWeights w;
-    ASSIGN_OR_RETURN(w.wq_b, io.Replicated(q_prefix + "wq_b.weight", {ix.n_heads * ix.head_dim, c.q_lora_rank}));
-    ASSIGN_OR_RETURN(w.wk, io.Replicated(q_prefix + "wk.weight", {ix.head_dim, D}));
+    ASSIGN_OR_RETURN(w.wq_b, io.ReplicatedMatrix(q_prefix + "wq_b.weight", {ix.n_heads * ix.head_dim, c.q_lora_rank}));
+    ASSIGN_OR_RETURN(w.wk, io.ReplicatedMatrix(q_prefix + "wk.weight", {ix.head_dim, D}));
     ASSIGN_OR_RETURN(w.k_norm_weight, io.Replicated(q_prefix + "k_norm.weight", {ix.head_dim}));
     ASSIGN_OR_RETURN(w.k_norm_bias, io.Replicated(q_prefix + "k_norm.bias", {ix.head_dim}));
     // Score scales fold into the head weights: w_h * relu(q.k * Di^-0.5) with
@@ -151,7 +162,7 @@ absl::StatusOr<AttentionWeights> LoadAttention(const HostLoader& io, const Model
     ASSIGN_OR_RETURN(FloatTensor head_weights, io.Read(q_prefix + "weights_proj.weight", {ix.n_heads, D}));
     const float scale = static_cast<float>(ix.HeadWeightScale() * ix.ScoreScale());
     for (float& v : head_weights.values) v *= scale;
-    ASSIGN_OR_RETURN(w.weights_proj, io.Upload(head_weights.values, Shape{ix.n_heads, D}));
+    ASSIGN_OR_RETURN(w.weights_proj, io.UploadMatrix(head_weights.values, Shape{ix.n_heads, D}));
     a.indexer = std::move(w);
   }
   return a;
@@ -203,7 +214,7 @@ absl::StatusOr<Tensor> LoadHead(const HostLoader& io, const std::string& name, c
   RETURN_IF_ERROR(CheckDivides("vocab_size", c.vocab_size, tp.world_size));
   const int64_t Vr = c.vocab_size / tp.world_size;
   ASSIGN_OR_RETURN(FloatTensor head, io.Read(name, {c.vocab_size, c.hidden_size}));
-  return io.Upload(Rows(head, tp.rank * Vr, Vr), Shape{Vr, c.hidden_size});
+  return io.UploadMatrix(Rows(head, tp.rank * Vr, Vr), Shape{Vr, c.hidden_size});
 }
 
 // A description of the config's MTP layers when the checkpoint holds no tensor of any of
@@ -224,6 +235,12 @@ std::string AbsentMtpLayers(const Checkpoint& checkpoint, const ModelConfig& c) 
 
 }  // namespace
 
+absl::StatusOr<kernels::DType> ParseWeightDType(absl::string_view name) {
+  if (name == "f32") return kernels::DType::kF32;
+  if (name == "bf16") return kernels::DType::kBF16;
+  return absl::InvalidArgumentError(absl::StrCat("weight dtype \"", name, "\" is not one of f32, bf16"));
+}
+
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
                                               kernels::Backend& backend, TensorParallel tp, WeightsOptions options) {
   if (tp.world_size < 1 || tp.rank < 0 || tp.rank >= tp.world_size) {
@@ -232,7 +249,11 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, cons
   if (config.attention_bias) {
     return absl::UnimplementedError("attention_bias = true is not supported (no GLM-5 or DeepSeek-V3 model uses it)");
   }
-  const HostLoader io(checkpoint, backend);
+  if (options.matrix_dtype != kernels::DType::kF32 && options.matrix_dtype != kernels::DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat("weight matrices are stored as F32 or BF16, not ",
+                                                   kernels::DTypeName(options.matrix_dtype)));
+  }
+  const HostLoader io(checkpoint, backend, options.matrix_dtype);
   const int64_t D = config.hidden_size;
   ModelWeights w;
   w.vocab_rows_per_rank = config.vocab_size / tp.world_size;
@@ -257,8 +278,8 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, cons
     // eh_proj acts on concat(enorm(embedding), hnorm(hidden)) (DeepSeek-V3 MTP, vLLM): its
     // first D columns take the embedding, the last D the hidden state.
     ASSIGN_OR_RETURN(FloatTensor eh, io.Read(p + "eh_proj.weight", {D, 2 * D}));
-    ASSIGN_OR_RETURN(m.eh_embed, io.Upload(Cols(eh, 0, D), Shape{D, D}));
-    ASSIGN_OR_RETURN(m.eh_hidden, io.Upload(Cols(eh, D, D), Shape{D, D}));
+    ASSIGN_OR_RETURN(m.eh_embed, io.UploadMatrix(Cols(eh, 0, D), Shape{D, D}));
+    ASSIGN_OR_RETURN(m.eh_hidden, io.UploadMatrix(Cols(eh, D, D), Shape{D, D}));
     ASSIGN_OR_RETURN(m.head_norm, io.Replicated(p + "shared_head.norm.weight", {D}));
     ASSIGN_OR_RETURN(m.head, LoadHead(io, p + "shared_head.head.weight", config, tp));
     ASSIGN_OR_RETURN(m.block, LoadLayer(io, config, layer, tp, options.routed_experts));

@@ -117,7 +117,8 @@ struct ModelWeights {
   std::string mtp_missing;
 };
 
-// Loads and shards every weight of `config` from `checkpoint` onto `backend` as F32
+// Loads and shards every weight of `config` from `checkpoint` onto `backend` as F32 (weight
+// matrices as WeightsOptions::matrix_dtype)
 // (F8_E4M3 weights are dequantized with their 128x128 block scales). Errors name the tensor:
 // NOT_FOUND for a missing one, INVALID_ARGUMENT for a wrong shape or a split that does not
 // divide (heads, intermediate sizes and vocabulary must divide by the world size). A config
@@ -127,7 +128,15 @@ struct WeightsOptions {
   // false: the routed experts are not read (they come from a NestQuant release, which fills
   // MoeWeights::packed), so a checkpoint without expert weights loads.
   bool routed_experts = true;
+  // Storage of the weight matrices only MatMul reads (projections, MLPs, heads): F32, or BF16,
+  // which halves their memory and the bytes a decode step reads, and is exact for the BF16
+  // checkpoints models ship as (FP8 ones are dequantized, then rounded). Norms, the MLA
+  // absorption matrices (w_uk, w_uv), the router and the embedding stay F32.
+  kernels::DType matrix_dtype = kernels::DType::kF32;
 };
+// The --weight_dtype values: "f32" or "bf16". INVALID_ARGUMENT names the accepted values.
+absl::StatusOr<kernels::DType> ParseWeightDType(absl::string_view name);
+
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
                                               kernels::Backend& backend, TensorParallel tp,
                                               WeightsOptions options = {});

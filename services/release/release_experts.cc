@@ -65,7 +65,8 @@ absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, const 
   ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
   // Routed experts come from the release alone (a checkpoint without them serves).
   ASSIGN_OR_RETURN(model::ModelWeights weights,
-                   model::LoadModelWeights(checkpoint, config, backend, options.tp, {.routed_experts = false}));
+                   model::LoadModelWeights(checkpoint, config, backend, options.tp,
+                                           {.routed_experts = false, .matrix_dtype = options.weight_dtype}));
   absl::Status applied = ApplyReleaseExperts(*served.decoder, config, bits, backend, weights);
   if (!applied.ok()) return Annotate(applied, "release " + release_dir);
   ASSIGN_OR_RETURN(served.model, model::Model::Create(std::move(config), std::move(weights), backend, comm, options));

@@ -29,6 +29,7 @@ ABSL_FLAG(int, warmup, 4, "bench-decode: untimed decode steps after the prefill"
 ABSL_FLAG(int, decode_tokens, 64, "bench-decode: timed decode steps, one token each");
 // nq-worker's default, so the KV cache is the one a served model allocates.
 ABSL_FLAG(int64_t, max_model_len, 4096, "bench-decode: context window (tokens the KV cache holds)");
+ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32 or bf16 (as nq-worker)");
 
 namespace nq::tools {
 namespace {
@@ -66,11 +67,14 @@ absl::Status BenchDecode() {
   }
   absl::StatusOr<kernels::DType> kv_dtype = model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
   if (!kv_dtype.ok()) return Annotate(kv_dtype.status(), "--kv_cache_dtype");
+  absl::StatusOr<kernels::DType> weight_dtype = model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype));
+  if (!weight_dtype.ok()) return Annotate(weight_dtype.status(), "--weight_dtype");
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
 
   model::ModelOptions model_options;
   model_options.max_tokens = max_model_len;
   model_options.kv_cache_dtype = *kv_dtype;
+  model_options.weight_dtype = *weight_dtype;
   const auto started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(release::ServedModel served,
                    release::LoadServedModel(model_dir, release, release.empty() ? release::ExpertBits::k2Bit : *bits,
@@ -89,6 +93,7 @@ absl::Status BenchDecode() {
                                        .backend = std::string(backend->name()),
                                        .device = backend->DeviceDescription(),
                                        .kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype),
+                                       .weight_dtype = absl::GetFlag(FLAGS_weight_dtype),
                                        .max_model_len = model.max_tokens()};
   std::printf("%s\n", worker::DecodeBenchSummary(setup, report).c_str());
   if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {

@@ -121,6 +121,7 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
   std::vector<double> step_ms;
   for (double s : report.step_seconds) step_ms.push_back(s * 1e3);
   json.update(nlohmann::ordered_json{{"kv_cache_dtype", setup.kv_cache_dtype},
+                                     {"weight_dtype", setup.weight_dtype},
                                      {"max_model_len", setup.max_model_len},
                                      {"seed", report.options.seed},
                                      {"prompt_tokens", report.options.prompt_tokens},

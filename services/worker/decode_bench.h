@@ -61,6 +61,7 @@ struct DecodeBenchSetup {
   std::string backend;
   std::string device;       // Backend::DeviceDescription()
   std::string kv_cache_dtype;
+  std::string weight_dtype = "f32";
   int64_t max_model_len = 0;
 };
 

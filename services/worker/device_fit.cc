@@ -30,6 +30,14 @@ bool IsFoldedScale(absl::string_view name) {
   return absl::EndsWith(name, "_scale_inv") || absl::EndsWith(name, ".weight_scale");
 }
 
+// Whether the loader stores the tensor at WeightsOptions::matrix_dtype: the 2-D weights only
+// MatMul reads. The embedding, the router and kv_b (split into the MLA absorption matrices)
+// stay F32.
+bool IsMatrix(absl::string_view name, const model::TensorView& view) {
+  return view.shape.size() == 2 && !absl::StrContains(name, "embed_tokens") && !absl::EndsWith(name, "mlp.gate.weight") &&
+         !absl::StrContains(name, "kv_b_proj");
+}
+
 }  // namespace
 
 std::string DeviceBytesEstimate::ToString() const {
@@ -44,6 +52,7 @@ absl::StatusOr<DeviceBytesEstimate> EstimateDeviceBytes(const DeviceFitInputs& i
   }
   const model::ModelConfig& config = *in.config;
   DeviceBytesEstimate estimate{.slot_arena = in.slot_arena_bytes, .workspace = kDeviceWorkspaceBytes};
+  const uint64_t matrix_bytes = kernels::DTypeSize(in.weight_dtype);
   bool has_mtp_weights = false;
   for (const std::string& name : in.checkpoint->Names()) {
     const int64_t layer = LayerOf(name);
@@ -55,7 +64,7 @@ absl::StatusOr<DeviceBytesEstimate> EstimateDeviceBytes(const DeviceFitInputs& i
       continue;
     }
     ASSIGN_OR_RETURN(const model::TensorView view, in.checkpoint->Find(name));
-    estimate.dense_weights += view.numel() * sizeof(float);
+    estimate.dense_weights += view.numel() * (IsMatrix(name, view) ? matrix_bytes : sizeof(float));
   }
   if (in.release != nullptr) {
     for (const format::RankIndex& index : in.release->indexes()) {

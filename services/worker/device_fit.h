@@ -17,7 +17,7 @@ namespace nq::worker {
 
 // Device bytes a worker will hold, by what holds them.
 struct DeviceBytesEstimate {
-  uint64_t dense_weights = 0;   // every checkpoint tensor the model loads, kept as F32
+  uint64_t dense_weights = 0;   // every checkpoint tensor the model loads: matrices at weight_dtype, the rest F32
   uint64_t routed_experts = 0;  // the release's resident files (2-bit bases, scales, tables)
   uint64_t kv_cache = 0;
   uint64_t slot_arena = 0;
@@ -35,6 +35,7 @@ struct DeviceFitInputs {
   uint32_t rank = 0;
   int64_t max_tokens = 0;
   kernels::DType kv_cache_dtype = kernels::DType::kF32;
+  kernels::DType weight_dtype = kernels::DType::kF32;  // of the weight matrices (WeightsOptions)
   uint64_t slot_arena_bytes = 0;
 };
 

@@ -72,6 +72,11 @@ ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + comp
 // (issue #13); bf16 halves the cache (twice the context per byte).
 ABSL_FLAG(std::string, kv_cache_dtype, "f32",
           "Storage of the KV cache's MLA latent and rope key: f32 or bf16 (the DSA indexer keys stay f32)");
+// BF16 halves the weight matrices' memory and the bytes a decode step reads, and is exact for
+// BF16 checkpoints; f32 stays the default until the served models' outputs have been compared.
+ABSL_FLAG(std::string, weight_dtype, "f32",
+          "Storage of the weight matrices (projections, MLPs, heads): f32 or bf16 (norms, MLA absorption, router "
+          "and embedding stay f32)");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -190,6 +195,9 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, " needs --model (no model, no KV cache)"));
   }
   if (absl::GetFlag(FLAGS_gpu) < 0) return absl::InvalidArgumentError("--gpu must be a device ordinal (>= 0)");
+  if (const std::string w = absl::GetFlag(FLAGS_weight_dtype); !model::ParseWeightDType(w).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--weight_dtype=", w, ": want f32 or bf16"));
+  }
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);
   if (world < 1 || rank < 0 || rank >= world) {
@@ -226,6 +234,7 @@ absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std:
                                         .rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank)),
                                         .max_tokens = options.max_tokens,
                                         .kv_cache_dtype = options.kv_cache_dtype,
+                                        .weight_dtype = options.weight_dtype,
                                         .slot_arena_bytes = arena_bytes}));
   spdlog::info("GPU {} ({}): the model needs about {}; {:.2f} GiB free", gpu, backend.DeviceDescription(),
                needed.ToString(), static_cast<double>(memory.free) / (1 << 30));
@@ -256,8 +265,10 @@ absl::Status Run(ShutdownSignal& shutdown) {
     if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
     const auto started = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
+    ASSIGN_OR_RETURN(const kernels::DType weight_dtype, model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
     const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
-                                      .kv_cache_dtype = kv_cache_dtype};
+                                      .kv_cache_dtype = kv_cache_dtype,
+                                      .weight_dtype = weight_dtype};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
     dynamic_experts = !release.empty() && bits_flag == "dynamic";
@@ -276,8 +287,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
     }
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().filename().string();
     if (model_id.empty()) model_id = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-    spdlog::info("loaded {} ({}) in {:.2f} s; KV cache {} tokens, latent {}", dir,
+    spdlog::info("loaded {} ({}, weight matrices {}) in {:.2f} s; KV cache {} tokens, latent {}", dir,
                  std::string(model::ArchitectureName(model->config().architecture)),
+                 std::string(kernels::DTypeName(options.weight_dtype)),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                  model->max_tokens(), kernels::DTypeName(model->kv_cache_dtype()));
   } else if (!absl::GetFlag(FLAGS_release).empty()) {
