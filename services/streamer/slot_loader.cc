@@ -448,7 +448,7 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
         metrics_->unmaps.Increment();
         it->victim = PlannedLoad::kNoVictim;
         ++it;
-      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty()) {
+      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty() || landing_ > 0) {
         ++it;  // a slot frees up when an acknowledgement or a read comes back
       } else {
         it = queue_.erase(it);  // nothing will free a slot for it
@@ -551,13 +551,23 @@ void SlotLoader::Reap() {
     return;
   }
   if (done->empty()) return;
-  nq::v1::SlotTableUpdate update;
-  static LogRateLimiter failure_log(std::chrono::seconds(10));
+  std::vector<std::pair<Read, const RecordCompletion*>> landed;
   for (const RecordCompletion& completion : *done) {
     auto found = in_flight_.find(completion.tag);
     if (found == in_flight_.end()) continue;
-    const Read read = found->second;
+    landed.emplace_back(found->second, &completion);
     in_flight_.erase(found);
+  }
+  nq::v1::SlotTableUpdate update;
+  // Refill the ring before copying: the reads just reaped left room under the queue depth, and
+  // other idle bounce buffers take the next reads (their own stay busy until copied), so the
+  // drive keeps working while this thread copies into slots.
+  landing_ = landed.size();
+  if (!session_gone_) Pump(update);
+  landing_ = 0;
+  static LogRateLimiter failure_log(std::chrono::seconds(10));
+  for (const auto& [read, done_read] : landed) {
+    const RecordCompletion& completion = *done_read;
     // Only a record that landed whole from a file whose hash matched (OK) is kept; a failed,
     // short or corrupt read leaves its buffer empty.
     if (completion.status.ok()) {

@@ -189,6 +189,7 @@ class SlotLoader {
   std::vector<size_t> predictor_layer_index_;  // their index in the geometry
   std::deque<Want> queue_;             // loads not yet submitted, in priority order
   std::map<uint64_t, Read> in_flight_;  // by read tag, cancelled ones until they complete
+  size_t landing_ = 0;  // reads Reap has taken out of in_flight_ and not yet copied
   std::vector<unsigned> prepared_buffers_;  // PrepareSource'd, released at destruction
   BounceCache cache_;                       // over prepared_buffers_
   // Generations of sent updates that unmap slots, not yet acknowledged, and when they went:

@@ -26,6 +26,7 @@
 #include "services/format/release_writer.h"
 #include "services/model/safetensors_writer.h"
 #include "services/streamer/event_fd.h"
+#include "tests/format/test_release.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::streamer {
@@ -552,14 +553,7 @@ TEST_F(RecordStoreTest, CancelledReadInFlightCompletesOnceMarkedCancelled) {
 TEST_F(RecordStoreTest, CancelOfACompletedReadMarksItsCompletion) {
   const std::string bad = MakeTempDir("nq_record_store_cancel_bad") + "/release";
   fs::copy(*dir_, bad, fs::copy_options::recursive);
-  {
-    std::fstream f(bad + "/rank0/L4.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(100);
-    char c = 0;
-    f.get(c);
-    f.seekp(100);
-    f.put(static_cast<char>(c ^ 0x01));
-  }
+  ASSERT_NO_FATAL_FAILURE(format::testing::FlipByte(bad + "/rank0/L4.bin", 100));
   auto store = RecordStore::Open({bad}, {.buffers = 1});
   ASSERT_THAT(store.status(), IsOk());
   ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 4, .expert = 0, .buffer_index = 0, .tag = 8}), IsOk());
