@@ -127,7 +127,8 @@ class RecordStore {
   absl::StatusOr<RecordCompletion> Wait();
   size_t outstanding() const { return ready_.size() + pending_.size() + in_flight_.size(); }
   // Cancels the oldest outstanding read submitted with `tag` (see the top of this file); its
-  // completion still comes through Poll/Wait, marked `cancelled`. NOT_FOUND when no read with
+  // completion still comes through Poll/Wait, marked `cancelled` (a dequeued read's at once,
+  // like a hash failure's: completion_fd is not signalled for it). NOT_FOUND when no read with
   // that tag is outstanding.
   absl::StatusOr<CancelOutcome> Cancel(uint64_t tag);
   // Reads handed to the ring so far: the records this store has asked the disk for.
