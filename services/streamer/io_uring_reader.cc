@@ -16,6 +16,14 @@ absl::Status ErrnoStatus(int err, const std::string& what) {
   return absl::ErrnoToStatus(err, absl::StrCat(what, ": ", std::strerror(err)));
 }
 
+absl::Status CheckReadUserData(uint64_t user_data) {
+  if ((user_data & kCancelUserDataBit) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("io_uring: read user_data ", user_data, " has the reserved cancel bit set"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IoUringReader>> IoUringReader::Create(
@@ -45,16 +53,16 @@ absl::StatusOr<std::unique_ptr<IoUringReader>> IoUringReader::Create(
 IoUringReader::~IoUringReader() {
   if (!ring_ready_) return;
   // Drain what is in flight so the kernel never writes into freed memory.
-  while (in_flight_ > 0) {
+  while (in_flight_ + cancels_in_flight_ > 0) {
     io_uring_cqe* cqe = nullptr;
     int rc = io_uring_wait_cqe(&ring_, &cqe);
     if (rc == -EINTR) continue;
     if (rc < 0) {
-      spdlog::error("io_uring_wait_cqe while draining {} reads: {}", in_flight_, std::strerror(-rc));
+      spdlog::error("io_uring_wait_cqe while draining {} reads and {} cancels: {}", in_flight_,
+                    cancels_in_flight_, std::strerror(-rc));
       break;
     }
-    io_uring_cqe_seen(&ring_, cqe);
-    --in_flight_;
+    (void)Consume(cqe);
   }
   // Unregistering is implied by io_uring_queue_exit; a failure here is only worth a log.
   if (!buffers_.empty()) {
@@ -90,6 +98,7 @@ absl::Status IoUringReader::Submit() {
 
 absl::Status IoUringReader::SubmitReadFixed(int fd, uint64_t offset, uint32_t bytes,
                                             unsigned buffer_index, uint64_t user_data) {
+  if (absl::Status s = CheckReadUserData(user_data); !s.ok()) return s;
   if (buffer_index >= buffers_.size() || bytes > buffers_[buffer_index].size()) {
     return absl::InvalidArgumentError(absl::StrCat("io_uring: fixed buffer ", buffer_index,
                                                    " of ", buffers_.size(), " cannot take ",
@@ -105,6 +114,7 @@ absl::Status IoUringReader::SubmitReadFixed(int fd, uint64_t offset, uint32_t by
 
 absl::Status IoUringReader::SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
                                        uint64_t user_data) {
+  if (absl::Status s = CheckReadUserData(user_data); !s.ok()) return s;
   auto sqe = NextSqe();
   if (!sqe.ok()) return sqe.status();
   io_uring_prep_read(*sqe, fd, destination.data(), static_cast<unsigned>(destination.size()),
@@ -113,37 +123,76 @@ absl::Status IoUringReader::SubmitRead(int fd, uint64_t offset, std::span<std::b
   return Submit();
 }
 
-IoCompletion IoUringReader::Consume(io_uring_cqe* cqe) {
-  IoCompletion c;
-  c.user_data = io_uring_cqe_get_data64(cqe);
-  if (cqe->res < 0) {
-    c.status = ErrnoStatus(-cqe->res, "io_uring read");
-  } else {
-    c.bytes = static_cast<uint32_t>(cqe->res);
+absl::Status IoUringReader::Cancel(uint64_t user_data) {
+  if (absl::Status s = CheckReadUserData(user_data); !s.ok()) return s;
+  if (in_flight_ == 0) return absl::FailedPreconditionError("io_uring: no read in flight to cancel");
+  if (cancels_in_flight_ >= queue_depth_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("io_uring: ", cancels_in_flight_, " cancel requests pending at queue depth ", queue_depth_));
   }
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) return absl::ResourceExhaustedError("io_uring: submission queue full");
+  io_uring_prep_cancel64(sqe, user_data, 0);
+  io_uring_sqe_set_data64(sqe, user_data | kCancelUserDataBit);
+  int rc = io_uring_submit(&ring_);
+  if (rc < 0) return ErrnoStatus(-rc, "io_uring_submit (cancel)");
+  if (rc != 1) return absl::InternalError(absl::StrCat("io_uring_submit submitted ", rc, " of 1 (cancel)"));
+  ++cancels_in_flight_;
+  return absl::OkStatus();
+}
+
+std::optional<IoCompletion> IoUringReader::Consume(io_uring_cqe* cqe) {
+  const uint64_t user_data = io_uring_cqe_get_data64(cqe);
+  const int res = cqe->res;
   io_uring_cqe_seen(&ring_, cqe);
+  if ((user_data & kCancelUserDataBit) != 0) {
+    --cancels_in_flight_;
+    if (res == 0) {
+      ++cancel_results_.stopped;
+    } else if (res == -EALREADY) {
+      ++cancel_results_.running;
+    } else if (res == -ENOENT) {
+      ++cancel_results_.not_found;
+    } else {
+      ++cancel_results_.failed;
+      spdlog::warn("io_uring: cancelling read {}: {}", user_data & ~kCancelUserDataBit,
+                   std::strerror(res < 0 ? -res : res));
+    }
+    return std::nullopt;
+  }
+  IoCompletion c;
+  c.user_data = user_data;
+  if (res < 0) {
+    c.status = ErrnoStatus(-res, "io_uring read");
+  } else {
+    c.bytes = static_cast<uint32_t>(res);
+  }
   --in_flight_;
   return c;
 }
 
 absl::StatusOr<std::optional<IoCompletion>> IoUringReader::Poll() {
-  if (in_flight_ == 0) return std::optional<IoCompletion>();
-  io_uring_cqe* cqe = nullptr;
-  int rc = io_uring_peek_cqe(&ring_, &cqe);
-  if (rc == -EAGAIN) return std::optional<IoCompletion>();
-  if (rc < 0) return ErrnoStatus(-rc, "io_uring_peek_cqe");
-  return std::optional<IoCompletion>(Consume(cqe));
+  while (in_flight_ + cancels_in_flight_ > 0) {
+    io_uring_cqe* cqe = nullptr;
+    int rc = io_uring_peek_cqe(&ring_, &cqe);
+    if (rc == -EAGAIN) break;
+    if (rc < 0) return ErrnoStatus(-rc, "io_uring_peek_cqe");
+    if (std::optional<IoCompletion> read = Consume(cqe)) return read;
+  }
+  return std::optional<IoCompletion>();
 }
 
 absl::StatusOr<IoCompletion> IoUringReader::Wait() {
-  if (in_flight_ == 0) return absl::FailedPreconditionError("io_uring: nothing in flight");
-  io_uring_cqe* cqe = nullptr;
-  int rc;
-  do {
-    rc = io_uring_wait_cqe(&ring_, &cqe);
-  } while (rc == -EINTR);
-  if (rc < 0) return ErrnoStatus(-rc, "io_uring_wait_cqe");
-  return Consume(cqe);
+  while (true) {
+    if (in_flight_ == 0) return absl::FailedPreconditionError("io_uring: nothing in flight");
+    io_uring_cqe* cqe = nullptr;
+    int rc;
+    do {
+      rc = io_uring_wait_cqe(&ring_, &cqe);
+    } while (rc == -EINTR);
+    if (rc < 0) return ErrnoStatus(-rc, "io_uring_wait_cqe");
+    if (std::optional<IoCompletion> read = Consume(cqe)) return *read;
+  }
 }
 
 }  // namespace nq::streamer

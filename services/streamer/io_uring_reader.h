@@ -4,6 +4,11 @@
 // the ring (completion_fd) becomes readable whenever a completion is posted, so an owner
 // that also waits for other events can sleep in poll(2) instead of polling the ring. Every
 // liburing return is checked. Not thread-safe: one owner thread submits and reaps.
+//
+// Cancel asks the kernel to stop a read in flight (IORING_OP_ASYNC_CANCEL). Whether it can
+// is the kernel's call: an O_DIRECT read already handed to the block device runs to the end,
+// so the read's own completion still comes, either -ECANCELED (CANCELLED) or as it landed.
+// The cancel request's completion is consumed here and never returned by Poll/Wait.
 #pragma once
 
 #include <liburing.h>
@@ -20,6 +25,10 @@
 #include "services/streamer/event_fd.h"
 
 namespace nq::streamer {
+
+// user_data values with this bit set are the reader's own (cancel requests); reads must not
+// use it.
+inline constexpr uint64_t kCancelUserDataBit = uint64_t{1} << 63;
 
 struct IoCompletion {
   uint64_t user_data = 0;
@@ -41,18 +50,35 @@ class IoUringReader {
   IoUringReader& operator=(const IoUringReader&) = delete;
 
   unsigned queue_depth() const { return queue_depth_; }
+  // Reads submitted whose completion has not been consumed (cancel requests not counted).
   unsigned in_flight() const { return in_flight_; }
   size_t registered_buffers() const { return buffers_.size(); }
 
   // Queues and submits a read of `bytes` at `offset` of `fd` into registered buffer
   // `buffer_index` (IORING_OP_READ_FIXED; the read lands at the buffer's start).
-  // RESOURCE_EXHAUSTED when queue_depth reads are already in flight.
+  // RESOURCE_EXHAUSTED when queue_depth reads are already in flight; INVALID_ARGUMENT for a
+  // user_data with kCancelUserDataBit set.
   absl::Status SubmitReadFixed(int fd, uint64_t offset, uint32_t bytes, unsigned buffer_index,
                                uint64_t user_data);
   // The same into any memory (IORING_OP_READ).
   absl::Status SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
                           uint64_t user_data);
+  // Asks the kernel to cancel the read submitted with `user_data` (still in flight: its
+  // completion not yet consumed). The read's completion comes either way; see the top of this
+  // file. FAILED_PRECONDITION when no read is in flight; RESOURCE_EXHAUSTED when queue_depth
+  // cancel requests are already pending; the errno of io_uring_submit.
+  absl::Status Cancel(uint64_t user_data);
 
+  // What the kernel answered the cancel requests consumed so far (ASYNC_CANCEL's result):
+  // stopped the read (0), found it already running (-EALREADY), or no longer found it
+  // (-ENOENT: it had completed). Any other answer is logged and counted in `failed`.
+  struct CancelResults {
+    uint64_t stopped = 0;
+    uint64_t running = 0;
+    uint64_t not_found = 0;
+    uint64_t failed = 0;
+  };
+  const CancelResults& cancel_results() const { return cancel_results_; }
   // Readable once a completion has been posted since the last ClearCompletionSignal.
   int completion_fd() const { return completion_signal_->fd(); }
   // Call before draining with Poll: a completion posted after it makes the fd readable
@@ -68,10 +94,15 @@ class IoUringReader {
   explicit IoUringReader(unsigned queue_depth) : queue_depth_(queue_depth) {}
   absl::StatusOr<io_uring_sqe*> NextSqe();
   absl::Status Submit();
-  IoCompletion Consume(io_uring_cqe* cqe);
+  // Consumes `cqe`: a read's completion, or nullopt for a cancel request's (tallied).
+  std::optional<IoCompletion> Consume(io_uring_cqe* cqe);
 
   unsigned queue_depth_;
   unsigned in_flight_ = 0;
+  // Pending cancel requests: at most queue_depth, so with at most queue_depth reads they never
+  // overrun the completion ring (twice the submission ring's entries).
+  unsigned cancels_in_flight_ = 0;
+  CancelResults cancel_results_;
   bool ring_ready_ = false;
   io_uring ring_{};
   std::optional<EventFd> completion_signal_;

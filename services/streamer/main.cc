@@ -35,6 +35,10 @@ ABSL_FLAG(std::vector<std::string>, record_mirrors, {},
           "Comma-separated directories holding identical copies of --records_dir (other drives); reads "
           "are spread over all copies");
 ABSL_FLAG(int, read_queue_depth, 8, "Record reads in flight per worker (4-8 per drive keeps tail latency low)");
+ABSL_FLAG(int, bounce_buffers, 32,
+          "Registered bounce buffers per worker session, one record each (pinned for GPU workers), at least "
+          "--read_queue_depth: those not being read into keep recent records as an LRU cache, so an expert "
+          "evicted and wanted again is copied into its slot without a disk read");
 ABSL_FLAG(std::string, direct_io, "auto", "auto: O_DIRECT, buffered with a warning where refused; off: buffered");
 ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
 ABSL_FLAG(double, hysteresis, 2.0, "Score margin a challenger needs to evict a resident expert");
@@ -55,6 +59,11 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_read_queue_depth) < 1 || absl::GetFlag(FLAGS_read_queue_depth) > 256) {
     return absl::InvalidArgumentError("--read_queue_depth must be in [1, 256]");
+  }
+  // io_uring registers at most 16384 fixed buffers; far fewer already hold minutes of reads.
+  if (absl::GetFlag(FLAGS_bounce_buffers) < absl::GetFlag(FLAGS_read_queue_depth) ||
+      absl::GetFlag(FLAGS_bounce_buffers) > 4096) {
+    return absl::InvalidArgumentError("--bounce_buffers must be in [--read_queue_depth, 4096]");
   }
   if (absl::GetFlag(FLAGS_read_budget) < 1) return absl::InvalidArgumentError("--read_budget must be positive");
   if (absl::GetFlag(FLAGS_hysteresis) < 0) return absl::InvalidArgumentError("--hysteresis must not be negative");
@@ -77,6 +86,7 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   options.record_dirs.push_back(dir);
   for (const std::string& mirror : absl::GetFlag(FLAGS_record_mirrors)) options.record_dirs.push_back(mirror);
   options.store.queue_depth = static_cast<unsigned>(absl::GetFlag(FLAGS_read_queue_depth));
+  options.store.buffers = static_cast<unsigned>(absl::GetFlag(FLAGS_bounce_buffers));
   options.store.direct_io = absl::GetFlag(FLAGS_direct_io) == "off" ? DirectIo::kOff : DirectIo::kAuto;
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace nq::streamer {
 namespace {
@@ -136,18 +137,23 @@ absl::Status RecordStore::Pump() {
     } else {
       submitted = ring_->SubmitRead(p.file->fd, offset, p.request.destination, id);
     }
+    const auto issued = std::chrono::steady_clock::now();
+    const double queued = std::chrono::duration<double>(issued - p.start).count();
     if (!submitted.ok()) {
-      Complete(RecordCompletion{.tag = p.request.tag, .status = submitted, .copy = p.copy},
+      Complete(RecordCompletion{.tag = p.request.tag, .status = submitted, .queued_seconds = queued,
+                                .copy = p.copy},
                p.sync);
       continue;
     }
+    ++reads_issued_;
     in_flight_.emplace(id, InFlight{.tag = p.request.tag,
                                     .file = p.file,
                                     .expert = p.request.expert,
                                     .copy = p.copy,
                                     .bytes = p.file->rec_bytes,
                                     .sync = p.sync,
-                                    .start = p.start});
+                                    .queued_seconds = queued,
+                                    .issued = issued});
   }
   return absl::OkStatus();
 }
@@ -162,8 +168,10 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
   RecordCompletion c;
   c.tag = f.tag;
   c.copy = f.copy;
+  c.cancelled = f.cancelled;
+  c.queued_seconds = f.queued_seconds;
   c.latency_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.issued).count();
   if (!io.status.ok()) {
     c.status = absl::Status(io.status.code(),
                             absl::StrCat("record store: reading expert ", f.expert, " from ",
@@ -178,6 +186,46 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
   }
   Complete(std::move(c), f.sync);
   return Pump();
+}
+
+absl::StatusOr<CancelOutcome> RecordStore::Cancel(uint64_t tag) {
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->sync || it->request.tag != tag) continue;
+    const Pending p = *it;
+    pending_.erase(it);
+    Complete(RecordCompletion{.tag = tag,
+                              .status = absl::CancelledError(absl::StrCat(
+                                  "record store: read of expert ", p.request.expert, " from ", p.file->path,
+                                  " cancelled before it was issued")),
+                              .copy = p.copy,
+                              .cancelled = true},
+             false);
+    return CancelOutcome::kDequeued;
+  }
+  // In flight: the oldest read with the tag (ids increase with submission).
+  auto oldest = in_flight_.end();
+  for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
+    const InFlight& f = it->second;
+    if (f.sync || f.cancelled || f.tag != tag) continue;
+    if (oldest == in_flight_.end() || it->first < oldest->first) oldest = it;
+  }
+  if (oldest != in_flight_.end()) {
+    oldest->second.cancelled = true;
+    // If the kernel cannot be asked, the read lands as usual, still marked cancelled, and the
+    // owner discards it: the outcome is the same as a cancel the kernel declined.
+    if (absl::Status s = ring_->Cancel(oldest->first); !s.ok()) {
+      spdlog::warn("record store: cancel of the read of expert {} from {} not submitted: {}",
+                   oldest->second.expert, oldest->second.file->path, s.ToString());
+    }
+    return CancelOutcome::kInFlight;
+  }
+  for (RecordCompletion& done : ready_) {
+    if (done.tag == tag && !done.cancelled) {
+      done.cancelled = true;
+      return CancelOutcome::kCompleted;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("record store: no read with tag ", tag, " outstanding"));
 }
 
 absl::StatusOr<std::vector<RecordCompletion>> RecordStore::Poll() {

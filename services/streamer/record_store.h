@@ -15,6 +15,11 @@
 // fails its hash makes every read of it complete with DATA_LOSS naming the file, so a bad
 // record is never handed out as good.
 //
+// A read no longer wanted can be cancelled (Cancel): one still queued in the store never
+// reaches the disk; one in flight is handed to IORING_OP_ASYNC_CANCEL, which cannot stop an
+// O_DIRECT read the device already has, so its completion may still bring the bytes. Either
+// way every submitted read has exactly one completion, marked `cancelled`.
+//
 // A store is not thread-safe: one owner thread submits and reaps. completion_fd() lets that
 // thread sleep in poll(2) until a read lands, alongside its other wake-ups.
 #pragma once
@@ -64,10 +69,24 @@ struct ReadRequest {
 
 struct RecordCompletion {
   uint64_t tag = 0;
-  absl::Status status;  // DATA_LOSS for a layer file that fails its hash or a short read
-  double latency_seconds = 0;  // Submit to reap
+  // DATA_LOSS for a layer file that fails its hash or a short read; CANCELLED for a read
+  // cancelled before it landed. OK means the whole record landed and its file's hash matched.
+  absl::Status status;
+  // Issue to landing: from the read's submission to the ring to its completion being reaped
+  // (0 for a read that never reached the ring).
+  double latency_seconds = 0;
+  // Submit to the read's submission to the ring: time spent queued behind the queue depth.
+  double queued_seconds = 0;
   uint64_t bytes = 0;
   uint32_t copy = 0;  // which directory served it
+  bool cancelled = false;  // Cancel was called for this read (whatever its status)
+};
+
+// Where Cancel found the read.
+enum class CancelOutcome {
+  kDequeued,   // still queued in the store: it never reaches the disk (completion: CANCELLED)
+  kInFlight,   // in the ring: the kernel was asked to stop it; it may land all the same
+  kCompleted,  // already completed, not yet returned by Poll/Wait: nothing to stop
 };
 
 class RecordStore {
@@ -107,6 +126,15 @@ class RecordStore {
   // Blocks for the next completion; FAILED_PRECONDITION when nothing is outstanding.
   absl::StatusOr<RecordCompletion> Wait();
   size_t outstanding() const { return ready_.size() + pending_.size() + in_flight_.size(); }
+  // Cancels the oldest outstanding read submitted with `tag` (see the top of this file); its
+  // completion still comes through Poll/Wait, marked `cancelled` (a dequeued read's at once,
+  // like a hash failure's: completion_fd is not signalled for it). NOT_FOUND when no read with
+  // that tag is outstanding.
+  absl::StatusOr<CancelOutcome> Cancel(uint64_t tag);
+  // Reads handed to the ring so far: the records this store has asked the disk for.
+  uint64_t reads_issued() const { return reads_issued_; }
+  // The kernel's answers to the cancellations of reads in flight.
+  const IoUringReader::CancelResults& cancel_results() const { return ring_->cancel_results(); }
   // Readable once a read has landed since the last Poll (see IoUringReader::completion_fd).
   // Completions of reads that never reach the ring (a file that fails its hash) are ready
   // at once: Poll right after Submit finds them.
@@ -132,7 +160,9 @@ class RecordStore {
     uint32_t copy = 0;
     uint64_t bytes = 0;
     bool sync = false;
-    std::chrono::steady_clock::time_point start;
+    bool cancelled = false;
+    double queued_seconds = 0;
+    std::chrono::steady_clock::time_point issued;  // submitted to the ring
   };
   struct Pending {
     ReadRequest request;
@@ -154,6 +184,7 @@ class RecordStore {
   const std::shared_ptr<const RecordFiles> files_;
   std::vector<uint64_t> reads_per_copy_;
   std::unique_ptr<IoUringReader> ring_;
+  uint64_t reads_issued_ = 0;
   std::vector<std::byte*> buffer_memory_;
   std::vector<std::span<std::byte>> buffers_;
   uint32_t next_copy_ = 0;

@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/logging.h"
-#include "services/common/metrics/buckets.h"
 #include "services/common/status_macros.h"
 
 namespace nq::streamer {
@@ -21,45 +20,26 @@ constexpr absl::Duration kMaxSleep = absl::Seconds(1);
 // one log line per interval (with the count since the last one) says so without flooding the log.
 constexpr std::chrono::seconds kReportLogInterval(10);
 
-}  // namespace
+// Prepares the store's bounce buffers as copy sources for the worker's arena (device arenas
+// copy from page-locked memory) and returns those that could be; a buffer that cannot be
+// pinned is left out.
+std::vector<unsigned> PrepareSources(const RegisteredWorker& worker, const RecordStore& store, unsigned buffers) {
+  std::vector<unsigned> prepared;
+  for (unsigned b = 0; b < buffers; ++b) {
+    if (absl::Status s = worker.arena->PrepareSource(store.Buffer(b)); !s.ok()) {
+      spdlog::warn("worker {}: bounce buffer {} not prepared, left out: {}", worker.worker_id, b, s.ToString());
+      continue;
+    }
+    prepared.push_back(b);
+  }
+  return prepared;
+}
 
-LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
-    : read_backlog_bytes(registry.Gauge("nq_streamer_read_backlog_bytes",
-                                        "Bytes of record reads wanted but not yet landed in a slot").Get()),
-      read_queue_depth(registry.Gauge("nq_streamer_read_queue_depth", "Record reads in flight").Get()),
-      read_bytes(registry.Counter("nq_streamer_read_bytes_total", "Bytes of records read").Get()),
-      read_latency(registry.Histogram("nq_streamer_read_latency_seconds",
-                                      "Record read latency, from issue to landing in the bounce buffer",
-                                      metrics::ExponentialBuckets(25e-6, 2, 16)).Get()),
-      loads_ready(registry.Counter("nq_streamer_slot_loads_total",
-                                   "Slot loads finished, by result (ready: announced READY; failed: the "
-                                   "record failed its hash or read, never announced)",
-                                   {"result"}).WithLabels({"ready"})),
-      loads_failed(registry.Counter("nq_streamer_slot_loads_total", "", {"result"}).WithLabels({"failed"})),
-      unmaps(registry.Counter("nq_streamer_slot_unmaps_total", "Slots the streamer asked a worker to unmap").Get()),
-      refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
-                                         "Time of one predictor refresh (score, plan)",
-                                         metrics::ExponentialBuckets(1e-6, 2, 22)).Get()),
-      calls_4bit(registry.Counter("nq_streamer_expert_calls_total",
-                                  "Routed expert calls reported by workers, by the precision the streamer's "
-                                  "table gives them (4: READY in a slot)",
-                                  {"bits"}).WithLabels({"4"})),
-      calls_2bit(registry.Counter("nq_streamer_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
-      reports_refused(registry.Counter("nq_streamer_routing_reports_refused_total",
-                                       "Routing reports not fed to the predictor: out of order (an older "
-                                       "sequence, or tokens already reported) or malformed").Get()),
-      reports_malformed(registry.Counter("nq_streamer_routing_reports_malformed_total",
-                                         "Routing reports refused as malformed (layers, experts, weights or token "
-                                         "counts that contradict the worker's geometry); also counted in "
-                                         "nq_streamer_routing_reports_refused_total").Get()),
-      reports_dropped(registry.Counter("nq_streamer_routing_reports_dropped_total",
-                                       "Routing reports dropped unread because the loader's queue was full "
-                                       "(SlotLoaderOptions.max_queued_reports)").Get()),
-      report_gaps(registry.Counter("nq_streamer_routing_report_gaps_total",
-                                   "Routing reports that followed missing tokens of their sequence (blocks "
-                                   "the worker dropped)").Get()),
-      sequences(registry.Counter("nq_streamer_routing_sequences_total",
-                                 "Worker sequences whose routing reached a predictor").Get()) {}
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::Create(std::shared_ptr<RegisteredWorker> worker,
                                                                const SlotLoaderOptions& options,
@@ -99,18 +79,10 @@ SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr
       metrics_(metrics),
       send_(std::move(send)),
       allocator_(worker_->geometry),
-      events_(options.max_queued_reports, &metrics->reports_dropped) {
-  const unsigned buffers = std::max(options_.store.buffers, options_.store.queue_depth);
-  for (unsigned b = buffers; b-- > 0;) {
-    // Device arenas copy from page-locked memory; a buffer that cannot be pinned is not used.
-    if (absl::Status s = worker_->arena->PrepareSource(store_->Buffer(b)); !s.ok()) {
-      spdlog::warn("worker {}: bounce buffer {} not prepared, left out: {}", worker_->worker_id, b, s.ToString());
-      continue;
-    }
-    free_buffers_.push_back(b);
-    prepared_buffers_.push_back(b);
-  }
-}
+      events_(options.max_queued_reports, &metrics->reports_dropped),
+      prepared_buffers_(
+          PrepareSources(*worker_, *store_, std::max(options_.store.buffers, options_.store.queue_depth))),
+      cache_(prepared_buffers_) {}
 
 SlotLoader::~SlotLoader() {
   Stop();
@@ -128,7 +100,8 @@ absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
     if (ml == nullptr) continue;
     const size_t fixed = std::min<size_t>(ml->fixed_4bit.size(), g.fixed_slots_per_layer);
     for (size_t i = 0; i < fixed; ++i) {
-      queue_.push_back(Want{.layer = g.moe_layer_ids[li], .expert = ml->fixed_4bit[i], .fixed = true});
+      queue_.push_back(
+          Want{.layer = g.moe_layer_ids[li], .expert = ml->fixed_4bit[i], .fixed = true, .decided = Clock::now()});
     }
   }
   spdlog::info("worker {}: {} READY slots adopted, {} fixed-set loads queued, {} floating slots per layer",
@@ -202,7 +175,8 @@ void SlotLoader::Stop() {
   if (thread_.joinable()) thread_.join();
   metrics_->read_backlog_bytes.Increment(-published_backlog_);
   metrics_->read_queue_depth.Increment(-published_depth_);
-  published_backlog_ = published_depth_ = 0;
+  metrics_->unacked_generations.Increment(-published_unacked_);
+  published_backlog_ = published_depth_ = published_unacked_ = 0;
 }
 
 SlotLoader::Stats SlotLoader::stats() const {
@@ -225,7 +199,11 @@ void SlotLoader::Run() {
         HandleAck(std::get<nq::v1::UnmapAck>(event));
       }
     }
-    if (!session_gone_) Pump();
+    if (!session_gone_) {
+      nq::v1::SlotTableUpdate update;
+      Pump(update);
+      if (update.changes_size() > 0) SendUpdate(std::move(update));
+    }
     Reap();
     PublishGauges();
     // Events queued since the swap above signalled wake_ after queueing, and reads that
@@ -340,7 +318,8 @@ void SlotLoader::RefuseMalformed(const std::string& why) {
 }
 
 void SlotLoader::Refresh() {
-  // Resync the predictor's residency with the slots (a failed or dropped load never landed).
+  // Resync the predictor's residency with the slots (a failed, dropped or cancelled load never
+  // landed).
   for (size_t l = 0; l < predictor_layers_.size(); ++l) {
     std::vector<uint32_t> floating;
     for (uint32_t e : allocator_.FloatingExperts(predictor_layer_index_[l])) {
@@ -351,33 +330,84 @@ void SlotLoader::Refresh() {
       (void)predictor_->SetResident(static_cast<uint32_t>(l), floating);
     }
   }
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = Clock::now();
   const PredictorPlan& plan = predictor_->Refresh();
-  metrics_->refresh_seconds.Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  metrics_->refresh_seconds.Observe(SecondsSince(started));
+  CancelUnwanted(plan);
   // The new plan replaces floating loads not yet issued: an expert no longer wanted is not read.
+  // A load planned again keeps the time it was first decided (nq_streamer_load_latency_seconds).
+  std::map<std::pair<uint32_t, uint32_t>, Clock::time_point> decided;
   std::deque<Want> queue;
   for (const Want& want : queue_) {
-    if (want.fixed) queue.push_back(want);
+    if (want.fixed) {
+      queue.push_back(want);
+    } else {
+      decided.emplace(std::make_pair(want.layer, want.expert), want.decided);
+    }
   }
+  const auto now = Clock::now();
   for (const PlannedLoad& load : plan.loads) {
-    if (failed_.count({predictor_layers_[load.layer], load.expert}) != 0) continue;
-    queue.push_back(Want{.layer = predictor_layers_[load.layer],
+    const uint32_t layer = predictor_layers_[load.layer];
+    if (failed_.count({layer, load.expert}) != 0) continue;
+    auto earlier = decided.find({layer, load.expert});
+    queue.push_back(Want{.layer = layer,
                          .expert = load.expert,
                          .victim = load.victim,
-                         .fixed = false});
+                         .fixed = false,
+                         .decided = earlier == decided.end() ? now : earlier->second});
   }
   queue_ = std::move(queue);
   {
     absl::MutexLock lock(&mu_);
     ++stats_.refreshes;
   }
+  // The plan's loads start now (cache hits land at once), not after the rest of the report.
   // Every refresh ends with an update (possibly without changes) announcing the loads it
   // queued: a request's first tokens may wait for them, and a worker knows its report was
   // acted on.
-  SendUpdate({});
+  nq::v1::SlotTableUpdate update;
+  if (!session_gone_) Pump(update);
+  SendUpdate(std::move(update));
+}
+
+void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
+  const uint32_t floating = predictor_->options().floating_slots;
+  uint64_t cancelled = 0;
+  for (auto& [tag, read] : in_flight_) {
+    if (read.cancelled || read.want.fixed) continue;
+    const auto layer = std::find(predictor_layers_.begin(), predictor_layers_.end(), read.want.layer);
+    if (layer == predictor_layers_.end()) continue;
+    const size_t l = static_cast<size_t>(layer - predictor_layers_.begin());
+    const auto desired = plan.desired.begin() + static_cast<std::ptrdiff_t>(l * floating);
+    if (std::find(desired, desired + plan.desired_count[l], read.want.expert) != desired + plan.desired_count[l]) {
+      continue;  // still wanted
+    }
+    absl::StatusOr<CancelOutcome> outcome = store_->Cancel(tag);
+    if (!outcome.ok()) {
+      // The store and the loader disagree on what is outstanding: leave the read to land.
+      spdlog::critical("worker {}: cancelling the read of layer {} expert {}: {}", worker_->worker_id,
+                       read.want.layer, read.want.expert, outcome.status().ToString());
+      continue;
+    }
+    // The read lands in its bounce buffer, never in the slot: the slot is FREE for other loads
+    // now, and the read is never announced (Reap only returns its buffer).
+    read.cancelled = true;
+    (void)allocator_.Release(read.layer_index, read.slot);
+    (*outcome == CancelOutcome::kDequeued ? metrics_->reads_cancelled_queued : metrics_->reads_cancelled_in_flight)
+        .Increment();
+    ++cancelled;
+  }
+  if (cancelled > 0) {
+    absl::MutexLock lock(&mu_);
+    stats_.reads_cancelled += cancelled;
+  }
 }
 
 void SlotLoader::HandleAck(const nq::v1::UnmapAck& ack) {
+  if (auto sent = unacked_unmaps_.find(ack.generation()); sent != unacked_unmaps_.end()) {
+    metrics_->unmap_ack_latency.Observe(SecondsSince(sent->second));
+    unacked_unmaps_.erase(sent);
+  }
   for (const nq::v1::SlotRef& ref : ack.slots()) {
     absl::StatusOr<size_t> li = worker_->geometry.LayerIndex(ref.layer());
     absl::Status s = li.ok() ? allocator_.Acknowledge(*li, ref.slot()) : li.status();
@@ -385,14 +415,22 @@ void SlotLoader::HandleAck(const nq::v1::UnmapAck& ack) {
   }
 }
 
-void SlotLoader::Pump() {
+void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
   const SlotGeometry& g = worker_->geometry;
-  nq::v1::SlotTableUpdate eager_unmaps;
-  for (auto it = queue_.begin(); it != queue_.end() && !free_buffers_.empty();) {
+  for (auto it = queue_.begin(); it != queue_.end();) {
     const Want want = *it;
     absl::StatusOr<size_t> li = g.LayerIndex(want.layer);
     if (!li.ok() || allocator_.SlotOf(*li, want.expert).has_value() || failed_.count({want.layer, want.expert})) {
       it = queue_.erase(it);  // unknown layer, already present or loading, or known bad
+      continue;
+    }
+    const RecordKey key{.rank = worker_->rank, .layer = want.layer, .expert = want.expert};
+    const bool cached = cache_.Contains(key);
+    // A read needs a free bounce buffer and room under the queue depth (4-8 reads per drive keep
+    // tail latency low, DESIGN.md section 4); a cached record needs neither, so it is served
+    // while reads wait.
+    if (!cached && (in_flight_.size() >= options_.store.queue_depth || cache_.idle() == 0)) {
+      ++it;
       continue;
     }
     std::optional<uint32_t> slot = allocator_.Reserve(*li, want.expert, want.fixed);
@@ -403,20 +441,34 @@ void SlotLoader::Pump() {
       if (!want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
           allocator_.state(*li, *victim_slot) == SlotState::kReady) {
         (void)allocator_.MarkUnmapping(*li, *victim_slot);
-        nq::v1::SlotChange* change = eager_unmaps.add_changes();
+        nq::v1::SlotChange* change = update.add_changes();
         change->set_kind(nq::v1::SlotChange::KIND_UNMAP);
         change->set_layer(want.layer);
         change->set_slot(*victim_slot);
+        metrics_->unmaps.Increment();
         it->victim = PlannedLoad::kNoVictim;
         ++it;
-      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty()) {
+      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty() || landing_ > 0) {
         ++it;  // a slot frees up when an acknowledgement or a read comes back
       } else {
         it = queue_.erase(it);  // nothing will free a slot for it
       }
       continue;
     }
-    const unsigned buffer = free_buffers_.back();
+    if (cached) {
+      const unsigned buffer = *cache_.Lookup(key);
+      metrics_->cache_hits.Increment();
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.cache_hits;
+      }
+      // Create checked that every layer of the geometry has records of at most a slot.
+      const uint64_t bytes = *store_->RecordBytes(worker_->rank, want.layer);
+      Land(*li, *slot, want, store_->Buffer(buffer).first(bytes), update);
+      it = queue_.erase(it);
+      continue;
+    }
+    const unsigned buffer = *cache_.AcquireForRead();
     const uint64_t tag = next_tag_++;
     absl::Status submitted = store_->Submit(ReadRequest{.rank = worker_->rank,
                                                         .layer = want.layer,
@@ -426,19 +478,70 @@ void SlotLoader::Pump() {
     if (!submitted.ok()) {
       spdlog::error("worker {}: read of layer {} expert {} not issued: {}", worker_->worker_id, want.layer,
                     want.expert, submitted.ToString());
+      cache_.Discard(buffer);
       (void)allocator_.Release(*li, *slot);
       failed_.insert({want.layer, want.expert});
       it = queue_.erase(it);
       continue;
     }
-    free_buffers_.pop_back();
+    metrics_->cache_misses.Increment();
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.disk_reads;
+    }
     in_flight_[tag] = Read{.layer_index = *li, .slot = *slot, .want = want, .buffer = buffer};
     it = queue_.erase(it);
   }
-  if (eager_unmaps.changes_size() > 0) {
-    metrics_->unmaps.Increment(eager_unmaps.changes_size());
-    SendUpdate(std::move(eager_unmaps));
+}
+
+void SlotLoader::Land(size_t layer_index, uint32_t slot, const Want& want, std::span<const std::byte> record,
+                      nq::v1::SlotTableUpdate& update) {
+  const SlotGeometry& g = worker_->geometry;
+  // The invariant of DESIGN.md section 4: only a slot the worker does not map is written.
+  if (!allocator_.Writable(layer_index, slot)) {
+    spdlog::critical("worker {}: layer {} slot {} is not LOADING; load dropped", worker_->worker_id, want.layer, slot);
+    return;
   }
+  absl::Status written = worker_->arena->Write(g.SlotOffset(layer_index, slot), record);
+  if (!written.ok()) {
+    (void)allocator_.Release(layer_index, slot);
+    failed_.insert({want.layer, want.expert});
+    metrics_->loads_failed.Increment();
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.loads_failed;
+      stats_.cached_records = cache_.records();
+    }
+    spdlog::error("worker {}: copy into layer {} slot {} failed: {}", worker_->worker_id, want.layer, slot,
+                  written.ToString());
+    return;
+  }
+  // Write returns once the worker would read the new bytes (device arenas: the copy is
+  // complete on the device), so this is decision to usable.
+  metrics_->load_latency.Observe(SecondsSince(want.decided));
+  (void)allocator_.MarkReady(layer_index, slot);
+  nq::v1::SlotChange* ready = update.add_changes();
+  ready->set_kind(nq::v1::SlotChange::KIND_READY);
+  ready->set_layer(want.layer);
+  ready->set_slot(slot);
+  ready->set_expert(want.expert);
+  // Lazy eviction: the victim leaves in the update that makes its replacement READY.
+  if (want.victim != PlannedLoad::kNoVictim) {
+    std::optional<uint32_t> victim = allocator_.SlotOf(layer_index, want.victim);
+    if (victim && *victim >= g.fixed_slots_per_layer && allocator_.state(layer_index, *victim) == SlotState::kReady) {
+      (void)allocator_.MarkUnmapping(layer_index, *victim);
+      nq::v1::SlotChange* unmap = update.add_changes();
+      unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
+      unmap->set_layer(want.layer);
+      unmap->set_slot(*victim);
+      metrics_->unmaps.Increment();
+    }
+  }
+  metrics_->loads_ready.Increment();
+  absl::MutexLock lock(&mu_);
+  ++stats_.loads_ready;
+  // With the load counts, so a reader of both sees the cache as this load left it.
+  stats_.cached_records = cache_.records();
 }
 
 void SlotLoader::Reap() {
@@ -448,15 +551,40 @@ void SlotLoader::Reap() {
     return;
   }
   if (done->empty()) return;
-  const SlotGeometry& g = worker_->geometry;
-  nq::v1::SlotTableUpdate update;
-  static LogRateLimiter failure_log(std::chrono::seconds(10));
+  std::vector<std::pair<Read, const RecordCompletion*>> landed;
   for (const RecordCompletion& completion : *done) {
     auto found = in_flight_.find(completion.tag);
     if (found == in_flight_.end()) continue;
-    const Read read = found->second;
+    landed.emplace_back(found->second, &completion);
     in_flight_.erase(found);
-    free_buffers_.push_back(read.buffer);
+  }
+  nq::v1::SlotTableUpdate update;
+  // Refill the ring before copying: the reads just reaped left room under the queue depth, and
+  // other idle bounce buffers take the next reads (their own stay busy until copied), so the
+  // drive keeps working while this thread copies into slots.
+  landing_ = landed.size();
+  if (!session_gone_) Pump(update);
+  landing_ = 0;
+  static LogRateLimiter failure_log(std::chrono::seconds(10));
+  for (const auto& [read, done_read] : landed) {
+    const RecordCompletion& completion = *done_read;
+    // Only a record that landed whole from a file whose hash matched (OK) is kept; a failed,
+    // short or corrupt read leaves its buffer empty.
+    if (completion.status.ok()) {
+      cache_.Fill(read.buffer, RecordKey{.rank = worker_->rank, .layer = read.want.layer, .expert = read.want.expert});
+      metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));
+      metrics_->read_latency.Observe(completion.latency_seconds);
+    } else {
+      cache_.Discard(read.buffer);
+    }
+    if (read.cancelled) {
+      // Its slot was freed when it was cancelled; it is never copied or announced.
+      if (completion.status.ok()) {
+        absl::MutexLock lock(&mu_);
+        ++stats_.cancelled_reads_landed;
+      }
+      continue;
+    }
     if (session_gone_) continue;
     if (!completion.status.ok()) {
       (void)allocator_.Release(read.layer_index, read.slot);
@@ -465,6 +593,7 @@ void SlotLoader::Reap() {
       {
         absl::MutexLock lock(&mu_);
         ++stats_.loads_failed;
+        stats_.cached_records = cache_.records();
       }
       if (long n = failure_log.Allow()) {
         spdlog::error("worker {}: record of layer {} expert {} failed, it stays at 2 bits: {} ({} failures since "
@@ -473,76 +602,53 @@ void SlotLoader::Reap() {
       }
       continue;
     }
-    metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));
-    metrics_->read_latency.Observe(completion.latency_seconds);
-    // The invariant of DESIGN.md section 4: only a slot the worker does not map is written.
-    if (!allocator_.Writable(read.layer_index, read.slot)) {
-      spdlog::critical("worker {}: layer {} slot {} is not LOADING; load dropped", worker_->worker_id,
-                       read.want.layer, read.slot);
-      continue;
-    }
-    absl::Status written = worker_->arena->Write(g.SlotOffset(read.layer_index, read.slot),
-                                                 store_->Buffer(read.buffer).first(completion.bytes));
-    if (!written.ok()) {
-      (void)allocator_.Release(read.layer_index, read.slot);
-      failed_.insert({read.want.layer, read.want.expert});
-      metrics_->loads_failed.Increment();
-      spdlog::error("worker {}: copy into layer {} slot {} failed: {}", worker_->worker_id, read.want.layer,
-                    read.slot, written.ToString());
-      continue;
-    }
-    (void)allocator_.MarkReady(read.layer_index, read.slot);
-    nq::v1::SlotChange* ready = update.add_changes();
-    ready->set_kind(nq::v1::SlotChange::KIND_READY);
-    ready->set_layer(read.want.layer);
-    ready->set_slot(read.slot);
-    ready->set_expert(read.want.expert);
-    // Lazy eviction: the victim leaves in the update that makes its replacement READY.
-    if (read.want.victim != PlannedLoad::kNoVictim) {
-      std::optional<uint32_t> victim = allocator_.SlotOf(read.layer_index, read.want.victim);
-      if (victim && *victim >= g.fixed_slots_per_layer &&
-          allocator_.state(read.layer_index, *victim) == SlotState::kReady) {
-        (void)allocator_.MarkUnmapping(read.layer_index, *victim);
-        nq::v1::SlotChange* unmap = update.add_changes();
-        unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
-        unmap->set_layer(read.want.layer);
-        unmap->set_slot(*victim);
-        metrics_->unmaps.Increment();
-      }
-    }
-    metrics_->loads_ready.Increment();
-    absl::MutexLock lock(&mu_);
-    ++stats_.loads_ready;
+    Land(read.layer_index, read.slot, read.want, store_->Buffer(read.buffer).first(completion.bytes), update);
   }
   if (update.changes_size() > 0) SendUpdate(std::move(update));
 }
 
 bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
   if (session_gone_) return false;
-  update.set_generation(next_generation_++);
-  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + in_flight_.size()));
+  const uint64_t generation = next_generation_++;
+  update.set_generation(generation);
+  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + LiveReads()));
+  const bool unmaps = std::any_of(update.changes().begin(), update.changes().end(), [](const nq::v1::SlotChange& c) {
+    return c.kind() == nq::v1::SlotChange::KIND_UNMAP;
+  });
   nq::v1::StreamerMessage message;
   *message.mutable_update() = std::move(update);
   if (!send_(message)) {
     session_gone_ = true;  // the session thread notices too and stops us
     return false;
   }
+  if (unmaps) unacked_unmaps_.emplace(generation, Clock::now());
   absl::MutexLock lock(&mu_);
   ++stats_.updates_sent;
   return true;
 }
 
+size_t SlotLoader::LiveReads() const {
+  size_t n = 0;
+  for (const auto& [tag, read] : in_flight_) n += read.cancelled ? 0 : 1;
+  return n;
+}
+
 uint64_t SlotLoader::BacklogBytes() const {
-  return (queue_.size() + in_flight_.size()) * worker_->geometry.rec_bytes;
+  return (queue_.size() + LiveReads()) * worker_->geometry.rec_bytes;
 }
 
 void SlotLoader::PublishGauges() {
   const double backlog = static_cast<double>(BacklogBytes());
   const double depth = static_cast<double>(in_flight_.size());
+  const double unacked = static_cast<double>(unacked_unmaps_.size());
   metrics_->read_backlog_bytes.Increment(backlog - published_backlog_);
   metrics_->read_queue_depth.Increment(depth - published_depth_);
+  metrics_->unacked_generations.Increment(unacked - published_unacked_);
   published_backlog_ = backlog;
   published_depth_ = depth;
+  published_unacked_ = unacked;
+  absl::MutexLock lock(&mu_);
+  stats_.cached_records = cache_.records();
 }
 
 }  // namespace nq::streamer

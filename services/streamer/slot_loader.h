@@ -9,6 +9,17 @@
 // announced, is counted in nq_streamer_slot_loads_total{result="failed"} and logged, and that
 // expert is not retried for the session.
 //
+// The bounce buffers double as an LRU cache of recent records (bounce_cache.h): a wanted
+// expert whose record still sits in a buffer is copied into its slot without a disk read
+// (nq_streamer_record_cache_total{result="hit"}). Only a record that landed whole from a file
+// whose hash matched is kept. At most read_queue_depth reads are outstanding; the other
+// buffers keep their records until a read needs one.
+//
+// A refresh that no longer wants an expert whose read is outstanding cancels it
+// (RecordStore::Cancel; nq_streamer_reads_cancelled_total): its slot is FREE at once (the read
+// lands in the bounce buffer, never in the slot) and it is never announced, even when the
+// kernel could not stop the read and it lands all the same.
+//
 // One thread per loader owns its record store (an io_uring ring and bounce buffers over the
 // process's shared RecordFiles), allocator and predictor; the session thread only queues
 // reports and acks (a bounded queue, loader_events.h: reports past max_queued_reports are
@@ -18,6 +29,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -25,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <variant>
@@ -34,9 +47,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.pb.h"
-#include "services/common/metrics/registry.h"
+#include "services/streamer/bounce_cache.h"
 #include "services/streamer/event_fd.h"
 #include "services/streamer/loader_events.h"
+#include "services/streamer/loader_metrics.h"
 #include "services/streamer/predictor.h"
 #include "services/streamer/record_store.h"
 #include "services/streamer/report_order.h"
@@ -45,27 +59,6 @@
 
 namespace nq::streamer {
 
-// The streamer's section-8 metrics, shared by every loader (created once, so /metrics shows
-// them before the first worker connects).
-struct LoaderMetrics {
-  explicit LoaderMetrics(metrics::Registry& registry);
-  metrics::Gauge& read_backlog_bytes;
-  metrics::Gauge& read_queue_depth;
-  metrics::Counter& read_bytes;
-  metrics::Histogram& read_latency;
-  metrics::Counter& loads_ready;
-  metrics::Counter& loads_failed;
-  metrics::Counter& unmaps;
-  metrics::Histogram& refresh_seconds;
-  metrics::Counter& calls_4bit;
-  metrics::Counter& calls_2bit;
-  metrics::Counter& reports_refused;
-  metrics::Counter& reports_malformed;
-  metrics::Counter& reports_dropped;
-  metrics::Counter& report_gaps;
-  metrics::Counter& sequences;
-};
-
 struct SlotLoaderOptions {
   // The release directory, then mirrors holding identical copies on other drives.
   std::vector<std::string> record_dirs;
@@ -73,7 +66,8 @@ struct SlotLoaderOptions {
   // each layer file is hashed once per process. StreamerService opens them from
   // record_dirs at its first session when they are not given.
   std::shared_ptr<const RecordFiles> files;
-  // Each session's own reader: queue depth, bounce buffers, hash checking.
+  // Each session's own reader: queue depth (reads outstanding at once), bounce buffers (at
+  // least the queue depth; the rest keep recent records for the cache), hash checking.
   RecordStoreOptions store;
   // Tuning (half-lives, weights, hysteresis, read budget); layers, experts, floating slots
   // and fixed sets are filled in from the worker's geometry and the manifest.
@@ -116,22 +110,30 @@ class SlotLoader {
     uint64_t updates_sent = 0;
     uint64_t refreshes = 0;
     uint64_t reports_dropped = 0;  // the event queue was full (max_queued_reports)
+    uint64_t disk_reads = 0;       // reads handed to the record store (cache misses)
+    uint64_t cache_hits = 0;       // loads copied from a bounce buffer, no disk read
+    uint64_t reads_cancelled = 0;  // outstanding reads a refresh no longer wanted
+    uint64_t cancelled_reads_landed = 0;  // of those, reads the kernel finished anyway
+    uint64_t cached_records = 0;   // bounce buffers holding a record now
   };
   Stats stats() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Want {
     uint32_t layer = 0;
     uint32_t expert = 0;
     uint32_t victim = PlannedLoad::kNoVictim;
     bool fixed = false;
+    Clock::time_point decided;  // when the session start or a refresh first asked for it
   };
   struct Read {
     size_t layer_index = 0;
     uint32_t slot = 0;
     Want want;
     unsigned buffer = 0;
-    uint64_t bytes = 0;
+    // Cancelled by a refresh: its slot is already FREE; its completion only returns the buffer.
+    bool cancelled = false;
   };
   using Event = LoaderEvents::Event;
 
@@ -148,8 +150,18 @@ class SlotLoader {
   void HandleAck(const nq::v1::UnmapAck& ack);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
-  void Pump();
+  // Cancels the outstanding floating reads of experts outside the plan's desired sets.
+  void CancelUnwanted(const PredictorPlan& plan);
+  // Serves queued loads: from the bounce cache, or by issuing reads while the queue depth and
+  // a buffer allow; READY changes and eager unmaps go into `update`.
+  void Pump(nq::v1::SlotTableUpdate& update);
+  // Copies `record` into LOADING `slot` and adds READY (and the victim's unmap, lazy eviction)
+  // to `update`. On a failed copy the slot is FREE again and the expert marked failed.
+  void Land(size_t layer_index, uint32_t slot, const Want& want, std::span<const std::byte> record,
+            nq::v1::SlotTableUpdate& update);
   void Reap();
+  // Reads issued and not cancelled (what the worker may still see land).
+  size_t LiveReads() const;
   // Sends `update` with the next generation; false when the session is gone.
   bool SendUpdate(nq::v1::SlotTableUpdate update);
   uint64_t BacklogBytes() const;
@@ -176,9 +188,14 @@ class SlotLoader {
   std::vector<uint32_t> predictor_layers_;  // model layer ids the worker reports, in order
   std::vector<size_t> predictor_layer_index_;  // their index in the geometry
   std::deque<Want> queue_;             // loads not yet submitted, in priority order
-  std::map<uint64_t, Read> in_flight_;  // by read tag
-  std::vector<unsigned> free_buffers_;
+  std::map<uint64_t, Read> in_flight_;  // by read tag, cancelled ones until they complete
+  size_t landing_ = 0;  // reads Reap has taken out of in_flight_ and not yet copied
   std::vector<unsigned> prepared_buffers_;  // PrepareSource'd, released at destruction
+  BounceCache cache_;                       // over prepared_buffers_
+  // Generations of sent updates that unmap slots, not yet acknowledged, and when they went:
+  // the worker's apply lag the streamer can see (DESIGN.md section 4: a slot is reused only
+  // after the worker acknowledges the update that unmapped it).
+  std::map<uint64_t, Clock::time_point> unacked_unmaps_;
   std::set<std::pair<uint32_t, uint32_t>> failed_;  // (layer, expert) whose record failed
   uint64_t next_tag_ = 1;
   uint64_t next_generation_ = 1;
@@ -186,6 +203,7 @@ class SlotLoader {
   // This loader's contribution to the shared gauges, so several loaders add up.
   double published_backlog_ = 0;
   double published_depth_ = 0;
+  double published_unacked_ = 0;
 };
 
 }  // namespace nq::streamer

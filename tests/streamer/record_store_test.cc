@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -24,6 +26,7 @@
 #include "services/format/release_writer.h"
 #include "services/model/safetensors_writer.h"
 #include "services/streamer/event_fd.h"
+#include "tests/format/test_release.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::streamer {
@@ -456,6 +459,143 @@ TEST_F(RecordStoreTest, CompletionFdIsReadableExactlyWhileAReadHasLanded) {
   auto cleared = WaitReadable(fds, absl::ZeroDuration());
   ASSERT_THAT(cleared.status(), IsOk());
   EXPECT_FALSE((*cleared)[0]) << "Poll left the completion signal set";
+}
+
+// Issue #14: a read still queued in the store (behind the queue depth) that is cancelled never
+// reaches the disk: its completion is CANCELLED, its destination untouched, and the store
+// issues one read fewer.
+TEST_F(RecordStoreTest, CancelledQueuedReadNeverReachesTheDisk) {
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 1});
+  ASSERT_THAT(store.status(), IsOk());
+  ASSERT_THAT((*store)->VerifyLayer(0, 3), IsOk());  // so every read goes to the ring
+  const std::vector<Key> keys = {{0, 3, 0}, {0, 3, 1}, {0, 3, 2}};
+  std::vector<std::unique_ptr<AlignedBuffer>> out;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    out.push_back(std::make_unique<AlignedBuffer>(Expected(keys[i]).size()));
+    std::memset(out.back()->data, 0xEE, out.back()->size);
+    ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 3, .expert = keys[i].expert, .destination = out.back()->span(),
+                                  .tag = i}),
+                IsOk());
+  }
+  EXPECT_EQ((*store)->reads_issued(), 1u);  // queue depth 1: reads 1 and 2 wait in the store
+  auto outcome = (*store)->Cancel(2);
+  ASSERT_THAT(outcome.status(), IsOk());
+  EXPECT_EQ(*outcome, CancelOutcome::kDequeued);
+  std::map<uint64_t, RecordCompletion> done;
+  while ((*store)->outstanding() > 0) {
+    auto c = (*store)->Wait();
+    ASSERT_THAT(c.status(), IsOk());
+    EXPECT_FALSE(done.contains(c->tag)) << "two completions for read " << c->tag;
+    done[c->tag] = *c;
+  }
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_THAT(done[0].status, IsOk());
+  EXPECT_THAT(done[1].status, IsOk());
+  EXPECT_FALSE(done[0].cancelled);
+  EXPECT_THAT(done[2].status, StatusIs(absl::StatusCode::kCancelled, HasSubstr("before it was issued")));
+  EXPECT_TRUE(done[2].cancelled);
+  EXPECT_EQ(done[2].bytes, 0u);
+  EXPECT_EQ((*store)->reads_issued(), 2u);
+  EXPECT_TRUE(std::all_of(out[2]->data, out[2]->data + out[2]->size, [](std::byte b) { return b == std::byte{0xEE}; }))
+      << "the cancelled read wrote its destination";
+  EXPECT_TRUE(std::equal(Expected(keys[1]).begin(), Expected(keys[1]).end(), out[1]->data));
+  EXPECT_THAT((*store)->Cancel(2).status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("tag 2")));
+}
+
+// A read in flight that is cancelled completes exactly once, marked cancelled: CANCELLED when
+// the kernel stopped it, OK with the whole record when it could not (an O_DIRECT read the device
+// already has). The kernel's answer to the cancel request is consumed and tallied, never
+// returned as a read.
+TEST_F(RecordStoreTest, CancelledReadInFlightCompletesOnceMarkedCancelled) {
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 4, .buffers = 1});
+  ASSERT_THAT(store.status(), IsOk());
+  ASSERT_THAT((*store)->VerifyLayer(0, 4), IsOk());
+  ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 4, .expert = 3, .buffer_index = 0, .tag = 5}), IsOk());
+  EXPECT_EQ((*store)->reads_issued(), 1u);
+  auto outcome = (*store)->Cancel(5);
+  ASSERT_THAT(outcome.status(), IsOk());
+  EXPECT_EQ(*outcome, CancelOutcome::kInFlight);
+  auto done = (*store)->Wait();
+  ASSERT_THAT(done.status(), IsOk());
+  EXPECT_EQ(done->tag, 5u);
+  EXPECT_TRUE(done->cancelled);
+  if (done->status.ok()) {
+    const auto& want = Expected({0, 4, 3});
+    EXPECT_EQ(done->bytes, want.size());
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), (*store)->Buffer(0).data()));
+  } else {
+    EXPECT_THAT(done->status, StatusIs(absl::StatusCode::kCancelled, HasSubstr("expert 3")));
+  }
+  EXPECT_EQ((*store)->outstanding(), 0u);
+  EXPECT_THAT((*store)->Wait().status(), StatusIs(absl::StatusCode::kFailedPrecondition, _));
+  // The cancel request's own completion: drained by Poll, one answer, and not an error.
+  auto answered = [&] {
+    const auto& r = (*store)->cancel_results();
+    return r.stopped + r.running + r.not_found + r.failed;
+  };
+  for (int i = 0; i < 1000 && answered() == 0; ++i) {
+    auto polled = (*store)->Poll();
+    ASSERT_THAT(polled.status(), IsOk());
+    EXPECT_TRUE(polled->empty()) << "a cancel request's completion was returned as a read";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(answered(), 1u);
+  EXPECT_EQ((*store)->cancel_results().failed, 0u);
+  // Stopped by the kernel means the read itself completed -ECANCELED.
+  if ((*store)->cancel_results().stopped > 0) {
+    EXPECT_FALSE(done->status.ok());
+  }
+  EXPECT_THAT((*store)->Cancel(5).status(), StatusIs(absl::StatusCode::kNotFound, _));
+}
+
+// A read whose completion is already waiting (here a file that fails its hash completes at
+// Submit) cannot be stopped; Cancel says so and the completion still comes, marked.
+TEST_F(RecordStoreTest, CancelOfACompletedReadMarksItsCompletion) {
+  const std::string bad = MakeTempDir("nq_record_store_cancel_bad") + "/release";
+  fs::copy(*dir_, bad, fs::copy_options::recursive);
+  ASSERT_NO_FATAL_FAILURE(format::testing::FlipByte(bad + "/rank0/L4.bin", 100));
+  auto store = RecordStore::Open({bad}, {.buffers = 1});
+  ASSERT_THAT(store.status(), IsOk());
+  ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 4, .expert = 0, .buffer_index = 0, .tag = 8}), IsOk());
+  auto outcome = (*store)->Cancel(8);
+  ASSERT_THAT(outcome.status(), IsOk());
+  EXPECT_EQ(*outcome, CancelOutcome::kCompleted);
+  auto done = (*store)->Poll();
+  ASSERT_THAT(done.status(), IsOk());
+  ASSERT_EQ(done->size(), 1u);
+  EXPECT_TRUE((*done)[0].cancelled);
+  EXPECT_THAT((*done)[0].status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("L4.bin")));
+  EXPECT_EQ((*store)->reads_issued(), 0u);
+}
+
+// Issue #14: latency_seconds is issue to landing (submission to the ring to reaping), apart
+// from the time a read waits in the store behind the queue depth (queued_seconds). At queue
+// depth 1 each read is issued only after the one before it was reaped, so its wait covers the
+// whole of the previous read's latency.
+TEST_F(RecordStoreTest, LatencyIsIssueToLandingApartFromQueueing) {
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 1, .buffers = 4});
+  ASSERT_THAT(store.status(), IsOk());
+  ASSERT_THAT((*store)->VerifyLayer(1, 3), IsOk());
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_THAT((*store)->Submit({.rank = 1, .layer = 3, .expert = static_cast<uint32_t>(i),
+                                  .buffer_index = static_cast<int>(i), .tag = i}),
+                IsOk());
+  }
+  std::vector<RecordCompletion> done;
+  while ((*store)->outstanding() > 0) {
+    auto c = (*store)->Wait();
+    ASSERT_THAT(c.status(), IsOk());
+    ASSERT_THAT(c->status, IsOk());
+    done.push_back(*c);
+  }
+  ASSERT_EQ(done.size(), 4u);
+  for (size_t i = 0; i < done.size(); ++i) {
+    EXPECT_EQ(done[i].tag, i);  // one at a time, in order
+    EXPECT_GT(done[i].latency_seconds, 0.0);
+    if (i > 0) {
+      EXPECT_GE(done[i].queued_seconds, done[i - 1].latency_seconds) << i;
+    }
+  }
 }
 
 TEST(EventFdTest, SignalMakesItReadableAndClearResetsIt) {

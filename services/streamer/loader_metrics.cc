@@ -1,0 +1,71 @@
+#include "services/streamer/loader_metrics.h"
+
+#include "services/common/metrics/buckets.h"
+
+namespace nq::streamer {
+
+LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
+    : read_backlog_bytes(registry.Gauge("nq_streamer_read_backlog_bytes",
+                                        "Bytes of record reads wanted but not yet landed in a slot").Get()),
+      read_queue_depth(registry.Gauge("nq_streamer_read_queue_depth", "Record reads in flight").Get()),
+      read_bytes(registry.Counter("nq_streamer_read_bytes_total", "Bytes of records read").Get()),
+      read_latency(registry.Histogram("nq_streamer_read_latency_seconds",
+                                      "Record read latency, issue to landing: from the read's submission to the "
+                                      "io_uring ring to its completion being reaped (one observation per read "
+                                      "that landed whole)",
+                                      metrics::ExponentialBuckets(25e-6, 2, 16)).Get()),
+      load_latency(registry.Histogram("nq_streamer_load_latency_seconds",
+                                      "Slot load latency: from the decision to load an expert (session start or "
+                                      "predictor refresh) to its record's copy into the slot being complete",
+                                      metrics::ExponentialBuckets(1e-4, 2, 20)).Get()),
+      cache_hits(registry.Counter("nq_streamer_record_cache_total",
+                                  "Slot loads by where the record came from: hit, a bounce buffer that still held "
+                                  "it from a recent read (no disk read); miss, a read from disk",
+                                  {"result"}).WithLabels({"hit"})),
+      cache_misses(registry.Counter("nq_streamer_record_cache_total", "", {"result"}).WithLabels({"miss"})),
+      reads_cancelled_queued(registry.Counter("nq_streamer_reads_cancelled_total",
+                                              "Record reads cancelled because a predictor refresh no longer wanted "
+                                              "the expert, by stage: queued (never reached the disk) or in_flight "
+                                              "(the kernel was asked to stop it; if it lands it is discarded)",
+                                              {"stage"}).WithLabels({"queued"})),
+      reads_cancelled_in_flight(
+          registry.Counter("nq_streamer_reads_cancelled_total", "", {"stage"}).WithLabels({"in_flight"})),
+      unacked_generations(registry.Gauge("nq_streamer_unacked_generations",
+                                         "Slot-table updates that unmap slots, sent to workers and not yet "
+                                         "acknowledged (the slots wait in UNMAPPING; only unmaps are acknowledged)")
+                              .Get()),
+      unmap_ack_latency(registry.Histogram("nq_streamer_unmap_ack_latency_seconds",
+                                           "Worker apply lag: from sending an update that unmaps slots to the "
+                                           "worker's acknowledgement of it",
+                                           metrics::ExponentialBuckets(1e-4, 2, 20)).Get()),
+      loads_ready(registry.Counter("nq_streamer_slot_loads_total",
+                                   "Slot loads finished, by result (ready: announced READY; failed: the "
+                                   "record failed its hash or read, never announced)",
+                                   {"result"}).WithLabels({"ready"})),
+      loads_failed(registry.Counter("nq_streamer_slot_loads_total", "", {"result"}).WithLabels({"failed"})),
+      unmaps(registry.Counter("nq_streamer_slot_unmaps_total", "Slots the streamer asked a worker to unmap").Get()),
+      refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
+                                         "Time of one predictor refresh (score, plan)",
+                                         metrics::ExponentialBuckets(1e-6, 2, 22)).Get()),
+      calls_4bit(registry.Counter("nq_streamer_expert_calls_total",
+                                  "Routed expert calls reported by workers, by the precision the streamer's "
+                                  "table gives them (4: READY in a slot)",
+                                  {"bits"}).WithLabels({"4"})),
+      calls_2bit(registry.Counter("nq_streamer_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
+      reports_refused(registry.Counter("nq_streamer_routing_reports_refused_total",
+                                       "Routing reports not fed to the predictor: out of order (an older "
+                                       "sequence, or tokens already reported) or malformed").Get()),
+      reports_malformed(registry.Counter("nq_streamer_routing_reports_malformed_total",
+                                         "Routing reports refused as malformed (layers, experts, weights or token "
+                                         "counts that contradict the worker's geometry); also counted in "
+                                         "nq_streamer_routing_reports_refused_total").Get()),
+      reports_dropped(registry.Counter("nq_streamer_routing_reports_dropped_total",
+                                       "Routing reports dropped unread because the loader's queue was full "
+                                       "(SlotLoaderOptions.max_queued_reports)").Get()),
+      report_gaps(registry.Counter("nq_streamer_routing_report_gaps_total",
+                                   "Routing reports that followed missing tokens of their sequence (blocks "
+                                   "the worker dropped)").Get()),
+      sequences(registry.Counter("nq_streamer_routing_sequences_total",
+                                 "Worker sequences whose routing reached a predictor").Get()) {}
+
+}  // namespace nq::streamer

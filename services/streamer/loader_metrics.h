@@ -1,0 +1,37 @@
+// The streamer's metrics (DESIGN.md section 8) that its slot loaders update: one set per
+// process, shared by every worker session's loader (gauges are sums of the loaders' parts).
+#pragma once
+
+#include "services/common/metrics/registry.h"
+
+namespace nq::streamer {
+
+// The streamer's section-8 metrics, shared by every loader (created once, so /metrics shows
+// them before the first worker connects).
+struct LoaderMetrics {
+  explicit LoaderMetrics(metrics::Registry& registry);
+  metrics::Gauge& read_backlog_bytes;
+  metrics::Gauge& read_queue_depth;
+  metrics::Counter& read_bytes;
+  metrics::Histogram& read_latency;
+  metrics::Histogram& load_latency;
+  metrics::Counter& cache_hits;
+  metrics::Counter& cache_misses;
+  metrics::Counter& reads_cancelled_queued;
+  metrics::Counter& reads_cancelled_in_flight;
+  metrics::Gauge& unacked_generations;
+  metrics::Histogram& unmap_ack_latency;
+  metrics::Counter& loads_ready;
+  metrics::Counter& loads_failed;
+  metrics::Counter& unmaps;
+  metrics::Histogram& refresh_seconds;
+  metrics::Counter& calls_4bit;
+  metrics::Counter& calls_2bit;
+  metrics::Counter& reports_refused;
+  metrics::Counter& reports_malformed;
+  metrics::Counter& reports_dropped;
+  metrics::Counter& report_gaps;
+  metrics::Counter& sequences;
+};
+
+}  // namespace nq::streamer
