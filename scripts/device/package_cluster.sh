@@ -2,7 +2,8 @@
 # Packs what the GPU machine needs to run the whole cluster (scripts/device/run_gpu_cluster.sh)
 # into .gpu-cluster/bundle.tar.xz (git-ignored), one file small enough for the `run` tool's
 # 64 MiB (the tree, slimmed by slim_tree.sh, plus what it carries):
-#   bin/    nq-router, nq-worker, nq-streamer, nq from a CUDA build (debug info stripped)
+#   bin/    nq-router, nq-worker, nq-streamer, nq and record_read_bench from a CUDA build (debug
+#           info stripped)
 #   lib/    their non-system shared libraries (gRPC, protobuf, Abseil, OpenSSL, ...), which the
 #           GPU machine (Ubuntu 24.04, no gRPC) lacks; scripts/device/shared_libs.sh says which stay
 #   model/  models/glm5_nano (its weights leave the slimmed tree) and its NestQuant release,
@@ -21,11 +22,11 @@ readonly out=.gpu-cluster
 readonly binaries=(services/router/nq-router services/worker/nq-worker services/streamer/nq-streamer services/tools/nq)
 readonly model_files=(config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json)
 
-cmake --build "$build_dir" --target nq-router nq-worker nq-streamer nq >/dev/null
+cmake --build "$build_dir" --target nq-router nq-worker nq-streamer nq record_read_bench >/dev/null
 staging="$(mktemp -d)"
 trap 'rm -rf "$staging"' EXIT
 mkdir -p "$staging/bin" "$staging/model"
-for b in "${binaries[@]}"; do
+for b in "${binaries[@]}" bench/streamer/record_read_bench; do
   strip --strip-debug -o "$staging/bin/$(basename "$b")" "$build_dir/$b"
 done
 copy_shared_libs "$staging/lib" "$staging"/bin/*

@@ -82,10 +82,24 @@ if [[ "${NQ_SLICE:-1}" == 1 ]]; then
     [[ "$slice_mtp" -gt 0 ]] && spec=",spec"
     python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$slice" --out "$out/slice" \
       --backend cuda --only "bench,http,streaming$spec" --decode-tokens 128 --spec-drafts 0,3 || failed+=("slice")
+    # BF16 weight matrices on the slice: bench-decode only (no CPU reference at these shapes).
+    "$work/bin/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=fixed --backend=cuda \
+      --decode-tokens=128 --warmup=8 --prompt-tokens=16 --weight-dtype=bf16 --out="$out/slice/bench_decode_bf16.json" \
+      2>&1 | tail -1
   else
     tail -5 "$out/logs/make_glm5_slice.log"; failed+=("make_glm5_slice")
   fi
   rm -rf "$slice"
+fi
+# The streamer's reads into device slots against the disk's peak (bench/streamer/record_read_bench:
+# a raw O_DIRECT sweep of queue depths and block sizes, then the RecordStore copying each record
+# through CUDA IPC into a device arena a forked process exports), on a 2 GiB synthetic release.
+if [[ -x "$work/bin/record_read_bench" && "${NQ_READ_BENCH:-1}" == 1 ]]; then
+  echo "== record_read_bench --arena=cuda_ipc"
+  df -h /tmp | tail -1
+  "$work/bin/record_read_bench" --dir=/tmp/nq_rrb --megabytes=2048 --passes=2 --min_megabytes=2048 \
+    --arena=cuda_ipc 2>&1 | tail -40 | tee "$out/record_read_bench.txt" || failed+=("record_read_bench")
+  rm -rf /tmp/nq_rrb
 fi
 # The run tool returns a limited number of files: the services' logs travel as one archive.
 tar -C "$out" -czf "$out/logs.tar.gz" logs $( [[ -d "$out/slice/logs" ]] && echo slice/logs ) && \
