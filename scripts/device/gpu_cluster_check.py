@@ -520,8 +520,13 @@ def main():
         with open(os.path.join(args.out, "gpu_cluster.json"), "w") as f:
             json.dump(report, f, indent=2)
     verdicts = {k: v["pass"] for k, v in report.items() if isinstance(v, dict) and "pass" in v}
-    print(json.dumps({"verdicts": verdicts, "speed": report["speed"], "exceptions": report.get("exceptions")},
-                     indent=2))
+    summary = {"verdicts": verdicts, "speed": report["speed"], "exceptions": report.get("exceptions")}
+    if "spec" in report:  # compact: the full rows are in gpu_cluster.json
+        summary["spec"] = {k: v for k, v in report["spec"].items() if k != "by_drafts"}
+        summary["spec"]["by_drafts"] = {
+            n: {k: row[k] for k in ("tokens_per_s", "step_ms_mean", "tokens_per_step", "accepted_per_position")}
+            for n, row in report["spec"]["by_drafts"].items()}
+    print(json.dumps(summary, indent=2))
     return 0 if verdicts and all(verdicts.values()) and not report.get("exceptions") else 1
 
 

@@ -51,6 +51,7 @@ refuses gpu-ordinal "visible" "${worker[@]}" --gpu=7
 # A context window no H200 holds: the fit check names the KV cache's bytes and the free memory.
 refuses does-not-fit "does not fit on GPU 0" "${worker[@]}" --max_model_len=2000000000
 
+# NQ_CLUSTER_ARGS / NQ_SLICE_ARGS add arguments (e.g. "--only spec") to the two runs.
 python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$work/model" --out "$out" \
   --backend cuda --reference-backend cpu ${NQ_CLUSTER_ARGS:-} || failed+=("gpu_cluster_check")
 # Where a decode step's time goes (when the machine has Nsight Systems): the CUDA API calls and
@@ -81,7 +82,8 @@ if [[ "${NQ_SLICE:-1}" == 1 ]]; then
     spec=""
     [[ "$slice_mtp" -gt 0 ]] && spec=",spec"
     python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$slice" --out "$out/slice" \
-      --backend cuda --only "bench,http,streaming$spec" --decode-tokens 128 --spec-drafts 0,3 || failed+=("slice")
+      --backend cuda --only "bench,http,streaming$spec" --decode-tokens 128 --spec-drafts 0,3 ${NQ_SLICE_ARGS:-} \
+      || failed+=("slice")
     # BF16 weight matrices on the slice: bench-decode only (no CPU reference at these shapes).
     "$work/bin/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=fixed --backend=cuda \
       --decode-tokens=128 --warmup=8 --prompt-tokens=16 --weight-dtype=bf16 --out="$out/slice/bench_decode_bf16.json" \
