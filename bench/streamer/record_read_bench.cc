@@ -45,6 +45,7 @@ ABSL_FLAG(std::string, dir, "build/cpu/record_read_bench", "Where the synthetic 
 ABSL_FLAG(uint64_t, megabytes, 256, "Size of the synthetic release's records");
 ABSL_FLAG(uint32_t, rank, 0, "Whose record files to read");
 ABSL_FLAG(uint32_t, queue_depth, 8, "The store's reads in flight (nq-streamer --read_queue_depth)");
+ABSL_FLAG(uint32_t, read_piece_kib, 256, "The store's read pieces (nq-streamer --read_piece_kib; 0: whole records)");
 ABSL_FLAG(uint32_t, buffers, 32,
           "The store's registered buffers, at least the queue depth (nq-streamer --bounce_buffers)");
 ABSL_FLAG(std::string, arena, "shm", "Arena the store's records are copied into: shm or cuda_ipc");
@@ -177,13 +178,16 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<BenchArena> arena,
                    BenchArena::Create(absl::GetFlag(FLAGS_arena), uint64_t{slots} * rec_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store,
-                   RecordStore::Create(files, {.queue_depth = depth, .buffers = buffers}));
+                   RecordStore::Create(files, {.queue_depth = depth,
+                                               .read_piece_bytes = absl::GetFlag(FLAGS_read_piece_kib) * 1024,
+                                               .buffers = buffers}));
   if (store->buffered_files() > 0) {
     return absl::FailedPreconditionError("the store fell back to buffered reads: the figures would be the page cache");
   }
   for (unsigned b = 0; b < buffers; ++b) RETURN_IF_ERROR(arena->writer().PrepareSource(store->Buffer(b)));
-  std::printf("arena: %s, %u slots of %llu bytes; store: queue depth %u, %u registered buffers\n",
-              arena->writer().Describe().c_str(), slots, static_cast<unsigned long long>(rec_bytes), depth, buffers);
+  std::printf("arena: %s, %u slots of %llu bytes; store: queue depth %u, %u registered buffers, reads of %llu KiB\n",
+              arena->writer().Describe().c_str(), slots, static_cast<unsigned long long>(rec_bytes), depth, buffers,
+              static_cast<unsigned long long>(store->piece_bytes() / 1024));
   auto t = std::chrono::steady_clock::now();
   for (const format::ManifestLayer& ml : release.manifest().layers) {
     if (release.Layer(rank, ml.layer).ok()) RETURN_IF_ERROR(store->VerifyLayer(rank, ml.layer));

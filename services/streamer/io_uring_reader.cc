@@ -97,16 +97,18 @@ absl::Status IoUringReader::Submit() {
 }
 
 absl::Status IoUringReader::SubmitReadFixed(int fd, uint64_t offset, uint32_t bytes,
-                                            unsigned buffer_index, uint64_t user_data) {
+                                            unsigned buffer_index, uint64_t user_data,
+                                            uint64_t buffer_offset) {
   if (absl::Status s = CheckReadUserData(user_data); !s.ok()) return s;
-  if (buffer_index >= buffers_.size() || bytes > buffers_[buffer_index].size()) {
+  if (buffer_index >= buffers_.size() || buffer_offset > buffers_[buffer_index].size() ||
+      bytes > buffers_[buffer_index].size() - buffer_offset) {
     return absl::InvalidArgumentError(absl::StrCat("io_uring: fixed buffer ", buffer_index,
                                                    " of ", buffers_.size(), " cannot take ",
-                                                   bytes, " bytes"));
+                                                   bytes, " bytes at ", buffer_offset));
   }
   auto sqe = NextSqe();
   if (!sqe.ok()) return sqe.status();
-  io_uring_prep_read_fixed(*sqe, fd, buffers_[buffer_index].data(), bytes, offset,
+  io_uring_prep_read_fixed(*sqe, fd, buffers_[buffer_index].data() + buffer_offset, bytes, offset,
                            static_cast<int>(buffer_index));
   io_uring_sqe_set_data64(*sqe, user_data);
   return Submit();

@@ -55,11 +55,11 @@ class IoUringReader {
   size_t registered_buffers() const { return buffers_.size(); }
 
   // Queues and submits a read of `bytes` at `offset` of `fd` into registered buffer
-  // `buffer_index` (IORING_OP_READ_FIXED; the read lands at the buffer's start).
-  // RESOURCE_EXHAUSTED when queue_depth reads are already in flight; INVALID_ARGUMENT for a
-  // user_data with kCancelUserDataBit set.
+  // `buffer_index` at `buffer_offset` (IORING_OP_READ_FIXED). RESOURCE_EXHAUSTED when
+  // queue_depth reads are already in flight; INVALID_ARGUMENT for a user_data with
+  // kCancelUserDataBit set, or a range past the buffer's end.
   absl::Status SubmitReadFixed(int fd, uint64_t offset, uint32_t bytes, unsigned buffer_index,
-                               uint64_t user_data);
+                               uint64_t user_data, uint64_t buffer_offset = 0);
   // The same into any memory (IORING_OP_READ).
   absl::Status SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
                           uint64_t user_data);

@@ -35,6 +35,9 @@ ABSL_FLAG(std::vector<std::string>, record_mirrors, {},
           "Comma-separated directories holding identical copies of --records_dir (other drives); reads "
           "are spread over all copies");
 ABSL_FLAG(int, read_queue_depth, 8, "Record reads in flight per worker (4-8 per drive keeps tail latency low)");
+ABSL_FLAG(int, read_piece_kib, 256,
+          "Each record is read as pieces of at most this many KiB, all in flight together (drives peak with "
+          "128-256 KiB reads many deep); 0 reads a record in one read");
 ABSL_FLAG(int, bounce_buffers, 32,
           "Registered bounce buffers per worker session, one record each (pinned for GPU workers), at least "
           "--read_queue_depth: those not being read into keep recent records as an LRU cache, so an expert "
@@ -61,6 +64,10 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError("--read_queue_depth must be in [1, 256]");
   }
   // io_uring registers at most 16384 fixed buffers; far fewer already hold minutes of reads.
+  if (const int piece = absl::GetFlag(FLAGS_read_piece_kib); piece < 0 || piece > (1 << 20) || piece % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--read_piece_kib=", piece,
+                                                   ": want 0 or a multiple of 4 (O_DIRECT alignment) up to 1048576"));
+  }
   if (absl::GetFlag(FLAGS_bounce_buffers) < absl::GetFlag(FLAGS_read_queue_depth) ||
       absl::GetFlag(FLAGS_bounce_buffers) > 4096) {
     return absl::InvalidArgumentError("--bounce_buffers must be in [--read_queue_depth, 4096]");
@@ -87,6 +94,7 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   for (const std::string& mirror : absl::GetFlag(FLAGS_record_mirrors)) options.record_dirs.push_back(mirror);
   options.store.queue_depth = static_cast<unsigned>(absl::GetFlag(FLAGS_read_queue_depth));
   options.store.buffers = static_cast<unsigned>(absl::GetFlag(FLAGS_bounce_buffers));
+  options.store.read_piece_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_piece_kib)) * 1024;
   options.store.direct_io = absl::GetFlag(FLAGS_direct_io) == "off" ? DirectIo::kOff : DirectIo::kAuto;
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));

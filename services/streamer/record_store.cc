@@ -1,5 +1,6 @@
 #include "services/streamer/record_store.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -35,9 +36,24 @@ absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Create(
   if (options.queue_depth == 0) {
     return absl::InvalidArgumentError("record store: queue depth must be > 0");
   }
+  if (options.read_piece_bytes % kDirectIoAlign != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("record store: read piece of ", options.read_piece_bytes,
+                                                   " bytes is not a multiple of ", kDirectIoAlign));
+  }
+  if (options.queue_depth > kMaxRingEntries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("record store: queue depth ", options.queue_depth, " exceeds ", kMaxRingEntries));
+  }
   std::unique_ptr<RecordStore> store(new RecordStore(options, std::move(files)));
   RETURN_IF_ERROR(store->AllocateBuffers());
-  ASSIGN_OR_RETURN(store->ring_, IoUringReader::Create(options.queue_depth, store->buffers_));
+  // Pieces per record, bounded so the ring holds every piece of queue_depth records.
+  const uint64_t record = RoundUp(std::max<uint64_t>(store->files_->max_rec_bytes(), 1), kDirectIoAlign);
+  uint64_t piece = options.read_piece_bytes == 0 ? record : std::min<uint64_t>(options.read_piece_bytes, record);
+  const uint64_t max_pieces = kMaxRingEntries / options.queue_depth;
+  if ((record + piece - 1) / piece > max_pieces) piece = RoundUp((record + max_pieces - 1) / max_pieces, kDirectIoAlign);
+  store->piece_bytes_ = piece;
+  const auto entries = static_cast<unsigned>(options.queue_depth * ((record + piece - 1) / piece));
+  ASSIGN_OR_RETURN(store->ring_, IoUringReader::Create(entries, store->buffers_));
   return store;
 }
 
@@ -124,67 +140,86 @@ void RecordStore::Complete(RecordCompletion completion, bool sync) {
 }
 
 absl::Status RecordStore::Pump() {
-  while (!pending_.empty() && ring_->in_flight() < ring_->queue_depth()) {
+  while (!pending_.empty() && in_flight_.size() < options_.queue_depth) {
     const Pending p = pending_.front();
     pending_.pop_front();
     const uint64_t id = next_id_++;
     const uint64_t offset = p.file->base_offset + uint64_t{p.request.expert} * p.file->rec_bytes;
-    absl::Status submitted;
-    if (p.request.buffer_index >= 0) {
-      submitted = ring_->SubmitReadFixed(p.file->fd, offset,
-                                         static_cast<uint32_t>(p.file->rec_bytes),
-                                         static_cast<unsigned>(p.request.buffer_index), id);
-    } else {
-      submitted = ring_->SubmitRead(p.file->fd, offset, p.request.destination, id);
+    InFlight f{.tag = p.request.tag,
+               .file = p.file,
+               .expert = p.request.expert,
+               .copy = p.copy,
+               .bytes = p.file->rec_bytes,
+               .sync = p.sync};
+    // Every piece goes out now: the ring has room for all pieces of queue_depth records.
+    for (uint64_t at = 0; at < p.file->rec_bytes; at += piece_bytes_) {
+      const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(piece_bytes_, p.file->rec_bytes - at));
+      const uint64_t piece = next_id_++;
+      const absl::Status submitted =
+          p.request.buffer_index >= 0
+              ? ring_->SubmitReadFixed(p.file->fd, offset + at, bytes, static_cast<unsigned>(p.request.buffer_index),
+                                       piece, at)
+              : ring_->SubmitRead(p.file->fd, offset + at, p.request.destination.subspan(at, bytes), piece);
+      if (!submitted.ok()) {
+        // The pieces already in the ring still land; the record then completes with this error.
+        f.status = submitted;
+        break;
+      }
+      f.pieces.push_back(piece);
+      piece_owner_.emplace(piece, Piece{.record = id, .offset = at, .bytes = bytes});
     }
-    const auto issued = std::chrono::steady_clock::now();
-    const double queued = std::chrono::duration<double>(issued - p.start).count();
-    if (!submitted.ok()) {
-      Complete(RecordCompletion{.tag = p.request.tag, .status = submitted, .queued_seconds = queued,
+    f.issued = std::chrono::steady_clock::now();
+    f.queued_seconds = std::chrono::duration<double>(f.issued - p.start).count();
+    if (f.pieces.empty()) {
+      Complete(RecordCompletion{.tag = p.request.tag, .status = f.status, .queued_seconds = f.queued_seconds,
                                 .copy = p.copy},
                p.sync);
       continue;
     }
     ++reads_issued_;
-    in_flight_.emplace(id, InFlight{.tag = p.request.tag,
-                                    .file = p.file,
-                                    .expert = p.request.expert,
-                                    .copy = p.copy,
-                                    .bytes = p.file->rec_bytes,
-                                    .sync = p.sync,
-                                    .queued_seconds = queued,
-                                    .issued = issued});
+    f.pieces_left = f.pieces.size();
+    in_flight_.emplace(id, std::move(f));
   }
   return absl::OkStatus();
 }
 
 absl::Status RecordStore::Reap(const IoCompletion& io) {
-  auto it = in_flight_.find(io.user_data);
-  if (it == in_flight_.end()) {
+  const auto owner = piece_owner_.find(io.user_data);
+  if (owner == piece_owner_.end()) {
     return absl::InternalError(absl::StrCat("record store: unknown completion ", io.user_data));
   }
-  const InFlight f = it->second;
-  in_flight_.erase(it);
+  const Piece piece = owner->second;
+  piece_owner_.erase(owner);
+  auto it = in_flight_.find(piece.record);
+  if (it == in_flight_.end()) {
+    return absl::InternalError(absl::StrCat("record store: completion ", io.user_data, " of no record in flight"));
+  }
+  InFlight& f = it->second;
+  if (!io.status.ok()) {
+    if (f.status.ok()) {
+      f.status = absl::Status(io.status.code(), absl::StrCat("record store: reading expert ", f.expert, " from ",
+                                                             f.file->path, ": ", io.status.message()));
+    }
+  } else if (io.bytes != piece.bytes && f.status.ok()) {
+    f.status = absl::DataLossError(absl::StrCat("record store: short read of expert ", f.expert, " from ",
+                                                f.file->path, ": ", piece.offset + io.bytes, " of ", f.bytes,
+                                                " bytes"));
+  }
+  if (--f.pieces_left > 0) return absl::OkStatus();
   RecordCompletion c;
   c.tag = f.tag;
   c.copy = f.copy;
   c.cancelled = f.cancelled;
   c.queued_seconds = f.queued_seconds;
-  c.latency_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - f.issued).count();
-  if (!io.status.ok()) {
-    c.status = absl::Status(io.status.code(),
-                            absl::StrCat("record store: reading expert ", f.expert, " from ",
-                                         f.file->path, ": ", io.status.message()));
-  } else if (io.bytes != f.bytes) {
-    c.status = absl::DataLossError(absl::StrCat("record store: short read of expert ", f.expert,
-                                                " from ", f.file->path, ": ", io.bytes, " of ",
-                                                f.bytes, " bytes"));
-  } else {
-    c.bytes = io.bytes;
+  c.latency_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.issued).count();
+  c.status = f.status;
+  if (c.status.ok()) {
+    c.bytes = f.bytes;
     ++reads_per_copy_[f.copy];
   }
-  Complete(std::move(c), f.sync);
+  const bool sync = f.sync;
+  in_flight_.erase(it);
+  Complete(std::move(c), sync);
   return Pump();
 }
 
@@ -211,11 +246,15 @@ absl::StatusOr<CancelOutcome> RecordStore::Cancel(uint64_t tag) {
   }
   if (oldest != in_flight_.end()) {
     oldest->second.cancelled = true;
-    // If the kernel cannot be asked, the read lands as usual, still marked cancelled, and the
-    // owner discards it: the outcome is the same as a cancel the kernel declined.
-    if (absl::Status s = ring_->Cancel(oldest->first); !s.ok()) {
-      spdlog::warn("record store: cancel of the read of expert {} from {} not submitted: {}",
-                   oldest->second.expert, oldest->second.file->path, s.ToString());
+    // Each piece still in the ring is asked to stop. If the kernel cannot be asked, the piece
+    // lands as usual and the record, still marked cancelled, is discarded by its owner: the
+    // outcome is the same as a cancel the kernel declined.
+    for (uint64_t piece : oldest->second.pieces) {
+      if (!piece_owner_.contains(piece)) continue;  // landed already
+      if (absl::Status s = ring_->Cancel(piece); !s.ok()) {
+        spdlog::warn("record store: cancel of the read of expert {} from {} not submitted: {}",
+                     oldest->second.expert, oldest->second.file->path, s.ToString());
+      }
     }
     return CancelOutcome::kInFlight;
   }

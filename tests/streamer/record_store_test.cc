@@ -250,6 +250,60 @@ TEST_F(RecordStoreTest, ManyConcurrentSubmissionsAtQueueDepthTwoAndEight) {
   }
 }
 
+// A record read as several pieces (RecordStoreOptions::read_piece_bytes: here 4 KiB of a 12 KiB
+// record, 3 reads in the ring per record) lands whole, into registered buffers and into caller
+// memory alike, and counts as one read of the disk per record.
+TEST_F(RecordStoreTest, RecordsReadInPiecesLandWhole) {
+  for (const bool fixed : {false, true}) {
+    SCOPED_TRACE(fixed ? "registered buffers" : "caller memory");
+    auto store = RecordStore::Open({*dir_}, {.queue_depth = 2, .read_piece_bytes = 4096, .buffers = 2,
+                                             .verify_hashes = false});
+    ASSERT_THAT(store.status(), IsOk());
+    EXPECT_EQ((*store)->piece_bytes(), 4096u);
+    const std::vector<Key> keys = AllRecords();
+    std::vector<std::unique_ptr<AlignedBuffer>> memory;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint64_t rec = *(*store)->RecordBytes(keys[i].rank, keys[i].layer);
+      ASSERT_GT(rec, 4096u) << "the test wants records of several pieces";
+      memory.push_back(std::make_unique<AlignedBuffer>(rec));
+      ReadRequest request{.rank = keys[i].rank, .layer = keys[i].layer, .expert = keys[i].expert, .tag = i};
+      if (fixed) {
+        request.buffer_index = static_cast<int>(i % 2);
+      } else {
+        request.destination = memory.back()->span();
+      }
+      ASSERT_THAT((*store)->Submit(request), IsOk());
+      // Registered buffers are reused: one record per buffer at a time.
+      while (fixed && (*store)->outstanding() >= 2) {
+        auto done = (*store)->Wait();
+        ASSERT_THAT(done.status(), IsOk());
+        ASSERT_THAT(done->status, IsOk());
+        const auto& want = Expected(keys[done->tag]);
+        EXPECT_EQ(done->bytes, want.size());
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), (*store)->Buffer(done->tag % 2).data())) << done->tag;
+      }
+    }
+    while ((*store)->outstanding() > 0) {
+      auto done = (*store)->Wait();
+      ASSERT_THAT(done.status(), IsOk());
+      ASSERT_THAT(done->status, IsOk());
+      const auto& want = Expected(keys[done->tag]);
+      const std::byte* got = fixed ? (*store)->Buffer(done->tag % 2).data() : memory[done->tag]->data;
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got)) << done->tag;
+    }
+    EXPECT_EQ((*store)->reads_issued(), keys.size());
+  }
+}
+
+TEST_F(RecordStoreTest, ReadPiecesMustBeAlignedAndTheRingStaysBounded) {
+  EXPECT_THAT(RecordStore::Open({*dir_}, {.read_piece_bytes = 1000}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiple of")));
+  // 4096 records in flight of 3 pieces each would need 12288 ring entries: the pieces grow.
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 4096, .read_piece_bytes = 4096});
+  ASSERT_THAT(store.status(), IsOk());
+  EXPECT_GT((*store)->piece_bytes(), 4096u);
+}
+
 TEST_F(RecordStoreTest, RegisteredBuffersReadFixed) {
   auto store = RecordStore::Open({*dir_}, {.queue_depth = 4, .buffers = 3});
   ASSERT_THAT(store.status(), IsOk());
@@ -506,8 +560,12 @@ TEST_F(RecordStoreTest, CancelledQueuedReadNeverReachesTheDisk) {
 // the kernel stopped it, OK with the whole record when it could not (an O_DIRECT read the device
 // already has). The kernel's answer to the cancel request is consumed and tallied, never
 // returned as a read.
+// Whole (one read) and in pieces (three 4 KiB reads, each asked to stop).
 TEST_F(RecordStoreTest, CancelledReadInFlightCompletesOnceMarkedCancelled) {
-  auto store = RecordStore::Open({*dir_}, {.queue_depth = 4, .buffers = 1});
+  for (const uint32_t piece : {0u, 4096u}) {
+  SCOPED_TRACE(piece);
+  const uint64_t pieces = piece == 0 ? 1 : 3;
+  auto store = RecordStore::Open({*dir_}, {.queue_depth = 4, .read_piece_bytes = piece, .buffers = 1});
   ASSERT_THAT(store.status(), IsOk());
   ASSERT_THAT((*store)->VerifyLayer(0, 4), IsOk());
   ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 4, .expert = 3, .buffer_index = 0, .tag = 5}), IsOk());
@@ -533,19 +591,20 @@ TEST_F(RecordStoreTest, CancelledReadInFlightCompletesOnceMarkedCancelled) {
     const auto& r = (*store)->cancel_results();
     return r.stopped + r.running + r.not_found + r.failed;
   };
-  for (int i = 0; i < 1000 && answered() == 0; ++i) {
+  for (int i = 0; i < 1000 && answered() < pieces; ++i) {
     auto polled = (*store)->Poll();
     ASSERT_THAT(polled.status(), IsOk());
     EXPECT_TRUE(polled->empty()) << "a cancel request's completion was returned as a read";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_EQ(answered(), 1u);
+  EXPECT_EQ(answered(), pieces);
   EXPECT_EQ((*store)->cancel_results().failed, 0u);
   // Stopped by the kernel means the read itself completed -ECANCELED.
   if ((*store)->cancel_results().stopped > 0) {
     EXPECT_FALSE(done->status.ok());
   }
   EXPECT_THAT((*store)->Cancel(5).status(), StatusIs(absl::StatusCode::kNotFound, _));
+  }
 }
 
 // A read whose completion is already waiting (here a file that fails its hash completes at
