@@ -52,8 +52,10 @@ refuses gpu-ordinal "visible" "${worker[@]}" --gpu=7
 refuses does-not-fit "does not fit on GPU 0" "${worker[@]}" --max_model_len=2000000000
 
 # NQ_CLUSTER_ARGS / NQ_SLICE_ARGS add arguments (e.g. "--only spec") to the two runs.
-python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$work/model" --out "$out" \
-  --backend cuda --reference-backend cpu ${NQ_CLUSTER_ARGS:-} || failed+=("gpu_cluster_check")
+if [[ "${NQ_CLUSTER:-1}" == 1 ]]; then
+  python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$work/model" --out "$out" \
+    --backend cuda --reference-backend cpu ${NQ_CLUSTER_ARGS:-} || failed+=("gpu_cluster_check")
+fi
 # Where a decode step's time goes (when the machine has Nsight Systems): the CUDA API calls and
 # kernels of 128 bench-decode steps, summarised.
 nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)"
@@ -96,11 +98,15 @@ fi
 # The streamer's reads into device slots against the disk's peak (bench/streamer/record_read_bench:
 # a raw O_DIRECT sweep of queue depths and block sizes, then the RecordStore copying each record
 # through CUDA IPC into a device arena a forked process exports), on a 2 GiB synthetic release.
+# NQ_READ_PIECES: the store's --read_piece_kib values to compare in the same run (0: whole records).
 if [[ -x "$work/bin/record_read_bench" && "${NQ_READ_BENCH:-1}" == 1 ]]; then
-  echo "== record_read_bench --arena=cuda_ipc"
   df -h /tmp | tail -1
-  "$work/bin/record_read_bench" --dir=/tmp/nq_rrb --megabytes=2048 --passes=2 --min_megabytes=2048 \
-    --arena=cuda_ipc 2>&1 | tail -40 | tee "$out/record_read_bench.txt" || failed+=("record_read_bench")
+  for piece in ${NQ_READ_PIECES:-256 0}; do
+    echo "== record_read_bench --arena=cuda_ipc --read_piece_kib=$piece"
+    "$work/bin/record_read_bench" --dir=/tmp/nq_rrb --megabytes=2048 --passes=2 --min_megabytes=2048 \
+      --arena=cuda_ipc --read_piece_kib="$piece" 2>&1 | tail -40 | tee "$out/record_read_bench_$piece.txt" \
+      || failed+=("record_read_bench $piece")
+  done
   rm -rf /tmp/nq_rrb
 fi
 # The run tool returns a limited number of files: the services' logs travel as one archive.
