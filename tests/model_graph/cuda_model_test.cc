@@ -59,22 +59,18 @@ TEST_P(CudaModelTest, MatchesTheReferenceLikeTheCpuBackend) {
   std::printf("[ cuda model ] %s decode: worst max|diff| %.3g\n", GetParam().c_str(), worst);
 }
 
-// A BF16 latent KV cache (issue #13) on CUDA against the CPU backend with the same cache: both
-// round the cache alike (WriteRows, bit for bit) and widen it exactly, so they agree as the F32
-// graphs do (1e-4 of max|logit|), where either differs from HF by up to 3.7e-3
-// (bf16_kv_cache_test.cc) and a glm5_tiny token may route to another expert than HF.
-TEST_P(CudaModelTest, Bf16KvCacheMatchesTheCpuBackend) {
-  const std::string dir = FixtureDir(GetParam());
+// The fixture's logits from the CPU and the CUDA backend with the same ModelOptions: a prefill of
+// all but the last 4 tokens, then those one at a time through the cache.
+void CompareBackends(const std::string& fixture, const ModelOptions& options, const char* what) {
+  const std::string dir = FixtureDir(fixture);
   const std::vector<int32_t> tokens = ReadTokens(dir);
   std::vector<float> outputs[2];
   int i = 0;
   for (const char* name : {"cpu", "cuda"}) {
     absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(name);
     ASSERT_THAT(backend, IsOk());
-    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(
-        dir, **backend, nullptr, ModelOptions{.max_tokens = 64, .kv_cache_dtype = kernels::DType::kBF16});
+    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(dir, **backend, nullptr, options);
     ASSERT_THAT(model, IsOk());
-    // A prefill of all but the last 4 tokens, then those one at a time through the cache.
     const size_t prompt = tokens.size() - 4;
     absl::StatusOr<std::vector<float>> logits = (*model)->Forward(std::span<const int32_t>(tokens).first(prompt));
     ASSERT_THAT(logits, IsOk());
@@ -87,9 +83,24 @@ TEST_P(CudaModelTest, Bf16KvCacheMatchesTheCpuBackend) {
   }
   ASSERT_EQ(outputs[0].size(), outputs[1].size());
   Comparison c = Compare(outputs[1], outputs[0], 0, static_cast<int64_t>(outputs[0].size() / tokens.size()));
-  std::printf("[ cuda model ] %s BF16 KV cache vs the CPU's: max|diff| %.3g of max|logit| %.3g\n",
-              GetParam().c_str(), c.max_abs_diff, c.max_abs_ref);
+  std::printf("[ cuda model ] %s %s vs the CPU's: max|diff| %.3g of max|logit| %.3g\n", fixture.c_str(), what,
+              c.max_abs_diff, c.max_abs_ref);
   EXPECT_TRUE(c.Within(1e-4));
+}
+
+// A BF16 latent KV cache (issue #13) on CUDA against the CPU backend with the same cache: both
+// round the cache alike (WriteRows, bit for bit) and widen it exactly, so they agree as the F32
+// graphs do (1e-4 of max|logit|), where either differs from HF by up to 3.7e-3
+// (bf16_kv_cache_test.cc) and a glm5_tiny token may route to another expert than HF.
+TEST_P(CudaModelTest, Bf16KvCacheMatchesTheCpuBackend) {
+  CompareBackends(GetParam(), ModelOptions{.max_tokens = 64, .kv_cache_dtype = kernels::DType::kBF16}, "BF16 KV cache");
+}
+
+// BF16 weight matrices (--weight_dtype bf16): both backends hold the same rounded values and
+// accumulate in fp32, so they agree as the F32 graphs do.
+TEST_P(CudaModelTest, Bf16WeightMatricesMatchTheCpuBackend) {
+  CompareBackends(GetParam(), ModelOptions{.max_tokens = 64, .tp = {}, .weight_dtype = kernels::DType::kBF16},
+                  "BF16 weight matrices");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest,
