@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs tests under AddressSanitizer + UndefinedBehaviorSanitizer (the `asan` preset: CPU backend,
+# build/asan; issue #22). By default the services' concurrent code: the worker's slot runtime,
+# stream writer and sampler (worker_test), the streamer's record store, bounce cache and slot
+# loader (streamer_test), and the slot protocol between a real streamer and worker
+# (slot_protocol_test). Any finding aborts the test that made it.
+#
+#   bash scripts/sanitize.sh                 # those three test binaries
+#   bash scripts/sanitize.sh all             # every test (hours on a 2-core machine)
+#   bash scripts/sanitize.sh TARGET...       # these test targets, all their tests
+#
+# Leak checking is off (ASAN_OPTIONS in CMakePresets.json): gRPC and Abseil keep process-wide
+# singletons that LeakSanitizer reports at exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cmake --preset asan >/dev/null
+if [[ "${1:-}" == all ]]; then
+  cmake --build --preset asan -j "$(nproc)"
+  ctest --preset asan -j "$(nproc)"
+  exit
+fi
+targets=("$@")
+((${#targets[@]})) || targets=(worker_test streamer_test slot_protocol_test)
+cmake --build --preset asan -j "$(nproc)" --target "${targets[@]}"
+for target in "${targets[@]}"; do
+  binary="$(find build/asan -type f -name "$target" -perm -u+x | head -n 1)"
+  [[ -n "$binary" ]] || { echo "sanitize.sh: no binary for $target" >&2; exit 1; }
+  echo "== $target"
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_stack_use_after_return=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$binary" --gtest_brief=1
+done
