@@ -97,4 +97,12 @@ absl::StatusOr<size_t> SlotGeometry::LayerIndex(uint32_t layer_id) const {
   return static_cast<size_t>(it - moe_layer_ids.begin());
 }
 
+absl::Status CheckArenaRange(const char* access, uint64_t offset, uint64_t size, uint64_t bytes) {
+  if (offset > bytes || size > bytes - offset) {
+    return absl::OutOfRangeError(absl::StrCat(access, " of ", size, " bytes at ", offset, " leaves the arena of ", bytes,
+                                              " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace nq

@@ -47,4 +47,9 @@ struct SlotGeometry {
   absl::StatusOr<size_t> LayerIndex(uint32_t layer_id) const;
 };
 
+// OK when [offset, offset + size) lies inside an arena of `bytes`; else OUT_OF_RANGE naming
+// `access` ("read", "write"). Every access to an arena by offset (the streamer's writes, the
+// worker's --verify_slots reads) goes through it.
+absl::Status CheckArenaRange(const char* access, uint64_t offset, uint64_t size, uint64_t bytes);
+
 }  // namespace nq

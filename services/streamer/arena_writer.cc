@@ -5,6 +5,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/shared_memory.h"
+#include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
 
 #ifdef NQ_HAVE_CUDA
@@ -14,20 +15,12 @@
 namespace nq::streamer {
 namespace {
 
-absl::Status CheckRange(uint64_t offset, size_t size, uint64_t bytes) {
-  if (offset > bytes || size > bytes - offset) {
-    return absl::OutOfRangeError(absl::StrCat("write of ", size, " bytes at ", offset, " leaves the arena of ", bytes,
-                                              " bytes"));
-  }
-  return absl::OkStatus();
-}
-
 class SharedMemoryArenaWriter final : public ArenaWriter {
  public:
   explicit SharedMemoryArenaWriter(SharedMemory memory) : memory_(std::move(memory)) {}
   uint64_t bytes() const override { return memory_.size(); }
   absl::Status Write(uint64_t offset, std::span<const std::byte> source) override {
-    RETURN_IF_ERROR(CheckRange(offset, source.size(), memory_.size()));
+    RETURN_IF_ERROR(CheckArenaRange("write", offset, source.size(), memory_.size()));
     std::memcpy(memory_.data() + offset, source.data(), source.size());
     return absl::OkStatus();
   }

@@ -3,9 +3,7 @@
 #include "absl/status/status.h"
 
 #ifdef NQ_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_util.h"
 #endif
 
 namespace nq::worker {
@@ -14,13 +12,9 @@ absl::StatusOr<GpuMemory> QueryGpuMemory(int gpu) {
 #ifdef NQ_HAVE_CUDA
   // The current device is per thread: set it on the calling thread (a metrics scrape runs on an
   // HTTP thread).
-  if (const cudaError_t error = cudaSetDevice(gpu); error != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("cudaSetDevice(", gpu, "): ", cudaGetErrorString(error)));
-  }
+  NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu));
   size_t free = 0, total = 0;
-  if (const cudaError_t error = cudaMemGetInfo(&free, &total); error != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaMemGetInfo on device ", gpu, ": ", cudaGetErrorString(error)));
-  }
+  NQ_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
   return GpuMemory{.free = free, .total = total};
 #else
   (void)gpu;

@@ -8,22 +8,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/common/shared_memory.h"
+#include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
 
 #ifdef NQ_HAVE_CUDA
+#include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/ipc_arena.h"
 #endif
 
 namespace nq::worker {
 namespace {
-
-absl::Status CheckRange(uint64_t offset, uint64_t size, uint64_t bytes) {
-  if (offset > bytes || size > bytes - offset) {
-    return absl::OutOfRangeError(absl::StrCat("read of ", size, " bytes at ", offset, " leaves the slot arena of ",
-                                              bytes, " bytes"));
-  }
-  return absl::OkStatus();
-}
 
 class HostSlotArena final : public SlotArenaMemory {
  public:
@@ -32,7 +26,7 @@ class HostSlotArena final : public SlotArenaMemory {
   std::span<const std::byte> host_view() const override { return {base(), memory_.size()}; }
   uint64_t bytes() const override { return memory_.size(); }
   absl::Status Read(uint64_t offset, std::span<std::byte> out) const override {
-    RETURN_IF_ERROR(CheckRange(offset, out.size(), bytes()));
+    RETURN_IF_ERROR(CheckArenaRange("read", offset, out.size(), bytes()));
     std::copy_n(base() + offset, out.size(), out.begin());
     return absl::OkStatus();
   }
@@ -61,14 +55,9 @@ class DeviceSlotArena final : public SlotArenaMemory {
   std::span<const std::byte> host_view() const override { return {}; }
   uint64_t bytes() const override { return arena_->bytes(); }
   absl::Status Read(uint64_t offset, std::span<std::byte> out) const override {
-    RETURN_IF_ERROR(CheckRange(offset, out.size(), bytes()));
-    if (const cudaError_t error = cudaSetDevice(gpu_); error != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("cudaSetDevice(", gpu_, "): ", cudaGetErrorString(error)));
-    }
-    if (const cudaError_t error = cudaMemcpy(out.data(), base() + offset, out.size(), cudaMemcpyDeviceToHost);
-        error != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("reading the device slot arena: ", cudaGetErrorString(error)));
-    }
+    RETURN_IF_ERROR(CheckArenaRange("read", offset, out.size(), bytes()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(gpu_));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpy(out.data(), base() + offset, out.size(), cudaMemcpyDeviceToHost));
     return absl::OkStatus();
   }
   void Describe(nq::v1::RegisterWorkerRequest& request) const override {
