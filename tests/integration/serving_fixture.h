@@ -41,6 +41,27 @@ class ServingTest : public ClusterTest {
   // `worker_flags` are added to (and override) the worker's defaults.
   void StartCluster(std::vector<std::string> router_flags = {}, bool streamed = false,
                     std::vector<std::string> worker_extra = {}) {
+    router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
+    // NewPorts hands out ports free when asked; a test process running beside this one may
+    // bind one before our service does. A service that says so is restarted on fresh ports;
+    // any other failure to serve fails the test.
+    for (int attempt = 1;; ++attempt) {
+      StartClusterOnce(router_flags, streamed, worker_extra);
+      if (WaitServing(router_ports_.grpc, std::chrono::seconds(60))) return;
+      const std::string logs = streamer_->Log() + worker_->Log() + router_->Log();
+      if (attempt == 3 || logs.find("the address is in use") == std::string::npos) {
+        FAIL() << "the cluster did not serve:\n" << router_->Log() << worker_->Log();
+      }
+      for (std::optional<ChildProcess>* child : {&router_, &worker_, &streamer_}) {
+        (*child)->Signal(SIGKILL);
+        (void)(*child)->WaitForExit(std::chrono::seconds(10));
+        child->reset();
+      }
+    }
+  }
+
+  void StartClusterOnce(const std::vector<std::string>& router_flags, bool streamed,
+                        const std::vector<std::string>& worker_extra) {
     streamer_ports_ = NewPorts();
     worker_ports_ = NewPorts();
     router_ports_ = NewPorts();
@@ -55,9 +76,7 @@ class ServingTest : public ClusterTest {
     }
     worker_flags.insert(worker_flags.end(), worker_extra.begin(), worker_extra.end());
     worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, worker_flags));
-    router_flags.push_back("--tokenizer=" + *model_dir_ + "/tokenizer.json");
     router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));
-    ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(60))) << router_->Log() << worker_->Log();
   }
 
   void TearDown() override {
