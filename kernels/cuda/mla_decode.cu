@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "services/common/status_macros.h"
@@ -537,17 +538,7 @@ __global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constan
 template <typename... Args>
 absl::Status LaunchDependent(void (*kernel)(Args...), dim3 grid, int threads, std::size_t smem,
                              const LaunchContext& ctx, const char* name, const SplitArgs& a) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = ctx.stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  NQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, a));
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(kernel, grid, dim3(static_cast<unsigned>(threads)), smem, ctx, a));
   return CheckLaunch(name);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/nq_moe_gemv.cuh"
 #include "kernels/cuda/nq_moe_vector.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -79,7 +80,9 @@ __device__ __forceinline__ const float* ExpertGains(const NqMoeParams& p, const 
 // against one serial chain of column-scale loads per block instead of 2K.
 // Both preparation kernels let the GEMV that follows launch at once (griddepcontrol): its
 // blocks build their plans and start their code copies while these run, then wait for them.
-__device__ __forceinline__ void LetTheGemvStart() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ __forceinline__ void LetTheGemvStart() { LetDependentsLaunch(); }
+
+__device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
   extern __shared__ float chunk[];
@@ -91,6 +94,11 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
   float* out = g.zero + static_cast<std::int64_t>(a) * g.zero_width;
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < g.zero_width; i += gridDim.y * blockDim.x) out[i] = 0.0f;
   if (e < 0 || e >= g.p.num_experts) return;
+  // The column scales are read after the rotation: start pulling them into L2 now.
+  for (int i = threadIdx.x; i < n && g.p.codec != NqCodec::kTrellis; i += blockDim.x) {
+    PrefetchL2(g.proj[0].col_scales + std::int64_t{e} * D + c0 + i);
+    PrefetchL2(g.proj[1].col_scales + std::int64_t{e} * D + c0 + i);
+  }
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = g.p.x[t * D + c0 + i] * g.p.input.signs[c0 + i];
   __syncthreads();
   BlockFwht(chunk, n, n);
@@ -107,12 +115,19 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
 
 // grid (A, I / n), n = the larger of the two intermediate Hadamard blocks: g and u unrotated,
 // silu(g) * u rotated for down_proj, the down input written.
+// Launched as a programmatic dependent of the gate/up GEMV (LaunchProgrammaticDependent): the
+// launch overlaps the GEMV's end, the column scales this block will need are pulled into L2
+// meanwhile, and nothing the GEMV writes is read before griddepcontrol.wait.
 __global__ void __launch_bounds__(kVectorMaxThreads) NqSwigluPrepKernel(const __grid_constant__ PrepParams g,
                                                                      const float* hg, int n) {
   extern __shared__ float chunk[];  // [2n]: gate then up
   LetTheGemvStart();
   const int I = g.cols, a = blockIdx.x, c0 = blockIdx.y * n;
   const int e = g.p.expert_ids[a];
+  if (e >= 0 && e < g.p.num_experts && g.p.codec != NqCodec::kTrellis) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) PrefetchL2(g.proj[0].col_scales + std::int64_t{e} * I + c0 + i);
+  }
+  WaitForPrerequisiteGrid();
   // The down GEMV adds into its outputs: zero this assignment's, a slice per block.
   float* out = g.zero + static_cast<std::int64_t>(a) * g.zero_width;
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < g.zero_width; i += gridDim.y * blockDim.x) out[i] = 0.0f;
@@ -182,8 +197,9 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
     const std::size_t smem = 2 * n * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqSwigluPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
-    NqSwigluPrepKernel<<<dim3(static_cast<unsigned>(T * K), static_cast<unsigned>(I / n)), ChunkThreads(n), smem,
-                         ctx.stream>>>(prep, v.hg, n);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(NqSwigluPrepKernel,
+                                                dim3(static_cast<unsigned>(T * K), static_cast<unsigned>(I / n)),
+                                                ChunkThreads(n), smem, ctx, prep, static_cast<const float*>(v.hg), n));
     RETURN_IF_ERROR(CheckLaunch("NqSwigluPrepKernel"));
   }
   RETURN_IF_ERROR(LaunchNqGemv({.p = p,

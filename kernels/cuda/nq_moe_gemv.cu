@@ -1,5 +1,6 @@
 #include "kernels/cuda/nq_moe_gemv.cuh"
 
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/trellis_tile.cuh"
@@ -84,14 +85,15 @@ __device__ __forceinline__ std::uint32_t Word(const uint4& v, int q) {
 }
 
 // The four MMAs of one word position: pairs p and p + 4 of rows g (lo) and g + 8 (hi) are the A
-// fragment, the word's input pairs p and p + 4 the B fragment; two accumulators alternate so
-// consecutive MMAs do not wait on each other.
+// fragment, the word's input pairs p and p + 4 the B fragment (adjacent in the lane's two 16-byte
+// input loads, NqGemvInputIndex); two accumulators alternate so consecutive MMAs do not wait on
+// each other.
 __device__ __forceinline__ void MmaWord(float (&acc)[2][4], const __half2 (&lo)[kPairsPerWord],
-                                        const __half2 (&hi)[kPairsPerWord], const uint4& xa, const uint4& xb) {
-  Mma16816(acc[0], lo[0], hi[0], lo[4], hi[4], xa.x, xb.x);
-  Mma16816(acc[1], lo[1], hi[1], lo[5], hi[5], xa.y, xb.y);
-  Mma16816(acc[0], lo[2], hi[2], lo[6], hi[6], xa.z, xb.z);
-  Mma16816(acc[1], lo[3], hi[3], lo[7], hi[7], xa.w, xb.w);
+                                        const __half2 (&hi)[kPairsPerWord], const uint4& x0, const uint4& x1) {
+  Mma16816(acc[0], lo[0], hi[0], lo[4], hi[4], x0.x, x0.y);
+  Mma16816(acc[1], lo[1], hi[1], lo[5], hi[5], x0.z, x0.w);
+  Mma16816(acc[0], lo[2], hi[2], lo[6], hi[6], x1.x, x1.y);
+  Mma16816(acc[1], lo[3], hi[3], lo[7], hi[7], x1.z, x1.w);
 }
 
 // The plan: unit u is the u-th assignment (in order) whose expert no earlier assignment names.
@@ -150,8 +152,11 @@ struct Tile {
   int row0 = 0;
   bool four_bit = false;
   const std::uint32_t* codes[kPlanes][kRows] = {};  // [plane][row]; the residual's null at 2 bits
-  const __half* x = nullptr;                        // null when the lane has no token
-  std::int64_t x_plane_stride = 0;                  // halves between a trellis vector's planes
+  // The inputs of the lane's token. A lane whose MMA column has no token reads the unit's first
+  // token: column n of an MMA's result depends on column n of its B fragment alone, and those
+  // columns are never stored, so every lane loads without a branch.
+  const __half* x = nullptr;
+  std::int64_t x_plane_stride = 0;  // halves between a trellis vector's planes
 };
 
 template <bool kTrellis>
@@ -185,11 +190,10 @@ __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, 
     t.codes[0][h] = base + offset;
     t.codes[1][h] = residual != nullptr ? residual + offset : nullptr;
   }
-  if (grp < u.n_tok) {
-    const int planes = kTrellis ? 2 : 1;
-    t.x_plane_stride = NqGemvPaddedCols(g.cols);
-    t.x = g.xh + (static_cast<std::int64_t>(u.tok_a[grp]) * g.num_proj + t.proj) * planes * t.x_plane_stride;
-  }
+  const int planes = kTrellis ? 2 : 1;
+  t.x_plane_stride = NqGemvPaddedCols(g.cols);
+  const int a = u.tok_a[grp < u.n_tok ? grp : 0];
+  t.x = g.xh + (static_cast<std::int64_t>(a) * g.num_proj + t.proj) * planes * t.x_plane_stride;
   return t;
 }
 
@@ -205,11 +209,10 @@ __device__ __forceinline__ void TrellisStep(float (&acc)[2][4], const std::uint3
   const std::int64_t padded_offset = static_cast<std::int64_t>(step * 4 + quad_lane) * kTiles * 4;  // halves
   const int planes = ct.four_bit ? 2 : 1;
   for (int plane = 0; plane < planes; ++plane) {
-    const uint4* xv = ct.x != nullptr ? reinterpret_cast<const uint4*>(ct.x + plane * ct.x_plane_stride + padded_offset)
-                                      : nullptr;
+    const uint4* xv = reinterpret_cast<const uint4*>(ct.x + plane * ct.x_plane_stride + padded_offset);
 #pragma unroll
     for (int k2 = 0; k2 < kTiles / 2; ++k2) {
-      const uint4 b = xv != nullptr ? __ldg(xv + k2) : make_uint4(0, 0, 0, 0);
+      const uint4 b = __ldg(xv + k2);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
         const int k = 2 * k2 + t;
@@ -225,7 +228,9 @@ __device__ __forceinline__ void TrellisStep(float (&acc)[2][4], const std::uint3
 // ordered (unit, projection, 16-row tile), 256-input steps within a tile. A share is at least one
 // tile long, so a tile is split between at most two warps and each output gets at most two
 // atomic additions onto zero (a + b == b + a in fp32: the result does not depend on timing).
-template <bool kWide, bool kTrellis>
+// kFull: rows are whole steps (cols % 256 == 0, as at every real model's shapes), so every copy
+// reads 16 bytes and needs no bounds arithmetic.
+template <bool kWide, bool kTrellis, bool kFull>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __grid_constant__ NqGemvParams g) {
   extern __shared__ __align__(16) uint4 ring[];  // [kWarps][kStages][kPlanes][kRows][kWarpSize]
   __shared__ Plan plan;
@@ -254,7 +259,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   auto issue = [&](int stage) {
     if (issued < end) {
       int w0, valid;
-      if constexpr (kTrellis) {
+      if constexpr (kFull && !kTrellis) {
+        w0 = issue_step * kNqStepWords;
+        valid = kWordsPerLane;
+      } else if constexpr (kTrellis) {
         w0 = issue_step * kNqStepWords * kMmaRows;  // 16 tiles of 16 words
         valid = 0;                                  // (per half below)
       } else {
@@ -330,7 +338,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   // Launched as a programmatic dependent of the preparation kernel (Launch below): everything
   // above (the plan, the first code copies, the level tables) overlaps it; the inputs it writes
   // and the outputs it zeroes are touched only after this wait.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  WaitForPrerequisiteGrid();
+  // The kernel after this one (SwiGLU preparation, or the combine) is a programmatic dependent
+  // too: let it launch now, so its launch latency hides behind this GEMV; it waits for all of it.
+  LetDependentsLaunch();
 
   int stage = 0;
   for (int idx = begin; idx < end; ++idx) {
@@ -343,18 +354,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
       __syncwarp();  // and every lane's copies of this step have landed before any lane reads them
       TrellisStep(acc, reinterpret_cast<const std::uint32_t*>(warp_ring + stage * kStageStride), ct, step, lane);
     } else {
-    // The step's inputs (B fragments; zeros for lanes without a token) straight from global
-    // memory (L1/L2: every tile of the vector reads them), before the wait so they are in flight.
+    // The step's inputs (B fragments) straight from global memory (L1/L2: every tile of the
+    // vector reads them), before the wait so they are in flight.
     uint4 xa[kWordsPerLane], xb[kWordsPerLane];
+    const uint4* xv = reinterpret_cast<const uint4*>(ct.x + (step * kNqStepWords + quad_lane) * kCodesPerWord);
 #pragma unroll
     for (int q = 0; q < kWordsPerLane; ++q) {
-      xa[q] = xb[q] = make_uint4(0, 0, 0, 0);
-      if (ct.x != nullptr) {
-        const uint4* xv =
-            reinterpret_cast<const uint4*>(ct.x + (step * kNqStepWords + 4 * q + quad_lane) * kCodesPerWord);
-        xa[q] = __ldg(xv);
-        xb[q] = __ldg(xv + 1);
-      }
+      xa[q] = __ldg(xv + 8 * q);
+      xb[q] = __ldg(xv + 8 * q + 1);
     }
     WaitCopies<kStages - 1>();  // this step's codes have landed
     const uint4* src = my_ring + stage * kStageStride;
@@ -390,27 +397,19 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   }
 }
 
-template <bool kWide, bool kTrellis>
+template <bool kWide, bool kTrellis, bool kFull = false>
 absl::Status Launch(const NqGemvParams& g, const LaunchContext& ctx) {
   int device = 0, sms = 0;
   NQ_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   NQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::size_t smem = static_cast<std::size_t>(kWarps) * kRingUint4PerWarp * sizeof(uint4);
-  NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqGemvKernel<kWide, kTrellis>,
+  NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqGemvKernel<kWide, kTrellis, kFull>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // Programmatic dependent launch: the kernel may start while the preparation kernel before it
   // runs (that kernel signals at its start), and waits for its results in-kernel.
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(sms * kBlocksPerSm));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = ctx.stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  NQ_CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, NqGemvKernel<kWide, kTrellis>, g));
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvKernel<kWide, kTrellis, kFull>,
+                                              dim3(static_cast<unsigned>(sms * kBlocksPerSm)), dim3(kThreads), smem,
+                                              ctx, g));
   return CheckLaunch("NqGemvKernel");
 }
 
@@ -426,6 +425,7 @@ absl::Status LaunchNqGemv(const NqGemvParams& g, const LaunchContext& ctx) {
     }
     return Launch<true, true>(g, ctx);
   }
+  if (g.cols % kNqStepCodes == 0) return Launch<true, false, true>(g, ctx);
   if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true, false>(g, ctx);
   return Launch<false, false>(g, ctx);
 }

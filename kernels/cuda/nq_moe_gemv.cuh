@@ -35,11 +35,16 @@ __host__ __device__ __forceinline__ int NqGemvPaddedCols(int cols) {
 }
 
 // Where input c of a vector goes: word w = c / 16 of step s = w / 16 is the q-th word of lane
-// j's load (w % 16 = 4 j + q) and is stored as word 4 q + j of the step, its codes in pair order.
+// j's load (w % 16 = 4 j + q) and is stored as word 4 q + j of the step. Within it, the pairs
+// of the word's pair order (PairSlot) are stored as 0 4 1 5 2 6 3 7: the MMA of pair position
+// p < 4 takes pairs p and p + 4 as its B fragment, which then sit in two adjacent registers
+// of the lane's 16-byte loads (no moves before the MMA).
+__host__ __device__ __forceinline__ int NqGemvPairPosition(int pair) { return pair < 4 ? 2 * pair : 2 * (pair - 4) + 1; }
 __host__ __device__ __forceinline__ int NqGemvInputIndex(int c) {
   const int w = c / kCodesPerWord, in_step = w % kNqStepWords;
   const int stored = (w - in_step) + (in_step % 4) * 4 + in_step / 4;
-  return stored * kCodesPerWord + PairSlot(c % kCodesPerWord);
+  const int slot = PairSlot(c % kCodesPerWord);
+  return stored * kCodesPerWord + 2 * NqGemvPairPosition(slot / 2) + slot % 2;
 }
 
 // trellis_v1 (kernels/cuda/trellis_tile.cuh): a step is 16 tiles (16 rows x 16 columns each) of

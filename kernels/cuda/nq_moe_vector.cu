@@ -1,5 +1,6 @@
 #include "kernels/cuda/nq_moe_vector.cuh"
 
+#include "kernels/cuda/launch_dependent.cuh"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
@@ -63,9 +64,11 @@ __global__ void __launch_bounds__(kChunkThreads) NqRotateOutputKernel(const __gr
   RotateOutBlock(p, smem, t, n, i0);
 }
 
+// Launched as a programmatic dependent of the down GEMV (its launch overlaps the GEMV's end).
 __global__ void __launch_bounds__(kChunkThreads) NqCombineKernel(const __grid_constant__ NqVectorParams v) {
   // One Hadamard block of one token per CUDA block.
   extern __shared__ float smem[];
+  WaitForPrerequisiteGrid();
   const int D = static_cast<int>(v.p.hidden), K = static_cast<int>(v.p.top_k), t = blockIdx.x;
   const int n = static_cast<int>(v.p.down_rows.block), i0 = blockIdx.y * n;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -120,7 +123,7 @@ absl::Status LaunchNqCombine(const NqVectorParams& v, const LaunchContext& ctx) 
   const std::size_t smem = v.p.down_rows.block * sizeof(float);
   RETURN_IF_ERROR(SetSmem(reinterpret_cast<const void*>(NqCombineKernel), smem));
   const dim3 grid(static_cast<unsigned>(v.p.tokens), static_cast<unsigned>(v.p.hidden / v.p.down_rows.block));
-  NqCombineKernel<<<grid, kChunkThreads, smem, ctx.stream>>>(v);
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqCombineKernel, grid, dim3(kChunkThreads), smem, ctx, v));
   return CheckLaunch("NqCombineKernel");
 }
 
