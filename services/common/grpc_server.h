@@ -25,6 +25,8 @@ struct GrpcServerOptions {
   std::vector<std::string> health_service_names;
   // Largest message accepted (routing reports of a big model can be a few MB).
   int max_receive_message_bytes = 64 << 20;
+  // How callers are authenticated (internal_tls.h); null listens in plain text.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
 class GrpcServer {

@@ -12,6 +12,7 @@
 #include "services/common/flag_checks.h"
 #include "services/common/grpc_server.h"
 #include "services/common/http_server.h"
+#include "services/common/internal_tls.h"
 #include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
@@ -77,13 +78,17 @@ absl::Status Run(ShutdownSignal& shutdown) {
   std::atomic<bool> draining{false};
   GrpcServer* grpc_server_ptr = nullptr;
   absl::Mutex serving_mu;
-  WorkerConnection worker(absl::GetFlag(FLAGS_worker_address),
-                          Millis(absl::GetFlag(FLAGS_worker_poll_interval_s)), [&](bool ready) {
-                            absl::MutexLock lock(&serving_mu);
-                            if (grpc_server_ptr != nullptr && !draining) {
-                              grpc_server_ptr->SetServing(ready);
-                            }
-                          });
+  // The router dials the leader worker with the cluster's mutual TLS when it is configured.
+  ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  WorkerConnection worker(
+      absl::GetFlag(FLAGS_worker_address), Millis(absl::GetFlag(FLAGS_worker_poll_interval_s)),
+      [&](bool ready) {
+        absl::MutexLock lock(&serving_mu);
+        if (grpc_server_ptr != nullptr && !draining) {
+          grpc_server_ptr->SetServing(ready);
+        }
+      },
+      tls);
   metrics::Registry& registry = metrics::Registry::Default();
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   if (const std::string path = absl::GetFlag(FLAGS_tokenizer); !path.empty()) {

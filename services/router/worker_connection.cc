@@ -17,11 +17,12 @@ constexpr std::chrono::milliseconds kPollDeadline{1000};
 }  // namespace
 
 WorkerConnection::WorkerConnection(std::string address, std::chrono::milliseconds poll_interval,
-                                   std::function<void(bool)> on_ready_change)
+                                   std::function<void(bool)> on_ready_change,
+                                   std::shared_ptr<const InternalTls> tls)
     : address_(std::move(address)),
       poll_interval_(poll_interval),
       on_ready_change_(std::move(on_ready_change)),
-      channel_(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials())),
+      channel_(InternalChannel(address_, tls.get())),
       stub_(nq::v1::Worker::NewStub(channel_)),
       ready_gauge_(metrics::Registry::Default()
                        .Gauge("nq_router_worker_ready",

@@ -11,6 +11,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "services/common/internal_tls.h"
+
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/worker.grpc.pb.h"
 #include "services/common/metrics/registry.h"
@@ -21,7 +23,8 @@ class WorkerConnection {
  public:
   // `on_ready_change(ready)` runs on the watcher thread whenever readiness flips.
   WorkerConnection(std::string address, std::chrono::milliseconds poll_interval,
-                   std::function<void(bool)> on_ready_change);
+                   std::function<void(bool)> on_ready_change,
+                   std::shared_ptr<const InternalTls> tls = nullptr);
   ~WorkerConnection();
   WorkerConnection(const WorkerConnection&) = delete;
   WorkerConnection& operator=(const WorkerConnection&) = delete;

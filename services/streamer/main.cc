@@ -17,6 +17,7 @@
 #include "services/common/flag_checks.h"
 #include "services/common/grpc_server.h"
 #include "services/common/http_server.h"
+#include "services/common/internal_tls.h"
 #include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
@@ -25,9 +26,14 @@
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on (gRPC and /metrics); a non-loopback address needs mutual TLS (--tls_ca, --tls_cert, "
+          "--tls_key) or --allow_plaintext_internal");
 ABSL_FLAG(int, grpc_port, 8200, "nq.v1.Streamer gRPC port (workers -> streamer)");
 ABSL_FLAG(int, metrics_port, 8201, "HTTP port for /metrics and /health");
+ABSL_FLAG(std::string, metrics_host, "",
+          "Address for /metrics and /health (default: --host); e.g. 0.0.0.0 for scrapes and probes from other hosts "
+          "while gRPC stays on loopback");
 ABSL_FLAG(std::string, records_dir, "",
           "NestQuant release directory to stream records from (empty: none yet; every expert "
           "runs at 2 bits)");
@@ -115,16 +121,22 @@ absl::Status Run(ShutdownSignal& shutdown) {
   ASSIGN_OR_RETURN(std::optional<SlotLoaderOptions> loader_options, LoaderOptionsFromFlags(&release_id));
   WorkerRegistry workers(registry, release_id);
   StreamerService service(&workers, registry, std::move(loader_options));
+  ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   InternalServerCredentials("nq-streamer", absl::GetFlag(FLAGS_host), tls.get(),
+                                             absl::GetFlag(FLAGS_allow_plaintext_internal)));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
                        .port = absl::GetFlag(FLAGS_grpc_port),
                        .services = {&service},
                        .health_service_names = {"nq.v1.Streamer"},
+                       .credentials = std::move(credentials),
                    }));
   ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http_server,
                    HttpServer::Start(HttpServerOptions{
-                       .host = absl::GetFlag(FLAGS_host),
+                       .host = absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host)
+                                                                         : absl::GetFlag(FLAGS_metrics_host),
                        .port = absl::GetFlag(FLAGS_metrics_port),
                        .add_routes =
                            [&](httplib::Server& server) {

@@ -14,6 +14,7 @@
 #include <grpcpp/grpcpp.h>
 #include "kernels/backend.h"
 #include "nq/v1/worker.grpc.pb.h"
+#include "services/common/internal_tls.h"
 #include "services/common/status_grpc.h"
 #include "services/common/status_macros.h"
 #include "services/format/release_reader.h"
@@ -77,7 +78,9 @@ std::atomic<bool> interrupted{false};
 // tokens, `seconds`, or Ctrl-C; writes whatever was recorded.
 absl::Status RecordTraceFromWorker(const std::string& address, const std::string& out, int64_t max_tokens,
                                    double seconds) {
-  auto stub = nq::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  // A worker behind mutual TLS takes the same --tls_ca/--tls_cert/--tls_key as the services.
+  ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  auto stub = nq::v1::Worker::NewStub(InternalChannel(address, tls.get()));
   nq::v1::WorkerInfo info;
   {
     grpc::ClientContext context;

@@ -23,6 +23,7 @@
 #include "services/common/flag_checks.h"
 #include "services/common/grpc_server.h"
 #include "services/common/http_server.h"
+#include "services/common/internal_tls.h"
 #include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
@@ -40,9 +41,14 @@
 #include "services/worker/streamer_client.h"
 #include "services/worker/worker_service.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on");
+ABSL_FLAG(std::string, host, "127.0.0.1",
+          "Address to listen on (gRPC and /metrics); a non-loopback address needs mutual TLS (--tls_ca, --tls_cert, "
+          "--tls_key) or --allow_plaintext_internal");
 ABSL_FLAG(int, grpc_port, 8100, "nq.v1.Worker gRPC port (router -> leader worker)");
 ABSL_FLAG(int, metrics_port, 8101, "HTTP port for /metrics and /health");
+ABSL_FLAG(std::string, metrics_host, "",
+          "Address for /metrics and /health (default: --host); e.g. 0.0.0.0 for scrapes and probes from other hosts "
+          "while gRPC stays on loopback");
 ABSL_FLAG(std::string, streamer_address, "127.0.0.1:8200", "host:port of nq-streamer");
 ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker");
 ABSL_FLAG(int, world_size, 1, "Tensor-parallel world size");
@@ -368,16 +374,22 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                  ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")
                                                  : std::string("off"));
   }
+  ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   InternalServerCredentials("nq-worker", absl::GetFlag(FLAGS_host), tls.get(),
+                                             absl::GetFlag(FLAGS_allow_plaintext_internal)));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
                        .port = absl::GetFlag(FLAGS_grpc_port),
                        .services = {&service},
                        .health_service_names = {"nq.v1.Worker"},
+                       .credentials = std::move(credentials),
                    }));
   ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http_server,
                    HttpServer::Start(HttpServerOptions{
-                       .host = absl::GetFlag(FLAGS_host),
+                       .host = absl::GetFlag(FLAGS_metrics_host).empty() ? absl::GetFlag(FLAGS_host)
+                                                                         : absl::GetFlag(FLAGS_metrics_host),
                        .port = absl::GetFlag(FLAGS_metrics_port),
                        .add_routes =
                            [&](httplib::Server& server) {
@@ -391,6 +403,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
 
   StreamerClientOptions client_options;
   client_options.address = absl::GetFlag(FLAGS_streamer_address);
+  client_options.tls = tls;
   client_options.rank = static_cast<uint32_t>(rank);
   client_options.world_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size));
   client_options.arena_request.set_pid(static_cast<uint32_t>(getpid()));

@@ -7,12 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/logging.h"
 #include "services/common/status_grpc.h"
+#include "services/common/internal_tls.h"
 #include "services/common/status_macros.h"
 
 namespace nq::worker {
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const InternalTls* tls) {
   grpc::ChannelArguments args;
   // The session is a long-lived stream without a deadline; keepalive pings are what notice
   // a streamer that vanished without closing its socket.
@@ -23,7 +24,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return InternalChannel(address, tls, args);
 }
 
 }  // namespace
@@ -33,7 +34,7 @@ StreamerClient::StreamerClient(StreamerClientOptions options, SlotRuntime* runti
     : options_(std::move(options)),
       runtime_(runtime),
       on_connection_change_(std::move(on_connection_change)),
-      channel_(MakeChannel(options_.address)),
+      channel_(MakeChannel(options_.address, options_.tls.get())),
       stub_(nq::v1::Streamer::NewStub(channel_)),
       connected_gauge_(metrics::Registry::Default()
                            .Gauge("nq_worker_streamer_connected",

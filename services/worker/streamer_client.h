@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.grpc.pb.h"
+#include "services/common/internal_tls.h"
 #include "services/common/metrics/registry.h"
 #include "services/worker/slot_runtime.h"
 
@@ -23,6 +24,7 @@ namespace nq::worker {
 
 struct StreamerClientOptions {
   std::string address;  // host:port of nq-streamer
+  std::shared_ptr<const InternalTls> tls;  // mutual TLS to the streamer; null: plain text
   uint32_t rank = 0;
   uint32_t world_size = 1;
   std::string release_id;

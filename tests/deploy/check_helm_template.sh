@@ -30,7 +30,29 @@ if grep -q 'nvidia.com/gpu:' "$work/cpu.yaml"; then
   echo "worker.backend=cpu still requests GPUs" >&2
   exit 1
 fi
-node "$here/check_flags.mjs" "$2" "$3" "$4" "$work/default.yaml" "$work/2gpu.yaml"
+# Mutual TLS between router and workers (values internalTls): the secret is mounted and named in
+# the flags of the router and of every worker; without it the workers say they run plain text.
+"$helm" template nq "$chart" --namespace serving --values "$chart/ci/values-2gpu.yaml" \
+  --set internalTls.secretName=nq-internal-tls >"$work/tls.yaml"
+node "$here/check_manifests.mjs" "$NQ_ROOT" "$work/tls.yaml" 2 \
+  ServiceAccount=1 Service=2 Deployment=2 ConfigMap=1 NetworkPolicy=1 ServiceMonitor=1 PrometheusRule=1
+[[ $(grep -c -- '--tls_cert=/etc/nestquant/tls/tls.crt' "$work/tls.yaml") == 3 ]] || {
+  echo "internalTls.secretName: expected the TLS flags on the router and both workers" >&2
+  exit 1
+}
+[[ $(grep -c 'secretName: nq-internal-tls' "$work/tls.yaml") == 2 ]] || {
+  echo "internalTls.secretName: expected the secret as a volume of the router and the engine pods" >&2
+  exit 1
+}
+if grep -q -- '--allow_plaintext_internal' "$work/tls.yaml"; then
+  echo "internalTls.secretName set, yet a worker still allows plain text" >&2
+  exit 1
+fi
+[[ $(grep -c -- '--allow_plaintext_internal' "$work/2gpu.yaml") == 2 ]] || {
+  echo "without internalTls the workers must say --allow_plaintext_internal" >&2
+  exit 1
+}
+node "$here/check_flags.mjs" "$2" "$3" "$4" "$work/default.yaml" "$work/2gpu.yaml" "$work/tls.yaml"
 
 # Bad values are refused at render time, naming the value.
 expect_refused() {

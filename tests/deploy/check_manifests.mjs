@@ -77,20 +77,25 @@ const podsOf = (selector) =>
 const containerPorts = (deployment) =>
   deployment.spec.template.spec.containers.flatMap((c) => c.ports ?? []);
 
-// Container rules: non-root, read-only root, gRPC health probes on a declared port.
+// Container rules: non-root, read-only root, health probes on a declared port: gRPC health, or
+// HTTP /health (which mirrors it) where the gRPC port is loopback-only or needs a client
+// certificate kubelet cannot present.
 for (const d of byKind("Deployment")) {
   const pod = d.spec.template.spec;
   if (pod.securityContext?.runAsNonRoot !== true) fail(`${d.metadata.name}: pod may run as root`);
   if (pod.automountServiceAccountToken !== false) fail(`${d.metadata.name}: mounts a service account token`);
-  const declared = new Set(containerPorts(d).map((p) => p.containerPort));
+  const declared = new Set(containerPorts(d).flatMap((p) => [p.containerPort, p.name].filter((v) => v !== undefined)));
   for (const c of pod.containers) {
     const where = `${d.metadata.name}/${c.name}`;
     if (c.securityContext?.readOnlyRootFilesystem !== true) fail(`${where}: writable root filesystem`);
     if (c.securityContext?.allowPrivilegeEscalation !== false) fail(`${where}: privilege escalation allowed`);
     for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
-      const port = c[probe]?.grpc?.port;
-      if (port === undefined) fail(`${where}: no gRPC ${probe}`);
-      else if (!declared.has(port)) fail(`${where}: ${probe} on undeclared port ${port}`);
+      const grpcPort = c[probe]?.grpc?.port;
+      const http = c[probe]?.httpGet;
+      if (grpcPort === undefined && http === undefined) fail(`${where}: no gRPC or HTTP /health ${probe}`);
+      else if (http !== undefined && http.path !== "/health") fail(`${where}: ${probe} on ${http.path}, not /health`);
+      const port = grpcPort ?? http.port;
+      if (port !== undefined && !declared.has(port)) fail(`${where}: ${probe} on undeclared port ${port}`);
     }
     for (const p of c.ports ?? []) {
       if (p.name && p.name.length > 15) fail(`${where}: port name ${p.name} longer than 15 characters`);

@@ -88,3 +88,34 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail "values: worker.backend must be cuda or cpu" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Internal gRPC between the router and the workers (values internalTls): the mutual-TLS flags
+when a secret is given, else the explicit plain-text switch.
+*/}}
+{{- define "nestquant.internalTlsArgs" -}}
+{{- if .Values.internalTls.secretName }}
+- --tls_ca=/etc/nestquant/tls/ca.crt
+- --tls_cert=/etc/nestquant/tls/tls.crt
+- --tls_key=/etc/nestquant/tls/tls.key
+{{- else }}
+- --allow_plaintext_internal
+{{- end }}
+{{- end }}
+
+{{- define "nestquant.internalTlsMount" -}}
+{{- if .Values.internalTls.secretName }}
+- name: internal-tls
+  mountPath: /etc/nestquant/tls
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "nestquant.internalTlsVolume" -}}
+{{- if .Values.internalTls.secretName }}
+- name: internal-tls
+  secret:
+    secretName: {{ .Values.internalTls.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
