@@ -91,8 +91,12 @@ grpc::Status StreamerService::Session(
   }
   const nq::v1::SessionHello hello = message.hello();
   const std::string& worker_id = hello.worker_id();
-  absl::StatusOr<std::shared_ptr<RegisteredWorker>> worker = registry_->OpenSession(worker_id);
+  // A later registration of this rank (the worker reconnecting, or restarted) ends this
+  // session through the cancel hook; ours then closes before that one's loader starts.
+  absl::StatusOr<std::shared_ptr<RegisteredWorker>> worker =
+      registry_->OpenSession(worker_id, [context] { context->TryCancel(); });
   if (!worker.ok()) return ToGrpcStatus(worker.status());
+  const uint32_t rank = (*worker)->rank;
   sessions_active_.Increment();
   spdlog::info("session of worker {} open ({} READY slots, applied generation {})", worker_id,
                hello.ready_slots_size(), hello.applied_generation());
@@ -109,7 +113,7 @@ grpc::Status StreamerService::Session(
                   loader.status().ToString());
     worker->reset();
     sessions_active_.Decrement();
-    registry_->CloseSession(worker_id);
+    registry_->CloseSession(worker_id, rank);
     return ToGrpcStatus(Annotate(loader.status(), "streamer slot loader"));
   }
 
@@ -134,7 +138,7 @@ grpc::Status StreamerService::Session(
   loader->reset();
   worker->reset();
   sessions_active_.Decrement();
-  registry_->CloseSession(worker_id);
+  registry_->CloseSession(worker_id, rank);
   return context->IsCancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled")
                                 : grpc::Status::OK;
 }

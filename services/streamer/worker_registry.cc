@@ -85,8 +85,11 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   }
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (it->second->rank == request.rank()) {
-      spdlog::info("rank {} registered again: dropping its earlier registration {}", request.rank(),
-                   it->first);
+      spdlog::info("rank {} registered again: dropping its earlier registration {}{}", request.rank(), it->first,
+                   it->second->session_active ? " and ending its session" : "");
+      // Its loader may still be writing the arena (the same one, when the same process
+      // reconnects): end the session now; the new session waits for it (OpenSession).
+      if (it->second->session_active && it->second->cancel_session) it->second->cancel_session();
       it = workers_.erase(it);
     } else {
       ++it;
@@ -103,7 +106,9 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   return id;
 }
 
-absl::StatusOr<std::shared_ptr<RegisteredWorker>> WorkerRegistry::OpenSession(const std::string& worker_id) {
+absl::StatusOr<std::shared_ptr<RegisteredWorker>> WorkerRegistry::OpenSession(const std::string& worker_id,
+                                                                             std::function<void()> cancel_session,
+                                                                             absl::Duration wait) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
@@ -113,14 +118,38 @@ absl::StatusOr<std::shared_ptr<RegisteredWorker>> WorkerRegistry::OpenSession(co
   if (it->second->session_active) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " already has a session"));
   }
+  // One session per rank writes its arena: a replaced registration's session was cancelled by
+  // Register, and this one starts once that one has closed.
+  const uint32_t rank = it->second->rank;
+  const auto no_other_session = [this, rank]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto open = open_sessions_.find(rank);
+    return open == open_sessions_.end() || open->second == 0;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&no_other_session), wait)) {
+    return absl::UnavailableError(absl::StrCat("rank ", rank, "'s earlier session is still stopping its loader after ",
+                                               absl::FormatDuration(wait), "; retry"));
+  }
+  it = workers_.find(worker_id);  // the lock was released while waiting
+  if (it == workers_.end() || it->second->session_active) {
+    return absl::AbortedError(absl::StrCat("worker ", worker_id, " registered again while its session waited"));
+  }
   it->second->session_active = true;
+  it->second->cancel_session = std::move(cancel_session);
+  ++open_sessions_[rank];
   return it->second;
 }
 
-void WorkerRegistry::CloseSession(const std::string& worker_id) {
+int WorkerRegistry::OpenSessions(uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto open = open_sessions_.find(rank);
+  return open == open_sessions_.end() ? 0 : open->second;
+}
+
+void WorkerRegistry::CloseSession(const std::string& worker_id, uint32_t rank) {
   std::shared_ptr<RegisteredWorker> dropped;
   {
     absl::MutexLock lock(&mu_);
+    if (auto open = open_sessions_.find(rank); open != open_sessions_.end() && open->second > 0) --open->second;
     auto it = workers_.find(worker_id);
     if (it == workers_.end()) return;
     dropped = std::move(it->second);

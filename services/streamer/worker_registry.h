@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/slot_geometry.h"
@@ -27,6 +29,8 @@ struct RegisteredWorker {
   SlotGeometry geometry;
   std::unique_ptr<ArenaWriter> arena;  // the streamer writes only FREE slots
   bool session_active = false;
+  // Ends the session (its loader stops before the session closes); set by OpenSession.
+  std::function<void()> cancel_session;
 };
 
 class WorkerRegistry {
@@ -36,15 +40,24 @@ class WorkerRegistry {
   explicit WorkerRegistry(metrics::Registry& metrics, std::string release_id = "");
 
   // Validates the request, maps the arena, and records the worker under a fresh id,
-  // replacing an earlier registration of the same rank (a restarted worker). ALREADY_EXISTS
-  // when another live process on the same host holds that rank with an open session.
+  // replacing an earlier registration of the same rank (a restarted or reconnecting worker).
+  // ALREADY_EXISTS when another live process on the same host holds that rank with an open
+  // session. A replaced registration's open session is cancelled (cancel_session): the arena
+  // may be the same one, and two loaders must never write it at once.
   absl::StatusOr<std::string> Register(const nq::v1::RegisterWorkerRequest& request);
   // Marks the session of `worker_id` active and returns the worker, which stays alive (arena
-  // mapped) while the caller holds it, even if the rank registers again meanwhile. NOT_FOUND
-  // for an unknown id, FAILED_PRECONDITION when it already has a session.
-  absl::StatusOr<std::shared_ptr<RegisteredWorker>> OpenSession(const std::string& worker_id);
-  // The session ended: drop the worker and unmap its arena.
-  void CloseSession(const std::string& worker_id);
+  // mapped) while the caller holds it, even if the rank registers again meanwhile. Waits up
+  // to `wait` for an earlier session of the same rank to close (its loader stopped) first.
+  // NOT_FOUND for an unknown id, FAILED_PRECONDITION when it already has a session,
+  // UNAVAILABLE when the earlier session is still closing after `wait` (retry).
+  absl::StatusOr<std::shared_ptr<RegisteredWorker>> OpenSession(
+      const std::string& worker_id, std::function<void()> cancel_session = nullptr,
+      absl::Duration wait = absl::Seconds(10));
+  // The session ended (its loader stopped): drop the worker and unmap its arena, and let a
+  // waiting session of the same rank start.
+  void CloseSession(const std::string& worker_id, uint32_t rank);
+  // Sessions open now for `rank` (a replaced one counts until it closes).
+  int OpenSessions(uint32_t rank) const;
   size_t size() const;
   // Whether a worker with this id is registered (tests and status).
   bool Contains(const std::string& worker_id) const;
@@ -54,6 +67,7 @@ class WorkerRegistry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<RegisteredWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, int> open_sessions_ ABSL_GUARDED_BY(mu_);  // by rank, until CloseSession
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   const std::string release_id_;
   metrics::Gauge& workers_gauge_;

@@ -3,6 +3,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -54,7 +58,7 @@ TEST_F(WorkerRegistryTest, RegistersMapsAndReleases) {
   EXPECT_THAT(metrics_.Serialize(), HasSubstr("nq_streamer_workers_registered 1"));
   EXPECT_THAT(registry_.OpenSession(*id), IsOk());
   EXPECT_THAT(registry_.OpenSession(*id), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already")));
-  registry_.CloseSession(*id);
+  registry_.CloseSession(*id, 0);
   EXPECT_FALSE(registry_.Contains(*id));
   EXPECT_THAT(metrics_.Serialize(), HasSubstr("nq_streamer_workers_registered 0"));
   EXPECT_THAT(registry_.OpenSession(*id), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register first")));
@@ -113,6 +117,38 @@ TEST_F(WorkerRegistryTest, ASecondLiveProcessCannotTakeARankWithASession) {
   EXPECT_EQ(registry_.size(), 1u);
 }
 
+// A reconnecting worker registers again while its old session is still open: the old session
+// is told to end, and the new one may not start (its loader would write the same arena) until
+// the old one has closed.
+TEST_F(WorkerRegistryTest, ARegistrationAgainEndsTheOldSessionBeforeTheNewOneStarts) {
+  SharedMemory first_arena, second_arena;
+  absl::StatusOr<std::string> first = registry_.Register(MakeRequest(0, &first_arena, getpid()));
+  ASSERT_THAT(first, IsOk());
+  std::atomic<int> cancels{0};
+  ASSERT_THAT(registry_.OpenSession(*first, [&] { ++cancels; }), IsOk());
+  EXPECT_EQ(registry_.OpenSessions(0), 1);
+
+  absl::StatusOr<std::string> second = registry_.Register(MakeRequest(0, &second_arena, getpid()));
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(cancels.load(), 1) << "the old session was not told to end";
+  // The old session has not closed yet: the new one waits, then gives up with a retryable error.
+  EXPECT_THAT(registry_.OpenSession(*second, nullptr, absl::Milliseconds(100)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("still stopping")));
+  // Once the old session closes (on its own thread, as the service does), the new one opens.
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    registry_.CloseSession(*first, 0);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(registry_.OpenSession(*second, nullptr, absl::Seconds(10)), IsOk());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(150)) << "it did not wait";
+  closer.join();
+  EXPECT_EQ(registry_.OpenSessions(0), 1);
+  EXPECT_TRUE(registry_.Contains(*second));
+  registry_.CloseSession(*second, 0);
+  EXPECT_EQ(registry_.OpenSessions(0), 0);
+}
+
 TEST_F(WorkerRegistryTest, AWorkerServingAnotherReleaseIsRefused) {
   metrics::Registry metrics;
   WorkerRegistry with_release(metrics, "abc123");
@@ -138,7 +174,7 @@ TEST_F(WorkerRegistryTest, DeadWorkersArenaNameIsRemoved) {
   absl::StatusOr<std::string> id = registry_.Register(request);
   ASSERT_THAT(id, IsOk());
   ASSERT_THAT(registry_.OpenSession(*id), IsOk());
-  registry_.CloseSession(*id);
+  registry_.CloseSession(*id, 0);
   EXPECT_THAT(SharedMemory::Open(name, request.shm().bytes()), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
 }
 
