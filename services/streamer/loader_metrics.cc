@@ -43,6 +43,11 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
                                    "record failed its hash or read, never announced)",
                                    {"result"}).WithLabels({"ready"})),
       loads_failed(registry.Counter("nq_streamer_slot_loads_total", "", {"result"}).WithLabels({"failed"})),
+      read_errors(registry.Counter("nq_streamer_read_errors_total",
+                                   "Record reads that failed, by reason (io_error: the drive returned an error; "
+                                   "short_read: fewer bytes than the record; hash: its file failed its sha256; "
+                                   "submit: the read could not be queued); each leaves its expert at 2 bits",
+                                   {"reason"})),
       unmaps(registry.Counter("nq_streamer_slot_unmaps_total", "Slots the streamer asked a worker to unmap").Get()),
       refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
                                          "Time of one predictor refresh (score, plan)",

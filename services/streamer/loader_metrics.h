@@ -23,6 +23,8 @@ struct LoaderMetrics {
   metrics::Histogram& unmap_ack_latency;
   metrics::Counter& loads_ready;
   metrics::Counter& loads_failed;
+  // Failed record reads by reason: io_error, short_read, hash, submit (RecordCompletion::failure).
+  metrics::CounterFamily& read_errors;
   metrics::Counter& unmaps;
   metrics::Histogram& refresh_seconds;
   metrics::Counter& calls_4bit;

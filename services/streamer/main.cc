@@ -22,6 +22,7 @@
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/status_macros.h"
+#include "services/streamer/read_faults.h"
 #include "services/streamer/record_files.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
@@ -49,6 +50,9 @@ ABSL_FLAG(int, bounce_buffers, 32,
           "--read_queue_depth: those not being read into keep recent records as an LRU cache, so an expert "
           "evicted and wanted again is copied into its slot without a disk read");
 ABSL_FLAG(std::string, direct_io, "auto", "auto: O_DIRECT, buffered with a warning where refused; off: buffered");
+ABSL_FLAG(std::string, inject_read_faults, "",
+          "Tests and drills only: disk faults injected into record reads, e.g. eio=0.05,short=0.02,seed=7 (a "
+          "probability per record read); failed records are never copied into slots and their experts stay at 2 bits");
 ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
 ABSL_FLAG(double, hysteresis, 2.0, "Score margin a challenger needs to evict a resident expert");
 ABSL_FLAG(double, drain_timeout_s, 10, "On SIGTERM, seconds to let sessions close");
@@ -102,6 +106,11 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   options.store.buffers = static_cast<unsigned>(absl::GetFlag(FLAGS_bounce_buffers));
   options.store.read_piece_bytes = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_piece_kib)) * 1024;
   options.store.direct_io = absl::GetFlag(FLAGS_direct_io) == "off" ? DirectIo::kOff : DirectIo::kAuto;
+  ASSIGN_OR_RETURN(options.store.faults, ParseReadFaults(absl::GetFlag(FLAGS_inject_read_faults)));
+  if (options.store.faults.any()) {
+    spdlog::warn("injecting disk faults into record reads (--inject_read_faults={}): a drill, not for serving",
+                 absl::GetFlag(FLAGS_inject_read_faults));
+  }
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
   // Opened once, now, so a bad release fails the start, not the first session; every

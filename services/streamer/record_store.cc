@@ -122,7 +122,7 @@ absl::Status RecordStore::Enqueue(const ReadRequest& request, bool sync) {
   if (options_.verify_hashes) {
     absl::Status verified = files_->Verify(file);
     if (!verified.ok()) {
-      Complete(RecordCompletion{.tag = request.tag, .status = verified, .copy = copy}, sync);
+      Complete(RecordCompletion{.tag = request.tag, .status = verified, .failure = "hash", .copy = copy}, sync);
       return absl::OkStatus();
     }
   }
@@ -150,7 +150,8 @@ absl::Status RecordStore::Pump() {
                .expert = p.request.expert,
                .copy = p.copy,
                .bytes = p.file->rec_bytes,
-               .sync = p.sync};
+               .sync = p.sync,
+               .injected = options_.faults.any() ? faults_.Next() : ReadFault::kNone};
     // Every piece goes out now: the ring has room for all pieces of queue_depth records.
     for (uint64_t at = 0; at < p.file->rec_bytes; at += piece_bytes_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(piece_bytes_, p.file->rec_bytes - at));
@@ -163,6 +164,7 @@ absl::Status RecordStore::Pump() {
       if (!submitted.ok()) {
         // The pieces already in the ring still land; the record then completes with this error.
         f.status = submitted;
+        f.failure = "submit";
         break;
       }
       f.pieces.push_back(piece);
@@ -195,15 +197,25 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
     return absl::InternalError(absl::StrCat("record store: completion ", io.user_data, " of no record in flight"));
   }
   InFlight& f = it->second;
-  if (!io.status.ok()) {
+  // An injected fault turns this completion into what a failing drive returns.
+  IoCompletion landed = io;
+  if (f.injected == ReadFault::kIoError && landed.status.ok()) {
+    landed.status = absl::Status(absl::StatusCode::kUnknown, "Input/output error (injected)");
+  } else if (f.injected == ReadFault::kShortRead && landed.status.ok()) {
+    landed.bytes = piece.bytes / 2;
+  }
+  f.injected = ReadFault::kNone;
+  if (!landed.status.ok()) {
     if (f.status.ok()) {
-      f.status = absl::Status(io.status.code(), absl::StrCat("record store: reading expert ", f.expert, " from ",
-                                                             f.file->path, ": ", io.status.message()));
+      f.status = absl::Status(landed.status.code(), absl::StrCat("record store: reading expert ", f.expert, " from ",
+                                                                 f.file->path, ": ", landed.status.message()));
+      f.failure = "io_error";
     }
-  } else if (io.bytes != piece.bytes && f.status.ok()) {
+  } else if (landed.bytes != piece.bytes && f.status.ok()) {
     f.status = absl::DataLossError(absl::StrCat("record store: short read of expert ", f.expert, " from ",
-                                                f.file->path, ": ", piece.offset + io.bytes, " of ", f.bytes,
+                                                f.file->path, ": ", piece.offset + landed.bytes, " of ", f.bytes,
                                                 " bytes"));
+    f.failure = "short_read";
   }
   if (--f.pieces_left > 0) return absl::OkStatus();
   RecordCompletion c;
@@ -213,6 +225,7 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
   c.queued_seconds = f.queued_seconds;
   c.latency_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.issued).count();
   c.status = f.status;
+  c.failure = f.failure;
   if (c.status.ok()) {
     c.bytes = f.bytes;
     ++reads_per_copy_[f.copy];

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "services/format/release_reader.h"
 #include "services/streamer/io_uring_reader.h"
+#include "services/streamer/read_faults.h"
 #include "services/streamer/record_files.h"
 
 namespace nq::streamer {
@@ -63,6 +64,8 @@ struct RecordStoreOptions {
   DirectIo direct_io = DirectIo::kAuto;
   // Hash a layer file (once per RecordFiles) before its first read is allowed to complete OK.
   bool verify_hashes = true;
+  // Disk faults to inject into the reads (read_faults.h); none by default.
+  ReadFaults faults;
 };
 
 struct ReadRequest {
@@ -81,6 +84,8 @@ struct RecordCompletion {
   // DATA_LOSS for a layer file that fails its hash or a short read; CANCELLED for a read
   // cancelled before it landed. OK means the whole record landed and its file's hash matched.
   absl::Status status;
+  // Why a read failed, for the metrics: "io_error", "short_read", "hash", "submit" ("" if OK).
+  std::string failure;
   // Issue to landing: from the read's submission to the ring to its completion being reaped
   // (0 for a read that never reached the ring).
   double latency_seconds = 0;
@@ -178,6 +183,8 @@ class RecordStore {
     std::vector<uint64_t> pieces;
     size_t pieces_left = 0;
     absl::Status status;  // the first piece's failure (or a piece that could not be submitted)
+    std::string failure;  // RecordCompletion::failure
+    ReadFault injected = ReadFault::kNone;  // applied to the first piece reaped
   };
   struct Piece {
     uint64_t record = 0;  // key of in_flight_
@@ -193,7 +200,7 @@ class RecordStore {
   };
 
   RecordStore(RecordStoreOptions options, std::shared_ptr<const RecordFiles> files)
-      : options_(options), files_(std::move(files)), reads_per_copy_(files_->copies(), 0) {}
+      : options_(options), faults_(options.faults), files_(std::move(files)), reads_per_copy_(files_->copies(), 0) {}
   absl::Status AllocateBuffers();
   absl::Status Enqueue(const ReadRequest& request, bool sync);
   void Complete(RecordCompletion completion, bool sync);
@@ -201,6 +208,7 @@ class RecordStore {
   absl::Status Reap(const IoCompletion& io);
 
   RecordStoreOptions options_;
+  ReadFaultInjector faults_;
   const std::shared_ptr<const RecordFiles> files_;
   std::vector<uint64_t> reads_per_copy_;
   std::unique_ptr<IoUringReader> ring_;

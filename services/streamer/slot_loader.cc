@@ -590,6 +590,7 @@ void SlotLoader::Reap() {
       (void)allocator_.Release(read.layer_index, read.slot);
       failed_.insert({read.want.layer, read.want.expert});
       metrics_->loads_failed.Increment();
+      metrics_->read_errors.WithLabels({completion.failure.empty() ? "other" : completion.failure}).Increment();
       {
         absl::MutexLock lock(&mu_);
         ++stats_.loads_failed;

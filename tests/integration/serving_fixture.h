@@ -153,8 +153,12 @@ class ServingTest : public ClusterTest {
 
   std::vector<std::string> StreamerFlags(bool streamed) {
     if (!streamed) return {};
-    return {"--records_dir=" + *model_dir_ + "/release", "--read_budget=8"};
+    std::vector<std::string> flags = {"--records_dir=" + *model_dir_ + "/release", "--read_budget=8"};
+    flags.insert(flags.end(), streamer_extra_.begin(), streamer_extra_.end());
+    return flags;
   }
+  // Added to the streamer's flags of a streamed cluster (set before StartCluster).
+  std::vector<std::string> streamer_extra_;
 
   static std::string* model_dir_;
   ServicePorts streamer_ports_, worker_ports_, router_ports_;

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "services/format/release_writer.h"
 #include "services/model/safetensors_writer.h"
 #include "services/streamer/event_fd.h"
@@ -293,6 +294,62 @@ TEST_F(RecordStoreTest, RecordsReadInPiecesLandWhole) {
     }
     EXPECT_EQ((*store)->reads_issued(), keys.size());
   }
+}
+
+// Injected disk faults (read_faults.h) take the store's real error paths: an EIO read and a
+// short read complete with an error and say why, and never hand out bytes as a record; with
+// both at probability 0.3 over every record, some of each happen and the rest land intact.
+TEST_F(RecordStoreTest, InjectedDiskFaultsFailTheirReadsAndSayWhy) {
+  auto store = RecordStore::Open(
+      {*dir_}, {.queue_depth = 4, .read_piece_bytes = 4096, .faults = {.eio = 0.3, .short_read = 0.3, .seed = 11}});
+  ASSERT_THAT(store.status(), IsOk());
+  std::map<std::string, int> outcomes;
+  for (int round = 0; round < 4; ++round) {
+    for (const Key& k : AllRecords()) {
+      AlignedBuffer out(Expected(k).size());
+      const absl::Status read = (*store)->ReadRecord(k.rank, k.layer, k.expert, out.span());
+      if (read.ok()) {
+        ++outcomes["ok"];
+        EXPECT_TRUE(std::equal(Expected(k).begin(), Expected(k).end(), out.data));
+      } else if (absl::StrContains(read.message(), "Input/output error (injected)")) {
+        ++outcomes["io_error"];
+      } else {
+        EXPECT_EQ(read.code(), absl::StatusCode::kDataLoss) << read;
+        EXPECT_THAT(read.message(), HasSubstr("short read of expert"));
+        ++outcomes["short_read"];
+      }
+    }
+  }
+  EXPECT_GT(outcomes["ok"], 0);
+  EXPECT_GT(outcomes["io_error"], 0);
+  EXPECT_GT(outcomes["short_read"], 0);
+
+  // The completion names the reason the metrics count.
+  auto always = RecordStore::Open({*dir_}, {.faults = {.eio = 1.0}});
+  ASSERT_THAT(always.status(), IsOk());
+  const Key k = AllRecords().front();
+  AlignedBuffer out(Expected(k).size());
+  ASSERT_THAT((*always)->Submit({.rank = k.rank, .layer = k.layer, .expert = k.expert, .destination = out.span(),
+                                 .tag = 5}),
+              IsOk());
+  absl::StatusOr<RecordCompletion> done = (*always)->Wait();
+  ASSERT_THAT(done.status(), IsOk());
+  EXPECT_FALSE(done->status.ok());
+  EXPECT_EQ(done->failure, "io_error");
+  EXPECT_EQ(done->bytes, 0u);
+}
+
+TEST(ReadFaultsTest, ParsesProbabilitiesAndRefusesNonsense) {
+  absl::StatusOr<ReadFaults> faults = ParseReadFaults("short=0.25,eio=0.5,seed=9");
+  ASSERT_THAT(faults.status(), IsOk());
+  EXPECT_EQ(faults->eio, 0.5);
+  EXPECT_EQ(faults->short_read, 0.25);
+  EXPECT_EQ(faults->seed, 9u);
+  EXPECT_FALSE(ParseReadFaults("")->any());
+  EXPECT_THAT(ParseReadFaults("eio=1.5").status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eio=1.5")));
+  EXPECT_THAT(ParseReadFaults("slow=0.1").status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slow")));
+  EXPECT_THAT(ParseReadFaults("seed=x").status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("seed")));
+  EXPECT_THAT(ParseReadFaults("eio").status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("eio")));
 }
 
 TEST_F(RecordStoreTest, ReadPiecesMustBeAlignedAndTheRingStaysBounded) {
