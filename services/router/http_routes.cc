@@ -312,6 +312,15 @@ void AddRouterRoutes(httplib::Server& server, HttpRoutesConfig config) {
   auto shared = std::make_shared<HttpRoutesConfig>(std::move(config));
   AddHealthRoute(server, shared->serving);
   AddMetricsRoute(server, metrics::Registry::Default());
+  // Every answer of the API by status code (after the response is written, streams included):
+  // with nq_requests_rejected_total and nq_request_success_total, /metrics accounts for every
+  // request a client sent. Scrapes and health checks are left out.
+  metrics::CounterFamily& responses = metrics::Registry::Default().Counter(
+      "nq_http_responses_total", "Responses of the OpenAI-compatible API, by HTTP status code", {"code"});
+  server.set_logger([&responses](const httplib::Request& request, const httplib::Response& response) {
+    if (request.path == "/metrics" || request.path == "/health") return;
+    responses.WithLabels({std::to_string(response.status)}).Increment();
+  });
 
   server.Get("/v1/models", [shared](const httplib::Request& request, httplib::Response& response) {
     Route route{shared.get(), {}};
