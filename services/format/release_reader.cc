@@ -1,7 +1,10 @@
 #include "services/format/release_reader.h"
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -177,6 +180,54 @@ absl::StatusOr<std::vector<std::byte>> Release::ReadRecord(uint32_t rank, uint32
 }
 
 VerifyReport Release::Verify() const {
+  VerifyReport report = VerifyListedFiles();
+  for (const RankIndex& index : indexes_) {
+    for (const LayerEntry& e : index.layers) {
+      for (const FileRange* range : {&e.records, &e.resident}) {
+        std::string problem = HashProblem(Path(range->file), *range, range->whole_file());
+        if (!problem.empty()) {
+          report.differences.push_back({index.rank, e.layer, range->file, std::move(problem)});
+        }
+      }
+    }
+  }
+  return report;
+}
+
+VerifyReport Release::VerifyForServing(uint32_t rank, int threads) const {
+  VerifyReport report = VerifyListedFiles();
+  const RankIndex* index = nullptr;
+  for (const RankIndex& i : indexes_) {
+    if (i.rank == rank) index = &i;
+  }
+  if (index == nullptr) {
+    report.differences.push_back({rank, std::nullopt, RankIndexFile(rank), "missing: no index for this rank"});
+    return report;
+  }
+  // Resident files are hashed whole, a layer per thread (SHA-256 runs at 1-2 GB/s a core; a
+  // large model's resident bases are tens to hundreds of GB).
+  std::vector<std::string> problems(index->layers.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < index->layers.size(); i = next.fetch_add(1)) {
+      const FileRange& r = index->layers[i].resident;
+      problems[i] = HashProblem(Path(r.file), r, r.whole_file());
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t workers = std::min<size_t>(std::max(threads, 1), index->layers.size());
+  for (size_t t = 1; t < workers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (!problems[i].empty()) {
+      report.differences.push_back({rank, index->layers[i].layer, index->layers[i].resident.file, problems[i]});
+    }
+  }
+  return report;
+}
+
+VerifyReport Release::VerifyListedFiles() const {
   VerifyReport report;
   for (const CompleteEntry& c : complete_) {
     // Layer files are checked below against their index (which COMPLETE agrees with).
@@ -196,16 +247,6 @@ VerifyReport Release::Verify() const {
       report.differences.push_back(
           {rank, std::nullopt, c.path,
            sha.ok() ? "sha256 differs" : std::string(sha.status().message())});
-    }
-  }
-  for (const RankIndex& index : indexes_) {
-    for (const LayerEntry& e : index.layers) {
-      for (const FileRange* range : {&e.records, &e.resident}) {
-        std::string problem = HashProblem(Path(range->file), *range, range->whole_file());
-        if (!problem.empty()) {
-          report.differences.push_back({index.rank, e.layer, range->file, std::move(problem)});
-        }
-      }
     }
   }
   return report;

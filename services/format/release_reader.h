@@ -76,9 +76,16 @@ class Release {
   // resident file against its index. A file that cannot be read is a difference, not an
   // error.
   VerifyReport Verify() const;
+  // What serving rank `rank` trusts at load: manifest.json and the rank indexes against
+  // COMPLETE, and every resident file of the rank against its index (hashed whole, on up to
+  // `threads` threads). Record files are left to the streamer, which hashes each layer file
+  // before the first record of it becomes READY.
+  VerifyReport VerifyForServing(uint32_t rank, int threads) const;
 
  private:
   std::string Path(const std::string& relative) const;
+  // manifest.json and the rank indexes against COMPLETE.
+  VerifyReport VerifyListedFiles() const;
 
   std::string dir_;
   Manifest manifest_;

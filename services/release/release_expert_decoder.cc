@@ -1,6 +1,7 @@
 #include "services/release/release_expert_decoder.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tensor_io.h"
@@ -13,8 +14,17 @@ namespace nq::release {
 absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> ReleaseExpertDecoder::Open(const std::string& release_dir,
                                                                                  const std::string& model_dir,
                                                                                  const model::ModelConfig& config,
-                                                                                 model::TensorParallel tp) {
+                                                                                 model::TensorParallel tp,
+                                                                                 bool verify) {
   ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
+  if (verify) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const format::VerifyReport report = release.VerifyForServing(static_cast<uint32_t>(tp.rank), static_cast<int>(cores));
+    if (!report.ok()) {
+      return absl::DataLossError(absl::StrCat("release ", release_dir, " fails its checksums (run nq verify; ",
+                                              "re-copy or re-encode the files named):\n", report.ToString()));
+    }
+  }
   format::ModelIdentity identity;
   // The manifest's config hash is the sha256 of the exact config.json bytes (nq encode).
   ASSIGN_OR_RETURN(identity.config_hash, format::Sha256File(model_dir + "/config.json"));

@@ -38,10 +38,13 @@ class ReleaseExpertDecoder {
   // Opens `release_dir` (refused without COMPLETE) and checks it was made from this model:
   // config hash of `model_dir`/config.json, TP size, MoE layers and experts
   // (FAILED_PRECONDITION naming the mismatch).
+  // `verify`: hash manifest, rank indexes and this rank's resident files first
+  // (format::Release::VerifyForServing); DATA_LOSS naming every file that differs. Serving
+  // never trusts bytes it did not check: records are checked by the streamer as it reads them.
   static absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> Open(const std::string& release_dir,
                                                                     const std::string& model_dir,
                                                                     const model::ModelConfig& config,
-                                                                    model::TensorParallel tp);
+                                                                    model::TensorParallel tp, bool verify = true);
 
   const format::Release& release() const { return release_; }
   const std::vector<uint32_t>& moe_layer_ids() const { return moe_layer_ids_; }

@@ -62,6 +62,9 @@ ABSL_FLAG(std::string, expert_bits, "dynamic",
           "With --release: 'dynamic' (2-bit base; an expert runs at 4 bits while the streamer holds its residual "
           "in a READY slot), or a static choice without streaming: 2, 4, or 'fixed' (the manifest's fixed set at "
           "4 bits, the rest at 2)");
+ABSL_FLAG(bool, verify_release, true,
+          "Hash the release's manifest, rank index and this rank's resident files before serving them (all cores; "
+          "refuses a release whose bytes differ). Off only for a release just checked with nq verify");
 ABSL_FLAG(int, slot_wait_tokens, 0,
           "During a request's first N steps, a step may wait for loads the streamer announced (0: never wait)");
 ABSL_FLAG(double, slot_wait_ms, 20, "Longest wait per step for announced loads (with --slot_wait_tokens)");
@@ -224,7 +227,8 @@ absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std:
   uint64_t arena_bytes = 0;
   if (!release_dir.empty()) {
     absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> opened =
-        release::ReleaseExpertDecoder::Open(release_dir, model_dir, config, options.tp);
+        release::ReleaseExpertDecoder::Open(release_dir, model_dir, config, options.tp,
+                                            absl::GetFlag(FLAGS_verify_release));
     if (!opened.ok()) return Annotate(opened.status(), "release " + release_dir);
     decoder = *std::move(opened);
     if (streaming) {

@@ -226,6 +226,47 @@ TEST_F(ReleaseEncoderTest, TrellisReleaseNamesItsCodecAndServesBothLevels) {
   EXPECT_LT(e4, 0.085);
 }
 
+// Serving checks what it loads: one flipped byte in a resident file, or in the manifest, and
+// the decoder (the worker's and nq kld's way in) refuses the release, naming the file.
+TEST_F(ReleaseEncoderTest, DecoderRefusesAReleaseWhoseBytesDifferFromItsChecksums) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
+  std::ifstream config_in(model_dir + "/config.json");
+  std::stringstream text;
+  text << config_in.rdbuf();
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  ASSERT_THAT(config, IsOk());
+  ASSERT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}), IsOk());
+
+  absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+  ASSERT_THAT(release, IsOk());
+  const format::FileRange& resident = release->indexes()[0].layers.back().resident;
+  const std::string path = release_dir + "/" + resident.file;
+  auto flip = [](const std::string& file, std::streamoff at) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  };
+  flip(path, static_cast<std::streamoff>(resident.bytes / 2));
+  EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(resident.file), HasSubstr("sha256 differs"))));
+  EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}, /*verify=*/false), IsOk());
+  flip(path, static_cast<std::streamoff>(resident.bytes / 2));  // back as it was
+  ASSERT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}), IsOk());
+  // A manifest edited by hand (still valid JSON, its sha256 no longer the one COMPLETE lists).
+  const std::string manifest_path = release_dir + "/" + format::kManifestFile;
+  std::ifstream manifest_in(manifest_path);
+  nlohmann::json manifest = nlohmann::json::parse(manifest_in);
+  manifest_in.close();
+  manifest["source_model"] = "someone/else";
+  std::ofstream(manifest_path) << manifest.dump(2);
+  EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(format::kManifestFile)));
+}
+
 TEST_F(ReleaseEncoderTest, DecoderRefusesACodecThisBuildLacks) {
   const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
   ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
@@ -241,7 +282,9 @@ TEST_F(ReleaseEncoderTest, DecoderRefusesACodecThisBuildLacks) {
   text << config_in.rdbuf();
   absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
   ASSERT_THAT(config, IsOk());
-  EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}),
+  // verify off: a newer build's release would carry a COMPLETE that matches its manifest; here
+  // only the codec refusal is under test.
+  EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}, /*verify=*/false),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("coded with 'trellis_v9'"), HasSubstr("cannot decode"),
                              HasSubstr("known: nested_scalar_v1, trellis_v1"))));
