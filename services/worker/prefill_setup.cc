@@ -1,0 +1,44 @@
+#include "services/worker/prefill_setup.h"
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace nq::worker {
+
+absl::StatusOr<std::unique_ptr<PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
+                                                                 const release::ReleaseExpertDecoder* decoder,
+                                                                 kernels::Backend& backend, const PrefillFlags& flags) {
+  if (flags.expert_slots < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_expert_slots=", flags.expert_slots,
+                                                   ": want -1 (every expert), 0 (none) or a slot count"));
+  }
+  PrefillOptions options{.chunk_tokens = flags.chunk_tokens, .layer_major_min_tokens = flags.layer_major_min_tokens};
+  std::unique_ptr<PrefillExperts> experts;
+  if (model != nullptr && decoder != nullptr && flags.expert_slots != 0 && flags.layer_major_min_tokens > 0) {
+    const int64_t num_experts = model->config().n_routed_experts;
+    const int64_t slots = flags.expert_slots < 0 ? num_experts : std::min(flags.expert_slots, num_experts);
+    ASSIGN_OR_RETURN(experts, PrefillExperts::Create(*decoder, backend, num_experts, {.slots = slots}));
+    PrefillExperts* hooks = experts.get();
+    options.before_moe = [hooks](int64_t layer, std::span<const model::MoeRouting> chunks) {
+      return hooks->BeforeMoe(layer, chunks);
+    };
+    options.begin_layer_major = [hooks](int64_t span) { hooks->Begin(span); };
+    options.end_layer_major = [hooks] { hooks->End(); };
+    spdlog::info("prefill: chunks of {} tokens; spans of {}+ tokens run layer-major with up to {} experts per layer at "
+                 "4 bits ({} MiB of prefill slots)",
+                 flags.chunk_tokens, flags.layer_major_min_tokens, slots,
+                 2 * slots * experts->slot_bytes() / (1 << 20));
+  } else {
+    spdlog::info("prefill: chunks of {} tokens; layer-major {}", flags.chunk_tokens,
+                 flags.layer_major_min_tokens > 0
+                     ? absl::StrCat("for spans of ", flags.layer_major_min_tokens,
+                                    "+ tokens, at the decode precision (no release streamed, or no prefill slots)")
+                     : std::string("off"));
+  }
+  RETURN_IF_ERROR(service.SetPrefillOptions(std::move(options)));
+  return experts;
+}
+
+}  // namespace nq::worker
