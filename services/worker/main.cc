@@ -379,7 +379,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                  ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")
                                                  : std::string("off"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<PrefillExperts> prefill_experts,
+  ASSIGN_OR_RETURN(std::unique_ptr<release::PrefillExperts> prefill_experts,
                    ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, *backend,
                                     {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
                                      .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens),

@@ -7,7 +7,7 @@
 
 namespace nq::worker {
 
-absl::StatusOr<std::unique_ptr<PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
+absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
                                                                  const release::ReleaseExpertDecoder* decoder,
                                                                  kernels::Backend& backend, const PrefillFlags& flags) {
   if (flags.expert_slots < -1) {
@@ -15,12 +15,12 @@ absl::StatusOr<std::unique_ptr<PrefillExperts>> ConfigurePrefill(WorkerService& 
                                                    ": want -1 (every expert), 0 (none) or a slot count"));
   }
   PrefillOptions options{.chunk_tokens = flags.chunk_tokens, .layer_major_min_tokens = flags.layer_major_min_tokens};
-  std::unique_ptr<PrefillExperts> experts;
+  std::unique_ptr<release::PrefillExperts> experts;
   if (model != nullptr && decoder != nullptr && flags.expert_slots != 0 && flags.layer_major_min_tokens > 0) {
     const int64_t num_experts = model->config().n_routed_experts;
     const int64_t slots = flags.expert_slots < 0 ? num_experts : std::min(flags.expert_slots, num_experts);
-    ASSIGN_OR_RETURN(experts, PrefillExperts::Create(*decoder, backend, num_experts, {.slots = slots}));
-    PrefillExperts* hooks = experts.get();
+    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts, {.slots = slots}));
+    release::PrefillExperts* hooks = experts.get();
     options.before_moe = [hooks](int64_t layer, std::span<const model::MoeRouting> chunks) {
       return hooks->BeforeMoe(layer, chunks);
     };

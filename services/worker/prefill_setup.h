@@ -10,7 +10,7 @@
 #include "kernels/backend.h"
 #include "services/model/model.h"
 #include "services/release/release_expert_decoder.h"
-#include "services/worker/prefill_experts.h"
+#include "services/release/prefill_experts.h"
 #include "services/worker/worker_service.h"
 
 namespace nq::worker {
@@ -27,7 +27,7 @@ struct PrefillFlags {
 // Validates the flags (INVALID_ARGUMENT naming the flag) and configures `service`. With
 // `decoder` (a release served with dynamic experts) and slots, returns the PrefillExperts the
 // service's hooks use: keep it alive while the service serves. Null otherwise.
-absl::StatusOr<std::unique_ptr<PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
+absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
                                                                  const release::ReleaseExpertDecoder* decoder,
                                                                  kernels::Backend& backend, const PrefillFlags& flags);
 

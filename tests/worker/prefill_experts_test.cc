@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "services/release/release_experts.h"
-#include "services/worker/prefill_experts.h"
+#include "services/release/prefill_experts.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::worker {
@@ -67,7 +67,7 @@ class PrefillExpertsTest : public ::testing::Test {
 
   // The 2-bit model's layer-major prefill of the prompt with `prefill`'s 4-bit experts, then one
   // decode step; `chosen` receives each MoE layer's 4-bit experts.
-  std::pair<std::vector<float>, std::vector<float>> LayerMajor(PrefillExperts& prefill,
+  std::pair<std::vector<float>, std::vector<float>> LayerMajor(release::PrefillExperts& prefill,
                                                                std::map<int64_t, std::vector<int32_t>>* chosen,
                                                                std::map<int64_t, std::vector<int64_t>>* calls) {
     model::Model::LayerMajorOptions options{.chunk_tokens = kChunk};
@@ -117,13 +117,13 @@ release::ServedModel PrefillExpertsTest::four_bit_;
 std::vector<int32_t> PrefillExpertsTest::prompt_;
 
 TEST_F(PrefillExpertsTest, RefusesAnEmptyBudget) {
-  EXPECT_THAT(PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = 0}),
+  EXPECT_THAT(release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = 0}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 slots")));
 }
 
 TEST_F(PrefillExpertsTest, EveryRoutedExpertInBudgetIsTheAll4BitModelBitForBit) {
-  absl::StatusOr<std::unique_ptr<PrefillExperts>> prefill =
-      PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 256});
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 256});
   ASSERT_THAT(prefill, IsOk());
   std::map<int64_t, std::vector<int32_t>> chosen;
   std::map<int64_t, std::vector<int64_t>> calls;
@@ -134,7 +134,7 @@ TEST_F(PrefillExpertsTest, EveryRoutedExpertInBudgetIsTheAll4BitModelBitForBit) 
   EXPECT_EQ(layer_major.first, all_4bit.first);
   EXPECT_EQ(layer_major.second, all_4bit.second);  // the KV cache too
   EXPECT_NE(layer_major.first, all_2bit.first);    // the precision made a difference
-  const PrefillExpertStats& stats = (*prefill)->totals();
+  const release::PrefillExpertStats& stats = (*prefill)->totals();
   const double moe_layers = static_cast<double>(two_bit_.decoder->moe_layer_ids().size());
   EXPECT_EQ(stats.calls_4bit, kPromptTokens * moe_layers * two_bit_.model->config().num_experts_per_tok);
   EXPECT_EQ(stats.calls_2bit, 0);
@@ -147,8 +147,8 @@ TEST_F(PrefillExpertsTest, EveryRoutedExpertInBudgetIsTheAll4BitModelBitForBit) 
 
 TEST_F(PrefillExpertsTest, ABudgetHoldsTheMostRoutedExpertsAndMatchesTokenOrderAtTheSamePrecision) {
   // 300 of 1200 tokens: a quarter of the 32 slots, 8 experts per layer.
-  absl::StatusOr<std::unique_ptr<PrefillExperts>> prefill =
-      PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 1200});
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 1200});
   ASSERT_THAT(prefill, IsOk());
   ASSERT_EQ((*prefill)->Budget(kPromptTokens), experts() / 4);
   std::map<int64_t, std::vector<int32_t>> chosen;

@@ -34,7 +34,7 @@
 #include "services/model/model.h"
 #include "services/release/release_expert_decoder.h"
 
-namespace nq::worker {
+namespace nq::release {
 
 struct PrefillExpertsOptions {
   // Slots per buffer: how many of a layer's experts can run at 4 bits during the prefill
@@ -59,7 +59,7 @@ class PrefillExperts {
  public:
   // `decoder` and `backend` must outlive this. INVALID_ARGUMENT for slots <= 0 or
   // full_span_tokens <= 0; the backend's allocation errors.
-  static absl::StatusOr<std::unique_ptr<PrefillExperts>> Create(const release::ReleaseExpertDecoder& decoder,
+  static absl::StatusOr<std::unique_ptr<PrefillExperts>> Create(const ReleaseExpertDecoder& decoder,
                                                                 kernels::Backend& backend, int64_t num_experts,
                                                                 PrefillExpertsOptions options);
   ~PrefillExperts();
@@ -85,7 +85,7 @@ class PrefillExperts {
     kernels::Tensor device;          // U8 [slots x slot_bytes] on the backend: what NqMoe reads
     std::vector<int32_t> expert_in;  // expert held by each slot, -1 none
   };
-  PrefillExperts(const release::ReleaseExpertDecoder& decoder, kernels::Backend& backend, int64_t num_experts,
+  PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Backend& backend, int64_t num_experts,
                  PrefillExpertsOptions options, int64_t slot_bytes);
   // Reads `experts` of `layer` into `b`'s slots (replacing what it held).
   absl::Status Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts);
@@ -96,7 +96,7 @@ class PrefillExperts {
   void StartPrefetch(int64_t layer);
   absl::Status WaitPrefetch();
 
-  const release::ReleaseExpertDecoder& decoder_;
+  const ReleaseExpertDecoder& decoder_;
   kernels::Backend& backend_;
   const int64_t num_experts_;
   const PrefillExpertsOptions options_;
@@ -114,4 +114,4 @@ class PrefillExperts {
   metrics::Counter& records_late_;
 };
 
-}  // namespace nq::worker
+}  // namespace nq::release

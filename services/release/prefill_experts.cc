@@ -1,4 +1,4 @@
-#include "services/worker/prefill_experts.h"
+#include "services/release/prefill_experts.h"
 
 #include <algorithm>
 #include <numeric>
@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 
-namespace nq::worker {
+namespace nq::release {
 
-absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const release::ReleaseExpertDecoder& decoder,
+absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const ReleaseExpertDecoder& decoder,
                                                                        kernels::Backend& backend, int64_t num_experts,
                                                                        PrefillExpertsOptions options) {
   if (options.slots <= 0 || options.full_span_tokens <= 0 || num_experts <= 0) {
@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const rel
                                                    options.full_span_tokens,
                                                    " tokens (both must be positive) for ", num_experts, " experts"));
   }
-  ASSIGN_OR_RETURN(const release::ReleaseExpertDecoder::SlotNeeds needs, decoder.Needs());
+  ASSIGN_OR_RETURN(const ReleaseExpertDecoder::SlotNeeds needs, decoder.Needs());
   const int64_t slot_bytes = static_cast<int64_t>(needs.rec_bytes);
   std::unique_ptr<PrefillExperts> experts(new PrefillExperts(decoder, backend, num_experts, options, slot_bytes));
   for (Buffer& b : experts->buffers_) {
@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const rel
   return experts;
 }
 
-PrefillExperts::PrefillExperts(const release::ReleaseExpertDecoder& decoder, kernels::Backend& backend,
+PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Backend& backend,
                                int64_t num_experts, PrefillExpertsOptions options, int64_t slot_bytes)
     : decoder_(decoder),
       backend_(backend),
@@ -210,4 +210,4 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
   return slots;
 }
 
-}  // namespace nq::worker
+}  // namespace nq::release
