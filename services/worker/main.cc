@@ -100,6 +100,10 @@ ABSL_FLAG(int64_t, layer_major_prefill_tokens, 2048,
 ABSL_FLAG(int64_t, prefill_expert_slots, -1,
           "Layer-major prefill: experts per layer held at 4 bits, in two buffers of this many record slots (-1: all "
           "of a layer's; 0: none, the prefill runs at the decode precision)");
+ABSL_FLAG(int64_t, prefill_full_span_tokens, 32768,
+          "Layer-major prefill: spans this long hold every routed expert they use at 4 bits; a shorter span its "
+          "most-routed experts, in proportion to its length (reads grow with experts, the compute hiding them with "
+          "tokens)");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish the running sequence");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -383,7 +387,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
                    ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, *backend,
                                     {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
                                      .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens),
-                                     .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots)}));
+                                     .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),
+                                     .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens)}));
   if (model != nullptr) {
     const absl::StatusOr<GpuMemory> gpu_memory = on_gpu ? QueryGpuMemory(gpu) : absl::StatusOr<GpuMemory>(GpuMemory{});
     const uint64_t free_bytes = on_gpu ? (gpu_memory.ok() ? gpu_memory->free : 0) : HostAvailableBytes().value_or(0);

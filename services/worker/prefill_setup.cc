@@ -10,6 +10,10 @@ namespace nq::worker {
 absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
                                                                  const release::ReleaseExpertDecoder* decoder,
                                                                  kernels::Backend& backend, const PrefillFlags& flags) {
+  if (flags.full_span_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill_full_span_tokens=", flags.full_span_tokens, ": want a positive span length"));
+  }
   if (flags.expert_slots < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill_expert_slots=", flags.expert_slots,
                                                    ": want -1 (every expert), 0 (none) or a slot count"));
@@ -19,7 +23,8 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
   if (model != nullptr && decoder != nullptr && flags.expert_slots != 0 && flags.layer_major_min_tokens > 0) {
     const int64_t num_experts = model->config().n_routed_experts;
     const int64_t slots = flags.expert_slots < 0 ? num_experts : std::min(flags.expert_slots, num_experts);
-    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts, {.slots = slots}));
+    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts,
+                                                              {.slots = slots, .full_span_tokens = flags.full_span_tokens}));
     release::PrefillExperts* hooks = experts.get();
     options.before_moe = [hooks](int64_t layer, std::span<const model::MoeRouting> chunks) {
       return hooks->BeforeMoe(layer, chunks);
@@ -27,9 +32,9 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
     options.begin_layer_major = [hooks](int64_t span) { hooks->Begin(span); };
     options.end_layer_major = [hooks] { hooks->End(); };
     spdlog::info("prefill: chunks of {} tokens; spans of {}+ tokens run layer-major with up to {} experts per layer at "
-                 "4 bits ({} MiB of prefill slots)",
-                 flags.chunk_tokens, flags.layer_major_min_tokens, slots,
-                 2 * slots * experts->slot_bytes() / (1 << 20));
+                 "4 bits (all they use from {} tokens on; {:.1f} MiB of prefill slots)",
+                 flags.chunk_tokens, flags.layer_major_min_tokens, slots, flags.full_span_tokens,
+                 2.0 * static_cast<double>(slots * experts->slot_bytes()) / (1 << 20));
   } else {
     spdlog::info("prefill: chunks of {} tokens; layer-major {}", flags.chunk_tokens,
                  flags.layer_major_min_tokens > 0

@@ -22,6 +22,7 @@ struct PrefillFlags {
   // every routed expert of a layer; 0: none (layer-major prefill then runs at the decode
   // precision).
   int64_t expert_slots = -1;
+  int64_t full_span_tokens = 32768;  // --prefill_full_span_tokens (PrefillExpertsOptions)
 };
 
 // Validates the flags (INVALID_ARGUMENT naming the flag) and configures `service`. With
