@@ -49,11 +49,14 @@ PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Bac
       records_prefetched_(metrics::Registry::Default()
                               .Counter("nq_worker_prefill_records_total",
                                        "4-bit residual records a layer-major prefill ran, by how they arrived: "
-                                       "prefetched while the layer before computed, or read late",
+                                       "prefetched while the layer before computed, read late, or copied from a "
+                                       "READY slot",
                                        {"arrival"})
                               .WithLabels({"prefetched"})),
       records_late_(
-          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"late"})) {}
+          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"late"})),
+      records_from_slots_(
+          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"slot"})) {}
 
 PrefillExperts::~PrefillExperts() { End(); }
 
@@ -153,22 +156,21 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
       if (e >= 0 && e < num_experts_) ++calls[static_cast<size_t>(e)];
     }
   }
-  // The most-routed experts of the span, up to the budget (ties: the lower id).
+  // The span's experts, most-routed first (ties: the lower id); the first `budget` are read if
+  // the prefetch missed them.
   std::vector<int32_t> used;
   for (int32_t e = 0; e < num_experts_; ++e) {
     if (calls[static_cast<size_t>(e)] > 0) used.push_back(e);
   }
   std::stable_sort(used.begin(), used.end(),
                    [&](int32_t a, int32_t c) { return calls[static_cast<size_t>(a)] > calls[static_cast<size_t>(c)]; });
-  used.resize(std::min<size_t>(used.size(), static_cast<size_t>(Budget(span_tokens_))));
-  std::vector<bool> wanted(static_cast<size_t>(num_experts_), false);
-  for (int32_t e : used) wanted[static_cast<size_t>(e)] = true;
-
+  const size_t budget = static_cast<size_t>(Budget(span_tokens_));
   std::vector<int32_t> slot_of(static_cast<size_t>(num_experts_), -1);
   std::vector<int64_t> free_slots;
-  for (int64_t s = 0; s < options_.slots; ++s) {
+  // Slots whose prefetched expert the span routes keep it (already read); the others are free.
+  for (int64_t s = options_.slots - 1; s >= 0; --s) {
     const int32_t e = b.expert_in[static_cast<size_t>(s)];
-    if (e >= 0 && wanted[static_cast<size_t>(e)]) {
+    if (e >= 0 && calls[static_cast<size_t>(e)] > 0) {
       slot_of[static_cast<size_t>(e)] = static_cast<int32_t>(s);
       ++totals_.records_prefetched_used;
       records_prefetched_.Increment();
@@ -176,17 +178,31 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
       free_slots.push_back(s);
     }
   }
-  for (int32_t e : used) {
-    if (slot_of[static_cast<size_t>(e)] >= 0 || free_slots.empty()) continue;
+  // A prefetched expert the span does not use may be overwritten: forget it first.
+  for (int64_t s : free_slots) b.expert_in[static_cast<size_t>(s)] = -1;
+  const int64_t layer_bytes = static_cast<int64_t>(decoder_.RecordBytes(static_cast<uint32_t>(layer)).value_or(0));
+  for (size_t i = 0; i < used.size() && !free_slots.empty(); ++i) {
+    const int32_t e = used[i];
+    if (slot_of[static_cast<size_t>(e)] >= 0) continue;
     const int64_t s = free_slots.back();
-    free_slots.pop_back();
-    if (absl::Status read = ReadInto(b, layer, e, s); !read.ok()) {
-      spdlog::warn("prefill: layer {} expert {} stays at 2 bits: {}", layer, e, read.ToString());
-      continue;
+    const std::span<std::byte> dst = std::span<std::byte>(b.host).subspan(static_cast<size_t>(s * slot_bytes_),
+                                                                           static_cast<size_t>(layer_bytes));
+    if (options_.copy_ready && layer_bytes > 0 && options_.copy_ready(layer, e, dst)) {
+      b.expert_in[static_cast<size_t>(s)] = e;
+      ++totals_.records_from_slots;
+      records_from_slots_.Increment();
+    } else if (i < budget) {
+      if (absl::Status read = ReadInto(b, layer, e, s); !read.ok()) {
+        spdlog::warn("prefill: layer {} expert {} stays at 2 bits: {}", layer, e, read.ToString());
+        continue;
+      }
+      ++totals_.records_read_late;
+      records_late_.Increment();
+    } else {
+      continue;  // past the read budget, and no slot holds it: 2 bits
     }
+    free_slots.pop_back();
     slot_of[static_cast<size_t>(e)] = static_cast<int32_t>(s);
-    ++totals_.records_read_late;
-    records_late_.Increment();
   }
   // The device buffer was last read by the MoE two layers back; the upload must not overtake
   // that work on a device that queues it.

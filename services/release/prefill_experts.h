@@ -15,13 +15,16 @@
 // not done here.) Records are read from the release with ReleaseExpertDecoder::ReadRecord.
 //
 // Budget: a span of at least full_span_tokens loads every expert its chunks use (up to the
-// slots); a shorter span loads the most-routed ones, ceil(slots * span / full_span_tokens) of
+// slots); a shorter span reads the most-routed ones, ceil(slots * span / full_span_tokens) of
 // them -- the number of reads grows with the experts, the compute that hides them with the
-// span's tokens, so this keeps the reads' share of the prefill time about constant.
+// span's tokens, so this keeps the reads' share of the prefill time about constant. Experts
+// that cost no read come on top while slots remain: prefetched ones the span routes, and
+// residuals already at hand (a worker's READY slots, PrefillExpertsOptions::copy_ready).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -41,6 +44,10 @@ struct PrefillExpertsOptions {
   // (n_routed_experts holds them all).
   int64_t slots = 0;
   int64_t full_span_tokens = 32768;
+  // Fills `out` (rec_bytes of the layer) with (layer, expert)'s residual when one is already at
+  // hand -- a worker's READY slot -- and says whether it did. Such experts cost no read, so
+  // they come on top of the budget while slots remain. May be empty. Called from BeforeMoe.
+  std::function<bool(int64_t layer, int32_t expert, std::span<std::byte> out)> copy_ready;
 };
 
 // Expert calls (token x expert) of layer-major prefills, by precision, and how the records
@@ -50,6 +57,7 @@ struct PrefillExpertStats {
   double calls_2bit = 0;
   int64_t records_prefetched_used = 0;  // prefetched and then routed
   int64_t records_read_late = 0;        // read in BeforeMoe, the prefetch having missed them
+  int64_t records_from_slots = 0;       // copied from a READY slot (copy_ready)
   double CallShare4Bit() const {
     return calls_4bit + calls_2bit > 0 ? calls_4bit / (calls_4bit + calls_2bit) : 0;
   }
@@ -112,6 +120,7 @@ class PrefillExperts {
   metrics::Counter& prefill_calls_2bit_;
   metrics::Counter& records_prefetched_;
   metrics::Counter& records_late_;
+  metrics::Counter& records_from_slots_;
 };
 
 }  // namespace nq::release

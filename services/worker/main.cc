@@ -384,7 +384,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                  : std::string("off"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<release::PrefillExperts> prefill_experts,
-                   ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, *backend,
+                   ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, &slots, *backend,
                                     {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
                                      .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens),
                                      .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),

@@ -1,5 +1,7 @@
 #include "services/worker/prefill_setup.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
@@ -8,8 +10,10 @@
 namespace nq::worker {
 
 absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
-                                                                 const release::ReleaseExpertDecoder* decoder,
-                                                                 kernels::Backend& backend, const PrefillFlags& flags) {
+                                                                          const release::ReleaseExpertDecoder* decoder,
+                                                                          const SlotRuntime* slots,
+                                                                          kernels::Backend& backend,
+                                                                          const PrefillFlags& flags) {
   if (flags.full_span_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefill_full_span_tokens=", flags.full_span_tokens, ": want a positive span length"));
@@ -22,9 +26,17 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
   std::unique_ptr<release::PrefillExperts> experts;
   if (model != nullptr && decoder != nullptr && flags.expert_slots != 0 && flags.layer_major_min_tokens > 0) {
     const int64_t num_experts = model->config().n_routed_experts;
-    const int64_t slots = flags.expert_slots < 0 ? num_experts : std::min(flags.expert_slots, num_experts);
-    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts,
-                                                              {.slots = slots, .full_span_tokens = flags.full_span_tokens}));
+    release::PrefillExpertsOptions experts_options{.slots = std::min(flags.expert_slots < 0 ? num_experts
+                                                                                       : flags.expert_slots,
+                                                                                   num_experts),
+                                                   .full_span_tokens = flags.full_span_tokens};
+    if (slots != nullptr) {
+      // The prefill runs inside one slot step, so the READY slots it copies stay put.
+      experts_options.copy_ready = [slots](int64_t layer, int32_t expert, std::span<std::byte> out) {
+        return slots->CopyReadyResidual(layer, expert, out);
+      };
+    }
+    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts, experts_options));
     release::PrefillExperts* hooks = experts.get();
     options.before_moe = [hooks](int64_t layer, std::span<const model::MoeRouting> chunks) {
       return hooks->BeforeMoe(layer, chunks);
@@ -33,8 +45,8 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
     options.end_layer_major = [hooks] { hooks->End(); };
     spdlog::info("prefill: chunks of {} tokens; spans of {}+ tokens run layer-major with up to {} experts per layer at "
                  "4 bits (all they use from {} tokens on; {:.1f} MiB of prefill slots)",
-                 flags.chunk_tokens, flags.layer_major_min_tokens, slots, flags.full_span_tokens,
-                 2.0 * static_cast<double>(slots * experts->slot_bytes()) / (1 << 20));
+                 flags.chunk_tokens, flags.layer_major_min_tokens, experts_options.slots, flags.full_span_tokens,
+                 2.0 * static_cast<double>(experts_options.slots * experts->slot_bytes()) / (1 << 20));
   } else {
     spdlog::info("prefill: chunks of {} tokens; layer-major {}", flags.chunk_tokens,
                  flags.layer_major_min_tokens > 0

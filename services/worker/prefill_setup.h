@@ -28,8 +28,11 @@ struct PrefillFlags {
 // Validates the flags (INVALID_ARGUMENT naming the flag) and configures `service`. With
 // `decoder` (a release served with dynamic experts) and slots, returns the PrefillExperts the
 // service's hooks use: keep it alive while the service serves. Null otherwise.
+// `slots` (may be null): experts READY there join the prefill's 4-bit set without a read.
 absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
-                                                                 const release::ReleaseExpertDecoder* decoder,
-                                                                 kernels::Backend& backend, const PrefillFlags& flags);
+                                                                          const release::ReleaseExpertDecoder* decoder,
+                                                                          const SlotRuntime* slots,
+                                                                          kernels::Backend& backend,
+                                                                          const PrefillFlags& flags);
 
 }  // namespace nq::worker

@@ -218,7 +218,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     return absl::OkStatus();
   };
 
-  auto abort = [&] {
+  auto aborted = [&] {
     SequenceStep step;
     step.finish = nq::v1::FINISH_REASON_ABORT;
     emit(step);
@@ -230,7 +230,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   auto fail = [&](const absl::Status& status) -> absl::StatusOr<SequenceStats> {
     if (status.code() == absl::StatusCode::kCancelled && cancelled() &&
         model_->cache_length() == static_cast<int64_t>(cached_tokens_.size())) {
-      return abort();
+      return aborted();
     }
     model_->ResetCache();
     cached_tokens_.clear();
@@ -241,10 +241,10 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   const auto prefill_start = std::chrono::steady_clock::now();
   absl::StatusOr<bool> prefilled = PrefillLeadingChunks(input, request.prompt, cancelled);
   if (!prefilled.ok()) return fail(prefilled.status());
-  if (!*prefilled) return abort();
+  if (!*prefilled) return aborted();
 
   for (;;) {
-    if (cancelled()) return abort();
+    if (cancelled()) return aborted();
     const auto start = generated == 0 ? prefill_start : std::chrono::steady_clock::now();
     SequenceStep step;
     if (slots_ != nullptr) slots_->BeginStep(static_cast<uint32_t>(generated));

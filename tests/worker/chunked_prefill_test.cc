@@ -4,12 +4,15 @@
 // reuses, a long conversation reuses its prefix across turns, and speculative decoding's MTP
 // state is fed chunk by chunk to the same drafts.
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "services/worker/mtp_drafter.h"
 #include "services/worker/sequence_runner.h"
@@ -27,16 +30,17 @@ using testing::RunResult;
 
 constexpr int kGenerated = 8;
 
-// `length` tokens of held-out text from `offset` (models/glm5_nano/eval).
+// `length` tokens of held-out text from `offset` (models/glm5_nano/eval/libs_code: 18k tokens).
 std::vector<int32_t> HeldOutText(size_t offset, size_t length) {
   static const std::vector<int32_t> text = [] {
-    std::vector<int32_t> all;
-    for (const std::vector<int32_t>& p : testing::HeldOutPrompts(40)) all.insert(all.end(), p.begin(), p.end());
-    return all;
+    std::ifstream in(testing::NanoModelDir() + "/eval/libs_code.tokens.json");
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    return nlohmann::json::parse(buffer.str()).get<std::vector<int32_t>>();
   }();
-  std::vector<int32_t> out;
-  for (size_t i = 0; i < length; ++i) out.push_back(text[(offset + i) % text.size()]);
-  return out;
+  EXPECT_LE(offset + length, text.size());
+  return std::vector<int32_t>(text.begin() + static_cast<std::ptrdiff_t>(offset),
+                              text.begin() + static_cast<std::ptrdiff_t>(std::min(offset + length, text.size())));
 }
 
 SequenceRequest Greedy(std::vector<int32_t> prompt, uint32_t max_tokens = kGenerated) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include <gmock/gmock.h>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "services/common/status_macros.h"
 #include "services/release/release_experts.h"
 #include "services/release/prefill_experts.h"
 #include "tests/common/status_matchers.h"
@@ -157,17 +159,21 @@ TEST_F(PrefillExpertsTest, ABudgetHoldsTheMostRoutedExpertsAndMatchesTokenOrderA
   ASSERT_EQ(chosen.size(), two_bit_.decoder->moe_layer_ids().size());
   for (const auto& [layer, slot_of] : chosen) {
     const std::vector<int64_t>& n = calls[layer];
-    int64_t least_held = kPromptTokens, most_left = 0, held = 0;
-    for (int64_t e = 0; e < experts(); ++e) {
-      if (slot_of[e] >= 0) {
-        ++held;
-        least_held = std::min(least_held, n[e]);
-      } else {
-        most_left = std::max(most_left, n[e]);
-      }
+    std::vector<int32_t> order(static_cast<size_t>(experts()));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return n[a] > n[b]; });
+    // The budget's most-routed experts run at 4 bits; what else the prefetch brought may too,
+    // but only experts the span routes take a slot.
+    for (int64_t i = 0; i < experts() / 4; ++i) {
+      EXPECT_GE(slot_of[order[i]], 0) << "layer " << layer << ": the #" << i << " most-routed expert ran at 2 bits";
     }
-    EXPECT_EQ(held, experts() / 4) << "layer " << layer;
-    EXPECT_GE(least_held, most_left) << "layer " << layer << ": a less-routed expert was held at 4 bits";
+    int64_t held = 0;
+    for (int64_t e = 0; e < experts(); ++e) {
+      if (slot_of[e] < 0) continue;
+      ++held;
+      EXPECT_GT(n[e], 0) << "layer " << layer << " holds expert " << e << ", which the span never routes";
+    }
+    EXPECT_LT(held, experts()) << "layer " << layer;
   }
   // The all-4-bit model's records, but only the experts the prefill held at 4 bits.
   four_bit_.model->SetExpertSlotSource([&](int64_t layer, int32_t expert, int64_t) {
