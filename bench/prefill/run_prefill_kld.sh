@@ -9,6 +9,7 @@
 #   NQ_FULL_SPAN=1536       --full_span_tokens of the layer-major policy (1536: every expert the
 #                           prompt routes; 32768, the worker's default, holds 1536/32768 of them)
 #   NQ_BUILD=build/cpu
+#   NQ_MODEL_DIR=DIR        the embedded model and release to use (default OUT/model)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.run/prefill}
@@ -18,8 +19,10 @@ windows=${NQ_PREFILL_WINDOWS:-2}
 full_span=${NQ_FULL_SPAN:-1536}
 readonly window=2048 prompt=1536 chunk=512
 mkdir -p "$out/tokens"
-NQ_BIN=$nq bash scripts/embedded_model.sh "$out/model" >/dev/null
-model=$out/model
+# The embedded default and its release (prepared once; NQ_MODEL_DIR reuses one already made,
+# e.g. build/cpu/embedded-model, which the tests prepare).
+model=${NQ_MODEL_DIR:-$out/model}
+NQ_BIN=$nq bash scripts/embedded_model.sh "$model" >/dev/null
 python3 - "$((windows * window))" "$out/tokens" <<'PY'
 import json, sys
 n, out = int(sys.argv[1]), sys.argv[2]

@@ -125,7 +125,8 @@ absl::StatusOr<PrefillKldReport> EvaluatePrefillKld(const PrefillKldRequest& req
     ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(
                                   *student.decoder, *backend, student.model->config().n_routed_experts,
                                   {.slots = student.model->config().n_routed_experts,
-                                   .full_span_tokens = request.full_span_tokens}));
+                                   .full_span_tokens = request.full_span_tokens,
+                                   .decoder_layers = student.model->config().num_hidden_layers}));
   }
   PrefillKldReport report;
   report.request = request;

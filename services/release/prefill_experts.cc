@@ -69,6 +69,7 @@ int64_t PrefillExperts::Budget(int64_t span_tokens) const {
 
 int64_t PrefillExperts::NextMoeLayer(int64_t layer) const {
   for (uint32_t id : decoder_.moe_layer_ids()) {
+    if (options_.decoder_layers > 0 && static_cast<int64_t>(id) >= options_.decoder_layers) break;
     if (static_cast<int64_t>(id) > layer) return id;
   }
   return -1;

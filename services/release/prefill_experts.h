@@ -44,6 +44,9 @@ struct PrefillExpertsOptions {
   // (n_routed_experts holds them all).
   int64_t slots = 0;
   int64_t full_span_tokens = 32768;
+  // The model's decoder layers (num_hidden_layers): a prefill never runs the MTP layers past
+  // them, so nothing is prefetched there. 0: every MoE layer of the release.
+  int64_t decoder_layers = 0;
   // Fills `out` (rec_bytes of the layer) with (layer, expert)'s residual when one is already at
   // hand -- a worker's READY slot -- and says whether it did. Such experts cost no read, so
   // they come on top of the budget while slots remain. May be empty. Called from BeforeMoe.

@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
     release::PrefillExpertsOptions experts_options{.slots = std::min(flags.expert_slots < 0 ? num_experts
                                                                                        : flags.expert_slots,
                                                                                    num_experts),
-                                                   .full_span_tokens = flags.full_span_tokens};
+                                                   .full_span_tokens = flags.full_span_tokens,
+                                                   .decoder_layers = model->config().num_hidden_layers};
     if (slots != nullptr) {
       // The prefill runs inside one slot step, so the READY slots it copies stay put.
       experts_options.copy_ready = [slots](int64_t layer, int32_t expert, std::span<std::byte> out) {
