@@ -9,6 +9,7 @@
 #   NQ_FULL_SPAN=1536       --full_span_tokens of the layer-major policy (1536: every expert the
 #                           prompt routes; 32768, the worker's default, holds 1536/32768 of them)
 #   NQ_BUILD=build/cpu
+#   NQ_PREFILL_MODES="..."  the policies to run (default: 2-bit layer-major-4-bit all-4-bit)
 #   NQ_MODEL_DIR=DIR        the embedded model and release to use (default OUT/model)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,7 +32,7 @@ for d in ["stdlib_code", "stdlib_tests", "libs_code", "docstrings"]:
     json.dump(ids, open(f"{out}/{d}.json", "w"))
 PY
 tokens=$(ls "$out"/tokens/*.json | paste -sd, -)
-for mode in 2-bit layer-major-4-bit all-4-bit; do
+for mode in ${NQ_PREFILL_MODES:-2-bit layer-major-4-bit all-4-bit}; do
   "$nq" kld --teacher "$model" --release "$model/release" --tokens "$tokens" --window $window \
     --prefill_tokens $prompt --prefill_chunk_tokens $chunk --full_span_tokens "$full_span" --prefill_mode "$mode" \
     --out "$out/$mode.json" > "$out/$mode.txt"
