@@ -14,6 +14,15 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
                                                                           const SlotRuntime* slots,
                                                                           kernels::Backend& backend,
                                                                           const PrefillFlags& flags) {
+  // Checked here too, with or without a model: a bad value is refused, never ignored.
+  if (flags.chunk_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_chunk_tokens=", flags.chunk_tokens,
+                                                   ": a prefill chunk needs at least one token"));
+  }
+  if (flags.layer_major_min_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--layer_major_prefill_tokens=", flags.layer_major_min_tokens,
+                                                   ": want 0 (off) or a span length"));
+  }
   if (flags.full_span_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefill_full_span_tokens=", flags.full_span_tokens, ": want a positive span length"));
