@@ -17,7 +17,10 @@
 // Budget: a span of at least full_span_tokens loads every expert its chunks use (up to the
 // slots); a shorter span reads the most-routed ones, ceil(slots * span / full_span_tokens) of
 // them -- the number of reads grows with the experts, the compute that hides them with the
-// span's tokens, so this keeps the reads' share of the prefill time about constant. Experts
+// span's tokens, so this keeps the reads' share of the prefill time about constant. (The
+// prefetch reads up to the budget by the manifest's ranking, before the routing is known, and
+// the late reads up to the budget of the most-routed it missed: at most twice the budget, the
+// prefetch's half overlapped with compute.) Experts
 // that cost no read come on top while slots remain: prefetched ones the span routes, and
 // residuals already at hand (a worker's READY slots, PrefillExpertsOptions::copy_ready).
 #pragma once

@@ -18,6 +18,9 @@
 #include "services/common/status_macros.h"
 #include "services/release/release_experts.h"
 #include "services/release/prefill_experts.h"
+#include "services/worker/arena_geometry.h"
+#include "services/worker/slot_runtime.h"
+#include "services/worker/slot_table.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::worker {
@@ -193,6 +196,69 @@ TEST_F(PrefillExpertsTest, ABudgetHoldsTheMostRoutedExpertsAndMatchesTokenOrderA
   const double share = (*prefill)->totals().CallShare4Bit();
   EXPECT_GT(share, 0.25);  // the most-routed quarter of the experts serve more than a quarter of the calls
   EXPECT_LT(share, 1.0);
+}
+
+TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
+  // A worker's slot arena with experts 5, 13, 21 and 29 of every MoE layer READY (their records
+  // copied in, as the streamer would), and a read budget of one expert a layer.
+  const model::ModelConfig& config = two_bit_.model->config();
+  absl::StatusOr<SlotGeometry> geometry = ReleaseArenaGeometry(*two_bit_.decoder, config, {});
+  ASSERT_THAT(geometry, IsOk());
+  SlotTable table(*geometry);
+  std::vector<std::byte> arena(geometry->ArenaBytes());
+  SlotRuntime slots(&table, arena, two_bit_.decoder.get());
+  const std::vector<int32_t> ready = {5, 13, 21, 29};
+  nq::v1::SlotTableUpdate update;
+  update.set_generation(1);
+  for (size_t i = 0; i < geometry->moe_layer_ids.size(); ++i) {
+    const uint32_t layer = geometry->moe_layer_ids[i];
+    for (uint32_t s = 0; s < ready.size(); ++s) {
+      absl::StatusOr<std::vector<std::byte>> record = two_bit_.decoder->ReadRecord(layer, ready[s]);
+      ASSERT_THAT(record, IsOk());
+      std::copy(record->begin(), record->end(), arena.begin() + static_cast<std::ptrdiff_t>(geometry->SlotOffset(i, s)));
+      nq::v1::SlotChange* change = update.add_changes();
+      change->set_kind(nq::v1::SlotChange::KIND_READY);
+      change->set_layer(layer);
+      change->set_slot(s);
+      change->set_expert(static_cast<uint32_t>(ready[s]));
+    }
+  }
+  slots.Post(update);
+  ASSERT_EQ(slots.ready_slots(), geometry->moe_layer_ids.size() * ready.size());
+  release::PrefillExpertsOptions options{.slots = experts(), .full_span_tokens = 1 << 20, .decoder_layers = layers()};
+  options.copy_ready = [&](int64_t layer, int32_t expert, std::span<std::byte> out) {
+    return slots.CopyReadyResidual(layer, expert, out);
+  };
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), options);
+  ASSERT_THAT(prefill, IsOk());
+  ASSERT_EQ((*prefill)->Budget(kPromptTokens), 1);
+  std::map<int64_t, std::vector<int32_t>> chosen;
+  std::map<int64_t, std::vector<int64_t>> calls;
+  slots.BeginStep(0);  // as the worker runs a prefill: inside one slot step
+  const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+  slots.EndStep();
+  int64_t borrowed = 0;
+  for (const auto& [layer, slot_of] : chosen) {
+    for (int32_t e : ready) {
+      if (calls[layer][e] == 0) continue;
+      EXPECT_GE(slot_of[e], 0) << "layer " << layer << " expert " << e << " was READY but ran at 2 bits";
+      ++borrowed;
+    }
+  }
+  EXPECT_GT(borrowed, 0);
+  const release::PrefillExpertStats& stats = (*prefill)->totals();
+  EXPECT_GT(stats.records_from_slots, 0);
+  // Reads stay within the budget of one a layer, for the prefetch and for the late reads each.
+  EXPECT_LE(stats.records_read_late, static_cast<int64_t>(chosen.size()));
+  EXPECT_LE(stats.records_prefetched_used, static_cast<int64_t>(chosen.size()));
+  // And the borrowed residuals are the experts' own: token order at the same precision agrees.
+  four_bit_.model->SetExpertSlotSource([&](int64_t layer, int32_t expert, int64_t) {
+    return chosen.at(layer)[expert] >= 0 ? expert : -1;
+  });
+  const auto same_precision = TokenOrder(*four_bit_.model);
+  EXPECT_EQ(layer_major.first, same_precision.first);
+  EXPECT_EQ(layer_major.second, same_precision.second);
 }
 
 }  // namespace
