@@ -242,17 +242,40 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
 
 absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
                              int64_t start_pos) {
+  RETURN_IF_ERROR(AttentionBlock(w, layer, cache_index, x, start_pos));
+  return FfnBlock(w, layer, x, nullptr, nullptr);
+}
+
+absl::Status Model::AttentionBlock(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
+                                   int64_t start_pos) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
   RETURN_IF_ERROR(backend_.RmsNorm(x, w.input_norm, eps, xn));
   ASSIGN_OR_RETURN(Tensor attention, Attention(w.attention, layer, cache_index, xn, start_pos));
   RETURN_IF_ERROR(AllReduce(attention));
-  RETURN_IF_ERROR(backend_.Add(x, attention, x));
+  return backend_.Add(x, attention, x);
+}
 
-  RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, eps, xn));
+absl::StatusOr<MoeRouting> Model::RouteLayer(const LayerWeights& w, const Tensor& x) {
+  if (!w.moe.has_value()) return absl::InternalError("RouteLayer on a dense layer");
+  ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
+  RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, static_cast<float>(config_.rms_norm_eps), xn));
+  return Route(*w.moe, xn);
+}
+
+absl::Status Model::FfnBlock(const LayerWeights& w, int64_t layer, Tensor& x, const MoeRouting* routing,
+                             const PrefillLayerSlots* slots) {
+  ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
+  RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, static_cast<float>(config_.rms_norm_eps), xn));
   Tensor ffn;
   if (w.moe.has_value()) {
-    ASSIGN_OR_RETURN(ffn, Moe(*w.moe, layer, xn));
+    MoeRouting own;
+    if (routing == nullptr) {
+      ASSIGN_OR_RETURN(own, Route(*w.moe, xn));
+      if (routing_observer_) routing_observer_(layer, own);
+      routing = &own;
+    }
+    ASSIGN_OR_RETURN(ffn, Moe(*w.moe, layer, xn, *routing, slots));
   } else {
     ASSIGN_OR_RETURN(ffn, Mlp(*w.dense, xn));
   }
@@ -347,25 +370,31 @@ absl::StatusOr<Tensor> Model::Mlp(const MlpWeights& w, const Tensor& xn, std::ve
   return out;
 }
 
-absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
+absl::StatusOr<MoeRouting> Model::Route(const MoeWeights& w, const Tensor& xn) {
   const ModelConfig& c = config_;
   const int64_t T = xn.shape().dim(0), E = c.n_routed_experts;
   // Router logits on the backend, the (small) routing decision on the host.
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(std::vector<float> host_logits, kernels::DownloadFloats(backend_, logits));
-  ASSIGN_OR_RETURN(MoeRouting routing,
-                   RouteTokens(host_logits, w.bias,
-                               MoeRoutingParams{.num_experts = static_cast<int>(E),
-                                                .top_k = static_cast<int>(c.num_experts_per_tok),
-                                                .n_group = static_cast<int>(c.n_group),
-                                                .topk_group = static_cast<int>(c.topk_group),
-                                                .norm_topk_prob = c.norm_topk_prob,
-                                                .routed_scaling_factor =
-                                                    static_cast<float>(c.routed_scaling_factor)}));
-  if (routing_observer_) routing_observer_(layer, routing);
+  return RouteTokens(host_logits, w.bias,
+                     MoeRoutingParams{.num_experts = static_cast<int>(E),
+                                      .top_k = static_cast<int>(c.num_experts_per_tok),
+                                      .n_group = static_cast<int>(c.n_group),
+                                      .topk_group = static_cast<int>(c.topk_group),
+                                      .norm_topk_prob = c.norm_topk_prob,
+                                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)});
+}
+
+absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tensor& xn, const MoeRouting& routing,
+                                  const PrefillLayerSlots* slots) {
+  const ModelConfig& c = config_;
+  const int64_t T = xn.shape().dim(0), E = c.n_routed_experts;
+  if (routing.num_tokens != T) {
+    return absl::InternalError(absl::StrCat("layer ", layer, ": routing of ", routing.num_tokens, " tokens for ", T));
+  }
   if (w.packed.has_value()) {
-    ASSIGN_OR_RETURN(Tensor routed, PackedMoe(*w.packed, layer, xn, routing));
+    ASSIGN_OR_RETURN(Tensor routed, PackedMoe(*w.packed, layer, xn, routing, slots));
     if (!w.shared.has_value()) return routed;
     ASSIGN_OR_RETURN(Tensor shared, Mlp(*w.shared, xn));
     RETURN_IF_ERROR(backend_.Add(routed, shared, routed));
@@ -408,12 +437,19 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
 }
 
 absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, const Tensor& xn,
-                                        const MoeRouting& routing) {
+                                        const MoeRouting& routing, const PrefillLayerSlots* prefill) {
   const int64_t T = xn.shape().dim(0), E = config_.n_routed_experts, K = routing.top_k;
-  // Which slot each expert's residual sits in: the source's choice (a worker's slot runtime,
-  // nq kld) for the experts this forward uses, else the layer's static choice.
+  // Which slot each expert's residual sits in: a layer-major prefill's own slots, the source's
+  // choice (a worker's slot runtime, nq kld) for the experts this forward uses, else the
+  // layer's static choice.
   std::vector<int32_t> slots(static_cast<size_t>(E), -1);
-  if (slot_source_) {
+  if (prefill != nullptr) {
+    if (static_cast<int64_t>(prefill->slot_of_expert.size()) != E) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": prefill slots name ",
+                                                     prefill->slot_of_expert.size(), " experts of ", E));
+    }
+    slots = prefill->slot_of_expert;
+  } else if (slot_source_) {
     std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
     for (int32_t e : routing.experts) ++tokens[e];
     for (int64_t e = 0; e < E; ++e) {
@@ -423,7 +459,11 @@ absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, c
     slots = w.static_slots;
   }
   kernels::NqSlots nq_slots;
-  if (arena_.has_value()) {
+  if (prefill != nullptr) {
+    nq_slots.arena = prefill->arena;
+    nq_slots.slot_bytes = prefill->slot_bytes;
+    nq_slots.num_slots = prefill->num_slots;
+  } else if (arena_.has_value()) {
     if (auto it = arena_->layer_offsets.find(layer); it != arena_->layer_offsets.end()) {
       nq_slots.arena = arena_->base + it->second;
       nq_slots.slot_bytes = arena_->slot_bytes;

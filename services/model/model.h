@@ -124,6 +124,46 @@ class Model {
   // records its layers keep themselves (a worker's slot arena is counted by the worker).
   int64_t RoutedExpertBytes() const;
 
+  // --- Layer-major prefill (issue #23; services/model/layer_major_prefill.cc).
+  // A long span of new tokens runs layer by layer: layer L processes every chunk of the span
+  // (chunk c sees the keys chunks 0..c wrote at layer L) before layer L+1 starts, so a worker
+  // can hold one layer's routed experts at 4 bits for the whole span and prefetch the next
+  // layer's while this one computes. Every (layer, chunk) computation gets the inputs
+  // token-order chunked prefill gives it, so the logits are those of Forward over the same
+  // chunks at the same per-expert precision.
+  //
+  // The 4-bit residuals a layer's hook supplies for the prefill: slot s starts at
+  // arena + s * slot_bytes (memory of the backend's kind), slot_of_expert[e] names expert e's
+  // slot or -1 (2 bits). The memory must stay unchanged until the next hook call returns or
+  // the prefill ends.
+  struct PrefillLayerSlots {
+    const std::byte* arena = nullptr;
+    int64_t slot_bytes = 0;
+    int64_t num_slots = 0;
+    std::vector<int32_t> slot_of_expert;  // [n_routed_experts]
+  };
+  struct LayerMajorOptions {
+    // Tokens per chunk (> 0): the bound on per-chunk activations (attention, MoE); the residual
+    // stream of the whole span [T, hidden] is kept between layers.
+    int64_t chunk_tokens = 0;
+    // Once per MoE layer of the decoder stack, after every chunk's attention and routing and
+    // before any of its routed experts run; `chunks` holds the routing of each chunk in order.
+    // Returns slots for a release-served layer (nullopt: the model's usual slot source). An
+    // error stops the prefill.
+    std::function<absl::StatusOr<std::optional<PrefillLayerSlots>>(int64_t layer, std::span<const MoeRouting> chunks)>
+        before_moe;
+    // Checked before every (layer, chunk): true stops the prefill with CANCELLED.
+    std::function<bool()> cancelled;
+  };
+  // Runs `tokens` at [cache_length(), cache_length() + T) layer-major and returns the last
+  // token's logits [vocab_size]; last_hidden() then holds all T final-normed states, and the
+  // routing observer sees each MoE layer once, with the routing of all T tokens. On any error
+  // (CANCELLED included) cache_length() is unchanged: the rows past it were written, but no
+  // query reads them before a later forward overwrites them. INVALID_ARGUMENT as Forward, or
+  // for chunk_tokens <= 0.
+  absl::StatusOr<std::vector<float>> PrefillLayerMajor(std::span<const int32_t> tokens,
+                                                       const LayerMajorOptions& options);
+
   int64_t cache_length() const { return cache_.length(); }
   kernels::DType kv_cache_dtype() const { return cache_.dtype(); }
   // Tokens the KV cache can hold: the context window of this model instance.
@@ -149,15 +189,27 @@ class Model {
   // selects the LayerCache (decoder layers first, then MTP layers).
   absl::Status RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
                         int64_t start_pos);
+  // The two halves of RunLayer. AttentionBlock: x += all-reduce(attention(norm(x))).
+  absl::Status AttentionBlock(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
+                              int64_t start_pos);
+  // FfnBlock: x += all-reduce(ffn(norm(x))). For an MoE layer, `routing` (when given) is the
+  // routing of x's tokens already computed (layer-major prefill), and `slots` overrides the slot
+  // source of a packed layer.
+  absl::Status FfnBlock(const LayerWeights& w, int64_t layer, kernels::Tensor& x, const MoeRouting* routing,
+                        const PrefillLayerSlots* slots);
+  // The router of an MoE layer on x's post-attention norm (observers not called).
+  absl::StatusOr<MoeRouting> RouteLayer(const LayerWeights& w, const kernels::Tensor& x);
   absl::StatusOr<kernels::Tensor> Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
                                             const kernels::Tensor& xn, int64_t start_pos);
   // `down_input`, when set, receives the activations that enter down_proj (host copy).
   absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn,
                                       std::vector<float>* down_input = nullptr);
-  absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn);
+  absl::StatusOr<MoeRouting> Route(const MoeWeights& w, const kernels::Tensor& xn);
+  absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn,
+                                      const MoeRouting& routing, const PrefillLayerSlots* slots);
   // The routed experts of a release-served layer through Backend::NqMoe.
   absl::StatusOr<kernels::Tensor> PackedMoe(const PackedExperts& w, int64_t layer, const kernels::Tensor& xn,
-                                            const MoeRouting& routing);
+                                            const MoeRouting& routing, const PrefillLayerSlots* slots);
   // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.

@@ -46,6 +46,8 @@ int RunBenchCodec(const std::vector<std::string>& args);
 int RunBenchDecode(const std::vector<std::string>& args);
 // nq kld --teacher HF_DIR --release R --mode MODE --tokens FILE[,FILE] [--window N] [--slots F]
 //        [--domains a,b] [--out JSON]
+// nq kld --teacher HF_DIR --release R --prefill_tokens P --prefill_mode 2-bit|layer-major-4-bit|all-4-bit
+//        --tokens FILE[,FILE] [--window N] [--prefill_chunk_tokens C] [--full_span_tokens S] [--out JSON]
 int RunKld(const std::vector<std::string>& args);
 // nq mtp-acceptance --model DIR --tokens FILE[,FILE] [--window N] [--release R --expert-bits B]
 int RunMtpAcceptance(const std::vector<std::string>& args);

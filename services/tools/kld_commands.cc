@@ -5,12 +5,14 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "kernels/backend.h"
 #include "services/common/status_macros.h"
 #include "services/eval/kld_run.h"
 #include "services/eval/mtp_acceptance.h"
+#include "services/eval/prefill_kld.h"
 #include "services/format/file_io.h"
 #include "services/model/model.h"
 #include "services/release/release_experts.h"
@@ -27,6 +29,14 @@ ABSL_FLAG(std::string, mode, "",
 ABSL_FLAG(std::string, streamer, "", "kld --mode live: host:port of the nq-streamer serving --release");
 ABSL_FLAG(int64_t, window, 2048, "kld, mtp-acceptance: tokens per window (a fresh KV cache each)");
 ABSL_FLAG(std::string, domains, "", "kld, mtp-acceptance: comma-separated domains to evaluate (default: all)");
+ABSL_FLAG(int64_t, prefill_tokens, 0,
+          "kld: each window's first N tokens are a prompt prefilled under --prefill_mode, the rest decoded with the "
+          "fixed set (issue #23; 0: the --mode evaluation)");
+ABSL_FLAG(std::string, prefill_mode, "layer-major-4-bit", "kld --prefill_tokens: 2-bit, layer-major-4-bit or all-4-bit");
+ABSL_FLAG(int64_t, prefill_chunk_tokens, 2048, "kld --prefill_tokens: tokens per prefill chunk");
+ABSL_FLAG(int64_t, full_span_tokens, 32768,
+          "kld --prefill_mode layer-major-4-bit: spans this long load every routed expert they use at 4 bits; shorter "
+          "ones the most-routed, in proportion");
 
 namespace nq::tools {
 namespace {
@@ -51,7 +61,28 @@ absl::Status WriteJson(const nlohmann::ordered_json& json) {
   return absl::OkStatus();
 }
 
+// nq kld --prefill_tokens (services/eval/prefill_kld.h).
+absl::Status PrefillKld() {
+  if (!absl::GetFlag(FLAGS_mode).empty() && absl::GetFlag(FLAGS_mode) != "fixed-set") {
+    return absl::InvalidArgumentError(absl::StrCat("--mode ", absl::GetFlag(FLAGS_mode),
+                                                   " with --prefill_tokens: the continuation decodes with the fixed "
+                                                   "set (leave --mode unset, or fixed-set)"));
+  }
+  eval::PrefillKldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
+                                  .release_dir = absl::GetFlag(FLAGS_release),
+                                  .window = absl::GetFlag(FLAGS_window),
+                                  .prefill_tokens = absl::GetFlag(FLAGS_prefill_tokens),
+                                  .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
+                                  .full_span_tokens = absl::GetFlag(FLAGS_full_span_tokens)};
+  ASSIGN_OR_RETURN(request.policy, eval::ParsePrefillPolicy(absl::GetFlag(FLAGS_prefill_mode)));
+  ASSIGN_OR_RETURN(request.domains, TokensFromFlags());
+  ASSIGN_OR_RETURN(eval::PrefillKldReport report, eval::EvaluatePrefillKld(request));
+  std::fputs(eval::PrefillKldReportTable(report).c_str(), stdout);
+  return WriteJson(eval::PrefillKldReportJson(report));
+}
+
 absl::Status Kld() {
+  if (absl::GetFlag(FLAGS_prefill_tokens) != 0) return PrefillKld();
   eval::KldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
                      .release_dir = absl::GetFlag(FLAGS_release),
                      .window = absl::GetFlag(FLAGS_window),

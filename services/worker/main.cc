@@ -33,8 +33,10 @@
 #include "services/release/release_expert_decoder.h"
 #include "services/release/release_experts.h"
 #include "services/worker/arena_geometry.h"
+#include "services/worker/context_capacity.h"
 #include "services/worker/device_fit.h"
 #include "services/worker/gpu_memory.h"
+#include "services/worker/prefill_setup.h"
 #include "services/worker/slot_arena_memory.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
@@ -98,6 +100,19 @@ ABSL_FLAG(int, slots_per_layer, -1,
 ABSL_FLAG(int, fixed_slots_per_layer, -1,
           "Slots per layer pinned to the fixed 4-bit set (-1: the release's largest fixed set; 2 without one)");
 ABSL_FLAG(int64_t, rec_bytes, 64 << 10, "Without --release: bytes of one residual record (multiple of 4096)");
+// Issue #23 (services/worker/prefill_setup.h).
+ABSL_FLAG(int64_t, prefill_chunk_tokens, 2048,
+          "Tokens per prefill chunk: bounds a prompt's activations; a cancelled request stops within one chunk");
+ABSL_FLAG(int64_t, layer_major_prefill_tokens, 2048,
+          "New prompt spans of at least this many tokens prefill layer by layer, each MoE layer's routed experts at 4 "
+          "bits when a release is streamed (0: off)");
+ABSL_FLAG(int64_t, prefill_expert_slots, -1,
+          "Layer-major prefill: experts per layer held at 4 bits, in two buffers of this many record slots (-1: all "
+          "of a layer's; 0: none, the prefill runs at the decode precision)");
+ABSL_FLAG(int64_t, prefill_full_span_tokens, 32768,
+          "Layer-major prefill: spans this long hold every routed expert they use at 4 bits; a shorter span its "
+          "most-routed experts, in proportion to its length (reads grow with experts, the compute hiding them with "
+          "tokens)");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish the running sequence");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -377,6 +392,18 @@ absl::Status Run(ShutdownSignal& shutdown) {
     spdlog::info("speculative decoding: {}", speculative_tokens > 0
                                                  ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")
                                                  : std::string("off"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<release::PrefillExperts> prefill_experts,
+                   ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, &slots, *backend,
+                                    {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
+                                     .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens),
+                                     .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),
+                                     .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens)}));
+  if (model != nullptr) {
+    const absl::StatusOr<GpuMemory> gpu_memory = on_gpu ? QueryGpuMemory(gpu) : absl::StatusOr<GpuMemory>(GpuMemory{});
+    const uint64_t free_bytes = on_gpu ? (gpu_memory.ok() ? gpu_memory->free : 0) : HostAvailableBytes().value_or(0);
+    ReportContextCapacity(MeasureContextCapacity(*model, free_bytes),
+                          on_gpu ? absl::StrCat("GPU ", gpu) : std::string("the host"), registry);
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,

@@ -17,6 +17,68 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 int64_t SequenceRunner::context_window() const { return model_->max_tokens(); }
 
+absl::Status SequenceRunner::SetPrefillOptions(PrefillOptions options) {
+  if (options.chunk_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_chunk_tokens=", options.chunk_tokens,
+                                                   ": a prefill chunk needs at least one token"));
+  }
+  if (options.layer_major_min_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--layer_major_prefill_tokens=", options.layer_major_min_tokens,
+                                                   ": want 0 (off) or a span length"));
+  }
+  prefill_ = std::move(options);
+  return absl::OkStatus();
+}
+
+absl::Status SequenceRunner::FeedDrafter(std::span<const int32_t> sequence, int64_t first, int64_t count,
+                                         std::span<const float> hidden) {
+  const int64_t D = model_->config().hidden_size, C = prefill_.chunk_tokens;
+  for (int64_t fed = 0; fed < count; fed += C) {
+    const int64_t n = std::min(C, count - fed);
+    RETURN_IF_ERROR(drafter_
+                        ->Propose(DraftRequest{
+                            .sequence = sequence,
+                            .first_position = first + fed,
+                            .kept = n,
+                            .hidden = hidden.subspan(static_cast<size_t>(fed * D), static_cast<size_t>(n * D)),
+                            .num_drafts = 0,
+                        })
+                        .status());
+  }
+  return absl::OkStatus();
+}
+
+bool SequenceRunner::RunsLayerMajor(size_t span) const {
+  return prefill_.layer_major_min_tokens > 0 && static_cast<int64_t>(span) >= prefill_.layer_major_min_tokens;
+}
+
+absl::StatusOr<bool> SequenceRunner::PrefillLeadingChunks(std::vector<int32_t>& input,
+                                                          std::span<const int32_t> prompt,
+                                                          const std::function<bool()>& cancelled) {
+  if (RunsLayerMajor(input.size())) return true;  // the first step runs the whole span
+  const size_t C = static_cast<size_t>(prefill_.chunk_tokens);
+  size_t done = 0;
+  bool completed = true;
+  while (input.size() - done > C) {
+    if (cancelled()) {
+      completed = false;
+      break;
+    }
+    const std::span<const int32_t> chunk = std::span<const int32_t>(input).subspan(done, C);
+    const int64_t first = model_->cache_length();
+    if (slots_ != nullptr) slots_->BeginStep(0);
+    const absl::Status status = model_->ForwardLast(chunk).status();
+    if (slots_ != nullptr) slots_->EndStep();
+    RETURN_IF_ERROR(status);
+    cached_tokens_.insert(cached_tokens_.end(), chunk.begin(), chunk.end());
+    if (kept_observer_) kept_observer_(static_cast<int64_t>(C));
+    if (num_drafts_ > 0) RETURN_IF_ERROR(FeedDrafter(prompt, first, static_cast<int64_t>(C), model_->last_hidden()));
+    done += C;
+  }
+  input.erase(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(done));
+  return completed;
+}
+
 size_t SequenceRunner::ReusablePrefix(const std::vector<int32_t>& prompt) const {
   size_t common = 0;
   while (common < cached_tokens_.size() && common < prompt.size() && cached_tokens_[common] == prompt[common]) {
@@ -84,7 +146,20 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   auto run_step = [&](SequenceStep& step) -> absl::Status {
     const bool prefill = generated == 0;
     const int64_t first = model_->cache_length();
-    ASSIGN_OR_RETURN(std::vector<float> logits, prefill ? model_->ForwardLast(input) : model_->Forward(input));
+    std::vector<float> logits;
+    if (!prefill) {
+      ASSIGN_OR_RETURN(logits, model_->Forward(input));
+    } else if (RunsLayerMajor(input.size())) {
+      model::Model::LayerMajorOptions options{.chunk_tokens = prefill_.chunk_tokens,
+                                              .before_moe = prefill_.before_moe,
+                                              .cancelled = cancelled};
+      if (prefill_.begin_layer_major) prefill_.begin_layer_major(static_cast<int64_t>(input.size()));
+      absl::StatusOr<std::vector<float>> last = model_->PrefillLayerMajor(input, options);
+      if (prefill_.end_layer_major) prefill_.end_layer_major();
+      ASSIGN_OR_RETURN(logits, std::move(last));
+    } else {
+      ASSIGN_OR_RETURN(logits, model_->ForwardLast(input));
+    }
     const int n = static_cast<int>(drafts.tokens.size());
     step.drafts = n;
     for (int i = 0; i <= n; ++i) {
@@ -125,11 +200,16 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       const int want = static_cast<int>(std::min<int64_t>(num_drafts_, budget - generated - 1));
       const std::vector<float>& hidden = model_->last_hidden();
       const size_t D = static_cast<size_t>(model_->config().hidden_size);
+      // A long (layer-major) prefill feeds the drafter chunk by chunk, so the MTP layer's
+      // activations stay bounded too; only the last chunk drafts.
+      const int64_t fed = prefill ? (kept - 1) / prefill_.chunk_tokens * prefill_.chunk_tokens : 0;
+      RETURN_IF_ERROR(FeedDrafter(sequence, first, fed, hidden));
       ASSIGN_OR_RETURN(drafts, drafter_->Propose(DraftRequest{
                                    .sequence = sequence,
-                                   .first_position = first,
-                                   .kept = kept,
-                                   .hidden = std::span<const float>(hidden).first(static_cast<size_t>(kept) * D),
+                                   .first_position = first + fed,
+                                   .kept = kept - fed,
+                                   .hidden = std::span<const float>(hidden).subspan(static_cast<size_t>(fed) * D,
+                                                                                    static_cast<size_t>(kept - fed) * D),
                                    .num_drafts = want,
                                }));
     }
@@ -138,24 +218,39 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     return absl::OkStatus();
   };
 
-  for (;;) {
-    if (cancelled()) {
-      SequenceStep step;
-      step.finish = nq::v1::FINISH_REASON_ABORT;
-      emit(step);
-      return stats;
+  auto aborted = [&] {
+    SequenceStep step;
+    step.finish = nq::v1::FINISH_REASON_ABORT;
+    emit(step);
+    return stats;
+  };
+  // A failed step may leave part of itself in the cache: forget the sequence rather than reuse
+  // it. A cancelled one left the cache as cached_tokens_ says (whole chunks, or nothing of a
+  // layer-major prefill), which the next prompt may reuse.
+  auto fail = [&](const absl::Status& status) -> absl::StatusOr<SequenceStats> {
+    if (status.code() == absl::StatusCode::kCancelled && cancelled() &&
+        model_->cache_length() == static_cast<int64_t>(cached_tokens_.size())) {
+      return aborted();
     }
-    const auto start = std::chrono::steady_clock::now();
+    model_->ResetCache();
+    cached_tokens_.clear();
+    return status;
+  };
+
+  // The prefill's leading chunks (steps of their own); its last chunk is the first step below.
+  const auto prefill_start = std::chrono::steady_clock::now();
+  absl::StatusOr<bool> prefilled = PrefillLeadingChunks(input, request.prompt, cancelled);
+  if (!prefilled.ok()) return fail(prefilled.status());
+  if (!*prefilled) return aborted();
+
+  for (;;) {
+    if (cancelled()) return aborted();
+    const auto start = generated == 0 ? prefill_start : std::chrono::steady_clock::now();
     SequenceStep step;
     if (slots_ != nullptr) slots_->BeginStep(static_cast<uint32_t>(generated));
     const absl::Status status = run_step(step);
     if (slots_ != nullptr) slots_->EndStep();
-    if (!status.ok()) {
-      // The cache may hold part of this step: forget the sequence rather than reuse it.
-      model_->ResetCache();
-      cached_tokens_.clear();
-      return status;
-    }
+    if (!status.ok()) return fail(status);
     step.seconds = SecondsSince(start);
     stats.completion_tokens += static_cast<uint32_t>(step.tokens.size());
     if (!emit(step)) return stats;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -40,6 +41,25 @@ struct SequenceStep {
   int accepted = 0;  // of those, the accepted prefix (drafts[0, accepted) were kept)
 };
 
+// How a prompt's new tokens are prefilled (issue #23).
+struct PrefillOptions {
+  // Tokens per prefill forward (token order) and per chunk of a layer-major prefill: bounds a
+  // prefill's activations, and a cancelled request stops within one chunk. vLLM's default
+  // max_num_batched_tokens for chunked prefill.
+  int64_t chunk_tokens = 2048;
+  // A span of new tokens at least this long prefills layer-major (Model::PrefillLayerMajor),
+  // so each layer's routed experts can run at 4 bits for the whole span; 0: never.
+  int64_t layer_major_min_tokens = 0;
+  // Layer-major only: called before each MoE layer (LayerMajorOptions::before_moe), and around
+  // the prefill: begin with the span's length, end once it stopped (done, failed or
+  // cancelled). Each may be empty.
+  std::function<absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>>(int64_t,
+                                                                              std::span<const model::MoeRouting>)>
+      before_moe;
+  std::function<void(int64_t span_tokens)> begin_layer_major;
+  std::function<void()> end_layer_major;
+};
+
 struct SequenceStats {
   uint32_t prompt_tokens = 0;
   uint32_t cached_prompt_tokens = 0;
@@ -60,6 +80,8 @@ class SequenceRunner {
                                     const std::function<bool()>& cancelled);
 
   int64_t context_window() const;
+  // INVALID_ARGUMENT for chunk_tokens <= 0 or a negative layer_major_min_tokens. Before Run.
+  absl::Status SetPrefillOptions(PrefillOptions options);
   // Each forward becomes one step of `slots` (updates applied only between steps); null:
   // no slots.
   void SetSlotRuntime(SlotRuntime* slots) { slots_ = slots; }
@@ -80,7 +102,21 @@ class SequenceRunner {
   // Tokens of the cache a prompt may keep; the runner recomputes the rest.
   size_t ReusablePrefix(const std::vector<int32_t>& prompt) const;
 
+  // Whether a span of new prompt tokens prefills layer-major.
+  bool RunsLayerMajor(size_t span) const;
+  // The token-order prefill of the new span but its last chunk: each chunk a slot step of its
+  // own, kept as it completes (cache, cached_tokens_, kept observer, drafter), the
+  // cancellation checked before each. Leaves the last chunk in `input` for the first step (a
+  // layer-major span is left whole). Returns false when cancelled.
+  absl::StatusOr<bool> PrefillLeadingChunks(std::vector<int32_t>& input, std::span<const int32_t> prompt,
+                                            const std::function<bool()>& cancelled);
+  // Feeds the drafter the prefill positions [first, first + count) whose final-normed states
+  // are `hidden`, chunk by chunk, without drafting.
+  absl::Status FeedDrafter(std::span<const int32_t> sequence, int64_t first, int64_t count,
+                           std::span<const float> hidden);
+
   model::Model* const model_;
+  PrefillOptions prefill_;
   const std::vector<int32_t> eos_token_ids_;
   SlotRuntime* slots_ = nullptr;
   Drafter* drafter_ = nullptr;

@@ -225,6 +225,16 @@ bool SlotRuntime::RunsAtFourBit(int64_t layer, int32_t expert) const {
          table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)).has_value();
 }
 
+bool SlotRuntime::CopyReadyResidual(int64_t layer, int32_t expert, std::span<std::byte> out) const {
+  if (decoder_ == nullptr) return false;
+  const std::optional<uint32_t> slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
+  if (!slot.has_value()) return false;
+  absl::StatusOr<std::vector<std::byte>> bytes = SlotBytes(static_cast<uint32_t>(layer), *slot);
+  if (!bytes.ok() || bytes->size() != out.size()) return false;
+  std::copy(bytes->begin(), bytes->end(), out.begin());
+  return true;
+}
+
 int32_t SlotRuntime::SlotFor(int64_t layer, int32_t expert, int64_t tokens) {
   std::optional<uint32_t> slot;
   if (decoder_ != nullptr) slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));

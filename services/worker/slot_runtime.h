@@ -77,6 +77,11 @@ class SlotRuntime {
     return [this](int64_t layer, int32_t expert, int64_t tokens) { return SlotFor(layer, expert, tokens); };
   }
 
+  // Copies (layer, expert)'s READY residual (its record's bytes) into `out` and returns true;
+  // false when no READY slot holds it or the slot cannot be read. Only during a step (a
+  // layer-major prefill borrows what the slots already hold, PrefillExpertsOptions::copy_ready).
+  bool CopyReadyResidual(int64_t layer, int32_t expert, std::span<std::byte> out) const;
+
   // Whether (layer, expert) runs at 4 bits now. During a step (stable), or for statistics
   // between steps. Counts nothing.
   bool RunsAtFourBit(int64_t layer, int32_t expert) const;

@@ -60,6 +60,11 @@ absl::Status WorkerService::EnableSpeculation(int num_drafts) {
   return absl::OkStatus();
 }
 
+absl::Status WorkerService::SetPrefillOptions(PrefillOptions options) {
+  if (runner_ == nullptr) return absl::OkStatus();
+  return runner_->SetPrefillOptions(std::move(options));
+}
+
 void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
   if ((!routing_sink_ && watchers_.empty()) || moe_layers_.empty()) return;
   // The MTP layer's routing (layer ids past the decoder's) belongs to the drafts, not to the

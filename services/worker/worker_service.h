@@ -39,6 +39,10 @@ class WorkerService final : public nq::v1::Worker::Service {
   // when the model has no MTP layer; INVALID_ARGUMENT for a negative count. Before serving.
   absl::Status EnableSpeculation(int num_drafts);
 
+  // How prompts are prefilled (chunk size, layer-major threshold and hooks). INVALID_ARGUMENT
+  // as SequenceRunner::SetPrefillOptions. Before serving.
+  absl::Status SetPrefillOptions(PrefillOptions options);
+
   // Life-cycle transitions, driven by main(): LOADING -> READY -> DRAINING.
   void SetReady();
   void SetDraining();

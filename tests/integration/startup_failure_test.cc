@@ -101,6 +101,10 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"streamer", {"--read_piece_kib=3"}, "--read_piece_kib=3"},
       {"worker", {"--kv_cache_dtype=bf16"}, "--kv_cache_dtype=bf16 needs --model"},
       {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--release=" + log_dir_}, "COMPLETE"},
+      {"worker", {"--prefill_chunk_tokens=0"}, "--prefill_chunk_tokens=0"},
+      {"worker", {"--layer_major_prefill_tokens=-5"}, "--layer_major_prefill_tokens=-5"},
+      {"worker", {"--prefill_expert_slots=-2"}, "--prefill_expert_slots=-2"},
+      {"worker", {"--prefill_full_span_tokens=0"}, "--prefill_full_span_tokens=0"},
   };
   for (const Case& c : cases) {
     ChildProcess child = c.which == "router"     ? StartRouter(ports, FreePort(), c.args)

@@ -1,0 +1,230 @@
+#include "services/release/prefill_experts.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace nq::release {
+
+absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const ReleaseExpertDecoder& decoder,
+                                                                       kernels::Backend& backend, int64_t num_experts,
+                                                                       PrefillExpertsOptions options) {
+  if (options.slots <= 0 || options.full_span_tokens <= 0 || num_experts <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill experts: ", options.slots, " slots and a full span of ",
+                                                   options.full_span_tokens,
+                                                   " tokens (both must be positive) for ", num_experts, " experts"));
+  }
+  ASSIGN_OR_RETURN(const ReleaseExpertDecoder::SlotNeeds needs, decoder.Needs());
+  const int64_t slot_bytes = static_cast<int64_t>(needs.rec_bytes);
+  std::unique_ptr<PrefillExperts> experts(new PrefillExperts(decoder, backend, num_experts, options, slot_bytes));
+  for (Buffer& b : experts->buffers_) {
+    b.host.assign(static_cast<size_t>(options.slots * slot_bytes), std::byte{0});
+    ASSIGN_OR_RETURN(b.device, backend.Allocate(kernels::DType::kU8, kernels::Shape{options.slots * slot_bytes}));
+    b.expert_in.assign(static_cast<size_t>(options.slots), -1);
+  }
+  return experts;
+}
+
+PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Backend& backend,
+                               int64_t num_experts, PrefillExpertsOptions options, int64_t slot_bytes)
+    : decoder_(decoder),
+      backend_(backend),
+      num_experts_(num_experts),
+      options_(options),
+      slot_bytes_(slot_bytes),
+      calls_4bit_(metrics::Registry::Default().Counter("nq_expert_calls_total", "", {"bits"}).WithLabels({"4"})),
+      calls_2bit_(metrics::Registry::Default().Counter("nq_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
+      prefill_calls_4bit_(metrics::Registry::Default()
+                              .Counter("nq_worker_prefill_expert_calls_total",
+                                       "Routed expert calls (token x expert) of layer-major prefills, by precision "
+                                       "(also counted in nq_expert_calls_total)",
+                                       {"bits"})
+                              .WithLabels({"4"})),
+      prefill_calls_2bit_(
+          metrics::Registry::Default().Counter("nq_worker_prefill_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
+      records_prefetched_(metrics::Registry::Default()
+                              .Counter("nq_worker_prefill_records_total",
+                                       "4-bit residual records a layer-major prefill ran, by how they arrived: "
+                                       "prefetched while the layer before computed, read late, or copied from a "
+                                       "READY slot",
+                                       {"arrival"})
+                              .WithLabels({"prefetched"})),
+      records_late_(
+          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"late"})),
+      records_from_slots_(
+          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"slot"})) {}
+
+PrefillExperts::~PrefillExperts() { End(); }
+
+int64_t PrefillExperts::Budget(int64_t span_tokens) const {
+  if (span_tokens >= options_.full_span_tokens) return options_.slots;
+  const int64_t scaled = (options_.slots * std::max<int64_t>(span_tokens, 0) + options_.full_span_tokens - 1) /
+                         options_.full_span_tokens;
+  return std::clamp<int64_t>(scaled, 1, options_.slots);
+}
+
+int64_t PrefillExperts::NextMoeLayer(int64_t layer) const {
+  for (uint32_t id : decoder_.moe_layer_ids()) {
+    if (options_.decoder_layers > 0 && static_cast<int64_t>(id) >= options_.decoder_layers) break;
+    if (static_cast<int64_t>(id) > layer) return id;
+  }
+  return -1;
+}
+
+absl::Status PrefillExperts::ReadInto(Buffer& b, int64_t layer, int32_t expert, int64_t slot) {
+  b.expert_in[static_cast<size_t>(slot)] = -1;
+  ASSIGN_OR_RETURN(std::vector<std::byte> record,
+                   decoder_.ReadRecord(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)));
+  if (static_cast<int64_t>(record.size()) > slot_bytes_) {
+    return absl::InternalError(absl::StrCat("layer ", layer, " expert ", expert, ": a record of ", record.size(),
+                                            " bytes in a slot of ", slot_bytes_));
+  }
+  std::copy(record.begin(), record.end(), b.host.begin() + slot * slot_bytes_);
+  b.expert_in[static_cast<size_t>(slot)] = expert;
+  return absl::OkStatus();
+}
+
+absl::Status PrefillExperts::Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts) {
+  b.layer = layer;
+  std::fill(b.expert_in.begin(), b.expert_in.end(), -1);
+  for (size_t i = 0; i < experts.size() && static_cast<int64_t>(i) < options_.slots; ++i) {
+    RETURN_IF_ERROR(ReadInto(b, layer, experts[i], static_cast<int64_t>(i)));
+  }
+  return absl::OkStatus();
+}
+
+void PrefillExperts::StartPrefetch(int64_t layer) {
+  if (layer < 0) return;
+  // Which experts a layer's span will route is known only after its attention: prefetch the
+  // manifest's ranking (most valuable first), as many as the budget allows. A long span routes
+  // nearly every expert, so a budget of all slots prefetches nearly exactly what it needs.
+  std::vector<int32_t> experts;
+  const format::ManifestLayer* ml = decoder_.release().manifest().FindLayer(static_cast<uint32_t>(layer));
+  if (ml != nullptr) {
+    experts.assign(ml->ranking.begin(), ml->ranking.end());
+  } else {
+    experts.resize(static_cast<size_t>(num_experts_));
+    std::iota(experts.begin(), experts.end(), 0);
+  }
+  experts.resize(std::min<size_t>(experts.size(), static_cast<size_t>(Budget(span_tokens_))));
+  Buffer& b = buffers_[1 - current_];
+  prefetch_ = std::async(std::launch::async, [this, &b, layer, experts = std::move(experts)]() mutable {
+    return Prefetch(b, layer, std::move(experts));
+  });
+}
+
+absl::Status PrefillExperts::WaitPrefetch() {
+  if (!prefetch_.valid()) return absl::OkStatus();
+  return prefetch_.get();
+}
+
+void PrefillExperts::Begin(int64_t span_tokens) {
+  End();
+  span_tokens_ = span_tokens;
+  for (Buffer& b : buffers_) b.layer = -1;
+  // StartPrefetch fills the buffer BeforeMoe does not hand out next; flip so the first MoE
+  // layer's prefetch lands in the one it does.
+  current_ = 1 - current_;
+  StartPrefetch(decoder_.moe_layer_ids().empty() ? -1 : decoder_.moe_layer_ids().front());
+  current_ = 1 - current_;
+}
+
+void PrefillExperts::End() {
+  if (absl::Status s = WaitPrefetch(); !s.ok()) spdlog::warn("prefill prefetch: {}", s.ToString());
+}
+
+absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::BeforeMoe(
+    int64_t layer, std::span<const model::MoeRouting> chunks) {
+  const std::vector<uint32_t>& held = decoder_.moe_layer_ids();
+  if (std::find(held.begin(), held.end(), static_cast<uint32_t>(layer)) == held.end()) return std::nullopt;
+  Buffer& b = buffers_[current_];
+  if (absl::Status s = WaitPrefetch(); !s.ok()) {
+    // A failed read costs precision, not the request: what is missing is read again below,
+    // and an expert that still cannot be read runs at 2 bits.
+    spdlog::warn("prefill prefetch of layer {}: {}", layer, s.ToString());
+  }
+  if (b.layer != layer) {
+    b.layer = layer;
+    std::fill(b.expert_in.begin(), b.expert_in.end(), -1);
+  }
+  std::vector<int64_t> calls(static_cast<size_t>(num_experts_), 0);
+  for (const model::MoeRouting& r : chunks) {
+    for (int32_t e : r.experts) {
+      if (e >= 0 && e < num_experts_) ++calls[static_cast<size_t>(e)];
+    }
+  }
+  // The span's experts, most-routed first (ties: the lower id); the first `budget` are read if
+  // the prefetch missed them.
+  std::vector<int32_t> used;
+  for (int32_t e = 0; e < num_experts_; ++e) {
+    if (calls[static_cast<size_t>(e)] > 0) used.push_back(e);
+  }
+  std::stable_sort(used.begin(), used.end(),
+                   [&](int32_t a, int32_t c) { return calls[static_cast<size_t>(a)] > calls[static_cast<size_t>(c)]; });
+  const size_t budget = static_cast<size_t>(Budget(span_tokens_));
+  std::vector<int32_t> slot_of(static_cast<size_t>(num_experts_), -1);
+  std::vector<int64_t> free_slots;
+  // Slots whose prefetched expert the span routes keep it (already read); the others are free.
+  for (int64_t s = options_.slots - 1; s >= 0; --s) {
+    const int32_t e = b.expert_in[static_cast<size_t>(s)];
+    if (e >= 0 && calls[static_cast<size_t>(e)] > 0) {
+      slot_of[static_cast<size_t>(e)] = static_cast<int32_t>(s);
+      ++totals_.records_prefetched_used;
+      records_prefetched_.Increment();
+    } else {
+      free_slots.push_back(s);
+    }
+  }
+  // A prefetched expert the span does not use may be overwritten: forget it first.
+  for (int64_t s : free_slots) b.expert_in[static_cast<size_t>(s)] = -1;
+  const int64_t layer_bytes = static_cast<int64_t>(decoder_.RecordBytes(static_cast<uint32_t>(layer)).value_or(0));
+  for (size_t i = 0; i < used.size() && !free_slots.empty(); ++i) {
+    const int32_t e = used[i];
+    if (slot_of[static_cast<size_t>(e)] >= 0) continue;
+    const int64_t s = free_slots.back();
+    const std::span<std::byte> dst = std::span<std::byte>(b.host).subspan(static_cast<size_t>(s * slot_bytes_),
+                                                                           static_cast<size_t>(layer_bytes));
+    if (options_.copy_ready && layer_bytes > 0 && options_.copy_ready(layer, e, dst)) {
+      b.expert_in[static_cast<size_t>(s)] = e;
+      ++totals_.records_from_slots;
+      records_from_slots_.Increment();
+    } else if (i < budget) {
+      if (absl::Status read = ReadInto(b, layer, e, s); !read.ok()) {
+        spdlog::warn("prefill: layer {} expert {} stays at 2 bits: {}", layer, e, read.ToString());
+        continue;
+      }
+      ++totals_.records_read_late;
+      records_late_.Increment();
+    } else {
+      continue;  // past the read budget, and no slot holds it: 2 bits
+    }
+    free_slots.pop_back();
+    slot_of[static_cast<size_t>(e)] = static_cast<int32_t>(s);
+  }
+  // The device buffer was last read by the MoE two layers back; the upload must not overtake
+  // that work on a device that queues it.
+  RETURN_IF_ERROR(backend_.Synchronize());
+  RETURN_IF_ERROR(backend_.CopyFromHost(b.host, b.device));
+  for (int32_t e = 0; e < num_experts_; ++e) {
+    const double n = static_cast<double>(calls[static_cast<size_t>(e)]);
+    if (n == 0) continue;
+    const bool four = slot_of[static_cast<size_t>(e)] >= 0;
+    (four ? totals_.calls_4bit : totals_.calls_2bit) += n;
+    (four ? calls_4bit_ : calls_2bit_).Increment(n);
+    (four ? prefill_calls_4bit_ : prefill_calls_2bit_).Increment(n);
+  }
+  // The next layer's reads overlap this layer's experts (and the next layer's attention).
+  StartPrefetch(NextMoeLayer(layer));
+  model::Model::PrefillLayerSlots slots{.arena = static_cast<const std::byte*>(b.device.data()),
+                                        .slot_bytes = slot_bytes_,
+                                        .num_slots = options_.slots,
+                                        .slot_of_expert = std::move(slot_of)};
+  current_ = 1 - current_;
+  return slots;
+}
+
+}  // namespace nq::release

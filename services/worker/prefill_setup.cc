@@ -1,0 +1,71 @@
+#include "services/worker/prefill_setup.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+namespace nq::worker {
+
+absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
+                                                                          const release::ReleaseExpertDecoder* decoder,
+                                                                          const SlotRuntime* slots,
+                                                                          kernels::Backend& backend,
+                                                                          const PrefillFlags& flags) {
+  // Checked here too, with or without a model: a bad value is refused, never ignored.
+  if (flags.chunk_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_chunk_tokens=", flags.chunk_tokens,
+                                                   ": a prefill chunk needs at least one token"));
+  }
+  if (flags.layer_major_min_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--layer_major_prefill_tokens=", flags.layer_major_min_tokens,
+                                                   ": want 0 (off) or a span length"));
+  }
+  if (flags.full_span_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill_full_span_tokens=", flags.full_span_tokens, ": want a positive span length"));
+  }
+  if (flags.expert_slots < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_expert_slots=", flags.expert_slots,
+                                                   ": want -1 (every expert), 0 (none) or a slot count"));
+  }
+  PrefillOptions options{.chunk_tokens = flags.chunk_tokens, .layer_major_min_tokens = flags.layer_major_min_tokens};
+  std::unique_ptr<release::PrefillExperts> experts;
+  if (model != nullptr && decoder != nullptr && flags.expert_slots != 0 && flags.layer_major_min_tokens > 0) {
+    const int64_t num_experts = model->config().n_routed_experts;
+    release::PrefillExpertsOptions experts_options{.slots = std::min(flags.expert_slots < 0 ? num_experts
+                                                                                       : flags.expert_slots,
+                                                                                   num_experts),
+                                                   .full_span_tokens = flags.full_span_tokens,
+                                                   .decoder_layers = model->config().num_hidden_layers};
+    if (slots != nullptr) {
+      // The prefill runs inside one slot step, so the READY slots it copies stay put.
+      experts_options.copy_ready = [slots](int64_t layer, int32_t expert, std::span<std::byte> out) {
+        return slots->CopyReadyResidual(layer, expert, out);
+      };
+    }
+    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts, experts_options));
+    release::PrefillExperts* hooks = experts.get();
+    options.before_moe = [hooks](int64_t layer, std::span<const model::MoeRouting> chunks) {
+      return hooks->BeforeMoe(layer, chunks);
+    };
+    options.begin_layer_major = [hooks](int64_t span) { hooks->Begin(span); };
+    options.end_layer_major = [hooks] { hooks->End(); };
+    spdlog::info("prefill: chunks of {} tokens; spans of {}+ tokens run layer-major with up to {} experts per layer at "
+                 "4 bits (all they use from {} tokens on; {:.1f} MiB of prefill slots)",
+                 flags.chunk_tokens, flags.layer_major_min_tokens, experts_options.slots, flags.full_span_tokens,
+                 2.0 * static_cast<double>(experts_options.slots * experts->slot_bytes()) / (1 << 20));
+  } else {
+    spdlog::info("prefill: chunks of {} tokens; layer-major {}", flags.chunk_tokens,
+                 flags.layer_major_min_tokens > 0
+                     ? absl::StrCat("for spans of ", flags.layer_major_min_tokens,
+                                    "+ tokens, at the decode precision (no release streamed, or no prefill slots)")
+                     : std::string("off"));
+  }
+  RETURN_IF_ERROR(service.SetPrefillOptions(std::move(options)));
+  return experts;
+}
+
+}  // namespace nq::worker

@@ -1,0 +1,38 @@
+// Wires issue #23's prefill into a worker from its flags: the chunk size and layer-major
+// threshold of the sequence runner, and (serving a release with streaming) the 4-bit routed
+// experts a layer-major prefill loads for itself (prefill_experts.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "services/model/model.h"
+#include "services/release/release_expert_decoder.h"
+#include "services/release/prefill_experts.h"
+#include "services/worker/worker_service.h"
+
+namespace nq::worker {
+
+struct PrefillFlags {
+  int64_t chunk_tokens = 2048;            // --prefill_chunk_tokens
+  int64_t layer_major_min_tokens = 2048;  // --layer_major_prefill_tokens (0: off)
+  // --prefill_expert_slots: slots per buffer of the layer-major prefill's 4-bit experts; -1:
+  // every routed expert of a layer; 0: none (layer-major prefill then runs at the decode
+  // precision).
+  int64_t expert_slots = -1;
+  int64_t full_span_tokens = 32768;  // --prefill_full_span_tokens (PrefillExpertsOptions)
+};
+
+// Validates the flags (INVALID_ARGUMENT naming the flag) and configures `service`. With
+// `decoder` (a release served with dynamic experts) and slots, returns the PrefillExperts the
+// service's hooks use: keep it alive while the service serves. Null otherwise.
+// `slots` (may be null): experts READY there join the prefill's 4-bit set without a read.
+absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
+                                                                          const release::ReleaseExpertDecoder* decoder,
+                                                                          const SlotRuntime* slots,
+                                                                          kernels::Backend& backend,
+                                                                          const PrefillFlags& flags);
+
+}  // namespace nq::worker

@@ -1,0 +1,265 @@
+// The layer-major prefill's own 4-bit experts (issue #23) on the embedded default served from
+// its release (CPU): with every routed expert in budget the prefill is the all-4-bit model's,
+// bit for bit; with a budget it holds the span's most-routed experts at 4 bits and equals a
+// token-order prefill that runs exactly those at 4 bits; the share of 4-bit calls is counted.
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/common/status_macros.h"
+#include "services/release/release_experts.h"
+#include "services/release/prefill_experts.h"
+#include "services/worker/arena_geometry.h"
+#include "services/worker/slot_runtime.h"
+#include "services/worker/slot_table.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::worker {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kPromptTokens = 300;
+constexpr int64_t kChunk = 64;
+
+class PrefillExpertsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
+                                             "/scripts/embedded_model.sh ", NQ_EMBEDDED_MODEL_DIR, " > /dev/null");
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+    ASSERT_THAT(backend, IsOk());
+    backend_ = backend->release();
+    for (auto [served, bits] : {std::pair{&two_bit_, release::ExpertBits::k2Bit},
+                                std::pair{&four_bit_, release::ExpertBits::k4Bit}}) {
+      absl::StatusOr<release::ServedModel> loaded =
+          release::LoadServedModel(NQ_EMBEDDED_MODEL_DIR, std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", bits,
+                                   *backend_, nullptr, {.max_tokens = 1024});
+      ASSERT_THAT(loaded, IsOk());
+      *served = *std::move(loaded);
+    }
+    std::ifstream in(std::string(NQ_SOURCE_DIR) + "/models/glm5_nano/eval/stdlib_code.tokens.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::vector<int32_t> ids = nlohmann::json::parse(text.str()).get<std::vector<int32_t>>();
+    ASSERT_GT(ids.size(), static_cast<size_t>(kPromptTokens + 1000));
+    prompt_.assign(ids.begin() + 1000, ids.begin() + 1000 + kPromptTokens);
+  }
+  static void TearDownTestSuite() {
+    two_bit_ = {};
+    four_bit_ = {};
+    delete backend_;
+  }
+  void SetUp() override {
+    two_bit_.model->ResetCache();
+    four_bit_.model->ResetCache();
+    four_bit_.model->SetExpertSlotSource(nullptr);
+    two_bit_.model->SetExpertSlotSource(nullptr);
+  }
+  int64_t experts() const { return two_bit_.model->config().n_routed_experts; }
+  int64_t layers() const { return two_bit_.model->config().num_hidden_layers; }
+  // MoE layers of the decoder stack (the release also holds the MTP layer's).
+  double MoeLayers() const {
+    double n = 0;
+    for (uint32_t l : two_bit_.decoder->moe_layer_ids()) n += l < layers() ? 1 : 0;
+    return n;
+  }
+
+  // The 2-bit model's layer-major prefill of the prompt with `prefill`'s 4-bit experts, then one
+  // decode step; `chosen` receives each MoE layer's 4-bit experts.
+  std::pair<std::vector<float>, std::vector<float>> LayerMajor(release::PrefillExperts& prefill,
+                                                               std::map<int64_t, std::vector<int32_t>>* chosen,
+                                                               std::map<int64_t, std::vector<int64_t>>* calls) {
+    model::Model::LayerMajorOptions options{.chunk_tokens = kChunk};
+    options.before_moe = [&](int64_t layer, std::span<const model::MoeRouting> chunks)
+        -> absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> {
+      ASSIGN_OR_RETURN(std::optional<model::Model::PrefillLayerSlots> slots, prefill.BeforeMoe(layer, chunks));
+      if (slots.has_value()) (*chosen)[layer] = slots->slot_of_expert;
+      std::vector<int64_t>& n = (*calls)[layer];
+      n.assign(static_cast<size_t>(experts()), 0);
+      for (const model::MoeRouting& r : chunks) {
+        for (int32_t e : r.experts) ++n[static_cast<size_t>(e)];
+      }
+      return slots;
+    };
+    prefill.Begin(kPromptTokens);
+    absl::StatusOr<std::vector<float>> last = two_bit_.model->PrefillLayerMajor(prompt_, options);
+    prefill.End();
+    EXPECT_THAT(last, IsOk());
+    absl::StatusOr<std::vector<float>> next = two_bit_.model->Forward(std::span<const int32_t>(prompt_).first(1));
+    EXPECT_THAT(next, IsOk());
+    return {last.value_or(std::vector<float>{}), next.value_or(std::vector<float>{})};
+  }
+  // Token-order prefill (chunks of kChunk) on `m`, then the same decode step (every expert at
+  // 2 bits, as the 2-bit model decodes above).
+  static std::pair<std::vector<float>, std::vector<float>> TokenOrder(model::Model& m) {
+    std::vector<float> last;
+    for (int64_t at = 0; at < kPromptTokens; at += kChunk) {
+      absl::StatusOr<std::vector<float>> logits = m.ForwardLast(
+          std::span<const int32_t>(prompt_).subspan(at, std::min(kChunk, kPromptTokens - at)));
+      EXPECT_THAT(logits, IsOk());
+      last = logits.value_or(std::vector<float>{});
+    }
+    m.SetExpertSlotSource([](int64_t, int32_t, int64_t) { return -1; });
+    absl::StatusOr<std::vector<float>> next = m.Forward(std::span<const int32_t>(prompt_).first(1));
+    EXPECT_THAT(next, IsOk());
+    return {last, next.value_or(std::vector<float>{})};
+  }
+
+  static kernels::Backend* backend_;
+  static release::ServedModel two_bit_;
+  static release::ServedModel four_bit_;
+  static std::vector<int32_t> prompt_;
+};
+kernels::Backend* PrefillExpertsTest::backend_ = nullptr;
+release::ServedModel PrefillExpertsTest::two_bit_;
+release::ServedModel PrefillExpertsTest::four_bit_;
+std::vector<int32_t> PrefillExpertsTest::prompt_;
+
+TEST_F(PrefillExpertsTest, RefusesAnEmptyBudget) {
+  EXPECT_THAT(release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 slots")));
+}
+
+TEST_F(PrefillExpertsTest, EveryRoutedExpertInBudgetIsTheAll4BitModelBitForBit) {
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 256, .decoder_layers = layers()});
+  ASSERT_THAT(prefill, IsOk());
+  std::map<int64_t, std::vector<int32_t>> chosen;
+  std::map<int64_t, std::vector<int64_t>> calls;
+  const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+  const auto all_4bit = TokenOrder(*four_bit_.model);
+  const auto all_2bit = TokenOrder(*two_bit_.model);
+  ASSERT_FALSE(layer_major.first.empty());
+  EXPECT_EQ(layer_major.first, all_4bit.first);
+  EXPECT_EQ(layer_major.second, all_4bit.second);  // the KV cache too
+  EXPECT_NE(layer_major.first, all_2bit.first);    // the precision made a difference
+  const release::PrefillExpertStats& stats = (*prefill)->totals();
+  const double moe_layers = MoeLayers();
+  ASSERT_EQ(moe_layers, 4);  // glm5_nano: layers 1-4
+  EXPECT_EQ(stats.calls_4bit, kPromptTokens * moe_layers * two_bit_.model->config().num_experts_per_tok);
+  EXPECT_EQ(stats.calls_2bit, 0);
+  EXPECT_EQ(stats.CallShare4Bit(), 1.0);
+  // With every expert in budget the prefetch (the manifest's ranking, all of it) left nothing
+  // to read late.
+  EXPECT_EQ(stats.records_read_late, 0);
+  EXPECT_GT(stats.records_prefetched_used, 0);
+}
+
+TEST_F(PrefillExpertsTest, ABudgetHoldsTheMostRoutedExpertsAndMatchesTokenOrderAtTheSamePrecision) {
+  // 300 of 1200 tokens: a quarter of the 32 slots, 8 experts per layer.
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 1200, .decoder_layers = layers()});
+  ASSERT_THAT(prefill, IsOk());
+  ASSERT_EQ((*prefill)->Budget(kPromptTokens), experts() / 4);
+  std::map<int64_t, std::vector<int32_t>> chosen;
+  std::map<int64_t, std::vector<int64_t>> calls;
+  const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+  ASSERT_EQ(static_cast<double>(chosen.size()), MoeLayers());
+  for (const auto& [layer, slot_of] : chosen) {
+    const std::vector<int64_t>& n = calls[layer];
+    std::vector<int32_t> order(static_cast<size_t>(experts()));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return n[a] > n[b]; });
+    // The budget's most-routed experts run at 4 bits; what else the prefetch brought may too,
+    // but only experts the span routes take a slot.
+    for (int64_t i = 0; i < experts() / 4; ++i) {
+      EXPECT_GE(slot_of[order[i]], 0) << "layer " << layer << ": the #" << i << " most-routed expert ran at 2 bits";
+    }
+    int64_t held = 0;
+    for (int64_t e = 0; e < experts(); ++e) {
+      if (slot_of[e] < 0) continue;
+      ++held;
+      EXPECT_GT(n[e], 0) << "layer " << layer << " holds expert " << e << ", which the span never routes";
+    }
+    EXPECT_LT(held, experts()) << "layer " << layer;
+  }
+  // The all-4-bit model's records, but only the experts the prefill held at 4 bits.
+  four_bit_.model->SetExpertSlotSource([&](int64_t layer, int32_t expert, int64_t) {
+    return chosen.at(layer)[expert] >= 0 ? expert : -1;
+  });
+  const auto same_precision = TokenOrder(*four_bit_.model);
+  EXPECT_EQ(layer_major.first, same_precision.first);
+  EXPECT_EQ(layer_major.second, same_precision.second);
+  const double share = (*prefill)->totals().CallShare4Bit();
+  EXPECT_GT(share, 0.25);  // the most-routed quarter of the experts serve more than a quarter of the calls
+  EXPECT_LT(share, 1.0);
+}
+
+TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
+  // A worker's slot arena with experts 5, 13, 21 and 29 of every MoE layer READY (their records
+  // copied in, as the streamer would), and a read budget of one expert a layer.
+  const model::ModelConfig& config = two_bit_.model->config();
+  absl::StatusOr<SlotGeometry> geometry = ReleaseArenaGeometry(*two_bit_.decoder, config, {});
+  ASSERT_THAT(geometry, IsOk());
+  SlotTable table(*geometry);
+  std::vector<std::byte> arena(geometry->ArenaBytes());
+  SlotRuntime slots(&table, arena, two_bit_.decoder.get());
+  const std::vector<int32_t> ready = {5, 13, 21, 29};
+  nq::v1::SlotTableUpdate update;
+  update.set_generation(1);
+  for (size_t i = 0; i < geometry->moe_layer_ids.size(); ++i) {
+    const uint32_t layer = geometry->moe_layer_ids[i];
+    for (uint32_t s = 0; s < ready.size(); ++s) {
+      absl::StatusOr<std::vector<std::byte>> record = two_bit_.decoder->ReadRecord(layer, ready[s]);
+      ASSERT_THAT(record, IsOk());
+      std::copy(record->begin(), record->end(), arena.begin() + static_cast<std::ptrdiff_t>(geometry->SlotOffset(i, s)));
+      nq::v1::SlotChange* change = update.add_changes();
+      change->set_kind(nq::v1::SlotChange::KIND_READY);
+      change->set_layer(layer);
+      change->set_slot(s);
+      change->set_expert(static_cast<uint32_t>(ready[s]));
+    }
+  }
+  slots.Post(update);
+  ASSERT_EQ(slots.ready_slots(), geometry->moe_layer_ids.size() * ready.size());
+  release::PrefillExpertsOptions options{.slots = experts(), .full_span_tokens = 1 << 20, .decoder_layers = layers()};
+  options.copy_ready = [&](int64_t layer, int32_t expert, std::span<std::byte> out) {
+    return slots.CopyReadyResidual(layer, expert, out);
+  };
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), options);
+  ASSERT_THAT(prefill, IsOk());
+  ASSERT_EQ((*prefill)->Budget(kPromptTokens), 1);
+  std::map<int64_t, std::vector<int32_t>> chosen;
+  std::map<int64_t, std::vector<int64_t>> calls;
+  slots.BeginStep(0);  // as the worker runs a prefill: inside one slot step
+  const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+  slots.EndStep();
+  int64_t borrowed = 0;
+  for (const auto& [layer, slot_of] : chosen) {
+    for (int32_t e : ready) {
+      if (calls[layer][e] == 0) continue;
+      EXPECT_GE(slot_of[e], 0) << "layer " << layer << " expert " << e << " was READY but ran at 2 bits";
+      ++borrowed;
+    }
+  }
+  EXPECT_GT(borrowed, 0);
+  const release::PrefillExpertStats& stats = (*prefill)->totals();
+  EXPECT_GT(stats.records_from_slots, 0);
+  // Reads stay within the budget of one a layer, for the prefetch and for the late reads each.
+  EXPECT_LE(stats.records_read_late, static_cast<int64_t>(chosen.size()));
+  EXPECT_LE(stats.records_prefetched_used, static_cast<int64_t>(chosen.size()));
+  // And the borrowed residuals are the experts' own: token order at the same precision agrees.
+  four_bit_.model->SetExpertSlotSource([&](int64_t layer, int32_t expert, int64_t) {
+    return chosen.at(layer)[expert] >= 0 ? expert : -1;
+  });
+  const auto same_precision = TokenOrder(*four_bit_.model);
+  EXPECT_EQ(layer_major.first, same_precision.first);
+  EXPECT_EQ(layer_major.second, same_precision.second);
+}
+
+}  // namespace
+}  // namespace nq::worker
