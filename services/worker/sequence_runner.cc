@@ -17,6 +17,19 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 int64_t SequenceRunner::context_window() const { return model_->max_tokens(); }
 
+void SequenceRunner::ForgetCache() {
+  model_->ResetCache();
+  cached_tokens_.clear();
+}
+
+absl::Status SequenceRunner::Mirror(StepCommand::Op op, int64_t position, uint64_t step,
+                                    std::span<const int32_t> tokens) {
+  if (mirror_ == nullptr) return absl::OkStatus();
+  StepCommand command{.op = op, .position = position, .sequence = sequences_, .step = step};
+  command.tokens.assign(tokens.begin(), tokens.end());
+  return mirror_->Mirror(command);
+}
+
 size_t SequenceRunner::ReusablePrefix(const std::vector<int32_t>& prompt) const {
   size_t common = 0;
   while (common < cached_tokens_.size() && common < prompt.size() && cached_tokens_[common] == prompt[common]) {
@@ -49,6 +62,8 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   if (num_drafts_ > 0) RETURN_IF_ERROR(drafter_->BeginSequence(request.sampling));
 
   const size_t reuse = ReusablePrefix(request.prompt);
+  ++sequences_;
+  RETURN_IF_ERROR(Mirror(StepCommand::Op::kTruncateCache, static_cast<int64_t>(reuse), 0));
   RETURN_IF_ERROR(model_->TruncateCache(static_cast<int64_t>(reuse)));
   cached_tokens_.resize(reuse);
 
@@ -84,6 +99,8 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   auto run_step = [&](SequenceStep& step) -> absl::Status {
     const bool prefill = generated == 0;
     const int64_t first = model_->cache_length();
+    RETURN_IF_ERROR(Mirror(prefill ? StepCommand::Op::kForwardLast : StepCommand::Op::kForward, first,
+                           static_cast<uint64_t>(generated), input));
     ASSIGN_OR_RETURN(std::vector<float> logits, prefill ? model_->ForwardLast(input) : model_->Forward(input));
     const int n = static_cast<int>(drafts.tokens.size());
     step.drafts = n;
@@ -116,6 +133,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     // one position per emitted token; the rest (rejected drafts, and an accepted draft the
     // sequence ended on) are rolled back.
     const int64_t kept = prefill ? static_cast<int64_t>(input.size()) : static_cast<int64_t>(step.tokens.size());
+    RETURN_IF_ERROR(Mirror(StepCommand::Op::kTruncateCache, first + kept, static_cast<uint64_t>(generated)));
     RETURN_IF_ERROR(model_->TruncateCache(first + kept));
     cached_tokens_.insert(cached_tokens_.end(), input.begin(), input.begin() + kept);
     if (kept_observer_) kept_observer_(kept);
@@ -151,7 +169,9 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     const absl::Status status = run_step(step);
     if (slots_ != nullptr) slots_->EndStep();
     if (!status.ok()) {
-      // The cache may hold part of this step: forget the sequence rather than reuse it.
+      // The cache may hold part of this step: forget the sequence rather than reuse it. The
+      // other ranks too, if they can still be told (a broken group resets them on re-forming).
+      (void)Mirror(StepCommand::Op::kResetCache, 0, static_cast<uint64_t>(generated));
       model_->ResetCache();
       cached_tokens_.clear();
       return status;
