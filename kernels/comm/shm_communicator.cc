@@ -28,7 +28,7 @@ constexpr int kSpinsBeforeSleep = 64;
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(20);
 constexpr absl::Duration kJoinPoll = absl::Milliseconds(10);
 
-absl::Status Errno(std::string_view what, int err) {
+absl::Status Errno(absl::string_view what, int err) {
   const std::string message = absl::StrCat(what, ": ", std::strerror(err));
   return err == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
 }
@@ -40,7 +40,7 @@ absl::Status CheckF32(const char* op, const Tensor& t) {
   return absl::OkStatus();
 }
 
-void CopyText(char (&dst)[shm::kTextBytes], std::string_view text) {
+void CopyText(char (&dst)[shm::kTextBytes], absl::string_view text) {
   const size_t n = std::min(text.size(), shm::kTextBytes - 1);
   std::memcpy(dst, text.data(), n);
   dst[n] = '\0';
@@ -79,7 +79,7 @@ absl::Status CheckOptions(const ShmCommunicatorOptions& o) {
 
 // Writes why a process refused to join as `rank` where rank 0 will find it (best effort: two
 // processes refusing as the same rank at once may interleave their texts).
-void WriteRefusal(shm::Header& h, int rank, std::string_view why) {
+void WriteRefusal(shm::Header& h, int rank, absl::string_view why) {
   if (rank < 0 || rank >= shm::kMaxWorld) return;
   CopyText(h.ranks[rank].refusal, absl::StrCat("pid ", getpid(), ": ", why));
   h.ranks[rank].refusal_seq.fetch_add(1, std::memory_order_release);
@@ -103,7 +103,11 @@ ShmCommunicator::~ShmCommunicator() {
       slot.state.store(shm::kSlotLeft, std::memory_order_release);
       Break(absl::StrCat("rank ", rank(), " (pid ", getpid(), ") left the group"));
     }
-    release_alive_.Notify();
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      release_alive_ = true;
+    }
+    release_cv_.notify_all();
     alive_thread_.join();
   }
   // Destructors report nothing; munmap/close cannot leave the peers in a worse state.
@@ -121,22 +125,24 @@ std::byte* ShmCommunicator::Area(int parity, int r) const {
 uint64_t ShmCommunicator::generation() const { return header().generation; }
 
 absl::Status ShmCommunicator::HoldAliveLock() {
-  std::promise<absl::Status> locked;
-  std::future<absl::Status> result = locked.get_future();
+  // Shared: the thread may still be inside set_value when this function returns.
+  auto locked = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> result = locked->get_future();
   pthread_mutex_t* mutex = &header().ranks[rank()].alive;
   const int32_t holder = header().ranks[rank()].pid.load(std::memory_order_relaxed);
-  alive_thread_ = std::thread([this, mutex, holder, &locked] {
+  alive_thread_ = std::thread([this, mutex, holder, locked] {
     int rc = pthread_mutex_trylock(mutex);
     // A process that held this rank before died: its lock is ours now.
     if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(mutex);
     if (rc != 0) {
-      locked.set_value(rc == EBUSY ? absl::FailedPreconditionError(absl::StrCat(
+      locked->set_value(rc == EBUSY ? absl::FailedPreconditionError(absl::StrCat(
                                          "rank ", rank(), " is already held by a live process (pid ", holder, ")"))
                                    : Errno("locking the rank's alive lock", rc));
       return;
     }
-    locked.set_value(absl::OkStatus());
-    release_alive_.WaitForNotification();
+    locked->set_value(absl::OkStatus());
+    std::unique_lock<std::mutex> lock(release_mu_);
+    release_cv_.wait(lock, [this] { return release_alive_; });
     pthread_mutex_unlock(mutex);
   });
   absl::Status status = result.get();
@@ -171,7 +177,7 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(const S
   comm->owns_name_ = true;
   // The object is zero-filled: every atomic starts at 0 (kForming, kSlotEmpty). The mutexes
   // need their attributes.
-  shm::Header& h = *new (base) shm::Header;
+  shm::Header& h = *new (base) shm::Header();
   pthread_mutexattr_t attr;
   if (int rc = pthread_mutexattr_init(&attr); rc != 0) return Errno("pthread_mutexattr_init", rc);
   int rc = pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
@@ -194,7 +200,7 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Create(const S
 
 absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Attach(
     const ShmCommunicatorOptions& options,
-    const std::function<absl::Status(std::string_view leader_identity)>& check_identity) {
+    const std::function<absl::Status(absl::string_view leader_identity)>& check_identity) {
   RETURN_IF_ERROR(CheckOptions(options));
   if (options.rank == 0) return absl::InvalidArgumentError("rank 0 creates the group; it does not attach");
   const int fd = shm_open(options.name.c_str(), O_RDWR | O_CLOEXEC, 0);
@@ -265,7 +271,7 @@ absl::StatusOr<std::unique_ptr<ShmCommunicator>> ShmCommunicator::Attach(
   return comm;
 }
 
-void ShmCommunicator::Break(std::string_view reason) {
+void ShmCommunicator::Break(absl::string_view reason) {
   shm::Header& h = header();
   uint32_t expected = 0;
   if (h.broken_once.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
@@ -287,6 +293,8 @@ absl::Status ShmCommunicator::PeersAlive() {
   const bool forming = h.state.load(std::memory_order_acquire) == shm::kForming;
   for (int r = 0; r < world_size(); ++r) {
     if (r == rank()) continue;
+    // While the group forms, rank 0 admits and frees the others; they watch rank 0 only.
+    if (forming && rank() != 0 && r != 0) continue;
     shm::RankSlot& slot = h.ranks[r];
     const uint32_t state = slot.state.load(std::memory_order_acquire);
     if (state == shm::kSlotEmpty && forming) continue;  // not joined yet
@@ -310,7 +318,7 @@ absl::Status ShmCommunicator::PeersAlive() {
         return Errno("checking a peer's alive lock", rc);
       }
     }
-    if (forming) {
+    if (forming && rank() == 0) {
       // A rank that joined and died before the group formed frees its slot for its restart.
       slot.pid.store(0, std::memory_order_relaxed);
       slot.state.store(shm::kSlotEmpty, std::memory_order_release);
@@ -393,11 +401,10 @@ absl::Status ShmCommunicator::WaitArrived(uint32_t target, absl::Duration wait) 
 }
 
 absl::StatusOr<int> ShmCommunicator::Round(Op op, const void* in, size_t bytes, absl::Duration wait) {
+  // A follower may post its first round while rank 0 is still marking the group ready: rank 0
+  // itself starts rounds only once it is, so the arrivals still pair up.
   RETURN_IF_ERROR(BrokenStatus());
   shm::Header& h = header();
-  if (h.state.load(std::memory_order_acquire) != shm::kReady) {
-    return absl::FailedPreconditionError("tensor-parallel group not formed yet");
-  }
   const int parity = static_cast<int>(rounds_ % shm::kParities);
   if (in != nullptr && bytes > 0) std::memcpy(Area(parity, rank()), in, bytes);
   shm::Post& mine = h.posts[parity][rank()];

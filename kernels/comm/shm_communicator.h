@@ -19,18 +19,20 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "kernels/comm/shm_segment.h"
@@ -65,7 +67,7 @@ class ShmCommunicator final : public Communicator {
   // written into the segment for rank 0 to report.
   static absl::StatusOr<std::unique_ptr<ShmCommunicator>> Attach(
       const ShmCommunicatorOptions& options,
-      const std::function<absl::Status(std::string_view leader_identity)>& check_identity);
+      const std::function<absl::Status(absl::string_view leader_identity)>& check_identity);
   // Leaves the group: rank 0 breaks it and unlinks the name; another rank's departure breaks
   // it for the others too.
   ~ShmCommunicator() override;
@@ -90,7 +92,7 @@ class ShmCommunicator final : public Communicator {
   // group is then broken).
   absl::Status PeersAlive();
   // Breaks the group with `reason` (the first reason wins) and wakes every waiter.
-  void Break(std::string_view reason);
+  void Break(absl::string_view reason);
 
  private:
   enum class Op : uint32_t { kAllReduceSum = 1, kAllGather = 2, kBroadcast = 3, kBroadcastBytes = 4 };
@@ -115,9 +117,14 @@ class ShmCommunicator final : public Communicator {
   uint64_t rounds_ = 0;  // rounds this rank has arrived at
   std::vector<uint32_t> refusal_seen_;
   // Holds this rank's alive lock for as long as the communicator lives: a robust mutex belongs
-  // to a thread, and the caller's thread may end before the communicator does.
+  // to a thread, and the caller's thread may end before the communicator does. Released through
+  // a std::mutex and condition variable rather than absl::Notification: those keep no
+  // process-global state, so a communicator made in a forked child of a threaded process
+  // cannot inherit a lock some other thread held at the fork.
   std::thread alive_thread_;
-  absl::Notification release_alive_;
+  std::mutex release_mu_;
+  std::condition_variable release_cv_;
+  bool release_alive_ = false;
 };
 
 }  // namespace nq::kernels

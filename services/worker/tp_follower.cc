@@ -30,7 +30,7 @@ absl::Status TpFollower::Run() {
   std::string last_wait;
   while (!(options_.stop != nullptr && options_.stop->load())) {
     absl::StatusOr<std::unique_ptr<kernels::ShmCommunicator>> comm = kernels::ShmCommunicator::Attach(
-        shm_options, [this](std::string_view leader) { return options_.identity.CheckAgainstLeader(leader); });
+        shm_options, [this](absl::string_view leader) { return options_.identity.CheckAgainstLeader(leader); });
     if (!comm.ok()) {
       if (comm.status().code() == absl::StatusCode::kFailedPrecondition) {
         return Annotate(comm.status(), absl::StrCat("rank ", options_.rank, " refused by tensor-parallel group ",

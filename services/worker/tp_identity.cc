@@ -32,9 +32,9 @@ std::string TpIdentity::Serialize() const {
   return out;
 }
 
-absl::Status TpIdentity::CheckAgainstLeader(std::string_view leader) const {
+absl::Status TpIdentity::CheckAgainstLeader(absl::string_view leader) const {
   std::vector<std::pair<std::string, std::string>> theirs;
-  for (std::string_view line : absl::StrSplit(leader, '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(leader, '\n', absl::SkipEmpty())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
     theirs.push_back(std::move(kv));
   }

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -28,7 +28,7 @@ struct TpIdentity {
   std::string Serialize() const;
   // OK when `leader` (rank 0's Serialize()) equals this identity; else FAILED_PRECONDITION
   // naming the first field that differs: "release: rank 0 serves 'a', this rank 'b'".
-  absl::Status CheckAgainstLeader(std::string_view leader) const;
+  absl::Status CheckAgainstLeader(absl::string_view leader) const;
 };
 
 // FNV-1a 64 of `model_dir`/config.json, as 16 hex digits.

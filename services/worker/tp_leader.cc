@@ -91,7 +91,7 @@ void TpLeader::Tick() {
   }
   if (const absl::Status alive = comm_->PeersAlive(); !alive.ok()) {
     spdlog::error("tensor-parallel group {} (generation {}): {}; not serving until it re-forms", options_.shm_name,
-                  generation_, alive.message());
+                  generation_, std::string(alive.message()));
     waiting_for_ = std::string(alive.message());
     ready_ = false;
     group_->Set(nullptr);

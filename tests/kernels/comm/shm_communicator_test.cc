@@ -5,6 +5,7 @@
 #include "kernels/comm/shm_communicator.h"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,7 +45,7 @@ ShmCommunicatorOptions Options(const std::string& name, int rank, int world) {
                                 .timeout = absl::Seconds(30), .identity = "model=nano release=r1"};
 }
 
-absl::Status AcceptAny(std::string_view) { return absl::OkStatus(); }
+absl::Status AcceptAny(absl::string_view) { return absl::OkStatus(); }
 
 // Attaches as `rank`, retrying while there is nothing to join yet.
 absl::StatusOr<std::unique_ptr<ShmCommunicator>> AttachRetrying(const ShmCommunicatorOptions& options) {
@@ -253,8 +254,8 @@ TEST(ShmCommunicatorTest, RefusesAnotherWorldSizeAnotherIdentityAndATakenRank) {
                        AllOf(HasSubstr("world size mismatch"), HasSubstr("world size 2"), HasSubstr("world size 4"))));
   std::string seen;
   EXPECT_THAT(ShmCommunicator::Attach(Options(name, 1, 2),
-                                      [&](std::string_view identity) {
-                                        seen = identity;
+                                      [&](absl::string_view identity) {
+                                        seen = std::string(identity);
                                         return absl::FailedPreconditionError("release r2 differs from r1");
                                       }),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("release r2 differs")));
