@@ -404,6 +404,9 @@ absl::StatusOr<int> ShmCommunicator::Round(Op op, const void* in, size_t bytes, 
   // A follower may post its first round while rank 0 is still marking the group ready: rank 0
   // itself starts rounds only once it is, so the arrivals still pair up.
   RETURN_IF_ERROR(BrokenStatus());
+  if (bytes > options_.round_bytes) {
+    return absl::InternalError(absl::StrCat("a round of ", bytes, " bytes; areas hold ", options_.round_bytes));
+  }
   shm::Header& h = header();
   const int parity = static_cast<int>(rounds_ % shm::kParities);
   if (in != nullptr && bytes > 0) std::memcpy(Area(parity, rank()), in, bytes);

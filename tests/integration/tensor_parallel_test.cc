@@ -138,7 +138,12 @@ class TensorParallelTest : public ServingTest {
   void ExpectSameAsOneRank(const std::vector<Generated>& reference, int world) {
     StartTpCluster(world);
     for (size_t p = 0; p < prompts_.size(); ++p) {
+      const auto start = std::chrono::steady_clock::now();
       const Generated got = Generate(prompts_[p], kGreedyTokens);
+      RecordProperty(absl::StrCat("generate_ms_w", world, "_p", p),
+                     static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - start)
+                                          .count()));
       ASSERT_TRUE(got.status.ok()) << got.status.error_message() << worker_->Log();
       EXPECT_EQ(got.ids, reference[p].ids) << "W=" << world << " prompt " << p;
       ASSERT_EQ(got.top.size(), reference[p].top.size());
@@ -167,7 +172,12 @@ TEST_F(TensorParallelTest, TwoAndFourRankGroupsGiveTheGreedyTokensOfOneRank) {
   StartTpCluster(1);
   std::vector<Generated> reference;
   for (const std::string& prompt : prompts_) {
+    const auto start = std::chrono::steady_clock::now();
     reference.push_back(Generate(prompt, kGreedyTokens));
+    RecordProperty(absl::StrCat("generate_ms_w1_p", reference.size() - 1),
+                   static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::steady_clock::now() - start)
+                                        .count()));
     ASSERT_TRUE(reference.back().status.ok()) << reference.back().status.error_message();
     ASSERT_EQ(reference.back().ids.size(), static_cast<size_t>(kGreedyTokens));
   }
