@@ -484,8 +484,16 @@ absl::Status Run(ShutdownSignal& shutdown) {
   if (world > 1) {
     ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop));
     // on_ready is set below, once the servers it drives exist; the manager starts after that.
+    auto& formed = registry.Gauge("nq_worker_tp_group_ready", "1 while this leader's tensor-parallel group is formed")
+                       .Get();
+    auto& reformed = registry.Counter("nq_worker_tp_groups_formed_total",
+                                      "Tensor-parallel groups this leader formed (more than 1: a rank came back)")
+                         .Get();
+    formed.Set(0);
     tp_leader = std::make_unique<TpLeader>(tp_options, group.get(), [&](bool ready) {
       group_ready = ready;
+      formed.Set(ready ? 1 : 0);
+      if (ready) reformed.Increment();
       update_serving();
     });
     service.SetTensorParallelLeader(tp_leader.get());

@@ -209,6 +209,9 @@ TEST_F(TensorParallelTest, KilledRankFailsTheRequestAndTheGroupServesAgainOnceIt
   EXPECT_TRUE(WaitFor([&] { return GrpcHealth(worker_ports_.grpc) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; },
                       std::chrono::seconds(10)));
   EXPECT_TRUE(worker_->Running());
+  // ...and the router, which follows its leader's health, says so too.
+  EXPECT_TRUE(WaitFor([&] { return GrpcHealth(router_ports_.grpc) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; },
+                      std::chrono::seconds(10)));
   EXPECT_FALSE(Generate(prompts_[0], 4, std::chrono::seconds(10)).status.ok());
 
   // Rank 1 comes back: the group re-forms and serves the same greedy tokens as before.
@@ -219,6 +222,8 @@ TEST_F(TensorParallelTest, KilledRankFailsTheRequestAndTheGroupServesAgainOnceIt
   ASSERT_TRUE(after.status.ok()) << after.status.error_message() << worker_->Log();
   EXPECT_EQ(after.ids, before.ids);
   EXPECT_THAT(worker_->Log(), HasSubstr("generation 2) formed"));
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_tp_groups_formed_total"), 2);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_tp_group_ready"), 1);
 }
 
 TEST_F(TensorParallelTest, RanksOfAnotherWorldSizeOrIdentityAreRefusedByName) {
