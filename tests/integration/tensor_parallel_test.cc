@@ -255,5 +255,28 @@ TEST_F(TensorParallelTest, RanksOfAnotherWorldSizeOrIdentityAreRefusedByName) {
   EXPECT_TRUE(WaitServing(worker_ports_.grpc, std::chrono::seconds(60))) << worker_->Log();
 }
 
+TEST_F(TensorParallelTest, UnsupportedCombinationsAreRefusedAtStartByName) {
+  const std::string tiny = "--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny";
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--world_size=2"}, "--world_size=2 needs --model"},
+      {{"--world_size=2", tiny, "--backend=cuda"}, "cpu backend only"},
+      {{"--world_size=2", tiny, "--release=" + log_dir_}, "--expert_bits=dynamic"},
+      {{"--world_size=2", tiny, "--speculative_tokens=2"}, "MTP drafting is not mirrored"},
+      {{"--world_size=2", tiny, "--tp_timeout_s=0"}, "tp_timeout_s"},
+      {{"--world_size=2", "--rank=1", tiny, "--leader_address=nohostport"}, "--leader_address=nohostport"},
+  };
+  for (const Case& c : cases) {
+    ChildProcess child = StartWorker(NewPorts(), FreePort(), c.args);
+    absl::StatusOr<int> code = child.WaitForExit(std::chrono::seconds(30));
+    ASSERT_TRUE(code.ok()) << c.args.back() << ": still running\n" << child.Log();
+    EXPECT_NE(*code, 0) << c.args.back();
+    EXPECT_THAT(child.Log(), HasSubstr(c.message)) << c.args.back();
+  }
+}
+
 }  // namespace
 }  // namespace nq::testing
