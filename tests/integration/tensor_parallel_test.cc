@@ -37,7 +37,7 @@ struct Generated {
   std::vector<std::vector<std::pair<uint32_t, float>>> top;
 };
 
-class TensorParallelTest : public ServingTest {
+class TpWorkerProcessesTest : public ServingTest {
  protected:
   // Streamer, rank 0 (world `world`), ranks 1..world-1 and the router; waits until the router
   // serves. Restarts on fresh ports when another process took one first (as StartCluster).
@@ -168,7 +168,7 @@ class TensorParallelTest : public ServingTest {
   const std::vector<std::string> prompts_ = {"def fibonacci(n):", "import os\nclass Config:\n    def __init__(self"};
 };
 
-TEST_F(TensorParallelTest, TwoAndFourRankGroupsGiveTheGreedyTokensOfOneRank) {
+TEST_F(TpWorkerProcessesTest, TwoAndFourRankGroupsGiveTheGreedyTokensOfOneRank) {
   StartTpCluster(1);
   std::vector<Generated> reference;
   for (const std::string& prompt : prompts_) {
@@ -186,7 +186,7 @@ TEST_F(TensorParallelTest, TwoAndFourRankGroupsGiveTheGreedyTokensOfOneRank) {
   ExpectSameAsOneRank(reference, 4);
 }
 
-TEST_F(TensorParallelTest, KilledRankFailsTheRequestAndTheGroupServesAgainOnceItRestarts) {
+TEST_F(TpWorkerProcessesTest, KilledRankFailsTheRequestAndTheGroupServesAgainOnceItRestarts) {
   StartTpCluster(2);
   const Generated before = Generate(prompts_[0], 16);
   ASSERT_TRUE(before.status.ok()) << before.status.error_message();
@@ -226,7 +226,7 @@ TEST_F(TensorParallelTest, KilledRankFailsTheRequestAndTheGroupServesAgainOnceIt
   EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_tp_group_ready"), 1);
 }
 
-TEST_F(TensorParallelTest, RanksOfAnotherWorldSizeOrIdentityAreRefusedByName) {
+TEST_F(TpWorkerProcessesTest, RanksOfAnotherWorldSizeOrIdentityAreRefusedByName) {
   streamer_ports_ = NewPorts();
   worker_ports_ = NewPorts();
   streamer_.emplace(StartStreamer(streamer_ports_));
@@ -255,7 +255,7 @@ TEST_F(TensorParallelTest, RanksOfAnotherWorldSizeOrIdentityAreRefusedByName) {
   EXPECT_TRUE(WaitServing(worker_ports_.grpc, std::chrono::seconds(60))) << worker_->Log();
 }
 
-TEST_F(TensorParallelTest, UnsupportedCombinationsAreRefusedAtStartByName) {
+TEST_F(TpWorkerProcessesTest, UnsupportedCombinationsAreRefusedAtStartByName) {
   const std::string tiny = "--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny";
   struct Case {
     std::vector<std::string> args;
