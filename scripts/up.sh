@@ -10,6 +10,10 @@
 # (default 0): model, KV cache and slot arena in device memory, residuals written there by the
 # streamer through CUDA IPC. NQ_MODEL=DIR (with DIR/release, from nq encode) serves a model of
 # your own.
+#
+# NQ_TP=W (CPU backend) runs tensor parallelism across W worker processes: rank 0 serves the
+# router, ranks 1..W-1 (metrics on ports 8110+r) follow it over shared memory. The release is
+# encoded for one rank, so with W > 1 the routed experts come from the checkpoint (no streaming).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${NQ_BACKEND:-cpu}
@@ -18,6 +22,12 @@ case "$backend" in
   cuda) preset=cuda ;;
   *) echo "NQ_BACKEND=$backend: want cpu or cuda" >&2; exit 2 ;;
 esac
+tp=${NQ_TP:-1}
+if ! [[ "$tp" =~ ^[1-9][0-9]*$ ]]; then echo "NQ_TP=$tp: want a world size >= 1" >&2; exit 2; fi
+if ((tp > 1)) && [[ "$backend" != cpu ]]; then
+  echo "NQ_TP=$tp: worker processes run tensor parallelism on the cpu backend only" >&2
+  exit 2
+fi
 bash scripts/setup.sh
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" -j "$(nproc)" --target nq-router nq-worker nq-streamer nq
@@ -47,10 +57,23 @@ trap stop EXIT
 "$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$model/release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
 # The slot arena is sized from the release: its fixed set, 2 x top-k floating slots, 1 staging.
-"$bin/worker/nq-worker" --host=127.0.0.1 --backend="$backend" --gpu="${NQ_GPU:-0}" --model="$model" \
-  --release="$model/release" \
-  >"$run_dir/worker.log" 2>&1 &
-pids+=($!)
+if ((tp == 1)); then
+  "$bin/worker/nq-worker" --host=127.0.0.1 --backend="$backend" --gpu="${NQ_GPU:-0}" --model="$model" \
+    --release="$model/release" \
+    >"$run_dir/worker.log" 2>&1 &
+  pids+=($!)
+else
+  for ((r = 0; r < tp; r++)); do
+    log="$run_dir/worker.log"
+    ((r == 0)) || log="$run_dir/worker-rank$r.log"
+    metrics=8101
+    ((r == 0)) || metrics=$((8110 + r))
+    "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" \
+      --rank="$r" --world_size="$tp" --leader_address=127.0.0.1:8100 --metrics_port="$metrics" \
+      >"$log" 2>&1 &
+    pids+=($!)
+  done
+fi
 # The embedded model was trained on Python sources only and never saw chat markup: its chats
 # are plain text it continues (--chat_format=plain). A model of your own (NQ_MODEL) gets the
 # template of its architecture.

@@ -8,7 +8,9 @@
 #include <functional>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <string>
 #include <string_view>
 
@@ -41,6 +43,8 @@
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
+#include "services/worker/tp_follower.h"
+#include "services/worker/tp_leader.h"
 #include "services/worker/worker_service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -53,7 +57,17 @@ ABSL_FLAG(std::string, metrics_host, "",
           "while gRPC stays on loopback");
 ABSL_FLAG(std::string, streamer_address, "127.0.0.1:8200", "host:port of nq-streamer");
 ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker");
-ABSL_FLAG(int, world_size, 1, "Tensor-parallel world size");
+ABSL_FLAG(int, world_size, 1,
+          "Tensor-parallel world size: ranks 0..W-1 run as processes on one host (CPU backend: shared memory); "
+          "rank 0 serves the router, the others follow it");
+ABSL_FLAG(std::string, leader_address, "127.0.0.1:8100",
+          "Ranks > 0: host:port of rank 0's gRPC server; its port names the group (see --tp_group)");
+ABSL_FLAG(std::string, tp_group, "",
+          "Shared-memory name of the tensor-parallel group (default: nq-tp-<rank 0's gRPC port>); every rank "
+          "of one group must use the same");
+ABSL_FLAG(double, tp_timeout_s, 60,
+          "Tensor parallelism: a collective whose ranks do not all arrive within this many seconds fails the "
+          "request and breaks the group (a dead rank is detected at once, not after this)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(int, gpu, 0, "With --backend cuda: the CUDA device ordinal this worker runs on (as CUDA_VISIBLE_DEVICES numbers them)");
 ABSL_FLAG(std::string, model, "", "HF checkpoint directory to serve (config.json + safetensors); empty serves none");
@@ -228,7 +242,41 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank=", rank, " --world_size=", world, ": want 0 <= rank < world_size"));
   }
+  if (world > 1) {
+    RETURN_IF_ERROR(CheckAddressFlag("leader_address", absl::GetFlag(FLAGS_leader_address)));
+    RETURN_IF_ERROR(CheckPositiveSecondsFlag("tp_timeout_s", absl::GetFlag(FLAGS_tp_timeout_s)));
+    if (absl::GetFlag(FLAGS_model).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--world_size=", world, " needs --model (ranks shard a model)"));
+    }
+    if (absl::GetFlag(FLAGS_backend) != "cpu") {
+      return absl::UnimplementedError(absl::StrCat(
+          "--world_size=", world, " --backend=", absl::GetFlag(FLAGS_backend),
+          ": worker processes run tensor parallelism on the cpu backend only (shared memory); the NCCL "
+          "communicator (kernels/comm/nccl_communicator.h) is not wired into the worker yet (issue #18)"));
+    }
+    if (!absl::GetFlag(FLAGS_release).empty() && absl::GetFlag(FLAGS_expert_bits) == "dynamic") {
+      return absl::UnimplementedError(absl::StrCat(
+          "--world_size=", world, " with --expert_bits=dynamic: the streamer does not yet decide one set of 4-bit "
+          "experts for a whole tensor-parallel group (issue #18), so ranks would mix 2- and 4-bit halves of an "
+          "expert; serve static bits (--expert_bits=2, 4 or fixed)"));
+    }
+    if (absl::GetFlag(FLAGS_speculative_tokens) > 0) {
+      return absl::UnimplementedError(absl::StrCat("--speculative_tokens with --world_size=", world,
+                                                   ": MTP drafting is not mirrored to the other ranks yet"));
+    }
+  }
   return absl::OkStatus();
+}
+
+// The group's shared-memory name: --tp_group, or one derived from rank 0's gRPC port, which
+// every rank knows (rank 0 its own --grpc_port, the others --leader_address).
+absl::StatusOr<std::string> TpGroupName() {
+  if (const std::string name = absl::GetFlag(FLAGS_tp_group); !name.empty()) {
+    return name.front() == '/' ? name : "/" + name;
+  }
+  if (absl::GetFlag(FLAGS_rank) == 0) return absl::StrCat("/nq-tp-", absl::GetFlag(FLAGS_grpc_port));
+  const std::string leader = absl::GetFlag(FLAGS_leader_address);
+  return absl::StrCat("/nq-tp-", leader.substr(leader.rfind(':') + 1));
 }
 
 // A CUDA worker refuses before loading when the model would not fit (DESIGN.md: a clear error,
@@ -267,11 +315,76 @@ absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std:
                            absl::StrCat("GPU ", gpu, " (", backend.DeviceDescription(), ")"));
 }
 
+// What this rank's group is called and must agree on (services/worker/tp_identity.h).
+absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const release::ReleaseExpertDecoder* decoder,
+                                         const std::atomic<bool>* stop) {
+  TpGroupOptions options;
+  ASSIGN_OR_RETURN(options.shm_name, TpGroupName());
+  options.rank = absl::GetFlag(FLAGS_rank);
+  options.collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_tp_timeout_s));
+  options.stop = stop;
+  TpIdentity& id = options.identity;
+  id.model_id = model_id;
+  ASSIGN_OR_RETURN(id.config_hash, ConfigHash(absl::GetFlag(FLAGS_model)));
+  id.release_id = decoder != nullptr ? decoder->release().id() : "";
+  id.expert_bits = decoder != nullptr ? absl::GetFlag(FLAGS_expert_bits) : "";
+  id.world_size = absl::GetFlag(FLAGS_world_size);
+  id.backend = absl::GetFlag(FLAGS_backend);
+  id.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
+  id.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  id.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  return options;
+}
+
+// A rank > 0: no gRPC server (the router talks to rank 0), no slot arena or streamer session
+// (its experts have static bits); it follows rank 0's group until shutdown, and serves
+// /metrics and /health (200 while it is in a formed group) on --metrics_port.
+absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCommunicator& group,
+                         const std::string& model_id, const release::ReleaseExpertDecoder* decoder) {
+  std::atomic<bool> stop{false};
+  ASSIGN_OR_RETURN(const TpGroupOptions options, TpOptions(model_id, decoder, &stop));
+  metrics::Registry& registry = metrics::Registry::Default();
+  auto& joined_gauge = registry.Gauge("nq_worker_tp_group_joined", "1 while this rank is in a formed tensor-parallel group").Get();
+  std::atomic<bool> joined{false};
+  ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http_server,
+                   HttpServer::Start(HttpServerOptions{
+                       .host = absl::GetFlag(FLAGS_host),
+                       .port = absl::GetFlag(FLAGS_metrics_port),
+                       .add_routes =
+                           [&](httplib::Server& server) {
+                             AddMetricsRoute(server, registry, nullptr);
+                             AddHealthRoute(server, [&] { return joined.load(); });
+                           },
+                   }));
+  spdlog::info("nq-worker rank {}/{} (follower of group {}): metrics on :{}", options.rank,
+               options.identity.world_size, options.shm_name, http_server->port());
+  TpFollower follower(options, &group, &model, [&](bool now_joined) {
+    joined = now_joined;
+    joined_gauge.Set(now_joined ? 1 : 0);
+  });
+  absl::Status result;
+  std::thread follow([&] {
+    result = follower.Run();
+    if (!result.ok()) shutdown.Trigger();  // refused: nothing to wait for
+  });
+  shutdown.Wait();
+  stop = true;
+  follow.join();
+  http_server->Stop();
+  if (!result.ok()) return result;
+  spdlog::info("nq-worker rank {} stopped", options.rank);
+  return absl::OkStatus();
+}
+
 absl::Status Run(ShutdownSignal& shutdown) {
   RETURN_IF_ERROR(CheckFlags());
   const int gpu = absl::GetFlag(FLAGS_gpu);
+  const int world = absl::GetFlag(FLAGS_world_size);
+  // Ranks on one host share its cores.
+  const int cpu_threads =
+      world > 1 ? std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world) : 0;
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
-                   kernels::CreateBackend(absl::GetFlag(FLAGS_backend), {.device = gpu}));
+                   kernels::CreateBackend(absl::GetFlag(FLAGS_backend), {.device = gpu, .cpu_threads = cpu_threads}));
   // The CUDA backend keeps the model, KV cache and (streaming) the slot arena on the GPU.
   const bool on_gpu = backend->name() == "cuda";
   if (on_gpu) spdlog::info("GPU {}: {}", gpu, backend->DeviceDescription());
@@ -283,15 +396,16 @@ absl::Status Run(ShutdownSignal& shutdown) {
   std::unique_ptr<release::ReleaseExpertDecoder> decoder;
   bool dynamic_experts = false;
   std::string model_id = absl::GetFlag(FLAGS_served_model_name);
+  // With W > 1 the model's collectives go through the group rank 0 forms (and re-forms).
+  std::unique_ptr<GroupCommunicator> group;
+  if (world > 1) group = std::make_unique<GroupCommunicator>(rank, world);
   if (const std::string dir = absl::GetFlag(FLAGS_model); !dir.empty()) {
-    if (absl::GetFlag(FLAGS_world_size) != 1) {
-      return absl::UnimplementedError("--world_size > 1 across worker processes is not wired up yet");
-    }
     if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
     const auto started = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     ASSIGN_OR_RETURN(const kernels::DType weight_dtype, model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
     const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
+                                      .tp = {rank, world},
                                       .kv_cache_dtype = kv_cache_dtype,
                                       .weight_dtype = weight_dtype};
     const std::string release = absl::GetFlag(FLAGS_release);
@@ -303,7 +417,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                    : release::ParseExpertBits(bits_flag));
     if (on_gpu) RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, dir, release, dynamic_experts, options));
     ASSIGN_OR_RETURN(release::ServedModel served,
-                     release::LoadServedModel(dir, release, bits, *backend, nullptr, options));
+                     release::LoadServedModel(dir, release, bits, *backend, group.get(), options));
     model = std::move(served.model);
     decoder = std::move(served.decoder);
     if (!release.empty()) {
@@ -320,6 +434,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   } else if (!absl::GetFlag(FLAGS_release).empty()) {
     return absl::InvalidArgumentError("--release needs --model");
   }
+  if (rank > 0) return RunFollower(shutdown, *model, *group, model_id, decoder.get());
   ASSIGN_OR_RETURN(SlotGeometry geometry,
                    GeometryFromFlags(decoder.get(), model != nullptr ? &model->config() : nullptr, dynamic_experts));
   if (decoder != nullptr) {
@@ -386,6 +501,28 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                        static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size)), model_id,
                                        decoder != nullptr ? decoder->release().id() : ""},
                         &slots, model.get());
+  // Rank 0 of a group: sequences hold the group and mirror their steps to the other ranks.
+  std::atomic<bool> tp_stop{false};
+  std::unique_ptr<TpLeader> tp_leader;
+  std::atomic<bool> group_ready{world == 1};
+  std::function<void()> update_serving = [] {};  // set once the gRPC server exists
+  if (world > 1) {
+    ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop));
+    // on_ready is set below, once the servers it drives exist; the manager starts after that.
+    auto& formed = registry.Gauge("nq_worker_tp_group_ready", "1 while this leader's tensor-parallel group is formed")
+                       .Get();
+    auto& reformed = registry.Counter("nq_worker_tp_groups_formed_total",
+                                      "Tensor-parallel groups this leader formed (more than 1: a rank came back)")
+                         .Get();
+    formed.Set(0);
+    tp_leader = std::make_unique<TpLeader>(tp_options, group.get(), [&](bool ready) {
+      group_ready = ready;
+      formed.Set(ready ? 1 : 0);
+      if (ready) reformed.Increment();
+      update_serving();
+    });
+    service.SetTensorParallelLeader(tp_leader.get());
+  }
   if (model != nullptr) {
     ASSIGN_OR_RETURN(const int speculative_tokens, SpeculativeTokens(*model, backend->name()));
     RETURN_IF_ERROR(service.EnableSpeculation(speculative_tokens));
@@ -431,6 +568,18 @@ absl::Status Run(ShutdownSignal& shutdown) {
   spdlog::info("nq-worker rank {}/{} ({} backend): gRPC on {}, metrics on :{}, arena {} ({} bytes)",
                rank, absl::GetFlag(FLAGS_world_size), backend->name(), grpc_server->address(),
                http_server->port(), arena->name(), arena->bytes());
+  // SERVING once the streamer first accepts the arena (from then on the worker keeps serving,
+  // at 2 bits, through streamer outages, as DESIGN.md section 4 requires) and, with W > 1,
+  // while the tensor-parallel group is formed: a group missing a rank cannot compute.
+  std::atomic<bool> streamer_accepted{false};
+  std::mutex serving_mu;
+  update_serving = [&] {
+    std::lock_guard<std::mutex> lock(serving_mu);
+    const bool serve = streamer_accepted && group_ready;
+    if (serve && service.state() == nq::v1::WORKER_STATE_LOADING) service.SetReady();
+    if (service.state() == nq::v1::WORKER_STATE_READY) grpc_server->SetServing(serve);
+  };
+  if (tp_leader != nullptr) tp_leader->Start();
 
   StreamerClientOptions client_options;
   client_options.address = absl::GetFlag(FLAGS_streamer_address);
@@ -443,14 +592,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
   arena->Describe(client_options.arena_request);
   // A worker with static expert bits asks for no loads: the streamer sees no release id.
   if (dynamic_experts) client_options.release_id = decoder->release().id();
-  // SERVING once the streamer first accepts the arena: from then on the worker keeps serving
-  // (at 2 bits) through streamer outages, as DESIGN.md section 4 requires.
   StreamerClient streamer(std::move(client_options), &slots, [&](bool connected) {
     service.SetStreamerConnected(connected);
-    if (connected && service.state() == nq::v1::WORKER_STATE_LOADING) {
-      service.SetReady();
-      grpc_server->SetServing(true);
-    }
+    if (connected && !streamer_accepted.exchange(true)) update_serving();
   });
   service.SetRoutingSink([&streamer](nq::v1::RoutingReport report) {
     streamer.EnqueueRoutingReport(std::move(report));
@@ -465,6 +609,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
                      std::chrono::milliseconds(static_cast<int64_t>(
                          absl::GetFlag(FLAGS_drain_timeout_s) * 1000)));
   streamer.Stop();
+  // The other ranks go back to waiting for a group (a restarted rank 0 forms it again).
+  tp_stop = true;
+  tp_leader.reset();
   http_server->Stop();
   spdlog::info("nq-worker stopped");
   return absl::OkStatus();

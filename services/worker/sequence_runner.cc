@@ -49,7 +49,8 @@ absl::Status SequenceRunner::FeedDrafter(std::span<const int32_t> sequence, int6
 }
 
 bool SequenceRunner::RunsLayerMajor(size_t span) const {
-  return prefill_.layer_major_min_tokens > 0 && static_cast<int64_t>(span) >= prefill_.layer_major_min_tokens;
+  return mirror_ == nullptr && prefill_.layer_major_min_tokens > 0 &&
+         static_cast<int64_t>(span) >= prefill_.layer_major_min_tokens;
 }
 
 absl::StatusOr<bool> SequenceRunner::PrefillLeadingChunks(std::vector<int32_t>& input,
@@ -66,6 +67,7 @@ absl::StatusOr<bool> SequenceRunner::PrefillLeadingChunks(std::vector<int32_t>& 
     }
     const std::span<const int32_t> chunk = std::span<const int32_t>(input).subspan(done, C);
     const int64_t first = model_->cache_length();
+    RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardLast, first, 0, chunk));
     if (slots_ != nullptr) slots_->BeginStep(0);
     const absl::Status status = model_->ForwardLast(chunk).status();
     if (slots_ != nullptr) slots_->EndStep();
@@ -77,6 +79,19 @@ absl::StatusOr<bool> SequenceRunner::PrefillLeadingChunks(std::vector<int32_t>& 
   }
   input.erase(input.begin(), input.begin() + static_cast<std::ptrdiff_t>(done));
   return completed;
+}
+
+void SequenceRunner::ForgetCache() {
+  model_->ResetCache();
+  cached_tokens_.clear();
+}
+
+absl::Status SequenceRunner::Mirror(StepCommand::Op op, int64_t position, uint64_t step,
+                                    std::span<const int32_t> tokens) {
+  if (mirror_ == nullptr) return absl::OkStatus();
+  StepCommand command{.op = op, .position = position, .sequence = sequences_, .step = step};
+  command.tokens.assign(tokens.begin(), tokens.end());
+  return mirror_->Mirror(command);
 }
 
 size_t SequenceRunner::ReusablePrefix(const std::vector<int32_t>& prompt) const {
@@ -111,6 +126,8 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   if (num_drafts_ > 0) RETURN_IF_ERROR(drafter_->BeginSequence(request.sampling));
 
   const size_t reuse = ReusablePrefix(request.prompt);
+  ++sequences_;
+  RETURN_IF_ERROR(Mirror(StepCommand::Op::kTruncateCache, static_cast<int64_t>(reuse), 0));
   RETURN_IF_ERROR(model_->TruncateCache(static_cast<int64_t>(reuse)));
   cached_tokens_.resize(reuse);
 
@@ -146,6 +163,10 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
   auto run_step = [&](SequenceStep& step) -> absl::Status {
     const bool prefill = generated == 0;
     const int64_t first = model_->cache_length();
+    // Tensor-parallel followers replay the same forward (token order: RunsLayerMajor is off
+    // while a step mirror is attached, since a layer-major pass orders its collectives per layer).
+    RETURN_IF_ERROR(Mirror(prefill ? StepCommand::Op::kForwardLast : StepCommand::Op::kForward, first,
+                           static_cast<uint64_t>(generated), input));
     std::vector<float> logits;
     if (!prefill) {
       ASSIGN_OR_RETURN(logits, model_->Forward(input));
@@ -191,6 +212,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     // one position per emitted token; the rest (rejected drafts, and an accepted draft the
     // sequence ended on) are rolled back.
     const int64_t kept = prefill ? static_cast<int64_t>(input.size()) : static_cast<int64_t>(step.tokens.size());
+    RETURN_IF_ERROR(Mirror(StepCommand::Op::kTruncateCache, first + kept, static_cast<uint64_t>(generated)));
     RETURN_IF_ERROR(model_->TruncateCache(first + kept));
     cached_tokens_.insert(cached_tokens_.end(), input.begin(), input.begin() + kept);
     if (kept_observer_) kept_observer_(kept);
@@ -232,6 +254,9 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
         model_->cache_length() == static_cast<int64_t>(cached_tokens_.size())) {
       return aborted();
     }
+    // The other ranks forget it too, if they can still be told (a broken group resets them on
+    // re-forming).
+    (void)Mirror(StepCommand::Op::kResetCache, 0, static_cast<uint64_t>(generated));
     model_->ResetCache();
     cached_tokens_.clear();
     return status;

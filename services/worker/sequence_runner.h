@@ -22,6 +22,7 @@
 #include "services/worker/drafter.h"
 #include "services/worker/sampler.h"
 #include "services/worker/slot_runtime.h"
+#include "services/worker/step_command.h"
 
 namespace nq::worker {
 
@@ -97,10 +98,19 @@ class SequenceRunner {
   // about them (their routing) may be reported. The cache then holds what plain decoding's
   // would: the prompt and every emitted token but the last.
   void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
+  // Tensor parallelism across processes: every cache operation and forward is first sent to
+  // `mirror` (the other ranks run it on their shards); a failure to send fails the sequence.
+  // Null: one rank. Speculative decoding is not mirrored (main.cc refuses both together).
+  void SetStepMirror(StepMirror* mirror) { mirror_ = mirror; }
+  // Forgets the cached prefix (the next prompt is computed whole) and resets the model's
+  // cache, without mirroring: for a tensor-parallel group that re-formed, whose ranks start
+  // with empty caches.
+  void ForgetCache();
 
  private:
   // Tokens of the cache a prompt may keep; the runner recomputes the rest.
   size_t ReusablePrefix(const std::vector<int32_t>& prompt) const;
+  absl::Status Mirror(StepCommand::Op op, int64_t position, uint64_t step, std::span<const int32_t> tokens = {});
 
   // Whether a span of new prompt tokens prefills layer-major.
   bool RunsLayerMajor(size_t span) const;
@@ -122,6 +132,8 @@ class SequenceRunner {
   Drafter* drafter_ = nullptr;
   int num_drafts_ = 0;
   std::function<void(int64_t)> kept_observer_;
+  StepMirror* mirror_ = nullptr;
+  uint64_t sequences_ = 0;  // sequences run (names them in step commands)
   // Tokens whose KV is in the cache, in order (the previous sequence, for prefix reuse).
   std::vector<int32_t> cached_tokens_;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -63,6 +64,11 @@ absl::Status WorkerService::EnableSpeculation(int num_drafts) {
 absl::Status WorkerService::SetPrefillOptions(PrefillOptions options) {
   if (runner_ == nullptr) return absl::OkStatus();
   return runner_->SetPrefillOptions(std::move(options));
+}
+
+void WorkerService::SetTensorParallelLeader(TpLeader* leader) {
+  tp_leader_ = leader;
+  if (runner_ != nullptr) runner_->SetStepMirror(leader);
 }
 
 void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
@@ -169,6 +175,18 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  // The tensor-parallel group, held for the whole sequence (the manager re-forms it between).
+  std::optional<TpLeader::Lease> lease;
+  if (tp_leader_ != nullptr) {
+    absl::StatusOr<TpLeader::Lease> acquired = tp_leader_->Acquire();
+    if (!acquired.ok()) {
+      run_mu_.Unlock();
+      return ToGrpcStatus(acquired.status());
+    }
+    lease.emplace(*std::move(acquired));
+    // A group formed anew: its other ranks start with empty caches; so must this one.
+    if (lease->fresh()) runner_->ForgetCache();
+  }
   {
     absl::MutexLock lock(&mu_);
     running_request_id_ = request->request_id();
@@ -219,6 +237,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
     absl::MutexLock lock(&mu_);
     running_request_id_.clear();
   }
+  lease.reset();
   run_mu_.Unlock();
   if (!stats.ok()) return ToGrpcStatus(stats.status());
   last.mutable_usage()->set_prompt_tokens(stats->prompt_tokens);

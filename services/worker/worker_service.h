@@ -17,6 +17,7 @@
 #include "services/worker/sequence_runner.h"
 #include "services/worker/spec_decode_metrics.h"
 #include "services/worker/slot_runtime.h"
+#include "services/worker/tp_leader.h"
 
 namespace nq::worker {
 
@@ -50,6 +51,10 @@ class WorkerService final : public nq::v1::Worker::Service {
   // Where routing reports go (the streamer client's queue): every kReportInterval tokens the
   // worker sends the (layer, experts, weights) of each token it ran. Set before serving.
   void SetRoutingSink(std::function<void(nq::v1::RoutingReport)> sink) { routing_sink_ = std::move(sink); }
+  // Rank 0 of a tensor-parallel group of processes: each sequence holds `leader`'s group and
+  // mirrors its steps to the other ranks; UNAVAILABLE while the group is not formed. Set
+  // before serving; `leader` outlives the service.
+  void SetTensorParallelLeader(TpLeader* leader);
   nq::v1::WorkerState state() const;
 
   grpc::Status Generate(grpc::ServerContext* context, const nq::v1::WorkerGenerateRequest* request,
@@ -66,6 +71,7 @@ class WorkerService final : public nq::v1::Worker::Service {
   SlotRuntime* const slots_;
   model::Model* const model_;
   std::unique_ptr<SequenceRunner> runner_;
+  TpLeader* tp_leader_ = nullptr;
   // Routing of the tokens since the last report (decode thread only). A forward's routing
   // waits in forward_routing_ until the runner says how many of its tokens were kept
   // (OnKeptTokens): rejected drafts were never part of the sequence and are not reported.

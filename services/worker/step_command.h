@@ -1,0 +1,58 @@
+// What the leader rank tells the other ranks of its tensor-parallel group before each model
+// operation of a sequence (DESIGN.md section 3: "Leader has the next input token(s)"): the
+// follower ranks run the same operation on their shard, so every collective inside it pairs up.
+// Only the leader samples (the logits are all-gathered, so it holds them whole), so a command
+// carries tokens and cache positions, never sampling state: the followers need none.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/model/model.h"
+
+namespace nq::worker {
+
+struct StepCommand {
+  enum class Op : uint32_t {
+    kForward = 1,        // Model::Forward(tokens) at cache position `position`
+    kForwardLast = 2,    // Model::ForwardLast(tokens) at cache position `position`
+    kTruncateCache = 3,  // Model::TruncateCache(position)
+    kResetCache = 4,     // Model::ResetCache()
+  };
+  Op op = Op::kResetCache;
+  // kForward*: the cache length the forward starts at (a follower whose cache differs has
+  // drifted and must not run it); kTruncateCache: the length to keep.
+  int64_t position = 0;
+  uint64_t sequence = 0;  // the leader's sequence counter (logs and checks)
+  uint64_t step = 0;      // the sequence's decode step (0: prefill)
+  std::vector<int32_t> tokens;
+};
+
+// The fixed-size header every command starts with; a follower waits for it between requests.
+inline constexpr size_t kStepCommandHeaderBytes = 64;
+
+// Header bytes, then the payload (the tokens) of `command`.
+std::vector<std::byte> EncodeStepHeader(const StepCommand& command);
+std::vector<std::byte> EncodeStepPayload(const StepCommand& command);
+// The command a header describes, tokens sized but not filled; INVALID_ARGUMENT for a header
+// that is not one (another build's layout, an unknown op, a token count past `max_tokens`).
+absl::StatusOr<StepCommand> DecodeStepHeader(std::span<const std::byte> header, int64_t max_tokens);
+// Fills command.tokens from the payload bytes (EncodeStepPayload's).
+absl::Status DecodeStepPayload(std::span<const std::byte> payload, StepCommand& command);
+
+// Runs `command` on a follower's model. FAILED_PRECONDITION when the model's cache is not where
+// the leader's was (the ranks have drifted apart).
+absl::Status ApplyStepCommand(const StepCommand& command, model::Model& model);
+
+// Where the leader sends each command before running it itself (the tensor-parallel group).
+class StepMirror {
+ public:
+  virtual ~StepMirror() = default;
+  virtual absl::Status Mirror(const StepCommand& command) = 0;
+};
+
+}  // namespace nq::worker

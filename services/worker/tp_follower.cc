@@ -1,0 +1,86 @@
+#include "services/worker/tp_follower.h"
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+#include "services/worker/step_command.h"
+
+namespace nq::worker {
+namespace {
+
+// How often a rank without a group looks for one.
+constexpr absl::Duration kAttachPoll = absl::Milliseconds(50);
+
+}  // namespace
+
+TpFollower::TpFollower(TpGroupOptions options, GroupCommunicator* group, model::Model* model,
+                       std::function<void(bool joined)> on_joined)
+    : options_(std::move(options)), group_(group), model_(model), on_joined_(std::move(on_joined)) {}
+
+absl::Status TpFollower::Run() {
+  const kernels::ShmCommunicatorOptions shm_options{.name = options_.shm_name,
+                                                    .rank = options_.rank,
+                                                    .world_size = options_.identity.world_size,
+                                                    .timeout = options_.collective_timeout,
+                                                    .stop = options_.stop};
+  std::string last_wait;
+  while (!(options_.stop != nullptr && options_.stop->load())) {
+    absl::StatusOr<std::unique_ptr<kernels::ShmCommunicator>> comm = kernels::ShmCommunicator::Attach(
+        shm_options, [this](absl::string_view leader) { return options_.identity.CheckAgainstLeader(leader); });
+    if (!comm.ok()) {
+      if (comm.status().code() == absl::StatusCode::kFailedPrecondition) {
+        return Annotate(comm.status(), absl::StrCat("rank ", options_.rank, " refused by tensor-parallel group ",
+                                                    options_.shm_name));
+      }
+      if (comm.status().code() != absl::StatusCode::kUnavailable) return comm.status();
+      if (comm.status().message() != last_wait) {
+        last_wait = std::string(comm.status().message());
+        spdlog::info("rank {}: waiting for rank 0: {}", options_.rank, last_wait);
+      }
+      absl::SleepFor(kAttachPoll);
+      continue;
+    }
+    last_wait.clear();
+    // A new group: the leader starts its first sequence with an empty cache, so do we.
+    model_->ResetCache();
+    group_->Set(comm->get());
+    spdlog::info("rank {}: joined tensor-parallel group {} (generation {}) of {} ranks", options_.rank,
+                 options_.shm_name, (*comm)->generation(), options_.identity.world_size);
+    on_joined_(true);
+    const absl::Status why = Follow(**comm);
+    group_->Set(nullptr);
+    on_joined_(false);
+    if (why.code() == absl::StatusCode::kCancelled) break;
+    spdlog::warn("rank {}: left tensor-parallel group (generation {}): {}; waiting for the next", options_.rank,
+                 (*comm)->generation(), why.ToString());
+    model_->ResetCache();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm) {
+  std::vector<std::byte> header(kStepCommandHeaderBytes);
+  for (;;) {
+    // Between requests the leader sends nothing: wait as long as the group lives.
+    RETURN_IF_ERROR(comm.BroadcastBytes(header, 0, absl::InfiniteDuration()));
+    absl::StatusOr<StepCommand> command = DecodeStepHeader(header, model_->max_tokens());
+    if (command.ok() && !command->tokens.empty()) {
+      std::vector<std::byte> payload(command->tokens.size() * sizeof(int32_t));
+      RETURN_IF_ERROR(comm.BroadcastBytes(payload, 0, options_.collective_timeout));
+      if (absl::Status s = DecodeStepPayload(payload, *command); !s.ok()) command = s;
+    }
+    absl::Status applied = command.ok() ? ApplyStepCommand(*command, *model_) : command.status();
+    if (!applied.ok()) {
+      // The leader's collectives would wait for this rank in vain: break the group with why.
+      const std::string reason = absl::StrCat("rank ", options_.rank, ": ", applied.message());
+      comm.Break(reason);
+      return absl::Status(applied.code(), reason);
+    }
+  }
+}
+
+}  // namespace nq::worker

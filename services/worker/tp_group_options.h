@@ -1,0 +1,23 @@
+// Settings shared by the leader and the followers of a tensor-parallel group of worker
+// processes on one host (services/worker/tp_leader.h, tp_follower.h).
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "absl/time/time.h"
+#include "services/worker/tp_identity.h"
+
+namespace nq::worker {
+
+struct TpGroupOptions {
+  // The group's shared-memory name ("/nq-tp-<leader gRPC port>" unless --tp_group names it).
+  std::string shm_name;
+  int rank = 0;
+  TpIdentity identity;  // identity.world_size is the group's
+  // A collective whose peers do not all arrive within this breaks the group (a stuck rank).
+  absl::Duration collective_timeout = absl::Seconds(60);
+  const std::atomic<bool>* stop = nullptr;  // set on shutdown
+};
+
+}  // namespace nq::worker
