@@ -8,15 +8,10 @@
 #include <cstdint>
 #include <string>
 
+#include "fuzz/fuzz_require.h"
 #include "services/model/model_config.h"
 
-namespace {
-
-void Require(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-}  // namespace
+using nq::fuzz::Require;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

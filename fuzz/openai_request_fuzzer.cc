@@ -10,15 +10,10 @@
 #include <cstdint>
 #include <string>
 
+#include "fuzz/fuzz_require.h"
 #include "services/router/openai_request.h"
 
-namespace {
-
-void Require(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-}  // namespace
+using nq::fuzz::Require;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;

@@ -8,15 +8,10 @@
 #include <cstdint>
 #include <string>
 
+#include "fuzz/fuzz_require.h"
 #include "services/format/rank_index.h"
 
-namespace {
-
-void Require(bool condition) {
-  if (!condition) __builtin_trap();
-}
-
-}  // namespace
+using nq::fuzz::Require;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;

@@ -8,16 +8,19 @@
 #include <cstdint>
 #include <string>
 
+#include "fuzz/fuzz_require.h"
 #include "services/format/manifest.h"
+
+using nq::fuzz::Require;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   const absl::StatusOr<nq::format::Manifest> manifest = nq::format::ParseManifest(text);
   if (!manifest.ok()) {
-    if (manifest.status().message().empty()) __builtin_trap();  // errors must say what is wrong
+    Require(!manifest.status().message().empty());  // errors must say what is wrong
     return 0;
   }
   const absl::StatusOr<nq::format::Manifest> again = nq::format::ParseManifest(nq::format::SerializeManifest(*manifest));
-  if (!again.ok() || !(*again == *manifest)) __builtin_trap();
+  Require(again.ok() && *again == *manifest);
   return 0;
 }

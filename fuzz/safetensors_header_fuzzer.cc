@@ -11,7 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "fuzz/fuzz_require.h"
 #include "services/model/safetensors_header.h"
+
+using nq::fuzz::Require;
 
 namespace {
 
@@ -19,9 +22,6 @@ using nq::model::DTypeSize;
 using nq::model::Header;
 using nq::model::TensorInfo;
 
-void Require(bool condition) {
-  if (!condition) __builtin_trap();
-}
 
 // What an accepted header promises: the layout adds up, tensors are sorted and unique by
 // name, every byte range matches its dtype and shape and lies in the data section, and the

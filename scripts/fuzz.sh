@@ -49,7 +49,7 @@ mkdir -p "$out/artifacts/$target"
 rebuild=0
 [[ -x "$bin" ]] || rebuild=1
 if ((!rebuild)); then
-  newer=$(find "${sources[@]}" services "$0" -newer "$bin" \( -name '*.cc' -o -name '*.h' -o -name '*.sh' \) -print -quit)
+  newer=$(find "${sources[@]}" services fuzz "$0" -newer "$bin" \( -name '*.cc' -o -name '*.h' -o -name '*.sh' \) -print -quit)
   [[ -n "$newer" ]] && rebuild=1
 fi
 if ((rebuild)); then

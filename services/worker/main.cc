@@ -378,6 +378,12 @@ absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCom
 
 absl::Status Run(ShutdownSignal& shutdown) {
   RETURN_IF_ERROR(CheckFlags());
+  // Who may call this worker, settled before the (possibly long) model load: a bad certificate
+  // or a plain-text address beyond loopback fails the start at once.
+  ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   InternalServerCredentials("nq-worker", absl::GetFlag(FLAGS_host), tls.get(),
+                                             absl::GetFlag(FLAGS_allow_plaintext_internal)));
   const int gpu = absl::GetFlag(FLAGS_gpu);
   const int world = absl::GetFlag(FLAGS_world_size);
   // Ranks on one host share its cores.
@@ -542,10 +548,6 @@ absl::Status Run(ShutdownSignal& shutdown) {
     ReportContextCapacity(MeasureContextCapacity(*model, free_bytes),
                           on_gpu ? absl::StrCat("GPU ", gpu) : std::string("the host"), registry);
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   InternalServerCredentials("nq-worker", absl::GetFlag(FLAGS_host), tls.get(),
-                                             absl::GetFlag(FLAGS_allow_plaintext_internal)));
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcServer> grpc_server,
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),

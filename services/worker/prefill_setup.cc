@@ -14,15 +14,9 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
                                                                           const SlotRuntime* slots,
                                                                           kernels::Backend& backend,
                                                                           const PrefillFlags& flags) {
+  PrefillOptions options{.chunk_tokens = flags.chunk_tokens, .layer_major_min_tokens = flags.layer_major_min_tokens};
   // Checked here too, with or without a model: a bad value is refused, never ignored.
-  if (flags.chunk_tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--prefill_chunk_tokens=", flags.chunk_tokens,
-                                                   ": a prefill chunk needs at least one token"));
-  }
-  if (flags.layer_major_min_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--layer_major_prefill_tokens=", flags.layer_major_min_tokens,
-                                                   ": want 0 (off) or a span length"));
-  }
+  RETURN_IF_ERROR(options.Validate());
   if (flags.full_span_tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--prefill_full_span_tokens=", flags.full_span_tokens, ": want a positive span length"));
@@ -31,7 +25,6 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
     return absl::InvalidArgumentError(absl::StrCat("--prefill_expert_slots=", flags.expert_slots,
                                                    ": want -1 (every expert), 0 (none) or a slot count"));
   }
-  PrefillOptions options{.chunk_tokens = flags.chunk_tokens, .layer_major_min_tokens = flags.layer_major_min_tokens};
   std::unique_ptr<release::PrefillExperts> experts;
   if (model != nullptr && decoder != nullptr && flags.expert_slots != 0 && flags.layer_major_min_tokens > 0) {
     const int64_t num_experts = model->config().n_routed_experts;

@@ -17,15 +17,20 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 int64_t SequenceRunner::context_window() const { return model_->max_tokens(); }
 
+absl::Status PrefillOptions::Validate() const {
+  if (chunk_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prefill_chunk_tokens=", chunk_tokens, ": a prefill chunk needs at least one token"));
+  }
+  if (layer_major_min_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--layer_major_prefill_tokens=", layer_major_min_tokens, ": want 0 (off) or a span length"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SequenceRunner::SetPrefillOptions(PrefillOptions options) {
-  if (options.chunk_tokens <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--prefill_chunk_tokens=", options.chunk_tokens,
-                                                   ": a prefill chunk needs at least one token"));
-  }
-  if (options.layer_major_min_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--layer_major_prefill_tokens=", options.layer_major_min_tokens,
-                                                   ": want 0 (off) or a span length"));
-  }
+  RETURN_IF_ERROR(options.Validate());
   prefill_ = std::move(options);
   return absl::OkStatus();
 }

@@ -59,6 +59,10 @@ struct PrefillOptions {
       before_moe;
   std::function<void(int64_t span_tokens)> begin_layer_major;
   std::function<void()> end_layer_major;
+
+  // INVALID_ARGUMENT naming the flag for chunk_tokens <= 0 or a negative
+  // layer_major_min_tokens.
+  absl::Status Validate() const;
 };
 
 struct SequenceStats {

@@ -96,6 +96,14 @@ ChildProcess MustStart(const std::string& binary, std::vector<std::string> args,
 
 }  // namespace
 
+std::string ClusterTest::ExpectStartupFailure(ChildProcess child, std::chrono::seconds timeout) {
+  absl::StatusOr<int> code = child.WaitForExit(timeout);
+  EXPECT_TRUE(code.ok()) << "the service kept running:\n" << child.Log();
+  EXPECT_NE(code.value_or(0), 0) << child.Log();
+  EXPECT_GT(code.value_or(0), 0) << "it crashed instead of exiting:\n" << child.Log();
+  return child.Log();
+}
+
 ChildProcess ClusterTest::StartStreamer(const ServicePorts& ports, std::vector<std::string> extra) {
   std::vector<std::string> args = {"--host=127.0.0.1", absl::StrCat("--grpc_port=", ports.grpc),
                                    absl::StrCat("--metrics_port=", ports.http), "--drain_timeout_s=2"};

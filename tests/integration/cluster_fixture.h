@@ -43,6 +43,10 @@ class ClusterTest : public ::testing::Test {
   ChildProcess StartRouter(const ServicePorts& ports, int worker_grpc_port,
                            std::vector<std::string> extra = {});
   static ServicePorts NewPorts();
+  // Waits for a service that must refuse to start: it exits with a non-zero code (not a crash)
+  // within `timeout`. Returns its log, for the test to check the reason.
+  static std::string ExpectStartupFailure(ChildProcess child,
+                                          std::chrono::seconds timeout = std::chrono::seconds(15));
   // Waits until the service's gRPC health is SERVING.
   static bool WaitServing(int grpc_port, std::chrono::milliseconds timeout = std::chrono::seconds(20));
   std::string LogPath(const std::string& name);
