@@ -190,6 +190,36 @@ absl::Status Backend::CopyToHost(const Tensor& src, std::span<std::byte> dst) {
   return DoCopyToHost(src.data(), src.nbytes(), dst.data());
 }
 
+namespace {
+class HeapStaging final : public Storage {
+ public:
+  explicit HeapStaging(std::size_t bytes) : Storage(bytes == 0 ? nullptr : new std::byte[bytes], bytes) {}
+  ~HeapStaging() override { delete[] static_cast<std::byte*>(data()); }
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Storage>> Backend::AllocateHostStaging(std::size_t bytes) {
+  return AllocateHostStagingStorage(bytes);
+}
+
+absl::StatusOr<std::unique_ptr<Storage>> Backend::AllocateHostStagingStorage(std::size_t bytes) {
+  return std::make_unique<HeapStaging>(bytes);
+}
+
+absl::Status Backend::CopyToHostAsync(const Tensor& src, std::span<std::byte> dst) {
+  RETURN_IF_ERROR(CheckOwned("CopyToHostAsync", "src", src));
+  if (dst.size() != src.nbytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyToHostAsync: ", dst.size(), " bytes of room for ",
+                                                   src.DebugString(), " (", src.nbytes(), " bytes)"));
+  }
+  if (dst.empty()) return absl::OkStatus();
+  return DoCopyToHostAsync(src.data(), src.nbytes(), dst.data());
+}
+
+absl::Status Backend::DoCopyToHostAsync(const void* src, std::size_t bytes, void* dst) {
+  return DoCopyToHost(src, bytes, dst);
+}
+
 absl::Status Backend::Copy(const Tensor& src, Tensor& dst) {
   RETURN_IF_ERROR(CheckOwned("Copy", "src", src));
   RETURN_IF_ERROR(CheckOwned("Copy", "dst", dst));
@@ -540,6 +570,40 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                         out);
 }
 
+absl::Status Backend::MoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                               Tensor& ids, Tensor& weights) {
+  constexpr absl::string_view kOp = "MoeRoute";
+  RETURN_IF_ERROR(CheckOwned(kOp, "logits", logits));
+  RETURN_IF_ERROR(CheckOwned(kOp, "ids", ids));
+  RETURN_IF_ERROR(CheckOwned(kOp, "weights", weights));
+  RETURN_IF_ERROR(CheckDType(kOp, "logits", logits, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "ids", ids, DType::kI32));
+  RETURN_IF_ERROR(CheckDType(kOp, "weights", weights, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
+  if (absl::Status s = CheckMoeRouteParams(params); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", s.message()));
+  }
+  if (params.num_experts > kMaxRoutedExperts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": ", params.num_experts, " experts; at most ", kMaxRoutedExperts, " are supported"));
+  }
+  const std::int64_t tokens = logits.shape().dim(0);
+  if (logits.shape().dim(1) != params.num_experts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": logits ", logits.DebugString(), " for ", params.num_experts, " experts"));
+  }
+  if (bias != nullptr) {
+    RETURN_IF_ERROR(CheckOwned(kOp, "bias", *bias));
+    RETURN_IF_ERROR(CheckDType(kOp, "bias", *bias, DType::kF32));
+    RETURN_IF_ERROR(CheckShape(kOp, "bias", *bias, Shape{params.num_experts}, "params.num_experts"));
+  }
+  const std::string from = absl::StrCat("logits ", logits.DebugString(), " and top_k ", params.top_k);
+  RETURN_IF_ERROR(CheckShape(kOp, "ids", ids, Shape{tokens, params.top_k}, from));
+  RETURN_IF_ERROR(CheckShape(kOp, "weights", weights, Shape{tokens, params.top_k}, from));
+  if (tokens == 0) return absl::OkStatus();
+  return DoMoeRoute(logits, bias, params, ids, weights);
+}
+
 absl::Status Backend::IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                                   std::int64_t start_pos, Tensor& selected) {
   constexpr absl::string_view kOp = "IndexerTopK";
@@ -627,6 +691,10 @@ absl::Status Backend::DoMlaAttention(const Tensor&, const Tensor&, const Tensor&
                                      const Tensor&, const Tensor&, const Tensor*, std::int64_t,
                                      float, Tensor&) {
   return NotImplemented("MlaAttention", name());
+}
+
+absl::Status Backend::DoMoeRoute(const Tensor&, const Tensor*, const MoeRouteParams&, Tensor&, Tensor&) {
+  return NotImplemented("MoeRoute", name());
 }
 
 absl::Status Backend::DoIndexerTopK(const Tensor&, const Tensor&, const Tensor&, std::int64_t,

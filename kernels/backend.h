@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
+#include "kernels/moe_route.h"
 #include "kernels/nq_moe.h"
 #include "kernels/nq_moe_params.h"
 #include "kernels/tensor.h"
@@ -69,6 +70,14 @@ class Backend {
   absl::Status CopyFromHost(std::span<const std::byte> src, Tensor& dst);
   // Copies exactly src.nbytes() bytes to host memory, after all work enqueued before it.
   absl::Status CopyToHost(const Tensor& src, std::span<std::byte> dst);
+  // Host memory a device-to-host copy can land in without the host waiting for the device
+  // (page-locked on CUDA, plain memory on the CPU). For CopyToHostAsync.
+  absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStaging(std::size_t bytes);
+  // Enqueues a copy of src's src.nbytes() bytes into `dst`, which must lie in memory from
+  // AllocateHostStaging, and returns without waiting: the bytes are there once a later
+  // CopyToHost or Synchronize returns. (From other host memory the CUDA runtime would wait for
+  // the stream, which is what this exists to avoid.)
+  absl::Status CopyToHostAsync(const Tensor& src, std::span<std::byte> dst);
   // Device-to-device copy between two tensors of this backend with equal dtype and shape.
   absl::Status Copy(const Tensor& src, Tensor& dst);
 
@@ -160,6 +169,13 @@ class Backend {
   absl::Status IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                            std::int64_t start_pos, Tensor& selected);
 
+  // The MoE router (kernels/moe_route.h) where the logits are: ids[t, :] and weights[t, :] are
+  // token t's top_k experts, by descending choice score, and their weights, as RouteTokensHost
+  // computes them. logits: F32 [T, E] with E = params.num_experts <= kMaxRoutedExperts; bias:
+  // F32 [E] or null; ids: I32 [T, top_k]; weights: F32 [T, top_k].
+  absl::Status MoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
+                        Tensor& weights);
+
   // The routed experts of one MoE layer from their NestQuant codes (kernels/nq_moe.h):
   // out[t] = sum_k expert_weights[t, k] * expert(expert_ids[t, k])(x[t]), each expert at 4 bits
   // when slots.slot_of_expert names a slot for it, else at 2 bits. x, out: F32 [T, D] (distinct);
@@ -180,6 +196,9 @@ class Backend {
   virtual absl::Status DoCopyFromHost(const void* src, std::size_t bytes, void* dst) = 0;
   virtual absl::Status DoCopyToHost(const void* src, std::size_t bytes, void* dst) = 0;
   virtual absl::Status DoCopy(const void* src, std::size_t bytes, void* dst) = 0;
+  // Defaults: heap memory, and a copy that waits (correct everywhere; CUDA overrides both).
+  virtual absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStagingStorage(std::size_t bytes);
+  virtual absl::Status DoCopyToHostAsync(const void* src, std::size_t bytes, void* dst);
   virtual absl::Status DoMatMul(const Tensor& x, const Tensor& w, Tensor& y,
                                 const MatMulDims& dims) = 0;
   virtual absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
@@ -213,6 +232,8 @@ class Backend {
                                       Tensor& out);
   virtual absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                                      std::int64_t start_pos, Tensor& selected);
+  virtual absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                                  Tensor& ids, Tensor& weights);
   // Arguments validated into raw pointers (kernels/nq_moe_op.cc).
   virtual absl::Status DoNqMoe(const NqMoeParams& params);
 

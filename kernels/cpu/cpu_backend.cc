@@ -220,6 +220,16 @@ absl::Status CpuBackend::DoIndexerTopK(const Tensor& q, const Tensor& k, const T
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
+                                    Tensor& ids, Tensor& weights) {
+  std::span<const float> bias_values;
+  if (bias != nullptr) bias_values = {bias->data_as<float>(), static_cast<size_t>(bias->NumElements())};
+  RouteTokensHost({logits.data_as<float>(), static_cast<size_t>(logits.NumElements())}, bias_values, params,
+                  {ids.data_as<std::int32_t>(), static_cast<size_t>(ids.NumElements())},
+                  {weights.data_as<float>(), static_cast<size_t>(weights.NumElements())});
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::DoNqMoe(const NqMoeParams& params) { return cpu::NqMoe(params, threads_); }
 
 }  // namespace nq::kernels::cpu

@@ -54,6 +54,8 @@ class CpuBackend final : public Backend {
                               Tensor& out) override;
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                              std::int64_t start_pos, Tensor& selected) override;
+  absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
+                          Tensor& weights) override;
   absl::Status DoNqMoe(const NqMoeParams& params) override;
 
  private:

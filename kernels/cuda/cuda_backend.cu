@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <span>
 #include <string>
@@ -26,6 +27,7 @@
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
+#include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
@@ -34,6 +36,7 @@
 #include "kernels/cuda/rows.cuh"
 #include "kernels/cuda/scratch.h"
 #include "kernels/cuda/softmax.cuh"
+#include "kernels/cuda/stream_pool.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
@@ -50,13 +53,27 @@ constexpr std::size_t kMinScratchBytes = std::size_t{1} << 20;
 // module loading a missing sm_90a image would otherwise surface only at the first real launch.
 __global__ void ProbeKernel() {}
 
+// Tensor memory from the backend's stream-ordered pool (kernels/cuda/stream_pool.h): freeing it
+// waits for nothing; the block is reused only by work enqueued after its last use.
 class DeviceStorage final : public Storage {
  public:
-  DeviceStorage(void* data, std::size_t bytes) : Storage(data, bytes) {}
-  // cudaFree waits for the device to finish work that may still use the memory.
+  DeviceStorage(void* data, std::size_t bytes, std::shared_ptr<StreamPool> pool)
+      : Storage(data, bytes), pool_(std::move(pool)) {}
   ~DeviceStorage() override {
-    if (data() != nullptr) cudaFree(data());
+    if (pool_ != nullptr) pool_->Free(data());
   }
+
+ private:
+  std::shared_ptr<StreamPool> pool_;
+};
+
+// Page-locked host memory as a Storage (Backend::AllocateHostStaging).
+class PinnedStorage final : public Storage {
+ public:
+  PinnedStorage(PinnedHostBuffer buffer, std::size_t bytes) : Storage(buffer.get(), bytes), buffer_(std::move(buffer)) {}
+
+ private:
+  PinnedHostBuffer buffer_;
 };
 
 absl::Status CheckIntRange(absl::string_view op, std::initializer_list<std::int64_t> sizes) {
@@ -71,30 +88,30 @@ absl::Status CheckIntRange(absl::string_view op, std::initializer_list<std::int6
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, const cudaDeviceProp& props, CudaStream stream)
+  CudaBackend(int device, const cudaDeviceProp& props, std::shared_ptr<StreamPool> pool)
       : device_(device),
         description_(absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)", props.name, props.major,
                                      props.minor, props.multiProcessorCount,
                                      props.totalGlobalMem / double{1 << 30})),
-        stream_(std::move(stream)),
-        ctx_{.stream = stream_.get(), .num_sms = props.multiProcessorCount} {}
+        pool_(std::move(pool)),
+        ctx_{.stream = pool_->stream(), .num_sms = props.multiProcessorCount} {}
 
   std::string_view name() const override { return "cuda"; }
   std::string DeviceDescription() const override { return description_; }
 
   absl::Status Synchronize() override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
-    return absl::OkStatus();
+    // Waits for the stream, then returns the pool's cached blocks, so memory another allocator
+    // needs after a load or a long prefill is not held here.
+    return pool_->Trim();
   }
 
  protected:
   absl::StatusOr<std::unique_ptr<Storage>> AllocateStorage(std::size_t bytes) override {
-    if (bytes == 0) return std::make_unique<DeviceStorage>(nullptr, 0);
+    if (bytes == 0) return std::make_unique<DeviceStorage>(nullptr, 0, nullptr);
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    void* data = nullptr;
-    NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&data, bytes));
-    return std::make_unique<DeviceStorage>(data, bytes);
+    ASSIGN_OR_RETURN(void* data, pool_->Allocate(bytes));
+    return std::make_unique<DeviceStorage>(data, bytes, pool_);
   }
 
   // From pageable memory cudaMemcpyAsync returns once `src` is staged, so the caller may reuse
@@ -102,22 +119,22 @@ class CudaBackend final : public Backend {
   absl::Status DoCopyFromHost(const void* src, std::size_t bytes, void* dst) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_.get()));
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, pool_->stream()));
     return absl::OkStatus();
   }
 
   absl::Status DoCopyToHost(const void* src, std::size_t bytes, void* dst) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_.get()));
-    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
     return absl::OkStatus();
   }
 
   absl::Status DoCopy(const void* src, std::size_t bytes, void* dst) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_.get()));
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, pool_->stream()));
     return absl::OkStatus();
   }
 
@@ -215,11 +232,9 @@ class CudaBackend final : public Backend {
     const std::int64_t dim = x.shape().dim(2);
     RETURN_IF_ERROR(CheckIntRange("Rope", {heads, dim, heads * dim}));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    ScratchLayout layout;
-    const std::size_t inv_freq_at = layout.AddHost(inv_freq);
-    ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
+    ASSIGN_OR_RETURN(const float* device_inv_freq, ConstantOnDevice(inv_freq));
     return LaunchRope({.x = x.data_as<float>(),
-                       .inv_freq = reinterpret_cast<const float*>(scratch + inv_freq_at),
+                       .inv_freq = device_inv_freq,
                        .tokens = x.shape().dim(0),
                        .heads = static_cast<int>(heads),
                        .dim = static_cast<int>(dim),
@@ -254,7 +269,7 @@ class CudaBackend final : public Backend {
     }
     float* to = dst.data_as<float>() + first;
     NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src.data(), src.nbytes(),
-                                            cudaMemcpyDeviceToDevice, stream_.get()));
+                                            cudaMemcpyDeviceToDevice, pool_->stream()));
     return absl::OkStatus();
   }
 
@@ -354,6 +369,30 @@ class CudaBackend final : public Backend {
     return LaunchMlaDecode(params, plan, scratch + work_at, plan.ScratchBytes(), ctx_);
   }
 
+  absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
+                          Tensor& weights) override {
+    RETURN_IF_ERROR(CheckIntRange("MoeRoute", {logits.shape().dim(0)}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchMoeRoute({.logits = logits.data_as<float>(),
+                           .bias = bias != nullptr ? bias->data_as<float>() : nullptr,
+                           .ids = ids.data_as<std::int32_t>(),
+                           .weights = weights.data_as<float>(),
+                           .tokens = logits.shape().dim(0),
+                           .params = params},
+                          ctx_);
+  }
+
+  absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStagingStorage(std::size_t bytes) override {
+    ASSIGN_OR_RETURN(PinnedHostBuffer buffer, PinnedHostBuffer::Allocate(std::max<std::size_t>(bytes, 1)));
+    return std::unique_ptr<Storage>(new PinnedStorage(std::move(buffer), bytes));
+  }
+
+  absl::Status DoCopyToHostAsync(const void* src, std::size_t bytes, void* dst) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));
+    return absl::OkStatus();
+  }
+
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                              std::int64_t start_pos, Tensor& selected) override {
     const std::int64_t tokens = q.shape().dim(0);
@@ -408,7 +447,7 @@ class CudaBackend final : public Backend {
     if (bytes <= nq_moe_workspace_.bytes()) return absl::OkStatus();
     // Growing waits for the stream: kernels enqueued earlier may still use the old block. A
     // captured decode graph sizes it before capture (its first, uncaptured step).
-    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
     nq_moe_workspace_.Reset();
     ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(bytes));
     return absl::OkStatus();
@@ -452,9 +491,32 @@ class CudaBackend final : public Backend {
   // Makes the scratch block at least layout.total_bytes() long and enqueues the copy of the
   // layout's host staging into its start; returns the block. Growing waits for the stream first:
   // kernels enqueued earlier may still read the old block.
+  // A model passes the same few host constants (RoPE frequencies) to every call: upload each
+  // distinct one once instead of a host-to-device copy per call. At most kMaxConstants are
+  // kept; replacing one frees it with cudaFree, which waits for the kernels still reading it.
+  absl::StatusOr<const float*> ConstantOnDevice(std::span<const float> values) {
+    for (const DeviceConstant& c : constants_) {
+      if (c.host.size() == values.size() && std::equal(values.begin(), values.end(), c.host.begin())) {
+        return static_cast<const float*>(c.device.get());
+      }
+    }
+    constexpr std::size_t kMaxConstants = 8;
+    if (constants_.size() == kMaxConstants) constants_.erase(constants_.begin());
+    DeviceConstant c;
+    c.host.assign(values.begin(), values.end());
+    ASSIGN_OR_RETURN(c.device, DeviceBuffer::Allocate(std::max<std::size_t>(values.size_bytes(), 1)));
+    if (!values.empty()) {
+      // On the op stream, so the kernels enqueued after it see the values.
+      NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.device.get(), values.data(), values.size_bytes(),
+                                              cudaMemcpyHostToDevice, pool_->stream()));
+    }
+    constants_.push_back(std::move(c));
+    return static_cast<const float*>(constants_.back().device.get());
+  }
+
   absl::StatusOr<std::byte*> UploadScratch(const ScratchLayout& layout) {
     if (layout.total_bytes() > scratch_.bytes()) {
-      NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()));
+      NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
       scratch_.Reset();
       ASSIGN_OR_RETURN(scratch_,
                        DeviceBuffer::Allocate(std::max(layout.total_bytes(), kMinScratchBytes)));
@@ -464,16 +526,21 @@ class CudaBackend final : public Backend {
     if (!staging.empty()) {
       // From pageable memory this returns once `staging` is staged; the copy stays stream-ordered.
       NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(scratch, staging.data(), staging.size(),
-                                              cudaMemcpyHostToDevice, stream_.get()));
+                                              cudaMemcpyHostToDevice, pool_->stream()));
     }
     return scratch;
   }
 
   int device_;
   std::string description_;
-  CudaStream stream_;
+  std::shared_ptr<StreamPool> pool_;  // the stream every op runs on, and tensor memory
   LaunchContext ctx_;
   DeviceBuffer scratch_;  // one op's host inputs and intermediates (UploadScratch)
+  struct DeviceConstant {
+    std::vector<float> host;
+    DeviceBuffer device;
+  };
+  std::vector<DeviceConstant> constants_;  // ConstantOnDevice
   DeviceBuffer nq_moe_workspace_;  // NqMoe's intermediates (grow-only)
   // The dense prefill's resources (DenseNqMoe).
   BlasHandle blas_;
@@ -509,8 +576,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
         "; this build targets CMAKE_CUDA_ARCHITECTURES, sm_90a by default): ",
         CudaStatus(probe_error, "cudaFuncGetAttributes").message()));
   }
-  ASSIGN_OR_RETURN(CudaStream stream, CudaStream::CreateNonBlocking());
-  return std::make_unique<CudaBackend>(device, props, std::move(stream));
+  ASSIGN_OR_RETURN(std::shared_ptr<StreamPool> pool, StreamPool::Create(device));
+  return std::make_unique<CudaBackend>(device, props, std::move(pool));
 }
 
 }  // namespace nq::kernels::cuda

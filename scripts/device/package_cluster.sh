@@ -13,6 +13,10 @@
 # command "bash scripts/device/run_gpu_cluster.sh"; bash scripts/device/slim_tree.sh off.
 #
 #   bash scripts/device/package_cluster.sh [CUDA_BUILD_DIR]   # default build/cuda
+#
+# NQ_EXTRA_BINS="NAME=PATH ..." packs more binaries as bin/NAME: a previous build's nq as
+# nq_before (run_gpu_cluster.sh then times both in one run), cuda_vs_cpu_ops_test (it runs the
+# kernel tests named by NQ_GTEST_FILTER there).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/device/shared_libs.sh
@@ -28,6 +32,9 @@ trap 'rm -rf "$staging"' EXIT
 mkdir -p "$staging/bin" "$staging/model"
 for b in "${binaries[@]}" bench/streamer/record_read_bench; do
   strip --strip-debug -o "$staging/bin/$(basename "$b")" "$build_dir/$b"
+done
+for extra in ${NQ_EXTRA_BINS:-}; do
+  strip --strip-debug -o "$staging/bin/${extra%%=*}" "${extra#*=}"
 done
 copy_shared_libs "$staging/lib" "$staging"/bin/*
 

@@ -51,6 +51,31 @@ refuses gpu-ordinal "visible" "${worker[@]}" --gpu=7
 # A context window no H200 holds: the fit check names the KV cache's bytes and the free memory.
 refuses does-not-fit "does not fit on GPU 0" "${worker[@]}" --max_model_len=2000000000
 
+# Kernel tests packed beside the services (package_cluster.sh NQ_EXTRA_BINS), plain and under
+# compute-sanitizer memcheck.
+if [[ -x "$work/bin/cuda_vs_cpu_ops_test" ]]; then
+  filter="${NQ_GTEST_FILTER:-CudaMoeRoute*:CudaCopyToHostAsync*}"
+  echo "== cuda_vs_cpu_ops_test --gtest_filter=$filter"
+  "$work/bin/cuda_vs_cpu_ops_test" --gtest_filter="$filter" 2>&1 | tail -15 || failed+=("cuda_vs_cpu_ops_test")
+  sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -n 1)"
+  if [[ -n "$sanitizer" ]]; then
+    echo "== compute-sanitizer memcheck, same filter"
+    "$sanitizer" --tool memcheck --error-exitcode 1 "$work/bin/cuda_vs_cpu_ops_test" --gtest_filter="$filter" 2>&1 \
+      | tail -4 || failed+=("memcheck")
+  fi
+fi
+# Before and after in one run: a previous build's nq (bin/nq_before) and this one's, interleaved.
+if [[ -x "$work/bin/nq_before" ]]; then
+  for round in 1 2 3; do
+    for which in nq_before nq; do
+      for bits in fixed 2; do
+        echo "== bench-decode $which --expert-bits=$bits (round $round): $("$work/bin/$which" bench-decode \
+          --model="$work/model" --release="$work/model/release" --expert-bits=$bits --backend=cuda --decode-tokens=256 \
+          --warmup=16 --prompt-tokens=128 --out="$out/bench_${which}_${bits}_$round.json" 2>&1 | tail -1)"
+      done
+    done
+  done
+fi
 # NQ_CLUSTER_ARGS / NQ_SLICE_ARGS add arguments (e.g. "--only spec") to the two runs.
 if [[ "${NQ_CLUSTER:-1}" == 1 ]]; then
   python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$work/model" --out "$out" \

@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<LiveStudentSource>> LiveStudentSource::Load(const
   LiveStudentSource* raw = s.get();
   s->model_->SetSlotArena(
       worker::ModelSlotArena(geometry, reinterpret_cast<const std::byte*>(s->arena_.data())));
-  s->model_->SetExpertSlotSource(s->runtime_->SlotSource());
+  s->model_->SetExpertSlotTables(s->runtime_->SlotTables());
   s->model_->SetRoutingObserver(
       [raw](int64_t layer, const model::MoeRouting& routing) { raw->OnRouting(layer, routing); });
   return s;

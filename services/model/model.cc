@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tensor_io.h"
@@ -29,6 +30,15 @@ std::vector<float> FloatInvFreq(const ModelConfig& config) {
 bool MlaRopeInterleaved(const ModelConfig& c) {
   return c.architecture == Architecture::kGlmMoeDsa ? true : c.rope_interleave;
 }
+MoeRoutingParams RoutingParams(const ModelConfig& c) {
+  return {.num_experts = static_cast<int>(c.n_routed_experts),
+          .top_k = static_cast<int>(c.num_experts_per_tok),
+          .n_group = static_cast<int>(c.n_group),
+          .topk_group = static_cast<int>(c.topk_group),
+          .norm_topk_prob = c.norm_topk_prob,
+          .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)};
+}
+
 bool IndexerRopeInterleaved(const ModelConfig& c) {
   return c.architecture == Architecture::kGlmMoeDsa ? true : c.indexer.rope_interleave;
 }
@@ -158,6 +168,8 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));
   }
+  RETURN_IF_ERROR(RefreshSlotTables());
+  RETURN_IF_ERROR(BeginRoutingLog(T));
   ASSIGN_OR_RETURN(x, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
   RETURN_IF_ERROR(backend_.Embedding(tokens, weights_.embed, x));
   selection_.reset();
@@ -166,6 +178,7 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
   }
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
   ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));
+  FlushRoutingLog();  // the download waited for the backend: the routing copies have landed
   cache_.set_length(start + T);
   return absl::OkStatus();
 }
@@ -220,6 +233,8 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   }
   const MtpWeights& m = weights_.mtp[index];
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  RETURN_IF_ERROR(RefreshSlotTables());
+  RETURN_IF_ERROR(BeginRoutingLog(T));
   ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.Embedding(next_tokens, weights_.embed, e));
   RETURN_IF_ERROR(backend_.RmsNorm(e, m.enorm, eps, e));
@@ -237,6 +252,7 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   mtp_length_ += T;
   RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, eps, u));
   ASSIGN_OR_RETURN(last_mtp_hidden_, kernels::DownloadFloats(backend_, u));
+  FlushRoutingLog();
   return absl::OkStatus();
 }
 
@@ -268,7 +284,9 @@ absl::Status Model::FfnBlock(const LayerWeights& w, int64_t layer, Tensor& x, co
   ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
   RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, static_cast<float>(config_.rms_norm_eps), xn));
   Tensor ffn;
-  if (w.moe.has_value()) {
+  if (w.moe.has_value() && routing == nullptr && slots == nullptr && RoutesOnBackend(*w.moe)) {
+    ASSIGN_OR_RETURN(ffn, BackendRoutedMoe(*w.moe, layer, xn));
+  } else if (w.moe.has_value()) {
     MoeRouting own;
     if (routing == nullptr) {
       ASSIGN_OR_RETURN(own, Route(*w.moe, xn));
@@ -377,13 +395,100 @@ absl::StatusOr<MoeRouting> Model::Route(const MoeWeights& w, const Tensor& xn) {
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(std::vector<float> host_logits, kernels::DownloadFloats(backend_, logits));
-  return RouteTokens(host_logits, w.bias,
-                     MoeRoutingParams{.num_experts = static_cast<int>(E),
-                                      .top_k = static_cast<int>(c.num_experts_per_tok),
-                                      .n_group = static_cast<int>(c.n_group),
-                                      .topk_group = static_cast<int>(c.topk_group),
-                                      .norm_topk_prob = c.norm_topk_prob,
-                                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)});
+  return RouteTokens(host_logits, w.bias, RoutingParams(c));
+}
+
+bool Model::RoutesOnBackend(const MoeWeights& w) const {
+  return w.packed.has_value() && !observer_ && (slot_table_source_.has_value() || !slot_source_) &&
+         (w.bias.empty() || w.bias_device.valid());
+}
+
+absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
+  const ModelConfig& c = config_;
+  const int64_t T = xn.shape().dim(0), E = c.n_routed_experts, K = c.num_experts_per_tok;
+  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
+  RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
+  ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor weights, backend_.Allocate(kernels::DType::kF32, Shape{T, K}));
+  RETURN_IF_ERROR(backend_.MoeRoute(logits, w.bias.empty() ? nullptr : &w.bias_device, RoutingParams(c), ids, weights));
+  if (routing_observer_ || (slot_table_source_.has_value() && slot_table_source_->count)) {
+    const size_t bytes = static_cast<size_t>(T * K) * sizeof(int32_t);
+    if (routing_staging_ == nullptr) return absl::InternalError("routing staging missing (BeginRoutingLog not run)");
+    if (routing_staging_used_ + 2 * bytes > routing_staging_->bytes()) {
+      return absl::InternalError(absl::StrCat("layer ", layer, ": the routing staging holds ", routing_staging_->bytes(),
+                                              " bytes, ", routing_staging_used_ + 2 * bytes, " needed"));
+    }
+    std::byte* at = static_cast<std::byte*>(routing_staging_->data()) + routing_staging_used_;
+    RETURN_IF_ERROR(backend_.CopyToHostAsync(ids, std::span<std::byte>(at, bytes)));
+    RETURN_IF_ERROR(backend_.CopyToHostAsync(weights, std::span<std::byte>(at + bytes, bytes)));
+    routing_log_.push_back({.layer = layer, .tokens = static_cast<int>(T), .top_k = static_cast<int>(K),
+                            .offset = routing_staging_used_});
+    routing_staging_used_ += 2 * bytes;
+  }
+  const PackedExperts& packed = *w.packed;
+  kernels::NqSlots nq_slots = LayerSlots(packed, layer, nullptr);
+  nq_slots.slot_of_expert = &slot_tables_.at(layer);
+  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
+  RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
+  if (!w.shared.has_value()) return out;
+  ASSIGN_OR_RETURN(Tensor shared, Mlp(*w.shared, xn));
+  RETURN_IF_ERROR(backend_.Add(out, shared, out));
+  return out;
+}
+
+absl::Status Model::RefreshSlotTables() {
+  const uint64_t generation = slot_table_source_.has_value() ? slot_table_source_->generation() : 0;
+  if (uploaded_generation_ == generation) return absl::OkStatus();
+  std::vector<int32_t> slots(static_cast<size_t>(config_.n_routed_experts));
+  for (auto& [layer, table] : slot_tables_) {
+    std::fill(slots.begin(), slots.end(), -1);
+    const LayerWeights& lw = layer < config_.num_hidden_layers
+                                 ? weights_.layers[static_cast<size_t>(layer)]
+                                 : weights_.mtp[static_cast<size_t>(layer - config_.num_hidden_layers)].block;
+    if (slot_table_source_.has_value()) {
+      slot_table_source_->fill(layer, slots);
+    } else if (!lw.moe->packed->static_slots.empty()) {
+      slots = lw.moe->packed->static_slots;
+    }
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(slots)), table));
+  }
+  uploaded_generation_ = generation;
+  return absl::OkStatus();
+}
+
+absl::Status Model::BeginRoutingLog(int64_t tokens) {
+  // A forward that failed may have left copies in flight into the staging.
+  const bool in_flight = !routing_log_.empty();
+  routing_log_.clear();
+  routing_staging_used_ = 0;
+  const bool wanted = routing_observer_ || (slot_table_source_.has_value() && slot_table_source_->count);
+  if (!wanted) return absl::OkStatus();
+  const size_t layers = weights_.layers.size() + weights_.mtp.size();
+  const size_t need = layers * static_cast<size_t>(tokens * config_.num_experts_per_tok) * 2 * sizeof(int32_t);
+  if (routing_staging_ == nullptr || routing_staging_->bytes() < need) {
+    if (in_flight) RETURN_IF_ERROR(backend_.Synchronize());
+    routing_staging_.reset();
+    ASSIGN_OR_RETURN(routing_staging_, backend_.AllocateHostStaging(need));
+  }
+  return absl::OkStatus();
+}
+
+void Model::FlushRoutingLog() {
+  const std::byte* base = routing_staging_ != nullptr ? static_cast<const std::byte*>(routing_staging_->data()) : nullptr;
+  for (const LoggedRouting& logged : routing_log_) {
+    MoeRouting routing;
+    routing.num_tokens = logged.tokens;
+    routing.top_k = logged.top_k;
+    const size_t n = static_cast<size_t>(logged.tokens) * logged.top_k;
+    routing.experts.resize(n);
+    routing.weights.resize(n);
+    std::memcpy(routing.experts.data(), base + logged.offset, n * sizeof(int32_t));
+    std::memcpy(routing.weights.data(), base + logged.offset + n * sizeof(int32_t), n * sizeof(float));
+    if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(logged.layer, routing);
+    if (routing_observer_) routing_observer_(logged.layer, routing);
+  }
+  routing_log_.clear();
+  routing_staging_used_ = 0;
 }
 
 absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tensor& xn, const MoeRouting& routing,
@@ -439,25 +544,41 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
 absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, const Tensor& xn,
                                         const MoeRouting& routing, const PrefillLayerSlots* prefill) {
   const int64_t T = xn.shape().dim(0), E = config_.n_routed_experts, K = routing.top_k;
-  // Which slot each expert's residual sits in: a layer-major prefill's own slots, the source's
-  // choice (a worker's slot runtime, nq kld) for the experts this forward uses, else the
-  // layer's static choice.
-  std::vector<int32_t> slots(static_cast<size_t>(E), -1);
-  if (prefill != nullptr) {
-    if (static_cast<int64_t>(prefill->slot_of_expert.size()) != E) {
-      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": prefill slots name ",
-                                                     prefill->slot_of_expert.size(), " experts of ", E));
+  // Which slot each expert's residual sits in: a layer-major prefill's own slots, a per-expert
+  // source's choice (nq kld) for the experts this forward uses, else the tables RefreshSlotTables
+  // keeps (the table source's, or the layer's static choice).
+  Tensor& table = slot_tables_.at(layer);
+  if (prefill != nullptr || (!slot_table_source_.has_value() && slot_source_)) {
+    std::vector<int32_t> slots(static_cast<size_t>(E), -1);
+    if (prefill != nullptr) {
+      if (static_cast<int64_t>(prefill->slot_of_expert.size()) != E) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": prefill slots name ",
+                                                       prefill->slot_of_expert.size(), " experts of ", E));
+      }
+      slots = prefill->slot_of_expert;
+    } else {
+      std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
+      for (int32_t e : routing.experts) ++tokens[e];
+      for (int64_t e = 0; e < E; ++e) {
+        if (tokens[e] > 0) slots[e] = slot_source_(layer, static_cast<int32_t>(e), tokens[e]);
+      }
     }
-    slots = prefill->slot_of_expert;
-  } else if (slot_source_) {
-    std::vector<int64_t> tokens(static_cast<size_t>(E), 0);
-    for (int32_t e : routing.experts) ++tokens[e];
-    for (int64_t e = 0; e < E; ++e) {
-      if (tokens[e] > 0) slots[e] = slot_source_(layer, static_cast<int32_t>(e), tokens[e]);
-    }
-  } else if (!w.static_slots.empty()) {
-    slots = w.static_slots;
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(slots)), table));
+    uploaded_generation_.reset();  // this layer's table no longer holds the tables' choice
+  } else {
+    RETURN_IF_ERROR(RefreshSlotTables());
+    if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(layer, routing);
   }
+  kernels::NqSlots nq_slots = LayerSlots(w, layer, prefill);
+  nq_slots.slot_of_expert = &table;
+  ASSIGN_OR_RETURN(Tensor ids, kernels::UploadInt32s(backend_, routing.experts, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor weights, kernels::UploadFloats(backend_, routing.weights, kernels::DType::kF32, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
+  RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, w.weights, nq_slots, out));
+  return out;
+}
+
+kernels::NqSlots Model::LayerSlots(const PackedExperts& w, int64_t layer, const PrefillLayerSlots* prefill) const {
   kernels::NqSlots nq_slots;
   if (prefill != nullptr) {
     nq_slots.arena = prefill->arena;
@@ -474,14 +595,7 @@ absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, c
     nq_slots.slot_bytes = w.record_bytes;
     nq_slots.num_slots = w.record_bytes > 0 ? static_cast<int64_t>(w.records.nbytes()) / w.record_bytes : 0;
   }
-  Tensor& table = slot_tables_.at(layer);
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(slots)), table));
-  nq_slots.slot_of_expert = &table;
-  ASSIGN_OR_RETURN(Tensor ids, kernels::UploadInt32s(backend_, routing.experts, Shape{T, K}));
-  ASSIGN_OR_RETURN(Tensor weights, kernels::UploadFloats(backend_, routing.weights, kernels::DType::kF32, Shape{T, K}));
-  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
-  RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, w.weights, nq_slots, out));
-  return out;
+  return nq_slots;
 }
 
 absl::StatusOr<std::vector<float>> Model::Logits(const Tensor& hidden_normed, const Tensor& head) {

@@ -111,6 +111,22 @@ class Model {
   // (PackedExperts::records). Without a source, each layer's PackedExperts::static_slots apply.
   using ExpertSlotSource = std::function<std::int32_t(int64_t layer, int32_t expert, int64_t tokens)>;
   void SetExpertSlotSource(ExpertSlotSource source) { slot_source_ = std::move(source); }
+  // The serving form of a slot source: whole slot tables, which the model keeps on the backend so
+  // a forward routes on the backend (Backend::MoeRoute) and never waits for the host between
+  // layers. Before each forward the model compares generation() with the generation it last
+  // uploaded and, when it differs, refills every packed layer's table with fill(layer, [E]:
+  // each expert's slot or -1). After the forward, once its routing is on the host, count()
+  // sees each packed layer's routing (per-call statistics) and then the routing observer.
+  // Takes precedence over SetExpertSlotSource.
+  struct ExpertSlotTables {
+    std::function<uint64_t()> generation;
+    std::function<void(int64_t layer, std::span<int32_t> slot_of_expert)> fill;
+    std::function<void(int64_t layer, const MoeRouting& routing)> count;
+  };
+  void SetExpertSlotTables(ExpertSlotTables tables) {
+    slot_table_source_ = std::move(tables);
+    uploaded_generation_.reset();
+  }
   // A worker's slot arena: model layer L's slot s starts at base + layer_offsets.at(L) +
   // s * slot_bytes. Memory of the backend's kind; it must outlive the model.
   struct SlotArena {
@@ -123,6 +139,15 @@ class Model {
   // Bytes of routed-expert weights this model holds: packed codes, scales and level tables, plus
   // records its layers keep themselves (a worker's slot arena is counted by the worker).
   int64_t RoutedExpertBytes() const;
+  // The roofline's numerator (nq bench-decode): bytes a one-token decode step at cache length
+  // `context` must read, routed experts apart: every weight of the decoder stack and the head
+  // once (one embedding row, no MTP layer), and the KV-cache rows attention reads (top-k of
+  // them under DSA) plus the indexer keys a full indexer layer scores.
+  int64_t DecodeStepBytes(int64_t context) const;
+  // The routed-expert part for decoder layer `layer` running `experts` (repeats read once):
+  // each expert's packed codes and scales, plus its residual record when a static slot holds it
+  // (a checkpoint expert: its matrices).
+  int64_t RoutedExpertStepBytes(int64_t layer, std::span<const int32_t> experts) const;
 
   // --- Layer-major prefill (issue #23; services/model/layer_major_prefill.cc).
   // A long span of new tokens runs layer by layer: layer L processes every chunk of the span
@@ -205,6 +230,23 @@ class Model {
   absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn,
                                       std::vector<float>* down_input = nullptr);
   absl::StatusOr<MoeRouting> Route(const MoeWeights& w, const kernels::Tensor& xn);
+  // Whether an MoE layer routes on the backend: packed experts, and nothing on the host needs
+  // the routing before the layer's experts run (no calibration observer, no per-expert slot
+  // source, no routing given by a layer-major prefill).
+  bool RoutesOnBackend(const MoeWeights& w) const;
+  // Routing on the backend, then the packed experts; the routing is copied to host staging
+  // without waiting and reaches the observers in FlushRoutingLog.
+  absl::StatusOr<kernels::Tensor> BackendRoutedMoe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn);
+  // The arena of a packed layer's slots for NqMoe (the slot table is set by the caller).
+  kernels::NqSlots LayerSlots(const PackedExperts& w, int64_t layer, const PrefillLayerSlots* prefill) const;
+  // Uploads every packed layer's slot table when the table source's generation moved (or the
+  // static choice, once, without a source).
+  absl::Status RefreshSlotTables();
+  // Sizes the routing staging for a forward of `tokens` tokens and forgets the last forward's log.
+  absl::Status BeginRoutingLog(int64_t tokens);
+  // After the forward's last wait for the backend: hands each logged layer's routing to the
+  // table source's count and the routing observer, in layer order.
+  void FlushRoutingLog();
   absl::StatusOr<kernels::Tensor> Moe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn,
                                       const MoeRouting& routing, const PrefillLayerSlots* slots);
   // The routed experts of a release-served layer through Backend::NqMoe.
@@ -238,8 +280,24 @@ class Model {
   std::function<void(int64_t, const MoeRouting&)> routing_observer_;
   ExpertSlotSource slot_source_;
   std::optional<SlotArena> arena_;
-  // The slot table each packed layer's NqMoe reads, written before each use (model layer id).
+  // The slot table each packed layer's NqMoe reads (model layer id): written before each use on
+  // the host-routed path, by RefreshSlotTables on the backend-routed one.
   std::map<int64_t, kernels::Tensor> slot_tables_;
+  std::optional<ExpertSlotTables> slot_table_source_;
+  // The generation of the tables on the backend (nullopt: not uploaded since the last change of
+  // source, or written by the host-routed path).
+  std::optional<uint64_t> uploaded_generation_;
+  // Backend-routed layers of the running forward: where each one's ids and weights land in
+  // routing_staging_ (host memory the backend copies into without waiting).
+  struct LoggedRouting {
+    int64_t layer = 0;
+    int tokens = 0;
+    int top_k = 0;
+    size_t offset = 0;  // bytes: ids (I32) then weights (F32), tokens * top_k each
+  };
+  std::vector<LoggedRouting> routing_log_;
+  std::unique_ptr<kernels::Storage> routing_staging_;
+  size_t routing_staging_used_ = 0;
 };
 
 }  // namespace nq::model

@@ -175,6 +175,7 @@ absl::StatusOr<MoeWeights> LoadMoe(const HostLoader& io, const ModelConfig& c, c
   ASSIGN_OR_RETURN(FloatTensor router, io.Read(p + "mlp.gate.weight", {E, D}));
   ASSIGN_OR_RETURN(FloatTensor bias, io.Read(p + "mlp.gate.e_score_correction_bias", {E}));
   ASSIGN_OR_RETURN(moe.router_device, io.Upload(router.values, Shape{E, D}));
+  ASSIGN_OR_RETURN(moe.bias_device, io.Upload(bias.values, Shape{E}));
   moe.router = std::move(router.values);
   moe.bias = std::move(bias.values);
   moe.experts.reserve(routed_experts ? static_cast<size_t>(E) : 0);

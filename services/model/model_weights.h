@@ -75,9 +75,10 @@ struct PackedExperts {
 };
 
 struct MoeWeights {
-  std::vector<float> router;  // [E, D], on the host: routing is decided on the host
+  std::vector<float> router;  // [E, D], on the host (host routing: model.h, Route)
   std::vector<float> bias;    // [E] e_score_correction_bias
   kernels::Tensor router_device;  // the same [E, D] on the backend, for the logits matmul
+  kernels::Tensor bias_device;    // the same [E] on the backend (Backend::MoeRoute)
   // Dense routed experts (a checkpoint served as it is). Empty when `packed` is set.
   std::vector<MlpWeights> experts;
   std::optional<PackedExperts> packed;

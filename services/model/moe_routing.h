@@ -1,12 +1,6 @@
-// The DeepSeek-V3 / GLM-5 MoE router ("noaux_tc"), on the host: router logits are a few
-// hundred floats per token, and the selected experts decide which weights run next.
-//
-//   scores  = sigmoid(logits)                                   [T, E]
-//   choice  = scores + e_score_correction_bias                  (selection only)
-//   groups  : E experts in n_group groups; a group's score is the sum of its top-2 choice
-//             scores; keep the best topk_group groups, mask the rest
-//   experts = top-k of the masked choice scores
-//   weights = scores[experts] (/ their sum when norm_topk_prob) * routed_scaling_factor
+// The MoE router on the host (the math: kernels/moe_route.h). The model routes on its backend
+// (Backend::MoeRoute) when nothing on the host needs the routing within the forward; this is
+// the host form for the paths that do (layer-major prefill, calibration, per-expert slot sources).
 #pragma once
 
 #include <cstdint>
@@ -14,17 +8,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/moe_route.h"
 
 namespace nq::model {
 
-struct MoeRoutingParams {
-  int num_experts = 0;
-  int top_k = 0;
-  int n_group = 1;
-  int topk_group = 1;
-  bool norm_topk_prob = true;
-  float routed_scaling_factor = 1.0f;
-};
+using MoeRoutingParams = kernels::MoeRouteParams;
 
 // Routing of T tokens: experts[t * top_k + j] with weights[t * top_k + j], experts of a token
 // ordered by descending choice score (ties: lower expert id first).

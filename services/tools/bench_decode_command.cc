@@ -27,8 +27,13 @@ ABSL_FLAG(int, gpu, 0, "bench-decode: CUDA device ordinal (with --backend cuda)"
 ABSL_FLAG(int, prompt_tokens, 128, "bench-decode: prompt length (token ids drawn from --seed)");
 ABSL_FLAG(int, warmup, 4, "bench-decode: untimed decode steps after the prefill");
 ABSL_FLAG(int, decode_tokens, 64, "bench-decode: timed decode steps, one token each");
+// The names for the same two numbers: decode at a context of N tokens for N steps.
+ABSL_FLAG(int, context, 0, "bench-decode: decode at this context (sets --prompt_tokens; 0: use --prompt_tokens)");
+ABSL_FLAG(int, steps, 0, "bench-decode: timed decode steps (sets --decode_tokens; 0: use --decode_tokens)");
 // nq-worker's default, so the KV cache is the one a served model allocates.
 ABSL_FLAG(int64_t, max_model_len, 4096, "bench-decode: context window (tokens the KV cache holds)");
+ABSL_FLAG(int64_t, copy_mb, -1,
+          "bench-decode: MB of the device copy timed for the roofline floor (0: none; -1: 1024 on cuda, 0 on cpu)");
 ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32 or bf16 (as nq-worker)");
 
 namespace nq::tools {
@@ -48,10 +53,13 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags() {
 absl::Status BenchDecode() {
   const std::string model_dir = absl::GetFlag(FLAGS_model), release = absl::GetFlag(FLAGS_release);
   if (model_dir.empty()) return absl::InvalidArgumentError("--model DIR is required");
-  const worker::DecodeBenchOptions options{.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens),
-                                           .warmup_tokens = absl::GetFlag(FLAGS_warmup),
-                                           .decode_tokens = absl::GetFlag(FLAGS_decode_tokens),
-                                           .seed = absl::GetFlag(FLAGS_seed)};
+  const int context = absl::GetFlag(FLAGS_context), steps = absl::GetFlag(FLAGS_steps);
+  if (context < 0 || steps < 0) return absl::InvalidArgumentError("--context and --steps must not be negative");
+  const worker::DecodeBenchOptions options{
+      .prompt_tokens = context > 0 ? context : absl::GetFlag(FLAGS_prompt_tokens),
+      .warmup_tokens = absl::GetFlag(FLAGS_warmup),
+      .decode_tokens = steps > 0 ? steps : absl::GetFlag(FLAGS_decode_tokens),
+      .seed = absl::GetFlag(FLAGS_seed)};
   const int64_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
   if (max_model_len <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
   // Before the load, which takes minutes on a large model.
@@ -87,6 +95,12 @@ absl::Status BenchDecode() {
                std::string(kernels::DTypeName(model.kv_cache_dtype())).c_str());
 
   ASSIGN_OR_RETURN(worker::DecodeBenchReport report, worker::RunDecodeBench(model, options));
+  int64_t copy_mb = absl::GetFlag(FLAGS_copy_mb);
+  if (copy_mb < 0) copy_mb = backend->name() == "cuda" ? 1024 : 0;
+  if (copy_mb > 0) {
+    // After the steps, in the same process: the yardstick of this run's roofline ratio.
+    ASSIGN_OR_RETURN(report.copy_bytes_per_second, worker::MeasureCopyBandwidth(*backend, copy_mb << 20, 20));
+  }
   const worker::DecodeBenchSetup setup{.model = model_dir,
                                        .release = release,
                                        .expert_bits = absl::GetFlag(FLAGS_expert_bits),

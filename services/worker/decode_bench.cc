@@ -1,6 +1,7 @@
 #include "services/worker/decode_bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,33 @@ double DecodeBenchReport::StepMillisecondsAt(double fraction) const {
   const double rank = std::ceil(fraction * static_cast<double>(sorted.size()));
   const size_t index = static_cast<size_t>(std::clamp(rank, 1.0, static_cast<double>(sorted.size()))) - 1;
   return sorted[index] * 1e3;
+}
+
+double DecodeBenchReport::mean_step_bytes() const {
+  if (step_bytes.empty()) return 0;
+  double total = 0;
+  for (int64_t b : step_bytes) total += static_cast<double>(b);
+  return total / static_cast<double>(step_bytes.size());
+}
+
+double DecodeBenchReport::RooflineRatio() const {
+  const double step_ms = StepMillisecondsAt(0.5);
+  if (copy_bytes_per_second <= 0 || step_ms <= 0) return 0;
+  return mean_step_bytes() / copy_bytes_per_second * 1e3 / step_ms;
+}
+
+absl::StatusOr<double> MeasureCopyBandwidth(kernels::Backend& backend, int64_t bytes, int rounds) {
+  if (bytes <= 0 || rounds <= 0) return absl::InvalidArgumentError("copy bandwidth: bytes and rounds must be positive");
+  const int64_t floats = bytes / static_cast<int64_t>(sizeof(float));
+  ASSIGN_OR_RETURN(kernels::Tensor a, backend.Allocate(kernels::DType::kF32, kernels::Shape{floats}));
+  ASSIGN_OR_RETURN(kernels::Tensor b, backend.Allocate(kernels::DType::kF32, kernels::Shape{floats}));
+  RETURN_IF_ERROR(backend.Copy(a, b));  // untimed: first touch, clocks up
+  RETURN_IF_ERROR(backend.Synchronize());
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < rounds; ++i) RETURN_IF_ERROR(backend.Copy(i % 2 == 0 ? a : b, i % 2 == 0 ? b : a));
+  RETURN_IF_ERROR(backend.Synchronize());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds > 0 ? 2.0 * static_cast<double>(floats * sizeof(float)) * rounds / seconds : 0.0;
 }
 
 std::vector<int32_t> DecodeBenchPrompt(int64_t prompt_tokens, int64_t vocab, uint64_t seed) {
@@ -71,6 +99,11 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   report.options = options;
   int64_t step_index = 0;  // 0: the prefill; then warm-up steps; then the timed ones
   absl::Status failed;
+  // The routed experts each forward reads (the observer sees every MoE layer's routing of it).
+  int64_t routed_bytes = 0;
+  model.SetRoutingObserver([&](int64_t layer, const model::MoeRouting& routing) {
+    routed_bytes += model.RoutedExpertStepBytes(layer, routing.experts);
+  });
   // Step times are the runner's steady_clock around the forward and the selection. On CUDA
   // that is the device's time too, not just the launches': the forward hands its logits to the
   // host through Backend::CopyToHost, which returns only once the work enqueued before it is
@@ -87,11 +120,16 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
     } else if (step_index > options.warmup_tokens) {
       report.step_seconds.push_back(step.seconds);
       report.tokens.push_back(step.tokens[0].id);
+      // The step appended one token: it ran at the context before it.
+      report.step_bytes.push_back(model.DecodeStepBytes(model.cache_length() - 1) + routed_bytes);
     }
+    routed_bytes = 0;
     ++step_index;
     return true;
   };
-  RETURN_IF_ERROR(runner.Run(request, emit, [] { return false; }).status());
+  const absl::Status ran = runner.Run(request, emit, [] { return false; }).status();
+  model.SetRoutingObserver(nullptr);
+  RETURN_IF_ERROR(ran);
   RETURN_IF_ERROR(failed);
   if (static_cast<int64_t>(report.tokens.size()) != options.decode_tokens) {
     return absl::InternalError(absl::StrCat("the sequence ended after ", step_index, " steps; wanted 1 + ",
@@ -103,12 +141,18 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
 std::string DecodeBenchSummary(const DecodeBenchSetup& setup, const DecodeBenchReport& report) {
   const std::string experts = setup.release.empty() ? "checkpoint experts"
                                                     : absl::StrCat("release experts, --expert_bits ", setup.expert_bits);
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "nq bench-decode: %s (%s) on %s: %.2f tokens/s over %d decode steps (%.3f ms/token p50, %.3f p90) after a "
-      "%d-token prompt (prefill %.3f s) and %d warm-up steps",
+      "%d-token prompt (prefill %.3f s) and %d warm-up steps; %.1f MB read per step",
       setup.model, experts, setup.device, report.tokens_per_second(), report.options.decode_tokens,
       report.StepMillisecondsAt(0.5), report.StepMillisecondsAt(0.9), report.options.prompt_tokens,
-      report.prefill_seconds, report.options.warmup_tokens);
+      report.prefill_seconds, report.options.warmup_tokens, report.mean_step_bytes() / 1e6);
+  if (report.copy_bytes_per_second > 0) {
+    absl::StrAppendFormat(&line, "; copy %.0f GB/s, floor %.3f ms, roofline ratio %.3f",
+                          report.copy_bytes_per_second / 1e9, report.mean_step_bytes() / report.copy_bytes_per_second * 1e3,
+                          report.RooflineRatio());
+  }
+  return line;
 }
 
 nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const DecodeBenchReport& report) {
@@ -132,6 +176,12 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
                                      {"tokens_per_second", report.tokens_per_second()},
                                      {"ms_per_token_p50", report.StepMillisecondsAt(0.5)},
                                      {"ms_per_token_p90", report.StepMillisecondsAt(0.9)},
+                                     {"bytes_per_step", report.mean_step_bytes()},
+                                     {"copy_gb_per_s", report.copy_bytes_per_second / 1e9},
+                                     {"floor_ms", report.copy_bytes_per_second > 0
+                                                      ? report.mean_step_bytes() / report.copy_bytes_per_second * 1e3
+                                                      : 0.0},
+                                     {"roofline_ratio", report.RooflineRatio()},
                                      {"step_ms", step_ms},
                                      {"tokens", report.tokens}});
   return json;

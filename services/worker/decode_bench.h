@@ -34,6 +34,17 @@ struct DecodeBenchReport {
   double prefill_seconds = 0;      // the prompt's forward and the first token's selection
   std::vector<double> step_seconds;  // [decode_tokens]: each timed step
   std::vector<int32_t> tokens;       // [decode_tokens]: the token each timed step emitted
+  // [decode_tokens]: the bytes each timed step had to read (Model::DecodeStepBytes at its
+  // context plus Model::RoutedExpertStepBytes of the experts it routed to).
+  std::vector<int64_t> step_bytes;
+  // Device copy bandwidth measured in the same run, (read + write) bytes per second as the
+  // hbm_probe yardstick counts it; 0 when not measured.
+  double copy_bytes_per_second = 0;
+
+  double mean_step_bytes() const;
+  // The roofline floor of a step (mean bytes / copy bandwidth) over the median step: 1 is a
+  // step at copy speed. 0 without a copy measurement.
+  double RooflineRatio() const;
 
   double decode_seconds() const;
   double tokens_per_second() const;
@@ -65,11 +76,17 @@ struct DecodeBenchSetup {
   int64_t max_model_len = 0;
 };
 
-// One line for people: tokens/s, ms per token p50 / p90, prefill time.
+// Times `rounds` device-to-device copies of a `bytes` buffer on `backend` (after one untimed) and
+// returns (read + write) bytes per second.
+absl::StatusOr<double> MeasureCopyBandwidth(kernels::Backend& backend, int64_t bytes, int rounds);
+
+// One line for people: tokens/s, ms per token p50 / p90, prefill time, bytes per step and the
+// roofline ratio when measured.
 std::string DecodeBenchSummary(const DecodeBenchSetup& setup, const DecodeBenchReport& report);
 // {model, release, expert_bits, backend, device, gpu (cuda only), kv_cache_dtype,
 //  max_model_len, seed, prompt_tokens, warmup_tokens, decode_tokens, prefill_seconds,
-//  decode_seconds, tokens_per_second, ms_per_token_p50, ms_per_token_p90, step_ms, tokens}.
+//  decode_seconds, tokens_per_second, ms_per_token_p50, ms_per_token_p90, bytes_per_step,
+//  copy_gb_per_s, floor_ms, roofline_ratio, step_ms, tokens}.
 nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const DecodeBenchReport& report);
 
 }  // namespace nq::worker

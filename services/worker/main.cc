@@ -476,7 +476,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
     // slot table once, between steps, and ends synchronised with the device (its logits come
     // back), so a slot the worker acks as unmapped is no longer being read on the GPU.
     model->SetSlotArena(ModelSlotArena(geometry, arena->base()));
-    model->SetExpertSlotSource(slots.SlotSource());
+    model->SetExpertSlotTables(slots.SlotTables());
   }
   if (model != nullptr) {
     // Routed experts in memory: the packed codes, scales and tables (plus any records a layer

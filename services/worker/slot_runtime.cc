@@ -193,6 +193,7 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
     return;
   }
   updates_applied_.Increment();
+  table_version_.fetch_add(1);
   loads_in_flight_.store(update.loads_in_flight());
   for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
   if (options_.verify_slots) {
@@ -240,6 +241,27 @@ int32_t SlotRuntime::SlotFor(int64_t layer, int32_t expert, int64_t tokens) {
   if (decoder_ != nullptr) slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
   (slot.has_value() ? calls_4bit_ : calls_2bit_).Increment(static_cast<double>(tokens));
   return slot.has_value() ? static_cast<int32_t>(*slot) : -1;
+}
+
+model::Model::ExpertSlotTables SlotRuntime::SlotTables() {
+  return {
+      .generation = [this] { return table_version_.load(); },
+      .fill =
+          [this](int64_t layer, std::span<int32_t> slot_of_expert) {
+            for (size_t e = 0; e < slot_of_expert.size(); ++e) {
+              std::optional<uint32_t> slot;
+              if (decoder_ != nullptr) slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(e));
+              slot_of_expert[e] = slot.has_value() ? static_cast<int32_t>(*slot) : -1;
+            }
+          },
+      .count =
+          [this](int64_t layer, const model::MoeRouting& routing) {
+            uint64_t four = 0;
+            for (int32_t expert : routing.experts) four += RunsAtFourBit(layer, expert) ? 1 : 0;
+            if (four > 0) calls_4bit_.Increment(static_cast<double>(four));
+            if (routing.experts.size() > four) calls_2bit_.Increment(static_cast<double>(routing.experts.size() - four));
+          },
+  };
 }
 
 void SlotRuntime::VerifySlots() {

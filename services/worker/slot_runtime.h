@@ -5,7 +5,7 @@
 //
 //   decode loop:   runtime.BeginStep(i);  model.Forward(...);  runtime.EndStep();
 //   session:       runtime.Post(update);   // applied now if no step runs, else at EndStep
-//   model hook:    model.SetExpertSlotSource(runtime.SlotSource());
+//   model hook:    model.SetExpertSlotTables(runtime.SlotTables());
 //
 // A step holds the step gate from BeginStep to EndStep; updates are applied under it, so a
 // step never sees the table, or a slot's bytes, change.
@@ -76,6 +76,10 @@ class SlotRuntime {
   model::Model::ExpertSlotSource SlotSource() {
     return [this](int64_t layer, int32_t expert, int64_t tokens) { return SlotFor(layer, expert, tokens); };
   }
+  // The whole-table form the model keeps on its backend (Model::ExpertSlotTables): the version
+  // moves with every applied update, fill gives a layer's row, count tallies a forward's calls at
+  // 4 and 2 bits as SlotFor does. During a step only.
+  model::Model::ExpertSlotTables SlotTables();
 
   // Copies (layer, expert)'s READY residual (its record's bytes) into `out` and returns true;
   // false when no READY slot holds it or the slot cannot be read. Only during a step (a
@@ -121,6 +125,7 @@ class SlotRuntime {
   // Guarded by step_mu_ (read during a step, written while applying).
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots
   std::atomic<uint32_t> loads_in_flight_{0};
+  std::atomic<uint64_t> table_version_{0};  // +1 per applied update (SlotTables' generation)
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> integrity_failures_{0};
   std::atomic<size_t> ready_count_{0};

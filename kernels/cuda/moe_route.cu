@@ -1,0 +1,110 @@
+#include "kernels/cuda/moe_route.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
+
+#include "kernels/cuda/launch_dependent.cuh"
+
+namespace nq::kernels::cuda {
+namespace {
+
+// Groups per token at most: a thread per group ranks them (DeepSeek-V3 and GLM-5 use 8 or 1).
+constexpr int kMaxGroups = 64;
+
+__device__ __forceinline__ bool Beats(float other, int other_index, float mine, int my_index) {
+  return other > mine || (other == mine && other_index < my_index);
+}
+
+// The sum of a group's two best choice scores (the host's TopK of 2, then a sum; a + b is
+// exact either way round).
+__device__ float GroupScore(const float* choice, int first, int size) {
+  int best_at = 0;
+  for (int i = 1; i < size; ++i) {
+    if (choice[first + i] > choice[first + best_at]) best_at = i;
+  }
+  if (size == 1) return choice[first];
+  float second = 0;
+  bool have_second = false;
+  for (int i = 0; i < size; ++i) {
+    if (i == best_at) continue;
+    const float v = choice[first + i];
+    if (!have_second || v > second) {
+      second = v;
+      have_second = true;
+    }
+  }
+  return choice[first + best_at] + second;
+}
+
+__global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
+  extern __shared__ float shared[];
+  const int E = p.params.num_experts, K = p.params.top_k, G = p.params.n_group;
+  float* scores = shared;         // [E]
+  float* choice = shared + E;     // [E]
+  __shared__ float group_score[kMaxGroups];
+  __shared__ bool keep[kMaxGroups];
+  __shared__ int chosen[kMaxRoutedExperts];
+  const std::int64_t t = blockIdx.x;
+  WaitForPrerequisiteGrid();  // the router logits come from the launch before
+
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float logit = p.logits[t * E + e];
+    const float score = 1.0f / (1.0f + expf(-logit));
+    scores[e] = score;
+    choice[e] = score + (p.bias != nullptr ? p.bias[e] : 0.0f);
+  }
+  __syncthreads();
+  if (G > 1) {
+    const int size = E / G;
+    for (int g = threadIdx.x; g < G; g += blockDim.x) group_score[g] = GroupScore(choice, g * size, size);
+    __syncthreads();
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+      int rank = 0;
+      for (int o = 0; o < G; ++o) rank += Beats(group_score[o], o, group_score[g], g);
+      keep[g] = rank < p.params.topk_group;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      if (!keep[e / size]) choice[e] = -INFINITY;
+    }
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const float mine = choice[e];
+    int rank = 0;
+    for (int o = 0; o < E && rank < K; ++o) rank += Beats(choice[o], o, mine, e);
+    if (rank < K) chosen[rank] = e;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float sum = 0;
+    for (int j = 0; j < K; ++j) sum += scores[chosen[j]];
+    for (int j = 0; j < K; ++j) {
+      float w = scores[chosen[j]];
+      if (p.params.norm_topk_prob) w /= (sum + 1e-20f);
+      p.ids[t * K + j] = chosen[j];
+      p.weights[t * K + j] = w * p.params.routed_scaling_factor;
+    }
+  }
+  LetDependentsLaunch();
+}
+
+}  // namespace
+
+absl::Status LaunchMoeRoute(const MoeRouteLaunch& launch, const LaunchContext& ctx) {
+  if (launch.params.n_group > kMaxGroups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoeRoute: ", launch.params.n_group, " expert groups; the CUDA router handles ", kMaxGroups));
+  }
+  const int E = launch.params.num_experts;
+  const int threads = std::min(kMaxRoutedExperts, (E + 31) / 32 * 32);
+  const std::size_t shared = 2 * static_cast<std::size_t>(E) * sizeof(float);
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(MoeRouteKernel, dim3(static_cast<unsigned>(launch.tokens)),
+                                              dim3(static_cast<unsigned>(threads)), shared, ctx, launch));
+  return CheckLaunch("MoeRouteKernel");
+}
+
+}  // namespace nq::kernels::cuda

@@ -1,0 +1,98 @@
+// CUDA MoeRoute vs the CPU backend: the same experts in the same order (ties included: integer
+// logits make many exactly equal scores, which both order by expert id), weights to a few ulps
+// (the GPU's expf and the host's exp may differ in the last bit).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/kernels/cuda/backend_pair.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::kernels::testing::AllocateOrFail;
+using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::DownloadI32;
+using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::RandomInt;
+using ::nq::kernels::testing::RandomNormal;
+using ::nq::kernels::testing::Upload;
+
+TEST(CudaMoeRoute, MatchesCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4402);
+  struct Case {
+    const char* name;
+    MoeRouteParams p;
+    bool bias;
+  };
+  const std::vector<Case> cases = {
+      {"DeepSeek-V3", {.num_experts = 256, .top_k = 8, .n_group = 8, .topk_group = 4, .norm_topk_prob = true,
+                       .routed_scaling_factor = 2.5f}, true},
+      {"GLM-5", {.num_experts = 256, .top_k = 8, .n_group = 1, .topk_group = 1, .norm_topk_prob = true,
+                 .routed_scaling_factor = 2.5f}, true},
+      {"nano", {.num_experts = 32, .top_k = 4, .n_group = 1, .topk_group = 1, .norm_topk_prob = true,
+                .routed_scaling_factor = 1.0f}, true},
+      {"odd", {.num_experts = 72, .top_k = 5, .n_group = 6, .topk_group = 2, .norm_topk_prob = false,
+               .routed_scaling_factor = 0.75f}, false},
+      {"wide", {.num_experts = 1024, .top_k = 16, .n_group = 64, .topk_group = 8, .norm_topk_prob = true,
+                .routed_scaling_factor = 1.0f}, true},
+  };
+  for (const Case& c : cases) {
+    for (bool integer_logits : {false, true}) {
+      for (std::int64_t T : {1, 4, 300}) {
+        SCOPED_TRACE(absl::StrCat(c.name, " T=", T, integer_logits ? " integer logits (ties)" : ""));
+        const int E = c.p.num_experts, K = c.p.top_k;
+        std::vector<float> logits = RandomNormal(rng, T * E, 2.0f);
+        if (integer_logits) {
+          for (float& v : logits) v = static_cast<float>(RandomInt(rng, -3, 3));
+        }
+        // Integer logits with no bias: whole runs of equal choice and group scores.
+        std::vector<float> bias = RandomNormal(rng, E, 0.05f);
+        if (integer_logits) std::fill(bias.begin(), bias.end(), 0.0f);
+        std::vector<std::int32_t> ids[2];
+        std::vector<float> weights[2];
+        int i = 0;
+        for (Backend* backend : {Backends().cpu.get(), Backends().cuda.get()}) {
+          Tensor l = Upload(*backend, logits, DType::kF32, {T, E});
+          Tensor b = Upload(*backend, bias, DType::kF32, {E});
+          Tensor id = AllocateOrFail(*backend, DType::kI32, {T, K});
+          Tensor w = AllocateOrFail(*backend, DType::kF32, {T, K});
+          NQ_ASSERT_OK(backend->MoeRoute(l, c.bias ? &b : nullptr, c.p, id, w));
+          ids[i] = DownloadI32(*backend, id);
+          weights[i++] = Download(*backend, w);
+        }
+        EXPECT_EQ(ids[1], ids[0]);
+        for (size_t j = 0; j < weights[0].size(); ++j) {
+          ASSERT_NEAR(weights[1][j], weights[0][j], 1e-6f * std::max(1.0f, std::abs(weights[0][j]))) << "entry " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaCopyToHostAsync, LandsInPinnedStagingByTheNextCopy) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  std::mt19937_64 rng = MakeRng(4403);
+  const std::vector<float> values = RandomNormal(rng, 4096, 1.0f);
+  Tensor t = Upload(cuda, values, DType::kF32, {4096});
+  absl::StatusOr<std::unique_ptr<Storage>> staging = cuda.AllocateHostStaging(4096 * sizeof(float));
+  NQ_ASSERT_OK(staging.status());
+  NQ_ASSERT_OK(cuda.CopyToHostAsync(t, std::span<std::byte>(static_cast<std::byte*>((*staging)->data()), 4096 * 4)));
+  // A later synchronous copy waits for the stream, so the async one has landed by then.
+  EXPECT_EQ(Download(cuda, t), values);
+  EXPECT_EQ(std::memcmp((*staging)->data(), values.data(), 4096 * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace nq::kernels
