@@ -377,13 +377,30 @@ absl::StatusOr<MoeRouting> Model::Route(const MoeWeights& w, const Tensor& xn) {
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(std::vector<float> host_logits, kernels::DownloadFloats(backend_, logits));
-  return RouteTokens(host_logits, w.bias,
+  ASSIGN_OR_RETURN(MoeRouting routing, RouteTokens(host_logits, w.bias,
                      MoeRoutingParams{.num_experts = static_cast<int>(E),
                                       .top_k = static_cast<int>(c.num_experts_per_tok),
                                       .n_group = static_cast<int>(c.n_group),
                                       .topk_group = static_cast<int>(c.topk_group),
                                       .norm_topk_prob = c.norm_topk_prob,
-                                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)});
+                                      .routed_scaling_factor = static_cast<float>(c.routed_scaling_factor)}));
+  // The predictor's salience signal (issue #21) wants each token's input energy; only routing
+  // observers (the worker's reports, nq trace, nq kld --mode live) read it, so a forward
+  // without one skips the download.
+  if (routing_observer_) {
+    ASSIGN_OR_RETURN(std::vector<float> host_xn, kernels::DownloadFloats(backend_, xn));
+    const size_t width = host_xn.size() / static_cast<size_t>(T);
+    routing.input_sq_norms.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      double sum = 0;
+      for (size_t i = 0; i < width; ++i) {
+        const double v = host_xn[static_cast<size_t>(t) * width + i];
+        sum += v * v;
+      }
+      routing.input_sq_norms[static_cast<size_t>(t)] = static_cast<float>(sum);
+    }
+  }
+  return routing;
 }
 
 absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tensor& xn, const MoeRouting& routing,
