@@ -71,7 +71,7 @@ absl::StatusOr<JfGeometry> ReadGeometry(const model::Header& header) {
   ASSIGN_OR_RETURN(std::string feature_set, Meta(header, "feature_set"));
   if (feature_set != kJfFeatureSet) {
     return absl::InvalidArgumentError(absl::StrCat("trained on feature set \"", feature_set,
-                                                   "\", this build computes \"", kJfFeatureSet, "\""));
+                                                   "\", this build computes \"", std::string(kJfFeatureSet), "\""));
   }
   JfGeometry g;
   ASSIGN_OR_RETURN(g.num_layers, MetaUint(header, "num_layers", kMaxLayers));

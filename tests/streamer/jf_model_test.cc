@@ -176,7 +176,7 @@ TEST(JfModelTest, CheckGeometryNamesBoth) {
   EXPECT_THAT((*model)->CheckGeometry(75, 256, 8),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("trained for 2 MoE layers x 8 experts, top-2; the model served has 75 x 256, top-8")));
-  EXPECT_THAT((*model)->CheckGeometry(2, 8, 4), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT((*model)->CheckGeometry(2, 8, 4), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("top-2")));
 }
 
 TEST(JfFeatureStateTest, SaveRestoreContinuesIdentically) {
