@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jf_reference as ref  # noqa: E402
 
 GEOMETRY = {"num_layers": 2, "experts_per_layer": 8, "top_k": 2, "features": ref.NUM_FEATURES,
-            "hidden": 4, "queries": 2, "horizon": ref.HORIZON}
+            "hidden": 8, "queries": 2, "horizon": ref.HORIZON}
 SEQUENCES = (40, 25, 50)  # lengths: a partial block at each end, three resets
 
 
@@ -82,7 +82,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     trace = synthetic_trace()
     ref.write_trace(trace, os.path.join(args.out, "trace.nqrt"))
-    params = ref.deterministic_params(GEOMETRY, seed=2034)
+    params = ref.deterministic_params(GEOMETRY, seed=2026)
     ref.write_model(os.path.join(args.out, "model.safetensors"), GEOMETRY, params)
     # Round-trip through the files, as the C++ reads them.
     trace = ref.read_trace(os.path.join(args.out, "trace.nqrt"))

@@ -83,6 +83,11 @@ JfFeatureState::JfFeatureState(uint32_t layers, uint32_t experts, uint32_t top_k
   seq_hits_.assign(cells, 0);
   ring_experts_.assign(static_cast<size_t>(kJfWindow) * layers * top_k, 0);
   ring_salience_.assign(ring_experts_.size(), 0.0f);
+  // Feature 12 by age: log2 is the costliest part of a Fill otherwise.
+  age_feature_.resize(kJfMaxAge + 1);
+  for (uint32_t age = 0; age <= kJfMaxAge; ++age) {
+    age_feature_[age] = std::log2(1.0f + static_cast<float>(age)) / kAgeScale;
+  }
   window_hits_.resize(experts);
   window_salience_.resize(experts);
 }
@@ -174,7 +179,7 @@ void JfFeatureState::Fill(uint32_t layer, std::span<const uint8_t> resident, std
     f[10] = window_hits_[e] / static_cast<float>(kJfWindow) * rate_scale;
     f[11] = window_salience_[e] * window_coef;
     const uint64_t age = last_hit_[cell] == 0 ? kJfMaxAge : std::min<uint64_t>(position_ - last_hit_[cell], kJfMaxAge);
-    f[12] = last_hit_[cell] == 0 ? 1.0f : std::log2(1.0f + static_cast<float>(age)) / kAgeScale;
+    f[12] = last_hit_[cell] == 0 ? 1.0f : age_feature_[age];
     f[13] = position_feature;
     f[14] = resident[e] != 0 ? 1.0f : 0.0f;
     f[15] = static_cast<float>(seq_hits_[cell]) * seq_coef;

@@ -97,6 +97,7 @@ class JfFeatureState {
   // saliences (ring, position_ % kJfWindow is the next slot).
   std::vector<uint32_t> ring_experts_;
   std::vector<float> ring_salience_;
+  std::vector<float> age_feature_;  // feature 12 by age, 0..kJfMaxAge
   // Fill scratch: per expert of one layer.
   std::vector<float> window_hits_;
   std::vector<float> window_salience_;

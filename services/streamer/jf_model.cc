@@ -18,7 +18,7 @@ namespace {
 // Bounds that keep a hostile header from asking for absurd scratch; GLM-5 is 75 x 256.
 constexpr uint32_t kMaxLayers = 1024;
 constexpr uint32_t kMaxExperts = 65535;
-constexpr uint32_t kMaxHidden = 256;
+constexpr uint32_t kMaxHidden = 32;
 constexpr uint32_t kMaxQueries = 16;
 
 absl::StatusOr<std::string> Meta(const model::Header& header, const std::string& key) {
@@ -79,6 +79,9 @@ absl::StatusOr<JfGeometry> ReadGeometry(const model::Header& header) {
   ASSIGN_OR_RETURN(g.top_k, MetaUint(header, "top_k", g.experts_per_layer));
   ASSIGN_OR_RETURN(g.features, MetaUint(header, "features", 1024));
   ASSIGN_OR_RETURN(g.hidden, MetaUint(header, "hidden", kMaxHidden));
+  if (g.hidden != 8 && g.hidden != 16 && g.hidden != 32) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden width ", g.hidden, " (this build runs 8, 16 or 32)"));
+  }
   ASSIGN_OR_RETURN(g.queries, MetaUint(header, "queries", kMaxQueries));
   ASSIGN_OR_RETURN(g.horizon, MetaUint(header, "horizon", 1 << 20));
   if (g.features != kJfFeatures) {
@@ -92,7 +95,6 @@ absl::StatusOr<JfGeometry> ReadGeometry(const model::Header& header) {
   return g;
 }
 
-float Relu(float x) { return x > 0 ? x : 0; }
 // log(1 + e^x) without overflow for large x.
 float Softplus(float x) { return x > 20 ? x : std::log1p(std::exp(x)); }
 
@@ -130,10 +132,18 @@ absl::StatusOr<std::shared_ptr<const JfModel>> JfModel::Load(const std::string& 
                                                    " tensors, a jF model has ", std::size(wants)));
   }
   m->b_out_ = b_out[0];
+  // Forward reads W_in and W_h transposed: [D][H] and [H_in][H_out].
+  m->w_in_t_.resize(m->w_in_.size());
+  for (int64_t i = 0; i < H; ++i) {
+    for (int64_t d = 0; d < D; ++d) m->w_in_t_[d * H + i] = m->w_in_[i * D + d];
+  }
+  m->w_h_t_.resize(m->w_h_.size());
+  for (int64_t i = 0; i < H; ++i) {
+    for (int64_t j = 0; j < H; ++j) m->w_h_t_[j * H + i] = m->w_h_[i * H + j];
+  }
   m->h0_.resize(static_cast<size_t>(E) * H);
   m->logits_.resize(static_cast<size_t>(E));
   m->context_.resize(static_cast<size_t>(Q) * H);
-  m->g_.resize(static_cast<size_t>(H));
   return std::shared_ptr<const JfModel>(std::move(m));
 }
 
@@ -148,62 +158,86 @@ absl::Status JfModel::CheckGeometry(uint32_t num_layers, uint32_t experts_per_la
   return absl::OkStatus();
 }
 
-void JfModel::Forward(uint32_t layer, std::span<const float> features, std::span<float> out) const {
-  const uint32_t E = geometry_.experts_per_layer, H = geometry_.hidden, D = geometry_.features,
-                 Q = geometry_.queries;
-  const float* emb = &emb_[static_cast<size_t>(layer) * E * H];
-  // h0 = relu(W_in f + b_in + emb).
+namespace {
+
+// The forward with the hidden width known at compile time: every inner loop runs over H
+// contiguous floats (weights stored transposed at load), which the compiler unrolls and
+// vectorizes. Shapes as in the header.
+template <uint32_t H>
+void ForwardH(const JfGeometry& g, const float* emb, const float* w_in_t, const float* b_in, const float* query,
+              const float* w_ctx, const float* w_h_t, const float* b_h, const float* w_out, float b_out,
+              const float* features, float* out, float* h0, float* logits, float* context) {
+  const uint32_t E = g.experts_per_layer, D = g.features, Q = g.queries;
   for (uint32_t e = 0; e < E; ++e) {
-    const float* f = &features[static_cast<size_t>(e) * D];
-    float* h = &h0_[static_cast<size_t>(e) * H];
-    for (uint32_t i = 0; i < H; ++i) {
-      const float* w = &w_in_[static_cast<size_t>(i) * D];
-      float acc = b_in_[i] + emb[static_cast<size_t>(e) * H + i];
-      for (uint32_t d = 0; d < D; ++d) acc += w[d] * f[d];
-      h[i] = Relu(acc);
+    const float* f = features + static_cast<size_t>(e) * D;
+    float acc[H];
+    for (uint32_t i = 0; i < H; ++i) acc[i] = b_in[i] + emb[static_cast<size_t>(e) * H + i];
+    for (uint32_t d = 0; d < D; ++d) {
+      const float x = f[d];
+      const float* w = w_in_t + static_cast<size_t>(d) * H;
+      for (uint32_t i = 0; i < H; ++i) acc[i] += w[i] * x;
     }
+    float* h = h0 + static_cast<size_t>(e) * H;
+    for (uint32_t i = 0; i < H; ++i) h[i] = acc[i] > 0 ? acc[i] : 0;
   }
-  // Pooling attention: each query's softmax over the layer's experts.
   const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(H));
   for (uint32_t q = 0; q < Q; ++q) {
-    const float* query = &query_[static_cast<size_t>(q) * H];
+    const float* qv = query + static_cast<size_t>(q) * H;
     float top = -INFINITY;
     for (uint32_t e = 0; e < E; ++e) {
-      const float* h = &h0_[static_cast<size_t>(e) * H];
+      const float* h = h0 + static_cast<size_t>(e) * H;
       float s = 0;
-      for (uint32_t i = 0; i < H; ++i) s += query[i] * h[i];
-      logits_[e] = s * inv_sqrt_h;
-      top = std::max(top, logits_[e]);
+      for (uint32_t i = 0; i < H; ++i) s += qv[i] * h[i];
+      logits[e] = s * inv_sqrt_h;
+      top = std::max(top, logits[e]);
     }
-    float* c = &context_[static_cast<size_t>(q) * H];
-    std::fill(c, c + H, 0.0f);
+    float c[H] = {};
     float total = 0;
     for (uint32_t e = 0; e < E; ++e) {
-      const float a = std::exp(logits_[e] - top);
+      const float a = std::exp(logits[e] - top);
       total += a;
-      const float* h = &h0_[static_cast<size_t>(e) * H];
+      const float* h = h0 + static_cast<size_t>(e) * H;
       for (uint32_t i = 0; i < H; ++i) c[i] += a * h[i];
     }
-    for (uint32_t i = 0; i < H; ++i) c[i] /= total;
+    for (uint32_t i = 0; i < H; ++i) context[static_cast<size_t>(q) * H + i] = c[i] / total;
   }
   // g = W_ctx concat(c) + b_h: the layer's shared term.
+  float gl[H];
   for (uint32_t i = 0; i < H; ++i) {
-    const float* w = &w_ctx_[static_cast<size_t>(i) * Q * H];
-    float acc = b_h_[i];
-    for (uint32_t j = 0; j < Q * H; ++j) acc += w[j] * context_[j];
-    g_[i] = acc;
+    const float* w = w_ctx + static_cast<size_t>(i) * Q * H;
+    float acc = b_h[i];
+    for (uint32_t j = 0; j < Q * H; ++j) acc += w[j] * context[j];
+    gl[i] = acc;
   }
-  // h1 = relu(W_h h0 + g); out = softplus(w_out . h1 + b_out).
   for (uint32_t e = 0; e < E; ++e) {
-    const float* h = &h0_[static_cast<size_t>(e) * H];
-    float y = b_out_;
-    for (uint32_t i = 0; i < H; ++i) {
-      const float* w = &w_h_[static_cast<size_t>(i) * H];
-      float acc = g_[i];
-      for (uint32_t j = 0; j < H; ++j) acc += w[j] * h[j];
-      y += w_out_[i] * Relu(acc);
+    const float* h = h0 + static_cast<size_t>(e) * H;
+    float acc[H];
+    for (uint32_t i = 0; i < H; ++i) acc[i] = gl[i];
+    for (uint32_t j = 0; j < H; ++j) {
+      const float x = h[j];
+      const float* w = w_h_t + static_cast<size_t>(j) * H;
+      for (uint32_t i = 0; i < H; ++i) acc[i] += w[i] * x;
     }
+    float y = b_out;
+    for (uint32_t i = 0; i < H; ++i) y += w_out[i] * (acc[i] > 0 ? acc[i] : 0);
     out[e] = Softplus(y);
+  }
+}
+
+}  // namespace
+
+void JfModel::Forward(uint32_t layer, std::span<const float> features, std::span<float> out) const {
+  const JfGeometry& g = geometry_;
+  const float* emb = &emb_[static_cast<size_t>(layer) * g.experts_per_layer * g.hidden];
+  auto run = [&](auto forward) {
+    forward(g, emb, w_in_t_.data(), b_in_.data(), query_.data(), w_ctx_.data(), w_h_t_.data(), b_h_.data(),
+            w_out_.data(), b_out_, features.data(), out.data(), h0_.data(), logits_.data(), context_.data());
+  };
+  // Load admits only these widths.
+  switch (g.hidden) {
+    case 8: return run(ForwardH<8>);
+    case 16: return run(ForwardH<16>);
+    case 32: return run(ForwardH<32>);
   }
 }
 

@@ -9,7 +9,8 @@
 //   h1[e]  = relu(W_h h0[e] + g + b_h)                        [E, H]
 //   out[e] = softplus(w_out . h1[e] + b_out)                  expected hits in the horizon
 // Attention through Q learned queries (not expert-to-expert) keeps a layer O(E * H * (D + H
-// + Q)): at GLM-5 scale (75 x 256, H = 16, Q = 2) about 11 M multiply-adds per refresh.
+// + Q)): at GLM-5 scale (75 x 256, H = 16, Q = 2) about 11 M multiply-adds per refresh. H is
+// 8, 16 or 32 (compiled widths: the inner loops vectorize).
 //
 // File: safetensors, float32 tensors emb [L, E, H], w_in [H, D], b_in [H], query [Q, H],
 // w_ctx [H, Q*H], w_h [H, H], b_h [H], w_out [H], b_out [1]; metadata (all strings):
@@ -69,9 +70,10 @@ class JfModel {
   JfGeometry geometry_;
   std::string path_;
   std::vector<float> emb_, w_in_, b_in_, query_, w_ctx_, w_h_, b_h_, w_out_;
+  std::vector<float> w_in_t_, w_h_t_;  // transposed copies Forward reads
   float b_out_ = 0;
-  // Forward's scratch (h0, h1 rows, attention logits, contexts).
-  mutable std::vector<float> h0_, logits_, context_, g_;
+  // Forward's scratch (h0 rows, attention logits, contexts).
+  mutable std::vector<float> h0_, logits_, context_;
 };
 
 }  // namespace nq::streamer

@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, predictor, "",
 ABSL_FLAG(std::string, predictor_state_dir, "",
           "Directory keeping each worker rank's predictor state (routing history), restored when its session "
           "starts so a restarted streamer does not start cold; empty: not kept");
+ABSL_FLAG(double, request_share, 0.0,
+          "Share of each layer's floating slots kept for the experts with the most hits in the current request, "
+          "whatever their score (0 to 1)");
 ABSL_FLAG(bool, pace_reads, true,
           "Each refresh issues only the loads the measured read throughput lands before the next refresh (less "
           "reads in flight), at most --read_budget; false: always --read_budget");
@@ -96,6 +99,9 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_read_budget) < 1) return absl::InvalidArgumentError("--read_budget must be positive");
   if (absl::GetFlag(FLAGS_hysteresis) < 0) return absl::InvalidArgumentError("--hysteresis must not be negative");
+  if (const double share = absl::GetFlag(FLAGS_request_share); !(share >= 0 && share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--request_share=", share, ": want a share in [0, 1]"));
+  }
   const std::string direct = absl::GetFlag(FLAGS_direct_io);
   if (direct != "auto" && direct != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--direct_io=", direct, ": want auto or off"));
@@ -131,6 +137,7 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
   options.predictor_state_dir = absl::GetFlag(FLAGS_predictor_state_dir);
   options.pace_reads = absl::GetFlag(FLAGS_pace_reads);
+  options.predictor.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
   if (!options.predictor_state_dir.empty()) RETURN_IF_ERROR(format::MakeDirs(options.predictor_state_dir));
   // Opened once, now, so a bad release fails the start, not the first session; every
   // session reads through these files, so each layer file is hashed once per process.

@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, predictor, "",
           "--predictor runs it");
 ABSL_FLAG(double, hysteresis, 2.0, "replay: the predictor's score margin (nq-streamer --hysteresis)");
 ABSL_FLAG(int, read_budget, 64, "replay: most loads per refresh (nq-streamer --read_budget)");
+ABSL_FLAG(double, request_share, 0.0,
+          "replay: share of the floating slots kept for the current request's most-hit experts (nq-streamer "
+          "--request_share)");
 ABSL_FLAG(std::string, worker, "", "trace: host:port of a running nq-worker to record from (instead of --model)");
 ABSL_FLAG(int64_t, trace_tokens, 0, "trace --worker: stop after this many tokens (0: until --seconds or Ctrl-C)");
 ABSL_FLAG(double, seconds, 0, "trace --worker: stop after this many seconds (0: until --trace_tokens or Ctrl-C)");
@@ -147,6 +150,7 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   options.floating_slots = static_cast<uint32_t>(slots);
   options.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
   options.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
+  options.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
   options.top_k = trace.top_k;
   if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
     ASSIGN_OR_RETURN(options.learned, streamer::JfModel::Load(path));

@@ -105,7 +105,7 @@ size_t CheckAgainstReference(const std::string& dir, const JfModel* model) {
 TEST(JfModelTest, FeaturesAndForwardEqualTheReference) {
   absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(kFixture + "/model.safetensors");
   ASSERT_THAT(model.status(), IsOk());
-  EXPECT_EQ((*model)->geometry().hidden, 4u);
+  EXPECT_EQ((*model)->geometry().hidden, 8u);
   EXPECT_EQ((*model)->geometry().queries, 2u);
   // 9 checkpoints x 2 layers x 8 experts x (16 features + 1 output).
   EXPECT_EQ(CheckAgainstReference(kFixture, model->get()), 9u * 2 * 8 * 17);
@@ -166,7 +166,7 @@ TEST(JfModelTest, GeometryDisagreeingWithTensorsIsRefused) {
   const std::string path = ::testing::TempDir() + "/layers.safetensors";
   WriteBytes(path, WithMetadata("\"num_layers\":\"2\"", "\"num_layers\":\"3\""));
   EXPECT_THAT(JfModel::Load(path).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor emb has shape [2, 8, 4]")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor emb has shape [2, 8, 8]")));
 }
 
 TEST(JfModelTest, CheckGeometryNamesBoth) {
