@@ -145,14 +145,16 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   *release_id = files->release().id();
   if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
     ASSIGN_OR_RETURN(options.predictor.learned, JfModel::Load(path));
-    // Layers and experts are checked now, against the release; top-k when the first
-    // routing report arrives (Predictor::Create).
+    // Experts (and at most the release's layers) are checked now; the exact layer count and
+    // top-k when the first routing report arrives (Predictor::Create): the release may hold
+    // layers decode never reports (the MTP layer's experts).
     const format::Manifest& manifest = files->release().manifest();
     const JfGeometry& g = options.predictor.learned->geometry();
-    if (g.num_layers != manifest.layers.size() || g.experts_per_layer != manifest.experts_per_layer) {
+    if (g.num_layers > manifest.layers.size() || g.experts_per_layer != manifest.experts_per_layer) {
       return absl::FailedPreconditionError(
           absl::StrCat("--predictor=", path, " was trained for ", g.num_layers, " MoE layers x ", g.experts_per_layer,
-                       " experts; the release has ", manifest.layers.size(), " x ", manifest.experts_per_layer));
+                       " experts; the release has ", manifest.layers.size(), " layers x ", manifest.experts_per_layer,
+                       " experts"));
     }
     spdlog::info("predictor jF from {} (hidden {}, {} pooling queries)", path, g.hidden, g.queries);
   }
