@@ -29,6 +29,7 @@ MoeRouting Concatenate(std::span<const MoeRouting> chunks) {
     all.num_tokens += r.num_tokens;
     all.experts.insert(all.experts.end(), r.experts.begin(), r.experts.end());
     all.weights.insert(all.weights.end(), r.weights.begin(), r.weights.end());
+    all.input_sq_norms.insert(all.input_sq_norms.end(), r.input_sq_norms.begin(), r.input_sq_norms.end());
   }
   return all;
 }

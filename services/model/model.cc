@@ -395,7 +395,30 @@ absl::StatusOr<MoeRouting> Model::Route(const MoeWeights& w, const Tensor& xn) {
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(std::vector<float> host_logits, kernels::DownloadFloats(backend_, logits));
-  return RouteTokens(host_logits, w.bias, RoutingParams(c));
+  ASSIGN_OR_RETURN(MoeRouting routing, RouteTokens(host_logits, w.bias, RoutingParams(c)));
+  // The predictor's salience signal (issue #21) wants each token's input energy; only routing
+  // observers (the worker's reports, nq trace, nq kld --mode live) read it, so a forward
+  // without one skips it.
+  if (routing_observer_) {
+    ASSIGN_OR_RETURN(routing.input_sq_norms, InputSquaredNorms(xn));
+  }
+  return routing;
+}
+
+absl::StatusOr<std::vector<float>> Model::InputSquaredNorms(const Tensor& xn) {
+  const int64_t T = xn.shape().dim(0);
+  ASSIGN_OR_RETURN(std::vector<float> host_xn, kernels::DownloadFloats(backend_, xn));
+  const size_t width = host_xn.size() / static_cast<size_t>(T);
+  std::vector<float> norms(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    double sum = 0;
+    for (size_t i = 0; i < width; ++i) {
+      const double v = host_xn[static_cast<size_t>(t) * width + i];
+      sum += v * v;
+    }
+    norms[static_cast<size_t>(t)] = static_cast<float>(sum);
+  }
+  return norms;
 }
 
 bool Model::RoutesOnBackend(const MoeWeights& w) const {
@@ -421,8 +444,15 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     std::byte* at = static_cast<std::byte*>(routing_staging_->data()) + routing_staging_used_;
     RETURN_IF_ERROR(backend_.CopyToHostAsync(ids, std::span<std::byte>(at, bytes)));
     RETURN_IF_ERROR(backend_.CopyToHostAsync(weights, std::span<std::byte>(at + bytes, bytes)));
-    routing_log_.push_back({.layer = layer, .tokens = static_cast<int>(T), .top_k = static_cast<int>(K),
-                            .offset = routing_staging_used_});
+    LoggedRouting logged{.layer = layer, .tokens = static_cast<int>(T), .top_k = static_cast<int>(K),
+                         .offset = routing_staging_used_};
+    // The predictor's salience norms (issue #21) need xn on the host: free on the CPU backend;
+    // on a GPU it would be a wait per layer, so GPU reports carry none (the streamer reads a
+    // missing norm as 1) until the norms are reduced on the device and logged like the ids.
+    if (routing_observer_ && backend_.name() == "cpu") {
+      ASSIGN_OR_RETURN(logged.input_sq_norms, InputSquaredNorms(xn));
+    }
+    routing_log_.push_back(std::move(logged));
     routing_staging_used_ += 2 * bytes;
   }
   const PackedExperts& packed = *w.packed;
@@ -484,6 +514,7 @@ void Model::FlushRoutingLog() {
     routing.weights.resize(n);
     std::memcpy(routing.experts.data(), base + logged.offset, n * sizeof(int32_t));
     std::memcpy(routing.weights.data(), base + logged.offset + n * sizeof(int32_t), n * sizeof(float));
+    routing.input_sq_norms = logged.input_sq_norms;
     if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(logged.layer, routing);
     if (routing_observer_) routing_observer_(logged.layer, routing);
   }

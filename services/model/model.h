@@ -234,6 +234,8 @@ class Model {
   // the routing before the layer's experts run (no calibration observer, no per-expert slot
   // source, no routing given by a layer-major prefill).
   bool RoutesOnBackend(const MoeWeights& w) const;
+  // Per token of xn [T, D], the squared L2 norm (the predictor's salience input); reads xn on the host.
+  absl::StatusOr<std::vector<float>> InputSquaredNorms(const kernels::Tensor& xn);
   // Routing on the backend, then the packed experts; the routing is copied to host staging
   // without waiting and reaches the observers in FlushRoutingLog.
   absl::StatusOr<kernels::Tensor> BackendRoutedMoe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn);
@@ -294,6 +296,7 @@ class Model {
     int tokens = 0;
     int top_k = 0;
     size_t offset = 0;  // bytes: ids (I32) then weights (F32), tokens * top_k each
+    std::vector<float> input_sq_norms;  // MoeRouting::input_sq_norms, when known
   };
   std::vector<LoggedRouting> routing_log_;
   std::unique_ptr<kernels::Storage> routing_staging_;

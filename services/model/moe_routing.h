@@ -21,6 +21,9 @@ struct MoeRouting {
   int top_k = 0;
   std::vector<int32_t> experts;
   std::vector<float> weights;
+  // Per token, the squared L2 norm of the router's input (the normed hidden state the experts
+  // read): the predictor's salience signal. Filled by Model::Route; empty from RouteTokens.
+  std::vector<float> input_sq_norms;
 };
 
 // logits: [T, num_experts] row-major; bias: [num_experts] (empty: no correction bias).

@@ -22,6 +22,8 @@
 #include "services/common/metrics/registry.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/status_macros.h"
+#include "services/format/file_io.h"
+#include "services/streamer/jf_model.h"
 #include "services/streamer/read_faults.h"
 #include "services/streamer/record_files.h"
 #include "services/streamer/streamer_service.h"
@@ -55,6 +57,19 @@ ABSL_FLAG(std::string, inject_read_faults, "",
           "probability per record read); failed records are never copied into slots and their experts stay at 2 bits");
 ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
 ABSL_FLAG(double, hysteresis, 2.0, "Score margin a challenger needs to evict a resident expert");
+ABSL_FLAG(std::string, predictor, "",
+          "A learned predictor (jF, safetensors from scripts/predictor/train_jf.py) scoring the floating slots; "
+          "empty: predictor v0's EMA heuristic. A file trained for another model (MoE layers, experts, top-k) "
+          "is refused");
+ABSL_FLAG(std::string, predictor_state_dir, "",
+          "Directory keeping each worker rank's predictor state (routing history), restored when its session "
+          "starts so a restarted streamer does not start cold; empty: not kept");
+ABSL_FLAG(double, request_share, 0.0,
+          "Share of each layer's floating slots kept for the experts with the most hits in the current request, "
+          "whatever their score (0 to 1)");
+ABSL_FLAG(bool, pace_reads, true,
+          "Each refresh issues only the loads the measured read throughput lands before the next refresh (less "
+          "reads in flight), at most --read_budget; false: always --read_budget");
 ABSL_FLAG(double, drain_timeout_s, 10, "On SIGTERM, seconds to let sessions close");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -84,12 +99,19 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_read_budget) < 1) return absl::InvalidArgumentError("--read_budget must be positive");
   if (absl::GetFlag(FLAGS_hysteresis) < 0) return absl::InvalidArgumentError("--hysteresis must not be negative");
+  if (const double share = absl::GetFlag(FLAGS_request_share); !(share >= 0 && share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--request_share=", share, ": want a share in [0, 1]"));
+  }
   const std::string direct = absl::GetFlag(FLAGS_direct_io);
   if (direct != "auto" && direct != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--direct_io=", direct, ": want auto or off"));
   }
   if (dir.empty() && !absl::GetFlag(FLAGS_record_mirrors).empty()) {
     return absl::InvalidArgumentError("--record_mirrors needs --records_dir");
+  }
+  if (dir.empty() && (!absl::GetFlag(FLAGS_predictor).empty() || !absl::GetFlag(FLAGS_predictor_state_dir).empty())) {
+    return absl::InvalidArgumentError("--predictor and --predictor_state_dir need --records_dir (no release, no "
+                                      "predictor)");
   }
   return absl::OkStatus();
 }
@@ -113,10 +135,29 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   }
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
+  options.predictor_state_dir = absl::GetFlag(FLAGS_predictor_state_dir);
+  options.pace_reads = absl::GetFlag(FLAGS_pace_reads);
+  options.predictor.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
+  if (!options.predictor_state_dir.empty()) RETURN_IF_ERROR(format::MakeDirs(options.predictor_state_dir));
   // Opened once, now, so a bad release fails the start, not the first session; every
   // session reads through these files, so each layer file is hashed once per process.
   ASSIGN_OR_RETURN(std::shared_ptr<RecordFiles> files, RecordFiles::Open(options.record_dirs, options.store.direct_io));
   *release_id = files->release().id();
+  if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
+    ASSIGN_OR_RETURN(options.predictor.learned, JfModel::Load(path));
+    // Experts (and at most the release's layers) are checked now; the exact layer count and
+    // top-k when the first routing report arrives (Predictor::Create): the release may hold
+    // layers decode never reports (the MTP layer's experts).
+    const format::Manifest& manifest = files->release().manifest();
+    const JfGeometry& g = options.predictor.learned->geometry();
+    if (g.num_layers > manifest.layers.size() || g.experts_per_layer != manifest.experts_per_layer) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--predictor=", path, " was trained for ", g.num_layers, " MoE layers x ", g.experts_per_layer,
+                       " experts; the release has ", manifest.layers.size(), " layers x ", manifest.experts_per_layer,
+                       " experts"));
+    }
+    spdlog::info("predictor jF from {} (hidden {}, {} pooling queries)", path, g.hidden, g.queries);
+  }
   spdlog::info("release {} ({} copies, {} MoE layers, codec {})", *release_id, files->copies(),
                files->release().manifest().layers.size(), files->release().manifest().codec);
   options.files = std::move(files);

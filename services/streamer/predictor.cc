@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 
 namespace nq::streamer {
 namespace {
@@ -13,6 +15,9 @@ namespace {
 // per-token increments (1 - g) * g^-i stay below 2^(kMaxPending / min half-life) <= 2^64.
 constexpr uint32_t kMaxPending = 64;
 constexpr uint32_t kMaxHorizons = 8;
+// Lifts a request-reserved expert above any score (scores are shares: a uniform router's is 1,
+// the most any expert can have is experts / top_k).
+constexpr float kReservedBonus = 1e6f;
 constexpr double kMinHalfLife = 1.0;
 // The recency bonus is tabulated up to kRecencyHalfLives half-lives (2^-32 of its weight),
 // at most kMaxRecencyTable tokens; older experts get none.
@@ -45,7 +50,7 @@ absl::Status CheckExpertList(const std::vector<std::vector<uint32_t>>& lists, ui
 
 }  // namespace
 
-absl::StatusOr<PredictorV0> PredictorV0::Create(PredictorOptions options) {
+absl::StatusOr<Predictor> Predictor::Create(PredictorOptions options) {
   if (options.num_layers == 0 || options.experts_per_layer == 0) {
     return absl::InvalidArgumentError("predictor needs num_layers and experts_per_layer >= 1");
   }
@@ -72,6 +77,9 @@ absl::StatusOr<PredictorV0> PredictorV0::Create(PredictorOptions options) {
       return absl::InvalidArgumentError("signal weights must be >= 0");
     }
   }
+  if (!(options.request_share >= 0 && options.request_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("request_share ", options.request_share, " is not in [0, 1]"));
+  }
   if (!(options.recency_weight >= 0) || !(options.static_weight >= 0) ||
       !(options.hysteresis_margin >= 0) || !(options.recency_half_life > 0)) {
     return absl::InvalidArgumentError(
@@ -84,10 +92,25 @@ absl::StatusOr<PredictorV0> PredictorV0::Create(PredictorOptions options) {
   status = CheckExpertList(options.static_ranking, options.num_layers,
                            options.experts_per_layer, "static ranking");
   if (!status.ok()) return status;
-  return PredictorV0(std::move(options));
+  if (options.top_k > options.experts_per_layer) {
+    return absl::InvalidArgumentError(absl::StrCat("top_k ", options.top_k, " exceeds ",
+                                                   options.experts_per_layer, " experts"));
+  }
+  if (options.learned != nullptr) {
+    if (options.top_k == 0) {
+      return absl::InvalidArgumentError("the learned predictor needs top_k");
+    }
+    RETURN_IF_ERROR(options.learned->CheckGeometry(options.num_layers, options.experts_per_layer,
+                                                   options.top_k));
+    // Validates the feature geometry before the constructor builds it.
+    RETURN_IF_ERROR(JfFeatureState::Create(options.num_layers, options.experts_per_layer,
+                                           options.top_k)
+                        .status());
+  }
+  return Predictor(std::move(options));
 }
 
-PredictorV0::PredictorV0(PredictorOptions options) : options_(std::move(options)) {
+Predictor::Predictor(PredictorOptions options) : options_(std::move(options)) {
   const uint32_t layers = options_.num_layers;
   const uint32_t experts = options_.experts_per_layer;
   const size_t cells = static_cast<size_t>(layers) * experts;
@@ -104,6 +127,9 @@ PredictorV0::PredictorV0(PredictorOptions options) : options_(std::move(options)
   count_ema_.assign(cells * num_horizons_, 0.0f);
   mass_ema_.assign(cells * num_horizons_, 0.0f);
   last_use_.assign(cells, 0);
+  request_hits_.assign(cells, 0);
+  bonus_.assign(experts, 0.0f);
+  hot_.reserve(experts);
   prior_.assign(cells, 0.0f);
   fixed_.assign(cells, 0);
   resident_.assign(cells, 0);
@@ -144,10 +170,17 @@ PredictorV0::PredictorV0(PredictorOptions options) : options_(std::move(options)
   plan_.loads.reserve(static_cast<size_t>(layers) * std::min(f, experts));
   plan_.desired.assign(static_cast<size_t>(layers) * f, 0);
   plan_.desired_count.assign(layers, 0);
+  top_k_ = options_.top_k;
+  if (options_.learned != nullptr) {
+    // Create validated this geometry.
+    features_.emplace(*JfFeatureState::Create(layers, experts, options_.top_k));
+    feature_rows_.resize(static_cast<size_t>(experts) * kJfFeatures);
+    predicted_.resize(experts);
+  }
 }
 
-absl::Status PredictorV0::Observe(std::span<const uint32_t> experts,
-                                  std::span<const float> weights) {
+absl::Status Predictor::Observe(std::span<const uint32_t> experts,
+                                  std::span<const float> weights, std::span<const float> norms) {
   const uint32_t layers = options_.num_layers;
   if (experts.size() != weights.size() || experts.empty() || experts.size() % layers != 0) {
     return absl::InvalidArgumentError(absl::StrCat("token routing has ", experts.size(),
@@ -165,7 +198,23 @@ absl::Status PredictorV0::Observe(std::span<const uint32_t> experts,
                                                      i / k));
     }
   }
+  if (!norms.empty() && norms.size() != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("token routing has ", norms.size(),
+                                                   " input norms for ", layers, " layers"));
+  }
   top_k_ = k;
+  ++tokens_since_refresh_;
+  if (features_.has_value()) {
+    // jF scores from its own features; v0's EMAs are not kept (they would only cost time).
+    features_->Observe(experts, weights, norms);
+    for (size_t i = 0; i < experts.size(); ++i) {
+      const size_t cell = Index(static_cast<uint32_t>(i / k), experts[i]);
+      last_use_[cell] = now_ + 1;
+      ++request_hits_[cell];
+    }
+    ++now_;
+    return absl::OkStatus();
+  }
   if (pending_tokens_ == kMaxPending) FoldPending();
   ++pending_tokens_;
   float step[kMaxHorizons];
@@ -182,13 +231,29 @@ absl::Status PredictorV0::Observe(std::span<const uint32_t> experts,
       mass[h] += step[h] * w;
     }
     last_use_[cell] = now_ + 1;
+    ++request_hits_[cell];
   }
   ++now_;
-  ++tokens_since_refresh_;
   return absl::OkStatus();
 }
 
-void PredictorV0::FoldPending() {
+void Predictor::NewSequence() {
+  if (features_.has_value()) features_->NewSequence();
+  std::fill(request_hits_.begin(), request_hits_.end(), 0);
+  tokens_since_refresh_ = 0;
+}
+
+void Predictor::ScoreLayerLearned(uint32_t layer) {
+  const uint32_t experts = options_.experts_per_layer;
+  const size_t base = Index(layer, 0);
+  features_->Fill(layer, std::span<const uint8_t>(resident_).subspan(base, experts), feature_rows_);
+  options_.learned->Forward(layer, feature_rows_, predicted_);
+  // Expected hits in the horizon -> share units (1.0 = a uniform router's).
+  const float scale = static_cast<float>(experts) / (static_cast<float>(kJfHorizon) * static_cast<float>(top_k_));
+  for (uint32_t e = 0; e < experts; ++e) scores_[base + e] = predicted_[e] * scale;
+}
+
+void Predictor::FoldPending() {
   for (uint32_t h = 0; h < num_horizons_; ++h) {
     const float fold = static_cast<float>(std::pow(decay_[h], pending_tokens_));
     for (size_t i = h; i < count_ema_.size(); i += num_horizons_) {
@@ -199,7 +264,7 @@ void PredictorV0::FoldPending() {
   pending_tokens_ = 0;
 }
 
-void PredictorV0::ScoreLayer(uint32_t layer, const double* fold) {
+void Predictor::ScoreLayer(uint32_t layer, const double* fold) {
   const uint32_t experts = options_.experts_per_layer;
   const uint32_t hn = num_horizons_;
   float* count = &count_ema_[Index(layer, 0) * hn];
@@ -239,14 +304,34 @@ void PredictorV0::ScoreLayer(uint32_t layer, const double* fold) {
   }
 }
 
-void PredictorV0::PlanLayer(uint32_t layer) {
+void Predictor::PlanLayer(uint32_t layer) {
   const uint32_t begin = candidate_offset_[layer];
   const uint32_t n = candidate_offset_[layer + 1] - begin;
   const uint32_t k = std::min(options_.floating_slots, n);
   const float margin = options_.hysteresis_margin;
   const size_t base = Index(layer, 0);
+  // The request's reserved slots: its most-hit candidates (then by score, then id) get a bonus
+  // above any score.
+  const uint32_t reserved = static_cast<uint32_t>(options_.request_share * static_cast<float>(k));
+  for (uint32_t e : hot_) bonus_[e] = 0.0f;  // the previous layer's
+  hot_.clear();
+  if (reserved > 0) {
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t e = candidates_[begin + i];
+      if (request_hits_[base + e] > 0) hot_.push_back(e);
+    }
+    const uint32_t r = std::min<uint32_t>(reserved, static_cast<uint32_t>(hot_.size()));
+    auto hotter = [&](uint32_t a, uint32_t b) {
+      const uint32_t ha = request_hits_[base + a], hb = request_hits_[base + b];
+      if (ha != hb) return ha > hb;
+      return scores_[base + a] != scores_[base + b] ? scores_[base + a] > scores_[base + b] : a < b;
+    };
+    std::partial_sort(hot_.begin(), hot_.begin() + r, hot_.end(), hotter);
+    hot_.resize(r);
+    for (uint32_t e : hot_) bonus_[e] = kReservedBonus;
+  }
   auto effective = [&](uint32_t e) {
-    return scores_[base + e] + (resident_[base + e] ? margin : 0.0f);
+    return scores_[base + e] + (resident_[base + e] ? margin : 0.0f) + bonus_[e];
   };
   // Higher effective score first; ties to the lower id so plans are deterministic.
   auto better = [](const Candidate& a, const Candidate& b) {
@@ -274,22 +359,26 @@ void PredictorV0::PlanLayer(uint32_t layer) {
   for (uint32_t i = 0; i < k; ++i) {
     const uint32_t e = order_[i].expert;
     if (resident_[base + e]) continue;
-    PlannedLoad load{layer, e, PlannedLoad::kNoVictim, scores_[base + e]};
+    PlannedLoad load{layer, e, PlannedLoad::kNoVictim, scores_[base + e] + bonus_[e]};
     if (loads >= free_slots) {
       load.victim = victims_[loads - free_slots];
-      load.gain = scores_[base + e] - effective(load.victim);
+      load.gain = scores_[base + e] + bonus_[e] - effective(load.victim);
     }
     plan_.loads.push_back(load);
     ++loads;
   }
 }
 
-const PredictorPlan& PredictorV0::Refresh() {
+const PredictorPlan& Predictor::Refresh() {
   double fold[kMaxHorizons];
   for (uint32_t h = 0; h < num_horizons_; ++h) fold[h] = std::pow(decay_[h], pending_tokens_);
   plan_.loads.clear();
   for (uint32_t l = 0; l < options_.num_layers; ++l) {
-    ScoreLayer(l, fold);
+    if (features_.has_value()) {
+      ScoreLayerLearned(l);
+    } else {
+      ScoreLayer(l, fold);
+    }
     PlanLayer(l);
   }
   pending_tokens_ = 0;
@@ -324,7 +413,7 @@ const PredictorPlan& PredictorV0::Refresh() {
   return plan_;
 }
 
-absl::Status PredictorV0::SetResident(uint32_t layer, std::span<const uint32_t> experts) {
+absl::Status Predictor::SetResident(uint32_t layer, std::span<const uint32_t> experts) {
   if (layer >= options_.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   }
@@ -346,6 +435,129 @@ absl::Status PredictorV0::SetResident(uint32_t layer, std::span<const uint32_t> 
   std::fill(resident_.begin() + base, resident_.begin() + base + options_.experts_per_layer, 0);
   for (uint32_t e : experts) resident_[base + e] = 1;
   resident_count_[layer] = static_cast<uint32_t>(experts.size());
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr char kStateMagic[4] = {'N', 'Q', 'P', 'S'};
+constexpr uint32_t kStateVersion = 1;
+
+template <typename T>
+void PutRaw(const T& v, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+void PutArray(const std::vector<T>& v, std::string* out) {
+  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// Reads fixed-size values in order; false once the bytes run out.
+class StateReader {
+ public:
+  explicit StateReader(std::string_view bytes) : bytes_(bytes) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (bytes_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(v, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  template <typename T>
+  bool GetArray(std::vector<T>* v) {
+    const size_t n = v->size() * sizeof(T);
+    if (bytes_.size() - pos_ < n) return false;
+    std::memcpy(v->data(), bytes_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  std::string_view Rest() const { return bytes_.substr(pos_); }
+
+ private:
+  std::string_view bytes_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+// Layout: magic "NQPS" | version u32 | layers u32 | experts u32 | learned u8 | top_k u32 |
+// horizons u32 | half_lives f64[horizons] | now u64 | pending u32 | since_refresh u32 |
+// count_ema, mass_ema f32[cells * horizons] | last_use u64[cells] | jF feature state (the
+// rest; learned only). Host byte order: a state file is for the machine that wrote it.
+std::string Predictor::SaveState() const {
+  std::string out;
+  out.append(kStateMagic, 4);
+  PutRaw(kStateVersion, &out);
+  PutRaw(options_.num_layers, &out);
+  PutRaw(options_.experts_per_layer, &out);
+  PutRaw(static_cast<uint8_t>(learned() ? 1 : 0), &out);
+  PutRaw(top_k_, &out);
+  PutRaw(num_horizons_, &out);
+  for (double h : options_.half_lives) PutRaw(h, &out);
+  PutRaw(now_, &out);
+  PutRaw(pending_tokens_, &out);
+  PutRaw(tokens_since_refresh_, &out);
+  PutArray(count_ema_, &out);
+  PutArray(mass_ema_, &out);
+  PutArray(last_use_, &out);
+  if (features_.has_value()) out += features_->Save();
+  return out;
+}
+
+absl::Status Predictor::RestoreState(std::string_view bytes) {
+  StateReader in(bytes);
+  char magic[4];
+  uint32_t version = 0, layers = 0, experts = 0, top_k = 0, horizons = 0;
+  uint8_t learned_flag = 0;
+  if (!in.Get(&magic) || std::memcmp(magic, kStateMagic, 4) != 0) {
+    return absl::DataLossError("not a predictor state (bad magic)");
+  }
+  if (!in.Get(&version) || version != kStateVersion) {
+    return absl::DataLossError(absl::StrCat("predictor state version ", version, ", this build reads ",
+                                            kStateVersion));
+  }
+  if (!in.Get(&layers) || !in.Get(&experts) || !in.Get(&learned_flag) || !in.Get(&top_k) ||
+      !in.Get(&horizons) || horizons > kMaxHorizons) {
+    return absl::DataLossError("predictor state truncated or malformed in its header");
+  }
+  std::vector<double> half_lives(horizons);
+  if (!in.GetArray(&half_lives)) return absl::DataLossError("predictor state truncated in its half-lives");
+  const bool same_scorer = (learned_flag != 0) == learned();
+  if (layers != options_.num_layers || experts != options_.experts_per_layer || !same_scorer ||
+      half_lives != options_.half_lives || (learned() && top_k != top_k_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "predictor state is for ", layers, " layers x ", experts, " experts, top_k ", top_k, ", ",
+        learned_flag ? "jF" : "v0", " with ", horizons, " half-lives; this predictor has ", options_.num_layers,
+        " x ", options_.experts_per_layer, ", top_k ", top_k_, ", ", learned() ? "jF" : "v0", " with ",
+        num_horizons_));
+  }
+  if (!learned() && top_k_ != 0 && top_k != 0 && top_k != top_k_) {
+    return absl::InvalidArgumentError(absl::StrCat("predictor state has top_k ", top_k, ", this predictor ", top_k_));
+  }
+  uint64_t now = 0;
+  uint32_t pending = 0, since_refresh = 0;
+  std::vector<float> count(count_ema_.size()), mass(mass_ema_.size());
+  std::vector<uint64_t> last_use(last_use_.size());
+  if (!in.Get(&now) || !in.Get(&pending) || !in.Get(&since_refresh) || !in.GetArray(&count) ||
+      !in.GetArray(&mass) || !in.GetArray(&last_use)) {
+    return absl::DataLossError("predictor state truncated in its arrays");
+  }
+  if (pending > kMaxPending) return absl::DataLossError("predictor state has a bad pending count");
+  for (uint64_t last : last_use) {
+    if (last > now) return absl::DataLossError("predictor state has a last use after its clock");
+  }
+  if (features_.has_value()) {
+    RETURN_IF_ERROR(features_->Restore(in.Rest()));
+  } else if (!in.Rest().empty()) {
+    return absl::DataLossError("predictor state has trailing bytes");
+  }
+  top_k_ = top_k;
+  now_ = now;
+  pending_tokens_ = pending;
+  tokens_since_refresh_ = since_refresh;
+  count_ema_ = std::move(count);
+  mass_ema_ = std::move(mass);
+  last_use_ = std::move(last_use);
   return absl::OkStatus();
 }
 

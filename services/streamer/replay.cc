@@ -37,7 +37,8 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
                      options.experts_per_layer, " experts, the trace has ", layers, " x ",
                      experts));
   }
-  ASSIGN_OR_RETURN(PredictorV0 predictor, PredictorV0::Create(options));
+  if (options.top_k == 0) options.top_k = trace.top_k;
+  ASSIGN_OR_RETURN(Predictor predictor, Predictor::Create(options));
   const uint32_t f = options.floating_slots;
   const uint32_t k = trace.top_k;
 
@@ -72,8 +73,17 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
   double served_calls[3] = {0, 0, 0};  // oracle, previous block, predictor
   double served_weight[3] = {0, 0, 0};
   double total_calls = 0, total_weight = 0;
-  for (size_t start = 0; start < result.tokens; start += block) {
-    const size_t end = std::min(start + block, result.tokens);
+  // Blocks restart at every sequence (request) start, as the streamer's refreshes do.
+  std::vector<std::pair<size_t, size_t>> blocks;
+  for (const auto& [begin, end] : trace.Sequences()) {
+    for (size_t start = begin; start < end; start += block) blocks.emplace_back(start, std::min(start + block, end));
+  }
+  for (const auto& [start, end] : blocks) {
+    if (trace.sequence_starts.empty() ? start == 0
+                                      : std::binary_search(trace.sequence_starts.begin(),
+                                                           trace.sequence_starts.end(), start)) {
+      predictor.NewSequence();
+    }
     ++result.blocks;
     std::fill(counts.begin(), counts.end(), 0.0);
     std::fill(mass.begin(), mass.end(), 0.0);
@@ -129,7 +139,7 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
       for (size_t i = 0; i < top; ++i) previous[base + order[i]] = 1;
     }
     for (size_t t = start; t < end; ++t) {
-      RETURN_IF_ERROR(predictor.Observe(trace.TokenExperts(t), trace.TokenWeights(t)));
+      RETURN_IF_ERROR(predictor.Observe(trace.TokenExperts(t), trace.TokenWeights(t), trace.TokenNorms(t)));
     }
     const PredictorPlan& plan = predictor.Refresh();
     result.predictor_loads += plan.loads.size();

@@ -5,8 +5,11 @@
 //  - oracle: each block's own top-F per layer (by calls for the call share, by routing
 //    weight for the weight share) -- an upper bound for any F-slot policy;
 //  - previous_block: the previous block's top-F by calls (ties: by weight, then lower id);
-//  - predictor: PredictorV0 observes every token; at each block boundary it refreshes and
-//    its plan (cut to the read budget) applies to the next block.
+//  - predictor: Predictor (v0, or jF when options.learned is set) observes every token; at
+//    each block boundary it refreshes and its plan (cut to the read budget) applies to the
+//    next block.
+// Blocks restart at each of the trace's sequence starts, where the predictor gets
+// NewSequence, as the streamer does at a new RoutingReport.sequence_id.
 // Assumptions: loads land instantly (before the block they were planned for starts); before
 // the first block every policy's floating slots hold the static ranking's top F (the lowest
 // ids where there is no ranking), as the streamer fills them at start-up; fixed-set experts

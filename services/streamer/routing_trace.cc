@@ -88,7 +88,44 @@ absl::Status ValidateTrace(const RoutingTrace& trace) {
       return absl::InvalidArgumentError(absl::StrCat("non-finite routing weight at entry ", i));
     }
   }
+  const size_t tokens = trace.num_tokens();
+  if (!trace.input_sq_norms.empty()) {
+    if (trace.input_sq_norms.size() != tokens * trace.num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("routing trace has ", trace.input_sq_norms.size(),
+                                                     " input norms for ", tokens * trace.num_layers(),
+                                                     " (token, layer) entries"));
+    }
+    for (size_t i = 0; i < trace.input_sq_norms.size(); ++i) {
+      if (!(trace.input_sq_norms[i] >= 0) || !std::isfinite(trace.input_sq_norms[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("bad input norm ", trace.input_sq_norms[i],
+                                                       " at (token, layer) entry ", i));
+      }
+    }
+  }
+  for (size_t i = 0; i < trace.sequence_starts.size(); ++i) {
+    const uint64_t start = trace.sequence_starts[i];
+    if ((i == 0 && start != 0) || (i > 0 && start <= trace.sequence_starts[i - 1]) ||
+        (i > 0 && start >= tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence start ", i, " (token ", start,
+                                                     ") is not ascending from 0 within ", tokens,
+                                                     " tokens"));
+    }
+  }
   return absl::OkStatus();
+}
+
+std::vector<std::pair<size_t, size_t>> RoutingTrace::Sequences() const {
+  std::vector<std::pair<size_t, size_t>> out;
+  const size_t tokens = num_tokens();
+  if (sequence_starts.empty()) {
+    if (tokens > 0) out.emplace_back(0, tokens);
+    return out;
+  }
+  for (size_t i = 0; i < sequence_starts.size(); ++i) {
+    const size_t end = i + 1 < sequence_starts.size() ? sequence_starts[i + 1] : tokens;
+    out.emplace_back(sequence_starts[i], end);
+  }
+  return out;
 }
 
 absl::StatusOr<std::string> EncodeTrace(const RoutingTrace& trace) {
@@ -101,6 +138,10 @@ absl::StatusOr<std::string> EncodeTrace(const RoutingTrace& trace) {
   PutU32(trace.experts_per_layer, &out);
   PutU32(trace.top_k, &out);
   PutU64(trace.num_tokens(), &out);
+  const bool norms = !trace.input_sq_norms.empty();
+  PutU32(norms ? kTraceHasNorms : 0, &out);
+  PutU64(trace.sequence_starts.size(), &out);
+  for (uint64_t start : trace.sequence_starts) PutU64(start, &out);
   for (uint32_t id : trace.layer_ids) PutU32(id, &out);
   const size_t entries = trace.experts.size() / trace.top_k;
   for (size_t e = 0; e < entries; ++e) {
@@ -110,6 +151,7 @@ absl::StatusOr<std::string> EncodeTrace(const RoutingTrace& trace) {
     for (uint32_t j = 0; j < trace.top_k; ++j) {
       PutU32(std::bit_cast<uint32_t>(trace.weights[e * trace.top_k + j]), &out);
     }
+    if (norms) PutU32(std::bit_cast<uint32_t>(trace.input_sq_norms[e]), &out);
   }
   return out;
 }
@@ -123,7 +165,7 @@ absl::StatusOr<RoutingTrace> DecodeTrace(std::string_view bytes) {
   in.Uint(4);
   RETURN_IF_ERROR(in.Need(4, "version"));
   const uint32_t version = static_cast<uint32_t>(in.Uint(4));
-  if (version != kTraceVersion) {
+  if (version != kTraceVersion && version != kTraceVersionNoSequences) {
     return absl::UnimplementedError(absl::StrCat("unsupported trace version ", version,
                                                  " (this build reads version ", kTraceVersion,
                                                  ")"));
@@ -140,11 +182,28 @@ absl::StatusOr<RoutingTrace> DecodeTrace(std::string_view bytes) {
         absl::StrCat("bad trace header: ", num_layers, " layers, ", trace.experts_per_layer,
                      " experts, top_k ", trace.top_k));
   }
+  bool norms = false;
+  if (version >= kTraceVersion) {
+    RETURN_IF_ERROR(in.Need(12, "flags and sequence count"));
+    const uint32_t flags = static_cast<uint32_t>(in.Uint(4));
+    if ((flags & ~kTraceHasNorms) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown trace flags 0x", absl::Hex(flags)));
+    }
+    norms = (flags & kTraceHasNorms) != 0;
+    const uint64_t sequences = in.Uint(8);
+    // Checked against the bytes left before allocating (a corrupt count is not terabytes).
+    if (sequences > in.remaining() / 8) {
+      return absl::DataLossError(absl::StrCat("routing trace truncated reading ", sequences,
+                                              " sequence starts (", in.remaining(), " bytes left)"));
+    }
+    trace.sequence_starts.resize(sequences);
+    for (uint64_t& start : trace.sequence_starts) start = in.Uint(8);
+  }
   RETURN_IF_ERROR(in.Need(4ull * num_layers, "layer ids"));
   trace.layer_ids.resize(num_layers);
   for (uint32_t& id : trace.layer_ids) id = static_cast<uint32_t>(in.Uint(4));
   // Check the size before allocating so a corrupt count cannot ask for terabytes.
-  const uint64_t entry_bytes = 6ull * trace.top_k;
+  const uint64_t entry_bytes = 6ull * trace.top_k + (norms ? 4 : 0);
   const uint64_t entries = num_tokens * num_layers;
   if (num_tokens != 0 && (entries / num_tokens != num_layers ||
                           in.remaining() / entry_bytes < entries)) {
@@ -159,6 +218,7 @@ absl::StatusOr<RoutingTrace> DecodeTrace(std::string_view bytes) {
   }
   trace.experts.resize(entries * trace.top_k);
   trace.weights.resize(entries * trace.top_k);
+  if (norms) trace.input_sq_norms.resize(entries);
   for (uint64_t e = 0; e < entries; ++e) {
     for (uint32_t j = 0; j < trace.top_k; ++j) {
       trace.experts[e * trace.top_k + j] = static_cast<uint32_t>(in.Uint(2));
@@ -166,6 +226,7 @@ absl::StatusOr<RoutingTrace> DecodeTrace(std::string_view bytes) {
     for (uint32_t j = 0; j < trace.top_k; ++j) {
       trace.weights[e * trace.top_k + j] = std::bit_cast<float>(static_cast<uint32_t>(in.Uint(4)));
     }
+    if (norms) trace.input_sq_norms[e] = std::bit_cast<float>(static_cast<uint32_t>(in.Uint(4)));
   }
   RETURN_IF_ERROR(ValidateTrace(trace));
   return trace;
@@ -199,7 +260,8 @@ absl::StatusOr<RoutingTrace> ReadTrace(const std::string& path) {
   return trace;
 }
 
-absl::Status AppendRoutingReport(const nq::v1::RoutingReport& report, RoutingTrace* trace) {
+absl::Status AppendRoutingReport(const nq::v1::RoutingReport& report, RoutingTrace* trace,
+                                 std::optional<uint64_t>* last_sequence_id) {
   const size_t tokens = report.num_tokens();
   const size_t entries = static_cast<size_t>(report.layer_entries_size());
   if (tokens == 0) return entries == 0 ? absl::OkStatus()
@@ -243,8 +305,27 @@ absl::Status AppendRoutingReport(const nq::v1::RoutingReport& report, RoutingTra
       }
     }
   }
+  const bool first = trace->experts.empty();
+  if (last_sequence_id != nullptr) {
+    if (!first && (!last_sequence_id->has_value() || **last_sequence_id != report.sequence_id())) {
+      if (trace->sequence_starts.empty()) trace->sequence_starts.push_back(0);
+      trace->sequence_starts.push_back(trace->num_tokens());
+    }
+    *last_sequence_id = report.sequence_id();
+  }
+  bool norms = first || !trace->input_sq_norms.empty();
+  for (size_t i = 0; i < entries && norms; ++i) {
+    norms = report.layer_entries(static_cast<int>(i)).input_sq_norm() > 0;
+  }
   trace->layer_ids = std::move(layer_ids);
   trace->top_k = top_k;
+  if (!norms) {
+    trace->input_sq_norms.clear();
+  } else {
+    for (size_t i = 0; i < entries; ++i) {
+      trace->input_sq_norms.push_back(report.layer_entries(static_cast<int>(i)).input_sq_norm());
+    }
+  }
   for (size_t i = 0; i < entries; ++i) {
     const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(i));
     trace->experts.insert(trace->experts.end(), entry.experts().begin(), entry.experts().end());

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/format/file_io.h"
 #include "services/common/logging.h"
 #include "services/common/status_macros.h"
 
@@ -19,6 +20,9 @@ constexpr absl::Duration kMaxSleep = absl::Seconds(1);
 // A worker sending malformed reports, or more than its loader reads, does so with every block:
 // one log line per interval (with the count since the last one) says so without flooding the log.
 constexpr std::chrono::seconds kReportLogInterval(10);
+// The predictor state is written every this many refreshes (16 tokens each) besides at the
+// session's end, so a streamer that crashes loses at most this much history.
+constexpr uint64_t kStateSaveRefreshes = 256;
 
 // Prepares the store's bounce buffers as copy sources for the worker's arena (device arenas
 // copy from page-locked memory) and returns those that could be; a buffer that cannot be
@@ -82,7 +86,10 @@ SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr
       events_(options.max_queued_reports, &metrics->reports_dropped),
       prepared_buffers_(
           PrepareSources(*worker_, *store_, std::max(options_.store.buffers, options_.store.queue_depth))),
-      cache_(prepared_buffers_) {}
+      cache_(prepared_buffers_),
+      pacer_(ReadPacerOptions{.queue_depth = options_.store.queue_depth,
+                              .max_budget = options_.predictor.read_budget,
+                              .refresh_interval = options_.predictor.refresh_interval}) {}
 
 SlotLoader::~SlotLoader() {
   Stop();
@@ -166,13 +173,34 @@ void SlotLoader::Sleep() {
   // The ring's signal is cleared by the next Reap (RecordStore::Poll), before it drains.
 }
 
+std::string SlotLoader::StatePath() const {
+  if (options_.predictor_state_dir.empty()) return "";
+  return absl::StrCat(options_.predictor_state_dir, "/predictor_rank", worker_->rank, ".state");
+}
+
+void SlotLoader::SaveState() {
+  const std::string path = StatePath();
+  if (path.empty() || !predictor_.has_value()) return;
+  const absl::Status written = format::WriteFileAtomic(path, predictor_->SaveState());
+  if (!written.ok()) {
+    static LogRateLimiter save_log(kReportLogInterval);
+    if (long n = save_log.Allow()) {
+      spdlog::warn("worker {}: saving predictor state: {} ({} since last report)", worker_->worker_id,
+                   written.ToString(), n);
+    }
+  }
+}
+
 void SlotLoader::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
   Wake();
+  const bool was_running = thread_.joinable();
   if (thread_.joinable()) thread_.join();
+  // The loader thread is gone: its predictor is ours to save.
+  if (was_running) SaveState();
   metrics_->read_backlog_bytes.Increment(-published_backlog_);
   metrics_->read_queue_depth.Increment(-published_depth_);
   metrics_->unacked_generations.Increment(-published_unacked_);
@@ -247,7 +275,23 @@ absl::Status SlotLoader::EnsurePredictor(const nq::v1::RoutingReport& report) {
     options.fixed.push_back(std::move(fixed));
     options.static_ranking.push_back(ml != nullptr ? ml->ranking : std::vector<uint32_t>{});
   }
-  ASSIGN_OR_RETURN(PredictorV0 predictor, PredictorV0::Create(std::move(options)));
+  options.top_k = static_cast<uint32_t>(report.layer_entries(0).experts_size());
+  ASSIGN_OR_RETURN(Predictor predictor, Predictor::Create(std::move(options)));
+  if (const std::string path = StatePath(); !path.empty()) {
+    absl::StatusOr<std::string> bytes = format::ReadFileToString(path);
+    if (bytes.ok()) {
+      absl::Status restored = predictor.RestoreState(*bytes);
+      if (restored.ok()) {
+        spdlog::info("worker {}: predictor state restored from {} ({} tokens of history)", worker_->worker_id, path,
+                     predictor.tokens_observed());
+      } else {
+        spdlog::warn("worker {}: predictor state {} not used, starting cold: {}", worker_->worker_id, path,
+                     restored.ToString());
+      }
+    } else if (!absl::IsNotFound(bytes.status())) {
+      spdlog::warn("worker {}: reading predictor state {}: {}", worker_->worker_id, path, bytes.status().ToString());
+    }
+  }
   predictor_.emplace(std::move(predictor));
   predictor_layers_ = std::move(layers);
   predictor_layer_index_ = std::move(indexes);
@@ -268,9 +312,16 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
   if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) metrics_->sequences.Increment();
   if (*place == ReportPlace::kAfterGap) metrics_->report_gaps.Increment();
   if (absl::Status s = EnsurePredictor(report); !s.ok()) {
-    // Only this report is lost: the next well-formed one starts the predictor.
+    // Only this report is lost: the next well-formed one starts the predictor (a learned
+    // model of another geometry refuses every report, each time saying why).
     return RefuseMalformed(s.ToString());
   }
+  // A new request: per-request predictor state (jF's sequence signals) starts over.
+  if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) {
+    predictor_->NewSequence();
+    pacer_.OnNewSequence();
+  }
+  pacer_.OnTokens(report.num_tokens(), Clock::now());
   const size_t L = predictor_layers_.size();
   const size_t tokens = static_cast<size_t>(report.layer_entries_size()) / L;
   if (tokens != report.num_tokens() || tokens * L != static_cast<size_t>(report.layer_entries_size())) {
@@ -279,10 +330,12 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
   }
   std::vector<uint32_t> experts;
   std::vector<float> weights;
+  std::vector<float> norms;
   uint64_t calls_4bit = 0, calls_2bit = 0;
   for (size_t t = 0; t < tokens; ++t) {
     experts.clear();
     weights.clear();
+    norms.clear();
     for (size_t l = 0; l < L; ++l) {
       const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(t * L + l));
       if (entry.layer() != predictor_layers_[l] || entry.experts_size() != entry.weights_size() ||
@@ -298,8 +351,10 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
         experts.push_back(e);
         weights.push_back(entry.weights(j));
       }
+      // 0 (a worker that predates input norms) stays 0: the features take 1 there.
+      norms.push_back(entry.input_sq_norm());
     }
-    if (absl::Status s = predictor_->Observe(experts, weights); !s.ok()) return RefuseMalformed(s.ToString());
+    if (absl::Status s = predictor_->Observe(experts, weights, norms); !s.ok()) return RefuseMalformed(s.ToString());
     if (predictor_->RefreshDue()) Refresh();
   }
   metrics_->calls_4bit.Increment(static_cast<double>(calls_4bit));
@@ -330,6 +385,7 @@ void SlotLoader::Refresh() {
       (void)predictor_->SetResident(static_cast<uint32_t>(l), floating);
     }
   }
+  if (options_.pace_reads) predictor_->set_read_budget(pacer_.Budget(LiveReads()));
   const auto started = Clock::now();
   const PredictorPlan& plan = predictor_->Refresh();
   metrics_->refresh_seconds.Observe(SecondsSince(started));
@@ -357,10 +413,12 @@ void SlotLoader::Refresh() {
                          .decided = earlier == decided.end() ? now : earlier->second});
   }
   queue_ = std::move(queue);
+  uint64_t refreshes = 0;
   {
     absl::MutexLock lock(&mu_);
-    ++stats_.refreshes;
+    refreshes = ++stats_.refreshes;
   }
+  if (refreshes % kStateSaveRefreshes == 0) SaveState();
   // The plan's loads start now (cache hits land at once), not after the rest of the report.
   // Every refresh ends with an update (possibly without changes) announcing the loads it
   // queued: a request's first tokens may wait for them, and a worker knows its report was
@@ -574,6 +632,7 @@ void SlotLoader::Reap() {
       cache_.Fill(read.buffer, RecordKey{.rank = worker_->rank, .layer = read.want.layer, .expert = read.want.expert});
       metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));
       metrics_->read_latency.Observe(completion.latency_seconds);
+      pacer_.OnReadLanded(completion.latency_seconds);
     } else {
       cache_.Discard(read.buffer);
     }

@@ -52,6 +52,7 @@
 #include "services/streamer/loader_events.h"
 #include "services/streamer/loader_metrics.h"
 #include "services/streamer/predictor.h"
+#include "services/streamer/read_pacer.h"
 #include "services/streamer/record_store.h"
 #include "services/streamer/report_order.h"
 #include "services/streamer/slot_allocator.h"
@@ -71,7 +72,15 @@ struct SlotLoaderOptions {
   RecordStoreOptions store;
   // Tuning (half-lives, weights, hysteresis, read budget); layers, experts, floating slots
   // and fixed sets are filled in from the worker's geometry and the manifest.
+  // predictor.learned: the jF model (--predictor FILE), or null for v0.
   PredictorOptions predictor;
+  // Where each rank's predictor state is kept (predictor_rank<r>.state): restored when the
+  // rank's session starts its predictor, written every kStateSaveRefreshes refreshes and when
+  // the session ends, so a restarted streamer does not start cold. Empty: not kept.
+  std::string predictor_state_dir;
+  // Paces each refresh's loads by the measured read throughput and decode pace (read_pacer.h),
+  // at most predictor.read_budget; false: always predictor.read_budget.
+  bool pace_reads = true;
   // Routing reports waiting for the loader thread; more are dropped and counted
   // (nq_streamer_routing_reports_dropped_total, loader_events.h). A report is a few KB to a
   // few hundred KB (tokens x layers x top-k); 4096 keeps a loader busy with reads from dropping
@@ -150,6 +159,10 @@ class SlotLoader {
   void HandleAck(const nq::v1::UnmapAck& ack);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
+  // The predictor state file of this worker's rank (empty without predictor_state_dir).
+  std::string StatePath() const;
+  // Writes the predictor's state (tmp + rename); failures are logged, never fatal.
+  void SaveState();
   // Cancels the outstanding floating reads of experts outside the plan's desired sets.
   void CancelUnwanted(const PredictorPlan& plan);
   // Serves queued loads: from the bounce cache, or by issuing reads while the queue depth and
@@ -183,7 +196,8 @@ class SlotLoader {
   std::thread thread_;
 
   // Loader thread only.
-  std::optional<PredictorV0> predictor_;
+  std::optional<Predictor> predictor_;
+  ReadPacer pacer_;
   ReportOrder order_;  // the session's reports in order (sequence_id, first_token)
   std::vector<uint32_t> predictor_layers_;  // model layer ids the worker reports, in order
   std::vector<size_t> predictor_layer_index_;  // their index in the geometry

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <thread>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "services/format/release_reader.h"
 #include "services/model/model.h"
 #include "services/release/calibration.h"
+#include "services/streamer/jf_model.h"
 #include "services/streamer/replay.h"
 #include "services/streamer/routing_trace.h"
 #include "services/tools/commands.h"
@@ -29,6 +31,14 @@ ABSL_DECLARE_FLAG(std::string, tokens);
 ABSL_FLAG(std::string, trace, "", "replay: a routing trace written by nq trace");
 ABSL_FLAG(std::string, release_dir, "", "replay: the NestQuant release (fixed sets and static rankings)");
 ABSL_FLAG(int, slots, 8, "replay and kld: floating 4-bit slots per layer");
+ABSL_FLAG(std::string, predictor, "",
+          "replay: a learned predictor (jF safetensors) to replay instead of predictor v0, as nq-streamer "
+          "--predictor runs it");
+ABSL_FLAG(double, hysteresis, 2.0, "replay: the predictor's score margin (nq-streamer --hysteresis)");
+ABSL_FLAG(int, read_budget, 64, "replay: most loads per refresh (nq-streamer --read_budget)");
+ABSL_FLAG(double, request_share, 0.0,
+          "replay: share of the floating slots kept for the current request's most-hit experts (nq-streamer "
+          "--request_share)");
 ABSL_FLAG(std::string, worker, "", "trace: host:port of a running nq-worker to record from (instead of --model)");
 ABSL_FLAG(int64_t, trace_tokens, 0, "trace --worker: stop after this many tokens (0: until --seconds or Ctrl-C)");
 ABSL_FLAG(double, seconds, 0, "trace --worker: stop after this many seconds (0: until --trace_tokens or Ctrl-C)");
@@ -54,6 +64,9 @@ absl::Status RecordTrace(const std::string& model_dir, const std::string& tokens
   std::vector<model::MoeRouting> per_layer;
   model->SetRoutingObserver([&](int64_t, const model::MoeRouting& routing) { per_layer.push_back(routing); });
   for (const std::vector<int32_t>& sequence : sequences) {
+    if (sequence.empty()) continue;
+    // Each line of the token file is one request: replay resets per-request state there.
+    trace.sequence_starts.push_back(trace.num_tokens());
     per_layer.clear();
     model->ResetCache();
     RETURN_IF_ERROR(model->Forward(sequence).status());
@@ -64,6 +77,8 @@ absl::Status RecordTrace(const std::string& model_dir, const std::string& tokens
           trace.experts.push_back(static_cast<uint32_t>(r.experts[t * trace.top_k + j]));
           trace.weights.push_back(r.weights[t * trace.top_k + j]);
         }
+        if (r.input_sq_norms.size() != sequence.size()) return absl::InternalError("routing without input norms");
+        trace.input_sq_norms.push_back(r.input_sq_norms[t]);
       }
     }
   }
@@ -104,9 +119,10 @@ absl::Status RecordTraceFromWorker(const std::string& address, const std::string
   std::unique_ptr<grpc::ClientReader<nq::v1::RoutingReport>> reader = stub->WatchRouting(&context, {});
   std::fprintf(stderr, "nq trace: recording from %s (%s)...\n", address.c_str(), info.model_id().c_str());
   nq::v1::RoutingReport report;
+  std::optional<uint64_t> last_sequence_id;  // a new sequence_id starts a new trace sequence
   absl::Status appended;
   while (reader->Read(&report)) {
-    appended = streamer::AppendRoutingReport(report, &trace);
+    appended = streamer::AppendRoutingReport(report, &trace, &last_sequence_id);
     if (!appended.ok()) break;
     if (max_tokens > 0 && static_cast<int64_t>(trace.num_tokens()) >= max_tokens) break;
   }
@@ -132,6 +148,13 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   options.num_layers = trace.num_layers();
   options.experts_per_layer = trace.experts_per_layer;
   options.floating_slots = static_cast<uint32_t>(slots);
+  options.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
+  options.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
+  options.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
+  options.top_k = trace.top_k;
+  if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
+    ASSIGN_OR_RETURN(options.learned, streamer::JfModel::Load(path));
+  }
   if (!release_dir.empty()) {
     ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
     for (uint32_t layer : trace.layer_ids) {
@@ -142,13 +165,15 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
     }
   }
   ASSIGN_OR_RETURN(streamer::ReplayResult r, streamer::Replay(trace, options));
-  std::printf("%llu tokens, %llu blocks of 16, %u MoE layers, %d floating slots per layer\n",
-              static_cast<unsigned long long>(r.tokens), static_cast<unsigned long long>(r.blocks), trace.num_layers(),
-              slots);
+  std::printf("%llu tokens in %zu sequences, %llu blocks of at most 16, %u MoE layers, %d floating slots per layer, "
+              "%llu loads (%llu wanted)\n",
+              static_cast<unsigned long long>(r.tokens), trace.Sequences().size(),
+              static_cast<unsigned long long>(r.blocks), trace.num_layers(), slots,
+              static_cast<unsigned long long>(r.predictor_loads), static_cast<unsigned long long>(r.predictor_wanted));
   std::printf("| policy | expert calls at 4 bits | routing weight at 4 bits |\n| --- | ---: | ---: |\n");
   std::printf("| oracle (block's own top-F) | %.4f | %.4f |\n", r.oracle.calls, r.oracle.weight);
   std::printf("| previous block's top-F | %.4f | %.4f |\n", r.previous_block.calls, r.previous_block.weight);
-  std::printf("| predictor v0 | %.4f | %.4f |\n", r.predictor.calls, r.predictor.weight);
+  std::printf("| predictor %s | %.4f | %.4f |\n", options.learned ? "jF" : "v0", r.predictor.calls, r.predictor.weight);
   return absl::OkStatus();
 }
 
@@ -175,6 +200,9 @@ int RunReplay(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("unexpected argument " + args[0]));
   if (absl::GetFlag(FLAGS_trace).empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("--trace is required"));
   if (absl::GetFlag(FLAGS_slots) < 0) return ReportCommandStatus("replay", absl::InvalidArgumentError("--slots must be >= 0"));
+  if (absl::GetFlag(FLAGS_read_budget) < 1 || absl::GetFlag(FLAGS_hysteresis) < 0) {
+    return ReportCommandStatus("replay", absl::InvalidArgumentError("--read_budget must be >= 1, --hysteresis >= 0"));
+  }
   return ReportCommandStatus("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),
                                       absl::GetFlag(FLAGS_slots)));
 }

@@ -12,6 +12,7 @@ void AppendTokenRouting(std::span<const uint32_t> layers, std::span<const model:
       entry->add_experts(static_cast<uint32_t>(r.experts[t * r.top_k + j]));
       entry->add_weights(r.weights[t * r.top_k + j]);
     }
+    if (static_cast<size_t>(t) < r.input_sq_norms.size()) entry->set_input_sq_norm(r.input_sq_norms[t]);
   }
 }
 

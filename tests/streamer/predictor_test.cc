@@ -34,7 +34,7 @@ class HotSetFeeder {
                uint64_t seed)
       : hot_(std::move(hot)), experts_(experts), hot_per_token_(hot_per_token), rng_(seed) {}
 
-  void Feed(PredictorV0& predictor, int tokens) {
+  void Feed(Predictor& predictor, int tokens) {
     for (int t = 0; t < tokens; ++t) {
       ids_.clear();
       weights_.clear();
@@ -71,29 +71,29 @@ std::set<uint32_t> Desired(const PredictorPlan& plan, uint32_t layer, uint32_t f
                             plan.desired.begin() + layer * f + plan.desired_count[layer]);
 }
 
-TEST(PredictorV0Test, CreateRejectsBadOptions) {
+TEST(PredictorTest, CreateRejectsBadOptions) {
   PredictorOptions options = SmallOptions(2, 16, 4);
   options.fixed = {{1, 2}, {3, 16}};
-  EXPECT_THAT(PredictorV0::Create(options),
+  EXPECT_THAT(Predictor::Create(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
   options.fixed = {{1, 1}, {3}};
-  EXPECT_THAT(PredictorV0::Create(options),
+  EXPECT_THAT(Predictor::Create(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate expert 1")));
   options.fixed = {{1}};
-  EXPECT_THAT(PredictorV0::Create(options),
+  EXPECT_THAT(Predictor::Create(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fixed set has 1 layers")));
   options = SmallOptions(2, 16, 4);
   options.count_weights = {1.0f};
-  EXPECT_THAT(PredictorV0::Create(options),
+  EXPECT_THAT(Predictor::Create(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one weight per half-life")));
   options = SmallOptions(2, 16, 4);
   options.half_lives = {0.5, 8, 64};
-  EXPECT_THAT(PredictorV0::Create(options),
+  EXPECT_THAT(Predictor::Create(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("half-life")));
 }
 
-TEST(PredictorV0Test, ObserveRejectsBadRouting) {
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(SmallOptions(2, 16, 4));
+TEST(PredictorTest, ObserveRejectsBadRouting) {
+  absl::StatusOr<Predictor> predictor = Predictor::Create(SmallOptions(2, 16, 4));
   ASSERT_THAT(predictor, IsOk());
   const std::vector<uint32_t> ids = {1, 2, 3};
   const std::vector<float> weights = {1, 1, 1};
@@ -111,8 +111,8 @@ TEST(PredictorV0Test, ObserveRejectsBadRouting) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k changed")));
 }
 
-TEST(PredictorV0Test, RefreshDueEveryInterval) {
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(SmallOptions(1, 16, 2));
+TEST(PredictorTest, RefreshDueEveryInterval) {
+  absl::StatusOr<Predictor> predictor = Predictor::Create(SmallOptions(1, 16, 2));
   ASSERT_THAT(predictor, IsOk());
   HotSetFeeder feeder({{0, 1}}, 16, 1, 1);
   feeder.Feed(*predictor, 15);
@@ -123,9 +123,9 @@ TEST(PredictorV0Test, RefreshDueEveryInterval) {
   EXPECT_FALSE(predictor->RefreshDue());
 }
 
-TEST(PredictorV0Test, ConvergesToStableHotSet) {
+TEST(PredictorTest, ConvergesToStableHotSet) {
   constexpr uint32_t kLayers = 3, kExperts = 64, kF = 8;
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(SmallOptions(kLayers, kExperts, kF));
+  absl::StatusOr<Predictor> predictor = Predictor::Create(SmallOptions(kLayers, kExperts, kF));
   ASSERT_THAT(predictor, IsOk());
   const std::vector<std::vector<uint32_t>> hot = {
       {0, 5, 9, 13, 21, 34, 40, 63}, {1, 2, 3, 4, 5, 6, 7, 8}, {60, 50, 40, 30, 20, 10, 11, 12}};
@@ -143,10 +143,10 @@ TEST(PredictorV0Test, ConvergesToStableHotSet) {
   EXPECT_TRUE(plan->loads.empty());  // converged: nothing left to move
 }
 
-TEST(PredictorV0Test, FixedExpertsNeverFloat) {
+TEST(PredictorTest, FixedExpertsNeverFloat) {
   PredictorOptions options = SmallOptions(1, 32, 4);
   options.fixed = {{0, 1}};
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(options);
+  absl::StatusOr<Predictor> predictor = Predictor::Create(options);
   ASSERT_THAT(predictor, IsOk());
   HotSetFeeder feeder({{0, 1, 2, 3, 4, 5}}, 32, 4, 3);
   feeder.Feed(*predictor, 64);
@@ -164,7 +164,7 @@ TEST(PredictorV0Test, FixedExpertsNeverFloat) {
 int LoadsOnNearTies(float margin) {
   PredictorOptions options = SmallOptions(1, 8, 2);
   options.hysteresis_margin = margin;
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(options);
+  absl::StatusOr<Predictor> predictor = Predictor::Create(options);
   EXPECT_THAT(predictor, IsOk());
   if (!predictor.ok()) return -1;
   int loads_after_warmup = 0;
@@ -182,16 +182,16 @@ int LoadsOnNearTies(float margin) {
   return loads_after_warmup;
 }
 
-TEST(PredictorV0Test, HysteresisPreventsFlappingOnNearTies) {
+TEST(PredictorTest, HysteresisPreventsFlappingOnNearTies) {
   EXPECT_GE(LoadsOnNearTies(0.0f), 10);  // without a margin the slot flips every block
   EXPECT_EQ(LoadsOnNearTies(0.5f), 0);
 }
 
-TEST(PredictorV0Test, BudgetCapsLoadsPerRefresh) {
+TEST(PredictorTest, BudgetCapsLoadsPerRefresh) {
   constexpr uint32_t kLayers = 10, kExperts = 32, kF = 4;
   PredictorOptions options = SmallOptions(kLayers, kExperts, kF);
   options.read_budget = 5;
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(options);
+  absl::StatusOr<Predictor> predictor = Predictor::Create(options);
   ASSERT_THAT(predictor, IsOk());
   std::vector<std::vector<uint32_t>> hot(kLayers);
   for (uint32_t l = 0; l < kLayers; ++l) hot[l] = {l, l + 1, l + 2, l + 3};
@@ -215,9 +215,9 @@ TEST(PredictorV0Test, BudgetCapsLoadsPerRefresh) {
   }
 }
 
-TEST(PredictorV0Test, LoadsOrderedByLayerWithLazyEvictions) {
+TEST(PredictorTest, LoadsOrderedByLayerWithLazyEvictions) {
   constexpr uint32_t kLayers = 6, kExperts = 32, kF = 4;
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(SmallOptions(kLayers, kExperts, kF));
+  absl::StatusOr<Predictor> predictor = Predictor::Create(SmallOptions(kLayers, kExperts, kF));
   ASSERT_THAT(predictor, IsOk());
   std::vector<std::vector<uint32_t>> hot(kLayers), moved(kLayers);
   for (uint32_t l = 0; l < kLayers; ++l) {
@@ -262,8 +262,8 @@ TEST(PredictorV0Test, LoadsOrderedByLayerWithLazyEvictions) {
   }
 }
 
-TEST(PredictorV0Test, RefreshKeepsItsBuffers) {
-  absl::StatusOr<PredictorV0> predictor = PredictorV0::Create(SmallOptions(4, 64, 8));
+TEST(PredictorTest, RefreshKeepsItsBuffers) {
+  absl::StatusOr<Predictor> predictor = Predictor::Create(SmallOptions(4, 64, 8));
   ASSERT_THAT(predictor, IsOk());
   HotSetFeeder feeder({{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}, {13, 14, 15, 16}}, 64, 2, 11);
   feeder.Feed(*predictor, 16);

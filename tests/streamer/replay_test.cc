@@ -45,7 +45,8 @@ TEST(RoutingTraceTest, RoundTripsThroughBytesAndFile) {
   ASSERT_EQ(trace.num_tokens(), 5u);
   absl::StatusOr<std::string> bytes = EncodeTrace(trace);
   ASSERT_THAT(bytes, IsOk());
-  EXPECT_EQ(bytes->size(), 28u + 3 * 4 + 5 * 3 * 2 * 6);
+  // Header 28, flags 4, sequence count 8 (none), layer ids 12, records without norms.
+  EXPECT_EQ(bytes->size(), 28u + 4 + 8 + 3 * 4 + 5 * 3 * 2 * 6);
   absl::StatusOr<RoutingTrace> decoded = DecodeTrace(*bytes);
   ASSERT_THAT(decoded, IsOk());
   ExpectSameTrace(trace, *decoded);
@@ -61,7 +62,7 @@ TEST(RoutingTraceTest, RoundTripsThroughBytesAndFile) {
 TEST(RoutingTraceTest, HeaderIsLittleEndian) {
   absl::StatusOr<std::string> bytes = EncodeTrace(SmallTrace());
   ASSERT_THAT(bytes, IsOk());
-  EXPECT_EQ(bytes->substr(0, 8), std::string("NQRT\x01\x00\x00\x00", 8));
+  EXPECT_EQ(bytes->substr(0, 8), std::string("NQRT\x02\x00\x00\x00", 8));
   EXPECT_EQ(bytes->substr(8, 4), std::string("\x03\x00\x00\x00", 4));  // layers
   EXPECT_EQ(bytes->substr(12, 4), std::string("\x10\x00\x00\x00", 4));  // experts
 }
@@ -75,9 +76,21 @@ TEST(RoutingTraceTest, RejectsBadMagic) {
 
 TEST(RoutingTraceTest, RejectsWrongVersion) {
   std::string bytes = *EncodeTrace(SmallTrace());
-  bytes[4] = 2;
+  bytes[4] = 3;
   EXPECT_THAT(DecodeTrace(bytes), StatusIs(absl::StatusCode::kUnimplemented,
-                                           HasSubstr("unsupported trace version 2")));
+                                           HasSubstr("unsupported trace version 3")));
+}
+
+TEST(RoutingTraceTest, ReadsVersion1) {
+  // Version 1: no flags, no sequence table, no norms (one sequence).
+  std::string bytes = *EncodeTrace(SmallTrace());
+  bytes.erase(28, 12);
+  bytes[4] = 1;
+  absl::StatusOr<RoutingTrace> decoded = DecodeTrace(bytes);
+  ASSERT_THAT(decoded, IsOk());
+  ExpectSameTrace(SmallTrace(), *decoded);
+  EXPECT_TRUE(decoded->sequence_starts.empty());
+  EXPECT_TRUE(decoded->input_sq_norms.empty());
 }
 
 TEST(RoutingTraceTest, EveryTruncationIsDataLoss) {
@@ -89,6 +102,8 @@ TEST(RoutingTraceTest, EveryTruncationIsDataLoss) {
   EXPECT_THAT(DecodeTrace(bytes.substr(0, 20)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading header")));
   EXPECT_THAT(DecodeTrace(bytes.substr(0, 30)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading flags and sequence count")));
+  EXPECT_THAT(DecodeTrace(bytes.substr(0, 42)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading layer ids")));
   EXPECT_THAT(DecodeTrace(bytes.substr(0, bytes.size() - 1)),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated reading records")));
@@ -103,7 +118,7 @@ TEST(RoutingTraceTest, RejectsTrailingBytesAndBadIds) {
   std::string bytes = *EncodeTrace(SmallTrace());
   EXPECT_THAT(DecodeTrace(bytes + "x"),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("1 trailing bytes")));
-  bytes[40] = 99;  // first record's first expert id (header 28 + layer ids 12)
+  bytes[52] = 99;  // first record's first expert id (header 28 + flags 4 + count 8 + layer ids 12)
   EXPECT_THAT(DecodeTrace(bytes),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert id 99 out of range")));
 }

@@ -1,0 +1,233 @@
+// jF against the pure-Python reference (scripts/predictor/jf_reference.py): the committed
+// fixture tests/fixtures/jf/ holds a trace with three sequences, a deterministic model and
+// the reference's features and outputs at every 16 tokens of each sequence and at its end
+// (regenerate with scripts/predictor/make_jf_fixture.py). A trained model's reference.json
+// (train_jf.py, the torch forward) has the same layout: NQ_JF_REFERENCE_DIR=dir checks it too.
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "services/streamer/jf_features.h"
+#include "services/streamer/jf_model.h"
+#include "services/streamer/routing_trace.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::streamer {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
+
+const std::string kFixture = std::string(NQ_SOURCE_DIR) + "/tests/fixtures/jf";
+
+// The reference computes in double; the C++ in float, with EMAs kept scaled between folds.
+constexpr double kRelTolerance = 2e-4;
+constexpr double kAbsTolerance = 2e-5;
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json::parse(text.str());
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+void ExpectNear(double actual, double expected, const std::string& what) {
+  EXPECT_NEAR(actual, expected, kAbsTolerance + kRelTolerance * std::fabs(expected)) << what;
+}
+
+// Replays the fixture trace through JfFeatureState (and the model when given), comparing every
+// checkpoint; returns the number of values compared.
+size_t CheckAgainstReference(const std::string& dir, const JfModel* model) {
+  absl::StatusOr<RoutingTrace> trace = ReadTrace(dir + "/trace.nqrt");
+  EXPECT_THAT(trace.status(), IsOk());
+  if (!trace.ok()) return 0;
+  const nlohmann::json expected = ReadJson(dir + "/expected.json");
+  const uint32_t L = trace->num_layers(), E = trace->experts_per_layer;
+  absl::StatusOr<JfFeatureState> state = JfFeatureState::Create(L, E, trace->top_k);
+  EXPECT_THAT(state.status(), IsOk());
+  std::vector<float> rows(static_cast<size_t>(E) * kJfFeatures), out(E);
+  size_t point = 0, compared = 0;
+  for (const auto& [begin, end] : trace->Sequences()) {
+    state->NewSequence();
+    for (size_t t = begin; t < end; ++t) {
+      state->Observe(trace->TokenExperts(t), trace->TokenWeights(t), trace->TokenNorms(t));
+      if ((t + 1 - begin) % 16 != 0 && t + 1 != end) continue;
+      const nlohmann::json& p = expected["points"][point];
+      EXPECT_EQ(p["after_token"].get<size_t>(), t + 1);
+      for (uint32_t l = 0; l < L; ++l) {
+        const nlohmann::json& layer = p["layers"][l];
+        const std::vector<uint8_t> resident = layer["resident"].get<std::vector<uint8_t>>();
+        state->Fill(l, resident, rows);
+        for (uint32_t e = 0; e < E; ++e) {
+          for (uint32_t d = 0; d < kJfFeatures; ++d) {
+            ExpectNear(rows[e * kJfFeatures + d], layer["features"][e][d].get<double>(),
+                       "point " + std::to_string(point) + " layer " + std::to_string(l) + " expert " +
+                           std::to_string(e) + " feature " + std::to_string(d));
+            ++compared;
+          }
+        }
+        if (model == nullptr) continue;
+        model->Forward(l, rows, out);
+        for (uint32_t e = 0; e < E; ++e) {
+          ExpectNear(out[e], layer["output"][e].get<double>(),
+                     "output, point " + std::to_string(point) + " layer " + std::to_string(l) + " expert " +
+                         std::to_string(e));
+          ++compared;
+        }
+      }
+      ++point;
+    }
+  }
+  EXPECT_EQ(point, expected["points"].size());
+  return compared;
+}
+
+TEST(JfModelTest, FeaturesAndForwardEqualTheReference) {
+  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(kFixture + "/model.safetensors");
+  ASSERT_THAT(model.status(), IsOk());
+  EXPECT_EQ((*model)->geometry().hidden, 8u);
+  EXPECT_EQ((*model)->geometry().queries, 2u);
+  // 9 checkpoints x 2 layers x 8 experts x (16 features + 1 output).
+  EXPECT_EQ(CheckAgainstReference(kFixture, model->get()), 9u * 2 * 8 * 17);
+}
+
+TEST(JfModelTest, TrainedModelEqualsTorch) {
+  const char* dir = std::getenv("NQ_JF_REFERENCE_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "NQ_JF_REFERENCE_DIR not set (a train_jf.py output directory)";
+  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(std::string(dir) + "/model.safetensors");
+  ASSERT_THAT(model.status(), IsOk());
+  EXPECT_GT(CheckAgainstReference(dir, model->get()), 0u);
+}
+
+TEST(JfModelTest, MissingFileIsNotFound) {
+  EXPECT_THAT(JfModel::Load(kFixture + "/no-such.safetensors").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such.safetensors")));
+}
+
+TEST(JfModelTest, TruncatedFileIsDataLoss) {
+  const std::string bytes = ReadBytes(kFixture + "/model.safetensors");
+  const std::string path = ::testing::TempDir() + "/truncated.safetensors";
+  WriteBytes(path, bytes.substr(0, bytes.size() - 16));
+  EXPECT_THAT(JfModel::Load(path).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("predictor file " + path)));
+}
+
+TEST(JfModelTest, NotASafetensorsFileIsRefused) {
+  const std::string path = ::testing::TempDir() + "/garbage.safetensors";
+  WriteBytes(path, "this is not a model");
+  EXPECT_FALSE(JfModel::Load(path).ok());
+}
+
+// The fixture with one metadata value replaced (same length keeps the offsets valid).
+std::string WithMetadata(const std::string& from, const std::string& to) {
+  std::string bytes = ReadBytes(kFixture + "/model.safetensors");
+  const size_t at = bytes.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) bytes.replace(at, from.size(), to);
+  return bytes;
+}
+
+TEST(JfModelTest, WrongFeatureSetIsRefused) {
+  const std::string path = ::testing::TempDir() + "/features.safetensors";
+  WriteBytes(path, WithMetadata("\"jf-features-1\"", "\"jf-features-9\""));
+  EXPECT_THAT(JfModel::Load(path).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("feature set \"jf-features-9\"")));
+}
+
+TEST(JfModelTest, WrongFormatIsRefused) {
+  const std::string path = ::testing::TempDir() + "/format.safetensors";
+  WriteBytes(path, WithMetadata("\"nq-jf\"", "\"nq-xx\""));
+  EXPECT_THAT(JfModel::Load(path).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format is \"nq-xx\"")));
+}
+
+TEST(JfModelTest, GeometryDisagreeingWithTensorsIsRefused) {
+  // The header says 3 layers; emb holds 2.
+  const std::string path = ::testing::TempDir() + "/layers.safetensors";
+  WriteBytes(path, WithMetadata("\"num_layers\":\"2\"", "\"num_layers\":\"3\""));
+  EXPECT_THAT(JfModel::Load(path).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor emb has shape [2, 8, 8]")));
+}
+
+TEST(JfModelTest, CheckGeometryNamesBoth) {
+  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(kFixture + "/model.safetensors");
+  ASSERT_THAT(model.status(), IsOk());
+  EXPECT_THAT((*model)->CheckGeometry(2, 8, 2), IsOk());
+  EXPECT_THAT((*model)->CheckGeometry(75, 256, 8),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("trained for 2 MoE layers x 8 experts, top-2; the model served has 75 x 256, top-8")));
+  EXPECT_THAT((*model)->CheckGeometry(2, 8, 4), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("top-2")));
+}
+
+TEST(JfFeatureStateTest, SaveRestoreContinuesIdentically) {
+  absl::StatusOr<RoutingTrace> trace = ReadTrace(kFixture + "/trace.nqrt");
+  ASSERT_THAT(trace.status(), IsOk());
+  absl::StatusOr<JfFeatureState> a = JfFeatureState::Create(2, 8, 2);
+  ASSERT_THAT(a.status(), IsOk());
+  for (size_t t = 0; t < 50; ++t) a->Observe(trace->TokenExperts(t), trace->TokenWeights(t), trace->TokenNorms(t));
+  absl::StatusOr<JfFeatureState> b = JfFeatureState::Create(2, 8, 2);
+  ASSERT_THAT(b->Restore(a->Save()), IsOk());
+  for (size_t t = 50; t < trace->num_tokens(); ++t) {
+    a->Observe(trace->TokenExperts(t), trace->TokenWeights(t), trace->TokenNorms(t));
+    b->Observe(trace->TokenExperts(t), trace->TokenWeights(t), trace->TokenNorms(t));
+  }
+  std::vector<float> fa(8 * kJfFeatures), fb(8 * kJfFeatures);
+  const std::vector<uint8_t> resident(8, 0);
+  for (uint32_t l = 0; l < 2; ++l) {
+    a->Fill(l, resident, fa);
+    b->Fill(l, resident, fb);
+    EXPECT_EQ(fa, fb);
+  }
+}
+
+TEST(JfFeatureStateTest, RestoreRefusesOtherGeometryAndTruncation) {
+  absl::StatusOr<JfFeatureState> a = JfFeatureState::Create(2, 8, 2);
+  absl::StatusOr<JfFeatureState> other = JfFeatureState::Create(2, 16, 2);
+  ASSERT_THAT(a.status(), IsOk());
+  const std::string bytes = a->Save();
+  EXPECT_THAT(other->Restore(bytes), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 layers x 8 experts")));
+  EXPECT_THAT(a->Restore(bytes.substr(0, bytes.size() - 3)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+  EXPECT_THAT(a->Restore(bytes + "x"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("trailing")));
+  EXPECT_THAT(a->Restore("NQPS"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("bad magic")));
+}
+
+TEST(JfFeatureStateTest, NewSequenceClearsPerRequestSignalsOnly) {
+  absl::StatusOr<JfFeatureState> s = JfFeatureState::Create(1, 4, 1);
+  ASSERT_THAT(s.status(), IsOk());
+  const uint32_t expert[] = {2};
+  const float weight[] = {1.0f};
+  for (int t = 0; t < 20; ++t) s->Observe(expert, weight, {});
+  s->NewSequence();
+  std::vector<float> f(4 * kJfFeatures);
+  s->Fill(0, std::vector<uint8_t>(4, 0), f);
+  const float* e2 = &f[2 * kJfFeatures];
+  EXPECT_GT(e2[0], 1.0f);      // the EMA carries over
+  EXPECT_EQ(e2[10], 0.0f);     // no hits in this sequence's window
+  EXPECT_EQ(e2[12], 1.0f);     // never hit in this sequence
+  EXPECT_EQ(e2[13], 0.0f);     // position 0
+  EXPECT_EQ(e2[15], 0.0f);     // sequence rate
+}
+
+}  // namespace
+}  // namespace nq::streamer
