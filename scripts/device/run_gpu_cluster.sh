@@ -111,6 +111,14 @@ if [[ "${NQ_SLICE:-1}" == 1 ]]; then
     python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$slice" --out "$out/slice" \
       --backend cuda --only "bench,http,streaming$spec" --decode-tokens 128 --spec-drafts 0,3 ${NQ_SLICE_ARGS:-} \
       || failed+=("slice")
+    # Decode at a 4000-token context, 2-bit experts, BF16 matrices: bytes per step and the
+    # roofline ratio (issue #13), and the previous build beside it when packed (bin/nq_before).
+    for which in nq_before nq; do
+      [[ -x "$work/bin/$which" ]] || continue
+      echo "== slice bench-decode $which --context=4000 --expert-bits=2 --weight-dtype=bf16: $("$work/bin/$which" \
+        bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda --prompt-tokens=4000 \
+        --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --out="$out/slice/bench_${which}_ctx4000.json" 2>&1 | tail -1)"
+    done
     # BF16 weight matrices on the slice: bench-decode only (no CPU reference at these shapes).
     "$work/bin/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=fixed --backend=cuda \
       --decode-tokens=128 --warmup=8 --prompt-tokens=16 --weight-dtype=bf16 --out="$out/slice/bench_decode_bf16.json" \
