@@ -31,6 +31,27 @@ std::string SizeProblem(const std::string& path, const FileRange& range, bool wh
   return "";
 }
 
+// FAILED_PRECONDITION when `relative`, resolved through symlinks, is not inside `dir` (also
+// resolved): a release whose rank0/L3.bin links to /etc/shadow, or whose layer directory links
+// elsewhere, is refused by name. A file that does not exist resolves lexically, so it is still
+// reported as missing by the size checks, not here.
+absl::Status CheckInsideRelease(const std::string& dir, const std::string& relative) {
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(fs::path(dir), ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("release ", dir, ": cannot resolve it: ", ec.message()));
+  const fs::path target = fs::weakly_canonical(root / relative, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("release ", dir, ": cannot resolve ", relative, ": ", ec.message()));
+  }
+  const fs::path inside = target.lexically_relative(root);
+  if (inside.empty() || inside.is_absolute() || *inside.begin() == "..") {
+    return absl::FailedPreconditionError(absl::StrCat("release ", dir, ": ", relative, " resolves to ",
+                                                      target.string(), ", outside the release directory"));
+  }
+  return absl::OkStatus();
+}
+
 // HashProblem's answer for a range of the right size whose bytes differ.
 constexpr char kHashDiffers[] = "sha256 differs";
 
@@ -75,6 +96,10 @@ absl::StatusOr<Release> Release::Open(const std::string& dir, OpenOptions option
   std::map<std::string, std::string> listed;
   for (const CompleteEntry& e : release.complete_) listed[e.path] = e.sha256;
 
+  // Every file the release names, resolved through any symlinks, must lie inside it: index
+  // paths are relative without "..", and this closes the other way out (DESIGN.md section 12).
+  RETURN_IF_ERROR(CheckInsideRelease(dir, kCompleteFile));
+  for (const CompleteEntry& e : release.complete_) RETURN_IF_ERROR(CheckInsideRelease(dir, e.path));
   ASSIGN_OR_RETURN(release.manifest_, ReadManifest(dir));
   if (!listed.contains(kManifestFile)) {
     return absl::DataLossError(absl::StrCat(dir, ": COMPLETE does not list ", kManifestFile));

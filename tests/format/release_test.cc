@@ -105,6 +105,33 @@ TEST_F(ReleaseTest, IndexHoldsEveryRecordsSha256) {
   }
 }
 
+// Issue #22: no file a release names may lie outside it, through a symlink either (the index's
+// paths are relative without ".."; rank_index_test covers those).
+TEST_F(ReleaseTest, FilesLinkedFromOutsideTheReleaseAreRefused) {
+  const std::string outside = MakeTempDir();
+  fs::copy_file(Path("rank0/L3.bin"), outside + "/L3.bin");
+  fs::remove(Path("rank0/L3.bin"));
+  fs::create_symlink(outside + "/L3.bin", Path("rank0/L3.bin"));
+  EXPECT_THAT(Release::Open(dir_).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank0/L3.bin resolves to"), HasSubstr("outside the release directory"))));
+  EXPECT_THAT(VerifyRelease(dir_).status(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank0/L3.bin")));
+  // A linked directory is a way out too.
+  fs::remove(Path("rank0/L3.bin"));
+  fs::copy_file(outside + "/L3.bin", Path("rank0/L3.bin"));
+  ASSERT_THAT(Release::Open(dir_).status(), IsOk());
+  fs::rename(Path("res"), outside + "/res");
+  fs::create_directory_symlink(outside + "/res", Path("res"));
+  EXPECT_THAT(Release::Open(dir_).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("outside the release directory")));
+  // A link that stays inside the release is fine.
+  fs::remove(Path("res"));
+  fs::rename(outside + "/res", Path("res.real"));
+  fs::create_directory_symlink("res.real", Path("res"));
+  EXPECT_THAT(Release::Open(dir_).status(), IsOk());
+  fs::remove_all(outside);
+}
+
 TEST_F(ReleaseTest, MissingCompleteIsRefused) {
   fs::remove(Path("COMPLETE"));
   EXPECT_THAT(Release::Open(dir_), StatusIs(absl::StatusCode::kFailedPrecondition,
