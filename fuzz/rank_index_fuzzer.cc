@@ -23,6 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return 0;
     }
     for (const nq::format::LayerEntry& e : index->layers) {
+      Require(e.record_sha256.size() == index->experts_per_layer);
       for (const nq::format::FileRange* r : {&e.records, &e.resident}) {
         Require(r->offset + r->bytes >= r->offset);
         Require(!r->file.empty() && r->file[0] != '/');

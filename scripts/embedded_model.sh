@@ -22,6 +22,12 @@ for f in "${files[@]}"; do
     mv "$dir/$f.tmp" "$dir/$f"
   fi
 done
+# A release this build cannot serve (an older format version: its manifest names the version, and
+# `nq verify` refuses it) is encoded again.
+if [[ -f "$dir/release/COMPLETE" ]] && ! "$nq" verify "$dir/release" >/dev/null 2>&1; then
+  echo "re-encoding $dir/release: $("$nq" verify "$dir/release" 2>&1 | tail -n 1)"
+  rm -rf "$dir/release"
+fi
 # Calibrated on 8k tokens of training-split stdlib text (models/glm5_nano/calibration.tokens,
 # scripts/train/calibration_text.py): per-expert Hessians for LDLQ and the routing counts that
 # rank the experts; the four most routed of each layer's 32 are the fixed 4-bit set. nq encode

@@ -8,7 +8,8 @@
 # sanitizer report, broken invariant, leak, timeout or out-of-memory. The reproducer is kept
 # under build/fuzz/artifacts/<TARGET>/; replay it with `build/fuzz/<TARGET>_fuzzer FILE`.
 # Needs clang-14 and libclang-rt-14-dev (CXX_FUZZ overrides the compiler); the openai_request
-# target also needs the generated protobuf code of a configured cpu build (build/cpu).
+# and routing_report targets also need the generated protobuf code of a configured cpu build
+# (build/cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,9 @@ declare -A targets=(
   [rank_index]="services/format/rank_index.cc services/format/record_layout.cc services/format/manifest.cc services/format/file_io.cc|absl_status absl_statusor absl_strings libcrypto|"
   [model_config]="services/model/model_config.cc services/model/model_config_parse.cc services/model/model_config_validate.cc services/model/config_fields.cc services/model/rope_config.cc|absl_status absl_statusor absl_strings|"
   [openai_request]="services/router/openai_request.cc services/router/openai_logprobs.cc build/cpu/proto/gen/nq/v1/inference.pb.cc build/cpu/proto/gen/nq/v1/sampling.pb.cc|absl_status absl_statusor absl_strings protobuf|-Ibuild/cpu/proto/gen"
+  [chat_render]="services/chat/render.cc services/chat/glm5_renderer.cc services/chat/deepseek_v3_renderer.cc services/chat/py_text.cc services/chat/output_parser.cc services/chat/tool_call_parsers.cc|absl_status absl_statusor absl_strings absl_flat_hash_map absl_flat_hash_set|"
+  [tokenizer_json]="services/tokenizer/tokenizer.cc services/tokenizer/added_tokens.cc services/tokenizer/bpe_model.cc services/tokenizer/byte_level.cc services/tokenizer/js_regex.cc services/tokenizer/normalizer.cc services/tokenizer/post_processor.cc services/tokenizer/pre_tokenizer.cc services/tokenizer/utf8.cc|absl_status absl_statusor absl_strings absl_flat_hash_map absl_flat_hash_set absl_hash absl_synchronization libpcre2-8 icu-uc zlib|"
+  [routing_report]="services/streamer/routing_report.cc services/streamer/report_order.cc services/streamer/predictor.cc build/cpu/proto/gen/nq/v1/streamer.pb.cc|absl_status absl_statusor absl_strings protobuf|-Ibuild/cpu/proto/gen"
 )
 if [[ "${1:-}" == --list ]]; then
   printf '%s\n' "${!targets[@]}" | sort

@@ -18,6 +18,11 @@
 //          or a CUDA IPC device arena).
 //   and, for comparison, the raw reader reading whole records in a random order at the store's
 //   depth (the store's access pattern without the store).
+// With --compare_record_checks (default) each pass reads the same records through two more stores
+// over the same files: one that does not check each record against its sha256 in the index (the
+// streamer before issue #22's per-record checks) and one that checks on the loader thread; the
+// main store checks on --verify_threads threads, as nq-streamer does. --sweep=false skips the raw
+// sweep (no peak) when only those figures are wanted.
 // Small releases are read several rounds per measurement (at least --min_megabytes).
 // Prints the sweep, the peak (the best raw figure of all passes), the store's figures and
 // store / peak. O_DIRECT throughout, so the guest's page cache holds nothing; the file sizes are
@@ -53,6 +58,11 @@ ABSL_FLAG(int, passes, 3, "Passes of (raw sweep, store)");
 ABSL_FLAG(bool, copy, true,
           "Copy each record into the arena (false: the store's reads alone, to see what the copy costs)");
 ABSL_FLAG(uint64_t, min_megabytes, 256, "Least data per measurement; small releases are read several rounds");
+ABSL_FLAG(bool, sweep, true, "Run the raw sweep for the peak each pass (false: only the store passes)");
+ABSL_FLAG(bool, compare_record_checks, true,
+          "Each pass also reads through two more stores: without the per-record sha256 check, and with it on the "
+          "loader thread; the main store checks on --verify_threads threads, as nq-streamer does (issue #22)");
+ABSL_FLAG(uint32_t, verify_threads, 2, "The main store's record-check threads (nq-streamer --verify_threads; 0 inline)");
 
 namespace nq::streamer::bench {
 namespace {
@@ -177,14 +187,34 @@ absl::Status Run() {
   const uint32_t slots = 64;
   ASSIGN_OR_RETURN(std::unique_ptr<BenchArena> arena,
                    BenchArena::Create(absl::GetFlag(FLAGS_arena), uint64_t{slots} * rec_bytes));
-  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store,
-                   RecordStore::Create(files, {.queue_depth = depth,
-                                               .read_piece_bytes = absl::GetFlag(FLAGS_read_piece_kib) * 1024,
-                                               .buffers = buffers}));
+  std::shared_ptr<RecordVerifier> verifier;
+  if (absl::GetFlag(FLAGS_verify_threads) > 0) {
+    ASSIGN_OR_RETURN(verifier, RecordVerifier::Create(absl::GetFlag(FLAGS_verify_threads)));
+  }
+  const RecordStoreOptions store_options{.queue_depth = depth,
+                                         .read_piece_bytes = absl::GetFlag(FLAGS_read_piece_kib) * 1024,
+                                         .buffers = buffers,
+                                         .verifier = verifier};
+  ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Create(files, store_options));
+  // For the record checks' cost: the same store without them, and with them on the owner thread.
+  std::vector<std::pair<std::string, std::unique_ptr<RecordStore>>> others;
+  if (absl::GetFlag(FLAGS_compare_record_checks)) {
+    RecordStoreOptions unchecked = store_options, inline_checked = store_options;
+    unchecked.verify_records = false;
+    unchecked.verifier = nullptr;
+    inline_checked.verifier = nullptr;
+    ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> a, RecordStore::Create(files, unchecked));
+    ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> b, RecordStore::Create(files, inline_checked));
+    others.emplace_back("no record checks", std::move(a));
+    others.emplace_back("record checks on the loader thread", std::move(b));
+  }
   if (store->buffered_files() > 0) {
     return absl::FailedPreconditionError("the store fell back to buffered reads: the figures would be the page cache");
   }
   for (unsigned b = 0; b < buffers; ++b) RETURN_IF_ERROR(arena->writer().PrepareSource(store->Buffer(b)));
+  for (auto& [name, other] : others) {
+    for (unsigned b = 0; b < buffers; ++b) RETURN_IF_ERROR(arena->writer().PrepareSource(other->Buffer(b)));
+  }
   std::printf("arena: %s, %u slots of %llu bytes; store: queue depth %u, %u registered buffers, reads of %llu KiB\n",
               arena->writer().Describe().c_str(), slots, static_cast<unsigned long long>(rec_bytes), depth, buffers,
               static_cast<unsigned long long>(store->piece_bytes() / 1024));
@@ -202,10 +232,13 @@ absl::Status Run() {
   std::vector<double> store_gbps, raw_random;
   StoreResult last;
   std::vector<double> latencies;
+  std::vector<std::vector<double>> other_gbps(others.size());
   for (int pass = 1; pass <= absl::GetFlag(FLAGS_passes); ++pass) {
     std::printf("pass %d raw O_DIRECT GB/s:\n  %-10s", pass, "block\\qd");
-    for (unsigned qd : kDepths) std::printf("%8u", qd);
-    for (uint64_t block : blocks) {
+    if (absl::GetFlag(FLAGS_sweep)) {
+      for (unsigned qd : kDepths) std::printf("%8u", qd);
+    }
+    for (uint64_t block : absl::GetFlag(FLAGS_sweep) ? blocks : std::vector<uint64_t>{}) {
       std::printf("\n  %-10s", absl::StrCat(block / kKiB, " KiB").c_str());
       for (unsigned qd : kDepths) {
         ASSIGN_OR_RETURN(RawResult r, raw->Read(block, qd, rounds));
@@ -226,15 +259,30 @@ absl::Status Run() {
     std::printf("\n  store qd %u%s: %.3f GB/s (%.1f MiB in %.3f s, copies %.0f%% of it)\n\n", depth,
                 absl::GetFlag(FLAGS_copy) ? " + copy into the arena" : ", no copy", last.gb_per_s(),
                 last.bytes / 1048576.0, last.seconds, 100 * last.copy_seconds / last.seconds);
+    for (size_t o = 0; o < others.size(); ++o) {
+      ASSIGN_OR_RETURN(StoreResult r, StorePass(*others[o].second, depth, buffers, arena->writer(), rec_bytes, slots,
+                                                rank, records, rounds, pass, absl::GetFlag(FLAGS_copy)));
+      other_gbps[o].push_back(r.gb_per_s());
+      std::printf("  store, %s: %.3f GB/s\n", others[o].first.c_str(), r.gb_per_s());
+    }
+    std::printf("\n");
   }
+  for (size_t o = 0; o < others.size(); ++o) {
+    for (unsigned b = 0; b < buffers; ++b) arena->writer().ReleaseSource(others[o].second->Buffer(b));
+    std::printf("store, %s: median %.3f GB/s\n", others[o].first.c_str(), Median(other_gbps[o]));
+  }
+  std::printf("store, record checks on %u verifier threads: median %.3f GB/s\n", absl::GetFlag(FLAGS_verify_threads),
+              Median(store_gbps));
   for (unsigned b = 0; b < buffers; ++b) arena->writer().ReleaseSource(store->Buffer(b));
   std::sort(latencies.begin(), latencies.end());
   const double best_store = *std::max_element(store_gbps.begin(), store_gbps.end());
-  std::printf("peak (best raw of all passes): %.3f GB/s at %llu KiB blocks, queue depth %u\n", peak.gb_per_s(),
-              static_cast<unsigned long long>(peak.block_bytes / kKiB), peak.queue_depth);
   std::printf("store into slots: median %.3f GB/s, best %.3f GB/s\n", Median(store_gbps), best_store);
-  std::printf("store / peak: median %.3f, best %.3f (target >= 0.9)\n", Median(store_gbps) / peak.gb_per_s(),
-              best_store / peak.gb_per_s());
+  if (peak.gb_per_s() > 0) {
+    std::printf("peak (best raw of all passes): %.3f GB/s at %llu KiB blocks, queue depth %u\n", peak.gb_per_s(),
+                static_cast<unsigned long long>(peak.block_bytes / kKiB), peak.queue_depth);
+    std::printf("store / peak: median %.3f, best %.3f (target >= 0.9)\n", Median(store_gbps) / peak.gb_per_s(),
+                best_store / peak.gb_per_s());
+  }
   std::printf("store / raw in the store's pattern (median of passes): %.3f (%.3f GB/s)\n",
               Median(store_gbps) / Median(raw_random), Median(raw_random));
   std::printf("store read latency, issue to landing: p50 %.3f ms, p99 %.3f ms (%zu reads)\n",

@@ -65,15 +65,26 @@ absl::Status ValidateLayer(const ManifestLayer& l, uint32_t experts) {
 
 }  // namespace
 
+std::string UnsupportedVersionMessage(const std::string& file, uint32_t version) {
+  std::string message = absl::StrCat(file, ": format version ", version, " is not supported (this build reads ",
+                                     kFormatVersion, ")");
+  // Version 1 releases have no per-record checksums, and serving them would hand out records
+  // no one checked since the file was hashed once: re-encoding is the way forward.
+  if (version < kFormatVersion) {
+    absl::StrAppend(&message, "; version ", version,
+                    " releases lack the per-record sha256 this build checks every read against:"
+                    " re-encode the release with `nq encode` into an empty directory");
+  }
+  return message;
+}
+
 absl::Status Manifest::Validate() const {
   if (format != kFormatName) {
     return absl::InvalidArgumentError(
         absl::StrCat("manifest.json: format is '", format, "', expected '", kFormatName, "'"));
   }
   if (version != kFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest.json: format version ", version,
-                                                   " is not supported (this build reads ",
-                                                   kFormatVersion, ")"));
+    return absl::InvalidArgumentError(UnsupportedVersionMessage("manifest.json", version));
   }
   if (source_model.empty())
     return absl::InvalidArgumentError("manifest.json: source_model is empty");

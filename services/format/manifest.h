@@ -14,8 +14,14 @@
 namespace nq::format {
 
 inline constexpr char kFormatName[] = "nestquant";
-// Bumped on any incompatible change of the files' layout or meaning.
-inline constexpr uint32_t kFormatVersion = 1;
+// Bumped on any incompatible change of the files' layout or meaning. Version 2 added the
+// per-record sha256 to the rank indexes (issue #22): every record read is checked before it
+// can become READY.
+inline constexpr uint32_t kFormatVersion = 2;
+
+// The error for a release of another format version; says what to do about an older one
+// (`file` is the file that carries the version, e.g. "manifest.json").
+std::string UnsupportedVersionMessage(const std::string& file, uint32_t version);
 
 inline constexpr char kManifestFile[] = "manifest.json";
 

@@ -91,9 +91,7 @@ absl::Status RankIndex::Validate() const {
         absl::StrCat(file, ": format is '", format, "', expected '", kFormatName, "'"));
   }
   if (version != kFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": format version ", version,
-                                                   " is not supported (this build reads ",
-                                                   kFormatVersion, ")"));
+    return absl::InvalidArgumentError(UnsupportedVersionMessage(file, version));
   }
   if (experts_per_layer == 0) {
     return absl::InvalidArgumentError(file + ": experts_per_layer must be positive");
@@ -120,6 +118,16 @@ absl::Status RankIndex::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat(where, ": records bytes ", e.records.bytes,
                                                      " != ", experts_per_layer,
                                                      " experts x rec_bytes ", e.layout.rec_bytes));
+    }
+    if (e.record_sha256.size() != experts_per_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.record_sha256.size(),
+                                                     " record_sha256 entries for ", experts_per_layer, " experts"));
+    }
+    for (size_t x = 0; x < e.record_sha256.size(); ++x) {
+      if (!IsSha256Hex(e.record_sha256[x])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": record_sha256[", x, "] must be 64 lower-case hex digits"));
+      }
     }
     if (e.resident.offset != 0) {
       return absl::InvalidArgumentError(where + ": a resident file is a whole file (offset 0)");
@@ -171,6 +179,7 @@ std::string SerializeRankIndex(const RankIndex& index) {
   for (const LayerEntry& e : index.layers) {
     layers.push_back({{"layer", e.layer},
                       {"records", RangeToJson(e.records, /*with_offset=*/true)},
+                      {"record_sha256", e.record_sha256},
                       {"resident", RangeToJson(e.resident, /*with_offset=*/false)},
                       {"layout", e.layout.ToJson()}});
   }
@@ -188,10 +197,12 @@ absl::StatusOr<RankIndex> ParseRankIndex(const std::string& text, const std::str
   ASSIGN_OR_RETURN(index.format, jf::String(json, "format", file));
   ASSIGN_OR_RETURN(index.version, jf::Uint32(json, "version", file));
   ASSIGN_OR_RETURN(index.rank, jf::Uint32(json, "rank", file));
-  if (index.version != kFormatVersion || index.format != kFormatName) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file, ": format '", index.format, "' version ", index.version,
-        " is not supported (this build reads '", kFormatName, "' version ", kFormatVersion, ")"));
+  if (index.format != kFormatName) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": format '", index.format,
+                                                   "' is not supported (this build reads '", kFormatName, "')"));
+  }
+  if (index.version != kFormatVersion) {
+    return absl::InvalidArgumentError(UnsupportedVersionMessage(file, index.version));
   }
   ASSIGN_OR_RETURN(index.experts_per_layer, jf::Uint32(json, "experts_per_layer", file));
   ASSIGN_OR_RETURN(const Json* layers, jf::Array(json, "layers", file));
@@ -202,6 +213,13 @@ absl::StatusOr<RankIndex> ParseRankIndex(const std::string& text, const std::str
     ASSIGN_OR_RETURN(e.layer, jf::Uint32(lj, "layer", at));
     ASSIGN_OR_RETURN(e.records, RangeFromJson(lj, "records", at, /*with_offset=*/true));
     ASSIGN_OR_RETURN(e.resident, RangeFromJson(lj, "resident", at, /*with_offset=*/false));
+    ASSIGN_OR_RETURN(const Json* record_sha, jf::Array(lj, "record_sha256", at));
+    for (size_t x = 0; x < record_sha->size(); ++x) {
+      if (!(*record_sha)[x].is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(at, ".record_sha256[", x, "] is not a string"));
+      }
+      e.record_sha256.push_back((*record_sha)[x].get<std::string>());
+    }
     ASSIGN_OR_RETURN(const Json* layout, jf::Object(lj, "layout", at));
     ASSIGN_OR_RETURN(e.layout, RecordLayout::FromJson(*layout, at + ".layout"));
     index.layers.push_back(std::move(e));

@@ -29,6 +29,9 @@ struct FileRange {
 struct LayerEntry {
   uint32_t layer = 0;
   FileRange records;   // experts_per_layer records of layout.rec_bytes, back to back
+  // sha256 (lower-case hex) of each record, by expert: the streamer checks every record it
+  // reads against its entry before the record can become READY (format version 2).
+  std::vector<std::string> record_sha256;
   FileRange resident;  // a whole safetensors file (offset 0)
   RecordLayout layout;
 
@@ -46,7 +49,7 @@ struct RankIndex {
   // INVALID_ARGUMENT naming the first broken rule: version, increasing layers, record
   // offsets multiples of kRecordAlign, records.bytes == experts_per_layer * rec_bytes,
   // records of two layers in one file not overlapping, resident offset 0, valid layouts,
-  // sha256 64 hex digits.
+  // sha256 64 hex digits, one record_sha256 per expert.
   absl::Status Validate() const;
   const LayerEntry* FindLayer(uint32_t layer) const;
   // Inserts or replaces the entry for entry.layer, keeping the order.

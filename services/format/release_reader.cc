@@ -31,13 +31,37 @@ std::string SizeProblem(const std::string& path, const FileRange& range, bool wh
   return "";
 }
 
+// FAILED_PRECONDITION when `relative`, resolved through symlinks, is not inside `dir` (also
+// resolved): a release whose rank0/L3.bin links to /etc/shadow, or whose layer directory links
+// elsewhere, is refused by name. A file that does not exist resolves lexically, so it is still
+// reported as missing by the size checks, not here.
+absl::Status CheckInsideRelease(const std::string& dir, const std::string& relative) {
+  std::error_code ec;
+  const fs::path root = fs::weakly_canonical(fs::path(dir), ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat("release ", dir, ": cannot resolve it: ", ec.message()));
+  const fs::path target = fs::weakly_canonical(root / relative, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("release ", dir, ": cannot resolve ", relative, ": ", ec.message()));
+  }
+  const fs::path inside = target.lexically_relative(root);
+  if (inside.empty() || inside.is_absolute() || *inside.begin() == "..") {
+    return absl::FailedPreconditionError(absl::StrCat("release ", dir, ": ", relative, " resolves to ",
+                                                      target.string(), ", outside the release directory"));
+  }
+  return absl::OkStatus();
+}
+
+// HashProblem's answer for a range of the right size whose bytes differ.
+constexpr char kHashDiffers[] = "sha256 differs";
+
 // "" when the range hashes to what the index says, else the problem.
 std::string HashProblem(const std::string& path, const FileRange& range, bool whole_file) {
   std::string problem = SizeProblem(path, range, whole_file);
   if (!problem.empty()) return problem;
   auto sha = Sha256FileRange(path, range.offset, range.bytes);
   if (!sha.ok()) return std::string(sha.status().message());
-  return *sha == range.sha256 ? "" : "sha256 differs";
+  return *sha == range.sha256 ? "" : kHashDiffers;
 }
 
 }  // namespace
@@ -72,6 +96,10 @@ absl::StatusOr<Release> Release::Open(const std::string& dir, OpenOptions option
   std::map<std::string, std::string> listed;
   for (const CompleteEntry& e : release.complete_) listed[e.path] = e.sha256;
 
+  // Every file the release names, resolved through any symlinks, must lie inside it: index
+  // paths are relative without "..", and this closes the other way out (DESIGN.md section 12).
+  RETURN_IF_ERROR(CheckInsideRelease(dir, kCompleteFile));
+  for (const CompleteEntry& e : release.complete_) RETURN_IF_ERROR(CheckInsideRelease(dir, e.path));
   ASSIGN_OR_RETURN(release.manifest_, ReadManifest(dir));
   if (!listed.contains(kManifestFile)) {
     return absl::DataLossError(absl::StrCat(dir, ": COMPLETE does not list ", kManifestFile));
@@ -183,10 +211,26 @@ VerifyReport Release::Verify() const {
   VerifyReport report = VerifyListedFiles();
   for (const RankIndex& index : indexes_) {
     for (const LayerEntry& e : index.layers) {
+      bool records_readable = true;
       for (const FileRange* range : {&e.records, &e.resident}) {
         std::string problem = HashProblem(Path(range->file), *range, range->whole_file());
         if (!problem.empty()) {
+          if (range == &e.records && problem != kHashDiffers) records_readable = false;
           report.differences.push_back({index.rank, e.layer, range->file, std::move(problem)});
+        }
+      }
+      // Each record against its own sha256 (what the streamer checks every read against), so a
+      // damaged layer names its experts, and an index whose record checksums disagree with
+      // records whose file hash matches is caught too. A missing or short file is reported once.
+      for (uint32_t expert = 0; records_readable && expert < e.record_sha256.size(); ++expert) {
+        absl::StatusOr<std::vector<std::byte>> record = ReadRecord(index.rank, e.layer, expert);
+        if (!record.ok()) {
+          report.differences.push_back({index.rank, e.layer, e.records.file,
+                                        absl::StrCat("expert ", expert, ": ", record.status().message())});
+        } else if (Sha256Hex(*record) != e.record_sha256[expert]) {
+          report.differences.push_back({index.rank, e.layer, e.records.file,
+                                        absl::StrCat("expert ", expert, ": record differs from its sha256 in ",
+                                                     RankIndexFile(index.rank))});
         }
       }
     }

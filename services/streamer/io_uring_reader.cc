@@ -125,6 +125,17 @@ absl::Status IoUringReader::SubmitRead(int fd, uint64_t offset, std::span<std::b
   return Submit();
 }
 
+absl::Status IoUringReader::SubmitDelay(std::chrono::milliseconds delay, uint64_t user_data) {
+  if (absl::Status s = CheckReadUserData(user_data); !s.ok()) return s;
+  auto sqe = NextSqe();
+  if (!sqe.ok()) return sqe.status();
+  // The kernel copies the timespec while the submission below is prepared, so a local will do.
+  __kernel_timespec ts{.tv_sec = delay.count() / 1000, .tv_nsec = (delay.count() % 1000) * 1000000};
+  io_uring_prep_timeout(*sqe, &ts, 0, 0);
+  io_uring_sqe_set_data64(*sqe, user_data);
+  return Submit();
+}
+
 absl::Status IoUringReader::Cancel(uint64_t user_data) {
   if (absl::Status s = CheckReadUserData(user_data); !s.ok()) return s;
   if (in_flight_ == 0) return absl::FailedPreconditionError("io_uring: no read in flight to cancel");

@@ -13,6 +13,7 @@
 
 #include <liburing.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -63,6 +64,10 @@ class IoUringReader {
   // The same into any memory (IORING_OP_READ).
   absl::Status SubmitRead(int fd, uint64_t offset, std::span<std::byte> destination,
                           uint64_t user_data);
+  // Queues a timer that completes after `delay` (IORING_OP_TIMEOUT), counted as a read in
+  // flight: the record store's injected slow reads hold a record until it fires. It completes
+  // with DEADLINE_EXCEEDED when it fires (the kernel's -ETIME), CANCELLED when cancelled.
+  absl::Status SubmitDelay(std::chrono::milliseconds delay, uint64_t user_data);
   // Asks the kernel to cancel the read submitted with `user_data` (still in flight: its
   // completion not yet consumed). The read's completion comes either way; see the top of this
   // file. FAILED_PRECONDITION when no read is in flight; RESOURCE_EXHAUSTED when queue_depth
@@ -84,6 +89,9 @@ class IoUringReader {
   // Call before draining with Poll: a completion posted after it makes the fd readable
   // again, so no completion is left behind unsignalled.
   absl::Status ClearCompletionSignal() { return completion_signal_->Clear(); }
+  // Makes completion_fd readable as a posted completion would, from any thread: the record
+  // store's verifier says a record's check is done this way, so its owner wakes once for both.
+  absl::Status SignalCompletion() const { return completion_signal_->Signal(); }
 
   // A completion if one is ready, without blocking.
   absl::StatusOr<std::optional<IoCompletion>> Poll();

@@ -46,8 +46,16 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
       read_errors(registry.Counter("nq_streamer_read_errors_total",
                                    "Record reads that failed, by reason (io_error: the drive returned an error; "
                                    "short_read: fewer bytes than the record; hash: its file failed its sha256; "
+                                   "checksum: the record failed its own sha256 in the index; "
                                    "submit: the read could not be queued); each leaves its expert at 2 bits",
                                    {"reason"})),
+      slow_reads(registry.Counter("nq_streamer_slow_reads_total",
+                                  "Record reads that took a second or more from issue to landing (a stalled "
+                                  "drive; injected ones included); their experts ran at 2 bits meanwhile").Get()),
+      slow_reads_injected(registry.Counter("nq_streamer_read_faults_injected_total",
+                                           "Faults injected into record reads by --inject_read_faults, by kind "
+                                           "(slow; EIO and short reads show in nq_streamer_read_errors_total)",
+                                           {"kind"}).WithLabels({"slow"})),
       unmaps(registry.Counter("nq_streamer_slot_unmaps_total", "Slots the streamer asked a worker to unmap").Get()),
       refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
                                          "Time of one predictor refresh (score, plan)",

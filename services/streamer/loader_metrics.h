@@ -23,8 +23,12 @@ struct LoaderMetrics {
   metrics::Histogram& unmap_ack_latency;
   metrics::Counter& loads_ready;
   metrics::Counter& loads_failed;
-  // Failed record reads by reason: io_error, short_read, hash, submit (RecordCompletion::failure).
+  // Failed record reads by reason: io_error, short_read, hash, checksum, submit
+  // (RecordCompletion::failure).
   metrics::CounterFamily& read_errors;
+  // Reads of a second or more (kSlowReadSeconds), and the injected slow reads among all reads.
+  metrics::Counter& slow_reads;
+  metrics::Counter& slow_reads_injected;
   metrics::Counter& unmaps;
   metrics::Histogram& refresh_seconds;
   metrics::Counter& calls_4bit;

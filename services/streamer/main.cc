@@ -25,6 +25,7 @@
 #include "services/format/file_io.h"
 #include "services/streamer/jf_model.h"
 #include "services/streamer/read_faults.h"
+#include "services/streamer/record_verifier.h"
 #include "services/streamer/record_files.h"
 #include "services/streamer/streamer_service.h"
 #include "services/streamer/worker_registry.h"
@@ -53,8 +54,13 @@ ABSL_FLAG(int, bounce_buffers, 32,
           "evicted and wanted again is copied into its slot without a disk read");
 ABSL_FLAG(std::string, direct_io, "auto", "auto: O_DIRECT, buffered with a warning where refused; off: buffered");
 ABSL_FLAG(std::string, inject_read_faults, "",
-          "Tests and drills only: disk faults injected into record reads, e.g. eio=0.05,short=0.02,seed=7 (a "
-          "probability per record read); failed records are never copied into slots and their experts stay at 2 bits");
+          "Tests and drills only: disk faults injected into record reads, e.g. eio=0.05,short=0.02,slow=0.1:2000,seed=7 "
+          "(a probability per record read; slow=P:MS holds a read for MS milliseconds); failed records are never "
+          "copied into slots and their experts stay at 2 bits");
+ABSL_FLAG(int, verify_threads, 2,
+          "Threads that check every record read against its sha256 in the release index before it can become "
+          "READY, shared by all sessions, so hashing overlaps the next reads; 0 checks on each session's loader "
+          "thread");
 ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
 ABSL_FLAG(double, hysteresis, 2.0, "Score margin a challenger needs to evict a resident expert");
 ABSL_FLAG(std::string, predictor, "",
@@ -97,6 +103,9 @@ absl::Status CheckFlags() {
       absl::GetFlag(FLAGS_bounce_buffers) > 4096) {
     return absl::InvalidArgumentError("--bounce_buffers must be in [--read_queue_depth, 4096]");
   }
+  if (absl::GetFlag(FLAGS_verify_threads) < 0 || absl::GetFlag(FLAGS_verify_threads) > 64) {
+    return absl::InvalidArgumentError("--verify_threads must be in [0, 64]");
+  }
   if (absl::GetFlag(FLAGS_read_budget) < 1) return absl::InvalidArgumentError("--read_budget must be positive");
   if (absl::GetFlag(FLAGS_hysteresis) < 0) return absl::InvalidArgumentError("--hysteresis must not be negative");
   if (const double share = absl::GetFlag(FLAGS_request_share); !(share >= 0 && share <= 1)) {
@@ -132,6 +141,9 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   if (options.store.faults.any()) {
     spdlog::warn("injecting disk faults into record reads (--inject_read_faults={}): a drill, not for serving",
                  absl::GetFlag(FLAGS_inject_read_faults));
+  }
+  if (const int threads = absl::GetFlag(FLAGS_verify_threads); threads > 0) {
+    ASSIGN_OR_RETURN(options.store.verifier, RecordVerifier::Create(static_cast<unsigned>(threads)));
   }
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));

@@ -75,6 +75,7 @@ absl::Status RecordFiles::OpenFiles(DirectIo mode) {
         file->range_bytes = entry.records.bytes;
         file->rec_bytes = entry.layout.rec_bytes;
         file->sha256 = entry.records.sha256;
+        file->record_sha256 = entry.record_sha256;
         max_rec_bytes_ = std::max(max_rec_bytes_, file->rec_bytes);
         if (mode == DirectIo::kAuto) {
           file->fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);

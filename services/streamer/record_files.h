@@ -50,6 +50,7 @@ class RecordFiles {
     uint64_t range_bytes = 0;  // the layer's records.bytes
     uint64_t rec_bytes = 0;
     std::string sha256;
+    std::vector<std::string> record_sha256;  // by expert, from the index (format version 2)
 
    private:
     friend class RecordFiles;

@@ -49,15 +49,27 @@ absl::StatusOr<std::unique_ptr<RecordStore>> RecordStore::Create(
   // Pieces per record, bounded so the ring holds every piece of queue_depth records.
   const uint64_t record = RoundUp(std::max<uint64_t>(store->files_->max_rec_bytes(), 1), kDirectIoAlign);
   uint64_t piece = options.read_piece_bytes == 0 ? record : std::min<uint64_t>(options.read_piece_bytes, record);
-  const uint64_t max_pieces = kMaxRingEntries / options.queue_depth;
+  // An injected slow read adds one entry per record, its timer.
+  const uint64_t timers = options.faults.slow > 0 ? 1 : 0;
+  const uint64_t max_pieces = kMaxRingEntries / options.queue_depth - timers;
+  if (max_pieces == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("record store: queue depth ", options.queue_depth,
+                                                   " leaves no ring entry for slow-read timers"));
+  }
   if ((record + piece - 1) / piece > max_pieces) piece = RoundUp((record + max_pieces - 1) / max_pieces, kDirectIoAlign);
   store->piece_bytes_ = piece;
-  const auto entries = static_cast<unsigned>(options.queue_depth * ((record + piece - 1) / piece));
+  const auto entries = static_cast<unsigned>(options.queue_depth * ((record + piece - 1) / piece + timers));
   ASSIGN_OR_RETURN(store->ring_, IoUringReader::Create(entries, store->buffers_));
   return store;
 }
 
 RecordStore::~RecordStore() {
+  {
+    // The verifier's callbacks use this store (and signal the ring's eventfd): wait for them.
+    absl::MutexLock lock(&verify_mu_);
+    verify_mu_.Await(absl::Condition(
+        +[](size_t* verifying) { return *verifying == 0; }, &verifying_));
+  }
   ring_.reset();  // drains reads in flight before their buffers go
   for (std::byte* b : buffer_memory_) std::free(b);
 }
@@ -152,6 +164,13 @@ absl::Status RecordStore::Pump() {
                .bytes = p.file->rec_bytes,
                .sync = p.sync,
                .injected = options_.faults.any() ? faults_.Next() : ReadFault::kNone};
+    if (f.injected == ReadFault::kSlow) {
+      f.injected = ReadFault::kNone;
+      f.slow = true;
+    }
+    f.landing = p.request.buffer_index >= 0
+                    ? std::span<const std::byte>(buffers_[static_cast<size_t>(p.request.buffer_index)].first(p.file->rec_bytes))
+                    : std::span<const std::byte>(p.request.destination);
     // Every piece goes out now: the ring has room for all pieces of queue_depth records.
     for (uint64_t at = 0; at < p.file->rec_bytes; at += piece_bytes_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(piece_bytes_, p.file->rec_bytes - at));
@@ -169,6 +188,18 @@ absl::Status RecordStore::Pump() {
       }
       f.pieces.push_back(piece);
       piece_owner_.emplace(piece, Piece{.record = id, .offset = at, .bytes = bytes});
+    }
+    if (f.slow && f.status.ok()) {
+      // The record lands only when its timer has fired too: a read taking slow_ms or longer.
+      const uint64_t timer = next_id_++;
+      const absl::Status submitted = ring_->SubmitDelay(std::chrono::milliseconds(options_.faults.slow_ms), timer);
+      if (submitted.ok()) {
+        f.pieces.push_back(timer);
+        piece_owner_.emplace(timer, Piece{.record = id, .timer = true});
+      } else {
+        f.status = submitted;
+        f.failure = "submit";
+      }
     }
     f.issued = std::chrono::steady_clock::now();
     f.queued_seconds = std::chrono::duration<double>(f.issued - p.start).count();
@@ -197,6 +228,16 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
     return absl::InternalError(absl::StrCat("record store: completion ", io.user_data, " of no record in flight"));
   }
   InFlight& f = it->second;
+  if (piece.timer) {
+    // A slow read's timer fires with -ETIME (DEADLINE_EXCEEDED), or is cancelled with its record.
+    if (!io.status.ok() && io.status.code() != absl::StatusCode::kDeadlineExceeded &&
+        io.status.code() != absl::StatusCode::kCancelled && f.status.ok()) {
+      f.status = absl::Status(io.status.code(), absl::StrCat("record store: slow-read timer of expert ", f.expert,
+                                                             ": ", io.status.message()));
+      f.failure = "io_error";
+    }
+    return --f.pieces_left > 0 ? absl::OkStatus() : FinishRecord(it);
+  }
   // An injected fault turns this completion into what a failing drive returns.
   IoCompletion landed = io;
   if (f.injected == ReadFault::kIoError && landed.status.ok()) {
@@ -218,6 +259,11 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
     f.failure = "short_read";
   }
   if (--f.pieces_left > 0) return absl::OkStatus();
+  return FinishRecord(it);
+}
+
+absl::Status RecordStore::FinishRecord(std::unordered_map<uint64_t, InFlight>::iterator it) {
+  InFlight& f = it->second;
   RecordCompletion c;
   c.tag = f.tag;
   c.copy = f.copy;
@@ -226,14 +272,83 @@ absl::Status RecordStore::Reap(const IoCompletion& io) {
   c.latency_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - f.issued).count();
   c.status = f.status;
   c.failure = f.failure;
+  c.injected_slow = f.slow;
   if (c.status.ok()) {
     c.bytes = f.bytes;
     ++reads_per_copy_[f.copy];
   }
   const bool sync = f.sync;
+  const File& file = *f.file;
+  const uint32_t expert = f.expert;
+  const std::span<const std::byte> landing = f.landing;
   in_flight_.erase(it);
-  Complete(std::move(c), sync);
-  return Pump();
+  // Refill the ring first: the check below (inline, without a verifier) then overlaps the next
+  // reads instead of leaving the drive idle.
+  const absl::Status pumped = Pump();
+  CheckAndComplete(std::move(c), file, expert, landing, sync);
+  return pumped;
+}
+
+void RecordStore::CheckAndComplete(RecordCompletion completion, const File& file, uint32_t expert,
+                                   std::span<const std::byte> bytes, bool sync) {
+  if (!options_.verify_records || !completion.status.ok()) {
+    Complete(std::move(completion), sync);
+    return;
+  }
+  // RecordFiles come from validated indexes: one record_sha256 per expert, and Enqueue checked
+  // the expert against the manifest.
+  const std::string& expected = file.record_sha256.at(expert);
+  auto judge = [&file, expert, &expected](RecordCompletion& c, bool matches) {
+    if (matches) return;
+    c.status = absl::DataLossError(absl::StrCat("record store: expert ", expert, " of layer ", file.layer, " (rank ",
+                                                file.rank, ") read from ", file.path,
+                                                " does not match its sha256 in the index (", expected, ")"));
+    c.failure = "checksum";
+    c.bytes = 0;
+  };
+  if (sync || options_.verifier == nullptr) {
+    judge(completion, RecordMatches(bytes, expected));
+    Complete(std::move(completion), sync);
+    return;
+  }
+  {
+    absl::MutexLock lock(&verify_mu_);
+    ++verifying_;
+    verifying_tags_.insert(completion.tag);
+  }
+  options_.verifier->Submit(bytes, expected, [this, judge, c = std::move(completion)](bool matches) mutable {
+    judge(c, matches);
+    // All under the lock: the destructor waits for verifying_ == 0 before the ring (whose
+    // eventfd this signals) goes.
+    absl::MutexLock lock(&verify_mu_);
+    verified_.push_back(std::move(c));
+    if (absl::Status s = ring_->SignalCompletion(); !s.ok()) {
+      spdlog::warn("record store: signalling a checked record: {}", s.ToString());
+    }
+    --verifying_;
+  });
+}
+
+void RecordStore::CollectVerified() {
+  absl::MutexLock lock(&verify_mu_);
+  for (RecordCompletion& c : verified_) {
+    verifying_tags_.erase(verifying_tags_.find(c.tag));
+    if (auto cancelled = cancelled_verifying_.find(c.tag); cancelled != cancelled_verifying_.end()) {
+      cancelled_verifying_.erase(cancelled);
+      c.cancelled = true;
+    }
+    ready_.push_back(std::move(c));
+  }
+  verified_.clear();
+}
+
+size_t RecordStore::Verifying() const {
+  absl::MutexLock lock(&verify_mu_);
+  return verifying_tags_.size();
+}
+
+size_t RecordStore::outstanding() const {
+  return ready_.size() + pending_.size() + in_flight_.size() + Verifying();
 }
 
 absl::StatusOr<CancelOutcome> RecordStore::Cancel(uint64_t tag) {
@@ -277,6 +392,14 @@ absl::StatusOr<CancelOutcome> RecordStore::Cancel(uint64_t tag) {
       return CancelOutcome::kCompleted;
     }
   }
+  {
+    // Landed and being checked: nothing to stop; the completion comes marked cancelled.
+    absl::MutexLock lock(&verify_mu_);
+    if (verifying_tags_.count(tag) > cancelled_verifying_.count(tag)) {
+      cancelled_verifying_.insert(tag);
+      return CancelOutcome::kCompleted;
+    }
+  }
   return absl::NotFoundError(absl::StrCat("record store: no read with tag ", tag, " outstanding"));
 }
 
@@ -287,6 +410,7 @@ absl::StatusOr<std::vector<RecordCompletion>> RecordStore::Poll() {
     if (!io.has_value()) break;
     RETURN_IF_ERROR(Reap(*io));
   }
+  CollectVerified();
   std::vector<RecordCompletion> done(std::make_move_iterator(ready_.begin()),
                                      std::make_move_iterator(ready_.end()));
   ready_.clear();
@@ -295,11 +419,29 @@ absl::StatusOr<std::vector<RecordCompletion>> RecordStore::Poll() {
 
 absl::StatusOr<RecordCompletion> RecordStore::Wait() {
   while (ready_.empty()) {
-    if (in_flight_.empty()) {
+    CollectVerified();
+    if (!ready_.empty()) break;
+    const bool verifying = Verifying() > 0;
+    if (in_flight_.empty() && !verifying) {
       return absl::FailedPreconditionError("record store: no read outstanding");
     }
-    ASSIGN_OR_RETURN(IoCompletion io, ring_->Wait());
-    RETURN_IF_ERROR(Reap(io));
+    if (!verifying) {
+      ASSIGN_OR_RETURN(IoCompletion io, ring_->Wait());
+      RETURN_IF_ERROR(Reap(io));
+      continue;
+    }
+    // The ring or the verifier may finish first; both signal completion_fd. Clear it before
+    // looking, so a completion posted after the look wakes the sleep below.
+    RETURN_IF_ERROR(ring_->ClearCompletionSignal());
+    while (true) {
+      ASSIGN_OR_RETURN(std::optional<IoCompletion> io, ring_->Poll());
+      if (!io.has_value()) break;
+      RETURN_IF_ERROR(Reap(*io));
+    }
+    CollectVerified();
+    if (!ready_.empty()) break;
+    const int fd = ring_->completion_fd();
+    RETURN_IF_ERROR(WaitReadable(std::span<const int>(&fd, 1), absl::Seconds(1)).status());
   }
   RecordCompletion c = std::move(ready_.front());
   ready_.pop_front();

@@ -15,6 +15,13 @@
 // fails its hash makes every read of it complete with DATA_LOSS naming the file, so a bad
 // record is never handed out as good.
 //
+// Every record is also checked on its own (issue #22): the rank index (format version 2) holds
+// each record's sha256, and a read completes OK only once the bytes that landed match it. So a
+// record that went bad after its file was hashed (a drive returning wrong data, a file changed
+// under the streamer) completes with DATA_LOSS (failure "checksum") and is never handed out.
+// The hashing runs on a RecordVerifier's threads when one is given, so the owner thread goes on
+// issuing reads meanwhile; without one, on the owner thread after the ring has been refilled.
+//
 // A read no longer wanted can be cancelled (Cancel): one still queued in the store never
 // reaches the disk; one in flight is handed to IORING_OP_ASYNC_CANCEL, which cannot stop an
 // O_DIRECT read the device already has, so its completion may still bring the bytes. Either
@@ -31,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -39,10 +47,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "services/format/release_reader.h"
 #include "services/streamer/io_uring_reader.h"
 #include "services/streamer/read_faults.h"
 #include "services/streamer/record_files.h"
+#include "services/streamer/record_verifier.h"
 
 namespace nq::streamer {
 
@@ -64,6 +74,11 @@ struct RecordStoreOptions {
   DirectIo direct_io = DirectIo::kAuto;
   // Hash a layer file (once per RecordFiles) before its first read is allowed to complete OK.
   bool verify_hashes = true;
+  // Check every record against its sha256 in the rank index before its read completes OK.
+  bool verify_records = true;
+  // Where records are checked: a shared pool (the streamer's, so hashing overlaps the next
+  // reads), or, when null, the owner thread. Synchronous ReadRecord always checks inline.
+  std::shared_ptr<RecordVerifier> verifier;
   // Disk faults to inject into the reads (read_faults.h); none by default.
   ReadFaults faults;
 };
@@ -81,11 +96,15 @@ struct ReadRequest {
 
 struct RecordCompletion {
   uint64_t tag = 0;
-  // DATA_LOSS for a layer file that fails its hash or a short read; CANCELLED for a read
-  // cancelled before it landed. OK means the whole record landed and its file's hash matched.
+  // DATA_LOSS for a layer file that fails its hash, a record that fails its own sha256, or a
+  // short read; CANCELLED for a read cancelled before it landed. OK means the whole record
+  // landed, its file's hash matched and (verify_records) the record matches its sha256.
   absl::Status status;
-  // Why a read failed, for the metrics: "io_error", "short_read", "hash", "submit" ("" if OK).
+  // Why a read failed, for the metrics: "io_error", "short_read", "hash", "checksum", "submit"
+  // ("" if OK).
   std::string failure;
+  // An injected slow read (read_faults.h), for the metrics.
+  bool injected_slow = false;
   // Issue to landing: from the read's submission to the ring to its completion being reaped
   // (0 for a read that never reached the ring).
   double latency_seconds = 0;
@@ -139,7 +158,7 @@ class RecordStore {
   absl::StatusOr<std::vector<RecordCompletion>> Poll();
   // Blocks for the next completion; FAILED_PRECONDITION when nothing is outstanding.
   absl::StatusOr<RecordCompletion> Wait();
-  size_t outstanding() const { return ready_.size() + pending_.size() + in_flight_.size(); }
+  size_t outstanding() const;
   // Bytes of each read the ring gets (a record is read in pieces of this size, the last shorter).
   uint64_t piece_bytes() const { return piece_bytes_; }
   // Cancels the oldest outstanding read submitted with `tag` (see the top of this file); its
@@ -184,12 +203,15 @@ class RecordStore {
     size_t pieces_left = 0;
     absl::Status status;  // the first piece's failure (or a piece that could not be submitted)
     std::string failure;  // RecordCompletion::failure
-    ReadFault injected = ReadFault::kNone;  // applied to the first piece reaped
+    ReadFault injected = ReadFault::kNone;  // EIO / short: applied to the first piece reaped
+    bool slow = false;                      // an injected slow read: a timer rides with the pieces
+    std::span<const std::byte> landing;     // where the record's bytes land (checked when whole)
   };
   struct Piece {
     uint64_t record = 0;  // key of in_flight_
     uint64_t offset = 0;  // within the record
     uint32_t bytes = 0;
+    bool timer = false;   // the delay of an injected slow read, not a read
   };
   struct Pending {
     ReadRequest request;
@@ -206,6 +228,16 @@ class RecordStore {
   void Complete(RecordCompletion completion, bool sync);
   absl::Status Pump();  // moves pending reads into the ring while it has room
   absl::Status Reap(const IoCompletion& io);
+  // Every piece of the record `it` has come back: completes it and refills the ring.
+  absl::Status FinishRecord(std::unordered_map<uint64_t, InFlight>::iterator it);
+  // A record landed whole: checks it against its sha256 (inline, or on the verifier) and
+  // completes it.
+  void CheckAndComplete(RecordCompletion completion, const File& file, uint32_t expert,
+                        std::span<const std::byte> bytes, bool sync);
+  // Moves the verifier's finished checks into ready_.
+  void CollectVerified();
+  // Records with the verifier now.
+  size_t Verifying() const;
 
   RecordStoreOptions options_;
   ReadFaultInjector faults_;
@@ -223,6 +255,14 @@ class RecordStore {
   std::unordered_map<uint64_t, Piece> piece_owner_;  // ring user_data -> its record
   std::deque<RecordCompletion> ready_;
   std::optional<RecordCompletion> sync_done_;
+
+  // The verifier's threads hand checked records back here (then signal completion_fd).
+  mutable absl::Mutex verify_mu_;
+  std::deque<RecordCompletion> verified_ ABSL_GUARDED_BY(verify_mu_);
+  size_t verifying_ ABSL_GUARDED_BY(verify_mu_) = 0;
+  // Tags cancelled while their record was being checked: marked `cancelled` when collected.
+  std::multiset<uint64_t> cancelled_verifying_ ABSL_GUARDED_BY(verify_mu_);
+  std::multiset<uint64_t> verifying_tags_ ABSL_GUARDED_BY(verify_mu_);
 };
 
 }  // namespace nq::streamer

@@ -10,6 +10,7 @@
 #include "services/format/file_io.h"
 #include "services/common/logging.h"
 #include "services/common/status_macros.h"
+#include "services/streamer/routing_report.h"
 
 namespace nq::streamer {
 namespace {
@@ -23,6 +24,9 @@ constexpr std::chrono::seconds kReportLogInterval(10);
 // The predictor state is written every this many refreshes (16 tokens each) besides at the
 // session's end, so a streamer that crashes loses at most this much history.
 constexpr uint64_t kStateSaveRefreshes = 256;
+// A record read this long (issue to landing) is a stalled drive, not a busy one: NVMe reads of
+// a few MiB take milliseconds, even 32 deep.
+constexpr double kSlowReadSeconds = 1.0;
 
 // Prepares the store's bounce buffers as copy sources for the worker's arena (device arenas
 // copy from page-locked memory) and returns those that could be; a buffer that cannot be
@@ -238,7 +242,11 @@ void SlotLoader::Run() {
     // land after Reap's drain signal the ring's eventfd: neither is slept through.
     Sleep();
   }
-  // Reads still in flight land in our own buffers; drain them so the ring is idle.
+  // Reads still in flight land in our own buffers; drain them so the ring is idle. Ask the
+  // kernel to stop them first: a stalled drive must not hold up the session's end.
+  for (const auto& [tag, read] : in_flight_) {
+    if (!read.cancelled) (void)store_->Cancel(tag);
+  }
   while (store_->outstanding() > 0) {
     if (!store_->Wait().ok()) break;
   }
@@ -248,14 +256,7 @@ absl::Status SlotLoader::EnsurePredictor(const nq::v1::RoutingReport& report) {
   if (predictor_.has_value()) return absl::OkStatus();
   // The layers the worker reports (the main model's MoE layers; the MTP layer never runs
   // during decode), in the report's order.
-  std::vector<uint32_t> layers;
-  for (const nq::v1::LayerRouting& entry : report.layer_entries()) {
-    if (!layers.empty() && entry.layer() == layers.front()) break;
-    layers.push_back(entry.layer());
-  }
-  if (layers.empty() || report.layer_entries_size() % layers.size() != 0) {
-    return absl::InvalidArgumentError("routing report is not token-major over a fixed layer list");
-  }
+  ASSIGN_OR_RETURN(std::vector<uint32_t> layers, ReportLayers(report));
   PredictorOptions options = options_.predictor;
   options.num_layers = static_cast<uint32_t>(layers.size());
   options.experts_per_layer = worker_->geometry.experts_per_layer;
@@ -316,6 +317,10 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
     // model of another geometry refuses every report, each time saying why).
     return RefuseMalformed(s.ToString());
   }
+  // Checked whole first: a report refused halfway would already have fed some tokens.
+  if (absl::Status s = CheckReport(report, predictor_layers_, worker_->geometry.experts_per_layer); !s.ok()) {
+    return RefuseMalformed(std::string(s.message()));
+  }
   // A new request: per-request predictor state (jF's sequence signals) starts over.
   if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) {
     predictor_->NewSequence();
@@ -323,11 +328,7 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
   }
   pacer_.OnTokens(report.num_tokens(), Clock::now());
   const size_t L = predictor_layers_.size();
-  const size_t tokens = static_cast<size_t>(report.layer_entries_size()) / L;
-  if (tokens != report.num_tokens() || tokens * L != static_cast<size_t>(report.layer_entries_size())) {
-    return RefuseMalformed(absl::StrCat(report.layer_entries_size(), " entries for ", report.num_tokens(),
-                                        " tokens x ", L, " layers"));
-  }
+  const size_t tokens = report.num_tokens();
   std::vector<uint32_t> experts;
   std::vector<float> weights;
   std::vector<float> norms;
@@ -338,15 +339,9 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
     norms.clear();
     for (size_t l = 0; l < L; ++l) {
       const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(t * L + l));
-      if (entry.layer() != predictor_layers_[l] || entry.experts_size() != entry.weights_size() ||
-          (!experts.empty() && static_cast<size_t>(entry.experts_size()) * l != experts.size())) {
-        return RefuseMalformed(absl::StrCat("token ", t, " layer ", entry.layer(), " does not match the report's "
-                                            "layers or has experts without weights"));
-      }
       for (int j = 0; j < entry.experts_size(); ++j) {
-        const uint32_t e = entry.experts(j);
-        const std::optional<uint32_t> slot =
-            e < worker_->geometry.experts_per_layer ? allocator_.SlotOf(predictor_layer_index_[l], e) : std::nullopt;
+        const uint32_t e = entry.experts(j);  // CheckReport: below experts_per_layer
+        const std::optional<uint32_t> slot = allocator_.SlotOf(predictor_layer_index_[l], e);
         (slot && allocator_.state(predictor_layer_index_[l], *slot) == SlotState::kReady ? calls_4bit : calls_2bit)++;
         experts.push_back(e);
         weights.push_back(entry.weights(j));
@@ -626,8 +621,10 @@ void SlotLoader::Reap() {
   static LogRateLimiter failure_log(std::chrono::seconds(10));
   for (const auto& [read, done_read] : landed) {
     const RecordCompletion& completion = *done_read;
-    // Only a record that landed whole from a file whose hash matched (OK) is kept; a failed,
-    // short or corrupt read leaves its buffer empty.
+    if (completion.injected_slow) metrics_->slow_reads_injected.Increment();
+    if (completion.latency_seconds >= kSlowReadSeconds) metrics_->slow_reads.Increment();
+    // Only a record that landed whole, from a file whose hash matched and matching its own
+    // sha256 (OK), is kept; a failed, short or corrupt read leaves its buffer empty.
     if (completion.status.ok()) {
       cache_.Fill(read.buffer, RecordKey{.rank = worker_->rank, .layer = read.want.layer, .expert = read.want.expert});
       metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));

@@ -1,6 +1,10 @@
 #include "services/common/shared_memory.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -35,6 +39,19 @@ TEST(SharedMemoryTest, CreatorUnlinksItsNameOnDestruction) {
   const std::string name = UniqueName("unlink");
   { ASSERT_THAT(SharedMemory::Create(name, 4096), IsOk()); }
   EXPECT_THAT(SharedMemory::Open(name, 4096), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+// Issue #22: an arena is readable and writable by its owner's user only, whatever the umask.
+TEST(SharedMemoryTest, CreatedOwnerOnly) {
+  const std::string name = UniqueName("mode");
+  const mode_t old_umask = ::umask(0);  // the most permissive: only the mode asked for counts
+  absl::StatusOr<SharedMemory> created = SharedMemory::Create(name, 4096);
+  ::umask(old_umask);
+  ASSERT_THAT(created, IsOk());
+  struct stat st {};
+  ASSERT_EQ(::stat(("/dev/shm" + name).c_str(), &st), 0) << std::strerror(errno);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_uid, ::getuid());
 }
 
 TEST(SharedMemoryTest, MovedFromObjectReleasesNothing) {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "tests/common/status_matchers.h"
 #include "tests/format/test_release.h"
 
@@ -59,8 +60,16 @@ TEST(ManifestTest, VersionAndFormatMismatch) {
   Json j = ManifestJson();
   j["version"] = kFormatVersion + 1;
   j.erase("layers");  // a newer release is refused for its version, not a field
-  EXPECT_THAT(ParseManifest(j.dump()), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                HasSubstr("version 2 is not supported")));
+  EXPECT_THAT(ParseManifest(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("version ", kFormatVersion + 1, " is not supported"))));
+  // An older release (version 1: no per-record checksums) is told how to move on.
+  j = ManifestJson();
+  j["version"] = 1;
+  EXPECT_THAT(ParseManifest(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("manifest.json: format version 1 is not supported"),
+                             HasSubstr("re-encode the release with `nq encode`"))));
   j = ManifestJson();
   j["format"] = "gguf";
   EXPECT_THAT(ParseManifest(j.dump()),

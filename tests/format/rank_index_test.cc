@@ -32,6 +32,7 @@ RankIndex TestIndex() {
     e.records = {RecordFile(1, layer), 0, testing::kExperts * layout.rec_bytes,
                  std::string(64, 'c')};
     e.resident = {ResidentFile(1, layer), 0, 1234, std::string(64, 'd')};
+    for (uint32_t x = 0; x < testing::kExperts; ++x) e.record_sha256.push_back(std::string(63, 'e') + "0123456789"[x % 10]);
     index.layers.push_back(e);
   }
   return index;
@@ -67,6 +68,36 @@ TEST(RankIndexTest, MissingKeysAndWrongTypes) {
   j["version"] = 7;
   EXPECT_THAT(ParseJson(j), StatusIs(absl::StatusCode::kInvalidArgument,
                                      HasSubstr("version 7 is not supported")));
+  j = Json::parse(SerializeRankIndex(TestIndex()));
+  j["layers"][1].erase("record_sha256");
+  EXPECT_THAT(ParseJson(j), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("rank1.json: layers[1].record_sha256 is missing")));
+  j = Json::parse(SerializeRankIndex(TestIndex()));
+  j["layers"][0]["record_sha256"][2] = 5;
+  EXPECT_THAT(ParseJson(j), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("rank1.json: layers[0].record_sha256[2] is not a string")));
+}
+
+// A version-1 index (before per-record checksums) is refused, saying what to do about it.
+TEST(RankIndexTest, OldIndexWithoutRecordChecksumsIsRefusedWithTheRemedy) {
+  Json j = Json::parse(SerializeRankIndex(TestIndex()));
+  j["version"] = 1;
+  for (Json& layer : j["layers"]) layer.erase("record_sha256");
+  EXPECT_THAT(ParseJson(j), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     AllOf(HasSubstr("rank1.json: format version 1 is not supported"),
+                                           HasSubstr("lack the per-record sha256"), HasSubstr("nq encode"))));
+}
+
+// One record checksum per expert, each 64 lower-case hex digits.
+TEST(RankIndexTest, RecordChecksumsAreOnePerExpertAndHex) {
+  RankIndex index = TestIndex();
+  index.layers[1].record_sha256.pop_back();
+  EXPECT_THAT(index.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("layer 4: 3 record_sha256 entries for 4 experts")));
+  index = TestIndex();
+  index.layers[0].record_sha256[3] = std::string(64, 'E');
+  EXPECT_THAT(index.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("layer 3: record_sha256[3] must be 64 lower-case hex digits")));
 }
 
 TEST(RankIndexTest, OffsetsAndSizes) {

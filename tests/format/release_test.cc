@@ -86,6 +86,52 @@ TEST_F(ReleaseTest, RoundTripReadsRecords) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("not rank 2")));
 }
 
+// The writer records each record's sha256 in the index (format version 2): the streamer checks
+// every read against it.
+TEST_F(ReleaseTest, IndexHoldsEveryRecordsSha256) {
+  auto release = Release::Open(dir_);
+  ASSERT_THAT(release.status(), IsOk());
+  for (uint32_t rank = 0; rank < testing::kTpSize; ++rank) {
+    for (uint32_t layer : {3u, 4u}) {
+      auto entry = release->Layer(rank, layer);
+      ASSERT_THAT(entry.status(), IsOk());
+      ASSERT_EQ((*entry)->record_sha256.size(), testing::kExperts);
+      for (uint32_t e = 0; e < testing::kExperts; ++e) {
+        auto record = release->ReadRecord(rank, layer, e);
+        ASSERT_THAT(record.status(), IsOk());
+        EXPECT_EQ((*entry)->record_sha256[e], Sha256Hex(*record)) << "rank " << rank << " layer " << layer << " expert " << e;
+      }
+    }
+  }
+}
+
+// Issue #22: no file a release names may lie outside it, through a symlink either (the index's
+// paths are relative without ".."; rank_index_test covers those).
+TEST_F(ReleaseTest, FilesLinkedFromOutsideTheReleaseAreRefused) {
+  const std::string outside = MakeTempDir();
+  fs::copy_file(Path("rank0/L3.bin"), outside + "/L3.bin");
+  fs::remove(Path("rank0/L3.bin"));
+  fs::create_symlink(outside + "/L3.bin", Path("rank0/L3.bin"));
+  EXPECT_THAT(Release::Open(dir_).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank0/L3.bin resolves to"), HasSubstr("outside the release directory"))));
+  EXPECT_THAT(VerifyRelease(dir_).status(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank0/L3.bin")));
+  // A linked directory is a way out too.
+  fs::remove(Path("rank0/L3.bin"));
+  fs::copy_file(outside + "/L3.bin", Path("rank0/L3.bin"));
+  ASSERT_THAT(Release::Open(dir_).status(), IsOk());
+  fs::rename(Path("res"), outside + "/res");
+  fs::create_directory_symlink(outside + "/res", Path("res"));
+  EXPECT_THAT(Release::Open(dir_).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("outside the release directory")));
+  // A link that stays inside the release is fine.
+  fs::remove(Path("res"));
+  fs::rename(outside + "/res", Path("res.real"));
+  fs::create_directory_symlink("res.real", Path("res"));
+  EXPECT_THAT(Release::Open(dir_).status(), IsOk());
+  fs::remove_all(outside);
+}
+
 TEST_F(ReleaseTest, MissingCompleteIsRefused) {
   fs::remove(Path("COMPLETE"));
   EXPECT_THAT(Release::Open(dir_), StatusIs(absl::StatusCode::kFailedPrecondition,
@@ -154,8 +200,13 @@ TEST_F(ReleaseTest, VerifyCatchesFlippedRecordByte) {
   FlipByte(Path("rank1/L4.bin"), 3 * TestLayout().rec_bytes + 17);
   auto report = VerifyRelease(dir_);
   ASSERT_THAT(report.status(), IsOk());
-  EXPECT_THAT(report->differences, ElementsAre(Difference{1, 4, "rank1/L4.bin", "sha256 differs"}));
-  EXPECT_EQ(report->ToString(), "rank 1 layer 4 rank1/L4.bin: sha256 differs\n");
+  // The file, and the one record inside it that differs.
+  EXPECT_THAT(report->differences,
+              ElementsAre(Difference{1, 4, "rank1/L4.bin", "sha256 differs"},
+                          Difference{1, 4, "rank1/L4.bin", "expert 3: record differs from its sha256 in rank1.json"}));
+  EXPECT_EQ(report->ToString(),
+            "rank 1 layer 4 rank1/L4.bin: sha256 differs\n"
+            "rank 1 layer 4 rank1/L4.bin: expert 3: record differs from its sha256 in rank1.json\n");
 }
 
 TEST_F(ReleaseTest, VerifyCatchesFlippedResidentByte) {

@@ -106,6 +106,7 @@ class SlotLoaderTest : public ::testing::Test {
     auto_ack_ = auto_ack;
     auto files = RecordFiles::Open({release_dir_});
     ASSERT_THAT(files.status(), IsOk());
+    if (after_open_) ASSERT_NO_FATAL_FAILURE(after_open_(**files));
     auto rec_bytes = (*files)->RecordBytes(0, kLayer);
     ASSERT_THAT(rec_bytes.status(), IsOk());
     auto worker = std::make_shared<RegisteredWorker>();
@@ -122,6 +123,7 @@ class SlotLoaderTest : public ::testing::Test {
     options.files = *files;
     options.store.queue_depth = 2;
     options.store.buffers = 4;
+    options.store.verifier = verifier_;
     // Quick to change its mind: no hysteresis and no static prior, so 16 tokens of an expert
     // make it the desired floating expert.
     options.predictor.hysteresis_margin = 0;
@@ -133,6 +135,10 @@ class SlotLoaderTest : public ::testing::Test {
     loader_ = *std::move(loader);
     ASSERT_THAT(loader_->Start(nq::v1::SessionHello()), IsOk());
   }
+
+  // Runs on the files before the loader starts (e.g. hashes a layer file, then damages it).
+  std::function<void(RecordFiles&)> after_open_;
+  std::shared_ptr<RecordVerifier> verifier_;
 
   // The worker's side of the session: applies updates to its table and acknowledges unmaps
   // (at once, or when the test says).
@@ -347,6 +353,35 @@ TEST_F(SlotLoaderTest, CorruptRecordIsNeverCached) {
   EXPECT_EQ(Metric("nq_streamer_record_cache_total{result=\"miss\"}"), 2);
   EXPECT_EQ(Metric("nq_streamer_record_cache_total{result=\"hit\"}"), 0);
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
+}
+
+// Issue #22: a record that went bad after its layer file was hashed (the file check is cached
+// per process, so it would not notice) fails its own checksum: that expert is never announced
+// READY, stays out of the cache, and the fault is counted by reason; the other fixed load lands.
+TEST_F(SlotLoaderTest, RecordFailingItsChecksumNeverBecomesReady) {
+  auto verifier = RecordVerifier::Create(2);
+  ASSERT_THAT(verifier.status(), IsOk());
+  verifier_ = *verifier;
+  after_open_ = [&](RecordFiles& files) {
+    ASSERT_THAT(files.VerifyLayer(0, 3), IsOk());
+    ASSERT_THAT(files.VerifyLayer(0, 4), IsOk());
+    const uint64_t rec_bytes = *files.RecordBytes(0, 3);
+    format::testing::FlipByte(release_dir_ + "/rank0/L3.bin", kFixedExpert * rec_bytes + 700);
+  };
+  ASSERT_NO_FATAL_FAILURE(StartLoader({3, 4}));
+  ASSERT_TRUE(WaitUntil([&] {
+    const SlotLoader::Stats s = loader_->stats();
+    return s.loads_ready == 1 && s.loads_failed == 1;
+  }));
+  EXPECT_EQ(ReadyIn(4, 0), 1);
+  EXPECT_EQ(ReadyIn(3, 0), -1);
+  EXPECT_EQ(Announcements(3, kFixedExpert), 0);
+  EXPECT_EQ(loader_->stats().cached_records, 1u) << "the record that failed its checksum was cached";
+  EXPECT_EQ(Metric("nq_streamer_read_errors_total{reason=\"checksum\"}"), 1);
+  // Absent (-1) until counted: the file check passed, only the record check failed.
+  EXPECT_LT(Metric("nq_streamer_read_errors_total{reason=\"hash\"}"), 1) << "the file check should have passed";
+  EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
+  EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"ready\"}"), 1);
 }
 
 }  // namespace
