@@ -51,6 +51,20 @@ Fn Real(const char* mangled_suffix) {
   return reinterpret_cast<Fn>(fn);
 }
 
+// A Condition that runs `cond` as if it held the mutex: absl evaluates a waiter's condition while
+// the real mutex is held, on the waiter's thread or on the thread unlocking, at moments no entry
+// point above sees; the acquire and release around it order its reads with the holders' writes.
+struct Guarded {
+  const absl::Condition* cond;
+  absl::Mutex* mu;
+  static bool Eval(Guarded* g) {
+    __tsan_acquire(g->mu);
+    const bool met = g->cond->Eval();
+    __tsan_release(g->mu);
+    return met;
+  }
+};
+
 }  // namespace
 
 namespace absl {
@@ -96,20 +110,23 @@ bool Mutex::ReaderTryLock() {
 
 void Mutex::LockWhen(const Condition& cond) {
   static const auto real = Real<void (*)(Mutex*, const Condition&)>("5Mutex8LockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  Guarded guarded{&cond, this};
+  real(this, absl::Condition(&Guarded::Eval, &guarded));
   __tsan_acquire(this);
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
   static const auto real = Real<void (*)(Mutex*, const Condition&)>("5Mutex14ReaderLockWhenERKNS0_9ConditionE");
-  real(this, cond);
+  Guarded guarded{&cond, this};
+  real(this, absl::Condition(&Guarded::Eval, &guarded));
   __tsan_acquire(this);
 }
 
 bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
   static const auto real =
       Real<bool (*)(Mutex*, const Condition&, absl::Duration)>("5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
-  const bool met = real(this, cond, timeout);
+  Guarded guarded{&cond, this};
+  const bool met = real(this, absl::Condition(&Guarded::Eval, &guarded), timeout);
   __tsan_acquire(this);  // held on return either way
   return met;
 }
@@ -118,16 +135,18 @@ bool Mutex::LockWhenWithTimeout(const Condition& cond, absl::Duration timeout) {
 // return: a release before, an acquire after.
 void Mutex::Await(const Condition& cond) {
   static const auto real = Real<void (*)(Mutex*, const Condition&)>("5Mutex5AwaitERKNS0_9ConditionE");
+  Guarded guarded{&cond, this};
   __tsan_release(this);
-  real(this, cond);
+  real(this, absl::Condition(&Guarded::Eval, &guarded));
   __tsan_acquire(this);
 }
 
 bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
   static const auto real =
       Real<bool (*)(Mutex*, const Condition&, absl::Duration)>("5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  Guarded guarded{&cond, this};
   __tsan_release(this);
-  const bool met = real(this, cond, timeout);
+  const bool met = real(this, absl::Condition(&Guarded::Eval, &guarded), timeout);
   __tsan_acquire(this);
   return met;
 }
@@ -135,8 +154,9 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
 bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
   static const auto real =
       Real<bool (*)(Mutex*, const Condition&, absl::Time)>("5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  Guarded guarded{&cond, this};
   __tsan_release(this);
-  const bool met = real(this, cond, deadline);
+  const bool met = real(this, absl::Condition(&Guarded::Eval, &guarded), deadline);
   __tsan_acquire(this);
   return met;
 }
