@@ -48,20 +48,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   options.num_layers = static_cast<uint32_t>(layers->size());
   options.experts_per_layer = kExperts;
   options.floating_slots = kFloating;
-  absl::StatusOr<nq::streamer::PredictorV0> predictor = nq::streamer::PredictorV0::Create(options);
+  absl::StatusOr<nq::streamer::Predictor> predictor = nq::streamer::Predictor::Create(options);
   Require(predictor.ok());
   const size_t L = layers->size();
   std::vector<uint32_t> experts;
   std::vector<float> weights;
+  std::vector<float> norms;
   for (size_t t = 0; t < report.num_tokens(); ++t) {
     experts.clear();
     weights.clear();
+    norms.clear();
     for (size_t l = 0; l < L; ++l) {
       const nq::v1::LayerRouting& entry = report.layer_entries(static_cast<int>(t * L + l));
       experts.insert(experts.end(), entry.experts().begin(), entry.experts().end());
       weights.insert(weights.end(), entry.weights().begin(), entry.weights().end());
+      norms.push_back(entry.input_sq_norm());
     }
-    Require(predictor->Observe(experts, weights).ok());
+    Require(predictor->Observe(experts, weights, norms).ok());
     if (predictor->RefreshDue()) {
       const nq::streamer::PredictorPlan& plan = predictor->Refresh();
       for (const nq::streamer::PlannedLoad& load : plan.loads) Require(load.layer < L && load.expert < kExperts);

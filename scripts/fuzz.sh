@@ -22,7 +22,7 @@ declare -A targets=(
   [openai_request]="services/router/openai_request.cc services/router/openai_logprobs.cc build/cpu/proto/gen/nq/v1/inference.pb.cc build/cpu/proto/gen/nq/v1/sampling.pb.cc|absl_status absl_statusor absl_strings protobuf|-Ibuild/cpu/proto/gen"
   [chat_render]="services/chat/render.cc services/chat/glm5_renderer.cc services/chat/deepseek_v3_renderer.cc services/chat/py_text.cc services/chat/output_parser.cc services/chat/tool_call_parsers.cc|absl_status absl_statusor absl_strings absl_flat_hash_map absl_flat_hash_set|"
   [tokenizer_json]="services/tokenizer/tokenizer.cc services/tokenizer/added_tokens.cc services/tokenizer/bpe_model.cc services/tokenizer/byte_level.cc services/tokenizer/js_regex.cc services/tokenizer/normalizer.cc services/tokenizer/post_processor.cc services/tokenizer/pre_tokenizer.cc services/tokenizer/utf8.cc|absl_status absl_statusor absl_strings absl_flat_hash_map absl_flat_hash_set absl_hash absl_synchronization libpcre2-8 icu-uc zlib|"
-  [routing_report]="services/streamer/routing_report.cc services/streamer/report_order.cc services/streamer/predictor.cc build/cpu/proto/gen/nq/v1/streamer.pb.cc|absl_status absl_statusor absl_strings protobuf|-Ibuild/cpu/proto/gen"
+  [routing_report]="services/streamer/routing_report.cc services/streamer/report_order.cc services/streamer/predictor.cc services/streamer/jf_features.cc services/streamer/jf_model.cc services/model/safetensors_file.cc services/model/safetensors_header.cc services/model/safetensors_json.cc build/cpu/proto/gen/nq/v1/streamer.pb.cc|absl_status absl_statusor absl_strings protobuf|-Ibuild/cpu/proto/gen"
 )
 if [[ "${1:-}" == --list ]]; then
   printf '%s\n' "${!targets[@]}" | sort
