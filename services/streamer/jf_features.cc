@@ -1,4 +1,5 @@
 #include "services/streamer/jf_features.h"
+#include "services/streamer/state_bytes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,41 +18,6 @@ constexpr uint32_t kStateVersion = 1;
 // log2(1 + kJfMaxAge) rounded up, and log2 of 65536 tokens: the scales of features 12, 13.
 constexpr float kAgeScale = 11.0f;
 constexpr float kPositionScale = 16.0f;
-
-template <typename T>
-void Put(const T& v, std::string* out) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-template <typename T>
-void PutVector(const std::vector<T>& v, std::string* out) {
-  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
-class ByteReader {
- public:
-  explicit ByteReader(std::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (bytes_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, bytes_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  template <typename T>
-  bool GetVector(std::vector<T>* v) {
-    const size_t n = v->size() * sizeof(T);
-    if (bytes_.size() - pos_ < n) return false;
-    std::memcpy(v->data(), bytes_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool done() const { return pos_ == bytes_.size(); }
-
- private:
-  std::string_view bytes_;
-  size_t pos_ = 0;
-};
-
 }  // namespace
 
 absl::StatusOr<JfFeatureState> JfFeatureState::Create(uint32_t num_layers,
@@ -189,12 +155,12 @@ void JfFeatureState::Fill(uint32_t layer, std::span<const uint8_t> resident, std
 std::string JfFeatureState::Save() const {
   std::string out;
   out.append(kStateMagic, 4);
-  Put(kStateVersion, &out);
-  Put(layers_, &out);
-  Put(experts_, &out);
-  Put(top_k_, &out);
-  Put(position_, &out);
-  Put(pending_, &out);
+  PutValue(kStateVersion, &out);
+  PutValue(layers_, &out);
+  PutValue(experts_, &out);
+  PutValue(top_k_, &out);
+  PutValue(position_, &out);
+  PutValue(pending_, &out);
   PutVector(hit_ema_, &out);
   PutVector(sal_ema_, &out);
   PutVector(last_hit_, &out);
@@ -205,7 +171,7 @@ std::string JfFeatureState::Save() const {
 }
 
 absl::Status JfFeatureState::Restore(std::string_view bytes) {
-  ByteReader in(bytes);
+  StateBytesReader in(bytes);
   char magic[4];
   uint32_t version = 0, layers = 0, experts = 0, top_k = 0, pending = 0;
   uint64_t position = 0;

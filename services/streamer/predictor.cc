@@ -1,4 +1,5 @@
 #include "services/streamer/predictor.h"
+#include "services/streamer/state_bytes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -442,42 +443,6 @@ namespace {
 
 constexpr char kStateMagic[4] = {'N', 'Q', 'P', 'S'};
 constexpr uint32_t kStateVersion = 1;
-
-template <typename T>
-void PutRaw(const T& v, std::string* out) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-template <typename T>
-void PutArray(const std::vector<T>& v, std::string* out) {
-  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
-// Reads fixed-size values in order; false once the bytes run out.
-class StateReader {
- public:
-  explicit StateReader(std::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (bytes_.size() - pos_ < sizeof(T)) return false;
-    std::memcpy(v, bytes_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return true;
-  }
-  template <typename T>
-  bool GetArray(std::vector<T>* v) {
-    const size_t n = v->size() * sizeof(T);
-    if (bytes_.size() - pos_ < n) return false;
-    std::memcpy(v->data(), bytes_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  std::string_view Rest() const { return bytes_.substr(pos_); }
-
- private:
-  std::string_view bytes_;
-  size_t pos_ = 0;
-};
-
 }  // namespace
 
 // Layout: magic "NQPS" | version u32 | layers u32 | experts u32 | learned u8 | top_k u32 |
@@ -487,25 +452,25 @@ class StateReader {
 std::string Predictor::SaveState() const {
   std::string out;
   out.append(kStateMagic, 4);
-  PutRaw(kStateVersion, &out);
-  PutRaw(options_.num_layers, &out);
-  PutRaw(options_.experts_per_layer, &out);
-  PutRaw(static_cast<uint8_t>(learned() ? 1 : 0), &out);
-  PutRaw(top_k_, &out);
-  PutRaw(num_horizons_, &out);
-  for (double h : options_.half_lives) PutRaw(h, &out);
-  PutRaw(now_, &out);
-  PutRaw(pending_tokens_, &out);
-  PutRaw(tokens_since_refresh_, &out);
-  PutArray(count_ema_, &out);
-  PutArray(mass_ema_, &out);
-  PutArray(last_use_, &out);
+  PutValue(kStateVersion, &out);
+  PutValue(options_.num_layers, &out);
+  PutValue(options_.experts_per_layer, &out);
+  PutValue(static_cast<uint8_t>(learned() ? 1 : 0), &out);
+  PutValue(top_k_, &out);
+  PutValue(num_horizons_, &out);
+  for (double h : options_.half_lives) PutValue(h, &out);
+  PutValue(now_, &out);
+  PutValue(pending_tokens_, &out);
+  PutValue(tokens_since_refresh_, &out);
+  PutVector(count_ema_, &out);
+  PutVector(mass_ema_, &out);
+  PutVector(last_use_, &out);
   if (features_.has_value()) out += features_->Save();
   return out;
 }
 
 absl::Status Predictor::RestoreState(std::string_view bytes) {
-  StateReader in(bytes);
+  StateBytesReader in(bytes);
   char magic[4];
   uint32_t version = 0, layers = 0, experts = 0, top_k = 0, horizons = 0;
   uint8_t learned_flag = 0;
@@ -521,7 +486,7 @@ absl::Status Predictor::RestoreState(std::string_view bytes) {
     return absl::DataLossError("predictor state truncated or malformed in its header");
   }
   std::vector<double> half_lives(horizons);
-  if (!in.GetArray(&half_lives)) return absl::DataLossError("predictor state truncated in its half-lives");
+  if (!in.GetVector(&half_lives)) return absl::DataLossError("predictor state truncated in its half-lives");
   const bool same_scorer = (learned_flag != 0) == learned();
   if (layers != options_.num_layers || experts != options_.experts_per_layer || !same_scorer ||
       half_lives != options_.half_lives || (learned() && top_k != top_k_)) {
@@ -538,8 +503,8 @@ absl::Status Predictor::RestoreState(std::string_view bytes) {
   uint32_t pending = 0, since_refresh = 0;
   std::vector<float> count(count_ema_.size()), mass(mass_ema_.size());
   std::vector<uint64_t> last_use(last_use_.size());
-  if (!in.Get(&now) || !in.Get(&pending) || !in.Get(&since_refresh) || !in.GetArray(&count) ||
-      !in.GetArray(&mass) || !in.GetArray(&last_use)) {
+  if (!in.Get(&now) || !in.Get(&pending) || !in.Get(&since_refresh) || !in.GetVector(&count) ||
+      !in.GetVector(&mass) || !in.GetVector(&last_use)) {
     return absl::DataLossError("predictor state truncated in its arrays");
   }
   if (pending > kMaxPending) return absl::DataLossError("predictor state has a bad pending count");
