@@ -1,5 +1,7 @@
 #include "services/streamer/report_order.h"
 
+#include <limits>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -41,6 +43,17 @@ TEST(ReportOrderTest, RefusesStaleRepeatedAndEmptyReportsWithoutMovingTheCursor)
   EXPECT_THAT(order.Accept(Report(2, 16, 0)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_tokens 0")));
   // None of those moved it: the true next block is still next.
   EXPECT_THAT(order.Accept(Report(2, 16, 16)), IsOkAndHolds(ReportPlace::kNext));
+}
+
+TEST(ReportOrderTest, RefusesAReportWhoseTokensWrapTheCount) {
+  // Found by the routing_report fuzzer: next_token_ wrapped to 0, so the same report was taken
+  // again as a later block.
+  ReportOrder order;
+  const uint64_t last = std::numeric_limits<uint64_t>::max();
+  EXPECT_THAT(order.Accept(Report(1, last - 3, 16)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overflows the token count")));
+  EXPECT_THAT(order.Accept(Report(1, last - 16, 16)), IsOkAndHolds(ReportPlace::kFirst));
+  EXPECT_THAT(order.Accept(Report(1, last - 16, 16)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("repeated")));
 }
 
 }  // namespace
