@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nq_moe.h"
+#include "kernels/cpu/nvfp4_moe.h"
 #include "kernels/cpu/ops.h"
 
 namespace nq::kernels::cpu {
@@ -221,5 +222,7 @@ absl::Status CpuBackend::DoIndexerTopK(const Tensor& q, const Tensor& k, const T
 }
 
 absl::Status CpuBackend::DoNqMoe(const NqMoeParams& params) { return cpu::NqMoe(params, threads_); }
+
+absl::Status CpuBackend::DoNvfp4Moe(const Nvfp4MoeParams& params) { return cpu::Nvfp4Moe(params, threads_); }
 
 }  // namespace nq::kernels::cpu

@@ -55,6 +55,7 @@ class CpuBackend final : public Backend {
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                              std::int64_t start_pos, Tensor& selected) override;
   absl::Status DoNqMoe(const NqMoeParams& params) override;
+  absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params) override;
 
  private:
   int threads_;
