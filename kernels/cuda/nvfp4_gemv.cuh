@@ -12,12 +12,14 @@
 // activation vector, 2^-11 relative) and the fp32 accumulation. The global scale is applied in
 // fp32 to each row's sum.
 //
-// Layout: lane 4g + j of a warp reads, per step, 16 bytes (32 elements, two 16-element blocks) of
-// rows g and g + 8 of its 16-row tile at columns [128 s + 32 j, 128 s + 32 j + 32), and the two
-// E4M3 scales of those blocks. Because the block scale multiplies each weight before the MMA, the
-// MMA's k order is free: the lane's pairs 4q + {0, 1} feed MMA 2q and pairs 4q + {2, 3} MMA
-// 2q + 1, so its B fragments are the 8 consecutive inputs [c0 + 8q, c0 + 8q + 8): one 16-byte
-// load of the activation vector in its natural order (no input permutation).
+// Layout (its lane-level pieces are the host/device functions of nvfp4_fragment.h, which a host
+// emulation of the warp step tests): lane 4g + j of a warp reads, per step, 16 bytes (32
+// elements, two 16-element blocks) of rows g and g + 8 of its 16-row tile at columns
+// [128 s + 32 j, 128 s + 32 j + 32), and the two E4M3 scales of those blocks. Because the block
+// scale multiplies each weight before the MMA, the MMA's k order is free: the lane's pairs
+// 4q + {0, 1} feed MMA 2q and pairs 4q + {2, 3} MMA 2q + 1, so its B fragments are the 8
+// consecutive inputs [c0 + 8q, c0 + 8q + 8): one 16-byte load of the activation vector in its
+// natural order (no input permutation).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -50,8 +52,10 @@ struct Nvfp4GemvParams {
 };
 
 // One launch, every row of every distinct expert of the chunk. Launched as a programmatic
-// dependent of the kernel before it (which writes x and zeroes out). Stream-ordered, no
-// allocation, capturable. InvalidArgument for a chunk or shape it does not take.
+// dependent of the kernel before it (which writes x and zeroes out): it loads weights before it
+// waits for that kernel, which therefore must not write them (the kernels before that one have
+// completed: each waits for its own predecessor before it lets a dependent start). Stream-ordered,
+// no allocation, capturable. InvalidArgument for a chunk or shape it does not take.
 absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx);
 
 }  // namespace nq::kernels::cuda

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/nvfp4_fragment.h"
 #include "kernels/nvfp4_moe_params.h"
 
 namespace nq::kernels::cuda {
@@ -28,7 +29,7 @@ inline constexpr std::int64_t kNvfp4MaxDecodeTokens = 8;
 // Assignments (tokens x top_k) of one chunk, top_k up to 16.
 inline constexpr int kNvfp4MaxAssignments = 128;
 // Columns of a row one GEMV lane reads per step (16 bytes of codes): rows must be whole chunks.
-inline constexpr int kNvfp4LaneCols = 32;
+inline constexpr int kNvfp4LaneCols = nvfp4::kLaneCols;
 
 // Workspace bytes LaunchNvfp4Moe needs for top_k assignments per token.
 std::size_t Nvfp4MoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate);
