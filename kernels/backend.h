@@ -30,6 +30,8 @@
 #include "kernels/moe_route.h"
 #include "kernels/nq_moe.h"
 #include "kernels/nq_moe_params.h"
+#include "kernels/nvfp4_moe.h"
+#include "kernels/nvfp4_moe_params.h"
 #include "kernels/tensor.h"
 
 namespace nq::kernels {
@@ -185,6 +187,14 @@ class Backend {
   absl::Status NqMoe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
                      const NqMoeWeights& weights, const NqSlots& slots, Tensor& out);
 
+  // The routed experts of one MoE layer from their NVFP4 codes (kernels/nvfp4_moe.h):
+  // out[t] = sum_k expert_weights[t, k] * expert(expert_ids[t, k])(x[t]). x, out: F32 [T, D]
+  // (distinct); expert_ids: I32 [T, K]; expert_weights: F32 [T, K], on this backend. Ids must be
+  // < E: the CPU backend checks them (InvalidArgument), the CUDA kernels, which never read back
+  // to the host, skip an out-of-range id.
+  absl::Status Nvfp4Moe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
+                        const Nvfp4MoeWeights& weights, Tensor& out);
+
  protected:
   Backend();
 
@@ -236,6 +246,8 @@ class Backend {
                                   Tensor& ids, Tensor& weights);
   // Arguments validated into raw pointers (kernels/nq_moe_op.cc).
   virtual absl::Status DoNqMoe(const NqMoeParams& params);
+  // Arguments validated into raw pointers (kernels/nvfp4_moe_op.cc).
+  virtual absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params);
 
  private:
   // InvalidArgumentError unless `t` is a non-empty tensor allocated by this backend.

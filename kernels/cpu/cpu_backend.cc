@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/nq_moe.h"
+#include "kernels/cpu/nvfp4_moe.h"
 #include "kernels/cpu/ops.h"
 
 namespace nq::kernels::cpu {
@@ -231,5 +232,7 @@ absl::Status CpuBackend::DoMoeRoute(const Tensor& logits, const Tensor* bias, co
 }
 
 absl::Status CpuBackend::DoNqMoe(const NqMoeParams& params) { return cpu::NqMoe(params, threads_); }
+
+absl::Status CpuBackend::DoNvfp4Moe(const Nvfp4MoeParams& params) { return cpu::Nvfp4Moe(params, threads_); }
 
 }  // namespace nq::kernels::cpu

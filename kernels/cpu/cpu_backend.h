@@ -57,6 +57,7 @@ class CpuBackend final : public Backend {
   absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                           Tensor& weights) override;
   absl::Status DoNqMoe(const NqMoeParams& params) override;
+  absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params) override;
 
  private:
   int threads_;

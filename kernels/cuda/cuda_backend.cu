@@ -31,6 +31,7 @@
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
+#include "kernels/cuda/nvfp4_moe.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rows.cuh"
@@ -441,6 +442,14 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(GrowNqMoeWorkspace(bytes));
     return prefill ? LaunchNqMoePrefill(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_)
                    : LaunchNqMoe(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_);
+  }
+
+  // NVFP4 experts (kernels/nvfp4_moe.h): the decode GEMV path at every token count (longer
+  // inputs run as chunks of kNvfp4MaxDecodeTokens), in the NestQuant op's workspace.
+  absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    RETURN_IF_ERROR(GrowNqMoeWorkspace(Nvfp4MoeWorkspaceBytes(params.top_k, params.hidden, params.intermediate)));
+    return LaunchNvfp4Moe(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_);
   }
 
   absl::Status GrowNqMoeWorkspace(std::size_t bytes) {

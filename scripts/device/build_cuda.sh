@@ -16,7 +16,8 @@ if [[ ! -x "$NVCC" ]] && ! command -v nvcc >/dev/null; then
   exit 1
 fi
 
-targets=(nq_backend cpu_ops_test cuda_vs_cpu_ops_test cuda_model_test cuda_ipc_arena_test nq_moe_bench mla_decode_bench)
+targets=(nq_backend cpu_ops_test cuda_vs_cpu_ops_test cuda_model_test cuda_ipc_arena_test nq_moe_bench mla_decode_bench
+  nvfp4_moe_bench)
 case "${1:-}" in
   "")
     build_dir=build/cuda
@@ -24,7 +25,7 @@ case "${1:-}" in
     ;;
   --kernels-only)
     build_dir=build/cuda-kernels
-    targets=(nq_backend cpu_ops_test cuda_vs_cpu_ops_test nq_moe_bench mla_decode_bench)
+    targets=(nq_backend cpu_ops_test cuda_vs_cpu_ops_test nq_moe_bench mla_decode_bench nvfp4_moe_bench)
     cmake -S scripts/device/kernels_only -B "$build_dir" -G Ninja \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_COMPILER="$NVCC" \
       -DCMAKE_CUDA_ARCHITECTURES=90a

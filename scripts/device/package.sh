@@ -16,7 +16,8 @@ build_dir="${1:-build/cuda}"
 readonly out=.device
 readonly required=(tests/kernels/cuda_vs_cpu_ops_test tests/kernels/cpu_ops_test)
 # Packed when built (a kernels-only build has no model test).
-readonly optional=(tests/model_graph/cuda_model_test tests/kernels/cuda_ipc_arena_test tests/kernels/nq_moe_bench tests/kernels/mla_decode_bench)
+readonly optional=(tests/model_graph/cuda_model_test tests/kernels/cuda_ipc_arena_test tests/kernels/nq_moe_bench tests/kernels/mla_decode_bench
+  tests/kernels/nvfp4_moe_bench)
 
 for b in "${required[@]}"; do
   if [[ ! -x "$build_dir/$b" ]]; then

@@ -1,0 +1,64 @@
+// The NVFP4 expert GEMV of the decode path (kernels/nvfp4_moe.h, nvfp4_moe.cuh): every row of one
+// projection of every distinct expert of a chunk of at most kNvfp4MaxDecodeTokens tokens, the
+// packed E2M1 codes and E4M3 block scales decoded in registers straight into tensor-core
+// fragments, each expert's codes read once however many of the chunk's tokens route to it.
+//
+// Why tensor cores for a GEMV: an m16n8k16 MMA takes 256 weights in one instruction and
+// accumulates in fp32, so the per-weight work is the decode alone (prmt lookups), and up to
+// eight tokens (the MMA's n = 8 columns) cost what one does.
+//
+// Why the decode is exact: E2M1 x E4M3 has at most 6 significant bits and lies in
+// [2^-10, 2688], so the product is exact in fp16; the only roundings are the fp16 inputs (the
+// activation vector, 2^-11 relative) and the fp32 accumulation. The global scale is applied in
+// fp32 to each row's sum.
+//
+// Layout: lane 4g + j of a warp reads, per step, 16 bytes (32 elements, two 16-element blocks) of
+// rows g and g + 8 of its 16-row tile at columns [128 s + 32 j, 128 s + 32 j + 32), and the two
+// E4M3 scales of those blocks. Because the block scale multiplies each weight before the MMA, the
+// MMA's k order is free: the lane's pairs 4q + {0, 1} feed MMA 2q and pairs 4q + {2, 3} MMA
+// 2q + 1, so its B fragments are the 8 consecutive inputs [c0 + 8q, c0 + 8q + 8): one 16-byte
+// load of the activation vector in its natural order (no input permutation).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/cuda_util.h"
+#include "kernels/nvfp4_moe_params.h"
+
+namespace nq::kernels::cuda {
+
+// Tokens of one decode chunk: the MMA's 8 columns. A decode step (1 token) and an MTP
+// verification (1 + 3 drafts) are one chunk; longer inputs run chunk by chunk.
+inline constexpr std::int64_t kNvfp4MaxDecodeTokens = 8;
+// Assignments (tokens x top_k) of one chunk, top_k up to 16.
+inline constexpr int kNvfp4MaxAssignments = 128;
+// Columns of a row one lane reads per step (16 bytes of codes).
+inline constexpr int kNvfp4LaneCols = 32;
+
+struct Nvfp4GemvParams {
+  const std::int32_t* expert_ids = nullptr;  // [assignments]: the chunk's [T, K] ids
+  int assignments = 0;                       // T * K
+  int top_k = 0;
+  int num_experts = 0;
+  Nvfp4ProjectionView w;  // rows x cols per expert
+  int rows = 0;
+  int cols = 0;  // multiple of kNvfp4LaneCols
+  // Input vectors, fp16, `cols` each: assignment a reads vector a / top_k (the token: gate/up) when
+  // x_per_token, else vector a (its own: down).
+  const __half* x = nullptr;
+  bool x_per_token = true;
+  // out[a * out_stride + row] += the row's dot product; zeroed by the kernel before (at most two
+  // additions onto zero per output, so the sum does not depend on timing).
+  float* out = nullptr;
+  std::int64_t out_stride = 0;
+};
+
+// One launch, every row of every distinct expert of the chunk. Launched as a programmatic
+// dependent of the kernel before it (which writes x and zeroes out). Stream-ordered, no
+// allocation, capturable. InvalidArgument for a chunk or shape it does not take.
+absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx);
+
+}  // namespace nq::kernels::cuda

@@ -1,0 +1,143 @@
+// CUDA Nvfp4Moe vs the CPU backend's (itself checked against a double dense reference in
+// cpu_ops_test): 1 to 9 tokens (a chunk is 8) and a longer input, tokens that share experts,
+// typical and full-range (signed, subnormal, zero, 448) block scales, the hand-computed layer,
+// NaN block scales, out-of-range ids, and the shapes the kernels refuse. Tolerance: 2e-3 of the
+// largest output, which covers the fp16 inputs of the GEMV (2^-11 relative each).
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/kernels/cuda/backend_pair.h"
+#include "tests/kernels/nvfp4_moe_fixture.h"
+#include "tests/kernels/test_util.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::kernels::testing::AllocateOrFail;
+using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::ErrorSummary;
+using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::NormalizedError;
+using ::nq::kernels::testing::Nvfp4ScaleDraw;
+using ::nq::kernels::testing::RandomNormal;
+using ::nq::kernels::testing::StatusIs;
+using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadI32;
+using ::testing::HasSubstr;
+
+constexpr double kTolerance = 2e-3;
+
+TEST(CudaNvfp4Moe, MatchesCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(5301);
+  ErrorSummary summary("Nvfp4Moe", kTolerance);
+  // Under compute-sanitizer (NQ_SANITIZE_SMALL=1) the small shapes only.
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  struct Shape4 {
+    std::int64_t hidden, intermediate, experts, top_k;
+  };
+  // glm5_nano (D 256, I 64, 32 experts, top-4) and its TP-2 slice (I 32); rows ending mid-step
+  // (cols 96, 160: 128-column steps); tails of 16-row tiles (2I = 96 rows with I 48 is not a
+  // multiple of 32, so I 80 -> 160 rows, D 208 -> 13 tiles); top-16 (128 assignments a chunk).
+  for (const Shape4 s : {Shape4{256, 64, 32, 4}, Shape4{256, 32, 32, 4}, Shape4{96, 160, 12, 3},
+                         Shape4{224, 96, 8, 2}, Shape4{1024, 256, 32, 8}, Shape4{128, 64, 40, 16}}) {
+    if (small && s.hidden > 256) continue;
+    for (const Nvfp4ScaleDraw draw : {Nvfp4ScaleDraw::kTypical, Nvfp4ScaleDraw::kFullRange}) {
+      const testing::Nvfp4MoeHost host = testing::RandomNvfp4Moe(rng, s.hidden, s.intermediate, s.experts, draw);
+      for (const std::int64_t tokens : {1, 2, 4, 8, 9, 19}) {
+        if (small && tokens > 9) continue;
+        const std::vector<float> x = RandomNormal(rng, tokens * s.hidden, 1.0f);
+        // Each token draws from the first 2K experts (at most E), so tokens of a chunk share experts.
+        const testing::Nvfp4Routing routing =
+            testing::RandomNvfp4Routing(rng, tokens, s.top_k, std::min(s.experts, 2 * s.top_k));
+        const std::vector<float> want = testing::RunNvfp4Moe(*Backends().cpu, host, x, routing.ids, routing.weights, s.top_k);
+        const std::vector<float> got = testing::RunNvfp4Moe(*Backends().cuda, host, x, routing.ids, routing.weights, s.top_k);
+        SCOPED_TRACE(absl::StrCat("D ", s.hidden, " I ", s.intermediate, " E ", s.experts, " K ", s.top_k, " T ", tokens,
+                                  draw == Nvfp4ScaleDraw::kTypical ? " typical" : " full-range"));
+        summary.Add(NormalizedError(got, want));
+      }
+    }
+  }
+}
+
+TEST(CudaNvfp4Moe, HandComputedBlocks) {
+  if (Backends().cuda == nullptr) return;
+  for (const std::int64_t dim : {32, 256}) {
+    const testing::Nvfp4MoeHost host = testing::HandComputedNvfp4Moe(dim);
+    const std::vector<float> x(dim, 1.0f);
+    const std::vector<float> got = testing::RunNvfp4Moe(*Backends().cuda, host, x, {0}, {0.25f}, 1);
+    ASSERT_EQ(got.size(), static_cast<std::size_t>(dim));
+    // Every weight and input is exact in fp16; only the fp32 sums and silu round.
+    const double want = testing::HandComputedNvfp4Output(dim, 0.25);
+    for (const float v : got) EXPECT_NEAR(v, want, 1e-5 * std::abs(want)) << "dim " << dim;
+  }
+}
+
+// NaN block scales in a gate/up row and a down row: the CUDA outputs are NaN exactly where the
+// CPU's are, and agree elsewhere.
+TEST(CudaNvfp4Moe, NanBlockScalesPoisonWhatTheCpuPoisons) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(5302);
+  constexpr std::int64_t kD = 256, kI = 64, kE = 8, kK = 2, kT = 3;
+  testing::Nvfp4MoeHost host = testing::RandomNvfp4Moe(rng, kD, kI, kE, Nvfp4ScaleDraw::kTypical);
+  host.down.scales[(3 * kD + 17) * (kI / 16) + 2] = 0x7F;           // expert 3, down row 17
+  host.gate_up.scales[(5 * 2 * kI + kI + 9) * (kD / 16) + 7] = 0xFF;  // expert 5, up row 9
+  const std::vector<float> x = RandomNormal(rng, kT * kD, 1.0f);
+  const std::vector<std::int32_t> ids = {3, 0, 1, 2, 5, 3};
+  const std::vector<float> weights = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  const std::vector<float> want = testing::RunNvfp4Moe(*Backends().cpu, host, x, ids, weights, kK);
+  const std::vector<float> got = testing::RunNvfp4Moe(*Backends().cuda, host, x, ids, weights, kK);
+  ASSERT_EQ(got.size(), want.size());
+  std::vector<float> got_finite, want_finite;
+  int nans = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << "output " << i;
+    if (std::isnan(want[i])) {
+      ++nans;
+    } else {
+      got_finite.push_back(got[i]);
+      want_finite.push_back(want[i]);
+    }
+  }
+  // Token 0: row 17; token 2: all of it (up row 9's NaN reaches every down input), and row 17.
+  EXPECT_EQ(nans, 1 + kD);
+  EXPECT_LT(NormalizedError(got_finite, want_finite), kTolerance);
+}
+
+// The CUDA kernels never read ids back to the host: an id outside [0, E) contributes nothing
+// (the CPU backend refuses it; its reference here routes that slot to expert 0 with weight 0).
+TEST(CudaNvfp4Moe, SkipsExpertIdsOutOfRange) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(5303);
+  constexpr std::int64_t kD = 256, kI = 64, kE = 8, kK = 3;
+  const testing::Nvfp4MoeHost host = testing::RandomNvfp4Moe(rng, kD, kI, kE, Nvfp4ScaleDraw::kTypical);
+  const std::vector<float> x = RandomNormal(rng, 2 * kD, 1.0f);
+  const std::vector<float> want = testing::RunNvfp4Moe(*Backends().cpu, host, x, {1, 0, 2, 3, 4, 0},
+                                                       {0.5f, 0.0f, 0.25f, 0.5f, 0.75f, 0.0f}, kK);
+  const std::vector<float> got = testing::RunNvfp4Moe(*Backends().cuda, host, x, {1, -1, 2, 3, 4, 8},
+                                                      {0.5f, 0.3f, 0.25f, 0.5f, 0.75f, 0.3f}, kK);
+  EXPECT_LT(NormalizedError(got, want), kTolerance);
+}
+
+TEST(CudaNvfp4Moe, RefusesWidthsNotAWholeLaneChunk) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  std::mt19937_64 rng = MakeRng(5304);
+  // 48 is a whole number of NVFP4 blocks (the op's rule) but not of a lane's 32 columns.
+  const testing::Nvfp4MoeHost host = testing::RandomNvfp4Moe(rng, 48, 32, 2, Nvfp4ScaleDraw::kTypical);
+  const Nvfp4MoeWeights w = testing::UploadNvfp4Moe(cuda, host);
+  const Tensor x = Upload(cuda, std::vector<float>(48, 1.0f), DType::kF32, Shape{1, 48});
+  const Tensor ids = UploadI32(cuda, std::vector<std::int32_t>{0}, Shape{1, 1});
+  const Tensor weights = Upload(cuda, std::vector<float>{1.0f}, DType::kF32, Shape{1, 1});
+  Tensor out = AllocateOrFail(cuda, DType::kF32, Shape{1, 48});
+  EXPECT_THAT(cuda.Nvfp4Moe(x, ids, weights, w, out),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be multiples of 32")));
+}
+
+}  // namespace
+}  // namespace nq::kernels
