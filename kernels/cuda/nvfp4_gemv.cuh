@@ -26,17 +26,10 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/nvfp4_moe.cuh"
 #include "kernels/nvfp4_moe_params.h"
 
 namespace nq::kernels::cuda {
-
-// Tokens of one decode chunk: the MMA's 8 columns. A decode step (1 token) and an MTP
-// verification (1 + 3 drafts) are one chunk; longer inputs run chunk by chunk.
-inline constexpr std::int64_t kNvfp4MaxDecodeTokens = 8;
-// Assignments (tokens x top_k) of one chunk, top_k up to 16.
-inline constexpr int kNvfp4MaxAssignments = 128;
-// Columns of a row one lane reads per step (16 bytes of codes).
-inline constexpr int kNvfp4LaneCols = 32;
 
 struct Nvfp4GemvParams {
   const std::int32_t* expert_ids = nullptr;  // [assignments]: the chunk's [T, K] ids

@@ -22,6 +22,14 @@
 
 namespace nq::kernels::cuda {
 
+// Tokens of one decode chunk: the GEMV MMA's 8 columns. A decode step (1 token) and an MTP
+// verification (1 + 3 drafts) are one chunk; longer inputs run chunk by chunk.
+inline constexpr std::int64_t kNvfp4MaxDecodeTokens = 8;
+// Assignments (tokens x top_k) of one chunk, top_k up to 16.
+inline constexpr int kNvfp4MaxAssignments = 128;
+// Columns of a row one GEMV lane reads per step (16 bytes of codes): rows must be whole chunks.
+inline constexpr int kNvfp4LaneCols = 32;
+
 // Workspace bytes LaunchNvfp4Moe needs for top_k assignments per token.
 std::size_t Nvfp4MoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate);
 

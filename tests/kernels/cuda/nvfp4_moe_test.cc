@@ -42,8 +42,8 @@ TEST(CudaNvfp4Moe, MatchesCpu) {
     std::int64_t hidden, intermediate, experts, top_k;
   };
   // glm5_nano (D 256, I 64, 32 experts, top-4) and its TP-2 slice (I 32); rows ending mid-step
-  // (cols 96, 160: 128-column steps); tails of 16-row tiles (2I = 96 rows with I 48 is not a
-  // multiple of 32, so I 80 -> 160 rows, D 208 -> 13 tiles); top-16 (128 assignments a chunk).
+  // (cols 96, 160, 224 of 128-column steps: the last step's fourth lane chunk, or more, empty);
+  // a 1024 x 256 layer of top-8; top-16 (128 assignments a chunk, the plan's limit).
   for (const Shape4 s : {Shape4{256, 64, 32, 4}, Shape4{256, 32, 32, 4}, Shape4{96, 160, 12, 3},
                          Shape4{224, 96, 8, 2}, Shape4{1024, 256, 32, 8}, Shape4{128, 64, 40, 16}}) {
     if (small && s.hidden > 256) continue;

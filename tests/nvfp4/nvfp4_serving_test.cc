@@ -1,0 +1,355 @@
+// glm5_nano served from its NVFP4 checkpoint through the worker's own loader
+// (release::LoadServedModel: routed experts packed, Backend::Nvfp4Moe, gate/up fused per rank)
+// against the same checkpoint expanded by `nq nvfp4 dequantize` and served dense (F32 weights,
+// so every NVFP4 value is exact): greedy tokens and logits, TP 1 and 2, the three gate/up repack
+// modes, and the errors a wrong or corrupt NVFP4 checkpoint gets.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/backend.h"
+#include "services/model/local_tp_group.h"
+#include "services/model/model.h"
+#include "services/model/safetensors.h"
+#include "services/model/safetensors_writer.h"
+#include "services/nvfp4/checkpoint_dequantizer.h"
+#include "services/nvfp4/checkpoint_quantizer.h"
+#include "services/nvfp4/nvfp4_format.h"
+#include "services/release/release_experts.h"
+#include "tests/common/status_matchers.h"
+
+namespace nq::nvfp4 {
+namespace {
+
+namespace fs = std::filesystem;
+using ::nq::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+const std::string kNano = std::string(NQ_SOURCE_DIR) + "/models/glm5_nano";
+constexpr int kPromptTokens = 48;
+constexpr int kDecodeTokens = 16;
+constexpr int64_t kMaxTokens = 128;
+
+// Logit error as the model tests state it: max |a - b| over max |b|.
+double LogitError(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double{a[i]} - double{b[i]}));
+    ref = std::max(ref, std::abs(double{b[i]}));
+  }
+  return diff / ref;
+}
+
+int32_t Argmax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
+
+std::vector<int32_t> Prompt() {
+  std::ifstream in(kNano + "/eval/docstrings.tokens.json");
+  const nlohmann::json ids = nlohmann::json::parse(in);
+  const nlohmann::json& seq = ids.front().is_array() ? ids.front() : ids;
+  std::vector<int32_t> prompt;
+  for (size_t i = 0; i < kPromptTokens; ++i) prompt.push_back(seq.at(i).get<int32_t>());
+  return prompt;
+}
+
+// A copy of checkpoint `src` into `dst` (one model.safetensors, every other file copied), each
+// tensor passed through `edit`, which may change its bytes, dtype and shape, or drop it (false).
+struct TensorCopy {
+  std::string name;
+  model::DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;
+};
+void CopyCheckpoint(const std::string& src, const std::string& dst,
+                    const std::function<bool(TensorCopy&)>& edit = [](TensorCopy&) { return true; },
+                    const std::function<void(model::SafetensorsWriter&)>& add = nullptr) {
+  fs::remove_all(dst);
+  fs::create_directories(dst);
+  for (const fs::directory_entry& f : fs::directory_iterator(src)) {
+    const std::string name = f.path().filename().string();
+    if (f.is_regular_file() && name.find(".safetensors") == std::string::npos) fs::copy_file(f.path(), fs::path(dst) / name);
+  }
+  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(src);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  model::SafetensorsWriter writer;
+  for (const std::string& name : checkpoint->Names()) {
+    const model::TensorView view = *checkpoint->Find(name);
+    TensorCopy t{name, view.dtype, {view.shape.begin(), view.shape.end()}, {view.data.begin(), view.data.end()}};
+    if (!edit(t)) continue;
+    ASSERT_TRUE(writer.Add(t.name, t.dtype, t.shape, std::move(t.bytes)).ok());
+  }
+  if (add) add(writer);
+  ASSERT_TRUE(writer.Write(dst + "/model.safetensors").ok());
+}
+
+void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+class Nvfp4ServingTest : public ::testing::Test {
+ protected:
+  // Built once: the NVFP4 checkpoint of glm5_nano (as nq nvfp4 quantize writes it), a
+  // copy whose up_proj globals equal their gate_proj's ("matched": the fused repack is then
+  // lossless in every mode), and the dequantized (dense F32) form of each.
+  static void SetUpTestSuite() {
+    // Per process: ctest runs each test in its own process, in parallel.
+    dir_ = new std::string(::testing::TempDir() + "/nvfp4_serving_" + std::to_string(getpid()));
+    fs::remove_all(*dir_);
+    QuantizeCheckpointOptions q;
+    q.model_dir = kNano;
+    q.out_dir = *dir_ + "/nvfp4";
+    q.search = ScaleSearch::kOff;  // the fastest; what is served does not depend on the search
+    ASSERT_TRUE(QuantizeCheckpoint(q).ok());
+    ASSERT_TRUE(DequantizeCheckpoint(*dir_ + "/nvfp4", *dir_ + "/dense").ok());
+    absl::StatusOr<model::Checkpoint> source = model::Checkpoint::Open(*dir_ + "/nvfp4");
+    ASSERT_TRUE(source.ok());
+    CopyCheckpoint(*dir_ + "/nvfp4", *dir_ + "/matched", [&](TensorCopy& t) {
+      const std::string up = ".up_proj.weight_scale_2";
+      if (t.name.size() > up.size() && t.name.compare(t.name.size() - up.size(), up.size(), up) == 0) {
+        const std::string gate = t.name.substr(0, t.name.size() - up.size()) + ".gate_proj.weight_scale_2";
+        const model::TensorView g = *source->Find(gate);
+        t.bytes.assign(g.data.begin(), g.data.end());
+      }
+      return true;
+    });
+    ASSERT_TRUE(DequantizeCheckpoint(*dir_ + "/matched", *dir_ + "/matched_dense").ok());
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+
+  static absl::StatusOr<release::ServedModel> Load(const std::string& name,
+                                                   GateUpScaleMode mode = GateUpScaleMode::kCompensate) {
+    return release::LoadServedModel(*dir_ + "/" + name, "", release::ExpertBits::k2Bit, *backend_, nullptr,
+                                    {.max_tokens = kMaxTokens}, {.gate_up = mode});
+  }
+
+  // Prefill logits, then greedy decode: the tokens and every step's logits.
+  struct Run {
+    std::vector<float> prefill;
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> steps;
+  };
+  static Run Generate(model::Model& m) {
+    Run run;
+    const std::vector<int32_t> prompt = Prompt();
+    const int64_t V = m.config().vocab_size;
+    absl::StatusOr<std::vector<float>> logits = m.Forward(prompt);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) return run;
+    run.prefill = *logits;
+    int32_t next = Argmax(logits->data() + (kPromptTokens - 1) * V, V);
+    for (int i = 0; i < kDecodeTokens; ++i) {
+      run.tokens.push_back(next);
+      logits = m.Forward(std::span<const int32_t>(&next, 1));
+      EXPECT_TRUE(logits.ok()) << logits.status();
+      if (!logits.ok()) return run;
+      run.steps.push_back(*logits);
+      next = Argmax(logits->data(), V);
+    }
+    return run;
+  }
+
+  // The largest logit error of a run against the reference's, over the prefill and every step;
+  // the tokens must agree.
+  static double Compare(const Run& got, const Run& want) {
+    EXPECT_EQ(got.tokens, want.tokens);
+    double error = LogitError(got.prefill, want.prefill);
+    for (size_t i = 0; i < std::min(got.steps.size(), want.steps.size()); ++i) {
+      error = std::max(error, LogitError(got.steps[i], want.steps[i]));
+    }
+    return error;
+  }
+
+  static std::string* dir_;
+  static inline std::unique_ptr<kernels::Backend> backend_ = *kernels::CreateBackend("cpu", {.cpu_threads = 2});
+};
+std::string* Nvfp4ServingTest::dir_ = nullptr;
+
+// Every NVFP4 weight served is the dequantized checkpoint's weight exactly (matched globals: the
+// repack copies the block scales), so only the fp32 summation order differs: measured 2.5e-6 of
+// the largest logit; the bound is 2e-5.
+TEST_F(Nvfp4ServingTest, MatchedGlobalsServeTheDequantizedModel) {
+  absl::StatusOr<release::ServedModel> nvfp4 = Load("matched");
+  ASSERT_TRUE(nvfp4.ok()) << nvfp4.status();
+  absl::StatusOr<release::ServedModel> dense = Load("matched_dense");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  // Packed: codes (1/2 byte a weight), block scales (1/16) and two globals per expert, against
+  // 4 bytes a weight dense.
+  const model::ModelConfig& c = nvfp4->model->config();
+  const int64_t layers = c.num_hidden_layers - c.first_k_dense_replace + c.num_nextn_predict_layers;
+  const int64_t weights = layers * c.n_routed_experts * 3 * c.moe_intermediate_size * c.hidden_size;
+  EXPECT_EQ(nvfp4->model->RoutedExpertBytes(), weights / 2 + weights / 16 + layers * c.n_routed_experts * 2 * 4);
+  EXPECT_EQ(dense->model->RoutedExpertBytes(), weights * 4);
+  const double error = Compare(Generate(*nvfp4->model), Generate(*dense->model));
+  std::printf("matched globals, TP 1: logit error %.3g of max |logit|\n", error);
+  EXPECT_LT(error, 2e-5);
+}
+
+// Tensor parallelism: each rank fuses its own gate and up rows and keeps its own down columns;
+// TP 2 agrees with the dense TP 1 model.
+TEST_F(Nvfp4ServingTest, MatchedGlobalsAtTensorParallelTwo) {
+  const std::string dir = *dir_ + "/matched";
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> group = model::LocalTpGroup::Load(
+      dir, 2, {.max_tokens = kMaxTokens},
+      [&](kernels::Backend& backend, kernels::Communicator* comm,
+          model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
+        ASSIGN_OR_RETURN(release::ServedModel served,
+                         release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, comm, options));
+        return std::move(served.model);
+      });
+  ASSERT_TRUE(group.ok()) << group.status();
+  absl::StatusOr<release::ServedModel> dense = Load("matched_dense");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  const std::vector<int32_t> prompt = Prompt();
+  absl::StatusOr<std::vector<float>> got = (*group)->Forward(prompt);
+  ASSERT_TRUE(got.ok()) << got.status();
+  absl::StatusOr<std::vector<float>> want = dense->model->Forward(prompt);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const double error = LogitError(*got, *want);
+  std::printf("matched globals, TP 2: prefill logit error %.3g of max |logit|\n", error);
+  EXPECT_LT(error, 2e-5);
+}
+
+// The checkpoint as quantized (gate and up globals differ in most experts, mildly): compensate
+// re-rounds the smaller half's block scales, so the served model is not the dequantized one
+// exactly; the greedy tokens still agree and the logits stay within 2% (measured 0.6%). The bug
+// the default exists to avoid (gate_only) is further off than compensate.
+TEST_F(Nvfp4ServingTest, CompensateStaysCloserThanTheGateOnlyBug) {
+  absl::StatusOr<release::ServedModel> dense = Load("dense");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  const Run want = Generate(*dense->model);
+  double errors[3] = {};
+  const GateUpScaleMode modes[3] = {GateUpScaleMode::kCompensate, GateUpScaleMode::kRequantize,
+                                    GateUpScaleMode::kGateOnly};
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<release::ServedModel> nvfp4 = Load("nvfp4", modes[i]);
+    ASSERT_TRUE(nvfp4.ok()) << nvfp4.status();
+    const Run got = Generate(*nvfp4->model);
+    errors[i] = LogitError(got.prefill, want.prefill);
+    for (size_t s = 0; s < got.steps.size() && s < want.steps.size(); ++s) {
+      errors[i] = std::max(errors[i], LogitError(got.steps[s], want.steps[s]));
+    }
+    if (modes[i] == GateUpScaleMode::kCompensate) EXPECT_EQ(got.tokens, want.tokens);
+    std::printf("natural globals, %s: logit error %.3g of max |logit|\n",
+                std::string(GateUpScaleModeName(modes[i])).c_str(), errors[i]);
+  }
+  EXPECT_LT(errors[0], 2e-2);
+  EXPECT_LT(errors[0], errors[2]);
+}
+
+// ---- A wrong or corrupt NVFP4 checkpoint is refused, naming what is wrong ----
+
+class Nvfp4CorruptCheckpointTest : public Nvfp4ServingTest {
+ protected:
+  static constexpr char kTensor[] = "model.layers.2.mlp.experts.5.up_proj.weight";
+  static std::string Corrupt(const std::string& name, const std::function<bool(TensorCopy&)>& edit,
+                             const std::function<void(model::SafetensorsWriter&)>& add = nullptr) {
+    CopyCheckpoint(*dir_ + "/nvfp4", *dir_ + "/" + name, edit, add);
+    return name;
+  }
+};
+
+TEST_F(Nvfp4CorruptCheckpointTest, MissingBlockScale) {
+  const std::string dir = Corrupt("no_scale", [](TensorCopy& t) { return t.name != std::string(kTensor) + "_scale"; });
+  EXPECT_THAT(Load(dir).status(),
+              StatusIs(absl::StatusCode::kNotFound, AllOf(HasSubstr("NVFP4 checkpoint"), HasSubstr(std::string(kTensor) + "_scale"))));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, MissingGlobalScale) {
+  const std::string dir = Corrupt("no_scale_2", [](TensorCopy& t) { return t.name != std::string(kTensor) + "_scale_2"; });
+  EXPECT_THAT(Load(dir).status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr(std::string(kTensor) + "_scale_2")));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, BlockScalesOfTheWrongShape) {
+  const std::string dir = Corrupt("bad_scale_shape", [](TensorCopy& t) {
+    if (t.name == std::string(kTensor) + "_scale") {
+      // [64, 16] -> [32, 32]: the same bytes, rows no longer the weight's.
+      t.shape = {t.shape[0] / 2, t.shape[1] * 2};
+    }
+    return true;
+  });
+  EXPECT_THAT(Load(dir).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr(std::string(kTensor) + "_scale"), HasSubstr("want F8_E4M3"))));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, PackedWeightOfTheWrongShape) {
+  // Every expert's down_proj transposed in shape ([256, 32] -> [512, 16]): the config's [D, I]
+  // no longer matches.
+  const std::string dir = Corrupt("bad_weight_shape", [](TensorCopy& t) {
+    if (t.name.find("down_proj.weight") != std::string::npos && t.dtype == model::DType::kU8) {
+      t.shape = {t.shape[0] * 2, t.shape[1] / 2};
+    }
+    if (t.name.find("down_proj.weight_scale") != std::string::npos && t.dtype == model::DType::kF8E4M3) {
+      t.shape = {t.shape[0] * 2, t.shape[1] / 2};
+    }
+    return true;
+  });
+  EXPECT_THAT(Load(dir).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("down_proj.weight"), HasSubstr("the config wants"))));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, NonPositiveGlobalScale) {
+  const std::string dir = Corrupt("negative_scale_2", [](TensorCopy& t) {
+    if (t.name == std::string(kTensor) + "_scale_2") {
+      const float v = -1.0f;
+      t.bytes.assign(reinterpret_cast<const std::byte*>(&v), reinterpret_cast<const std::byte*>(&v) + 4);
+    }
+    return true;
+  });
+  EXPECT_THAT(Load(dir).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(std::string(kTensor) + "_scale_2")));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, QuantConfigOfAnotherAlgorithmOrGroupSize) {
+  const std::string dir = Corrupt("fp8_algo", [](TensorCopy&) { return true; });
+  const std::string file = *dir_ + "/" + dir + "/hf_quant_config.json";
+  WriteText(file, R"({"quantization": {"quant_algo": "FP8", "group_size": 16}})");
+  EXPECT_THAT(Load(dir).status(),
+              StatusIs(absl::StatusCode::kUnimplemented, AllOf(HasSubstr("hf_quant_config.json"), HasSubstr("\"FP8\""))));
+  WriteText(file, R"({"quantization": {"quant_algo": "NVFP4", "group_size": 32}})");
+  EXPECT_THAT(Load(dir).status(), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("group_size 32")));
+  WriteText(file, R"({"quantization": {"quant_algo": "NVFP4")");
+  EXPECT_THAT(Load(dir).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("malformed JSON")));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, ConfigJsonOfAnotherAlgorithm) {
+  const std::string dir = Corrupt("config_int4", [](TensorCopy&) { return true; });
+  const std::string path = *dir_ + "/" + dir + "/config.json";
+  std::ifstream in(path);
+  nlohmann::json config = nlohmann::json::parse(in);
+  in.close();
+  config["quantization_config"]["quant_algo"] = "W4A16_AWQ";
+  WriteText(path, config.dump(2));
+  EXPECT_THAT(Load(dir).status(),
+              StatusIs(absl::StatusCode::kUnimplemented, AllOf(HasSubstr("quant_algo"), HasSubstr("W4A16_AWQ"))));
+}
+
+TEST_F(Nvfp4CorruptCheckpointTest, Nvfp4OutsideTheRoutedExperts) {
+  // An attention projection with an NVFP4 global scale beside it, as a checkpoint quantized with
+  // broader patterns has.
+  const std::string dir = Corrupt(
+      "attention_nvfp4", [](TensorCopy&) { return true; },
+      [](model::SafetensorsWriter& writer) {
+        const float one = 1.0f;
+        ASSERT_TRUE(
+            writer.AddFloat32("model.layers.1.self_attn.o_proj.weight_scale_2", {}, std::span<const float>(&one, 1)).ok());
+      });
+  EXPECT_THAT(Load(dir).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("self_attn.o_proj.weight_scale_2"), HasSubstr("outside the routed experts"))));
+}
+
+}  // namespace
+}  // namespace nq::nvfp4
