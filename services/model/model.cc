@@ -74,8 +74,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
   if (options.max_tokens <= 0) {
     options.max_tokens = std::min<int64_t>(config.max_position_embeddings, kDefaultMaxTokens);
   }
-  // Every MoE layer runs its routed experts either dense or packed; packed layers get the slot
-  // table their NqMoe reads.
+  // Every MoE layer runs its routed experts dense, packed (NestQuant) or NVFP4; packed layers get
+  // the slot table their NqMoe reads (NVFP4 experts are all resident: no slots).
   std::map<int64_t, Tensor> slot_tables;
   auto check_moe = [&](const LayerWeights& lw, int64_t layer) -> absl::Status {
     if (!lw.moe.has_value()) return absl::OkStatus();
