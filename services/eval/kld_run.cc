@@ -8,7 +8,6 @@
 #include "services/eval/kld_live.h"
 
 namespace nq::eval {
-namespace {
 
 nlohmann::ordered_json SummaryJson(const KlSummary& s) {
   return {{"tokens", s.tokens},
@@ -22,8 +21,6 @@ std::string SummaryRow(const std::string& name, const KlSummary& s) {
   return absl::StrFormat("| %s | %d | %.6f | %.6f | %.6f | %.4f |\n", name, s.tokens, s.mean, s.median, s.p99,
                          s.top1_agreement);
 }
-
-}  // namespace
 
 absl::Status ValidateKldRequest(const KldRequest& request) {
   if (request.teacher_dir.empty()) return absl::InvalidArgumentError("--teacher HF_DIR is required");

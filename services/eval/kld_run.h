@@ -44,6 +44,10 @@ absl::Status ValidateKldRequest(const KldRequest& request);
 absl::StatusOr<KldRunReport> EvaluateKld(const KldRequest& request);
 
 nlohmann::ordered_json KldReportJson(const KldRunReport& report);
+// One KL summary as JSON (tokens, mean_kl, median_kl, p99_kl, top1_agreement) and as a row of
+// the report tables.
+nlohmann::ordered_json SummaryJson(const KlSummary& s);
+std::string SummaryRow(const std::string& name, const KlSummary& s);
 // A Markdown table of the domains and the total, then the 4-bit share and bits per weight.
 std::string KldReportTable(const KldRunReport& report);
 

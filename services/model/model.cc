@@ -48,6 +48,13 @@ bool IndexerRopeInterleaved(const ModelConfig& c) {
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir, kernels::Backend& backend,
                                                    kernels::Communicator* comm, ModelOptions options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  // Its routed experts are packed E2M1 with no dense loader here; say where they are served
+  // rather than fail on the first U8 tensor.
+  if (config.quantization.has_value() && config.quantization->method == QuantMethod::kModeloptNvfp4) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        model_dir, " is an NVFP4 checkpoint: its routed experts are served packed by release::LoadServedModel "
+                   "(nq-worker, nq bench-decode, nq kld --nvfp4), or expand it with nq nvfp4 dequantize"));
+  }
   ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(model_dir));
   absl::StatusOr<ModelWeights> weights =
       LoadModelWeights(checkpoint, config, backend, options.tp, {.matrix_dtype = options.weight_dtype});
@@ -67,13 +74,19 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
   if (options.max_tokens <= 0) {
     options.max_tokens = std::min<int64_t>(config.max_position_embeddings, kDefaultMaxTokens);
   }
-  // Every MoE layer runs its routed experts either dense or packed; packed layers get the slot
-  // table their NqMoe reads.
+  // Every MoE layer runs its routed experts dense, packed (NestQuant) or NVFP4; packed layers get
+  // the slot table their NqMoe reads (NVFP4 experts are all resident: no slots).
   std::map<int64_t, Tensor> slot_tables;
   auto check_moe = [&](const LayerWeights& lw, int64_t layer) -> absl::Status {
     if (!lw.moe.has_value()) return absl::OkStatus();
     const int64_t E = config.n_routed_experts;
-    if (lw.moe->packed.has_value()) {
+    if (lw.moe->nvfp4.has_value()) {
+      if (lw.moe->packed.has_value() || lw.moe->nvfp4->weights.num_experts != E) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": NVFP4 experts hold ",
+                                                       lw.moe->nvfp4->weights.num_experts, " experts, the config ", E,
+                                                       lw.moe->packed.has_value() ? ", and packed ones too" : ""));
+      }
+    } else if (lw.moe->packed.has_value()) {
       const PackedExperts& p = *lw.moe->packed;
       if (p.weights.num_experts != E || (!p.static_slots.empty() && static_cast<int64_t>(p.static_slots.size()) != E)) {
         return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": packed experts hold ", p.weights.num_experts,
@@ -107,6 +120,7 @@ int64_t Model::RoutedExpertBytes() const {
     if (lw.moe->packed.has_value()) {
       bytes += lw.moe->packed->packed_bytes + static_cast<int64_t>(lw.moe->packed->records.nbytes());
     }
+    if (lw.moe->nvfp4.has_value()) bytes += lw.moe->nvfp4->bytes;
     for (const MlpWeights& e : lw.moe->experts) bytes += static_cast<int64_t>(e.gate_up.nbytes() + e.down.nbytes());
   };
   for (const LayerWeights& lw : weights_.layers) add(lw);
@@ -529,8 +543,13 @@ absl::StatusOr<Tensor> Model::Moe(const MoeWeights& w, int64_t layer, const Tens
   if (routing.num_tokens != T) {
     return absl::InternalError(absl::StrCat("layer ", layer, ": routing of ", routing.num_tokens, " tokens for ", T));
   }
-  if (w.packed.has_value()) {
-    ASSIGN_OR_RETURN(Tensor routed, PackedMoe(*w.packed, layer, xn, routing, slots));
+  if (w.packed.has_value() || w.nvfp4.has_value()) {
+    Tensor routed;
+    if (w.nvfp4.has_value()) {
+      ASSIGN_OR_RETURN(routed, Nvfp4Moe(*w.nvfp4, xn, routing));
+    } else {
+      ASSIGN_OR_RETURN(routed, PackedMoe(*w.packed, layer, xn, routing, slots));
+    }
     if (!w.shared.has_value()) return routed;
     ASSIGN_OR_RETURN(Tensor shared, Mlp(*w.shared, xn));
     RETURN_IF_ERROR(backend_.Add(routed, shared, routed));
@@ -627,6 +646,15 @@ kernels::NqSlots Model::LayerSlots(const PackedExperts& w, int64_t layer, const 
     nq_slots.num_slots = w.record_bytes > 0 ? static_cast<int64_t>(w.records.nbytes()) / w.record_bytes : 0;
   }
   return nq_slots;
+}
+
+absl::StatusOr<Tensor> Model::Nvfp4Moe(const Nvfp4Experts& w, const Tensor& xn, const MoeRouting& routing) {
+  const int64_t T = xn.shape().dim(0), K = routing.top_k;
+  ASSIGN_OR_RETURN(Tensor ids, kernels::UploadInt32s(backend_, routing.experts, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor weights, kernels::UploadFloats(backend_, routing.weights, kernels::DType::kF32, Shape{T, K}));
+  ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
+  RETURN_IF_ERROR(backend_.Nvfp4Moe(xn, ids, weights, w.weights, out));
+  return out;
 }
 
 absl::StatusOr<std::vector<float>> Model::Logits(const Tensor& hidden_normed, const Tensor& head) {

@@ -146,7 +146,7 @@ class Model {
   int64_t DecodeStepBytes(int64_t context) const;
   // The routed-expert part for decoder layer `layer` running `experts` (repeats read once):
   // each expert's packed codes and scales, plus its residual record when a static slot holds it
-  // (a checkpoint expert: its matrices).
+  // (a checkpoint expert: its matrices; an NVFP4 expert: its codes, block scales and globals).
   int64_t RoutedExpertStepBytes(int64_t layer, std::span<const int32_t> experts) const;
 
   // --- Layer-major prefill (issue #23; services/model/layer_major_prefill.cc).
@@ -254,6 +254,9 @@ class Model {
   // The routed experts of a release-served layer through Backend::NqMoe.
   absl::StatusOr<kernels::Tensor> PackedMoe(const PackedExperts& w, int64_t layer, const kernels::Tensor& xn,
                                             const MoeRouting& routing, const PrefillLayerSlots* slots);
+  // The routed experts of an NVFP4-served layer through Backend::Nvfp4Moe (every expert
+  // resident: no slots, no observer calls).
+  absl::StatusOr<kernels::Tensor> Nvfp4Moe(const Nvfp4Experts& w, const kernels::Tensor& xn, const MoeRouting& routing);
   // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.

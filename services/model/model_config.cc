@@ -128,7 +128,16 @@ std::string ModelConfig::ToJson() const {
   WriteRopeConfig(rope, j);
   j["rope_interleave"] = rope_interleave;
   j["num_nextn_predict_layers"] = num_nextn_predict_layers;
-  if (quantization.has_value()) {
+  if (quantization.has_value() && quantization->method == QuantMethod::kModeloptNvfp4) {
+    Json quant = Json::object();
+    quant["quant_method"] = "modelopt";
+    quant["quant_algo"] = "NVFP4";
+    quant["group_size"] = kNvfp4GroupSize;
+    if (quantization->modules_to_not_convert.has_value()) {
+      quant["exclude_modules"] = *quantization->modules_to_not_convert;
+    }
+    j["quantization_config"] = std::move(quant);
+  } else if (quantization.has_value()) {
     Json quant = Json::object();
     quant["quant_method"] = "fp8";
     quant["fmt"] = quantization->fmt;

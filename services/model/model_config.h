@@ -74,9 +74,17 @@ struct IndexerConfig {
   bool operator==(const IndexerConfig&) const = default;
 };
 
-enum class QuantMethod { kFp8 };  // "fp8": DeepSeek block-wise FP8 (weight_scale_inv)
+// Elements per block scale of NVFP4 (ModelOpt's group_size; kernels::kNvfp4BlockSize).
+inline constexpr int64_t kNvfp4GroupSize = 16;
 
-// quantization_config of an FP8 checkpoint (DeepSeek-V3, GLM-5-FP8).
+enum class QuantMethod {
+  kFp8,            // "fp8": DeepSeek block-wise FP8 (weight_scale_inv)
+  kModeloptNvfp4,  // "modelopt" with quant_algo "NVFP4": ModelOpt's NVFP4 (services/nvfp4/)
+};
+
+// quantization_config of an FP8 checkpoint (DeepSeek-V3, GLM-5-FP8) or of an NVFP4 one as
+// NVIDIA ModelOpt writes it (quant_method "modelopt", quant_algo "NVFP4", group_size 16; the
+// fmt / activation / block fields below then keep their defaults and are not written back).
 struct QuantizationConfig {
   QuantMethod method = QuantMethod::kFp8;
   std::string fmt = "e4m3";                   // the only format those checkpoints use
@@ -84,7 +92,8 @@ struct QuantizationConfig {
   int64_t weight_block_rows = 128;            // weight_block_size[0]: output rows per scale
   int64_t weight_block_cols = 128;            // weight_block_size[1]: input columns per scale
   // Modules stored unquantized (GLM-5-FP8 lists norms, the router gate, the indexer's
-  // weights_proj, ...). Absent and empty are kept apart so the config writes back as read.
+  // weights_proj, ...; ModelOpt calls the list exclude_modules). Absent and empty are kept
+  // apart so the config writes back as read.
   std::optional<std::vector<std::string>> modules_to_not_convert;
 
   // Whether `module` (e.g. "model.layers.3.mlp.gate") is listed, itself or a module above

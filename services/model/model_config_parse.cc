@@ -206,7 +206,23 @@ absl::StatusOr<std::optional<QuantizationConfig>> ParseQuantization(const Fields
   QuantizationConfig quant;
   if (!fields.Has("quant_method")) return fields.Missing("quant_method");
   ASSIGN_OR_RETURN(std::string method, fields.String("quant_method", ""));
-  RETURN_IF_ERROR(CheckSupported(fields, "quant_method", method, {"fp8"}));
+  RETURN_IF_ERROR(CheckSupported(fields, "quant_method", method, {"fp8", "modelopt"}));
+  if (method == "modelopt") {
+    quant.method = QuantMethod::kModeloptNvfp4;
+    if (!fields.Has("quant_algo")) return fields.Missing("quant_algo");
+    ASSIGN_OR_RETURN(std::string algo, fields.String("quant_algo", ""));
+    RETURN_IF_ERROR(CheckSupported(fields, "quant_algo", algo, {"NVFP4"}));
+    // NVFP4 is defined with 16-element blocks; another group size is another format.
+    ASSIGN_OR_RETURN(int64_t group_size, fields.Int("group_size", kNvfp4GroupSize));
+    if (group_size != kNvfp4GroupSize) {
+      return Unimplemented(fields.Name("group_size"), " ", group_size, " is not supported; NVFP4 blocks are ",
+                           kNvfp4GroupSize);
+    }
+    if (fields.HasNonNull("exclude_modules")) {
+      ASSIGN_OR_RETURN(quant.modules_to_not_convert, fields.StringList("exclude_modules"));
+    }
+    return std::optional<QuantizationConfig>(std::move(quant));
+  }
   ASSIGN_OR_RETURN(quant.fmt, fields.String("fmt", quant.fmt));
   RETURN_IF_ERROR(CheckSupported(fields, "fmt", quant.fmt, {"e4m3"}));
   ASSIGN_OR_RETURN(quant.activation_scheme,

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/nq_moe.h"
+#include "kernels/nvfp4_moe.h"
 #include "services/model/model_config.h"
 #include "services/model/safetensors.h"
 
@@ -74,14 +75,24 @@ struct PackedExperts {
   std::int64_t packed_bytes = 0;
 };
 
+// Every routed expert of a layer as an NVFP4 checkpoint holds it (kernels/nvfp4_moe.h): packed
+// E2M1 codes, E4M3 block scales and one global scale per expert and projection, this rank's
+// slice, gate and up fused under one global (services/nvfp4/served_experts.h).
+struct Nvfp4Experts {
+  kernels::Nvfp4MoeWeights weights;
+  std::int64_t bytes = 0;  // of the codes and scales on the backend
+};
+
 struct MoeWeights {
   std::vector<float> router;  // [E, D], on the host (host routing: model.h, Route)
   std::vector<float> bias;    // [E] e_score_correction_bias
   kernels::Tensor router_device;  // the same [E, D] on the backend, for the logits matmul
   kernels::Tensor bias_device;    // the same [E] on the backend (Backend::MoeRoute)
-  // Dense routed experts (a checkpoint served as it is). Empty when `packed` is set.
+  // Dense routed experts (a checkpoint served as it is). Empty when `packed` or `nvfp4` is set;
+  // at most one of those two is. An NVFP4 layer routes on the host (Model::RoutesOnBackend).
   std::vector<MlpWeights> experts;
   std::optional<PackedExperts> packed;
+  std::optional<Nvfp4Experts> nvfp4;
   std::optional<MlpWeights> shared;
 };
 

@@ -63,6 +63,9 @@ int64_t Model::RoutedExpertStepBytes(int64_t layer, std::span<const int32_t> exp
       const bool four_bit = !p.static_slots.empty() && e >= 0 && e < E && p.static_slots[static_cast<size_t>(e)] >= 0;
       if (four_bit) bytes += p.record_bytes;
     }
+  } else if (w.moe->nvfp4.has_value()) {
+    // Every expert of an NVFP4 layer has the same codes, scales and globals: an equal share.
+    bytes += static_cast<int64_t>(distinct.size()) * (w.moe->nvfp4->bytes / E);
   } else {
     for (int32_t e : distinct) {
       if (e >= 0 && e < static_cast<int32_t>(w.moe->experts.size())) bytes += Bytes(w.moe->experts[static_cast<size_t>(e)]);

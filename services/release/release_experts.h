@@ -14,6 +14,7 @@
 #include "services/model/model.h"
 #include "services/model/model_config.h"
 #include "services/model/model_weights.h"
+#include "services/nvfp4/served_experts.h"
 #include "services/release/release_expert_decoder.h"
 
 namespace nq::release {
@@ -36,15 +37,17 @@ struct ServedModel {
   std::unique_ptr<ReleaseExpertDecoder> decoder;
 };
 
-// The one load nq-worker and the `nq` commands that stand in for it (bench-decode) share.
-// Without `release_dir`: Model::Load of `model_dir`. With one: the release is opened and
+// The one load nq-worker and the `nq` commands that stand in for it (bench-decode, kld) share.
+// Without `release_dir`: Model::Load of `model_dir`, except that an NVFP4 checkpoint
+// (nvfp4::IsNvfp4Checkpoint) keeps its routed experts packed (nvfp4::LoadNvfp4Experts, gate/up
+// fused as `nvfp4` says; errors "NVFP4 checkpoint DIR: ..."). With one: the release is opened and
 // checked against the model first (so a wrong release fails before the weights are read), then
 // the checkpoint's weights load without its routed experts (a checkpoint stripped of them
 // serves) and every MoE layer gets the release's packed experts at `bits`. A release that
 // fails to open or to apply is named in the error ("release DIR: ...").
 absl::StatusOr<ServedModel> LoadServedModel(const std::string& model_dir, const std::string& release_dir,
                                             ExpertBits bits, kernels::Backend& backend, kernels::Communicator* comm,
-                                            model::ModelOptions options);
+                                            model::ModelOptions options, const nvfp4::ServeOptions& nvfp4 = {});
 
 // Model::Load with the routed experts taken from `release_dir` at `bits` (LoadServedModel
 // without the decoder; `release_dir` must not be empty).

@@ -13,6 +13,7 @@
 #include "services/common/status_macros.h"
 #include "services/format/file_io.h"
 #include "services/model/model.h"
+#include "services/nvfp4/gate_up_repack.h"
 #include "services/release/release_experts.h"
 #include "services/tools/commands.h"
 #include "services/worker/decode_bench.h"
@@ -22,6 +23,7 @@ ABSL_DECLARE_FLAG(std::string, release);
 ABSL_DECLARE_FLAG(std::string, expert_bits);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, nvfp4_gate_up_scale);
 ABSL_FLAG(std::string, backend, "cpu", "bench-decode: compute backend, cpu or cuda");
 ABSL_FLAG(int, gpu, 0, "bench-decode: CUDA device ordinal (with --backend cuda)");
 ABSL_FLAG(int, prompt_tokens, 128, "bench-decode: prompt length (token ids drawn from --seed)");
@@ -83,10 +85,13 @@ absl::Status BenchDecode() {
   model_options.max_tokens = max_model_len;
   model_options.kv_cache_dtype = *kv_dtype;
   model_options.weight_dtype = *weight_dtype;
+  // An NVFP4 checkpoint fuses its gate/up halves as the worker's --nvfp4_gate_up_scale would.
+  ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
+                   nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));
   const auto started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(release::ServedModel served,
                    release::LoadServedModel(model_dir, release, release.empty() ? release::ExpertBits::k2Bit : *bits,
-                                            *backend, nullptr, model_options));
+                                            *backend, nullptr, model_options, {.gate_up = gate_up}));
   model::Model& model = *served.model;
   std::fprintf(stderr, "nq bench-decode: loaded %s (%s) in %.2f s on %s; KV cache %lld tokens, latent %s\n",
                model_dir.c_str(), std::string(model::ArchitectureName(model.config().architecture)).c_str(),

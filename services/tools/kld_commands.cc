@@ -1,7 +1,9 @@
 // nq kld: KL(teacher || student) of the model served from a NestQuant release in one expert
-// precision mode; nq mtp-acceptance: the MTP layer's offline draft acceptance (issue #7).
+// precision mode, or from an NVFP4 checkpoint (--nvfp4, issue #20); nq mtp-acceptance: the MTP
+// layer's offline draft acceptance (issue #7).
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -12,6 +14,7 @@
 #include "services/common/status_macros.h"
 #include "services/eval/kld_run.h"
 #include "services/eval/mtp_acceptance.h"
+#include "services/eval/nvfp4_kld.h"
 #include "services/eval/prefill_kld.h"
 #include "services/format/file_io.h"
 #include "services/model/model.h"
@@ -26,6 +29,12 @@ ABSL_DECLARE_FLAG(int, slots);
 ABSL_FLAG(std::string, teacher, "", "kld: the full-precision HF checkpoint the release was encoded from");
 ABSL_FLAG(std::string, mode, "",
           "kld: all-4-bit, all-2-bit, fixed-set, oracle, previous-block or live (see nq kld's report)");
+ABSL_FLAG(std::string, nvfp4, "",
+          "kld: an NVFP4 checkpoint (ModelOpt layout) to score against --teacher instead of a release, its routed "
+          "experts served packed as the worker serves them");
+ABSL_FLAG(std::string, nvfp4_gate_up_scale, "compensate",
+          "kld --nvfp4, bench-decode of an NVFP4 checkpoint: how each expert's gate and up halves share one "
+          "global scale (compensate, requantize, gate_only), as nq-worker's flag");
 ABSL_FLAG(std::string, streamer, "", "kld --mode live: host:port of the nq-streamer serving --release");
 ABSL_FLAG(int64_t, window, 2048, "kld, mtp-acceptance: tokens per window (a fresh KV cache each)");
 ABSL_FLAG(std::string, domains, "", "kld, mtp-acceptance: comma-separated domains to evaluate (default: all)");
@@ -81,7 +90,25 @@ absl::Status PrefillKld() {
   return WriteJson(eval::PrefillKldReportJson(report));
 }
 
+// nq kld --nvfp4 (services/eval/nvfp4_kld.h).
+absl::Status Nvfp4Kld() {
+  for (const auto& [flag, set] : {std::pair{"--release", !absl::GetFlag(FLAGS_release).empty()},
+                                  std::pair{"--mode", !absl::GetFlag(FLAGS_mode).empty()},
+                                  std::pair{"--prefill_tokens", absl::GetFlag(FLAGS_prefill_tokens) != 0}}) {
+    if (set) return absl::InvalidArgumentError(absl::StrCat(flag, " does not apply to --nvfp4 (a checkpoint, no release)"));
+  }
+  eval::Nvfp4KldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
+                                .nvfp4_dir = absl::GetFlag(FLAGS_nvfp4),
+                                .window = absl::GetFlag(FLAGS_window)};
+  ASSIGN_OR_RETURN(request.gate_up, nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));
+  ASSIGN_OR_RETURN(request.domains, TokensFromFlags());
+  ASSIGN_OR_RETURN(eval::Nvfp4KldReport report, eval::EvaluateNvfp4Kld(request));
+  std::fputs(eval::Nvfp4KldReportTable(report).c_str(), stdout);
+  return WriteJson(eval::Nvfp4KldReportJson(report));
+}
+
 absl::Status Kld() {
+  if (!absl::GetFlag(FLAGS_nvfp4).empty()) return Nvfp4Kld();
   if (absl::GetFlag(FLAGS_prefill_tokens) != 0) return PrefillKld();
   eval::KldRequest request{.teacher_dir = absl::GetFlag(FLAGS_teacher),
                      .release_dir = absl::GetFlag(FLAGS_release),

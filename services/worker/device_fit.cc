@@ -57,6 +57,16 @@ absl::StatusOr<DeviceBytesEstimate> EstimateDeviceBytes(const DeviceFitInputs& i
   for (const std::string& name : in.checkpoint->Names()) {
     const int64_t layer = LayerOf(name);
     has_mtp_weights |= layer >= config.num_hidden_layers;
+    // NVFP4 routed experts (services/nvfp4/served_experts.h) stay as stored: packed codes (U8) and
+    // E4M3 block scales (.weight_scale, kept, unlike an FP8 checkpoint's folded ones).
+    if (in.release == nullptr && absl::StrContains(name, ".mlp.experts.")) {
+      ASSIGN_OR_RETURN(const model::TensorView view, in.checkpoint->Find(name));
+      if (view.dtype == model::DType::kU8 ||
+          (absl::EndsWith(name, ".weight_scale") && view.dtype == model::DType::kF8E4M3)) {
+        estimate.routed_experts += view.data.size();
+        continue;
+      }
+    }
     if (IsFoldedScale(name)) continue;
     // With a release the decoder layers' routed experts come from it alone.
     if (in.release != nullptr && layer >= 0 && layer < config.num_hidden_layers &&

@@ -32,6 +32,7 @@
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
 #include "services/model/model.h"
+#include "services/nvfp4/gate_up_repack.h"
 #include "services/release/release_expert_decoder.h"
 #include "services/release/release_experts.h"
 #include "services/worker/arena_geometry.h"
@@ -78,6 +79,10 @@ ABSL_FLAG(std::string, expert_bits, "dynamic",
           "With --release: 'dynamic' (2-bit base; an expert runs at 4 bits while the streamer holds its residual "
           "in a READY slot), or a static choice without streaming: 2, 4, or 'fixed' (the manifest's fixed set at "
           "4 bits, the rest at 2)");
+ABSL_FLAG(std::string, nvfp4_gate_up_scale, "compensate",
+          "NVFP4 checkpoints: how each expert's gate and up halves share one global scale when fused "
+          "(compensate: rescale the smaller half's block scales; requantize: requantize it; gate_only: "
+          "the gate's global for both, the known serving bug, for measurement)");
 ABSL_FLAG(bool, verify_release, true,
           "Hash the release's manifest, rank index and this rank's resident files before serving them (all cores; "
           "refuses a release whose bytes differ). Off only for a release just checked with nq verify");
@@ -421,9 +426,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
     ASSIGN_OR_RETURN(release::ExpertBits bits, release.empty() || dynamic_experts
                                                    ? release::ExpertBits::k2Bit
                                                    : release::ParseExpertBits(bits_flag));
+    ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
+                     nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));
     if (on_gpu) RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, dir, release, dynamic_experts, options));
-    ASSIGN_OR_RETURN(release::ServedModel served,
-                     release::LoadServedModel(dir, release, bits, *backend, group.get(), options));
+    ASSIGN_OR_RETURN(release::ServedModel served, release::LoadServedModel(dir, release, bits, *backend, group.get(),
+                                                                           options, {.gate_up = gate_up}));
     model = std::move(served.model);
     decoder = std::move(served.decoder);
     if (!release.empty()) {

@@ -9,17 +9,21 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
+#include "services/common/status_macros.h"
+#include "services/eval/nvfp4_kld.h"
 #include "services/model/local_tp_group.h"
 #include "services/model/model.h"
 #include "services/model/safetensors.h"
@@ -189,7 +193,7 @@ TEST_F(Nvfp4ServingTest, MatchedGlobalsServeTheDequantizedModel) {
   // Packed: codes (1/2 byte a weight), block scales (1/16) and two globals per expert, against
   // 4 bytes a weight dense.
   const model::ModelConfig& c = nvfp4->model->config();
-  const int64_t layers = c.num_hidden_layers - c.first_k_dense_replace + c.num_nextn_predict_layers;
+  const int64_t layers = c.num_hidden_layers - c.FirstKDenseReplace() + c.num_nextn_predict_layers;
   const int64_t weights = layers * c.n_routed_experts * 3 * c.moe_intermediate_size * c.hidden_size;
   EXPECT_EQ(nvfp4->model->RoutedExpertBytes(), weights / 2 + weights / 16 + layers * c.n_routed_experts * 2 * 4);
   EXPECT_EQ(dense->model->RoutedExpertBytes(), weights * 4);
@@ -224,9 +228,11 @@ TEST_F(Nvfp4ServingTest, MatchedGlobalsAtTensorParallelTwo) {
 }
 
 // The checkpoint as quantized (gate and up globals differ in most experts, mildly): compensate
-// re-rounds the smaller half's block scales, so the served model is not the dequantized one
-// exactly; the greedy tokens still agree and the logits stay within 2% (measured 0.6%). The bug
-// the default exists to avoid (gate_only) is further off than compensate.
+// re-rounds the smaller half's block scales (160768 of them here, up to 2^-4 relative each), so
+// the served model is not the dequantized one exactly; the greedy tokens still agree and the
+// largest logit error over the prefill and 16 steps is within 20% of the largest logit
+// (measured 0.131; requantize 0.072, gate_only 1.05). The bug the default exists to avoid
+// (gate_only) is at least 5x further off than compensate.
 TEST_F(Nvfp4ServingTest, CompensateStaysCloserThanTheGateOnlyBug) {
   absl::StatusOr<release::ServedModel> dense = Load("dense");
   ASSERT_TRUE(dense.ok()) << dense.status();
@@ -242,15 +248,110 @@ TEST_F(Nvfp4ServingTest, CompensateStaysCloserThanTheGateOnlyBug) {
     for (size_t s = 0; s < got.steps.size() && s < want.steps.size(); ++s) {
       errors[i] = std::max(errors[i], LogitError(got.steps[s], want.steps[s]));
     }
-    if (modes[i] == GateUpScaleMode::kCompensate) EXPECT_EQ(got.tokens, want.tokens);
+    if (modes[i] == GateUpScaleMode::kCompensate) {
+      EXPECT_EQ(got.tokens, want.tokens);
+    }
     std::printf("natural globals, %s: logit error %.3g of max |logit|\n",
                 std::string(GateUpScaleModeName(modes[i])).c_str(), errors[i]);
   }
-  EXPECT_LT(errors[0], 2e-2);
-  EXPECT_LT(errors[0], errors[2]);
+  EXPECT_LT(errors[0], 0.2);
+  EXPECT_GT(errors[2], 5 * errors[0]);
+}
+
+// The real checkpoint's 10x mismatch, planted: in every MoE layer, expert 0's up_proj global is
+// its gate's times 10 and expert 1's its gate's times 0.1 (codes and block scales untouched, so
+// the checkpoint is still valid NVFP4; its dequantized form is the truth). compensate serves
+// that truth up to the re-rounding of one half's block scales: the greedy tokens agree and the
+// largest logit error stays within 20% of the largest logit (measured 0.135). gate_only applies
+// the gate's global to the up half, off by 10x in those experts: the bug, at least 5x
+// compensate's error (measured 1.6; both printed).
+TEST_F(Nvfp4ServingTest, PlantedMismatchCompensateServesItGateOnlyDoesNot) {
+  int planted = 0;
+  CopyCheckpoint(*dir_ + "/matched", *dir_ + "/planted", [&](TensorCopy& t) {
+    for (const auto& [expert, factor] : {std::pair{".experts.0.", 10.0f}, std::pair{".experts.1.", 0.1f}}) {
+      if (t.name.find(expert) == std::string::npos || t.name.find(".up_proj.weight_scale_2") == std::string::npos) {
+        continue;
+      }
+      float v;
+      std::memcpy(&v, t.bytes.data(), sizeof v);
+      v *= factor;
+      std::memcpy(t.bytes.data(), &v, sizeof v);
+      ++planted;
+    }
+    return true;
+  });
+  absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(*dir_ + "/matched");
+  ASSERT_TRUE(config.ok()) << config.status();
+  const model::ModelConfig& c = *config;
+  ASSERT_EQ(planted, 2 * (c.num_hidden_layers - c.FirstKDenseReplace() + c.num_nextn_predict_layers));
+  ASSERT_TRUE(DequantizeCheckpoint(*dir_ + "/planted", *dir_ + "/planted_dense").ok());
+  absl::StatusOr<release::ServedModel> dense = Load("planted_dense");
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  const Run want = Generate(*dense->model);
+
+  absl::StatusOr<release::ServedModel> compensate = Load("planted", GateUpScaleMode::kCompensate);
+  ASSERT_TRUE(compensate.ok()) << compensate.status();
+  const Run got = Generate(*compensate->model);
+  EXPECT_EQ(got.tokens, want.tokens);
+  double compensate_error = LogitError(got.prefill, want.prefill);
+  for (size_t s = 0; s < got.steps.size() && s < want.steps.size(); ++s) {
+    compensate_error = std::max(compensate_error, LogitError(got.steps[s], want.steps[s]));
+  }
+
+  absl::StatusOr<release::ServedModel> gate_only = Load("planted", GateUpScaleMode::kGateOnly);
+  ASSERT_TRUE(gate_only.ok()) << gate_only.status();
+  const Run bug = Generate(*gate_only->model);
+  double bug_error = LogitError(bug.prefill, want.prefill);
+  for (size_t s = 0; s < bug.steps.size() && s < want.steps.size(); ++s) {
+    bug_error = std::max(bug_error, LogitError(bug.steps[s], want.steps[s]));
+  }
+  std::printf("planted 10x / 0.1x globals: logit error compensate %.3g, gate_only %.3g of max |logit|\n",
+              compensate_error, bug_error);
+  EXPECT_LT(compensate_error, 0.2);
+  EXPECT_GT(bug_error, 5 * compensate_error);
+}
+
+// nq kld --nvfp4 through the worker's loader: against the matched checkpoint's own dequantized
+// form the KL is that of the fp32 summation order alone (below 1e-6 nats, top-1 agreement 1);
+// against the natural checkpoint's, with compensate's re-rounded block scales, it is small but
+// not zero (measured 0.0053 nats), and gate_only's is larger (0.0103).
+TEST_F(Nvfp4ServingTest, KldOfTheNvfp4ExpertsAgainstTheirDequantizedForm) {
+  std::vector<int32_t> tokens = Prompt();
+  eval::Nvfp4KldRequest request{.teacher_dir = *dir_ + "/matched_dense", .nvfp4_dir = *dir_ + "/matched", .window = 24};
+  request.domains.push_back({.name = "docstrings", .sequences = {tokens}});
+  absl::StatusOr<eval::Nvfp4KldReport> exact = eval::EvaluateNvfp4Kld(request);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->kl.overall.tokens, kPromptTokens);  // every position of both windows
+  EXPECT_LT(exact->kl.overall.mean, 1e-6);
+  EXPECT_EQ(exact->kl.overall.top1_agreement, 1.0);
+  EXPECT_GT(exact->expert_bytes, 0);
+
+  request.teacher_dir = *dir_ + "/dense";
+  request.nvfp4_dir = *dir_ + "/nvfp4";
+  absl::StatusOr<eval::Nvfp4KldReport> compensate = eval::EvaluateNvfp4Kld(request);
+  ASSERT_TRUE(compensate.ok()) << compensate.status();
+  request.gate_up = GateUpScaleMode::kGateOnly;
+  absl::StatusOr<eval::Nvfp4KldReport> gate_only = eval::EvaluateNvfp4Kld(request);
+  ASSERT_TRUE(gate_only.ok()) << gate_only.status();
+  std::printf("KL vs the dequantized checkpoint: matched %.3g, compensate %.3g, gate_only %.3g\n",
+              exact->kl.overall.mean, compensate->kl.overall.mean, gate_only->kl.overall.mean);
+  EXPECT_GT(compensate->kl.overall.mean, exact->kl.overall.mean);
+  EXPECT_LT(compensate->kl.overall.mean, gate_only->kl.overall.mean);
+
+  // A student that is not an NVFP4 checkpoint is refused by name.
+  request.nvfp4_dir = *dir_ + "/dense";
+  EXPECT_THAT(eval::EvaluateNvfp4Kld(request).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not an NVFP4 checkpoint")));
 }
 
 // ---- A wrong or corrupt NVFP4 checkpoint is refused, naming what is wrong ----
+
+// Model::Load (nq logits, a teacher) has no packed-expert path: it names the loader that has.
+TEST_F(Nvfp4ServingTest, ModelLoadSendsAnNvfp4CheckpointToTheServingLoader) {
+  EXPECT_THAT(model::Model::Load(*dir_ + "/nvfp4", *backend_, nullptr, {.max_tokens = kMaxTokens}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("is an NVFP4 checkpoint"), HasSubstr("LoadServedModel"))));
+}
 
 class Nvfp4CorruptCheckpointTest : public Nvfp4ServingTest {
  protected:
