@@ -346,6 +346,23 @@ absl::Status Backend::Embedding(std::span<const std::int32_t> ids, const Tensor&
   return DoEmbedding(ids, table, out);
 }
 
+absl::Status Backend::Embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  constexpr absl::string_view kOp = "Embedding";
+  RETURN_IF_ERROR(CheckOwned(kOp, "ids", ids));
+  RETURN_IF_ERROR(CheckOwned(kOp, "table", table));
+  RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
+  RETURN_IF_ERROR(CheckDType(kOp, "ids", ids, DType::kI32));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "table", table, {DType::kF32, DType::kBF16, DType::kF16}));
+  RETURN_IF_ERROR(CheckDType(kOp, "out", out, DType::kF32));
+  RETURN_IF_ERROR(CheckRank(kOp, "ids", ids, 1));
+  RETURN_IF_ERROR(CheckRank(kOp, "table", table, 2));
+  const std::int64_t tokens = ids.shape().dim(0);
+  RETURN_IF_ERROR(CheckShape(kOp, "out", out, Shape{tokens, table.shape().dim(1)},
+                             absl::StrCat("ids ", ids.DebugString(), " and table ", table.DebugString())));
+  if (out.NumElements() == 0) return absl::OkStatus();
+  return DoEmbeddingDevice(ids, table, out);
+}
+
 absl::Status Backend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
   constexpr absl::string_view kOp = "Add";
   RETURN_IF_ERROR(CheckOwned(kOp, "a", a));
@@ -360,10 +377,12 @@ absl::Status Backend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
   return DoAdd(a, b, out);
 }
 
-absl::Status Backend::Rope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+absl::Status Backend::Rope(Tensor& x, StepPosition start, std::span<const float> inv_freq,
                            float attention_scaling, bool interleaved) {
   constexpr absl::string_view kOp = "Rope";
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckStepPosition(kOp, "start_pos", start));
+  const std::int64_t start_pos = start.bound();
   RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
   RETURN_IF_ERROR(CheckRank(kOp, "x", x, 3));
   const std::int64_t d = x.shape().dim(2);
@@ -394,7 +413,7 @@ absl::Status Backend::Rope(Tensor& x, std::int64_t start_pos, std::span<const fl
         start_pos));
   }
   if (x.NumElements() == 0) return absl::OkStatus();
-  return DoRope(x, start_pos, inv_freq, attention_scaling, interleaved);
+  return DoRope(x, start, inv_freq, attention_scaling, interleaved);
 }
 
 absl::Status Backend::LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -428,10 +447,12 @@ absl::Status Backend::LayerNorm(const Tensor& x, const Tensor& weight, const Ten
   return DoLayerNorm(x, weight, bias, eps, y, dims);
 }
 
-absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) {
+absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, StepPosition offset) {
   constexpr absl::string_view kOp = "WriteRows";
   RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
   RETURN_IF_ERROR(CheckOwned(kOp, "dst", dst));
+  RETURN_IF_ERROR(CheckStepPosition(kOp, "row_offset", offset));
+  const std::int64_t row_offset = offset.bound();
   RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
   RETURN_IF_ERROR(CheckDTypeIn(kOp, "dst", dst, {DType::kF32, DType::kBF16}));
   RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
@@ -449,7 +470,7 @@ absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, std::int64_t row
   }
   RETURN_IF_ERROR(CheckDistinct(kOp, src, "src", dst, "dst"));
   if (src.NumElements() == 0) return absl::OkStatus();
-  return DoWriteRows(src, dst, row_offset);
+  return DoWriteRows(src, dst, offset);
 }
 
 absl::Status Backend::GatherRows(const Tensor& x, std::span<const std::int32_t> rows,
@@ -496,8 +517,10 @@ absl::Status Backend::ScatterAddRows(const Tensor& src, std::span<const std::int
 absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                                    const Tensor& kv_latent, const Tensor& k_pe,
                                    const Tensor& w_uk, const Tensor& w_uv, const Tensor* selected,
-                                   std::int64_t start_pos, float scale, Tensor& out) {
+                                   StepPosition start, float scale, Tensor& out) {
   constexpr absl::string_view kOp = "MlaAttention";
+  RETURN_IF_ERROR(CheckStepPosition(kOp, "start_pos", start));
+  const std::int64_t start_pos = start.bound();
   const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {{"q_nope", &q_nope}, {"q_pe", &q_pe}};
   for (const auto& [name, t] : f32_inputs) {
     RETURN_IF_ERROR(CheckOwned(kOp, name, *t));
@@ -566,8 +589,7 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
     RETURN_IF_ERROR(CheckDistinct(kOp, *t, name, out, "out"));
   }
   if (out.NumElements() == 0) return absl::OkStatus();
-  return DoMlaAttention(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, selected, start_pos, scale,
-                        out);
+  return DoMlaAttention(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, selected, start, scale, out);
 }
 
 absl::Status Backend::MoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
@@ -605,8 +627,10 @@ absl::Status Backend::MoeRoute(const Tensor& logits, const Tensor* bias, const M
 }
 
 absl::Status Backend::IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
-                                  std::int64_t start_pos, Tensor& selected) {
+                                  StepPosition start, Tensor& selected) {
   constexpr absl::string_view kOp = "IndexerTopK";
+  RETURN_IF_ERROR(CheckStepPosition(kOp, "start_pos", start));
+  const std::int64_t start_pos = start.bound();
   RETURN_IF_ERROR(CheckOwned(kOp, "q", q));
   RETURN_IF_ERROR(CheckOwned(kOp, "k", k));
   RETURN_IF_ERROR(CheckOwned(kOp, "weights", weights));
@@ -643,7 +667,7 @@ absl::Status Backend::IndexerTopK(const Tensor& q, const Tensor& k, const Tensor
                                                    " keys an I32 index can name"));
   }
   if (tokens == 0) return absl::OkStatus();
-  return DoIndexerTopK(q, k, weights, start_pos, selected);
+  return DoIndexerTopK(q, k, weights, start, selected);
 }
 
 // ---- Default model-op hooks: not implemented by this backend ----
@@ -665,7 +689,11 @@ absl::Status Backend::DoAdd(const Tensor&, const Tensor&, Tensor&) {
   return NotImplemented("Add", name());
 }
 
-absl::Status Backend::DoRope(Tensor&, std::int64_t, std::span<const float>, float, bool) {
+absl::Status Backend::DoEmbeddingDevice(const Tensor&, const Tensor&, Tensor&) {
+  return NotImplemented("Embedding (device ids)", name());
+}
+
+absl::Status Backend::DoRope(Tensor&, const StepPosition&, std::span<const float>, float, bool) {
   return NotImplemented("Rope", name());
 }
 
@@ -674,7 +702,7 @@ absl::Status Backend::DoLayerNorm(const Tensor&, const Tensor&, const Tensor&, f
   return NotImplemented("LayerNorm", name());
 }
 
-absl::Status Backend::DoWriteRows(const Tensor&, Tensor&, std::int64_t) {
+absl::Status Backend::DoWriteRows(const Tensor&, Tensor&, const StepPosition&) {
   return NotImplemented("WriteRows", name());
 }
 
@@ -688,7 +716,7 @@ absl::Status Backend::DoScatterAddRows(const Tensor&, std::span<const std::int32
 }
 
 absl::Status Backend::DoMlaAttention(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                     const Tensor&, const Tensor&, const Tensor*, std::int64_t,
+                                     const Tensor&, const Tensor&, const Tensor*, const StepPosition&,
                                      float, Tensor&) {
   return NotImplemented("MlaAttention", name());
 }
@@ -697,9 +725,34 @@ absl::Status Backend::DoMoeRoute(const Tensor&, const Tensor*, const MoeRoutePar
   return NotImplemented("MoeRoute", name());
 }
 
-absl::Status Backend::DoIndexerTopK(const Tensor&, const Tensor&, const Tensor&, std::int64_t,
+absl::Status Backend::DoIndexerTopK(const Tensor&, const Tensor&, const Tensor&, const StepPosition&,
                                     Tensor&) {
   return NotImplemented("IndexerTopK", name());
+}
+
+}  // namespace nq::kernels
+
+namespace nq::kernels {
+
+absl::Status Backend::BeginCapture() {
+  return absl::UnimplementedError(absl::StrCat("the ", std::string(name()), " backend cannot capture graphs"));
+}
+
+absl::StatusOr<std::unique_ptr<Backend::Graph>> Backend::EndCapture() {
+  return absl::UnimplementedError(absl::StrCat("the ", std::string(name()), " backend cannot capture graphs"));
+}
+
+absl::Status Backend::CheckStepPosition(absl::string_view op, absl::string_view arg, const StepPosition& p) const {
+  if (p.device() == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckOwned(op, arg, *p.device()));
+  if (p.device()->dtype() != DType::kI32 || p.device()->NumElements() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": a device ", arg, " must be I32 [1], got ",
+                                                   p.device()->DebugString()));
+  }
+  if (p.bound() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": the bound of a device ", arg, " must be >= 0, got ", p.bound()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace nq::kernels

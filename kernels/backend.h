@@ -32,6 +32,7 @@
 #include "kernels/nq_moe_params.h"
 #include "kernels/nvfp4_moe.h"
 #include "kernels/nvfp4_moe_params.h"
+#include "kernels/step_position.h"
 #include "kernels/tensor.h"
 
 namespace nq::kernels {
@@ -116,6 +117,10 @@ class Backend {
   // out[t, :] = table[ids[t], :]. ids: host token ids, each < V; table: F32/BF16/F16 [V, d];
   // out: F32 [T, d] with T = ids.size().
   absl::Status Embedding(std::span<const std::int32_t> ids, const Tensor& table, Tensor& out);
+  // The same with the ids on this backend (I32 [T]), read when the op runs (a captured step
+  // graph's input tokens). The CPU backend refuses an id >= V when it runs; the CUDA kernel,
+  // which cannot report it, writes a zero row for it.
+  absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 
   // out = a + b elementwise. All F32 of one shape; out may be a or b.
   absl::Status Add(const Tensor& a, const Tensor& b, Tensor& out);
@@ -123,11 +128,11 @@ class Backend {
   // Rotary embedding in place on the first r = 2 * inv_freq.size() elements of the last dim
   // of x: F32 [T, n, d] with d >= r (the rest of each head is left as is: the DSA indexer
   // rotates only the leading rope slice of its heads). Token t sits at position
-  // start_pos + t; frequency i = inv_freq[i] (host); the angle is computed in float32 as HF
+  // start_pos + t (kernels/step_position.h: a host value or one read from the device); frequency i = inv_freq[i] (host); the angle is computed in float32 as HF
   // does; cos and sin are multiplied by `attention_scaling` (yarn). interleaved: pairs
   // (x[2i], x[2i+1]) rotate by frequency i (DeepSeek / GPT-J layout); otherwise pairs
   // (x[i], x[i + r/2]) (NeoX / rotate_half layout).
-  absl::Status Rope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+  absl::Status Rope(Tensor& x, StepPosition start_pos, std::span<const float> inv_freq,
                     float attention_scaling, bool interleaved);
 
   // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
@@ -137,8 +142,8 @@ class Backend {
 
   // dst[row_offset + i, :] = src[i, :]. src: F32 [n, d]; dst: F32 or BF16 [*, d] (a BF16 dst
   // stores each value rounded to nearest even, kernels/dtype.h ToBf16: the BF16 latent KV
-  // cache); the rows must fit in dst.
-  absl::Status WriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset);
+  // cache); the rows must fit in dst (checked against the bound of a device row_offset).
+  absl::Status WriteRows(const Tensor& src, Tensor& dst, StepPosition row_offset);
 
   // out[i, :] = x[rows[i], :]. x: F32 [T, d]; rows: host, each < T; out: F32 [rows.size(), d].
   absl::Status GatherRows(const Tensor& x, std::span<const std::int32_t> rows, Tensor& out);
@@ -157,19 +162,20 @@ class Backend {
   // is given (DSA), only the keys it lists for t (I32 [T, K], -1 = none; duplicates are not
   // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 or BF16 [S, c];
   // k_pe [S, dr] of kv_latent's dtype, with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
-  // [H, dv, c]; out F32 [T, H * dv].
+  // [H, dv, c]; out F32 [T, H * dv]. A device start_pos is checked against the cache by its bound.
   absl::Status MlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
                             const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
-                            const Tensor* selected, std::int64_t start_pos, float scale,
+                            const Tensor* selected, StepPosition start_pos, float scale,
                             Tensor& out);
 
   // DSA indexer selection: for query t (position start_pos + t) and each visible key
   // s <= start_pos + t,  score[t,s] = sum_h weights[t,h] * relu(q[t,h,:] · k[s,:]); writes
   // the top_k keys by score (descending; ties to the lower s) to selected[t, :], padding
   // with -1 when fewer than top_k keys are visible. q F32 [T, Hi, d]; k F32 [S, d] with
-  // S >= start_pos + T; weights F32 [T, Hi]; selected I32 [T, top_k].
+  // S >= start_pos + T (its bound, for a device start_pos); weights F32 [T, Hi]; selected
+  // I32 [T, top_k].
   absl::Status IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
-                           std::int64_t start_pos, Tensor& selected);
+                           StepPosition start_pos, Tensor& selected);
 
   // The MoE router (kernels/moe_route.h) where the logits are: ids[t, :] and weights[t, :] are
   // token t's top_k experts, by descending choice score, and their weights, as RouteTokensHost
@@ -194,6 +200,30 @@ class Backend {
   // to the host, skip an out-of-range id.
   absl::Status Nvfp4Moe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
                         const Nvfp4MoeWeights& weights, Tensor& out);
+
+  // ---- Captured graphs: a decode step replayed without a host call per op ----
+
+  // A recorded sequence of this backend's ops.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    // Runs every recorded op once, in order, and waits for them; the first failure, if any.
+    virtual absl::Status Run() = 0;
+  };
+  // Whether BeginCapture works on this backend (CUDA graphs; the CPU runs ops as they are called).
+  virtual bool CanCapture() const { return false; }
+  // From BeginCapture to EndCapture the ops are recorded, not run: their results exist only once
+  // the graph EndCapture returns has run. Their host arguments are fixed at capture, so an op whose
+  // input comes from the host at run time must read it from a tensor (StepPosition::OnDevice, the
+  // device-ids Embedding); ops that copy host spans or wait for the device (CopyFromHost,
+  // CopyToHost, GatherRows, Synchronize, ...) fail while capturing. Every tensor allocated during
+  // the capture must be destroyed before EndCapture. EndCapture ends the capture even after a
+  // failed op (then it returns that failure).
+  virtual absl::Status BeginCapture();
+  virtual absl::StatusOr<std::unique_ptr<Graph>> EndCapture();
+  // Changes whenever memory the ops use internally (scratch, workspaces, uploaded constants) is
+  // replaced: a graph captured under another generation would read freed memory and must not run.
+  virtual std::uint64_t CaptureGeneration() const { return 0; }
 
  protected:
   Backend();
@@ -225,12 +255,13 @@ class Backend {
   // (the defaults), so the graph fails with a clear message rather than a wrong answer.
   virtual absl::Status DoEmbedding(std::span<const std::int32_t> ids, const Tensor& table,
                                    Tensor& out);
+  virtual absl::Status DoEmbeddingDevice(const Tensor& ids, const Tensor& table, Tensor& out);
   virtual absl::Status DoAdd(const Tensor& a, const Tensor& b, Tensor& out);
-  virtual absl::Status DoRope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+  virtual absl::Status DoRope(Tensor& x, const StepPosition& start_pos, std::span<const float> inv_freq,
                               float attention_scaling, bool interleaved);
   virtual absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    float eps, Tensor& y, const RowDims& dims);
-  virtual absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset);
+  virtual absl::Status DoWriteRows(const Tensor& src, Tensor& dst, const StepPosition& row_offset);
   virtual absl::Status DoGatherRows(const Tensor& x, std::span<const std::int32_t> rows,
                                     Tensor& out);
   virtual absl::Status DoScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
@@ -238,10 +269,10 @@ class Backend {
   virtual absl::Status DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                                       const Tensor& kv_latent, const Tensor& k_pe,
                                       const Tensor& w_uk, const Tensor& w_uv,
-                                      const Tensor* selected, std::int64_t start_pos, float scale,
+                                      const Tensor* selected, const StepPosition& start_pos, float scale,
                                       Tensor& out);
   virtual absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
-                                     std::int64_t start_pos, Tensor& selected);
+                                     const StepPosition& start_pos, Tensor& selected);
   virtual absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                                   Tensor& ids, Tensor& weights);
   // Arguments validated into raw pointers (kernels/nq_moe_op.cc).
@@ -252,6 +283,8 @@ class Backend {
  private:
   // InvalidArgumentError unless `t` is a non-empty tensor allocated by this backend.
   absl::Status CheckOwned(absl::string_view op, absl::string_view arg, const Tensor& t) const;
+  // A device position must be an I32 [1] tensor of this backend with a bound >= 0.
+  absl::Status CheckStepPosition(absl::string_view op, absl::string_view arg, const StepPosition& p) const;
 
   std::uint64_t id_;
 };

@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/nq_moe.h"
 #include "kernels/cpu/nvfp4_moe.h"
 #include "kernels/cpu/ops.h"
+#include "services/common/status_macros.h"
 
 namespace nq::kernels::cpu {
 namespace {
@@ -22,6 +24,18 @@ class HostStorage final : public Storage {
   HostStorage(void* data, std::size_t bytes) : Storage(data, bytes) {}
   ~HostStorage() override { std::free(data()); }
 };
+
+// The position an op runs at: the host value, or the device tensor's (host memory on this
+// backend), read now that the op runs.
+absl::StatusOr<std::int64_t> RunPosition(absl::string_view op, const StepPosition& p) {
+  if (p.device() == nullptr) return p.bound();
+  const std::int32_t value = *p.device()->data_as<std::int32_t>();
+  if (value < 0 || value > p.bound()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": the device position holds ", value,
+                                                   ", outside [0, ", p.bound(), "] (its bound)"));
+  }
+  return value;
+}
 
 }  // namespace
 
@@ -101,15 +115,28 @@ absl::Status CpuBackend::DoEmbedding(std::span<const std::int32_t> ids, const Te
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoEmbeddingDevice(const Tensor& ids, const Tensor& table, Tensor& out) {
+  const std::span<const std::int32_t> values(ids.data_as<std::int32_t>(), static_cast<std::size_t>(ids.NumElements()));
+  const std::int64_t vocab = table.shape().dim(0);
+  for (std::size_t t = 0; t < values.size(); ++t) {
+    if (values[t] < 0 || values[t] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Embedding: ids[", t, "] = ", values[t], " is outside the table's ", vocab, " rows"));
+    }
+  }
+  return DoEmbedding(values, table, out);
+}
+
 absl::Status CpuBackend::DoAdd(const Tensor& a, const Tensor& b, Tensor& out) {
   cpu::Add(a.data_as<float>(), b.data_as<float>(), out.data_as<float>(), out.NumElements(),
            threads_);
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::DoRope(Tensor& x, std::int64_t start_pos,
+absl::Status CpuBackend::DoRope(Tensor& x, const StepPosition& start,
                                 std::span<const float> inv_freq, float attention_scaling,
                                 bool interleaved) {
+  ASSIGN_OR_RETURN(const std::int64_t start_pos, RunPosition("Rope", start));
   cpu::Rope({.x = x.data_as<float>(),
              .tokens = x.shape().dim(0),
              .heads = x.shape().dim(1),
@@ -129,7 +156,8 @@ absl::Status CpuBackend::DoLayerNorm(const Tensor& x, const Tensor& weight, cons
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) {
+absl::Status CpuBackend::DoWriteRows(const Tensor& src, Tensor& dst, const StepPosition& offset) {
+  ASSIGN_OR_RETURN(const std::int64_t row_offset, RunPosition("WriteRows", offset));
   // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
   const std::int64_t first = row_offset * dst.shape().dim(1);
   if (dst.dtype() == DType::kBF16) {
@@ -157,8 +185,9 @@ absl::Status CpuBackend::DoScatterAddRows(const Tensor& src, std::span<const std
 absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                                         const Tensor& kv_latent, const Tensor& k_pe,
                                         const Tensor& w_uk, const Tensor& w_uv,
-                                        const Tensor* selected, std::int64_t start_pos,
+                                        const Tensor* selected, const StepPosition& start,
                                         float scale, Tensor& out) {
+  ASSIGN_OR_RETURN(const std::int64_t start_pos, RunPosition("MlaAttention", start));
   // A BF16 cache is widened to fp32 (exactly) and attended like an F32 one: the CPU backend is
   // the oracle the CUDA kernels are checked against, so it computes in one precision only.
   std::vector<float> latent_wide, rope_wide;
@@ -206,7 +235,8 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
 }
 
 absl::Status CpuBackend::DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
-                                       std::int64_t start_pos, Tensor& selected) {
+                                       const StepPosition& start, Tensor& selected) {
+  ASSIGN_OR_RETURN(const std::int64_t start_pos, RunPosition("IndexerTopK", start));
   cpu::IndexerTopK({.q = q.data_as<float>(),
                     .k = k.data_as<float>(),
                     .weights = weights.data_as<float>(),

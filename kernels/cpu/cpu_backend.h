@@ -38,22 +38,23 @@ class CpuBackend final : public Backend {
   absl::Status DoSoftmax(const Tensor& x, float scale, Tensor& y, const RowDims& dims) override;
   absl::Status DoEmbedding(std::span<const std::int32_t> ids, const Tensor& table,
                            Tensor& out) override;
+  absl::Status DoEmbeddingDevice(const Tensor& ids, const Tensor& table, Tensor& out) override;
   absl::Status DoAdd(const Tensor& a, const Tensor& b, Tensor& out) override;
-  absl::Status DoRope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+  absl::Status DoRope(Tensor& x, const StepPosition& start_pos, std::span<const float> inv_freq,
                       float attention_scaling, bool interleaved) override;
   absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                            Tensor& y, const RowDims& dims) override;
-  absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) override;
+  absl::Status DoWriteRows(const Tensor& src, Tensor& dst, const StepPosition& row_offset) override;
   absl::Status DoGatherRows(const Tensor& x, std::span<const std::int32_t> rows,
                             Tensor& out) override;
   absl::Status DoScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
                                 std::span<const float> weights, Tensor& out) override;
   absl::Status DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
                               const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
-                              const Tensor* selected, std::int64_t start_pos, float scale,
+                              const Tensor* selected, const StepPosition& start_pos, float scale,
                               Tensor& out) override;
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
-                             std::int64_t start_pos, Tensor& selected) override;
+                             const StepPosition& start_pos, Tensor& selected) override;
   absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                           Tensor& weights) override;
   absl::Status DoNqMoe(const NqMoeParams& params) override;

@@ -87,6 +87,28 @@ absl::Status CheckIntRange(absl::string_view op, std::initializer_list<std::int6
   return absl::OkStatus();
 }
 
+// An instantiated CUDA graph of the backend's stream; keeps the stream (and pool) alive.
+class CudaGraph final : public Backend::Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, std::shared_ptr<StreamPool> pool, int device)
+      : exec_(exec), pool_(std::move(pool)), device_(device) {}
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  absl::Status Run() override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    NQ_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, pool_->stream()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
+    return absl::OkStatus();
+  }
+
+ private:
+  cudaGraphExec_t exec_;
+  std::shared_ptr<StreamPool> pool_;
+  int device_;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& props, std::shared_ptr<StreamPool> pool)
@@ -101,11 +123,44 @@ class CudaBackend final : public Backend {
   std::string DeviceDescription() const override { return description_; }
 
   absl::Status Synchronize() override {
+    RETURN_IF_ERROR(RefuseWhileCapturing("Synchronize"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // Waits for the stream, then returns the pool's cached blocks, so memory another allocator
     // needs after a load or a long prefill is not held here.
     return pool_->Trim();
   }
+
+  bool CanCapture() const override { return true; }
+
+  // Thread-local mode: another thread's unrelated CUDA calls (the streamer's copies into a
+  // device arena) neither break this capture nor are refused because of it.
+  absl::Status BeginCapture() override {
+    if (capturing_) return absl::FailedPreconditionError("BeginCapture: a capture is already open");
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(pool_->stream(), cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<Graph>> EndCapture() override {
+    if (!capturing_) return absl::FailedPreconditionError("EndCapture: no capture is open");
+    capturing_ = false;
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(pool_->stream(), &graph);
+    if (ended != cudaSuccess) {
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // an op's failed launch may have left the sticky-free error set
+      return CudaStatus(ended, "cudaStreamEndCapture");
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    if (instantiated != cudaSuccess) return CudaStatus(instantiated, "cudaGraphInstantiate");
+    return std::unique_ptr<Graph>(new CudaGraph(exec, pool_, device_));
+  }
+
+  std::uint64_t CaptureGeneration() const override { return capture_generation_; }
 
  protected:
   absl::StatusOr<std::unique_ptr<Storage>> AllocateStorage(std::size_t bytes) override {
@@ -118,6 +173,7 @@ class CudaBackend final : public Backend {
   // From pageable memory cudaMemcpyAsync returns once `src` is staged, so the caller may reuse
   // it; the copy itself stays ordered on the stream.
   absl::Status DoCopyFromHost(const void* src, std::size_t bytes, void* dst) override {
+    RETURN_IF_ERROR(RefuseWhileCapturing("CopyFromHost"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, pool_->stream()));
@@ -125,6 +181,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status DoCopyToHost(const void* src, std::size_t bytes, void* dst) override {
+    RETURN_IF_ERROR(RefuseWhileCapturing("CopyToHost"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));
@@ -210,10 +267,23 @@ class CudaBackend final : public Backend {
     const std::size_t ids_at = layout.AddHost(ids);
     ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
     return LaunchEmbedding({.ids = reinterpret_cast<const std::int32_t*>(scratch + ids_at),
+                            .vocab = table.shape().dim(0),
                             .table = table.data(),
                             .table_dtype = table.dtype(),
                             .out = out.data_as<float>(),
                             .tokens = static_cast<std::int64_t>(ids.size()),
+                            .dim = table.shape().dim(1)},
+                           ctx_);
+  }
+
+  absl::Status DoEmbeddingDevice(const Tensor& ids, const Tensor& table, Tensor& out) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchEmbedding({.ids = ids.data_as<std::int32_t>(),
+                            .vocab = table.shape().dim(0),
+                            .table = table.data(),
+                            .table_dtype = table.dtype(),
+                            .out = out.data_as<float>(),
+                            .tokens = ids.shape().dim(0),
                             .dim = table.shape().dim(1)},
                            ctx_);
   }
@@ -227,7 +297,7 @@ class CudaBackend final : public Backend {
                      ctx_);
   }
 
-  absl::Status DoRope(Tensor& x, std::int64_t start_pos, std::span<const float> inv_freq,
+  absl::Status DoRope(Tensor& x, const StepPosition& start_pos, std::span<const float> inv_freq,
                       float attention_scaling, bool interleaved) override {
     const std::int64_t heads = x.shape().dim(1);
     const std::int64_t dim = x.shape().dim(2);
@@ -240,7 +310,8 @@ class CudaBackend final : public Backend {
                        .heads = static_cast<int>(heads),
                        .dim = static_cast<int>(dim),
                        .rotary = static_cast<int>(2 * inv_freq.size()),
-                       .start_pos = start_pos,
+                       .start_pos = start_pos.bound(),
+                       .position = DevicePosition(start_pos),
                        .attention_scaling = attention_scaling},
                       interleaved, ctx_);
   }
@@ -259,10 +330,20 @@ class CudaBackend final : public Backend {
                            ctx_);
   }
 
-  absl::Status DoWriteRows(const Tensor& src, Tensor& dst, std::int64_t row_offset) override {
+  absl::Status DoWriteRows(const Tensor& src, Tensor& dst, const StepPosition& offset) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (offset.device() != nullptr) {
+      return LaunchWriteRowsAt({.src = src.data_as<float>(),
+                                .dst = dst.data(),
+                                .dst_bf16 = dst.dtype() == DType::kBF16,
+                                .row_offset = DevicePosition(offset),
+                                .rows = src.shape().dim(0),
+                                .cols = src.shape().dim(1),
+                                .dst_rows = dst.shape().dim(0)},
+                               ctx_);
+    }
     // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
-    const std::int64_t first = row_offset * dst.shape().dim(1);
+    const std::int64_t first = offset.bound() * dst.shape().dim(1);
     if (dst.dtype() == DType::kBF16) {
       return LaunchFloatsToBf16(
           {.src = src.data_as<float>(), .out = dst.data_as<Bf16>() + first, .count = src.NumElements()},
@@ -329,7 +410,7 @@ class CudaBackend final : public Backend {
 
   absl::Status DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
                               const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
-                              const Tensor* selected, std::int64_t start_pos, float scale,
+                              const Tensor* selected, const StepPosition& start_pos, float scale,
                               Tensor& out) override {
     const std::int64_t tokens = q_nope.shape().dim(0);
     const std::int64_t heads = q_nope.shape().dim(1);
@@ -358,7 +439,8 @@ class CudaBackend final : public Backend {
          .c = static_cast<int>(kv_latent.shape().dim(1)),
          .dv = static_cast<int>(w_uv.shape().dim(1)),
          .top_k = static_cast<int>(top_k),
-         .start_pos = static_cast<int>(start_pos),  // < keys, checked above
+         .start_pos = static_cast<int>(start_pos.bound()),  // < keys, checked above
+         .position = DevicePosition(start_pos),
          .scale = scale};
     // A few queries (decode, MTP verification): the split kernels share each key read among the
     // heads and spread the keys over the GPU; the per-(query, head) kernel otherwise.
@@ -395,8 +477,9 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
-                             std::int64_t start_pos, Tensor& selected) override {
+                             const StepPosition& start, Tensor& selected) override {
     const std::int64_t tokens = q.shape().dim(0);
+    const std::int64_t start_pos = start.bound();  // sizes the scratch; the kernels read a device one
     const std::int64_t visible_max = start_pos + tokens;
     RETURN_IF_ERROR(CheckIndexerShape(visible_max, q.shape().dim(1), q.shape().dim(2),
                                       selected.shape().dim(1)));
@@ -424,6 +507,7 @@ class CudaBackend final : public Backend {
                               .dim = static_cast<int>(q.shape().dim(2)),
                               .top_k = static_cast<int>(selected.shape().dim(1)),
                               .start_pos = static_cast<int>(start_pos),
+                              .position = DevicePosition(start),
                               .score_rows = static_cast<int>(score_rows),
                               .select_scratch = select_bytes > 0 ? scratch + select_at : nullptr},
                              ctx_);
@@ -456,7 +540,9 @@ class CudaBackend final : public Backend {
     if (bytes <= nq_moe_workspace_.bytes()) return absl::OkStatus();
     // Growing waits for the stream: kernels enqueued earlier may still use the old block. A
     // captured decode graph sizes it before capture (its first, uncaptured step).
+    RETURN_IF_ERROR(RefuseWhileCapturing("growing the MoE workspace"));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
+    ++capture_generation_;
     nq_moe_workspace_.Reset();
     ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(bytes));
     return absl::OkStatus();
@@ -510,7 +596,11 @@ class CudaBackend final : public Backend {
       }
     }
     constexpr std::size_t kMaxConstants = 8;
-    if (constants_.size() == kMaxConstants) constants_.erase(constants_.begin());
+    RETURN_IF_ERROR(RefuseWhileCapturing("uploading a constant"));
+    if (constants_.size() == kMaxConstants) {
+      constants_.erase(constants_.begin());
+      ++capture_generation_;
+    }
     DeviceConstant c;
     c.host.assign(values.begin(), values.end());
     ASSIGN_OR_RETURN(c.device, DeviceBuffer::Allocate(std::max<std::size_t>(values.size_bytes(), 1)));
@@ -524,8 +614,14 @@ class CudaBackend final : public Backend {
   }
 
   absl::StatusOr<std::byte*> UploadScratch(const ScratchLayout& layout) {
+    if (layout.total_bytes() > scratch_.bytes() || !layout.staging().empty()) {
+      // Growing waits for the device; host staging would be captured as a copy from memory that
+      // is gone when the graph replays.
+      RETURN_IF_ERROR(RefuseWhileCapturing("an op with host inputs or a larger scratch"));
+    }
     if (layout.total_bytes() > scratch_.bytes()) {
       NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
+      ++capture_generation_;
       scratch_.Reset();
       ASSIGN_OR_RETURN(scratch_,
                        DeviceBuffer::Allocate(std::max(layout.total_bytes(), kMinScratchBytes)));
@@ -540,8 +636,21 @@ class CudaBackend final : public Backend {
     return scratch;
   }
 
+  // The device pointer a kernel reads a StepPosition from, or null for a host position.
+  static const std::int32_t* DevicePosition(const StepPosition& p) {
+    return p.device() != nullptr ? p.device()->data_as<std::int32_t>() : nullptr;
+  }
+
+  absl::Status RefuseWhileCapturing(absl::string_view what) const {
+    if (!capturing_) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " cannot be captured in a CUDA graph (it reads host memory at enqueue or waits for the device)"));
+  }
+
   int device_;
   std::string description_;
+  bool capturing_ = false;
+  std::uint64_t capture_generation_ = 0;  // CaptureGeneration()
   std::shared_ptr<StreamPool> pool_;  // the stream every op runs on, and tensor memory
   LaunchContext ctx_;
   DeviceBuffer scratch_;  // one op's host inputs and intermediates (UploadScratch)

@@ -1,6 +1,7 @@
 // Embedding: out[t, :] = table[ids[t], :], table rows F32 / BF16 / F16 widened to fp32 as they
-// are loaded. One block per token; the ids are on the device (the backend copies them from the
-// host into scratch).
+// are loaded. One block per token; the ids are on the device (the backend copies host ids into
+// scratch; a captured step graph's are a tensor). An id outside [0, vocab) gives a zero row: the
+// kernel cannot report it, and must not read outside the table.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,7 +16,8 @@
 namespace nq::kernels::cuda {
 
 struct EmbeddingParams {
-  const std::int32_t* ids = nullptr;  // [tokens], device, each in [0, vocab)
+  const std::int32_t* ids = nullptr;  // [tokens], device
+  std::int64_t vocab = 0;             // rows of table
   const void* table = nullptr;        // [vocab, dim], elements of table_dtype
   DType table_dtype = DType::kF32;
   float* out = nullptr;  // [tokens, dim]
@@ -33,8 +35,13 @@ template <typename T>
 __global__ void __launch_bounds__(kEmbeddingThreads)
     EmbeddingKernel(const __grid_constant__ EmbeddingParams p) {
   const std::int64_t t = blockIdx.x;
-  const T* row = static_cast<const T*>(p.table) + std::int64_t{p.ids[t]} * p.dim;
+  const std::int64_t id = p.ids[t];
   float* out = p.out + t * p.dim;
+  if (id < 0 || id >= p.vocab) {
+    for (std::int64_t c = threadIdx.x; c < p.dim; c += kEmbeddingThreads) out[c] = 0.0f;
+    return;
+  }
+  const T* row = static_cast<const T*>(p.table) + id * p.dim;
   for (std::int64_t c = threadIdx.x; c < p.dim; c += kEmbeddingThreads) {
     out[c] = LoadFloat(row + c);
   }

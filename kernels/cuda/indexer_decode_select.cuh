@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ DigitChoice choice_slot;
   __shared__ int base_slot[2];
   const int t = blockIdx.y;
-  const int visible = p.start_pos + t + 1;
+  const int visible = IndexerStart(p) + t + 1;
   const int first = blockIdx.x * kFilterKeysPerBlock;
   if (first >= visible) return;  // block-uniform, before any barrier
   const int take = min(p.top_k, visible);
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ DigitChoice choice_slot;
   __shared__ ResolveState st;
   const int t = blockIdx.x;
-  const int visible = p.start_pos + t + 1;
+  const int visible = IndexerStart(p) + t + 1;
   const int take = min(p.top_k, visible);
   int padded = 1;
   while (padded < take) padded *= 2;

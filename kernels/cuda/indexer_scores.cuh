@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
   const int q0 = blockIdx.y * queries_per_block;
   const int queries = min(queries_per_block, p.tokens - q0);
   const int rows = queries * p.heads;
-  const int last_key = p.start_pos + q0 + queries - 1;  // the group's last visible key
+  const int last_key = IndexerStart(p) + q0 + queries - 1;  // the group's last visible key
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // fragment coordinates (PTX ISA m16n8k8 layouts)
   // A warp's 16 rows are one query's heads when heads % 16 == 0: its parts are summed in-warp.
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
   // The first key tile is in flight (HBM) while the query fragments load (L2) below.
   const bool vec4 = p.dim % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.k) % 16 == 0;
   const int tiles_total = last_key / kScoreTileKeys + 1;
-  const std::int64_t row_stride = std::int64_t{p.start_pos} + p.tokens;
+  const std::int64_t row_stride = std::int64_t{p.start_pos} + p.tokens;  // the bound's
   int tile = blockIdx.x;
   if (tile < tiles_total) {
     LoadKeyTile(tiles, p.k, p.dim, padded, stride, tile * kScoreTileKeys, last_key, vec4);
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
     for (int i = threadIdx.x; i < queries * kScoreTileKeys; i += blockDim.x) {
       const int ql = i / kScoreTileKeys, col = i % kScoreTileKeys;
       const int key = first_key + col;
-      const int pos = p.start_pos + q0 + ql;
+      const int pos = IndexerStart(p) + q0 + ql;
       if (key > pos) continue;
       const float* src = part + ql * parts_per_query * kScorePartStride + col;
       float score = 0.0f;

@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ int warp_sums[kSelectWarps + 1];
   __shared__ SelectState st;
   const int t = blockIdx.x;
-  const int visible = p.start_pos + t + 1;
+  const int visible = IndexerStart(p) + t + 1;
   const int take = min(p.top_k, visible);
   int padded = 1;
   while (padded < take) padded *= 2;

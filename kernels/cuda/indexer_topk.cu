@@ -161,6 +161,10 @@ absl::Status LaunchIndexerTopK(const IndexerTopKParams& p, const LaunchContext& 
   const std::int64_t visible_max = std::int64_t{p.start_pos} + p.tokens;
   RETURN_IF_ERROR(CheckIndexerShape(visible_max, p.heads, p.dim, p.top_k));
   if (p.tokens == 0) return absl::OkStatus();
+  if (p.position != nullptr && p.tokens > p.score_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("IndexerTopK: a device position needs the ", p.tokens,
+                                                   " queries in one chunk of score rows (", p.score_rows, ")"));
+  }
   ASSIGN_OR_RETURN(const ScoresVariant scores, PickScoresVariant(p.dim));
   NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(scores.kernel,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -38,7 +38,11 @@ struct IndexerTopKParams {
   int heads = 0;
   int dim = 0;
   int top_k = 0;
+  // Position of query 0; with `position` set, only its bound: strides, grids and scratch are
+  // sized by it, and the kernels read the real position from `position` when they run (a
+  // captured step graph; kernels/step_position.h).
   int start_pos = 0;
+  const std::int32_t* position = nullptr;
   // Rows of `scores`: queries are processed in chunks of this many.
   int score_rows = 0;
   // Device scratch of IndexerSelectScratchBytes(tokens, start_pos + tokens, top_k) bytes
@@ -51,7 +55,13 @@ struct IndexerTopKParams {
 std::int64_t IndexerSelectScratchBytes(std::int64_t tokens, std::int64_t visible_max,
                                        std::int64_t top_k);
 
+// The position of query 0 as the kernels see it when they run.
+__device__ __forceinline__ int IndexerStart(const IndexerTopKParams& p) {
+  return p.position != nullptr ? *p.position : p.start_pos;
+}
+
 // Contract: shapes validated by Backend (and CheckIndexerShape). Enqueues on ctx.stream only.
+// A device position needs the queries in one chunk (tokens <= score_rows).
 absl::Status LaunchIndexerTopK(const IndexerTopKParams& params, const LaunchContext& ctx);
 
 // OK when queries of `heads` x `dim` that see up to `visible_keys` keys can be selected for

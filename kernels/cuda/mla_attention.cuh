@@ -47,6 +47,9 @@ struct MlaAttentionParams {
   int dv = 0;
   int top_k = 0;      // columns of `selected`
   int start_pos = 0;  // start_pos + tokens <= keys < 2^31
+  // When set, the position of query 0 is read from here when the kernels run (a captured step
+  // graph; kernels/step_position.h) and start_pos is only its bound (it sizes the launch).
+  const std::int32_t* position = nullptr;
   float scale = 1.0f;
 };
 
@@ -83,7 +86,7 @@ __global__ void __launch_bounds__(kMlaThreads)
   const int lane = tid % kWarpSize;
   const int t = blockIdx.x / p.heads;
   const int h = blockIdx.x % p.heads;
-  const int pos = p.start_pos + t;
+  const int pos = (p.position != nullptr ? *p.position : p.start_pos) + t;
   const std::int64_t row = std::int64_t{t} * p.heads + h;
 
   for (int j = tid; j < p.dn; j += kMlaThreads) q_nope[j] = __ldg(p.q_nope + row * p.dn + j);

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane / 4, qd = lane % 4;
   const int split = blockIdx.x, hg = blockIdx.y, t = blockIdx.z;
-  const int pos = p.start_pos + t;
+  const int pos = (p.position != nullptr ? *p.position : p.start_pos) + t;  // the bound sized the grid
   const std::int32_t* selected = p.selected != nullptr ? p.selected + std::int64_t{t} * p.top_k : nullptr;
   const std::int64_t candidates = selected != nullptr ? p.top_k : pos + 1;
   const std::int64_t tiles = (candidates + kKeyTile - 1) / kKeyTile;

@@ -21,6 +21,9 @@ struct RopeParams {
   int dim = 0;     // the head stride
   int rotary = 0;  // even, <= dim: the leading `rotary` elements of each head rotate
   std::int64_t start_pos = 0;
+  // When set, the position of token 0 is read from here when the kernel runs (a captured step
+  // graph; kernels/step_position.h) and start_pos is only its bound.
+  const std::int32_t* position = nullptr;
   float attention_scaling = 1.0f;
 };
 
@@ -35,13 +38,14 @@ __global__ void __launch_bounds__(kRopeThreads) RopeKernel(const __grid_constant
   const int half = p.rotary / 2;
   const std::int64_t pairs_per_token = std::int64_t{p.heads} * half;
   const std::int64_t total = p.tokens * pairs_per_token;
+  const std::int64_t start = p.position != nullptr ? std::int64_t{*p.position} : p.start_pos;
   for (std::int64_t pair = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; pair < total;
        pair += std::int64_t{gridDim.x} * blockDim.x) {
     const std::int64_t t = pair / pairs_per_token;
     const std::int64_t in_token = pair - t * pairs_per_token;
     const std::int64_t head = in_token / half;
     const int i = static_cast<int>(in_token - head * half);
-    const float position = static_cast<float>(p.start_pos + t);
+    const float position = static_cast<float>(start + t);
     const float angle = __fmul_rn(__ldg(p.inv_freq + i), position);
     float sine;
     float cosine;

@@ -22,6 +22,16 @@ absl::Status LaunchFloatsToBf16(const FloatsToBf16Params& p, const LaunchContext
   return CheckLaunch("FloatsToBf16Kernel");
 }
 
+absl::Status LaunchWriteRowsAt(const WriteRowsAtParams& p, const LaunchContext& ctx) {
+  if (p.rows < 0 || p.rows > kMaxGridX || p.cols < 0 || p.row_offset == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteRows: unsupported size rows=", p.rows, " cols=", p.cols, " (device offset required)"));
+  }
+  if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
+  WriteRowsAtKernel<kRowsThreads><<<dim3(static_cast<unsigned>(p.rows)), kRowsThreads, 0, ctx.stream>>>(p);
+  return CheckLaunch("WriteRowsAtKernel");
+}
+
 absl::Status LaunchGatherRows(const GatherRowsParams& p, const LaunchContext& ctx) {
   if (p.n < 0 || p.n > kMaxGridX || p.cols < 0) {
     return absl::InvalidArgumentError(

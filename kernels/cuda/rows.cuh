@@ -29,6 +29,21 @@ struct FloatsToBf16Params {
 // Contract: count >= 0; any alignment of src and out (a cache row offset may be odd).
 absl::Status LaunchFloatsToBf16(const FloatsToBf16Params& params, const LaunchContext& ctx);
 
+// WriteRows at a row offset read from the device when the kernel runs (a captured step graph):
+// dst[*row_offset + i, :] = src[i, :], F32 or BF16 (rounded as FloatsToBf16) destination rows.
+// Rows that would land at or past dst_rows are dropped (an offset past its bound is the caller's
+// bug; the kernel stays inside the cache).
+struct WriteRowsAtParams {
+  const float* src = nullptr;  // [rows, cols]
+  void* dst = nullptr;         // [dst_rows, cols], F32 or BF16
+  bool dst_bf16 = false;
+  const std::int32_t* row_offset = nullptr;  // device
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t dst_rows = 0;
+};
+absl::Status LaunchWriteRowsAt(const WriteRowsAtParams& params, const LaunchContext& ctx);
+
 struct GatherRowsParams {
   const float* x = nullptr;            // [*, cols]
   const std::int32_t* rows = nullptr;  // [n], device, each a valid row of x
@@ -63,6 +78,21 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t stride = std::int64_t{gridDim.x} * kThreads;
   for (std::int64_t i = blockIdx.x * std::int64_t{kThreads} + threadIdx.x; i < p.count; i += stride) {
     p.out[i] = ToBf16(__ldg(p.src + i));
+  }
+}
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    WriteRowsAtKernel(const __grid_constant__ WriteRowsAtParams p) {
+  const std::int64_t row = std::int64_t{*p.row_offset} + blockIdx.x;
+  if (row < 0 || row >= p.dst_rows) return;
+  const float* src = p.src + blockIdx.x * p.cols;
+  for (std::int64_t c = threadIdx.x; c < p.cols; c += kThreads) {
+    if (p.dst_bf16) {
+      static_cast<Bf16*>(p.dst)[row * p.cols + c] = ToBf16(__ldg(src + c));
+    } else {
+      static_cast<float*>(p.dst)[row * p.cols + c] = __ldg(src + c);
+    }
   }
 }
 

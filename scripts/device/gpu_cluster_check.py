@@ -238,7 +238,8 @@ def check_greedy(args, report):
         for backend in (args.reference_backend, args.backend):
             cluster = Cluster(args.bin, args.model, args.logs, f"greedy-{bits}-{backend}")
             try:
-                cluster.start([f"--backend={backend}", f"--expert_bits={bits}", "--speculative_tokens=0"])
+                extra = args.test_worker_flags.split() if backend == args.backend else []
+                cluster.start([f"--backend={backend}", f"--expert_bits={bits}", "--speculative_tokens=0"] + extra)
                 outputs = []
                 for prompt in PROMPTS[:3]:
                     status, body = cluster.completion(prompt, args.greedy_tokens)
@@ -502,6 +503,8 @@ def main():
     parser.add_argument("--stress-rounds", type=int, default=4)
     parser.add_argument("--only", default="greedy,bench,http,streaming,spec,bf16,stress")
     parser.add_argument("--greedy-tokens", type=int, default=64)
+    # e.g. "--step_graphs=false": the worker under test with a feature off (greedy check only).
+    parser.add_argument("--test-worker-flags", default="")
     parser.add_argument("--spec-drafts", default="0,1,2,3", type=lambda v: [int(x) for x in v.split(",")])
     args = parser.parse_args()
     args.logs = os.path.join(args.out, "logs")

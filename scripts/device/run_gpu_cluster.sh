@@ -65,13 +65,22 @@ if [[ -x "$work/bin/cuda_vs_cpu_ops_test" ]]; then
   fi
 fi
 # Before and after in one run: a previous build's nq (bin/nq_before) and this one's, interleaved.
+# NQ_BEFORE_FLAGS="--step_graphs=false" makes bin/nq_before this build's nq with those flags (the
+# same binary with a feature off; no second binary to carry).
+if [[ -n "${NQ_BEFORE_FLAGS:-}" ]]; then
+  printf '#!/usr/bin/env bash\nexec "%s" "$@" %s\n' "$work/bin/nq" "$NQ_BEFORE_FLAGS" >"$work/bin/nq_before"
+  chmod +x "$work/bin/nq_before"
+fi
 if [[ -x "$work/bin/nq_before" ]]; then
   for round in 1 2 3; do
     for which in nq_before nq; do
       for bits in fixed 2; do
-        echo "== bench-decode $which --expert-bits=$bits (round $round): $("$work/bin/$which" bench-decode \
-          --model="$work/model" --release="$work/model/release" --expert-bits=$bits --backend=cuda --decode-tokens=256 \
-          --warmup=16 --prompt-tokens=128 --out="$out/bench_${which}_${bits}_$round.json" 2>&1 | tail -1)"
+        log="$out/bench_${which}_${bits}_$round.log"
+        "$work/bin/$which" bench-decode --model="$work/model" --release="$work/model/release" --expert-bits=$bits \
+          --backend=cuda --decode-tokens=256 --warmup=16 --prompt-tokens=128 \
+          --out="$out/bench_${which}_${bits}_$round.json" >"$log" 2>&1
+        echo "== bench-decode $which --expert-bits=$bits (round $round): $(tail -1 "$log")"
+        grep -h "step graphs" "$log" || true
       done
     done
   done
@@ -115,9 +124,12 @@ if [[ "${NQ_SLICE:-1}" == 1 ]]; then
     # roofline ratio (issue #13), and the previous build beside it when packed (bin/nq_before).
     for which in nq_before nq; do
       [[ -x "$work/bin/$which" ]] || continue
-      echo "== slice bench-decode $which --context=4000 --expert-bits=2 --weight-dtype=bf16: $("$work/bin/$which" \
-        bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda --prompt-tokens=4000 \
-        --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --out="$out/slice/bench_${which}_ctx4000.json" 2>&1 | tail -1)"
+      log="$out/slice/bench_${which}_ctx4000.log"
+      "$work/bin/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+        --prompt-tokens=4000 --decode-tokens=64 --warmup=4 --weight-dtype=bf16 \
+        --out="$out/slice/bench_${which}_ctx4000.json" >"$log" 2>&1
+      echo "== slice bench-decode $which --context=4000 --expert-bits=2 --weight-dtype=bf16: $(tail -1 "$log")"
+      grep -h "step graphs" "$log" || true
     done
     # BF16 weight matrices on the slice: bench-decode only (no CPU reference at these shapes).
     "$work/bin/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=fixed --backend=cuda \

@@ -198,12 +198,20 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
 }
 
 absl::StatusOr<std::vector<float>> Model::Forward(std::span<const int32_t> tokens) {
+  if (StepGraphApplies(tokens.size())) return GraphedForward(tokens);
   Tensor x;
   RETURN_IF_ERROR(RunStack(tokens, x));
   return Logits(x, weights_.lm_head);
 }
 
 absl::StatusOr<std::vector<float>> Model::ForwardLast(std::span<const int32_t> tokens) {
+  if (StepGraphApplies(tokens.size())) {
+    // The graph computes every token's logits (a GEMV reads the head once for up to 4 rows).
+    ASSIGN_OR_RETURN(std::vector<float> all, GraphedForward(tokens));
+    const size_t vocab = all.size() / tokens.size();
+    all.erase(all.begin(), all.end() - static_cast<std::ptrdiff_t>(vocab));
+    return all;
+  }
   Tensor x;
   RETURN_IF_ERROR(RunStack(tokens, x));
   const int32_t last = static_cast<int32_t>(tokens.size() - 1);
@@ -271,13 +279,13 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
 }
 
 absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
-                             int64_t start_pos) {
+                             kernels::StepPosition start_pos) {
   RETURN_IF_ERROR(AttentionBlock(w, layer, cache_index, x, start_pos));
   return FfnBlock(w, layer, x, nullptr, nullptr);
 }
 
 absl::Status Model::AttentionBlock(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
-                                   int64_t start_pos) {
+                                   kernels::StepPosition start_pos) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
   RETURN_IF_ERROR(backend_.RmsNorm(x, w.input_norm, eps, xn));
@@ -316,7 +324,7 @@ absl::Status Model::FfnBlock(const LayerWeights& w, int64_t layer, Tensor& x, co
 }
 
 absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
-                                        const Tensor& xn, int64_t start_pos) {
+                                        const Tensor& xn, kernels::StepPosition start_pos) {
   const ModelConfig& c = config_;
   const int64_t T = xn.shape().dim(0);
   const int64_t Hr = w.w_uk.shape().dim(0), dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -513,6 +521,7 @@ absl::Status Model::BeginRoutingLog(int64_t tokens) {
     if (in_flight) RETURN_IF_ERROR(backend_.Synchronize());
     routing_staging_.reset();
     ASSIGN_OR_RETURN(routing_staging_, backend_.AllocateHostStaging(need));
+    ++routing_staging_generation_;
   }
   return absl::OkStatus();
 }

@@ -38,6 +38,9 @@ struct ModelOptions {
   kernels::DType kv_cache_dtype = kernels::DType::kF32;
   // Storage of the weight matrices (WeightsOptions::matrix_dtype): F32 or BF16.
   kernels::DType weight_dtype = kernels::DType::kF32;
+  // Decode steps (up to kMaxStepGraphTokens tokens) as captured graphs where the backend can
+  // capture them (CUDA): see Model::StepGraphStats.
+  bool step_graphs = true;
 };
 
 class Model {
@@ -98,10 +101,14 @@ class Model {
     int64_t dim = 0;
     std::span<const float> rows;
   };
-  void SetExpertObserver(std::function<void(const ExpertActivations&)> observer) { observer_ = std::move(observer); }
+  void SetExpertObserver(std::function<void(const ExpertActivations&)> observer) {
+    observer_ = std::move(observer);
+    step_graphs_.clear();
+  }
   // Routing traces (nq trace): every MoE layer's routing of the tokens of each forward.
   void SetRoutingObserver(std::function<void(int64_t layer, const MoeRouting&)> observer) {
     routing_observer_ = std::move(observer);
+    step_graphs_.clear();
   }
 
   // Serving a NestQuant release (MoeWeights::packed, kernels/nq_moe.h). `source(layer, expert,
@@ -110,7 +117,10 @@ class Model {
   // slots index the slot arena of SetSlotArena when one is set, else the layer's own records
   // (PackedExperts::records). Without a source, each layer's PackedExperts::static_slots apply.
   using ExpertSlotSource = std::function<std::int32_t(int64_t layer, int32_t expert, int64_t tokens)>;
-  void SetExpertSlotSource(ExpertSlotSource source) { slot_source_ = std::move(source); }
+  void SetExpertSlotSource(ExpertSlotSource source) {
+    slot_source_ = std::move(source);
+    step_graphs_.clear();
+  }
   // The serving form of a slot source: whole slot tables, which the model keeps on the backend so
   // a forward routes on the backend (Backend::MoeRoute) and never waits for the host between
   // layers. Before each forward the model compares generation() with the generation it last
@@ -126,6 +136,7 @@ class Model {
   void SetExpertSlotTables(ExpertSlotTables tables) {
     slot_table_source_ = std::move(tables);
     uploaded_generation_.reset();
+    step_graphs_.clear();
   }
   // A worker's slot arena: model layer L's slot s starts at base + layer_offsets.at(L) +
   // s * slot_bytes. Memory of the backend's kind; it must outlive the model.
@@ -135,7 +146,10 @@ class Model {
     int64_t slot_bytes = 0;
     int64_t slots_per_layer = 0;
   };
-  void SetSlotArena(SlotArena arena) { arena_ = std::move(arena); }
+  void SetSlotArena(SlotArena arena) {
+    arena_ = std::move(arena);
+    step_graphs_.clear();
+  }
   // Bytes of routed-expert weights this model holds: packed codes, scales and level tables, plus
   // records its layers keep themselves (a worker's slot arena is counted by the worker).
   int64_t RoutedExpertBytes() const;
@@ -189,6 +203,26 @@ class Model {
   absl::StatusOr<std::vector<float>> PrefillLayerMajor(std::span<const int32_t> tokens,
                                                        const LayerMajorOptions& options);
 
+  // --- Step graphs (services/model/step_graph.cc). A forward of up to kMaxStepGraphTokens
+  // tokens (a decode step, an MTP verification) on a backend that can capture runs as a graph:
+  // the first step in a (tokens, context bucket) runs op by op with the position and token ids
+  // read from device memory, which sizes every scratch and workspace; the next one captures the
+  // same ops once, and every later step in the bucket replays them with one launch. The graph
+  // reads positions up to its bucket's end (the kernels take each query's real keys from the
+  // device position), so a bucket of 2^k / 4 positions (256 at least) costs one capture.
+  // Applies only where every op of the step can be captured: one rank (no collectives), every
+  // MoE layer routed on the backend (packed experts, no calibration observer, no per-expert slot
+  // source), so NVFP4-served and checkpoint-expert models run op by op.
+  static constexpr int64_t kMaxStepGraphTokens = 4;
+  struct StepGraphStats {
+    int64_t captured = 0;  // graphs captured
+    int64_t replayed = 0;  // forwards that ran as a graph replay
+    int64_t warmups = 0;   // first steps of a bucket, run op by op with device positions
+    // Why graphs were turned off for this model, when a capture failed (the step then ran op by
+    // op and every later one does too); OK otherwise.
+    absl::Status disabled;
+  };
+  const StepGraphStats& step_graph_stats() const { return step_graph_stats_; }
   int64_t cache_length() const { return cache_.length(); }
   kernels::DType kv_cache_dtype() const { return cache_.dtype(); }
   // Tokens the KV cache can hold: the context window of this model instance.
@@ -213,10 +247,10 @@ class Model {
   // x [T, D] (the residual stream) through decoder block `layer` at `start_pos`; `cache_index`
   // selects the LayerCache (decoder layers first, then MTP layers).
   absl::Status RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
-                        int64_t start_pos);
+                        kernels::StepPosition start_pos);
   // The two halves of RunLayer. AttentionBlock: x += all-reduce(attention(norm(x))).
   absl::Status AttentionBlock(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
-                              int64_t start_pos);
+                              kernels::StepPosition start_pos);
   // FfnBlock: x += all-reduce(ffn(norm(x))). For an MoE layer, `routing` (when given) is the
   // routing of x's tokens already computed (layer-major prefill), and `slots` overrides the slot
   // source of a packed layer.
@@ -225,7 +259,7 @@ class Model {
   // The router of an MoE layer on x's post-attention norm (observers not called).
   absl::StatusOr<MoeRouting> RouteLayer(const LayerWeights& w, const kernels::Tensor& x);
   absl::StatusOr<kernels::Tensor> Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
-                                            const kernels::Tensor& xn, int64_t start_pos);
+                                            const kernels::Tensor& xn, kernels::StepPosition start_pos);
   // `down_input`, when set, receives the activations that enter down_proj (host copy).
   absl::StatusOr<kernels::Tensor> Mlp(const MlpWeights& w, const kernels::Tensor& xn,
                                       std::vector<float>* down_input = nullptr);
@@ -265,6 +299,15 @@ class Model {
   absl::Status RunMtp(std::span<const int32_t> next_tokens, std::span<const float> hidden, int index,
                       kernels::Tensor& u);
   absl::Status AllReduce(kernels::Tensor& t);
+  // Step graphs (step_graph.cc): whether this forward of `tokens` can run as one, and the forward
+  // that does (logits of every token, row-major [T, vocab_size]).
+  bool StepGraphApplies(size_t tokens) const;
+  absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens);
+  // Enqueues the step's ops (embedding of `ids` to the logits and hidden states copied into
+  // step_output_) with the position read from step_position_, at most `start_bound`.
+  absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound);
+  // The last position + 1 a step ending at `end` is captured for (its bucket's end).
+  int64_t StepGraphBucketEnd(int64_t end) const;
   absl::StatusOr<kernels::Tensor> Zeros(kernels::Shape shape);
 
   const ModelConfig config_;
@@ -304,6 +347,20 @@ class Model {
   std::vector<LoggedRouting> routing_log_;
   std::unique_ptr<kernels::Storage> routing_staging_;
   size_t routing_staging_used_ = 0;
+  uint64_t routing_staging_generation_ = 0;  // bumped when routing_staging_ is replaced
+  // Step graphs, by (tokens, bucket end).
+  struct StepGraph {
+    std::unique_ptr<kernels::Backend::Graph> graph;  // null until captured (after the warm-up)
+    kernels::Tensor ids;                             // I32 [tokens], the step's input
+    bool warmed = false;                             // a warm-up ran under these generations
+    uint64_t backend_generation = 0;
+    uint64_t staging_generation = 0;
+    std::vector<LoggedRouting> routing_log;  // where a replay leaves each layer's routing
+  };
+  std::map<std::pair<int64_t, int64_t>, StepGraph> step_graphs_;
+  kernels::Tensor step_position_;                // I32 [1]: the step's first position
+  std::unique_ptr<kernels::Storage> step_output_;  // host staging: logits [T, V], then hidden [T, D]
+  StepGraphStats step_graph_stats_;
 };
 
 }  // namespace nq::model

@@ -37,6 +37,8 @@ ABSL_FLAG(int64_t, max_model_len, 4096, "bench-decode: context window (tokens th
 ABSL_FLAG(int64_t, copy_mb, -1,
           "bench-decode: MB of the device copy timed for the roofline floor (0: none; -1: 1024 on cuda, 0 on cpu)");
 ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32 or bf16 (as nq-worker)");
+ABSL_FLAG(bool, step_graphs, true,
+          "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
 
 namespace nq::tools {
 namespace {
@@ -85,6 +87,7 @@ absl::Status BenchDecode() {
   model_options.max_tokens = max_model_len;
   model_options.kv_cache_dtype = *kv_dtype;
   model_options.weight_dtype = *weight_dtype;
+  model_options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
   // An NVFP4 checkpoint fuses its gate/up halves as the worker's --nvfp4_gate_up_scale would.
   ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
                    nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));
@@ -100,6 +103,12 @@ absl::Status BenchDecode() {
                std::string(kernels::DTypeName(model.kv_cache_dtype())).c_str());
 
   ASSIGN_OR_RETURN(worker::DecodeBenchReport report, worker::RunDecodeBench(model, options));
+  const model::Model::StepGraphStats& graphs = model.step_graph_stats();
+  std::fprintf(stderr, "nq bench-decode: step graphs %s: %lld captured, %lld replays, %lld warm-up steps%s%s\n",
+               model_options.step_graphs ? "on" : "off", static_cast<long long>(graphs.captured),
+               static_cast<long long>(graphs.replayed), static_cast<long long>(graphs.warmups),
+               graphs.disabled.ok() ? "" : "; turned off after a failed capture: ",
+               graphs.disabled.ok() ? "" : std::string(graphs.disabled.message()).c_str());
   int64_t copy_mb = absl::GetFlag(FLAGS_copy_mb);
   if (copy_mb < 0) copy_mb = backend->name() == "cuda" ? 1024 : 0;
   if (copy_mb > 0) {

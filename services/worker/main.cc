@@ -107,6 +107,9 @@ ABSL_FLAG(std::string, kv_cache_dtype, "f32",
 ABSL_FLAG(std::string, weight_dtype, "f32",
           "Storage of the weight matrices (projections, MLPs, heads): f32 or bf16 (norms, MLA absorption, router "
           "and embedding stay f32)");
+// Graphs are what a GPU decode step needs (one launch instead of hundreds); off only to compare.
+ABSL_FLAG(bool, step_graphs, true,
+          "Run decode steps (up to 4 tokens: a plain step or an MTP verification) as captured CUDA graphs");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -418,7 +421,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
     const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
                                       .tp = {rank, world},
                                       .kv_cache_dtype = kv_cache_dtype,
-                                      .weight_dtype = weight_dtype};
+                                      .weight_dtype = weight_dtype,
+                                      .step_graphs = absl::GetFlag(FLAGS_step_graphs)};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
     dynamic_experts = !release.empty() && bits_flag == "dynamic";

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 
@@ -175,6 +177,10 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     std::vector<float> logits;
     if (!prefill) {
       ASSIGN_OR_RETURN(logits, model_->Forward(input));
+      if (const absl::Status& off = model_->step_graph_stats().disabled; !off.ok() && !graphs_off_logged_) {
+        graphs_off_logged_ = true;
+        spdlog::warn("decode steps run op by op from now on (a CUDA graph capture failed): {}", off.ToString());
+      }
     } else if (RunsLayerMajor(input.size())) {
       model::Model::LayerMajorOptions options{.chunk_tokens = prefill_.chunk_tokens,
                                               .before_moe = prefill_.before_moe,

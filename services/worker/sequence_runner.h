@@ -130,6 +130,7 @@ class SequenceRunner {
                            std::span<const float> hidden);
 
   model::Model* const model_;
+  bool graphs_off_logged_ = false;  // the warning that step graphs were turned off, once
   PrefillOptions prefill_;
   const std::vector<int32_t> eos_token_ids_;
   SlotRuntime* slots_ = nullptr;

@@ -176,7 +176,7 @@ MlaInputs RandomMlaInputs(std::mt19937_64& rng, const MlaShape& m, DType w_uk_dt
 std::vector<float> RunMlaAttention(Backend& backend, const MlaShape& m, const MlaInputs& in,
                                    DType w_uk_dtype, DType w_uv_dtype,
                                    std::span<const std::int32_t> selected, std::int64_t top_k,
-                                   float scale, DType kv_dtype) {
+                                   float scale, DType kv_dtype, std::int64_t position_bound) {
   Tensor q_nope = Upload(backend, in.q_nope, DType::kF32, {m.tokens, m.heads, m.dn});
   Tensor q_pe = Upload(backend, in.q_pe, DType::kF32, {m.tokens, m.heads, m.dr});
   Tensor kv_latent = Upload(backend, in.kv_latent, kv_dtype, {m.keys, m.c});
@@ -186,9 +186,13 @@ std::vector<float> RunMlaAttention(Backend& backend, const MlaShape& m, const Ml
   Tensor out = AllocateOrFail(backend, DType::kF32, {m.tokens, m.heads * m.dv});
   Tensor sel;
   if (!selected.empty()) sel = UploadI32(backend, selected, {m.tokens, top_k});
+  const std::int32_t position = static_cast<std::int32_t>(m.start_pos);
+  Tensor device_position = UploadI32(backend, std::span<const std::int32_t>(&position, 1), {1});
+  const StepPosition start =
+      position_bound < 0 ? StepPosition(m.start_pos) : StepPosition::OnDevice(device_position, position_bound);
   const absl::Status status =
       backend.MlaAttention(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv,
-                           selected.empty() ? nullptr : &sel, m.start_pos, scale, out);
+                           selected.empty() ? nullptr : &sel, start, scale, out);
   if (!status.ok()) {
     ADD_FAILURE() << backend.name() << " MlaAttention: " << status;
     return {};
@@ -200,12 +204,16 @@ std::vector<std::int32_t> RunIndexerTopK(Backend& backend, std::span<const float
                                          std::span<const float> k, std::span<const float> weights,
                                          std::int64_t tokens, std::int64_t heads, std::int64_t dim,
                                          std::int64_t keys, std::int64_t start_pos,
-                                         std::int64_t top_k) {
+                                         std::int64_t top_k, std::int64_t position_bound) {
   Tensor tq = Upload(backend, q, DType::kF32, {tokens, heads, dim});
   Tensor tk = Upload(backend, k, DType::kF32, {keys, dim});
   Tensor tw = Upload(backend, weights, DType::kF32, {tokens, heads});
   Tensor selected = AllocateOrFail(backend, DType::kI32, {tokens, top_k});
-  const absl::Status status = backend.IndexerTopK(tq, tk, tw, start_pos, selected);
+  const std::int32_t position = static_cast<std::int32_t>(start_pos);
+  Tensor device_position = UploadI32(backend, std::span<const std::int32_t>(&position, 1), {1});
+  const StepPosition start =
+      position_bound < 0 ? StepPosition(start_pos) : StepPosition::OnDevice(device_position, position_bound);
+  const absl::Status status = backend.IndexerTopK(tq, tk, tw, start, selected);
   if (!status.ok()) {
     ADD_FAILURE() << backend.name() << " IndexerTopK: " << status;
     return {};

@@ -72,19 +72,21 @@ MlaInputs RandomMlaInputs(std::mt19937_64& rng, const MlaShape& shape, DType w_u
                           DType w_uv_dtype, float weight_sd = 0.1f);
 
 // Backend::MlaAttention on fresh tensors of `backend` (the cache uploaded as kv_dtype); `selected`
-// empty = dense. Returns out
-// (empty, with a test failure, if the op fails).
+// empty = dense. position_bound >= 0 passes the start position as a device tensor with that
+// bound (kernels/step_position.h) instead of a host value. Returns out (empty, with a test
+// failure, if the op fails).
 std::vector<float> RunMlaAttention(Backend& backend, const MlaShape& shape, const MlaInputs& in,
                                    DType w_uk_dtype, DType w_uv_dtype,
                                    std::span<const std::int32_t> selected, std::int64_t top_k,
-                                   float scale, DType kv_dtype = DType::kF32);
+                                   float scale, DType kv_dtype = DType::kF32, std::int64_t position_bound = -1);
 
 // Backend::IndexerTopK on fresh tensors of `backend`: q [tokens, heads, dim], k [keys, dim],
-// weights [tokens, heads]. Returns selected (empty, with a test failure, if the op fails).
+// weights [tokens, heads]; position_bound as RunMlaAttention's. Returns selected (empty, with a
+// test failure, if the op fails).
 std::vector<std::int32_t> RunIndexerTopK(Backend& backend, std::span<const float> q,
                                          std::span<const float> k, std::span<const float> weights,
                                          std::int64_t tokens, std::int64_t heads, std::int64_t dim,
                                          std::int64_t keys, std::int64_t start_pos,
-                                         std::int64_t top_k);
+                                         std::int64_t top_k, std::int64_t position_bound = -1);
 
 }  // namespace nq::kernels::testing

@@ -51,7 +51,7 @@ TEST(CpuEmbedding, NoIdsIsANoOp) {
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   Tensor table = AllocateOrFail(*backend, DType::kBF16, {4, 8});
   Tensor out = AllocateOrFail(*backend, DType::kF32, {0, 8});
-  NQ_EXPECT_OK(backend->Embedding({}, table, out));
+  NQ_EXPECT_OK(backend->Embedding(std::span<const std::int32_t>(), table, out));
 }
 
 class CpuEmbeddingErrors : public ::testing::Test {
