@@ -222,6 +222,7 @@ absl::StatusOr<std::vector<float>> Model::ForwardLast(std::span<const int32_t> t
 
 absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> next_tokens,
                                                      std::span<const float> hidden, int index) {
+  if (StepGraphApplies(next_tokens.size(), index)) return GraphedMtpForward(next_tokens, hidden, index);
   Tensor u;
   RETURN_IF_ERROR(RunMtp(next_tokens, hidden, index, u));
   return Logits(u, weights_.mtp[index].head);
@@ -229,6 +230,12 @@ absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> ne
 
 absl::StatusOr<std::vector<float>> Model::ForwardMtpLast(std::span<const int32_t> next_tokens,
                                                          std::span<const float> hidden, int index) {
+  if (StepGraphApplies(next_tokens.size(), index)) {
+    ASSIGN_OR_RETURN(std::vector<float> all, GraphedMtpForward(next_tokens, hidden, index));
+    const size_t vocab = all.size() / next_tokens.size();
+    all.erase(all.begin(), all.end() - static_cast<std::ptrdiff_t>(vocab));
+    return all;
+  }
   Tensor u;
   RETURN_IF_ERROR(RunMtp(next_tokens, hidden, index, u));
   const int32_t last = static_cast<int32_t>(next_tokens.size() - 1);

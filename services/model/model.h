@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -299,13 +300,26 @@ class Model {
   absl::Status RunMtp(std::span<const int32_t> next_tokens, std::span<const float> hidden, int index,
                       kernels::Tensor& u);
   absl::Status AllReduce(kernels::Tensor& t);
-  // Step graphs (step_graph.cc): whether this forward of `tokens` can run as one, and the forward
-  // that does (logits of every token, row-major [T, vocab_size]).
-  bool StepGraphApplies(size_t tokens) const;
+  // Step graphs (step_graph.cc): whether a forward of `tokens` (of MTP layer `mtp_index`, or of
+  // the decoder stack for -1) can run as one, and the forwards that do (logits of every token,
+  // row-major [T, vocab_size]; last_hidden() / last_mtp_hidden() as their eager forms).
+  bool StepGraphApplies(size_t tokens, int mtp_index = -1) const;
   absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens);
-  // Enqueues the step's ops (embedding of `ids` to the logits and hidden states copied into
-  // step_output_) with the position read from step_position_, at most `start_bound`.
+  absl::StatusOr<std::vector<float>> GraphedMtpForward(std::span<const int32_t> next_tokens,
+                                                       std::span<const float> hidden, int index);
+  // Enqueues a step's ops (embedding of `ids` to the logits and final states copied into
+  // step_output_) with the position read from step_position_, at most `start_bound`: the decoder
+  // stack, or MTP layer `index` over `hidden` (F32 [T, D] on the backend).
   absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound);
+  absl::Status EnqueueMtpStep(int index, const kernels::Tensor& ids, const kernels::Tensor& hidden,
+                              int64_t start_bound);
+  // Runs the step of `graph` (its inputs uploaded): the bucket's first step op by op as
+  // `enqueue` gives it, the second captured then replayed, later ones replayed. False when the
+  // capture failed: graphs are then off for this model and nothing of the step ran.
+  struct StepGraph;
+  absl::StatusOr<bool> RunStepGraph(StepGraph& graph, const std::function<absl::Status()>& enqueue);
+  // Sizes the step graphs' shared inputs and outputs (once).
+  absl::Status PrepareStepGraphs();
   // The last position + 1 a step ending at `end` is captured for (its bucket's end).
   int64_t StepGraphBucketEnd(int64_t end) const;
   absl::StatusOr<kernels::Tensor> Zeros(kernels::Shape shape);
@@ -348,16 +362,17 @@ class Model {
   std::unique_ptr<kernels::Storage> routing_staging_;
   size_t routing_staging_used_ = 0;
   uint64_t routing_staging_generation_ = 0;  // bumped when routing_staging_ is replaced
-  // Step graphs, by (tokens, bucket end).
+  // Step graphs, by (-1 for the decoder stack or the MTP layer's index, tokens, bucket end).
   struct StepGraph {
     std::unique_ptr<kernels::Backend::Graph> graph;  // null until captured (after the warm-up)
     kernels::Tensor ids;                             // I32 [tokens], the step's input
+    kernels::Tensor hidden;                          // F32 [tokens, D]: an MTP step's input states
     bool warmed = false;                             // a warm-up ran under these generations
     uint64_t backend_generation = 0;
     uint64_t staging_generation = 0;
     std::vector<LoggedRouting> routing_log;  // where a replay leaves each layer's routing
   };
-  std::map<std::pair<int64_t, int64_t>, StepGraph> step_graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, StepGraph> step_graphs_;
   kernels::Tensor step_position_;                // I32 [1]: the step's first position
   std::unique_ptr<kernels::Storage> step_output_;  // host staging: logits [T, V], then hidden [T, D]
   StepGraphStats step_graph_stats_;

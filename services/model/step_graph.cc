@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "services/common/status_macros.h"
 #include "services/model/model.h"
 
@@ -20,11 +22,14 @@ using kernels::Shape;
 using kernels::StepPosition;
 using kernels::Tensor;
 
-bool Model::StepGraphApplies(size_t tokens) const {
+bool Model::StepGraphApplies(size_t tokens, int mtp_index) const {
   if (!options_.step_graphs || !backend_.CanCapture() || !step_graph_stats_.disabled.ok()) return false;
   if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens) || options_.tp.world_size != 1) return false;
-  return std::all_of(weights_.layers.begin(), weights_.layers.end(),
-                     [&](const LayerWeights& lw) { return !lw.moe.has_value() || RoutesOnBackend(*lw.moe); });
+  auto routes_on_backend = [&](const LayerWeights& lw) { return !lw.moe.has_value() || RoutesOnBackend(*lw.moe); };
+  if (mtp_index >= 0) {
+    return mtp_index < static_cast<int>(weights_.mtp.size()) && routes_on_backend(weights_.mtp[mtp_index].block);
+  }
+  return std::all_of(weights_.layers.begin(), weights_.layers.end(), routes_on_backend);
 }
 
 int64_t Model::StepGraphBucketEnd(int64_t end) const {
@@ -56,39 +61,49 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound) {
   return backend_.CopyToHostAsync(x, std::span<std::byte>(out + logits.nbytes(), x.nbytes()));
 }
 
-absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens) {
-  const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
-  const int64_t D = config_.hidden_size, V = weights_.lm_head.shape().dim(0);
-  const int64_t vocab = weights_.embed.shape().dim(0);
-  if (start + T > cache_.max_tokens()) {
-    return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
-                                                   " new tokens exceed the cache of ", cache_.max_tokens()));
-  }
-  // The graph's embedding cannot refuse an id: check them here, as the host-ids path does.
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Forward: token ", i, " is ", tokens[i], ", outside the vocabulary of ", vocab));
-    }
-  }
-  RETURN_IF_ERROR(RefreshSlotTables());
-  RETURN_IF_ERROR(BeginRoutingLog(T));
+absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& hidden, int64_t start_bound) {
+  const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
+  const int64_t T = ids.shape().dim(0), D = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.Embedding(ids, weights_.embed, e));
+  RETURN_IF_ERROR(backend_.RmsNorm(e, m.enorm, eps, e));
+  ASSIGN_OR_RETURN(Tensor h, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.RmsNorm(hidden, m.hnorm, eps, h));
+  // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ, as RunMtp.
+  ASSIGN_OR_RETURN(Tensor u, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
+  RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
+  RETURN_IF_ERROR(backend_.Add(u, uh, u));
+  const int64_t layer = config_.num_hidden_layers + index;
+  selection_.reset();
+  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u,
+                           StepPosition::OnDevice(step_position_, start_bound)));
+  selection_.reset();  // memory allocated in a capture must be freed in it
+  RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, eps, u));
+  const int64_t V = m.head.shape().dim(0);
+  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, V}));
+  RETURN_IF_ERROR(backend_.MatMul(u, m.head, logits));
+  auto* out = static_cast<std::byte*>(step_output_->data());
+  RETURN_IF_ERROR(backend_.CopyToHostAsync(logits, std::span<std::byte>(out, logits.nbytes())));
+  return backend_.CopyToHostAsync(u, std::span<std::byte>(out + logits.nbytes(), u.nbytes()));
+}
+
+absl::Status Model::PrepareStepGraphs() {
   if (!step_position_.valid()) {
     ASSIGN_OR_RETURN(step_position_, backend_.Allocate(kernels::DType::kI32, Shape{1}));
   }
   if (step_output_ == nullptr) {
-    const size_t bytes = static_cast<size_t>(kMaxStepGraphTokens * (V + D)) * sizeof(float);
+    int64_t vocab_rows = weights_.lm_head.shape().dim(0);
+    for (const MtpWeights& m : weights_.mtp) vocab_rows = std::max(vocab_rows, m.head.shape().dim(0));
+    const size_t bytes = static_cast<size_t>(kMaxStepGraphTokens * (vocab_rows + config_.hidden_size)) * sizeof(float);
     ASSIGN_OR_RETURN(step_output_, backend_.AllocateHostStaging(bytes));
   }
-  const int64_t bucket_end = StepGraphBucketEnd(start + T);
-  StepGraph& g = step_graphs_[{T, bucket_end}];
-  if (!g.ids.valid()) {
-    ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
-  }
-  const int32_t position = static_cast<int32_t>(start);
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&position, 1)), step_position_));
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(tokens), g.ids));
+  return absl::OkStatus();
+}
 
+absl::StatusOr<bool> Model::RunStepGraph(StepGraph& g, const std::function<absl::Status()>& enqueue) {
   // Memory the warm-up sized or a graph reads was replaced since (a workspace grew, the routing
   // staging was reallocated): warm up and capture again.
   if (g.backend_generation != backend_.CaptureGeneration() || g.staging_generation != routing_staging_generation_) {
@@ -96,20 +111,19 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     g.warmed = false;
   }
   if (g.graph == nullptr && g.warmed) {
-    // The second step of the bucket: every scratch and workspace has its size, so the same ops
-    // can be recorded. Nothing runs during the capture.
+    // The bucket's second step: every scratch and workspace has its size, so the same ops can be
+    // recorded. Nothing runs during the capture.
     RETURN_IF_ERROR(backend_.BeginCapture());
-    const absl::Status enqueued = EnqueueStep(g.ids, bucket_end - T);
+    const absl::Status enqueued = enqueue();
     selection_.reset();
     std::vector<LoggedRouting> log = std::move(routing_log_);
     routing_log_.clear();
     routing_staging_used_ = 0;
     absl::StatusOr<std::unique_ptr<kernels::Backend::Graph>> graph = backend_.EndCapture();
     if (!enqueued.ok() || !graph.ok()) {
-      // Turn graphs off for this model and run the step op by op: nothing of it ran yet.
       step_graph_stats_.disabled = enqueued.ok() ? graph.status() : enqueued;
       step_graphs_.clear();
-      return Forward(tokens);
+      return false;
     }
     g.graph = std::move(*graph);
     g.routing_log = std::move(log);
@@ -119,21 +133,97 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     RETURN_IF_ERROR(g.graph->Run());
     routing_log_ = g.routing_log;
     ++step_graph_stats_.replayed;
-  } else {
-    // The bucket's first step: the same ops, run as they are enqueued, size everything the
-    // capture will need.
-    RETURN_IF_ERROR(EnqueueStep(g.ids, bucket_end - T));
-    RETURN_IF_ERROR(backend_.Synchronize());
-    g.warmed = true;
-    g.backend_generation = backend_.CaptureGeneration();
-    g.staging_generation = routing_staging_generation_;
-    ++step_graph_stats_.warmups;
+    return true;
   }
+  // The bucket's first step: the same ops, run as they are enqueued, size everything the capture
+  // will need.
+  RETURN_IF_ERROR(enqueue());
+  RETURN_IF_ERROR(backend_.Synchronize());
+  g.warmed = true;
+  g.backend_generation = backend_.CaptureGeneration();
+  g.staging_generation = routing_staging_generation_;
+  ++step_graph_stats_.warmups;
+  return true;
+}
+
+namespace {
+
+// The graph's embedding cannot refuse an id: check them on the host, as the host-ids path does.
+absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl::string_view what) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": token ", i, " is ", tokens[i], ", outside the vocabulary of ", vocab));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens) {
+  const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
+  const int64_t D = config_.hidden_size, V = weights_.lm_head.shape().dim(0);
+  if (start + T > cache_.max_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
+                                                   " new tokens exceed the cache of ", cache_.max_tokens()));
+  }
+  RETURN_IF_ERROR(CheckTokenIds(tokens, weights_.embed.shape().dim(0), "Forward"));
+  RETURN_IF_ERROR(RefreshSlotTables());
+  RETURN_IF_ERROR(BeginRoutingLog(T));
+  RETURN_IF_ERROR(PrepareStepGraphs());
+  const int64_t bucket_end = StepGraphBucketEnd(start + T);
+  StepGraph& g = step_graphs_[{-1, T, bucket_end}];
+  if (!g.ids.valid()) {
+    ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
+  }
+  const int32_t position = static_cast<int32_t>(start);
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&position, 1)), step_position_));
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(tokens), g.ids));
+  const Tensor& ids = g.ids;
+  ASSIGN_OR_RETURN(const bool ran, RunStepGraph(g, [&] { return EnqueueStep(ids, bucket_end - T); }));
+  if (!ran) return Forward(tokens);  // graphs are off now: op by op
   const auto* out = static_cast<const float*>(step_output_->data());
   std::vector<float> logits(out, out + T * V);
   last_hidden_.assign(out + T * V, out + T * V + T * D);
   FlushRoutingLog();
   cache_.set_length(start + T);
+  return logits;
+}
+
+absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int32_t> next_tokens,
+                                                            std::span<const float> hidden, int index) {
+  const int64_t T = static_cast<int64_t>(next_tokens.size()), D = config_.hidden_size;
+  if (static_cast<int64_t>(hidden.size()) != T * D) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardMtp: ", T, " tokens with ", hidden.size(),
+                                                   " hidden values (want tokens x ", D, ")"));
+  }
+  if (mtp_length_ + T > cache_.max_tokens()) return absl::InvalidArgumentError("ForwardMtp: the MTP cache is full");
+  RETURN_IF_ERROR(CheckTokenIds(next_tokens, weights_.embed.shape().dim(0), "ForwardMtp"));
+  const int64_t V = weights_.mtp[static_cast<size_t>(index)].head.shape().dim(0);
+  RETURN_IF_ERROR(RefreshSlotTables());
+  RETURN_IF_ERROR(BeginRoutingLog(T));
+  RETURN_IF_ERROR(PrepareStepGraphs());
+  const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + T);
+  StepGraph& g = step_graphs_[{index, T, bucket_end}];
+  if (!g.ids.valid()) {
+    ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
+    ASSIGN_OR_RETURN(g.hidden, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+  }
+  const int32_t position = static_cast<int32_t>(mtp_length_);
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&position, 1)), step_position_));
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(next_tokens), g.ids));
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(hidden), g.hidden));
+  const Tensor& ids = g.ids;
+  const Tensor& states = g.hidden;
+  ASSIGN_OR_RETURN(const bool ran,
+                   RunStepGraph(g, [&] { return EnqueueMtpStep(index, ids, states, bucket_end - T); }));
+  if (!ran) return ForwardMtp(next_tokens, hidden, index);  // graphs are off now: op by op
+  const auto* out = static_cast<const float*>(step_output_->data());
+  std::vector<float> logits(out, out + T * V);
+  last_mtp_hidden_.assign(out + T * V, out + T * V + T * D);
+  FlushRoutingLog();
+  mtp_length_ += T;
   return logits;
 }
 
