@@ -72,7 +72,7 @@ TEST(JfPredictorTest, ScoresAreTheModelsExpectedHitsInShareUnits) {
   ASSERT_TRUE(predictor->RefreshDue());
   predictor->Refresh();
   // Residency was empty when the refresh scored: feature 14 is 0 everywhere.
-  std::vector<float> rows(8 * kJfFeatures), hits(8);
+  std::vector<float> rows(JfFeatureStride(8) * kJfFeatures), hits(8);
   features->Fill(1, std::vector<uint8_t>(8, 0), rows);
   LearnedOptions().learned->Forward(1, rows, hits);
   for (uint32_t e = 0; e < 8; ++e) {
