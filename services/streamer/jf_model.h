@@ -39,7 +39,7 @@ inline constexpr uint32_t kJfVersion = 1;
 // units, spread differently from v0's EMA shares, so v0's default margin (2.0) starves it of
 // loads; this value is the best of the replay sweep in bench/README.md ("jF's hysteresis
 // margin").
-inline constexpr float kJfDefaultMargin = 0.0f;
+inline constexpr float kJfDefaultMargin = 0.05f;
 
 struct JfGeometry {
   uint32_t num_layers = 0;

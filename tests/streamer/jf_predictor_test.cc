@@ -80,6 +80,16 @@ TEST(JfPredictorTest, ScoresAreTheModelsExpectedHitsInShareUnits) {
   }
 }
 
+TEST(JfPredictorTest, EachScorerHasItsOwnDefaultMargin) {
+  // The fixture carries no "hysteresis_margin": jF takes the swept default, v0 its own.
+  const std::shared_ptr<const JfModel> model = FixtureModel();
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->hysteresis_margin(), kJfDefaultMargin);
+  EXPECT_EQ(DefaultHysteresisMargin(model.get()), kJfDefaultMargin);
+  EXPECT_EQ(DefaultHysteresisMargin(nullptr), 2.0f);
+  EXPECT_LT(kJfDefaultMargin, kV0DefaultMargin);
+}
+
 TEST(JfPredictorTest, ObserveRefusesNormsOfTheWrongCount) {
   const RoutingTrace trace = FixtureTrace();
   absl::StatusOr<Predictor> predictor = Predictor::Create(LearnedOptions());
