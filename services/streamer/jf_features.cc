@@ -14,7 +14,9 @@ namespace {
 // 2^(kMaxPending / 8) = 256 for the shortest half-life.
 constexpr uint32_t kMaxPending = 64;
 constexpr char kStateMagic[4] = {'N', 'Q', 'J', 'S'};
-constexpr uint32_t kStateVersion = 1;
+// 2: the EMAs and sequence hits in per-layer rows padded to JfFeatureStride (version 1 was
+// per-cell interleaved).
+constexpr uint32_t kStateVersion = 2;
 // log2(1 + kJfMaxAge) rounded up, and log2 of 65536 tokens: the scales of features 12, 13.
 constexpr float kAgeScale = 11.0f;
 constexpr float kPositionScale = 16.0f;
@@ -33,20 +35,23 @@ absl::StatusOr<JfFeatureState> JfFeatureState::Create(uint32_t num_layers,
 }
 
 JfFeatureState::JfFeatureState(uint32_t layers, uint32_t experts, uint32_t top_k)
-    : layers_(layers), experts_(experts), top_k_(top_k) {
+    : layers_(layers), experts_(experts), top_k_(top_k), stride_(JfFeatureStride(experts)) {
   const size_t cells = static_cast<size_t>(layers) * experts;
+  const size_t padded_cells = static_cast<size_t>(layers) * stride_;
   inv_pow_.resize(kJfHalfLives * (kMaxPending + 1));
+  fold_pow_.resize(kJfHalfLives * (kMaxPending + 1));
   for (uint32_t h = 0; h < kJfHalfLives; ++h) {
     decay_[h] = std::exp2(-1.0 / kJfHalfLife[h]);
     for (uint32_t i = 0; i <= kMaxPending; ++i) {
       inv_pow_[h * (kMaxPending + 1) + i] =
           static_cast<float>((1.0 - decay_[h]) * std::pow(decay_[h], -static_cast<double>(i)));
+      fold_pow_[h * (kMaxPending + 1) + i] = static_cast<float>(std::pow(decay_[h], static_cast<double>(i)));
     }
   }
-  hit_ema_.assign(cells * kJfHalfLives, 0.0f);
-  sal_ema_.assign(cells * kJfHalfLives, 0.0f);
+  hit_ema_.assign(padded_cells * kJfHalfLives, 0.0f);
+  sal_ema_.assign(padded_cells * kJfHalfLives, 0.0f);
   last_hit_.assign(cells, 0);
-  seq_hits_.assign(cells, 0);
+  seq_hits_.assign(padded_cells, 0);
   ring_experts_.assign(static_cast<size_t>(kJfWindow) * layers * top_k, 0);
   ring_salience_.assign(ring_experts_.size(), 0.0f);
   // Feature 12 by age: log2 is the costliest part of a Fill otherwise.
@@ -54,8 +59,6 @@ JfFeatureState::JfFeatureState(uint32_t layers, uint32_t experts, uint32_t top_k
   for (uint32_t age = 0; age <= kJfMaxAge; ++age) {
     age_feature_[age] = std::log2(1.0f + static_cast<float>(age)) / kAgeScale;
   }
-  window_hits_.resize(experts);
-  window_salience_.resize(experts);
 }
 
 void JfFeatureState::Observe(std::span<const uint32_t> experts, std::span<const float> weights,
@@ -64,26 +67,26 @@ void JfFeatureState::Observe(std::span<const uint32_t> experts, std::span<const 
   ++pending_;
   float step[kJfHalfLives];
   for (uint32_t h = 0; h < kJfHalfLives; ++h) step[h] = inv_pow_[h * (kMaxPending + 1) + pending_];
-  const size_t per_token = static_cast<size_t>(layers_) * top_k_;
-  const size_t ring_base = (position_ % kJfWindow) * per_token;
-  for (size_t i = 0; i < per_token; ++i) {
-    const uint32_t layer = static_cast<uint32_t>(i / top_k_);
-    const float w = std::isfinite(weights[i]) ? weights[i] : 0.0f;
-    const float n = layer < norms.size() && norms[layer] > 0 && std::isfinite(norms[layer])
-                        ? norms[layer]
-                        : 1.0f;
-    const float salience = w * w * n;
-    const size_t cell = Cell(layer, experts[i]);
-    float* hit = &hit_ema_[cell * kJfHalfLives];
-    float* sal = &sal_ema_[cell * kJfHalfLives];
-    for (uint32_t h = 0; h < kJfHalfLives; ++h) {
-      hit[h] += step[h];
-      sal[h] += step[h] * salience;
+  const size_t ring_base = (position_ % kJfWindow) * static_cast<size_t>(layers_) * top_k_;
+  const uint64_t stamp = position_ + 1;
+  for (uint32_t layer = 0; layer < layers_; ++layer) {
+    const float n = layer < norms.size() && norms[layer] > 0 && std::isfinite(norms[layer]) ? norms[layer] : 1.0f;
+    float* hit = &hit_ema_[EmaRow(layer)];
+    float* sal = &sal_ema_[EmaRow(layer)];
+    for (uint32_t j = 0; j < top_k_; ++j) {
+      const size_t i = static_cast<size_t>(layer) * top_k_ + j;
+      const uint32_t e = experts[i];
+      const float w = std::isfinite(weights[i]) ? weights[i] : 0.0f;
+      const float salience = w * w * n;
+      for (uint32_t h = 0; h < kJfHalfLives; ++h) {
+        hit[h * stride_ + e] += step[h];
+        sal[h * stride_ + e] += step[h] * salience;
+      }
+      last_hit_[Cell(layer, e)] = stamp;
+      ++seq_hits_[PaddedCell(layer, e)];
+      ring_experts_[ring_base + i] = e;
+      ring_salience_[ring_base + i] = salience;
     }
-    last_hit_[cell] = position_ + 1;
-    ++seq_hits_[cell];
-    ring_experts_[ring_base + i] = experts[i];
-    ring_salience_[ring_base + i] = salience;
   }
   ++position_;
 }
@@ -94,61 +97,95 @@ void JfFeatureState::NewSequence() {
   std::fill(seq_hits_.begin(), seq_hits_.end(), 0);
 }
 
+namespace {
+
+// dst[i] = src[i] * coef over n floats, n a multiple of kJfExpertBlock (a fixed-width inner
+// loop: vectorized at -O2).
+void ScaleRow(const float* __restrict src, float coef, float* __restrict dst, uint32_t n) {
+  for (uint32_t b = 0; b < n; b += kJfExpertBlock) {
+    for (uint32_t j = 0; j < kJfExpertBlock; ++j) dst[b + j] = src[b + j] * coef;
+  }
+}
+
+// The sum of n floats (n a multiple of kJfExpertBlock) in double, in kJfExpertBlock lanes.
+double SumRow(const float* __restrict x, uint32_t n) {
+  double lanes[kJfExpertBlock] = {};
+  for (uint32_t b = 0; b < n; b += kJfExpertBlock) {
+    for (uint32_t j = 0; j < kJfExpertBlock; ++j) lanes[j] += x[b + j];
+  }
+  double sum = 0;
+  for (double lane : lanes) sum += lane;
+  return sum;
+}
+
+}  // namespace
+
 void JfFeatureState::FoldAll() {
-  for (uint32_t h = 0; h < kJfHalfLives; ++h) {
-    const float fold = static_cast<float>(std::pow(decay_[h], pending_));
-    for (size_t i = h; i < hit_ema_.size(); i += kJfHalfLives) {
-      hit_ema_[i] *= fold;
-      sal_ema_[i] *= fold;
+  for (uint32_t layer = 0; layer < layers_; ++layer) {
+    for (uint32_t h = 0; h < kJfHalfLives; ++h) {
+      const float fold = fold_pow_[h * (kMaxPending + 1) + pending_];
+      float* hit = &hit_ema_[EmaRow(layer) + h * stride_];
+      float* sal = &sal_ema_[EmaRow(layer) + h * stride_];
+      ScaleRow(hit, fold, hit, stride_);
+      ScaleRow(sal, fold, sal, stride_);
     }
   }
   pending_ = 0;
 }
 
-void JfFeatureState::Fill(uint32_t layer, std::span<const uint8_t> resident, std::span<float> out) {
-  if (pending_ > 0) FoldAll();
+void JfFeatureState::Fill(uint32_t layer, std::span<const uint8_t> resident, std::span<float> out) const {
+  const uint32_t S = stride_;
   const float rate_scale = static_cast<float>(experts_) / static_cast<float>(top_k_);
   const float experts_f = static_cast<float>(experts_);
-  // The window: the sequence's last min(position, kJfWindow) tokens.
-  std::fill(window_hits_.begin(), window_hits_.end(), 0.0f);
-  std::fill(window_salience_.begin(), window_salience_.end(), 0.0f);
+  float* f = out.data();
+  const float* hit = &hit_ema_[EmaRow(layer)];
+  const float* sal = &sal_ema_[EmaRow(layer)];
+  for (uint32_t h = 0; h < kJfHalfLives; ++h) {
+    // 0..4: the stored EMAs are scaled by g^-pending.
+    const float fold = fold_pow_[h * (kMaxPending + 1) + pending_];
+    ScaleRow(hit + h * S, fold * rate_scale, f + h * S, S);
+    // 5..9: shares of the layer's total, where the stored scale cancels.
+    const double sum = SumRow(sal + h * S, S);
+    ScaleRow(sal + h * S, sum > 0 ? static_cast<float>(experts_f / sum) : 0.0f, f + (kJfHalfLives + h) * S, S);
+  }
+  // 10, 11: the sequence's last min(position, kJfWindow) tokens.
+  float* window_hits = f + 10 * S;
+  float* window_salience = f + 11 * S;
+  std::fill(window_hits, window_hits + S, 0.0f);
+  std::fill(window_salience, window_salience + S, 0.0f);
   const uint64_t window = std::min<uint64_t>(position_, kJfWindow);
   const size_t per_token = static_cast<size_t>(layers_) * top_k_;
   double window_salience_sum = 0;
   for (uint64_t back = 1; back <= window; ++back) {
     const size_t base = ((position_ - back) % kJfWindow) * per_token + static_cast<size_t>(layer) * top_k_;
     for (uint32_t j = 0; j < top_k_; ++j) {
-      window_hits_[ring_experts_[base + j]] += 1.0f;
-      window_salience_[ring_experts_[base + j]] += ring_salience_[base + j];
+      window_hits[ring_experts_[base + j]] += 1.0f;
+      window_salience[ring_experts_[base + j]] += ring_salience_[base + j];
       window_salience_sum += ring_salience_[base + j];
     }
   }
-  double sal_sum[kJfHalfLives] = {};
-  const size_t first = Cell(layer, 0);
-  for (uint32_t e = 0; e < experts_; ++e) {
-    for (uint32_t h = 0; h < kJfHalfLives; ++h) sal_sum[h] += sal_ema_[(first + e) * kJfHalfLives + h];
-  }
-  float sal_coef[kJfHalfLives];
-  for (uint32_t h = 0; h < kJfHalfLives; ++h) {
-    sal_coef[h] = sal_sum[h] > 0 ? static_cast<float>(experts_f / sal_sum[h]) : 0.0f;
-  }
-  const float window_coef = window_salience_sum > 0 ? static_cast<float>(experts_f / window_salience_sum) : 0.0f;
+  // x / kJfWindow is exact, so this equals (x / kJfWindow) * rate_scale.
+  ScaleRow(window_hits, rate_scale / static_cast<float>(kJfWindow), window_hits, S);
+  ScaleRow(window_salience, window_salience_sum > 0 ? static_cast<float>(experts_f / window_salience_sum) : 0.0f,
+           window_salience, S);
+  // 12..14: per expert; the padding stays 0.
+  float* age = f + 12 * S;
+  float* position = f + 13 * S;
+  float* residency = f + 14 * S;
   const float position_feature = std::log2(1.0f + static_cast<float>(position_)) / kPositionScale;
-  const float seq_coef = rate_scale / static_cast<float>(std::max<uint64_t>(position_, 1));
+  const uint64_t* last_hit = &last_hit_[Cell(layer, 0)];
   for (uint32_t e = 0; e < experts_; ++e) {
-    const size_t cell = first + e;
-    float* f = &out[static_cast<size_t>(e) * kJfFeatures];
-    for (uint32_t h = 0; h < kJfHalfLives; ++h) {
-      f[h] = hit_ema_[cell * kJfHalfLives + h] * rate_scale;
-      f[kJfHalfLives + h] = sal_ema_[cell * kJfHalfLives + h] * sal_coef[h];
-    }
-    f[10] = window_hits_[e] / static_cast<float>(kJfWindow) * rate_scale;
-    f[11] = window_salience_[e] * window_coef;
-    const uint64_t age = last_hit_[cell] == 0 ? kJfMaxAge : std::min<uint64_t>(position_ - last_hit_[cell], kJfMaxAge);
-    f[12] = last_hit_[cell] == 0 ? 1.0f : age_feature_[age];
-    f[13] = position_feature;
-    f[14] = resident[e] != 0 ? 1.0f : 0.0f;
-    f[15] = static_cast<float>(seq_hits_[cell]) * seq_coef;
+    age[e] = last_hit[e] == 0 ? 1.0f : age_feature_[std::min<uint64_t>(position_ - last_hit[e], kJfMaxAge)];
+    position[e] = position_feature;
+    residency[e] = resident[e] != 0 ? 1.0f : 0.0f;
+  }
+  for (uint32_t e = experts_; e < S; ++e) age[e] = position[e] = residency[e] = 0.0f;
+  // 15: hits in this sequence per token.
+  const float seq_coef = rate_scale / static_cast<float>(std::max<uint64_t>(position_, 1));
+  const uint32_t* seq_hits = &seq_hits_[PaddedCell(layer, 0)];
+  float* seq_rate = f + 15 * S;
+  for (uint32_t b = 0; b < S; b += kJfExpertBlock) {
+    for (uint32_t j = 0; j < kJfExpertBlock; ++j) seq_rate[b + j] = static_cast<float>(seq_hits[b + j]) * seq_coef;
   }
 }
 

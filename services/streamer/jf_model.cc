@@ -11,6 +11,7 @@
 #include "services/common/status_macros.h"
 #include "services/model/safetensors.h"
 #include "services/streamer/jf_features.h"
+#include "services/streamer/jf_math.h"
 
 namespace nq::streamer {
 namespace {
@@ -95,9 +96,6 @@ absl::StatusOr<JfGeometry> ReadGeometry(const model::Header& header) {
   return g;
 }
 
-// log(1 + e^x) without overflow for large x.
-float Softplus(float x) { return x > 20 ? x : std::log1p(std::exp(x)); }
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const JfModel>> JfModel::Load(const std::string& path) {
@@ -109,6 +107,15 @@ absl::StatusOr<std::shared_ptr<const JfModel>> JfModel::Load(const std::string& 
   std::shared_ptr<JfModel> m(new JfModel());
   m->geometry_ = *geometry;
   m->path_ = path;
+  if (auto it = file->header().metadata.find("hysteresis_margin"); it != file->header().metadata.end()) {
+    float margin = 0;
+    const auto [end, ec] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), margin);
+    if (ec != std::errc() || end != it->second.data() + it->second.size() || !(margin >= 0) || !std::isfinite(margin)) {
+      return absl::InvalidArgumentError(absl::StrCat(context, ": metadata \"hysteresis_margin\" = \"", it->second,
+                                                     "\" is not a finite number >= 0"));
+    }
+    m->hysteresis_margin_ = margin;
+  }
   const JfGeometry& g = m->geometry_;
   const int64_t L = g.num_layers, E = g.experts_per_layer, H = g.hidden, D = g.features, Q = g.queries;
   struct Want {
@@ -132,17 +139,18 @@ absl::StatusOr<std::shared_ptr<const JfModel>> JfModel::Load(const std::string& 
                                                    " tensors, a jF model has ", std::size(wants)));
   }
   m->b_out_ = b_out[0];
-  // Forward reads W_in and W_h transposed: [D][H] and [H_in][H_out].
-  m->w_in_t_.resize(m->w_in_.size());
-  for (int64_t i = 0; i < H; ++i) {
-    for (int64_t d = 0; d < D; ++d) m->w_in_t_[d * H + i] = m->w_in_[i * D + d];
+  // Forward reads the embedding per layer feature-major, [L][H][S], the padding 0.
+  const int64_t S = JfFeatureStride(g.experts_per_layer);
+  m->emb_t_.assign(static_cast<size_t>(L * H * S), 0.0f);
+  for (int64_t l = 0; l < L; ++l) {
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t i = 0; i < H; ++i) m->emb_t_[(l * H + i) * S + e] = m->emb_[(l * E + e) * H + i];
+    }
   }
-  m->w_h_t_.resize(m->w_h_.size());
-  for (int64_t i = 0; i < H; ++i) {
-    for (int64_t j = 0; j < H; ++j) m->w_h_t_[j * H + i] = m->w_h_[i * H + j];
-  }
-  m->h0_.resize(static_cast<size_t>(E) * H);
-  m->logits_.resize(static_cast<size_t>(E));
+  m->emb_.clear();
+  m->emb_.shrink_to_fit();
+  m->h0_.resize(static_cast<size_t>(S) * H);
+  m->scratch_.resize(static_cast<size_t>(S));
   m->context_.resize(static_cast<size_t>(Q) * H);
   return std::shared_ptr<const JfModel>(std::move(m));
 }
@@ -160,46 +168,71 @@ absl::Status JfModel::CheckGeometry(uint32_t num_layers, uint32_t experts_per_la
 
 namespace {
 
-// The forward with the hidden width known at compile time: every inner loop runs over H
-// contiguous floats (weights stored transposed at load), which the compiler unrolls and
-// vectorizes. Shapes as in the header.
+constexpr uint32_t kB = kJfExpertBlock;
+
+// The forward with the hidden width known at compile time, over the layer's experts in blocks
+// of kB: every inner loop runs over kB contiguous floats of one row (features and activations
+// are feature-major, [row][S] with S = JfFeatureStride(E)), which the compiler vectorizes at
+// -O2; exp and softplus are jf_math.h's branch-free ones. Each activation is summed in the same
+// fixed order (bias, embedding, then the features in order, as the scalar version before it). Padding experts
+// (E <= e < S) are computed and then ignored: they take no part in the attention and get no
+// output. Shapes as in the header; emb is this layer's [H][S] slice.
 template <uint32_t H>
-void ForwardH(const JfGeometry& g, const float* emb, const float* w_in_t, const float* b_in, const float* query,
-              const float* w_ctx, const float* w_h_t, const float* b_h, const float* w_out, float b_out,
-              const float* features, float* out, float* h0, float* logits, float* context) {
-  const uint32_t E = g.experts_per_layer, D = g.features, Q = g.queries;
-  for (uint32_t e = 0; e < E; ++e) {
-    const float* f = features + static_cast<size_t>(e) * D;
-    float acc[H];
-    for (uint32_t i = 0; i < H; ++i) acc[i] = b_in[i] + emb[static_cast<size_t>(e) * H + i];
-    for (uint32_t d = 0; d < D; ++d) {
-      const float x = f[d];
-      const float* w = w_in_t + static_cast<size_t>(d) * H;
-      for (uint32_t i = 0; i < H; ++i) acc[i] += w[i] * x;
+void ForwardH(const JfGeometry& g, const float* __restrict emb, const float* __restrict w_in,
+              const float* __restrict b_in, const float* __restrict query, const float* __restrict w_ctx,
+              const float* __restrict w_h, const float* __restrict b_h, const float* __restrict w_out, float b_out,
+              const float* __restrict features, float* __restrict out, float* __restrict h0,
+              float* __restrict scratch, float* __restrict context) {
+  const uint32_t E = g.experts_per_layer, D = g.features, Q = g.queries, S = JfFeatureStride(E);
+  // h0[i][e] = relu(b_in[i] + emb[i][e] + sum_d w_in[i][d] f[d][e]).
+  for (uint32_t b = 0; b < S; b += kB) {
+    for (uint32_t i = 0; i < H; ++i) {
+      float acc[kB];
+      for (uint32_t j = 0; j < kB; ++j) acc[j] = b_in[i] + emb[static_cast<size_t>(i) * S + b + j];
+      for (uint32_t d = 0; d < D; ++d) {
+        const float w = w_in[static_cast<size_t>(i) * D + d];
+        const float* f = features + static_cast<size_t>(d) * S + b;
+        for (uint32_t j = 0; j < kB; ++j) acc[j] += w * f[j];
+      }
+      float* h = h0 + static_cast<size_t>(i) * S + b;
+      for (uint32_t j = 0; j < kB; ++j) h[j] = acc[j] > 0 ? acc[j] : 0.0f;
     }
-    float* h = h0 + static_cast<size_t>(e) * H;
-    for (uint32_t i = 0; i < H; ++i) h[i] = acc[i] > 0 ? acc[i] : 0;
   }
+  // Pooling: c_q = softmax_e(query[q] . h0[e] / sqrt(H)) weighted sum of h0[e], real experts only.
   const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(H));
+  float* logits = scratch;
   for (uint32_t q = 0; q < Q; ++q) {
     const float* qv = query + static_cast<size_t>(q) * H;
+    for (uint32_t b = 0; b < S; b += kB) {
+      float s[kB] = {};
+      for (uint32_t i = 0; i < H; ++i) {
+        const float* h = h0 + static_cast<size_t>(i) * S + b;
+        for (uint32_t j = 0; j < kB; ++j) s[j] += qv[i] * h[j];
+      }
+      for (uint32_t j = 0; j < kB; ++j) logits[b + j] = s[j] * inv_sqrt_h;
+    }
     float top = -INFINITY;
-    for (uint32_t e = 0; e < E; ++e) {
-      const float* h = h0 + static_cast<size_t>(e) * H;
-      float s = 0;
-      for (uint32_t i = 0; i < H; ++i) s += qv[i] * h[i];
-      logits[e] = s * inv_sqrt_h;
-      top = std::max(top, logits[e]);
+    for (uint32_t e = 0; e < E; ++e) top = std::max(top, logits[e]);
+    for (uint32_t b = 0; b < S; b += kB) {
+      for (uint32_t j = 0; j < kB; ++j) logits[b + j] = ExpClamped(logits[b + j] - top);
     }
-    float c[H] = {};
+    for (uint32_t e = E; e < S; ++e) logits[e] = 0.0f;  // the padding has no weight
+    float lanes[kB] = {};
+    for (uint32_t b = 0; b < S; b += kB) {
+      for (uint32_t j = 0; j < kB; ++j) lanes[j] += logits[b + j];
+    }
     float total = 0;
-    for (uint32_t e = 0; e < E; ++e) {
-      const float a = std::exp(logits[e] - top);
-      total += a;
-      const float* h = h0 + static_cast<size_t>(e) * H;
-      for (uint32_t i = 0; i < H; ++i) c[i] += a * h[i];
+    for (float lane : lanes) total += lane;
+    for (uint32_t i = 0; i < H; ++i) {
+      const float* h = h0 + static_cast<size_t>(i) * S;
+      float c[kB] = {};
+      for (uint32_t b = 0; b < S; b += kB) {
+        for (uint32_t j = 0; j < kB; ++j) c[j] += logits[b + j] * h[b + j];
+      }
+      float sum = 0;
+      for (float lane : c) sum += lane;
+      context[static_cast<size_t>(q) * H + i] = sum / total;
     }
-    for (uint32_t i = 0; i < H; ++i) context[static_cast<size_t>(q) * H + i] = c[i] / total;
   }
   // g = W_ctx concat(c) + b_h: the layer's shared term.
   float gl[H];
@@ -209,29 +242,34 @@ void ForwardH(const JfGeometry& g, const float* emb, const float* w_in_t, const 
     for (uint32_t j = 0; j < Q * H; ++j) acc += w[j] * context[j];
     gl[i] = acc;
   }
-  for (uint32_t e = 0; e < E; ++e) {
-    const float* h = h0 + static_cast<size_t>(e) * H;
-    float acc[H];
-    for (uint32_t i = 0; i < H; ++i) acc[i] = gl[i];
-    for (uint32_t j = 0; j < H; ++j) {
-      const float x = h[j];
-      const float* w = w_h_t + static_cast<size_t>(j) * H;
-      for (uint32_t i = 0; i < H; ++i) acc[i] += w[i] * x;
+  // out[e] = softplus(b_out + sum_i w_out[i] relu(g[i] + sum_j w_h[i][j] h0[j][e])).
+  float* y = scratch;  // the logits are spent
+  for (uint32_t b = 0; b < S; b += kB) {
+    float yb[kB];
+    for (uint32_t j = 0; j < kB; ++j) yb[j] = b_out;
+    for (uint32_t i = 0; i < H; ++i) {
+      float acc[kB];
+      for (uint32_t j = 0; j < kB; ++j) acc[j] = gl[i];
+      for (uint32_t k = 0; k < H; ++k) {
+        const float w = w_h[static_cast<size_t>(i) * H + k];
+        const float* h = h0 + static_cast<size_t>(k) * S + b;
+        for (uint32_t j = 0; j < kB; ++j) acc[j] += w * h[j];
+      }
+      for (uint32_t j = 0; j < kB; ++j) yb[j] += w_out[i] * (acc[j] > 0 ? acc[j] : 0.0f);
     }
-    float y = b_out;
-    for (uint32_t i = 0; i < H; ++i) y += w_out[i] * (acc[i] > 0 ? acc[i] : 0);
-    out[e] = Softplus(y);
+    for (uint32_t j = 0; j < kB; ++j) y[b + j] = Softplus(yb[j]);
   }
+  std::copy(y, y + E, out);
 }
 
 }  // namespace
 
 void JfModel::Forward(uint32_t layer, std::span<const float> features, std::span<float> out) const {
   const JfGeometry& g = geometry_;
-  const float* emb = &emb_[static_cast<size_t>(layer) * g.experts_per_layer * g.hidden];
+  const float* emb = &emb_t_[static_cast<size_t>(layer) * g.hidden * JfFeatureStride(g.experts_per_layer)];
   auto run = [&](auto forward) {
-    forward(g, emb, w_in_t_.data(), b_in_.data(), query_.data(), w_ctx_.data(), w_h_t_.data(), b_h_.data(),
-            w_out_.data(), b_out_, features.data(), out.data(), h0_.data(), logits_.data(), context_.data());
+    forward(g, emb, w_in_.data(), b_in_.data(), query_.data(), w_ctx_.data(), w_h_.data(), b_h_.data(),
+            w_out_.data(), b_out_, features.data(), out.data(), h0_.data(), scratch_.data(), context_.data());
   };
   // Load admits only these widths.
   switch (g.hidden) {

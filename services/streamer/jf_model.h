@@ -15,7 +15,8 @@
 // File: safetensors, float32 tensors emb [L, E, H], w_in [H, D], b_in [H], query [Q, H],
 // w_ctx [H, Q*H], w_h [H, H], b_h [H], w_out [H], b_out [1]; metadata (all strings):
 // "format" = "nq-jf", "version" = "1", "feature_set" = kJfFeatureSet, "num_layers",
-// "experts_per_layer", "top_k", "features", "hidden", "queries", "horizon". Written by
+// "experts_per_layer", "top_k", "features", "hidden", "queries", "horizon", and optionally
+// "hysteresis_margin" (a number >= 0: the margin to serve this model with). Written by
 // scripts/predictor/train_jf.py (and jf_reference.py for test fixtures).
 #pragma once
 
@@ -33,6 +34,12 @@ namespace nq::streamer {
 inline constexpr uint32_t kJfHorizon = 64;
 inline constexpr char kJfFormat[] = "nq-jf";
 inline constexpr uint32_t kJfVersion = 1;
+// The hysteresis margin jF is served and replayed with when --hysteresis is not given and the
+// file carries none (metadata "hysteresis_margin"). jF's scores are its expected hits in share
+// units, spread differently from v0's EMA shares, so v0's default margin (2.0) starves it of
+// loads; this value is the best of the replay sweep in bench/README.md ("jF's hysteresis
+// margin").
+inline constexpr float kJfDefaultMargin = 0.05f;
 
 struct JfGeometry {
   uint32_t num_layers = 0;
@@ -57,11 +64,14 @@ class JfModel {
   absl::Status CheckGeometry(uint32_t num_layers, uint32_t experts_per_layer, uint32_t top_k) const;
 
   // Expected hits in the next `horizon` tokens of every expert of `layer`: `features` is
-  // experts x features row-major, `out` one value per expert. Allocates nothing once the
-  // scratch has grown (not thread-safe through the scratch: one caller at a time).
+  // JfFeatureState::Fill's feature-major layout (features x JfFeatureStride(experts)), `out`
+  // one value per expert. Allocates nothing (the scratch is sized at Load; not thread-safe
+  // through it: one caller at a time).
   void Forward(uint32_t layer, std::span<const float> features, std::span<float> out) const;
 
   const JfGeometry& geometry() const { return geometry_; }
+  // The file's "hysteresis_margin", else kJfDefaultMargin.
+  float hysteresis_margin() const { return hysteresis_margin_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -70,10 +80,11 @@ class JfModel {
   JfGeometry geometry_;
   std::string path_;
   std::vector<float> emb_, w_in_, b_in_, query_, w_ctx_, w_h_, b_h_, w_out_;
-  std::vector<float> w_in_t_, w_h_t_;  // transposed copies Forward reads
+  std::vector<float> emb_t_;  // emb as Forward reads it: [L][H][JfFeatureStride(E)]
   float b_out_ = 0;
-  // Forward's scratch (h0 rows, attention logits, contexts).
-  mutable std::vector<float> h0_, logits_, context_;
+  float hysteresis_margin_ = kJfDefaultMargin;
+  // Forward's scratch: h0 [H][S], attention weights then outputs [S], contexts [Q][H].
+  mutable std::vector<float> h0_, scratch_, context_;
 };
 
 }  // namespace nq::streamer

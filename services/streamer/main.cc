@@ -62,7 +62,9 @@ ABSL_FLAG(int, verify_threads, 2,
           "READY, shared by all sessions, so hashing overlaps the next reads; 0 checks on each session's loader "
           "thread");
 ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
-ABSL_FLAG(double, hysteresis, 2.0, "Score margin a challenger needs to evict a resident expert");
+ABSL_FLAG(std::optional<double>, hysteresis, std::nullopt,
+          "Score margin a challenger needs to evict a resident expert; unset: the predictor's own (2.0 for v0; "
+          "for jF the file's \"hysteresis_margin\", else the swept default, bench/README.md)");
 ABSL_FLAG(std::string, predictor, "",
           "A learned predictor (jF, safetensors from scripts/predictor/train_jf.py) scoring the floating slots; "
           "empty: predictor v0's EMA heuristic. A file trained for another model (MoE layers, experts, top-k) "
@@ -107,7 +109,9 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError("--verify_threads must be in [0, 64]");
   }
   if (absl::GetFlag(FLAGS_read_budget) < 1) return absl::InvalidArgumentError("--read_budget must be positive");
-  if (absl::GetFlag(FLAGS_hysteresis) < 0) return absl::InvalidArgumentError("--hysteresis must not be negative");
+  if (const std::optional<double> margin = absl::GetFlag(FLAGS_hysteresis); margin && !(*margin >= 0)) {
+    return absl::InvalidArgumentError("--hysteresis must not be negative");
+  }
   if (const double share = absl::GetFlag(FLAGS_request_share); !(share >= 0 && share <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--request_share=", share, ": want a share in [0, 1]"));
   }
@@ -146,7 +150,6 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
     ASSIGN_OR_RETURN(options.store.verifier, RecordVerifier::Create(static_cast<unsigned>(threads)));
   }
   options.predictor.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
-  options.predictor.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
   options.predictor_state_dir = absl::GetFlag(FLAGS_predictor_state_dir);
   options.pace_reads = absl::GetFlag(FLAGS_pace_reads);
   options.predictor.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
@@ -170,6 +173,10 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
     }
     spdlog::info("predictor jF from {} (hidden {}, {} pooling queries)", path, g.hidden, g.queries);
   }
+  options.predictor.hysteresis_margin = static_cast<float>(
+      absl::GetFlag(FLAGS_hysteresis).value_or(DefaultHysteresisMargin(options.predictor.learned.get())));
+  spdlog::info("predictor hysteresis margin {}{}", options.predictor.hysteresis_margin,
+               absl::GetFlag(FLAGS_hysteresis) ? "" : " (the predictor's default)");
   spdlog::info("release {} ({} copies, {} MoE layers, codec {})", *release_id, files->copies(),
                files->release().manifest().layers.size(), files->release().manifest().codec);
   options.files = std::move(files);

@@ -45,6 +45,14 @@
 
 namespace nq::streamer {
 
+// v0's hysteresis margin (PredictorOptions' default).
+inline constexpr float kV0DefaultMargin = 2.0f;
+// The margin to run a scorer with when none is asked for: `learned`'s (JfModel::
+// hysteresis_margin) for jF, kV0DefaultMargin for v0 (null).
+inline float DefaultHysteresisMargin(const JfModel* learned) {
+  return learned != nullptr ? learned->hysteresis_margin() : kV0DefaultMargin;
+}
+
 struct PredictorOptions {
   uint32_t num_layers = 0;
   uint32_t experts_per_layer = 0;
@@ -62,8 +70,9 @@ struct PredictorOptions {
   float recency_weight = 0.5f;
   double recency_half_life = 16;
   float static_weight = 0.2f;
-  // In score units (1.0 = a uniform router's share).
-  float hysteresis_margin = 2.0f;
+  // In score units (1.0 = a uniform router's share). jF wants its own
+  // (DefaultHysteresisMargin): the streamer and `nq replay` take that when --hysteresis is unset.
+  float hysteresis_margin = kV0DefaultMargin;
   // Share of each layer's F floating slots kept for the experts with the most hits in the
   // current request (sequence), whatever their score: floor(request_share * F) of them, among
   // experts hit at least once in it. They rank above every other candidate (their loads first
@@ -189,13 +198,11 @@ class Predictor {
   std::vector<uint32_t> candidates_;  // per layer, the non-fixed experts
   std::vector<uint32_t> candidate_offset_;
   std::vector<float> recency_;  // recency bonus by age in tokens; 0 past the end
-  struct Candidate {
-    float effective;  // score, plus the margin when resident
-    uint32_t expert;
-  };
-  std::vector<Candidate> order_;  // one layer's candidates, to select in
+  // One layer's candidates as CandidateKey(effective score, expert) (predictor.cc), to select
+  // in, and its victims.
+  std::vector<uint64_t> order_;
   std::vector<PlannedLoad> layer_loads_;
-  std::vector<uint32_t> victims_;
+  std::vector<uint64_t> victims_;
   std::vector<PlannedLoad> all_loads_;
   PredictorPlan plan_;
 };

@@ -34,7 +34,9 @@ ABSL_FLAG(int, slots, 8, "replay and kld: floating 4-bit slots per layer");
 ABSL_FLAG(std::string, predictor, "",
           "replay: a learned predictor (jF safetensors) to replay instead of predictor v0, as nq-streamer "
           "--predictor runs it");
-ABSL_FLAG(double, hysteresis, 2.0, "replay: the predictor's score margin (nq-streamer --hysteresis)");
+ABSL_FLAG(std::optional<double>, hysteresis, std::nullopt,
+          "replay: the predictor's score margin (nq-streamer --hysteresis); unset: the predictor's own, as the "
+          "streamer takes it");
 ABSL_FLAG(int, read_budget, 64, "replay: most loads per refresh (nq-streamer --read_budget)");
 ABSL_FLAG(double, request_share, 0.0,
           "replay: share of the floating slots kept for the current request's most-hit experts (nq-streamer "
@@ -148,13 +150,14 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   options.num_layers = trace.num_layers();
   options.experts_per_layer = trace.experts_per_layer;
   options.floating_slots = static_cast<uint32_t>(slots);
-  options.hysteresis_margin = static_cast<float>(absl::GetFlag(FLAGS_hysteresis));
   options.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
   options.top_k = trace.top_k;
   if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
     ASSIGN_OR_RETURN(options.learned, streamer::JfModel::Load(path));
   }
+  options.hysteresis_margin =
+      static_cast<float>(absl::GetFlag(FLAGS_hysteresis).value_or(streamer::DefaultHysteresisMargin(options.learned.get())));
   if (!release_dir.empty()) {
     ASSIGN_OR_RETURN(format::Release release, format::Release::Open(release_dir));
     for (uint32_t layer : trace.layer_ids) {
@@ -173,7 +176,8 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   std::printf("| policy | expert calls at 4 bits | routing weight at 4 bits |\n| --- | ---: | ---: |\n");
   std::printf("| oracle (block's own top-F) | %.4f | %.4f |\n", r.oracle.calls, r.oracle.weight);
   std::printf("| previous block's top-F | %.4f | %.4f |\n", r.previous_block.calls, r.previous_block.weight);
-  std::printf("| predictor %s | %.4f | %.4f |\n", options.learned ? "jF" : "v0", r.predictor.calls, r.predictor.weight);
+  std::printf("| predictor %s (margin %.2f) | %.4f | %.4f |\n", options.learned ? "jF" : "v0", options.hysteresis_margin,
+              r.predictor.calls, r.predictor.weight);
   return absl::OkStatus();
 }
 
@@ -200,7 +204,7 @@ int RunReplay(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("unexpected argument " + args[0]));
   if (absl::GetFlag(FLAGS_trace).empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("--trace is required"));
   if (absl::GetFlag(FLAGS_slots) < 0) return ReportCommandStatus("replay", absl::InvalidArgumentError("--slots must be >= 0"));
-  if (absl::GetFlag(FLAGS_read_budget) < 1 || absl::GetFlag(FLAGS_hysteresis) < 0) {
+  if (absl::GetFlag(FLAGS_read_budget) < 1 || absl::GetFlag(FLAGS_hysteresis).value_or(0) < 0) {
     return ReportCommandStatus("replay", absl::InvalidArgumentError("--read_budget must be >= 1, --hysteresis >= 0"));
   }
   return ReportCommandStatus("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "services/model/safetensors_writer.h"
 #include "services/streamer/jf_features.h"
 #include "services/streamer/jf_model.h"
 #include "services/streamer/routing_trace.h"
@@ -65,7 +67,8 @@ size_t CheckAgainstReference(const std::string& dir, const JfModel* model) {
   const uint32_t L = trace->num_layers(), E = trace->experts_per_layer;
   absl::StatusOr<JfFeatureState> state = JfFeatureState::Create(L, E, trace->top_k);
   EXPECT_THAT(state.status(), IsOk());
-  std::vector<float> rows(static_cast<size_t>(E) * kJfFeatures), out(E);
+  const uint32_t S = JfFeatureStride(E);
+  std::vector<float> rows(static_cast<size_t>(S) * kJfFeatures), out(E);
   size_t point = 0, compared = 0;
   for (const auto& [begin, end] : trace->Sequences()) {
     state->NewSequence();
@@ -80,7 +83,7 @@ size_t CheckAgainstReference(const std::string& dir, const JfModel* model) {
         state->Fill(l, resident, rows);
         for (uint32_t e = 0; e < E; ++e) {
           for (uint32_t d = 0; d < kJfFeatures; ++d) {
-            ExpectNear(rows[e * kJfFeatures + d], layer["features"][e][d].get<double>(),
+            ExpectNear(rows[d * S + e], layer["features"][e][d].get<double>(),
                        "point " + std::to_string(point) + " layer " + std::to_string(l) + " expert " +
                            std::to_string(e) + " feature " + std::to_string(d));
             ++compared;
@@ -117,6 +120,102 @@ TEST(JfModelTest, TrainedModelEqualsTorch) {
   absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(std::string(dir) + "/model.safetensors");
   ASSERT_THAT(model.status(), IsOk());
   EXPECT_GT(CheckAgainstReference(dir, model->get()), 0u);
+}
+
+// The header's forward, in double, straight from its formulas: the reference for Forward's
+// blocked, feature-major float version. `f` is experts x features row-major.
+std::vector<double> ForwardByTheFormulas(const std::map<std::string, std::vector<float>>& p, uint32_t layer,
+                                         uint32_t E, uint32_t H, uint32_t Q, const std::vector<double>& f) {
+  const uint32_t D = kJfFeatures;
+  auto at = [&](const char* name, size_t i) { return static_cast<double>(p.at(name)[i]); };
+  std::vector<double> h0(static_cast<size_t>(E) * H), out(E);
+  for (uint32_t e = 0; e < E; ++e) {
+    for (uint32_t i = 0; i < H; ++i) {
+      double a = at("b_in", i) + at("emb", (static_cast<size_t>(layer) * E + e) * H + i);
+      for (uint32_t d = 0; d < D; ++d) a += at("w_in", i * D + d) * f[e * D + d];
+      h0[e * H + i] = std::max(a, 0.0);
+    }
+  }
+  std::vector<double> c(static_cast<size_t>(Q) * H, 0.0);
+  for (uint32_t q = 0; q < Q; ++q) {
+    std::vector<double> logit(E);
+    double top = -INFINITY, total = 0;
+    for (uint32_t e = 0; e < E; ++e) {
+      logit[e] = 0;
+      for (uint32_t i = 0; i < H; ++i) logit[e] += at("query", q * H + i) * h0[e * H + i];
+      logit[e] /= std::sqrt(static_cast<double>(H));
+      top = std::max(top, logit[e]);
+    }
+    for (uint32_t e = 0; e < E; ++e) total += std::exp(logit[e] - top);
+    for (uint32_t e = 0; e < E; ++e) {
+      for (uint32_t i = 0; i < H; ++i) c[q * H + i] += std::exp(logit[e] - top) / total * h0[e * H + i];
+    }
+  }
+  for (uint32_t e = 0; e < E; ++e) {
+    double y = at("b_out", 0);
+    for (uint32_t i = 0; i < H; ++i) {
+      double a = at("b_h", i);
+      for (uint32_t j = 0; j < Q * H; ++j) a += at("w_ctx", i * Q * H + j) * c[j];
+      for (uint32_t j = 0; j < H; ++j) a += at("w_h", i * H + j) * h0[e * H + j];
+      y += at("w_out", i) * std::max(a, 0.0);
+    }
+    out[e] = std::log1p(std::exp(y));
+  }
+  return out;
+}
+
+// 13 experts: Forward's rows are padded to 16, and the padding must take no part in the
+// layer's attention (it would shift every expert's context) nor get an output.
+TEST(JfModelTest, ForwardWithPaddedExpertsEqualsTheFormulas) {
+  constexpr uint32_t L = 2, E = 13, H = 16, Q = 3, K = 2;
+  uint32_t state = 7;
+  auto uniform = [&]() {
+    state = 1664525u * state + 1013904223u;
+    return static_cast<float>(state) / 4294967296.0f - 0.5f;
+  };
+  const std::pair<const char*, std::vector<int64_t>> shapes[] = {
+      {"emb", {L, E, H}}, {"w_in", {H, kJfFeatures}}, {"b_in", {H}}, {"query", {Q, H}}, {"w_ctx", {H, Q * H}},
+      {"w_h", {H, H}},    {"b_h", {H}},               {"w_out", {H}}, {"b_out", {1}}};
+  std::map<std::string, std::vector<float>> params;
+  model::SafetensorsWriter writer;
+  for (const auto& [name, shape] : shapes) {
+    size_t n = 1;
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    std::vector<float> v(n);
+    // Queries large enough that the attention is far from uniform.
+    for (float& x : v) x = uniform() * (std::string(name) == "query" ? 8.0f : 1.0f);
+    params[name] = v;
+    ASSERT_THAT(writer.AddFloat32(name, shape, v), IsOk());
+  }
+  const std::pair<const char*, uint32_t> meta[] = {{"num_layers", L}, {"experts_per_layer", E}, {"top_k", K},
+                                                   {"features", kJfFeatures}, {"hidden", H}, {"queries", Q},
+                                                   {"horizon", kJfHorizon}};
+  for (const auto& [key, value] : meta) writer.SetMetadata(key, std::to_string(value));
+  writer.SetMetadata("format", kJfFormat);
+  writer.SetMetadata("version", std::to_string(kJfVersion));
+  writer.SetMetadata("feature_set", std::string(kJfFeatureSet));
+  const std::string path = ::testing::TempDir() + "/padded.safetensors";
+  ASSERT_THAT(writer.Write(path), IsOk());
+  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(path);
+  ASSERT_THAT(model.status(), IsOk());
+  const uint32_t S = JfFeatureStride(E);
+  ASSERT_EQ(S, 16u);
+  std::vector<double> rows(static_cast<size_t>(E) * kJfFeatures);
+  std::vector<float> features(static_cast<size_t>(S) * kJfFeatures, 0.0f), out(E);
+  for (uint32_t e = 0; e < E; ++e) {
+    for (uint32_t d = 0; d < kJfFeatures; ++d) {
+      const float x = 2.0f * uniform() + 0.5f;
+      rows[e * kJfFeatures + d] = x;
+      features[d * S + e] = x;
+    }
+  }
+  for (uint32_t layer = 0; layer < L; ++layer) {
+    (*model)->Forward(layer, features, out);
+    const std::vector<double> want = ForwardByTheFormulas(params, layer, E, H, Q, rows);
+    for (uint32_t e = 0; e < E; ++e) {
+      EXPECT_NEAR(out[e], want[e], 1e-5 + 1e-5 * std::fabs(want[e])) << "layer " << layer << " expert " << e;
+    }
+  }
 }
 
 TEST(JfModelTest, MissingFileIsNotFound) {
@@ -191,7 +290,7 @@ TEST(JfFeatureStateTest, SaveRestoreContinuesIdentically) {
     a->Observe(trace->TokenExperts(t), trace->TokenWeights(t), trace->TokenNorms(t));
     b->Observe(trace->TokenExperts(t), trace->TokenWeights(t), trace->TokenNorms(t));
   }
-  std::vector<float> fa(8 * kJfFeatures), fb(8 * kJfFeatures);
+  std::vector<float> fa(JfFeatureStride(8) * kJfFeatures), fb(JfFeatureStride(8) * kJfFeatures);
   const std::vector<uint8_t> resident(8, 0);
   for (uint32_t l = 0; l < 2; ++l) {
     a->Fill(l, resident, fa);
@@ -219,14 +318,19 @@ TEST(JfFeatureStateTest, NewSequenceClearsPerRequestSignalsOnly) {
   const float weight[] = {1.0f};
   for (int t = 0; t < 20; ++t) s->Observe(expert, weight, {});
   s->NewSequence();
-  std::vector<float> f(4 * kJfFeatures);
+  const uint32_t S = JfFeatureStride(4);
+  std::vector<float> f(S * kJfFeatures, -1.0f);
   s->Fill(0, std::vector<uint8_t>(4, 0), f);
-  const float* e2 = &f[2 * kJfFeatures];
-  EXPECT_GT(e2[0], 1.0f);      // the EMA carries over
-  EXPECT_EQ(e2[10], 0.0f);     // no hits in this sequence's window
-  EXPECT_EQ(e2[12], 1.0f);     // never hit in this sequence
-  EXPECT_EQ(e2[13], 0.0f);     // position 0
-  EXPECT_EQ(e2[15], 0.0f);     // sequence rate
+  auto e2 = [&](uint32_t d) { return f[d * S + 2]; };
+  EXPECT_GT(e2(0), 1.0f);      // the EMA carries over
+  EXPECT_EQ(e2(10), 0.0f);     // no hits in this sequence's window
+  EXPECT_EQ(e2(12), 1.0f);     // never hit in this sequence
+  EXPECT_EQ(e2(13), 0.0f);     // position 0
+  EXPECT_EQ(e2(15), 0.0f);     // sequence rate
+  // Experts 4..7 are the rows' padding: every feature 0.
+  for (uint32_t d = 0; d < kJfFeatures; ++d) {
+    for (uint32_t e = 4; e < S; ++e) EXPECT_EQ(f[d * S + e], 0.0f) << d << " " << e;
+  }
 }
 
 }  // namespace

@@ -72,12 +72,22 @@ TEST(JfPredictorTest, ScoresAreTheModelsExpectedHitsInShareUnits) {
   ASSERT_TRUE(predictor->RefreshDue());
   predictor->Refresh();
   // Residency was empty when the refresh scored: feature 14 is 0 everywhere.
-  std::vector<float> rows(8 * kJfFeatures), hits(8);
+  std::vector<float> rows(JfFeatureStride(8) * kJfFeatures), hits(8);
   features->Fill(1, std::vector<uint8_t>(8, 0), rows);
   LearnedOptions().learned->Forward(1, rows, hits);
   for (uint32_t e = 0; e < 8; ++e) {
     EXPECT_FLOAT_EQ(predictor->Score(1, e), hits[e] * 8.0f / (64.0f * 2.0f)) << e;
   }
+}
+
+TEST(JfPredictorTest, EachScorerHasItsOwnDefaultMargin) {
+  // The fixture carries no "hysteresis_margin": jF takes the swept default, v0 its own.
+  const std::shared_ptr<const JfModel> model = FixtureModel();
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->hysteresis_margin(), kJfDefaultMargin);
+  EXPECT_EQ(DefaultHysteresisMargin(model.get()), kJfDefaultMargin);
+  EXPECT_EQ(DefaultHysteresisMargin(nullptr), 2.0f);
+  EXPECT_LT(kJfDefaultMargin, kV0DefaultMargin);
 }
 
 TEST(JfPredictorTest, ObserveRefusesNormsOfTheWrongCount) {
