@@ -266,15 +266,8 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   RETURN_IF_ERROR(BeginRoutingLog(T));
   ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.Embedding(next_tokens, weights_.embed, e));
-  RETURN_IF_ERROR(backend_.RmsNorm(e, m.enorm, eps, e));
   ASSIGN_OR_RETURN(Tensor h, kernels::UploadFloats(backend_, hidden, kernels::DType::kF32, Shape{T, D}));
-  RETURN_IF_ERROR(backend_.RmsNorm(h, m.hnorm, eps, h));
-  // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ.
-  ASSIGN_OR_RETURN(u, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
-  ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
-  RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
-  RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
-  RETURN_IF_ERROR(backend_.Add(u, uh, u));
+  ASSIGN_OR_RETURN(u, MtpInput(m, e, h));
   const int64_t layer = config_.num_hidden_layers + index;
   selection_.reset();
   RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, mtp_length_));
@@ -283,6 +276,19 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   ASSIGN_OR_RETURN(last_mtp_hidden_, kernels::DownloadFloats(backend_, u));
   FlushRoutingLog();
   return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Model::MtpInput(const MtpWeights& m, Tensor& e, Tensor& h) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  RETURN_IF_ERROR(backend_.RmsNorm(e, m.enorm, eps, e));
+  RETURN_IF_ERROR(backend_.RmsNorm(h, m.hnorm, eps, h));
+  // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ.
+  ASSIGN_OR_RETURN(Tensor u, backend_.Allocate(kernels::DType::kF32, e.shape()));
+  ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, e.shape()));
+  RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
+  RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
+  RETURN_IF_ERROR(backend_.Add(u, uh, u));
+  return u;
 }
 
 absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,

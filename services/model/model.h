@@ -300,6 +300,9 @@ class Model {
   absl::Status RunMtp(std::span<const int32_t> next_tokens, std::span<const float> hidden, int index,
                       kernels::Tensor& u);
   absl::Status AllReduce(kernels::Tensor& t);
+  // The MTP layer's input from the embedded next tokens `e` and the main model's states `h`
+  // (both [T, D], normalised in place): eh_proj(concat(enorm(e), hnorm(h))).
+  absl::StatusOr<kernels::Tensor> MtpInput(const MtpWeights& m, kernels::Tensor& e, kernels::Tensor& h);
   // Step graphs (step_graph.cc): whether a forward of `tokens` (of MTP layer `mtp_index`, or of
   // the decoder stack for -1) can run as one, and the forwards that do (logits of every token,
   // row-major [T, vocab_size]; last_hidden() / last_mtp_hidden() as their eager forms).

@@ -67,15 +67,10 @@ absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& h
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.Embedding(ids, weights_.embed, e));
-  RETURN_IF_ERROR(backend_.RmsNorm(e, m.enorm, eps, e));
+  // A copy: the input states stay as uploaded (MtpInput normalises in place).
   ASSIGN_OR_RETURN(Tensor h, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
-  RETURN_IF_ERROR(backend_.RmsNorm(hidden, m.hnorm, eps, h));
-  // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ, as RunMtp.
-  ASSIGN_OR_RETURN(Tensor u, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
-  ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
-  RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
-  RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
-  RETURN_IF_ERROR(backend_.Add(u, uh, u));
+  RETURN_IF_ERROR(backend_.Copy(hidden, h));
+  ASSIGN_OR_RETURN(Tensor u, MtpInput(m, e, h));
   const int64_t layer = config_.num_hidden_layers + index;
   selection_.reset();
   RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u,
