@@ -2,7 +2,8 @@
 // fixture tests/fixtures/jf/ holds a trace with three sequences, a deterministic model and
 // the reference's features and outputs at every 16 tokens of each sequence and at its end
 // (regenerate with scripts/predictor/make_jf_fixture.py). A trained model's reference.json
-// (train_jf.py, the torch forward) has the same layout: NQ_JF_REFERENCE_DIR=dir checks it too.
+// (train_jf.py, the torch forward) has the same layout: the committed trained model is checked
+// against it, or NQ_JF_REFERENCE_DIR=dir for another.
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -114,10 +115,12 @@ TEST(JfModelTest, FeaturesAndForwardEqualTheReference) {
   EXPECT_EQ(CheckAgainstReference(kFixture, model->get()), 9u * 2 * 8 * 17);
 }
 
+// The committed model trained on the H200 (bench/predictor/glm5_nano/jf, with torch's outputs in
+// expected.json), or another train_jf.py output directory named by NQ_JF_REFERENCE_DIR.
 TEST(JfModelTest, TrainedModelEqualsTorch) {
-  const char* dir = std::getenv("NQ_JF_REFERENCE_DIR");
-  if (dir == nullptr) GTEST_SKIP() << "NQ_JF_REFERENCE_DIR not set (a train_jf.py output directory)";
-  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(std::string(dir) + "/model.safetensors");
+  const char* env = std::getenv("NQ_JF_REFERENCE_DIR");
+  const std::string dir = env != nullptr ? env : std::string(NQ_SOURCE_DIR) + "/bench/predictor/glm5_nano/jf";
+  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(dir + "/model.safetensors");
   ASSERT_THAT(model.status(), IsOk());
   EXPECT_GT(CheckAgainstReference(dir, model->get()), 0u);
 }
@@ -258,6 +261,37 @@ TEST(JfModelTest, WrongFormatIsRefused) {
   WriteBytes(path, WithMetadata("\"nq-jf\"", "\"nq-xx\""));
   EXPECT_THAT(JfModel::Load(path).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format is \"nq-xx\"")));
+}
+
+// The fixture with "hysteresis_margin" set to `value` in its metadata: the header is rewritten
+// (the tensors' offsets count from the data section, so they stay valid).
+std::string WithMargin(const std::string& value) {
+  const std::string bytes = ReadBytes(kFixture + "/model.safetensors");
+  uint64_t header_bytes = 0;
+  for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_bytes));
+  header["__metadata__"]["hysteresis_margin"] = value;
+  const std::string text = header.dump();
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i) & 0xff);
+  return out + text + bytes.substr(8 + header_bytes);
+}
+
+TEST(JfModelTest, HysteresisMarginComesFromTheFileElseTheDefault) {
+  absl::StatusOr<std::shared_ptr<const JfModel>> plain = JfModel::Load(kFixture + "/model.safetensors");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)->hysteresis_margin(), kJfDefaultMargin);
+  const std::string path = ::testing::TempDir() + "/margin.safetensors";
+  WriteBytes(path, WithMargin("0.3"));
+  absl::StatusOr<std::shared_ptr<const JfModel>> with = JfModel::Load(path);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_FLOAT_EQ((*with)->hysteresis_margin(), 0.3f);
+  for (const char* bad : {"-1", "abc", "nan", "inf", "0.3x", ""}) {
+    WriteBytes(path, WithMargin(bad));
+    EXPECT_THAT(JfModel::Load(path).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"hysteresis_margin\" = \"" + std::string(bad))))
+        << bad;
+  }
 }
 
 TEST(JfModelTest, GeometryDisagreeingWithTensorsIsRefused) {
