@@ -190,13 +190,16 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
   ASSIGN_OR_RETURN(const std::int64_t start_pos, RunPosition("MlaAttention", start));
   // A BF16 cache is widened to fp32 (exactly) and attended like an F32 one: the CPU backend is
   // the oracle the CUDA kernels are checked against, so it computes in one precision only.
+  // Only the rows a query can see (s < start_pos + T) are read, so only those are widened: the
+  // cost follows the context, not the cache's size.
+  const std::int64_t visible_rows = start_pos + q_nope.shape().dim(0);
   std::vector<float> latent_wide, rope_wide;
   const float* latent = nullptr;
   const float* rope = nullptr;
   if (kv_latent.dtype() == DType::kBF16) {
-    auto widen = [](const Tensor& t, std::vector<float>& wide) {
+    auto widen = [visible_rows](const Tensor& t, std::vector<float>& wide) {
       const Bf16* v = t.data_as<Bf16>();
-      wide.resize(static_cast<std::size_t>(t.shape().NumElements()));
+      wide.resize(static_cast<std::size_t>(visible_rows * t.shape().dim(1)));
       for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = ToFloat(v[i]);
       return wide.data();
     };
@@ -222,7 +225,7 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
                                   .dr = q_pe.shape().dim(2),
                                   .c = kv_latent.shape().dim(1),
                                   .dv = w_uv.shape().dim(1),
-                                  .keys = kv_latent.shape().dim(0),
+                                  .keys = kv_latent.dtype() == DType::kBF16 ? visible_rows : kv_latent.shape().dim(0),
                                   .top_k = selected != nullptr ? selected->shape().dim(1) : 0,
                                   .start_pos = start_pos,
                                   .scale = scale};
