@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "kernels/moe_op_checks.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels {
@@ -13,11 +14,7 @@ namespace {
 constexpr absl::string_view kOp = "NqMoe";
 
 absl::Status ExpectShape(absl::string_view arg, const Tensor& t, DType dtype, const Shape& shape) {
-  if (t.dtype() != dtype || t.shape() != shape) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", arg, " is ", t.DebugString(), ", want ",
-                                                   DTypeName(dtype), shape.ToString()));
-  }
-  return absl::OkStatus();
+  return CheckMoeTensor(kOp, arg, t, dtype, shape);
 }
 
 absl::Status CheckRotation(absl::string_view arg, const NqRotation& r, std::int64_t n) {
@@ -92,19 +89,8 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": hidden ", D, ", intermediate ", I, " and num_experts ", E, " must be positive"));
   }
-  if (x.shape().rank() != 2 || x.shape().dim(1) != D || x.dtype() != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": x is ", x.DebugString(), ", want F32[T, ", D, "]"));
-  }
-  const std::int64_t T = x.shape().dim(0);
-  if (expert_ids.shape().rank() != 2 || expert_ids.shape().dim(0) != T || expert_ids.shape().dim(1) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": expert_ids is ", expert_ids.DebugString(), ", want I32[", T, ", K] with K >= 1"));
-  }
-  const std::int64_t K = expert_ids.shape().dim(1);
-  RETURN_IF_ERROR(ExpectShape("expert_ids", expert_ids, DType::kI32, Shape{T, K}));
-  RETURN_IF_ERROR(ExpectShape("expert_weights", expert_weights, DType::kF32, Shape{T, K}));
-  RETURN_IF_ERROR(ExpectShape("out", out, DType::kF32, Shape{T, D}));
-  if (out.data() == x.data()) return absl::InvalidArgumentError(absl::StrCat(kOp, ": out must not alias x"));
+  ASSIGN_OR_RETURN(const MoeTokens tokens, CheckMoeActivations(kOp, x, expert_ids, expert_weights, out, D));
+  const std::int64_t T = tokens.tokens, K = tokens.top_k;
 
   struct Named {
     const char* name;
