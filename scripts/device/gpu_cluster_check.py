@@ -213,10 +213,12 @@ class Cluster:
             f.seek(offset)
             return f.read()
 
-    def completion(self, prompt, max_tokens, timeout=300):
-        return http("POST", f"http://127.0.0.1:{self.ports['r_http']}/v1/completions",
-                    {"model": "embedded", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                     "ignore_eos": True}, timeout=timeout)
+    def completion(self, prompt, max_tokens, timeout=300, logprobs=None):
+        body = {"model": "embedded", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        return http("POST", f"http://127.0.0.1:{self.ports['r_http']}/v1/completions", body, timeout=timeout)
 
     def chat_body(self, prompt, max_tokens):
         return {"model": "embedded", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
@@ -230,27 +232,46 @@ def decode_rate(times, usage):
     return (usage["completion_tokens"] - 1) / (times[-1] - times[0])
 
 
+def first_divergence(reference, tested):
+    """Where two greedy runs part: the token index, and the reference's top-2 log-probability
+    margin there (a margin near 0 is a near-tie that fp16 vs fp32 arithmetic may break either
+    way; a large one is a real numerical difference)."""
+    ref_tokens, test_tokens = reference["tokens"], tested["tokens"]
+    for i, (a, b) in enumerate(zip(ref_tokens, test_tokens)):
+        if a != b:
+            top = sorted(reference["top_logprobs"][i].values(), reverse=True)
+            margin = top[0] - top[1] if len(top) > 1 else None
+            tested_top = sorted(tested["top_logprobs"][i].values(), reverse=True)
+            tested_margin = tested_top[0] - tested_top[1] if len(tested_top) > 1 else None
+            return {"token": i, "reference": a, "tested": b, "reference_margin": margin,
+                    "tested_margin": tested_margin}
+    return None
+
+
 def check_greedy(args, report):
     """Greedy tokens of the backend under test against a CPU worker, static bits, no drafts."""
     results = {}
     for bits in ("2", "4", "fixed"):
-        texts = {}
+        texts, logprobs = {}, {}
         for backend in (args.reference_backend, args.backend):
             cluster = Cluster(args.bin, args.model, args.logs, f"greedy-{bits}-{backend}")
             try:
                 extra = args.test_worker_flags.split() if backend == args.backend else []
                 cluster.start([f"--backend={backend}", f"--expert_bits={bits}", "--speculative_tokens=0"] + extra)
-                outputs = []
+                outputs, lps = [], []
                 for prompt in PROMPTS[:3]:
-                    status, body = cluster.completion(prompt, args.greedy_tokens)
+                    status, body = cluster.completion(prompt, args.greedy_tokens, logprobs=2)
                     ok = status == 200 and body["usage"]["completion_tokens"] == args.greedy_tokens
                     outputs.append(body["choices"][0]["text"] if ok else f"HTTP {status}: {body}")
-                texts[backend] = outputs
+                    lps.append(body["choices"][0].get("logprobs") if ok else None)
+                texts[backend], logprobs[backend] = outputs, lps
             finally:
                 cluster.stop()
         same = [a == b for a, b in zip(texts[args.reference_backend], texts[args.backend])]
-        results[bits] = {"equal": all(same), "per_prompt_equal": same, args.backend: texts[args.backend],
-                         args.reference_backend: texts[args.reference_backend]}
+        divergence = [None if equal or ref is None or test is None else first_divergence(ref, test)
+                      for equal, ref, test in zip(same, logprobs[args.reference_backend], logprobs[args.backend])]
+        results[bits] = {"equal": all(same), "per_prompt_equal": same, "first_divergence": divergence,
+                         args.backend: texts[args.backend], args.reference_backend: texts[args.reference_backend]}
     report["greedy"] = {"pass": all(r["equal"] for r in results.values()), "by_bits": results}
 
 

@@ -5,7 +5,7 @@
 # call, and `off` puts both back. Always run `off` after the call.
 #
 # `on cluster` (scripts/device/run_gpu_cluster.sh, whose bundle is larger) also hides the test
-# fixtures and tokenizer data, which only the test binaries read.
+# fixtures, tokenizer data and the predictor's committed traces, which only the tests read.
 #
 #   bash scripts/device/slim_tree.sh on [cluster] | off
 set -euo pipefail
@@ -20,7 +20,8 @@ big=(
 # `off` restores whichever were hidden.
 if [[ "${2:-}" == cluster || "${1:-}" == off ]]; then
   # From HEAD: once hidden they are no longer in the index.
-  mapfile -t more < <(git ls-tree -r --name-only HEAD tests/fixtures/models tests/tokenizer/data)
+  mapfile -t more < <(git ls-tree -r --name-only HEAD tests/fixtures/models tests/tokenizer/data \
+    bench/predictor/glm5_nano | grep -v -e '\.md$' -e '\.py$' -e '\.cc$')
   big+=("${more[@]}")
 fi
 readonly big
