@@ -2,6 +2,7 @@
 // and the weight dtype's instantiation through one table lookup.
 #include "kernels/cuda/matmul.cuh"
 
+#include <algorithm>
 #include <array>
 
 #include "absl/strings/str_cat.h"
@@ -13,15 +14,29 @@ using Launcher = absl::Status (*)(const MatMulParams&, const LaunchContext&);
 
 template <typename WeightT, int kM>
 absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.n, kGemvRowsPerBlock)));
+  const int row_blocks = static_cast<int>(CeilDiv(p.n, kGemvRowsPerBlock));
+  const int col_steps = static_cast<int>(CeilDiv(p.k, kWarpSize * kVec16<WeightT>));
+  const int splits = p.k_splits > 0 ? std::clamp(std::min(p.k_splits, col_steps), 1, kGemvMaxSplits)
+                                    : GemvSplits(row_blocks, col_steps, ctx.num_sms);
   // Each row of x and w starts 16-byte aligned when the bases are and k fills whole vectors.
   const bool vectorized = p.k % kVec16<WeightT> == 0 && IsAligned(p.w, 16) && IsAligned(p.x, 16);
-  if (vectorized) {
-    MatMulGemvKernel<WeightT, kM, true><<<grid, kGemvThreads, 0, ctx.stream>>>(p);
-  } else {
-    MatMulGemvKernel<WeightT, kM, false><<<grid, kGemvThreads, 0, ctx.stream>>>(p);
-  }
-  return CheckLaunch("MatMulGemvKernel");
+  auto* kernel = vectorized ? &MatMulGemvKernel<WeightT, kM, true> : &MatMulGemvKernel<WeightT, kM, false>;
+  // Launched as a programmatic dependent: the first weight loads are issued while the kernel
+  // before it finishes (matmul_gemv.cuh); with splits, one cluster per 32 rows.
+  cudaLaunchAttribute attributes[2];
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 1;
+  attributes[1].val.clusterDim.y = static_cast<unsigned>(splits);
+  attributes[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits));
+  config.blockDim = dim3(kGemvThreads);
+  config.stream = ctx.stream;
+  config.attrs = attributes;
+  config.numAttrs = splits > 1 ? 2 : 1;
+  return CudaStatus(cudaLaunchKernelEx(&config, kernel, p), "launching MatMulGemvKernel");
 }
 
 template <typename Tile, typename WeightT>
@@ -69,6 +84,21 @@ int WeightRow(DType dtype) {
   }
   return -1;
 }
+
+}  // namespace
+
+int GemvSplits(int row_blocks, int col_steps, int num_sms) {
+  // Measured on the H200 (bench/README.md, gemv_bench): a memory-bound GEMV with at least one
+  // 32-row block per SM runs best unsplit (o_proj's 192 blocks: 0.82 of copy unsplit, 0.73 in
+  // 4), since each split re-stages x and ends in a cluster barrier; with fewer blocks than SMs,
+  // enough splits to give every SM one (576 rows: 0.09 of copy unsplit, 0.30 in 8).
+  num_sms = std::max(num_sms, 1);
+  if (row_blocks >= num_sms) return 1;
+  const int wanted = static_cast<int>(CeilDiv(num_sms, std::max(row_blocks, 1)));
+  return std::clamp(std::min(wanted, col_steps), 1, kGemvMaxSplits);
+}
+
+namespace {
 
 int ChoosePath(const MatMulParams& p, int num_sms) {
   if (p.m <= kGemvMaxRows) return p.m - 1;

@@ -17,13 +17,21 @@
 //    inner loop is then the same as for plain weights.
 //  - Staged x is stored with an XOR swizzle of its float4 index so that the lanes of a quarter
 //    warp, which read float4s kElems / 4 apart, hit distinct banks.
+//  - Split k: a matrix with few rows (a latent down-projection of 576 rows, an indexer key
+//    projection of 128, a router of 8) gives too few 32-row blocks to keep the SMs' memory pipes
+//    busy, so its columns are split into up to kGemvMaxSplits ranges (gridDim.y), one block
+//    each, launched as one thread-block cluster per 32 rows. Each block sums its range; the
+//    cluster's first block adds the others' partial sums from their shared memory in rank order
+//    (deterministic, no scratch, no atomics) and stores y (GemvSplits chooses the split count).
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/matmul_params.h"
 #include "kernels/cuda/reduce.cuh"
@@ -45,6 +53,9 @@ inline constexpr int kGemvColStep = kWarpSize * 16;
 
 static_assert(kWeightScaleBlock % kGemvRowsPerBlock == 0,
               "a block's rows must share one 128-row block of FP8 scales");
+
+// Column ranges per 32-row block: at most a portable thread-block cluster.
+inline constexpr int kGemvMaxSplits = 8;
 
 __host__ __device__ constexpr int GemvChunkCols(int m) {
   return kGemvSmemFloats / m / kGemvColStep * kGemvColStep;
@@ -195,45 +206,83 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
     scale_row = p.w_scale + std::int64_t{block_row0 / kWeightScaleBlock} * scale_cols;
   }
 
+  // This block's columns: whole warp steps [col_begin, col_end), the split's share of k.
+  const int total_steps = (p.k + kStep - 1) / kStep;
+  const int steps_per_split = (total_steps + gridDim.y - 1) / gridDim.y;
+  const int col_begin = min(p.k, static_cast<int>(blockIdx.y) * steps_per_split * kStep);
+  const int col_end = min(p.k, col_begin + steps_per_split * kStep);
+
   float acc[kM][kGemvRowsPerWarp] = {};
   typename Vec::Raw cur[kGemvRowsPerWarp] = {};
   typename Vec::Raw next[kGemvRowsPerWarp] = {};
-  int c = lane * kElems;  // this lane's column at the current step
-  if (c < p.k) {
+  int c = col_begin + lane * kElems;  // this lane's column at the current step
+  if (c < col_end) {
 #pragma unroll
     for (int r = 0; r < kGemvRowsPerWarp; ++r) cur[r] = Vec::Load(w_rows[r] + c);
   }
-  const int steps = (p.k + kStep - 1) / kStep;
+  // Launched as a programmatic dependent (matmul.cu): the weights above are constants, but x
+  // may still be being written, and y read, by the kernel before this one.
+  WaitForPrerequisiteGrid();
+  const int steps = (col_end - col_begin + kStep - 1) / kStep;
   for (int s = 0; s < steps; ++s) {
     const int c_next = c + kStep;
-    if (c_next < p.k) {
+    if (c_next < col_end) {
 #pragma unroll
       for (int r = 0; r < kGemvRowsPerWarp; ++r) next[r] = Vec::Load(w_rows[r] + c_next);
     }
     const int chunk = s / kStepsPerChunk;
+    const int c0 = col_begin + chunk * kChunk;
     if (s == chunk * kStepsPerChunk) {  // first step of a chunk: stage its x
-      const int c0 = chunk * kChunk;
       __syncthreads();  // every warp is done with the previous chunk
-      GemvStageX<kM, kVectorized, kElems>(p, c0, min(kChunk, p.k - c0), scale_row, xs);
+      GemvStageX<kM, kVectorized, kElems>(p, c0, min(kChunk, col_end - c0), scale_row, xs);
       __syncthreads();
     }
-    if (c < p.k) GemvAccumulate<WeightT, kM, kVectorized>(cur, xs, c - chunk * kChunk, acc);
+    if (c < col_end) GemvAccumulate<WeightT, kM, kVectorized>(cur, xs, c - c0, acc);
 #pragma unroll
     for (int r = 0; r < kGemvRowsPerWarp; ++r) cur[r] = next[r];
     c = c_next;
   }
+  LetDependentsLaunch();  // only the sums are left: the next kernel may start its own preamble
 
+  if (gridDim.y == 1) {
+#pragma unroll
+    for (int mi = 0; mi < kM; ++mi) {
+#pragma unroll
+      for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+        const float sum = WarpSum(acc[mi][r]);  // every lane holds the total
+        // One lane per output, spread over the warp, stores it.
+        if (lane == (mi * kGemvRowsPerWarp + r) % kWarpSize && row0 + r < p.n) {
+          p.y[std::int64_t{mi} * p.n + row0 + r] = sum;
+        }
+      }
+    }
+    return;
+  }
+
+  // Split k: the partial sums of this block's rows, then the cluster's first block adds them.
+  __shared__ float partial[kM * kGemvRowsPerBlock];
 #pragma unroll
   for (int mi = 0; mi < kM; ++mi) {
 #pragma unroll
     for (int r = 0; r < kGemvRowsPerWarp; ++r) {
-      const float sum = WarpSum(acc[mi][r]);  // every lane holds the total
-      // One lane per output, spread over the warp, stores it.
-      if (lane == (mi * kGemvRowsPerWarp + r) % kWarpSize && row0 + r < p.n) {
-        p.y[std::int64_t{mi} * p.n + row0 + r] = sum;
+      const float sum = WarpSum(acc[mi][r]);
+      if (lane == (mi * kGemvRowsPerWarp + r) % kWarpSize) {
+        partial[mi * kGemvRowsPerBlock + warp * kGemvRowsPerWarp + r] = sum;
       }
     }
   }
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's partial sums are written
+  if (cluster.block_rank() == 0) {
+    for (int i = threadIdx.x; i < kM * kGemvRowsPerBlock; i += kGemvThreads) {
+      float sum = 0.0f;
+      for (unsigned rank = 0; rank < cluster.num_blocks(); ++rank) sum += cluster.map_shared_rank(partial, rank)[i];
+      const int mi = i / kGemvRowsPerBlock, row = block_row0 + i % kGemvRowsPerBlock;
+      if (row < p.n) p.y[std::int64_t{mi} * p.n + row] = sum;
+    }
+  }
+  cluster.sync();  // no block leaves while its shared memory may still be read
 }
 
 }  // namespace nq::kernels::cuda

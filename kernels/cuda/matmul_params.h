@@ -17,6 +17,16 @@ struct MatMulParams {
   int m = 0;
   int n = 0;
   int k = 0;
+  // The GEMV's split of k (m <= kGemvMaxRows): 0 lets GemvSplits choose; benchmarks force a
+  // count (clamped to [1, kGemvMaxSplits] and to the column steps).
+  int k_splits = 0;
 };
+
+// How many column ranges (gridDim.y, one thread-block cluster per 32 rows; matmul_gemv.cuh) the
+// GEMV (matmul.cu) splits k into for a matrix of row_blocks 32-row blocks and col_steps warp steps of
+// columns, on num_sms multiprocessors: 1 when the rows give every SM a block, else enough to,
+// up to kGemvMaxSplits. Depends on the matrix only, never on m,
+// so a row's sum is added in the same order for 1 token and for 8 (batch invariance).
+int GemvSplits(int row_blocks, int col_steps, int num_sms);
 
 }  // namespace nq::kernels::cuda

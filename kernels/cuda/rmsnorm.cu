@@ -15,12 +15,9 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(p.rows));
   return VisitFloatDType(p.weight_dtype, [&](auto tag) {
     using WeightT = decltype(tag);
-    if (vec4) {
-      RmsNormKernel<WeightT, true><<<grid, kRmsNormThreads, 0, ctx.stream>>>(p);
-    } else {
-      RmsNormKernel<WeightT, false><<<grid, kRmsNormThreads, 0, ctx.stream>>>(p);
-    }
-    return CheckLaunch("RmsNormKernel");
+    // A programmatic dependent: its weight loads overlap the end of the kernel that writes x.
+    return LaunchProgrammaticDependent(vec4 ? &RmsNormKernel<WeightT, true> : &RmsNormKernel<WeightT, false>, grid,
+                                       dim3(kRmsNormThreads), 0, ctx, p);
   });
 }
 

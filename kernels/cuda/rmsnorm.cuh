@@ -1,7 +1,7 @@
 // RmsNorm: y = (x * rsqrt(mean(x^2) + eps)) * weight over the last dim, fp32 in and out, weight
 // F32 / BF16 / F16. One block per row: each thread accumulates a strided share of the sum of
-// squares, a block reduction gives the row's inverse RMS, and a second pass (mostly L1/L2 hits)
-// scales and writes. Every element is read and written by the same thread after the reduction's
+// squares, a block reduction gives the row's inverse RMS, and a second pass scales and writes
+// (from registers for rows up to 8192 columns, else re-reading the row, mostly L1/L2 hits). Every element is read and written by the same thread after the reduction's
 // barrier, so y may alias x.
 #pragma once
 
@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/dtype.h"
@@ -31,9 +32,14 @@ struct RmsNormParams {
 // (cols % 4 == 0, aligned bases) take the float4 path. InvalidArgumentError for a bad dtype.
 absl::Status LaunchRmsNorm(const RmsNormParams& params, const LaunchContext& ctx);
 
-inline constexpr int kRmsNormThreads = 256;
+inline constexpr int kRmsNormThreads = 512;
+// float4s of a row each thread holds in registers on the cached path: rows up to 8192 columns
+// (every model's hidden size here) are read once, all loads in flight together.
+inline constexpr int kRmsNormCached = 4;
 
 // kVec4: x, y and weight rows may be read and written 4 elements at a time.
+// Launched as a programmatic dependent (rmsnorm.cu): the weight, a constant, is loaded before
+// waiting for the kernel that writes x.
 template <typename WeightT, bool kVec4>
 __global__ void __launch_bounds__(kRmsNormThreads)
     RmsNormKernel(const __grid_constant__ RmsNormParams p) {
@@ -42,6 +48,40 @@ __global__ void __launch_bounds__(kRmsNormThreads)
   const float* x = p.x + offset;
   float* y = p.y + offset;
   const WeightT* weight = static_cast<const WeightT*>(p.weight);
+
+  if constexpr (kVec4) {
+    if (p.cols <= kRmsNormThreads * 4 * kRmsNormCached) {  // block-uniform
+      float w[kRmsNormCached][4];
+      float4 v[kRmsNormCached];
+#pragma unroll
+      for (int i = 0; i < kRmsNormCached; ++i) {
+        const int c = (static_cast<int>(threadIdx.x) + i * kRmsNormThreads) * 4;
+        if (c < p.cols) Load4(weight + c, w[i]);
+      }
+      WaitForPrerequisiteGrid();
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kRmsNormCached; ++i) {
+        const int c = (static_cast<int>(threadIdx.x) + i * kRmsNormThreads) * 4;
+        v[i] = c < p.cols ? *reinterpret_cast<const float4*>(x + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        sum_sq += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+      }
+      sum_sq = BlockSum<kRmsNormThreads>(sum_sq, scratch);
+      LetDependentsLaunch();
+      const float inv_rms = rsqrtf(sum_sq / static_cast<float>(p.cols) + p.eps);
+#pragma unroll
+      for (int i = 0; i < kRmsNormCached; ++i) {
+        const int c = (static_cast<int>(threadIdx.x) + i * kRmsNormThreads) * 4;
+        if (c < p.cols) {
+          *reinterpret_cast<float4*>(y + c) =
+              make_float4((v[i].x * inv_rms) * w[i][0], (v[i].y * inv_rms) * w[i][1], (v[i].z * inv_rms) * w[i][2],
+                          (v[i].w * inv_rms) * w[i][3]);
+        }
+      }
+      return;
+    }
+  }
+  WaitForPrerequisiteGrid();
 
   float sum_sq = 0.0f;
   if constexpr (kVec4) {

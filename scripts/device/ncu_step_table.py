@@ -36,7 +36,8 @@ def read_kernels(path):
         lines = [line for line in f if line.startswith('"')]
     for row in csv.DictReader(lines):
         kid = int(row["ID"])
-        k = kernels.setdefault(kid, {"name": short_name(row["Kernel Name"]), "ns": 0.0, "read": 0.0, "write": 0.0})
+        k = kernels.setdefault(kid, {"name": short_name(row["Kernel Name"]), "grid": row.get("Grid Size", ""),
+                                     "ns": 0.0, "read": 0.0, "write": 0.0})
         value = float(row["Metric Value"].replace(",", "")) if row["Metric Value"] not in ("", "n/a") else 0.0
         metric = row["Metric Name"]
         if metric.startswith("gpu__time_duration"):
@@ -65,6 +66,15 @@ def table(title, kernels):
               f"{g['bytes'] / 1e6:9.2f} {g['bytes'] / max(g['ns'], 1):7.0f}")
 
 
+def calls(title, kernels, name):
+    """Each call of kernel `name` in order: grid, time, DRAM bytes and rate."""
+    print(f"== {title}: every {name} call")
+    for k in kernels:
+        if k["name"] == name:
+            moved = k["read"] + k["write"]
+            print(f"  grid {k['grid']:>14} {k['ns'] / 1e3:8.1f} us {moved / 1e6:8.2f} MB {moved / max(k['ns'], 1):6.0f} GB/s")
+
+
 def main():
     kernels = read_kernels(sys.argv[1])
     starts = [i for i, k in enumerate(kernels) if "Embedding" in k["name"]]
@@ -73,6 +83,12 @@ def main():
         return 1
     table("last whole decode step", kernels[starts[-2]:starts[-1]])
     table("the step after it (to the end of the run)", kernels[starts[-1]:])
+    step = kernels[starts[-2]:starts[-1]]
+    by_time = collections.Counter()
+    for k in step:
+        by_time[k["name"]] += k["ns"]
+    for name, _ in by_time.most_common(2):
+        calls("last whole decode step", step, name)
     return 0
 
 

@@ -7,17 +7,34 @@
 # Over the .gpu-cluster bundle (scripts/device/package_cluster.sh); .hbm/hbm_probe.py carried.
 #
 #   run tool: carry [".gpu-cluster", ".hbm"], command "bash scripts/device/profile_decode_step.sh"
-# NQ_PROFILE_ONLY=slice|nano|greedy|hbm (comma list) limits what runs.
+# With bin/cuda_vs_cpu_ops_test in the bundle (NQ_EXTRA_BINS), the decode-step kernels' tests
+# run first (NQ_OPS_FILTER), and under compute-sanitizer memcheck; with bin/nq_before (a previous
+# build), the slice's tokens/s are measured for both, interleaved.
+# With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
+# --quick: the automatic split counts only).
+# NQ_PROFILE_ONLY=ops|hbm|gemv|slice|nano|greedy (comma list) limits what runs.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
 mkdir -p "$OUT"
-only="${NQ_PROFILE_ONLY:-hbm,slice,nano,greedy}"
+only="${NQ_PROFILE_ONLY:-ops,hbm,gemv,slice,nano,greedy}"
 wants() { [[ ",$only," == *",$1,"* ]]; }
 w=$(mktemp -d)
 tar -C "$w" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
 export LD_LIBRARY_PATH="$w/lib:$(bash scripts/device/cuda_wheel_libs.sh)"
 B=$w/bin
+
+if wants ops && [[ -x $B/cuda_vs_cpu_ops_test ]]; then
+  filter="${NQ_OPS_FILTER:-CudaMatMul*:CudaRmsNorm*:CudaIndexer*:CudaStepPosition*:CudaMla*}"
+  $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > "$OUT/ops.txt" 2>&1; echo "== ops ($filter) rc $?"
+  grep -E "^\[  (PASSED|FAILED)|FAILED|worst" "$OUT/ops.txt" | head -40
+  compute-sanitizer --tool memcheck $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > /tmp/memcheck.txt 2>&1
+  echo "== memcheck rc $?"; tail -2 /tmp/memcheck.txt; grep -m5 -A8 "Invalid\|ERROR SUMMARY: [1-9]" /tmp/memcheck.txt
+fi
+
+if wants gemv && [[ -x $B/gemv_bench ]]; then
+  $B/gemv_bench ${NQ_GEMV_ARGS:---quick} > "$OUT/gemv.txt" 2>&1; echo "== gemv_bench rc $?"; cat "$OUT/gemv.txt"
+fi
 
 if wants hbm && [[ -f .hbm/hbm_probe.py ]]; then
   python3 .hbm/hbm_probe.py > "$OUT/hbm.txt" 2>&1; echo "== hbm_probe rc $?"; tail -12 "$OUT/hbm.txt"
@@ -38,10 +55,13 @@ if wants slice; then
   slice=/tmp/nq_glm5_slice
   if NQ="$B/nq" bash scripts/device/make_glm5_slice.sh "$slice" 3 8 0 > /tmp/make_slice.log 2>&1; then
     grep -E "^(synth-model|encode):" /tmp/make_slice.log
-    for g in true false; do
-      "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-        --prompt-tokens=4000 --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --step_graphs=$g > "/tmp/slice_$g.log" 2>&1
-      echo "== slice ctx4000 2-bit bf16 graphs=$g: $(tail -1 /tmp/slice_$g.log)"
+    for round in 1 2; do
+      for which in nq_before nq; do
+        [[ -x "$B/$which" ]] || continue
+        "$B/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+          --prompt-tokens=4000 --decode-tokens=64 --warmup=4 --weight-dtype=bf16 > "/tmp/slice_$which.log" 2>&1
+        echo "== round $round $which slice ctx4000 2-bit bf16: $(tail -1 /tmp/slice_$which.log | sed 's/.*H200[^:]*: //')"
+      done
     done
     profile slice --model="$slice" --release="$slice/release" --expert-bits=2 --weight-dtype=bf16 \
       --prompt-tokens=4000 --decode-tokens=2 --warmup=1
@@ -56,7 +76,7 @@ if wants nano; then
 fi
 
 if wants greedy; then
-  python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$w/model" --out /tmp/greedy --only greedy > /tmp/greedy.txt 2>&1
+  python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$w/model" --out /tmp/greedy --only greedy,bf16 > /tmp/greedy.txt 2>&1
   python3 - > "$OUT/greedy.txt" 2>&1 <<'PY'
 import json
 r = json.load(open("/tmp/greedy/gpu_cluster.json"))
@@ -66,6 +86,8 @@ if g is None:
 else:
     for bits, v in g["by_bits"].items():
         print(bits, "equal" if v["equal"] else "DIFFERENT", v["per_prompt_equal"], v.get("first_divergence"))
+b = r.get("bf16")
+print("bf16:", None if b is None else {k: b[k] for k in ("pass", "greedy_equal") if k in b})
 PY
   cat "$OUT/greedy.txt"
 fi

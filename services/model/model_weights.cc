@@ -47,6 +47,14 @@ class HostLoader {
     return kernels::UploadFloats(backend_, values, matrix_dtype_, std::move(shape));
   }
 
+  // The absorbed attention matrices (w_uk, w_uv), which MlaAttention reads as F32 or BF16: BF16
+  // when the matrices are stored as BF16 (half the bytes a decode step reads for them), else F32
+  // (FP8 matrices, dequantised, would lose bits to BF16 rounding).
+  absl::StatusOr<Tensor> UploadAbsorbed(std::span<const float> values, Shape shape) const {
+    const kernels::DType dtype = matrix_dtype_ == kernels::DType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
+    return kernels::UploadFloats(backend_, values, dtype, std::move(shape));
+  }
+
   // A whole tensor, replicated.
   absl::StatusOr<Tensor> Replicated(const std::string& name, std::vector<int64_t> shape) const {
     ASSIGN_OR_RETURN(FloatTensor t, Read(name, shape));
@@ -144,8 +152,8 @@ absl::StatusOr<AttentionWeights> LoadAttention(const HostLoader& io, const Model
     w_uk.insert(w_uk.end(), k.begin(), k.end());
     w_uv.insert(w_uv.end(), v.begin(), v.end());
   }
-  ASSIGN_OR_RETURN(a.w_uk, io.Upload(w_uk, Shape{Hr, dn, kv}));
-  ASSIGN_OR_RETURN(a.w_uv, io.Upload(w_uv, Shape{Hr, dv, kv}));
+  ASSIGN_OR_RETURN(a.w_uk, io.UploadAbsorbed(w_uk, Shape{Hr, dn, kv}));
+  ASSIGN_OR_RETURN(a.w_uv, io.UploadAbsorbed(w_uv, Shape{Hr, dv, kv}));
   ASSIGN_OR_RETURN(FloatTensor o, io.Read(p + "self_attn.o_proj.weight", {D, H * dv}));
   ASSIGN_OR_RETURN(a.o_proj, io.UploadMatrix(Cols(o, h0 * dv, Hr * dv), Shape{D, Hr * dv}));
 

@@ -142,8 +142,9 @@ struct WeightsOptions {
   bool routed_experts = true;
   // Storage of the weight matrices only MatMul reads (projections, MLPs, heads): F32, or BF16,
   // which halves their memory and the bytes a decode step reads, and is exact for the BF16
-  // checkpoints models ship as (FP8 ones are dequantized, then rounded). Norms, the MLA
-  // absorption matrices (w_uk, w_uv), the router and the embedding stay F32.
+  // checkpoints models ship as (FP8 ones are dequantized, then rounded). The MLA absorption
+  // matrices (w_uk, w_uv) follow BF16 (else stay F32); norms, the router and the embedding stay
+  // F32.
   kernels::DType matrix_dtype = kernels::DType::kF32;
 };
 // The --weight_dtype values: "f32" or "bf16". INVALID_ARGUMENT names the accepted values.

@@ -30,12 +30,15 @@ bool IsFoldedScale(absl::string_view name) {
   return absl::EndsWith(name, "_scale_inv") || absl::EndsWith(name, ".weight_scale");
 }
 
-// Whether the loader stores the tensor at WeightsOptions::matrix_dtype: the 2-D weights only
-// MatMul reads. The embedding, the router and kv_b (split into the MLA absorption matrices)
-// stay F32.
-bool IsMatrix(absl::string_view name, const model::TensorView& view) {
-  return view.shape.size() == 2 && !absl::StrContains(name, "embed_tokens") && !absl::EndsWith(name, "mlp.gate.weight") &&
-         !absl::StrContains(name, "kv_b_proj");
+// Bytes per element the loader stores the tensor at (model_weights.cc): the 2-D weights only
+// MatMul reads at WeightsOptions::matrix_dtype; kv_b (split into the MLA absorption matrices) at
+// BF16 with BF16 matrices, else F32; the embedding, the router and the rest at F32.
+uint64_t StoredElementBytes(absl::string_view name, const model::TensorView& view, kernels::DType matrix_dtype) {
+  if (view.shape.size() != 2 || absl::StrContains(name, "embed_tokens") || absl::EndsWith(name, "mlp.gate.weight")) {
+    return sizeof(float);
+  }
+  if (absl::StrContains(name, "kv_b_proj")) return matrix_dtype == kernels::DType::kBF16 ? 2 : sizeof(float);
+  return kernels::DTypeSize(matrix_dtype);
 }
 
 }  // namespace
@@ -52,7 +55,6 @@ absl::StatusOr<DeviceBytesEstimate> EstimateDeviceBytes(const DeviceFitInputs& i
   }
   const model::ModelConfig& config = *in.config;
   DeviceBytesEstimate estimate{.slot_arena = in.slot_arena_bytes, .workspace = kDeviceWorkspaceBytes};
-  const uint64_t matrix_bytes = kernels::DTypeSize(in.weight_dtype);
   bool has_mtp_weights = false;
   for (const std::string& name : in.checkpoint->Names()) {
     const int64_t layer = LayerOf(name);
@@ -74,7 +76,7 @@ absl::StatusOr<DeviceBytesEstimate> EstimateDeviceBytes(const DeviceFitInputs& i
       continue;
     }
     ASSIGN_OR_RETURN(const model::TensorView view, in.checkpoint->Find(name));
-    estimate.dense_weights += view.numel() * (IsMatrix(name, view) ? matrix_bytes : sizeof(float));
+    estimate.dense_weights += view.numel() * StoredElementBytes(name, view, in.weight_dtype);
   }
   if (in.release != nullptr) {
     for (const format::RankIndex& index : in.release->indexes()) {

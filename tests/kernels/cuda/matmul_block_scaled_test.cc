@@ -84,6 +84,11 @@ TEST(CudaMatMulBlockScaled, MatchesCpuOnFreshRandomInputs) {
     cases.push_back({m, 161, 2080});
   }
   cases.push_back({1, 40, 9008});  // m = 1 stages x in 8192-column chunks
+  // Few rows: k split over a cluster (GemvSplits); at k = 6150 (scalar path) split boundaries
+  // fall inside scale blocks.
+  cases.push_back({1, 576, 7168});
+  cases.push_back({4, 64, 7168});
+  cases.push_back({3, 130, 6150});
   for (int i = 0; i < 4; ++i) {
     cases.push_back({RandomInt(rng, 1, 40), RandomInt(rng, 1, 700), RandomInt(rng, 1, 1500)});
   }

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/matmul_params.h"
 #include "tests/kernels/cuda/backend_pair.h"
 #include "tests/kernels/test_util.h"
 
@@ -75,11 +76,67 @@ TEST(CudaMatMul, MatchesCpuOnFreshRandomInputs) {
   }
   cases.push_back({1, 100, 9000});
   cases.push_back({2, 65, 8200});
+  // Few rows, long rows: k split over a cluster of blocks (GemvSplits), GLM-5's latent and
+  // indexer-key projections, its router, and rows ending mid-block.
+  for (std::int64_t m : {1, 3, 4, 8}) {
+    cases.push_back({m, 576, 6144});
+    cases.push_back({m, 8, 6144});
+    cases.push_back({m, 130, 6150});
+  }
+  cases.push_back({1, 6144, 16384});
+  cases.push_back({2, 2048, 6144});
   for (DType w_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     ErrorSummary summary(absl::StrCat("MatMul w=", DTypeName(w_dtype)), kTolerance);
     for (const Dims& d : cases) {
       SCOPED_TRACE(absl::StrCat("w ", DTypeName(w_dtype), " m=", d.m, " n=", d.n, " k=", d.k));
       summary.Add(CompareMatMul(rng, d, w_dtype));
+    }
+  }
+}
+
+// A token's outputs must not depend on how many tokens share the pass (MTP verification equals
+// plain decoding) nor on the run: the split-k sums are added in one fixed order.
+TEST(CudaMatMul, GemvRowsAreBitIdenticalWhateverTheTokenCount) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  std::mt19937_64 rng = MakeRng(1103);
+  for (const Dims& d : {Dims{8, 576, 6144}, Dims{8, 8, 6144}, Dims{8, 4096, 4096}, Dims{8, 100, 1001}}) {
+    SCOPED_TRACE(absl::StrCat("n=", d.n, " k=", d.k));
+    const std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
+    const std::vector<float> w = RandomNormal(rng, d.n * d.k, 0.05f);
+    Tensor tw = Upload(cuda, w, DType::kBF16, {d.n, d.k});
+    Tensor tx = Upload(cuda, x, DType::kF32, {d.m, d.k});
+    Tensor all = AllocateOrFail(cuda, DType::kF32, {d.m, d.n});
+    NQ_ASSERT_OK(cuda.MatMul(tx, tw, all));
+    const std::vector<float> together = Download(cuda, all);
+    NQ_ASSERT_OK(cuda.MatMul(tx, tw, all));
+    EXPECT_EQ(Download(cuda, all), together) << "a second run differs";
+    for (std::int64_t m : {1, 3}) {
+      const std::vector<float> first(x.begin(), x.begin() + m * d.k);
+      Tensor fewer = AllocateOrFail(cuda, DType::kF32, {m, d.n});
+      NQ_ASSERT_OK(cuda.MatMul(Upload(cuda, first, DType::kF32, {m, d.k}), tw, fewer));
+      EXPECT_EQ(Download(cuda, fewer), std::vector<float>(together.begin(), together.begin() + m * d.n))
+          << m << " tokens differ from the same tokens among " << d.m;
+    }
+  }
+}
+
+TEST(CudaMatMul, SplitsKOnlyWhenTheRowsLeaveTheDeviceIdle) {
+  using cuda::GemvSplits;
+  // 132 SMs.
+  EXPECT_EQ(GemvSplits(4000, 48, 132), 1);  // a vocabulary head
+  EXPECT_EQ(GemvSplits(192, 64, 132), 1);   // 6144 rows: a block for every SM already
+  EXPECT_EQ(GemvSplits(128, 8, 132), 2);    // 4096 rows: just short of one per SM
+  EXPECT_EQ(GemvSplits(64, 24, 132), 3);    // 2048 rows
+  EXPECT_EQ(GemvSplits(18, 24, 132), 8);    // 576 latent rows
+  EXPECT_EQ(GemvSplits(1, 48, 132), 8);     // a router: every split it can have
+  EXPECT_EQ(GemvSplits(1, 3, 132), 3);      // never more splits than column steps
+  EXPECT_EQ(GemvSplits(1, 0, 132), 1);
+  for (int rows = 1; rows < 2000; rows += 37) {
+    for (int sms : {1, 16, 132}) {
+      const int s = GemvSplits(rows, 24, sms);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, 8);
     }
   }
 }

@@ -1,0 +1,127 @@
+// gemv_bench: the dense decode GEMV (MatMul for 1-8 tokens, kernels/cuda/matmul_gemv.cuh) at the
+// projection shapes of GLM-5 and DeepSeek-V3, BF16 weights, with k split as GemvSplits chooses
+// and at every forced split count (bench/README.md; issue #13). A measurement, not a test: one
+// line per case with microseconds per call and the bytes it must read (weights, x, y) over the
+// device-to-device copy bandwidth measured in the same run.
+//
+// Each case cycles through enough copies of its weight that none stays in the 50 MB L2 between
+// calls (as consecutive layers would); a CUDA graph of one call per copy is replayed.
+//
+//   gemv_bench [--quick]   (--quick: automatic splits only)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/matmul.cuh"
+#include "tests/kernels/cuda/bench_util.h"
+
+namespace nq::kernels::cuda {
+namespace {
+
+using ::nq::bench::CopyBandwidth;
+
+constexpr std::size_t kColdBytes = std::size_t{400} << 20;  // 8x the L2
+
+struct Shape {
+  const char* name;
+  int n, k;
+};
+
+constexpr Shape kShapes[] = {
+    {"GLM-5 q_a", 2048, 6144},           {"GLM-5 kv_a", 512, 6144},
+    {"GLM-5 k_pe", 64, 6144},            {"GLM-5 q_nope", 12288, 2048},
+    {"GLM-5 q_pe / idx wq_b", 4096, 2048}, {"GLM-5 o_proj", 6144, 16384},
+    {"GLM-5 idx wk", 128, 6144},         {"GLM-5 idx weights", 32, 6144},
+    {"GLM-5 dense gate+up", 24576, 6144}, {"GLM-5 dense down", 6144, 12288},
+    {"slice lm_head", 8192, 6144},       {"DSv3 q_a", 1536, 7168},
+    {"DSv3 q_b", 24576, 1536},           {"DSv3 o_proj", 7168, 16384},
+    {"DSv3 dense down", 7168, 18432},    {"DSv3 lm_head", 129280, 7168},
+};
+
+// Microseconds per call of `p` over `copies` weights `stride` bytes apart, from a graph replay.
+double MicrosPerCall(MatMulParams p, const std::uint8_t* weights, std::size_t stride, int copies,
+                     const LaunchContext& ctx) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+  for (int c = 0; c < copies; ++c) {
+    p.w = weights + c * stride;
+    BENCH_OK(LaunchMatMul(p, ctx));
+  }
+  BENCH_CHECK(cudaStreamEndCapture(ctx.stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));  // warm-up
+  BENCH_CHECK(cudaStreamSynchronize(ctx.stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  constexpr int kReplays = 10;
+  BENCH_CHECK(cudaEventRecord(start, ctx.stream));
+  for (int r = 0; r < kReplays; ++r) BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));
+  BENCH_CHECK(cudaEventRecord(stop, ctx.stream));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  return 1e3 * ms / (kReplays * copies);
+}
+
+int Main(bool quick) {
+  int device = 0, num_sms = 0;
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  cudaStream_t stream;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const LaunchContext ctx{.stream = stream, .num_sms = num_sms};
+  const double copy = CopyBandwidth();
+  std::printf("gemv_bench: %d SMs, copy %.0f GB/s (read + write)\n", num_sms, copy / 1e9);
+  std::printf("%-24s %6s %6s %2s %6s %9s %8s %7s\n", "shape", "n", "k", "m", "splits", "us", "GB/s", "/ copy");
+
+  const std::size_t most = static_cast<std::size_t>(129280) * 7168 * 2;
+  nq::bench::DeviceBytes weights(kColdBytes + most);
+  BENCH_CHECK(cudaMemset(weights.p, 0x3c, kColdBytes + most));  // bf16 ~ 0.0115, finite
+  nq::bench::DeviceBytes x(8 * 32768 * sizeof(float)), y(8 * 131072 * sizeof(float));
+  BENCH_CHECK(cudaMemset(x.p, 0, 8 * 32768 * sizeof(float)));
+
+  for (const Shape& s : kShapes) {
+    const std::size_t bytes = static_cast<std::size_t>(s.n) * s.k * 2;
+    const std::size_t stride = (bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(64, kColdBytes / stride + 1)));
+    for (int m : {1, 4}) {
+      const int row_blocks = (s.n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
+      const int col_steps = (s.k + kWarpSize * 8 - 1) / (kWarpSize * 8);
+      const int chosen = GemvSplits(row_blocks, col_steps, num_sms);
+      std::vector<int> forced = {0};
+      if (!quick) forced.insert(forced.end(), {1, 2, 4, 8});
+      for (int f : forced) {
+        if (f > 0 && f == chosen) continue;
+        MatMulParams p{.x = static_cast<const float*>(x.p), .w = nullptr, .w_dtype = DType::kBF16,
+                       .y = static_cast<float*>(y.p), .m = m, .n = s.n, .k = s.k, .k_splits = f};
+        const double us = MicrosPerCall(p, static_cast<const std::uint8_t*>(weights.p), stride, copies, ctx);
+        const double moved = static_cast<double>(bytes) + 4.0 * m * (s.k + s.n);
+        const double rate = moved / (us * 1e-6);
+        std::printf("%-24s %6d %6d %2d %5d%s %9.2f %8.0f %7.3f\n", s.name, s.n, s.k, m, f > 0 ? f : chosen,
+                    f > 0 ? " " : "*", us, rate / 1e9, rate / copy);
+      }
+    }
+  }
+  std::printf("(* = the split count GemvSplits chooses)\n");
+  BENCH_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+
+}  // namespace
+}  // namespace nq::kernels::cuda
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  return nq::kernels::cuda::Main(quick);
+}
