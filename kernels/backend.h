@@ -169,9 +169,10 @@ class Backend {
                             Tensor& out);
 
   // DSA indexer selection: for query t (position start_pos + t) and each visible key
-  // s <= start_pos + t,  score[t,s] = sum_h weights[t,h] * relu(q[t,h,:] · k[s,:]); writes
-  // the top_k keys by score (descending; ties to the lower s) to selected[t, :], padding
-  // with -1 when fewer than top_k keys are visible. q F32 [T, Hi, d]; k F32 [S, d] with
+  // s <= start_pos + t,  score[t,s] = sum_h weights[t,h] * relu(q[t,h,:] · k[s,:]); selects
+  // the top_k keys by score (ties to the lower s) and writes them to selected[t, :] in
+  // ascending key order (the order attention reads them in), padding with -1 when fewer than
+  // top_k keys are visible. q F32 [T, Hi, d]; k F32 [S, d] with
   // S >= start_pos + T (its bound, for a device start_pos); weights F32 [T, Hi]; selected
   // I32 [T, top_k].
   absl::Status IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,

@@ -1,6 +1,7 @@
 // CPU reference DSA indexer selection (contract in kernels/backend.h): for query t at position
 // pos = start_pos + t, score[s] = sum_h weights[t, h] * relu(q[t, h, :] · k[s, :]) for s <= pos,
-// then the top_k keys by (score descending, s ascending), padded with -1.
+// then the top_k keys by (score descending, s ascending), written in ascending key order,
+// padded with -1.
 //
 // Scores accumulate in double. The ordering is a strict total order (NaN scores rank as -inf,
 // ties go to the lower key), so the selection is deterministic. Threads split the queries.
@@ -39,10 +40,11 @@ void SelectForQuery(const IndexerTopKParams& p, std::int64_t t, std::vector<doub
   order.resize(visible);
   for (std::int64_t s = 0; s < visible; ++s) order[s] = static_cast<std::int32_t>(s);
   const std::int64_t take = std::min(p.top_k, visible);
-  std::partial_sort(order.begin(), order.begin() + take, order.end(),
-                    [&](std::int32_t a, std::int32_t b) {
-                      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-                    });
+  std::nth_element(order.begin(), order.begin() + (take - 1), order.end(),
+                   [&](std::int32_t a, std::int32_t b) {
+                     return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+                   });
+  std::sort(order.begin(), order.begin() + take);
   std::int32_t* out = p.selected + t * p.top_k;
   for (std::int64_t k = 0; k < p.top_k; ++k) out[k] = k < take ? order[k] : -1;
 }

@@ -111,7 +111,8 @@ struct IndexerTopKParams {
   std::int64_t top_k = 0;
   std::int64_t start_pos = 0;
 };
-// Scores in double; top_k by (score descending, key ascending), NaN scores ranking as -inf;
+// Scores in double; top_k by (score descending, key ascending), NaN scores ranking as -inf,
+// written in ascending key order;
 // -1 padding past the visible keys.
 void IndexerTopK(const IndexerTopKParams& params, int threads);
 

@@ -11,10 +11,11 @@
 //     (bits 20..10) into `second_hist`.
 //  3. IndexerResolveKernel, one block per query: the second digit from second_hist, then radix
 //     select over the candidates' 64-bit entries (u << 32 | ~key, indexer_select.cuh). Entries
-//     are unique, so ordering by entry is the contract's order (score descending, lower key on
+//     are unique, so ordering by entry is the contract's ranking (score descending, lower key on
 //     ties) and the selection needs no key-ordered scan: digits continue into the key bits until
 //     the keys at the prefix are exactly the ones still needed. Then the survivors (the sure
-//     keys and the chosen candidates, min(top_k, visible) in all) are sorted in shared memory.
+//     keys and the chosen candidates, min(top_k, visible) in all) are written in key order
+//     (WriteKeysAscending, indexer_select.cuh).
 // Step 3 reads the candidates from global memory once in the usual case (the threshold bucket of
 // 22 resolved bits fits shared memory); a degenerate row (e.g. all scores equal) takes more
 // passes but stays exact.
@@ -194,7 +195,7 @@ __device__ void EntryDigitPass(const std::uint64_t* entries, int n, int level, R
 
 // Entries above the prefix go to `out`; those matching it to `out` when `take_matching` (all of
 // them are needed) or else to `kept` (shared). Order is irrelevant: entries are unique and
-// sorted at the end. kCollectItems loads per thread go out together (the candidates are in L2).
+// written in key order at the end. kCollectItems loads per thread go out together (the candidates are in L2).
 inline constexpr int kCollectItems = 8;
 __device__ void EntryCollectPass(const std::uint64_t* entries, int n, bool take_matching,
                                  ResolveState& st, std::uint64_t* out, std::uint64_t* kept) {
@@ -273,11 +274,9 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   const int base = st.out_count;
   for (int i = threadIdx.x; i < n_sure; i += kDecodeSelectThreads) out[base + i] = sure[i];
   __syncthreads();
-  BitonicSortDescending(out, take);
-  std::int32_t* selected = p.selected + std::int64_t{t} * p.top_k;
-  for (int j = threadIdx.x; j < p.top_k; j += kDecodeSelectThreads) {
-    selected[j] = j < take ? static_cast<std::int32_t>(EntryKey(out[j])) : -1;
-  }
+  // The kept buffer is free again: it holds the bitmap.
+  WriteKeysAscending(out, take, visible, reinterpret_cast<unsigned*>(kept), 2 * capacity,
+                     p.selected + std::int64_t{t} * p.top_k, p.top_k, warp_sums);
 }
 
 }  // namespace nq::kernels::cuda

@@ -1,5 +1,6 @@
 // DSA indexer top-k selection by radix select (contract in kernels/backend.h): one block per
-// query picks the top_k of its visible scores without sorting them, then sorts only the top_k.
+// query picks the top_k of its visible scores without sorting them, and writes them in key
+// order.
 //
 // Scores map to order-preserving uint32 bits u (OrderedBits; NaN was already written as -inf and
 // -0 as +0 by the scoring kernel). The selection order is (u descending, key ascending).
@@ -13,8 +14,8 @@
 //  3. The remaining digit passes and the final ordered pass run over the candidates in shared
 //     memory. Ties at the threshold value are taken in key order (block scans), so lower keys
 //     win.
-//  4. A bitonic sort of the min(top_k, visible) survivors by (u descending, key ascending), as
-//     (u << 32 | ~key) descending; then the keys, and -1 past the visible ones.
+//  4. The min(top_k, visible) survivors' keys in ascending key order (WriteKeysAscending: a
+//     bitmap and a block scan, no sort), and -1 past the visible ones.
 // The row is read twice in the usual case; a degenerate row (most keys in one bucket, e.g. all
 // scores equal) takes up to three histogram passes and one ordered pass.
 #pragma once
@@ -175,7 +176,7 @@ __device__ __forceinline__ void WarpAppend(bool take, std::uint64_t e, std::uint
   if (take) out[base + __popc(ballot & ((1u << lane) - 1u))] = e;
 }
 
-// One ordered pass: keys above the prefix go to `out` (any order: sorted later); keys matching
+// One ordered pass: keys above the prefix go to `out` (any order: put in key order at the end); keys matching
 // it are, in key order, compacted into `candidates` or, when `resolved` (every bit of the
 // threshold known), the first st.needed of them go to `out`.
 template <typename Source>
@@ -216,28 +217,40 @@ __device__ void CollectPass(const Source& src, int n, bool resolved, SelectState
   __syncthreads();
 }
 
-// Sorts entries[0, count) descending (padding to a power of two with 0, which sorts last).
-__device__ void BitonicSortDescending(std::uint64_t* entries, int count) {
-  int padded = 1;
-  while (padded < count) padded *= 2;
-  for (int i = count + threadIdx.x; i < padded; i += kSelectThreads) entries[i] = 0;
-  __syncthreads();
-  for (int size = 2; size <= padded; size *= 2) {
-    for (int stride = size / 2; stride > 0; stride /= 2) {
-      for (int pair = threadIdx.x; pair < padded / 2; pair += kSelectThreads) {
-        const int i = 2 * pair - (pair & (stride - 1));  // lower index of the pair
-        const int j = i + stride;
-        // Runs with (i & size) == 0 end descending, the others ascending; the last run is whole.
-        const bool descending = (i & size) == 0;
-        const std::uint64_t a = entries[i], b = entries[j];
-        if ((a < b) == descending) {
-          entries[i] = b;
-          entries[j] = a;
-        }
-      }
-      __syncthreads();
+// Writes the keys of entries[0, take) to selected[0, take) in ascending key order (the
+// contract's order: kernels/backend.h), then -1 up to top_k. No sort: the keys (all below
+// `visible`, each once) set bits of a bitmap over a window of keys in free shared memory
+// (`bitmap`, bitmap_words words), and a block scan of the words' population counts gives each
+// word's first output slot. Keys past one window's reach take further windows (a window covers
+// 32 * bitmap_words keys: 1.4 million with the usual free memory).
+__device__ void WriteKeysAscending(const std::uint64_t* entries, int take, int visible, unsigned* bitmap,
+                                   int bitmap_words, std::int32_t* selected, int top_k, int* warp_sums) {
+  int written = 0;  // block-uniform
+  for (int window = 0; window < visible; window += 32 * bitmap_words) {
+    const int words = min(bitmap_words, (visible - window + 31) / 32);
+    for (int i = threadIdx.x; i < words; i += kSelectThreads) bitmap[i] = 0u;
+    __syncthreads();
+    for (int i = threadIdx.x; i < take; i += kSelectThreads) {
+      const int key = static_cast<int>(EntryKey(entries[i])) - window;
+      if (key >= 0 && key < 32 * words) atomicOr(&bitmap[key / 32], 1u << (key % 32));
     }
+    __syncthreads();
+    // Thread i owns words [i * per, (i + 1) * per): its keys follow those of lower threads.
+    const int per = (words + kSelectThreads - 1) / kSelectThreads;
+    const int begin = min(words, static_cast<int>(threadIdx.x) * per), end = min(words, begin + per);
+    int count = 0;
+    for (int w = begin; w < end; ++w) count += __popc(bitmap[w]);
+    int total;
+    int at = written + BlockExclusiveSum(count, warp_sums, total);
+    for (int w = begin; w < end; ++w) {
+      for (unsigned bits = bitmap[w]; bits != 0u; bits &= bits - 1u) {
+        selected[at++] = window + 32 * w + __ffs(bits) - 1;
+      }
+    }
+    written += total;
+    __syncthreads();  // the bitmap is rewritten by the next window
   }
+  for (int j = written + threadIdx.x; j < top_k; j += kSelectThreads) selected[j] = -1;
 }
 
 // grid: (tokens of this chunk); dynamic shared memory SelectSmemBytes(survivors, capacity).
@@ -277,11 +290,9 @@ __global__ void __launch_bounds__(kSelectThreads)
     }
   }
   __syncthreads();
-  BitonicSortDescending(out, take);
-  std::int32_t* selected = p.selected + std::int64_t{t} * p.top_k;
-  for (int j = threadIdx.x; j < p.top_k; j += kSelectThreads) {
-    selected[j] = j < take ? static_cast<std::int32_t>(EntryKey(out[j])) : -1;
-  }
+  // The candidate buffer is free again: it holds the bitmap.
+  WriteKeysAscending(out, take, visible, reinterpret_cast<unsigned*>(candidates), 2 * candidate_capacity,
+                     p.selected + std::int64_t{t} * p.top_k, p.top_k, warp_sums);
 }
 
 }  // namespace nq::kernels::cuda

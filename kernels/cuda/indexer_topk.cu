@@ -11,7 +11,8 @@
 namespace nq::kernels::cuda {
 namespace {
 
-// Dynamic shared memory of the selection kernel: the survivors' sort buffer, then candidates.
+// Dynamic shared memory of the selection kernels: the survivors' buffer, then candidates (then
+// the key bitmap of WriteKeysAscending).
 // With its ~8.4 KiB of static shared memory it stays under sm_90's 227 KiB per block.
 constexpr int kSelectDynamicSmemBytes = 200 * 1024;
 // Score blocks resident per SM at 4 warps (T = 1, 64 heads): ~104 KiB of shared memory each.
@@ -146,7 +147,7 @@ absl::Status CheckIndexerShape(std::int64_t visible_keys, std::int64_t heads, st
   if (std::min(top_k, visible_keys) > kMaxIndexerSurvivors) {
     return absl::InvalidArgumentError(absl::StrCat(
         "IndexerTopK: top_k ", top_k, " of ", visible_keys, " visible keys; the CUDA selection ",
-        "sorts at most ", kMaxIndexerSurvivors, " selected keys per query"));
+        "holds at most ", kMaxIndexerSurvivors, " selected keys per query"));
   }
   return absl::OkStatus();
 }
@@ -169,7 +170,7 @@ absl::Status LaunchIndexerTopK(const IndexerTopKParams& p, const LaunchContext& 
   NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(scores.kernel,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                ScoreSmemBytes(scores.k_steps)));
-  // The sort buffer holds the survivors padded to a power of two; candidates get the rest.
+  // The survivors' buffer holds them padded to a power of two; candidates get the rest.
   int survivors = 1;
   while (survivors < std::min<std::int64_t>(p.top_k, visible_max)) survivors *= 2;
   const int sort_bytes = survivors * static_cast<int>(sizeof(std::uint64_t));

@@ -5,11 +5,11 @@
 //    tensor cores (3xTF32, near-FP32), each key read once for all heads of a group of queries,
 //    into a device scratch matrix [score_rows, start_pos + tokens].
 //  - IndexerSelectKernel (indexer_select.cuh): one block per query finds the top_k by radix
-//    select on the scores' bits (no full sort), then sorts only those by (score descending, key
-//    ascending), NaN as -inf, and pads with -1.
+//    select on the scores' bits (no sort; NaN as -inf, ties to the lower key) and writes their
+//    keys in ascending order, padded with -1.
 // Both are stream-ordered and allocate nothing: a decode step's call can be graph-captured.
 // Limits: heads <= kMaxIndexerHeads and dim <= kMaxIndexerDim (A fragments in registers);
-// min(top_k, visible keys) <= kMaxIndexerSurvivors (the survivors' sort is in shared memory).
+// min(top_k, visible keys) <= kMaxIndexerSurvivors (the survivors are held in shared memory).
 // Visible keys are limited only by the caller's scores scratch (one row per query of a chunk).
 #pragma once
 

@@ -155,7 +155,11 @@ std::vector<std::int32_t> RefIndexerTopK(std::span<const float> q, std::span<con
           best = static_cast<std::int64_t>(s);
       }
       taken[best] = true;
-      selected[t * top_k + j] = static_cast<std::int32_t>(best);
+    }
+    // The contract's order: ascending keys.
+    std::int64_t j = 0;
+    for (std::size_t s = 0; s < scores.size(); ++s) {
+      if (taken[s]) selected[t * top_k + j++] = static_cast<std::int32_t>(s);
     }
   }
   return selected;

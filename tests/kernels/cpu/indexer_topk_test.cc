@@ -72,8 +72,10 @@ TEST(CpuIndexerTopK, ReluDropsNegativeDotsAndTiesGoToTheLowerKey) {
   const std::vector<float> q = {1.0f};
   const std::vector<float> k = {-5.0f, 2.0f, -1.0f, 3.0f, 2.0f};
   const std::vector<float> w = {1.0f};
-  EXPECT_THAT(RunIndexerTopK(*backend, q, k, w, 1, 1, 1, 5, 4, 2), ElementsAre(3, 1));
-  EXPECT_THAT(RunIndexerTopK(*backend, q, k, w, 1, 1, 1, 5, 4, 5), ElementsAre(3, 1, 4, 0, 2));
+  // The selected keys come in ascending key order.
+  EXPECT_THAT(RunIndexerTopK(*backend, q, k, w, 1, 1, 1, 5, 4, 2), ElementsAre(1, 3));
+  EXPECT_THAT(RunIndexerTopK(*backend, q, k, w, 1, 1, 1, 5, 4, 4), ElementsAre(0, 1, 3, 4));
+  EXPECT_THAT(RunIndexerTopK(*backend, q, k, w, 1, 1, 1, 5, 4, 5), ElementsAre(0, 1, 2, 3, 4));
   // A zero query ties every key at 0: the lowest keys win.
   EXPECT_THAT(RunIndexerTopK(*backend, std::vector<float>{0.0f}, k, w, 1, 1, 1, 5, 4, 3),
               ElementsAre(0, 1, 2));
@@ -87,8 +89,8 @@ TEST(CpuIndexerTopK, PadsWithMinusOneWhileFewerKeysThanTopKAreVisible) {
   const std::vector<float> w = {1.0f, 1.0f, 1.0f};
   const std::vector<std::int32_t> got = RunIndexerTopK(*backend, q, k, w, 3, 1, 1, 3, 0, 4);
   EXPECT_THAT(got, ElementsAre(0, -1, -1, -1,  //
-                               1, 0, -1, -1,   //
-                               1, 2, 0, -1));
+                               0, 1, -1, -1,   //
+                               0, 1, 2, -1));
 }
 
 TEST(CpuIndexerTopK, DecodeCallsMatchTheRowsOfAPrefillCall) {
