@@ -264,7 +264,6 @@ TEST_F(TpWorkerProcessesTest, UnsupportedCombinationsAreRefusedAtStartByName) {
   const std::vector<Case> cases = {
       {{"--world_size=2"}, "--world_size=2 needs --model"},
       {{"--world_size=2", tiny, "--backend=cuda"}, "cpu backend only"},
-      {{"--world_size=2", tiny, "--release=" + log_dir_}, "--expert_bits=dynamic"},
       {{"--world_size=2", tiny, "--speculative_tokens=2"}, "MTP drafting is not mirrored"},
       {{"--world_size=2", tiny, "--tp_timeout_s=0"}, "tp_timeout_s"},
       {{"--world_size=2", "--rank=1", tiny, "--leader_address=nohostport"}, "--leader_address=nohostport"},
