@@ -538,7 +538,7 @@ void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
 }
 
 void SlotLoader::HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack) {
-  if (rank >= members_.size() || members_[rank]->rank != rank) {
+  if (Member(rank) == nullptr) {
     spdlog::warn("worker {}: unmap acknowledgement from rank {}, not a member; ignored", worker_->worker_id, rank);
     return;
   }
@@ -675,7 +675,7 @@ bool SlotLoader::CopyIntoSlot(uint32_t rank, size_t layer_index, uint32_t slot, 
     spdlog::critical("worker {}: layer {} slot {} is not LOADING; load dropped", worker_->worker_id, want.layer, slot);
     return false;
   }
-  absl::Status written = members_[rank]->arena->Write(g.SlotOffset(layer_index, slot), record);
+  absl::Status written = Member(rank)->arena->Write(g.SlotOffset(layer_index, slot), record);
   if (!written.ok()) {
     spdlog::error("worker {}: copy into rank {}'s layer {} slot {} failed: {}", worker_->worker_id, rank, want.layer,
                   slot, written.ToString());
@@ -797,7 +797,7 @@ bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
   if (session_gone_) return false;
   const uint64_t generation = next_generation_++;
   update.set_generation(generation);
-  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + LiveReads()));
+  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + loads_.size()));
   const bool unmaps = std::any_of(update.changes().begin(), update.changes().end(), [](const nq::v1::SlotChange& c) {
     return c.kind() == nq::v1::SlotChange::KIND_UNMAP;
   });
@@ -813,6 +813,13 @@ bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
   return true;
 }
 
+RegisteredWorker* SlotLoader::Member(uint32_t rank) const {
+  for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+    if (member->rank == rank) return member.get();
+  }
+  return nullptr;
+}
+
 size_t SlotLoader::LiveReads() const {
   size_t n = 0;
   for (const auto& [tag, read] : in_flight_) n += read.cancelled ? 0 : 1;
@@ -820,7 +827,8 @@ size_t SlotLoader::LiveReads() const {
 }
 
 uint64_t SlotLoader::BacklogBytes() const {
-  return (queue_.size() + LiveReads()) * worker_->geometry.rec_bytes;
+  // A queued load reads one record per member.
+  return (queue_.size() * members_.size() + LiveReads()) * worker_->geometry.rec_bytes;
 }
 
 void SlotLoader::PublishGauges() {

@@ -206,6 +206,8 @@ class SlotLoader {
   // Starts `want` into reserved `slot`: cache hits copied now, reads issued for the rest.
   void StartLoad(size_t layer_index, uint32_t slot, const Want& want, nq::v1::SlotTableUpdate& update);
   void Reap();
+  // The member serving `rank` (a single worker: its own rank), or null.
+  RegisteredWorker* Member(uint32_t rank) const;
   // Reads issued and not cancelled (what the worker may still see land).
   size_t LiveReads() const;
   // Sends `update` with the next generation; false when the session is gone.
