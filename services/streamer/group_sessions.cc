@@ -42,6 +42,12 @@ absl::Status GroupSessions::Join(std::shared_ptr<RegisteredWorker> worker, const
     return loader.status();
   }
   group.loader = *std::move(loader);
+  if (group.loader == nullptr) {
+    spdlog::info("tensor-parallel group {}: all {} ranks have sessions; this streamer has no release, so they stay "
+                 "at 2 bits",
+                 group_name, group.world_size);
+    return absl::OkStatus();
+  }
   spdlog::info("tensor-parallel group {}: all {} ranks have sessions; one loader decides for them ({} READY slots of "
                "rank 0 adopted, applied generation {})",
                group_name, group.world_size, leader.hello.ready_slots_size(), leader.hello.applied_generation());

@@ -262,10 +262,6 @@ absl::Status CheckFlags() {
           ": worker processes run tensor parallelism on the cpu backend only (shared memory); the NCCL "
           "communicator (kernels/comm/nccl_communicator.h) is not wired into the worker yet (issue #18)"));
     }
-    if (absl::GetFlag(FLAGS_speculative_tokens) > 0) {
-      return absl::UnimplementedError(absl::StrCat("--speculative_tokens with --world_size=", world,
-                                                   ": MTP drafting is not mirrored to the other ranks yet"));
-    }
   }
   return absl::OkStatus();
 }

@@ -48,6 +48,7 @@ absl::Status SequenceRunner::FeedDrafter(std::span<const int32_t> sequence, int6
                             .first_position = first + fed,
                             .kept = n,
                             .hidden = hidden.subspan(static_cast<size_t>(fed * D), static_cast<size_t>(n * D)),
+                            .hidden_row = fed,
                             .num_drafts = 0,
                         })
                         .status());
@@ -248,6 +249,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
                                    .kept = kept - fed,
                                    .hidden = std::span<const float>(hidden).subspan(static_cast<size_t>(fed) * D,
                                                                                     static_cast<size_t>(kept - fed) * D),
+                                   .hidden_row = fed,
                                    .num_drafts = want,
                                }));
     }

@@ -19,6 +19,7 @@ struct WireHeader {
   uint64_t step;
   uint64_t num_tokens;
   uint64_t update_bytes;  // slot updates after the tokens: [u32 size, serialized update]...
+  int64_t hidden_row;
 };
 static_assert(sizeof(WireHeader) <= kStepCommandHeaderBytes);
 
@@ -43,8 +44,14 @@ uint64_t SlotUpdateBytes(const std::vector<nq::v1::SlotTableUpdate>& updates) {
 }  // namespace
 
 std::vector<std::byte> EncodeStepHeader(const StepCommand& command) {
-  const WireHeader wire{kHeaderMagic,     static_cast<uint32_t>(command.op), command.position, command.sequence,
-                        command.step,     command.tokens.size(),               SlotUpdateBytes(command.slot_updates)};
+  const WireHeader wire{.magic = kHeaderMagic,
+                        .op = static_cast<uint32_t>(command.op),
+                        .position = command.position,
+                        .sequence = command.sequence,
+                        .step = command.step,
+                        .num_tokens = command.tokens.size(),
+                        .update_bytes = SlotUpdateBytes(command.slot_updates),
+                        .hidden_row = command.hidden_row};
   std::vector<std::byte> out(kStepCommandHeaderBytes);
   std::memcpy(out.data(), &wire, sizeof(wire));
   return out;
@@ -67,7 +74,7 @@ absl::StatusOr<StepCommand> DecodeStepHeader(std::span<const std::byte> header, 
   std::memcpy(&wire, header.data(), sizeof(wire));
   if (wire.magic != kHeaderMagic) return absl::InvalidArgumentError("not a step command header");
   if (wire.op < static_cast<uint32_t>(StepCommand::Op::kForward) ||
-      wire.op > static_cast<uint32_t>(StepCommand::Op::kResetCache)) {
+      wire.op > static_cast<uint32_t>(StepCommand::Op::kForwardMtpLast)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown step command op ", wire.op));
   }
   if (wire.num_tokens > static_cast<uint64_t>(max_tokens)) {
@@ -83,6 +90,7 @@ absl::StatusOr<StepCommand> DecodeStepHeader(std::span<const std::byte> header, 
   command.position = wire.position;
   command.sequence = wire.sequence;
   command.step = wire.step;
+  command.hidden_row = wire.hidden_row;
   command.tokens.resize(wire.num_tokens);
   command.slot_update_bytes = wire.update_bytes;
   return command;
@@ -117,6 +125,41 @@ absl::Status DecodeStepPayload(std::span<const std::byte> payload, StepCommand& 
   return absl::OkStatus();
 }
 
+namespace {
+
+// kForwardMtpLast on a follower: the hidden rows the leader used, from this rank's own copy (the
+// final-normed states are whole on every rank after the last all-reduce).
+absl::Status ForwardMtp(const StepCommand& command, model::Model& model) {
+  if (model.mtp_cache_length() != command.position) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", command.sequence, " step ", command.step,
+                                                      ": this rank's MTP cache holds ", model.mtp_cache_length(),
+                                                      " positions, the leader's ", command.position));
+  }
+  const size_t D = static_cast<size_t>(model.config().hidden_size);
+  const size_t T = command.tokens.size();
+  std::vector<float> hidden;
+  if (command.hidden_row == StepCommand::kLastMtpHidden) {
+    const std::vector<float>& state = model.last_mtp_hidden();
+    if (state.size() < D || T != 1) {
+      return absl::FailedPreconditionError(absl::StrCat("step ", command.step, ": a draft forward of ", T,
+                                                        " tokens from an MTP state of ", state.size(), " values"));
+    }
+    hidden.assign(state.end() - static_cast<std::ptrdiff_t>(D), state.end());
+  } else {
+    const std::vector<float>& state = model.last_hidden();
+    if (command.hidden_row < 0 || (static_cast<size_t>(command.hidden_row) + T) * D > state.size()) {
+      return absl::FailedPreconditionError(absl::StrCat("step ", command.step, ": hidden rows [", command.hidden_row,
+                                                        ", +", T, ") past the ", state.size() / D,
+                                                        " rows of this rank's last forward"));
+    }
+    const auto first = state.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(command.hidden_row) * D);
+    hidden.assign(first, first + static_cast<std::ptrdiff_t>(T * D));
+  }
+  return model.ForwardMtpLast(command.tokens, hidden).status();
+}
+
+}  // namespace
+
 absl::Status ApplyStepCommand(const StepCommand& command, model::Model& model) {
   switch (command.op) {
     case StepCommand::Op::kForward:
@@ -137,6 +180,10 @@ absl::Status ApplyStepCommand(const StepCommand& command, model::Model& model) {
     case StepCommand::Op::kResetCache:
       model.ResetCache();
       return absl::OkStatus();
+    case StepCommand::Op::kTruncateMtpCache:
+      return model.TruncateMtpCache(command.position);
+    case StepCommand::Op::kForwardMtpLast:
+      return ForwardMtp(command, model);
   }
   return absl::InvalidArgumentError("unknown step command");
 }

@@ -29,13 +29,24 @@ struct StepCommand {
     kForwardLast = 2,    // Model::ForwardLast(tokens) at cache position `position`
     kTruncateCache = 3,  // Model::TruncateCache(position)
     kResetCache = 4,     // Model::ResetCache()
+    // Speculative decoding's drafter (MtpDrafter): the MTP layer is sharded like the others, so
+    // its forwards are collectives too.
+    kTruncateMtpCache = 5,  // Model::TruncateMtpCache(position)
+    kForwardMtpLast = 6,    // Model::ForwardMtpLast(tokens, hidden rows named by hidden_row) at MTP
+                            // cache position `position`
   };
+  // kForwardMtpLast: where the hidden states come from, as every rank holds them after the same
+  // forwards: >= 0, rows [hidden_row, hidden_row + tokens) of Model::last_hidden() (the main
+  // model's last forward); kLastMtpHidden, the last row of Model::last_mtp_hidden() (the
+  // previous draft's state).
+  static constexpr int64_t kLastMtpHidden = -1;
   Op op = Op::kResetCache;
   // kForward*: the cache length the forward starts at (a follower whose cache differs has
   // drifted and must not run it); kTruncateCache: the length to keep.
   int64_t position = 0;
   uint64_t sequence = 0;  // the leader's sequence counter (logs and checks)
   uint64_t step = 0;      // the sequence's decode step (0: prefill)
+  int64_t hidden_row = 0;  // kForwardMtpLast only
   std::vector<int32_t> tokens;
   // Applied by every rank before the command runs, in order (SlotRuntime::BeginRelayedStep).
   std::vector<nq::v1::SlotTableUpdate> slot_updates;

@@ -154,6 +154,7 @@ TEST_F(WorkerRegistryTest, AWorkerServingAnotherReleaseIsRefused) {
   WorkerRegistry with_release(metrics, "abc123");
   SharedMemory arena;
   nq::v1::RegisterWorkerRequest request = MakeRequest(0, &arena);
+  request.set_tp_group("/nq-tp-test");  // a streaming rank of a group of 2 names its group
   request.set_release_id("def456");
   EXPECT_THAT(with_release.Register(request),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("release def456")));

@@ -34,6 +34,22 @@ TEST(StepCommandTest, RoundTripsThroughHeaderAndPayload) {
   EXPECT_THAT(got->tokens, ElementsAre(3, 1, 4, 1, 5));
 }
 
+// The drafter's MTP forwards travel as commands too, naming the hidden rows each rank takes from
+// its own last forward (or the previous draft's state).
+TEST(StepCommandTest, MtpForwardNamesItsHiddenRows) {
+  for (int64_t row : {int64_t{3}, StepCommand::kLastMtpHidden}) {
+    StepCommand sent{.op = StepCommand::Op::kForwardMtpLast, .position = 21, .hidden_row = row};
+    sent.tokens = {8, 6};
+    absl::StatusOr<StepCommand> got = DecodeStepHeader(EncodeStepHeader(sent), 512);
+    ASSERT_THAT(got, IsOk());
+    EXPECT_EQ(got->op, StepCommand::Op::kForwardMtpLast);
+    EXPECT_EQ(got->position, 21);
+    EXPECT_EQ(got->hidden_row, row);
+    ASSERT_THAT(DecodeStepPayload(EncodeStepPayload(sent), *got), IsOk());
+    EXPECT_THAT(got->tokens, ElementsAre(8, 6));
+  }
+}
+
 TEST(StepCommandTest, RefusesHeadersThatAreNotCommands) {
   StepCommand sent{.op = StepCommand::Op::kForwardLast};
   sent.tokens.assign(600, 1);
