@@ -12,8 +12,10 @@
 # your own.
 #
 # NQ_TP=W (CPU backend) runs tensor parallelism across W worker processes: rank 0 serves the
-# router, ranks 1..W-1 (metrics on ports 8110+r) follow it over shared memory. The release is
-# encoded for one rank, so with W > 1 the routed experts come from the checkpoint (no streaming).
+# router, ranks 1..W-1 (metrics on ports 8110+r) follow it over shared memory. Their experts stream
+# from a release encoded for W ranks ($model/release_tpW, encoded once for the embedded model):
+# the streamer decides for the whole group and rank 0 relays each slot-table change to the other
+# ranks with the step at which every rank applies it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${NQ_BACKEND:-cpu}
@@ -44,6 +46,19 @@ elif [[ ! -f "$model/release/COMPLETE" ]]; then
   echo "NQ_MODEL=$model has no release in $model/release (make one with: nq encode --model $model --out $model/release)" >&2
   exit 2
 fi
+# With W > 1 each rank streams its own slice of every expert: a release encoded for W ranks.
+release="$model/release"
+if ((tp > 1)); then
+  release="$model/release_tp$tp"
+  if [[ ! -f "$release/COMPLETE" ]]; then
+    if [[ -n "${NQ_MODEL:-}" ]]; then
+      echo "NQ_TP=$tp: $release is missing (make one with: nq encode --model $model --out $release --tp $tp)" >&2
+      exit 2
+    fi
+    rm -rf "$release"
+    "$bin/tools/nq" encode --model "$model" --out "$release" --tp "$tp" --fixed-per-layer 4 >/dev/null
+  fi
+fi
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -54,7 +69,7 @@ stop() {
 trap 'stop; exit 0' INT TERM
 trap stop EXIT
 
-"$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$model/release" "$@" >"$run_dir/streamer.log" 2>&1 &
+"$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
 # The slot arena is sized from the release: its fixed set, 2 x top-k floating slots, 1 staging.
 if ((tp == 1)); then
@@ -68,7 +83,7 @@ else
     ((r == 0)) || log="$run_dir/worker-rank$r.log"
     metrics=8101
     ((r == 0)) || metrics=$((8110 + r))
-    "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" \
+    "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$release" \
       --rank="$r" --world_size="$tp" --leader_address=127.0.0.1:8100 --metrics_port="$metrics" \
       >"$log" 2>&1 &
     pids+=($!)

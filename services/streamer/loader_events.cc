@@ -21,6 +21,10 @@ bool LoaderEvents::PushReport(nq::v1::RoutingReport report) {
 
 void LoaderEvents::PushAck(nq::v1::UnmapAck ack) { events_.emplace_back(std::move(ack)); }
 
+void LoaderEvents::PushRankAck(uint32_t rank, nq::v1::UnmapAck ack) {
+  events_.emplace_back(RankAck{.rank = rank, .ack = std::move(ack)});
+}
+
 std::deque<LoaderEvents::Event> LoaderEvents::TakeAll() {
   std::deque<Event> taken;
   taken.swap(events_);

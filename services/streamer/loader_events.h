@@ -24,7 +24,13 @@ namespace nq::streamer {
 
 class LoaderEvents {
  public:
-  using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck>;
+  // An unmap ack from rank `rank` of a tensor-parallel group (group_sessions.h): a group's slot
+  // is free only once every rank acknowledged its unmap.
+  struct RankAck {
+    uint32_t rank = 0;
+    nq::v1::UnmapAck ack;
+  };
+  using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck, RankAck>;
 
   // `max_reports` of 0 is taken as 1 (a loader that takes no report could never predict);
   // `dropped` (may be null) counts the reports dropped.
@@ -33,6 +39,7 @@ class LoaderEvents {
   // False when the report was dropped (max_reports already wait).
   bool PushReport(nq::v1::RoutingReport report);
   void PushAck(nq::v1::UnmapAck ack);
+  void PushRankAck(uint32_t rank, nq::v1::UnmapAck ack);
   // Everything queued, oldest first; the queue is empty afterwards.
   std::deque<Event> TakeAll();
 

@@ -18,6 +18,14 @@ absl::StatusOr<ReadFaults> ParseReadFaults(const std::string& text) {
       }
       continue;
     }
+    if (kv.first == "rank") {
+      uint32_t rank = 0;
+      if (!absl::SimpleAtoi(kv.second, &rank)) {
+        return absl::InvalidArgumentError(absl::StrCat("read faults: '", part, "': rank wants an integer"));
+      }
+      faults.rank = rank;
+      continue;
+    }
     absl::string_view probability = kv.second;
     if (kv.first == "slow") {
       const std::pair<absl::string_view, absl::string_view> pm = absl::StrSplit(kv.second, absl::MaxSplits(':', 1));
@@ -29,7 +37,7 @@ absl::StatusOr<ReadFaults> ParseReadFaults(const std::string& text) {
     }
     if (!absl::SimpleAtod(probability, &p) || !(p >= 0 && p <= 1)) {
       return absl::InvalidArgumentError(absl::StrCat("read faults: '", part,
-                                                     "': want eio=P, short=P, slow=P:MS (P in [0, 1]) or seed=N"));
+                                                     "': want eio=P, short=P, slow=P:MS (P in [0, 1]) seed=N or rank=R"));
     }
     if (kv.first == "eio") {
       faults.eio = p;
@@ -39,7 +47,7 @@ absl::StatusOr<ReadFaults> ParseReadFaults(const std::string& text) {
       faults.slow = p;
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("read faults: unknown fault '", kv.first, "' (want eio, short, slow or seed)"));
+          absl::StrCat("read faults: unknown fault '", kv.first, "' (want eio, short, slow, seed or rank)"));
     }
   }
   // One draw per read picks at most one fault, so the probabilities share [0, 1].

@@ -11,9 +11,12 @@
 //
 //   --inject_read_faults=eio=0.05,short=0.02,slow=0.1:2000,seed=7
 //   (a probability per record read; slow=P:MS, a read taking at least MS milliseconds)
+//   --inject_read_faults=eio=0.5,rank=1
+//   (only reads of rank 1's records fail: a tensor-parallel group where one rank's drive is bad)
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -27,6 +30,8 @@ struct ReadFaults {
   double slow = 0;        // probability that a record read takes at least slow_ms
   uint32_t slow_ms = 0;
   uint64_t seed = 1;
+  // Only reads of this rank's records draw faults (rank=R); every rank's when unset.
+  std::optional<uint32_t> rank;
   bool any() const { return eio > 0 || short_read > 0 || slow > 0; }
 };
 
@@ -34,9 +39,9 @@ struct ReadFaults {
 // is a typo, not a drill.
 inline constexpr uint32_t kMaxSlowReadMs = 60'000;
 
-// "eio=P,short=P,slow=P:MS,seed=N" in any order, each optional; "" is no faults.
+// "eio=P,short=P,slow=P:MS,seed=N,rank=R" in any order, each optional; "" is no faults.
 // INVALID_ARGUMENT naming the part that is not a key=value with a probability in [0, 1] (the
-// three together at most 1), an integer seed, or a slow read's MS in [1, kMaxSlowReadMs].
+// three together at most 1), an integer seed or rank, or a slow read's MS in [1, kMaxSlowReadMs].
 absl::StatusOr<ReadFaults> ParseReadFaults(const std::string& text);
 
 // What happens to one record read.

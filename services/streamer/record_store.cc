@@ -163,7 +163,10 @@ absl::Status RecordStore::Pump() {
                .copy = p.copy,
                .bytes = p.file->rec_bytes,
                .sync = p.sync,
-               .injected = options_.faults.any() ? faults_.Next() : ReadFault::kNone};
+               .injected = options_.faults.any() && (!options_.faults.rank.has_value() ||
+                                                     *options_.faults.rank == p.request.rank)
+                             ? faults_.Next()
+                             : ReadFault::kNone};
     if (f.injected == ReadFault::kSlow) {
       f.injected = ReadFault::kNone;
       f.slow = true;

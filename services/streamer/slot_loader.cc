@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "services/format/file_io.h"
 #include "services/common/logging.h"
@@ -28,17 +29,26 @@ constexpr uint64_t kStateSaveRefreshes = 256;
 // a few MiB take milliseconds, even 32 deep.
 constexpr double kSlowReadSeconds = 1.0;
 
-// Prepares the store's bounce buffers as copy sources for the worker's arena (device arenas
-// copy from page-locked memory) and returns those that could be; a buffer that cannot be
-// pinned is left out.
-std::vector<unsigned> PrepareSources(const RegisteredWorker& worker, const RecordStore& store, unsigned buffers) {
+// Prepares the store's bounce buffers as copy sources for every member's arena (device arenas
+// copy from page-locked memory) and returns those that could be for all of them; a buffer that
+// cannot be pinned for one member is left out (and released for the others).
+std::vector<unsigned> PrepareSources(const std::vector<std::shared_ptr<RegisteredWorker>>& members,
+                                     const RecordStore& store, unsigned buffers) {
   std::vector<unsigned> prepared;
   for (unsigned b = 0; b < buffers; ++b) {
-    if (absl::Status s = worker.arena->PrepareSource(store.Buffer(b)); !s.ok()) {
-      spdlog::warn("worker {}: bounce buffer {} not prepared, left out: {}", worker.worker_id, b, s.ToString());
+    size_t done = 0;
+    for (; done < members.size(); ++done) {
+      const RegisteredWorker& worker = *members[done];
+      if (absl::Status s = worker.arena->PrepareSource(store.Buffer(b)); !s.ok()) {
+        spdlog::warn("worker {}: bounce buffer {} not prepared, left out: {}", worker.worker_id, b, s.ToString());
+        break;
+      }
+    }
+    if (done == members.size()) {
+      prepared.push_back(b);
       continue;
     }
-    prepared.push_back(b);
+    for (size_t m = 0; m < done; ++m) members[m]->arena->ReleaseSource(store.Buffer(b));
   }
   return prepared;
 }
@@ -52,52 +62,86 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::Create(std::shared_ptr<RegisteredWorker> worker,
                                                                const SlotLoaderOptions& options,
                                                                LoaderMetrics* metrics, Send send) {
+  // A single worker loads its own rank's records, whatever its rank.
+  return CreateForMembers({std::move(worker)}, options, metrics, std::move(send));
+}
+
+absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::CreateForGroup(
+    std::vector<std::shared_ptr<RegisteredWorker>> members, const SlotLoaderOptions& options, LoaderMetrics* metrics,
+    Send send) {
+  if (members.empty()) return absl::FailedPreconditionError("a tensor-parallel group without ranks");
+  const std::string geometry = members[0] != nullptr ? members[0]->geometry.ToProto().SerializeAsString() : "";
+  for (size_t r = 0; r < members.size(); ++r) {
+    if (members[r] == nullptr || members[r]->rank != r) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor-parallel group: rank ", r, " is missing"));
+    }
+    if (members[r]->geometry.ToProto().SerializeAsString() != geometry) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor-parallel group ", members[r]->tp_group, ": rank ", r,
+                                                        "'s slot arena geometry differs from rank 0's"));
+    }
+  }
+  return CreateForMembers(std::move(members), options, metrics, std::move(send));
+}
+
+absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::CreateForMembers(
+    std::vector<std::shared_ptr<RegisteredWorker>> members, const SlotLoaderOptions& options, LoaderMetrics* metrics,
+    Send send) {
   if (options.files == nullptr) return absl::InvalidArgumentError("slot loader: no record files");
   RecordStoreOptions store_options = options.store;
+  // A group's load reads one record per rank at once.
+  store_options.queue_depth = std::max<unsigned>(store_options.queue_depth, static_cast<unsigned>(members.size()));
   store_options.buffers = std::max(store_options.buffers, store_options.queue_depth);
   ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> store, RecordStore::Create(options.files, store_options));
   ASSIGN_OR_RETURN(EventFd wake, EventFd::Create());
-  const SlotGeometry& g = worker->geometry;
+  const SlotGeometry& g = members[0]->geometry;
   const format::Manifest& manifest = store->release().manifest();
   if (g.experts_per_layer != manifest.experts_per_layer) {
     return absl::FailedPreconditionError(absl::StrCat("worker has ", g.experts_per_layer,
                                                       " experts per layer, the release ", manifest.experts_per_layer));
   }
-  for (uint32_t layer : g.moe_layer_ids) {
-    absl::StatusOr<uint64_t> rec_bytes = store->RecordBytes(worker->rank, layer);
-    if (!rec_bytes.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the release has no records for rank ", worker->rank, " layer ", layer));
-    }
-    if (*rec_bytes > g.rec_bytes) {
-      return absl::FailedPreconditionError(absl::StrCat("layer ", layer, " records are ", *rec_bytes,
-                                                        " bytes, the worker's slots ", g.rec_bytes));
+  for (const std::shared_ptr<RegisteredWorker>& member : members) {
+    for (uint32_t layer : g.moe_layer_ids) {
+      absl::StatusOr<uint64_t> rec_bytes = store->RecordBytes(member->rank, layer);
+      if (!rec_bytes.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the release has no records for rank ", member->rank, " layer ", layer));
+      }
+      if (*rec_bytes > g.rec_bytes) {
+        return absl::FailedPreconditionError(absl::StrCat("layer ", layer, " records are ", *rec_bytes,
+                                                          " bytes, the worker's slots ", g.rec_bytes));
+      }
     }
   }
-  return std::unique_ptr<SlotLoader>(new SlotLoader(std::move(worker), std::move(store), std::move(wake), options,
-                                                    metrics, std::move(send)));
+  SlotLoaderOptions loader_options = options;
+  loader_options.store = store_options;
+  return std::unique_ptr<SlotLoader>(new SlotLoader(std::move(members), std::move(store), std::move(wake),
+                                                    loader_options, metrics, std::move(send)));
 }
 
-SlotLoader::SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store, EventFd wake,
-                       const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send)
-    : worker_(std::move(worker)),
+SlotLoader::SlotLoader(std::vector<std::shared_ptr<RegisteredWorker>> members, std::unique_ptr<RecordStore> store,
+                       EventFd wake, const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send)
+    : members_(std::move(members)),
+      worker_(members_[0]),
       store_(std::move(store)),
+      read_depth_(options.store.queue_depth),
       wake_(std::move(wake)),
       options_(options),
       metrics_(metrics),
       send_(std::move(send)),
       allocator_(worker_->geometry),
       events_(options.max_queued_reports, &metrics->reports_dropped),
-      prepared_buffers_(
-          PrepareSources(*worker_, *store_, std::max(options_.store.buffers, options_.store.queue_depth))),
-      cache_(prepared_buffers_),
       pacer_(ReadPacerOptions{.queue_depth = options_.store.queue_depth,
                               .max_budget = options_.predictor.read_budget,
-                              .refresh_interval = options_.predictor.refresh_interval}) {}
+                              .refresh_interval = options_.predictor.refresh_interval}),
+      prepared_buffers_(
+          PrepareSources(members_, *store_, std::max(options_.store.buffers, options_.store.queue_depth))),
+      cache_(prepared_buffers_) {}
 
 SlotLoader::~SlotLoader() {
   Stop();
-  for (unsigned b : prepared_buffers_) worker_->arena->ReleaseSource(store_->Buffer(b));
+  for (unsigned b : prepared_buffers_) {
+    for (const std::shared_ptr<RegisteredWorker>& member : members_) member->arena->ReleaseSource(store_->Buffer(b));
+  }
 }
 
 absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
@@ -151,6 +195,14 @@ void SlotLoader::OnUnmapAck(nq::v1::UnmapAck ack) {
   Wake();
 }
 
+void SlotLoader::OnUnmapAck(uint32_t rank, nq::v1::UnmapAck ack) {
+  {
+    absl::MutexLock lock(&mu_);
+    events_.PushRankAck(rank, std::move(ack));
+  }
+  Wake();
+}
+
 void SlotLoader::Wake() {
   if (absl::Status s = wake_.Signal(); !s.ok()) {
     static LogRateLimiter wake_log(std::chrono::seconds(10));
@@ -179,7 +231,15 @@ void SlotLoader::Sleep() {
 
 std::string SlotLoader::StatePath() const {
   if (options_.predictor_state_dir.empty()) return "";
-  return absl::StrCat(options_.predictor_state_dir, "/predictor_rank", worker_->rank, ".state");
+  if (worker_->tp_group.empty()) {
+    return absl::StrCat(options_.predictor_state_dir, "/predictor_rank", worker_->rank, ".state");
+  }
+  // One predictor per group: named by the group (its name made a plain file name).
+  std::string group = worker_->tp_group;
+  for (char& c : group) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  }
+  return absl::StrCat(options_.predictor_state_dir, "/predictor_group", group, ".state");
 }
 
 void SlotLoader::SaveState() {
@@ -227,8 +287,10 @@ void SlotLoader::Run() {
     for (const Event& event : events) {
       if (const auto* report = std::get_if<nq::v1::RoutingReport>(&event)) {
         HandleRouting(*report);
+      } else if (const auto* ranked = std::get_if<LoaderEvents::RankAck>(&event)) {
+        HandleAck(ranked->rank, ranked->ack);
       } else {
-        HandleAck(std::get<nq::v1::UnmapAck>(event));
+        HandleAck(worker_->rank, std::get<nq::v1::UnmapAck>(event));
       }
     }
     if (!session_gone_) {
@@ -426,29 +488,48 @@ void SlotLoader::Refresh() {
 void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
   const uint32_t floating = predictor_->options().floating_slots;
   uint64_t cancelled = 0;
-  for (auto& [tag, read] : in_flight_) {
-    if (read.cancelled || read.want.fixed) continue;
-    const auto layer = std::find(predictor_layers_.begin(), predictor_layers_.end(), read.want.layer);
-    if (layer == predictor_layers_.end()) continue;
-    const size_t l = static_cast<size_t>(layer - predictor_layers_.begin());
-    const auto desired = plan.desired.begin() + static_cast<std::ptrdiff_t>(l * floating);
-    if (std::find(desired, desired + plan.desired_count[l], read.want.expert) != desired + plan.desired_count[l]) {
-      continue;  // still wanted
-    }
-    absl::StatusOr<CancelOutcome> outcome = store_->Cancel(tag);
-    if (!outcome.ok()) {
-      // The store and the loader disagree on what is outstanding: leave the read to land.
-      spdlog::critical("worker {}: cancelling the read of layer {} expert {}: {}", worker_->worker_id,
-                       read.want.layer, read.want.expert, outcome.status().ToString());
+  for (auto it = loads_.begin(); it != loads_.end();) {
+    GroupLoad& load = it->second;
+    const auto layer = std::find(predictor_layers_.begin(), predictor_layers_.end(), load.want.layer);
+    if (load.want.fixed || layer == predictor_layers_.end()) {
+      ++it;
       continue;
     }
-    // The read lands in its bounce buffer, never in the slot: the slot is FREE for other loads
-    // now, and the read is never announced (Reap only returns its buffer).
-    read.cancelled = true;
-    (void)allocator_.Release(read.layer_index, read.slot);
-    (*outcome == CancelOutcome::kDequeued ? metrics_->reads_cancelled_queued : metrics_->reads_cancelled_in_flight)
-        .Increment();
-    ++cancelled;
+    const size_t l = static_cast<size_t>(layer - predictor_layers_.begin());
+    const auto desired = plan.desired.begin() + static_cast<std::ptrdiff_t>(l * floating);
+    if (std::find(desired, desired + plan.desired_count[l], load.want.expert) != desired + plan.desired_count[l]) {
+      ++it;
+      continue;  // still wanted
+    }
+    // Every rank's outstanding read of it: the reads land in their bounce buffers, never in the
+    // slot, and are never announced (Reap only returns their buffers).
+    size_t stopped = 0;
+    for (auto& [tag, read] : in_flight_) {
+      if (read.load != it->first || read.cancelled) continue;
+      absl::StatusOr<CancelOutcome> outcome = store_->Cancel(tag);
+      if (!outcome.ok()) {
+        // The store and the loader disagree on what is outstanding: leave the read to land.
+        spdlog::critical("worker {}: cancelling rank {}'s read of layer {} expert {}: {}", worker_->worker_id,
+                         read.rank, load.want.layer, load.want.expert, outcome.status().ToString());
+        continue;
+      }
+      read.cancelled = true;
+      ++stopped;
+      (*outcome == CancelOutcome::kDequeued ? metrics_->reads_cancelled_queued : metrics_->reads_cancelled_in_flight)
+          .Increment();
+      ++cancelled;
+    }
+    if (stopped == load.outstanding) {
+      // Nothing of it will land: the slot is FREE for other loads now.
+      (void)allocator_.Release(load.layer_index, load.slot);
+      it = loads_.erase(it);
+    } else {
+      // A read the store would not cancel still lands; the load then fails (never announced)
+      // and frees its slot.
+      load.outstanding -= stopped;
+      load.failed = true;
+      ++it;
+    }
   }
   if (cancelled > 0) {
     absl::MutexLock lock(&mu_);
@@ -456,15 +537,32 @@ void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
   }
 }
 
-void SlotLoader::HandleAck(const nq::v1::UnmapAck& ack) {
-  if (auto sent = unacked_unmaps_.find(ack.generation()); sent != unacked_unmaps_.end()) {
+void SlotLoader::HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack) {
+  if (Member(rank) == nullptr) {
+    spdlog::warn("worker {}: unmap acknowledgement from rank {}, not a member; ignored", worker_->worker_id, rank);
+    return;
+  }
+  if (auto sent = unacked_unmaps_.find(ack.generation()); sent != unacked_unmaps_.end() && rank == worker_->rank) {
     metrics_->unmap_ack_latency.Observe(SecondsSince(sent->second));
     unacked_unmaps_.erase(sent);
   }
   for (const nq::v1::SlotRef& ref : ack.slots()) {
     absl::StatusOr<size_t> li = worker_->geometry.LayerIndex(ref.layer());
-    absl::Status s = li.ok() ? allocator_.Acknowledge(*li, ref.slot()) : li.status();
-    if (!s.ok()) spdlog::warn("worker {}: unexpected unmap acknowledgement: {}", worker_->worker_id, s.ToString());
+    absl::Status s = li.status();
+    if (li.ok() && allocator_.state(*li, ref.slot()) != SlotState::kUnmapping) {
+      s = absl::FailedPreconditionError(absl::StrCat("layer ", ref.layer(), " slot ", ref.slot(), " is not unmapping"));
+    } else if (li.ok()) {
+      // The slot is reused only once no rank maps it (DESIGN.md section 4).
+      std::set<uint32_t>& acked = unmap_acked_[{*li, ref.slot()}];
+      acked.insert(rank);
+      if (acked.size() < members_.size()) continue;
+      unmap_acked_.erase({*li, ref.slot()});
+      s = allocator_.Acknowledge(*li, ref.slot());
+    }
+    if (!s.ok()) {
+      spdlog::warn("worker {}: unexpected unmap acknowledgement from rank {}: {}", worker_->worker_id, rank,
+                   s.ToString());
+    }
   }
 }
 
@@ -477,12 +575,14 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
       it = queue_.erase(it);  // unknown layer, already present or loading, or known bad
       continue;
     }
-    const RecordKey key{.rank = worker_->rank, .layer = want.layer, .expert = want.expert};
-    const bool cached = cache_.Contains(key);
+    size_t reads = 0;  // members whose record is not in a bounce buffer
+    for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+      reads += cache_.Contains(RecordKey{.rank = member->rank, .layer = want.layer, .expert = want.expert}) ? 0 : 1;
+    }
     // A read needs a free bounce buffer and room under the queue depth (4-8 reads per drive keep
     // tail latency low, DESIGN.md section 4); a cached record needs neither, so it is served
-    // while reads wait.
-    if (!cached && (in_flight_.size() >= options_.store.queue_depth || cache_.idle() == 0)) {
+    // while reads wait. A group's load is issued whole or not at all.
+    if (reads > 0 && (in_flight_.size() + reads > read_depth_ || cache_.idle() < reads)) {
       ++it;
       continue;
     }
@@ -508,33 +608,48 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
       }
       continue;
     }
-    if (cached) {
-      const unsigned buffer = *cache_.Lookup(key);
-      metrics_->cache_hits.Increment();
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.cache_hits;
-      }
-      // Create checked that every layer of the geometry has records of at most a slot.
-      const uint64_t bytes = *store_->RecordBytes(worker_->rank, want.layer);
-      Land(*li, *slot, want, store_->Buffer(buffer).first(bytes), update);
-      it = queue_.erase(it);
+    StartLoad(*li, *slot, want, update);
+    it = queue_.erase(it);
+  }
+}
+
+void SlotLoader::StartLoad(size_t layer_index, uint32_t slot, const Want& want, nq::v1::SlotTableUpdate& update) {
+  const uint64_t id = next_load_++;
+  GroupLoad load{.layer_index = layer_index, .slot = slot, .want = want};
+  // Cache hits first: taking buffers for the reads below may evict a record this load needs.
+  std::vector<uint32_t> to_read;
+  for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+    const RecordKey key{.rank = member->rank, .layer = want.layer, .expert = want.expert};
+    const std::optional<unsigned> buffer = cache_.Lookup(key);
+    if (!buffer.has_value()) {
+      to_read.push_back(member->rank);
       continue;
     }
+    metrics_->cache_hits.Increment();
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.cache_hits;
+    }
+    // Create checked that every member's layers have records of at most a slot.
+    const uint64_t bytes = *store_->RecordBytes(member->rank, want.layer);
+    if (!load.failed && !CopyIntoSlot(member->rank, layer_index, slot, want, store_->Buffer(*buffer).first(bytes))) {
+      load.failed = true;
+    }
+  }
+  for (uint32_t rank : to_read) {
+    // Pump checked there are idle buffers for every read.
     const unsigned buffer = *cache_.AcquireForRead();
     const uint64_t tag = next_tag_++;
-    absl::Status submitted = store_->Submit(ReadRequest{.rank = worker_->rank,
+    absl::Status submitted = store_->Submit(ReadRequest{.rank = rank,
                                                         .layer = want.layer,
                                                         .expert = want.expert,
                                                         .buffer_index = static_cast<int>(buffer),
                                                         .tag = tag});
     if (!submitted.ok()) {
-      spdlog::error("worker {}: read of layer {} expert {} not issued: {}", worker_->worker_id, want.layer,
-                    want.expert, submitted.ToString());
+      spdlog::error("worker {}: rank {}'s read of layer {} expert {} not issued: {}", worker_->worker_id, rank,
+                    want.layer, want.expert, submitted.ToString());
       cache_.Discard(buffer);
-      (void)allocator_.Release(*li, *slot);
-      failed_.insert({want.layer, want.expert});
-      it = queue_.erase(it);
+      load.failed = true;
       continue;
     }
     metrics_->cache_misses.Increment();
@@ -542,47 +657,61 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
       absl::MutexLock lock(&mu_);
       ++stats_.disk_reads;
     }
-    in_flight_[tag] = Read{.layer_index = *li, .slot = *slot, .want = want, .buffer = buffer};
-    it = queue_.erase(it);
+    in_flight_[tag] = Read{.load = id, .rank = rank, .buffer = buffer};
+    ++load.outstanding;
+  }
+  if (load.outstanding == 0) {
+    Finish(load, update);
+  } else {
+    loads_.emplace(id, std::move(load));
   }
 }
 
-void SlotLoader::Land(size_t layer_index, uint32_t slot, const Want& want, std::span<const std::byte> record,
-                      nq::v1::SlotTableUpdate& update) {
+bool SlotLoader::CopyIntoSlot(uint32_t rank, size_t layer_index, uint32_t slot, const Want& want,
+                              std::span<const std::byte> record) {
   const SlotGeometry& g = worker_->geometry;
-  // The invariant of DESIGN.md section 4: only a slot the worker does not map is written.
+  // The invariant of DESIGN.md section 4: only a slot no rank maps is written.
   if (!allocator_.Writable(layer_index, slot)) {
     spdlog::critical("worker {}: layer {} slot {} is not LOADING; load dropped", worker_->worker_id, want.layer, slot);
-    return;
+    return false;
   }
-  absl::Status written = worker_->arena->Write(g.SlotOffset(layer_index, slot), record);
+  absl::Status written = Member(rank)->arena->Write(g.SlotOffset(layer_index, slot), record);
   if (!written.ok()) {
-    (void)allocator_.Release(layer_index, slot);
+    spdlog::error("worker {}: copy into rank {}'s layer {} slot {} failed: {}", worker_->worker_id, rank, want.layer,
+                  slot, written.ToString());
+    return false;
+  }
+  return true;
+}
+
+void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) {
+  const SlotGeometry& g = worker_->geometry;
+  const Want& want = load.want;
+  if (load.failed) {
+    // Some rank lacks the bytes: no rank hears of the load, so none runs the expert at 4 bits.
+    (void)allocator_.Release(load.layer_index, load.slot);
     failed_.insert({want.layer, want.expert});
     metrics_->loads_failed.Increment();
-    {
-      absl::MutexLock lock(&mu_);
-      ++stats_.loads_failed;
-      stats_.cached_records = cache_.records();
-    }
-    spdlog::error("worker {}: copy into layer {} slot {} failed: {}", worker_->worker_id, want.layer, slot,
-                  written.ToString());
+    absl::MutexLock lock(&mu_);
+    ++stats_.loads_failed;
+    stats_.cached_records = cache_.records();
     return;
   }
   // Write returns once the worker would read the new bytes (device arenas: the copy is
   // complete on the device), so this is decision to usable.
   metrics_->load_latency.Observe(SecondsSince(want.decided));
-  (void)allocator_.MarkReady(layer_index, slot);
+  (void)allocator_.MarkReady(load.layer_index, load.slot);
   nq::v1::SlotChange* ready = update.add_changes();
   ready->set_kind(nq::v1::SlotChange::KIND_READY);
   ready->set_layer(want.layer);
-  ready->set_slot(slot);
+  ready->set_slot(load.slot);
   ready->set_expert(want.expert);
   // Lazy eviction: the victim leaves in the update that makes its replacement READY.
   if (want.victim != PlannedLoad::kNoVictim) {
-    std::optional<uint32_t> victim = allocator_.SlotOf(layer_index, want.victim);
-    if (victim && *victim >= g.fixed_slots_per_layer && allocator_.state(layer_index, *victim) == SlotState::kReady) {
-      (void)allocator_.MarkUnmapping(layer_index, *victim);
+    std::optional<uint32_t> victim = allocator_.SlotOf(load.layer_index, want.victim);
+    if (victim && *victim >= g.fixed_slots_per_layer &&
+        allocator_.state(load.layer_index, *victim) == SlotState::kReady) {
+      (void)allocator_.MarkUnmapping(load.layer_index, *victim);
       nq::v1::SlotChange* unmap = update.add_changes();
       unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
       unmap->set_layer(want.layer);
@@ -621,19 +750,21 @@ void SlotLoader::Reap() {
   static LogRateLimiter failure_log(std::chrono::seconds(10));
   for (const auto& [read, done_read] : landed) {
     const RecordCompletion& completion = *done_read;
+    auto load = loads_.find(read.load);
+    const Want* want = load == loads_.end() ? nullptr : &load->second.want;
     if (completion.injected_slow) metrics_->slow_reads_injected.Increment();
     if (completion.latency_seconds >= kSlowReadSeconds) metrics_->slow_reads.Increment();
     // Only a record that landed whole, from a file whose hash matched and matching its own
     // sha256 (OK), is kept; a failed, short or corrupt read leaves its buffer empty.
-    if (completion.status.ok()) {
-      cache_.Fill(read.buffer, RecordKey{.rank = worker_->rank, .layer = read.want.layer, .expert = read.want.expert});
+    if (completion.status.ok() && want != nullptr) {
+      cache_.Fill(read.buffer, RecordKey{.rank = read.rank, .layer = want->layer, .expert = want->expert});
       metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));
       metrics_->read_latency.Observe(completion.latency_seconds);
       pacer_.OnReadLanded(completion.latency_seconds);
     } else {
       cache_.Discard(read.buffer);
     }
-    if (read.cancelled) {
+    if (read.cancelled || load == loads_.end()) {
       // Its slot was freed when it was cancelled; it is never copied or announced.
       if (completion.status.ok()) {
         absl::MutexLock lock(&mu_);
@@ -641,25 +772,23 @@ void SlotLoader::Reap() {
       }
       continue;
     }
-    if (session_gone_) continue;
+    GroupLoad& group_load = load->second;
     if (!completion.status.ok()) {
-      (void)allocator_.Release(read.layer_index, read.slot);
-      failed_.insert({read.want.layer, read.want.expert});
-      metrics_->loads_failed.Increment();
+      group_load.failed = true;
       metrics_->read_errors.WithLabels({completion.failure.empty() ? "other" : completion.failure}).Increment();
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.loads_failed;
-        stats_.cached_records = cache_.records();
-      }
       if (long n = failure_log.Allow()) {
-        spdlog::error("worker {}: record of layer {} expert {} failed, it stays at 2 bits: {} ({} failures since "
-                      "last report)",
-                      worker_->worker_id, read.want.layer, read.want.expert, completion.status.ToString(), n);
+        spdlog::error("worker {}: rank {}'s record of layer {} expert {} failed, the expert stays at 2 bits on every "
+                      "rank: {} ({} failures since last report)",
+                      worker_->worker_id, read.rank, want->layer, want->expert, completion.status.ToString(), n);
       }
-      continue;
+    } else if (!group_load.failed && !session_gone_ &&
+               !CopyIntoSlot(read.rank, group_load.layer_index, group_load.slot, group_load.want,
+                             store_->Buffer(read.buffer).first(completion.bytes))) {
+      group_load.failed = true;
     }
-    Land(read.layer_index, read.slot, read.want, store_->Buffer(read.buffer).first(completion.bytes), update);
+    if (--group_load.outstanding > 0) continue;
+    if (!session_gone_) Finish(group_load, update);
+    loads_.erase(load);
   }
   if (update.changes_size() > 0) SendUpdate(std::move(update));
 }
@@ -668,7 +797,7 @@ bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
   if (session_gone_) return false;
   const uint64_t generation = next_generation_++;
   update.set_generation(generation);
-  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + LiveReads()));
+  update.set_loads_in_flight(static_cast<uint32_t>(queue_.size() + loads_.size()));
   const bool unmaps = std::any_of(update.changes().begin(), update.changes().end(), [](const nq::v1::SlotChange& c) {
     return c.kind() == nq::v1::SlotChange::KIND_UNMAP;
   });
@@ -684,6 +813,13 @@ bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
   return true;
 }
 
+RegisteredWorker* SlotLoader::Member(uint32_t rank) const {
+  for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+    if (member->rank == rank) return member.get();
+  }
+  return nullptr;
+}
+
 size_t SlotLoader::LiveReads() const {
   size_t n = 0;
   for (const auto& [tag, read] : in_flight_) n += read.cancelled ? 0 : 1;
@@ -691,7 +827,8 @@ size_t SlotLoader::LiveReads() const {
 }
 
 uint64_t SlotLoader::BacklogBytes() const {
-  return (queue_.size() + LiveReads()) * worker_->geometry.rec_bytes;
+  // A queued load reads one record per member.
+  return (queue_.size() * members_.size() + LiveReads()) * worker_->geometry.rec_bytes;
 }
 
 void SlotLoader::PublishGauges() {

@@ -20,6 +20,15 @@
 // lands in the bounce buffer, never in the slot) and it is never announced, even when the
 // kernel could not stop the read and it lands all the same.
 //
+// A tensor-parallel group (group_sessions.h) has one loader for all its ranks: one predictor fed by
+// rank 0's reports, one allocator (every rank's slot s of a layer holds the same expert), and
+// every load reads each rank's own record of (layer, expert) into that rank's slot. The load is
+// announced READY only when every rank's bytes landed; if any rank's read or copy fails, nobody
+// hears of it (the slot is FREE again and the expert marked failed), so ranks never disagree.
+// An unmapped slot is reused only when every rank acknowledged the unmap. Updates go to rank
+// 0's session only: rank 0 relays them to the other ranks in the step command of the step at
+// which every rank applies them (services/worker/step_command.h).
+//
 // One thread per loader owns its record store (an io_uring ring and bounce buffers over the
 // process's shared RecordFiles), allocator and predictor; the session thread only queues
 // reports and acks (a bounded queue, loader_events.h: reports past max_queued_reports are
@@ -100,6 +109,12 @@ class SlotLoader {
   static absl::StatusOr<std::unique_ptr<SlotLoader>> Create(std::shared_ptr<RegisteredWorker> worker,
                                                             const SlotLoaderOptions& options,
                                                             LoaderMetrics* metrics, Send send);
+  // The loader of a tensor-parallel group: `members[r]` is rank r (all of one group, with one
+  // geometry); `send` is rank 0's session. FAILED_PRECONDITION when a member is missing, out
+  // of place, or its geometry differs from rank 0's; the errors of the single-worker Create.
+  static absl::StatusOr<std::unique_ptr<SlotLoader>> CreateForGroup(
+      std::vector<std::shared_ptr<RegisteredWorker>> members, const SlotLoaderOptions& options,
+      LoaderMetrics* metrics, Send send);
   ~SlotLoader();
   SlotLoader(const SlotLoader&) = delete;
   SlotLoader& operator=(const SlotLoader&) = delete;
@@ -109,6 +124,8 @@ class SlotLoader {
   absl::Status Start(const nq::v1::SessionHello& hello);
   void OnRouting(nq::v1::RoutingReport report);
   void OnUnmapAck(nq::v1::UnmapAck ack);
+  // A group member's acknowledgement (rank < the group's size; others are logged and ignored).
+  void OnUnmapAck(uint32_t rank, nq::v1::UnmapAck ack);
   // Joins the thread; reads in flight are reaped and dropped. Idempotent.
   void Stop();
 
@@ -136,18 +153,30 @@ class SlotLoader {
     bool fixed = false;
     Clock::time_point decided;  // when the session start or a refresh first asked for it
   };
+  // One rank's read of a load.
   struct Read {
-    size_t layer_index = 0;
-    uint32_t slot = 0;
-    Want want;
+    uint64_t load = 0;  // the GroupLoad it belongs to
+    uint32_t rank = 0;
     unsigned buffer = 0;
     // Cancelled by a refresh: its slot is already FREE; its completion only returns the buffer.
     bool cancelled = false;
   };
+  // A slot being filled with (layer, expert)'s records, one per member rank; READY once every
+  // rank's bytes are in that rank's arena.
+  struct GroupLoad {
+    size_t layer_index = 0;
+    uint32_t slot = 0;
+    Want want;
+    size_t outstanding = 0;  // reads not yet landed
+    bool failed = false;     // a rank's read or copy failed: never announced
+  };
   using Event = LoaderEvents::Event;
 
-  SlotLoader(std::shared_ptr<RegisteredWorker> worker, std::unique_ptr<RecordStore> store, EventFd wake,
-             const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send);
+  static absl::StatusOr<std::unique_ptr<SlotLoader>> CreateForMembers(
+      std::vector<std::shared_ptr<RegisteredWorker>> members, const SlotLoaderOptions& options,
+      LoaderMetrics* metrics, Send send);
+  SlotLoader(std::vector<std::shared_ptr<RegisteredWorker>> members, std::unique_ptr<RecordStore> store,
+             EventFd wake, const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send);
   // Wakes the loader thread (an event was queued, or Stop).
   void Wake();
   // Sleeps until an event is queued or a read lands.
@@ -156,7 +185,7 @@ class SlotLoader {
   void HandleRouting(const nq::v1::RoutingReport& report);
   // Counts a malformed report (refused and malformed) and logs it, rate-limited.
   void RefuseMalformed(const std::string& why);
-  void HandleAck(const nq::v1::UnmapAck& ack);
+  void HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
   // The predictor state file of this worker's rank (empty without predictor_state_dir).
@@ -168,11 +197,17 @@ class SlotLoader {
   // Serves queued loads: from the bounce cache, or by issuing reads while the queue depth and
   // a buffer allow; READY changes and eager unmaps go into `update`.
   void Pump(nq::v1::SlotTableUpdate& update);
-  // Copies `record` into LOADING `slot` and adds READY (and the victim's unmap, lazy eviction)
-  // to `update`. On a failed copy the slot is FREE again and the expert marked failed.
-  void Land(size_t layer_index, uint32_t slot, const Want& want, std::span<const std::byte> record,
-            nq::v1::SlotTableUpdate& update);
+  // Copies rank `rank`'s `record` into its arena's LOADING slot; false (logged) when it could not.
+  bool CopyIntoSlot(uint32_t rank, size_t layer_index, uint32_t slot, const Want& want,
+                    std::span<const std::byte> record);
+  // Every rank's read of `load` is done: READY (and the victim's unmap, lazy eviction) into
+  // `update`; or, when one failed, the slot FREE again and the expert marked failed.
+  void Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update);
+  // Starts `want` into reserved `slot`: cache hits copied now, reads issued for the rest.
+  void StartLoad(size_t layer_index, uint32_t slot, const Want& want, nq::v1::SlotTableUpdate& update);
   void Reap();
+  // The member serving `rank` (a single worker: its own rank), or null.
+  RegisteredWorker* Member(uint32_t rank) const;
   // Reads issued and not cancelled (what the worker may still see land).
   size_t LiveReads() const;
   // Sends `update` with the next generation; false when the session is gone.
@@ -180,8 +215,14 @@ class SlotLoader {
   uint64_t BacklogBytes() const;
   void PublishGauges();
 
+  // By rank: one worker, or every rank of a group. worker_ is members_[0] (the geometry, the
+  // session, the name in logs).
+  const std::vector<std::shared_ptr<RegisteredWorker>> members_;
   const std::shared_ptr<RegisteredWorker> worker_;
   const std::unique_ptr<RecordStore> store_;
+  // Reads outstanding at once: the store's queue depth, at least one per member so a group's
+  // load can always be issued whole.
+  const size_t read_depth_;
   const EventFd wake_;  // signalled after every queued event and by Stop
   const SlotLoaderOptions options_;
   LoaderMetrics* const metrics_;
@@ -203,6 +244,10 @@ class SlotLoader {
   std::vector<size_t> predictor_layer_index_;  // their index in the geometry
   std::deque<Want> queue_;             // loads not yet submitted, in priority order
   std::map<uint64_t, Read> in_flight_;  // by read tag, cancelled ones until they complete
+  std::map<uint64_t, GroupLoad> loads_;  // by load id, while reads of it are outstanding
+  uint64_t next_load_ = 1;
+  // Ranks that acknowledged the unmap of each UNMAPPING (layer index, slot) so far.
+  std::map<std::pair<size_t, uint32_t>, std::set<uint32_t>> unmap_acked_;
   size_t landing_ = 0;  // reads Reap has taken out of in_flight_ and not yet copied
   std::vector<unsigned> prepared_buffers_;  // PrepareSource'd, released at destruction
   BounceCache cache_;                       // over prepared_buffers_

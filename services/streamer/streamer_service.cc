@@ -34,7 +34,23 @@ StreamerService::StreamerService(WorkerRegistry* registry, metrics::Registry& me
                                   "Slot unmap acknowledgements received from workers").Get()),
       sessions_failed_(metrics.Counter("nq_streamer_sessions_failed_total",
                                        "Worker sessions the streamer ended because their slot loader could not "
-                                       "start (the worker retries)").Get()) {}
+                                       "start (the worker retries)").Get()),
+      follower_reports_dropped_(metrics.Counter("nq_streamer_follower_reports_dropped_total",
+                                                "Routing reports from ranks > 0 of a tensor-parallel group, or sent "
+                                                "before the group's loader started (rank 0's reports are the group's)")
+                                    .Get()),
+      groups_([this](std::vector<std::shared_ptr<RegisteredWorker>> members, const nq::v1::SessionHello& hello,
+                     SlotLoader::Send send) -> absl::StatusOr<std::unique_ptr<SlotLoader>> {
+        {
+          absl::MutexLock lock(&files_mu_);
+          if (!loader_options_.has_value()) return nullptr;
+        }
+        ASSIGN_OR_RETURN(SlotLoaderOptions options, LoaderOptions());
+        ASSIGN_OR_RETURN(std::unique_ptr<SlotLoader> loader,
+                         SlotLoader::CreateForGroup(std::move(members), options, &loader_metrics_, std::move(send)));
+        RETURN_IF_ERROR(loader->Start(hello));
+        return loader;
+      }) {}
 
 absl::StatusOr<SlotLoaderOptions> StreamerService::LoaderOptions() {
   absl::MutexLock lock(&files_mu_);
@@ -97,6 +113,10 @@ grpc::Status StreamerService::Session(
       registry_->OpenSession(worker_id, [context] { context->TryCancel(); });
   if (!worker.ok()) return ToGrpcStatus(worker.status());
   const uint32_t rank = (*worker)->rank;
+  const std::string tp_group = (*worker)->tp_group;
+  if (!(*worker)->tp_group.empty() && !(*worker)->release_id.empty()) {
+    return GroupSession(context, *worker, hello, stream);
+  }
   sessions_active_.Increment();
   spdlog::info("session of worker {} open ({} READY slots, applied generation {})", worker_id,
                hello.ready_slots_size(), hello.applied_generation());
@@ -113,7 +133,7 @@ grpc::Status StreamerService::Session(
                   loader.status().ToString());
     worker->reset();
     sessions_active_.Decrement();
-    registry_->CloseSession(worker_id, rank);
+    registry_->CloseSession(worker_id, rank, tp_group);
     return ToGrpcStatus(Annotate(loader.status(), "streamer slot loader"));
   }
 
@@ -138,7 +158,55 @@ grpc::Status StreamerService::Session(
   loader->reset();
   worker->reset();
   sessions_active_.Decrement();
-  registry_->CloseSession(worker_id, rank);
+  registry_->CloseSession(worker_id, rank, tp_group);
+  return context->IsCancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled")
+                                : grpc::Status::OK;
+}
+
+grpc::Status StreamerService::GroupSession(
+    grpc::ServerContext* context, const std::shared_ptr<RegisteredWorker>& worker, const nq::v1::SessionHello& hello,
+    grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream) {
+  const std::string worker_id = worker->worker_id;
+  const std::string group = worker->tp_group;
+  const uint32_t rank = worker->rank;
+  sessions_active_.Increment();
+  spdlog::info("session of worker {} (rank {} of tensor-parallel group {}) open ({} READY slots, applied generation {})",
+               worker_id, rank, group, hello.ready_slots_size(), hello.applied_generation());
+  absl::Status joined = groups_.Join(
+      worker, hello, [stream](const nq::v1::StreamerMessage& out) { return stream->Write(out); },
+      [context] { context->TryCancel(); });
+  if (!joined.ok()) {
+    sessions_failed_.Increment();
+    spdlog::error("worker {}: session ended, its group's slot loader could not start: {}", worker_id,
+                  joined.ToString());
+    groups_.Leave(group, rank, worker_id);
+    sessions_active_.Decrement();
+    registry_->CloseSession(worker_id, rank, group);
+    return ToGrpcStatus(Annotate(joined, "streamer group slot loader"));
+  }
+  nq::v1::WorkerMessage message;
+  while (stream->Read(&message)) {
+    switch (message.message_case()) {
+      case nq::v1::WorkerMessage::kRouting:
+        routing_reports_.Increment();
+        routing_tokens_.Increment(message.routing().num_tokens());
+        if (!groups_.OnRouting(group, rank, std::move(*message.mutable_routing()))) {
+          follower_reports_dropped_.Increment();
+        }
+        break;
+      case nq::v1::WorkerMessage::kUnmapAck:
+        unmap_acks_.Increment();
+        groups_.OnUnmapAck(group, rank, std::move(*message.mutable_unmap_ack()));
+        break;
+      default:
+        spdlog::warn("worker {} sent an unexpected {} message; ignored", worker_id,
+                     static_cast<int>(message.message_case()));
+    }
+  }
+  // Stops the group's loader before this rank's arena can be unmapped.
+  groups_.Leave(group, rank, worker_id);
+  sessions_active_.Decrement();
+  registry_->CloseSession(worker_id, rank, group);
   return context->IsCancelled() ? grpc::Status(grpc::StatusCode::CANCELLED, "session cancelled")
                                 : grpc::Status::OK;
 }

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nq/v1/streamer.grpc.pb.h"
 #include "services/common/metrics/registry.h"
+#include "services/streamer/group_sessions.h"
 #include "services/streamer/slot_loader.h"
 #include "services/streamer/worker_registry.h"
 
@@ -47,6 +48,12 @@ class StreamerService final : public nq::v1::Streamer::Service {
       const std::shared_ptr<RegisteredWorker>& worker, const nq::v1::SessionHello& hello,
       grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream);
 
+  // The session of one rank of a tensor-parallel group (group_sessions.h), after its hello.
+  grpc::Status GroupSession(
+      grpc::ServerContext* context, const std::shared_ptr<RegisteredWorker>& worker,
+      const nq::v1::SessionHello& hello,
+      grpc::ServerReaderWriter<nq::v1::StreamerMessage, nq::v1::WorkerMessage>* stream);
+
   WorkerRegistry* const registry_;
   absl::Mutex files_mu_;
   std::optional<SlotLoaderOptions> loader_options_ ABSL_GUARDED_BY(files_mu_);
@@ -58,6 +65,8 @@ class StreamerService final : public nq::v1::Streamer::Service {
   metrics::Counter& routing_tokens_;
   metrics::Counter& unmap_acks_;
   metrics::Counter& sessions_failed_;
+  metrics::Counter& follower_reports_dropped_;
+  GroupSessions groups_;
 };
 
 }  // namespace nq::streamer

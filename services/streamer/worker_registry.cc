@@ -43,6 +43,10 @@ bool ProcessGoneWithin(uint32_t pid, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
+std::string SessionKey(const std::string& tp_group, uint32_t rank) {
+  return tp_group.empty() ? absl::StrCat(rank) : absl::StrCat(tp_group, "/", rank);
+}
+
 WorkerRegistry::WorkerRegistry(metrics::Registry& metrics, std::string release_id)
     : release_id_(std::move(release_id)),
       workers_gauge_(metrics.Gauge("nq_streamer_workers_registered",
@@ -57,6 +61,11 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
     return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " of world size ",
                                                    request.world_size(), " is out of range"));
   }
+  // A group's ranks load together (group_sessions.h): a streaming rank must say which group.
+  if (request.world_size() > 1 && !request.release_id().empty() && request.tp_group().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " of world size ", request.world_size(),
+                                                   " streams experts but names no tensor-parallel group (tp_group)"));
+  }
   ASSIGN_OR_RETURN(SlotGeometry geometry, SlotGeometry::FromProto(request.geometry()));
   if (!release_id_.empty() && !request.release_id().empty() && request.release_id() != release_id_) {
     return absl::FailedPreconditionError(absl::StrCat("the worker serves release ", request.release_id(),
@@ -67,6 +76,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   auto worker = std::make_shared<RegisteredWorker>();
   worker->rank = request.rank();
   worker->world_size = request.world_size();
+  worker->tp_group = request.tp_group();
   worker->pid = request.pid();
   worker->hostname = request.hostname();
   worker->release_id = request.release_id();
@@ -74,17 +84,35 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   worker->arena = std::move(arena);
 
   absl::MutexLock lock(&mu_);
+  // Every rank of a group must agree on its size and release: one predictor decides for all of
+  // them and each loads its own rank's records of the same experts.
+  if (!request.tp_group().empty()) {
+    for (const auto& [id, other] : workers_) {
+      if (other->tp_group != request.tp_group() || other->rank == request.rank()) continue;
+      if (other->world_size != request.world_size()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor-parallel group ", request.tp_group(), " has world size ", other->world_size, " (rank ",
+            other->rank, ", worker ", id, "); rank ", request.rank(), " registered with world size ",
+            request.world_size()));
+      }
+      if (other->release_id != request.release_id()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor-parallel group ", request.tp_group(), " serves release '", other->release_id, "' (rank ",
+            other->rank, "); rank ", request.rank(), " registered with release '", request.release_id(), "'"));
+      }
+    }
+  }
   // A second live process claiming a rank that has a session is refused; a restarted worker
   // (its predecessor's process gone, or on another host where we cannot tell) replaces it.
   for (const auto& [id, other] : workers_) {
-    if (other->rank == request.rank() && other->session_active && other->pid != request.pid() &&
+    if (other->rank == request.rank() && other->tp_group == request.tp_group() && other->session_active && other->pid != request.pid() &&
         other->hostname == request.hostname() && !ProcessGone(other->pid)) {
       return absl::AlreadyExistsError(absl::StrCat("rank ", request.rank(), " is served by live process ", other->pid,
                                                    " (worker ", id, ")"));
     }
   }
   for (auto it = workers_.begin(); it != workers_.end();) {
-    if (it->second->rank == request.rank()) {
+    if (it->second->rank == request.rank() && it->second->tp_group == request.tp_group()) {
       spdlog::info("rank {} registered again: dropping its earlier registration {}{}", request.rank(), it->first,
                    it->second->session_active ? " and ending its session" : "");
       // Its loader may still be writing the arena (the same one, when the same process
@@ -95,7 +123,9 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
       ++it;
     }
   }
-  worker->worker_id = absl::StrCat("r", request.rank(), "-", next_id_++);
+  worker->worker_id = request.tp_group().empty()
+                          ? absl::StrCat("r", request.rank(), "-", next_id_++)
+                          : absl::StrCat(request.tp_group(), ":r", request.rank(), "-", next_id_++);
   const std::string id = worker->worker_id;
   spdlog::info("registered worker {} (pid {}, {} MoE layers x {} slots x {} bytes, arena {})", id,
                worker->pid, worker->geometry.moe_layer_ids.size(), worker->geometry.slots_per_layer,
@@ -121,12 +151,13 @@ absl::StatusOr<std::shared_ptr<RegisteredWorker>> WorkerRegistry::OpenSession(co
   // One session per rank writes its arena: a replaced registration's session was cancelled by
   // Register, and this one starts once that one has closed.
   const uint32_t rank = it->second->rank;
-  const auto no_other_session = [this, rank]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto open = open_sessions_.find(rank);
+  const std::string key = SessionKey(it->second->tp_group, rank);
+  const auto no_other_session = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto open = open_sessions_.find(key);
     return open == open_sessions_.end() || open->second == 0;
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&no_other_session), wait)) {
-    return absl::UnavailableError(absl::StrCat("rank ", rank, "'s earlier session is still stopping its loader after ",
+    return absl::UnavailableError(absl::StrCat("rank ", key, "'s earlier session is still stopping its loader after ",
                                                absl::FormatDuration(wait), "; retry"));
   }
   it = workers_.find(worker_id);  // the lock was released while waiting
@@ -135,21 +166,21 @@ absl::StatusOr<std::shared_ptr<RegisteredWorker>> WorkerRegistry::OpenSession(co
   }
   it->second->session_active = true;
   it->second->cancel_session = std::move(cancel_session);
-  ++open_sessions_[rank];
+  ++open_sessions_[key];
   return it->second;
 }
 
-int WorkerRegistry::OpenSessions(uint32_t rank) const {
+int WorkerRegistry::OpenSessions(uint32_t rank, const std::string& tp_group) const {
   absl::MutexLock lock(&mu_);
-  auto open = open_sessions_.find(rank);
+  auto open = open_sessions_.find(SessionKey(tp_group, rank));
   return open == open_sessions_.end() ? 0 : open->second;
 }
 
-void WorkerRegistry::CloseSession(const std::string& worker_id, uint32_t rank) {
+void WorkerRegistry::CloseSession(const std::string& worker_id, uint32_t rank, const std::string& tp_group) {
   std::shared_ptr<RegisteredWorker> dropped;
   {
     absl::MutexLock lock(&mu_);
-    if (auto open = open_sessions_.find(rank); open != open_sessions_.end() && open->second > 0) --open->second;
+    if (auto open = open_sessions_.find(SessionKey(tp_group, rank)); open != open_sessions_.end() && open->second > 0) --open->second;
     auto it = workers_.find(worker_id);
     if (it == workers_.end()) return;
     dropped = std::move(it->second);

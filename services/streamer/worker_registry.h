@@ -23,6 +23,8 @@ struct RegisteredWorker {
   std::string worker_id;
   uint32_t rank = 0;
   uint32_t world_size = 0;
+  // The tensor-parallel group (RegisterWorkerRequest.tp_group); empty for a single worker.
+  std::string tp_group;
   uint32_t pid = 0;
   std::string hostname;
   std::string release_id;
@@ -33,6 +35,9 @@ struct RegisteredWorker {
   std::function<void()> cancel_session;
 };
 
+// Names one rank of one group (a single worker: its rank alone): one session at a time per key.
+std::string SessionKey(const std::string& tp_group, uint32_t rank);
+
 class WorkerRegistry {
  public:
   // `release_id`: the release this streamer serves (format::ReleaseId), or empty for none. A
@@ -40,7 +45,10 @@ class WorkerRegistry {
   explicit WorkerRegistry(metrics::Registry& metrics, std::string release_id = "");
 
   // Validates the request, maps the arena, and records the worker under a fresh id,
-  // replacing an earlier registration of the same rank (a restarted or reconnecting worker).
+  // replacing an earlier registration of the same rank of the same group (a restarted or
+  // reconnecting worker). A rank naming a group whose other registered ranks have another
+  // world size or release is refused (FAILED_PRECONDITION naming both), as is a rank of a
+  // streaming group (world_size > 1 with a release_id) that names no group (INVALID_ARGUMENT).
   // ALREADY_EXISTS when another live process on the same host holds that rank with an open
   // session. A replaced registration's open session is cancelled (cancel_session): the arena
   // may be the same one, and two loaders must never write it at once.
@@ -55,9 +63,9 @@ class WorkerRegistry {
       absl::Duration wait = absl::Seconds(10));
   // The session ended (its loader stopped): drop the worker and unmap its arena, and let a
   // waiting session of the same rank start.
-  void CloseSession(const std::string& worker_id, uint32_t rank);
-  // Sessions open now for `rank` (a replaced one counts until it closes).
-  int OpenSessions(uint32_t rank) const;
+  void CloseSession(const std::string& worker_id, uint32_t rank, const std::string& tp_group = "");
+  // Sessions open now for `rank` of `tp_group` (a replaced one counts until it closes).
+  int OpenSessions(uint32_t rank, const std::string& tp_group = "") const;
   size_t size() const;
   // Whether a worker with this id is registered (tests and status).
   bool Contains(const std::string& worker_id) const;
@@ -67,7 +75,8 @@ class WorkerRegistry {
 
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<RegisteredWorker>> workers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint32_t, int> open_sessions_ ABSL_GUARDED_BY(mu_);  // by rank, until CloseSession
+  // By SessionKey (group and rank), until CloseSession.
+  std::map<std::string, int> open_sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   const std::string release_id_;
   metrics::Gauge& workers_gauge_;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "services/worker/sampler.h"
+#include "services/worker/step_command.h"
 
 namespace nq::worker {
 
@@ -22,6 +23,9 @@ struct DraftRequest {
   int64_t first_position = 0;
   int64_t kept = 0;
   std::span<const float> hidden;
+  // The row of Model::last_hidden() where `hidden` starts: tensor-parallel followers take their
+  // own copy of the same rows (step_command.h, kForwardMtpLast).
+  int64_t hidden_row = 0;
   int num_drafts = 0;  // >= 0; 0 only keeps the drafter's state in step
 };
 
@@ -41,6 +45,9 @@ class Drafter {
   // cache only up to here (the runner recomputes the rest, feeding the drafter again).
   virtual int64_t CoveredPositions() const = 0;
   virtual absl::StatusOr<Drafts> Propose(const DraftRequest& request) = 0;
+  // Where a tensor-parallel leader sends the model operations drafting runs, so the other ranks
+  // run them too; a drafter that runs no model operations ignores it.
+  virtual void SetStepMirror(StepMirror* mirror) {}
 };
 
 }  // namespace nq::worker

@@ -262,16 +262,6 @@ absl::Status CheckFlags() {
           ": worker processes run tensor parallelism on the cpu backend only (shared memory); the NCCL "
           "communicator (kernels/comm/nccl_communicator.h) is not wired into the worker yet (issue #18)"));
     }
-    if (!absl::GetFlag(FLAGS_release).empty() && absl::GetFlag(FLAGS_expert_bits) == "dynamic") {
-      return absl::UnimplementedError(absl::StrCat(
-          "--world_size=", world, " with --expert_bits=dynamic: the streamer does not yet decide one set of 4-bit "
-          "experts for a whole tensor-parallel group (issue #18), so ranks would mix 2- and 4-bit halves of an "
-          "expert; serve static bits (--expert_bits=2, 4 or fixed)"));
-    }
-    if (absl::GetFlag(FLAGS_speculative_tokens) > 0) {
-      return absl::UnimplementedError(absl::StrCat("--speculative_tokens with --world_size=", world,
-                                                   ": MTP drafting is not mirrored to the other ranks yet"));
-    }
   }
   return absl::OkStatus();
 }
@@ -344,14 +334,71 @@ absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const rele
   return options;
 }
 
-// A rank > 0: no gRPC server (the router talks to rank 0), no slot arena or streamer session
-// (its experts have static bits); it follows rank 0's group until shutdown, and serves
-// /metrics and /health (200 while it is in a formed group) on --metrics_port.
+// How this rank registers with the streamer: its rank, group, release (none with static expert
+// bits: the streamer then loads nothing) and arena.
+StreamerClientOptions StreamerOptions(std::shared_ptr<const InternalTls> tls, const SlotArenaMemory& arena,
+                                      const release::ReleaseExpertDecoder* streamed_release) {
+  StreamerClientOptions client_options;
+  client_options.address = absl::GetFlag(FLAGS_streamer_address);
+  client_options.tls = std::move(tls);
+  client_options.rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank));
+  client_options.world_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size));
+  if (client_options.world_size > 1) client_options.tp_group = TpGroupName().value_or("");
+  client_options.arena_request.set_pid(static_cast<uint32_t>(getpid()));
+  char hostname[256] = {};
+  if (gethostname(hostname, sizeof(hostname) - 1) == 0) client_options.arena_request.set_hostname(hostname);
+  arena.Describe(client_options.arena_request);
+  if (streamed_release != nullptr) client_options.release_id = streamed_release->release().id();
+  return client_options;
+}
+
+// A follower's slots when it streams experts: the arena the streamer writes this rank's records
+// into, the table the leader's relayed updates change, and the session that registers the arena
+// and acknowledges unmaps (the group's updates reach it through the leader's step commands).
+struct FollowerSlots {
+  std::unique_ptr<SlotArenaMemory> arena;
+  std::unique_ptr<SlotTable> table;
+  std::unique_ptr<SlotRuntime> runtime;
+  std::unique_ptr<StreamerClient> streamer;
+};
+
+absl::StatusOr<FollowerSlots> StartFollowerSlots(model::Model& model, const release::ReleaseExpertDecoder* decoder,
+                                                 std::shared_ptr<const InternalTls> tls) {
+  FollowerSlots slots;
+  ASSIGN_OR_RETURN(SlotGeometry geometry, GeometryFromFlags(decoder, &model.config(), /*streaming=*/true));
+  ASSIGN_OR_RETURN(slots.arena, SlotArenaMemory::CreateHost(absl::GetFlag(FLAGS_rank), geometry.ArenaBytes()));
+  slots.table = std::make_unique<SlotTable>(geometry);
+  SlotArenaMemory* arena = slots.arena.get();
+  // No bounded wait for loads (--slot_wait_tokens): a follower's updates arrive with the command.
+  slots.runtime = std::make_unique<SlotRuntime>(
+      slots.table.get(), arena->host_view(), decoder,
+      SlotRuntimeOptions{.verify_slots = absl::GetFlag(FLAGS_verify_slots),
+                         .read_arena = [arena](uint64_t offset, std::span<std::byte> out) {
+                           return arena->Read(offset, out);
+                         }});
+  slots.runtime->SetGroupRole(SlotRuntime::GroupRole::kFollower);
+  model.SetSlotArena(ModelSlotArena(geometry, arena->base()));
+  model.SetExpertSlotTables(slots.runtime->SlotTables());
+  slots.streamer =
+      std::make_unique<StreamerClient>(StreamerOptions(std::move(tls), *arena, decoder), slots.runtime.get(), nullptr);
+  slots.streamer->Start();
+  return slots;
+}
+
+// A rank > 0: no gRPC server (the router talks to rank 0); it follows rank 0's group until
+// shutdown, and serves /metrics and /health (200 while it is in a formed group) on
+// --metrics_port. With dynamic experts it has a slot arena and a streamer session of its own
+// (StartFollowerSlots); with static bits, neither.
 absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCommunicator& group,
-                         const std::string& model_id, const release::ReleaseExpertDecoder* decoder) {
+                         const std::string& model_id, const release::ReleaseExpertDecoder* decoder,
+                         bool dynamic_experts, std::shared_ptr<const InternalTls> tls) {
   std::atomic<bool> stop{false};
   ASSIGN_OR_RETURN(const TpGroupOptions options, TpOptions(model_id, decoder, &stop));
   metrics::Registry& registry = metrics::Registry::Default();
+  FollowerSlots slots;
+  if (dynamic_experts) {
+    ASSIGN_OR_RETURN(slots, StartFollowerSlots(model, decoder, std::move(tls)));
+  }
   auto& joined_gauge = registry.Gauge("nq_worker_tp_group_joined", "1 while this rank is in a formed tensor-parallel group").Get();
   std::atomic<bool> joined{false};
   ASSIGN_OR_RETURN(std::unique_ptr<HttpServer> http_server,
@@ -366,7 +413,7 @@ absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCom
                    }));
   spdlog::info("nq-worker rank {}/{} (follower of group {}): metrics on :{}", options.rank,
                options.identity.world_size, options.shm_name, http_server->port());
-  TpFollower follower(options, &group, &model, [&](bool now_joined) {
+  TpFollower follower(options, &group, &model, slots.runtime.get(), [&](bool now_joined) {
     joined = now_joined;
     joined_gauge.Set(now_joined ? 1 : 0);
   });
@@ -378,6 +425,7 @@ absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCom
   shutdown.Wait();
   stop = true;
   follow.join();
+  if (slots.streamer != nullptr) slots.streamer->Stop();
   http_server->Stop();
   if (!result.ok()) return result;
   spdlog::info("nq-worker rank {} stopped", options.rank);
@@ -451,7 +499,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   } else if (!absl::GetFlag(FLAGS_release).empty()) {
     return absl::InvalidArgumentError("--release needs --model");
   }
-  if (rank > 0) return RunFollower(shutdown, *model, *group, model_id, decoder.get());
+  if (rank > 0) return RunFollower(shutdown, *model, *group, model_id, decoder.get(), dynamic_experts, tls);
   ASSIGN_OR_RETURN(SlotGeometry geometry,
                    GeometryFromFlags(decoder.get(), model != nullptr ? &model->config() : nullptr, dynamic_experts));
   if (decoder != nullptr) {
@@ -482,6 +530,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
                           return arena->Read(offset, out);
                         },
                     });
+  // A group's leader applies the streamer's updates only at step starts and relays them to the
+  // other ranks in the step command (slot_runtime.h).
+  if (world > 1 && dynamic_experts) slots.SetGroupRole(SlotRuntime::GroupRole::kLeader);
   if (model != nullptr && dynamic_experts) {
     // The kernels read residuals in place from the arena the streamer writes. A step reads the
     // slot table once, between steps, and ends synchronised with the device (its logits come
@@ -523,6 +574,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
   std::unique_ptr<TpLeader> tp_leader;
   std::atomic<bool> group_ready{world == 1};
   std::function<void()> update_serving = [] {};  // set once the gRPC server exists
+  // Set once the streamer client exists: a newly formed group whose leader had to clear its slot
+  // table registers again, so the streamer adopts the empty table.
+  std::atomic<StreamerClient*> resync_streamer{nullptr};
   if (world > 1) {
     ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop));
     // on_ready is set below, once the servers it drives exist; the manager starts after that.
@@ -536,6 +590,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
       group_ready = ready;
       formed.Set(ready ? 1 : 0);
       if (ready) reformed.Increment();
+      // Every rank of the new group starts from an empty slot table (the followers clear theirs
+      // when they join); no sequence runs while the manager forms a group.
+      if (ready && dynamic_experts && slots.ResetForNewGroup()) {
+        if (StreamerClient* client = resync_streamer.load(); client != nullptr) client->Resync();
+      }
       update_serving();
     });
     service.SetTensorParallelLeader(tp_leader.get());
@@ -594,24 +653,16 @@ absl::Status Run(ShutdownSignal& shutdown) {
   };
   if (tp_leader != nullptr) tp_leader->Start();
 
-  StreamerClientOptions client_options;
-  client_options.address = absl::GetFlag(FLAGS_streamer_address);
-  client_options.tls = tls;
-  client_options.rank = static_cast<uint32_t>(rank);
-  client_options.world_size = static_cast<uint32_t>(absl::GetFlag(FLAGS_world_size));
-  client_options.arena_request.set_pid(static_cast<uint32_t>(getpid()));
-  char hostname[256] = {};
-  if (gethostname(hostname, sizeof(hostname) - 1) == 0) client_options.arena_request.set_hostname(hostname);
-  arena->Describe(client_options.arena_request);
   // A worker with static expert bits asks for no loads: the streamer sees no release id.
-  if (dynamic_experts) client_options.release_id = decoder->release().id();
-  StreamerClient streamer(std::move(client_options), &slots, [&](bool connected) {
+  StreamerClient streamer(StreamerOptions(tls, *arena, dynamic_experts ? decoder.get() : nullptr), &slots,
+                          [&](bool connected) {
     service.SetStreamerConnected(connected);
     if (connected && !streamer_accepted.exchange(true)) update_serving();
   });
   service.SetRoutingSink([&streamer](nq::v1::RoutingReport report) {
     streamer.EnqueueRoutingReport(std::move(report));
   });
+  resync_streamer = &streamer;
   streamer.Start();
 
   shutdown.Wait();
@@ -621,6 +672,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   grpc_server->Drain(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(static_cast<int64_t>(
                          absl::GetFlag(FLAGS_drain_timeout_s) * 1000)));
+  resync_streamer = nullptr;
   streamer.Stop();
   // The other ranks go back to waiting for a group (a restarted rank 0 forms it again).
   tp_stop = true;

@@ -50,6 +50,14 @@ absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, uint64_t posit
   return absl::OkStatus();
 }
 
+absl::Status MtpDrafter::Mirror(StepCommand::Op op, int64_t position, std::span<const int32_t> tokens,
+                                int64_t hidden_row) {
+  if (mirror_ == nullptr) return absl::OkStatus();
+  StepCommand command{.op = op, .position = position, .hidden_row = hidden_row};
+  command.tokens.assign(tokens.begin(), tokens.end());
+  return mirror_->Mirror(command);
+}
+
 absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
   const int64_t D = model_->config().hidden_size;
   // Every kept position needs the token after it.
@@ -64,9 +72,11 @@ absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
     return absl::InternalError(absl::StrCat("MtpDrafter: the MTP cache covers ", model_->mtp_cache_length(),
                                             " positions, the kept run starts at ", r.first_position));
   }
+  RETURN_IF_ERROR(Mirror(StepCommand::Op::kTruncateMtpCache, r.first_position));
   RETURN_IF_ERROR(model_->TruncateMtpCache(r.first_position));
   const std::span<const int32_t> next_tokens = r.sequence.subspan(static_cast<size_t>(r.first_position + 1),
                                                                   static_cast<size_t>(r.kept));
+  RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardMtpLast, model_->mtp_cache_length(), next_tokens, r.hidden_row));
   ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));
   Drafts drafts;
   if (r.num_drafts == 0) return drafts;
@@ -75,7 +85,10 @@ absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
   while (static_cast<int>(drafts.tokens.size()) < r.num_drafts) {
     const std::vector<float> state = model_->last_mtp_hidden();
     const std::span<const float> last_state = std::span<const float>(state).last(static_cast<size_t>(D));
-    ASSIGN_OR_RETURN(logits, model_->ForwardMtpLast(std::span<const int32_t>(&drafts.tokens.back(), 1), last_state));
+    const std::span<const int32_t> draft(&drafts.tokens.back(), 1);
+    RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardMtpLast, model_->mtp_cache_length(), draft,
+                           StepCommand::kLastMtpHidden));
+    ASSIGN_OR_RETURN(logits, model_->ForwardMtpLast(draft, last_state));
     RETURN_IF_ERROR(DraftFrom(logits, r.sequence.size() + drafts.tokens.size(), drafts));
   }
   return drafts;

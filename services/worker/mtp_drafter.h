@@ -24,13 +24,21 @@ class MtpDrafter final : public Drafter {
   absl::Status BeginSequence(const SamplingConfig& sampling) override;
   int64_t CoveredPositions() const override { return model_->mtp_cache_length(); }
   absl::StatusOr<Drafts> Propose(const DraftRequest& request) override;
+  // Each MTP cache truncation and forward goes to the other ranks first (the MTP layer is
+  // sharded: its forwards are collectives).
+  void SetStepMirror(StepMirror* mirror) override { mirror_ = mirror; }
 
  private:
   // The draft for sequence position `position` after one row of MTP logits, appended to
   // `drafts`. Draws are keyed by position (PositionSeed), like the verifying sampler's.
   absl::Status DraftFrom(std::span<const float> logits, uint64_t position, Drafts& drafts);
 
+  // Sends a model operation to the other ranks (no-op without a group).
+  absl::Status Mirror(StepCommand::Op op, int64_t position, std::span<const int32_t> tokens = {},
+                      int64_t hidden_row = 0);
+
   model::Model* const model_;
+  StepMirror* mirror_ = nullptr;
   bool greedy_ = true;
   // The draft distribution: the request's temperature, top-k, top-p and logit_bias, no
   // penalties (the drafter does not see which drafts are kept). Any distribution keeps the

@@ -48,6 +48,7 @@ absl::Status SequenceRunner::FeedDrafter(std::span<const int32_t> sequence, int6
                             .first_position = first + fed,
                             .kept = n,
                             .hidden = hidden.subspan(static_cast<size_t>(fed * D), static_cast<size_t>(n * D)),
+                            .hidden_row = fed,
                             .num_drafts = 0,
                         })
                         .status());
@@ -74,9 +75,11 @@ absl::StatusOr<bool> SequenceRunner::PrefillLeadingChunks(std::vector<int32_t>& 
     }
     const std::span<const int32_t> chunk = std::span<const int32_t>(input).subspan(done, C);
     const int64_t first = model_->cache_length();
-    RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardLast, first, 0, chunk));
+    // The step begins before the command goes out: the slot updates it applies ride along, so
+    // the other ranks run this chunk with the same table.
     if (slots_ != nullptr) slots_->BeginStep(0);
-    const absl::Status status = model_->ForwardLast(chunk).status();
+    absl::Status status = Mirror(StepCommand::Op::kForwardLast, first, 0, chunk);
+    if (status.ok()) status = model_->ForwardLast(chunk).status();
     if (slots_ != nullptr) slots_->EndStep();
     RETURN_IF_ERROR(status);
     cached_tokens_.insert(cached_tokens_.end(), chunk.begin(), chunk.end());
@@ -98,6 +101,9 @@ absl::Status SequenceRunner::Mirror(StepCommand::Op op, int64_t position, uint64
   if (mirror_ == nullptr) return absl::OkStatus();
   StepCommand command{.op = op, .position = position, .sequence = sequences_, .step = step};
   command.tokens.assign(tokens.begin(), tokens.end());
+  // The slot updates this rank applied at this step's start (a group's leader applies only
+  // there): every rank applies them before running the command.
+  if (slots_ != nullptr) command.slot_updates = slots_->TakeRelayed();
   return mirror_->Mirror(command);
 }
 
@@ -243,6 +249,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
                                    .kept = kept - fed,
                                    .hidden = std::span<const float>(hidden).subspan(static_cast<size_t>(fed) * D,
                                                                                     static_cast<size_t>(kept - fed) * D),
+                                   .hidden_row = fed,
                                    .num_drafts = want,
                                }));
     }

@@ -95,6 +95,8 @@ class SequenceRunner {
   void SetDrafter(Drafter* drafter, int num_drafts) {
     drafter_ = drafter;
     num_drafts_ = drafter != nullptr ? num_drafts : 0;
+    // A tensor-parallel group's ranks run the drafter's model operations too.
+    if (drafter_ != nullptr) drafter_->SetStepMirror(mirror_);
   }
   // Called after each main-model forward with how many of its leading tokens were kept: all
   // of a prefill's; of a verification, one per token it emitted (the last token and the
@@ -105,7 +107,10 @@ class SequenceRunner {
   // Tensor parallelism across processes: every cache operation and forward is first sent to
   // `mirror` (the other ranks run it on their shards); a failure to send fails the sequence.
   // Null: one rank. Speculative decoding is not mirrored (main.cc refuses both together).
-  void SetStepMirror(StepMirror* mirror) { mirror_ = mirror; }
+  void SetStepMirror(StepMirror* mirror) {
+    mirror_ = mirror;
+    if (drafter_ != nullptr) drafter_->SetStepMirror(mirror);
+  }
   // Forgets the cached prefix (the next prompt is computed whole) and resets the model's
   // cache, without mirroring: for a tensor-parallel group that re-formed, whose ranks start
   // with empty caches.
@@ -125,7 +130,8 @@ class SequenceRunner {
   absl::StatusOr<bool> PrefillLeadingChunks(std::vector<int32_t>& input, std::span<const int32_t> prompt,
                                             const std::function<bool()>& cancelled);
   // Feeds the drafter the prefill positions [first, first + count) whose final-normed states
-  // are `hidden`, chunk by chunk, without drafting.
+  // are `hidden` (the model's last_hidden(), from its row 0: tensor-parallel followers take the
+  // same rows of theirs), chunk by chunk, without drafting.
   absl::Status FeedDrafter(std::span<const int32_t> sequence, int64_t first, int64_t count,
                            std::span<const float> hidden);
 

@@ -1,6 +1,8 @@
 #include "services/worker/slot_runtime.h"
 
 #include <algorithm>
+#include <chrono>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -69,11 +71,59 @@ void SlotRuntime::SetAckSink(std::function<void(nq::v1::UnmapAck)> sink) {
 }
 
 void SlotRuntime::Post(nq::v1::SlotTableUpdate update) {
+  const GroupRole role = role_.load();
   {
     absl::MutexLock lock(&pending_mu_);
+    if (role == GroupRole::kFollower || awaiting_hello_) {
+      // A follower's updates come with the leader's step commands; after a reset, the session's
+      // updates describe a table this rank no longer holds.
+      static LogRateLimiter ignored_log(std::chrono::seconds(10));
+      if (long n = ignored_log.Allow()) {
+        spdlog::warn("slot-table update generation {} from the streamer ignored ({}; {} since last report)",
+                     update.generation(),
+                     role == GroupRole::kFollower ? "a follower rank applies its leader's" : "awaiting a new session",
+                     n);
+      }
+      return;
+    }
     pending_.push_back(std::move(update));
   }
-  TryApplyNow();
+  // A group's leader applies only at its steps' start, so the update rides the step command.
+  if (role == GroupRole::kNone) TryApplyNow();
+}
+
+void SlotRuntime::SetGroupRole(GroupRole role) { role_.store(role); }
+
+std::vector<nq::v1::SlotTableUpdate> SlotRuntime::TakeRelayed() {
+  absl::MutexLock lock(&pending_mu_);
+  return std::exchange(relayed_, {});
+}
+
+bool SlotRuntime::ResetForNewGroup() {
+  absl::MutexLock step(&step_mu_);
+  absl::MutexLock lock(&pending_mu_);
+  if (table_->applied_generation() == 0 && table_->ReadySlots().empty() && relayed_.empty()) {
+    // Nothing applied yet: every rank starts from this empty table; queued updates stay.
+    return false;
+  }
+  spdlog::info("slot table cleared for a newly formed tensor-parallel group ({} READY slots, generation {}, {} "
+               "updates not yet applied dropped)",
+               table_->ReadySlots().size(), table_->applied_generation(), pending_.size());
+  table_->Clear();
+  pending_.clear();
+  relayed_.clear();
+  awaiting_hello_ = true;
+  loads_in_flight_.store(0);
+  table_version_.fetch_add(1);
+  slot_hash_.clear();
+  ready_count_.store(0);
+  slots_ready_.Set(0);
+  return true;
+}
+
+void SlotRuntime::BeginRelayedStep(uint32_t request_token, std::span<const nq::v1::SlotTableUpdate> updates) {
+  BeginStep(request_token);
+  for (const nq::v1::SlotTableUpdate& update : updates) Apply(update);
 }
 
 void SlotRuntime::TryApplyNow() {
@@ -95,6 +145,7 @@ std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SlotRuntime::SnapshotForHell
       spdlog::info("dropping {} slot-table updates of the previous streamer session", pending_.size());
       pending_.clear();
     }
+    awaiting_hello_ = false;
   }
   loads_in_flight_.store(0);
   return {table_->ReadySlots(), table_->applied_generation()};
@@ -102,6 +153,7 @@ std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SlotRuntime::SnapshotForHell
 
 void SlotRuntime::BeginStep(uint32_t request_token) {
   step_mu_.Lock();
+  current_step_.store(request_token);
   ApplyPending();
   if (request_token < options_.wait_tokens && options_.wait_per_step > absl::ZeroDuration() && loads_in_flight_.load() > 0) {
     const absl::Time start = absl::Now();
@@ -121,8 +173,11 @@ void SlotRuntime::BeginStep(uint32_t request_token) {
 
 void SlotRuntime::EndStep() {
   if (options_.verify_slots) VerifySlots();
-  ApplyPending();
+  // A group's leader applies at the next step's start, where the command relays it.
+  const bool apply_now = role_.load() == GroupRole::kNone;
+  if (apply_now) ApplyPending();
   step_mu_.Unlock();
+  if (!apply_now) return;
   bool more;
   {
     absl::MutexLock lock(&pending_mu_);
@@ -194,6 +249,16 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
   }
   updates_applied_.Increment();
   table_version_.fetch_add(1);
+  if (const GroupRole role = role_.load(); role != GroupRole::kNone) {
+    if (role == GroupRole::kLeader) {
+      absl::MutexLock lock(&pending_mu_);
+      relayed_.push_back(update);
+    }
+    // The same line on every rank of the group (tests compare them): a rank that applied
+    // another table, or at another step, would show it here.
+    spdlog::info("slot table generation {} applied before step {}: {} READY slots, digest {:016x}",
+                 update.generation(), current_step_.load(), table_->ReadySlots().size(), table_->Digest());
+  }
   loads_in_flight_.store(update.loads_in_flight());
   for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
   if (options_.verify_slots) {

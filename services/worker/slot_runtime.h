@@ -9,6 +9,13 @@
 //
 // A step holds the step gate from BeginStep to EndStep; updates are applied under it, so a
 // step never sees the table, or a slot's bytes, change.
+//
+// In a tensor-parallel group (issue #18) every rank must apply the same updates before the same
+// step. The streamer sends the group's updates to rank 0 only; rank 0 (GroupRole::kLeader)
+// applies them only at BeginStep, never between requests, and hands each applied update to the
+// next step command (TakeRelayed); the other ranks (kFollower) apply the command's updates
+// before running it (BeginRelayedStep) and send their own unmap acks. Each applied update is
+// logged with its step and the table's digest, the same line on every rank.
 #pragma once
 
 #include <atomic>
@@ -52,6 +59,8 @@ model::Model::SlotArena ModelSlotArena(const SlotGeometry& geometry, const std::
 
 class SlotRuntime {
  public:
+  enum class GroupRole { kNone, kLeader, kFollower };
+
   // `arena`: this worker's host view of its slot arena (for --verify_slots; empty when the
   // arena lives in device memory, which options.read_arena then reads). `decoder` (the served release) gives record sizes; it may
   // be null: the table is still kept, but every expert runs at 2 bits.
@@ -67,8 +76,21 @@ class SlotRuntime {
   // READY slots and the applied generation.
   std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SnapshotForHello();
 
+  // --- Tensor parallelism. Set once, before the first step.
+  void SetGroupRole(GroupRole role);
+  // Leader: the updates applied since the last call, in order, for the step command that follows.
+  std::vector<nq::v1::SlotTableUpdate> TakeRelayed();
+  // A newly formed group (leader: its manager formed it; follower: it joined): every rank's
+  // table must start equal, so a table that holds anything is cleared, updates not yet applied
+  // or relayed are dropped, and the session's updates are ignored until its next hello. Returns
+  // whether it cleared anything (the leader then registers with the streamer again, so the
+  // streamer adopts the empty table). Between steps only.
+  bool ResetForNewGroup();
+
   // --- The decode loop. `request_token`: the step's index within its request (0 = prefill).
   void BeginStep(uint32_t request_token);
+  // Follower: BeginStep, then the leader's `updates` for this step (step_command.h).
+  void BeginRelayedStep(uint32_t request_token, std::span<const nq::v1::SlotTableUpdate> updates);
   void EndStep();
   // The slot (of the layer's row in the arena) holding (layer, expert)'s READY residual, or -1
   // (2 bits). Only during a step. Counts `tokens` expert calls at 4 or 2 bits.
@@ -121,6 +143,12 @@ class SlotRuntime {
   mutable absl::Mutex pending_mu_;
   std::deque<nq::v1::SlotTableUpdate> pending_ ABSL_GUARDED_BY(pending_mu_);
   std::function<void(nq::v1::UnmapAck)> ack_sink_ ABSL_GUARDED_BY(pending_mu_);
+  std::atomic<GroupRole> role_{GroupRole::kNone};
+  std::vector<nq::v1::SlotTableUpdate> relayed_ ABSL_GUARDED_BY(pending_mu_);  // leader
+  // After ResetForNewGroup until the next SnapshotForHello: the session's updates describe a
+  // table this rank no longer holds.
+  bool awaiting_hello_ ABSL_GUARDED_BY(pending_mu_) = false;
+  std::atomic<uint32_t> current_step_{0};  // the step the last BeginStep began (logs)
 
   // Guarded by step_mu_ (read during a step, written while applying).
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots

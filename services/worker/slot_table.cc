@@ -1,5 +1,7 @@
 #include "services/worker/slot_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace nq::worker {
@@ -79,6 +81,34 @@ std::optional<uint32_t> SlotTable::SlotOf(uint32_t layer_id, uint32_t expert) co
   const int32_t slot = expert_slot_[*layer_index * geometry_.experts_per_layer + expert];
   if (slot == kNoExpert) return std::nullopt;
   return static_cast<uint32_t>(slot);
+}
+
+void SlotTable::Clear() {
+  absl::MutexLock lock(&mu_);
+  applied_generation_ = 0;
+  std::fill(slots_.begin(), slots_.end(), Slot{});
+  std::fill(expert_slot_.begin(), expert_slot_.end(), kNoExpert);
+}
+
+uint64_t SlotTable::Digest() const {
+  // FNV-1a 64 (offset basis and prime from the FNV specification).
+  constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+  constexpr uint64_t kFnvPrime = 1099511628211ull;
+  uint64_t hash = kFnvOffset;
+  const auto mix = [&hash](uint32_t value) {
+    for (int b = 0; b < 4; ++b) {
+      hash ^= (value >> (8 * b)) & 0xff;
+      hash *= kFnvPrime;
+    }
+  };
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].expert == kNoExpert) continue;
+    mix(geometry_.moe_layer_ids[i / geometry_.slots_per_layer]);
+    mix(static_cast<uint32_t>(i % geometry_.slots_per_layer));
+    mix(static_cast<uint32_t>(slots_[i].expert));
+  }
+  return hash;
 }
 
 std::vector<nq::v1::SlotEntry> SlotTable::ReadySlots() const {

@@ -32,6 +32,13 @@ class SlotTable {
   // runs at 2 bits.
   std::optional<uint32_t> SlotOf(uint32_t layer_id, uint32_t expert) const;
 
+  // Forgets every slot and the applied generation (a rank of a newly formed tensor-parallel
+  // group: the table must start where every other rank's does). Between steps only.
+  void Clear();
+  // A digest of the READY slots (layer, slot, expert), the same on every host and build (FNV-1a,
+  // not absl::Hash, which is seeded per process): ranks of a group compare tables by it.
+  uint64_t Digest() const;
+
   // The READY slots, for a session hello after a streamer restart.
   std::vector<nq::v1::SlotEntry> ReadySlots() const;
   uint64_t applied_generation() const;

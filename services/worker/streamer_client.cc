@@ -1,6 +1,7 @@
 #include "services/worker/streamer_client.h"
 
 #include <random>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -93,6 +94,12 @@ void StreamerClient::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void StreamerClient::Resync() {
+  absl::MutexLock lock(&mu_);
+  resync_ = true;
+  if (session_context_ != nullptr) session_context_->TryCancel();
+}
+
 bool StreamerClient::SleepUnlessStopped(std::chrono::milliseconds duration) {
   absl::MutexLock lock(&mu_);
   auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
@@ -121,6 +128,10 @@ void StreamerClient::Run() {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) break;
+      if (std::exchange(resync_, false)) {
+        spdlog::info("registering with streamer {} again: this rank's slot table was reset", options_.address);
+        continue;
+      }
     }
     failures_.Increment();
     if (long calls = limiter.Allow()) {
@@ -142,6 +153,7 @@ absl::Status StreamerClient::RunSession() {
   nq::v1::RegisterWorkerRequest request = options_.arena_request;
   request.set_rank(options_.rank);
   request.set_world_size(options_.world_size);
+  request.set_tp_group(options_.tp_group);
   request.set_release_id(options_.release_id);
   *request.mutable_geometry() = runtime_->table().geometry().ToProto();
 
@@ -165,6 +177,8 @@ absl::Status StreamerClient::RunSession() {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("stopping");
     session_context_ = &context;
+    // The hello below snapshots the table as it is now: an earlier Resync is served by it.
+    resync_ = false;
   }
   auto clear_context = [this] {
     absl::MutexLock lock(&mu_);

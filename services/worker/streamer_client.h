@@ -27,6 +27,8 @@ struct StreamerClientOptions {
   std::shared_ptr<const InternalTls> tls;  // mutual TLS to the streamer; null: plain text
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  // The tensor-parallel group (RegisterWorkerRequest.tp_group); empty with world_size 1.
+  std::string tp_group;
   std::string release_id;
   // The arena as the streamer must map it (shm name or CUDA IPC handle).
   nq::v1::RegisterWorkerRequest arena_request;
@@ -50,6 +52,9 @@ class StreamerClient {
   // Cancels the session and joins the background thread. Idempotent.
   void Stop();
   bool connected() const { return connected_.load(); }
+  // Ends the current session and registers again at once, so the streamer adopts the slot
+  // table as it is now (SlotRuntime::ResetForNewGroup cleared it). Any thread.
+  void Resync();
   // Queues a routing report for the streamer without blocking the caller (the decode loop):
   // a writer thread sends it on the session. While no session is up, or when the queue is
   // full (the streamer fell behind), reports are dropped and counted.
@@ -80,6 +85,7 @@ class StreamerClient {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool resync_ ABSL_GUARDED_BY(mu_) = false;  // the session ends because Resync asked
   grpc::ClientContext* session_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 

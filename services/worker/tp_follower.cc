@@ -17,9 +17,9 @@ constexpr absl::Duration kAttachPoll = absl::Milliseconds(50);
 
 }  // namespace
 
-TpFollower::TpFollower(TpGroupOptions options, GroupCommunicator* group, model::Model* model,
+TpFollower::TpFollower(TpGroupOptions options, GroupCommunicator* group, model::Model* model, SlotRuntime* slots,
                        std::function<void(bool joined)> on_joined)
-    : options_(std::move(options)), group_(group), model_(model), on_joined_(std::move(on_joined)) {}
+    : options_(std::move(options)), group_(group), model_(model), slots_(slots), on_joined_(std::move(on_joined)) {}
 
 absl::Status TpFollower::Run() {
   const kernels::ShmCommunicatorOptions shm_options{.name = options_.shm_name,
@@ -45,8 +45,10 @@ absl::Status TpFollower::Run() {
       continue;
     }
     last_wait.clear();
-    // A new group: the leader starts its first sequence with an empty cache, so do we.
+    // A new group: the leader starts its first sequence with an empty cache, so do we; and with
+    // a slot table every rank holds alike (the leader clears its own when it forms the group).
     model_->ResetCache();
+    if (slots_ != nullptr) (void)slots_->ResetForNewGroup();
     group_->Set(comm->get());
     spdlog::info("rank {}: joined tensor-parallel group {} (generation {}) of {} ranks", options_.rank,
                  options_.shm_name, (*comm)->generation(), options_.identity.world_size);
@@ -68,12 +70,24 @@ absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm) {
     // Between requests the leader sends nothing: wait as long as the group lives.
     RETURN_IF_ERROR(comm.BroadcastBytes(header, 0, absl::InfiniteDuration()));
     absl::StatusOr<StepCommand> command = DecodeStepHeader(header, model_->max_tokens());
-    if (command.ok() && !command->tokens.empty()) {
-      std::vector<std::byte> payload(command->tokens.size() * sizeof(int32_t));
+    if (command.ok() && StepPayloadBytes(*command) > 0) {
+      std::vector<std::byte> payload(StepPayloadBytes(*command));
       RETURN_IF_ERROR(comm.BroadcastBytes(payload, 0, options_.collective_timeout));
       if (absl::Status s = DecodeStepPayload(payload, *command); !s.ok()) command = s;
     }
-    absl::Status applied = command.ok() ? ApplyStepCommand(*command, *model_) : command.status();
+    absl::Status applied = command.status();
+    if (command.ok() && slots_ != nullptr) {
+      // The leader's table for this step, then the step: both ranks read the same slots.
+      slots_->BeginRelayedStep(static_cast<uint32_t>(command->step), command->slot_updates);
+      applied = ApplyStepCommand(*command, *model_);
+      slots_->EndStep();
+    } else if (command.ok()) {
+      if (!command->slot_updates.empty()) {
+        applied = absl::FailedPreconditionError("the leader relays slot-table updates; this rank streams no experts");
+      } else {
+        applied = ApplyStepCommand(*command, *model_);
+      }
+    }
     if (!applied.ok()) {
       // The leader's collectives would wait for this rank in vain: break the group with why.
       const std::string reason = absl::StrCat("rank ", options_.rank, ": ", applied.message());

@@ -12,6 +12,7 @@
 #include "kernels/comm/shm_communicator.h"
 #include "services/model/model.h"
 #include "services/worker/group_communicator.h"
+#include "services/worker/slot_runtime.h"
 #include "services/worker/tp_group_options.h"
 
 namespace nq::worker {
@@ -20,7 +21,8 @@ class TpFollower {
  public:
   // `model` was loaded with `group` as its communicator; both outlive the follower.
   // `on_joined` reports membership changes (health).
-  TpFollower(TpGroupOptions options, GroupCommunicator* group, model::Model* model,
+  // `slots` (null without dynamic experts) applies the slot updates each command carries.
+  TpFollower(TpGroupOptions options, GroupCommunicator* group, model::Model* model, SlotRuntime* slots,
              std::function<void(bool joined)> on_joined);
 
   // Joins, follows, re-joins, until options.stop is set (then OK). FAILED_PRECONDITION when
@@ -34,6 +36,7 @@ class TpFollower {
   const TpGroupOptions options_;
   GroupCommunicator* const group_;
   model::Model* const model_;
+  SlotRuntime* const slots_;
   const std::function<void(bool)> on_joined_;
 };
 

@@ -117,7 +117,7 @@ absl::Status TpLeader::Mirror(const StepCommand& command) {
   if (comm_ == nullptr || !ready_) return absl::UnavailableError("the tensor-parallel group is not formed");
   std::vector<std::byte> header = EncodeStepHeader(command);
   RETURN_IF_ERROR(comm_->BroadcastBytes(header, 0, options_.collective_timeout));
-  if (!command.tokens.empty()) {
+  if (!command.tokens.empty() || !command.slot_updates.empty()) {
     std::vector<std::byte> payload = EncodeStepPayload(command);
     RETURN_IF_ERROR(comm_->BroadcastBytes(payload, 0, options_.collective_timeout));
   }

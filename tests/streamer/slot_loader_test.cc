@@ -28,6 +28,7 @@
 #include "services/format/release_reader.h"
 #include "tests/common/status_matchers.h"
 #include "tests/format/test_release.h"
+#include "tests/streamer/memory_arena.h"
 
 namespace nq::streamer {
 namespace {
@@ -48,35 +49,6 @@ bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds
   }
   return condition();
 }
-
-// The worker's arena: host memory, every write logged.
-class MemoryArena final : public ArenaWriter {
- public:
-  explicit MemoryArena(uint64_t bytes) : memory_(bytes) {}
-  uint64_t bytes() const override { return memory_.size(); }
-  absl::Status Write(uint64_t offset, std::span<const std::byte> source) override {
-    absl::MutexLock lock(&mu_);
-    if (offset + source.size() > memory_.size()) return absl::OutOfRangeError("write leaves the arena");
-    std::memcpy(memory_.data() + offset, source.data(), source.size());
-    writes_.push_back(offset);
-    return absl::OkStatus();
-  }
-  std::string Describe() const override { return "memory"; }
-  std::vector<std::byte> Read(uint64_t offset, size_t size) const {
-    absl::MutexLock lock(&mu_);
-    return {memory_.begin() + static_cast<std::ptrdiff_t>(offset),
-            memory_.begin() + static_cast<std::ptrdiff_t>(offset + size)};
-  }
-  std::vector<uint64_t> writes() const {
-    absl::MutexLock lock(&mu_);
-    return writes_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  std::vector<std::byte> memory_;
-  std::vector<uint64_t> writes_;
-};
 
 class SlotLoaderTest : public ::testing::Test {
  protected:

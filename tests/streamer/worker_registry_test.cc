@@ -154,6 +154,7 @@ TEST_F(WorkerRegistryTest, AWorkerServingAnotherReleaseIsRefused) {
   WorkerRegistry with_release(metrics, "abc123");
   SharedMemory arena;
   nq::v1::RegisterWorkerRequest request = MakeRequest(0, &arena);
+  request.set_tp_group("/nq-tp-test");  // a streaming rank of a group of 2 names its group
   request.set_release_id("def456");
   EXPECT_THAT(with_release.Register(request),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("release def456")));
@@ -176,6 +177,45 @@ TEST_F(WorkerRegistryTest, DeadWorkersArenaNameIsRemoved) {
   ASSERT_THAT(registry_.OpenSession(*id), IsOk());
   registry_.CloseSession(*id, 0);
   EXPECT_THAT(SharedMemory::Open(name, request.shm().bytes()), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+// Issue #18: the ranks of one tensor-parallel group register as one group. A rank naming the
+// group with another world size (or release) than its registered ranks is refused, naming both;
+// a streaming rank of a group must name it; the same rank number in two groups are two workers.
+TEST_F(WorkerRegistryTest, GroupRankWithAnotherWorldSizeOrReleaseIsRefused) {
+  SharedMemory a, b, c, d;
+  nq::v1::RegisterWorkerRequest rank0 = MakeRequest(0, &a);
+  rank0.set_tp_group("/nq-tp-9000");
+  rank0.set_release_id("rel-1");
+  ASSERT_THAT(registry_.Register(rank0), IsOk());
+
+  nq::v1::RegisterWorkerRequest rank1 = MakeRequest(1, &b);
+  rank1.set_tp_group("/nq-tp-9000");
+  rank1.set_release_id("rel-1");
+  rank1.set_world_size(4);
+  EXPECT_THAT(registry_.Register(rank1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("tensor-parallel group /nq-tp-9000 has world size 2 (rank 0")));
+  EXPECT_THAT(registry_.Register(rank1), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                  HasSubstr("rank 1 registered with world size 4")));
+  rank1.set_world_size(2);
+  rank1.set_release_id("rel-2");
+  EXPECT_THAT(registry_.Register(rank1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("serves release 'rel-1' (rank 0)")));
+  rank1.set_release_id("rel-1");
+  ASSERT_THAT(registry_.Register(rank1), IsOk());
+
+  nq::v1::RegisterWorkerRequest unnamed = MakeRequest(1, &c);
+  unnamed.set_release_id("rel-1");
+  EXPECT_THAT(registry_.Register(unnamed),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("names no tensor-parallel group")));
+
+  // Rank 0 of another group does not replace this group's rank 0.
+  nq::v1::RegisterWorkerRequest other = MakeRequest(0, &d);
+  other.set_tp_group("/nq-tp-9100");
+  other.set_release_id("rel-1");
+  ASSERT_THAT(registry_.Register(other), IsOk());
+  EXPECT_EQ(registry_.size(), 3u);
 }
 
 }  // namespace

@@ -34,6 +34,22 @@ TEST(StepCommandTest, RoundTripsThroughHeaderAndPayload) {
   EXPECT_THAT(got->tokens, ElementsAre(3, 1, 4, 1, 5));
 }
 
+// The drafter's MTP forwards travel as commands too, naming the hidden rows each rank takes from
+// its own last forward (or the previous draft's state).
+TEST(StepCommandTest, MtpForwardNamesItsHiddenRows) {
+  for (int64_t row : {int64_t{3}, StepCommand::kLastMtpHidden}) {
+    StepCommand sent{.op = StepCommand::Op::kForwardMtpLast, .position = 21, .hidden_row = row};
+    sent.tokens = {8, 6};
+    absl::StatusOr<StepCommand> got = DecodeStepHeader(EncodeStepHeader(sent), 512);
+    ASSERT_THAT(got, IsOk());
+    EXPECT_EQ(got->op, StepCommand::Op::kForwardMtpLast);
+    EXPECT_EQ(got->position, 21);
+    EXPECT_EQ(got->hidden_row, row);
+    ASSERT_THAT(DecodeStepPayload(EncodeStepPayload(sent), *got), IsOk());
+    EXPECT_THAT(got->tokens, ElementsAre(8, 6));
+  }
+}
+
 TEST(StepCommandTest, RefusesHeadersThatAreNotCommands) {
   StepCommand sent{.op = StepCommand::Op::kForwardLast};
   sent.tokens.assign(600, 1);
@@ -52,6 +68,42 @@ TEST(StepCommandTest, RefusesHeadersThatAreNotCommands) {
   two_tokens.tokens.resize(2);
   EXPECT_THAT(DecodeStepPayload(std::vector<std::byte>(12), two_tokens),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("12 bytes for 2 tokens")));
+}
+
+// Issue #18: the leader relays the slot-table updates it applied at a step's start inside that
+// step's command, so every rank applies them before the same step.
+TEST(StepCommandTest, CarriesTheSlotUpdatesAppliedAtItsStep) {
+  StepCommand sent{.op = StepCommand::Op::kForward, .position = 40, .sequence = 2, .step = 17};
+  sent.tokens = {9};
+  for (uint64_t generation : {5u, 6u}) {
+    nq::v1::SlotTableUpdate& update = sent.slot_updates.emplace_back();
+    update.set_generation(generation);
+    update.set_loads_in_flight(3);
+    nq::v1::SlotChange* change = update.add_changes();
+    change->set_kind(nq::v1::SlotChange::KIND_READY);
+    change->set_layer(1);
+    change->set_slot(static_cast<uint32_t>(generation));
+    change->set_expert(7);
+  }
+  absl::StatusOr<StepCommand> got = DecodeStepHeader(EncodeStepHeader(sent), 512);
+  ASSERT_THAT(got, IsOk());
+  const std::vector<std::byte> payload = EncodeStepPayload(sent);
+  EXPECT_EQ(StepPayloadBytes(*got), payload.size());
+  ASSERT_THAT(DecodeStepPayload(payload, *got), IsOk());
+  EXPECT_THAT(got->tokens, ElementsAre(9));
+  ASSERT_EQ(got->slot_updates.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got->slot_updates[i].SerializeAsString(), sent.slot_updates[i].SerializeAsString()) << i;
+  }
+
+  // A payload cut short, or an update's size past its end, is refused by what is wrong.
+  EXPECT_THAT(DecodeStepPayload(std::span<const std::byte>(payload).first(payload.size() - 1), *got),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes of slot updates")));
+  std::vector<std::byte> bad = payload;
+  const uint32_t huge = 1000;
+  std::memcpy(bad.data() + sizeof(int32_t), &huge, sizeof(huge));
+  EXPECT_THAT(DecodeStepPayload(bad, *got),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a slot update of 1000 bytes")));
 }
 
 TpIdentity Nano() {
