@@ -46,29 +46,32 @@ std::optional<nq::v1::WorkerInfo> WorkerConnection::info() const {
   return info_;
 }
 
-bool WorkerConnection::Poll() {
+WorkerConnection::PollResult WorkerConnection::Poll() {
   grpc::health::v1::HealthCheckRequest request;  // "" = the server as a whole
   grpc::health::v1::HealthCheckResponse response;
   grpc::ClientContext health_context;
   health_context.set_deadline(std::chrono::system_clock::now() + kPollDeadline);
   auto health = grpc::health::v1::Health::NewStub(channel_);
-  grpc::Status status = health->Check(&health_context, request, &response);
-  if (!status.ok() || response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
-    return false;
-  }
+  const grpc::Status status = health->Check(&health_context, request, &response);
+  if (!status.ok()) return PollResult::kUnanswered;
+  if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) return PollResult::kNotServing;
   grpc::ClientContext info_context;
   info_context.set_deadline(std::chrono::system_clock::now() + kPollDeadline);
   nq::v1::WorkerInfo info;
-  if (!stub_->GetInfo(&info_context, nq::v1::GetInfoRequest(), &info).ok()) return false;
+  if (!stub_->GetInfo(&info_context, nq::v1::GetInfoRequest(), &info).ok()) return PollResult::kUnanswered;
   absl::MutexLock lock(&mu_);
   info_ = std::move(info);
-  return true;
+  return PollResult::kServing;
 }
 
 void WorkerConnection::Watch() {
   LogRateLimiter limiter(std::chrono::seconds(10));
+  int unanswered = 0;  // polls in a row
   while (true) {
-    const bool ready = Poll();
+    const PollResult result = Poll();
+    unanswered = result == PollResult::kUnanswered ? unanswered + 1 : 0;
+    const bool ready = result == PollResult::kServing ||
+                       (ready_.load() && result == PollResult::kUnanswered && unanswered < kUnansweredPollsBeforeNotReady);
     if (ready_.exchange(ready) != ready) {
       ready_gauge_.Set(ready ? 1 : 0);
       spdlog::info("leader worker {} is {}", address_, ready ? "ready" : "not ready");

@@ -21,6 +21,11 @@ namespace nq::router {
 
 class WorkerConnection {
  public:
+  // A worker that says NOT_SERVING is not ready at once; one that does not answer (deadline,
+  // connection refused) only after this many polls in a row, so one slow poll on a loaded host
+  // does not take the cluster out of service (a dead worker is seen one interval later).
+  static constexpr int kUnansweredPollsBeforeNotReady = 2;
+
   // `on_ready_change(ready)` runs on the watcher thread whenever readiness flips.
   WorkerConnection(std::string address, std::chrono::milliseconds poll_interval,
                    std::function<void(bool)> on_ready_change,
@@ -32,7 +37,8 @@ class WorkerConnection {
   void Start();
   void Stop();
 
-  // The worker answered SERVING on its last health check.
+  // The worker answered SERVING on its last health check (or its last answer was SERVING and
+  // fewer than kUnansweredPollsBeforeNotReady polls since went unanswered).
   bool ready() const { return ready_.load(); }
   // The last GetInfo answer from a ready worker.
   std::optional<nq::v1::WorkerInfo> info() const;
@@ -40,8 +46,9 @@ class WorkerConnection {
   const std::string& address() const { return address_; }
 
  private:
+  enum class PollResult { kServing, kNotServing, kUnanswered };
   void Watch();
-  bool Poll();
+  PollResult Poll();
 
   const std::string address_;
   const std::chrono::milliseconds poll_interval_;
