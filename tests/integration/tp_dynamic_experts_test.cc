@@ -205,6 +205,10 @@ TEST_F(TpDynamicExpertsTest, ARestartedRankStartsFromTheSameEmptyTableAsRankZero
   ASSERT_TRUE(followers_[0].WaitForExit(std::chrono::seconds(10)).ok());
   ASSERT_TRUE(WaitFor([&] { return GrpcHealth(worker_ports_.grpc) != grpc::health::v1::HealthCheckResponse::SERVING; },
                       std::chrono::seconds(10)));
+  // The router too must have seen the group broken (it polls the leader), or its SERVING below
+  // could still be the answer from before the kill.
+  ASSERT_TRUE(WaitFor([&] { return GrpcHealth(router_ports_.grpc) != grpc::health::v1::HealthCheckResponse::SERVING; },
+                      std::chrono::seconds(10)));
   follower_ports_[0] = NewPorts();
   followers_[0] = StartWorker(follower_ports_[0], streamer_ports_.grpc, RankFlags(1));
   ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(60))) << worker_->Log() << followers_[0].Log();

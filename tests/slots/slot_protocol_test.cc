@@ -37,6 +37,7 @@
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
+#include "tests/common/wait_until.h"
 
 namespace nq {
 namespace {
@@ -48,14 +49,7 @@ constexpr uint32_t kMoeLayer = 1;  // glm5_tiny: layer 0 dense, layer 1 MoE, lay
 constexpr uint32_t kExperts = 16;
 constexpr uint32_t kTopK = 4;
 
-bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return condition();
-}
+using ::nq::testing::WaitUntil;
 
 class SlotProtocolTest : public ::testing::Test {
  protected:

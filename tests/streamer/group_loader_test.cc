@@ -23,6 +23,7 @@
 #include "services/streamer/read_faults.h"
 #include "services/streamer/slot_loader.h"
 #include "tests/common/status_matchers.h"
+#include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
 #include "tests/streamer/memory_arena.h"
 
@@ -40,14 +41,7 @@ constexpr uint32_t kB = 1;
 constexpr uint32_t kFloatingSlot = 1;
 constexpr uint32_t kRanks = format::testing::kTpSize;
 
-bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return condition();
-}
+using ::nq::testing::WaitUntil;
 
 class GroupLoaderTest : public ::testing::Test {
  protected:

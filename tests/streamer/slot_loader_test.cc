@@ -27,6 +27,7 @@
 #include "services/common/metrics/registry.h"
 #include "services/format/release_reader.h"
 #include "tests/common/status_matchers.h"
+#include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
 #include "tests/streamer/memory_arena.h"
 
@@ -41,14 +42,7 @@ constexpr uint32_t kA = 3;
 constexpr uint32_t kB = 1;
 constexpr uint32_t kFloatingSlot = 1;
 
-bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return condition();
-}
+using ::nq::testing::WaitUntil;
 
 class SlotLoaderTest : public ::testing::Test {
  protected:
