@@ -30,6 +30,7 @@
 #include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
 #include "tests/streamer/memory_arena.h"
+#include "tests/streamer/routing_report.h"
 
 namespace nq::streamer {
 namespace {
@@ -156,20 +157,10 @@ class SlotLoaderTest : public ::testing::Test {
     return static_cast<int>(std::count(announced_.begin(), announced_.end(), std::make_pair(layer, expert)));
   }
 
-  // `tokens` decode tokens of layer 3 all routed to `expert` (top-1, weight 1).
+  // `tokens` decode tokens of layer kLayer all routed to `expert`.
   void Route(uint32_t expert, uint32_t tokens) {
-    nq::v1::RoutingReport report;
-    report.set_sequence_id(1);
-    report.set_first_token(next_token_);
-    report.set_num_tokens(tokens);
+    loader_->OnRouting(TopOneReport(next_token_, kLayer, expert, tokens));
     next_token_ += tokens;
-    for (uint32_t t = 0; t < tokens; ++t) {
-      nq::v1::LayerRouting* entry = report.add_layer_entries();
-      entry->set_layer(kLayer);
-      entry->add_experts(expert);
-      entry->add_weights(1.0f);
-    }
-    loader_->OnRouting(std::move(report));
   }
 
   std::vector<std::byte> Slot(uint32_t layer, uint32_t slot) {
