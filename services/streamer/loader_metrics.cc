@@ -32,11 +32,12 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
           registry.Counter("nq_streamer_reads_cancelled_total", "", {"stage"}).WithLabels({"in_flight"})),
       unacked_generations(registry.Gauge("nq_streamer_unacked_generations",
                                          "Slot-table updates that unmap slots, sent to workers and not yet "
-                                         "acknowledged (the slots wait in UNMAPPING; only unmaps are acknowledged)")
+                                         "acknowledged by every rank of the group (the slots wait in UNMAPPING; "
+                                         "only unmaps are acknowledged)")
                               .Get()),
       unmap_ack_latency(registry.Histogram("nq_streamer_unmap_ack_latency_seconds",
                                            "Worker apply lag: from sending an update that unmaps slots to the "
-                                           "worker's acknowledgement of it",
+                                           "acknowledgement of it by the group's last rank",
                                            metrics::ExponentialBuckets(1e-4, 2, 20)).Get()),
       loads_ready(registry.Counter("nq_streamer_slot_loads_total",
                                    "Slot loads finished, by result (ready: announced READY; failed: the "

@@ -542,9 +542,12 @@ void SlotLoader::HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack) {
     spdlog::warn("worker {}: unmap acknowledgement from rank {}, not a member; ignored", worker_->worker_id, rank);
     return;
   }
-  if (auto sent = unacked_unmaps_.find(ack.generation()); sent != unacked_unmaps_.end() && rank == worker_->rank) {
-    metrics_->unmap_ack_latency.Observe(SecondsSince(sent->second));
-    unacked_unmaps_.erase(sent);
+  if (auto sent = unacked_unmaps_.find(ack.generation()); sent != unacked_unmaps_.end()) {
+    sent->second.acked.insert(rank);
+    if (sent->second.acked.size() >= members_.size()) {  // the last rank's: the group's lag
+      metrics_->unmap_ack_latency.Observe(SecondsSince(sent->second.sent));
+      unacked_unmaps_.erase(sent);
+    }
   }
   for (const nq::v1::SlotRef& ref : ack.slots()) {
     absl::StatusOr<size_t> li = worker_->geometry.LayerIndex(ref.layer());
@@ -807,7 +810,7 @@ bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
     session_gone_ = true;  // the session thread notices too and stops us
     return false;
   }
-  if (unmaps) unacked_unmaps_.emplace(generation, Clock::now());
+  if (unmaps) unacked_unmaps_.emplace(generation, SentUnmap{.sent = Clock::now(), .acked = {}});
   absl::MutexLock lock(&mu_);
   ++stats_.updates_sent;
   return true;

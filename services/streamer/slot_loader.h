@@ -251,10 +251,15 @@ class SlotLoader {
   size_t landing_ = 0;  // reads Reap has taken out of in_flight_ and not yet copied
   std::vector<unsigned> prepared_buffers_;  // PrepareSource'd, released at destruction
   BounceCache cache_;                       // over prepared_buffers_
-  // Generations of sent updates that unmap slots, not yet acknowledged, and when they went:
-  // the worker's apply lag the streamer can see (DESIGN.md section 4: a slot is reused only
-  // after the worker acknowledges the update that unmapped it).
-  std::map<uint64_t, Clock::time_point> unacked_unmaps_;
+  // Generations of sent updates that unmap slots, not yet acknowledged by every member, when
+  // they went and which ranks have acknowledged: the workers' apply lag the streamer can see
+  // (DESIGN.md section 4: a slot is reused only after every rank acknowledges the update that
+  // unmapped it).
+  struct SentUnmap {
+    Clock::time_point sent;
+    std::set<uint32_t> acked;  // ranks
+  };
+  std::map<uint64_t, SentUnmap> unacked_unmaps_;
   std::set<std::pair<uint32_t, uint32_t>> failed_;  // (layer, expert) whose record failed
   uint64_t next_tag_ = 1;
   uint64_t next_generation_ = 1;

@@ -217,8 +217,10 @@ TEST_F(GroupLoaderTest, UnmappedSlotIsReusedOnlyOnceEveryRankAcknowledged) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(ReadyIn(kLayer, kFloatingSlot), -1) << "B landed in a slot rank 1 still maps";
   EXPECT_EQ(Slot(1, kFloatingSlot), records_.at({1, kA})) << "rank 1's mapped slot was written";
+  EXPECT_GE(metrics_->unacked_generations.Value(), 1) << "rank 1 has not acknowledged the unmap";
   ReleaseRankOneAcks();
   ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, kFloatingSlot) == kB; }));
+  EXPECT_TRUE(WaitUntil([&] { return metrics_->unacked_generations.Value() == 0; }));
   EXPECT_EQ(Slot(0, kFloatingSlot), records_.at({0, kB}));
   EXPECT_EQ(Slot(1, kFloatingSlot), records_.at({1, kB}));
 }
