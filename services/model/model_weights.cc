@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/tensor_io.h"
 #include "services/common/status_macros.h"
+#include "services/model/absorbed_dtype.h"
 #include "services/model/safetensors_load.h"
 #include "services/model/tensor_manifest.h"
 
@@ -47,12 +48,9 @@ class HostLoader {
     return kernels::UploadFloats(backend_, values, matrix_dtype_, std::move(shape));
   }
 
-  // The absorbed attention matrices (w_uk, w_uv), which MlaAttention reads as F32 or BF16: BF16
-  // when the matrices are stored as BF16 (half the bytes a decode step reads for them), else F32
-  // (FP8 matrices, dequantised, would lose bits to BF16 rounding).
+  // The absorbed attention matrices (w_uk, w_uv), at AbsorbedMatrixDType.
   absl::StatusOr<Tensor> UploadAbsorbed(std::span<const float> values, Shape shape) const {
-    const kernels::DType dtype = matrix_dtype_ == kernels::DType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF32;
-    return kernels::UploadFloats(backend_, values, dtype, std::move(shape));
+    return kernels::UploadFloats(backend_, values, AbsorbedMatrixDType(matrix_dtype_), std::move(shape));
   }
 
   // A whole tensor, replicated.

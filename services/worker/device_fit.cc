@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "services/common/status_macros.h"
+#include "services/model/absorbed_dtype.h"
 #include "services/model/kv_cache.h"
 
 namespace nq::worker {
@@ -32,12 +33,12 @@ bool IsFoldedScale(absl::string_view name) {
 
 // Bytes per element the loader stores the tensor at (model_weights.cc): the 2-D weights only
 // MatMul reads at WeightsOptions::matrix_dtype; kv_b (split into the MLA absorption matrices) at
-// BF16 with BF16 matrices, else F32; the embedding, the router and the rest at F32.
+// AbsorbedMatrixDType; the embedding, the router and the rest at F32.
 uint64_t StoredElementBytes(absl::string_view name, const model::TensorView& view, kernels::DType matrix_dtype) {
   if (view.shape.size() != 2 || absl::StrContains(name, "embed_tokens") || absl::EndsWith(name, "mlp.gate.weight")) {
     return sizeof(float);
   }
-  if (absl::StrContains(name, "kv_b_proj")) return matrix_dtype == kernels::DType::kBF16 ? 2 : sizeof(float);
+  if (absl::StrContains(name, "kv_b_proj")) return kernels::DTypeSize(model::AbsorbedMatrixDType(matrix_dtype));
   return kernels::DTypeSize(matrix_dtype);
 }
 
