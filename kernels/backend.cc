@@ -248,6 +248,52 @@ absl::Status Backend::MatMul(const Tensor& x, const Tensor& w, Tensor& y) {
   return DoMatMul(x, w, y, dims);
 }
 
+absl::Status Backend::MatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws,
+                                        std::span<Tensor* const> ys) {
+  constexpr absl::string_view kOp = "MatMulSharedInput";
+  if (ws.size() != ys.size() || ws.empty() || ws.size() > static_cast<std::size_t>(kMaxSharedInputMatMuls)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", ws.size(), " weights and ", ys.size(),
+                                                   " outputs; want equal counts from 1 to ", kMaxSharedInputMatMuls));
+  }
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i] == nullptr || ys[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": pair ", i, " has a null weight or output"));
+    }
+  }
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
+  MatMulDims dims[kMaxSharedInputMatMuls];
+  std::size_t count = 0;
+  const Tensor* kept_ws[kMaxSharedInputMatMuls];
+  Tensor* kept_ys[kMaxSharedInputMatMuls];
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const std::string w_name = absl::StrCat("ws[", i, "]"), y_name = absl::StrCat("ys[", i, "]");
+    RETURN_IF_ERROR(CheckOwned(kOp, w_name, *ws[i]));
+    RETURN_IF_ERROR(CheckOwned(kOp, y_name, *ys[i]));
+    RETURN_IF_ERROR(CheckDType(kOp, y_name, *ys[i], DType::kF32));
+    RETURN_IF_ERROR(CheckDTypeIn(kOp, w_name, *ws[i], {DType::kF32, DType::kBF16, DType::kF16}));
+    ASSIGN_OR_RETURN(const MatMulDims d, CheckMatMulShapes(kOp, x, *ws[i], *ys[i]));
+    for (std::size_t j = 0; j < ws.size(); ++j) {
+      RETURN_IF_ERROR(CheckDistinct(kOp, *ws[j], absl::StrCat("ws[", j, "]"), *ys[i], y_name));
+      if (j < i) RETURN_IF_ERROR(CheckDistinct(kOp, *ys[j], absl::StrCat("ys[", j, "]"), *ys[i], y_name));
+    }
+    if (d.m == 0 || d.n == 0) continue;  // nothing to compute, as MatMul
+    dims[count] = d;
+    kept_ws[count] = ws[i];
+    kept_ys[count] = ys[i];
+    ++count;
+  }
+  if (count == 0) return absl::OkStatus();
+  return DoMatMulSharedInput(x, std::span<const Tensor* const>(kept_ws, count), std::span<Tensor* const>(kept_ys, count),
+                             std::span<const MatMulDims>(dims, count));
+}
+
+absl::Status Backend::DoMatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws,
+                                          std::span<Tensor* const> ys, std::span<const MatMulDims> dims) {
+  for (std::size_t i = 0; i < ws.size(); ++i) RETURN_IF_ERROR(DoMatMul(x, *ws[i], *ys[i], dims[i]));
+  return absl::OkStatus();
+}
+
 absl::Status Backend::MatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
                                         const Tensor& scale_inv, Tensor& y) {
   constexpr absl::string_view kOp = "MatMulBlockScaled";

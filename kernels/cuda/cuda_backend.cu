@@ -210,6 +210,34 @@ class CudaBackend final : public Backend {
                         ctx_);
   }
 
+  // One GEMV launch per weight dtype present (they are normally all one), each carrying every
+  // matrix of that dtype (MatMulParams::extra).
+  absl::Status DoMatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> ys,
+                                   std::span<const MatMulDims> dims) override {
+    static_assert(kMaxSharedInputMatMuls <= kMatMulMaxExtra + 1);
+    for (const MatMulDims& d : dims) RETURN_IF_ERROR(CheckIntRange("MatMulSharedInput", {d.m, d.n, d.k}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    bool launched[kMaxSharedInputMatMuls] = {};
+    for (std::size_t first = 0; first < ws.size(); ++first) {
+      if (launched[first]) continue;
+      MatMulParams p{.x = x.data_as<float>(),
+                     .w = ws[first]->data(),
+                     .w_dtype = ws[first]->dtype(),
+                     .y = ys[first]->data_as<float>(),
+                     .m = static_cast<int>(dims[first].m),
+                     .n = static_cast<int>(dims[first].n),
+                     .k = static_cast<int>(dims[first].k)};
+      for (std::size_t i = first + 1; i < ws.size(); ++i) {
+        if (ws[i]->dtype() != p.w_dtype) continue;
+        p.extra[p.num_extra++] = MatMulExtra{.w = ws[i]->data(), .y = ys[i]->data_as<float>(),
+                                             .n = static_cast<int>(dims[i].n)};
+        launched[i] = true;
+      }
+      RETURN_IF_ERROR(LaunchMatMul(p, ctx_));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8, const Tensor& scale_inv,
                                    Tensor& y, const MatMulDims& dims) override {
     RETURN_IF_ERROR(CheckIntRange("MatMulBlockScaled", {dims.m, dims.n, dims.k}));

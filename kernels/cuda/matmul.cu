@@ -6,6 +6,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
 namespace {
@@ -14,12 +15,20 @@ using Launcher = absl::Status (*)(const MatMulParams&, const LaunchContext&);
 
 template <typename WeightT, int kM>
 absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
-  const int row_blocks = static_cast<int>(CeilDiv(p.n, kGemvRowsPerBlock));
+  // Every matrix's 32-row blocks, one after another (matmul_gemv.cuh, GemvMatrixOf).
+  std::int64_t row_blocks = CeilDiv(p.n, kGemvRowsPerBlock);
+  // Each row of x and w starts 16-byte aligned when the bases are and k fills whole vectors.
+  bool vectorized = p.k % kVec16<WeightT> == 0 && IsAligned(p.w, 16) && IsAligned(p.x, 16);
+  for (int e = 0; e < p.num_extra; ++e) {
+    row_blocks += CeilDiv(p.extra[e].n, kGemvRowsPerBlock);
+    vectorized = vectorized && IsAligned(p.extra[e].w, 16);
+  }
+  if (row_blocks > kMaxGridX) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: ", row_blocks, " row blocks exceed one launch"));
+  }
   const int col_steps = static_cast<int>(CeilDiv(p.k, kWarpSize * kVec16<WeightT>));
   const int splits = p.k_splits > 0 ? std::clamp(std::min(p.k_splits, col_steps), 1, kGemvMaxSplits)
-                                    : GemvSplits(row_blocks, col_steps, ctx.num_sms);
-  // Each row of x and w starts 16-byte aligned when the bases are and k fills whole vectors.
-  const bool vectorized = p.k % kVec16<WeightT> == 0 && IsAligned(p.w, 16) && IsAligned(p.x, 16);
+                                    : GemvSplits(static_cast<int>(row_blocks), col_steps, ctx.num_sms);
   auto* kernel = vectorized ? &MatMulGemvKernel<WeightT, kM, true> : &MatMulGemvKernel<WeightT, kM, false>;
   // Launched as a programmatic dependent: the first weight loads are issued while the kernel
   // before it finishes (matmul_gemv.cuh); with splits, one cluster per 32 rows.
@@ -127,12 +136,40 @@ absl::Status LaunchMatMul(const MatMulParams& p, const LaunchContext& ctx) {
         "MatMul: block scales go with F8_E4M3 weights and only with them (weights are ",
         DTypeName(p.w_dtype), ", scales ", p.w_scale != nullptr ? "given" : "missing", ")"));
   }
+  if (p.num_extra < 0 || p.num_extra > kMatMulMaxExtra) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: ", p.num_extra, " extra matrices (at most ", kMatMulMaxExtra, ")"));
+  }
+  for (int e = 0; e < p.num_extra; ++e) {
+    const MatMulExtra& extra = p.extra[e];
+    if (extra.n <= 0 || extra.w == nullptr || extra.y == nullptr ||
+        ((p.w_dtype == DType::kF8E4M3) != (extra.w_scale != nullptr) && p.k > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("MatMul: extra matrix ", e, " of ", extra.n,
+                                                     " rows lacks its weights, output or scales"));
+    }
+  }
   if (p.m == 0 || p.n == 0) return absl::OkStatus();
   if (p.k == 0) {  // an empty sum: zeros, whatever the kernels' loops would (not) write
     NQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.y, 0, sizeof(float) * static_cast<std::size_t>(p.m) * p.n, ctx.stream));
+    for (int e = 0; e < p.num_extra; ++e) {
+      NQ_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.extra[e].y, 0, sizeof(float) * static_cast<std::size_t>(p.m) * p.extra[e].n,
+                                              ctx.stream));
+    }
     return absl::OkStatus();
   }
-  return kLaunchers[row][ChoosePath(p, ctx.num_sms)](p, ctx);
+  const int path = ChoosePath(p, ctx.num_sms);
+  if (path < kGemvMaxRows || p.num_extra == 0) return kLaunchers[row][path](p, ctx);
+  // The tiled kernel fills the GPU with one matrix's tiles: the matrices run one by one.
+  MatMulParams one = p;
+  one.num_extra = 0;
+  RETURN_IF_ERROR(kLaunchers[row][path](one, ctx));
+  for (int e = 0; e < p.num_extra; ++e) {
+    one.w = p.extra[e].w;
+    one.w_scale = p.extra[e].w_scale;
+    one.y = p.extra[e].y;
+    one.n = p.extra[e].n;
+    RETURN_IF_ERROR(kLaunchers[row][ChoosePath(one, ctx.num_sms)](one, ctx));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace nq::kernels::cuda

@@ -23,6 +23,9 @@
 //    each, launched as one thread-block cluster per 32 rows. Each block sums its range; the
 //    cluster's first block adds the others' partial sums from their shared memory in rank order
 //    (deterministic, no scratch, no atomics) and stores y (GemvSplits chooses the split count).
+//  - Several matrices over one x (MatMulParams::extra, Backend::MatMulSharedInput): their row
+//    blocks follow each other in one grid, so five small projections of one hidden state fill
+//    the SMs together instead of each launching a mostly idle grid of its own.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -176,6 +179,30 @@ __device__ __forceinline__ void GemvAccumulate(
   }
 }
 
+// The matrix a block's rows belong to: w itself, or one of p.extra (MatMulSharedInput), whose
+// 32-row blocks follow w's in blockIdx.x.
+struct GemvMatrix {
+  const void* w;
+  const float* w_scale;
+  float* y;
+  int n;
+  int block_row0;  // the block's first row within this matrix
+};
+
+__device__ __forceinline__ GemvMatrix GemvMatrixOf(const MatMulParams& p, int block) {
+  GemvMatrix m{p.w, p.w_scale, p.y, p.n, 0};
+  int first = 0;  // the first block of matrix m
+  int blocks = (p.n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
+  for (int e = 0; e < p.num_extra && block >= first + blocks; ++e) {
+    first += blocks;
+    const MatMulExtra& extra = p.extra[e];
+    m = GemvMatrix{extra.w, extra.w_scale, extra.y, extra.n, 0};
+    blocks = (extra.n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
+  }
+  m.block_row0 = (block - first) * kGemvRowsPerBlock;
+  return m;
+}
+
 // kM: rows of x (p.m == kM). kVectorized: rows of w and x are 16-byte aligned and k is a multiple
 // of the vector (checked by the launcher). F8E4M3 weights need p.w_scale.
 template <typename WeightT, int kM, bool kVectorized>
@@ -191,19 +218,20 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
 
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const int block_row0 = blockIdx.x * kGemvRowsPerBlock;
+  const GemvMatrix mat = GemvMatrixOf(p, static_cast<int>(blockIdx.x));
+  const int block_row0 = mat.block_row0;
   const int row0 = block_row0 + warp * kGemvRowsPerWarp;
   // Rows past n (last block only) re-read row n - 1 and are not stored: every warp must reach the
   // block's barriers.
   const WeightT* w_rows[kGemvRowsPerWarp];
 #pragma unroll
   for (int r = 0; r < kGemvRowsPerWarp; ++r) {
-    w_rows[r] = static_cast<const WeightT*>(p.w) + std::int64_t{min(row0 + r, p.n - 1)} * p.k;
+    w_rows[r] = static_cast<const WeightT*>(mat.w) + std::int64_t{min(row0 + r, mat.n - 1)} * p.k;
   }
   const float* scale_row = nullptr;
   if constexpr (std::is_same_v<WeightT, F8E4M3>) {
     const int scale_cols = (p.k + kWeightScaleBlock - 1) / kWeightScaleBlock;
-    scale_row = p.w_scale + std::int64_t{block_row0 / kWeightScaleBlock} * scale_cols;
+    scale_row = mat.w_scale + std::int64_t{block_row0 / kWeightScaleBlock} * scale_cols;
   }
 
   // This block's columns: whole warp steps [col_begin, col_end), the split's share of k.
@@ -251,8 +279,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
       for (int r = 0; r < kGemvRowsPerWarp; ++r) {
         const float sum = WarpSum(acc[mi][r]);  // every lane holds the total
         // One lane per output, spread over the warp, stores it.
-        if (lane == (mi * kGemvRowsPerWarp + r) % kWarpSize && row0 + r < p.n) {
-          p.y[std::int64_t{mi} * p.n + row0 + r] = sum;
+        if (lane == (mi * kGemvRowsPerWarp + r) % kWarpSize && row0 + r < mat.n) {
+          mat.y[std::int64_t{mi} * mat.n + row0 + r] = sum;
         }
       }
     }
@@ -279,7 +307,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
       float sum = 0.0f;
       for (unsigned rank = 0; rank < cluster.num_blocks(); ++rank) sum += cluster.map_shared_rank(partial, rank)[i];
       const int mi = i / kGemvRowsPerBlock, row = block_row0 + i % kGemvRowsPerBlock;
-      if (row < p.n) p.y[std::int64_t{mi} * p.n + row] = sum;
+      if (row < mat.n) mat.y[std::int64_t{mi} * mat.n + row] = sum;
     }
   }
   cluster.sync();  // no block leaves while its shared memory may still be read

@@ -344,29 +344,55 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank;
   LayerCache& cache = cache_.layer(cache_index);
 
-  // Query latent (the DSA indexer reads it too) and the per-head query parts.
-  Tensor q_latent;
-  const Tensor* q_in = &xn;
-  if (w.q_a.has_value()) {
-    ASSIGN_OR_RETURN(q_latent, backend_.Allocate(kernels::DType::kF32, Shape{T, c.q_lora_rank}));
-    RETURN_IF_ERROR(backend_.MatMul(xn, *w.q_a, q_latent));
-    RETURN_IF_ERROR(backend_.RmsNorm(q_latent, *w.q_a_norm, kLatentNormEps, q_latent));
-    q_in = &q_latent;
-  }
+  // Every projection of xn in one MatMulSharedInput (one GEMV launch on the GPU, where each of
+  // them alone leaves most SMs idle): the query latent (or, without one, the query heads), the
+  // key latent and rope key, and the DSA indexer's key and head weights.
+  const IndexerWeights* ix = w.indexer.has_value() ? &*w.indexer : nullptr;
+  const int64_t Hi = c.indexer.n_heads, Di = c.indexer.head_dim;
   ASSIGN_OR_RETURN(Tensor q_nope, backend_.Allocate(kernels::DType::kF32, Shape{T, Hr * dn}));
   ASSIGN_OR_RETURN(Tensor q_pe, backend_.Allocate(kernels::DType::kF32, Shape{T, Hr * dr}));
-  RETURN_IF_ERROR(backend_.MatMul(*q_in, w.q_nope, q_nope));
-  RETURN_IF_ERROR(backend_.MatMul(*q_in, w.q_pe, q_pe));
+  ASSIGN_OR_RETURN(Tensor latent, backend_.Allocate(kernels::DType::kF32, Shape{T, kv}));
+  ASSIGN_OR_RETURN(Tensor k_pe, backend_.Allocate(kernels::DType::kF32, Shape{T, dr}));
+  Tensor q_latent, ki, head_weights;
+  std::vector<const Tensor*> from_xn_w{&w.kv_a, &w.k_pe_proj};
+  std::vector<Tensor*> from_xn{&latent, &k_pe};
+  if (w.q_a.has_value()) {
+    ASSIGN_OR_RETURN(q_latent, backend_.Allocate(kernels::DType::kF32, Shape{T, c.q_lora_rank}));
+    from_xn_w.push_back(&*w.q_a);
+    from_xn.push_back(&q_latent);
+  } else {
+    from_xn_w.insert(from_xn_w.end(), {&w.q_nope, &w.q_pe});
+    from_xn.insert(from_xn.end(), {&q_nope, &q_pe});
+  }
+  if (ix != nullptr) {
+    ASSIGN_OR_RETURN(ki, backend_.Allocate(kernels::DType::kF32, Shape{T, Di}));
+    // weights_proj was scaled at load by index_n_heads^-0.5 * index_head_dim^-0.5 (ReLU is
+    // positively homogeneous, so the score scale folds into the head weights).
+    ASSIGN_OR_RETURN(head_weights, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi}));
+    from_xn_w.insert(from_xn_w.end(), {&ix->wk, &ix->weights_proj});
+    from_xn.insert(from_xn.end(), {&ki, &head_weights});
+  }
+  RETURN_IF_ERROR(backend_.MatMulSharedInput(xn, from_xn_w, from_xn));
+
+  // The per-head query parts (and the indexer's queries) from the normalised query latent.
+  Tensor qi;
+  if (w.q_a.has_value()) {
+    RETURN_IF_ERROR(backend_.RmsNorm(q_latent, *w.q_a_norm, kLatentNormEps, q_latent));
+    std::vector<const Tensor*> from_q_w{&w.q_nope, &w.q_pe};
+    std::vector<Tensor*> from_q{&q_nope, &q_pe};
+    if (ix != nullptr) {
+      ASSIGN_OR_RETURN(qi, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi * Di}));
+      from_q_w.push_back(&ix->wq_b);
+      from_q.push_back(&qi);
+    }
+    RETURN_IF_ERROR(backend_.MatMulSharedInput(q_latent, from_q_w, from_q));
+  }
   RETURN_IF_ERROR(q_nope.Reshape(Shape{T, Hr, dn}));
   RETURN_IF_ERROR(q_pe.Reshape(Shape{T, Hr, dr}));
   RETURN_IF_ERROR(backend_.Rope(q_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
 
   // The new tokens' latent and rotated rope key go straight into the cache.
-  ASSIGN_OR_RETURN(Tensor latent, backend_.Allocate(kernels::DType::kF32, Shape{T, kv}));
-  ASSIGN_OR_RETURN(Tensor k_pe, backend_.Allocate(kernels::DType::kF32, Shape{T, dr}));
-  RETURN_IF_ERROR(backend_.MatMul(xn, w.kv_a, latent));
   RETURN_IF_ERROR(backend_.RmsNorm(latent, w.kv_a_norm, kLatentNormEps, latent));
-  RETURN_IF_ERROR(backend_.MatMul(xn, w.k_pe_proj, k_pe));
   RETURN_IF_ERROR(k_pe.Reshape(Shape{T, 1, dr}));
   RETURN_IF_ERROR(backend_.Rope(k_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
   RETURN_IF_ERROR(k_pe.Reshape(Shape{T, dr}));
@@ -375,24 +401,15 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
 
   // DSA: a full layer scores every visible key with its indexer and keeps the top-k; a
   // shared layer reuses the selection of the last full layer of this forward.
-  if (w.indexer.has_value()) {
-    const IndexerWeights& ix = *w.indexer;
-    const int64_t Hi = c.indexer.n_heads, Di = c.indexer.head_dim;
-    ASSIGN_OR_RETURN(Tensor qi, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi * Di}));
-    RETURN_IF_ERROR(backend_.MatMul(q_latent, ix.wq_b, qi));
+  if (ix != nullptr) {
+    if (!qi.valid()) return absl::InternalError(absl::StrCat("layer ", layer, ": a DSA indexer without a query latent"));
     RETURN_IF_ERROR(qi.Reshape(Shape{T, Hi, Di}));
     RETURN_IF_ERROR(backend_.Rope(qi, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
-    ASSIGN_OR_RETURN(Tensor ki, backend_.Allocate(kernels::DType::kF32, Shape{T, Di}));
-    RETURN_IF_ERROR(backend_.MatMul(xn, ix.wk, ki));
-    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix.k_norm_weight, ix.k_norm_bias, kLatentNormEps, ki));
+    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix->k_norm_weight, ix->k_norm_bias, kLatentNormEps, ki));
     RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
     RETURN_IF_ERROR(backend_.Rope(ki, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
     RETURN_IF_ERROR(ki.Reshape(Shape{T, Di}));
     RETURN_IF_ERROR(backend_.WriteRows(ki, *cache.index_keys, start_pos));
-    // weights_proj was scaled at load by index_n_heads^-0.5 * index_head_dim^-0.5 (ReLU is
-    // positively homogeneous, so the score scale folds into the head weights).
-    ASSIGN_OR_RETURN(Tensor head_weights, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi}));
-    RETURN_IF_ERROR(backend_.MatMul(xn, ix.weights_proj, head_weights));
     ASSIGN_OR_RETURN(Tensor selected, backend_.Allocate(kernels::DType::kI32, Shape{T, c.indexer.topk}));
     RETURN_IF_ERROR(backend_.IndexerTopK(qi, *cache.index_keys, head_weights, start_pos, selected));
     selection_ = std::move(selected);

@@ -7,6 +7,9 @@
 // Each case cycles through enough copies of its weight that none stays in the 50 MB L2 between
 // calls (as consecutive layers would); a CUDA graph of one call per copy is replayed.
 //
+// Then the shared-input groups (MatMulSharedInput): a decode step's projections of one input in
+// one launch against one launch each.
+//
 //   gemv_bench [--quick]   (--quick: automatic splits only)
 #include <cuda_runtime.h>
 
@@ -74,6 +77,89 @@ double MicrosPerCall(MatMulParams p, const std::uint8_t* weights, std::size_t st
   return 1e3 * ms / (kReplays * copies);
 }
 
+// Projections of one input, as the model runs them through MatMulSharedInput: one launch
+// (MatMulParams::extra) against one launch per matrix, in the same run.
+struct SharedGroup {
+  const char* name;
+  int k;
+  std::vector<int> rows;
+};
+
+// Microseconds per group call, every matrix's weights at `weights` + c * stride + its offset.
+double MicrosPerGroup(const SharedGroup& g, bool together, int m, const std::uint8_t* weights, std::size_t stride,
+                      int copies, float* y, const float* x, const LaunchContext& ctx) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
+  for (int c = 0; c < copies; ++c) {
+    const std::uint8_t* at = weights + c * stride;
+    float* out = y;
+    MatMulParams p{.x = x, .w = at, .w_dtype = DType::kBF16, .y = out, .m = m, .n = g.rows[0], .k = g.k};
+    for (std::size_t i = 1; i < g.rows.size(); ++i) {
+      at += static_cast<std::size_t>(g.rows[i - 1]) * g.k * 2;
+      out += static_cast<std::size_t>(m) * g.rows[i - 1];
+      if (together) {
+        p.extra[p.num_extra++] = MatMulExtra{.w = at, .y = out, .n = g.rows[i]};
+      } else {
+        BENCH_OK(LaunchMatMul(p, ctx));
+        p.w = at;
+        p.y = out;
+        p.n = g.rows[i];
+      }
+    }
+    BENCH_OK(LaunchMatMul(p, ctx));
+  }
+  BENCH_CHECK(cudaStreamEndCapture(ctx.stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));  // warm-up
+  BENCH_CHECK(cudaStreamSynchronize(ctx.stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  constexpr int kReplays = 10;
+  BENCH_CHECK(cudaEventRecord(start, ctx.stream));
+  for (int r = 0; r < kReplays; ++r) BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));
+  BENCH_CHECK(cudaEventRecord(stop, ctx.stream));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  return 1e3 * ms / (kReplays * copies);
+}
+
+void RunSharedGroups(const nq::bench::DeviceBytes& weights, const nq::bench::DeviceBytes& x,
+                     const nq::bench::DeviceBytes& y, double copy, const LaunchContext& ctx) {
+  const SharedGroup groups[] = {
+      {"GLM-5 x: q_a kv_a k_pe wk w", 6144, {2048, 512, 64, 128, 32}},
+      {"GLM-5 q: q_nope q_pe wq_b", 2048, {12288, 4096, 4096}},
+      {"DSv3 x: q_a kv_a k_pe", 7168, {1536, 512, 64}},
+  };
+  std::printf("\n%-30s %2s %12s %8s %12s %8s %8s\n", "shared input", "m", "apart us", "/ copy", "together us",
+              "/ copy", "speedup");
+  for (const SharedGroup& g : groups) {
+    std::size_t bytes = 0, rows = 0;
+    for (int n : g.rows) {
+      bytes += static_cast<std::size_t>(n) * g.k * 2;
+      rows += static_cast<std::size_t>(n);
+    }
+    const std::size_t stride = (bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(64, kColdBytes / stride + 1)));
+    for (int m : {1, 4}) {
+      const double moved = static_cast<double>(bytes) + 4.0 * m * (g.k + static_cast<double>(rows));
+      const auto* w = static_cast<const std::uint8_t*>(weights.p);
+      const double apart = MicrosPerGroup(g, false, m, w, stride, copies, static_cast<float*>(y.p),
+                                          static_cast<const float*>(x.p), ctx);
+      const double together = MicrosPerGroup(g, true, m, w, stride, copies, static_cast<float*>(y.p),
+                                             static_cast<const float*>(x.p), ctx);
+      std::printf("%-30s %2d %12.2f %8.3f %12.2f %8.3f %8.2f\n", g.name, m, apart, moved / (apart * 1e-6) / copy,
+                  together, moved / (together * 1e-6) / copy, apart / together);
+    }
+  }
+}
+
 int Main(bool quick) {
   int device = 0, num_sms = 0;
   BENCH_CHECK(cudaGetDevice(&device));
@@ -114,6 +200,7 @@ int Main(bool quick) {
     }
   }
   std::printf("(* = the split count GemvSplits chooses)\n");
+  RunSharedGroups(weights, x, y, copy, ctx);
   BENCH_CHECK(cudaStreamDestroy(stream));
   return 0;
 }
