@@ -25,17 +25,33 @@ constexpr int kSplitWarps = kSplitThreads / kWarpSize;
 constexpr int kQkSlices = kSplitWarps / (kKeyTile / 8);
 constexpr int kPvTilesPerWarp = kMlaMaxLatent / 8 / kSplitWarps;
 // absorb: a block covers 64 columns of one head (16 heads x 9 blocks at DeepSeek-V3's 576); each
-// thread 8 consecutive columns (one 16-byte load of bf16) of every 32nd row of w_uk, for 4
-// queries per pass.
+// thread 8 consecutive columns (one 16-byte load of bf16) of every 32nd row of w_uk, for up to
+// kAbsorbMaxTokens queries per pass (instantiated for 1, 2 and 4, so one query does not pay for
+// four: ncu showed these kernels bound by instruction issue, not by their bytes).
 constexpr int kAbsorbCols = 64;
 constexpr int kAbsorbRowGroups = kThreads / (kAbsorbCols / 8);
-constexpr int kAbsorbTokens = 4;
+constexpr int kAbsorbMaxTokens = 4;
 // combine: a block covers 128 columns of O (a float4 per thread) and reads the splits 8 at a time.
 constexpr int kCombineCols = 128;
 constexpr int kCombineSplitGroups = kThreads / (kCombineCols / 4);
-// output (w_uv): 2 rows per warp, the queries' O in shared memory 8 at a time.
-constexpr int kOutputRows = 2 * kWarps;
-constexpr int kOutputTokens = 8;
+// output (w_uv): each warp holds whole rows of w_uv in registers (4 rows of bf16, 2 of fp32: eight
+// 16-byte loads per lane), the queries' O in shared memory up to kOutputMaxTokens at a time
+// (instantiated for 1, 2, 4 and 8 queries).
+template <typename UvT>
+constexpr int kOutputRowsPerWarp = sizeof(UvT) == 2 ? 4 : 2;
+template <typename UvT>
+constexpr int kOutputRows = kOutputRowsPerWarp<UvT> * kWarps;
+constexpr int kOutputMaxTokens = 8;
+
+// The instantiation for `tokens` queries: the smallest of 1, 2, 4, 8 that holds them, capped at
+// `most` (more queries run in passes of `most`).
+inline int TokensPerPass(int tokens, int most) {
+  int n = 1;
+  while (n < tokens && n < most) n *= 2;
+  return n;
+}
+
+__device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 // Shared-memory row strides, in elements. d + 8 keeps rows 16-byte aligned (cp.async) and moves
 // consecutive rows 8 words apart (fp32) / 4 words apart (bf16), so the fragment loads of a
@@ -124,11 +140,13 @@ __device__ __forceinline__ void Load8(const Bf16* w, float (&out)[8]) { Load16B(
 // scale * (q_nope · w_uk[h])[col] for col < c, scale * q_pe[col - c] after; heads past `heads`
 // (the last group's padding) are zero. Thread (row group rg, column group cg) sums rows
 // rg, rg + kAbsorbRowGroups, ... of columns 8 cg..8 cg + 7; the row groups meet in shared memory.
-template <typename UkT>
+// kTokens: queries per pass. Launched as a programmatic dependent: the thread's rows of w_uk (a
+// constant) are pulled into L2 while the kernel before it finishes.
+template <typename UkT, int kTokens>
 __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
-  __shared__ float partial[kAbsorbRowGroups][kAbsorbTokens][kAbsorbCols];
-  extern __shared__ float q_nope[];  // [kAbsorbTokens][dn] of this head
+  __shared__ float partial[kAbsorbRowGroups][kTokens][kAbsorbCols];
+  extern __shared__ float q_nope[];  // [kTokens][dn] of this head
   LetTheNextKernelStart();
   const int d = p.c + p.dr, qs = QStride(d);
   const int h = blockIdx.x;
@@ -139,23 +157,27 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
   const bool reads = real_head && my_col < p.c;
   const bool any_reads = real_head && col0 < p.c;  // uniform over the block
   const UkT* w = static_cast<const UkT*>(p.w_uk) + std::int64_t{h} * p.dn * p.c + my_col;
-  for (int t0 = 0; t0 < p.tokens; t0 += kAbsorbTokens) {
-    const int n = min(kAbsorbTokens, p.tokens - t0);
+  if (reads) {
+    for (int j = rg; j < p.dn; j += kAbsorbRowGroups) PrefetchL2(w + std::int64_t{j} * p.c);
+  }
+  WaitForThePreviousKernel();
+  for (int t0 = 0; t0 < p.tokens; t0 += kTokens) {
+    const int n = min(kTokens, p.tokens - t0);
     if (any_reads) {
-      for (int i = threadIdx.x; i < kAbsorbTokens * p.dn; i += kThreads) {
+      for (int i = threadIdx.x; i < kTokens * p.dn; i += kThreads) {
         const int k = i / p.dn;
         q_nope[i] = k < n ? __ldg(p.q_nope + (std::int64_t{t0 + k} * p.heads + h) * p.dn + i % p.dn) : 0.0f;
       }
       __syncthreads();
     }
-    float acc[kAbsorbTokens][8] = {};
+    float acc[kTokens][8] = {};
     if (reads) {
 #pragma unroll 4
       for (int j = rg; j < p.dn; j += kAbsorbRowGroups) {
         float wv[8];
         Load8(w + std::int64_t{j} * p.c, wv);
 #pragma unroll
-        for (int k = 0; k < kAbsorbTokens; ++k) {
+        for (int k = 0; k < kTokens; ++k) {
           const float q = q_nope[k * p.dn + j];
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[k][e] = fmaf(q, wv[e], acc[k][e]);
@@ -163,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
       }
     }
 #pragma unroll
-    for (int k = 0; k < kAbsorbTokens; ++k) {
+    for (int k = 0; k < kTokens; ++k) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) partial[rg][k][8 * cg + e] = acc[k][e];
     }
@@ -475,59 +497,82 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
   }
 }
 
-// grid: (ceil(dv / kOutputRows), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
-// every query; each warp holds two rows of w_uv in registers (16-byte loads, issued before the
-// wait for the combine kernel).
-template <typename UvT>
-__global__ void __launch_bounds__(kThreads) MlaOutputKernel(const __grid_constant__ SplitArgs a) {
+// grid: (ceil(dv / kOutputRows<UvT>), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
+// every query; each warp holds kOutputRowsPerWarp rows of w_uv in registers as loaded (16-byte
+// loads, all issued before the wait for the combine kernel), lane l covering elements
+// [kVec l, kVec (l + 1)) of each 32-lane step. kTokens: queries per pass.
+// Three blocks per SM (at most 85 registers; at 64 the bf16 rows spill): GLM-5's 512 blocks of
+// w_uv rows run in 1.3 waves instead of 2 at the 118 registers the compiler would take.
+template <typename UvT, int kTokens>
+__global__ void __launch_bounds__(kThreads, 3) MlaOutputKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
-  __shared__ __align__(16) float o[kOutputTokens][kMlaMaxLatent];
+  __shared__ __align__(16) float o[kTokens][kMlaMaxLatent];
   constexpr int kVec = kVec16<UvT>;
   constexpr int kLoads = kMlaMaxLatent / (kVec * kWarpSize);  // per lane and row, at most
+  constexpr int kRows = kOutputRowsPerWarp<UvT>;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int h = blockIdx.y;
-  const int v0 = static_cast<int>(blockIdx.x) * kOutputRows + 2 * warp;
+  const int v0 = static_cast<int>(blockIdx.x) * kOutputRows<UvT> + kRows * warp;
   const UvT* w_uv = static_cast<const UvT*>(p.w_uv) + std::int64_t{h} * p.dv * p.c;
-  float w[2][kLoads][kVec];
+  uint4 raw[kRows][kLoads];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int l = 0; l < kLoads; ++l) {
       const int i = kVec * (lane + kWarpSize * l);
-      if (v0 + r < p.dv && i < p.c) {
-        Load16B(w_uv + std::int64_t{v0 + r} * p.c + i, w[r][l]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) w[r][l][e] = 0.0f;
-      }
+      raw[r][l] = v0 + r < p.dv && i < p.c
+                      ? __ldg(reinterpret_cast<const uint4*>(w_uv + std::int64_t{v0 + r} * p.c + i))
+                      : make_uint4(0, 0, 0, 0);
     }
   }
   WaitForThePreviousKernel();
-  for (int t0 = 0; t0 < p.tokens; t0 += kOutputTokens) {
-    const int n = min(kOutputTokens, p.tokens - t0);
-    for (int i = threadIdx.x; i < n * p.c; i += kThreads) {
-      o[i / p.c][i % p.c] = a.o[(std::int64_t{t0 + i / p.c} * p.heads + h) * p.c + i % p.c];
+  for (int t0 = 0; t0 < p.tokens; t0 += kTokens) {
+    const int n = min(kTokens, p.tokens - t0);
+    for (int i = threadIdx.x; i < n * p.c / 4; i += kThreads) {
+      const int k = i / (p.c / 4), q = i % (p.c / 4);
+      reinterpret_cast<float4*>(o[k])[q] =
+          reinterpret_cast<const float4*>(a.o + (std::int64_t{t0 + k} * p.heads + h) * p.c)[q];
     }
     __syncthreads();
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float acc[kOutputTokens] = {};
+    for (int r = 0; r < kRows; ++r) {
+      float acc[kTokens] = {};
 #pragma unroll
       for (int l = 0; l < kLoads; ++l) {
         const int i = kVec * (lane + kWarpSize * l);
         if (i >= p.c) break;
+        float w[kVec];
+        if constexpr (sizeof(UvT) == 4) {
+          w[0] = __uint_as_float(raw[r][l].x);
+          w[1] = __uint_as_float(raw[r][l].y);
+          w[2] = __uint_as_float(raw[r][l].z);
+          w[3] = __uint_as_float(raw[r][l].w);
+        } else {
+          Widen2(raw[r][l].x, UvT{}, w + 0);
+          Widen2(raw[r][l].y, UvT{}, w + 2);
+          Widen2(raw[r][l].z, UvT{}, w + 4);
+          Widen2(raw[r][l].w, UvT{}, w + 6);
+        }
 #pragma unroll
-        for (int k = 0; k < kOutputTokens; ++k) {
+        for (int k = 0; k < kTokens; ++k) {
           if (k < n) {
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) acc[k] = fmaf(w[r][l][e], o[k][i + e], acc[k]);
+            for (int e = 0; e < kVec; e += 4) {
+              const float4 x = *reinterpret_cast<const float4*>(&o[k][i + e]);
+              acc[k] = fmaf(w[e], x.x, acc[k]);
+              acc[k] = fmaf(w[e + 1], x.y, acc[k]);
+              acc[k] = fmaf(w[e + 2], x.z, acc[k]);
+              acc[k] = fmaf(w[e + 3], x.w, acc[k]);
+            }
           }
         }
       }
 #pragma unroll
-      for (int k = 0; k < kOutputTokens; ++k) {
-        const float total = WarpSum(acc[k]);
-        if (lane == 0 && k < n && v0 + r < p.dv) p.out[(std::int64_t{t0 + k} * p.heads + h) * p.dv + v0 + r] = total;
+      for (int k = 0; k < kTokens; ++k) {
+        if (k < n) {
+          const float total = WarpSum(acc[k]);
+          if (lane == 0 && v0 + r < p.dv) p.out[(std::int64_t{t0 + k} * p.heads + h) * p.dv + v0 + r] = total;
+        }
       }
     }
     __syncthreads();  // `o` is rewritten by the next batch of queries
@@ -550,18 +595,37 @@ int WeightIndex(DType dtype) {
   }
 }
 
-template <typename UkT>
-absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
+template <typename UkT, int kTokens>
+absl::Status LaunchAbsorbFor(const SplitArgs& a, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(a.head_groups * kMlaHeadGroup),
                   static_cast<unsigned>(CeilDiv(a.p.c + a.p.dr, kAbsorbCols)));
-  MlaAbsorbKernel<UkT><<<grid, kThreads, sizeof(float) * kAbsorbTokens * a.p.dn, ctx.stream>>>(a);
-  return CheckLaunch("MlaAbsorbKernel");
+  return LaunchDependent(MlaAbsorbKernel<UkT, kTokens>, grid, kThreads, sizeof(float) * kTokens * a.p.dn, ctx,
+                         "MlaAbsorbKernel", a);
+}
+
+template <typename UkT>
+absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
+  switch (TokensPerPass(a.p.tokens, kAbsorbMaxTokens)) {
+    case 1: return LaunchAbsorbFor<UkT, 1>(a, ctx);
+    case 2: return LaunchAbsorbFor<UkT, 2>(a, ctx);
+    default: return LaunchAbsorbFor<UkT, 4>(a, ctx);
+  }
+}
+
+template <typename UvT, int kTokens>
+absl::Status LaunchOutputFor(const SplitArgs& a, const LaunchContext& ctx) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows<UvT>)), static_cast<unsigned>(a.p.heads));
+  return LaunchDependent(MlaOutputKernel<UvT, kTokens>, grid, kThreads, 0, ctx, "MlaOutputKernel", a);
 }
 
 template <typename UvT>
 absl::Status LaunchOutput(const SplitArgs& a, const LaunchContext& ctx) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows)), static_cast<unsigned>(a.p.heads));
-  return LaunchDependent(MlaOutputKernel<UvT>, grid, kThreads, 0, ctx, "MlaOutputKernel", a);
+  switch (TokensPerPass(a.p.tokens, kOutputMaxTokens)) {
+    case 1: return LaunchOutputFor<UvT, 1>(a, ctx);
+    case 2: return LaunchOutputFor<UvT, 2>(a, ctx);
+    case 4: return LaunchOutputFor<UvT, 4>(a, ctx);
+    default: return LaunchOutputFor<UvT, 8>(a, ctx);
+  }
 }
 
 }  // namespace

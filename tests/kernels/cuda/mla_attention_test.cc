@@ -165,13 +165,19 @@ TEST(CudaMlaAttention, DecodeSplitMatchesCpu) {
     return MlaShape{.tokens = tokens, .heads = heads, .dn = 128, .dr = 64, .c = 512, .dv = 128,
                     .keys = keys, .start_pos = keys - tokens};
   };
-  const std::vector<MlaShape> cases = {
+  std::vector<MlaShape> cases = {
       dsv3(1, 16, 1),    dsv3(1, 16, 31),  dsv3(1, 16, 32),   dsv3(1, 16, 33),  dsv3(1, 16, 4097),
       dsv3(2, 20, 1000), dsv3(4, 16, 9000), dsv3(3, 128, 300), dsv3(64, 2, 100),
       {.tokens = 1, .heads = 5, .dn = 8, .dr = 16, .c = 16, .dv = 8, .keys = 200, .start_pos = 199},
       {.tokens = 2, .heads = 3, .dn = 24, .dr = 16, .c = 48, .dv = 40, .keys = 77, .start_pos = 70},
       // Keys past the last query stay unread (start_pos + tokens < keys).
       {.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 600, .start_pos = 100}};
+  // GLM-5's heads (64 of dn 192, dv 256) at every token count the absorb and output kernels are
+  // instantiated for (1, 2, 4, 8 tokens per pass) and between them.
+  for (std::int64_t tokens : {1, 2, 3, 4, 5, 8, 9}) {
+    cases.push_back({.tokens = tokens, .heads = 64, .dn = 192, .dr = 64, .c = 512, .dv = 256, .keys = 700,
+                     .start_pos = 700 - tokens});
+  }
   // Under compute-sanitizer (NQ_SANITIZE_SMALL=1) the short caches only.
   const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
   for (DType w_dtype : {DType::kBF16, DType::kF32}) {
@@ -200,7 +206,10 @@ TEST(CudaMlaAttention, DecodeSplitSelectedMatchesCpu) {
        2048},
       // top_k past the visible keys: most entries -1.
       {{.tokens = 1, .heads = 17, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 100, .start_pos = 99}, 2048},
-      {{.tokens = 4, .heads = 4, .dn = 16, .dr = 16, .c = 32, .dv = 24, .keys = 300, .start_pos = 296}, 70}};
+      {{.tokens = 4, .heads = 4, .dn = 16, .dr = 16, .c = 32, .dv = 24, .keys = 300, .start_pos = 296}, 70},
+      // GLM-5's heads selecting 2048 of 4100 keys, one query and an MTP verification's four.
+      {{.tokens = 1, .heads = 64, .dn = 192, .dr = 64, .c = 512, .dv = 256, .keys = 4100, .start_pos = 4099}, 2048},
+      {{.tokens = 4, .heads = 64, .dn = 192, .dr = 64, .c = 512, .dv = 256, .keys = 4100, .start_pos = 4096}, 2048}};
   const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
   ErrorSummary summary("MlaAttention split selected (DSA)", kTolerance);
   for (const Case& c : cases) {

@@ -6,8 +6,9 @@
 // Each case runs on enough independent copies of its cache and weights (like consecutive layers)
 // that nothing stays in the 50 MB L2 between calls: a CUDA graph runs every copy once, replayed.
 //
-//   mla_decode_bench [--sweep|--quick]   (--sweep: also every split count from 8 to 256;
-//                                          --quick: the first case only, for a profiler)
+//   mla_decode_bench [--sweep|--quick] [--only NAME]   (--sweep: also every split count from 8
+//     to 256; --quick: the first case only, for a profiler; --only: the cases whose name holds
+//     NAME, e.g. "glm5")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,6 +60,7 @@ struct Case {
   const char* name;
   int tokens, heads, keys, top_k;  // top_k 0: dense
   bool bf16_cache = false;
+  int dn = 128, dv = 128;  // DeepSeek-V3's; GLM-5: 192, 256
 };
 
 struct Instance {
@@ -110,11 +112,13 @@ double TimeCase(std::vector<Instance>& copies, Kernel kernel, int splits, int nu
 }
 
 void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bool sweep) {
-  constexpr int kDn = 128, kDr = 64, kC = 512, kDv = 128;
+  const int kDn = c.dn, kDv = c.dv;
+  constexpr int kDr = 64, kC = 512;
   const std::size_t kv_elem = c.bf16_cache ? 2 : 4;
   const std::size_t kv_bytes = kv_elem * c.keys * kC, pe_bytes = kv_elem * c.keys * kDr;
-  const std::size_t w_bytes = std::size_t{2} * c.heads * kDn * kC;  // each of w_uk, w_uv (bf16)
-  const std::size_t instance_bytes = kv_bytes + pe_bytes + 2 * w_bytes;
+  const std::size_t uk_bytes = std::size_t{2} * c.heads * kDn * kC;  // bf16
+  const std::size_t uv_bytes = std::size_t{2} * c.heads * kDv * kC;
+  const std::size_t instance_bytes = kv_bytes + pe_bytes + uk_bytes + uv_bytes;
   const int n = static_cast<int>(std::clamp<std::size_t>(kColdBytes / instance_bytes + 1, 2, 64));
   std::vector<Instance> copies(n);
   std::vector<void*> scratch(n, nullptr);
@@ -131,9 +135,9 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
     p.kv_latent = add(kv_bytes, c.bf16_cache);
     p.k_pe = add(pe_bytes, c.bf16_cache);
     p.kv_dtype = c.bf16_cache ? DType::kBF16 : DType::kF32;
-    p.w_uk = add(w_bytes, true);
+    p.w_uk = add(uk_bytes, true);
     p.w_uk_dtype = DType::kBF16;
-    p.w_uv = add(w_bytes, true);
+    p.w_uv = add(uv_bytes, true);
     p.w_uv_dtype = DType::kBF16;
     p.out = static_cast<float*>(add(std::size_t{4} * c.tokens * c.heads * kDv, false));
     if (c.top_k > 0) {  // every other key of the cache, the last ones (a recent-window-like pick)
@@ -160,7 +164,7 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
     BENCH_CHECK(cudaMalloc(&scratch[i], plan.ScratchBytes()));
   }
   const std::int64_t rows = c.top_k > 0 ? std::int64_t{c.tokens} * c.top_k : c.keys;  // keys attended (read once)
-  const double bytes = static_cast<double>(rows) * (kC + kDr) * kv_elem + 2.0 * w_bytes;
+  const double bytes = static_cast<double>(rows) * (kC + kDr) * kv_elem + static_cast<double>(uk_bytes + uv_bytes);
   auto print = [&](const char* kernel, int splits, double us) {
     std::printf("%-26s T=%d H=%-3d keys=%-6d %-9s splits=%-4d %9.2f us  %7.2f MB  %6.2f TB/s  ratio to copy %.3f\n",
                 c.name, c.tokens, c.heads, c.keys, kernel, splits, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12,
@@ -191,6 +195,11 @@ int main(int argc, char** argv) {
   using namespace nq::kernels::cuda;
   const bool sweep = argc > 1 && std::strcmp(argv[1], "--sweep") == 0;
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  // --only SUBSTRING (after the mode, or alone): the cases whose name holds it.
+  std::string only;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+  }
   int device = 0, sms = 0;
   BENCH_CHECK(cudaGetDevice(&device));
   BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -207,8 +216,12 @@ int main(int argc, char** argv) {
       {"dsv3-rank dense bf16 kv", 1, 16, 4096, 0, true},  {"dsv3-rank dense bf16 kv", 1, 16, 32768, 0, true},
       {"dsv3-rank DSA bf16 kv", 1, 16, 32768, 2048, true}, {"dsv3-rank MTP bf16 kv", 4, 16, 32768, 0, true},
       {"dsv3 all heads bf16 kv", 1, 128, 32768, 0, true},
+      // GLM-5 on one GPU (64 heads, dn 192, dv 256) at the decode slice's context (issue #13).
+      {"glm5 DSA 2048", 1, 64, 4096, 2048, false, 192, 256}, {"glm5 DSA 2048 bf16 kv", 1, 64, 4096, 2048, true, 192, 256},
+      {"glm5 DSA 2048 MTP", 4, 64, 4096, 2048, false, 192, 256},
   };
   for (const Case& c : cases) {
+    if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
     RunCase(c, copy_bw, sms, stream, sweep);
     if (quick) break;
   }
