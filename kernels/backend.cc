@@ -128,6 +128,15 @@ absl::StatusOr<MatMulDims> CheckMatMulShapes(absl::string_view op, const Tensor&
   return dims;
 }
 
+// F32 [ceil(n / 128), ceil(k / 128)] scales of an FP8 weight (MatMulBlockScaled).
+absl::Status CheckBlockScales(absl::string_view op, const Tensor& w_fp8, const Tensor& scale_inv, const MatMulDims& dims) {
+  RETURN_IF_ERROR(CheckDType(op, "scale_inv", scale_inv, DType::kF32));
+  const auto blocks = [](std::int64_t d) { return (d + kWeightScaleBlock - 1) / kWeightScaleBlock; };
+  return CheckShape(op, "scale_inv", scale_inv, Shape{blocks(dims.n), blocks(dims.k)},
+                    absl::StrCat("w_fp8 ", w_fp8.DebugString(), " in ", kWeightScaleBlock, " x ", kWeightScaleBlock,
+                                 " blocks"));
+}
+
 }  // namespace
 
 Backend::Backend() : id_(next_backend_id.fetch_add(1, std::memory_order_relaxed)) {}
@@ -248,33 +257,43 @@ absl::Status Backend::MatMul(const Tensor& x, const Tensor& w, Tensor& y) {
   return DoMatMul(x, w, y, dims);
 }
 
-absl::Status Backend::MatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws,
-                                        std::span<Tensor* const> ys) {
+absl::Status Backend::MatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys) {
   constexpr absl::string_view kOp = "MatMulSharedInput";
   if (ws.size() != ys.size() || ws.empty() || ws.size() > static_cast<std::size_t>(kMaxSharedInputMatMuls)) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", ws.size(), " weights and ", ys.size(),
                                                    " outputs; want equal counts from 1 to ", kMaxSharedInputMatMuls));
   }
   for (std::size_t i = 0; i < ws.size(); ++i) {
-    if (ws[i] == nullptr || ys[i] == nullptr) {
+    if (ws[i].w == nullptr || ys[i] == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(kOp, ": pair ", i, " has a null weight or output"));
     }
   }
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
   RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
   MatMulDims dims[kMaxSharedInputMatMuls];
-  std::size_t count = 0;
-  const Tensor* kept_ws[kMaxSharedInputMatMuls];
+  WeightRef kept_ws[kMaxSharedInputMatMuls];
   Tensor* kept_ys[kMaxSharedInputMatMuls];
+  std::size_t count = 0;
   for (std::size_t i = 0; i < ws.size(); ++i) {
+    const Tensor& w = *ws[i].w;
     const std::string w_name = absl::StrCat("ws[", i, "]"), y_name = absl::StrCat("ys[", i, "]");
-    RETURN_IF_ERROR(CheckOwned(kOp, w_name, *ws[i]));
+    RETURN_IF_ERROR(CheckOwned(kOp, w_name, w));
     RETURN_IF_ERROR(CheckOwned(kOp, y_name, *ys[i]));
     RETURN_IF_ERROR(CheckDType(kOp, y_name, *ys[i], DType::kF32));
-    RETURN_IF_ERROR(CheckDTypeIn(kOp, w_name, *ws[i], {DType::kF32, DType::kBF16, DType::kF16}));
-    ASSIGN_OR_RETURN(const MatMulDims d, CheckMatMulShapes(kOp, x, *ws[i], *ys[i]));
+    RETURN_IF_ERROR(CheckDTypeIn(kOp, w_name, w, {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}));
+    ASSIGN_OR_RETURN(const MatMulDims d, CheckMatMulShapes(kOp, x, w, *ys[i]));
+    if (w.dtype() == DType::kF8E4M3) {
+      if (ws[i].scale_inv == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", w_name, " ", w.DebugString(), " needs its block scales"));
+      }
+      RETURN_IF_ERROR(CheckOwned(kOp, absl::StrCat("ws[", i, "].scale_inv"), *ws[i].scale_inv));
+      RETURN_IF_ERROR(CheckBlockScales(kOp, w, *ws[i].scale_inv, d));
+    } else if (ws[i].scale_inv != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": ", w_name, " ", w.DebugString(), " has block scales; only F8_E4M3 weights take them"));
+    }
     for (std::size_t j = 0; j < ws.size(); ++j) {
-      RETURN_IF_ERROR(CheckDistinct(kOp, *ws[j], absl::StrCat("ws[", j, "]"), *ys[i], y_name));
+      RETURN_IF_ERROR(CheckDistinct(kOp, *ws[j].w, absl::StrCat("ws[", j, "]"), *ys[i], y_name));
       if (j < i) RETURN_IF_ERROR(CheckDistinct(kOp, *ys[j], absl::StrCat("ys[", j, "]"), *ys[i], y_name));
     }
     if (d.m == 0 || d.n == 0) continue;  // nothing to compute, as MatMul
@@ -284,13 +303,19 @@ absl::Status Backend::MatMulSharedInput(const Tensor& x, std::span<const Tensor*
     ++count;
   }
   if (count == 0) return absl::OkStatus();
-  return DoMatMulSharedInput(x, std::span<const Tensor* const>(kept_ws, count), std::span<Tensor* const>(kept_ys, count),
+  return DoMatMulSharedInput(x, std::span<const WeightRef>(kept_ws, count), std::span<Tensor* const>(kept_ys, count),
                              std::span<const MatMulDims>(dims, count));
 }
 
-absl::Status Backend::DoMatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws,
-                                          std::span<Tensor* const> ys, std::span<const MatMulDims> dims) {
-  for (std::size_t i = 0; i < ws.size(); ++i) RETURN_IF_ERROR(DoMatMul(x, *ws[i], *ys[i], dims[i]));
+absl::Status Backend::DoMatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys,
+                                          std::span<const MatMulDims> dims) {
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    if (ws[i].scale_inv != nullptr) {
+      RETURN_IF_ERROR(DoMatMulBlockScaled(x, *ws[i].w, *ws[i].scale_inv, *ys[i], dims[i]));
+    } else {
+      RETURN_IF_ERROR(DoMatMul(x, *ws[i].w, *ys[i], dims[i]));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -306,10 +331,7 @@ absl::Status Backend::MatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
   RETURN_IF_ERROR(CheckDType(kOp, "scale_inv", scale_inv, DType::kF32));
   RETURN_IF_ERROR(CheckDType(kOp, "y", y, DType::kF32));
   ASSIGN_OR_RETURN(const MatMulDims dims, CheckMatMulShapes(kOp, x, w_fp8, y));
-  const auto blocks = [](std::int64_t d) { return (d + kWeightScaleBlock - 1) / kWeightScaleBlock; };
-  RETURN_IF_ERROR(CheckShape(kOp, "scale_inv", scale_inv, Shape{blocks(dims.n), blocks(dims.k)},
-                             absl::StrCat("w_fp8 ", w_fp8.DebugString(), " in ", kWeightScaleBlock,
-                                          " x ", kWeightScaleBlock, " blocks")));
+  RETURN_IF_ERROR(CheckBlockScales(kOp, w_fp8, scale_inv, dims));
   if (dims.m == 0 || dims.n == 0) return absl::OkStatus();
   return DoMatMulBlockScaled(x, w_fp8, scale_inv, y, dims);
 }

@@ -101,13 +101,18 @@ class Backend {
                                  Tensor& y);
 
   // Linear layers that read one input: ys[i][..., n_i] = x[..., k] · ws[i][n_i, k]^T, exactly as
-  // MatMul(x, *ws[i], *ys[i]) for each i, but in one pass where the backend can. A decode step's
-  // projections of one normalised hidden state (MLA's q_a, kv_a and k_pe, the DSA indexer's key
-  // and head-weight projections) are each too small to keep a GPU's memory busy alone; the CUDA
-  // GEMV runs all their rows in one launch. ws: F32, BF16 or F16 [n_i, k], at most
-  // kMaxSharedInputMatMuls of them; ys pairwise distinct, none overlapping x or a w.
+  // MatMul (or MatMulBlockScaled, for an FP8 weight with its scales) of each pair, but in one pass
+  // where the backend can. A decode step's projections of one normalised hidden state (MLA's q_a,
+  // kv_a and k_pe, the DSA indexer's key and head-weight projections) are each too small to keep
+  // a GPU's memory busy alone; the CUDA GEMV runs all their rows in one launch. ws: F32, BF16 or
+  // F16 [n_i, k] without scales, or F8_E4M3 with scale_inv as MatMulBlockScaled takes it; at most
+  // kMaxSharedInputMatMuls of them; ys pairwise distinct, none the same tensor as x or a w.
+  struct WeightRef {
+    const Tensor* w = nullptr;
+    const Tensor* scale_inv = nullptr;  // F8_E4M3 weights only
+  };
   static constexpr int kMaxSharedInputMatMuls = 8;
-  absl::Status MatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> ys);
+  absl::Status MatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys);
 
   // y = x / sqrt(mean(x^2 over the last dim) + eps) * weight. x, y: F32 [..., d] (y may be x);
   // weight: F32, BF16 or F16 [d]; eps >= 0 and finite.
@@ -254,9 +259,10 @@ class Backend {
   virtual absl::Status DoMatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
                                            const Tensor& scale_inv, Tensor& y,
                                            const MatMulDims& dims) = 0;
-  // dims[i] is the geometry of ws[i] (every m and k equal, every n > 0). Default: DoMatMul each.
-  virtual absl::Status DoMatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws,
-                                           std::span<Tensor* const> ys, std::span<const MatMulDims> dims);
+  // dims[i] is the geometry of ws[i] (every m and k equal, every n > 0). Default: DoMatMul (or
+  // DoMatMulBlockScaled) of each.
+  virtual absl::Status DoMatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys,
+                                           std::span<const MatMulDims> dims);
   virtual absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                  const RowDims& dims) = 0;
   // dims.cols is d, the width of y (x has 2d columns).

@@ -212,25 +212,29 @@ class CudaBackend final : public Backend {
 
   // One GEMV launch per weight dtype present (they are normally all one), each carrying every
   // matrix of that dtype (MatMulParams::extra).
-  absl::Status DoMatMulSharedInput(const Tensor& x, std::span<const Tensor* const> ws, std::span<Tensor* const> ys,
+  absl::Status DoMatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys,
                                    std::span<const MatMulDims> dims) override {
     static_assert(kMaxSharedInputMatMuls <= kMatMulMaxExtra + 1);
     for (const MatMulDims& d : dims) RETURN_IF_ERROR(CheckIntRange("MatMulSharedInput", {d.m, d.n, d.k}));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    auto scales = [](const WeightRef& ref) {
+      return ref.scale_inv != nullptr ? ref.scale_inv->data_as<float>() : nullptr;
+    };
     bool launched[kMaxSharedInputMatMuls] = {};
     for (std::size_t first = 0; first < ws.size(); ++first) {
       if (launched[first]) continue;
       MatMulParams p{.x = x.data_as<float>(),
-                     .w = ws[first]->data(),
-                     .w_dtype = ws[first]->dtype(),
+                     .w = ws[first].w->data(),
+                     .w_dtype = ws[first].w->dtype(),
+                     .w_scale = scales(ws[first]),
                      .y = ys[first]->data_as<float>(),
                      .m = static_cast<int>(dims[first].m),
                      .n = static_cast<int>(dims[first].n),
                      .k = static_cast<int>(dims[first].k)};
       for (std::size_t i = first + 1; i < ws.size(); ++i) {
-        if (ws[i]->dtype() != p.w_dtype) continue;
-        p.extra[p.num_extra++] = MatMulExtra{.w = ws[i]->data(), .y = ys[i]->data_as<float>(),
-                                             .n = static_cast<int>(dims[i].n)};
+        if (ws[i].w->dtype() != p.w_dtype) continue;
+        p.extra[p.num_extra++] = MatMulExtra{.w = ws[i].w->data(), .w_scale = scales(ws[i]),
+                                             .y = ys[i]->data_as<float>(), .n = static_cast<int>(dims[i].n)};
         launched[i] = true;
       }
       RETURN_IF_ERROR(LaunchMatMul(p, ctx_));

@@ -16,8 +16,8 @@ result into a JSON report:
                new worker is up
   spec         MTP speculative decoding with N = 0..3 drafts: tokens/s, step time, acceptance per
                position, and greedy output identical to N = 0's
-  bf16         weight matrices stored as BF16: greedy tokens against the reference backend's (same
-               storage), bench-decode tokens/s against F32 storage
+  bf16, fp8    weight matrices stored as BF16 / FP8 (128x128 block scales): greedy tokens against
+               the reference backend's (same storage), bench-decode tokens/s against F32 storage
   stress       requests over varied prompts with --verify_slots: every slot announced READY is
                compared with its record in the release, and READY slots are re-hashed after every
                step (nq_worker_slot_integrity_failures_total must stay 0)
@@ -450,16 +450,16 @@ def check_spec(args, report):
     report["spec"] = summary
 
 
-def check_bf16(args, report):
-    """Weight matrices stored as BF16 (--weight_dtype bf16): the backend under test's greedy
-    tokens against the reference backend's with the same storage, and bench-decode's tokens/s
-    against F32 storage (the F32 figure from the bench check)."""
+def check_weight_dtype(args, report, dtype):
+    """Weight matrices stored as BF16 or FP8 (--weight_dtype bf16|fp8): the backend under test's
+    greedy tokens against the reference backend's with the same storage, and bench-decode's
+    tokens/s against F32 storage (the F32 figure from the bench check)."""
     texts = {}
     for backend in (args.reference_backend, args.backend):
-        cluster = Cluster(args.bin, args.model, args.logs, f"bf16-{backend}")
+        cluster = Cluster(args.bin, args.model, args.logs, f"{dtype}-{backend}")
         try:
             cluster.start([f"--backend={backend}", "--expert_bits=fixed", "--speculative_tokens=0",
-                           "--weight_dtype=bf16"])
+                           f"--weight_dtype={dtype}"])
             outputs = []
             for prompt in PROMPTS[:3]:
                 status, body = cluster.completion(prompt, args.greedy_tokens)
@@ -467,10 +467,10 @@ def check_bf16(args, report):
             texts[backend] = outputs
         finally:
             cluster.stop()
-    out = os.path.join(args.out, "bench_decode_fixed_bf16.json")
+    out = os.path.join(args.out, f"bench_decode_fixed_{dtype}.json")
     run = subprocess.run([f"{args.bin}/nq", "bench-decode", f"--model={args.model}", f"--release={args.model}/release",
                           "--expert-bits=fixed", f"--backend={args.backend}", f"--decode-tokens={args.decode_tokens}",
-                          "--warmup=8", "--prompt-tokens=16", "--weight-dtype=bf16", f"--out={out}"],
+                          "--warmup=8", "--prompt-tokens=16", f"--weight-dtype={dtype}", f"--out={out}"],
                          capture_output=True, text=True, timeout=600)
     result = {"greedy_equal": texts[args.reference_backend] == texts[args.backend], "texts": texts}
     if run.returncode == 0:
@@ -484,7 +484,7 @@ def check_bf16(args, report):
     else:
         result["bench_decode_error"] = run.stderr[-2000:]
     result["pass"] = result["greedy_equal"] and run.returncode == 0
-    report["bf16"] = result
+    report[dtype] = result
 
 
 def check_stress(args, report):
@@ -522,7 +522,7 @@ def main():
     parser.add_argument("--reference-backend", default="cpu")
     parser.add_argument("--decode-tokens", type=int, default=256)
     parser.add_argument("--stress-rounds", type=int, default=4)
-    parser.add_argument("--only", default="greedy,bench,http,streaming,spec,bf16,stress")
+    parser.add_argument("--only", default="greedy,bench,http,streaming,spec,bf16,fp8,stress")
     parser.add_argument("--greedy-tokens", type=int, default=64)
     # e.g. "--step_graphs=false": the worker under test with a feature off (greedy check only).
     parser.add_argument("--test-worker-flags", default="")
@@ -532,8 +532,9 @@ def main():
     os.makedirs(args.logs, exist_ok=True)
     report = {"backend": args.backend, "reference_backend": args.reference_backend, "speed": {}}
     checks = {"greedy": check_greedy, "bench": check_bench_decode, "http": check_http_speed,
-              "streaming": check_streaming_and_kills, "spec": check_spec, "bf16": check_bf16,
-              "stress": check_stress}
+              "streaming": check_streaming_and_kills, "spec": check_spec,
+              "bf16": lambda a, r: check_weight_dtype(a, r, "bf16"),
+              "fp8": lambda a, r: check_weight_dtype(a, r, "fp8"), "stress": check_stress}
     for name in args.only.split(","):
         started = time.monotonic()
         try:

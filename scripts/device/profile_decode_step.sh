@@ -12,7 +12,8 @@
 # build), the slice's tokens/s are measured for both, interleaved.
 # With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
 # --quick: the automatic split counts only).
-# NQ_PROFILE_ONLY=ops|hbm|gemv|slice|nano|greedy (comma list) limits what runs.
+# NQ_PROFILE_ONLY=ops|hbm|gemv|slice|nano|greedy (comma list) limits what runs; NQ_SLICE_DTYPES
+# (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g. "bf16 fp8").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
@@ -58,9 +59,11 @@ if wants slice; then
     for round in 1 2; do
       for which in nq_before nq; do
         [[ -x "$B/$which" ]] || continue
-        "$B/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-          --prompt-tokens=4000 --decode-tokens=64 --warmup=4 --weight-dtype=bf16 > "/tmp/slice_$which.log" 2>&1
-        echo "== round $round $which slice ctx4000 2-bit bf16: $(tail -1 /tmp/slice_$which.log | sed 's/.*H200[^:]*: //')"
+        for dtype in ${NQ_SLICE_DTYPES:-bf16}; do
+          "$B/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+            --prompt-tokens=4000 --decode-tokens=64 --warmup=4 --weight-dtype=$dtype > "/tmp/slice_$which.log" 2>&1
+          echo "== round $round $which slice ctx4000 2-bit $dtype: $(tail -1 /tmp/slice_$which.log | sed 's/.*H200[^:]*: //')"
+        done
       done
     done
     profile slice --model="$slice" --release="$slice/release" --expert-bits=2 --weight-dtype=bf16 \
@@ -76,7 +79,7 @@ if wants nano; then
 fi
 
 if wants greedy; then
-  python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$w/model" --out /tmp/greedy --only greedy,bf16 > /tmp/greedy.txt 2>&1
+  python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$w/model" --out /tmp/greedy --only greedy,bf16,fp8 > /tmp/greedy.txt 2>&1
   python3 - > "$OUT/greedy.txt" 2>&1 <<'PY'
 import json
 r = json.load(open("/tmp/greedy/gpu_cluster.json"))
@@ -86,8 +89,9 @@ if g is None:
 else:
     for bits, v in g["by_bits"].items():
         print(bits, "equal" if v["equal"] else "DIFFERENT", v["per_prompt_equal"], v.get("first_divergence"))
-b = r.get("bf16")
-print("bf16:", None if b is None else {k: b[k] for k in ("pass", "greedy_equal") if k in b})
+for dtype in ("bf16", "fp8"):
+    b = r.get(dtype)
+    print(f"{dtype}:", None if b is None else {k: b[k] for k in ("pass", "greedy_equal", "over_f32") if k in b})
 PY
   cat "$OUT/greedy.txt"
 fi

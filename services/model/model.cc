@@ -285,8 +285,8 @@ absl::StatusOr<Tensor> Model::MtpInput(const MtpWeights& m, Tensor& e, Tensor& h
   // eh_proj(concat(e, h)) = e · W_eᵀ + h · W_hᵀ.
   ASSIGN_OR_RETURN(Tensor u, backend_.Allocate(kernels::DType::kF32, e.shape()));
   ASSIGN_OR_RETURN(Tensor uh, backend_.Allocate(kernels::DType::kF32, e.shape()));
-  RETURN_IF_ERROR(backend_.MatMul(e, m.eh_embed, u));
-  RETURN_IF_ERROR(backend_.MatMul(h, m.eh_hidden, uh));
+  RETURN_IF_ERROR(MatMul(backend_, e, m.eh_embed, u));
+  RETURN_IF_ERROR(MatMul(backend_, h, m.eh_hidden, uh));
   RETURN_IF_ERROR(backend_.Add(u, uh, u));
   return u;
 }
@@ -354,14 +354,14 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   ASSIGN_OR_RETURN(Tensor latent, backend_.Allocate(kernels::DType::kF32, Shape{T, kv}));
   ASSIGN_OR_RETURN(Tensor k_pe, backend_.Allocate(kernels::DType::kF32, Shape{T, dr}));
   Tensor q_latent, ki, head_weights;
-  std::vector<const Tensor*> from_xn_w{&w.kv_a, &w.k_pe_proj};
+  std::vector<kernels::Backend::WeightRef> from_xn_w{w.kv_a.Ref(), w.k_pe_proj.Ref()};
   std::vector<Tensor*> from_xn{&latent, &k_pe};
   if (w.q_a.has_value()) {
     ASSIGN_OR_RETURN(q_latent, backend_.Allocate(kernels::DType::kF32, Shape{T, c.q_lora_rank}));
-    from_xn_w.push_back(&*w.q_a);
+    from_xn_w.push_back(w.q_a->Ref());
     from_xn.push_back(&q_latent);
   } else {
-    from_xn_w.insert(from_xn_w.end(), {&w.q_nope, &w.q_pe});
+    from_xn_w.insert(from_xn_w.end(), {w.q_nope.Ref(), w.q_pe.Ref()});
     from_xn.insert(from_xn.end(), {&q_nope, &q_pe});
   }
   if (ix != nullptr) {
@@ -369,7 +369,7 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
     // weights_proj was scaled at load by index_n_heads^-0.5 * index_head_dim^-0.5 (ReLU is
     // positively homogeneous, so the score scale folds into the head weights).
     ASSIGN_OR_RETURN(head_weights, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi}));
-    from_xn_w.insert(from_xn_w.end(), {&ix->wk, &ix->weights_proj});
+    from_xn_w.insert(from_xn_w.end(), {ix->wk.Ref(), ix->weights_proj.Ref()});
     from_xn.insert(from_xn.end(), {&ki, &head_weights});
   }
   RETURN_IF_ERROR(backend_.MatMulSharedInput(xn, from_xn_w, from_xn));
@@ -378,11 +378,11 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   Tensor qi;
   if (w.q_a.has_value()) {
     RETURN_IF_ERROR(backend_.RmsNorm(q_latent, *w.q_a_norm, kLatentNormEps, q_latent));
-    std::vector<const Tensor*> from_q_w{&w.q_nope, &w.q_pe};
+    std::vector<kernels::Backend::WeightRef> from_q_w{w.q_nope.Ref(), w.q_pe.Ref()};
     std::vector<Tensor*> from_q{&q_nope, &q_pe};
     if (ix != nullptr) {
       ASSIGN_OR_RETURN(qi, backend_.Allocate(kernels::DType::kF32, Shape{T, Hi * Di}));
-      from_q_w.push_back(&ix->wq_b);
+      from_q_w.push_back(ix->wq_b.Ref());
       from_q.push_back(&qi);
     }
     RETURN_IF_ERROR(backend_.MatMulSharedInput(q_latent, from_q_w, from_q));
@@ -422,21 +422,21 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   RETURN_IF_ERROR(backend_.MlaAttention(q_nope, q_pe, cache.latent, cache.k_pe, w.w_uk, w.w_uv, selected,
                                         start_pos, softmax_scale_, heads));
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
-  RETURN_IF_ERROR(backend_.MatMul(heads, w.o_proj, out));
+  RETURN_IF_ERROR(MatMul(backend_, heads, w.o_proj, out));
   return out;
 }
 
 absl::StatusOr<Tensor> Model::Mlp(const MlpWeights& w, const Tensor& xn, std::vector<float>* down_input) {
   const int64_t T = xn.shape().dim(0), I2 = w.gate_up.shape().dim(0);
   ASSIGN_OR_RETURN(Tensor gate_up, backend_.Allocate(kernels::DType::kF32, Shape{T, I2}));
-  RETURN_IF_ERROR(backend_.MatMul(xn, w.gate_up, gate_up));
+  RETURN_IF_ERROR(MatMul(backend_, xn, w.gate_up, gate_up));
   ASSIGN_OR_RETURN(Tensor act, backend_.Allocate(kernels::DType::kF32, Shape{T, I2 / 2}));
   RETURN_IF_ERROR(backend_.SiluAndMul(gate_up, act));
   if (down_input != nullptr) {
     ASSIGN_OR_RETURN(*down_input, kernels::DownloadFloats(backend_, act));
   }
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
-  RETURN_IF_ERROR(backend_.MatMul(act, w.down, out));
+  RETURN_IF_ERROR(MatMul(backend_, act, w.down, out));
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/fp8_block_quantize.h"
 #include "kernels/tensor_io.h"
 #include "services/common/status_macros.h"
 #include "services/model/absorbed_dtype.h"
@@ -43,9 +44,26 @@ class HostLoader {
     return kernels::UploadFloats(backend_, values, kernels::DType::kF32, std::move(shape));
   }
 
-  // A weight matrix only MatMul reads, stored as WeightsOptions::matrix_dtype.
-  absl::StatusOr<Tensor> UploadMatrix(std::span<const float> values, Shape shape) const {
-    return kernels::UploadFloats(backend_, values, matrix_dtype_, std::move(shape));
+  // A weight matrix only MatMul reads, stored as WeightsOptions::matrix_dtype: FP8 values are
+  // quantized in 128 x 128 blocks here (values of an FP8 checkpoint, read as their dequantized
+  // floats, come back to their stored bytes when the blocks line up).
+  absl::StatusOr<Matrix> UploadMatrix(std::span<const float> values, Shape shape) const {
+    if (matrix_dtype_ != kernels::DType::kF8E4M3) {
+      return kernels::UploadFloats(backend_, values, matrix_dtype_, std::move(shape));
+    }
+    if (shape.rank() != 2) return absl::InternalError(absl::StrCat("an FP8 matrix of shape ", shape.ToString()));
+    const int64_t rows = shape.dim(0), cols = shape.dim(1);
+    ASSIGN_OR_RETURN(kernels::BlockScaledFp8 q, kernels::QuantizeBlockScaledFp8(values, rows, cols));
+    ASSIGN_OR_RETURN(Tensor w, backend_.Allocate(kernels::DType::kF8E4M3, std::move(shape)));
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const kernels::F8E4M3>(q.values)), w));
+    const int64_t blocks = kernels::kWeightScaleBlock;
+    ASSIGN_OR_RETURN(Tensor scales, Upload(q.scale_inv, Shape{(rows + blocks - 1) / blocks, (cols + blocks - 1) / blocks}));
+    return Matrix(std::move(w), std::move(scales));
+  }
+
+  // A vocabulary head, at HeadMatrixDType.
+  absl::StatusOr<Tensor> UploadHead(std::span<const float> values, Shape shape) const {
+    return kernels::UploadFloats(backend_, values, HeadMatrixDType(matrix_dtype_), std::move(shape));
   }
 
   // The absorbed attention matrices (w_uk, w_uv), at AbsorbedMatrixDType.
@@ -58,7 +76,7 @@ class HostLoader {
     ASSIGN_OR_RETURN(FloatTensor t, Read(name, shape));
     return Upload(t.values, Shape(shape));
   }
-  absl::StatusOr<Tensor> ReplicatedMatrix(const std::string& name, std::vector<int64_t> shape) const {
+  absl::StatusOr<Matrix> ReplicatedMatrix(const std::string& name, std::vector<int64_t> shape) const {
     ASSIGN_OR_RETURN(FloatTensor t, Read(name, shape));
     return UploadMatrix(t.values, Shape(shape));
   }
@@ -221,7 +239,7 @@ absl::StatusOr<Tensor> LoadHead(const HostLoader& io, const std::string& name, c
   RETURN_IF_ERROR(CheckDivides("vocab_size", c.vocab_size, tp.world_size));
   const int64_t Vr = c.vocab_size / tp.world_size;
   ASSIGN_OR_RETURN(FloatTensor head, io.Read(name, {c.vocab_size, c.hidden_size}));
-  return io.UploadMatrix(Rows(head, tp.rank * Vr, Vr), Shape{Vr, c.hidden_size});
+  return io.UploadHead(Rows(head, tp.rank * Vr, Vr), Shape{Vr, c.hidden_size});
 }
 
 // A description of the config's MTP layers when the checkpoint holds no tensor of any of
@@ -242,10 +260,16 @@ std::string AbsentMtpLayers(const Checkpoint& checkpoint, const ModelConfig& c) 
 
 }  // namespace
 
+absl::Status MatMul(kernels::Backend& backend, const kernels::Tensor& x, const Matrix& m, kernels::Tensor& y) {
+  if (m.scale_inv.valid()) return backend.MatMulBlockScaled(x, m.w, m.scale_inv, y);
+  return backend.MatMul(x, m.w, y);
+}
+
 absl::StatusOr<kernels::DType> ParseWeightDType(absl::string_view name) {
   if (name == "f32") return kernels::DType::kF32;
   if (name == "bf16") return kernels::DType::kBF16;
-  return absl::InvalidArgumentError(absl::StrCat("weight dtype \"", name, "\" is not one of f32, bf16"));
+  if (name == "fp8") return kernels::DType::kF8E4M3;
+  return absl::InvalidArgumentError(absl::StrCat("weight dtype \"", name, "\" is not one of f32, bf16, fp8"));
 }
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
@@ -256,8 +280,9 @@ absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, cons
   if (config.attention_bias) {
     return absl::UnimplementedError("attention_bias = true is not supported (no GLM-5 or DeepSeek-V3 model uses it)");
   }
-  if (options.matrix_dtype != kernels::DType::kF32 && options.matrix_dtype != kernels::DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("weight matrices are stored as F32 or BF16, not ",
+  if (options.matrix_dtype != kernels::DType::kF32 && options.matrix_dtype != kernels::DType::kBF16 &&
+      options.matrix_dtype != kernels::DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat("weight matrices are stored as F32, BF16 or F8_E4M3, not ",
                                                    kernels::DTypeName(options.matrix_dtype)));
   }
   const HostLoader io(checkpoint, backend, options.matrix_dtype);

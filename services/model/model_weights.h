@@ -32,32 +32,52 @@ struct TensorParallel {
   int world_size = 1;
 };
 
+// A weight matrix only MatMul reads, as WeightsOptions::matrix_dtype stores it: F32 or BF16
+// values, or FP8 E4M3 values with their 128 x 128 block scales (Backend::MatMulBlockScaled).
+struct Matrix {
+  kernels::Tensor w;          // [n, k]
+  kernels::Tensor scale_inv;  // F32 [ceil(n / 128), ceil(k / 128)] for F8_E4M3 w; empty otherwise
+
+  Matrix() = default;
+  Matrix(kernels::Tensor values) : w(std::move(values)) {}  // NOLINT: a plain matrix is its values
+  Matrix(kernels::Tensor values, kernels::Tensor scales) : w(std::move(values)), scale_inv(std::move(scales)) {}
+
+  const kernels::Shape& shape() const { return w.shape(); }
+  kernels::DType dtype() const { return w.dtype(); }
+  bool valid() const { return w.valid(); }
+  std::size_t nbytes() const { return w.nbytes() + scale_inv.nbytes(); }
+  kernels::Backend::WeightRef Ref() const { return {&w, scale_inv.valid() ? &scale_inv : nullptr}; }
+};
+
+// y = x · m^T through MatMul or, for FP8 values, MatMulBlockScaled.
+absl::Status MatMul(kernels::Backend& backend, const kernels::Tensor& x, const Matrix& m, kernels::Tensor& y);
+
 struct MlpWeights {
-  kernels::Tensor gate_up;  // [2 * I_r, D]: gate rows, then up rows
-  kernels::Tensor down;     // [D, I_r]
+  Matrix gate_up;  // [2 * I_r, D]: gate rows, then up rows
+  Matrix down;     // [D, I_r]
 };
 
 struct IndexerWeights {
-  kernels::Tensor wq_b;          // [Hi * Di, q_lora]
-  kernels::Tensor wk;            // [Di, D]
+  Matrix wq_b;                    // [Hi * Di, q_lora]
+  Matrix wk;                      // [Di, D]
   kernels::Tensor k_norm_weight;  // [Di]
   kernels::Tensor k_norm_bias;    // [Di]
-  kernels::Tensor weights_proj;  // [Hi, D]
+  Matrix weights_proj;            // [Hi, D]
 };
 
 struct AttentionWeights {
   // With q_lora_rank: q_a [ql, D] and its norm; q_nope / q_pe take the normed latent.
   // Without: q_nope / q_pe take the hidden state directly.
-  std::optional<kernels::Tensor> q_a;
+  std::optional<Matrix> q_a;
   std::optional<kernels::Tensor> q_a_norm;
-  kernels::Tensor q_nope;     // [H_r * dn, ql or D]
-  kernels::Tensor q_pe;       // [H_r * dr, ql or D]
-  kernels::Tensor kv_a;       // [c, D]
-  kernels::Tensor k_pe_proj;  // [dr, D]
+  Matrix q_nope;              // [H_r * dn, ql or D]
+  Matrix q_pe;                // [H_r * dr, ql or D]
+  Matrix kv_a;                // [c, D]
+  Matrix k_pe_proj;           // [dr, D]
   kernels::Tensor kv_a_norm;  // [c]
   kernels::Tensor w_uk;       // [H_r, dn, c]
   kernels::Tensor w_uv;       // [H_r, dv, c]
-  kernels::Tensor o_proj;     // [D, H_r * dv]
+  Matrix o_proj;              // [D, H_r * dv]
   std::optional<IndexerWeights> indexer;
 };
 
@@ -108,8 +128,8 @@ struct LayerWeights {
 struct MtpWeights {
   kernels::Tensor enorm;  // [D]
   kernels::Tensor hnorm;  // [D]
-  kernels::Tensor eh_embed;   // [D, D]: eh_proj columns applied to enorm(embedding)
-  kernels::Tensor eh_hidden;  // [D, D]: eh_proj columns applied to hnorm(hidden)
+  Matrix eh_embed;   // [D, D]: eh_proj columns applied to enorm(embedding)
+  Matrix eh_hidden;  // [D, D]: eh_proj columns applied to hnorm(hidden)
   kernels::Tensor head_norm;  // [D]
   kernels::Tensor head;       // [V_r, D], vocabulary rows of this rank
   LayerWeights block;
@@ -140,14 +160,17 @@ struct WeightsOptions {
   // false: the routed experts are not read (they come from a NestQuant release, which fills
   // MoeWeights::packed), so a checkpoint without expert weights loads.
   bool routed_experts = true;
-  // Storage of the weight matrices only MatMul reads (projections, MLPs, heads): F32, or BF16,
+  // Storage of the weight matrices only MatMul reads (projections, MLPs, heads): F32; BF16,
   // which halves their memory and the bytes a decode step reads, and is exact for the BF16
-  // checkpoints models ship as (FP8 ones are dequantized, then rounded). The MLA absorption
-  // matrices (w_uk, w_uv) follow BF16 (else stay F32); norms, the router and the embedding stay
-  // F32.
+  // checkpoints models ship as; or F8_E4M3 with 128 x 128 block scales (kernels/fp8_block_quantize.h),
+  // a quarter of F32: the matrices of an FP8 checkpoint come back to their stored bytes where
+  // the loader's slices keep whole 128-row blocks, and a BF16 checkpoint's are quantized as
+  // DeepSeek's FP8 checkpoints are. The vocabulary heads then stay BF16 (FP8 checkpoints keep
+  // them BF16); AbsorbedMatrixDType says how w_uk and w_uv are stored. Norms, the router and
+  // the embedding stay F32.
   kernels::DType matrix_dtype = kernels::DType::kF32;
 };
-// The --weight_dtype values: "f32" or "bf16". INVALID_ARGUMENT names the accepted values.
+// The --weight_dtype values: "f32", "bf16" or "fp8". INVALID_ARGUMENT names the accepted values.
 absl::StatusOr<kernels::DType> ParseWeightDType(absl::string_view name);
 
 absl::StatusOr<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,

@@ -9,6 +9,8 @@ namespace {
 
 int64_t Bytes(const kernels::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 int64_t Bytes(const std::optional<kernels::Tensor>& t) { return t.has_value() ? Bytes(*t) : 0; }
+int64_t Bytes(const Matrix& m) { return static_cast<int64_t>(m.nbytes()); }  // values and block scales
+int64_t Bytes(const std::optional<Matrix>& m) { return m.has_value() ? Bytes(*m) : 0; }
 int64_t Bytes(const MlpWeights& w) { return Bytes(w.gate_up) + Bytes(w.down); }
 
 // Every weight of a decoder block but its routed experts.

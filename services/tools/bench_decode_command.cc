@@ -36,7 +36,7 @@ ABSL_FLAG(int, steps, 0, "bench-decode: timed decode steps (sets --decode_tokens
 ABSL_FLAG(int64_t, max_model_len, 4096, "bench-decode: context window (tokens the KV cache holds)");
 ABSL_FLAG(int64_t, copy_mb, -1,
           "bench-decode: MB of the device copy timed for the roofline floor (0: none; -1: 1024 on cuda, 0 on cpu)");
-ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32 or bf16 (as nq-worker)");
+ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32, bf16 or fp8 (as nq-worker)");
 ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
 

@@ -31,15 +31,25 @@ bool IsFoldedScale(absl::string_view name) {
   return absl::EndsWith(name, "_scale_inv") || absl::EndsWith(name, ".weight_scale");
 }
 
-// Bytes per element the loader stores the tensor at (model_weights.cc): the 2-D weights only
-// MatMul reads at WeightsOptions::matrix_dtype; kv_b (split into the MLA absorption matrices) at
-// AbsorbedMatrixDType; the embedding, the router and the rest at F32.
-uint64_t StoredElementBytes(absl::string_view name, const model::TensorView& view, kernels::DType matrix_dtype) {
+// Bytes the loader stores the tensor in (model_weights.cc): the 2-D weights only MatMul reads at
+// WeightsOptions::matrix_dtype (FP8 with one F32 scale per 128 x 128 block); the vocabulary heads
+// at HeadMatrixDType; kv_b (split into the MLA absorption matrices) at AbsorbedMatrixDType; the
+// embedding, the router and the rest at F32.
+uint64_t StoredBytes(absl::string_view name, const model::TensorView& view, kernels::DType matrix_dtype) {
+  const uint64_t n = view.numel();
   if (view.shape.size() != 2 || absl::StrContains(name, "embed_tokens") || absl::EndsWith(name, "mlp.gate.weight")) {
-    return sizeof(float);
+    return n * sizeof(float);
   }
-  if (absl::StrContains(name, "kv_b_proj")) return kernels::DTypeSize(model::AbsorbedMatrixDType(matrix_dtype));
-  return kernels::DTypeSize(matrix_dtype);
+  if (absl::StrContains(name, "kv_b_proj")) return n * kernels::DTypeSize(model::AbsorbedMatrixDType(matrix_dtype));
+  if (absl::StartsWith(name, "lm_head.") || absl::StrContains(name, "shared_head.head.")) {
+    return n * kernels::DTypeSize(model::HeadMatrixDType(matrix_dtype));
+  }
+  uint64_t bytes = n * kernels::DTypeSize(matrix_dtype);
+  if (matrix_dtype == kernels::DType::kF8E4M3) {
+    const auto blocks = [](int64_t d) { return static_cast<uint64_t>((d + kernels::kWeightScaleBlock - 1) / kernels::kWeightScaleBlock); };
+    bytes += blocks(view.shape[0]) * blocks(view.shape[1]) * sizeof(float);
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -77,7 +87,7 @@ absl::StatusOr<DeviceBytesEstimate> EstimateDeviceBytes(const DeviceFitInputs& i
       continue;
     }
     ASSIGN_OR_RETURN(const model::TensorView view, in.checkpoint->Find(name));
-    estimate.dense_weights += view.numel() * StoredElementBytes(name, view, in.weight_dtype);
+    estimate.dense_weights += StoredBytes(name, view, in.weight_dtype);
   }
   if (in.release != nullptr) {
     for (const format::RankIndex& index : in.release->indexes()) {

@@ -103,10 +103,11 @@ ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + comp
 ABSL_FLAG(std::string, kv_cache_dtype, "f32",
           "Storage of the KV cache's MLA latent and rope key: f32 or bf16 (the DSA indexer keys stay f32)");
 // BF16 halves the weight matrices' memory and the bytes a decode step reads, and is exact for
-// BF16 checkpoints; f32 stays the default until the served models' outputs have been compared.
+// BF16 checkpoints; FP8 (128 x 128 block scales) halves them again and keeps an FP8 checkpoint's
+// matrices as stored. f32 stays the default until the served models' outputs have been compared.
 ABSL_FLAG(std::string, weight_dtype, "f32",
-          "Storage of the weight matrices (projections, MLPs, heads): f32 or bf16 (norms, MLA absorption, router "
-          "and embedding stay f32)");
+          "Storage of the weight matrices (projections, MLPs): f32, bf16 or fp8 (E4M3 with 128x128 block scales, "
+          "the vocabulary heads and MLA absorption then bf16; norms, router and embedding stay f32)");
 // Graphs are what a GPU decode step needs (one launch instead of hundreds); off only to compare.
 ABSL_FLAG(bool, step_graphs, true,
           "Run decode steps (up to 4 tokens: a plain step or an MTP verification) as captured CUDA graphs");
@@ -242,7 +243,7 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_gpu) < 0) return absl::InvalidArgumentError("--gpu must be a device ordinal (>= 0)");
   if (const std::string w = absl::GetFlag(FLAGS_weight_dtype); !model::ParseWeightDType(w).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--weight_dtype=", w, ": want f32 or bf16"));
+    return absl::InvalidArgumentError(absl::StrCat("--weight_dtype=", w, ": want f32, bf16 or fp8"));
   }
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world = absl::GetFlag(FLAGS_world_size);

@@ -88,7 +88,7 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"worker", {"--slot_wait_tokens=-1"}, "must not be negative"},
       {"worker", {"--release=" + log_dir_}, "--release needs --model"},
       {"worker", {"--kv_cache_dtype=fp16"}, "--kv_cache_dtype=fp16: want f32 or bf16"},
-      {"worker", {"--weight_dtype=fp8"}, "--weight_dtype=fp8: want f32 or bf16"},
+      {"worker", {"--weight_dtype=fp4"}, "--weight_dtype=fp4: want f32, bf16 or fp8"},
       {"streamer", {"--read_piece_kib=3"}, "--read_piece_kib=3"},
       {"worker", {"--kv_cache_dtype=bf16"}, "--kv_cache_dtype=bf16 needs --model"},
       {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--release=" + log_dir_}, "COMPLETE"},

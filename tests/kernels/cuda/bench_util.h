@@ -1,5 +1,5 @@
-// What the GPU benchmarks (nq_moe_bench, mla_decode_bench) share: exit-on-error checks and the
-// device-to-device copy bandwidth every figure is set against. Measurements, not tests: a
+// What the GPU benchmarks (nq_moe_bench, mla_decode_bench, gemv_bench) share: exit-on-error
+// checks, graph-replay timing, and the device-to-device copy bandwidth every figure is set against. Measurements, not tests: a
 // failure ends the program with the failing call printed.
 #pragma once
 
@@ -58,6 +58,34 @@ inline double CopyBandwidth() {
   BENCH_CHECK(cudaEventDestroy(start));
   BENCH_CHECK(cudaEventDestroy(stop));
   return 2.0 * kBytes * kIters / (ms * 1e-3);
+}
+
+// Microseconds per replay of what `issue()` enqueues on `stream`, captured once as a CUDA graph:
+// one replay to warm up, then `replays` timed back to back.
+template <typename Issue>
+double GraphReplayMicros(cudaStream_t stream, int replays, Issue&& issue) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  issue();
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaEventRecord(start, stream));
+  for (int r = 0; r < replays; ++r) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaEventRecord(stop, stream));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  return 1e3 * ms / replays;
 }
 
 }  // namespace nq::bench

@@ -27,6 +27,7 @@ namespace nq::kernels::cuda {
 namespace {
 
 using ::nq::bench::CopyBandwidth;
+using ::nq::bench::GraphReplayMicros;
 
 constexpr std::size_t kColdBytes = std::size_t{400} << 20;  // 8x the L2
 
@@ -49,32 +50,12 @@ constexpr Shape kShapes[] = {
 // Microseconds per call of `p` over `copies` weights `stride` bytes apart, from a graph replay.
 double MicrosPerCall(MatMulParams p, const std::uint8_t* weights, std::size_t stride, int copies,
                      const LaunchContext& ctx) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-  for (int c = 0; c < copies; ++c) {
-    p.w = weights + c * stride;
-    BENCH_OK(LaunchMatMul(p, ctx));
-  }
-  BENCH_CHECK(cudaStreamEndCapture(ctx.stream, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));  // warm-up
-  BENCH_CHECK(cudaStreamSynchronize(ctx.stream));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  constexpr int kReplays = 10;
-  BENCH_CHECK(cudaEventRecord(start, ctx.stream));
-  for (int r = 0; r < kReplays; ++r) BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));
-  BENCH_CHECK(cudaEventRecord(stop, ctx.stream));
-  BENCH_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
-  BENCH_CHECK(cudaGraphExecDestroy(exec));
-  BENCH_CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms / (kReplays * copies);
+  return GraphReplayMicros(ctx.stream, 10, [&] {
+           for (int c = 0; c < copies; ++c) {
+             p.w = weights + c * stride;
+             BENCH_OK(LaunchMatMul(p, ctx));
+           }
+         }) / copies;
 }
 
 // Projections of one input, as the model runs them through MatMulSharedInput: one launch
@@ -88,46 +69,26 @@ struct SharedGroup {
 // Microseconds per group call, every matrix's weights at `weights` + c * stride + its offset.
 double MicrosPerGroup(const SharedGroup& g, bool together, int m, const std::uint8_t* weights, std::size_t stride,
                       int copies, float* y, const float* x, const LaunchContext& ctx) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CHECK(cudaStreamBeginCapture(ctx.stream, cudaStreamCaptureModeThreadLocal));
-  for (int c = 0; c < copies; ++c) {
-    const std::uint8_t* at = weights + c * stride;
-    float* out = y;
-    MatMulParams p{.x = x, .w = at, .w_dtype = DType::kBF16, .y = out, .m = m, .n = g.rows[0], .k = g.k};
-    for (std::size_t i = 1; i < g.rows.size(); ++i) {
-      at += static_cast<std::size_t>(g.rows[i - 1]) * g.k * 2;
-      out += static_cast<std::size_t>(m) * g.rows[i - 1];
-      if (together) {
-        p.extra[p.num_extra++] = MatMulExtra{.w = at, .y = out, .n = g.rows[i]};
-      } else {
-        BENCH_OK(LaunchMatMul(p, ctx));
-        p.w = at;
-        p.y = out;
-        p.n = g.rows[i];
-      }
-    }
-    BENCH_OK(LaunchMatMul(p, ctx));
-  }
-  BENCH_CHECK(cudaStreamEndCapture(ctx.stream, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));  // warm-up
-  BENCH_CHECK(cudaStreamSynchronize(ctx.stream));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  constexpr int kReplays = 10;
-  BENCH_CHECK(cudaEventRecord(start, ctx.stream));
-  for (int r = 0; r < kReplays; ++r) BENCH_CHECK(cudaGraphLaunch(exec, ctx.stream));
-  BENCH_CHECK(cudaEventRecord(stop, ctx.stream));
-  BENCH_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
-  BENCH_CHECK(cudaGraphExecDestroy(exec));
-  BENCH_CHECK(cudaGraphDestroy(graph));
-  return 1e3 * ms / (kReplays * copies);
+  return GraphReplayMicros(ctx.stream, 10, [&] {
+           for (int c = 0; c < copies; ++c) {
+             const std::uint8_t* at = weights + c * stride;
+             float* out = y;
+             MatMulParams p{.x = x, .w = at, .w_dtype = DType::kBF16, .y = out, .m = m, .n = g.rows[0], .k = g.k};
+             for (std::size_t i = 1; i < g.rows.size(); ++i) {
+               at += static_cast<std::size_t>(g.rows[i - 1]) * g.k * 2;
+               out += static_cast<std::size_t>(m) * g.rows[i - 1];
+               if (together) {
+                 p.extra[p.num_extra++] = MatMulExtra{.w = at, .y = out, .n = g.rows[i]};
+               } else {
+                 BENCH_OK(LaunchMatMul(p, ctx));
+                 p.w = at;
+                 p.y = out;
+                 p.n = g.rows[i];
+               }
+             }
+             BENCH_OK(LaunchMatMul(p, ctx));
+           }
+         }) / copies;
 }
 
 void RunSharedGroups(const nq::bench::DeviceBytes& weights, const nq::bench::DeviceBytes& x,

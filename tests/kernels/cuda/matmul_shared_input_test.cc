@@ -3,12 +3,14 @@
 // ragged row counts, mixed weight dtypes (one launch per dtype), the tiled path, and batch
 // invariance (a token's outputs do not depend on how many tokens share the launch).
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/fp8_block_quantize.h"
 #include "tests/kernels/cuda/backend_pair.h"
 #include "tests/kernels/test_util.h"
 
@@ -40,15 +42,25 @@ struct Outputs {
 Outputs RunShared(Backend& backend, const std::vector<float>& x, std::int64_t m, const Group& g,
                   const std::vector<std::vector<float>>& weights) {
   Tensor tx = Upload(backend, x, DType::kF32, {m, g.k});
-  std::vector<Tensor> ws, ys;
+  std::vector<Tensor> ws, ys, scales;
   for (std::size_t i = 0; i < g.rows.size(); ++i) {
-    ws.push_back(Upload(backend, weights[i], g.dtypes[i], {g.rows[i], g.k}));
+    if (g.dtypes[i] == DType::kF8E4M3) {  // the weights as an FP8 checkpoint would hold them
+      absl::StatusOr<BlockScaledFp8> q = QuantizeBlockScaledFp8(weights[i], g.rows[i], g.k);
+      EXPECT_TRUE(q.ok()) << q.status();
+      ws.push_back(AllocateOrFail(backend, DType::kF8E4M3, {g.rows[i], g.k}));
+      EXPECT_TRUE(backend.CopyFromHost(std::as_bytes(std::span(q->values)), ws.back()).ok());
+      scales.push_back(Upload(backend, q->scale_inv, DType::kF32,
+                              {(g.rows[i] + 127) / 128, static_cast<std::int64_t>(q->scale_inv.size()) / ((g.rows[i] + 127) / 128)}));
+    } else {
+      ws.push_back(Upload(backend, weights[i], g.dtypes[i], {g.rows[i], g.k}));
+      scales.emplace_back();
+    }
     ys.push_back(Upload(backend, std::vector<float>(m * g.rows[i], 7.0f), DType::kF32, {m, g.rows[i]}));
   }
-  std::vector<const Tensor*> w_ptrs;
+  std::vector<Backend::WeightRef> w_ptrs;
   std::vector<Tensor*> y_ptrs;
   for (std::size_t i = 0; i < ws.size(); ++i) {
-    w_ptrs.push_back(&ws[i]);
+    w_ptrs.push_back({&ws[i], scales[i].valid() ? &scales[i] : nullptr});
     y_ptrs.push_back(&ys[i]);
   }
   const absl::Status status = backend.MatMulSharedInput(tx, w_ptrs, y_ptrs);
@@ -71,6 +83,8 @@ std::vector<Group> Groups() {
       {"ragged", 1001, {33, 1, 70, 5, 31}, {b, b, b, b, b}},
       // Mixed dtypes: one launch per dtype, each with its own matrices.
       {"mixed", 4096, {100, 8, 576, 40}, {b, DType::kF32, b, DType::kF16}},
+      // FP8 weights with their block scales (DeepSeek-V3's checkpoint as stored), beside BF16 ones.
+      {"fp8", 7168, {1536, 576, 64}, {DType::kF8E4M3, DType::kF8E4M3, b}},
       // The most matrices a call takes.
       {"eight", 512, {1, 2, 3, 4, 5, 6, 7, 300}, {b, b, b, b, b, b, b, b}},
   };
