@@ -248,10 +248,10 @@ TEST_F(BenchDecodeCommandTest, RefusesWhatItCannotRun) {
   run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --gpu 1"));
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("--gpu=1 applies to --backend cuda"));
-  run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --weight-dtype fp8"));
+  run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --weight-dtype fp4"));
   EXPECT_EQ(run.exit_code, 2);
   EXPECT_THAT(run.output, HasSubstr("--weight_dtype"));
-  EXPECT_THAT(run.output, HasSubstr("not one of f32, bf16"));
+  EXPECT_THAT(run.output, HasSubstr("not one of f32, bf16, fp8"));
   // Refused by name before the release is opened.
   run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --release ", (*root_ / "release").string(),
                            " --expert-bits dynamic"));
