@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/fp8_block_quantize.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels {
@@ -131,8 +132,7 @@ absl::StatusOr<MatMulDims> CheckMatMulShapes(absl::string_view op, const Tensor&
 // F32 [ceil(n / 128), ceil(k / 128)] scales of an FP8 weight (MatMulBlockScaled).
 absl::Status CheckBlockScales(absl::string_view op, const Tensor& w_fp8, const Tensor& scale_inv, const MatMulDims& dims) {
   RETURN_IF_ERROR(CheckDType(op, "scale_inv", scale_inv, DType::kF32));
-  const auto blocks = [](std::int64_t d) { return (d + kWeightScaleBlock - 1) / kWeightScaleBlock; };
-  return CheckShape(op, "scale_inv", scale_inv, Shape{blocks(dims.n), blocks(dims.k)},
+  return CheckShape(op, "scale_inv", scale_inv, Shape{WeightScaleBlocks(dims.n), WeightScaleBlocks(dims.k)},
                     absl::StrCat("w_fp8 ", w_fp8.DebugString(), " in ", kWeightScaleBlock, " x ", kWeightScaleBlock,
                                  " blocks"));
 }
@@ -328,7 +328,6 @@ absl::Status Backend::MatMulBlockScaled(const Tensor& x, const Tensor& w_fp8,
   RETURN_IF_ERROR(CheckOwned(kOp, "y", y));
   RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
   RETURN_IF_ERROR(CheckDType(kOp, "w_fp8", w_fp8, DType::kF8E4M3));
-  RETURN_IF_ERROR(CheckDType(kOp, "scale_inv", scale_inv, DType::kF32));
   RETURN_IF_ERROR(CheckDType(kOp, "y", y, DType::kF32));
   ASSIGN_OR_RETURN(const MatMulDims dims, CheckMatMulShapes(kOp, x, w_fp8, y));
   RETURN_IF_ERROR(CheckBlockScales(kOp, w_fp8, scale_inv, dims));

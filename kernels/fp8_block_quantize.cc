@@ -41,8 +41,8 @@ absl::StatusOr<BlockScaledFp8> QuantizeBlockScaledFp8(std::span<const float> w, 
         absl::StrCat("QuantizeBlockScaledFp8: ", w.size(), " values for a [", rows, ", ", cols, "] matrix"));
   }
   constexpr std::int64_t kBlock = kWeightScaleBlock;
-  const std::int64_t row_blocks = (rows + kBlock - 1) / kBlock, col_blocks = (cols + kBlock - 1) / kBlock;
-  BlockScaledFp8 out;
+  const std::int64_t row_blocks = WeightScaleBlocks(rows), col_blocks = WeightScaleBlocks(cols);
+  BlockScaledFp8 out{.scale_rows = row_blocks, .scale_cols = col_blocks};
   out.values.resize(w.size());
   out.scale_inv.resize(static_cast<std::size_t>(row_blocks * col_blocks));
   for (std::int64_t rb = 0; rb < row_blocks; ++rb) {

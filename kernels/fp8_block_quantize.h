@@ -18,9 +18,14 @@ namespace nq::kernels {
 // (with f's sign bit).
 F8E4M3 ToF8E4M3(float f);
 
+// Blocks of kWeightScaleBlock along a dimension of d weights: one side of the scale grid.
+constexpr std::int64_t WeightScaleBlocks(std::int64_t d) { return (d + kWeightScaleBlock - 1) / kWeightScaleBlock; }
+
 struct BlockScaledFp8 {
-  std::vector<F8E4M3> values;   // [rows, cols], row-major
-  std::vector<float> scale_inv;  // [ceil(rows / 128), ceil(cols / 128)], row-major
+  std::vector<F8E4M3> values;    // [rows, cols], row-major
+  std::vector<float> scale_inv;  // [scale_rows, scale_cols], row-major
+  std::int64_t scale_rows = 0;   // WeightScaleBlocks(rows)
+  std::int64_t scale_cols = 0;   // WeightScaleBlocks(cols)
 };
 
 // Quantizes a row-major [rows, cols] matrix block by block: scale_inv = amax(|block|) / 448 (1

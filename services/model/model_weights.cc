@@ -56,8 +56,7 @@ class HostLoader {
     ASSIGN_OR_RETURN(kernels::BlockScaledFp8 q, kernels::QuantizeBlockScaledFp8(values, rows, cols));
     ASSIGN_OR_RETURN(Tensor w, backend_.Allocate(kernels::DType::kF8E4M3, std::move(shape)));
     RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const kernels::F8E4M3>(q.values)), w));
-    const int64_t blocks = kernels::kWeightScaleBlock;
-    ASSIGN_OR_RETURN(Tensor scales, Upload(q.scale_inv, Shape{(rows + blocks - 1) / blocks, (cols + blocks - 1) / blocks}));
+    ASSIGN_OR_RETURN(Tensor scales, Upload(q.scale_inv, Shape{q.scale_rows, q.scale_cols}));
     return Matrix(std::move(w), std::move(scales));
   }
 

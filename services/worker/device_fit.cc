@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "kernels/fp8_block_quantize.h"
 #include "services/common/status_macros.h"
 #include "services/model/absorbed_dtype.h"
 #include "services/model/kv_cache.h"
@@ -46,8 +47,8 @@ uint64_t StoredBytes(absl::string_view name, const model::TensorView& view, kern
   }
   uint64_t bytes = n * kernels::DTypeSize(matrix_dtype);
   if (matrix_dtype == kernels::DType::kF8E4M3) {
-    const auto blocks = [](int64_t d) { return static_cast<uint64_t>((d + kernels::kWeightScaleBlock - 1) / kernels::kWeightScaleBlock); };
-    bytes += blocks(view.shape[0]) * blocks(view.shape[1]) * sizeof(float);
+    bytes += static_cast<uint64_t>(kernels::WeightScaleBlocks(view.shape[0]) * kernels::WeightScaleBlocks(view.shape[1])) *
+             sizeof(float);
   }
   return bytes;
 }

@@ -75,6 +75,8 @@ TEST(QuantizeBlockScaledFp8, AnFp8CheckpointMatrixComesBackToItsStoredBytes) {
   }
   absl::StatusOr<BlockScaledFp8> q = QuantizeBlockScaledFp8(w, kRows, kCols);
   NQ_ASSERT_OK(q.status());
+  EXPECT_EQ(q->scale_rows, rb);
+  EXPECT_EQ(q->scale_cols, cb);
   ASSERT_EQ(q->scale_inv.size(), scales.size());
   for (std::size_t b = 0; b < scales.size(); ++b) EXPECT_FLOAT_EQ(q->scale_inv[b], scales[b]) << "block " << b;
   int differing = 0;

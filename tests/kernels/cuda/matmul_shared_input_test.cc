@@ -49,8 +49,7 @@ Outputs RunShared(Backend& backend, const std::vector<float>& x, std::int64_t m,
       EXPECT_TRUE(q.ok()) << q.status();
       ws.push_back(AllocateOrFail(backend, DType::kF8E4M3, {g.rows[i], g.k}));
       EXPECT_TRUE(backend.CopyFromHost(std::as_bytes(std::span(q->values)), ws.back()).ok());
-      scales.push_back(Upload(backend, q->scale_inv, DType::kF32,
-                              {(g.rows[i] + 127) / 128, static_cast<std::int64_t>(q->scale_inv.size()) / ((g.rows[i] + 127) / 128)}));
+      scales.push_back(Upload(backend, q->scale_inv, DType::kF32, {q->scale_rows, q->scale_cols}));
     } else {
       ws.push_back(Upload(backend, weights[i], g.dtypes[i], {g.rows[i], g.k}));
       scales.emplace_back();
