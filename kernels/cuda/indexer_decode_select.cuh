@@ -100,8 +100,9 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   const int t = blockIdx.y;
   const int visible = IndexerStart(p) + t + 1;
   const int first = blockIdx.x * kFilterKeysPerBlock;
-  if (first >= visible) return;  // block-uniform, before any barrier
-  const int take = min(p.top_k, visible);
+  // Block-uniform, before any barrier; a query seeing at most top_k keys takes them all (resolve).
+  if (first >= visible || visible <= p.top_k) return;
+  const int take = p.top_k;
   const float* row = p.scores + std::int64_t{t} * (std::int64_t{p.start_pos} + p.tokens);
   // The loads go out first; the threshold digit is found while they are in flight.
   float score[kFilterItems];
@@ -231,7 +232,11 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ ResolveState st;
   const int t = blockIdx.x;
   const int visible = IndexerStart(p) + t + 1;
-  const int take = min(p.top_k, visible);
+  if (visible <= p.top_k) {  // block-uniform, before any barrier
+    WriteAllVisibleKeys(visible, p.selected + std::int64_t{t} * p.top_k, p.top_k);
+    return;
+  }
+  const int take = p.top_k;
   int padded = 1;
   while (padded < take) padded *= 2;
   std::uint64_t* out = resolve_smem;            // [padded]

@@ -127,6 +127,9 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
   const int queries = min(queries_per_block, p.tokens - q0);
   const int rows = queries * p.heads;
   const int last_key = IndexerStart(p) + q0 + queries - 1;  // the group's last visible key
+  // Every query of the group sees at most top_k keys and selects them all without scores
+  // (WriteAllVisibleKeys). Block-uniform, before any barrier.
+  if (last_key < p.top_k) return;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // fragment coordinates (PTX ISA m16n8k8 layouts)
   // A warp's 16 rows are one query's heads when heads % 16 == 0: its parts are summed in-warp.

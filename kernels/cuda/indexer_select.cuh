@@ -253,6 +253,14 @@ __device__ void WriteKeysAscending(const std::uint64_t* entries, int take, int v
   for (int j = written + threadIdx.x; j < top_k; j += kSelectThreads) selected[j] = -1;
 }
 
+// A query that sees at most top_k keys selects every one of them (the reference's topk of
+// min(top_k, visible)): keys 0 .. visible - 1 in order, then -1. Its scores are never read, so
+// IndexerScoresKernel skips a group whose last query sees at most top_k keys. DSA layers cost
+// next to nothing below top_k keys of context (GLM-5: 2048), where most chats live.
+__device__ __forceinline__ void WriteAllVisibleKeys(int visible, std::int32_t* selected, int top_k) {
+  for (int j = threadIdx.x; j < top_k; j += blockDim.x) selected[j] = j < visible ? j : -1;
+}
+
 // grid: (tokens of this chunk); dynamic shared memory SelectSmemBytes(survivors, capacity).
 // `p` describes the chunk (start_pos, tokens, selected offset to it); scores row t = query t.
 __global__ void __launch_bounds__(kSelectThreads)
@@ -263,7 +271,11 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ SelectState st;
   const int t = blockIdx.x;
   const int visible = IndexerStart(p) + t + 1;
-  const int take = min(p.top_k, visible);
+  if (visible <= p.top_k) {  // block-uniform, before any barrier
+    WriteAllVisibleKeys(visible, p.selected + std::int64_t{t} * p.top_k, p.top_k);
+    return;
+  }
+  const int take = p.top_k;
   int padded = 1;
   while (padded < take) padded *= 2;
   std::uint64_t* out = select_smem;                 // [padded]
@@ -272,9 +284,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 
   if (threadIdx.x == 0) st = {0u, 0u, take, visible, 0, 0, 0, 0};
   __syncthreads();
-  if (take == visible) {
-    for (int i = threadIdx.x; i < visible; i += kSelectThreads) out[i] = Entry(row.U(i), i);
-  } else {
+  {
     int level = 0;
     for (; level < 3; ++level) {
       DigitPass(row, visible, level, st, hist, warp_sums);

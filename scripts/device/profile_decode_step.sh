@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # Where a decode step's time goes on the H200 (issue #13): every kernel of the last decode steps
 # of `nq bench-decode` under ncu (duration and DRAM bytes per kernel, clocks left alone), grouped
-# by kernel, on the GLM-5-shaped slice at a 4000-token context (2-bit experts, BF16 matrices) and
+# by kernel, on the GLM-5-shaped slice at a 4000-token context (2-bit experts, BF16 matrices; make_slice.sh) and
 # on glm5_nano. Also the slice's tokens/s with step graphs in the same call, hbm_probe's
 # yardsticks, and the cluster's greedy check with the reference's top-2 margin at a divergence.
 # Over the .gpu-cluster bundle (scripts/device/package_cluster.sh); .hbm/hbm_probe.py carried.
 #
 #   run tool: carry [".gpu-cluster", ".hbm"], command "bash scripts/device/profile_decode_step.sh"
 # With bin/cuda_vs_cpu_ops_test in the bundle (NQ_EXTRA_BINS), the decode-step kernels' tests
-# run first (NQ_OPS_FILTER), and under compute-sanitizer memcheck; with bin/nq_before (a previous
+# run first (NQ_OPS_FILTER), and under compute-sanitizer memcheck (NQ_OPS_MEMCHECK=0: not); with bin/nq_before (a previous
 # build), the slice's tokens/s are measured for both, interleaved.
 # With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
 # --quick: the automatic split counts only).
-# NQ_PROFILE_ONLY=ops|hbm|gemv|slice|nano|greedy (comma list) limits what runs; NQ_SLICE_DTYPES
-# (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g. "bf16 fp8").
+# NQ_PROFILE_ONLY=ops|indexer|hbm|gemv|slice|nano|greedy (comma list) limits what runs; NQ_SLICE_DTYPES
+# (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g. "bf16 fp8");
+# NQ_SLICES the slices (below), e.g. "glm5:4:256:4000 dsv3:4:32:32" for issue #13's two targets.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
 mkdir -p "$OUT"
-only="${NQ_PROFILE_ONLY:-ops,hbm,gemv,slice,nano,greedy}"
+only="${NQ_PROFILE_ONLY:-ops,indexer,hbm,gemv,slice,nano,greedy}"
 wants() { [[ ",$only," == *",$1,"* ]]; }
 w=$(mktemp -d)
 tar -C "$w" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
@@ -29,12 +30,28 @@ if wants ops && [[ -x $B/cuda_vs_cpu_ops_test ]]; then
   filter="${NQ_OPS_FILTER:-CudaMatMul*:CudaRmsNorm*:CudaIndexer*:CudaStepPosition*:CudaMla*}"
   $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > "$OUT/ops.txt" 2>&1; echo "== ops ($filter) rc $?"
   grep -E "^\[  (PASSED|FAILED)|FAILED|worst" "$OUT/ops.txt" | head -40
-  compute-sanitizer --tool memcheck $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > /tmp/memcheck.txt 2>&1
-  echo "== memcheck rc $?"; tail -2 /tmp/memcheck.txt; grep -m5 -A8 "Invalid\|ERROR SUMMARY: [1-9]" /tmp/memcheck.txt
+  if [[ "${NQ_OPS_MEMCHECK:-1}" == 1 ]]; then
+    compute-sanitizer --tool memcheck $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > /tmp/memcheck.txt 2>&1
+    echo "== memcheck rc $?"; tail -2 /tmp/memcheck.txt; grep -m5 -A8 "Invalid\|ERROR SUMMARY: [1-9]" /tmp/memcheck.txt
+  fi
 fi
 
 if wants gemv && [[ -x $B/gemv_bench ]]; then
   $B/gemv_bench ${NQ_GEMV_ARGS:---quick} > "$OUT/gemv.txt" 2>&1; echo "== gemv_bench rc $?"; cat "$OUT/gemv.txt"
+fi
+
+# With bin/indexer_bench: the DSA indexer's decode selection per case; NQ_INDEXER_NCU="CASE ..."
+# (indexer_bench --only values) adds ncu --set full on each such case's kernels.
+if wants indexer && [[ -x $B/indexer_bench ]]; then
+  $B/indexer_bench > "$OUT/indexer.txt" 2>&1; echo "== indexer_bench rc $?"; cat "$OUT/indexer.txt"
+  for case in ${NQ_INDEXER_NCU:-}; do
+    ncu --set full -k regex:Indexer --launch-count 3 "$B/indexer_bench" --quick --only "${case//_/ }" \
+      > "/tmp/ncu_indexer_$case.txt" 2>&1
+    echo "== ncu indexer $case rc $?"
+    grep -E "^  [A-Za-z].*Kernel|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Block Size|Grid Size|Theoretical Occupancy|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|One or More Eligible" \
+      "/tmp/ncu_indexer_$case.txt" | head -90
+  done
+  cat /tmp/ncu_indexer_*.txt 2>/dev/null | xz -9 > "$OUT/ncu_indexer.txt.xz"
 fi
 
 if wants hbm && [[ -f .hbm/hbm_probe.py ]]; then
@@ -52,25 +69,37 @@ profile() {  # name, bench-decode flags...
   cat "$OUT/profile_$name.txt"
 }
 
+# Each slice of NQ_SLICES ("arch:layers:experts:context", default the GLM-5 slice of the earlier
+# runs): made by make_slice.sh (synthetic release), timed at every NQ_SLICE_DTYPES, removed; the
+# first is also profiled under ncu (NQ_SLICE_NCU=0 skips that); NQ_SLICE_ROUNDS rounds (default 2).
 if wants slice; then
-  slice=/tmp/nq_glm5_slice
-  if NQ="$B/nq" bash scripts/device/make_glm5_slice.sh "$slice" 3 8 0 > /tmp/make_slice.log 2>&1; then
-    grep -E "^(synth-model|encode):" /tmp/make_slice.log
-    for round in 1 2; do
+  first=1
+  for spec in ${NQ_SLICES:-glm5:3:8:4000}; do
+    IFS=: read -r arch layers experts context <<<"$spec"
+    slice=/tmp/nq_slice_$arch
+    rm -rf "$slice"
+    if ! NQ="$B/nq" bash scripts/device/make_slice.sh "$arch" "$slice" "$layers" "$experts" 0 > /tmp/make_slice.log 2>&1; then
+      echo "make_slice $spec failed"; tail -5 /tmp/make_slice.log; rm -rf "$slice"; continue
+    fi
+    echo "== slice $spec: $(grep -E "^(synth-model|synth-release):" /tmp/make_slice.log | tr '\n' ' ')"
+    for round in $(seq 1 "${NQ_SLICE_ROUNDS:-2}"); do
       for which in nq_before nq; do
         [[ -x "$B/$which" ]] || continue
         for dtype in ${NQ_SLICE_DTYPES:-bf16}; do
+          log="/tmp/slice_${arch}_${which}_${dtype}.log"
           "$B/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-            --prompt-tokens=4000 --decode-tokens=64 --warmup=4 --weight-dtype=$dtype > "/tmp/slice_$which.log" 2>&1
-          echo "== round $round $which slice ctx4000 2-bit $dtype: $(tail -1 /tmp/slice_$which.log | sed 's/.*H200[^:]*: //')"
+            --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=$dtype > "$log" 2>&1
+          echo "== round $round $which slice $spec 2-bit $dtype: $(tail -1 "$log" | sed 's/.*H200[^:]*: //')"
         done
       done
     done
-    profile slice --model="$slice" --release="$slice/release" --expert-bits=2 --weight-dtype=bf16 \
-      --prompt-tokens=4000 --decode-tokens=2 --warmup=1
-  else
-    echo "make_glm5_slice failed"; tail -5 /tmp/make_slice.log
-  fi
+    if [[ $first == 1 && "${NQ_SLICE_NCU:-1}" == 1 ]]; then
+      profile slice --model="$slice" --release="$slice/release" --expert-bits=2 --weight-dtype=bf16 \
+        --prompt-tokens="$context" --decode-tokens=2 --warmup=1
+    fi
+    first=0
+    rm -rf "$slice"
+  done
 fi
 
 if wants nano; then

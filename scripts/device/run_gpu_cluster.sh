@@ -103,7 +103,7 @@ if [[ -n "$nsys_bin" && "${NQ_NSYS:-1}" == 1 ]]; then
 else
   echo "== nsys: not on this machine, no profile"
 fi
-# The same services on a GLM-5-shaped slice (make_glm5_slice.sh: GLM-5's layer shapes, random
+# The same services on a GLM-5-shaped slice (make_slice.sh glm5: GLM-5's layer shapes, random
 # weights, its release; NQ_SLICE_SHAPE="layers experts mtp", default 2 16 1): records of 9 MiB
 # streamed into device slots, a step long enough for the services' per-token cost to show at its
 # real share, and MTP's 1 + 3 verification step against a plain one. No CPU reference (a CPU
@@ -112,9 +112,9 @@ if [[ "${NQ_SLICE:-1}" == 1 ]]; then
   slice=/tmp/nq_glm5_slice
   read -r slice_layers slice_experts slice_mtp <<<"${NQ_SLICE_SHAPE:-2 16 1}"
   echo "== GLM-5-shaped slice: $slice_layers layers + $slice_mtp MTP, $slice_experts experts"
-  if NQ="$work/bin/nq" bash scripts/device/make_glm5_slice.sh "$slice" "$slice_layers" "$slice_experts" "$slice_mtp" \
-    >"$out/logs/make_glm5_slice.log" 2>&1; then
-    grep -E "^(synth-model|encode):" "$out/logs/make_glm5_slice.log"
+  if NQ="$work/bin/nq" bash scripts/device/make_slice.sh glm5 "$slice" "$slice_layers" "$slice_experts" "$slice_mtp" \
+    >"$out/logs/make_slice.log" 2>&1; then
+    grep -E "^(synth-model|synth-release):" "$out/logs/make_slice.log"
     spec=""
     [[ "$slice_mtp" -gt 0 ]] && spec=",spec"
     python3 scripts/device/gpu_cluster_check.py --bin "$work/bin" --model "$slice" --out "$out/slice" \
@@ -136,7 +136,7 @@ if [[ "${NQ_SLICE:-1}" == 1 ]]; then
       --decode-tokens=128 --warmup=8 --prompt-tokens=16 --weight-dtype=bf16 --out="$out/slice/bench_decode_bf16.json" \
       2>&1 | tail -1
   else
-    tail -5 "$out/logs/make_glm5_slice.log"; failed+=("make_glm5_slice")
+    tail -5 "$out/logs/make_slice.log"; failed+=("make_slice")
   fi
   rm -rf "$slice"
 fi

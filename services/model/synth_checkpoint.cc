@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 #include "services/model/safetensors_writer.h"
@@ -67,6 +68,7 @@ absl::Status WriteSyntheticCheckpoint(ModelConfig config, const std::string& out
   std::mt19937_64 rng(options.seed);
   SafetensorsWriter writer;
   for (const ExpectedTensor& t : ExpectedTensors(config)) {
+    if (!options.routed_experts && absl::StrContains(t.name, ".mlp.experts.")) continue;
     std::vector<float> values = RandomValues(t, rng);
     const bool is_bias = t.name.ends_with("e_score_correction_bias");
     if (options.dtype == SynthDtype::kFp8 && t.fp8_eligible && t.shape.size() == 2) {

@@ -22,6 +22,10 @@ struct SynthOptions {
   // Split model.safetensors into shards of at most this many bytes (with
   // model.safetensors.index.json); 0 writes one file.
   uint64_t max_shard_bytes = 0;
+  // false: no routed expert tensors (model.layers.L.mlp.experts.*), as a checkpoint served with
+  // its experts from a NestQuant release may be; shared experts stay. `nq synth-release` then
+  // writes the release: the two make slices at real sizes whose experts would not fit a BF16 file.
+  bool routed_experts = true;
 };
 
 // Writes config.json (with quantization_config for FP8), generation_config.json and the

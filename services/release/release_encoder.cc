@@ -1,9 +1,14 @@
 #include "services/release/release_encoder.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <map>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -66,13 +71,79 @@ std::vector<std::byte> Bytes(std::span<const uint8_t> data) {
   return out;
 }
 
+
+// An expert matrix of a synthetic release, which the seed and these name.
+struct SyntheticExpert {
+  uint32_t layer, rank, expert;
+  const char* projection;
+};
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A stable key for (seed, words...): the same release whatever the platform (std::hash is not).
+uint64_t MixKey(uint64_t seed, std::initializer_list<uint64_t> words) {
+  uint64_t state = seed;
+  uint64_t key = SplitMix64(state);
+  for (uint64_t w : words) {
+    state ^= w + 0x632be59bd9b4e019ull;
+    key ^= SplitMix64(state);
+  }
+  return key;
+}
+
+uint64_t ProjectionIndex(const std::string& projection) {
+  for (uint64_t i = 0; i < std::size(kProjections); ++i) {
+    if (projection == kProjections[i]) return i;
+  }
+  return std::size(kProjections);
+}
+
+// The projection's template (one random N(0, 1/cols) matrix encoded at the real shape: real scales
+// and codebooks), then this expert's own random codes and the layer's rotation seeds.
+absl::StatusOr<quant::EncodedMatrix> SyntheticMatrix(const quant::Codec& codec, int64_t rows, int64_t cols,
+                                                     const quant::EncodeOptions& encode, uint64_t seed,
+                                                     const SyntheticExpert& id,
+                                                     std::map<std::string, quant::EncodedMatrix>& templates) {
+  const uint64_t projection = ProjectionIndex(id.projection);
+  auto it = templates.find(id.projection);
+  if (it == templates.end()) {
+    std::mt19937_64 rng(MixKey(seed, {projection}));
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(cols)));
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (float& v : w) v = normal(rng);
+    ASSIGN_OR_RETURN(quant::EncodedMatrix t, codec.Encode(w, rows, cols, nullptr, encode));
+    it = templates.emplace(id.projection, std::move(t)).first;
+  }
+  quant::EncodedMatrix m = it->second;
+  m.params.rotation = encode.rotation;
+  if (codec.name() == quant::kTrellisV1) return m;  // random bits are no Viterbi path: keep the encoded ones
+  const int64_t weights = rows * cols;
+  if (static_cast<int64_t>(m.base_codes.size()) != quant::PlaneBytes(rows, cols, 2) ||
+      static_cast<int64_t>(m.residual_codes.size()) != quant::PlaneBytes(rows, cols, 2)) {
+    return absl::InternalError(absl::StrCat("synthetic release: ", codec.name(),
+                                            " planes are not 2-bit code planes of ", rows, " x ", cols));
+  }
+  const uint64_t key = MixKey(seed, {id.layer, id.rank, id.expert, projection});
+  FillRandomCodes(m.base_codes, 2 * weights, key);
+  FillRandomCodes(m.residual_codes, 2 * weights, ~key);
+  return m;
+}
+
 }  // namespace
 
 absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_dir,
                            const EncodeReleaseOptions& options) {
   ASSIGN_OR_RETURN(std::string config_text, ReadFile(model_dir + "/config.json"));
   ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseModelConfig(config_text));
-  ASSIGN_OR_RETURN(model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
+  std::optional<model::Checkpoint> checkpoint;  // a synthetic release reads none
+  if (!options.synthetic_seed.has_value()) {
+    ASSIGN_OR_RETURN(checkpoint, model::Checkpoint::Open(model_dir));
+  }
   ASSIGN_OR_RETURN(const std::string codec_name, quant::ResolveCodecName(options.codec));
   ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(codec_name));
   const int world = options.tp_size;
@@ -134,6 +205,33 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
     ml.fixed_4bit.assign(ml.ranking.begin(), ml.ranking.begin() + options.fixed_per_layer);
   }
   ASSIGN_OR_RETURN(format::ReleaseWriter writer, format::ReleaseWriter::Create(out_dir, manifest));
+  // nq encode's matrices: this rank's slice of the checkpoint's, LDLQ against calibration.
+  auto encode_from_checkpoint = [&](const std::string& name, uint32_t layer, int rank, int64_t e, bool down,
+                                    int64_t rows, int64_t cols,
+                                    const quant::EncodeOptions& encode) -> absl::StatusOr<quant::EncodedMatrix> {
+    ASSIGN_OR_RETURN(model::FloatTensor w, model::LoadFloat32(*checkpoint, name));
+    std::vector<float> slice = Slice(w, /*split_rows=*/!down, rank, world);
+    // LDLQ against the expert's calibration Hessian (this rank's slice of the down input).
+    std::optional<quant::Hessian> hessian;
+    if (calibration.has_value()) {
+      auto it = calibration->experts.find({layer, static_cast<uint32_t>(e)});
+      if (it != calibration->experts.end() && it->second.samples > 0) {
+        const quant::Hessian& full = down ? it->second.down : it->second.gate_up;
+        if (full.dim != (down ? I : D)) {
+          return absl::InvalidArgumentError(absl::StrCat("--calib: ", name, " Hessian has dim ", full.dim));
+        }
+        hessian = quant::Hessian{cols, std::vector<double>(static_cast<size_t>(cols * cols))};
+        const int64_t offset = down ? rank * cols : 0;
+        for (int64_t i = 0; i < cols; ++i) {
+          for (int64_t j = 0; j < cols; ++j) {
+            hessian->values[i * cols + j] = full.values[(offset + i) * full.dim + offset + j];
+          }
+        }
+      }
+    }
+    return codec->Encode(slice, rows, cols, hessian.has_value() ? &*hessian : nullptr, encode);
+  };
+  std::map<std::string, quant::EncodedMatrix> templates;  // synthetic: one per projection
 
   // Progress counts experts (a trellis encode of one layer shard can take minutes).
   const int total = static_cast<int>(layers.size()) * world * static_cast<int>(E);
@@ -155,35 +253,18 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         std::vector<format::SegmentSpec> specs;
         for (const char* proj : kProjections) {
           const std::string name = absl::StrCat("model.layers.", layer, ".mlp.experts.", e, ".", proj, ".weight");
-          ASSIGN_OR_RETURN(model::FloatTensor w, model::LoadFloat32(checkpoint, name));
           const bool down = std::string(proj) == "down_proj";
-          std::vector<float> slice = Slice(w, /*split_rows=*/!down, rank, world);
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,
                              .col_block = down ? down_in_block : in_block,
                              .row_sign_seed = ml.rotation.sign_seed * 31 + 1,
                              .col_sign_seed = ml.rotation.sign_seed * 31 + 2};
-          // LDLQ against the expert's calibration Hessian (this rank's slice of the down input).
-          std::optional<quant::Hessian> hessian;
-          if (calibration.has_value()) {
-            auto it = calibration->experts.find({layer, static_cast<uint32_t>(e)});
-            if (it != calibration->experts.end() && it->second.samples > 0) {
-              const quant::Hessian& full = down ? it->second.down : it->second.gate_up;
-              if (full.dim != (down ? I : D)) {
-                return absl::InvalidArgumentError(absl::StrCat("--calib: ", name, " Hessian has dim ", full.dim));
-              }
-              hessian = quant::Hessian{cols, std::vector<double>(static_cast<size_t>(cols * cols))};
-              const int64_t offset = down ? rank * cols : 0;
-              for (int64_t i = 0; i < cols; ++i) {
-                for (int64_t j = 0; j < cols; ++j) {
-                  hessian->values[i * cols + j] = full.values[(offset + i) * full.dim + offset + j];
-                }
-              }
-            }
-          }
           absl::StatusOr<quant::EncodedMatrix> m =
-              codec->Encode(slice, rows, cols, hessian.has_value() ? &*hessian : nullptr, encode);
+              options.synthetic_seed.has_value()
+                  ? SyntheticMatrix(*codec, rows, cols, encode, *options.synthetic_seed,
+                                    {layer, static_cast<uint32_t>(rank), static_cast<uint32_t>(e), proj}, templates)
+                  : encode_from_checkpoint(name, layer, rank, e, down, rows, cols, encode);
           if (!m.ok()) return Annotate(m.status(), name);
           const std::string key = absl::StrCat("experts.", e, ".", proj);
           RETURN_IF_ERROR(resident.Add(key + ".base", model::DType::kU8, {static_cast<int64_t>(m->base_codes.size())},
@@ -222,6 +303,23 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
     }
   }
   return writer.Finish();
+}
+
+void FillRandomCodes(std::span<uint8_t> plane, int64_t used_bits, uint64_t seed) {
+  uint64_t state = seed;
+  size_t i = 0;
+  for (; i + 8 <= plane.size(); i += 8) {
+    const uint64_t word = SplitMix64(state);
+    std::memcpy(plane.data() + i, &word, 8);
+  }
+  if (i < plane.size()) {
+    const uint64_t word = SplitMix64(state);
+    std::memcpy(plane.data() + i, &word, plane.size() - i);
+  }
+  const int64_t tail_bits = used_bits % 8;
+  const size_t used_bytes = static_cast<size_t>((used_bits + 7) / 8);
+  if (tail_bits != 0 && used_bytes <= plane.size()) plane[used_bytes - 1] &= static_cast<uint8_t>((1u << tail_bits) - 1);
+  for (size_t b = used_bytes; b < plane.size(); ++b) plane[b] = 0;
 }
 
 absl::StatusOr<quant::EncodedMatrix> LoadResidentExpert(const model::SafetensorsFile& resident,

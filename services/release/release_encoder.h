@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -30,6 +31,15 @@ struct EncodeReleaseOptions {
   // Called after each expert of each (layer, rank) with the experts done and the total
   // (layers x ranks x experts); a (layer, rank) already written counts all its experts at once.
   std::function<void(int done, int total)> progress;
+  // Set: a synthetic release (`nq synth-release`). The checkpoint is not opened (config.json is
+  // all it needs), and the experts are made up instead of encoded: per rank and projection, one
+  // random N(0, 1/in) matrix at the real shape is encoded for its scales and codebooks, and every
+  // expert of every layer gets those with its own random codes drawn from this seed (trellis_v1:
+  // the encoded codes themselves, whose Viterbi paths random bits would not be). Every file has
+  // the size and layout a real release of the config has, in seconds instead of hours: for
+  // benchmarks at sizes no checkpoint on hand reaches (a GLM-5 MoE layer is 9.7B weights). Its
+  // experts compute nothing meaningful.
+  std::optional<uint64_t> synthetic_seed;
 };
 
 // One expert matrix of a release as the codec reads it: base plane, scales, codebooks and
@@ -49,5 +59,9 @@ absl::StatusOr<quant::EncodedMatrix> LoadReleaseExpert(const format::Release& re
 
 absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_dir,
                            const EncodeReleaseOptions& options);
+
+// Fills `plane` with random codes from `seed` (splitmix64: fast enough for tens of GB), leaving
+// the padding bits past `used_bits` zero as PackCodes does.
+void FillRandomCodes(std::span<uint8_t> plane, int64_t used_bits, uint64_t seed);
 
 }  // namespace nq::release

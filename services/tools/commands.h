@@ -27,6 +27,8 @@ int RunDetokenize(const std::vector<std::string>& args);
 
 // nq encode --model HF_DIR --out RELEASE --tp W [--fixed-per-layer N]
 int RunEncode(const std::vector<std::string>& args);
+// nq synth-release --model DIR --out RELEASE [--tp W] [--fixed-per-layer N] [--codec C] [--seed N]
+int RunSynthRelease(const std::vector<std::string>& args);
 // nq calibrate --model DIR --tokens_file FILE --out H
 int RunCalibrate(const std::vector<std::string>& args);
 // nq trace --model DIR --tokens FILE --out TRACE

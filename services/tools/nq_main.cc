@@ -21,12 +21,15 @@ constexpr char kUsage[] =
     "                 --model DIR --tokens 1,2,3 [--tp W] [--decode] [--mtp] --out FILE\n"
     "  synth-model  write a random-weight checkpoint for a config.json\n"
     "                 --config JSON --out DIR [--dtype f32|bf16|fp8] [--seed N] [--max_shard_mb N]\n"
+    "                 [--routed_experts=false]  (no routed expert weights: serve them from a release)\n"
     "  tokenize     text on stdin -> comma-separated token ids on stdout\n"
     "                 --tokenizer FILE [--add_special_tokens]\n"
     "  detokenize   comma-separated token ids on stdin -> decoded bytes on stdout\n"
     "                 --tokenizer FILE [--skip_special_tokens]\n"
     "  encode       HF checkpoint -> NestQuant release\n"
     "                 --model DIR --out RELEASE [--tp W] [--calib H] [--fixed-per-layer N] [--codec scalar|trellis]\n"
+    "  synth-release  a release of made-up experts at the config's real sizes, for benchmarks (reads only config.json)\n"
+    "                 --model DIR --out RELEASE [--tp W] [--fixed-per-layer N] [--codec scalar|trellis] [--seed N]\n"
     "  calibrate    per-expert input Hessians and routing counts over calibration tokens\n"
     "                 --model DIR --tokens FILE --out H\n"
     "  trace        routing traces of the model over token sequences: --model DIR --tokens FILE --out T\n"
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
   if (command == "tokenize") return nq::tools::RunTokenize(rest);
   if (command == "detokenize") return nq::tools::RunDetokenize(rest);
   if (command == "encode") return nq::tools::RunEncode(rest);
+  if (command == "synth-release") return nq::tools::RunSynthRelease(rest);
   if (command == "calibrate") return nq::tools::RunCalibrate(rest);
   if (command == "trace") return nq::tools::RunTrace(rest);
   if (command == "replay") return nq::tools::RunReplay(rest);

@@ -27,7 +27,8 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(std::string, tokens);
-ABSL_FLAG(int, fixed_per_layer, 0, "encode: experts per layer pinned at 4 bits by default");
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_FLAG(int, fixed_per_layer, 0, "encode, synth-release: experts per layer pinned at 4 bits by default");
 ABSL_FLAG(std::string, calib, "", "encode: calibration Hessians and routing counts from nq calibrate");
 ABSL_FLAG(std::string, codec, "scalar",
           "encode: the codec, scalar (nested_scalar_v1) or trellis (trellis_v1, ~2x lower 2-bit "
@@ -53,7 +54,7 @@ void ProgressBar(int done, int total) {
   if (!isatty(STDERR_FILENO)) {
     const int step = std::max(1, total / 20);
     if (done % step == 0 || done == total) {
-      std::fprintf(stderr, "nq encode: %d/%d experts, %.0f s elapsed, ~%.0f s left\n", done, total, elapsed, left);
+      std::fprintf(stderr, "nq: %d/%d experts, %.0f s elapsed, ~%.0f s left\n", done, total, elapsed, left);
     }
     return;
   }
@@ -63,22 +64,33 @@ void ProgressBar(int done, int total) {
   if (done == total) std::fprintf(stderr, "\n");
 }
 
-}  // namespace
-
-int RunEncode(const std::vector<std::string>& args) {
-  if (!args.empty()) return ReportCommandStatus("encode", absl::InvalidArgumentError("unexpected argument " + args[0]));
+// nq encode, and nq synth-release (the same release with made-up experts: no checkpoint weights read).
+int RunEncodeCommand(const char* command, const std::vector<std::string>& args, bool synthetic) {
+  if (!args.empty()) return ReportCommandStatus(command, absl::InvalidArgumentError("unexpected argument " + args[0]));
   const std::string model = absl::GetFlag(FLAGS_model), out = absl::GetFlag(FLAGS_out);
-  if (model.empty() || out.empty()) return ReportCommandStatus("encode", absl::InvalidArgumentError("--model and --out are required"));
+  if (model.empty() || out.empty()) return ReportCommandStatus(command, absl::InvalidArgumentError("--model and --out are required"));
   release::EncodeReleaseOptions options;
   options.tp_size = absl::GetFlag(FLAGS_tp);
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
   options.progress = ProgressBar;
+  if (synthetic) {
+    if (!options.calibration_path.empty()) {
+      return ReportCommandStatus(command, absl::InvalidArgumentError("--calib: a synthetic release encodes no checkpoint"));
+    }
+    options.synthetic_seed = absl::GetFlag(FLAGS_seed);
+  }
   absl::Status status = release::EncodeRelease(model, out, options);
-  if (status.ok()) std::fprintf(stderr, "nq encode: wrote %s\n", out.c_str());
-  return ReportCommandStatus("encode", status);
+  if (status.ok()) std::fprintf(stderr, "nq %s: wrote %s\n", command, out.c_str());
+  return ReportCommandStatus(command, status);
 }
+
+}  // namespace
+
+int RunEncode(const std::vector<std::string>& args) { return RunEncodeCommand("encode", args, false); }
+
+int RunSynthRelease(const std::vector<std::string>& args) { return RunEncodeCommand("synth-release", args, true); }
 
 int RunCalibrate(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("calibrate", absl::InvalidArgumentError("unexpected argument " + args[0]));

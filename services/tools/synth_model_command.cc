@@ -12,8 +12,11 @@
 
 ABSL_FLAG(std::string, config, "", "synth-model: config.json to build the checkpoint for");
 ABSL_FLAG(std::string, dtype, "f32", "synth-model: f32, bf16 or fp8 (F8_E4M3 with 128x128 block scales)");
-ABSL_FLAG(uint64_t, seed, 0, "synth-model: random seed; bench-decode: seed of the prompt's token ids");
+ABSL_FLAG(uint64_t, seed, 0,
+          "synth-model, synth-release: random seed; bench-decode: seed of the prompt's token ids");
 ABSL_FLAG(uint64_t, max_shard_mb, 0, "synth-model: shard the weights into files of at most this many MiB");
+ABSL_FLAG(bool, routed_experts, true,
+          "synth-model: write the routed experts' weights (false: leave them to a release, nq synth-release)");
 
 namespace nq::tools {
 namespace {
@@ -40,6 +43,7 @@ absl::Status Run() {
   }
   options.seed = absl::GetFlag(FLAGS_seed);
   options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_mb) << 20;
+  options.routed_experts = absl::GetFlag(FLAGS_routed_experts);
   RETURN_IF_ERROR(model::WriteSyntheticCheckpoint(*std::move(config), out, options));
   std::fprintf(stderr, "nq synth-model: wrote %s\n", out.c_str());
   return absl::OkStatus();

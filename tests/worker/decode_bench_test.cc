@@ -139,9 +139,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-CommandResult RunNq(const std::string& args) {
+CommandResult RunNqCommand(const std::string& command, const std::string& args) {
   CommandResult result;
-  FILE* pipe = popen(absl::StrCat(NQ_TOOL_BIN, " bench-decode ", args, " 2>&1").c_str(), "r");
+  FILE* pipe = popen(absl::StrCat(NQ_TOOL_BIN, " ", command, " ", args, " 2>&1").c_str(), "r");
   if (pipe == nullptr) return result;
   char buffer[4096];
   size_t n;
@@ -150,6 +150,7 @@ CommandResult RunNq(const std::string& args) {
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   return result;
 }
+CommandResult RunNq(const std::string& args) { return RunNqCommand("bench-decode", args); }
 
 nlohmann::json ReadJson(const std::string& path) {
   std::ifstream in(path);
@@ -232,6 +233,40 @@ TEST_F(BenchDecodeCommandTest, WritesTheReportOfARelease) {
   ASSERT_THAT(model, IsOk());
   const std::vector<int32_t> prompt = DecodeBenchPrompt(32, (*model)->config().vocab_size, 5);
   EXPECT_EQ(json["tokens"].get<std::vector<int32_t>>(), ReferenceTokens(**model, prompt, 2, 12));
+}
+
+// The device scripts' slices (scripts/device/make_slice.sh): a checkpoint without routed expert
+// weights, a synthetic release for it, and bench-decode over the two, through the commands.
+TEST_F(BenchDecodeCommandTest, DecodesASliceOfSyntheticWeightsAndRelease) {
+  const std::string slice = (*root_ / "slice").string();
+  const std::string config = std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json";
+  CommandResult run = RunNqCommand(
+      "synth-model", absl::StrCat("--config ", config, " --out ", slice, " --dtype bf16 --seed 2 --routed_experts=false"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  run = RunNqCommand("synth-release", absl::StrCat("--model ", slice, " --out ", slice, "/release --fixed-per-layer 2 --seed 3"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("nq synth-release: wrote"));
+  const std::string out = (*root_ / "slice.json").string();
+  run = RunNq(absl::StrCat("--model ", slice, " --release ", slice, "/release --expert-bits 2 --prompt-tokens 8 ",
+                           "--warmup 1 --decode-tokens 4 --max-model-len 32 --out ", out));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("tokens/s over 4 decode steps"));
+  EXPECT_EQ(ReadJson(out)["tokens"].size(), 4u);
+
+  // Without the release, the checkpoint has no experts to serve: refused by the tensor's name.
+  run = RunNq(absl::StrCat("--model ", slice, " --prompt-tokens 8 --warmup 1 --decode-tokens 4 --max-model-len 32"));
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.output, HasSubstr("mlp.experts.0"));
+  // A synthetic release encodes nothing, so calibration has nothing to feed.
+  run = RunNqCommand("synth-release", absl::StrCat("--model ", slice, " --out ", slice, "/r2 --calib ", config));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--calib: a synthetic release encodes no checkpoint"));
+  run = RunNqCommand("synth-release", absl::StrCat("--out ", slice, "/r3"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--model and --out are required"));
+  run = RunNqCommand("synth-release", absl::StrCat("--model ", (*root_ / "absent").string(), " --out ", slice, "/r4"));
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_THAT(run.output, HasSubstr("config.json"));
 }
 
 TEST_F(BenchDecodeCommandTest, RefusesWhatItCannotRun) {
