@@ -223,6 +223,8 @@ absl::StatusOr<OpenAiRequest> ParseCompletionRequest(const std::string& body) {
     out.logprobs = {.enabled = true, .top = static_cast<int>(n)};
     out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
   }
+  // Unrequested logprobs are not computed: greedy decoding then skips a softmax over the vocabulary.
+  out.sampling.set_logprobs(out.logprobs.enabled);
   if (Has(json, "echo") && json["echo"].is_boolean() && json["echo"].get<bool>()) {
     return Invalid("echo", "is not supported");
   }
@@ -307,6 +309,7 @@ absl::StatusOr<OpenAiRequest> ParseChatRequest(const std::string& body) {
     out.logprobs.top = static_cast<int>(n);
     out.sampling.set_top_logprobs(static_cast<uint32_t>(n));
   }
+  out.sampling.set_logprobs(out.logprobs.enabled);  // as for completions
   return out;
 }
 

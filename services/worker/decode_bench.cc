@@ -93,6 +93,7 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   SequenceRequest request;
   request.prompt = DecodeBenchPrompt(options.prompt_tokens, model.config().vocab_size, options.seed);
   request.sampling.temperature = 0;  // greedy
+  request.sampling.logprobs = false;  // as the router asks for a request that wants none
   request.max_tokens = static_cast<uint32_t>(1 + options.warmup_tokens + options.decode_tokens);
   request.ignore_eos = true;  // every run decodes all its steps, whatever the tokens
   DecodeBenchReport report;

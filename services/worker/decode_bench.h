@@ -6,7 +6,8 @@
 // prompt on every machine), its prefill (which emits the first token), W warm-up decode steps,
 // then N timed decode steps. A decode step is exactly the worker's plain step: the model's
 // forward of the last token (appended to the cache, so the sequence continues from the prompt),
-// greedy selection on the host (Sampler), nothing else. Each step's wall time is the runner's
+// greedy selection on the host (Sampler, without log-probabilities: what an HTTP request that
+// asks for none gets), nothing else. Each step's wall time is the runner's
 // steady_clock measurement of its forward and sampling (SequenceStep::seconds).
 #pragma once
 

@@ -19,6 +19,7 @@ absl::Status MtpDrafter::BeginSequence(const SamplingConfig& sampling) {
   draft.presence_penalty = 0;
   draft.frequency_penalty = 0;
   draft.top_logprobs = 0;
+  draft.logprobs = false;  // drafts report none: greedy drafting is an argmax
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(draft));
   draft_sampler_.emplace(std::move(sampler));
   greedy_ = sampling.temperature == 0;

@@ -94,6 +94,22 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
     }
   }
   logits_ = Adjust(raw_logits);
+  if (argmax_only()) {
+    // SortPrefix(1)'s pick (the largest finite logit, ties: the lower id) in one pass, and nothing
+    // of the distribution: no log-probability is reported.
+    float best = -std::numeric_limits<float>::infinity();
+    int64_t at = -1;
+    for (size_t i = 0; i < logits_.size(); ++i) {
+      const float l = logits_[i];
+      if (l > best && std::isfinite(l)) {
+        best = l;
+        at = static_cast<int64_t>(i);
+      }
+    }
+    if (at < 0) return absl::InvalidArgumentError("logits have no finite value");
+    argmax_ = static_cast<int32_t>(at);
+    return absl::OkStatus();
+  }
   const size_t V = logits_.size();
   const bool greedy = config_.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
@@ -160,6 +176,7 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
 
 int32_t Sampler::Draw() {
   if (config_.temperature == 0) {
+    if (argmax_only()) return argmax_;
     SortPrefix(1);
     return order_[0];
   }
@@ -192,6 +209,7 @@ SampledToken Sampler::Commit(int32_t id) {
   out.id = id;
   Count(id);
   ++committed_;
+  if (argmax_only()) return out;  // no log-probabilities were asked for (or prepared)
   out.logprob = logprob(static_cast<size_t>(id));
   SortPrefix(static_cast<size_t>(config_.top_logprobs));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(order_.size()); ++i) {

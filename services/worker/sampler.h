@@ -20,6 +20,10 @@ struct SamplingConfig {
   int top_k = 0;             // 0: off
   uint64_t seed = 0;
   int top_logprobs = 0;      // alternatives to report per token (0..20)
+  // Whether SampledToken::logprob is computed (forced by top_logprobs > 0). Without it greedy
+  // decoding takes the argmax alone: no softmax over the vocabulary, which costs 1-2 ms of host
+  // time per token at a 129k-155k vocabulary (bench/README.md) and is then left 0.
+  bool logprobs = true;
   float presence_penalty = 0;   // [-2, 2]
   float frequency_penalty = 0;  // [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
@@ -118,6 +122,11 @@ class Sampler {
   double log_sum1_ = 0;            // log of the temperature-1 normaliser
   size_t kept_ = 0;                // candidates after top-k / top-p (order_[0, kept_) when cut)
   double kept_mass_ = 0;           // their probs_
+  // Greedy without log-probabilities (ArgmaxOnly): Prepare finds the pick and nothing else.
+  bool argmax_only() const {
+    return config_.temperature == 0 && !config_.logprobs && config_.top_logprobs == 0;
+  }
+  int32_t argmax_ = 0;             // the pick when argmax_only()
   std::vector<uint8_t> in_kept_;   // scratch: token id -> survived top-k / top-p
   std::vector<float> adjusted_;    // scratch: the logits after bias and penalties
   std::unordered_map<int32_t, int> counts_;  // token id -> times sampled in this sequence

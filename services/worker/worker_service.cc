@@ -153,6 +153,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
   sequence.sampling.top_k = static_cast<int>(sampling.top_k());
   sequence.sampling.seed = sampling.has_seed() ? sampling.seed() : std::random_device{}();
   sequence.sampling.top_logprobs = static_cast<int>(sampling.top_logprobs());
+  sequence.sampling.logprobs = !sampling.has_logprobs() || sampling.logprobs() || sampling.top_logprobs() > 0;
   sequence.sampling.presence_penalty = sampling.presence_penalty();
   sequence.sampling.frequency_penalty = sampling.frequency_penalty();
   for (const auto& [id, bias] : sampling.logit_bias()) {

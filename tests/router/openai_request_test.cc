@@ -29,6 +29,7 @@ TEST(OpenAiRequestTest, ParsesACompletion) {
   EXPECT_TRUE(r->logprobs.enabled);
   EXPECT_EQ(r->logprobs.top, 0);
   EXPECT_EQ(r->sampling.top_logprobs(), 0u);
+  EXPECT_TRUE(r->sampling.has_logprobs() && r->sampling.logprobs()) << "the worker computes them";
 }
 
 TEST(OpenAiRequestTest, ParsesLogprobsOnBothEndpoints) {
@@ -40,6 +41,9 @@ TEST(OpenAiRequestTest, ParsesLogprobsOnBothEndpoints) {
   absl::StatusOr<OpenAiRequest> none = ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":null})");
   ASSERT_THAT(none, IsOk());
   EXPECT_FALSE(none->logprobs.enabled);
+  // Not asked for: the worker is told not to compute them (greedy then skips the softmax).
+  EXPECT_TRUE(none->sampling.has_logprobs());
+  EXPECT_FALSE(none->sampling.logprobs());
 
   const std::string head = R"({"model":"m","messages":[{"role":"user","content":"x"}],)";
   absl::StatusOr<OpenAiRequest> chat = ParseChatRequest(head + R"("logprobs":true,"top_logprobs":20})");
@@ -51,6 +55,11 @@ TEST(OpenAiRequestTest, ParsesLogprobsOnBothEndpoints) {
   ASSERT_THAT(bare, IsOk());
   EXPECT_TRUE(bare->logprobs.enabled);
   EXPECT_EQ(bare->sampling.top_logprobs(), 0u);
+  EXPECT_TRUE(bare->sampling.logprobs());
+  absl::StatusOr<OpenAiRequest> plain = ParseChatRequest(head + R"("temperature":0})");
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_TRUE(plain->sampling.has_logprobs());
+  EXPECT_FALSE(plain->sampling.logprobs());
 
   EXPECT_THAT(ParseCompletionRequest(R"({"model":"m","prompt":"x","logprobs":21})"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'logprobs' must be in [0, 20]")));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include <gmock/gmock.h>
@@ -32,6 +33,53 @@ TEST(SamplerTest, GreedyPicksTheArgmaxWithItsLogprob) {
   ASSERT_EQ(t->top.size(), 2u);
   EXPECT_EQ(t->top[0].first, 1);
   EXPECT_EQ(t->top[1].first, 4);
+}
+
+// Greedy without log-probabilities takes the argmax alone (no softmax over the vocabulary): the
+// same token as the full path on every row (ties to the lower id, non-finite logits as -inf,
+// with bias and penalties over a sequence), the same verdicts, no logprob; alternatives asked
+// for bring the full path back.
+TEST(SamplerTest, GreedyWithoutLogprobsPicksWhatTheFullPathPicks) {
+  std::mt19937_64 rng(17);
+  std::uniform_int_distribution<int> small(-3, 3);
+  const SamplingConfig base{.temperature = 0, .frequency_penalty = 0.5f, .logit_bias = {{2, 1.0f}}};
+  SamplingConfig lean = base;
+  lean.logprobs = false;
+  absl::StatusOr<Sampler> full = Sampler::Create(base), fast = Sampler::Create(lean);
+  ASSERT_THAT(full, IsOk());
+  ASSERT_THAT(fast, IsOk());
+  for (int row = 0; row < 200; ++row) {
+    std::vector<float> logits(64);
+    for (float& l : logits) l = static_cast<float>(small(rng));  // many ties
+    if (row % 3 == 0) logits[row % 64] = NAN;
+    if (row % 5 == 0) logits[(row + 7) % 64] = INFINITY;
+    if (row % 7 == 0) logits[(row + 9) % 64] = -INFINITY;
+    absl::StatusOr<SampledToken> a = full->Sample(logits), b = fast->Sample(logits);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    ASSERT_EQ(a->id, b->id) << "row " << row;
+    EXPECT_EQ(b->logprob, 0.0f);
+    EXPECT_TRUE(b->top.empty());
+    const int32_t draft = row % 2 == 0 ? a->id : (a->id + 1) % 64;
+    absl::StatusOr<Sampler::Verdict> va = full->Verify(logits, draft, {}), vb = fast->Verify(logits, draft, {});
+    ASSERT_THAT(va, IsOk());
+    ASSERT_THAT(vb, IsOk());
+    EXPECT_EQ(va->accepted, vb->accepted);
+    EXPECT_EQ(va->token.id, vb->token.id);
+  }
+  const std::vector<float> none = {NAN, INFINITY, -INFINITY};
+  EXPECT_THAT(fast->Sample(none), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no finite")));
+
+  SamplingConfig with_top{.temperature = 0, .top_logprobs = 2};
+  with_top.logprobs = false;
+  absl::StatusOr<Sampler> s = Sampler::Create(with_top);
+  ASSERT_THAT(s, IsOk());
+  absl::StatusOr<SampledToken> t = s->Sample(kLogits);
+  ASSERT_THAT(t, IsOk());
+  double z = 0;
+  for (float l : kLogits) z += std::exp(l);
+  EXPECT_NEAR(t->logprob, 2.0 - std::log(z), 1e-5) << "top_logprobs forces the log-probabilities";
+  EXPECT_EQ(t->top.size(), 2u);
 }
 
 // The reported log-probabilities are the model's distribution at temperature 1 whatever the
