@@ -12,8 +12,12 @@
 // A block owns up to kScoreMaxWarps x 16 rows (whole queries: rows = queries x heads) held as
 // A fragments in registers for the whole kernel, and walks key tiles of kScoreTileKeys keys
 // (blockIdx.x, blockIdx.x + gridDim.x, ...) through a two-stage cp.async pipeline in shared
-// memory. Per tile: the MMAs, w * relu(dot) per row into shared memory (summed over a warp's 16
-// rows first when they are all one query's heads), then a sum over each query's parts in a fixed
+// memory. Its warps are row warps x kKeyGroups: each row warp's 16 rows are held by kKeyGroups
+// warps that split a tile's 8-key N tiles between them. The A fragments take ~130 registers, so
+// an SM holds few warps; with GLM-5's 32 indexer heads a decode block without key groups had 2
+// warps and the kernel ran at 3-6 % occupancy, issue-bound on dependent MMA chains (ncu).
+// Per tile: the MMAs, w * relu(dot) per row into shared memory (summed over a warp's 16 rows
+// first when they are all one query's heads), then a sum over each query's parts in a fixed
 // order (deterministic), written as the score. NaN scores are written as -inf and -0 as +0, so
 // the selection's bit order matches the reference's comparison.
 //
@@ -108,11 +112,12 @@ __device__ __forceinline__ void LoadKeyTile(float* tile, const float* k, int dim
   }
 }
 
-// grid: (key splits, query groups of `queries_per_block`); block: ceil(rows / 16) warps, rows =
-// queries of the group x heads <= kScoreMaxRows; dynamic shared memory ScoreSmemBytes(kKSteps).
+// grid: (key splits, query groups of `queries_per_block`); block: ceil(rows / 16) x kKeyGroups
+// warps <= kScoreMaxWarps, rows = queries of the group x heads <= kScoreMaxRows; dynamic shared
+// memory ScoreSmemBytes(kKSteps).
 // kKSteps * 8 >= dim (A fragments are registers, so a compile-time count). With kHistogram, add
 // ScoreHistSmemBytes(queries_per_block) of dynamic shared memory; top_hist is unused without.
-template <int kKSteps, bool kHistogram>
+template <int kKSteps, int kKeyGroups, bool kHistogram>
 __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
     IndexerScoresKernel(const __grid_constant__ IndexerTopKParams p, int queries_per_block,
                         unsigned* top_hist) {
@@ -130,7 +135,12 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
   // Every query of the group sees at most top_k keys and selects them all without scores
   // (WriteAllVisibleKeys). Block-uniform, before any barrier.
   if (last_key < p.top_k) return;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  static_assert(kScoreNTiles % kKeyGroups == 0);
+  constexpr int kGroupNTiles = kScoreNTiles / kKeyGroups;  // this warp's N tiles of a key tile
+  const int row_warps = static_cast<int>(blockDim.x) / (kWarpSize * kKeyGroups);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize % row_warps;  // its rows' warp
+  const int n_first = static_cast<int>(threadIdx.x) / (kWarpSize * row_warps) * kGroupNTiles;
+  const int lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t4 = lane % 4;  // fragment coordinates (PTX ISA m16n8k8 layouts)
   // A warp's 16 rows are one query's heads when heads % 16 == 0: its parts are summed in-warp.
   const bool warp_is_one_query = p.heads % kScoreWarpRows == 0;
@@ -181,13 +191,13 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
     __syncthreads();
     const float* keys = tiles + (it % kScoreStages) * kScoreTileKeys * stride;
 
-    // Eight independent accumulators (one per 8-key N tile) keep the tensor pipe busy.
-    float acc[kScoreNTiles][4] = {};
+    // Independent accumulators (one per 8-key N tile of this warp's group) keep the tensor pipe busy.
+    float acc[kGroupNTiles][4] = {};
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
 #pragma unroll
-      for (int n = 0; n < kScoreNTiles; ++n) {
-        const float* b = keys + (n * 8 + g) * stride + s * 8 + t4;
+      for (int n = 0; n < kGroupNTiles; ++n) {
+        const float* b = keys + ((n_first + n) * 8 + g) * stride + s * 8 + t4;
         std::uint32_t b0_hi, b0_lo, b1_hi, b1_lo;
         SplitTf32(b[0], b0_hi, b0_lo);
         SplitTf32(b[4], b1_hi, b1_lo);
@@ -199,11 +209,11 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
     // Epilogue: w * relu(dot) (a NaN dot adds nothing, as in the reference), per row or summed
     // over the warp's 16 rows. c0, c1: row r0, keys 2 t4, 2 t4 + 1 of the N tile; c2, c3: row r1.
 #pragma unroll
-    for (int n = 0; n < kScoreNTiles; ++n) {
+    for (int n = 0; n < kGroupNTiles; ++n) {
       float v[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) v[j] = acc[n][j] > 0.0f ? (j < 2 ? w0 : w1) * acc[n][j] : 0.0f;
-      const int col = n * 8 + 2 * t4;
+      const int col = (n_first + n) * 8 + 2 * t4;
       if (warp_is_one_query) {
         float s0 = v[0] + v[2], s1 = v[1] + v[3];
 #pragma unroll

@@ -15,23 +15,28 @@ namespace {
 // the key bitmap of WriteKeysAscending).
 // With its ~8.4 KiB of static shared memory it stays under sm_90's 227 KiB per block.
 constexpr int kSelectDynamicSmemBytes = 200 * 1024;
-// Score blocks resident per SM at 4 warps (T = 1, 64 heads): ~104 KiB of shared memory each.
-constexpr int kScoreBlocksPerSm = 2;
 
 using ScoresKernel = void (*)(IndexerTopKParams, int, unsigned*);
 
+// The scoring kernels of one k-step count: [key groups 1, 2, 4][scores only (chunked path),
+// scores and the top-digit histograms (decode path)].
+inline constexpr int kKeyGroupOptions[] = {1, 2, 4};
 struct ScoresVariant {
   int k_steps;
-  ScoresKernel kernel;       // scores only (chunked path)
-  ScoresKernel with_hist;    // scores and the top-digit histograms (decode path)
+  ScoresKernel kernels[3][2];
 };
 
+template <int kKSteps>
+constexpr ScoresVariant MakeScoresVariant() {
+  return {kKSteps,
+          {{IndexerScoresKernel<kKSteps, 1, false>, IndexerScoresKernel<kKSteps, 1, true>},
+           {IndexerScoresKernel<kKSteps, 2, false>, IndexerScoresKernel<kKSteps, 2, true>},
+           {IndexerScoresKernel<kKSteps, 4, false>, IndexerScoresKernel<kKSteps, 4, true>}}};
+}
+
 // dim <= 8 x k_steps; the first that fits is used (fewer k steps: fewer MMAs and registers).
-constexpr std::array<ScoresVariant, 3> kScoresVariants = {{
-    {4, IndexerScoresKernel<4, false>, IndexerScoresKernel<4, true>},
-    {8, IndexerScoresKernel<8, false>, IndexerScoresKernel<8, true>},
-    {16, IndexerScoresKernel<16, false>, IndexerScoresKernel<16, true>},
-}};
+constexpr std::array<ScoresVariant, 3> kScoresVariants = {
+    MakeScoresVariant<4>(), MakeScoresVariant<8>(), MakeScoresVariant<16>()};
 static_assert(kScoresVariants.back().k_steps * 8 == kMaxIndexerDim);
 
 absl::StatusOr<ScoresVariant> PickScoresVariant(int dim) {
@@ -63,31 +68,49 @@ SelectScratchLayout MakeSelectScratchLayout(std::int64_t tokens, std::int64_t vi
   return l;
 }
 
-// The scoring grid of a chunk: enough key splits to fill the GPU; the groups of a decode chunk
-// walk the same tiles at the same time, so a key read by one group is an L2 hit for the others.
+// The scoring launch of a chunk: its row warps each split into as many key groups as the block's
+// warp limit allows (more warps per SM: the A fragments' registers cap how many fit), and
+// enough key splits to fill the GPU at the kernel's occupancy; the groups of a decode chunk walk
+// the same tiles at the same time, so a key read by one group is an L2 hit for the others.
 struct ScoreLaunch {
   int queries_per_block;
   dim3 grid;
   int threads;
+  int smem;
+  ScoresKernel kernel;
 };
-ScoreLaunch MakeScoreLaunch(const IndexerTopKParams& chunk, const LaunchContext& ctx) {
+absl::StatusOr<ScoreLaunch> MakeScoreLaunch(const IndexerTopKParams& chunk, const ScoresVariant& variant,
+                                            bool histogram, const LaunchContext& ctx) {
   const int queries_per_block = std::min(chunk.tokens, kScoreMaxRows / chunk.heads);
   const int groups = static_cast<int>(CeilDiv(chunk.tokens, queries_per_block));
-  const int warps = static_cast<int>(CeilDiv(queries_per_block * chunk.heads, kScoreWarpRows));
+  const int row_warps = static_cast<int>(CeilDiv(queries_per_block * chunk.heads, kScoreWarpRows));
+  int option = 0;
+  while (option + 1 < static_cast<int>(std::size(kKeyGroupOptions)) &&
+         row_warps * kKeyGroupOptions[option + 1] <= kScoreMaxWarps) {
+    ++option;
+  }
+  ScoreLaunch l;
+  l.queries_per_block = queries_per_block;
+  l.threads = row_warps * kKeyGroupOptions[option] * kWarpSize;
+  l.kernel = variant.kernels[option][histogram ? 1 : 0];
+  l.smem = ScoreSmemBytes(variant.k_steps) + (histogram ? ScoreHistSmemBytes(queries_per_block) : 0);
+  NQ_CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(l.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.smem));
+  int per_sm = 0;
+  NQ_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, l.threads, l.smem));
   const std::int64_t tiles = CeilDiv(std::int64_t{chunk.start_pos} + chunk.tokens, kScoreTileKeys);
-  const std::int64_t splits = std::clamp<std::int64_t>(
-      CeilDiv(std::int64_t{kScoreBlocksPerSm} * ctx.num_sms, groups), 1, tiles);
-  return {queries_per_block, dim3(static_cast<unsigned>(splits), static_cast<unsigned>(groups)),
-          warps * kWarpSize};
+  const std::int64_t splits =
+      std::clamp<std::int64_t>(CeilDiv(std::int64_t{std::max(per_sm, 1)} * ctx.num_sms, groups), 1, tiles);
+  l.grid = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(groups));
+  return l;
 }
 
 // Scores then selects for one chunk of queries (q, weights, selected, start_pos, tokens already
 // offset to it).
 absl::Status LaunchChunk(const IndexerTopKParams& chunk, const ScoresVariant& scores,
                          int candidate_capacity, int select_smem, const LaunchContext& ctx) {
-  const ScoreLaunch sl = MakeScoreLaunch(chunk, ctx);
-  scores.kernel<<<sl.grid, sl.threads, ScoreSmemBytes(scores.k_steps), ctx.stream>>>(
-      chunk, sl.queries_per_block, nullptr);
+  ASSIGN_OR_RETURN(const ScoreLaunch sl, MakeScoreLaunch(chunk, scores, /*histogram=*/false, ctx));
+  sl.kernel<<<sl.grid, sl.threads, sl.smem, ctx.stream>>>(chunk, sl.queries_per_block, nullptr);
   RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel"));
   IndexerSelectKernel<<<static_cast<unsigned>(chunk.tokens), kSelectThreads, select_smem,
                         ctx.stream>>>(chunk, candidate_capacity);
@@ -110,10 +133,8 @@ absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& score
       .cand_stride = visible_max};
   NQ_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(base, 0, static_cast<std::size_t>(l.zeroed_bytes), ctx.stream));
-  const ScoreLaunch sl = MakeScoreLaunch(p, ctx);
-  scores.with_hist<<<sl.grid, sl.threads,
-                     ScoreSmemBytes(scores.k_steps) + ScoreHistSmemBytes(sl.queries_per_block),
-                     ctx.stream>>>(p, sl.queries_per_block, s.top_hist);
+  ASSIGN_OR_RETURN(const ScoreLaunch sl, MakeScoreLaunch(p, scores, /*histogram=*/true, ctx));
+  sl.kernel<<<sl.grid, sl.threads, sl.smem, ctx.stream>>>(p, sl.queries_per_block, s.top_hist);
   RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel (histogram)"));
   const dim3 filter_grid(static_cast<unsigned>(CeilDiv(visible_max, kFilterKeysPerBlock)),
                          static_cast<unsigned>(p.tokens));
@@ -167,9 +188,6 @@ absl::Status LaunchIndexerTopK(const IndexerTopKParams& p, const LaunchContext& 
                                                    " queries in one chunk of score rows (", p.score_rows, ")"));
   }
   ASSIGN_OR_RETURN(const ScoresVariant scores, PickScoresVariant(p.dim));
-  NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(scores.kernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               ScoreSmemBytes(scores.k_steps)));
   // The survivors' buffer holds them padded to a power of two; candidates get the rest.
   int survivors = 1;
   while (survivors < std::min<std::int64_t>(p.top_k, visible_max)) survivors *= 2;
@@ -181,9 +199,6 @@ absl::Status LaunchIndexerTopK(const IndexerTopKParams& p, const LaunchContext& 
                                                kSelectDynamicSmemBytes));
   if (p.select_scratch != nullptr && p.tokens <= kIndexerDecodeMaxQueries &&
       p.tokens <= p.score_rows) {
-    NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
-        scores.with_hist, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        ScoreSmemBytes(scores.k_steps) + ScoreHistSmemBytes(kIndexerDecodeMaxQueries)));
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(IndexerResolveKernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  kSelectDynamicSmemBytes));

@@ -8,18 +8,19 @@
 #
 #   run tool: carry [".gpu-cluster", ".hbm"], command "bash scripts/device/profile_decode_step.sh"
 # With bin/cuda_vs_cpu_ops_test in the bundle (NQ_EXTRA_BINS), the decode-step kernels' tests
-# run first (NQ_OPS_FILTER), and under compute-sanitizer memcheck (NQ_OPS_MEMCHECK=0: not); with bin/nq_before (a previous
+# run first (NQ_OPS_FILTER), and under compute-sanitizer memcheck (NQ_OPS_MEMCHECK=0: not; racecheck
+# over NQ_OPS_RACECHECK's filter); with bin/nq_before (a previous
 # build), the slice's tokens/s are measured for both, interleaved.
 # With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
 # --quick: the automatic split counts only).
-# NQ_PROFILE_ONLY=ops|indexer|hbm|gemv|slice|nano|greedy (comma list) limits what runs; NQ_SLICE_DTYPES
+# NQ_PROFILE_ONLY=ops|indexer|sampler|hbm|gemv|slice|nano|greedy (comma list) limits what runs; NQ_SLICE_DTYPES
 # (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g. "bf16 fp8");
 # NQ_SLICES the slices (below), e.g. "glm5:4:256:4000 dsv3:4:32:32" for issue #13's two targets.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
 mkdir -p "$OUT"
-only="${NQ_PROFILE_ONLY:-ops,indexer,hbm,gemv,slice,nano,greedy}"
+only="${NQ_PROFILE_ONLY:-ops,indexer,sampler,hbm,gemv,slice,nano,greedy}"
 wants() { [[ ",$only," == *",$1,"* ]]; }
 w=$(mktemp -d)
 tar -C "$w" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
@@ -33,6 +34,10 @@ if wants ops && [[ -x $B/cuda_vs_cpu_ops_test ]]; then
   if [[ "${NQ_OPS_MEMCHECK:-1}" == 1 ]]; then
     compute-sanitizer --tool memcheck $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > /tmp/memcheck.txt 2>&1
     echo "== memcheck rc $?"; tail -2 /tmp/memcheck.txt; grep -m5 -A8 "Invalid\|ERROR SUMMARY: [1-9]" /tmp/memcheck.txt
+  fi
+  if [[ -n "${NQ_OPS_RACECHECK:-}" ]]; then  # a filter of cases small enough for racecheck
+    compute-sanitizer --tool racecheck $B/cuda_vs_cpu_ops_test --gtest_filter="$NQ_OPS_RACECHECK" > /tmp/racecheck.txt 2>&1
+    echo "== racecheck ($NQ_OPS_RACECHECK) rc $?"; tail -2 /tmp/racecheck.txt; grep -m5 -A8 "hazard\|ERROR SUMMARY: [1-9]" /tmp/racecheck.txt
   fi
 fi
 
@@ -52,6 +57,12 @@ if wants indexer && [[ -x $B/indexer_bench ]]; then
       "/tmp/ncu_indexer_$case.txt" | head -90
   done
   cat /tmp/ncu_indexer_*.txt 2>/dev/null | xz -9 > "$OUT/ncu_indexer.txt.xz"
+fi
+
+# With bin/sampler_bench: the host's next-token pick at GLM-5's and DeepSeek-V3's vocabularies, on
+# this machine's CPU (the one a worker serves from).
+if wants sampler && [[ -x $B/sampler_bench ]]; then
+  $B/sampler_bench > "$OUT/sampler.txt" 2>&1; echo "== sampler_bench rc $?"; grep -E "^BM_|CPU|Run on" "$OUT/sampler.txt"
 fi
 
 if wants hbm && [[ -f .hbm/hbm_probe.py ]]; then
