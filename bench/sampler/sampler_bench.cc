@@ -1,6 +1,7 @@
 // What the leader worker's host-side sampling costs per token, at the vocabularies of GLM-5
 // (154880) and DeepSeek-V3 (129280): greedy with and without the log-probabilities (the softmax
-// over the vocabulary they need), and temperature / nucleus draws. Rows of N(0, 3) logits.
+// over the vocabulary they need), and temperature (with and without them) / nucleus draws. Rows
+// of N(0, 3) logits.
 //
 //   sampler_bench [--benchmark_filter=Greedy]
 #include <benchmark/benchmark.h>
@@ -42,11 +43,17 @@ void BM_GreedyWithoutLogprobs(benchmark::State& state) {
 }
 void BM_GreedyWithLogprobs(benchmark::State& state) { Run(state, {.temperature = 0}); }
 void BM_Temperature(benchmark::State& state) { Run(state, {.temperature = 0.8f, .seed = 3}); }
+void BM_TemperatureWithoutLogprobs(benchmark::State& state) {
+  SamplingConfig c{.temperature = 0.8f, .seed = 3};
+  c.logprobs = false;
+  Run(state, c);
+}
 void BM_TopP(benchmark::State& state) { Run(state, {.temperature = 0.8f, .top_p = 0.95f, .seed = 3}); }
 
 BENCHMARK(BM_GreedyWithoutLogprobs)->Arg(129280)->Arg(154880)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GreedyWithLogprobs)->Arg(129280)->Arg(154880)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Temperature)->Arg(129280)->Arg(154880)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_TemperatureWithoutLogprobs)->Arg(129280)->Arg(154880)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TopP)->Arg(129280)->Arg(154880)->Unit(benchmark::kMicrosecond);
 
 }  // namespace

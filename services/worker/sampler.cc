@@ -123,14 +123,15 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
   probs_.assign(V, 0.0);
   sum_ = 0;
   double sum1 = 0;
+  const bool own_sum1 = inv_t != 1.0 && reports_logprobs();  // else sum_ is it, or it is unused
   for (size_t i = 0; i < V; ++i) {
     if (!std::isfinite(logits_[i])) continue;
     const double shifted = static_cast<double>(logits_[i]) - max_logit;
     probs_[i] = std::exp(shifted * inv_t);
     sum_ += probs_[i];
-    sum1 += inv_t == 1.0 ? probs_[i] : std::exp(shifted);
+    if (own_sum1) sum1 += std::exp(shifted);
   }
-  log_sum1_ = max_logit + std::log(sum1);
+  log_sum1_ = max_logit + std::log(own_sum1 ? sum1 : sum_);
 
   // Candidates by descending probability (ties: lower id), sorted only as far as a step needs
   // (partial selection, not a sort of the vocabulary): order_[0, sorted_) holds the sorted_
@@ -209,7 +210,7 @@ SampledToken Sampler::Commit(int32_t id) {
   out.id = id;
   Count(id);
   ++committed_;
-  if (argmax_only()) return out;  // no log-probabilities were asked for (or prepared)
+  if (!reports_logprobs()) return out;  // none were asked for (or prepared)
   out.logprob = logprob(static_cast<size_t>(id));
   SortPrefix(static_cast<size_t>(config_.top_logprobs));
   for (int i = 0; i < config_.top_logprobs && i < static_cast<int>(order_.size()); ++i) {

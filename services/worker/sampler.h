@@ -22,7 +22,8 @@ struct SamplingConfig {
   int top_logprobs = 0;      // alternatives to report per token (0..20)
   // Whether SampledToken::logprob is computed (forced by top_logprobs > 0). Without it greedy
   // decoding takes the argmax alone: no softmax over the vocabulary, which costs 1-2 ms of host
-  // time per token at a 129k-155k vocabulary (bench/README.md) and is then left 0.
+  // time per token at a 129k-155k vocabulary (bench/README.md) and is then left 0; a draw at a
+  // temperature other than 1 skips the second exp per id that the temperature-1 normaliser takes.
   bool logprobs = true;
   float presence_penalty = 0;   // [-2, 2]
   float frequency_penalty = 0;  // [-2, 2]
@@ -122,10 +123,10 @@ class Sampler {
   double log_sum1_ = 0;            // log of the temperature-1 normaliser
   size_t kept_ = 0;                // candidates after top-k / top-p (order_[0, kept_) when cut)
   double kept_mass_ = 0;           // their probs_
-  // Greedy without log-probabilities (ArgmaxOnly): Prepare finds the pick and nothing else.
-  bool argmax_only() const {
-    return config_.temperature == 0 && !config_.logprobs && config_.top_logprobs == 0;
-  }
+  // Whether SampledToken's log-probabilities are computed. Without them a draw skips the
+  // temperature-1 normaliser, and greedy (argmax_only) finds the pick and nothing else.
+  bool reports_logprobs() const { return config_.logprobs || config_.top_logprobs > 0; }
+  bool argmax_only() const { return config_.temperature == 0 && !reports_logprobs(); }
   int32_t argmax_ = 0;             // the pick when argmax_only()
   std::vector<uint8_t> in_kept_;   // scratch: token id -> survived top-k / top-p
   std::vector<float> adjusted_;    // scratch: the logits after bias and penalties

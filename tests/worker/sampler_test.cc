@@ -82,6 +82,32 @@ TEST(SamplerTest, GreedyWithoutLogprobsPicksWhatTheFullPathPicks) {
   EXPECT_EQ(t->top.size(), 2u);
 }
 
+// A draw without log-probabilities skips only their normaliser: the same seed draws the same
+// tokens with and without them, at temperatures below and above 1 and with a nucleus cut.
+TEST(SamplerTest, DrawsWithoutLogprobsMatchDrawsWithThem) {
+  std::mt19937_64 rng(23);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (SamplingConfig config : {SamplingConfig{.temperature = 0.7f, .seed = 4},
+                                SamplingConfig{.temperature = 1.6f, .seed = 5},
+                                SamplingConfig{.temperature = 0.9f, .top_p = 0.8f, .seed = 6}}) {
+    SamplingConfig lean = config;
+    lean.logprobs = false;
+    absl::StatusOr<Sampler> with = Sampler::Create(config), without = Sampler::Create(lean);
+    ASSERT_THAT(with, IsOk());
+    ASSERT_THAT(without, IsOk());
+    for (int row = 0; row < 50; ++row) {
+      std::vector<float> logits(300);
+      for (float& l : logits) l = normal(rng);
+      absl::StatusOr<SampledToken> a = with->Sample(logits), b = without->Sample(logits);
+      ASSERT_THAT(a, IsOk());
+      ASSERT_THAT(b, IsOk());
+      EXPECT_EQ(a->id, b->id) << "temperature " << config.temperature << " row " << row;
+      EXPECT_LT(a->logprob, 0.0f);
+      EXPECT_EQ(b->logprob, 0.0f);
+    }
+  }
+}
+
 // The reported log-probabilities are the model's distribution at temperature 1 whatever the
 // request's temperature, top-k and top-p (SampledToken's contract): the same for greedy, a
 // low and a high temperature and a truncated draw, and the alternatives ordered by logit even
