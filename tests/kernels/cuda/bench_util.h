@@ -60,6 +60,24 @@ inline double CopyBandwidth() {
   return 2.0 * kBytes * kIters / (ms * 1e-3);
 }
 
+// The current device's SM count, a non-blocking stream, and the copy bandwidth, printed as the
+// first line of a benchmark's output (every figure after it is set against that bandwidth).
+struct BenchDevice {
+  int num_sms = 0;
+  cudaStream_t stream = nullptr;
+  double copy_bw = 0;  // bytes per second, read + write (CopyBandwidth)
+};
+inline BenchDevice OpenBenchDevice() {
+  BenchDevice d;
+  int device = 0;
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  d.copy_bw = CopyBandwidth();
+  std::printf("device-to-device copy: %.2f TB/s (read + write); %d SMs\n", d.copy_bw / 1e12, d.num_sms);
+  return d;
+}
+
 // Microseconds per replay of what `issue()` enqueues on `stream`, captured once as a CUDA graph:
 // one replay to warm up, then `replays` timed back to back.
 template <typename Issue>

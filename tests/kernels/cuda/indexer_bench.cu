@@ -25,7 +25,6 @@
 namespace nq::kernels::cuda {
 namespace {
 
-using ::nq::bench::CopyBandwidth;
 using ::nq::bench::GraphReplayMicros;
 
 constexpr std::size_t kColdBytes = std::size_t{400} << 20;  // 8x the L2
@@ -109,13 +108,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
   }
-  int device = 0, sms = 0;
-  BENCH_CHECK(cudaGetDevice(&device));
-  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  cudaStream_t stream;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_bw = CopyBandwidth();
-  std::printf("device-to-device copy: %.2f TB/s (read + write); %d SMs\n", copy_bw / 1e12, sms);
+  const nq::bench::BenchDevice d = nq::bench::OpenBenchDevice();
   // GLM-5's indexer (32 heads of 128, top 2048) at the decode slice's context, below top_k, and at
   // the issue's key counts; the 64-head rows are CudaTiming's shape (bench/README's earlier rows).
   const Case cases[] = {
@@ -127,9 +120,9 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     const std::string label = std::string(c.name) + " " + std::to_string(c.keys);  // --only matches it
     if (!only.empty() && label.find(only) == std::string::npos) continue;
-    RunCase(c, copy_bw, sms, stream);
+    RunCase(c, d.copy_bw, d.num_sms, d.stream);
     if (quick) break;
   }
-  BENCH_CHECK(cudaStreamDestroy(stream));
+  BENCH_CHECK(cudaStreamDestroy(d.stream));
   return 0;
 }

@@ -26,7 +26,6 @@
 namespace nq::kernels::cuda {
 namespace {
 
-using ::nq::bench::CopyBandwidth;
 using ::nq::bench::GraphReplayMicros;
 
 
@@ -180,13 +179,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--only") == 0) only = argv[i + 1];
   }
-  int device = 0, sms = 0;
-  BENCH_CHECK(cudaGetDevice(&device));
-  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  cudaStream_t stream;
-  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const double copy_bw = CopyBandwidth();
-  std::printf("device-to-device copy: %.2f TB/s (read + write); %d SMs\n", copy_bw / 1e12, sms);
+  const nq::bench::BenchDevice d = nq::bench::OpenBenchDevice();
   // One tensor-parallel rank of DeepSeek-V3 (16 heads) and the whole model on one GPU (128).
   const Case cases[] = {
       {"dsv3-rank dense", 1, 16, 4096, 0},      {"dsv3-rank dense", 1, 16, 32768, 0},
@@ -202,9 +195,9 @@ int main(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;
-    RunCase(c, copy_bw, sms, stream, sweep);
+    RunCase(c, d.copy_bw, d.num_sms, d.stream, sweep);
     if (quick) break;
   }
-  BENCH_CHECK(cudaStreamDestroy(stream));
+  BENCH_CHECK(cudaStreamDestroy(d.stream));
   return 0;
 }
