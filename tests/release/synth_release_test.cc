@@ -24,6 +24,7 @@
 #include "services/model/synth_checkpoint.h"
 #include "services/release/release_experts.h"
 #include "tests/common/status_matchers.h"
+#include "tests/release/encode_test_config.h"
 
 namespace nq::release {
 namespace {
@@ -38,10 +39,7 @@ class SynthReleaseTest : public ::testing::Test {
   void SetUp() override {
     root_ = fs::temp_directory_path() / absl::StrCat("nq-synth-release-test-", getpid());
     fs::remove_all(root_);
-    std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
-    std::stringstream text;
-    text << in.rdbuf();
-    absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+    absl::StatusOr<model::ModelConfig> config = testing::EncodeTestConfig();
     ASSERT_THAT(config, IsOk());
     ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, Dir("full"), {.seed = 3}), IsOk());
     ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, Dir("no_experts"), {.seed = 3, .routed_experts = false}),
