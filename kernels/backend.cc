@@ -693,6 +693,28 @@ absl::Status Backend::MoeRoute(const Tensor& logits, const Tensor* bias, const M
   return DoMoeRoute(logits, bias, params, ids, weights);
 }
 
+absl::Status Backend::SampleTokens(const Tensor& logits, const Tensor& params, Tensor& ids) {
+  constexpr absl::string_view kOp = "SampleTokens";
+  RETURN_IF_ERROR(CheckOwned(kOp, "logits", logits));
+  RETURN_IF_ERROR(CheckOwned(kOp, "params", params));
+  RETURN_IF_ERROR(CheckOwned(kOp, "ids", ids));
+  RETURN_IF_ERROR(CheckDType(kOp, "logits", logits, DType::kF32));
+  RETURN_IF_ERROR(CheckDType(kOp, "params", params, DType::kU8));
+  RETURN_IF_ERROR(CheckDType(kOp, "ids", ids, DType::kI32));
+  RETURN_IF_ERROR(CheckRank(kOp, "logits", logits, 2));
+  const std::int64_t rows = logits.shape().dim(0), vocab = logits.shape().dim(1);
+  if (vocab == 0 || vocab >= (std::int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": logits ", logits.DebugString(), ": the vocabulary must hold 1 to 2^24 - 1 ids"));
+  }
+  const std::string from = absl::StrCat("logits ", logits.DebugString());
+  RETURN_IF_ERROR(CheckShape(kOp, "params", params,
+                             Shape{rows, static_cast<std::int64_t>(sizeof(SampleParams))}, from));
+  RETURN_IF_ERROR(CheckShape(kOp, "ids", ids, Shape{rows}, from));
+  if (rows == 0) return absl::OkStatus();
+  return DoSampleTokens(logits, params, ids);
+}
+
 absl::Status Backend::IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                                   StepPosition start, Tensor& selected) {
   constexpr absl::string_view kOp = "IndexerTopK";
@@ -786,6 +808,10 @@ absl::Status Backend::DoMlaAttention(const Tensor&, const Tensor&, const Tensor&
                                      const Tensor&, const Tensor&, const Tensor*, const StepPosition&,
                                      float, Tensor&) {
   return NotImplemented("MlaAttention", name());
+}
+
+absl::Status Backend::DoSampleTokens(const Tensor&, const Tensor&, Tensor&) {
+  return NotImplemented("SampleTokens", name());
 }
 
 absl::Status Backend::DoMoeRoute(const Tensor&, const Tensor*, const MoeRouteParams&, Tensor&, Tensor&) {

@@ -32,6 +32,7 @@
 #include "kernels/nq_moe_params.h"
 #include "kernels/nvfp4_moe.h"
 #include "kernels/nvfp4_moe_params.h"
+#include "kernels/sample_tokens.h"
 #include "kernels/step_position.h"
 #include "kernels/tensor.h"
 
@@ -199,6 +200,14 @@ class Backend {
   absl::Status MoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                         Tensor& weights);
 
+  // Next-token sampling where the logits are (kernels/sample_tokens.h): ids[r] is the id
+  // SampleRowHost picks from logits[r, :] with the SampleParams at params[r], or kNoFiniteLogit
+  // for a row without a finite logit. logits: F32 [R, V] with V < 2^24; params: U8
+  // [R, sizeof(SampleParams)] on this backend (a captured step reads the draw the host wrote
+  // before the replay); ids: I32 [R]. The CPU backend refuses parameters outside their ranges
+  // (SampleParamsError) when it runs; the CUDA kernel, which cannot report, clamps them.
+  absl::Status SampleTokens(const Tensor& logits, const Tensor& params, Tensor& ids);
+
   // The routed experts of one MoE layer from their NestQuant codes (kernels/nq_moe.h):
   // out[t] = sum_k expert_weights[t, k] * expert(expert_ids[t, k])(x[t]), each expert at 4 bits
   // when slots.slot_of_expert names a slot for it, else at 2 bits. x, out: F32 [T, D] (distinct);
@@ -295,6 +304,7 @@ class Backend {
   virtual absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                                   Tensor& ids, Tensor& weights);
   // Arguments validated into raw pointers (kernels/nq_moe_op.cc).
+  virtual absl::Status DoSampleTokens(const Tensor& logits, const Tensor& params, Tensor& ids);
   virtual absl::Status DoNqMoe(const NqMoeParams& params);
   // Arguments validated into raw pointers (kernels/nvfp4_moe_op.cc).
   virtual absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params);

@@ -264,6 +264,20 @@ absl::Status CpuBackend::DoMoeRoute(const Tensor& logits, const Tensor* bias, co
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::DoSampleTokens(const Tensor& logits, const Tensor& params, Tensor& ids) {
+  const std::int64_t rows = logits.shape().dim(0), vocab = logits.shape().dim(1);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    SampleParams p;
+    std::memcpy(&p, params.data_as<std::uint8_t>() + r * static_cast<std::int64_t>(sizeof(SampleParams)), sizeof(p));
+    if (const char* error = SampleParamsError(p); *error != '\0') {
+      return absl::InvalidArgumentError(absl::StrCat("SampleTokens: row ", r, ": ", error));
+    }
+    ids.data_as<std::int32_t>()[r] =
+        SampleRowHost({logits.data_as<float>() + r * vocab, static_cast<size_t>(vocab)}, p);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::DoNqMoe(const NqMoeParams& params) { return cpu::NqMoe(params, threads_); }
 
 absl::Status CpuBackend::DoNvfp4Moe(const Nvfp4MoeParams& params) { return cpu::Nvfp4Moe(params, threads_); }

@@ -55,6 +55,7 @@ class CpuBackend final : public Backend {
                               Tensor& out) override;
   absl::Status DoIndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                              const StepPosition& start_pos, Tensor& selected) override;
+  absl::Status DoSampleTokens(const Tensor& logits, const Tensor& params, Tensor& ids) override;
   absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,
                           Tensor& weights) override;
   absl::Status DoNqMoe(const NqMoeParams& params) override;

@@ -28,6 +28,7 @@
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
 #include "kernels/cuda/moe_route.cuh"
+#include "kernels/cuda/sample_tokens.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
@@ -482,6 +483,17 @@ class CudaBackend final : public Backend {
     const std::size_t work_at = layout.AddDevice(plan.ScratchBytes());
     ASSIGN_OR_RETURN(std::byte* scratch, UploadScratch(layout));
     return LaunchMlaDecode(params, plan, scratch + work_at, plan.ScratchBytes(), ctx_);
+  }
+
+  absl::Status DoSampleTokens(const Tensor& logits, const Tensor& params, Tensor& ids) override {
+    RETURN_IF_ERROR(CheckIntRange("SampleTokens", {logits.shape().dim(0)}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchSampleTokens({.logits = logits.data_as<float>(),
+                               .params = reinterpret_cast<const SampleParams*>(params.data_as<std::uint8_t>()),
+                               .ids = ids.data_as<std::int32_t>(),
+                               .rows = logits.shape().dim(0),
+                               .vocab = logits.shape().dim(1)},
+                              ctx_);
   }
 
   absl::Status DoMoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params, Tensor& ids,

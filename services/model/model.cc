@@ -220,6 +220,21 @@ absl::StatusOr<std::vector<float>> Model::ForwardLast(std::span<const int32_t> t
   return Logits(row, weights_.lm_head);
 }
 
+absl::StatusOr<int32_t> Model::ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params) {
+  if (const char* error = kernels::SampleParamsError(params); *error != '\0') {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSampled: ", error));
+  }
+  int32_t id = kernels::kNoFiniteLogit;
+  if (StepGraphApplies(tokens.size())) {
+    RETURN_IF_ERROR(GraphedForward(tokens, &params, &id).status());
+  } else {
+    ASSIGN_OR_RETURN(const std::vector<float> logits, ForwardLast(tokens));
+    id = kernels::SampleRowHost(logits, params);
+  }
+  if (id == kernels::kNoFiniteLogit) return absl::InvalidArgumentError("logits have no finite value");
+  return id;
+}
+
 absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> next_tokens,
                                                      std::span<const float> hidden, int index) {
   if (StepGraphApplies(next_tokens.size(), index)) return GraphedMtpForward(next_tokens, hidden, index);

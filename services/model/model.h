@@ -68,6 +68,16 @@ class Model {
   // runs on one row instead of the whole prompt).
   absl::StatusOr<std::vector<float>> ForwardLast(std::span<const int32_t> tokens);
 
+  // Serving's decode step with the draw where the logits are (kernels/sample_tokens.h): runs
+  // `tokens` as Forward does and returns the id `params` picks from the last token's logits
+  // (Backend::SampleTokens). As a step graph (SamplesOnDevice) the graph samples and hands the
+  // host the id and the final states, never the logits; elsewhere the logits come to the host
+  // and SampleRowHost picks the same id. INVALID_ARGUMENT as Forward, for parameters outside
+  // their ranges (SampleParamsError), or when that row has no finite logit.
+  absl::StatusOr<int32_t> ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params);
+  // Whether ForwardSampled of `tokens` tokens samples on the backend (a step graph applies).
+  bool SamplesOnDevice(size_t tokens) const { return StepGraphApplies(tokens); }
+
   // The final-normed hidden states [T, hidden_size] of the last Forward: what MTP reads.
   const std::vector<float>& last_hidden() const { return last_hidden_; }
 
@@ -307,13 +317,23 @@ class Model {
   // the decoder stack for -1) can run as one, and the forwards that do (logits of every token,
   // row-major [T, vocab_size]; last_hidden() / last_mtp_hidden() as their eager forms).
   bool StepGraphApplies(size_t tokens, int mtp_index = -1) const;
-  absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens);
+  // With `sample`, the graph also samples every token's row (Backend::SampleTokens) and hands
+  // back the last row's id in *sampled instead of the logits (the result is then empty).
+  absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens,
+                                                    const kernels::SampleParams* sample = nullptr,
+                                                    int32_t* sampled = nullptr);
   absl::StatusOr<std::vector<float>> GraphedMtpForward(std::span<const int32_t> next_tokens,
                                                        std::span<const float> hidden, int index);
   // Enqueues a step's ops (embedding of `ids` to the logits and final states copied into
   // step_output_) with the position read from step_position_, at most `start_bound`: the decoder
-  // stack, or MTP layer `index` over `hidden` (F32 [T, D] on the backend).
-  absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound);
+  // stack, or MTP layer `index` over `hidden` (F32 [T, D] on the backend). With `sample`
+  // (sample_params U8 [T, sizeof(SampleParams)] and sampled I32 [T] on the backend), the stack's
+  // step samples every row into `sampled` and copies those ids in place of the logits.
+  struct StepSampling {
+    const kernels::Tensor* sample_params = nullptr;
+    kernels::Tensor* sampled = nullptr;
+  };
+  absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound, const StepSampling* sample = nullptr);
   absl::Status EnqueueMtpStep(int index, const kernels::Tensor& ids, const kernels::Tensor& hidden,
                               int64_t start_bound);
   // Runs the step of `graph` (its inputs uploaded): the bucket's first step op by op as
@@ -365,19 +385,23 @@ class Model {
   std::unique_ptr<kernels::Storage> routing_staging_;
   size_t routing_staging_used_ = 0;
   uint64_t routing_staging_generation_ = 0;  // bumped when routing_staging_ is replaced
-  // Step graphs, by (-1 for the decoder stack or the MTP layer's index, tokens, bucket end).
+  // Step graphs, by (-1 for the decoder stack or the MTP layer's index, tokens, bucket end,
+  // whether the step samples on the backend).
   struct StepGraph {
     std::unique_ptr<kernels::Backend::Graph> graph;  // null until captured (after the warm-up)
     kernels::Tensor ids;                             // I32 [tokens], the step's input
     kernels::Tensor hidden;                          // F32 [tokens, D]: an MTP step's input states
+    kernels::Tensor sample_params;                   // U8 [tokens, sizeof(SampleParams)]: a sampling step's draw
+    kernels::Tensor sampled;                         // I32 [tokens]: a sampling step's ids
     bool warmed = false;                             // a warm-up ran under these generations
     uint64_t backend_generation = 0;
     uint64_t staging_generation = 0;
     std::vector<LoggedRouting> routing_log;  // where a replay leaves each layer's routing
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t>, StepGraph> step_graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, StepGraph> step_graphs_;
   kernels::Tensor step_position_;                // I32 [1]: the step's first position
-  std::unique_ptr<kernels::Storage> step_output_;  // host staging: logits [T, V], then hidden [T, D]
+  // Host staging: logits [T, V] (a sampling step: ids I32 [T]), then hidden [T, D].
+  std::unique_ptr<kernels::Storage> step_output_;
   StepGraphStats step_graph_stats_;
 };
 

@@ -1,8 +1,8 @@
 // Decode steps as captured graphs (model.h, "Step graphs", says when they apply and how buckets
 // work). A step's host inputs are its first position and its token ids; both live in device
 // memory (step_position_, StepGraph::ids) that is written before each run, so the captured ops
-// never change. What the step hands back, the logits and the final hidden states, is copied into
-// host staging by the graph itself.
+// never change. What the step hands back, the logits (or, for a step that samples on the device,
+// the sampled ids) and the final hidden states, is copied into host staging by the graph itself.
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -42,7 +42,7 @@ int64_t Model::StepGraphBucketEnd(int64_t end) const {
   return std::min((end + step - 1) / step * step, cache_.max_tokens());
 }
 
-absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound) {
+absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const StepSampling* sample) {
   const int64_t T = ids.shape().dim(0), D = config_.hidden_size;
   const StepPosition start = StepPosition::OnDevice(step_position_, start_bound);
   ASSIGN_OR_RETURN(Tensor x, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
@@ -57,7 +57,13 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound) {
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, V}));
   RETURN_IF_ERROR(backend_.MatMul(x, weights_.lm_head, logits));
   auto* out = static_cast<std::byte*>(step_output_->data());
-  RETURN_IF_ERROR(backend_.CopyToHostAsync(logits, std::span<std::byte>(out, logits.nbytes())));
+  // The step's result ahead of the final states: the sampled ids, or the logits.
+  const Tensor* result = &logits;
+  if (sample != nullptr) {
+    RETURN_IF_ERROR(backend_.SampleTokens(logits, *sample->sample_params, *sample->sampled));
+    result = sample->sampled;
+  }
+  RETURN_IF_ERROR(backend_.CopyToHostAsync(*result, std::span<std::byte>(out, result->nbytes())));
   return backend_.CopyToHostAsync(x, std::span<std::byte>(out + logits.nbytes(), x.nbytes()));
 }
 
@@ -156,7 +162,8 @@ absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl:
 
 }  // namespace
 
-absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens) {
+absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
+                                                         const kernels::SampleParams* sample, int32_t* sampled) {
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
   const int64_t D = config_.hidden_size, V = weights_.lm_head.shape().dim(0);
   if (start + T > cache_.max_tokens()) {
@@ -168,19 +175,47 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   RETURN_IF_ERROR(BeginRoutingLog(T));
   RETURN_IF_ERROR(PrepareStepGraphs());
   const int64_t bucket_end = StepGraphBucketEnd(start + T);
-  StepGraph& g = step_graphs_[{-1, T, bucket_end}];
+  StepGraph& g = step_graphs_[{-1, T, bucket_end, sample != nullptr}];
   if (!g.ids.valid()) {
     ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
+  }
+  if (sample != nullptr && !g.sampled.valid()) {
+    ASSIGN_OR_RETURN(g.sample_params,
+                     backend_.Allocate(kernels::DType::kU8, Shape{T, static_cast<int64_t>(sizeof(kernels::SampleParams))}));
+    ASSIGN_OR_RETURN(g.sampled, backend_.Allocate(kernels::DType::kI32, Shape{T}));
   }
   const int32_t position = static_cast<int32_t>(start);
   RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&position, 1)), step_position_));
   RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(tokens), g.ids));
+  StepSampling sampling;
+  if (sample != nullptr) {
+    // Every row draws with the same parameters (only the last row's id is used; the rows run in
+    // parallel, so the others cost no time).
+    const std::vector<kernels::SampleParams> rows(static_cast<size_t>(T), *sample);
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const kernels::SampleParams>(rows)), g.sample_params));
+    sampling = {.sample_params = &g.sample_params, .sampled = &g.sampled};
+  }
   const Tensor& ids = g.ids;
-  ASSIGN_OR_RETURN(const bool ran, RunStepGraph(g, [&] { return EnqueueStep(ids, bucket_end - T); }));
-  if (!ran) return Forward(tokens);  // graphs are off now: op by op
-  const auto* out = static_cast<const float*>(step_output_->data());
-  std::vector<float> logits(out, out + T * V);
-  last_hidden_.assign(out + T * V, out + T * V + T * D);
+  ASSIGN_OR_RETURN(const bool ran, RunStepGraph(g, [&] {
+                     return EnqueueStep(ids, bucket_end - T, sample != nullptr ? &sampling : nullptr);
+                   }));
+  if (!ran) {  // graphs are off now: op by op
+    ASSIGN_OR_RETURN(std::vector<float> logits, Forward(tokens));
+    if (sample != nullptr) {
+      *sampled = kernels::SampleRowHost(std::span<const float>(logits).subspan(static_cast<size_t>((T - 1) * V)), *sample);
+    }
+    return logits;
+  }
+  const auto* out = static_cast<const std::byte*>(step_output_->data());
+  const auto* hidden = reinterpret_cast<const float*>(out + T * V * static_cast<int64_t>(sizeof(float)));
+  last_hidden_.assign(hidden, hidden + T * D);
+  std::vector<float> logits;
+  if (sample != nullptr) {
+    std::memcpy(sampled, out + (T - 1) * static_cast<int64_t>(sizeof(int32_t)), sizeof(int32_t));
+  } else {
+    const auto* values = reinterpret_cast<const float*>(out);
+    logits.assign(values, values + T * V);
+  }
   FlushRoutingLog();
   cache_.set_length(start + T);
   return logits;
@@ -200,7 +235,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int3
   RETURN_IF_ERROR(BeginRoutingLog(T));
   RETURN_IF_ERROR(PrepareStepGraphs());
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + T);
-  StepGraph& g = step_graphs_[{index, T, bucket_end}];
+  StepGraph& g = step_graphs_[{index, T, bucket_end, false}];
   if (!g.ids.valid()) {
     ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
     ASSIGN_OR_RETURN(g.hidden, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));

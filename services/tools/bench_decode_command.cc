@@ -29,6 +29,11 @@ ABSL_FLAG(int, gpu, 0, "bench-decode: CUDA device ordinal (with --backend cuda)"
 ABSL_FLAG(int, prompt_tokens, 128, "bench-decode: prompt length (token ids drawn from --seed)");
 ABSL_FLAG(int, warmup, 4, "bench-decode: untimed decode steps after the prefill");
 ABSL_FLAG(int, decode_tokens, 64, "bench-decode: timed decode steps, one token each");
+// Not --temperature: probe-utf8 owns that flag of the nq binary (with another default).
+ABSL_FLAG(float, sampling_temperature, 0,
+          "bench-decode: the request's temperature (0: greedy; a draw is seeded by --seed)");
+ABSL_FLAG(float, sampling_top_p, 1, "bench-decode: the request's nucleus top_p, in (0, 1]");
+ABSL_FLAG(int, sampling_top_k, 0, "bench-decode: the request's top-k (0: off)");
 // The names for the same two numbers: decode at a context of N tokens for N steps.
 ABSL_FLAG(int, context, 0, "bench-decode: decode at this context (sets --prompt_tokens; 0: use --prompt_tokens)");
 ABSL_FLAG(int, steps, 0, "bench-decode: timed decode steps (sets --decode_tokens; 0: use --decode_tokens)");
@@ -63,7 +68,10 @@ absl::Status BenchDecode() {
       .prompt_tokens = context > 0 ? context : absl::GetFlag(FLAGS_prompt_tokens),
       .warmup_tokens = absl::GetFlag(FLAGS_warmup),
       .decode_tokens = steps > 0 ? steps : absl::GetFlag(FLAGS_decode_tokens),
-      .seed = absl::GetFlag(FLAGS_seed)};
+      .seed = absl::GetFlag(FLAGS_seed),
+      .temperature = absl::GetFlag(FLAGS_sampling_temperature),
+      .top_p = absl::GetFlag(FLAGS_sampling_top_p),
+      .top_k = absl::GetFlag(FLAGS_sampling_top_k)};
   const int64_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
   if (max_model_len <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
   // Before the load, which takes minutes on a large model.

@@ -75,6 +75,11 @@ absl::Status CheckDecodeBench(const DecodeBenchOptions& options, int64_t context
                                                    " tokens: want at least 1 prompt token, 0 or more warm-up "
                                                    "steps and at least 1 decode step"));
   }
+  if (absl::StatusOr<Sampler> sampler = Sampler::Create(
+          {.temperature = options.temperature, .top_p = options.top_p, .top_k = options.top_k});
+      !sampler.ok()) {
+    return sampler.status();
+  }
   // The worker's count (SequenceRunner): prompt + completion tokens within the window; the
   // prefill emits the first completion token.
   const int64_t needed = options.prompt_tokens + 1 + options.warmup_tokens + options.decode_tokens;
@@ -92,7 +97,10 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   SequenceRunner runner(&model, /*eos_token_ids=*/{});
   SequenceRequest request;
   request.prompt = DecodeBenchPrompt(options.prompt_tokens, model.config().vocab_size, options.seed);
-  request.sampling.temperature = 0;  // greedy
+  request.sampling.temperature = options.temperature;  // 0: greedy
+  request.sampling.top_p = options.top_p;
+  request.sampling.top_k = options.top_k;
+  request.sampling.seed = options.seed;
   request.sampling.logprobs = false;  // as the router asks for a request that wants none
   request.max_tokens = static_cast<uint32_t>(1 + options.warmup_tokens + options.decode_tokens);
   request.ignore_eos = true;  // every run decodes all its steps, whatever the tokens
@@ -106,10 +114,9 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
     routed_bytes += model.RoutedExpertStepBytes(layer, routing.experts);
   });
   // Step times are the runner's steady_clock around the forward and the selection. On CUDA
-  // that is the device's time too, not just the launches': the forward hands its logits to the
-  // host through Backend::CopyToHost, which returns only once the work enqueued before it is
-  // done (kernels/cuda/cuda_backend.cu: cudaMemcpyAsync, then cudaStreamSynchronize on the
-  // backend's one stream), and the selection needs them.
+  // that is the device's time too, not just the launches': the forward hands its logits (or, as
+  // a step graph, the sampled token) to the host and waits for the copy, which completes only
+  // once the work enqueued before it is done, and the next step needs it.
   auto emit = [&](const SequenceStep& step) {
     if (step.tokens.size() != 1) {
       failed = absl::InternalError(absl::StrCat("step ", step_index, " emitted ", step.tokens.size(),
@@ -169,6 +176,9 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
                                      {"weight_dtype", setup.weight_dtype},
                                      {"max_model_len", setup.max_model_len},
                                      {"seed", report.options.seed},
+                                     {"temperature", report.options.temperature},
+                                     {"top_p", report.options.top_p},
+                                     {"top_k", report.options.top_k},
                                      {"prompt_tokens", report.options.prompt_tokens},
                                      {"warmup_tokens", report.options.warmup_tokens},
                                      {"decode_tokens", report.options.decode_tokens},

@@ -28,6 +28,11 @@ struct DecodeBenchOptions {
   int64_t warmup_tokens = 4;
   int64_t decode_tokens = 64;
   uint64_t seed = 0;
+  // The draw (greedy by default; --seed seeds a stochastic one): the request's sampling, which
+  // a step graph runs on the device (Backend::SampleTokens).
+  float temperature = 0;
+  float top_p = 1;
+  int top_k = 0;
 };
 
 struct DecodeBenchReport {

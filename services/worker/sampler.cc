@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -229,6 +230,24 @@ void Sampler::MarkKept() {
 
 double Sampler::TargetProbability(int32_t id) const {
   return in_kept_[static_cast<size_t>(id)] != 0 ? probs_[static_cast<size_t>(id)] / kept_mass_ : 0.0;
+}
+
+std::optional<kernels::SampleParams> Sampler::DeviceDraw() {
+  if (reports_logprobs() || !config_.logit_bias.empty() || config_.presence_penalty != 0 ||
+      config_.frequency_penalty != 0) {
+    return std::nullopt;
+  }
+  kernels::SampleParams p{.temperature = config_.temperature, .top_p = config_.top_p, .top_k = config_.top_k};
+  KeyDraws();
+  // Draw()'s uniform_real_distribution(0, kept mass) is kept mass times this canonical value.
+  if (config_.temperature != 0) p.u01 = std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
+  return p;
+}
+
+SampledToken Sampler::CommitSampled(int32_t id) {
+  Count(id);
+  ++committed_;
+  return SampledToken{.id = id};
 }
 
 absl::StatusOr<SampledToken> Sampler::Sample(std::span<const float> logits) {

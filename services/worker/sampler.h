@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/sample_tokens.h"
 
 namespace nq::worker {
 
@@ -83,6 +85,14 @@ class Sampler {
     SampledToken token;
   };
   absl::StatusOr<Verdict> Verify(std::span<const float> logits, int32_t draft, std::span<const float> draft_probs);
+
+  // The next token's draw for Backend::SampleTokens (kernels/sample_tokens.h), when this
+  // request can be sampled where the logits are: no log-probabilities, no logit_bias, no
+  // penalties; nullopt otherwise. It takes the same uniform draw from the seeded stream that
+  // Sample would, so a seed picks the same tokens either way (but where the draw lands within
+  // about 1e-6 of a boundary between two ids). CommitSampled then counts the picked id.
+  std::optional<kernels::SampleParams> DeviceDraw();
+  SampledToken CommitSampled(int32_t id);
 
   // The distribution Sample would draw from for this row, normalised ([vocab]; greedy: all mass
   // on the pick). Draws nothing and counts nothing.

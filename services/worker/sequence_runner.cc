@@ -181,8 +181,17 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     RETURN_IF_ERROR(Mirror(prefill ? StepCommand::Op::kForwardLast : StepCommand::Op::kForward, first,
                            static_cast<uint64_t>(generated), input));
     std::vector<float> logits;
+    // A plain decode step whose request the backend can sample (Sampler::DeviceDraw) hands back
+    // the token alone: the draw runs in the step graph, and no logits cross to the host.
+    std::optional<int32_t> device_token;
+    std::optional<kernels::SampleParams> draw;
+    if (!prefill && drafts.tokens.empty() && model_->SamplesOnDevice(input.size())) draw = sampler.DeviceDraw();
     if (!prefill) {
-      ASSIGN_OR_RETURN(logits, model_->Forward(input));
+      if (draw.has_value()) {
+        ASSIGN_OR_RETURN(device_token, model_->ForwardSampled(input, *draw));
+      } else {
+        ASSIGN_OR_RETURN(logits, model_->Forward(input));
+      }
       if (const absl::Status& off = model_->step_graph_stats().disabled; !off.ok() && !graphs_off_logged_) {
         graphs_off_logged_ = true;
         spdlog::warn("decode steps run op by op from now on (a CUDA graph capture failed): {}", off.ToString());
@@ -201,11 +210,13 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     const int n = static_cast<int>(drafts.tokens.size());
     step.drafts = n;
     for (int i = 0; i <= n; ++i) {
-      const std::span<const float> row =
-          std::span<const float>(logits).subspan(static_cast<size_t>(prefill ? 0 : i) * vocab, vocab);
       bool accepted = false;
       SampledToken token;
-      if (i < n) {
+      if (device_token.has_value()) {
+        token = sampler.CommitSampled(*device_token);
+      } else if (const std::span<const float> row =
+                     std::span<const float>(logits).subspan(static_cast<size_t>(prefill ? 0 : i) * vocab, vocab);
+                 i < n) {
         const std::span<const float> q = drafts.probs.empty() ? std::span<const float>() : drafts.probs[i];
         ASSIGN_OR_RETURN(Sampler::Verdict verdict, sampler.Verify(row, drafts.tokens[i], q));
         accepted = verdict.accepted;

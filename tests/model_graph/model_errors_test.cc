@@ -109,6 +109,34 @@ TEST_F(ModelErrorsTest, BadInputs) {
   EXPECT_THAT((*model)->TruncateCache(3), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncate")));
 }
 
+// ForwardSampled (the draw where the logits are): parameters outside their ranges are refused
+// before anything runs; otherwise the id is the reference draw from Forward's last row (on the CPU
+// backend, which captures no step graph, that is the path it takes).
+TEST_F(ModelErrorsTest, ForwardSampledRefusesBadDrawsAndPicksTheReferenceId) {
+  CopyFixture("glm5_tiny", nullptr);
+  absl::StatusOr<std::unique_ptr<Model>> sampled = Load();
+  absl::StatusOr<std::unique_ptr<Model>> plain = Load();
+  ASSERT_THAT(sampled, IsOk());
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_FALSE((*sampled)->SamplesOnDevice(1));
+  const std::vector<int32_t> tokens = {5, 9, 2};
+  for (const kernels::SampleParams& bad : {kernels::SampleParams{.temperature = -1},
+                                           kernels::SampleParams{.u01 = 1.5, .temperature = 1},
+                                           kernels::SampleParams{.temperature = 1, .top_p = 0}}) {
+    EXPECT_THAT((*sampled)->ForwardSampled(tokens, bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                                  HasSubstr("ForwardSampled")));
+  }
+  EXPECT_EQ((*sampled)->cache_length(), 0);
+  const kernels::SampleParams draw{.u01 = 0.37, .temperature = 0.9f, .top_p = 0.9f, .top_k = 40};
+  absl::StatusOr<int32_t> id = (*sampled)->ForwardSampled(tokens, draw);
+  ASSERT_THAT(id, IsOk());
+  absl::StatusOr<std::vector<float>> logits = (*plain)->ForwardLast(tokens);
+  ASSERT_THAT(logits, IsOk());
+  EXPECT_EQ(*id, kernels::SampleRowHost(*logits, draw));
+  EXPECT_EQ((*sampled)->cache_length(), 3);
+  EXPECT_EQ((*sampled)->last_hidden(), (*plain)->last_hidden());
+}
+
 TEST_F(ModelErrorsTest, MtpNeedsAnMtpLayer) {
   const std::string src = FixtureDir("glm5_tiny");
   std::ifstream in(src + "/config.json");

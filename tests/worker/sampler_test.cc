@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <limits>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -245,6 +247,67 @@ TEST(SamplerTest, TemperatureDrawsWalkTheSortedDistribution) {
     ASSERT_EQ(t->id, sorted[rank]) << "draw " << draw;
   }
   EXPECT_GT(deep, 100) << "draws past the first sorted step";
+}
+
+// The draw a backend samples with (Sampler::DeviceDraw -> kernels::SampleRowHost, the reference
+// the CUDA kernel equals bit for bit) picks what Sample picks from the same seed: greedy, plain
+// temperature, top-k and top-p, over rows of 129280 ids like DeepSeek-V3's vocabulary, with ties
+// and non-finite logits. The weights differ (integers of 2^-40 against doubles), so a draw within
+// about 1e-6 of a boundary could differ; none of these 600 does.
+TEST(SamplerTest, TheBackendsDrawPicksWhatSamplePicks) {
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  std::vector<std::vector<float>> rows(6, std::vector<float>(129280));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (float& l : rows[r]) l = normal(rng);
+    if (r % 2 == 1) {
+      for (float& l : rows[r]) l = std::round(l * 2) / 2;  // many exact ties
+    }
+    rows[r][17] = -std::numeric_limits<float>::infinity();
+    rows[r][99] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const std::vector<SamplingConfig> configs = {
+      {.temperature = 0, .logprobs = false},
+      {.temperature = 1.0f, .seed = 5, .logprobs = false},
+      {.temperature = 0.6f, .top_p = 0.95f, .seed = 6, .logprobs = false},
+      {.temperature = 1.3f, .top_k = 50, .seed = 7, .logprobs = false},
+      {.temperature = 0.8f, .top_p = 0.3f, .top_k = 1000, .seed = 8, .logprobs = false},
+  };
+  for (const SamplingConfig& config : configs) {
+    for (bool keyed : {false, true}) {
+      SamplingConfig c = config;
+      c.position_keyed_draws = keyed;
+      absl::StatusOr<Sampler> host = Sampler::Create(c);
+      absl::StatusOr<Sampler> backend = Sampler::Create(c);
+      ASSERT_THAT(host, IsOk());
+      ASSERT_THAT(backend, IsOk());
+      for (int step = 0; step < 60; ++step) {
+        const std::vector<float>& row = rows[static_cast<size_t>(step) % rows.size()];
+        absl::StatusOr<SampledToken> want = host->Sample(row);
+        ASSERT_THAT(want, IsOk());
+        const std::optional<kernels::SampleParams> draw = backend->DeviceDraw();
+        ASSERT_TRUE(draw.has_value());
+        const int32_t id = kernels::SampleRowHost(row, *draw);
+        ASSERT_EQ(id, want->id) << "temperature " << c.temperature << " top_p " << c.top_p << " top_k " << c.top_k
+                                << " keyed " << keyed << " step " << step;
+        EXPECT_EQ(backend->CommitSampled(id).id, id);
+      }
+    }
+  }
+}
+
+TEST(SamplerTest, RequestsTheBackendCannotSampleStayOnTheHost) {
+  for (const SamplingConfig& c : std::vector<SamplingConfig>{
+           {.temperature = 0},  // log-probabilities reported by default
+           {.temperature = 1.0f, .top_logprobs = 2, .logprobs = false},
+           {.temperature = 1.0f, .logprobs = false, .presence_penalty = 0.5f},
+           {.temperature = 1.0f, .logprobs = false, .frequency_penalty = -0.5f},
+           {.temperature = 0, .logprobs = false, .logit_bias = {{3, 1.0f}}},
+       }) {
+    absl::StatusOr<Sampler> s = Sampler::Create(c);
+    ASSERT_THAT(s, IsOk());
+    EXPECT_FALSE(s->DeviceDraw().has_value());
+  }
 }
 
 TEST(SamplerTest, RejectsBadConfigsAndRows) {
