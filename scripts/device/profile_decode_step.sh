@@ -13,14 +13,16 @@
 # build), the slice's tokens/s are measured for both, interleaved.
 # With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
 # --quick: the automatic split counts only).
-# NQ_PROFILE_ONLY=ops|indexer|sampler|hbm|gemv|slice|nano|greedy (comma list) limits what runs; NQ_SLICE_DTYPES
-# (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g. "bf16 fp8");
+# NQ_PROFILE_ONLY=ops|indexer|sampler|hbm|gemv|slice|sampling|nano|greedy (comma list) limits what runs;
+# NQ_SLICE_DTYPES (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g.
+# "bf16 fp8"); NQ_SLICE_VARIANTS extra bench-decode flags per timing, one variant per word, flags
+# joined by commas (e.g. "--device_sampling=true --device_sampling=false");
 # NQ_SLICES the slices (below), e.g. "glm5:4:256:4000 dsv3:4:32:32" for issue #13's two targets.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
 mkdir -p "$OUT"
-only="${NQ_PROFILE_ONLY:-ops,indexer,sampler,hbm,gemv,slice,nano,greedy}"
+only="${NQ_PROFILE_ONLY:-ops,indexer,sampler,hbm,gemv,slice,sampling,nano,greedy}"
 wants() { [[ ",$only," == *",$1,"* ]]; }
 w=$(mktemp -d)
 tar -C "$w" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
@@ -76,7 +78,8 @@ profile() {  # name, bench-decode flags...
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     "$B/nq" bench-decode --backend=cuda --step_graphs=false --copy_mb=0 "$@" > "/tmp/ncu_$name.csv" 2> "/tmp/ncu_$name.err"
   echo "== ncu $name rc $? ($(wc -l < "/tmp/ncu_$name.csv") csv lines)"
-  python3 scripts/device/ncu_step_table.py "/tmp/ncu_$name.csv" > "$OUT/profile_$name.txt" 2>&1
+  python3 scripts/device/ncu_step_table.py "/tmp/ncu_$name.csv" > "$OUT/profile_$name.txt" 2>&1 ||
+    { echo "-- no step table; the end of ncu's stderr:"; tail -8 "/tmp/ncu_$name.err"; grep -v '^"' "/tmp/ncu_$name.csv" | tail -5; } >> "$OUT/profile_$name.txt"
   cat "$OUT/profile_$name.txt"
 }
 
@@ -97,10 +100,14 @@ if wants slice; then
       for which in nq_before nq; do
         [[ -x "$B/$which" ]] || continue
         for dtype in ${NQ_SLICE_DTYPES:-bf16}; do
-          log="/tmp/slice_${arch}_${which}_${dtype}.log"
-          "$B/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-            --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=$dtype > "$log" 2>&1
-          echo "== round $round $which slice $spec 2-bit $dtype: $(tail -1 "$log" | sed 's/.*H200[^:]*: //')"
+          for variant in ${NQ_SLICE_VARIANTS:-default}; do
+            flags=()
+            [[ $variant != default ]] && IFS=, read -ra flags <<<"$variant"
+            log="/tmp/slice_${arch}_${which}_${dtype}.log"
+            "$B/$which" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+              --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=$dtype "${flags[@]}" > "$log" 2>&1
+            echo "== round $round $which slice $spec 2-bit $dtype $variant: $(tail -1 "$log" | sed 's/.*H200[^:]*: //')"
+          done
         done
       done
     done
@@ -111,6 +118,35 @@ if wants slice; then
     first=0
     rm -rf "$slice"
   done
+fi
+
+# Sampling on the device (Backend::SampleTokens in the step graph) against the host's Sampler on
+# glm5_nano: bench-decode's tokens, greedy and seeded draws, with the draw in the graph, with the
+# logits brought to the host, and op by op (no graph); all must be equal.
+if wants sampling; then
+  {
+    for draw in greedy "--sampling_temperature=0.8,--sampling_top_p=0.95,--seed=7" \
+                "--sampling_temperature=1.2,--sampling_top_k=40,--seed=8"; do
+      flags=()
+      [[ $draw != greedy ]] && IFS=, read -ra flags <<<"$draw"
+      for mode in "--device_sampling=true" "--device_sampling=false" "--step_graphs=false"; do
+        "$B/nq" bench-decode --model="$w/model" --release="$w/model/release" --expert-bits=2 --backend=cuda \
+          --prompt-tokens=100 --decode-tokens=200 --warmup=2 --copy_mb=0 "${flags[@]}" $mode \
+          --out="/tmp/sampling_${mode##*-}.json" > /tmp/sampling.log 2>&1 || { echo "$draw $mode failed"; tail -3 /tmp/sampling.log; }
+        echo "$draw $mode: $(tail -1 /tmp/sampling.log | sed 's/.*H200[^:]*: //')"
+      done
+      python3 -c "
+import json, sys
+runs = {m: json.load(open(f'/tmp/sampling_{m}.json'))['tokens']
+        for m in ('device_sampling=true', 'device_sampling=false', 'step_graphs=false')}
+base = runs['device_sampling=false']
+for m, t in runs.items():
+    d = [i for i, (a, b) in enumerate(zip(t, base)) if a != b]
+    print(f'  {m}: {len(t)} tokens, equal to the host sampler: {t == base}, first differences {d[:5]}')
+print('  distinct tokens:', len(set(base)))"
+    done
+  } > "$OUT/sampling.txt" 2>&1
+  echo "== sampling"; cat "$OUT/sampling.txt"
 fi
 
 if wants nano; then

@@ -34,6 +34,9 @@ ABSL_FLAG(float, sampling_temperature, 0,
           "bench-decode: the request's temperature (0: greedy; a draw is seeded by --seed)");
 ABSL_FLAG(float, sampling_top_p, 1, "bench-decode: the request's nucleus top_p, in (0, 1]");
 ABSL_FLAG(int, sampling_top_k, 0, "bench-decode: the request's top-k (0: off)");
+ABSL_FLAG(bool, device_sampling, false,
+          "bench-decode: sample inside the step graph (as nq-worker --device_sampling); false brings every "
+          "step's logits to the host");
 // The names for the same two numbers: decode at a context of N tokens for N steps.
 ABSL_FLAG(int, context, 0, "bench-decode: decode at this context (sets --prompt_tokens; 0: use --prompt_tokens)");
 ABSL_FLAG(int, steps, 0, "bench-decode: timed decode steps (sets --decode_tokens; 0: use --decode_tokens)");
@@ -71,7 +74,8 @@ absl::Status BenchDecode() {
       .seed = absl::GetFlag(FLAGS_seed),
       .temperature = absl::GetFlag(FLAGS_sampling_temperature),
       .top_p = absl::GetFlag(FLAGS_sampling_top_p),
-      .top_k = absl::GetFlag(FLAGS_sampling_top_k)};
+      .top_k = absl::GetFlag(FLAGS_sampling_top_k),
+      .device_sampling = absl::GetFlag(FLAGS_device_sampling)};
   const int64_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
   if (max_model_len <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
   // Before the load, which takes minutes on a large model.

@@ -95,6 +95,7 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   RETURN_IF_ERROR(CheckDecodeBench(options, model.max_tokens()));
   model.ResetCache();
   SequenceRunner runner(&model, /*eos_token_ids=*/{});
+  runner.SetDeviceSampling(options.device_sampling);
   SequenceRequest request;
   request.prompt = DecodeBenchPrompt(options.prompt_tokens, model.config().vocab_size, options.seed);
   request.sampling.temperature = options.temperature;  // 0: greedy
@@ -179,6 +180,7 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
                                      {"temperature", report.options.temperature},
                                      {"top_p", report.options.top_p},
                                      {"top_k", report.options.top_k},
+                                     {"device_sampling", report.options.device_sampling},
                                      {"prompt_tokens", report.options.prompt_tokens},
                                      {"warmup_tokens", report.options.warmup_tokens},
                                      {"decode_tokens", report.options.decode_tokens},

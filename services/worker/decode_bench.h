@@ -33,6 +33,8 @@ struct DecodeBenchOptions {
   float temperature = 0;
   float top_p = 1;
   int top_k = 0;
+  // SequenceRunner::SetDeviceSampling: off, every step's logits come to the host.
+  bool device_sampling = false;
 };
 
 struct DecodeBenchReport {

@@ -111,6 +111,12 @@ ABSL_FLAG(std::string, weight_dtype, "f32",
 // Graphs are what a GPU decode step needs (one launch instead of hundreds); off only to compare.
 ABSL_FLAG(bool, step_graphs, true,
           "Run decode steps (up to 4 tokens: a plain step or an MTP verification) as captured CUDA graphs");
+// Off by default until the kernel has run on the H200 against the host's Sampler (it was written
+// in a session without device time; scripts/device/profile_decode_step.sh's "sampling" section
+// is the check that turns it on).
+ABSL_FLAG(bool, device_sampling, false,
+          "Sample plain decode steps inside their CUDA graph (greedy, temperature, top-k, top-p; not for "
+          "requests with logprobs, logit_bias or penalties): only the token crosses to the host");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -600,6 +606,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
     });
     service.SetTensorParallelLeader(tp_leader.get());
   }
+  service.SetDeviceSampling(absl::GetFlag(FLAGS_device_sampling));
   if (model != nullptr) {
     ASSIGN_OR_RETURN(const int speculative_tokens, SpeculativeTokens(*model, backend->name()));
     RETURN_IF_ERROR(service.EnableSpeculation(speculative_tokens));

@@ -103,6 +103,11 @@ class SequenceRunner {
   // accepted drafts before the final emitted token). The rest were rolled back, so nothing
   // about them (their routing) may be reported. The cache then holds what plain decoding's
   // would: the prompt and every emitted token but the last.
+  // Whether plain decode steps may sample where the logits are (Model::ForwardSampled, for
+  // requests Sampler::DeviceDraw accepts, when the step runs as a graph). Off by default (see
+  // nq-worker's --device_sampling); off, every step's logits come to the host and the Sampler
+  // picks (the same tokens).
+  void SetDeviceSampling(bool on) { device_sampling_ = on; }
   void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
   // Tensor parallelism across processes: every cache operation and forward is first sent to
   // `mirror` (the other ranks run it on their shards); a failure to send fails the sequence.
@@ -140,6 +145,7 @@ class SequenceRunner {
   PrefillOptions prefill_;
   const std::vector<int32_t> eos_token_ids_;
   SlotRuntime* slots_ = nullptr;
+  bool device_sampling_ = false;
   Drafter* drafter_ = nullptr;
   int num_drafts_ = 0;
   std::function<void(int64_t)> kept_observer_;

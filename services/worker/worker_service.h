@@ -51,6 +51,10 @@ class WorkerService final : public nq::v1::Worker::Service {
   // Where routing reports go (the streamer client's queue): every kReportInterval tokens the
   // worker sends the (layer, experts, weights) of each token it ran. Set before serving.
   void SetRoutingSink(std::function<void(nq::v1::RoutingReport)> sink) { routing_sink_ = std::move(sink); }
+  // --device_sampling (SequenceRunner::SetDeviceSampling).
+  void SetDeviceSampling(bool on) {
+    if (runner_ != nullptr) runner_->SetDeviceSampling(on);
+  }
   // Rank 0 of a tensor-parallel group of processes: each sequence holds `leader`'s group and
   // mirrors its steps to the other ranks; UNAVAILABLE while the group is not formed. Set
   // before serving; `leader` outlives the service.
