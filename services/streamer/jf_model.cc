@@ -177,25 +177,38 @@ constexpr uint32_t kB = kJfExpertBlock;
 // fixed order (bias, embedding, then the features in order, as the scalar version before it). Padding experts
 // (E <= e < S) are computed and then ignored: they take no part in the attention and get no
 // output. Shapes as in the header; emb is this layer's [H][S] slice.
-template <uint32_t H>
+// kRows rows of an activation are computed together (H is a multiple of it): as many kB-wide
+// accumulators as the vector registers hold (4 x 2 of SSE2's 16, 8 x 1 of AVX2's 16).
+template <uint32_t H, uint32_t kRows>
 void ForwardH(const JfGeometry& g, const float* __restrict emb, const float* __restrict w_in,
               const float* __restrict b_in, const float* __restrict query, const float* __restrict w_ctx,
               const float* __restrict w_h, const float* __restrict b_h, const float* __restrict w_out, float b_out,
               const float* __restrict features, float* __restrict out, float* __restrict h0,
               float* __restrict scratch, float* __restrict context) {
   const uint32_t E = g.experts_per_layer, D = g.features, Q = g.queries, S = JfFeatureStride(E);
-  // h0[i][e] = relu(b_in[i] + emb[i][e] + sum_d w_in[i][d] f[d][e]).
+  // h0[i][e] = relu(b_in[i] + emb[i][e] + sum_d w_in[i][d] f[d][e]), kRows rows of h0 at a time:
+  // their kRows x kB sums are independent chains the core overlaps (one row's sum over d is a
+  // chain of dependent adds), and each feature block is loaded once for all of them.
   for (uint32_t b = 0; b < S; b += kB) {
-    for (uint32_t i = 0; i < H; ++i) {
-      float acc[kB];
-      for (uint32_t j = 0; j < kB; ++j) acc[j] = b_in[i] + emb[static_cast<size_t>(i) * S + b + j];
-      for (uint32_t d = 0; d < D; ++d) {
-        const float w = w_in[static_cast<size_t>(i) * D + d];
-        const float* f = features + static_cast<size_t>(d) * S + b;
-        for (uint32_t j = 0; j < kB; ++j) acc[j] += w * f[j];
+    for (uint32_t i0 = 0; i0 < H; i0 += kRows) {
+      float acc[kRows][kB];
+#pragma GCC unroll 8
+      for (uint32_t r = 0; r < kRows; ++r) {
+        for (uint32_t j = 0; j < kB; ++j) acc[r][j] = b_in[i0 + r] + emb[static_cast<size_t>(i0 + r) * S + b + j];
       }
-      float* h = h0 + static_cast<size_t>(i) * S + b;
-      for (uint32_t j = 0; j < kB; ++j) h[j] = acc[j] > 0 ? acc[j] : 0.0f;
+      for (uint32_t d = 0; d < D; ++d) {
+        const float* f = features + static_cast<size_t>(d) * S + b;
+#pragma GCC unroll 8
+        for (uint32_t r = 0; r < kRows; ++r) {
+          const float w = w_in[static_cast<size_t>(i0 + r) * D + d];
+          for (uint32_t j = 0; j < kB; ++j) acc[r][j] += w * f[j];
+        }
+      }
+#pragma GCC unroll 8
+      for (uint32_t r = 0; r < kRows; ++r) {
+        float* h = h0 + static_cast<size_t>(i0 + r) * S + b;
+        for (uint32_t j = 0; j < kB; ++j) h[j] = acc[r][j] > 0 ? acc[r][j] : 0.0f;
+      }
     }
   }
   // Pooling: c_q = softmax_e(query[q] . h0[e] / sqrt(H)) weighted sum of h0[e], real experts only.
@@ -211,8 +224,16 @@ void ForwardH(const JfGeometry& g, const float* __restrict emb, const float* __r
       }
       for (uint32_t j = 0; j < kB; ++j) logits[b + j] = s[j] * inv_sqrt_h;
     }
+    // The largest logit: lane maxima over whole blocks, then the rest (max is exact in any order).
+    float top_lanes[kB];
+    for (uint32_t j = 0; j < kB; ++j) top_lanes[j] = -INFINITY;
+    const uint32_t whole = E / kB * kB;
+    for (uint32_t b = 0; b < whole; b += kB) {
+      for (uint32_t j = 0; j < kB; ++j) top_lanes[j] = logits[b + j] > top_lanes[j] ? logits[b + j] : top_lanes[j];
+    }
     float top = -INFINITY;
-    for (uint32_t e = 0; e < E; ++e) top = std::max(top, logits[e]);
+    for (float lane : top_lanes) top = std::max(top, lane);
+    for (uint32_t e = whole; e < E; ++e) top = std::max(top, logits[e]);
     for (uint32_t b = 0; b < S; b += kB) {
       for (uint32_t j = 0; j < kB; ++j) logits[b + j] = ExpClamped(logits[b + j] - top);
     }
@@ -223,15 +244,20 @@ void ForwardH(const JfGeometry& g, const float* __restrict emb, const float* __r
     }
     float total = 0;
     for (float lane : lanes) total += lane;
-    for (uint32_t i = 0; i < H; ++i) {
-      const float* h = h0 + static_cast<size_t>(i) * S;
-      float c[kB] = {};
+    for (uint32_t i0 = 0; i0 < H; i0 += kRows) {  // kRows independent lane sums at a time
+      float c[kRows][kB] = {};
       for (uint32_t b = 0; b < S; b += kB) {
-        for (uint32_t j = 0; j < kB; ++j) c[j] += logits[b + j] * h[b + j];
+#pragma GCC unroll 8
+        for (uint32_t r = 0; r < kRows; ++r) {
+          const float* h = h0 + static_cast<size_t>(i0 + r) * S + b;
+          for (uint32_t j = 0; j < kB; ++j) c[r][j] += logits[b + j] * h[j];
+        }
       }
-      float sum = 0;
-      for (float lane : c) sum += lane;
-      context[static_cast<size_t>(q) * H + i] = sum / total;
+      for (uint32_t r = 0; r < kRows; ++r) {
+        float sum = 0;
+        for (float lane : c[r]) sum += lane;
+        context[static_cast<size_t>(q) * H + i0 + r] = sum / total;
+      }
     }
   }
   // g = W_ctx concat(c) + b_h: the layer's shared term.
@@ -247,35 +273,71 @@ void ForwardH(const JfGeometry& g, const float* __restrict emb, const float* __r
   for (uint32_t b = 0; b < S; b += kB) {
     float yb[kB];
     for (uint32_t j = 0; j < kB; ++j) yb[j] = b_out;
-    for (uint32_t i = 0; i < H; ++i) {
-      float acc[kB];
-      for (uint32_t j = 0; j < kB; ++j) acc[j] = gl[i];
-      for (uint32_t k = 0; k < H; ++k) {
-        const float w = w_h[static_cast<size_t>(i) * H + k];
-        const float* h = h0 + static_cast<size_t>(k) * S + b;
-        for (uint32_t j = 0; j < kB; ++j) acc[j] += w * h[j];
+    for (uint32_t i0 = 0; i0 < H; i0 += kRows) {  // kRows rows of h1 at a time, as h0's
+      float acc[kRows][kB];
+#pragma GCC unroll 8
+      for (uint32_t r = 0; r < kRows; ++r) {
+        for (uint32_t j = 0; j < kB; ++j) acc[r][j] = gl[i0 + r];
       }
-      for (uint32_t j = 0; j < kB; ++j) yb[j] += w_out[i] * (acc[j] > 0 ? acc[j] : 0.0f);
+      for (uint32_t k = 0; k < H; ++k) {
+        const float* h = h0 + static_cast<size_t>(k) * S + b;
+#pragma GCC unroll 8
+        for (uint32_t r = 0; r < kRows; ++r) {
+          const float w = w_h[static_cast<size_t>(i0 + r) * H + k];
+          for (uint32_t j = 0; j < kB; ++j) acc[r][j] += w * h[j];
+        }
+      }
+      for (uint32_t r = 0; r < kRows; ++r) {  // in row order, as one row at a time summed them
+        for (uint32_t j = 0; j < kB; ++j) yb[j] += w_out[i0 + r] * (acc[r][j] > 0 ? acc[r][j] : 0.0f);
+      }
     }
     for (uint32_t j = 0; j < kB; ++j) y[b + j] = Softplus(yb[j]);
   }
   std::copy(y, y + E, out);
 }
 
+#if defined(__x86_64__)
+// The same forward compiled for AVX2 (8 floats a vector): flatten inlines ForwardH and jf_math.h
+// into it. Without FMA (no "fma" target) every product and sum is rounded as in the SSE2
+// build, in the same order per lane, so both give the same bits; only the width differs.
+template <uint32_t H>
+__attribute__((target("avx2"), flatten)) void ForwardAvx2(
+    const JfGeometry& g, const float* __restrict emb, const float* __restrict w_in, const float* __restrict b_in,
+    const float* __restrict query, const float* __restrict w_ctx, const float* __restrict w_h,
+    const float* __restrict b_h, const float* __restrict w_out, float b_out, const float* __restrict features,
+    float* __restrict out, float* __restrict h0, float* __restrict scratch, float* __restrict context) {
+  ForwardH<H, 8>(g, emb, w_in, b_in, query, w_ctx, w_h, b_h, w_out, b_out, features, out, h0, scratch, context);
+}
+
+bool HasAvx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+#endif
+
 }  // namespace
 
-void JfModel::Forward(uint32_t layer, std::span<const float> features, std::span<float> out) const {
+void JfModel::Forward(uint32_t layer, std::span<const float> features, std::span<float> out, Isa isa) const {
   const JfGeometry& g = geometry_;
   const float* emb = &emb_t_[static_cast<size_t>(layer) * g.hidden * JfFeatureStride(g.experts_per_layer)];
   auto run = [&](auto forward) {
     forward(g, emb, w_in_.data(), b_in_.data(), query_.data(), w_ctx_.data(), w_h_.data(), b_h_.data(),
             w_out_.data(), b_out_, features.data(), out.data(), h0_.data(), scratch_.data(), context_.data());
   };
+#if defined(__x86_64__)
+  if (isa == Isa::kBest && HasAvx2()) {
+    switch (g.hidden) {
+      case 8: return run(ForwardAvx2<8>);
+      case 16: return run(ForwardAvx2<16>);
+      case 32: return run(ForwardAvx2<32>);
+    }
+  }
+#endif
   // Load admits only these widths.
   switch (g.hidden) {
-    case 8: return run(ForwardH<8>);
-    case 16: return run(ForwardH<16>);
-    case 32: return run(ForwardH<32>);
+    case 8: return run(ForwardH<8, 4>);
+    case 16: return run(ForwardH<16, 4>);
+    case 32: return run(ForwardH<32, 4>);
   }
 }
 

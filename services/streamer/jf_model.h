@@ -66,8 +66,10 @@ class JfModel {
   // Expected hits in the next `horizon` tokens of every expert of `layer`: `features` is
   // JfFeatureState::Fill's feature-major layout (features x JfFeatureStride(experts)), `out`
   // one value per expert. Allocates nothing (the scratch is sized at Load; not thread-safe
-  // through it: one caller at a time).
-  void Forward(uint32_t layer, std::span<const float> features, std::span<float> out) const;
+  // through it: one caller at a time). kBest runs the widest vector build the CPU has (AVX2 on
+  // x86-64), kPortable the baseline one; both give the same bits (jf_model.cc).
+  enum class Isa { kBest, kPortable };
+  void Forward(uint32_t layer, std::span<const float> features, std::span<float> out, Isa isa = Isa::kBest) const;
 
   const JfGeometry& geometry() const { return geometry_; }
   // The file's "hysteresis_margin", else kJfDefaultMargin.

@@ -61,6 +61,40 @@ uint64_t CandidateKey(float score, uint32_t expert) {
 }
 uint32_t KeyExpert(uint64_t key) { return UINT32_MAX - static_cast<uint32_t>(key); }
 
+// Moves the k largest of keys (distinct) to its front, in no particular order, the rest after
+// them in their original order (std::nth_element's contract, k < keys.size()). A radix select on
+// the keys' bytes from the top: per pass a histogram of one byte over the keys that share the
+// prefix chosen so far, then the byte whose bucket holds the k-th largest. It stops once that
+// bucket is taken whole, usually after two or three passes over a layer's few hundred keys:
+// counting has no data-dependent branches, where nth_element's partitions mispredicted about
+// every other comparison and were most of a refresh's planning time (bench/README.md, "jF's
+// refresh on one core").
+void SelectLargestKeys(std::span<uint64_t> keys, uint32_t k, std::span<uint64_t> scratch) {
+  uint64_t prefix = 0, mask = 0;
+  uint32_t need = k;  // keys still to take from those matching the prefix
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    uint32_t count[256] = {};
+    for (const uint64_t key : keys) count[(key >> shift) & 0xff] += (key & mask) == prefix;
+    uint32_t above = 0;
+    int byte = 255;
+    while (above + count[byte] < need) above += count[byte--];
+    need -= above;
+    prefix |= static_cast<uint64_t>(byte) << shift;
+    mask |= uint64_t{0xff} << shift;
+    if (count[byte] == need) break;  // the bucket is taken whole: the top k are the keys >= prefix
+  }
+  // (key & mask) >= prefix holds for exactly the k largest.
+  size_t front = 0, back = 0;
+  for (const uint64_t key : keys) {
+    const bool top = (key & mask) >= prefix;
+    keys[front] = key;  // a write ahead of the read position (front <= the index read)
+    scratch[back] = key;
+    front += top;
+    back += !top;
+  }
+  std::copy(scratch.begin(), scratch.begin() + static_cast<std::ptrdiff_t>(back), keys.begin() + static_cast<std::ptrdiff_t>(front));
+}
+
 }  // namespace
 
 absl::StatusOr<Predictor> Predictor::Create(PredictorOptions options) {
@@ -178,6 +212,7 @@ Predictor::Predictor(PredictorOptions options) : options_(std::move(options)) {
   }
   candidate_offset_[layers] = static_cast<uint32_t>(candidates_.size());
   order_.resize(experts);
+  order_scratch_.resize(experts);
   victims_.reserve(experts);
   const uint32_t f = options_.floating_slots;
   plan_.loads.reserve(static_cast<size_t>(layers) * std::min(f, experts));
@@ -355,7 +390,7 @@ void Predictor::PlanLayer(uint32_t layer) {
     const uint32_t e = candidates_[begin + i];
     order_[i] = CandidateKey(effective(e), e);
   }
-  if (k < n) std::nth_element(order_.begin(), order_.begin() + k, order_.begin() + n, std::greater<>());
+  if (k < n) SelectLargestKeys(std::span<uint64_t>(order_).first(n), k, order_scratch_);
   std::sort(order_.begin(), order_.begin() + k, std::greater<>());
   uint32_t* desired = plan_.desired.data() + static_cast<size_t>(layer) * options_.floating_slots;
   for (uint32_t i = 0; i < k; ++i) desired[i] = KeyExpert(order_[i]);

@@ -201,6 +201,7 @@ class Predictor {
   // One layer's candidates as CandidateKey(effective score, expert) (predictor.cc), to select
   // in, and its victims.
   std::vector<uint64_t> order_;
+  std::vector<uint64_t> order_scratch_;  // SelectLargestKeys's partition buffer
   std::vector<PlannedLoad> layer_loads_;
   std::vector<uint64_t> victims_;
   std::vector<PlannedLoad> all_loads_;

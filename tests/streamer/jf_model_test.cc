@@ -5,6 +5,7 @@
 // (train_jf.py, the torch forward) has the same layout: the committed trained model is checked
 // against it, or NQ_JF_REFERENCE_DIR=dir for another.
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -169,9 +170,11 @@ std::vector<double> ForwardByTheFormulas(const std::map<std::string, std::vector
 
 // 13 experts: Forward's rows are padded to 16, and the padding must take no part in the
 // layer's attention (it would shift every expert's context) nor get an output.
-TEST(JfModelTest, ForwardWithPaddedExpertsEqualsTheFormulas) {
-  constexpr uint32_t L = 2, E = 13, H = 16, Q = 3, K = 2;
-  uint32_t state = 7;
+// A model file of L layers x E experts, hidden H, Q queries, top-K, with weights uniform in
+// [-0.5, 0.5) from an LCG seeded by `seed` (queries x 8, so the attention is far from uniform);
+// the weights by tensor name go to *params.
+std::string WriteRandomModel(const std::string& name, uint32_t L, uint32_t E, uint32_t H, uint32_t Q, uint32_t K,
+                             uint32_t& state, std::map<std::string, std::vector<float>>* params) {
   auto uniform = [&]() {
     state = 1664525u * state + 1013904223u;
     return static_cast<float>(state) / 4294967296.0f - 0.5f;
@@ -179,16 +182,14 @@ TEST(JfModelTest, ForwardWithPaddedExpertsEqualsTheFormulas) {
   const std::pair<const char*, std::vector<int64_t>> shapes[] = {
       {"emb", {L, E, H}}, {"w_in", {H, kJfFeatures}}, {"b_in", {H}}, {"query", {Q, H}}, {"w_ctx", {H, Q * H}},
       {"w_h", {H, H}},    {"b_h", {H}},               {"w_out", {H}}, {"b_out", {1}}};
-  std::map<std::string, std::vector<float>> params;
   model::SafetensorsWriter writer;
-  for (const auto& [name, shape] : shapes) {
+  for (const auto& [tensor, shape] : shapes) {
     size_t n = 1;
     for (int64_t d : shape) n *= static_cast<size_t>(d);
     std::vector<float> v(n);
-    // Queries large enough that the attention is far from uniform.
-    for (float& x : v) x = uniform() * (std::string(name) == "query" ? 8.0f : 1.0f);
-    params[name] = v;
-    ASSERT_THAT(writer.AddFloat32(name, shape, v), IsOk());
+    for (float& x : v) x = uniform() * (std::string(tensor) == "query" ? 8.0f : 1.0f);
+    EXPECT_THAT(writer.AddFloat32(tensor, shape, v), IsOk());
+    if (params != nullptr) (*params)[tensor] = std::move(v);
   }
   const std::pair<const char*, uint32_t> meta[] = {{"num_layers", L}, {"experts_per_layer", E}, {"top_k", K},
                                                    {"features", kJfFeatures}, {"hidden", H}, {"queries", Q},
@@ -197,8 +198,20 @@ TEST(JfModelTest, ForwardWithPaddedExpertsEqualsTheFormulas) {
   writer.SetMetadata("format", kJfFormat);
   writer.SetMetadata("version", std::to_string(kJfVersion));
   writer.SetMetadata("feature_set", std::string(kJfFeatureSet));
-  const std::string path = ::testing::TempDir() + "/padded.safetensors";
-  ASSERT_THAT(writer.Write(path), IsOk());
+  const std::string path = ::testing::TempDir() + "/" + name + ".safetensors";
+  EXPECT_THAT(writer.Write(path), IsOk());
+  return path;
+}
+
+TEST(JfModelTest, ForwardWithPaddedExpertsEqualsTheFormulas) {
+  constexpr uint32_t L = 2, E = 13, H = 16, Q = 3, K = 2;
+  uint32_t state = 7;
+  auto uniform = [&]() {
+    state = 1664525u * state + 1013904223u;
+    return static_cast<float>(state) / 4294967296.0f - 0.5f;
+  };
+  std::map<std::string, std::vector<float>> params;
+  const std::string path = WriteRandomModel("padded", L, E, H, Q, K, state, &params);
   absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(path);
   ASSERT_THAT(model.status(), IsOk());
   const uint32_t S = JfFeatureStride(E);
@@ -217,6 +230,36 @@ TEST(JfModelTest, ForwardWithPaddedExpertsEqualsTheFormulas) {
     const std::vector<double> want = ForwardByTheFormulas(params, layer, E, H, Q, rows);
     for (uint32_t e = 0; e < E; ++e) {
       EXPECT_NEAR(out[e], want[e], 1e-5 + 1e-5 * std::fabs(want[e])) << "layer " << layer << " expert " << e;
+    }
+  }
+}
+
+// The forward dispatches to an AVX2 build where the CPU has it: the same operations in the same
+// order per expert, only wider, so its outputs must equal the portable build's bit for bit (a
+// replay or a plan must not depend on the machine). Every compiled hidden width, a padded expert
+// count, and GLM-5's 256 experts. On a CPU without AVX2 both calls take the portable path.
+TEST(JfModelTest, TheVectorBuildsGiveTheSameBits) {
+  uint32_t state = 11;
+  for (const uint32_t H : {8u, 16u, 32u}) {
+    for (const uint32_t E : {13u, 256u}) {
+      const std::string path =
+          WriteRandomModel("isa_" + std::to_string(H) + "_" + std::to_string(E), 2, E, H, 2, 8, state, nullptr);
+      absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(path);
+      ASSERT_THAT(model.status(), IsOk());
+      const uint32_t S = JfFeatureStride(E);
+      std::vector<float> features(static_cast<size_t>(S) * kJfFeatures, 0.0f), best(E), portable(E);
+      for (uint32_t d = 0; d < kJfFeatures; ++d) {
+        for (uint32_t e = 0; e < E; ++e) {
+          state = 1664525u * state + 1013904223u;
+          features[d * S + e] = 4.0f * (static_cast<float>(state) / 4294967296.0f);
+        }
+      }
+      for (uint32_t layer = 0; layer < 2; ++layer) {
+        (*model)->Forward(layer, features, best);
+        (*model)->Forward(layer, features, portable, JfModel::Isa::kPortable);
+        EXPECT_EQ(std::memcmp(best.data(), portable.data(), E * sizeof(float)), 0)
+            << "H " << H << " E " << E << " layer " << layer;
+      }
     }
   }
 }
