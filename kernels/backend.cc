@@ -521,13 +521,17 @@ absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, StepPosition off
   RETURN_IF_ERROR(CheckStepPosition(kOp, "row_offset", offset));
   const std::int64_t row_offset = offset.bound();
   RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
-  RETURN_IF_ERROR(CheckDTypeIn(kOp, "dst", dst, {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "dst", dst, {DType::kF32, DType::kBF16, DType::kU8}));
   RETURN_IF_ERROR(CheckRank(kOp, "src", src, 2));
   RETURN_IF_ERROR(CheckRank(kOp, "dst", dst, 2));
-  if (src.shape().dim(1) != dst.shape().dim(1)) {
+  // A U8 dst holds packed FP8 rows (kernels/kv_fp8.h): codes and tile scales.
+  const std::int64_t dst_width =
+      dst.dtype() == DType::kU8 ? KvFp8RowBytes(src.shape().dim(1)) : src.shape().dim(1);
+  if (dst.shape().dim(1) != dst_width) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": src ", src.DebugString(), " and dst ", dst.DebugString(),
-        " disagree on the row width (", src.shape().dim(1), " vs ", dst.shape().dim(1), ")"));
+        kOp, ": src ", src.DebugString(), " and dst ", dst.DebugString(), " disagree on the row width (",
+        dst.dtype() == DType::kU8 ? "packed FP8 rows of " : "", src.shape().dim(1), " values need ", dst_width,
+        ", dst has ", dst.shape().dim(1), ")"));
   }
   const std::int64_t rows = src.shape().dim(0);
   if (row_offset < 0 || row_offset > dst.shape().dim(0) - rows) {
@@ -593,11 +597,13 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
     RETURN_IF_ERROR(CheckOwned(kOp, name, *t));
     RETURN_IF_ERROR(CheckDType(kOp, name, *t, DType::kF32));
   }
-  // The latent cache: F32, or BF16 (half the bytes every decode step reads).
+  // The latent cache: F32, BF16 (half the bytes every decode step reads), or packed FP8 rows (U8,
+  // kernels/kv_fp8.h) with a BF16 rope key.
   RETURN_IF_ERROR(CheckOwned(kOp, "kv_latent", kv_latent));
   RETURN_IF_ERROR(CheckOwned(kOp, "k_pe", k_pe));
-  RETURN_IF_ERROR(CheckDTypeIn(kOp, "kv_latent", kv_latent, {DType::kF32, DType::kBF16}));
-  RETURN_IF_ERROR(CheckDType(kOp, "k_pe", k_pe, kv_latent.dtype()));
+  RETURN_IF_ERROR(CheckDTypeIn(kOp, "kv_latent", kv_latent, {DType::kF32, DType::kBF16, DType::kU8}));
+  const bool fp8_rows = kv_latent.dtype() == DType::kU8;
+  RETURN_IF_ERROR(CheckDType(kOp, "k_pe", k_pe, fp8_rows ? DType::kBF16 : kv_latent.dtype()));
   RETURN_IF_ERROR(CheckOwned(kOp, "w_uk", w_uk));
   RETURN_IF_ERROR(CheckOwned(kOp, "w_uv", w_uv));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
@@ -615,8 +621,14 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
   const std::int64_t dn = q_nope.shape().dim(2);
   const std::int64_t dr = q_pe.shape().dim(2);
   const std::int64_t keys = kv_latent.shape().dim(0);
-  const std::int64_t c = kv_latent.shape().dim(1);
+  // Packed FP8 rows carry their tile scales after the codes: the latent width is w_uk's.
+  const std::int64_t c = fp8_rows ? w_uk.shape().dim(2) : kv_latent.shape().dim(1);
   const std::int64_t dv = w_uv.shape().dim(1);
+  if (fp8_rows && kv_latent.shape().dim(1) != KvFp8RowBytes(c)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": kv_latent ", kv_latent.DebugString(),
+                                                   " is not packed FP8 rows of w_uk ", w_uk.DebugString(), "'s ", c,
+                                                   " latent values (", KvFp8RowBytes(c), " bytes a row)"));
+  }
   RETURN_IF_ERROR(CheckShape(kOp, "q_pe", q_pe, Shape{tokens, heads, dr},
                              absl::StrCat("q_nope ", q_nope.DebugString())));
   RETURN_IF_ERROR(CheckShape(kOp, "k_pe", k_pe, Shape{keys, dr},

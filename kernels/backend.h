@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/dtype.h"
+#include "kernels/kv_fp8.h"
 #include "kernels/moe_route.h"
 #include "kernels/nq_moe.h"
 #include "kernels/nq_moe_params.h"
@@ -157,7 +158,9 @@ class Backend {
 
   // dst[row_offset + i, :] = src[i, :]. src: F32 [n, d]; dst: F32 or BF16 [*, d] (a BF16 dst
   // stores each value rounded to nearest even, kernels/dtype.h ToBf16: the BF16 latent KV
-  // cache); the rows must fit in dst (checked against the bound of a device row_offset).
+  // cache), or U8 [*, KvFp8RowBytes(d)]: FP8 latent rows, each src row packed as
+  // kernels/kv_fp8.h says (the CPU backend only, so far); the rows must fit in dst (checked
+  // against the bound of a device row_offset).
   absl::Status WriteRows(const Tensor& src, Tensor& dst, StepPosition row_offset);
 
   // out[i, :] = x[rows[i], :]. x: F32 [T, d]; rows: host, each < T; out: F32 [rows.size(), d].
@@ -175,8 +178,9 @@ class Backend {
   //   out[t, h*dv:(h+1)*dv] = w_uv[h] · (sum_s p[t,h,s] kv_latent[s,:])
   // Query t sits at position start_pos + t and sees keys s <= start_pos + t; when `selected`
   // is given (DSA), only the keys it lists for t (I32 [T, K], -1 = none; duplicates are not
-  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 or BF16 [S, c];
-  // k_pe [S, dr] of kv_latent's dtype, with S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
+  // allowed). Shapes: q_nope F32 [T, H, dn]; q_pe F32 [T, H, dr]; kv_latent F32 or BF16 [S, c]
+  // with k_pe [S, dr] of kv_latent's dtype, or FP8 rows U8 [S, KvFp8RowBytes(c)]
+  // (kernels/kv_fp8.h; the CPU backend only, so far) with k_pe BF16, and S >= start_pos + T; w_uk F32/BF16 [H, dn, c]; w_uv F32/BF16
   // [H, dv, c]; out F32 [T, H * dv]. A device start_pos is checked against the cache by its bound.
   absl::Status MlaAttention(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv_latent,
                             const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,

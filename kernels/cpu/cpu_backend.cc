@@ -160,6 +160,13 @@ absl::Status CpuBackend::DoWriteRows(const Tensor& src, Tensor& dst, const StepP
   ASSIGN_OR_RETURN(const std::int64_t row_offset, RunPosition("WriteRows", offset));
   // The destination rows are contiguous: one copy, or one conversion into a BF16 cache.
   const std::int64_t first = row_offset * dst.shape().dim(1);
+  if (dst.dtype() == DType::kU8) {  // packed FP8 rows (kernels/kv_fp8.h)
+    const std::int64_t c = src.shape().dim(1), width = dst.shape().dim(1);
+    for (std::int64_t i = 0; i < src.shape().dim(0); ++i) {
+      PackKvFp8Row(src.data_as<float>() + i * c, c, dst.data_as<std::uint8_t>() + first + i * width);
+    }
+    return absl::OkStatus();
+  }
   if (dst.dtype() == DType::kBF16) {
     cpu::FloatsToBf16(src.data_as<float>(), src.NumElements(), dst.data_as<Bf16>() + first,
                       threads_);
@@ -196,13 +203,22 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
   std::vector<float> latent_wide, rope_wide;
   const float* latent = nullptr;
   const float* rope = nullptr;
-  if (kv_latent.dtype() == DType::kBF16) {
-    auto widen = [visible_rows](const Tensor& t, std::vector<float>& wide) {
-      const Bf16* v = t.data_as<Bf16>();
-      wide.resize(static_cast<std::size_t>(visible_rows * t.shape().dim(1)));
-      for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = ToFloat(v[i]);
-      return wide.data();
-    };
+  auto widen = [visible_rows](const Tensor& t, std::vector<float>& wide) {
+    const Bf16* v = t.data_as<Bf16>();
+    wide.resize(static_cast<std::size_t>(visible_rows * t.shape().dim(1)));
+    for (std::size_t i = 0; i < wide.size(); ++i) wide[i] = ToFloat(v[i]);
+    return wide.data();
+  };
+  if (kv_latent.dtype() == DType::kU8) {
+    // Packed FP8 rows (kernels/kv_fp8.h): each visible row unpacked to fp32, the rope key widened.
+    const std::int64_t c = w_uk.shape().dim(2), width = kv_latent.shape().dim(1);
+    latent_wide.resize(static_cast<std::size_t>(visible_rows * c));
+    for (std::int64_t s = 0; s < visible_rows; ++s) {
+      UnpackKvFp8Row(kv_latent.data_as<std::uint8_t>() + s * width, c, latent_wide.data() + s * c);
+    }
+    latent = latent_wide.data();
+    rope = widen(k_pe, rope_wide);
+  } else if (kv_latent.dtype() == DType::kBF16) {
     latent = widen(kv_latent, latent_wide);
     rope = widen(k_pe, rope_wide);
   } else {
@@ -223,9 +239,9 @@ absl::Status CpuBackend::DoMlaAttention(const Tensor& q_nope, const Tensor& q_pe
                                   .heads = q_nope.shape().dim(1),
                                   .dn = q_nope.shape().dim(2),
                                   .dr = q_pe.shape().dim(2),
-                                  .c = kv_latent.shape().dim(1),
+                                  .c = w_uk.shape().dim(2),
                                   .dv = w_uv.shape().dim(1),
-                                  .keys = kv_latent.dtype() == DType::kBF16 ? visible_rows : kv_latent.shape().dim(0),
+                                  .keys = kv_latent.dtype() == DType::kF32 ? kv_latent.shape().dim(0) : visible_rows,
                                   .top_k = selected != nullptr ? selected->shape().dim(1) : 0,
                                   .start_pos = start_pos,
                                   .scale = scale};

@@ -8,9 +8,26 @@ namespace nq::model {
 absl::StatusOr<kernels::DType> ParseKvCacheDType(absl::string_view name) {
   if (name == "f32") return kernels::DType::kF32;
   if (name == "bf16") return kernels::DType::kBF16;
+  if (name == "fp8") return kernels::DType::kF8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("KV cache dtype \"", name, "\" is not one of f32, bf16"));
+      absl::StrCat("KV cache dtype \"", name, "\" is not one of f32, bf16, fp8"));
 }
+
+namespace {
+
+// An FP8 cache keeps its latent as packed rows of codes and tile scales (kernels/kv_fp8.h) and
+// its rope key in BF16; F32 and BF16 caches keep both in their dtype.
+kernels::DType LatentStorage(kernels::DType dtype) {
+  return dtype == kernels::DType::kF8E4M3 ? kernels::DType::kU8 : dtype;
+}
+kernels::DType RopeKeyDType(kernels::DType dtype) {
+  return dtype == kernels::DType::kF8E4M3 ? kernels::DType::kBF16 : dtype;
+}
+int64_t LatentRowWidth(const ModelConfig& config, kernels::DType dtype) {
+  return dtype == kernels::DType::kF8E4M3 ? kernels::KvFp8RowBytes(config.kv_lora_rank) : config.kv_lora_rank;
+}
+
+}  // namespace
 
 std::vector<bool> KvCacheIndexerLayers(const ModelConfig& c) {
   std::vector<bool> has;
@@ -27,8 +44,8 @@ absl::StatusOr<KvCache> KvCache::Create(kernels::Backend& backend, const ModelCo
   if (max_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache of ", max_tokens, " tokens"));
   }
-  if (dtype != kernels::DType::kF32 && dtype != kernels::DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache dtype must be F32 or BF16, got ",
+  if (dtype != kernels::DType::kF32 && dtype != kernels::DType::kBF16 && dtype != kernels::DType::kF8E4M3) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache dtype must be F32, BF16 or F8_E4M3, got ",
                                                    kernels::DTypeName(dtype)));
   }
   KvCache cache;
@@ -36,10 +53,10 @@ absl::StatusOr<KvCache> KvCache::Create(kernels::Backend& backend, const ModelCo
   cache.max_tokens_ = max_tokens;
   for (bool indexer : has_indexer) {
     LayerCache layer;
-    ASSIGN_OR_RETURN(layer.latent,
-                     backend.Allocate(dtype, kernels::Shape{max_tokens, config.kv_lora_rank}));
+    ASSIGN_OR_RETURN(layer.latent, backend.Allocate(LatentStorage(dtype),
+                                                    kernels::Shape{max_tokens, LatentRowWidth(config, dtype)}));
     ASSIGN_OR_RETURN(layer.k_pe,
-                     backend.Allocate(dtype, kernels::Shape{max_tokens, config.qk_rope_head_dim}));
+                     backend.Allocate(RopeKeyDType(dtype), kernels::Shape{max_tokens, config.qk_rope_head_dim}));
     if (indexer) {
       ASSIGN_OR_RETURN(layer.index_keys,
                        backend.Allocate(kernels::DType::kF32,
@@ -52,10 +69,11 @@ absl::StatusOr<KvCache> KvCache::Create(kernels::Backend& backend, const ModelCo
 
 int64_t KvCache::BytesFor(const ModelConfig& config, const std::vector<bool>& has_indexer, int64_t max_tokens,
                           kernels::DType dtype) {
-  const auto element = static_cast<int64_t>(kernels::DTypeSize(dtype));
+  const auto latent_element = static_cast<int64_t>(kernels::DTypeSize(LatentStorage(dtype)));
+  const auto rope_element = static_cast<int64_t>(kernels::DTypeSize(RopeKeyDType(dtype)));
   int64_t bytes = 0;
   for (bool indexer : has_indexer) {
-    bytes += max_tokens * (config.kv_lora_rank + config.qk_rope_head_dim) * element;
+    bytes += max_tokens * (LatentRowWidth(config, dtype) * latent_element + config.qk_rope_head_dim * rope_element);
     if (indexer) bytes += max_tokens * config.indexer.head_dim * static_cast<int64_t>(sizeof(float));
   }
   return bytes;

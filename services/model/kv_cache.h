@@ -4,9 +4,12 @@
 // the latent is shared by all heads, so it cannot be split by head.
 //
 // The latent and rope key are stored in the cache's dtype: F32, or BF16 (half the memory, so
-// twice the context per byte; issue #13). The model computes them in F32 and Backend::WriteRows
-// rounds them into the cache; Backend::MlaAttention widens them back as it reads. The indexer
-// keys stay F32: the DSA top-k compares scores, and a rounded key can flip which key is kept.
+// twice the context per byte; issue #13), or FP8: the latent as packed E4M3 rows with a float32
+// scale per 128 values (kernels/kv_fp8.h, U8 tensors), the rope key in BF16 (656 bytes a token
+// at DeepSeek-V3's 512 + 64, against 1152 in BF16; the CPU backend only, so far). The model
+// computes them in F32 and Backend::WriteRows rounds them into the cache; Backend::MlaAttention
+// widens them back as it reads. The indexer keys stay F32: the DSA top-k compares scores, and a
+// rounded key can flip which key is kept.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +24,13 @@
 namespace nq::model {
 
 struct LayerCache {
-  kernels::Tensor latent;  // [max_tokens, kv_lora_rank], the cache's dtype
-  kernels::Tensor k_pe;    // [max_tokens, qk_rope_head_dim], the cache's dtype
+  kernels::Tensor latent;  // [max_tokens, kv_lora_rank] of the cache's dtype; FP8: U8 [max_tokens, KvFp8RowBytes]
+  kernels::Tensor k_pe;    // [max_tokens, qk_rope_head_dim], the cache's dtype; FP8: BF16
   std::optional<kernels::Tensor> index_keys;  // [max_tokens, index_head_dim], always F32
 };
 
-// The --kv_cache_dtype values: "f32" or "bf16". INVALID_ARGUMENT names the accepted values.
+// The --kv_cache_dtype values: "f32", "bf16" or "fp8" (F8_E4M3). INVALID_ARGUMENT names the
+// accepted values.
 absl::StatusOr<kernels::DType> ParseKvCacheDType(absl::string_view name);
 
 // Which cache layers keep DSA indexer keys: decoder layers with a full indexer, then every MTP
@@ -36,7 +40,7 @@ std::vector<bool> KvCacheIndexerLayers(const ModelConfig& config);
 class KvCache {
  public:
   // One LayerCache per entry of `has_indexer` (decoder layers, then MTP layers). `dtype`, of the
-  // latent and rope key: F32 or BF16 (INVALID_ARGUMENT otherwise).
+  // latent and rope key: F32, BF16 or F8_E4M3 (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<KvCache> Create(kernels::Backend& backend, const ModelConfig& config,
                                         const std::vector<bool>& has_indexer, int64_t max_tokens,
                                         kernels::DType dtype);
@@ -48,6 +52,7 @@ class KvCache {
   int64_t bytes() const;
 
   LayerCache& layer(size_t i) { return layers_[i]; }
+  const LayerCache& layer(size_t i) const { return layers_[i]; }
   kernels::DType dtype() const { return dtype_; }
   int64_t max_tokens() const { return max_tokens_; }
   // Tokens whose keys are in the cache; the next forward writes at this position.

@@ -38,12 +38,14 @@ int64_t Model::DecodeStepBytes(int64_t context) const {
   int64_t bytes = Bytes(weights_.final_norm) + Bytes(weights_.lm_head);
   bytes += c.vocab_size > 0 ? Bytes(weights_.embed) / c.vocab_size : 0;  // one row
   const int64_t keys = context + 1;  // the new token sees itself
-  const int64_t cache_element = static_cast<int64_t>(kernels::DTypeSize(cache_.dtype()));
+  // A cached token's latent and rope key as stored (an FP8 cache: packed latent rows, BF16 rope).
+  const LayerCache& any = cache_.layer(0);
+  const int64_t row_bytes = static_cast<int64_t>(any.latent.nbytes() + any.k_pe.nbytes()) / cache_.max_tokens();
   const int64_t attended = c.indexer.enabled ? std::min<int64_t>(keys, c.indexer.topk) : keys;
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const LayerWeights& w = weights_.layers[l];
     bytes += LayerWeightBytes(w);
-    bytes += attended * (c.kv_lora_rank + c.qk_rope_head_dim) * cache_element;
+    bytes += attended * row_bytes;
     if (w.attention.indexer.has_value()) bytes += keys * c.indexer.head_dim * static_cast<int64_t>(sizeof(float));
   }
   return bytes;

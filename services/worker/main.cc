@@ -101,7 +101,8 @@ ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + comp
 // f32 on every backend until the BF16 cache's accuracy has been measured on the served models
 // (issue #13); bf16 halves the cache (twice the context per byte).
 ABSL_FLAG(std::string, kv_cache_dtype, "f32",
-          "Storage of the KV cache's MLA latent and rope key: f32 or bf16 (the DSA indexer keys stay f32)");
+          "Storage of the KV cache's MLA latent and rope key: f32, bf16 or fp8 (E4M3 latent rows with a scale "
+          "per 128 values and a bf16 rope key; CPU backend only so far); the DSA indexer keys stay f32");
 // BF16 halves the weight matrices' memory and the bytes a decode step reads, and is exact for
 // BF16 checkpoints; FP8 (128 x 128 block scales) halves them again and keeps an FP8 checkpoint's
 // matrices as stored. f32 stays the default until the served models' outputs have been compared.
@@ -243,9 +244,12 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--expert_bits=", bits, ": want dynamic, 2, 4 or fixed"));
   }
   if (const std::string kv = absl::GetFlag(FLAGS_kv_cache_dtype); !model::ParseKvCacheDType(kv).ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, ": want f32 or bf16"));
+    return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, ": want f32, bf16 or fp8"));
   } else if (kv != "f32" && absl::GetFlag(FLAGS_model).empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, " needs --model (no model, no KV cache)"));
+  } else if (kv == "fp8" && absl::GetFlag(FLAGS_backend) != "cpu") {
+    return absl::InvalidArgumentError(
+        "--kv_cache_dtype=fp8 runs on the CPU backend only so far (its CUDA kernels are not written); use bf16");
   }
   if (absl::GetFlag(FLAGS_gpu) < 0) return absl::InvalidArgumentError("--gpu must be a device ordinal (>= 0)");
   if (const std::string w = absl::GetFlag(FLAGS_weight_dtype); !model::ParseWeightDType(w).ok()) {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "kernels/kv_fp8.h"
 #include "tests/kernels/test_util.h"
 
 namespace nq::kernels::testing {
@@ -183,8 +184,19 @@ std::vector<float> RunMlaAttention(Backend& backend, const MlaShape& m, const Ml
                                    float scale, DType kv_dtype, std::int64_t position_bound) {
   Tensor q_nope = Upload(backend, in.q_nope, DType::kF32, {m.tokens, m.heads, m.dn});
   Tensor q_pe = Upload(backend, in.q_pe, DType::kF32, {m.tokens, m.heads, m.dr});
-  Tensor kv_latent = Upload(backend, in.kv_latent, kv_dtype, {m.keys, m.c});
-  Tensor k_pe = Upload(backend, in.k_pe, kv_dtype, {m.keys, m.dr});
+  // An FP8 cache: the latent as packed rows (kernels/kv_fp8.h), the rope key in BF16.
+  Tensor kv_latent, k_pe;
+  if (kv_dtype == DType::kF8E4M3) {
+    std::vector<std::uint8_t> rows(static_cast<std::size_t>(m.keys * KvFp8RowBytes(m.c)));
+    for (std::int64_t s = 0; s < m.keys; ++s) {
+      PackKvFp8Row(in.kv_latent.data() + s * m.c, m.c, rows.data() + s * KvFp8RowBytes(m.c));
+    }
+    kv_latent = UploadBytes(backend, rows, DType::kU8, {m.keys, KvFp8RowBytes(m.c)});
+    k_pe = Upload(backend, in.k_pe, DType::kBF16, {m.keys, m.dr});
+  } else {
+    kv_latent = Upload(backend, in.kv_latent, kv_dtype, {m.keys, m.c});
+    k_pe = Upload(backend, in.k_pe, kv_dtype, {m.keys, m.dr});
+  }
   Tensor w_uk = Upload(backend, in.w_uk, w_uk_dtype, {m.heads, m.dn, m.c});
   Tensor w_uv = Upload(backend, in.w_uv, w_uv_dtype, {m.heads, m.dv, m.c});
   Tensor out = AllocateOrFail(backend, DType::kF32, {m.tokens, m.heads * m.dv});

@@ -1,12 +1,14 @@
-// The model graph with a BF16 latent KV cache (ModelOptions::kv_cache_dtype, --kv_cache_dtype;
-// issue #13) on the CPU backend against HF transformers' float64 reference logits: prefill,
-// decode through the cache, the MTP layer's cache, rollback, and tensor parallelism.
+// The model graph with a rounded latent KV cache (ModelOptions::kv_cache_dtype, --kv_cache_dtype;
+// issue #13), BF16 and FP8 (kernels/kv_fp8.h), on the CPU backend against HF transformers'
+// float64 reference logits: prefill, decode through the cache, the MTP layer's cache, rollback,
+// and tensor parallelism.
 //
-// The BF16 cache perturbs every attention output by ~2^-9 relative, and the tiny fixtures'
-// routers have margins of only 1e-3 (tests/fixtures/README.md): a token may pick another expert
-// than HF, and its logits then jump by ~0.1 of max|logit| (a different network, not a rounding
-// error). So the tolerance holds on the rows whose routed-expert sets equal the F32 cache's
-// (which equal HF's: model_fixture_test.cc), and the rows that diverged are counted and bounded.
+// The BF16 cache perturbs every attention output by ~2^-9 relative, FP8 by ~2^-5, and the tiny
+// fixtures' routers have margins of only 1e-3 (tests/fixtures/README.md): a token may pick another
+// expert than HF, and its logits then jump by ~0.1 of max|logit| (a different network, not a
+// rounding error). So the tolerance holds on the rows whose routed-expert sets equal the F32
+// cache's (which equal HF's: model_fixture_test.cc), and the rows that diverged are counted and
+// bounded.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -37,14 +39,23 @@ using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // max|logit - reference| / max|reference| of each row whose routing matches the F32 cache's.
-// Measured on the CPU backend (glm5_tiny / dsv3_tiny): prefill and decode 3.1e-3 / 3.7e-3,
+// BF16, measured on the CPU backend (glm5_tiny / dsv3_tiny): prefill and decode 3.1e-3 / 3.7e-3,
 // MTP 1.9e-3 / 2.6e-3; BF16 keeps 8 significant bits (2^-9 = 2e-3 relative per cached value).
 // 1e-2 leaves 2.7x over the worst measured row and stays 10x under a diverged row (~0.1) or
 // a cache written at the wrong rows (O(1)). An F32 cache stays under 1e-4 (1.6e-7 measured).
-constexpr double kBf16Tolerance = 1e-2;
-// Rows per run allowed to route to another expert set than the F32 cache: measured 1 of 28 on
-// glm5_tiny (token 12, layer 1, expert 9 for 7) and 0 on dsv3_tiny (router gap 2.2e-3).
-constexpr int kMaxDivergedRows = 2;
+// FP8 (E4M3: 4 significant bits, 2^-5 relative per value at worst; a scale per 128 values):
+// prefill and decode 0.033 / 0.060, MTP 0.041 / 0.027, 10-16x BF16's; 0.12 leaves 2x over the
+// worst row and still fails a cache written at the wrong rows (O(1)).
+struct CacheBounds {
+  double tolerance;
+  // Rows per run allowed to route to another expert set than the F32 cache: BF16 measured 1 of
+  // 28 on glm5_tiny (token 12, layer 1, expert 9 for 7) and 0 on dsv3_tiny (router gap 2.2e-3);
+  // FP8 2 of 28 on both (1 of the MTP layer's on dsv3_tiny).
+  int max_diverged_rows;
+};
+CacheBounds BoundsFor(kernels::DType dtype) {
+  return dtype == kernels::DType::kF8E4M3 ? CacheBounds{0.12, 4} : CacheBounds{1e-2, 2};
+}
 
 // Routed-expert sets (sorted) of every token a model ran, per MoE layer, in order of the
 // forwards; main layers are < num_hidden_layers, MTP layers from there on.
@@ -111,16 +122,23 @@ std::unique_ptr<Model> LoadOrFail(const std::string& dir, kernels::Backend& back
   return loaded.ok() ? *std::move(loaded) : nullptr;
 }
 
-class Bf16KvCacheTest : public ::testing::TestWithParam<std::string> {
+struct CacheCase {
+  std::string fixture;
+  kernels::DType dtype;
+};
+
+class Bf16KvCacheTest : public ::testing::TestWithParam<CacheCase> {
  protected:
   void SetUp() override {
-    dir_ = FixtureDir(GetParam());
+    dir_ = FixtureDir(GetParam().fixture);
+    dtype_ = GetParam().dtype;
+    bounds_ = BoundsFor(dtype_);
     tokens_ = ReadTokens(dir_);
     reference_ = ReadFloats(dir_ + "/logits.bin");
     absl::StatusOr<std::unique_ptr<kernels::Backend>> created = kernels::CreateBackend("cpu");
     ASSERT_THAT(created, IsOk());
     backend_ = *std::move(created);
-    bf16_ = LoadOrFail(dir_, *backend_, kernels::DType::kBF16);
+    bf16_ = LoadOrFail(dir_, *backend_, dtype_);
     f32_ = LoadOrFail(dir_, *backend_, kernels::DType::kF32);
     ASSERT_NE(bf16_, nullptr);
     ASSERT_NE(f32_, nullptr);
@@ -135,6 +153,8 @@ class Bf16KvCacheTest : public ::testing::TestWithParam<std::string> {
   std::vector<bool> MainDiverged() const { return Diverged(bf16_log_, f32_log_, tokens_.size(), 0, layers_); }
 
   std::string dir_;
+  kernels::DType dtype_ = kernels::DType::kBF16;
+  CacheBounds bounds_{};
   std::vector<int32_t> tokens_;
   std::vector<float> reference_;
   std::unique_ptr<kernels::Backend> backend_;
@@ -147,7 +167,7 @@ class Bf16KvCacheTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(Bf16KvCacheTest, PrefillAndDecodeStayWithinTheBf16Tolerance) {
-  EXPECT_EQ(bf16_->kv_cache_dtype(), kernels::DType::kBF16);
+  EXPECT_EQ(bf16_->kv_cache_dtype(), dtype_);
   EXPECT_EQ(f32_->kv_cache_dtype(), kernels::DType::kF32);
   // Prefill over every token: each row attends over the BF16 keys of its prefix and itself.
   absl::StatusOr<std::vector<float>> prefill = bf16_->Forward(tokens_);
@@ -155,8 +175,8 @@ TEST_P(Bf16KvCacheTest, PrefillAndDecodeStayWithinTheBf16Tolerance) {
   ASSERT_THAT(prefill, IsOk());
   ASSERT_THAT(exact, IsOk());
   const RowErrors p = CompareRows(*prefill, reference_, 0, vocab_, MainDiverged());
-  EXPECT_LE(p.worst, kBf16Tolerance) << "prefill";
-  EXPECT_LE(p.diverged, kMaxDivergedRows) << "prefill";
+  EXPECT_LE(p.worst, bounds_.tolerance) << "prefill";
+  EXPECT_LE(p.diverged, bounds_.max_diverged_rows) << "prefill";
   // The cache really is BF16: the same model with an F32 cache computes other logits.
   const Comparison rounding = Compare(*prefill, *exact, 0, vocab_);
   EXPECT_GT(rounding.max_abs_diff, 0.0) << "a BF16 cache gave the F32 cache's logits bit for bit";
@@ -177,10 +197,10 @@ TEST_P(Bf16KvCacheTest, PrefillAndDecodeStayWithinTheBf16Tolerance) {
     decoded->insert(decoded->end(), row->begin(), row->end());
   }
   const RowErrors d = CompareRows(*decoded, reference_, 0, vocab_, MainDiverged());
-  EXPECT_LE(d.worst, kBf16Tolerance) << "decode";
-  EXPECT_LE(d.diverged, kMaxDivergedRows) << "decode";
-  std::printf("%s BF16 KV cache vs HF, of max|logit|: prefill %.3g (%d rows diverged), decode %.3g (%d)\n",
-              GetParam().c_str(), p.worst, p.diverged, d.worst, d.diverged);
+  EXPECT_LE(d.worst, bounds_.tolerance) << "decode";
+  EXPECT_LE(d.diverged, bounds_.max_diverged_rows) << "decode";
+  std::printf("%s %s KV cache vs HF, of max|logit|: prefill %.3g (%d rows diverged), decode %.3g (%d)\n",
+              GetParam().fixture.c_str(), kernels::DTypeName(dtype_), p.worst, p.diverged, d.worst, d.diverged);
 }
 
 TEST_P(Bf16KvCacheTest, MtpLayerStaysWithinTheBf16Tolerance) {
@@ -201,10 +221,10 @@ TEST_P(Bf16KvCacheTest, MtpLayerStaysWithinTheBf16Tolerance) {
   ASSERT_EQ(mtp->size(), reference.size());
   const std::vector<bool> diverged = Diverged(bf16_log_, f32_log_, T - 1, layers_, layers_ + 1);
   const RowErrors e = CompareRows(*mtp, reference, 0, vocab_, diverged);
-  EXPECT_LE(e.worst, kBf16Tolerance);
-  EXPECT_LE(e.diverged, kMaxDivergedRows);
-  std::printf("%s BF16 KV cache vs HF, of max|logit|: MTP %.3g (%d rows diverged)\n", GetParam().c_str(), e.worst,
-              e.diverged);
+  EXPECT_LE(e.worst, bounds_.tolerance);
+  EXPECT_LE(e.diverged, bounds_.max_diverged_rows);
+  std::printf("%s %s KV cache vs HF, of max|logit|: MTP %.3g (%d rows diverged)\n", GetParam().fixture.c_str(),
+              kernels::DTypeName(dtype_), e.worst, e.diverged);
 }
 
 TEST_P(Bf16KvCacheTest, RollbackAndPrefixReuseRewriteTheBf16Rows) {
@@ -222,9 +242,9 @@ TEST_P(Bf16KvCacheTest, RollbackAndPrefixReuseRewriteTheBf16Rows) {
 TEST_P(Bf16KvCacheTest, TensorParallelRanksKeepBf16Caches) {
   // Every rank keeps its own replicated cache; options.kv_cache_dtype reaches each of them.
   absl::StatusOr<std::unique_ptr<LocalTpGroup>> group =
-      LocalTpGroup::Load(dir_, 2, {.max_tokens = 64, .kv_cache_dtype = kernels::DType::kBF16});
+      LocalTpGroup::Load(dir_, 2, {.max_tokens = 64, .kv_cache_dtype = dtype_});
   ASSERT_THAT(group, IsOk());
-  EXPECT_EQ((*group)->rank0().kv_cache_dtype(), kernels::DType::kBF16);
+  EXPECT_EQ((*group)->rank0().kv_cache_dtype(), dtype_);
   RoutingLog tp_log;
   tp_log.Attach((*group)->rank0());
   absl::StatusOr<std::vector<float>> logits = (*group)->Forward(tokens_);
@@ -232,22 +252,48 @@ TEST_P(Bf16KvCacheTest, TensorParallelRanksKeepBf16Caches) {
   ASSERT_THAT(f32_->Forward(tokens_), IsOk());
   const RowErrors e =
       CompareRows(*logits, reference_, 0, vocab_, Diverged(tp_log, f32_log_, tokens_.size(), 0, layers_));
-  EXPECT_LE(e.worst, kBf16Tolerance);
-  EXPECT_LE(e.diverged, kMaxDivergedRows);
+  EXPECT_LE(e.worst, bounds_.tolerance);
+  EXPECT_LE(e.diverged, bounds_.max_diverged_rows);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvCacheTest, ::testing::Values("glm5_tiny", "dsv3_tiny"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvCacheTest,
+                         ::testing::Values(CacheCase{"glm5_tiny", kernels::DType::kBF16},
+                                           CacheCase{"dsv3_tiny", kernels::DType::kBF16},
+                                           CacheCase{"glm5_tiny", kernels::DType::kF8E4M3},
+                                           CacheCase{"dsv3_tiny", kernels::DType::kF8E4M3}),
+                         [](const ::testing::TestParamInfo<CacheCase>& info) {
+                           return info.param.fixture + (info.param.dtype == kernels::DType::kBF16 ? "_bf16" : "_fp8");
+                         });
 
-TEST(KvCacheDTypeTest, OnlyF32AndBf16AreAccepted) {
+TEST(KvCacheDTypeTest, OnlyF32Bf16AndFp8AreAccepted) {
   EXPECT_THAT(ParseKvCacheDType("f32"), ::nq::testing::IsOkAndHolds(kernels::DType::kF32));
   EXPECT_THAT(ParseKvCacheDType("bf16"), ::nq::testing::IsOkAndHolds(kernels::DType::kBF16));
-  EXPECT_THAT(ParseKvCacheDType("fp8").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV cache dtype \"fp8\" is not one of f32, bf16")));
+  EXPECT_THAT(ParseKvCacheDType("fp8"), ::nq::testing::IsOkAndHolds(kernels::DType::kF8E4M3));
+  EXPECT_THAT(ParseKvCacheDType("f16").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV cache dtype \"f16\" is not one of f32, bf16, fp8")));
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
   ASSERT_THAT(backend, IsOk());
   EXPECT_THAT(Model::Load(FixtureDir("glm5_tiny"), **backend, nullptr,
                           ModelOptions{.max_tokens = 16, .kv_cache_dtype = kernels::DType::kF16}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV cache dtype must be F32 or BF16, got F16")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("KV cache dtype must be F32, BF16 or F8_E4M3, got F16")));
+}
+
+// The bytes a cache holds are the bytes the device-fit check counts for it (KvCache::BytesFor),
+// and FP8 holds fewer than BF16, which holds half of F32 (the indexer keys stay F32 in all three).
+TEST(KvCacheDTypeTest, CachesHoldTheBytesTheFitCheckCounts) {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  int64_t previous = 0;
+  for (const kernels::DType dtype : {kernels::DType::kF8E4M3, kernels::DType::kBF16, kernels::DType::kF32}) {
+    absl::StatusOr<std::unique_ptr<Model>> model =
+        Model::Load(FixtureDir("glm5_tiny"), **backend, nullptr, ModelOptions{.max_tokens = 64, .kv_cache_dtype = dtype});
+    ASSERT_THAT(model, IsOk());
+    const ModelConfig& c = (*model)->config();
+    EXPECT_EQ((*model)->kv_cache_bytes(), KvCache::BytesFor(c, KvCacheIndexerLayers(c), 64, dtype))
+        << kernels::DTypeName(dtype);
+    EXPECT_GT((*model)->kv_cache_bytes(), previous) << kernels::DTypeName(dtype);
+    previous = (*model)->kv_cache_bytes();
+  }
 }
 
 }  // namespace

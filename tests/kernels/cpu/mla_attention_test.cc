@@ -5,6 +5,7 @@
 // serving kernel (which mla_attention_fp32_test.cc compares with the reference); argument errors.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -14,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/kv_fp8.h"
 #include "tests/kernels/model_ref.h"
 #include "tests/kernels/test_util.h"
 
@@ -207,6 +209,39 @@ TEST(CpuMlaAttention, Bf16CacheEqualsAnF32CacheOfTheRoundedValues) {
   }
 }
 
+// An FP8 cache (packed E4M3 rows with a scale per 128 values, kernels/kv_fp8.h, and a BF16 rope
+// key) attends exactly like an F32 cache holding the values those rows unpack to: dense and
+// DSA-selected, a latent of one whole tile and a partial second one (c = 160).
+TEST(CpuMlaAttention, Fp8CacheEqualsAnF32CacheOfTheUnpackedValues) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::mt19937_64 rng = MakeRng(3702);
+  const MlaShape m{.tokens = 3, .heads = 4, .dn = 16, .dr = 8, .c = 160, .dv = 12, .keys = 40, .start_pos = 30};
+  MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.1f);
+  MlaInputs unpacked = in;
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(KvFp8RowBytes(m.c)));
+  for (std::int64_t s = 0; s < m.keys; ++s) {
+    PackKvFp8Row(in.kv_latent.data() + s * m.c, m.c, row.data());
+    UnpackKvFp8Row(row.data(), m.c, unpacked.kv_latent.data() + s * m.c);
+  }
+  for (float& x : unpacked.k_pe) x = ToFloat(ToBf16(x));
+  ASSERT_NE(unpacked.kv_latent, in.kv_latent);  // FP8 rounds these values
+  constexpr std::int64_t kTopK = 9;
+  std::vector<std::int32_t> selected;
+  for (std::int64_t t = 0; t < m.tokens; ++t) {
+    for (std::int64_t k = 0; k < kTopK; ++k) selected.push_back(static_cast<std::int32_t>((7 * k + t) % 33));
+  }
+  for (bool dense : {true, false}) {
+    SCOPED_TRACE(dense ? "dense" : "selected");
+    const std::span<const std::int32_t> sel = dense ? std::span<const std::int32_t>() : selected;
+    const std::int64_t top_k = dense ? 0 : kTopK;
+    const std::vector<float> fp8 =
+        RunMlaAttention(*backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF8E4M3);
+    const std::vector<float> f32 =
+        RunMlaAttention(*backend, m, unpacked, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF32);
+    EXPECT_EQ(fp8, f32);
+  }
+}
+
 class CpuMlaAttentionErrors : public ::testing::Test {
  protected:
   absl::Status Call(const Tensor* selected = nullptr, std::int64_t start_pos = 2) {
@@ -248,6 +283,16 @@ TEST_F(CpuMlaAttentionErrors, RejectsACacheOfOtherDTypes) {
   kv_ = AllocateOrFail(*backend_, DType::kBF16, {6, 8});  // k_pe stays F32
   EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument,
                                HasSubstr("MlaAttention: k_pe must be BF16, got F32[6, 2]")));
+  k_pe_ = AllocateOrFail(*backend_, DType::kBF16, {6, 2});
+  NQ_EXPECT_OK(Call());
+  // Packed FP8 rows: KvFp8RowBytes(8) = 12 bytes a row for w_uk's 8 latent values, rope key BF16.
+  kv_ = AllocateOrFail(*backend_, DType::kU8, {6, 8});
+  EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument,
+                               HasSubstr("is not packed FP8 rows of w_uk BF16[2, 4, 8]'s 8 latent values (12 bytes a row)")));
+  kv_ = AllocateOrFail(*backend_, DType::kU8, {6, 12});
+  std::memset(kv_.data(), 0, kv_.nbytes());
+  k_pe_ = F32({6, 2});
+  EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MlaAttention: k_pe must be BF16")));
   k_pe_ = AllocateOrFail(*backend_, DType::kBF16, {6, 2});
   NQ_EXPECT_OK(Call());
 }
