@@ -181,6 +181,28 @@ TEST(CpuMlaAttention, SelectingEveryVisibleKeyEqualsDense) {
 
 // A BF16 cache is its values widened: the same result, bit for bit, as an F32 cache holding the
 // BF16-rounded values (dense and DSA, decode and prefill).
+// A cache of `dtype` holding `in`'s values must attend exactly like an F32 cache holding
+// `stored`, the values that dtype keeps of them: dense, and over a DSA selection.
+void ExpectAttendsLikeAnF32Cache(Backend& backend, const MlaShape& m, const MlaInputs& in, const MlaInputs& stored,
+                                 DType dtype) {
+  constexpr std::int64_t kTopK = 9;
+  std::vector<std::int32_t> selected;
+  for (std::int64_t t = 0; t < m.tokens; ++t) {
+    for (std::int64_t k = 0; k < kTopK; ++k) selected.push_back(static_cast<std::int32_t>((7 * k + t) % 33));
+  }
+  for (bool dense : {true, false}) {
+    SCOPED_TRACE(dense ? "dense" : "selected");
+    const std::span<const std::int32_t> sel = dense ? std::span<const std::int32_t>() : selected;
+    const std::int64_t top_k = dense ? 0 : kTopK;
+    const std::vector<float> rounded =
+        RunMlaAttention(backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), dtype);
+    const std::vector<float> f32 =
+        RunMlaAttention(backend, m, stored, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF32);
+    EXPECT_EQ(rounded, f32);
+    EXPECT_NE(rounded, RunMlaAttention(backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m)));
+  }
+}
+
 TEST(CpuMlaAttention, Bf16CacheEqualsAnF32CacheOfTheRoundedValues) {
   std::unique_ptr<Backend> backend = MakeCpuBackend();
   std::mt19937_64 rng = MakeRng(3701);
@@ -191,22 +213,7 @@ TEST(CpuMlaAttention, Bf16CacheEqualsAnF32CacheOfTheRoundedValues) {
     for (float& x : *v) x = ToFloat(ToBf16(x));
   }
   ASSERT_NE(rounded.kv_latent, in.kv_latent);  // the rounding is not a no-op on these values
-  constexpr std::int64_t kTopK = 9;
-  std::vector<std::int32_t> selected;
-  for (std::int64_t t = 0; t < m.tokens; ++t) {
-    for (std::int64_t k = 0; k < kTopK; ++k) selected.push_back(static_cast<std::int32_t>((7 * k + t) % 33));
-  }
-  for (bool dense : {true, false}) {
-    SCOPED_TRACE(dense ? "dense" : "selected");
-    const std::span<const std::int32_t> sel = dense ? std::span<const std::int32_t>() : selected;
-    const std::int64_t top_k = dense ? 0 : kTopK;
-    const std::vector<float> bf16 =
-        RunMlaAttention(*backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kBF16);
-    const std::vector<float> f32 =
-        RunMlaAttention(*backend, m, rounded, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF32);
-    EXPECT_EQ(bf16, f32);
-    EXPECT_NE(bf16, RunMlaAttention(*backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m)));
-  }
+  ExpectAttendsLikeAnF32Cache(*backend, m, in, rounded, DType::kBF16);
 }
 
 // An FP8 cache (packed E4M3 rows with a scale per 128 values, kernels/kv_fp8.h, and a BF16 rope
@@ -225,21 +232,7 @@ TEST(CpuMlaAttention, Fp8CacheEqualsAnF32CacheOfTheUnpackedValues) {
   }
   for (float& x : unpacked.k_pe) x = ToFloat(ToBf16(x));
   ASSERT_NE(unpacked.kv_latent, in.kv_latent);  // FP8 rounds these values
-  constexpr std::int64_t kTopK = 9;
-  std::vector<std::int32_t> selected;
-  for (std::int64_t t = 0; t < m.tokens; ++t) {
-    for (std::int64_t k = 0; k < kTopK; ++k) selected.push_back(static_cast<std::int32_t>((7 * k + t) % 33));
-  }
-  for (bool dense : {true, false}) {
-    SCOPED_TRACE(dense ? "dense" : "selected");
-    const std::span<const std::int32_t> sel = dense ? std::span<const std::int32_t>() : selected;
-    const std::int64_t top_k = dense ? 0 : kTopK;
-    const std::vector<float> fp8 =
-        RunMlaAttention(*backend, m, in, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF8E4M3);
-    const std::vector<float> f32 =
-        RunMlaAttention(*backend, m, unpacked, DType::kBF16, DType::kBF16, sel, top_k, Scale(m), DType::kF32);
-    EXPECT_EQ(fp8, f32);
-  }
+  ExpectAttendsLikeAnF32Cache(*backend, m, in, unpacked, DType::kF8E4M3);
 }
 
 class CpuMlaAttentionErrors : public ::testing::Test {
