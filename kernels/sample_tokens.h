@@ -116,7 +116,12 @@ NQ_HOST_DEVICE std::uint64_t SampleTopPPoint(float top_p, std::uint64_t total) {
 // valid: temperature finite and >= 0, top_p in (0, 1], top_k >= 0, u01 in [0, 1).
 const char* SampleParamsError(const SampleParams& p);
 
-// The reference: the id SampleParams picks from one row of logits, or kNoFiniteLogit.
+// The id SampleParams picks from one row of logits, or kNoFiniteLogit: the CPU backend's op and
+// the CUDA kernel's twin (the same radix descent over the logit keys, kernels/cuda/sample_tokens.cu,
+// pass for pass), O(vocabulary) per selection.
 std::int32_t SampleRowHost(std::span<const float> logits, const SampleParams& p);
+// The same id by the definition: the whole row sorted, then the cuts and the draw walked in order
+// (O(V log V); the tests' reference for SampleRowHost).
+std::int32_t SampleRowBySort(std::span<const float> logits, const SampleParams& p);
 
 }  // namespace nq::kernels

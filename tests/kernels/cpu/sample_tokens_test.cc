@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -99,6 +100,44 @@ TEST(SampleRowHost, TopPKeepsTheShortestPrefixThatReachesIt) {
   EXPECT_EQ(SampleRowHost(row, Draw(1, 0.99, 1, 0.9f)), 2);
   // top_p 1 with top_k 2: ids 2 and 0 again.
   EXPECT_EQ(SampleRowHost(row, Draw(1, 0.99, 2, 1.0f)), 0);
+}
+
+// SampleRowHost (the radix descent the CUDA kernel runs too) against the definition
+// (SampleRowBySort): the same id on every row, over vocabularies like DeepSeek-V3's and small odd
+// ones, rows with runs of equal logits (top-k and the draw then cut inside a tie), non-finite
+// entries and a flat row, at every setting and across the draw's range.
+TEST(SampleRowHost, TheRadixDescentPicksWhatTheSortedDefinitionPicks) {
+  std::mt19937_64 rng = ::nq::kernels::testing::MakeRng(4411);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const std::vector<SampleParams> settings = {
+      Draw(1.0f, 0), Draw(0.6f, 0, 0, 0.95f), Draw(1.3f, 0, 50), Draw(0.8f, 0, 1000, 0.3f),
+      Draw(0.05f, 0), Draw(2.0f, 0, 3, 0.999f), Draw(1.0f, 0, 1), Draw(0.7f, 0, 7, 0.5f),
+  };
+  int rows = 0;
+  for (const std::int64_t vocab : {std::int64_t{129280}, std::int64_t{1001}, std::int64_t{7}}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<float> logits = ::nq::kernels::testing::RandomNormal(rng, static_cast<size_t>(vocab), 2.5f);
+      if (kind == 1) {
+        for (float& l : logits) l = std::round(l * 2) / 2;
+      } else if (kind == 2) {
+        for (size_t i = 0; i < logits.size(); i += 13) logits[i] = -kInf;
+        for (size_t i = 5; i < logits.size(); i += 29) logits[i] = kNan;
+      } else if (kind == 3) {
+        std::fill(logits.begin(), logits.end(), 0.25f);
+      }
+      for (const SampleParams& base : settings) {
+        for (int draw = 0; draw < (vocab > 2000 ? 3 : 12); ++draw) {
+          SampleParams p = base;
+          p.u01 = draw == 0 ? 0.9999999 : uniform(rng);
+          ASSERT_EQ(SampleRowHost(logits, p), SampleRowBySort(logits, p))
+              << "vocab " << vocab << " kind " << kind << " temperature " << p.temperature << " top_p " << p.top_p
+              << " top_k " << p.top_k << " u01 " << p.u01;
+          ++rows;
+        }
+      }
+    }
+  }
+  EXPECT_GT(rows, 500);
 }
 
 TEST(SampleTokens, TheCpuBackendSamplesEachRowWithItsOwnParameters) {
