@@ -530,8 +530,11 @@ absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, StepPosition off
   if (dst.shape().dim(1) != dst_width) {
     return absl::InvalidArgumentError(absl::StrCat(
         kOp, ": src ", src.DebugString(), " and dst ", dst.DebugString(), " disagree on the row width (",
-        dst.dtype() == DType::kU8 ? "packed FP8 rows of " : "", src.shape().dim(1), " values need ", dst_width,
-        ", dst has ", dst.shape().dim(1), ")"));
+        dst.dtype() == DType::kU8
+            ? absl::StrCat("packed FP8 rows of ", src.shape().dim(1), " values need ", dst_width, ", dst has ",
+                           dst.shape().dim(1))
+            : absl::StrCat(src.shape().dim(1), " vs ", dst.shape().dim(1)),
+        ")"));
   }
   const std::int64_t rows = src.shape().dim(0);
   if (row_offset < 0 || row_offset > dst.shape().dim(0) - rows) {

@@ -140,10 +140,10 @@ TEST(CpuWriteRowsBf16, RejectsOtherDTypeCombinations) {
                        HasSubstr("WriteRows: src must be F32, got BF16[2, 4]")));
   EXPECT_THAT(backend->WriteRows(f32, f16_dst, 0),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("WriteRows: dst must be F32 or BF16, got F16[8, 4]")));
+                       HasSubstr("WriteRows: dst must be F32, BF16 or U8, got F16[8, 4]")));
   EXPECT_THAT(backend->WriteRows(f32, i32_dst, 0),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("WriteRows: dst must be F32 or BF16, got I32[8, 4]")));
+                       HasSubstr("WriteRows: dst must be F32, BF16 or U8, got I32[8, 4]")));
   // Shape errors still name the BF16 destination.
   EXPECT_THAT(backend->WriteRows(f32, bf16_dst, 7),
               StatusIs(absl::StatusCode::kInvalidArgument,
