@@ -91,7 +91,7 @@ void CompareBackends(const std::string& fixture, const ModelOptions& options, co
 // A BF16 latent KV cache (issue #13) on CUDA against the CPU backend with the same cache: both
 // round the cache alike (WriteRows, bit for bit) and widen it exactly, so they agree as the F32
 // graphs do (1e-4 of max|logit|), where either differs from HF by up to 3.7e-3
-// (bf16_kv_cache_test.cc) and a glm5_tiny token may route to another expert than HF.
+// (rounded_kv_cache_test.cc) and a glm5_tiny token may route to another expert than HF.
 TEST_P(CudaModelTest, Bf16KvCacheMatchesTheCpuBackend) {
   CompareBackends(GetParam(), ModelOptions{.max_tokens = 64, .kv_cache_dtype = kernels::DType::kBF16}, "BF16 KV cache");
 }

@@ -127,7 +127,7 @@ struct CacheCase {
   kernels::DType dtype;
 };
 
-class Bf16KvCacheTest : public ::testing::TestWithParam<CacheCase> {
+class RoundedKvCacheTest : public ::testing::TestWithParam<CacheCase> {
  protected:
   void SetUp() override {
     dir_ = FixtureDir(GetParam().fixture);
@@ -138,19 +138,19 @@ class Bf16KvCacheTest : public ::testing::TestWithParam<CacheCase> {
     absl::StatusOr<std::unique_ptr<kernels::Backend>> created = kernels::CreateBackend("cpu");
     ASSERT_THAT(created, IsOk());
     backend_ = *std::move(created);
-    bf16_ = LoadOrFail(dir_, *backend_, dtype_);
+    rounded_ = LoadOrFail(dir_, *backend_, dtype_);
     f32_ = LoadOrFail(dir_, *backend_, kernels::DType::kF32);
-    ASSERT_NE(bf16_, nullptr);
+    ASSERT_NE(rounded_, nullptr);
     ASSERT_NE(f32_, nullptr);
-    bf16_log_.Attach(*bf16_);
+    rounded_log_.Attach(*rounded_);
     f32_log_.Attach(*f32_);
-    vocab_ = bf16_->config().vocab_size;
-    layers_ = bf16_->config().num_hidden_layers;
+    vocab_ = rounded_->config().vocab_size;
+    layers_ = rounded_->config().num_hidden_layers;
     ASSERT_EQ(reference_.size(), tokens_.size() * vocab_);
   }
 
   // Rows of the main model whose routing differs between the two caches so far.
-  std::vector<bool> MainDiverged() const { return Diverged(bf16_log_, f32_log_, tokens_.size(), 0, layers_); }
+  std::vector<bool> MainDiverged() const { return Diverged(rounded_log_, f32_log_, tokens_.size(), 0, layers_); }
 
   std::string dir_;
   kernels::DType dtype_ = kernels::DType::kBF16;
@@ -158,40 +158,40 @@ class Bf16KvCacheTest : public ::testing::TestWithParam<CacheCase> {
   std::vector<int32_t> tokens_;
   std::vector<float> reference_;
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<Model> bf16_;
+  std::unique_ptr<Model> rounded_;
   std::unique_ptr<Model> f32_;
-  RoutingLog bf16_log_;
+  RoutingLog rounded_log_;
   RoutingLog f32_log_;
   int64_t vocab_ = 0;
   int64_t layers_ = 0;
 };
 
-TEST_P(Bf16KvCacheTest, PrefillAndDecodeStayWithinTheBf16Tolerance) {
-  EXPECT_EQ(bf16_->kv_cache_dtype(), dtype_);
+TEST_P(RoundedKvCacheTest, PrefillAndDecodeStayWithinTheCachesTolerance) {
+  EXPECT_EQ(rounded_->kv_cache_dtype(), dtype_);
   EXPECT_EQ(f32_->kv_cache_dtype(), kernels::DType::kF32);
-  // Prefill over every token: each row attends over the BF16 keys of its prefix and itself.
-  absl::StatusOr<std::vector<float>> prefill = bf16_->Forward(tokens_);
+  // Prefill over every token: each row attends over the rounded keys of its prefix and itself.
+  absl::StatusOr<std::vector<float>> prefill = rounded_->Forward(tokens_);
   absl::StatusOr<std::vector<float>> exact = f32_->Forward(tokens_);
   ASSERT_THAT(prefill, IsOk());
   ASSERT_THAT(exact, IsOk());
   const RowErrors p = CompareRows(*prefill, reference_, 0, vocab_, MainDiverged());
   EXPECT_LE(p.worst, bounds_.tolerance) << "prefill";
   EXPECT_LE(p.diverged, bounds_.max_diverged_rows) << "prefill";
-  // The cache really is BF16: the same model with an F32 cache computes other logits.
+  // The cache really rounds: the same model with an F32 cache computes other logits.
   const Comparison rounding = Compare(*prefill, *exact, 0, vocab_);
-  EXPECT_GT(rounding.max_abs_diff, 0.0) << "a BF16 cache gave the F32 cache's logits bit for bit";
+  EXPECT_GT(rounding.max_abs_diff, 0.0) << "a rounded cache gave the F32 cache's logits bit for bit";
 
   // A 5-token prompt, then one token per step through the cache, on both models.
-  bf16_->ResetCache();
+  rounded_->ResetCache();
   f32_->ResetCache();
-  bf16_log_.Clear();
+  rounded_log_.Clear();
   f32_log_.Clear();
   const size_t prompt = 5;
-  absl::StatusOr<std::vector<float>> decoded = bf16_->Forward(std::span<const int32_t>(tokens_).first(prompt));
+  absl::StatusOr<std::vector<float>> decoded = rounded_->Forward(std::span<const int32_t>(tokens_).first(prompt));
   ASSERT_THAT(decoded, IsOk());
   ASSERT_THAT(f32_->Forward(std::span<const int32_t>(tokens_).first(prompt)), IsOk());
   for (size_t i = prompt; i < tokens_.size(); ++i) {
-    absl::StatusOr<std::vector<float>> row = bf16_->Forward(std::span<const int32_t>(&tokens_[i], 1));
+    absl::StatusOr<std::vector<float>> row = rounded_->Forward(std::span<const int32_t>(&tokens_[i], 1));
     ASSERT_THAT(row, IsOk());
     ASSERT_THAT(f32_->Forward(std::span<const int32_t>(&tokens_[i], 1)), IsOk());
     decoded->insert(decoded->end(), row->begin(), row->end());
@@ -203,23 +203,23 @@ TEST_P(Bf16KvCacheTest, PrefillAndDecodeStayWithinTheBf16Tolerance) {
               GetParam().fixture.c_str(), kernels::DTypeName(dtype_), p.worst, p.diverged, d.worst, d.diverged);
 }
 
-TEST_P(Bf16KvCacheTest, MtpLayerStaysWithinTheBf16Tolerance) {
-  // The MTP layer has its own cache (the last LayerCache), BF16 too. Both models get the F32
+TEST_P(RoundedKvCacheTest, MtpLayerStaysWithinTheCachesTolerance) {
+  // The MTP layer has its own cache (the last LayerCache), rounded too. Both models get the F32
   // cache's final hidden states (HF's to 1e-4), so this measures the MTP layer's own cache:
-  // fed the BF16 model's hidden states instead, a main row that diverged (glm5_tiny token 12)
+  // fed the rounded model's hidden states instead, a main row that diverged (glm5_tiny token 12)
   // also reaches later MTP rows through the MTP layer's attention over its key.
-  const int64_t D = bf16_->config().hidden_size, T = static_cast<int64_t>(tokens_.size());
+  const int64_t D = rounded_->config().hidden_size, T = static_cast<int64_t>(tokens_.size());
   ASSERT_THAT(f32_->Forward(tokens_), IsOk());
   const std::vector<float> hidden = f32_->last_hidden();
   const std::span<const int32_t> next = std::span<const int32_t>(tokens_).subspan(1);
   const std::span<const float> rows = std::span<const float>(hidden).first((T - 1) * D);
   f32_log_.Clear();
-  absl::StatusOr<std::vector<float>> mtp = bf16_->ForwardMtp(next, rows);
+  absl::StatusOr<std::vector<float>> mtp = rounded_->ForwardMtp(next, rows);
   ASSERT_THAT(mtp, IsOk());
   ASSERT_THAT(f32_->ForwardMtp(next, rows), IsOk());
   const std::vector<float> reference = ReadFloats(dir_ + "/mtp_logits.bin");
   ASSERT_EQ(mtp->size(), reference.size());
-  const std::vector<bool> diverged = Diverged(bf16_log_, f32_log_, T - 1, layers_, layers_ + 1);
+  const std::vector<bool> diverged = Diverged(rounded_log_, f32_log_, T - 1, layers_, layers_ + 1);
   const RowErrors e = CompareRows(*mtp, reference, 0, vocab_, diverged);
   EXPECT_LE(e.worst, bounds_.tolerance);
   EXPECT_LE(e.diverged, bounds_.max_diverged_rows);
@@ -227,19 +227,19 @@ TEST_P(Bf16KvCacheTest, MtpLayerStaysWithinTheBf16Tolerance) {
               kernels::DTypeName(dtype_), e.worst, e.diverged);
 }
 
-TEST_P(Bf16KvCacheTest, RollbackAndPrefixReuseRewriteTheBf16Rows) {
+TEST_P(RoundedKvCacheTest, RollbackAndPrefixReuseRewriteTheRoundedRows) {
   // Speculative rollback and prefix reuse keep a prefix and overwrite the rows past it: the
   // recomputed rows must match a fresh run's bit for bit (the same F32 values, rounded alike).
-  absl::StatusOr<std::vector<float>> fresh = bf16_->Forward(tokens_);
+  absl::StatusOr<std::vector<float>> fresh = rounded_->Forward(tokens_);
   ASSERT_THAT(fresh, IsOk());
-  ASSERT_THAT(bf16_->TruncateCache(10), IsOk());
-  absl::StatusOr<std::vector<float>> rest = bf16_->Forward(std::span<const int32_t>(tokens_).subspan(10));
+  ASSERT_THAT(rounded_->TruncateCache(10), IsOk());
+  absl::StatusOr<std::vector<float>> rest = rounded_->Forward(std::span<const int32_t>(tokens_).subspan(10));
   ASSERT_THAT(rest, IsOk());
   const std::vector<float> fresh_rest(fresh->begin() + 10 * vocab_, fresh->end());
   EXPECT_TRUE(*rest == fresh_rest);
 }
 
-TEST_P(Bf16KvCacheTest, TensorParallelRanksKeepBf16Caches) {
+TEST_P(RoundedKvCacheTest, TensorParallelRanksKeepRoundedCaches) {
   // Every rank keeps its own replicated cache; options.kv_cache_dtype reaches each of them.
   absl::StatusOr<std::unique_ptr<LocalTpGroup>> group =
       LocalTpGroup::Load(dir_, 2, {.max_tokens = 64, .kv_cache_dtype = dtype_});
@@ -256,7 +256,7 @@ TEST_P(Bf16KvCacheTest, TensorParallelRanksKeepBf16Caches) {
   EXPECT_LE(e.diverged, bounds_.max_diverged_rows);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Bf16KvCacheTest,
+INSTANTIATE_TEST_SUITE_P(Fixtures, RoundedKvCacheTest,
                          ::testing::Values(CacheCase{"glm5_tiny", kernels::DType::kBF16},
                                            CacheCase{"dsv3_tiny", kernels::DType::kBF16},
                                            CacheCase{"glm5_tiny", kernels::DType::kF8E4M3},
