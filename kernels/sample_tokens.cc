@@ -26,6 +26,16 @@ float KeyLogit(std::uint32_t key) { return BitsToFloat((key & 0x80000000u) != 0 
 
 enum class Point { kGiven, kGivenIfReached, kFraction };
 
+// The greedy pick: the largest finite logit's id (ties: the lower id), or -1.
+std::int64_t LargestFinite(std::span<const float> logits) {
+  std::int64_t best = -1;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float l = logits[i];
+    if (std::isfinite(l) && (best < 0 || l > logits[static_cast<size_t>(best)])) best = static_cast<std::int64_t>(i);
+  }
+  return best;
+}
+
 // One row's keys and weights, and the radix selection the CUDA kernel runs (one pass here per
 // pass there, the same digits, the same tie rule).
 class RowSelector {
@@ -121,11 +131,7 @@ const char* SampleParamsError(const SampleParams& p) {
 
 std::int32_t SampleRowBySort(std::span<const float> logits, const SampleParams& p) {
   const std::int64_t V = static_cast<std::int64_t>(logits.size());
-  std::int64_t best = -1;
-  for (std::int64_t i = 0; i < V; ++i) {
-    const float l = logits[static_cast<size_t>(i)];
-    if (std::isfinite(l) && (best < 0 || l > logits[static_cast<size_t>(best)])) best = i;
-  }
+  const std::int64_t best = LargestFinite(logits);
   if (best < 0) return kNoFiniteLogit;
   if (p.temperature == 0) return static_cast<std::int32_t>(best);
   const float max_logit = logits[static_cast<size_t>(best)];
@@ -168,11 +174,7 @@ std::int32_t SampleRowBySort(std::span<const float> logits, const SampleParams& 
 
 std::int32_t SampleRowHost(std::span<const float> logits, const SampleParams& p) {
   const std::int64_t V = static_cast<std::int64_t>(logits.size());
-  std::int64_t best = -1;
-  for (std::int64_t i = 0; i < V; ++i) {
-    const float l = logits[static_cast<size_t>(i)];
-    if (std::isfinite(l) && (best < 0 || l > logits[static_cast<size_t>(best)])) best = i;
-  }
+  const std::int64_t best = LargestFinite(logits);
   if (best < 0) return kNoFiniteLogit;
   if (p.temperature == 0) return static_cast<std::int32_t>(best);
   const RowSelector row(logits, logits[static_cast<size_t>(best)], 1.0f / p.temperature);
