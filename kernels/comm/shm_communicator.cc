@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <future>
 #include <new>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -27,6 +29,10 @@ constexpr int kSpinsBeforeSleep = 64;
 // Longest single futex sleep: peers' liveness and the stop flag are re-checked this often.
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(20);
 constexpr absl::Duration kJoinPoll = absl::Milliseconds(10);
+// A rank slot's alive lock found held is re-tried this often before the holder counts as a live
+// process: rank 0 holds a dead rank's lock for the microseconds it takes to free its slot.
+constexpr int kBusyRetries = 20;
+constexpr auto kBusyRetryPause = std::chrono::milliseconds(1);
 
 absl::Status Errno(absl::string_view what, int err) {
   const std::string message = absl::StrCat(what, ": ", std::strerror(err));
@@ -129,15 +135,25 @@ absl::Status ShmCommunicator::HoldAliveLock() {
   auto locked = std::make_shared<std::promise<absl::Status>>();
   std::future<absl::Status> result = locked->get_future();
   pthread_mutex_t* mutex = &header().ranks[rank()].alive;
-  const int32_t holder = header().ranks[rank()].pid.load(std::memory_order_relaxed);
-  alive_thread_ = std::thread([this, mutex, holder, locked] {
+  std::atomic<int32_t>* pid = &header().ranks[rank()].pid;
+  alive_thread_ = std::thread([this, mutex, pid, locked] {
     int rc = pthread_mutex_trylock(mutex);
+    // Held: by a live process of this rank, or by rank 0 for the moment it frees the slot of one
+    // that died (PeersAlive clears the pid under the lock). A restart must not be refused as a
+    // duplicate then: it is told to retry.
+    for (int tries = 0; rc == EBUSY && tries < kBusyRetries && pid->load(std::memory_order_acquire) != 0; ++tries) {
+      std::this_thread::sleep_for(kBusyRetryPause);
+      rc = pthread_mutex_trylock(mutex);
+    }
     // A process that held this rank before died: its lock is ours now.
     if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(mutex);
     if (rc != 0) {
-      locked->set_value(rc == EBUSY ? absl::FailedPreconditionError(absl::StrCat(
-                                         "rank ", rank(), " is already held by a live process (pid ", holder, ")"))
-                                   : Errno("locking the rank's alive lock", rc));
+      const int32_t holder = pid->load(std::memory_order_acquire);
+      locked->set_value(rc != EBUSY  ? Errno("locking the rank's alive lock", rc)
+                        : holder == 0 ? absl::UnavailableError(absl::StrCat(
+                                            "rank ", rank(), "'s slot is being freed after its process died; retry"))
+                                      : absl::FailedPreconditionError(absl::StrCat(
+                                            "rank ", rank(), " is already held by a live process (pid ", holder, ")")));
       return;
     }
     locked->set_value(absl::OkStatus());
@@ -299,31 +315,45 @@ absl::Status ShmCommunicator::PeersAlive() {
     const uint32_t state = slot.state.load(std::memory_order_acquire);
     if (state == shm::kSlotEmpty && forming) continue;  // not joined yet
     const int32_t pid = slot.pid.load(std::memory_order_relaxed);
+    // While the group forms, rank 0 frees the slot of a rank that joined and died, for its restart.
+    // Under the slot's alive lock when it can take it: a restart writes its slot only once it holds
+    // that lock, so the two writes never interleave (freeing after the unlock could overwrite a
+    // restart that joined in between, leaving it joined to a group that waits for it).
+    const bool free_slot = forming && rank() == 0;
+    auto free = [&] {
+      slot.pid.store(0, std::memory_order_release);
+      slot.state.store(shm::kSlotEmpty, std::memory_order_release);
+    };
     std::string gone;
     if (state == shm::kSlotLeft) {
       gone = "left the group";
+      if (free_slot) {
+        const int rc = pthread_mutex_trylock(&slot.alive);
+        if (rc == EBUSY) continue;  // a restart holds it and is joining
+        if (rc == EOWNERDEAD) pthread_mutex_consistent(&slot.alive);
+        free();
+        if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(&slot.alive);
+      }
     } else {
       int rc = pthread_mutex_trylock(&slot.alive);
       if (rc == EBUSY) continue;  // held: the rank lives
       if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(&slot.alive);
+        if (free_slot) free();
         pthread_mutex_unlock(&slot.alive);
         gone = "died";
       } else if (rc == 0) {
+        if (free_slot) free();
         pthread_mutex_unlock(&slot.alive);
         gone = state == shm::kSlotJoined ? "died" : "left the group";
       } else if (rc == ENOTRECOVERABLE) {
+        if (free_slot) free();
         gone = "died";
       } else {
         return Errno("checking a peer's alive lock", rc);
       }
     }
-    if (forming && rank() == 0) {
-      // A rank that joined and died before the group formed frees its slot for its restart.
-      slot.pid.store(0, std::memory_order_relaxed);
-      slot.state.store(shm::kSlotEmpty, std::memory_order_release);
-      continue;
-    }
+    if (free_slot) continue;
     const std::string reason = absl::StrCat("rank ", r, " (pid ", pid, ") ", gone);
     Break(reason);
     return BrokenStatus();
