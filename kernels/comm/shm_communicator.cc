@@ -320,7 +320,7 @@ absl::Status ShmCommunicator::PeersAlive() {
     // that lock, so the two writes never interleave (freeing after the unlock could overwrite a
     // restart that joined in between, leaving it joined to a group that waits for it).
     const bool free_slot = forming && rank() == 0;
-    auto free = [&] {
+    auto free_the_slot = [&] {
       slot.pid.store(0, std::memory_order_release);
       slot.state.store(shm::kSlotEmpty, std::memory_order_release);
     };
@@ -331,7 +331,7 @@ absl::Status ShmCommunicator::PeersAlive() {
         const int rc = pthread_mutex_trylock(&slot.alive);
         if (rc == EBUSY) continue;  // a restart holds it and is joining
         if (rc == EOWNERDEAD) pthread_mutex_consistent(&slot.alive);
-        free();
+        free_the_slot();
         if (rc == 0 || rc == EOWNERDEAD) pthread_mutex_unlock(&slot.alive);
       }
     } else {
@@ -339,15 +339,15 @@ absl::Status ShmCommunicator::PeersAlive() {
       if (rc == EBUSY) continue;  // held: the rank lives
       if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(&slot.alive);
-        if (free_slot) free();
+        if (free_slot) free_the_slot();
         pthread_mutex_unlock(&slot.alive);
         gone = "died";
       } else if (rc == 0) {
-        if (free_slot) free();
+        if (free_slot) free_the_slot();
         pthread_mutex_unlock(&slot.alive);
         gone = state == shm::kSlotJoined ? "died" : "left the group";
       } else if (rc == ENOTRECOVERABLE) {
-        if (free_slot) free();
+        if (free_slot) free_the_slot();
         gone = "died";
       } else {
         return Errno("checking a peer's alive lock", rc);

@@ -4,6 +4,7 @@
 // never change. What the step hands back, the logits (or, for a step that samples on the device,
 // the sampled ids) and the final hidden states, is copied into host staging by the graph itself.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -191,8 +192,10 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   if (sample != nullptr) {
     // Every row draws with the same parameters (only the last row's id is used; the rows run in
     // parallel, so the others cost no time).
-    const std::vector<kernels::SampleParams> rows(static_cast<size_t>(T), *sample);
-    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const kernels::SampleParams>(rows)), g.sample_params));
+    std::array<kernels::SampleParams, kMaxStepGraphTokens> rows;
+    rows.fill(*sample);
+    RETURN_IF_ERROR(backend_.CopyFromHost(
+        std::as_bytes(std::span<const kernels::SampleParams>(rows).first(static_cast<size_t>(T))), g.sample_params));
     sampling = {.sample_params = &g.sample_params, .sampled = &g.sampled};
   }
   const Tensor& ids = g.ids;

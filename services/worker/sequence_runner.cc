@@ -184,11 +184,11 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     // A plain decode step whose request the backend can sample (Sampler::DeviceDraw) hands back
     // the token alone: the draw runs in the step graph, and no logits cross to the host.
     std::optional<int32_t> device_token;
-    std::optional<kernels::SampleParams> draw;
-    if (!prefill && device_sampling_ && drafts.tokens.empty() && model_->SamplesOnDevice(input.size())) {
-      draw = sampler.DeviceDraw();
-    }
     if (!prefill) {
+      std::optional<kernels::SampleParams> draw;
+      if (device_sampling_ && drafts.tokens.empty() && model_->SamplesOnDevice(input.size())) {
+        draw = sampler.DeviceDraw();
+      }
       if (draw.has_value()) {
         ASSIGN_OR_RETURN(device_token, model_->ForwardSampled(input, *draw));
       } else {
