@@ -29,6 +29,8 @@ void PackKvFp8Row(const float* x, std::int64_t c, std::uint8_t* row) {
     }
     std::memcpy(row + c + t * static_cast<std::int64_t>(sizeof(float)), &scale, sizeof(float));
   }
+  const std::int64_t used = c + static_cast<std::int64_t>(sizeof(float)) * KvFp8Tiles(c);
+  std::memset(row + used, 0, static_cast<std::size_t>(KvFp8RowBytes(c) - used));
 }
 
 void UnpackKvFp8Row(const std::uint8_t* row, std::int64_t c, float* x) {

@@ -23,6 +23,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
+#include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/mla_attention.cuh"
@@ -363,15 +364,18 @@ class CudaBackend final : public Backend {
                            ctx_);
   }
 
-  // The FP8 latent cache (kernels/kv_fp8.h) has its reference on the CPU backend only so far.
-  static absl::Status Fp8KvRowsRefused(absl::string_view op) {
-    return absl::UnimplementedError(absl::StrCat(
-        op, ": the FP8 KV cache (--kv_cache_dtype fp8) runs on the CPU backend only so far; use bf16 on CUDA"));
-  }
-
   absl::Status DoWriteRows(const Tensor& src, Tensor& dst, const StepPosition& offset) override {
-    if (dst.dtype() == DType::kU8) return Fp8KvRowsRefused("WriteRows");
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (dst.dtype() == DType::kU8) {  // packed FP8 rows of the latent cache (kernels/kv_fp8.h)
+      return LaunchPackKvFp8Rows({.src = src.data_as<float>(),
+                                  .dst = dst.data_as<std::uint8_t>(),
+                                  .row_offset = offset.device() != nullptr ? DevicePosition(offset) : nullptr,
+                                  .first_row = offset.device() != nullptr ? 0 : offset.bound(),
+                                  .rows = src.shape().dim(0),
+                                  .c = src.shape().dim(1),
+                                  .dst_rows = dst.shape().dim(0)},
+                                 ctx_);
+    }
     if (offset.device() != nullptr) {
       return LaunchWriteRowsAt({.src = src.data_as<float>(),
                                 .dst = dst.data(),
@@ -452,7 +456,6 @@ class CudaBackend final : public Backend {
                               const Tensor& k_pe, const Tensor& w_uk, const Tensor& w_uv,
                               const Tensor* selected, const StepPosition& start_pos, float scale,
                               Tensor& out) override {
-    if (kv_latent.dtype() == DType::kU8) return Fp8KvRowsRefused("MlaAttention");
     const std::int64_t tokens = q_nope.shape().dim(0);
     const std::int64_t heads = q_nope.shape().dim(1);
     const std::int64_t top_k = selected != nullptr ? selected->shape().dim(1) : 0;

@@ -15,15 +15,17 @@ absl::Status Launch(const MlaAttentionParams& p, std::size_t shared_bytes,
   return CheckLaunch("MlaAttentionKernel");
 }
 
-// [kv cache][w_uk][w_uv], each F32 then BF16.
-constexpr Launcher kLaunchers[2][2][2] = {
+// [kv cache: F32, BF16, FP8 rows][w_uk][w_uv: F32, BF16].
+constexpr Launcher kLaunchers[3][2][2] = {
     {{&Launch<float, float, float>, &Launch<float, float, Bf16>},
      {&Launch<float, Bf16, float>, &Launch<float, Bf16, Bf16>}},
     {{&Launch<Bf16, float, float>, &Launch<Bf16, float, Bf16>},
      {&Launch<Bf16, Bf16, float>, &Launch<Bf16, Bf16, Bf16>}},
+    {{&Launch<KvFp8, float, float>, &Launch<KvFp8, float, Bf16>},
+     {&Launch<KvFp8, Bf16, float>, &Launch<KvFp8, Bf16, Bf16>}},
 };
 
-// The index of kLaunchers for a cache or weight dtype, or -1.
+// The index of kLaunchers for a weight dtype, or -1.
 int WeightIndex(DType dtype) {
   switch (dtype) {
     case DType::kF32: return 0;
@@ -31,6 +33,8 @@ int WeightIndex(DType dtype) {
     default: return -1;
   }
 }
+
+int CacheIndex(DType dtype) { return dtype == DType::kU8 ? 2 : WeightIndex(dtype); }
 
 }  // namespace
 
@@ -42,13 +46,14 @@ absl::Status LaunchMlaAttention(const MlaAttentionParams& p, const LaunchContext
         "MlaAttention: unsupported size tokens=", p.tokens, " heads=", p.heads, " dn=", p.dn,
         " dr=", p.dr, " c=", p.c, " dv=", p.dv, " top_k=", p.top_k, " start_pos=", p.start_pos));
   }
-  const int kv = WeightIndex(p.kv_dtype);
+  const int kv = CacheIndex(p.kv_dtype);
   const int uk = WeightIndex(p.w_uk_dtype);
   const int uv = WeightIndex(p.w_uv_dtype);
   if (kv < 0 || uk < 0 || uv < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MlaAttention: no CUDA kernel for a ", DTypeName(p.kv_dtype), " cache with w_uk ",
-        DTypeName(p.w_uk_dtype), " and w_uv ", DTypeName(p.w_uv_dtype), " (F32 or BF16 each)"));
+        DTypeName(p.w_uk_dtype), " and w_uv ", DTypeName(p.w_uv_dtype),
+        " (a cache of F32, BF16 or U8 FP8 rows; weights F32 or BF16)"));
   }
   const std::size_t shared_bytes = MlaSharedBytes(p.dn, p.dr, p.c);
   if (shared_bytes > kMlaMaxSharedBytes) {

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/dtype.h"
@@ -30,8 +31,10 @@ namespace nq::kernels::cuda {
 struct MlaAttentionParams {
   const float* q_nope = nullptr;     // [tokens, heads, dn]
   const float* q_pe = nullptr;       // [tokens, heads, dr]
-  const void* kv_latent = nullptr;  // [keys, c], elements of kv_dtype (F32 or BF16)
-  const void* k_pe = nullptr;       // [keys, dr], the same dtype
+  // [keys, c] of kv_dtype (F32 or BF16), or U8 [keys, KvFp8RowBytes(c)]: packed FP8 rows
+  // (kernels/kv_fp8.h)
+  const void* kv_latent = nullptr;
+  const void* k_pe = nullptr;  // [keys, dr], kv_dtype's (BF16 beside FP8 rows)
   DType kv_dtype = DType::kF32;
   const void* w_uk = nullptr;        // [heads, dn, c], elements of w_uk_dtype (F32 or BF16)
   DType w_uk_dtype = DType::kF32;
@@ -68,11 +71,32 @@ constexpr std::size_t MlaSharedBytes(std::size_t dn, std::size_t dr, std::size_t
   return sizeof(float) * (dn + dr + 2 * c + 2 * kMlaKeyTile);
 }
 
+// The latent cache's rows as the kernel reads them: element i of key `key` as a float.
+template <typename KvT>
+struct LatentRows {
+  using Rope = KvT;  // the rope key's element type
+  const KvT* base;
+  int c;
+  __device__ LatentRows(const void* kv_latent, int c) : base(static_cast<const KvT*>(kv_latent)), c(c) {}
+  __device__ float At(std::int64_t key, int i) const { return LoadFloat(base + key * c + i); }
+};
+template <>
+struct LatentRows<KvFp8> {
+  using Rope = Bf16;
+  const std::uint8_t* base;
+  int c;
+  std::int64_t width;
+  __device__ LatentRows(const void* kv_latent, int c)
+      : base(static_cast<const std::uint8_t*>(kv_latent)), c(c), width(KvFp8RowBytes(c)) {}
+  __device__ float At(std::int64_t key, int i) const { return KvFp8Value(base + key * width, c, i); }
+};
+
 template <typename KvT, typename UkT, typename UvT>
 __global__ void __launch_bounds__(kMlaThreads)
     MlaAttentionKernel(const __grid_constant__ MlaAttentionParams p) {
-  const KvT* kv_latent = static_cast<const KvT*>(p.kv_latent);
-  const KvT* k_pe = static_cast<const KvT*>(p.k_pe);
+  using RopeT = typename LatentRows<KvT>::Rope;
+  const LatentRows<KvT> kv_latent(p.kv_latent, p.c);
+  const RopeT* k_pe = static_cast<const RopeT*>(p.k_pe);
   extern __shared__ float smem[];
   float* q_nope = smem;         // [dn]
   float* q_pe = q_nope + p.dn;  // [dr]
@@ -120,11 +144,10 @@ __global__ void __launch_bounds__(kMlaThreads)
       }
       float score = -INFINITY;
       if (key >= 0) {
-        const KvT* kv = kv_latent + std::int64_t{key} * p.c;
-        const KvT* kp = k_pe + std::int64_t{key} * p.dr;
+        const RopeT* kp = k_pe + std::int64_t{key} * p.dr;
         float partial = 0.0f;
         for (int i = lane; i < p.c; i += kWarpSize) {
-          partial = fmaf(q_lat[i], LoadFloat(kv + i), partial);
+          partial = fmaf(q_lat[i], kv_latent.At(key, i), partial);
         }
         for (int i = lane; i < p.dr; i += kWarpSize) {
           partial = fmaf(q_pe[i], LoadFloat(kp + i), partial);
@@ -157,7 +180,7 @@ __global__ void __launch_bounds__(kMlaThreads)
       for (int k = 0; k < kMlaKeyTile; ++k) {
         const int key = tile_key[k];
         if (key >= 0) {
-          acc = fmaf(tile_p[k], LoadFloat(kv_latent + std::int64_t{key} * p.c + i), acc);
+          acc = fmaf(tile_p[k], kv_latent.At(key, i), acc);
         }
       }
       o_lat[i] = acc;

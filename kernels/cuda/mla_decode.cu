@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -72,15 +73,37 @@ struct SplitArgs {
 };
 
 // Key tiles in flight per block: as many as the same shared memory holds (an fp32 tile is 74 KB
-// at DeepSeek-V3's d = 576, a bf16 one 37 KB). One block per SM keeps only these in flight, so
-// more stages is more bandwidth.
+// at DeepSeek-V3's d = 576, a bf16 one 37 KB, an FP8 one 21 KB beside the 74 KB fp32 tile it is
+// unpacked into). One block per SM keeps only these in flight, so more stages is more bandwidth.
 template <typename KvT>
-constexpr int kStages = sizeof(KvT) == 4 ? 2 : 4;
+constexpr int kStages = std::is_same_v<KvT, float> ? 2 : 4;
+
+// FP8 rows (KvFp8) are copied as they are stored, the packed latent row then the BF16 rope key,
+// and unpacked into an fp32 tile that the fp32 path's MMAs read: the values are the CPU's
+// (float(code) * scale), and each product's three MMAs keep them exact.
+template <typename KvT>
+constexpr bool kFp8Rows = std::is_same_v<KvT, KvFp8>;
+template <typename KvT>
+using UnpackedT = std::conditional_t<kFp8Rows<KvT>, float, KvT>;
+__host__ __device__ constexpr int Fp8StageBytes(int c, int dr) {
+  return static_cast<int>(KvFp8RowBytes(c)) + 2 * dr;  // both multiples of 16
+}
+
+// The key tiles' shared memory: the stages, and for FP8 rows the fp32 tile they unpack into.
+template <typename KvT>
+__host__ __device__ constexpr std::size_t TileRegionBytes(int c, int dr) {
+  if constexpr (kFp8Rows<KvT>) {
+    return std::size_t{kStages<KvT>} * kKeyTile * Fp8StageBytes(c, dr) + sizeof(float) * kKeyTile * KvStride(c + dr);
+  } else {
+    return sizeof(KvT) * kStages<KvT> * kKeyTile * KvStride(c + dr);
+  }
+}
 
 template <typename KvT>
-std::size_t SplitSharedBytes(int d) {
+std::size_t SplitSharedBytes(int c, int dr) {
+  const int d = c + dr;
   return sizeof(std::uint16_t) * 2 * kMlaHeadGroup * QStride(d) +     // q hi, lo
-         sizeof(KvT) * kStages<KvT> * kKeyTile * KvStride(d) +          // the key tiles
+         TileRegionBytes<KvT>(c, dr) +                                  // the key tiles
          sizeof(float) * (kQkSlices + 1) * kMlaHeadGroup * kPStride +  // score slices, P
          sizeof(float) * 3 * kMlaHeadGroup + sizeof(int) * kStages<KvT> * kKeyTile;  // row stats, validity
 }
@@ -217,18 +240,27 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
 // 2qd + 8..; B column g, rows 2qd.. and 2qd + 8..; C rows g and g + 8, columns 2qd, 2qd + 1.
 //
 // KvT float: the cache's values are split into bf16 hi + lo like the queries' (three MMAs per
-// product). KvT Bf16: the cache values are exact bf16 operands (two MMAs: q hi and q lo).
+// product). KvT Bf16: the cache values are exact bf16 operands (two MMAs: q hi and q lo). KvT
+// KvFp8: packed rows, unpacked per tile into fp32 (kFp8Rows).
 template <typename KvT>
 __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_constant__ SplitArgs a) {
-  constexpr bool kF32 = std::is_same_v<KvT, float>;
-  constexpr int kChunk = 16 / static_cast<int>(sizeof(KvT));  // cache elements per cp.async
+  using TileT = UnpackedT<KvT>;
+  constexpr bool kFp8 = kFp8Rows<KvT>;
+  constexpr bool kF32 = std::is_same_v<TileT, float>;
+  constexpr int kChunk = 16 / static_cast<int>(sizeof(TileT));  // cache elements per cp.async (not FP8)
   const MlaAttentionParams& p = a.p;
   extern __shared__ __align__(16) unsigned char smem[];
   const int d = p.c + p.dr, qs = QStride(d), ks = KvStride(d);
   std::uint16_t* q_hi = reinterpret_cast<std::uint16_t*>(smem);  // [16][qs]
   std::uint16_t* q_lo = q_hi + kMlaHeadGroup * qs;                 // [16][qs]
-  KvT* kv = reinterpret_cast<KvT*>(q_lo + kMlaHeadGroup * qs);      // [2][kKeyTile][ks]
-  float* s_part = reinterpret_cast<float*>(kv + kStages<KvT> * kKeyTile * ks);  // [kQkSlices][16][kPStride]
+  unsigned char* tile_region = reinterpret_cast<unsigned char*>(q_lo + kMlaHeadGroup * qs);
+  // Not FP8: kv holds the stages, [kStages][kKeyTile][ks]. FP8: `stage` holds them,
+  // [kStages][kKeyTile][stage_bytes], and kv is the one fp32 tile they are unpacked into.
+  const int stage_bytes = Fp8StageBytes(p.c, p.dr);
+  std::uint8_t* stage = kFp8 ? reinterpret_cast<std::uint8_t*>(tile_region) : nullptr;
+  TileT* kv = reinterpret_cast<TileT*>(kFp8 ? tile_region + std::size_t{kStages<KvT>} * kKeyTile * stage_bytes
+                                            : tile_region);
+  float* s_part = reinterpret_cast<float*>(tile_region + TileRegionBytes<KvT>(p.c, p.dr));  // [kQkSlices][16][kPStride]
   float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
   float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
   float* row_sum = row_max + kMlaHeadGroup;                         // [16]
@@ -272,12 +304,24 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
         key = selected != nullptr ? __ldg(selected + candidate) : static_cast<int>(candidate);
         if (key > pos) key = -1;
       }
-      KvT* dst = kv + (buffer * kKeyTile + r) * ks;
-      const KvT* latent = static_cast<const KvT*>(p.kv_latent) + std::int64_t{max(key, 0)} * p.c;
-      const KvT* rope = static_cast<const KvT*>(p.k_pe) + std::int64_t{max(key, 0)} * p.dr;
-      for (int j = lane; j < d / kChunk; j += kWarpSize) {
-        const int e = kChunk * j;  // c and dr are multiples of 16: a chunk never straddles them
-        CopyAsync16(dst + e, e < p.c ? latent + e : rope + (e - p.c), key >= 0);
+      if constexpr (kFp8) {
+        // The packed row (KvFp8RowBytes, a multiple of 16) and then the BF16 rope key.
+        const int row_bytes = static_cast<int>(KvFp8RowBytes(p.c));
+        std::uint8_t* dst = stage + (buffer * kKeyTile + r) * stage_bytes;
+        const auto* latent = static_cast<const std::uint8_t*>(p.kv_latent) + std::int64_t{max(key, 0)} * row_bytes;
+        const auto* rope = static_cast<const std::uint8_t*>(p.k_pe) + std::int64_t{max(key, 0)} * p.dr * 2;
+        for (int j = lane; j < stage_bytes / 16; j += kWarpSize) {
+          const int e = 16 * j;
+          CopyAsync16(dst + e, e < row_bytes ? latent + e : rope + (e - row_bytes), key >= 0);
+        }
+      } else {
+        KvT* dst = kv + (buffer * kKeyTile + r) * ks;
+        const KvT* latent = static_cast<const KvT*>(p.kv_latent) + std::int64_t{max(key, 0)} * p.c;
+        const KvT* rope = static_cast<const KvT*>(p.k_pe) + std::int64_t{max(key, 0)} * p.dr;
+        for (int j = lane; j < d / kChunk; j += kWarpSize) {
+          const int e = kChunk * j;  // c and dr are multiples of 16: a chunk never straddles them
+          CopyAsync16(dst + e, e < p.c ? latent + e : rope + (e - p.c), key >= 0);
+        }
       }
       if (lane == 0) tile_valid[buffer * kKeyTile + r] = key >= 0;
     }
@@ -302,13 +346,35 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
     issue(tile + kAhead, static_cast<int>((tile + kAhead - tile_begin) % kStages<KvT>));
     WaitCopies<kAhead>();  // everything but the newest kAhead groups: this tile and the queries
     __syncthreads();
-    const KvT* keys = kv + buffer * kKeyTile * ks;
+    if constexpr (kFp8) {
+      // Unpack the stage into the fp32 tile: 4 codes (one word) at a time with their tile's
+      // scale, then the rope key's BF16 pairs. A zero-filled row (no key) unpacks to zeros.
+      const std::uint8_t* src = stage + buffer * kKeyTile * stage_bytes;
+      const int words = p.c / 4, pairs = p.dr / 2, row_bytes = static_cast<int>(KvFp8RowBytes(p.c));
+      for (int i = tid; i < kKeyTile * words; i += kSplitThreads) {
+        const int r = i / words, e = 4 * (i % words);
+        const std::uint8_t* row = src + r * stage_bytes;
+        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(row + e);
+        const float scale = *reinterpret_cast<const float*>(row + p.c + 4 * (e / static_cast<int>(kKvFp8Tile)));
+        *reinterpret_cast<float4*>(kv + r * ks + e) =
+            make_float4(E4M3Value(w & 0xffu) * scale, E4M3Value((w >> 8) & 0xffu) * scale,
+                        E4M3Value((w >> 16) & 0xffu) * scale, E4M3Value(w >> 24) * scale);
+      }
+      for (int i = tid; i < kKeyTile * pairs; i += kSplitThreads) {
+        const int r = i / pairs, e = 2 * (i % pairs);
+        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(src + r * stage_bytes + row_bytes + 2 * e);
+        *reinterpret_cast<float2*>(kv + r * ks + p.c + e) =
+            make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+      }
+      __syncthreads();
+    }
+    const TileT* keys = kFp8 ? kv : kv + buffer * kKeyTile * ks;
 
     // Scores: warp w takes key columns 8 (w % 4).. and slice w / 4 of the d dimensions.
     {
       const int steps = d / 16, slice = warp / 4;
       const int k_begin = slice * steps / kQkSlices, k_end = (slice + 1) * steps / kQkSlices;
-      const KvT* krow = keys + ((warp % 4) * 8 + g) * ks;
+      const TileT* krow = keys + ((warp % 4) * 8 + g) * ks;
       float hh[4] = {}, hl[4] = {}, lh[4] = {};
 #pragma unroll 3
       for (int kk = k_begin; kk < k_end; ++kk) {
@@ -393,7 +459,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
         Split(p1.x, p1.y, ah[1], al[1]);
         Split(p2.x, p2.y, ah[2], al[2]);
         Split(p3.x, p3.y, ah[3], al[3]);
-        const KvT* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
+        const TileT* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
 #pragma unroll
         for (int i = 0; i < kPvTilesPerWarp; ++i) {
           const int n_tile = warp + kSplitWarps * i;
@@ -595,6 +661,17 @@ int WeightIndex(DType dtype) {
   }
 }
 
+std::size_t SplitSharedBytesFor(const MlaAttentionParams& p) {
+  switch (p.kv_dtype) {
+    case DType::kF32: return SplitSharedBytes<float>(p.c, p.dr);
+    case DType::kU8: return SplitSharedBytes<KvFp8>(p.c, p.dr);
+    default: return SplitSharedBytes<Bf16>(p.c, p.dr);
+  }
+}
+
+// The opt-in shared memory of one block on the GPUs the kernels are built for (sm_90: 227 KB).
+constexpr std::size_t kMaxSplitSharedBytes = 227 * 1024;
+
 template <typename UkT, int kTokens>
 absl::Status LaunchAbsorbFor(const SplitArgs& a, const LaunchContext& ctx) {
   const dim3 grid(static_cast<unsigned>(a.head_groups * kMlaHeadGroup),
@@ -634,9 +711,9 @@ bool MlaDecodeApplies(const MlaAttentionParams& p) {
   return p.tokens >= 1 && p.tokens <= kMlaDecodeMaxTokens && p.heads >= 1 && p.dn >= 1 && p.dn <= 1024 && p.dv >= 1 &&
          p.c >= 16 && p.c <= kMlaMaxLatent && p.c % 16 == 0 && p.dr % 16 == 0 &&
          CeilDiv(p.heads, kMlaHeadGroup) <= kMaxGridY && p.heads <= kMaxGridY && WeightIndex(p.w_uk_dtype) >= 0 &&
-         WeightIndex(p.w_uv_dtype) >= 0 && WeightIndex(p.kv_dtype) >= 0 && IsAligned(p.kv_latent, 16) &&
-         IsAligned(p.k_pe, 16) &&
-         IsAligned(p.w_uk, 16) && IsAligned(p.w_uv, 16);
+         WeightIndex(p.w_uv_dtype) >= 0 && (WeightIndex(p.kv_dtype) >= 0 || p.kv_dtype == DType::kU8) &&
+         IsAligned(p.kv_latent, 16) && IsAligned(p.k_pe, 16) && IsAligned(p.w_uk, 16) && IsAligned(p.w_uv, 16) &&
+         SplitSharedBytesFor(p) <= kMaxSplitSharedBytes;
 }
 
 MlaDecodePlan PlanMlaDecode(const MlaAttentionParams& p, int num_sms, int splits) {
@@ -683,9 +760,10 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
               .o = reinterpret_cast<float*>(bytes + plan.q_bytes + plan.partial_bytes + 2 * plan.stats_bytes)};
   RETURN_IF_ERROR(WeightIndex(p.w_uk_dtype) == 0 ? LaunchAbsorb<float>(a, ctx) : LaunchAbsorb<Bf16>(a, ctx));
 
-  const bool f32_cache = p.kv_dtype == DType::kF32;
-  const std::size_t smem = f32_cache ? SplitSharedBytes<float>(p.c + p.dr) : SplitSharedBytes<Bf16>(p.c + p.dr);
-  auto* split_kernel = f32_cache ? &MlaSplitKernel<float> : &MlaSplitKernel<Bf16>;
+  const std::size_t smem = SplitSharedBytesFor(p);
+  auto* split_kernel = p.kv_dtype == DType::kF32   ? &MlaSplitKernel<float>
+                       : p.kv_dtype == DType::kU8 ? &MlaSplitKernel<KvFp8>
+                                                  : &MlaSplitKernel<Bf16>;
   NQ_CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(plan.head_groups),

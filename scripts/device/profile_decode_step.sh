@@ -13,7 +13,8 @@
 # build), the slice's tokens/s are measured for both, interleaved.
 # With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
 # --quick: the automatic split counts only).
-# NQ_PROFILE_ONLY=ops|indexer|sampler|hbm|gemv|slice|sampling|nano|greedy (comma list) limits what runs;
+# With bin/mla_decode_bench, the MLA decode kernels per cache dtype (NQ_MLA_ONLY: its --only).
+# NQ_PROFILE_ONLY=ops|indexer|sampler|hbm|gemv|mla|slice|sampling|kvfp8|nano|greedy (comma list) limits what runs;
 # NQ_SLICE_DTYPES (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g.
 # "bf16 fp8"); NQ_SLICE_VARIANTS extra bench-decode flags per timing, one variant per word, flags
 # joined by commas (e.g. "--device_sampling=true --device_sampling=false");
@@ -22,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
 mkdir -p "$OUT"
-only="${NQ_PROFILE_ONLY:-ops,indexer,sampler,hbm,gemv,slice,sampling,nano,greedy}"
+only="${NQ_PROFILE_ONLY:-ops,indexer,sampler,hbm,gemv,mla,slice,sampling,kvfp8,nano,greedy}"
 wants() { [[ ",$only," == *",$1,"* ]]; }
 w=$(mktemp -d)
 tar -C "$w" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
@@ -45,6 +46,10 @@ fi
 
 if wants gemv && [[ -x $B/gemv_bench ]]; then
   $B/gemv_bench ${NQ_GEMV_ARGS:---quick} > "$OUT/gemv.txt" 2>&1; echo "== gemv_bench rc $?"; cat "$OUT/gemv.txt"
+fi
+
+if wants mla && [[ -x $B/mla_decode_bench ]]; then
+  $B/mla_decode_bench ${NQ_MLA_ONLY:+--only "$NQ_MLA_ONLY"} > "$OUT/mla.txt" 2>&1; echo "== mla_decode_bench rc $?"; cat "$OUT/mla.txt"
 fi
 
 # With bin/indexer_bench: the DSA indexer's decode selection per case; NQ_INDEXER_NCU="CASE ..."
@@ -147,6 +152,31 @@ print('  distinct tokens:', len(set(base)))"
     done
   } > "$OUT/sampling.txt" 2>&1
   echo "== sampling"; cat "$OUT/sampling.txt"
+fi
+
+# The FP8 KV cache (--kv_cache_dtype fp8) on glm5_nano: bench-decode's greedy tokens on the GPU
+# (step graphs on and off) against the CPU backend's with the same packed cache, and the GPU's
+# tokens/s beside the BF16 and F32 caches.
+if wants kvfp8; then
+  {
+    for run in "cuda fp8 --step_graphs=true" "cuda fp8 --step_graphs=false" "cpu fp8 --step_graphs=true" \
+               "cuda bf16 --step_graphs=true" "cuda f32 --step_graphs=true"; do
+      read -r backend dtype graphs <<<"$run"
+      name="${backend}_${dtype}_${graphs##*=}"
+      "$B/nq" bench-decode --model="$w/model" --release="$w/model/release" --expert-bits=2 --backend=$backend \
+        --prompt-tokens=300 --decode-tokens=128 --warmup=2 --copy_mb=0 --kv_cache_dtype=$dtype $graphs \
+        --out="/tmp/kv_$name.json" > /tmp/kv.log 2>&1 || { echo "$run failed"; tail -3 /tmp/kv.log; }
+      echo "$run: $(tail -1 /tmp/kv.log | sed 's/.*: //')"
+    done
+    python3 -c "
+import json
+runs = {n: json.load(open(f'/tmp/kv_{n}.json'))['tokens'] for n in ('cuda_fp8_true', 'cuda_fp8_false', 'cpu_fp8_true', 'cuda_bf16_true')}
+base = runs['cpu_fp8_true']
+for n, t in runs.items():
+    d = [i for i, (a, b) in enumerate(zip(t, base)) if a != b]
+    print(f'  {n}: {len(t)} tokens, equal to the CPU backend with an FP8 cache: {t == base}, first differences {d[:5]}')"
+  } > "$OUT/kvfp8.txt" 2>&1
+  echo "== kvfp8"; cat "$OUT/kvfp8.txt"
 fi
 
 if wants nano; then

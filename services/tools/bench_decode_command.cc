@@ -34,7 +34,7 @@ ABSL_FLAG(float, sampling_temperature, 0,
           "bench-decode: the request's temperature (0: greedy; a draw is seeded by --seed)");
 ABSL_FLAG(float, sampling_top_p, 1, "bench-decode: the request's nucleus top_p, in (0, 1]");
 ABSL_FLAG(int, sampling_top_k, 0, "bench-decode: the request's top-k (0: off)");
-ABSL_FLAG(bool, device_sampling, false,
+ABSL_FLAG(bool, device_sampling, true,
           "bench-decode: sample inside the step graph (as nq-worker --device_sampling); false brings every "
           "step's logits to the host");
 // The names for the same two numbers: decode at a context of N tokens for N steps.

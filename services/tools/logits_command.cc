@@ -20,7 +20,7 @@ ABSL_FLAG(int, tp, 1, "logits: tensor-parallel world size (ranks run as threads 
 ABSL_FLAG(bool, decode, false, "logits: feed the tokens one at a time through the KV cache");
 ABSL_FLAG(std::string, kv_cache_dtype, "f32",
           "logits, bench-decode: storage of the KV cache's latent and rope key, f32, bf16 or fp8 (E4M3 latent "
-          "rows with a scale per 128 values, bf16 rope key; CPU backend only so far); the indexer keys stay f32");
+          "rows with a scale per 128 values, bf16 rope key); the indexer keys stay f32");
 ABSL_FLAG(bool, mtp, false,
           "logits: write the MTP layer's logits instead (row i from token i+1 and the hidden state "
           "at i; one row fewer than tokens)");

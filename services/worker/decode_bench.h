@@ -33,8 +33,9 @@ struct DecodeBenchOptions {
   float temperature = 0;
   float top_p = 1;
   int top_k = 0;
-  // SequenceRunner::SetDeviceSampling: off, every step's logits come to the host.
-  bool device_sampling = false;
+  // SequenceRunner::SetDeviceSampling (nq-worker's default); off, every step's logits come to
+  // the host.
+  bool device_sampling = true;
 };
 
 struct DecodeBenchReport {

@@ -102,7 +102,7 @@ ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + comp
 // (issue #13); bf16 halves the cache (twice the context per byte).
 ABSL_FLAG(std::string, kv_cache_dtype, "f32",
           "Storage of the KV cache's MLA latent and rope key: f32, bf16 or fp8 (E4M3 latent rows with a scale "
-          "per 128 values and a bf16 rope key; CPU backend only so far); the DSA indexer keys stay f32");
+          "per 128 values and a bf16 rope key); the DSA indexer keys stay f32");
 // BF16 halves the weight matrices' memory and the bytes a decode step reads, and is exact for
 // BF16 checkpoints; FP8 (128 x 128 block scales) halves them again and keeps an FP8 checkpoint's
 // matrices as stored. f32 stays the default until the served models' outputs have been compared.
@@ -112,10 +112,10 @@ ABSL_FLAG(std::string, weight_dtype, "f32",
 // Graphs are what a GPU decode step needs (one launch instead of hundreds); off only to compare.
 ABSL_FLAG(bool, step_graphs, true,
           "Run decode steps (up to 4 tokens: a plain step or an MTP verification) as captured CUDA graphs");
-// Off by default until the kernel has run on the H200 against the host's Sampler (it was written
-// in a session without device time; scripts/device/profile_decode_step.sh's "sampling" section
-// is the check that turns it on).
-ABSL_FLAG(bool, device_sampling, false,
+// On by default: on the H200 the in-graph draw picks the host Sampler's tokens (greedy and seeded
+// draws, scripts/device/profile_decode_step.sh's "sampling" section) and saves the logits' trip;
+// off only to compare.
+ABSL_FLAG(bool, device_sampling, true,
           "Sample plain decode steps inside their CUDA graph (greedy, temperature, top-k, top-p; not for "
           "requests with logprobs, logit_bias or penalties): only the token crosses to the host");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
@@ -247,9 +247,6 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, ": want f32, bf16 or fp8"));
   } else if (kv != "f32" && absl::GetFlag(FLAGS_model).empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_cache_dtype=", kv, " needs --model (no model, no KV cache)"));
-  } else if (kv == "fp8" && absl::GetFlag(FLAGS_backend) != "cpu") {
-    return absl::InvalidArgumentError(
-        "--kv_cache_dtype=fp8 runs on the CPU backend only so far (its CUDA kernels are not written); use bf16");
   }
   if (absl::GetFlag(FLAGS_gpu) < 0) return absl::InvalidArgumentError("--gpu must be a device ordinal (>= 0)");
   if (const std::string w = absl::GetFlag(FLAGS_weight_dtype); !model::ParseWeightDType(w).ok()) {

@@ -32,17 +32,18 @@ float TileScale(const std::vector<std::uint8_t>& row, std::int64_t c, std::int64
 }
 
 TEST(KvFp8, RowsRoundEachValueWithinHalfAnE4M3StepOfItsTile) {
-  EXPECT_EQ(KvFp8RowBytes(512), 512 + 16);  // DeepSeek-V3's and GLM-5's latent: 528 bytes
-  EXPECT_EQ(KvFp8RowBytes(64), 64 + 4);     // glm5_nano's: one partial tile
-  EXPECT_EQ(KvFp8RowBytes(160), 160 + 8);
+  EXPECT_EQ(KvFp8RowBytes(512), 512 + 16);    // DeepSeek-V3's and GLM-5's latent: 528 bytes
+  EXPECT_EQ(KvFp8RowBytes(64), 64 + 4 + 12);  // glm5_nano's: one partial tile, padded to 16
+  EXPECT_EQ(KvFp8RowBytes(160), 160 + 8 + 8);
   std::mt19937_64 rng = MakeRng(51);
   for (const std::int64_t c : {std::int64_t{512}, std::int64_t{64}, std::int64_t{160}}) {
     std::vector<float> x = RandomNormal(rng, static_cast<std::size_t>(c), 3.0f);
     x[5] = 0.0f;
     x[c - 1] = -1e-6f;  // deep below its tile's largest: a subnormal code
-    std::vector<std::uint8_t> row(static_cast<std::size_t>(KvFp8RowBytes(c)));
+    std::vector<std::uint8_t> row(static_cast<std::size_t>(KvFp8RowBytes(c)), 0xee);
     std::vector<float> back(static_cast<std::size_t>(c));
     PackKvFp8Row(x.data(), c, row.data());
+    for (std::int64_t i = c + 4 * KvFp8Tiles(c); i < KvFp8RowBytes(c); ++i) EXPECT_EQ(row[i], 0) << "padding " << i;
     UnpackKvFp8Row(row.data(), c, back.data());
     for (std::int64_t t = 0; t < KvFp8Tiles(c); ++t) {
       const std::int64_t begin = t * kKvFp8Tile, end = std::min(c, begin + kKvFp8Tile);
@@ -91,7 +92,7 @@ TEST(KvFp8, WriteRowsPacksEachRowAtItsOffset) {
   EXPECT_EQ(cache.data_as<std::uint8_t>()[2 * width], 0xee);  // rows before the offset untouched
   Tensor narrow = AllocateOrFail(*backend, DType::kU8, {5, c});
   EXPECT_THAT(backend->WriteRows(s, narrow, StepPosition(0)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("packed FP8 rows of 160 values need 168")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("packed FP8 rows of 160 values need 176")));
 }
 
 }  // namespace

@@ -278,11 +278,12 @@ TEST_F(CpuMlaAttentionErrors, RejectsACacheOfOtherDTypes) {
                                HasSubstr("MlaAttention: k_pe must be BF16, got F32[6, 2]")));
   k_pe_ = AllocateOrFail(*backend_, DType::kBF16, {6, 2});
   NQ_EXPECT_OK(Call());
-  // Packed FP8 rows: KvFp8RowBytes(8) = 12 bytes a row for w_uk's 8 latent values, rope key BF16.
+  // Packed FP8 rows: KvFp8RowBytes(8) = 16 bytes a row for w_uk's 8 latent values (8 codes, a
+  // scale, padding), rope key BF16.
   kv_ = AllocateOrFail(*backend_, DType::kU8, {6, 8});
   EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument,
-                               HasSubstr("is not packed FP8 rows of w_uk BF16[2, 4, 8]'s 8 latent values (12 bytes a row)")));
-  kv_ = AllocateOrFail(*backend_, DType::kU8, {6, 12});
+                               HasSubstr("is not packed FP8 rows of w_uk BF16[2, 4, 8]'s 8 latent values (16 bytes a row)")));
+  kv_ = AllocateOrFail(*backend_, DType::kU8, {6, 16});
   std::memset(kv_.data(), 0, kv_.nbytes());
   k_pe_ = F32({6, 2});
   EXPECT_THAT(Call(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("MlaAttention: k_pe must be BF16")));

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
+#include "kernels/kv_fp8.h"
 #include "tests/kernels/cuda/bench_util.h"
 
 namespace nq::kernels::cuda {
@@ -55,11 +56,28 @@ void* DeviceRandom(std::size_t bytes, std::uint64_t seed, bool bf16) {
   return p;
 }
 
+// Packed FP8 rows (kernels/kv_fp8.h) of normal latent values, made once per case and uploaded to
+// each copy.
+std::vector<std::uint8_t> Fp8Rows(int keys, int c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t width = KvFp8RowBytes(c);
+  std::vector<std::uint8_t> rows(static_cast<std::size_t>(keys * width));
+  std::vector<float> x(static_cast<std::size_t>(c));
+  for (int s = 0; s < keys; ++s) {
+    for (float& v : x) v = normal(rng);
+    PackKvFp8Row(x.data(), c, rows.data() + s * width);
+  }
+  return rows;
+}
+
+
+enum class Cache { kF32, kBf16, kFp8 };  // FP8: packed latent rows, BF16 rope key
 
 struct Case {
   const char* name;
   int tokens, heads, keys, top_k;  // top_k 0: dense
-  bool bf16_cache = false;
+  Cache cache = Cache::kF32;
   int dn = 128, dv = 128;  // DeepSeek-V3's; GLM-5: 192, 256
 };
 
@@ -93,8 +111,10 @@ double TimeCase(std::vector<Instance>& copies, Kernel kernel, int splits, int nu
 void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bool sweep) {
   const int kDn = c.dn, kDv = c.dv;
   constexpr int kDr = 64, kC = 512;
-  const std::size_t kv_elem = c.bf16_cache ? 2 : 4;
-  const std::size_t kv_bytes = kv_elem * c.keys * kC, pe_bytes = kv_elem * c.keys * kDr;
+  const std::size_t kv_elem = c.cache == Cache::kF32 ? 4 : 2;  // FP8 rows: the rope key's
+  const std::size_t row_bytes = c.cache == Cache::kFp8 ? KvFp8RowBytes(kC) : kv_elem * kC;
+  const std::size_t kv_bytes = row_bytes * c.keys, pe_bytes = kv_elem * c.keys * kDr;
+  const std::vector<std::uint8_t> fp8_rows = c.cache == Cache::kFp8 ? Fp8Rows(c.keys, kC, c.keys * 7 + 1) : std::vector<std::uint8_t>{};
   const std::size_t uk_bytes = std::size_t{2} * c.heads * kDn * kC;  // bf16
   const std::size_t uv_bytes = std::size_t{2} * c.heads * kDv * kC;
   const std::size_t instance_bytes = kv_bytes + pe_bytes + uk_bytes + uv_bytes;
@@ -111,9 +131,12 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
     MlaAttentionParams& p = in.p;
     p.q_nope = static_cast<float*>(add(std::size_t{4} * c.tokens * c.heads * kDn, false));
     p.q_pe = static_cast<float*>(add(std::size_t{4} * c.tokens * c.heads * kDr, false));
-    p.kv_latent = add(kv_bytes, c.bf16_cache);
-    p.k_pe = add(pe_bytes, c.bf16_cache);
-    p.kv_dtype = c.bf16_cache ? DType::kBF16 : DType::kF32;
+    p.kv_latent = add(kv_bytes, c.cache == Cache::kBf16);
+    if (c.cache == Cache::kFp8) {
+      BENCH_CHECK(cudaMemcpy(const_cast<void*>(p.kv_latent), fp8_rows.data(), kv_bytes, cudaMemcpyHostToDevice));
+    }
+    p.k_pe = add(pe_bytes, c.cache != Cache::kF32);
+    p.kv_dtype = c.cache == Cache::kF32 ? DType::kF32 : c.cache == Cache::kBf16 ? DType::kBF16 : DType::kU8;
     p.w_uk = add(uk_bytes, true);
     p.w_uk_dtype = DType::kBF16;
     p.w_uv = add(uv_bytes, true);
@@ -143,7 +166,7 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream, bo
     BENCH_CHECK(cudaMalloc(&scratch[i], plan.ScratchBytes()));
   }
   const std::int64_t rows = c.top_k > 0 ? std::int64_t{c.tokens} * c.top_k : c.keys;  // keys attended (read once)
-  const double bytes = static_cast<double>(rows) * (kC + kDr) * kv_elem + static_cast<double>(uk_bytes + uv_bytes);
+  const double bytes = static_cast<double>(rows) * (row_bytes + kDr * kv_elem) + static_cast<double>(uk_bytes + uv_bytes);
   auto print = [&](const char* kernel, int splits, double us) {
     std::printf("%-26s T=%d H=%-3d keys=%-6d %-9s splits=%-4d %9.2f us  %7.2f MB  %6.2f TB/s  ratio to copy %.3f\n",
                 c.name, c.tokens, c.heads, c.keys, kernel, splits, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12,
@@ -186,12 +209,21 @@ int main(int argc, char** argv) {
       {"dsv3-rank DSA 2048", 1, 16, 4096, 2048}, {"dsv3-rank DSA 2048", 1, 16, 32768, 2048},
       {"dsv3-rank dense MTP", 4, 16, 4096, 0},  {"dsv3-rank dense MTP", 4, 16, 32768, 0},
       {"dsv3 all heads dense", 1, 128, 4096, 0}, {"dsv3 all heads dense", 1, 128, 32768, 0},
-      {"dsv3-rank dense bf16 kv", 1, 16, 4096, 0, true},  {"dsv3-rank dense bf16 kv", 1, 16, 32768, 0, true},
-      {"dsv3-rank DSA bf16 kv", 1, 16, 32768, 2048, true}, {"dsv3-rank MTP bf16 kv", 4, 16, 32768, 0, true},
-      {"dsv3 all heads bf16 kv", 1, 128, 32768, 0, true},
+      {"dsv3-rank dense bf16 kv", 1, 16, 4096, 0, Cache::kBf16},
+      {"dsv3-rank dense bf16 kv", 1, 16, 32768, 0, Cache::kBf16},
+      {"dsv3-rank DSA bf16 kv", 1, 16, 32768, 2048, Cache::kBf16},
+      {"dsv3-rank MTP bf16 kv", 4, 16, 32768, 0, Cache::kBf16},
+      {"dsv3 all heads bf16 kv", 1, 128, 32768, 0, Cache::kBf16},
+      {"dsv3-rank dense fp8 kv", 1, 16, 4096, 0, Cache::kFp8},
+      {"dsv3-rank dense fp8 kv", 1, 16, 32768, 0, Cache::kFp8},
+      {"dsv3-rank DSA fp8 kv", 1, 16, 32768, 2048, Cache::kFp8},
+      {"dsv3-rank MTP fp8 kv", 4, 16, 32768, 0, Cache::kFp8},
+      {"dsv3 all heads fp8 kv", 1, 128, 32768, 0, Cache::kFp8},
       // GLM-5 on one GPU (64 heads, dn 192, dv 256) at the decode slice's context (issue #13).
-      {"glm5 DSA 2048", 1, 64, 4096, 2048, false, 192, 256}, {"glm5 DSA 2048 bf16 kv", 1, 64, 4096, 2048, true, 192, 256},
-      {"glm5 DSA 2048 MTP", 4, 64, 4096, 2048, false, 192, 256},
+      {"glm5 DSA 2048", 1, 64, 4096, 2048, Cache::kF32, 192, 256},
+      {"glm5 DSA 2048 bf16 kv", 1, 64, 4096, 2048, Cache::kBf16, 192, 256},
+      {"glm5 DSA 2048 fp8 kv", 1, 64, 4096, 2048, Cache::kFp8, 192, 256},
+      {"glm5 DSA 2048 MTP", 4, 64, 4096, 2048, Cache::kF32, 192, 256},
   };
   for (const Case& c : cases) {
     if (!only.empty() && std::string(c.name).find(only) == std::string::npos) continue;

@@ -1,14 +1,18 @@
 // CUDA WriteRows (F32 and BF16 caches) / GatherRows / ScatterAddRows vs the CPU backend. Row moves
 // are copies or the same round-to-nearest-even conversion, and the scatter adds in the CPU's order
 // with the same roundings, so all three must match exactly.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/kv_fp8.h"
 #include "tests/kernels/cuda/backend_pair.h"
 #include "tests/kernels/test_util.h"
 
@@ -22,6 +26,7 @@ using ::nq::kernels::testing::MakeRng;
 using ::nq::kernels::testing::RandomInt;
 using ::nq::kernels::testing::RandomNormal;
 using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadI32;
 
 TEST(CudaWriteRows, MatchesCpuExactly) {
   if (Backends().cuda == nullptr) return;
@@ -76,6 +81,60 @@ TEST(CudaWriteRows, Bf16CacheMatchesCpuBitForBit) {
     }
     ASSERT_EQ(outputs[0].size(), outputs[1].size());
     EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[1].data(), outputs[0].size() * sizeof(float)), 0);
+  }
+}
+
+// Packed FP8 rows (kernels/kv_fp8.h): the CUDA pack kernel must store the CPU's bytes, codes,
+// scales and padding, at a host offset and at a device one (a step graph's), for DeepSeek-V3's
+// and GLM-5's c = 512, glm5_nano's 64 and widths that end mid-tile. The rows hold ties, values
+// deep below their tile's largest (subnormal codes), a zero tile, a NaN tile and infinities.
+TEST(CudaWriteRows, Fp8RowsMatchCpuBitForBit) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(3505);
+  struct Case {
+    std::int64_t rows, c, chunk, offset;
+    bool device_offset;
+  };
+  const std::vector<Case> cases = {{4096, 512, 300, 1000, false}, {4096, 512, 1, 4095, true},
+                                   {200, 64, 7, 190, true},        {37, 160, 5, 11, false},
+                                   {37, 40, 3, 30, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("rows=", c.rows, " c=", c.c, " chunk=", c.chunk, " offset=", c.offset,
+                              c.device_offset ? " (device offset)" : ""));
+    std::vector<float> chunk = RandomNormal(rng, c.chunk * c.c, 2.0f);
+    for (std::size_t i = 3; i < chunk.size(); i += 11) chunk[i] *= 1e-4f;  // subnormal codes
+    for (std::size_t i = 5; i < chunk.size(); i += 17) chunk[i] = std::round(chunk[i] * 4) / 4;  // exact steps
+    const std::int64_t tile = std::min<std::int64_t>(c.c, kKvFp8Tile);
+    std::fill(chunk.begin(), chunk.begin() + tile, 0.0f);  // row 0: a zero tile
+    if (c.chunk > 1) chunk[c.c + 1] = std::numeric_limits<float>::quiet_NaN();  // row 1: a NaN tile
+    if (c.chunk > 2) {
+      chunk[2 * c.c] = std::numeric_limits<float>::infinity();
+      chunk[2 * c.c + 2] = -std::numeric_limits<float>::quiet_NaN();
+    }
+    const std::int64_t width = KvFp8RowBytes(c.c);
+    std::vector<std::uint8_t> bytes[2];
+    int i = 0;
+    for (Backend* backend : {Backends().cpu.get(), Backends().cuda.get()}) {
+      Tensor tcache = AllocateOrFail(*backend, DType::kU8, {c.rows, width});
+      std::vector<std::byte> fill(static_cast<std::size_t>(tcache.nbytes()), std::byte{0xee});
+      NQ_ASSERT_OK(backend->CopyFromHost(fill, tcache));
+      Tensor tchunk = Upload(*backend, chunk, DType::kF32, {c.chunk, c.c});
+      Tensor position;
+      if (c.device_offset) {
+        const std::int32_t offset = static_cast<std::int32_t>(c.offset);
+        position = UploadI32(*backend, std::span<const std::int32_t>(&offset, 1), {1});
+        NQ_ASSERT_OK(backend->WriteRows(tchunk, tcache, StepPosition::OnDevice(position, c.rows - c.chunk)));
+      } else {
+        NQ_ASSERT_OK(backend->WriteRows(tchunk, tcache, StepPosition(c.offset)));
+      }
+      bytes[i].resize(static_cast<std::size_t>(tcache.nbytes()));
+      NQ_ASSERT_OK(backend->CopyToHost(tcache, std::as_writable_bytes(std::span(bytes[i]))));
+      ++i;
+    }
+    ASSERT_EQ(bytes[0].size(), bytes[1].size());
+    for (std::int64_t r = 0; r < c.rows; ++r) {
+      ASSERT_EQ(std::memcmp(bytes[0].data() + r * width, bytes[1].data() + r * width, width), 0) << "row " << r;
+    }
   }
 }
 
