@@ -480,7 +480,7 @@ class CudaBackend final : public Backend {
          .heads = static_cast<int>(heads),
          .dn = static_cast<int>(q_nope.shape().dim(2)),
          .dr = static_cast<int>(q_pe.shape().dim(2)),
-         .c = static_cast<int>(kv_latent.shape().dim(1)),
+         .c = static_cast<int>(w_uk.shape().dim(2)),  // packed FP8 rows are wider than c
          .dv = static_cast<int>(w_uv.shape().dim(1)),
          .top_k = static_cast<int>(top_k),
          .start_pos = static_cast<int>(start_pos.bound()),  // < keys, checked above

@@ -73,27 +73,33 @@ struct SplitArgs {
 };
 
 // Key tiles in flight per block: as many as the same shared memory holds (an fp32 tile is 74 KB
-// at DeepSeek-V3's d = 576, a bf16 one 37 KB, an FP8 one 21 KB beside the 74 KB fp32 tile it is
+// at DeepSeek-V3's d = 576, a bf16 one 37 KB, an FP8 one 21 KB beside the 37 KB bf16 tile it is
 // unpacked into). One block per SM keeps only these in flight, so more stages is more bandwidth.
 template <typename KvT>
 constexpr int kStages = std::is_same_v<KvT, float> ? 2 : 4;
 
 // FP8 rows (KvFp8) are copied as they are stored, the packed latent row then the BF16 rope key,
-// and unpacked into an fp32 tile that the fp32 path's MMAs read: the values are the CPU's
-// (float(code) * scale), and each product's three MMAs keep them exact.
+// and unpacked per tile into a bf16 tile: E4M3 codes are exact bf16 values, so the MMAs run as on
+// a BF16 cache (two per product) and the scales (one per key per 128 latent values) are applied
+// outside them: to each 128-wide slice of a score's sum, and to P before it meets V's slice. The
+// result is the CPU's sum over float(code) * scale up to fp32 rounding.
 template <typename KvT>
 constexpr bool kFp8Rows = std::is_same_v<KvT, KvFp8>;
 template <typename KvT>
-using UnpackedT = std::conditional_t<kFp8Rows<KvT>, float, KvT>;
+using UnpackedT = std::conditional_t<kFp8Rows<KvT>, Bf16, KvT>;
+constexpr int kMaxScaleTiles = kMlaMaxLatent / static_cast<int>(kKvFp8Tile);
 __host__ __device__ constexpr int Fp8StageBytes(int c, int dr) {
   return static_cast<int>(KvFp8RowBytes(c)) + 2 * dr;  // both multiples of 16
 }
 
-// The key tiles' shared memory: the stages, and for FP8 rows the fp32 tile they unpack into.
+// The key tiles' shared memory: the stages, and for FP8 rows the bf16 tile they unpack into,
+// the keys' scales and P times each scale tile's scales as bf16 hi and lo.
 template <typename KvT>
 __host__ __device__ constexpr std::size_t TileRegionBytes(int c, int dr) {
   if constexpr (kFp8Rows<KvT>) {
-    return std::size_t{kStages<KvT>} * kKeyTile * Fp8StageBytes(c, dr) + sizeof(float) * kKeyTile * KvStride(c + dr);
+    return std::size_t{kStages<KvT>} * kKeyTile * Fp8StageBytes(c, dr) + sizeof(Bf16) * kKeyTile * KvStride(c + dr) +
+           sizeof(float) * kKeyTile * kMaxScaleTiles +
+           sizeof(std::uint16_t) * 2 * kMaxScaleTiles * kMlaHeadGroup * kPStride;
   } else {
     return sizeof(KvT) * kStages<KvT> * kKeyTile * KvStride(c + dr);
   }
@@ -241,7 +247,7 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
 //
 // KvT float: the cache's values are split into bf16 hi + lo like the queries' (three MMAs per
 // product). KvT Bf16: the cache values are exact bf16 operands (two MMAs: q hi and q lo). KvT
-// KvFp8: packed rows, unpacked per tile into fp32 (kFp8Rows).
+// KvFp8: packed rows, unpacked per tile into bf16 codes and scales (kFp8Rows).
 template <typename KvT>
 __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_constant__ SplitArgs a) {
   using TileT = UnpackedT<KvT>;
@@ -255,11 +261,17 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   std::uint16_t* q_lo = q_hi + kMlaHeadGroup * qs;                 // [16][qs]
   unsigned char* tile_region = reinterpret_cast<unsigned char*>(q_lo + kMlaHeadGroup * qs);
   // Not FP8: kv holds the stages, [kStages][kKeyTile][ks]. FP8: `stage` holds them,
-  // [kStages][kKeyTile][stage_bytes], and kv is the one fp32 tile they are unpacked into.
+  // [kStages][kKeyTile][stage_bytes], kv is the one bf16 tile they are unpacked into, key_scale
+  // [kKeyTile][kMaxScaleTiles] their scales, p_hi and p_lo [kMaxScaleTiles][16][kPStride] P
+  // times each scale tile's scales.
   const int stage_bytes = Fp8StageBytes(p.c, p.dr);
+  const int scale_tiles = static_cast<int>(KvFp8Tiles(p.c));  // c % 16 == 0: a 16-wide step is in one
   std::uint8_t* stage = kFp8 ? reinterpret_cast<std::uint8_t*>(tile_region) : nullptr;
   TileT* kv = reinterpret_cast<TileT*>(kFp8 ? tile_region + std::size_t{kStages<KvT>} * kKeyTile * stage_bytes
                                             : tile_region);
+  float* key_scale = reinterpret_cast<float*>(kv + kKeyTile * ks);
+  std::uint16_t* p_hi = reinterpret_cast<std::uint16_t*>(key_scale + kKeyTile * kMaxScaleTiles);
+  std::uint16_t* p_lo = p_hi + kMaxScaleTiles * kMlaHeadGroup * kPStride;
   float* s_part = reinterpret_cast<float*>(tile_region + TileRegionBytes<KvT>(p.c, p.dr));  // [kQkSlices][16][kPStride]
   float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
   float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
@@ -347,24 +359,26 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
     WaitCopies<kAhead>();  // everything but the newest kAhead groups: this tile and the queries
     __syncthreads();
     if constexpr (kFp8) {
-      // Unpack the stage into the fp32 tile: 4 codes (one word) at a time with their tile's
-      // scale, then the rope key's BF16 pairs. A zero-filled row (no key) unpacks to zeros.
+      // Unpack the stage: 4 codes (one word) at a time into exact bf16 values, the rope key's
+      // words as they are, the scales beside. A zero-filled row (no key) unpacks to zeros.
       const std::uint8_t* src = stage + buffer * kKeyTile * stage_bytes;
-      const int words = p.c / 4, pairs = p.dr / 2, row_bytes = static_cast<int>(KvFp8RowBytes(p.c));
+      const int words = p.c / 4, rope_words = p.dr / 2, row_bytes = static_cast<int>(KvFp8RowBytes(p.c));
       for (int i = tid; i < kKeyTile * words; i += kSplitThreads) {
         const int r = i / words, e = 4 * (i % words);
-        const std::uint8_t* row = src + r * stage_bytes;
-        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(row + e);
-        const float scale = *reinterpret_cast<const float*>(row + p.c + 4 * (e / static_cast<int>(kKvFp8Tile)));
-        *reinterpret_cast<float4*>(kv + r * ks + e) =
-            make_float4(E4M3Value(w & 0xffu) * scale, E4M3Value((w >> 8) & 0xffu) * scale,
-                        E4M3Value((w >> 16) & 0xffu) * scale, E4M3Value(w >> 24) * scale);
+        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(src + r * stage_bytes + e);
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(E4M3Value(w & 0xffu), E4M3Value((w >> 8) & 0xffu));
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(E4M3Value((w >> 16) & 0xffu), E4M3Value(w >> 24));
+        *reinterpret_cast<uint2*>(kv + r * ks + e) =
+            make_uint2(*reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi));
       }
-      for (int i = tid; i < kKeyTile * pairs; i += kSplitThreads) {
-        const int r = i / pairs, e = 2 * (i % pairs);
-        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(src + r * stage_bytes + row_bytes + 2 * e);
-        *reinterpret_cast<float2*>(kv + r * ks + p.c + e) =
-            make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+      for (int i = tid; i < kKeyTile * rope_words; i += kSplitThreads) {
+        const int r = i / rope_words, e = 2 * (i % rope_words);
+        *reinterpret_cast<std::uint32_t*>(kv + r * ks + p.c + e) =
+            *reinterpret_cast<const std::uint32_t*>(src + r * stage_bytes + row_bytes + 2 * e);
+      }
+      for (int i = tid; i < kKeyTile * scale_tiles; i += kSplitThreads) {
+        const int r = i / scale_tiles, s = i % scale_tiles;
+        key_scale[r * kMaxScaleTiles + s] = *reinterpret_cast<const float*>(src + r * stage_bytes + p.c + 4 * s);
       }
       __syncthreads();
     }
@@ -376,8 +390,30 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
       const int k_begin = slice * steps / kQkSlices, k_end = (slice + 1) * steps / kQkSlices;
       const TileT* krow = keys + ((warp % 4) * 8 + g) * ks;
       float hh[4] = {}, hl[4] = {}, lh[4] = {};
+      // FP8: hh and lh sum one scale tile (or the rope key, unscaled: -1) of the step range;
+      // `scaled` gathers each tile's sum times its keys' scales (this lane's keys 2qd, 2qd + 1).
+      float scaled[4] = {};
+      auto scale_tile_of = [&](int kk) { return kk * 16 < p.c ? kk * 16 / static_cast<int>(kKvFp8Tile) : -1; };
+      int scale_tile = scale_tile_of(k_begin);
+      auto flush_scale_tile = [&]() {
+        const int key = (warp % 4) * 8 + 2 * qd;
+        const float s0 = scale_tile < 0 ? 1.0f : key_scale[key * kMaxScaleTiles + scale_tile];
+        const float s1 = scale_tile < 0 ? 1.0f : key_scale[(key + 1) * kMaxScaleTiles + scale_tile];
+        scaled[0] = fmaf(lh[0] + hh[0], s0, scaled[0]);
+        scaled[1] = fmaf(lh[1] + hh[1], s1, scaled[1]);
+        scaled[2] = fmaf(lh[2] + hh[2], s0, scaled[2]);
+        scaled[3] = fmaf(lh[3] + hh[3], s1, scaled[3]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hh[e] = lh[e] = 0.0f;
+      };
 #pragma unroll 3
       for (int kk = k_begin; kk < k_end; ++kk) {
+        if constexpr (kFp8) {
+          if (const int st = scale_tile_of(kk); st != scale_tile) {
+            flush_scale_tile();
+            scale_tile = st;
+          }
+        }
         const int col = kk * 16 + 2 * qd;
         const std::uint32_t ah[4] = {Load32(q_hi + g * qs + col), Load32(q_hi + (g + 8) * qs + col),
                                      Load32(q_hi + g * qs + col + 8), Load32(q_hi + (g + 8) * qs + col + 8)};
@@ -398,6 +434,11 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
           Mma(hh, ah, b0, b1);
           Mma(lh, al, b0, b1);
         }
+      }
+      if constexpr (kFp8) {
+        flush_scale_tile();
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hh[e] = scaled[e];  // hl and lh are zero
       }
       float* sp = s_part + slice * kMlaHeadGroup * kPStride;
       const int key = (warp % 4) * 8 + 2 * qd;
@@ -428,6 +469,15 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
       }
       const float sum = WarpSum(pr);
       prob[r * kPStride + lane] = pr;
+      if constexpr (kFp8) {  // P times each scale tile's scales, as the bf16 hi + lo A operand
+        for (int s = 0; s < scale_tiles; ++s) {
+          const float v = pr * key_scale[lane * kMaxScaleTiles + s];
+          const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+          const __nv_bfloat16 lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+          p_hi[(s * kMlaHeadGroup + r) * kPStride + lane] = __bfloat16_as_ushort(hi);
+          p_lo[(s * kMlaHeadGroup + r) * kPStride + lane] = __bfloat16_as_ushort(lo);
+        }
+      }
       __syncwarp();  // every lane read row_max before lane 0 replaces it
       if (lane == 0) {
         row_sum[r] = row_sum[r] * corr + sum;
@@ -472,6 +522,21 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
               Mma(o[i], ah, bh0, bh1);
               Mma(o[i], ah, bl0, bl1);
               Mma(o[i], al, bh0, bh1);
+            } else if constexpr (kFp8) {
+              // V's scale tile for these columns: P times its scales (written by the softmax).
+              const int st = n_tile * 8 / static_cast<int>(kKvFp8Tile);
+              const std::uint16_t* hi = p_hi + st * kMlaHeadGroup * kPStride;
+              const std::uint16_t* lo = p_lo + st * kMlaHeadGroup * kPStride;
+              const std::uint32_t sh[4] = {Load32(hi + g * kPStride + k0), Load32(hi + (g + 8) * kPStride + k0),
+                                           Load32(hi + g * kPStride + k0 + 8),
+                                           Load32(hi + (g + 8) * kPStride + k0 + 8)};
+              const std::uint32_t sl[4] = {Load32(lo + g * kPStride + k0), Load32(lo + (g + 8) * kPStride + k0),
+                                           Load32(lo + g * kPStride + k0 + 8),
+                                           Load32(lo + (g + 8) * kPStride + k0 + 8)};
+              const std::uint32_t b0 = Pack(v[n], v[ks + n]);
+              const std::uint32_t b1 = Pack(v[8 * ks + n], v[9 * ks + n]);
+              Mma(o[i], sh, b0, b1);
+              Mma(o[i], sl, b0, b1);
             } else {
               const std::uint32_t b0 = Pack(v[n], v[ks + n]);
               const std::uint32_t b1 = Pack(v[8 * ks + n], v[9 * ks + n]);

@@ -11,8 +11,9 @@
 //     (the same rows: each key is read from memory once for every head). fp32 operands are split
 //     into bf16 hi + lo and multiplied as hi·hi + hi·lo + lo·hi (the "bf16x3" scheme): the error
 //     is ~2^-16 of each product, so results keep fp32-class accuracy while the latent is fp32.
-//     Packed FP8 rows (kernels/kv_fp8.h) are copied as stored and unpacked per tile into fp32
-//     (the CPU backend's values), then take the fp32 path. Each split writes its unnormalised O, running max and sum for its 16 heads.
+//     Packed FP8 rows (kernels/kv_fp8.h) are copied as stored and unpacked per tile into bf16
+//     codes (exact) and their scales, which multiply each 128-wide slice of a score and P before
+//     it meets V's slice: two MMAs per product, as for a BF16 cache. Each split writes its unnormalised O, running max and sum for its 16 heads.
 //  3. MlaCombineKernel: per (query, head, 128 latent columns) rescales and sums the splits'
 //     partial O (flash-decoding's merge).
 //  4. MlaOutputKernel: out = w_uv[h] · O, each w_uv row read once for every query.
