@@ -241,72 +241,63 @@ TEST(CudaMlaAttention, DecodeSplitSelectedMatchesCpu) {
   summary.Add(NormalizedError(cuda, cpu));
 }
 
+struct CacheCase {
+  MlaShape shape;
+  std::int64_t top_k;  // 0: dense
+};
+
+// The same inputs through both backends with a cache of `kv_dtype` (BF16 or FP8 rows).
+void ExpectRoundedCacheMatchesCpu(DType kv_dtype, std::uint64_t seed, const std::vector<CacheCase>& cases,
+                                  const char* label) {
+  std::mt19937_64 rng = MakeRng(seed);
+  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
+  ErrorSummary summary(label, kTolerance);
+  for (const CacheCase& c : cases) {
+    const MlaShape& m = c.shape;
+    if (small && m.keys * m.heads > 4000) continue;
+    SCOPED_TRACE(absl::StrCat("T=", m.tokens, " H=", m.heads, " c=", m.c, " S=", m.keys, " top_k=", c.top_k));
+    const MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.05f);
+    const std::vector<std::int32_t> selected =
+        c.top_k > 0 ? RandomSelection(rng, m, c.top_k, true) : std::vector<std::int32_t>{};
+    summary.Add(NormalizedError(RunMlaAttention(*Backends().cuda, m, in, DType::kBF16, DType::kBF16, selected,
+                                                c.top_k, Scale(m), kv_dtype),
+                                RunMlaAttention(*Backends().cpu, m, in, DType::kBF16, DType::kBF16, selected,
+                                                c.top_k, Scale(m), kv_dtype)));
+  }
+}
+
 // A BF16 cache on both backends (the CPU widens it exactly): the split kernels' two-MMA path and
 // the per-(query, head) kernel's BF16 loads.
 TEST(CudaMlaAttention, Bf16CacheMatchesCpu) {
   if (Backends().cuda == nullptr) return;
-  std::mt19937_64 rng = MakeRng(3606);
-  struct Case {
-    MlaShape shape;
-    std::int64_t top_k;  // 0: dense
-  };
-  const std::vector<Case> cases = {
-      {{.tokens = 1, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 4097, .start_pos = 4096}, 0},
-      {{.tokens = 4, .heads = 20, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 900, .start_pos = 896}, 0},
-      {{.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 3000, .start_pos = 2998}, 2048},
-      {{.tokens = 1, .heads = 5, .dn = 8, .dr = 16, .c = 16, .dv = 8, .keys = 200, .start_pos = 199}, 0},
-      // The per-(query, head) kernel: more queries than the split kernels take, and c = 40.
-      {{.tokens = 70, .heads = 2, .dn = 16, .dr = 16, .c = 32, .dv = 8, .keys = 90, .start_pos = 20}, 0},
-      {{.tokens = 3, .heads = 2, .dn = 16, .dr = 8, .c = 40, .dv = 12, .keys = 90, .start_pos = 80}, 70}};
-  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
-  ErrorSummary summary("MlaAttention BF16 cache", kTolerance);
-  for (const Case& c : cases) {
-    const MlaShape& m = c.shape;
-    if (small && m.keys * m.heads > 4000) continue;
-    SCOPED_TRACE(absl::StrCat("T=", m.tokens, " H=", m.heads, " c=", m.c, " S=", m.keys, " top_k=", c.top_k));
-    const MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.05f);
-    const std::vector<std::int32_t> selected =
-        c.top_k > 0 ? RandomSelection(rng, m, c.top_k, true) : std::vector<std::int32_t>{};
-    summary.Add(NormalizedError(RunMlaAttention(*Backends().cuda, m, in, DType::kBF16, DType::kBF16, selected,
-                                                c.top_k, Scale(m), DType::kBF16),
-                                RunMlaAttention(*Backends().cpu, m, in, DType::kBF16, DType::kBF16, selected,
-                                                c.top_k, Scale(m), DType::kBF16)));
-  }
+  ExpectRoundedCacheMatchesCpu(
+      DType::kBF16, 3606,
+      {{{.tokens = 1, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 4097, .start_pos = 4096}, 0},
+       {{.tokens = 4, .heads = 20, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 900, .start_pos = 896}, 0},
+       {{.tokens = 2, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 3000, .start_pos = 2998}, 2048},
+       {{.tokens = 1, .heads = 5, .dn = 8, .dr = 16, .c = 16, .dv = 8, .keys = 200, .start_pos = 199}, 0},
+       // The per-(query, head) kernel: more queries than the split kernels take, and c = 40.
+       {{.tokens = 70, .heads = 2, .dn = 16, .dr = 16, .c = 32, .dv = 8, .keys = 90, .start_pos = 20}, 0},
+       {{.tokens = 3, .heads = 2, .dn = 16, .dr = 8, .c = 40, .dv = 12, .keys = 90, .start_pos = 80}, 70}},
+      "MlaAttention BF16 cache");
 }
 
 // An FP8 cache (packed rows, kernels/kv_fp8.h, with a BF16 rope key) on both backends: the split
-// kernels copy the rows as stored and unpack them per tile into the CPU's fp32 values; the
-// per-(query, head) kernel unpacks each value it reads. glm5_nano's c = 64 has padded rows.
+// kernels copy the rows as stored and unpack them per tile; the per-(query, head) kernel unpacks
+// each value it reads. glm5_nano's c = 64 has padded rows and one partial scale tile.
 TEST(CudaMlaAttention, Fp8CacheMatchesCpu) {
   if (Backends().cuda == nullptr) return;
-  std::mt19937_64 rng = MakeRng(3607);
-  struct Case {
-    MlaShape shape;
-    std::int64_t top_k;  // 0: dense
-  };
-  const std::vector<Case> cases = {
-      {{.tokens = 1, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 4097, .start_pos = 4096}, 0},
-      {{.tokens = 4, .heads = 20, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 900, .start_pos = 896}, 0},
-      {{.tokens = 2, .heads = 64, .dn = 192, .dr = 64, .c = 512, .dv = 256, .keys = 3000, .start_pos = 2998}, 2048},
-      {{.tokens = 1, .heads = 8, .dn = 32, .dr = 16, .c = 64, .dv = 32, .keys = 300, .start_pos = 299}, 0},
-      {{.tokens = 4, .heads = 8, .dn = 32, .dr = 16, .c = 64, .dv = 32, .keys = 300, .start_pos = 296}, 100},
-      // The per-(query, head) kernel: more queries than the split kernels take, and c = 40.
-      {{.tokens = 70, .heads = 2, .dn = 16, .dr = 16, .c = 64, .dv = 8, .keys = 90, .start_pos = 20}, 0},
-      {{.tokens = 3, .heads = 2, .dn = 16, .dr = 8, .c = 40, .dv = 12, .keys = 90, .start_pos = 80}, 70}};
-  const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
-  ErrorSummary summary("MlaAttention FP8 cache", kTolerance);
-  for (const Case& c : cases) {
-    const MlaShape& m = c.shape;
-    if (small && m.keys * m.heads > 4000) continue;
-    SCOPED_TRACE(absl::StrCat("T=", m.tokens, " H=", m.heads, " c=", m.c, " S=", m.keys, " top_k=", c.top_k));
-    const MlaInputs in = RandomMlaInputs(rng, m, DType::kBF16, DType::kBF16, 0.05f);
-    const std::vector<std::int32_t> selected =
-        c.top_k > 0 ? RandomSelection(rng, m, c.top_k, true) : std::vector<std::int32_t>{};
-    summary.Add(NormalizedError(RunMlaAttention(*Backends().cuda, m, in, DType::kBF16, DType::kBF16, selected,
-                                                c.top_k, Scale(m), DType::kF8E4M3),
-                                RunMlaAttention(*Backends().cpu, m, in, DType::kBF16, DType::kBF16, selected,
-                                                c.top_k, Scale(m), DType::kF8E4M3)));
-  }
+  ExpectRoundedCacheMatchesCpu(
+      DType::kF8E4M3, 3607,
+      {{{.tokens = 1, .heads = 16, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 4097, .start_pos = 4096}, 0},
+       {{.tokens = 4, .heads = 20, .dn = 128, .dr = 64, .c = 512, .dv = 128, .keys = 900, .start_pos = 896}, 0},
+       {{.tokens = 2, .heads = 64, .dn = 192, .dr = 64, .c = 512, .dv = 256, .keys = 3000, .start_pos = 2998}, 2048},
+       {{.tokens = 1, .heads = 8, .dn = 32, .dr = 16, .c = 64, .dv = 32, .keys = 300, .start_pos = 299}, 0},
+       {{.tokens = 4, .heads = 8, .dn = 32, .dr = 16, .c = 64, .dv = 32, .keys = 300, .start_pos = 296}, 100},
+       // The per-(query, head) kernel: more queries than the split kernels take, and c = 40.
+       {{.tokens = 70, .heads = 2, .dn = 16, .dr = 16, .c = 64, .dv = 8, .keys = 90, .start_pos = 20}, 0},
+       {{.tokens = 3, .heads = 2, .dn = 16, .dr = 8, .c = 40, .dv = 12, .keys = 90, .start_pos = 80}, 70}},
+      "MlaAttention FP8 cache");
 }
 
 // Small enough for compute-sanitizer's racecheck: several key tiles, masked and empty rows.
