@@ -25,7 +25,7 @@ double TopSum(const std::vector<double>& values, const std::vector<uint32_t>& ca
 
 }  // namespace
 
-absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions options) {
+absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions options, uint32_t landing_tokens) {
   RETURN_IF_ERROR(ValidateTrace(trace));
   const uint32_t layers = trace.num_layers();
   const uint32_t experts = trace.experts_per_layer;
@@ -68,6 +68,12 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
   const size_t block = options.refresh_interval;
   std::vector<double> counts(static_cast<size_t>(layers) * experts);
   std::vector<double> mass(counts.size());
+  // The calls and weight of the block's first landing_tokens tokens, which a load decided at
+  // the block's start misses; and per policy the experts that arrived at this block's start.
+  std::vector<double> early_counts(counts.size()), early_mass(counts.size());
+  std::vector<uint8_t> arrived_previous(counts.size(), 0), arrived_predictor(counts.size(), 0);
+  // And the experts those loads replace, which serve until the loads land.
+  std::vector<uint8_t> left_previous(counts.size(), 0), left_predictor(counts.size(), 0);
   std::vector<double> scratch;
   std::vector<uint32_t> order;
   double served_calls[3] = {0, 0, 0};  // oracle, previous block, predictor
@@ -87,13 +93,20 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
     ++result.blocks;
     std::fill(counts.begin(), counts.end(), 0.0);
     std::fill(mass.begin(), mass.end(), 0.0);
+    std::fill(early_counts.begin(), early_counts.end(), 0.0);
+    std::fill(early_mass.begin(), early_mass.end(), 0.0);
     for (size_t t = start; t < end; ++t) {
       const auto ids = trace.TokenExperts(t);
       const auto ws = trace.TokenWeights(t);
+      const bool early = t < start + landing_tokens;
       for (size_t i = 0; i < ids.size(); ++i) {
         const size_t cell = (i / k) * experts + ids[i];
         counts[cell] += 1;
         mass[cell] += ws[i];
+        if (early) {
+          early_counts[cell] += 1;
+          early_mass[cell] += ws[i];
+        }
       }
     }
     for (uint32_t l = 0; l < layers; ++l) {
@@ -109,13 +122,22 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
           fixed_calls += layer_counts[e];
           fixed_weight += layer_mass[e];
         }
+        // An expert that arrived at this block's start serves only after its load lands.
         if (previous[base + e]) {
-          served_calls[1] += layer_counts[e];
-          served_weight[1] += layer_mass[e];
+          served_calls[1] += layer_counts[e] - (arrived_previous[base + e] ? early_counts[base + e] : 0.0);
+          served_weight[1] += layer_mass[e] - (arrived_previous[base + e] ? early_mass[base + e] : 0.0);
         }
         if (predictor.IsResident(l, e)) {
-          served_calls[2] += layer_counts[e];
-          served_weight[2] += layer_mass[e];
+          served_calls[2] += layer_counts[e] - (arrived_predictor[base + e] ? early_counts[base + e] : 0.0);
+          served_weight[2] += layer_mass[e] - (arrived_predictor[base + e] ? early_mass[base + e] : 0.0);
+        }
+        if (left_previous[base + e]) {
+          served_calls[1] += early_counts[base + e];
+          served_weight[1] += early_mass[base + e];
+        }
+        if (left_predictor[base + e]) {
+          served_calls[2] += early_counts[base + e];
+          served_weight[2] += early_mass[base + e];
         }
       }
       for (int p = 0; p < 3; ++p) {
@@ -135,13 +157,26 @@ absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions 
                           if (layer_mass[a] != layer_mass[b]) return layer_mass[a] > layer_mass[b];
                           return a < b;
                         });
+      std::fill(arrived_previous.begin() + base, arrived_previous.begin() + base + experts, 0);
+      for (size_t i = 0; i < top; ++i) arrived_previous[base + order[i]] = !previous[base + order[i]];
+      std::copy(previous.begin() + base, previous.begin() + base + experts, left_previous.begin() + base);
       std::fill(previous.begin() + base, previous.begin() + base + experts, 0);
-      for (size_t i = 0; i < top; ++i) previous[base + order[i]] = 1;
+      for (size_t i = 0; i < top; ++i) {
+        previous[base + order[i]] = 1;
+        left_previous[base + order[i]] = 0;
+      }
     }
     for (size_t t = start; t < end; ++t) {
       RETURN_IF_ERROR(predictor.Observe(trace.TokenExperts(t), trace.TokenWeights(t), trace.TokenNorms(t)));
     }
     const PredictorPlan& plan = predictor.Refresh();
+    std::fill(arrived_predictor.begin(), arrived_predictor.end(), 0);
+    std::fill(left_predictor.begin(), left_predictor.end(), 0);
+    for (const PlannedLoad& load : plan.loads) {
+      const size_t base = static_cast<size_t>(load.layer) * experts;
+      arrived_predictor[base + load.expert] = 1;
+      if (load.victim != PlannedLoad::kNoVictim) left_predictor[base + load.victim] = 1;
+    }
     result.predictor_loads += plan.loads.size();
     result.predictor_wanted += plan.wanted_loads;
   }

@@ -10,7 +10,10 @@
 //    next block.
 // Blocks restart at each of the trace's sequence starts, where the predictor gets
 // NewSequence, as the streamer does at a new RoutingReport.sequence_id.
-// Assumptions: loads land instantly (before the block they were planned for starts); before
+// Loads land `landing_tokens` tokens into the block they were planned for (0: before it starts):
+// an expert that arrives at a block's start serves only that block's later tokens, under the
+// previous-block and predictor policies alike, and the expert it replaces serves until then (the
+// replacement lands in the staging slot first); the oracle stays instant, an upper bound. Before
 // the first block every policy's floating slots hold the static ranking's top F (the lowest
 // ids where there is no ranking), as the streamer fills them at start-up; fixed-set experts
 // are at 4 bits under every policy. A partial last block is scored like a full one.
@@ -45,6 +48,7 @@ struct ReplayResult {
 // (refresh_interval) and the predictor's tuning; num_layers and experts_per_layer must match
 // the trace (or be 0, then they are taken from it). INVALID_ARGUMENT on a mismatch or a bad
 // trace.
-absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions options);
+// landing_tokens simulates the reads' delay (the predictor plans as if loads were instant).
+absl::StatusOr<ReplayResult> Replay(const RoutingTrace& trace, PredictorOptions options, uint32_t landing_tokens = 0);
 
 }  // namespace nq::streamer

@@ -38,6 +38,9 @@ ABSL_FLAG(std::optional<double>, hysteresis, std::nullopt,
           "replay: the predictor's score margin (nq-streamer --hysteresis); unset: the predictor's own, as the "
           "streamer takes it");
 ABSL_FLAG(int, read_budget, 64, "replay: most loads per refresh (nq-streamer --read_budget)");
+ABSL_FLAG(int, landing_tokens, 0,
+          "replay: decode tokens a load takes to land (an expert loaded at a block's start serves only after, the "
+          "expert it replaces until then)");
 ABSL_FLAG(double, request_share, 0.0,
           "replay: share of the floating slots kept for the current request's most-hit experts (nq-streamer "
           "--request_share)");
@@ -152,6 +155,7 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   options.floating_slots = static_cast<uint32_t>(slots);
   options.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
+  const int landing = absl::GetFlag(FLAGS_landing_tokens);
   options.top_k = trace.top_k;
   if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
     ASSIGN_OR_RETURN(options.learned, streamer::JfModel::Load(path));
@@ -167,12 +171,13 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
       options.static_ranking.push_back(ml->ranking);
     }
   }
-  ASSIGN_OR_RETURN(streamer::ReplayResult r, streamer::Replay(trace, options));
+  ASSIGN_OR_RETURN(streamer::ReplayResult r, streamer::Replay(trace, options, static_cast<uint32_t>(landing)));
   std::printf("%llu tokens in %zu sequences, %llu blocks of at most 16, %u MoE layers, %d floating slots per layer, "
-              "%llu loads (%llu wanted)\n",
+              "%llu loads (%llu wanted), loads land after %d tokens\n",
               static_cast<unsigned long long>(r.tokens), trace.Sequences().size(),
               static_cast<unsigned long long>(r.blocks), trace.num_layers(), slots,
-              static_cast<unsigned long long>(r.predictor_loads), static_cast<unsigned long long>(r.predictor_wanted));
+              static_cast<unsigned long long>(r.predictor_loads), static_cast<unsigned long long>(r.predictor_wanted),
+              landing);
   std::printf("| policy | expert calls at 4 bits | routing weight at 4 bits |\n| --- | ---: | ---: |\n");
   std::printf("| oracle (block's own top-F) | %.4f | %.4f |\n", r.oracle.calls, r.oracle.weight);
   std::printf("| previous block's top-F | %.4f | %.4f |\n", r.previous_block.calls, r.previous_block.weight);
@@ -204,8 +209,10 @@ int RunReplay(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("unexpected argument " + args[0]));
   if (absl::GetFlag(FLAGS_trace).empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("--trace is required"));
   if (absl::GetFlag(FLAGS_slots) < 0) return ReportCommandStatus("replay", absl::InvalidArgumentError("--slots must be >= 0"));
-  if (absl::GetFlag(FLAGS_read_budget) < 1 || absl::GetFlag(FLAGS_hysteresis).value_or(0) < 0) {
-    return ReportCommandStatus("replay", absl::InvalidArgumentError("--read_budget must be >= 1, --hysteresis >= 0"));
+  if (absl::GetFlag(FLAGS_read_budget) < 1 || absl::GetFlag(FLAGS_hysteresis).value_or(0) < 0 ||
+      absl::GetFlag(FLAGS_landing_tokens) < 0) {
+    return ReportCommandStatus("replay", absl::InvalidArgumentError(
+                                             "--read_budget must be >= 1, --hysteresis and --landing_tokens >= 0"));
   }
   return ReportCommandStatus("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),
                                       absl::GetFlag(FLAGS_slots)));

@@ -240,6 +240,30 @@ TEST(ReplayTest, PredictorReachesTheOracleOnAStableHotSet) {
   EXPECT_GE(result->predictor.weight, result->oracle.weight - 0.01);
 }
 
+// Loads that land late: one layer, one floating slot, one expert a token. Block A routes to
+// expert 1 (the slot holds expert 0, nothing served), so the previous-block policy loads 1 for
+// block B, whose first 4 tokens route to 0 and the other 12 to 1. Instantly landed, expert 1
+// serves B's 12 calls to it and 0 is gone; landing after 4 tokens, 0 still serves B's first 4
+// (the replacement lands in the staging slot) and 1 the 12 after: 16. Landing after 8, expert 1
+// misses 4 of its calls: 12 again.
+TEST(ReplayTest, ALoadServesOnlyAfterItLandsAndItsVictimUntilThen) {
+  RoutingTrace trace;
+  trace.layer_ids = {0};
+  trace.experts_per_layer = 4;
+  trace.top_k = 1;
+  for (uint32_t t = 0; t < 32; ++t) {
+    trace.experts.push_back(t < 16 ? 1 : (t < 20 ? 0 : 1));
+    trace.weights.push_back(1.0f);
+  }
+  ASSERT_THAT(ValidateTrace(trace), IsOk());
+  for (const auto& [landing, served] : {std::pair{0u, 12.0}, {4u, 16.0}, {8u, 12.0}, {16u, 4.0}}) {
+    absl::StatusOr<ReplayResult> result = Replay(trace, ReplayOptions(1), landing);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_DOUBLE_EQ(result->previous_block.calls, served / 32) << "landing " << landing;
+    EXPECT_DOUBLE_EQ(result->oracle.calls, 28.0 / 32) << "the oracle lands instantly";
+  }
+}
+
 TEST(ReplayTest, RejectsOptionsForAnotherShape) {
   PredictorOptions options = ReplayOptions(4);
   options.num_layers = 7;
