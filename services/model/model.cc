@@ -189,6 +189,11 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
   selection_.reset();
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     RETURN_IF_ERROR(RunLayer(weights_.layers[layer], layer, static_cast<size_t>(layer), x, start));
+    if (const int64_t target = layer + lookahead_depth_;
+        lookahead_observer_ && lookahead_depth_ >= 1 && target < config_.num_hidden_layers && config_.IsMoeLayer(target)) {
+      ASSIGN_OR_RETURN(const MoeRouting predicted, RouteLayer(weights_.layers[target], x));
+      lookahead_observer_(target, predicted);
+    }
   }
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
   ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));

@@ -121,6 +121,15 @@ class Model {
     routing_observer_ = std::move(observer);
     step_graphs_.clear();
   }
+  // Gate lookahead (issue #21): after each layer L, the router of layer L + depth, when that is
+  // an MoE layer, applied to L's output (the attention of the layers between skipped): the
+  // experts it will likely route to, known `depth` layers before it runs. Host routing, for
+  // measuring how early routing can be known (eval/gate_lookahead.h); null turns it off.
+  void SetLookaheadObserver(int depth, std::function<void(int64_t target_layer, const MoeRouting& predicted)> observer) {
+    lookahead_depth_ = depth;
+    lookahead_observer_ = std::move(observer);
+    step_graphs_.clear();
+  }
 
   // Serving a NestQuant release (MoeWeights::packed, kernels/nq_moe.h). `source(layer, expert,
   // tokens)` names the slot holding the expert's residual record, or -1 to run it at 2 bits;
@@ -363,6 +372,8 @@ class Model {
   std::optional<kernels::Tensor> selection_;
   std::function<void(const ExpertActivations&)> observer_;
   std::function<void(int64_t, const MoeRouting&)> routing_observer_;
+  int lookahead_depth_ = 0;
+  std::function<void(int64_t, const MoeRouting&)> lookahead_observer_;
   ExpertSlotSource slot_source_;
   std::optional<SlotArena> arena_;
   // The slot table each packed layer's NqMoe reads (model layer id): written before each use on

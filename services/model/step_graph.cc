@@ -25,6 +25,7 @@ using kernels::Tensor;
 
 bool Model::StepGraphApplies(size_t tokens, int mtp_index) const {
   if (!options_.step_graphs || !backend_.CanCapture() || !step_graph_stats_.disabled.ok()) return false;
+  if (lookahead_observer_) return false;  // the lookahead routes on the host between layers
   if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens) || options_.tp.world_size != 1) return false;
   auto routes_on_backend = [&](const LayerWeights& lw) { return !lw.moe.has_value() || RoutesOnBackend(*lw.moe); };
   if (mtp_index >= 0) {

@@ -34,8 +34,10 @@ int RunCalibrate(const std::vector<std::string>& args);
 // nq trace --model DIR --tokens FILE --out TRACE
 // nq trace --worker HOST:PORT --out TRACE [--trace-tokens N] [--seconds S]
 int RunTrace(const std::vector<std::string>& args);
-// nq replay --trace TRACE [--release-dir R] [--slots F]
+// nq replay --trace TRACE [--release-dir R] [--slots F] [--landing-tokens N]
 int RunReplay(const std::vector<std::string>& args);
+// nq lookahead --model DIR --tokens FILE [--depths 1,2,3]
+int RunLookahead(const std::vector<std::string>& args);
 // nq verify RELEASE
 int RunVerify(const std::vector<std::string>& args);
 // nq assemble --src REL --into DIR [--layers a-b] [--dry-run]

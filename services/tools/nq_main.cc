@@ -35,6 +35,9 @@ constexpr char kUsage[] =
     "  trace        routing traces of the model over token sequences: --model DIR --tokens FILE --out T\n"
     "                 or of a running worker: --worker HOST:PORT --out T [--trace-tokens N] [--seconds S]\n"
     "  replay       4-bit share of slot policies on a trace: --trace T [--release-dir R] [--slots F]\n"
+    "                 [--landing-tokens N]\n"
+    "  lookahead    how well a layer's router on earlier layers' output knows its experts:\n"
+    "                 --model DIR --tokens FILE [--depths 1,2,3]\n"
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
     "  bench-codec  the codecs side by side: distortion, bits, LDLQ, encode time [--size N --codecs scalar,trellis]\n"
@@ -104,6 +107,7 @@ int main(int argc, char** argv) {
   if (command == "calibrate") return nq::tools::RunCalibrate(rest);
   if (command == "trace") return nq::tools::RunTrace(rest);
   if (command == "replay") return nq::tools::RunReplay(rest);
+  if (command == "lookahead") return nq::tools::RunLookahead(rest);
   if (command == "verify") return nq::tools::RunVerify(rest);
   if (command == "assemble") return nq::tools::RunAssemble(rest);
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);

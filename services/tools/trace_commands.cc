@@ -11,13 +11,16 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include <grpcpp/grpcpp.h>
 #include "kernels/backend.h"
 #include "nq/v1/worker.grpc.pb.h"
 #include "services/common/internal_tls.h"
 #include "services/common/status_grpc.h"
 #include "services/common/status_macros.h"
+#include "services/eval/gate_lookahead.h"
 #include "services/format/release_reader.h"
 #include "services/model/model.h"
 #include "services/release/calibration.h"
@@ -38,6 +41,7 @@ ABSL_FLAG(std::optional<double>, hysteresis, std::nullopt,
           "replay: the predictor's score margin (nq-streamer --hysteresis); unset: the predictor's own, as the "
           "streamer takes it");
 ABSL_FLAG(int, read_budget, 64, "replay: most loads per refresh (nq-streamer --read_budget)");
+ABSL_FLAG(std::string, depths, "1,2,3", "lookahead: the lookahead depths to measure, in layers");
 ABSL_FLAG(int, landing_tokens, 0,
           "replay: decode tokens a load takes to land (an expert loaded at a block's start serves only after, the "
           "expert it replaces until then)");
@@ -186,7 +190,47 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   return absl::OkStatus();
 }
 
+absl::Status MeasureLookahead(const std::string& model_dir, const std::string& tokens_path) {
+  ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> sequences, release::ReadTokenFile(tokens_path));
+  std::vector<int> depths;
+  for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_depths), ',', absl::SkipEmpty())) {
+    int depth = 0;
+    if (!absl::SimpleAtoi(d, &depth) || depth < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--depths: \"", d, "\" is not a depth >= 1"));
+    }
+    depths.push_back(depth);
+  }
+  if (depths.empty()) return absl::InvalidArgumentError("--depths names no depth");
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
+  int64_t longest = 1;
+  for (const auto& s : sequences) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model,
+                   model::Model::Load(model_dir, *backend, nullptr, {.max_tokens = longest}));
+  std::printf("| depth (layers) | MoE layers scored | calls | lookahead recall | weight | previous token's experts | weight |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int depth : depths) {
+    ASSIGN_OR_RETURN(const eval::LookaheadReport r, eval::MeasureGateLookahead(*model, sequences, depth));
+    std::printf("| %d | %zu | %lld | %.4f | %.4f | %.4f | %.4f |\n", depth, r.layers.size(),
+                static_cast<long long>(r.lookahead.calls), r.lookahead.recall(), r.lookahead.weight_recall(),
+                r.previous_token.recall(), r.previous_token.weight_recall());
+    for (size_t i = 0; i < r.layers.size(); ++i) {
+      std::printf("|   layer %lld | | %lld | %.4f | %.4f | | |\n", static_cast<long long>(r.layers[i]),
+                  static_cast<long long>(r.per_layer[i].calls), r.per_layer[i].recall(), r.per_layer[i].weight_recall());
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+int RunLookahead(const std::vector<std::string>& args) {
+  if (!args.empty()) return ReportCommandStatus("lookahead", absl::InvalidArgumentError("unexpected argument " + args[0]));
+  const std::string model = absl::GetFlag(FLAGS_model), tokens = absl::GetFlag(FLAGS_tokens);
+  if (model.empty() || tokens.empty()) {
+    return ReportCommandStatus("lookahead", absl::InvalidArgumentError("--model DIR and --tokens FILE are required"));
+  }
+  return ReportCommandStatus("lookahead", MeasureLookahead(model, tokens));
+}
 
 int RunTrace(const std::vector<std::string>& args) {
   if (!args.empty()) return ReportCommandStatus("trace", absl::InvalidArgumentError("unexpected argument " + args[0]));
