@@ -21,12 +21,6 @@ __device__ __forceinline__ std::uint8_t E4M3Code(float v) {
   return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
-__device__ __forceinline__ float WarpMax(float v) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, offset));
-  return v;
-}
-
 __global__ void __launch_bounds__(kThreads) PackKvFp8RowsKernel(const __grid_constant__ PackKvFp8RowsParams p) {
   const std::int64_t row = (p.row_offset != nullptr ? std::int64_t{*p.row_offset} : p.first_row) + blockIdx.x;
   if (row < 0 || row >= p.dst_rows) return;

@@ -567,13 +567,10 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
 }
 
 __device__ __forceinline__ float BlockMax(float v, float* scratch) {
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, off));
+  v = WarpMax(v);
   if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
   __syncthreads();
-  v = threadIdx.x % kWarpSize < kWarps ? scratch[threadIdx.x % kWarpSize] : -INFINITY;
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, off));
+  v = WarpMax(threadIdx.x % kWarpSize < kWarps ? scratch[threadIdx.x % kWarpSize] : -INFINITY);
   __syncthreads();
   return v;
 }

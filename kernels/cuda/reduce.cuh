@@ -16,6 +16,12 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarpMask, v, offset));
+  return v;
+}
+
 // A running softmax denominator: sum of exp(v - max) over the values seen so far.
 struct MaxSum {
   float max;

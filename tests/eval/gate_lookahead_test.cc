@@ -12,15 +12,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "nlohmann/json.hpp"
 #include "services/model/model.h"
+#include "tests/common/run_shell.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::eval {
 namespace {
 
+using ::nq::testing::CommandResult;
 using ::nq::testing::IsOk;
+using ::nq::testing::RunShell;
 using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -97,6 +101,30 @@ TEST(GateLookaheadTest, TheNextLayersRouterKnowsItsExpertsBetterThanThePreviousT
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("depth 0: want >= 1")));
   EXPECT_THAT(MeasureGateLookahead(**model, {}, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no token sequences")));
+}
+
+// `nq lookahead` and `nq replay --landing_tokens` refuse what they cannot measure, by name.
+CommandResult RunNq(const std::string& args) { return RunShell(absl::StrCat(NQ_TOOL_BIN, " ", args)); }
+
+void ExpectRefused(const CommandResult& run, const ::testing::Matcher<const std::string&>& message) {
+  EXPECT_NE(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, message);
+}
+
+TEST(GateLookaheadTest, TheCommandsRefuseBadFlags) {
+  const std::string tokens = ::testing::TempDir() + "/lookahead_tokens.txt";
+  std::ofstream(tokens) << "1 2 3 4 5 6 7 8\n";
+  const std::string model = std::string("--model ") + kModel + " --tokens " + tokens;
+  ExpectRefused(RunNq("lookahead " + model + " --depths 0"), HasSubstr("\"0\" is not a depth >= 1"));
+  ExpectRefused(RunNq("lookahead " + model + " --depths one"), HasSubstr("\"one\" is not a depth"));
+  ExpectRefused(RunNq("lookahead --tokens " + tokens), HasSubstr("--model DIR and --tokens FILE are required"));
+  ExpectRefused(RunNq("lookahead --model /nonexistent/model --tokens " + tokens), HasSubstr("/nonexistent/model"));
+  ExpectRefused(RunNq("replay --trace " + tokens + " --landing_tokens=-1"), HasSubstr("--landing_tokens >= 0"));
+  // A run: one row per depth.
+  const CommandResult run = RunNq("lookahead " + model + " --depths 1,2");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("| 1 | 4 |"));
+  EXPECT_THAT(run.output, HasSubstr("| 2 | 3 |"));
 }
 
 }  // namespace

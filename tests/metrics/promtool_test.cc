@@ -1,7 +1,6 @@
 // Runs the real Prometheus checker over an exposition exercising every feature of the library:
 // `promtool check metrics` parses the text exactly as a Prometheus server would and lints it
 // against the naming conventions (DESIGN.md section 8) that services must follow.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -15,9 +14,13 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "services/common/metrics/registry.h"
+#include "tests/common/run_shell.h"
 
 namespace nq::metrics {
 namespace {
+
+using ::nq::testing::CommandResult;
+using ::nq::testing::RunShell;
 
 // The absolute path of `program` on $PATH, or "" if it is not there.
 std::string FindOnPath(const char* program) {
@@ -28,23 +31,6 @@ std::string FindOnPath(const char* program) {
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
-}
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr interleaved.
-};
-
-CommandResult RunShell(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
 }
 
 void FillEveryFeature(Registry& registry) {

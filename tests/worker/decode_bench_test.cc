@@ -3,7 +3,6 @@
 // window as the worker does (a run that exactly fills it runs; one more token is refused, naming
 // the numbers), and the `nq` command writes that report, for the checkpoint and for a release
 // encoded here (nq encode of glm5_nano takes about a second on 2 cores).
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "services/release/release_encoder.h"
 #include "services/release/release_experts.h"
 #include "services/worker/decode_bench.h"
+#include "tests/common/run_shell.h"
 #include "tests/common/status_matchers.h"
 #include "tests/worker/nano_model.h"
 
@@ -29,7 +29,9 @@ namespace nq::worker {
 namespace {
 
 namespace fs = std::filesystem;
+using ::nq::testing::CommandResult;
 using ::nq::testing::IsOk;
+using ::nq::testing::RunShell;
 using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 using testing::LoadedModel;
@@ -134,21 +136,8 @@ TEST(DecodeBenchTest, PercentilesAreNearestRank) {
 
 // ---- the `nq bench-decode` command ----
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
 CommandResult RunNqCommand(const std::string& command, const std::string& args) {
-  CommandResult result;
-  FILE* pipe = popen(absl::StrCat(NQ_TOOL_BIN, " ", command, " ", args, " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
+  return RunShell(absl::StrCat(NQ_TOOL_BIN, " ", command, " ", args));
 }
 CommandResult RunNq(const std::string& args) { return RunNqCommand("bench-decode", args); }
 
