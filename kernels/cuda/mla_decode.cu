@@ -359,27 +359,28 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
     WaitCopies<kAhead>();  // everything but the newest kAhead groups: this tile and the queries
     __syncthreads();
     if constexpr (kFp8) {
-      // Unpack the stage: 4 codes (one word) at a time into exact bf16 values, the rope key's
-      // words as they are, the scales beside. A zero-filled row (no key) unpacks to zeros.
-      const std::uint8_t* src = stage + buffer * kKeyTile * stage_bytes;
-      const int words = p.c / 4, rope_words = p.dr / 2, row_bytes = static_cast<int>(KvFp8RowBytes(p.c));
-      for (int i = tid; i < kKeyTile * words; i += kSplitThreads) {
-        const int r = i / words, e = 4 * (i % words);
-        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(src + r * stage_bytes + e);
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(E4M3Value(w & 0xffu), E4M3Value((w >> 8) & 0xffu));
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(E4M3Value((w >> 16) & 0xffu), E4M3Value(w >> 24));
-        *reinterpret_cast<uint2*>(kv + r * ks + e) =
+      // Unpack the stage: 16 threads a key row, 4 codes (one word) at a time into exact bf16
+      // values, the rope key's words as they are, the scales beside. A zero-filled row (no key)
+      // unpacks to zeros.
+      static_assert(kKeyTile * 16 == kSplitThreads);
+      const int r = tid / 16, cg = tid % 16;
+      const std::uint8_t* row = stage + (buffer * kKeyTile + r) * stage_bytes;
+      TileT* out = kv + r * ks;
+      for (int e = 4 * cg; e < p.c; e += 64) {
+        const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(row + e);
+        const float2 f01 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3)));
+        const float2 f23 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3)));
+        const __nv_bfloat162 lo = __float22bfloat162_rn(f01), hi = __float22bfloat162_rn(f23);
+        *reinterpret_cast<uint2*>(out + e) =
             make_uint2(*reinterpret_cast<const std::uint32_t*>(&lo), *reinterpret_cast<const std::uint32_t*>(&hi));
       }
-      for (int i = tid; i < kKeyTile * rope_words; i += kSplitThreads) {
-        const int r = i / rope_words, e = 2 * (i % rope_words);
-        *reinterpret_cast<std::uint32_t*>(kv + r * ks + p.c + e) =
-            *reinterpret_cast<const std::uint32_t*>(src + r * stage_bytes + row_bytes + 2 * e);
+      const std::uint8_t* rope = row + KvFp8RowBytes(p.c);
+      for (int e = 2 * cg; e < p.dr; e += 32) {
+        *reinterpret_cast<std::uint32_t*>(out + p.c + e) = *reinterpret_cast<const std::uint32_t*>(rope + 2 * e);
       }
-      for (int i = tid; i < kKeyTile * scale_tiles; i += kSplitThreads) {
-        const int r = i / scale_tiles, s = i % scale_tiles;
-        key_scale[r * kMaxScaleTiles + s] = *reinterpret_cast<const float*>(src + r * stage_bytes + p.c + 4 * s);
-      }
+      if (cg < scale_tiles) key_scale[r * kMaxScaleTiles + cg] = *reinterpret_cast<const float*>(row + p.c + 4 * cg);
       __syncthreads();
     }
     const TileT* keys = kFp8 ? kv : kv + buffer * kKeyTile * ks;
