@@ -1,5 +1,6 @@
 // Backend::SampleTokens on the GPU (the math and its host reference: kernels/sample_tokens.h):
-// one block per row. Greedy is one argmax pass. A draw finds its id without sorting: top-k, the
+// a cluster of 8 blocks per row, each over its own chunk, combining through distributed shared
+// memory; each id's weight is computed once into shared memory. Greedy is one argmax pass. A draw finds its id without sorting: top-k, the
 // top-p cut and the draw itself are each "the first id, in descending-logit order, whose running
 // weight exceeds a point", found by a radix descent over the 32-bit logit key (11 + 11 + 10
 // bits: per pass, a histogram of weight per digit over the ids still in play, and the digit

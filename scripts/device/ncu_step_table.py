@@ -3,7 +3,8 @@
 gpu__time_duration.sum, dram__bytes_read.sum and dram__bytes_write.sum
 (scripts/device/profile_decode_step.sh). A decode step starts at an embedding kernel; the table
 covers the last complete step (from the second-to-last embedding launch to the last) and, for
-comparison, the step after it (to the end of the run).
+comparison, the step after it (to the end of the run). Without two embedding launches, the
+shortest repeating tail of the kernel sequence is taken as a step.
 
     python3 scripts/device/ncu_step_table.py ncu.csv
 """
@@ -27,7 +28,10 @@ def short_name(name):
             cut = i
             break
     name = name[:cut]
-    return name.split("::")[-1] if "<" not in name else name[name.rfind("::", 0, name.find("<")) + 2:]
+    if "<" not in name:
+        return name.split("::")[-1]
+    colons = name.rfind("::", 0, name.find("<"))
+    return name if colons < 0 else name[colons + 2:]
 
 
 def read_kernels(path):
@@ -75,12 +79,28 @@ def calls(title, kernels, name):
             print(f"  grid {k['grid']:>14} {k['ns'] / 1e3:8.1f} us {moved / 1e6:8.2f} MB {moved / max(k['ns'], 1):6.0f} GB/s")
 
 
+def repeating_tail(kernels, min_period=8):
+    """The shortest p whose last two runs of p kernels have the same names in the same order."""
+    names = [k["name"] for k in kernels]
+    for p in range(min_period, len(names) // 2 + 1):
+        if names[-p:] == names[-2 * p:-p]:
+            return p
+    return None
+
+
 def main():
     kernels = read_kernels(sys.argv[1])
     starts = [i for i, k in enumerate(kernels) if "Embedding" in k["name"]]
     if len(starts) < 2:
-        print(f"{len(kernels)} kernels, {len(starts)} embedding launches: no whole decode step")
-        return 1
+        # No embedding kernel to start each step: the run's last steps are the same kernels in
+        # the same order, so the shortest period of the sequence's tail is a step.
+        period = repeating_tail(kernels)
+        if period is None:
+            print(f"{len(kernels)} kernels, {len(starts)} embedding launches, no repeating tail: no whole decode step")
+            print("most frequent kernels:", collections.Counter(k["name"] for k in kernels).most_common(12))
+            return 1
+        print(f"{len(starts)} embedding launches: steps taken as the run's repeating tail, {period} kernels each")
+        starts = [len(kernels) - 2 * period, len(kernels) - period]
     table("last whole decode step", kernels[starts[-2]:starts[-1]])
     table("the step after it (to the end of the run)", kernels[starts[-1]:])
     step = kernels[starts[-2]:starts[-1]]

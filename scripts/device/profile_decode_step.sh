@@ -83,6 +83,7 @@ profile() {  # name, bench-decode flags...
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     "$B/nq" bench-decode --backend=cuda --step_graphs=false --copy_mb=0 "$@" > "/tmp/ncu_$name.csv" 2> "/tmp/ncu_$name.err"
   echo "== ncu $name rc $? ($(wc -l < "/tmp/ncu_$name.csv") csv lines)"
+  xz -6 -c "/tmp/ncu_$name.csv" > "$OUT/ncu_$name.csv.xz"  # the raw kernels, for what the table leaves out
   python3 scripts/device/ncu_step_table.py "/tmp/ncu_$name.csv" > "$OUT/profile_$name.txt" 2>&1 ||
     { echo "-- no step table; the end of ncu's stderr:"; tail -8 "/tmp/ncu_$name.err"; grep -v '^"' "/tmp/ncu_$name.csv" | tail -5; } >> "$OUT/profile_$name.txt"
   cat "$OUT/profile_$name.txt"
