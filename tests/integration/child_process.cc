@@ -4,12 +4,16 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -98,16 +102,37 @@ std::string ChildProcess::Log() const {
 }
 
 int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  // Ports below Linux's ephemeral range (32768-60999), which the kernel never hands to outgoing
+  // connections or to a bind of port 0; and each one claimed for this process's life by binding
+  // an abstract Unix socket named after it, so test binaries running side by side (ctest -j)
+  // never pick the same port. (Binding port 0 and closing it, as this did, let another test's
+  // service take the same port a moment later: a router once answered 404 on another test's
+  // metrics port.)
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+  for (int attempt = 0; attempt < 2000; ++attempt) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    const int claim = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (claim < 0) continue;
+    sockaddr_un name{};
+    name.sun_family = AF_UNIX;
+    const std::string tag = absl::StrCat("nq-test-port-", port);
+    std::memcpy(name.sun_path + 1, tag.data(), tag.size());  // sun_path[0] == 0: the abstract namespace
+    const auto name_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + tag.size());
+    if (bind(claim, reinterpret_cast<sockaddr*>(&name), name_len) != 0) {
+      close(claim);  // another test process holds this port
+      continue;
+    }
+    const int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = probe >= 0 && bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) close(probe);
+    if (free) return port;  // `claim` stays open (and bound) until the process exits
+    close(claim);
+  }
+  return 0;
 }
 
 }  // namespace nq::testing

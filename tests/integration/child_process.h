@@ -35,7 +35,8 @@ class ChildProcess {
   std::string log_path_;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A TCP port on 127.0.0.1, free when picked and never picked again by this or another test
+// process while this one runs (0 when none was found).
 int FreePort();
 
 }  // namespace nq::testing
