@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
 namespace {
@@ -24,9 +25,9 @@ absl::Status LaunchSiluAndMul(const SiluAndMulParams& p, const LaunchContext& ct
       std::clamp<std::int64_t>(CeilDiv(items, kSiluAndMulThreads), 1, ctx.num_sms * kBlocksPerSm);
   const dim3 grid(static_cast<unsigned>(blocks));
   if (vec4) {
-    SiluAndMulKernel<true><<<grid, kSiluAndMulThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(SiluAndMulKernel<true>, grid, dim3(kSiluAndMulThreads), 0, ctx, p));
   } else {
-    SiluAndMulKernel<false><<<grid, kSiluAndMulThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(SiluAndMulKernel<false>, grid, dim3(kSiluAndMulThreads), 0, ctx, p));
   }
   return CheckLaunch("SiluAndMulKernel");
 }

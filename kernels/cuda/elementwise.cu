@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "kernels/cuda/elementwise.cuh"
 
 namespace nq::kernels::cuda {
@@ -22,9 +23,9 @@ absl::Status LaunchAdd(const AddParams& p, const LaunchContext& ctx) {
       std::clamp<std::int64_t>(CeilDiv(items, kElementwiseThreads), 1, ctx.num_sms * kBlocksPerSm);
   const dim3 grid(static_cast<unsigned>(blocks));
   if (vec4) {
-    AddKernel<true><<<grid, kElementwiseThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(AddKernel<true>, grid, dim3(kElementwiseThreads), 0, ctx, p));
   } else {
-    AddKernel<false><<<grid, kElementwiseThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(AddKernel<false>, grid, dim3(kElementwiseThreads), 0, ctx, p));
   }
   return CheckLaunch("AddKernel");
 }

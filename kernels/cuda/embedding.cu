@@ -1,4 +1,5 @@
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "kernels/cuda/embedding.cuh"
 
 namespace nq::kernels::cuda {
@@ -15,7 +16,8 @@ absl::Status LaunchEmbedding(const EmbeddingParams& p, const LaunchContext& ctx)
   if (p.tokens == 0 || p.dim == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>(p.tokens));
   return VisitFloatDType(p.table_dtype, [&](auto tag) {
-    EmbeddingKernel<decltype(tag)><<<grid, kEmbeddingThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(
+        LaunchProgrammaticDependent(EmbeddingKernel<decltype(tag)>, grid, dim3(kEmbeddingThreads), 0, ctx, p));
     return CheckLaunch("EmbeddingKernel");
   });
 }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/dtype.h"
 
@@ -34,6 +35,10 @@ inline constexpr int kEmbeddingThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kEmbeddingThreads)
     EmbeddingKernel(const __grid_constant__ EmbeddingParams p) {
+  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
+  // before, and the kernel after may start loading its weights while this one runs.
+  WaitForPrerequisiteGrid();
+  LetDependentsLaunch();
   const std::int64_t t = blockIdx.x;
   const std::int64_t id = p.ids[t];
   float* out = p.out + t * p.dim;

@@ -27,6 +27,7 @@
 
 #include "kernels/cuda/indexer_select.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace nq::kernels::cuda {
@@ -97,6 +98,10 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ int warp_sums[kSelectWarps + 1];
   __shared__ DigitChoice choice_slot;
   __shared__ int base_slot[2];
+  // A programmatic dependent of the scores kernel: every block waits before anything (also before
+  // the early return, so this kernel never completes ahead of the one it follows).
+  WaitForPrerequisiteGrid();
+  LetDependentsLaunch();
   const int t = blockIdx.y;
   const int visible = IndexerStart(p) + t + 1;
   const int first = blockIdx.x * kFilterKeysPerBlock;
@@ -230,6 +235,8 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ int warp_sums[kSelectWarps + 1];
   __shared__ DigitChoice choice_slot;
   __shared__ ResolveState st;
+  WaitForPrerequisiteGrid();  // a programmatic dependent of the filter
+  LetDependentsLaunch();
   const int t = blockIdx.x;
   const int visible = IndexerStart(p) + t + 1;
   if (visible <= p.top_k) {  // block-uniform, before any barrier

@@ -138,10 +138,12 @@ absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& score
   RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel (histogram)"));
   const dim3 filter_grid(static_cast<unsigned>(CeilDiv(visible_max, kFilterKeysPerBlock)),
                          static_cast<unsigned>(p.tokens));
-  IndexerFilterKernel<<<filter_grid, kDecodeSelectThreads, 0, ctx.stream>>>(p, s);
+  RETURN_IF_ERROR(
+      LaunchProgrammaticDependent(IndexerFilterKernel, filter_grid, dim3(kDecodeSelectThreads), 0, ctx, p, s));
   RETURN_IF_ERROR(CheckLaunch("IndexerFilterKernel"));
-  IndexerResolveKernel<<<static_cast<unsigned>(p.tokens), kDecodeSelectThreads, select_smem,
-                         ctx.stream>>>(p, s, candidate_capacity);
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(IndexerResolveKernel, dim3(static_cast<unsigned>(p.tokens)),
+                                              dim3(kDecodeSelectThreads), static_cast<std::size_t>(select_smem), ctx,
+                                              p, s, candidate_capacity));
   return CheckLaunch("IndexerResolveKernel");
 }
 

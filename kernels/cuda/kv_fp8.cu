@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 
 namespace nq::kernels::cuda {
 namespace {
@@ -22,6 +24,8 @@ __device__ __forceinline__ std::uint8_t E4M3Code(float v) {
 }
 
 __global__ void __launch_bounds__(kThreads) PackKvFp8RowsKernel(const __grid_constant__ PackKvFp8RowsParams p) {
+  WaitForPrerequisiteGrid();  // programmatic dependent: inputs from the kernel before
+  LetDependentsLaunch();
   const std::int64_t row = (p.row_offset != nullptr ? std::int64_t{*p.row_offset} : p.first_row) + blockIdx.x;
   if (row < 0 || row >= p.dst_rows) return;
   const int c = static_cast<int>(p.c);
@@ -66,7 +70,8 @@ absl::Status LaunchPackKvFp8Rows(const PackKvFp8RowsParams& p, const LaunchConte
         absl::StrCat("WriteRows: unsupported size for FP8 rows rows=", p.rows, " c=", p.c));
   }
   if (p.rows == 0 || p.c == 0) return absl::OkStatus();
-  PackKvFp8RowsKernel<<<dim3(static_cast<unsigned>(p.rows)), kThreads, 0, ctx.stream>>>(p);
+  RETURN_IF_ERROR(
+      LaunchProgrammaticDependent(PackKvFp8RowsKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, ctx, p));
   return CheckLaunch("PackKvFp8RowsKernel");
 }
 

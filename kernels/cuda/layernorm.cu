@@ -1,4 +1,5 @@
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "kernels/cuda/layernorm.cuh"
 
 namespace nq::kernels::cuda {
@@ -10,7 +11,8 @@ absl::Status LaunchLayerNorm(const LayerNormParams& p, const LaunchContext& ctx)
   }
   if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>(p.rows));
-  LayerNormKernel<kLayerNormThreads><<<grid, kLayerNormThreads, 0, ctx.stream>>>(p);
+  RETURN_IF_ERROR(
+      LaunchProgrammaticDependent(LayerNormKernel<kLayerNormThreads>, grid, dim3(kLayerNormThreads), 0, ctx, p));
   return CheckLaunch("LayerNormKernel");
 }
 

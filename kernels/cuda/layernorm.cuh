@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace nq::kernels::cuda {
@@ -32,6 +33,10 @@ inline constexpr int kLayerNormThreads = 256;
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     LayerNormKernel(const __grid_constant__ LayerNormParams p) {
+  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
+  // before, and the kernel after may start loading its weights while this one runs.
+  WaitForPrerequisiteGrid();
+  LetDependentsLaunch();
   __shared__ float scratch[kThreads / kWarpSize];
   const std::int64_t offset = blockIdx.x * std::int64_t{p.cols};
   const float* x = p.x + offset;

@@ -7,6 +7,7 @@
 #include "services/common/status_macros.h"
 
 #include "kernels/cuda/launch_dependent.cuh"
+#include "kernels/cuda/reduce.cuh"
 
 namespace nq::kernels::cuda {
 namespace {
@@ -72,21 +73,43 @@ __global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
     }
     __syncthreads();
   }
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float mine = choice[e];
-    int rank = 0;
-    for (int o = 0; o < E && rank < K; ++o) rank += Beats(choice[o], o, mine, e);
-    if (rank < K) chosen[rank] = e;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float sum = 0;
-    for (int j = 0; j < K; ++j) sum += scores[chosen[j]];
+  // The top K by K rounds of a warp's argmax (value, then the lower id), which is the order of
+  // the host's ranking. A thread ranking its expert against all others took a warp through all
+  // E comparisons whenever one of its experts was among the best: 14 us a token at E = 256.
+  if (threadIdx.x < kWarpSize) {
+    const int lane = static_cast<int>(threadIdx.x);
+    std::uint32_t taken = 0;  // bit q: expert lane + 32 q is chosen already (E <= 1024)
     for (int j = 0; j < K; ++j) {
-      float w = scores[chosen[j]];
-      if (p.params.norm_topk_prob) w /= (sum + 1e-20f);
-      p.ids[t * K + j] = chosen[j];
-      p.weights[t * K + j] = w * p.params.routed_scaling_factor;
+      float best = 0;
+      int best_e = -1;
+      for (int q = 0, e = lane; e < E; ++q, e += kWarpSize) {
+        if ((taken >> q) & 1u) continue;
+        const float v = choice[e];
+        if (best_e < 0 || Beats(v, e, best, best_e)) {
+          best = v;
+          best_e = e;
+        }
+      }
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+        const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+        if (other_e >= 0 && (best_e < 0 || Beats(other, other_e, best, best_e))) {
+          best = other;
+          best_e = other_e;
+        }
+      }
+      if (best_e % kWarpSize == lane) taken |= 1u << (best_e / kWarpSize);
+      chosen[j] = best_e;  // the same value in every lane
+    }
+    if (lane == 0) {
+      float sum = 0;
+      for (int j = 0; j < K; ++j) sum += scores[chosen[j]];
+      for (int j = 0; j < K; ++j) {
+        float w = scores[chosen[j]];
+        if (p.params.norm_topk_prob) w /= (sum + 1e-20f);
+        p.ids[t * K + j] = chosen[j];
+        p.weights[t * K + j] = w * p.params.routed_scaling_factor;
+      }
     }
   }
   LetDependentsLaunch();

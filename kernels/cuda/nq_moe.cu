@@ -87,6 +87,7 @@ __device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefet
 __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
   extern __shared__ float chunk[];
   LetTheGemvStart();
+  WaitForPrerequisiteGrid();  // a programmatic dependent of the routing: its experts and x come from before
   const int D = g.cols, t = blockIdx.x, K = static_cast<int>(g.p.top_k), k = blockIdx.z;
   const int n = static_cast<int>(g.p.input.block), c0 = blockIdx.y * n;
   const int a = t * K + k, e = g.p.expert_ids[a];
@@ -174,7 +175,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqRotatePrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(D / p.input.block), static_cast<unsigned>(K));
-    NqRotatePrepKernel<<<grid, ChunkThreads(p.input.block), smem, ctx.stream>>>(prep);
+    RETURN_IF_ERROR(
+        LaunchProgrammaticDependent(NqRotatePrepKernel, grid, dim3(ChunkThreads(p.input.block)), smem, ctx, prep));
     RETURN_IF_ERROR(CheckLaunch("NqRotatePrepKernel"));
   }
   RETURN_IF_ERROR(LaunchNqGemv({.p = p,

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "kernels/cuda/rope.cuh"
 
 namespace nq::kernels::cuda {
@@ -24,9 +25,9 @@ absl::Status LaunchRope(const RopeParams& p, bool interleaved, const LaunchConte
       std::clamp<std::int64_t>(CeilDiv(pairs, kRopeThreads), 1, ctx.num_sms * kBlocksPerSm);
   const dim3 grid(static_cast<unsigned>(blocks));
   if (interleaved) {
-    RopeKernel<true><<<grid, kRopeThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(RopeKernel<true>, grid, dim3(kRopeThreads), 0, ctx, p));
   } else {
-    RopeKernel<false><<<grid, kRopeThreads, 0, ctx.stream>>>(p);
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(RopeKernel<false>, grid, dim3(kRopeThreads), 0, ctx, p));
   }
   return CheckLaunch("RopeKernel");
 }

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/status_macros.h"
 #include "kernels/cuda/rows.cuh"
 
 namespace nq::kernels::cuda {
@@ -18,7 +19,8 @@ absl::Status LaunchFloatsToBf16(const FloatsToBf16Params& p, const LaunchContext
   if (p.count == 0) return absl::OkStatus();
   const std::int64_t blocks =
       std::clamp<std::int64_t>(CeilDiv(p.count, kRowsThreads), 1, ctx.num_sms * kBlocksPerSm);
-  FloatsToBf16Kernel<kRowsThreads><<<dim3(static_cast<unsigned>(blocks)), kRowsThreads, 0, ctx.stream>>>(p);
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(FloatsToBf16Kernel<kRowsThreads>, dim3(static_cast<unsigned>(blocks)),
+                                              dim3(kRowsThreads), 0, ctx, p));
   return CheckLaunch("FloatsToBf16Kernel");
 }
 
@@ -28,7 +30,8 @@ absl::Status LaunchWriteRowsAt(const WriteRowsAtParams& p, const LaunchContext& 
         absl::StrCat("WriteRows: unsupported size rows=", p.rows, " cols=", p.cols, " (device offset required)"));
   }
   if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
-  WriteRowsAtKernel<kRowsThreads><<<dim3(static_cast<unsigned>(p.rows)), kRowsThreads, 0, ctx.stream>>>(p);
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(WriteRowsAtKernel<kRowsThreads>, dim3(static_cast<unsigned>(p.rows)),
+                                              dim3(kRowsThreads), 0, ctx, p));
   return CheckLaunch("WriteRowsAtKernel");
 }
 

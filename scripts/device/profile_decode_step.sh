@@ -9,7 +9,7 @@
 #   run tool: carry [".gpu-cluster", ".hbm"], command "bash scripts/device/profile_decode_step.sh"
 # With bin/cuda_vs_cpu_ops_test in the bundle (NQ_EXTRA_BINS), the decode-step kernels' tests
 # run first (NQ_OPS_FILTER), and under compute-sanitizer memcheck (NQ_OPS_MEMCHECK=0: not; racecheck
-# over NQ_OPS_RACECHECK's filter); with bin/nq_before (a previous
+# over NQ_OPS_RACECHECK's filter; NQ_MEMCHECK_FILTER narrows memcheck's); with bin/nq_before (a previous
 # build), the slice's tokens/s are measured for both, interleaved.
 # With bin/gemv_bench, the dense GEMV at GLM-5 / DeepSeek-V3 shapes (NQ_GEMV_ARGS, default
 # --quick: the automatic split counts only).
@@ -18,7 +18,8 @@
 # NQ_SLICE_DTYPES (default bf16) the --weight-dtype values the slice's tokens/s are measured at (e.g.
 # "bf16 fp8"); NQ_SLICE_VARIANTS extra bench-decode flags per timing, one variant per word, flags
 # joined by commas (e.g. "--device_sampling=true --device_sampling=false");
-# NQ_SLICES the slices (below), e.g. "glm5:4:256:4000 dsv3:4:32:32" for issue #13's two targets.
+# NQ_SLICES the slices (below), e.g. "glm5:4:256:4000 dsv3:4:32:32" for issue #13's two targets;
+# NQ_SLICE_NSYS=1 adds the first slice's step as it runs in its graph (nsys, graph_step_table.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nq-profile-out}"
@@ -35,8 +36,9 @@ if wants ops && [[ -x $B/cuda_vs_cpu_ops_test ]]; then
   $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > "$OUT/ops.txt" 2>&1; echo "== ops ($filter) rc $?"
   grep -E "^\[  (PASSED|FAILED)|FAILED|worst" "$OUT/ops.txt" | head -40
   if [[ "${NQ_OPS_MEMCHECK:-1}" == 1 ]]; then
-    compute-sanitizer --tool memcheck $B/cuda_vs_cpu_ops_test --gtest_filter="$filter" > /tmp/memcheck.txt 2>&1
-    echo "== memcheck rc $?"; tail -2 /tmp/memcheck.txt; grep -m5 -A8 "Invalid\|ERROR SUMMARY: [1-9]" /tmp/memcheck.txt
+    memcheck_filter="${NQ_MEMCHECK_FILTER:-$filter}"  # a smaller set when the whole filter is slow under memcheck
+    compute-sanitizer --tool memcheck $B/cuda_vs_cpu_ops_test --gtest_filter="$memcheck_filter" > /tmp/memcheck.txt 2>&1
+    echo "== memcheck ($memcheck_filter) rc $?"; tail -2 /tmp/memcheck.txt; grep -m5 -A8 "Invalid\|ERROR SUMMARY: [1-9]" /tmp/memcheck.txt
   fi
   if [[ -n "${NQ_OPS_RACECHECK:-}" ]]; then  # a filter of cases small enough for racecheck
     compute-sanitizer --tool racecheck $B/cuda_vs_cpu_ops_test --gtest_filter="$NQ_OPS_RACECHECK" > /tmp/racecheck.txt 2>&1
@@ -117,6 +119,24 @@ if wants slice; then
         done
       done
     done
+    # NQ_SLICE_NSYS=1: the step as it runs in its graph (nsys traces each graph node), for the
+    # first slice: wall time, busy time and the idle time between kernels (graph_step_table.py).
+    nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)"
+    if [[ $first == 1 && "${NQ_SLICE_NSYS:-0}" == 1 && -n "$nsys_bin" ]]; then
+      "$nsys_bin" profile -t cuda --cuda-graph-trace=node --force-overwrite=true -o /tmp/slice_graph \
+        "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+        --prompt-tokens="$context" --decode-tokens=8 --warmup=2 --copy_mb=0 > /tmp/slice_nsys.log 2>&1
+      echo "== nsys slice rc $?"
+      "$nsys_bin" stats --report cuda_gpu_trace --format csv --force-export=true -o /tmp/slice_graph \
+        /tmp/slice_graph.nsys-rep > /tmp/slice_nsys_stats.log 2>&1
+      trace=$(ls /tmp/slice_graph*cuda_gpu_trace*.csv 2>/dev/null | head -n 1)
+      if [[ -n "$trace" ]]; then
+        xz -6 -c "$trace" > "$OUT/slice_graph_trace.csv.xz"
+        python3 scripts/device/graph_step_table.py "$trace" > "$OUT/graph_step.txt" 2>&1; cat "$OUT/graph_step.txt"
+      else
+        echo "no nsys trace:"; tail -5 /tmp/slice_nsys.log /tmp/slice_nsys_stats.log
+      fi
+    fi
     if [[ $first == 1 && "${NQ_SLICE_NCU:-1}" == 1 ]]; then
       profile slice --model="$slice" --release="$slice/release" --expert-bits=2 --weight-dtype=bf16 \
         --prompt-tokens="$context" --decode-tokens=2 --warmup=1

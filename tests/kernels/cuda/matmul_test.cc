@@ -81,6 +81,7 @@ TEST(CudaMatMul, MatchesCpuOnFreshRandomInputs) {
   for (std::int64_t m : {1, 3, 4, 8}) {
     cases.push_back({m, 576, 6144});
     cases.push_back({m, 8, 6144});
+    cases.push_back({m, 256, 6144});
     cases.push_back({m, 130, 6150});
   }
   cases.push_back({1, 6144, 16384});
@@ -129,7 +130,8 @@ TEST(CudaMatMul, SplitsKOnlyWhenTheRowsLeaveTheDeviceIdle) {
   EXPECT_EQ(GemvSplits(128, 8, 132), 2);    // 4096 rows: just short of one per SM
   EXPECT_EQ(GemvSplits(64, 24, 132), 3);    // 2048 rows
   EXPECT_EQ(GemvSplits(18, 24, 132), 8);    // 576 latent rows
-  EXPECT_EQ(GemvSplits(1, 48, 132), 8);     // a router: every split it can have
+  EXPECT_EQ(GemvSplits(8, 48, 132), 8);     // GLM-5's router (256 rows): every split it can have
+  EXPECT_EQ(GemvSplits(1, 48, 132), 8);
   EXPECT_EQ(GemvSplits(1, 3, 132), 3);      // never more splits than column steps
   EXPECT_EQ(GemvSplits(1, 0, 132), 1);
   for (int rows = 1; rows < 2000; rows += 37) {
