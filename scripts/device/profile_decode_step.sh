@@ -122,6 +122,9 @@ if wants slice; then
     # NQ_SLICE_NSYS=1: the step as it runs in its graph (nsys traces each graph node), for the
     # first slice: wall time, busy time and the idle time between kernels (graph_step_table.py).
     nsys_bin="$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -n 1)"
+    if [[ $first == 1 && "${NQ_SLICE_NSYS:-0}" == 1 && -z "$nsys_bin" ]]; then
+      echo "== nsys: not on this machine, no graph trace"
+    fi
     if [[ $first == 1 && "${NQ_SLICE_NSYS:-0}" == 1 && -n "$nsys_bin" ]]; then
       "$nsys_bin" profile -t cuda --cuda-graph-trace=node --force-overwrite=true -o /tmp/slice_graph \
         "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
