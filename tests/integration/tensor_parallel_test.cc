@@ -88,7 +88,9 @@ class TpWorkerProcessesTest : public ServingTest {
     for (ChildProcess* child : children) {
       child->Signal(signal_number);
       absl::StatusOr<int> code = child->WaitForExit(std::chrono::seconds(20));
-      if (signal_number == SIGTERM) EXPECT_TRUE(code.ok() && *code == 0) << child->Log();
+      if (signal_number == SIGTERM) {
+        EXPECT_TRUE(code.ok() && *code == 0) << child->Log();
+      }
     }
     router_.reset();
     worker_.reset();

@@ -131,7 +131,9 @@ TEST(CpuMlaAttentionFp32, MatchesTheFloat64Reference) {
         // Batch invariance: the last query computed alone (a decode step) gives the prefill's
         // row bit for bit (speculative verification relies on it).
         EXPECT_EQ(LastQueryAlone(*fp32, m, in, w, selected, c.top_k), Rows(got, width, m.tokens - 1, 1));
-        if (c.top_k > 0) EXPECT_THAT(Rows(got, width, 1, 1), ::testing::Each(0.0f)) << "a query seeing no key";
+        if (c.top_k > 0) {
+          EXPECT_THAT(Rows(got, width, 1, 1), ::testing::Each(0.0f)) << "a query seeing no key";
+        }
       }
       // The comparison can tell a wrong answer: the same queries over another key set (dense
       // causal for a DSA case, the DSA set for a dense one) differ far beyond the tolerance.

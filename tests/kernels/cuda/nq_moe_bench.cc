@@ -176,7 +176,6 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, Path path, std::int64_t to
   // The path the CUDA backend takes (cuda_backend.cu) and the weight bytes it must read: each
   // distinct expert of each chunk once (decode: 4 tokens; prefill: once per 64-token tile, counted
   // here once per chunk, the floor).
-  const bool prefill = path != Path::kDecode;
   const std::int64_t chunk = path == Path::kDecode          ? cuda::kNqMaxDecodeTokens
                              : path == Path::kGroupedPrefill ? cuda::kNqPrefillChunk
                                                              : cuda::kNqDensePrefillChunk;
