@@ -260,12 +260,15 @@ void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
                  update.generation(), current_step_.load(), table_->ReadySlots().size(), table_->Digest());
   }
   loads_in_flight_.store(update.loads_in_flight());
-  for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
   if (options_.verify_slots) {
     for (const nq::v1::SlotChange& change : update.changes()) {
       if (change.kind() == nq::v1::SlotChange::KIND_READY) CheckAgainstRecord(change.layer(), change.slot(), change.expert());
     }
   }
+  // After the READY checks: one update can make a slot READY and unmap it again (the streamer's
+  // next load took it as its victim before the update went out). The slot is acknowledged below
+  // and the streamer may write it at once, so its hash must not outlive this update.
+  for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
   ready_count_.store(decoder_ == nullptr ? 0 : table_->ReadySlots().size());
   slots_ready_.Set(static_cast<double>(table_->ReadySlots().size()));
   if (unmapped.empty()) return;
