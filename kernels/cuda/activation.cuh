@@ -31,10 +31,7 @@ __device__ __forceinline__ float Silu(float g) { return g / (1.0f + expf(-g)); }
 template <bool kVec4>
 __global__ void __launch_bounds__(kSiluAndMulThreads)
     SiluAndMulKernel(const __grid_constant__ SiluAndMulParams p) {
-  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
-  // before, and the kernel after may start loading its weights while this one runs.
-  WaitForPrerequisiteGrid();
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   constexpr int kVec = kVec4 ? 4 : 1;
   const std::int64_t groups_per_row = p.cols / kVec;
   const std::int64_t total = p.rows * groups_per_row;

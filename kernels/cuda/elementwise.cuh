@@ -28,10 +28,7 @@ inline constexpr int kElementwiseThreads = 256;
 template <bool kVec4>
 __global__ void __launch_bounds__(kElementwiseThreads)
     AddKernel(const __grid_constant__ AddParams p) {
-  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
-  // before, and the kernel after may start loading its weights while this one runs.
-  WaitForPrerequisiteGrid();
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   const std::int64_t stride = std::int64_t{gridDim.x} * blockDim.x;
   const std::int64_t first = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   std::int64_t scalar_begin = 0;

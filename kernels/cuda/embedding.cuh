@@ -35,10 +35,7 @@ inline constexpr int kEmbeddingThreads = 256;
 template <typename T>
 __global__ void __launch_bounds__(kEmbeddingThreads)
     EmbeddingKernel(const __grid_constant__ EmbeddingParams p) {
-  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
-  // before, and the kernel after may start loading its weights while this one runs.
-  WaitForPrerequisiteGrid();
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   const std::int64_t t = blockIdx.x;
   const std::int64_t id = p.ids[t];
   float* out = p.out + t * p.dim;

@@ -98,10 +98,7 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ int warp_sums[kSelectWarps + 1];
   __shared__ DigitChoice choice_slot;
   __shared__ int base_slot[2];
-  // A programmatic dependent of the scores kernel: every block waits before anything (also before
-  // the early return, so this kernel never completes ahead of the one it follows).
-  WaitForPrerequisiteGrid();
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();  // of the scores kernel
   const int t = blockIdx.y;
   const int visible = IndexerStart(p) + t + 1;
   const int first = blockIdx.x * kFilterKeysPerBlock;
@@ -235,8 +232,7 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   __shared__ int warp_sums[kSelectWarps + 1];
   __shared__ DigitChoice choice_slot;
   __shared__ ResolveState st;
-  WaitForPrerequisiteGrid();  // a programmatic dependent of the filter
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();  // of the filter
   const int t = blockIdx.x;
   const int visible = IndexerStart(p) + t + 1;
   if (visible <= p.top_k) {  // block-uniform, before any barrier

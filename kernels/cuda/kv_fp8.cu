@@ -24,8 +24,7 @@ __device__ __forceinline__ std::uint8_t E4M3Code(float v) {
 }
 
 __global__ void __launch_bounds__(kThreads) PackKvFp8RowsKernel(const __grid_constant__ PackKvFp8RowsParams p) {
-  WaitForPrerequisiteGrid();  // programmatic dependent: inputs from the kernel before
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   const std::int64_t row = (p.row_offset != nullptr ? std::int64_t{*p.row_offset} : p.first_row) + blockIdx.x;
   if (row < 0 || row >= p.dst_rows) return;
   const int c = static_cast<int>(p.c);

@@ -37,5 +37,12 @@ absl::Status LaunchProgrammaticDependent(void (*kernel)(Params...), dim3 grid, d
 __device__ __forceinline__ void WaitForPrerequisiteGrid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // Let the next kernel, if launched that way, start now (it still waits for this one to finish).
 __device__ __forceinline__ void LetDependentsLaunch() { asm volatile("griddepcontrol.launch_dependents;"); }
+// The prologue of a small kernel launched that way that has nothing to do before its inputs:
+// wait for them first thing (every block, before any early return, so the kernel never completes
+// ahead of the one it follows), then let the next kernel launch and load its weights meanwhile.
+__device__ __forceinline__ void StartAsProgrammaticDependent() {
+  WaitForPrerequisiteGrid();
+  LetDependentsLaunch();
+}
 
 }  // namespace nq::kernels::cuda

@@ -33,10 +33,7 @@ inline constexpr int kLayerNormThreads = 256;
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     LayerNormKernel(const __grid_constant__ LayerNormParams p) {
-  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
-  // before, and the kernel after may start loading its weights while this one runs.
-  WaitForPrerequisiteGrid();
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   __shared__ float scratch[kThreads / kWarpSize];
   const std::int64_t offset = blockIdx.x * std::int64_t{p.cols};
   const float* x = p.x + offset;

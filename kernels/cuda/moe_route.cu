@@ -91,8 +91,8 @@ __global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
         }
       }
       for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int other_e = __shfl_xor_sync(0xffffffffu, best_e, offset);
+        const float other = __shfl_xor_sync(kFullWarpMask, best, offset);
+        const int other_e = __shfl_xor_sync(kFullWarpMask, best_e, offset);
         if (other_e >= 0 && (best_e < 0 || Beats(other, other_e, best, best_e))) {
           best = other;
           best_e = other_e;

@@ -36,10 +36,7 @@ inline constexpr int kRopeThreads = 256;
 
 template <bool kInterleaved>
 __global__ void __launch_bounds__(kRopeThreads) RopeKernel(const __grid_constant__ RopeParams p) {
-  // Launched as a programmatic dependent (launch_dependent.cuh): its inputs come from the kernel
-  // before, and the kernel after may start loading its weights while this one runs.
-  WaitForPrerequisiteGrid();
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   const int half = p.rotary / 2;
   const std::int64_t pairs_per_token = std::int64_t{p.heads} * half;
   const std::int64_t total = p.tokens * pairs_per_token;

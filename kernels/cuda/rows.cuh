@@ -76,8 +76,7 @@ inline constexpr int kRowsThreads = 256;
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     FloatsToBf16Kernel(const __grid_constant__ FloatsToBf16Params p) {
-  WaitForPrerequisiteGrid();  // programmatic dependent: inputs from the kernel before
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   const std::int64_t stride = std::int64_t{gridDim.x} * kThreads;
   for (std::int64_t i = blockIdx.x * std::int64_t{kThreads} + threadIdx.x; i < p.count; i += stride) {
     p.out[i] = ToBf16(__ldg(p.src + i));
@@ -87,8 +86,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     WriteRowsAtKernel(const __grid_constant__ WriteRowsAtParams p) {
-  WaitForPrerequisiteGrid();  // programmatic dependent: inputs from the kernel before
-  LetDependentsLaunch();
+  StartAsProgrammaticDependent();
   const std::int64_t row = std::int64_t{*p.row_offset} + blockIdx.x;
   if (row < 0 || row >= p.dst_rows) return;
   const float* src = p.src + blockIdx.x * p.cols;

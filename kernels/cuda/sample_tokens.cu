@@ -129,21 +129,15 @@ __device__ __forceinline__ unsigned long long WeightOf(const RowContext& r, std:
   return r.weights != nullptr ? r.weights[i - r.begin] : ComputeWeight(r, key, logit);
 }
 
-// Every block's `value` (thread 0's) into s.gathered_best / s.gathered, indexed by rank. Ends on a
-// cluster barrier, after which no block reads another's slot: the slot may be written again.
-__device__ void ShareAcrossCluster(Shared& s, const Best& value) {
+// Every block's `value` (thread 0's, through `slot` in each block's shared memory) into
+// `gathered`, indexed by rank. Ends on a cluster barrier, after which no block reads another's
+// slot: the slot may be written again.
+template <typename T>
+__device__ void ShareAcrossCluster(T& slot, T (&gathered)[kClusterBlocks], const T& value) {
   cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) s.best_slot = value;
+  if (threadIdx.x == 0) slot = value;
   cluster.sync();
-  if (threadIdx.x < kClusterBlocks) s.gathered_best[threadIdx.x] = *cluster.map_shared_rank(&s.best_slot, threadIdx.x);
-  cluster.sync();
-}
-
-__device__ void ShareAcrossCluster(Shared& s, unsigned long long value) {
-  cg::cluster_group cluster = cg::this_cluster();
-  if (threadIdx.x == 0) s.sum_slot = value;
-  cluster.sync();
-  if (threadIdx.x < kClusterBlocks) s.gathered[threadIdx.x] = *cluster.map_shared_rank(&s.sum_slot, threadIdx.x);
+  if (threadIdx.x < kClusterBlocks) gathered[threadIdx.x] = *cluster.map_shared_rank(&slot, threadIdx.x);
   cluster.sync();
 }
 
@@ -250,7 +244,7 @@ __device__ bool Select(const RowContext& r, Shared& s, bool by_weight, const Cut
   for (std::int32_t i = first; i < end; ++i) count += SampleKey(r.row[i]) == prefix && InCut(prefix, i, cut);
   unsigned long long before = 0, block_total = 0;
   Scan(s.cub.scan).ExclusiveSum(count, before, block_total);
-  ShareAcrossCluster(s, block_total);
+  ShareAcrossCluster(s.sum_slot, s.gathered, block_total);
   for (int b = 0; b < rank; ++b) before += s.gathered[b];
   if (count > 0 && before <= j && j < before + count) {
     unsigned long long seen = before;
@@ -301,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) SampleTokensKernel(SampleTokensLaunc
     }
   });
   best = BestReduce(s.cub.best).Reduce(best, BetterOf());
-  ShareAcrossCluster(s, best);
+  ShareAcrossCluster(s.best_slot, s.gathered_best, best);
   best = Best{-INFINITY, -1};
   for (int b = 0; b < kClusterBlocks; ++b) best = BetterOf()(best, s.gathered_best[b]);
   std::int32_t id = best.id;
@@ -329,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) SampleTokensKernel(SampleTokensLaunc
     if constexpr (kCached) r.weights = weights;
     if (p.top_p < 1) {
       sum = SumReduce(s.cub.sum).Sum(sum);
-      ShareAcrossCluster(s, sum);  // also the barrier after which the cached weights are read
+      ShareAcrossCluster(s.sum_slot, s.gathered, sum);  // also the barrier after which the cached weights are read
       unsigned long long total = 0;
       for (int b = 0; b < kClusterBlocks; ++b) total += s.gathered[b];
       const unsigned long long point = SampleTopPPoint(p.top_p, total);
