@@ -18,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/tensor_io.h"
@@ -450,22 +451,31 @@ TEST_F(SlotProtocolTest, RunsAtFourBitIsSafeToReadWhileUpdatesApply) {
   ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
   std::atomic<bool> done{false};
   std::atomic<uint64_t> reads{0}, four_bit{0};
+  // The reader sweeps every expert, then yields briefly, as the statistics reader does between
+  // steps: a sweep without pause holds the table's mutex nearly always, and on a loaded 2-core
+  // machine (CI runs tests side by side) it starved the session thread's updates for seconds.
   std::thread reader([&] {
     while (!done.load()) {
       for (uint32_t e = 0; e < kExperts; ++e) {
         four_bit += runtime_->RunsAtFourBit(kMoeLayer, static_cast<int32_t>(e)) ? 1 : 0;
         ++reads;
       }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   });
+  // Joined on every path: a failed ASSERT below returns early, and a joinable std::thread
+  // destroyed there would terminate the test binary instead of reporting the failure.
+  absl::Cleanup stop_reader = [&] {
+    done.store(true);
+    if (reader.joinable()) reader.join();
+  };
   std::mt19937 rng(11);
   for (int i = 0; i < 6; ++i) {
     const uint32_t base = static_cast<uint32_t>(4 * (i % 3));
     client_->EnqueueRoutingReport(Report({base, base + 1, base + 2, base + 3}, rng, 16 * static_cast<uint64_t>(i)));
   }
-  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(10)));
-  done.store(true);
-  reader.join();
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(30)));
+  std::move(stop_reader).Invoke();
   EXPECT_GT(reads.load(), 0u);
   EXPECT_GT(four_bit.load(), 0u) << "the fixed set runs at 4 bits throughout";
   client_->Stop();  // no more updates: the table is quiet
@@ -746,10 +756,13 @@ TEST_F(SlotProtocolTest, LiveKldRunsThroughTheStreamerAndBeatsTheFixedSet) {
 }
 
 TEST_F(SlotProtocolTest, LiveKldWithoutAStreamerIsUnavailable) {
-  eval::KldRequest request{.teacher_dir = kModel, .release_dir = release_dir_, .window = 32, .slots = 2};
-  request.mode = eval::KldMode::kLive;
-  request.domains.push_back({.name = "x", .sequences = {{1, 2, 3, 4}}});
-  request.streamer_address = "127.0.0.1:1";
+  eval::KldRequest request{.teacher_dir = kModel,
+                           .release_dir = release_dir_,
+                           .mode = eval::KldMode::kLive,
+                           .window = 32,
+                           .slots = 2,
+                           .domains = {{.name = "x", .sequences = {{1, 2, 3, 4}}}},
+                           .streamer_address = "127.0.0.1:1"};
   EXPECT_EQ(eval::EvaluateKld(request).status().code(), absl::StatusCode::kUnavailable);
 }
 
