@@ -65,6 +65,16 @@ struct Guarded {
   }
 };
 
+// Abseil's deadlock detector (on in Debian's build) records every mutex in one global graph
+// guarded by a spinlock inside the library, which TSan cannot see either: the graph's updates
+// from two threads would be reported as a race inside libabsl_graphcycles_internal, whatever our
+// code does. It is switched off in this binary only; it judges lock order, not data races, and
+// the services keep it.
+const bool kAbslDeadlockDetectionOff = [] {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return true;
+}();
+
 }  // namespace
 
 namespace absl {
