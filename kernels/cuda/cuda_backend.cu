@@ -123,6 +123,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   std::string DeviceDescription() const override { return description_; }
+  cudaStream_t stream() const { return pool_->stream(); }
 
   absl::Status Synchronize() override {
     RETURN_IF_ERROR(RefuseWhileCapturing("Synchronize"));
@@ -723,6 +724,11 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+void* NativeStream(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda != nullptr ? static_cast<void*>(cuda->stream()) : nullptr;
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   int count = 0;

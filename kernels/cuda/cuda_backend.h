@@ -15,4 +15,9 @@ namespace nq::kernels::cuda {
 // architecture); InvalidArgumentError for an ordinal out of range.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
 
+// The cudaStream_t `backend`'s ops run on, or null when it is not a CUDA backend. For the
+// tensor-parallel collectives (NCCL), which must enqueue on the same stream to order with the
+// model's kernels and to be captured with them (services/worker/tp_nccl.h).
+void* NativeStream(const Backend& backend);
+
 }  // namespace nq::kernels::cuda

@@ -46,6 +46,7 @@
 #include "services/worker/streamer_client.h"
 #include "services/worker/tp_follower.h"
 #include "services/worker/tp_leader.h"
+#include "services/worker/tp_transport.h"
 #include "services/worker/worker_service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1",
@@ -59,8 +60,9 @@ ABSL_FLAG(std::string, metrics_host, "",
 ABSL_FLAG(std::string, streamer_address, "127.0.0.1:8200", "host:port of nq-streamer");
 ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker");
 ABSL_FLAG(int, world_size, 1,
-          "Tensor-parallel world size: ranks 0..W-1 run as processes on one host (CPU backend: shared memory); "
-          "rank 0 serves the router, the others follow it");
+          "Tensor-parallel world size: ranks 0..W-1 run as processes on one host (collectives over shared memory "
+          "on the cpu backend, over NCCL on cuda, one GPU per rank: --gpu); rank 0 serves the router, the others "
+          "follow it");
 ABSL_FLAG(std::string, leader_address, "127.0.0.1:8100",
           "Ranks > 0: host:port of rank 0's gRPC server; its port names the group (see --tp_group)");
 ABSL_FLAG(std::string, tp_group, "",
@@ -70,7 +72,9 @@ ABSL_FLAG(double, tp_timeout_s, 60,
           "Tensor parallelism: a collective whose ranks do not all arrive within this many seconds fails the "
           "request and breaks the group (a dead rank is detected at once, not after this)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
-ABSL_FLAG(int, gpu, 0, "With --backend cuda: the CUDA device ordinal this worker runs on (as CUDA_VISIBLE_DEVICES numbers them)");
+ABSL_FLAG(int, gpu, 0,
+          "With --backend cuda: the CUDA device ordinal this worker runs on (as CUDA_VISIBLE_DEVICES numbers them); "
+          "with --world_size > 1 each rank needs its own (NCCL refuses two ranks on one GPU)");
 ABSL_FLAG(std::string, model, "", "HF checkpoint directory to serve (config.json + safetensors); empty serves none");
 ABSL_FLAG(std::string, served_model_name, "", "Model id reported to the router (default: the model directory's name)");
 ABSL_FLAG(std::string, release, "",
@@ -264,11 +268,12 @@ absl::Status CheckFlags() {
     if (absl::GetFlag(FLAGS_model).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--world_size=", world, " needs --model (ranks shard a model)"));
     }
-    if (absl::GetFlag(FLAGS_backend) != "cpu") {
+    // CPU: the group's shared memory carries the collectives; CUDA: NCCL (tp_transport.h).
+    if (const std::string backend = absl::GetFlag(FLAGS_backend); backend != "cpu" && !HaveNcclDataPlane()) {
       return absl::UnimplementedError(absl::StrCat(
-          "--world_size=", world, " --backend=", absl::GetFlag(FLAGS_backend),
-          ": worker processes run tensor parallelism on the cpu backend only (shared memory); the NCCL "
-          "communicator (kernels/comm/nccl_communicator.h) is not wired into the worker yet (issue #18)"));
+          "--world_size=", world, " --backend=", backend,
+          ": this nq-worker was built without NCCL, which tensor parallelism on the GPU runs over; build the "
+          "cuda preset where libnccl is found (worker processes on the cpu backend use shared memory)"));
     }
   }
   return absl::OkStatus();
@@ -323,8 +328,9 @@ absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std:
 
 // What this rank's group is called and must agree on (services/worker/tp_identity.h).
 absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const release::ReleaseExpertDecoder* decoder,
-                                         const std::atomic<bool>* stop) {
+                                         const std::atomic<bool>* stop, const TpDataPlaneFactory* data_plane) {
   TpGroupOptions options;
+  options.data_plane = data_plane;
   ASSIGN_OR_RETURN(options.shm_name, TpGroupName());
   options.rank = absl::GetFlag(FLAGS_rank);
   options.collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_tp_timeout_s));
@@ -399,9 +405,10 @@ absl::StatusOr<FollowerSlots> StartFollowerSlots(model::Model& model, const rele
 // (StartFollowerSlots); with static bits, neither.
 absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCommunicator& group,
                          const std::string& model_id, const release::ReleaseExpertDecoder* decoder,
-                         bool dynamic_experts, std::shared_ptr<const InternalTls> tls) {
+                         bool dynamic_experts, std::shared_ptr<const InternalTls> tls,
+                         const TpDataPlaneFactory* data_plane) {
   std::atomic<bool> stop{false};
-  ASSIGN_OR_RETURN(const TpGroupOptions options, TpOptions(model_id, decoder, &stop));
+  ASSIGN_OR_RETURN(const TpGroupOptions options, TpOptions(model_id, decoder, &stop, data_plane));
   metrics::Registry& registry = metrics::Registry::Default();
   FollowerSlots slots;
   if (dynamic_experts) {
@@ -466,9 +473,14 @@ absl::Status Run(ShutdownSignal& shutdown) {
   std::unique_ptr<release::ReleaseExpertDecoder> decoder;
   bool dynamic_experts = false;
   std::string model_id = absl::GetFlag(FLAGS_served_model_name);
-  // With W > 1 the model's collectives go through the group rank 0 forms (and re-forms).
+  // With W > 1 the model's collectives go through the group rank 0 forms (and re-forms), over
+  // its shared memory (CPU) or NCCL on this backend's stream (CUDA).
   std::unique_ptr<GroupCommunicator> group;
-  if (world > 1) group = std::make_unique<GroupCommunicator>(rank, world);
+  std::unique_ptr<TpDataPlaneFactory> data_plane;
+  if (world > 1) {
+    group = std::make_unique<GroupCommunicator>(rank, world);
+    ASSIGN_OR_RETURN(data_plane, TpDataPlaneFor(*backend, gpu, absl::Seconds(absl::GetFlag(FLAGS_tp_timeout_s))));
+  }
   if (const std::string dir = absl::GetFlag(FLAGS_model); !dir.empty()) {
     if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
     const auto started = std::chrono::steady_clock::now();
@@ -507,7 +519,9 @@ absl::Status Run(ShutdownSignal& shutdown) {
   } else if (!absl::GetFlag(FLAGS_release).empty()) {
     return absl::InvalidArgumentError("--release needs --model");
   }
-  if (rank > 0) return RunFollower(shutdown, *model, *group, model_id, decoder.get(), dynamic_experts, tls);
+  if (rank > 0) {
+    return RunFollower(shutdown, *model, *group, model_id, decoder.get(), dynamic_experts, tls, data_plane.get());
+  }
   ASSIGN_OR_RETURN(SlotGeometry geometry,
                    GeometryFromFlags(decoder.get(), model != nullptr ? &model->config() : nullptr, dynamic_experts));
   if (decoder != nullptr) {
@@ -586,7 +600,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   // table registers again, so the streamer adopts the empty table.
   std::atomic<StreamerClient*> resync_streamer{nullptr};
   if (world > 1) {
-    ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop));
+    ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop, data_plane.get()));
     // on_ready is set below, once the servers it drives exist; the manager starts after that.
     auto& formed = registry.Gauge("nq_worker_tp_group_ready", "1 while this leader's tensor-parallel group is formed")
                        .Get();

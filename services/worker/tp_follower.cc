@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/metrics/buckets.h"
+#include "services/common/metrics/registry.h"
 #include "services/common/status_macros.h"
 #include "services/worker/step_command.h"
 
@@ -14,6 +16,17 @@ namespace {
 
 // How often a rank without a group looks for one.
 constexpr absl::Duration kAttachPoll = absl::Milliseconds(50);
+// How often the data plane's watchdog looks at the ranks and the transport (tp_leader.cc's).
+constexpr absl::Duration kDataPlaneWatch = absl::Milliseconds(50);
+
+metrics::Histogram& StepCollectiveSeconds() {
+  return metrics::Registry::Default()
+      .Histogram("nq_worker_tp_step_collective_seconds",
+                 "Time inside tensor-parallel collectives during one decode step (compare "
+                 "nq_worker_step_seconds{phase=\"decode\"} for the share of a step spent communicating)",
+                 metrics::ExponentialBuckets(1e-5, 2, 18))
+      .Get();
+}
 
 }  // namespace
 
@@ -49,12 +62,35 @@ absl::Status TpFollower::Run() {
     // a slot table every rank holds alike (the leader clears its own when it forms the group).
     model_->ResetCache();
     if (slots_ != nullptr) (void)slots_->ResetForNewGroup();
-    group_->Set(comm->get());
+    // On CUDA the model's collectives run over NCCL: rank 0's unique id arrives over the segment.
+    std::unique_ptr<TpDataPlane> plane;
+    std::unique_ptr<TpWatchdog> watchdog;
+    if (options_.data_plane != nullptr) {
+      absl::StatusOr<std::unique_ptr<TpDataPlane>> joined_plane =
+          FollowDataPlane(*options_.data_plane, **comm, options_.collective_timeout);
+      if (!joined_plane.ok()) {
+        // A refused bootstrap, or a join NCCL calls invalid usage (two ranks on one GPU): retrying
+        // cannot cure either.
+        if (joined_plane.status().code() == absl::StatusCode::kFailedPrecondition ||
+            joined_plane.status().code() == absl::StatusCode::kInvalidArgument) {
+          return Annotate(joined_plane.status(), absl::StrCat("rank ", options_.rank, " refused by tensor-parallel group ",
+                                                              options_.shm_name));
+        }
+        spdlog::warn("rank {}: tensor-parallel group {} (generation {}): {}; waiting for the next", options_.rank,
+                     options_.shm_name, (*comm)->generation(), joined_plane.status().ToString());
+        continue;
+      }
+      plane = *std::move(joined_plane);
+      watchdog = std::make_unique<TpWatchdog>(comm->get(), plane.get(), kDataPlaneWatch);
+    }
+    group_->Set(plane != nullptr ? static_cast<kernels::Communicator*>(plane.get()) : comm->get());
     spdlog::info("rank {}: joined tensor-parallel group {} (generation {}) of {} ranks", options_.rank,
                  options_.shm_name, (*comm)->generation(), options_.identity.world_size);
     on_joined_(true);
-    const absl::Status why = Follow(**comm);
+    const absl::Status why = Follow(**comm, plane.get());
     group_->Set(nullptr);
+    watchdog.reset();
+    plane.reset();
     on_joined_(false);
     if (why.code() == absl::StatusCode::kCancelled) break;
     spdlog::warn("rank {}: left tensor-parallel group (generation {}): {}; waiting for the next", options_.rank,
@@ -64,7 +100,7 @@ absl::Status TpFollower::Run() {
   return absl::OkStatus();
 }
 
-absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm) {
+absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm, TpDataPlane* plane) {
   std::vector<std::byte> header(kStepCommandHeaderBytes);
   for (;;) {
     // Between requests the leader sends nothing: wait as long as the group lives.
@@ -87,6 +123,12 @@ absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm) {
       } else {
         applied = ApplyStepCommand(*command, *model_);
       }
+    }
+    // A step whose collectives an aborted data plane cut short computed garbage: say why.
+    if (applied.ok() && plane != nullptr) applied = plane->Health();
+    const double collective_seconds = group_->TakeCollectiveSeconds();
+    if (applied.ok() && command->op == StepCommand::Op::kForward && command->step > 0) {
+      StepCollectiveSeconds().Observe(collective_seconds);
     }
     if (!applied.ok()) {
       // The leader's collectives would wait for this rank in vain: break the group with why.

@@ -3,7 +3,9 @@
 // each command the leader broadcasts (step_command.h) on its own shard, so its collectives pair
 // with the leader's. When the group breaks (the leader or another rank died or left) it resets
 // its cache and waits for the next group; a refusal (another world size, release, model...)
-// ends Run() with the reason, since waiting cannot cure it.
+// ends Run() with the reason, since waiting cannot cure it. On CUDA each group also forms its NCCL
+// data plane (tp_data_plane.h) from the unique id rank 0 sends; a bootstrap this rank cannot use
+// (another NCCL version, transport or world size) is a refusal too.
 #pragma once
 
 #include <functional>
@@ -12,6 +14,7 @@
 #include "kernels/comm/shm_communicator.h"
 #include "services/model/model.h"
 #include "services/worker/group_communicator.h"
+#include "services/worker/tp_data_plane.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/tp_group_options.h"
 
@@ -30,8 +33,9 @@ class TpFollower {
   absl::Status Run();
 
  private:
-  // Runs the leader's commands until the group breaks; returns why.
-  absl::Status Follow(kernels::ShmCommunicator& comm);
+  // Runs the leader's commands until the group breaks; returns why. `plane`: the group's data
+  // plane (null when the collectives run on `comm`).
+  absl::Status Follow(kernels::ShmCommunicator& comm, TpDataPlane* plane);
 
   const TpGroupOptions options_;
   GroupCommunicator* const group_;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "services/worker/tp_data_plane.h"
 #include "services/worker/tp_identity.h"
 
 namespace nq::worker {
@@ -18,6 +19,10 @@ struct TpGroupOptions {
   // A collective whose peers do not all arrive within this breaks the group (a stuck rank).
   absl::Duration collective_timeout = absl::Seconds(60);
   const std::atomic<bool>* stop = nullptr;  // set on shutdown
+  // Null: the model's collectives run on the shared-memory group itself (the CPU backend). Set
+  // (the CUDA backend): each formed group also forms this data plane (NCCL), and the model's
+  // collectives run on it (tp_data_plane.h). Outlives the leader or follower.
+  const TpDataPlaneFactory* data_plane = nullptr;
 };
 
 }  // namespace nq::worker

@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/metrics/buckets.h"
+#include "services/common/metrics/registry.h"
 #include "services/common/status_macros.h"
 
 namespace nq::worker {
@@ -16,6 +18,26 @@ constexpr absl::Duration kJoinSlice = absl::Milliseconds(200);
 // How often an idle formed group is checked for dead ranks.
 constexpr absl::Duration kWatchInterval = absl::Milliseconds(100);
 constexpr absl::Duration kWaitingLogInterval = absl::Seconds(10);
+// How often the data plane's watchdog looks at the ranks and the transport during a sequence
+// (the manager cannot: a sequence holds its mutex). A dead rank's step is aborted within this.
+constexpr absl::Duration kDataPlaneWatch = absl::Milliseconds(50);
+
+metrics::Histogram& StepCollectiveSeconds() {
+  return metrics::Registry::Default()
+      .Histogram("nq_worker_tp_step_collective_seconds",
+                 "Time inside tensor-parallel collectives during one decode step (compare "
+                 "nq_worker_step_seconds{phase=\"decode\"} for the share of a step spent communicating)",
+                 metrics::ExponentialBuckets(1e-5, 2, 18))
+      .Get();
+}
+
+metrics::Histogram& CommandSeconds() {
+  return metrics::Registry::Default()
+      .Histogram("nq_worker_tp_command_seconds",
+                 "Time rank 0 spends sending one step command to the other ranks (before the step's forward)",
+                 metrics::ExponentialBuckets(1e-5, 2, 18))
+      .Get();
+}
 
 }  // namespace
 
@@ -26,8 +48,40 @@ TpLeader::~TpLeader() {
   stopping_ = true;
   if (manager_.joinable()) manager_.join();
   std::lock_guard<std::mutex> lock(mu_);
+  Dissolve();  // breaks the group: the followers go back to waiting for one
+}
+
+void TpLeader::Dissolve() {
   group_->Set(nullptr);
-  comm_.reset();  // breaks the group: the followers go back to waiting for one
+  watchdog_.reset();
+  plane_.reset();
+  comm_.reset();
+}
+
+absl::Status TpLeader::GroupAlive() {
+  RETURN_IF_ERROR(comm_->PeersAlive());
+  if (plane_ != nullptr) RETURN_IF_ERROR(plane_->Health());
+  return absl::OkStatus();
+}
+
+bool TpLeader::FormDataPlane() {
+  absl::StatusOr<std::unique_ptr<TpDataPlane>> plane =
+      LeadDataPlane(*options_.data_plane, *comm_, options_.collective_timeout);
+  for (const std::string& refusal : comm_->TakeRefusals()) {
+    spdlog::error("tensor-parallel group {}: refused {}", options_.shm_name, refusal);
+  }
+  if (!plane.ok()) {
+    waiting_for_ = std::string(plane.status().message());
+    spdlog::error("tensor-parallel group {} (generation {}): {}; forming a new one", options_.shm_name, generation_,
+                  plane.status().ToString());
+    Dissolve();
+    return false;
+  }
+  plane_ = *std::move(plane);
+  watchdog_ = std::make_unique<TpWatchdog>(comm_.get(), plane_.get(), kDataPlaneWatch);
+  spdlog::info("tensor-parallel group {} (generation {}): collectives over {}", options_.shm_name, generation_,
+               std::string(TpTransportName(options_.data_plane->transport)));
+  return true;
 }
 
 void TpLeader::Start() { manager_ = std::thread([this] { Manage(); }); }
@@ -71,10 +125,11 @@ void TpLeader::Tick() {
       spdlog::error("tensor-parallel group {}: refused {}", options_.shm_name, refusal);
     }
     if (joined.ok()) {
+      if (options_.data_plane != nullptr && !FormDataPlane()) return;
       ready_ = true;
       fresh_ = true;
       waiting_for_.clear();
-      group_->Set(comm_.get());
+      group_->Set(plane_ != nullptr ? static_cast<kernels::Communicator*>(plane_.get()) : comm_.get());
       spdlog::info("tensor-parallel group {} (generation {}) formed: {} ranks", options_.shm_name, generation_, world);
       on_ready_(true);
       return;
@@ -89,13 +144,12 @@ void TpLeader::Tick() {
     }
     return;
   }
-  if (const absl::Status alive = comm_->PeersAlive(); !alive.ok()) {
+  if (const absl::Status alive = GroupAlive(); !alive.ok()) {
     spdlog::error("tensor-parallel group {} (generation {}): {}; not serving until it re-forms", options_.shm_name,
                   generation_, std::string(alive.message()));
     waiting_for_ = std::string(alive.message());
     ready_ = false;
-    group_->Set(nullptr);
-    comm_.reset();
+    Dissolve();
     on_ready_(false);
   }
 }
@@ -107,7 +161,7 @@ absl::StatusOr<TpLeader::Lease> TpLeader::Acquire() {
                                                " ranks is not formed (", waiting_for_, ")"));
   }
   // A group that broke since the manager's last look: fail now, not in the first collective.
-  RETURN_IF_ERROR(comm_->PeersAlive());
+  RETURN_IF_ERROR(GroupAlive());
   const bool fresh = std::exchange(fresh_, false);
   return Lease(std::move(lock), fresh);
 }
@@ -115,12 +169,21 @@ absl::StatusOr<TpLeader::Lease> TpLeader::Acquire() {
 absl::Status TpLeader::Mirror(const StepCommand& command) {
   // Called under a Lease: comm_ is the formed group.
   if (comm_ == nullptr || !ready_) return absl::UnavailableError("the tensor-parallel group is not formed");
+  // The step boundary: what the previous command spent in collectives, when it was a decode step.
+  const double collective_seconds = group_->TakeCollectiveSeconds();
+  if (std::exchange(last_was_decode_, command.op == StepCommand::Op::kForward && command.step > 0)) {
+    StepCollectiveSeconds().Observe(collective_seconds);
+  }
+  // A data plane aborted mid-step (a rank died) fails the next step here, by name.
+  if (plane_ != nullptr) RETURN_IF_ERROR(plane_->Health());
+  const auto started = absl::Now();
   std::vector<std::byte> header = EncodeStepHeader(command);
   RETURN_IF_ERROR(comm_->BroadcastBytes(header, 0, options_.collective_timeout));
   if (!command.tokens.empty() || !command.slot_updates.empty()) {
     std::vector<std::byte> payload = EncodeStepPayload(command);
     RETURN_IF_ERROR(comm_->BroadcastBytes(payload, 0, options_.collective_timeout));
   }
+  CommandSeconds().Observe(absl::ToDoubleSeconds(absl::Now() - started));
   return absl::OkStatus();
 }
 

@@ -7,6 +7,9 @@
 // (robust alive locks: a SIGKILLed rank is seen at once) and the per-step commands (a
 // BroadcastBytes round) ride on it with no second transport to secure, time out and keep in
 // step. Ranks on other hosts (NCCL) would need a network rendezvous; that is not built.
+// On CUDA the model's collectives run over NCCL (tp_data_plane.h): each group the manager forms
+// also gets a new NCCL communicator, whose unique id travels over the segment, and a watchdog
+// that aborts it when a rank dies mid-step.
 //
 // A manager thread forms the group (creates the segment, waits for ranks 1..W-1 to join),
 // watches it while idle, and re-forms it when a rank dies or leaves: meanwhile `on_ready(false)`
@@ -60,6 +63,13 @@ class TpLeader final : public StepMirror {
   void Manage();
   // One pass of the manager (mu_ held): form, or check the formed group.
   void Tick();
+  // Forms the data plane of the group that just became ready (mu_ held). False on failure: the
+  // group is dissolved and re-formed.
+  bool FormDataPlane();
+  // Forgets the group (mu_ held): the model's pointer first, then the watchdog, plane, segment.
+  void Dissolve();
+  // Health of the formed group: the ranks' liveness, and the data plane's transport.
+  absl::Status GroupAlive();
 
   const TpGroupOptions options_;
   GroupCommunicator* const group_;
@@ -68,12 +78,18 @@ class TpLeader final : public StepMirror {
   std::thread manager_;
 
   std::mutex mu_;  // held by the manager for a pass, by a Lease for a sequence
+  // Group state; torn down in this order by Dissolve (the watchdog watches the two others).
   std::unique_ptr<kernels::ShmCommunicator> comm_;
+  std::unique_ptr<TpDataPlane> plane_;  // with options_.data_plane only
+  std::unique_ptr<TpWatchdog> watchdog_;
   bool ready_ = false;
   bool fresh_ = false;
   uint64_t generation_ = 0;
   std::string waiting_for_;  // why the group is not formed (for Acquire's error)
   absl::Time last_waiting_log_ = absl::InfinitePast();
+  // Whether the last mirrored command was a decode step (kForward past the prefill): its collectives' time is observed at
+  // the next Mirror (the step boundary the leader sees).
+  bool last_was_decode_ = false;
 };
 
 }  // namespace nq::worker

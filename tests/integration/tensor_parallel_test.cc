@@ -295,7 +295,11 @@ TEST_F(TpWorkerProcessesTest, UnsupportedCombinationsAreRefusedAtStartByName) {
   };
   const std::vector<Case> cases = {
       {{"--world_size=2"}, "--world_size=2 needs --model"},
-      {{"--world_size=2", tiny, "--backend=cuda"}, "cpu backend only"},
+#if !defined(NQ_WORKER_HAS_NCCL)
+      // Ranks on the GPU run their collectives over NCCL: a build without it refuses them at start
+      // (a build with it forms the group; scripts/device/run_nccl_single_rank.sh runs it).
+      {{"--world_size=2", tiny, "--backend=cuda"}, "this nq-worker was built without NCCL"},
+#endif
       {{"--world_size=2", tiny, "--tp_timeout_s=0"}, "tp_timeout_s"},
       {{"--world_size=2", "--rank=1", tiny, "--leader_address=nohostport"}, "--leader_address=nohostport"},
   };
