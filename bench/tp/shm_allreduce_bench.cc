@@ -153,13 +153,13 @@ int main(int argc, char** argv) {
     const std::string name = absl::StrCat("/nq-tp-bench-", getpid(), "-", world);
     std::vector<pid_t> pids;
     std::vector<int> fds;
+    std::fflush(stdout);  // else every child inherits, and prints, what is buffered
     for (int r = 0; r < world; ++r) {
       int p[2];
       if (pipe(p) != 0) return 1;
       const pid_t pid = fork();
       if (pid == 0) {
         close(p[0]);
-        std::fflush(stdout);
         _exit(RunRank(name, r, world, args, p[1]));
       }
       close(p[1]);
