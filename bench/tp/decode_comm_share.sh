@@ -20,6 +20,7 @@ T=${3:-64}
 bin=build/cpu/services
 model=${NQ_MODEL:-build/cpu/embedded-model}
 release=$model/release_tp$W
+((W == 1)) && release=$model/release  # W = 1: the step time without collectives, for comparison
 [[ -f $release/COMPLETE ]] || { echo "$release missing: nq encode --model $model --out $release --tp $W --fixed-per-layer 4" >&2; exit 2; }
 run=$(mktemp -d /tmp/nq-tp-share.XXXXXX)
 base=${NQ_PORT_BASE:-23000}

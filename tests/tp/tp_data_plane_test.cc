@@ -22,7 +22,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/comm/shm_communicator.h"
+#include "kernels/backend.h"
+#include "services/worker/group_communicator.h"
 #include "services/worker/tp_bootstrap.h"
+#include "services/worker/tp_leader.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::worker {
@@ -347,6 +350,84 @@ TEST(TpDataPlaneTest, TheWatchdogAbortsThePlaneWhenARankDies) {
   const auto [code, message] = Reap(leader);
   EXPECT_EQ(code, 0) << message;
   EXPECT_THAT(message, AllOf(HasSubstr("UNAVAILABLE"), HasSubstr("rank 1 (pid"), HasSubstr("died")));
+}
+
+// The leader with a data plane: the model's collectives (through its GroupCommunicator) reach the
+// plane joined with the id it sent, not the shared memory; a rank that dies mid-life aborts the
+// plane, the group is not served, and Acquire says which rank died.
+TEST(TpLeaderDataPlaneTest, CollectivesRunOnThePlaneUntilARankDies) {
+  const std::string name = GroupName();
+  // The follower first: the test process starts threads below, and a fork after them is unsafe.
+  Child follower = Spawn([&](std::string& message) {
+    auto comm = JoinGroup(name, 1, 2);
+    if (!comm.ok()) return 2;
+    auto plane = FollowDataPlane(FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration()), **comm,
+                                 absl::Seconds(20));
+    message = plane.status().ToString();
+    absl::SleepFor(absl::Seconds(2));
+    _exit(plane.ok() ? 0 : 1);  // dies: no leaving, its alive lock turns owner-dead
+  });
+  static std::atomic<int> calls{0};
+  TpDataPlaneFactory factory = FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration());
+  auto join = factory.join;
+  factory.join = [join](const TpBootstrap& b, int rank, const std::function<absl::Status()>& alive)
+      -> absl::StatusOr<std::unique_ptr<TpDataPlane>> {
+    // Counts the collectives that reach the plane.
+    class Counting final : public TpDataPlane {
+     public:
+      explicit Counting(std::unique_ptr<TpDataPlane> inner) : inner_(std::move(inner)) {}
+      int rank() const override { return 0; }
+      int world_size() const override { return 2; }
+      absl::Status AllReduceSum(kernels::Tensor& t) override {
+        ++calls;
+        return inner_->AllReduceSum(t);
+      }
+      absl::Status AllGather(const kernels::Tensor& in, kernels::Tensor& out) override {
+        return inner_->AllGather(in, out);
+      }
+      absl::Status Broadcast(kernels::Tensor& t, int root) override { return inner_->Broadcast(t, root); }
+      absl::Status Health() override { return inner_->Health(); }
+      void Abort(absl::string_view reason) override { inner_->Abort(reason); }
+
+     private:
+      std::unique_ptr<TpDataPlane> inner_;
+    };
+    absl::StatusOr<std::unique_ptr<TpDataPlane>> plane = join(b, rank, alive);
+    if (!plane.ok()) return plane.status();
+    return std::make_unique<Counting>(*std::move(plane));
+  };
+  GroupCommunicator group(0, 2);
+  TpGroupOptions options;
+  options.shm_name = name;
+  options.identity.world_size = 2;
+  options.collective_timeout = absl::Seconds(20);
+  options.data_plane = &factory;
+  std::atomic<int> ready_calls{0}, unready_calls{0};
+  {
+    TpLeader leader(options, &group, [&](bool ready) { ++(ready ? ready_calls : unready_calls); });
+    leader.Start();
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (ready_calls == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    ASSERT_EQ(ready_calls, 1);
+    auto backend = kernels::CreateBackend("cpu", {.cpu_threads = 1});
+    ASSERT_THAT(backend.status(), IsOk());
+    kernels::Tensor t = *(*backend)->Allocate(kernels::DType::kF32, kernels::Shape{8});
+    {
+      absl::StatusOr<TpLeader::Lease> lease = leader.Acquire();
+      ASSERT_THAT(lease.status(), IsOk());
+      EXPECT_THAT(group.AllReduceSum(t), IsOk());
+      EXPECT_EQ(calls, 1);  // the plane's, not the segment's (which would wait for rank 1)
+    }
+    const auto [fcode, fmessage] = Reap(follower);
+    EXPECT_EQ(fcode, 0) << fmessage;
+    const absl::Time gone = absl::Now() + absl::Seconds(20);
+    while (unready_calls == 0 && absl::Now() < gone) absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_EQ(unready_calls, 1);
+    EXPECT_THAT(leader.Acquire().status(),
+                StatusIs(absl::StatusCode::kUnavailable, AllOf(HasSubstr("not formed"), HasSubstr("died"))));
+    EXPECT_THAT(group.AllReduceSum(t), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank")));
+    EXPECT_EQ(calls, 1);
+  }
 }
 
 }  // namespace
