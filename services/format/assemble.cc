@@ -236,9 +236,16 @@ absl::Status Assembler::Execute(const AssemblePlan& plan) {
     RETURN_IF_ERROR(WriteFileAtomic(Join(into_, kManifestFile), manifest_text_));
     RETURN_IF_ERROR(After(AssembleStep::kWriteManifest));
   }
+  ProgressState progress{.done = static_cast<int64_t>(plan.skipped.size()),
+                         .total = static_cast<int64_t>(plan.installs.size() + plan.skipped.size()),
+                         .skipped = static_cast<int64_t>(plan.skipped.size())};
   for (const auto& [layer, r] : plan.installs) {
     ASSIGN_OR_RETURN(const LayerEntry* entry, src_.Layer(r, layer));
     RETURN_IF_ERROR(InstallLayer(r, *entry));
+    ++progress.done;
+    progress.work += static_cast<double>(entry->records.bytes + entry->resident.bytes);
+    progress.stage = absl::StrCat("layer ", layer, " rank ", r);
+    if (options_.progress) options_.progress(progress);
   }
   if (!plan.complete_after) return absl::OkStatus();
   RETURN_IF_ERROR(WriteFileAtomic(Join(into_, kCompleteFile), complete_text_));

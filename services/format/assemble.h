@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/common/progress.h"
 
 namespace nq::format {
 
@@ -62,6 +63,9 @@ struct AssembleOptions {
   std::optional<LayerRange> layers;  // all of the source's layers when absent
   bool dry_run = false;              // plan only; touch nothing
   StepHook after_step;
+  // Hears after each (layer, rank) installed: installs and already-installed ones of the plan
+  // (the latter as skipped), bytes copied as the work. May be empty.
+  std::function<void(const ProgressState&)> progress;
 };
 
 struct AssemblePlan {

@@ -207,10 +207,13 @@ absl::StatusOr<std::vector<std::byte>> Release::ReadRecord(uint32_t rank, uint32
   return record;
 }
 
-VerifyReport Release::Verify() const {
+VerifyReport Release::Verify(const std::function<void(const ProgressState&)>& progress) const {
   VerifyReport report = VerifyListedFiles();
+  ProgressState state;
+  for (const RankIndex& index : indexes_) state.total += static_cast<int64_t>(index.layers.size());
   for (const RankIndex& index : indexes_) {
     for (const LayerEntry& e : index.layers) {
+      state.stage = absl::StrCat("rank ", index.rank, " layer ", e.layer);
       bool records_readable = true;
       for (const FileRange* range : {&e.records, &e.resident}) {
         std::string problem = HashProblem(Path(range->file), *range, range->whole_file());
@@ -233,6 +236,10 @@ VerifyReport Release::Verify() const {
                                                      RankIndexFile(index.rank))});
         }
       }
+      // The records are hashed twice: as a file, then record by record.
+      ++state.done;
+      state.work += 2.0 * static_cast<double>(e.records.bytes) + static_cast<double>(e.resident.bytes);
+      if (progress) progress(state);
     }
   }
   return report;

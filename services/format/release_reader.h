@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/common/progress.h"
 #include "services/format/manifest.h"
 #include "services/format/rank_index.h"
 
@@ -75,7 +77,8 @@ class Release {
   // Hashes manifest.json and the rank indexes against COMPLETE and every record range and
   // resident file against its index. A file that cannot be read is a difference, not an
   // error.
-  VerifyReport Verify() const;
+  // `progress` (may be empty) hears after each (rank, layer): bytes hashed as the work.
+  VerifyReport Verify(const std::function<void(const ProgressState&)>& progress = {}) const;
   // What serving rank `rank` trusts at load: manifest.json and the rank indexes against
   // COMPLETE, and every resident file of the rank against its index (hashed whole, on up to
   // `threads` threads). Record files are left to the streamer, which hashes each layer file

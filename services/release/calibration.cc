@@ -62,7 +62,8 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ReadTokenFile(const std::strin
 }
 
 absl::StatusOr<Calibration> Calibrate(const std::string& model_dir, const std::vector<std::vector<int32_t>>& sequences,
-                                      const std::string& out_path) {
+                                      const std::string& out_path,
+                                      const std::function<void(const ProgressState&)>& progress) {
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateBackend("cpu"));
   int64_t longest = 1;
   for (const auto& s : sequences) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
@@ -81,9 +82,13 @@ absl::StatusOr<Calibration> Calibrate(const std::string& model_dir, const std::v
       counts[a.expert] += static_cast<double>(n);
     }
   });
+  ProgressState state{.total = static_cast<int64_t>(sequences.size())};
   for (const std::vector<int32_t>& sequence : sequences) {
     model->ResetCache();
     RETURN_IF_ERROR(model->Forward(sequence).status());
+    ++state.done;
+    state.work += static_cast<double>(sequence.size());
+    if (progress) progress(state);
   }
   model::SafetensorsWriter writer;
   for (auto& [key, h] : calibration.experts) {

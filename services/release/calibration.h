@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/common/progress.h"
 #include "services/quant/ldlq.h"
 
 namespace nq::release {
@@ -27,8 +29,10 @@ struct Calibration {
 };
 
 // Sequences are run one by one from an empty cache. Writes a safetensors file to `out_path`.
+// `progress` (may be empty) hears after each sequence: sequences done, tokens as the work.
 absl::StatusOr<Calibration> Calibrate(const std::string& model_dir, const std::vector<std::vector<int32_t>>& sequences,
-                                      const std::string& out_path);
+                                      const std::string& out_path,
+                                      const std::function<void(const ProgressState&)>& progress = {});
 absl::StatusOr<Calibration> LoadCalibration(const std::string& path);
 // Token ids, one sequence per line, comma or space separated.
 absl::StatusOr<std::vector<std::vector<int32_t>>> ReadTokenFile(const std::string& path);

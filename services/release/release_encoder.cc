@@ -234,15 +234,17 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   std::map<std::string, quant::EncodedMatrix> templates;  // synthetic: one per projection
 
   // Progress counts experts (a trellis encode of one layer shard can take minutes).
-  const int total = static_cast<int>(layers.size()) * world * static_cast<int>(E);
-  int done = 0;
+  ProgressState progress{.total = static_cast<int64_t>(layers.size()) * world * E};
+  const double weights_per_expert = 3.0 * static_cast<double>(D) * static_cast<double>(Ir);
   for (uint32_t layer : layers) {
     const format::ManifestLayer& ml = *manifest.FindLayer(layer);
     for (int rank = 0; rank < world; ++rank) {
+      progress.stage = world > 1 ? absl::StrCat("layer ", layer, " rank ", rank) : absl::StrCat("layer ", layer);
       ASSIGN_OR_RETURN(bool have, writer.HasLayer(static_cast<uint32_t>(rank), layer));
       if (have) {
-        done += static_cast<int>(E);
-        if (options.progress) options.progress(done, total);
+        progress.done += E;
+        progress.skipped += E;
+        if (options.progress) options.progress(progress);
         continue;
       }
       model::SafetensorsWriter resident;
@@ -296,7 +298,9 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         }
         ASSIGN_OR_RETURN(std::vector<std::byte> record, layout->Pack(parts));
         records.push_back(std::move(record));
-        if (options.progress) options.progress(++done, total);
+        ++progress.done;
+        progress.work += weights_per_expert;
+        if (options.progress) options.progress(progress);
       }
       resident.SetMetadata("codec", codec->name());
       RETURN_IF_ERROR(writer.WriteLayer(static_cast<uint32_t>(rank), layer, *layout, records, resident));

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/common/progress.h"
 #include "services/format/release_reader.h"
 #include "services/model/safetensors.h"
 #include "services/quant/codec.h"
@@ -28,9 +29,10 @@ struct EncodeReleaseOptions {
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.
   std::string calibration_path;
-  // Called after each expert of each (layer, rank) with the experts done and the total
-  // (layers x ranks x experts); a (layer, rank) already written counts all its experts at once.
-  std::function<void(int done, int total)> progress;
+  // Called after each expert of each (layer, rank): experts done of layers x ranks x experts,
+  // weights encoded by this run, the (layer, rank) at work. A (layer, rank) already written
+  // (a resumed encode) counts all its experts at once as skipped.
+  std::function<void(const ProgressState&)> progress;
   // Set: a synthetic release (`nq synth-release`). The checkpoint is not opened (config.json is
   // all it needs), and the experts are made up instead of encoded: per rank and projection, one
   // random N(0, 1/in) matrix at the real shape is encoded for its scales and codebooks, and every

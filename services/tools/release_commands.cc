@@ -1,8 +1,6 @@
 // nq encode, nq verify, nq assemble, nq bench-codec: the NestQuant release tools.
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "services/common/progress.h"
 #include "services/common/status_macros.h"
 #include "services/eval/release_kl.h"
 #include "services/format/assemble.h"
@@ -46,22 +45,11 @@ ABSL_FLAG(int, size, 1024, "bench-codec: n of the n x n N(0,1) matrix (the issue
 namespace nq::tools {
 namespace {
 
-// A bar on a terminal; otherwise a plain line about every 5% (logs of hours-long encodes).
-void ProgressBar(int done, int total) {
-  static const auto start = std::chrono::steady_clock::now();
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double left = done > 0 ? elapsed * (total - done) / done : 0.0;
-  if (!isatty(STDERR_FILENO)) {
-    const int step = std::max(1, total / 20);
-    if (done % step == 0 || done == total) {
-      std::fprintf(stderr, "nq: %d/%d experts, %.0f s elapsed, ~%.0f s left\n", done, total, elapsed, left);
-    }
-    return;
-  }
-  const int width = 40, filled = total > 0 ? done * width / total : width;
-  std::fprintf(stderr, "\r[%s%s] %d/%d experts, %.0f s, ~%.0f s left ", std::string(filled, '#').c_str(),
-               std::string(width - filled, '.').c_str(), done, total, elapsed, left);
-  if (done == total) std::fprintf(stderr, "\n");
+// Progress of a long job on stderr: a line redrawn in place on a terminal, a plain line about
+// every 30 s otherwise (logs of hours-long encodes).
+ProgressReporter MakeProgress(std::string task, std::string unit, std::string work_unit) {
+  return ProgressReporter(
+      {.task = std::move(task), .unit = std::move(unit), .work_unit = std::move(work_unit), .terminal = StderrIsTerminal()});
 }
 
 // nq encode, and nq synth-release (the same release with made-up experts: no checkpoint weights read).
@@ -74,7 +62,8 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
-  options.progress = ProgressBar;
+  ProgressReporter progress = MakeProgress(command, "experts", "weights");
+  options.progress = [&progress](const ProgressState& state) { progress.Update(state); };
   if (synthetic) {
     if (!options.calibration_path.empty()) {
       return ReportCommandStatus(command, absl::InvalidArgumentError("--calib: a synthetic release encodes no checkpoint"));
@@ -82,6 +71,7 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
     options.synthetic_seed = absl::GetFlag(FLAGS_seed);
   }
   absl::Status status = release::EncodeRelease(model, out, options);
+  progress.Finish();
   if (status.ok()) std::fprintf(stderr, "nq %s: wrote %s\n", command, out.c_str());
   return ReportCommandStatus(command, status);
 }
@@ -103,7 +93,10 @@ int RunCalibrate(const std::vector<std::string>& args) {
   }
   absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = release::ReadTokenFile(tokens);
   if (!sequences.ok()) return ReportCommandStatus("calibrate", sequences.status());
-  absl::StatusOr<release::Calibration> calibration = release::Calibrate(model, *sequences, out);
+  ProgressReporter progress = MakeProgress("calibrate", "sequences", "tokens");
+  absl::StatusOr<release::Calibration> calibration =
+      release::Calibrate(model, *sequences, out, [&progress](const ProgressState& state) { progress.Update(state); });
+  progress.Finish();
   if (!calibration.ok()) return ReportCommandStatus("calibrate", calibration.status());
   std::fprintf(stderr, "nq calibrate: %zu sequences, %zu experts seen; wrote %s\n", sequences->size(),
                calibration->experts.size(), out.c_str());
@@ -112,7 +105,10 @@ int RunCalibrate(const std::vector<std::string>& args) {
 
 int RunVerify(const std::vector<std::string>& args) {
   if (args.size() != 1) return ReportCommandStatus("verify", absl::InvalidArgumentError("usage: nq verify RELEASE"));
-  absl::StatusOr<format::VerifyReport> report = format::VerifyRelease(args[0]);
+  ProgressReporter progress = MakeProgress("verify", "layer files", "B");
+  absl::StatusOr<format::VerifyReport> report =
+      format::VerifyRelease(args[0], [&progress](const ProgressState& state) { progress.Update(state); });
+  progress.Finish();
   if (!report.ok()) return ReportCommandStatus("verify", report.status());
   if (report->ok()) {
     std::printf("%s: every file and range matches its sha256\n", args[0].c_str());
@@ -133,7 +129,10 @@ int RunAssemble(const std::vector<std::string>& args) {
     if (!range.ok()) return ReportCommandStatus("assemble", range.status());
     options.layers = *range;
   }
+  ProgressReporter progress = MakeProgress("assemble", "(layer, rank) installs", "B");
+  options.progress = [&progress](const ProgressState& state) { progress.Update(state); };
   absl::StatusOr<format::AssemblePlan> plan = format::Assemble(src, into, options);
+  progress.Finish();
   if (!plan.ok()) return ReportCommandStatus("assemble", plan.status());
   std::printf("%s %zu (layer, rank) installs, %zu already installed%s\n", options.dry_run ? "would do" : "did",
               plan->installs.size(), plan->skipped.size(), plan->complete_after ? "; the release is complete" : "");

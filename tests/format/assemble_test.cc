@@ -118,6 +118,32 @@ TEST_F(AssembleTest, DryRunChangesNothing) {
   EXPECT_EQ(Snapshot(into), before);
 }
 
+// nq assemble's progress: each install is reported with its bytes; layers already installed
+// count as done but skipped (they took no work).
+TEST_F(AssembleTest, ProgressCountsInstallsAndBytesAndSkipsWhatIsInstalled) {
+  const std::string into = root_ + "/serve";
+  ASSERT_THAT(Assemble(src_, into, WithRange(3, 3)).status(), IsOk());
+  std::vector<ProgressState> progress;
+  AssembleOptions options;
+  options.progress = [&](const ProgressState& p) { progress.push_back(p); };
+  ASSERT_THAT(Assemble(src_, into, options).status(), IsOk());
+  ASSERT_EQ(progress.size(), 2u);  // layer 4 on ranks 0 and 1
+  uint64_t layer4_bytes = 0;
+  auto release = Release::Open(src_);
+  ASSERT_THAT(release.status(), IsOk());
+  for (uint32_t rank : {0u, 1u}) {
+    auto entry = release->Layer(rank, 4);
+    ASSERT_THAT(entry.status(), IsOk());
+    layer4_bytes += (*entry)->records.bytes + (*entry)->resident.bytes;
+  }
+  EXPECT_EQ(progress[0].done, 3);
+  EXPECT_EQ(progress[0].skipped, 2);
+  EXPECT_EQ(progress[0].stage, "layer 4 rank 0");
+  EXPECT_EQ(progress[1].done, 4);
+  EXPECT_EQ(progress[1].total, 4);
+  EXPECT_EQ(progress[1].work, static_cast<double>(layer4_bytes));
+}
+
 TEST_F(AssembleTest, LayerRangesInstallPiecewise) {
   const std::string into = root_ + "/serve";
   auto plan = Assemble(src_, into, WithRange(0, 3));

@@ -209,6 +209,31 @@ TEST_F(ReleaseTest, VerifyCatchesFlippedRecordByte) {
             "rank 1 layer 4 rank1/L4.bin: expert 3: record differs from its sha256 in rank1.json\n");
 }
 
+// nq verify's progress: one report per (rank, layer), every byte it hashed (records twice: as
+// a file and record by record).
+TEST_F(ReleaseTest, VerifyReportsEachLayerFileAndTheBytesHashed) {
+  std::vector<ProgressState> progress;
+  auto report = VerifyRelease(dir_, [&](const ProgressState& p) { progress.push_back(p); });
+  ASSERT_THAT(report.status(), IsOk());
+  auto release = Release::Open(dir_);
+  ASSERT_THAT(release.status(), IsOk());
+  double bytes = 0;
+  int64_t layers = 0;
+  for (uint32_t rank : {0u, 1u}) {
+    for (uint32_t layer : {3u, 4u}) {
+      auto entry = release->Layer(rank, layer);
+      ASSERT_THAT(entry.status(), IsOk());
+      bytes += 2.0 * static_cast<double>((*entry)->records.bytes) + static_cast<double>((*entry)->resident.bytes);
+      ++layers;
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(progress.size()), layers);
+  EXPECT_EQ(progress.back().done, layers);
+  EXPECT_EQ(progress.back().total, layers);
+  EXPECT_EQ(progress.back().work, bytes);
+  EXPECT_EQ(progress.front().stage, "rank 0 layer 3");
+}
+
 TEST_F(ReleaseTest, VerifyCatchesFlippedResidentByte) {
   FlipByte(Path("res/rank0/L3.safetensors"), 200);
   auto report = VerifyRelease(dir_);

@@ -103,7 +103,11 @@ TEST_F(ReleaseEncoderTest, RerunIsANoOpAndBadOptionsAreRefused) {
   const auto written = fs::last_write_time(fs::path(release_dir) / "rank0" / "L1.bin");
   int progress_calls = 0;
   ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir,
-                            {.progress = [&](int done, int total) { ++progress_calls; }}),
+                            {.progress = [&](const ProgressState& p) {
+                              ++progress_calls;
+                              EXPECT_EQ(p.skipped, p.done) << "every layer is on disk: nothing is encoded";
+                              EXPECT_EQ(p.work, 0);
+                            }}),
               IsOk());
   EXPECT_EQ(fs::last_write_time(fs::path(release_dir) / "rank0" / "L1.bin"), written) << "resumed layers are skipped";
   EXPECT_EQ(progress_calls, 2);
@@ -189,14 +193,18 @@ TEST_F(ReleaseEncoderTest, TrellisReleaseNamesItsCodecAndServesBothLevels) {
   config->moe_intermediate_size = 16;
   const std::string model_dir = (root_ / "narrow").string(), release_dir = (root_ / "trellis").string();
   ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, model_dir, {.seed = 13}), IsOk());
-  std::vector<std::pair<int, int>> progress;
+  std::vector<ProgressState> progress;
   ASSERT_THAT(EncodeRelease(model_dir, release_dir,
-                            {.codec = "trellis", .progress = [&](int done, int total) { progress.emplace_back(done, total); }}),
+                            {.codec = "trellis", .progress = [&](const ProgressState& p) { progress.push_back(p); }}),
               IsOk());
-  // One call per expert: 2 MoE layers x 2 experts.
+  // One call per expert: 2 MoE layers x 2 experts, each 3 matrices of hidden x 16 weights.
   ASSERT_EQ(progress.size(), 4u);
-  EXPECT_EQ(progress.front(), std::make_pair(1, 4));
-  EXPECT_EQ(progress.back(), std::make_pair(4, 4));
+  EXPECT_EQ(progress.front().done, 1);
+  EXPECT_EQ(progress.front().total, 4);
+  EXPECT_EQ(progress.back().done, 4);
+  EXPECT_EQ(progress.back().skipped, 0);
+  EXPECT_EQ(progress.back().work, 4.0 * 3 * config->hidden_size * 16);
+  EXPECT_THAT(progress.front().stage, HasSubstr("layer "));
   absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
   ASSERT_THAT(release, IsOk());
   EXPECT_EQ(release->manifest().codec, "trellis_v1");
