@@ -140,7 +140,9 @@ NcclCommunicator::~NcclCommunicator() {
   std::lock_guard<std::mutex> lock(mu_);
   if (comm_ != nullptr) {
     ncclComm_t comm = static_cast<ncclComm_t>(comm_);
-    bool flushed = HealthLocked().ok() && ncclCommFinalize(comm) == ncclSuccess;
+    // Non-blocking: the flush answers "in progress" and is polled to its end.
+    const ncclResult_t finalize = HealthLocked().ok() ? ncclCommFinalize(comm) : ncclInternalError;
+    bool flushed = finalize == ncclSuccess || finalize == ncclInProgress;
     const absl::Time deadline = absl::Now() + kFinalizeWait;
     ncclResult_t state = ncclInProgress;
     while (flushed && state == ncclInProgress) {
