@@ -49,6 +49,8 @@ echo "== 1. nccl_allreduce_bench"
 
 echo "== 2. two ranks on one GPU: refused by NCCL, by name"
 group=/nq-tp-nccl-check-$$
+# NCCL_DEBUG=WARN: ncclGetErrorString says only "invalid usage"; NCCL's log line names the duplicate GPU.
+export NCCL_DEBUG=WARN
 worker=("$B/nq-worker" --host=127.0.0.1 --backend=cuda --gpu=0 --model="$M" --world_size=2 --tp_group=$group
         --leader_address=127.0.0.1:19100 --streamer_address=127.0.0.1:19200 --tp_timeout_s=30)
 "${worker[@]}" --rank=0 --grpc_port=19100 --metrics_port=19101 >"$out/logs/rank0.log" 2>&1 &
@@ -65,7 +67,9 @@ else
   echo "== refusal: FAILED (rank 1 exit $code; rank 0 $(kill -0 $leader 2>/dev/null && echo alive || echo gone))"
   tail -5 "$out/logs/rank1.log"; tail -5 "$out/logs/rank0.log"; failed+=("refusal")
 fi
+grep -m2 "Duplicate GPU\|NCCL WARN" "$out/logs/rank1.log" | cut -c1-300
 kill -TERM $leader 2>/dev/null; wait $leader 2>/dev/null
+unset NCCL_DEBUG
 
 echo "== 3. greedy tokens: CUDA decode graph (W = 1) against CPU shared memory (W = 2)"
 # Streamer, workers and router for one configuration; writes the completions' texts to $2.
