@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/metrics/buckets.h"
 #include "services/common/status_macros.h"
 
 namespace nq::worker {
@@ -83,6 +84,15 @@ void TpWatchdog::Watch() {
     control_->Break(reason);
     return;
   }
+}
+
+metrics::Histogram& TpStepCollectiveSeconds() {
+  return metrics::Registry::Default()
+      .Histogram("nq_worker_tp_step_collective_seconds",
+                 "Time inside tensor-parallel collectives during one decode step (compare "
+                 "nq_worker_step_seconds{phase=\"decode\"} for the share of a step spent communicating)",
+                 metrics::ExponentialBuckets(1e-5, 2, 18))
+      .Get();
 }
 
 }  // namespace nq::worker

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
 #include "kernels/comm/shm_communicator.h"
+#include "services/common/metrics/registry.h"
 #include "services/worker/tp_bootstrap.h"
 
 namespace nq::worker {
@@ -63,6 +64,14 @@ absl::StatusOr<std::unique_ptr<TpDataPlane>> LeadDataPlane(const TpDataPlaneFact
 absl::StatusOr<std::unique_ptr<TpDataPlane>> FollowDataPlane(const TpDataPlaneFactory& factory,
                                                              kernels::ShmCommunicator& control,
                                                              absl::Duration timeout);
+
+// How often each rank's TpWatchdog looks at the ranks and the transport during a sequence (the
+// leader's group manager cannot: a sequence holds its mutex). A dead rank's step is aborted
+// within this.
+inline constexpr absl::Duration kDataPlaneWatch = absl::Milliseconds(50);
+
+// nq_worker_tp_step_collective_seconds: time inside collectives per decode step, on every rank.
+metrics::Histogram& TpStepCollectiveSeconds();
 
 // Polls `control.PeersAlive()` and `plane.Health()` every `interval` on its own thread; on the
 // first failure aborts `plane` and breaks `control` with the reason, then stops. Both outlive it.

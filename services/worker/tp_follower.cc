@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "services/common/metrics/buckets.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/status_macros.h"
 #include "services/worker/step_command.h"
@@ -16,17 +15,6 @@ namespace {
 
 // How often a rank without a group looks for one.
 constexpr absl::Duration kAttachPoll = absl::Milliseconds(50);
-// How often the data plane's watchdog looks at the ranks and the transport (tp_leader.cc's).
-constexpr absl::Duration kDataPlaneWatch = absl::Milliseconds(50);
-
-metrics::Histogram& StepCollectiveSeconds() {
-  return metrics::Registry::Default()
-      .Histogram("nq_worker_tp_step_collective_seconds",
-                 "Time inside tensor-parallel collectives during one decode step (compare "
-                 "nq_worker_step_seconds{phase=\"decode\"} for the share of a step spent communicating)",
-                 metrics::ExponentialBuckets(1e-5, 2, 18))
-      .Get();
-}
 
 }  // namespace
 
@@ -128,7 +116,7 @@ absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm, TpDataPlane* pla
     if (applied.ok() && plane != nullptr) applied = plane->Health();
     const double collective_seconds = group_->TakeCollectiveSeconds();
     if (applied.ok() && command->op == StepCommand::Op::kForward && command->step > 0) {
-      StepCollectiveSeconds().Observe(collective_seconds);
+      TpStepCollectiveSeconds().Observe(collective_seconds);
     }
     if (!applied.ok()) {
       // The leader's collectives would wait for this rank in vain: break the group with why.

@@ -18,18 +18,6 @@ constexpr absl::Duration kJoinSlice = absl::Milliseconds(200);
 // How often an idle formed group is checked for dead ranks.
 constexpr absl::Duration kWatchInterval = absl::Milliseconds(100);
 constexpr absl::Duration kWaitingLogInterval = absl::Seconds(10);
-// How often the data plane's watchdog looks at the ranks and the transport during a sequence
-// (the manager cannot: a sequence holds its mutex). A dead rank's step is aborted within this.
-constexpr absl::Duration kDataPlaneWatch = absl::Milliseconds(50);
-
-metrics::Histogram& StepCollectiveSeconds() {
-  return metrics::Registry::Default()
-      .Histogram("nq_worker_tp_step_collective_seconds",
-                 "Time inside tensor-parallel collectives during one decode step (compare "
-                 "nq_worker_step_seconds{phase=\"decode\"} for the share of a step spent communicating)",
-                 metrics::ExponentialBuckets(1e-5, 2, 18))
-      .Get();
-}
 
 metrics::Histogram& CommandSeconds() {
   return metrics::Registry::Default()
@@ -172,7 +160,7 @@ absl::Status TpLeader::Mirror(const StepCommand& command) {
   // The step boundary: what the previous command spent in collectives, when it was a decode step.
   const double collective_seconds = group_->TakeCollectiveSeconds();
   if (std::exchange(last_was_decode_, command.op == StepCommand::Op::kForward && command.step > 0)) {
-    StepCollectiveSeconds().Observe(collective_seconds);
+    TpStepCollectiveSeconds().Observe(collective_seconds);
   }
   // A data plane aborted mid-step (a rank died) fails the next step here, by name.
   if (plane_ != nullptr) RETURN_IF_ERROR(plane_->Health());
