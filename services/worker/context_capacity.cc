@@ -7,6 +7,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 namespace nq::worker {
 
 ContextCapacity MeasureContextCapacity(const model::Model& model, uint64_t free_bytes) {
@@ -20,6 +24,39 @@ ContextCapacity MeasureContextCapacity(const model::Model& model, uint64_t free_
   const int64_t more = c.bytes_per_token > 0 ? static_cast<int64_t>(usable / static_cast<double>(c.bytes_per_token)) : 0;
   c.fit_tokens = std::max(c.allocated_tokens, std::min(c.allocated_tokens + more, c.model_limit_tokens));
   return c;
+}
+
+absl::StatusOr<std::optional<int64_t>> ParseMaxModelLen(absl::string_view text) {
+  if (text == "auto") return std::optional<int64_t>();
+  int64_t tokens = 0;
+  if (!absl::SimpleAtoi(text, &tokens) || tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_model_len must be a positive number of tokens or auto, got '", text, "'"));
+  }
+  return std::optional<int64_t>(tokens);
+}
+
+absl::StatusOr<int64_t> AutoMaxModelLen(uint64_t free_bytes, uint64_t other_bytes, uint64_t kv_bytes_per_token,
+                                        int64_t model_limit_tokens, const std::string& device) {
+  if (kv_bytes_per_token == 0 || model_limit_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_model_len=auto needs the KV cache's bytes per token (",
+                                                   kv_bytes_per_token, ") and the model's limit (",
+                                                   model_limit_tokens, ")"));
+  }
+  const double rest = free_bytes > other_bytes ? static_cast<double>(free_bytes - other_bytes) : 0.0;
+  const double fit = rest * (1.0 - kContextHeadroom) / static_cast<double>(kv_bytes_per_token);
+  int64_t tokens = std::min<int64_t>(model_limit_tokens, static_cast<int64_t>(fit));
+  if (tokens < model_limit_tokens) tokens -= tokens % kAutoContextGranule;
+  if (tokens < kMinAutoContextTokens) {
+    constexpr double kGiB = 1 << 30;
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "--max_model_len=auto: %s has %.2f GiB free; the model without its KV cache needs %.2f GiB, which leaves "
+        "room for %d tokens at %d bytes a token (at least %d wanted); free memory, use --kv_cache_dtype fp8 or "
+        "bf16, or give --max_model_len a number",
+        device, static_cast<double>(free_bytes) / kGiB, static_cast<double>(other_bytes) / kGiB,
+        std::max<int64_t>(tokens, 0), kv_bytes_per_token, kMinAutoContextTokens));
+  }
+  return tokens;
 }
 
 absl::StatusOr<uint64_t> HostAvailableBytes() {

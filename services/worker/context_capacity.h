@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "services/common/metrics/registry.h"
 #include "services/model/model.h"
 
@@ -26,6 +28,24 @@ struct ContextCapacity {
 
 // From the loaded model and the memory free on its device after loading.
 ContextCapacity MeasureContextCapacity(const model::Model& model, uint64_t free_bytes);
+
+// --max_model_len: a positive token count, or "auto" (nullopt): as many tokens as the memory
+// free before loading holds (AutoMaxModelLen). INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::optional<int64_t>> ParseMaxModelLen(absl::string_view text);
+
+// The fewest tokens "auto" settles for: below this the worker refuses to start rather than serve
+// prompts too short to be useful.
+inline constexpr int64_t kMinAutoContextTokens = 1024;
+
+// --max_model_len=auto, before anything is loaded: the KV cache gets what `free_bytes` leaves
+// after everything else the worker will hold (`other_bytes`: weights, routed experts, slot
+// arena, workspace), less kContextHeadroom of that rest, at `kv_bytes_per_token`, capped at the
+// model's limit and rounded down to a multiple of kAutoContextGranule (so that a few MiB more or
+// less free give the same context). RESOURCE_EXHAUSTED naming the bytes when fewer than
+// kMinAutoContextTokens fit; INVALID_ARGUMENT for a zero per-token size or limit.
+inline constexpr int64_t kAutoContextGranule = 256;
+absl::StatusOr<int64_t> AutoMaxModelLen(uint64_t free_bytes, uint64_t other_bytes, uint64_t kv_bytes_per_token,
+                                        int64_t model_limit_tokens, const std::string& device);
 
 // MemAvailable of /proc/meminfo (the CPU backend's memory). UNAVAILABLE when unreadable.
 absl::StatusOr<uint64_t> HostAvailableBytes();

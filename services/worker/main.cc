@@ -101,7 +101,10 @@ ABSL_FLAG(int, speculative_tokens, -1,
           "MTP speculative decoding: draft tokens verified per decode step (0: off; -1: 3 when the checkpoint has an "
           "MTP layer and the backend is not cpu, else off). A positive count on a model without MTP weights is "
           "refused");
-ABSL_FLAG(int64_t, max_model_len, 4096, "Context window: tokens of prompt + completion the KV cache holds");
+ABSL_FLAG(std::string, max_model_len, "4096",
+          "Context window: tokens of prompt + completion the KV cache holds, or auto: as many as the memory free at "
+          "start holds beside everything else the worker loads (less 10% headroom), up to the model's limit "
+          "(one rank only)");
 // f32 on every backend until the BF16 cache's accuracy has been measured on the served models
 // (issue #13); bf16 halves the cache (twice the context per byte).
 ABSL_FLAG(std::string, kv_cache_dtype, "f32",
@@ -293,8 +296,10 @@ absl::StatusOr<std::string> TpGroupName() {
 // A CUDA worker refuses before loading when the model would not fit (DESIGN.md: a clear error,
 // not an out-of-memory failure minutes into the load). Opening the checkpoint and the release
 // maps their headers and indexes only.
-absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std::string& model_dir,
-                            const std::string& release_dir, bool streaming, const model::ModelOptions& options) {
+// What the worker will hold in memory for this model (the GPU's, or the host's on the CPU
+// backend), estimated from the checkpoint, config and release before anything is loaded.
+absl::StatusOr<DeviceBytesEstimate> EstimateWorkerBytes(const std::string& model_dir, const std::string& release_dir,
+                                                        bool streaming, const model::ModelOptions& options) {
   ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(const model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
   std::unique_ptr<release::ReleaseExpertDecoder> decoder;
@@ -310,25 +315,66 @@ absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std:
       arena_bytes = geometry.ArenaBytes();
     }
   }
+  return EstimateDeviceBytes({.checkpoint = &checkpoint,
+                              .config = &config,
+                              .release = decoder != nullptr ? &decoder->release() : nullptr,
+                              .rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank)),
+                              .max_tokens = options.max_tokens,
+                              .kv_cache_dtype = options.kv_cache_dtype,
+                              .weight_dtype = options.weight_dtype,
+                              .slot_arena_bytes = arena_bytes});
+}
+
+absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std::string& model_dir,
+                            const std::string& release_dir, bool streaming, const model::ModelOptions& options) {
+  ASSIGN_OR_RETURN(const DeviceBytesEstimate needed, EstimateWorkerBytes(model_dir, release_dir, streaming, options));
   ASSIGN_OR_RETURN(const GpuMemory memory, QueryGpuMemory(gpu));
-  ASSIGN_OR_RETURN(const DeviceBytesEstimate needed,
-                   EstimateDeviceBytes({.checkpoint = &checkpoint,
-                                        .config = &config,
-                                        .release = decoder != nullptr ? &decoder->release() : nullptr,
-                                        .rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank)),
-                                        .max_tokens = options.max_tokens,
-                                        .kv_cache_dtype = options.kv_cache_dtype,
-                                        .weight_dtype = options.weight_dtype,
-                                        .slot_arena_bytes = arena_bytes}));
   spdlog::info("GPU {} ({}): the model needs about {}; {:.2f} GiB free", gpu, backend.DeviceDescription(),
                needed.ToString(), static_cast<double>(memory.free) / (1 << 30));
   return CheckFitsOnDevice(needed, memory.free, memory.total,
                            absl::StrCat("GPU ", gpu, " (", backend.DeviceDescription(), ")"));
 }
 
+// --max_model_len: the number given, or for auto what the free memory holds (AutoMaxModelLen),
+// sized before loading from the same estimate CheckFitsOnGpu makes. auto needs one rank: each
+// rank would size its own, and a group's ranks must agree.
+absl::StatusOr<int64_t> ResolveMaxModelLen(bool on_gpu, int gpu, int world, const std::string& model_dir,
+                                           const std::string& release_dir, bool streaming,
+                                           model::ModelOptions options) {
+  ASSIGN_OR_RETURN(const std::optional<int64_t> given, ParseMaxModelLen(absl::GetFlag(FLAGS_max_model_len)));
+  if (given.has_value()) return *given;
+  if (world > 1) {
+    return absl::InvalidArgumentError(
+        "--max_model_len=auto sizes one rank's cache; a tensor-parallel group's ranks must agree: give a number");
+  }
+  ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
+  options.max_tokens = 0;
+  ASSIGN_OR_RETURN(const DeviceBytesEstimate without_cache, EstimateWorkerBytes(model_dir, release_dir, streaming, options));
+  options.max_tokens = 1;
+  ASSIGN_OR_RETURN(const DeviceBytesEstimate one_token, EstimateWorkerBytes(model_dir, release_dir, streaming, options));
+  uint64_t free_bytes = 0;
+  std::string device = "the host";
+  if (on_gpu) {
+    ASSIGN_OR_RETURN(const GpuMemory memory, QueryGpuMemory(gpu));
+    free_bytes = memory.free;
+    device = absl::StrCat("GPU ", gpu);
+  } else {
+    ASSIGN_OR_RETURN(free_bytes, HostAvailableBytes());
+  }
+  ASSIGN_OR_RETURN(const int64_t tokens,
+                   AutoMaxModelLen(free_bytes, without_cache.total(), one_token.kv_cache - without_cache.kv_cache,
+                                   config.max_position_embeddings, device));
+  spdlog::info("--max_model_len=auto: {} tokens ({:.2f} GiB free on {}, {:.2f} GiB for the rest of the model; the "
+               "model's limit is {})",
+               tokens, static_cast<double>(free_bytes) / (1 << 30), device,
+               static_cast<double>(without_cache.total()) / (1 << 30), config.max_position_embeddings);
+  return tokens;
+}
+
 // What this rank's group is called and must agree on (services/worker/tp_identity.h).
 absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const release::ReleaseExpertDecoder* decoder,
-                                         const std::atomic<bool>* stop, const TpDataPlaneFactory* data_plane) {
+                                         const std::atomic<bool>* stop, const TpDataPlaneFactory* data_plane,
+                                         int64_t max_model_len) {
   TpGroupOptions options;
   options.data_plane = data_plane;
   ASSIGN_OR_RETURN(options.shm_name, TpGroupName());
@@ -344,7 +390,7 @@ absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const rele
   id.backend = absl::GetFlag(FLAGS_backend);
   id.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
   id.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  id.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  id.max_model_len = max_model_len;
   return options;
 }
 
@@ -408,7 +454,7 @@ absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCom
                          bool dynamic_experts, std::shared_ptr<const InternalTls> tls,
                          const TpDataPlaneFactory* data_plane) {
   std::atomic<bool> stop{false};
-  ASSIGN_OR_RETURN(const TpGroupOptions options, TpOptions(model_id, decoder, &stop, data_plane));
+  ASSIGN_OR_RETURN(const TpGroupOptions options, TpOptions(model_id, decoder, &stop, data_plane, model.max_tokens()));
   metrics::Registry& registry = metrics::Registry::Default();
   FollowerSlots slots;
   if (dynamic_experts) {
@@ -482,15 +528,14 @@ absl::Status Run(ShutdownSignal& shutdown) {
     ASSIGN_OR_RETURN(data_plane, TpDataPlaneFor(*backend, gpu, absl::Seconds(absl::GetFlag(FLAGS_tp_timeout_s))));
   }
   if (const std::string dir = absl::GetFlag(FLAGS_model); !dir.empty()) {
-    if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
     const auto started = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     ASSIGN_OR_RETURN(const kernels::DType weight_dtype, model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
-    const model::ModelOptions options{.max_tokens = absl::GetFlag(FLAGS_max_model_len),
-                                      .tp = {rank, world},
-                                      .kv_cache_dtype = kv_cache_dtype,
-                                      .weight_dtype = weight_dtype,
-                                      .step_graphs = absl::GetFlag(FLAGS_step_graphs)};
+    model::ModelOptions options{.max_tokens = 0,  // --max_model_len, resolved below
+                                .tp = {rank, world},
+                                .kv_cache_dtype = kv_cache_dtype,
+                                .weight_dtype = weight_dtype,
+                                .step_graphs = absl::GetFlag(FLAGS_step_graphs)};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
     dynamic_experts = !release.empty() && bits_flag == "dynamic";
@@ -500,6 +545,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                    : release::ParseExpertBits(bits_flag));
     ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
                      nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));
+    ASSIGN_OR_RETURN(options.max_tokens, ResolveMaxModelLen(on_gpu, gpu, world, dir, release, dynamic_experts, options));
     if (on_gpu) RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, dir, release, dynamic_experts, options));
     ASSIGN_OR_RETURN(release::ServedModel served, release::LoadServedModel(dir, release, bits, *backend, group.get(),
                                                                            options, {.gate_up = gate_up}));
@@ -600,7 +646,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   // table registers again, so the streamer adopts the empty table.
   std::atomic<StreamerClient*> resync_streamer{nullptr};
   if (world > 1) {
-    ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop, data_plane.get()));
+    ASSIGN_OR_RETURN(const TpGroupOptions tp_options, TpOptions(model_id, decoder.get(), &tp_stop, data_plane.get(), model->max_tokens()));
     // on_ready is set below, once the servers it drives exist; the manager starts after that.
     auto& formed = registry.Gauge("nq_worker_tp_group_ready", "1 while this leader's tensor-parallel group is formed")
                        .Get();

@@ -56,6 +56,15 @@ class LongPromptServingTest : public ServingTest {
   }
 };
 
+// --max_model_len=auto takes what the host's free memory holds, up to the model's limit: this
+// machine has gigabytes free and glm5_nano's cache needs kilobytes a token, so the limit.
+TEST_F(LongPromptServingTest, AutoContextTakesTheModelsLimitWhenMemoryAllows) {
+  StartCluster({}, /*streamed=*/false, {"--max_model_len=auto"});
+  EXPECT_THAT(worker_->Log(), HasSubstr("--max_model_len=auto: 4096 tokens"));
+  EXPECT_THAT(worker_->Log(), HasSubstr("context: the KV cache holds 4096 tokens"));
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_context_tokens{kind=\"allocated\"}"), 4096);
+}
+
 TEST_F(LongPromptServingTest, ALongPromptPrefillsAt4BitsAndACancelMidPrefillFreesTheWorker) {
   StartCluster({}, /*streamed=*/true,
                {"--max_model_len=4096", "--prefill_chunk_tokens=128", "--layer_major_prefill_tokens=1024",
