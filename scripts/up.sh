@@ -27,7 +27,8 @@ esac
 tp=${NQ_TP:-1}
 if ! [[ "$tp" =~ ^[1-9][0-9]*$ ]]; then echo "NQ_TP=$tp: want a world size >= 1" >&2; exit 2; fi
 if ((tp > 1)) && [[ "$backend" != cpu ]]; then
-  echo "NQ_TP=$tp: worker processes run tensor parallelism on the cpu backend only" >&2
+  echo "NQ_TP=$tp: up.sh starts tensor-parallel groups on the cpu backend only; on GPUs start one nq-worker" \
+    "per GPU (--backend cuda --world_size $tp --rank r --gpu r; README.md)" >&2
   exit 2
 fi
 bash scripts/setup.sh
