@@ -190,9 +190,14 @@ absl::Status NcclCommunicator::Settle(const char* what, int result) {
   const ncclResult_t r = static_cast<ncclResult_t>(result);
   if (r == ncclSuccess) return absl::OkStatus();
   if (r != ncclInProgress) return NcclError(what, r);
-  // A non-blocking communicator may answer an enqueue with "in progress": it must be done before
-  // the next call. Enqueueing never waits for peers, so a short bound is generous.
-  return Poll(
+  // A non-blocking communicator answers "in progress" whenever it hands the launch to a thread of
+  // its own (every call with W > 1), and it must be done before the next call. That launch can
+  // wait for the peers: NCCL connects lazily (NCCL_RUNTIME_CONNECT, on by default since 2.22), at
+  // the first call of each algorithm, which every rank must reach. So it is bounded and watched
+  // like a join, and one that fails or does not end aborts the communicator: left "in progress",
+  // every later call would fail (ncclCommEnsureReady: invalid argument) while HealthLocked, which
+  // takes "in progress" for healthy, kept reporting OK, and the group would never re-form.
+  const absl::Status settled = Poll(
       [&]() -> absl::StatusOr<bool> {
         ncclResult_t state = ncclSuccess;
         NQ_NCCL_RETURN_IF_ERROR(ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &state));
@@ -200,7 +205,10 @@ absl::Status NcclCommunicator::Settle(const char* what, int result) {
         if (state != ncclSuccess) return NcclError(what, state);
         return true;
       },
-      [] { return absl::OkStatus(); }, absl::Now() + kAfterAbortWait, what);
+      [&] { return options_.peers_alive ? options_.peers_alive() : absl::OkStatus(); },
+      absl::Now() + options_.join_timeout, what);
+  if (!settled.ok()) AbortLocked(absl::StrCat(what, ": ", settled.message()));
+  return settled;
 }
 
 absl::Status NcclCommunicator::AllReduceSum(Tensor& data) {

@@ -42,9 +42,11 @@ struct NcclCommunicatorOptions {
   int world_size = 1;
   int device = 0;          // the CUDA device this rank runs on (cudaSetDevice before the join)
   void* stream = nullptr;  // cudaStream_t the collectives are enqueued on
-  // Longest join: past it the join is aborted (DEADLINE_EXCEEDED naming the rank and world).
+  // Longest join, and longest wait for an enqueue NCCL finishes on its own thread (it may connect
+  // to the peers first): past it the communicator is aborted (DEADLINE_EXCEEDED).
   absl::Duration join_timeout = absl::Seconds(120);
-  // Polled while joining and in WaitForStream: its error ends the wait (the group broke).
+  // Polled while joining, settling an enqueue and in WaitForStream: its error ends the wait (the
+  // group broke). Settling calls it under the communicator's lock: it must not call back into it.
   std::function<absl::Status()> peers_alive;
 };
 
@@ -79,7 +81,8 @@ class NcclCommunicator final : public Communicator {
   // Under mu_: the abort status, or the communicator's asynchronous error.
   absl::Status HealthLocked();
   void AbortLocked(absl::string_view reason);
-  // Under mu_: after an enqueue that answered ncclInProgress, polls until it is done.
+  // Under mu_: after an enqueue that answered ncclInProgress, polls until it is done (watching
+  // peers_alive, at most join_timeout); aborts the communicator when it is not.
   absl::Status Settle(const char* what, int result);
 
   std::mutex mu_;        // serialises every NCCL call on comm_ (Abort comes from another thread)
