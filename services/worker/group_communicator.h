@@ -53,7 +53,8 @@ class GroupCommunicator final : public kernels::Communicator {
     return metrics::Registry::Default().Histogram(
         "nq_worker_tp_collective_seconds",
         "Time of one tensor-parallel collective on the calling thread (CPU transport: until every rank's part "
-        "is summed, waiting for the slowest rank included; NCCL: the enqueue)",
+        "is summed, waiting for the slowest rank included; NCCL: the enqueue, except the logits' all_gather, "
+        "which waits for the stream and so includes the forward queued before it)",
         metrics::ExponentialBuckets(1e-5, 2, 14), {"op"});
   }
 
