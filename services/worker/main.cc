@@ -293,21 +293,22 @@ absl::StatusOr<std::string> TpGroupName() {
   return absl::StrCat("/nq-tp-", leader.substr(leader.rfind(':') + 1));
 }
 
-// A CUDA worker refuses before loading when the model would not fit (DESIGN.md: a clear error,
-// not an out-of-memory failure minutes into the load). Opening the checkpoint and the release
-// maps their headers and indexes only.
 // What the worker will hold in memory for this model (the GPU's, or the host's on the CPU
-// backend), estimated from the checkpoint, config and release before anything is loaded.
-absl::StatusOr<DeviceBytesEstimate> EstimateWorkerBytes(const std::string& model_dir, const std::string& release_dir,
-                                                        bool streaming, const model::ModelOptions& options) {
+// backend) with a KV cache of ONE token, estimated from the checkpoint, config and release before
+// anything is loaded: the cache is linear in its tokens (KvCache::BytesFor), so `kv_cache` is the
+// bytes of a token and the rest does not depend on --max_model_len. Opening the checkpoint and
+// the release maps their headers and indexes only; the release's files are hashed once, by the
+// load that follows (--verify_release), not here too.
+absl::StatusOr<DeviceBytesEstimate> EstimateWorkerBytesPerToken(const std::string& model_dir,
+                                                                const std::string& release_dir, bool streaming,
+                                                                const model::ModelOptions& options) {
   ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
   ASSIGN_OR_RETURN(const model::Checkpoint checkpoint, model::Checkpoint::Open(model_dir));
   std::unique_ptr<release::ReleaseExpertDecoder> decoder;
   uint64_t arena_bytes = 0;
   if (!release_dir.empty()) {
     absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> opened =
-        release::ReleaseExpertDecoder::Open(release_dir, model_dir, config, options.tp,
-                                            absl::GetFlag(FLAGS_verify_release));
+        release::ReleaseExpertDecoder::Open(release_dir, model_dir, config, options.tp, /*verify=*/false);
     if (!opened.ok()) return Annotate(opened.status(), "release " + release_dir);
     decoder = *std::move(opened);
     if (streaming) {
@@ -319,55 +320,34 @@ absl::StatusOr<DeviceBytesEstimate> EstimateWorkerBytes(const std::string& model
                               .config = &config,
                               .release = decoder != nullptr ? &decoder->release() : nullptr,
                               .rank = static_cast<uint32_t>(absl::GetFlag(FLAGS_rank)),
-                              .max_tokens = options.max_tokens,
+                              .max_tokens = 1,
                               .kv_cache_dtype = options.kv_cache_dtype,
                               .weight_dtype = options.weight_dtype,
                               .slot_arena_bytes = arena_bytes});
 }
 
-absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const std::string& model_dir,
-                            const std::string& release_dir, bool streaming, const model::ModelOptions& options) {
-  ASSIGN_OR_RETURN(const DeviceBytesEstimate needed, EstimateWorkerBytes(model_dir, release_dir, streaming, options));
-  ASSIGN_OR_RETURN(const GpuMemory memory, QueryGpuMemory(gpu));
+// A CUDA worker refuses before loading when the model would not fit (DESIGN.md: a clear error,
+// not an out-of-memory failure minutes into the load).
+absl::Status CheckFitsOnGpu(const kernels::Backend& backend, int gpu, const GpuMemory& memory,
+                            DeviceBytesEstimate needed, int64_t max_tokens) {
+  needed.kv_cache *= static_cast<uint64_t>(max_tokens);
   spdlog::info("GPU {} ({}): the model needs about {}; {:.2f} GiB free", gpu, backend.DeviceDescription(),
                needed.ToString(), static_cast<double>(memory.free) / (1 << 30));
   return CheckFitsOnDevice(needed, memory.free, memory.total,
                            absl::StrCat("GPU ", gpu, " (", backend.DeviceDescription(), ")"));
 }
 
-// --max_model_len: the number given, or for auto what the free memory holds (AutoMaxModelLen),
-// sized before loading from the same estimate CheckFitsOnGpu makes. auto needs one rank: each
-// rank would size its own, and a group's ranks must agree.
-absl::StatusOr<int64_t> ResolveMaxModelLen(bool on_gpu, int gpu, int world, const std::string& model_dir,
-                                           const std::string& release_dir, bool streaming,
-                                           model::ModelOptions options) {
-  ASSIGN_OR_RETURN(const std::optional<int64_t> given, ParseMaxModelLen(absl::GetFlag(FLAGS_max_model_len)));
-  if (given.has_value()) return *given;
-  if (world > 1) {
-    return absl::InvalidArgumentError(
-        "--max_model_len=auto sizes one rank's cache; a tensor-parallel group's ranks must agree: give a number");
-  }
-  ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
-  options.max_tokens = 0;
-  ASSIGN_OR_RETURN(const DeviceBytesEstimate without_cache, EstimateWorkerBytes(model_dir, release_dir, streaming, options));
-  options.max_tokens = 1;
-  ASSIGN_OR_RETURN(const DeviceBytesEstimate one_token, EstimateWorkerBytes(model_dir, release_dir, streaming, options));
-  uint64_t free_bytes = 0;
-  std::string device = "the host";
-  if (on_gpu) {
-    ASSIGN_OR_RETURN(const GpuMemory memory, QueryGpuMemory(gpu));
-    free_bytes = memory.free;
-    device = absl::StrCat("GPU ", gpu);
-  } else {
-    ASSIGN_OR_RETURN(free_bytes, HostAvailableBytes());
-  }
-  ASSIGN_OR_RETURN(const int64_t tokens,
-                   AutoMaxModelLen(free_bytes, without_cache.total(), one_token.kv_cache - without_cache.kv_cache,
-                                   config.max_position_embeddings, device));
+// --max_model_len=auto: what the free memory holds (AutoMaxModelLen) beside the rest of
+// `per_token`'s estimate. One rank only: each rank would size its own, and a group's ranks must
+// agree (the caller refuses auto with W > 1).
+absl::StatusOr<int64_t> AutoMaxModelLenFor(const DeviceBytesEstimate& per_token, uint64_t free_bytes,
+                                           const std::string& device, int64_t model_limit) {
+  const uint64_t rest = per_token.total() - per_token.kv_cache;
+  ASSIGN_OR_RETURN(const int64_t tokens, AutoMaxModelLen(free_bytes, rest, per_token.kv_cache, model_limit, device));
   spdlog::info("--max_model_len=auto: {} tokens ({:.2f} GiB free on {}, {:.2f} GiB for the rest of the model; the "
                "model's limit is {})",
-               tokens, static_cast<double>(free_bytes) / (1 << 30), device,
-               static_cast<double>(without_cache.total()) / (1 << 30), config.max_position_embeddings);
+               tokens, static_cast<double>(free_bytes) / (1 << 30), device, static_cast<double>(rest) / (1 << 30),
+               model_limit);
   return tokens;
 }
 
@@ -531,7 +511,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
     const auto started = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     ASSIGN_OR_RETURN(const kernels::DType weight_dtype, model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
-    model::ModelOptions options{.max_tokens = 0,  // --max_model_len, resolved below
+    model::ModelOptions options{.max_tokens = 0,  // --max_model_len, below
                                 .tp = {rank, world},
                                 .kv_cache_dtype = kv_cache_dtype,
                                 .weight_dtype = weight_dtype,
@@ -545,8 +525,30 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                    : release::ParseExpertBits(bits_flag));
     ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
                      nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));
-    ASSIGN_OR_RETURN(options.max_tokens, ResolveMaxModelLen(on_gpu, gpu, world, dir, release, dynamic_experts, options));
-    if (on_gpu) RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, dir, release, dynamic_experts, options));
+    ASSIGN_OR_RETURN(const std::optional<int64_t> max_model_len, ParseMaxModelLen(absl::GetFlag(FLAGS_max_model_len)));
+    if (!max_model_len.has_value() && world > 1) {
+      return absl::InvalidArgumentError(
+          "--max_model_len=auto sizes one rank's cache; a tensor-parallel group's ranks must agree: give a number");
+    }
+    options.max_tokens = max_model_len.value_or(0);  // 0: auto, sized below
+    if (on_gpu || options.max_tokens == 0) {
+      // One estimate serves both the auto size and the fit check.
+      ASSIGN_OR_RETURN(const DeviceBytesEstimate per_token,
+                       EstimateWorkerBytesPerToken(dir, release, dynamic_experts, options));
+      std::optional<GpuMemory> gpu_memory;
+      if (on_gpu) {
+        ASSIGN_OR_RETURN(gpu_memory, QueryGpuMemory(gpu));
+      }
+      if (options.max_tokens == 0) {
+        ASSIGN_OR_RETURN(const uint64_t free_bytes, on_gpu ? absl::StatusOr<uint64_t>(gpu_memory->free)
+                                                           : HostAvailableBytes());
+        ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(dir));
+        ASSIGN_OR_RETURN(options.max_tokens,
+                         AutoMaxModelLenFor(per_token, free_bytes, on_gpu ? absl::StrCat("GPU ", gpu) : "the host",
+                                            config.max_position_embeddings));
+      }
+      if (on_gpu) RETURN_IF_ERROR(CheckFitsOnGpu(*backend, gpu, *gpu_memory, per_token, options.max_tokens));
+    }
     ASSIGN_OR_RETURN(release::ServedModel served, release::LoadServedModel(dir, release, bits, *backend, group.get(),
                                                                            options, {.gate_up = gate_up}));
     model = std::move(served.model);
