@@ -61,6 +61,10 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
       refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
                                          "Time of one predictor refresh (score, plan)",
                                          metrics::ExponentialBuckets(1e-6, 2, 22)).Get()),
+      refreshes_idle(registry.Counter("nq_streamer_predictor_idle_refreshes_total",
+                                      "Predictor refreshes the loader made without new tokens: the last plan was "
+                                      "cut by the read budget and its loads were done, so it plans the rest "
+                                      "(decode had stopped or its reports came in a burst)").Get()),
       calls_4bit(registry.Counter("nq_streamer_expert_calls_total",
                                   "Routed expert calls reported by workers, by the precision the streamer's "
                                   "table gives them (4: READY in a slot)",

@@ -31,6 +31,9 @@ struct LoaderMetrics {
   metrics::Counter& slow_reads_injected;
   metrics::Counter& unmaps;
   metrics::Histogram& refresh_seconds;
+  // Refreshes the loader made on its own to finish a plan the read budget cut short
+  // (SlotLoader::FinishCutPlan).
+  metrics::Counter& refreshes_idle;
   metrics::Counter& calls_4bit;
   metrics::Counter& calls_2bit;
   metrics::Counter& reports_refused;

@@ -18,7 +18,6 @@ namespace {
 
 // The thread sleeps until an event is queued or a read lands, both signalled through
 // eventfds; this bound only caps what a lost wake-up (an eventfd error, logged) could cost.
-constexpr absl::Duration kMaxSleep = absl::Seconds(1);
 // A worker sending malformed reports, or more than its loader reads, does so with every block:
 // one log line per interval (with the count since the last one) says so without flooding the log.
 constexpr std::chrono::seconds kReportLogInterval(10);
@@ -208,14 +207,14 @@ void SlotLoader::Wake() {
     static LogRateLimiter wake_log(std::chrono::seconds(10));
     if (long n = wake_log.Allow()) {
       spdlog::error("worker {}: loader wake-up lost ({} since last report), it waits up to {} s: {}",
-                    worker_->worker_id, n, absl::ToDoubleSeconds(kMaxSleep), s.ToString());
+                    worker_->worker_id, n, absl::ToDoubleSeconds(options_.max_sleep), s.ToString());
     }
   }
 }
 
 void SlotLoader::Sleep() {
   const int fds[] = {wake_.fd(), store_->completion_fd()};
-  absl::StatusOr<std::vector<bool>> readable = WaitReadable(fds, kMaxSleep);
+  absl::StatusOr<std::vector<bool>> readable = WaitReadable(fds, options_.max_sleep);
   absl::Status cleared = readable.ok() ? wake_.Clear() : readable.status();
   if (!cleared.ok()) {
     static LogRateLimiter sleep_log(std::chrono::seconds(10));
@@ -299,6 +298,7 @@ void SlotLoader::Run() {
       if (update.changes_size() > 0) SendUpdate(std::move(update));
     }
     Reap();
+    FinishCutPlan();
     PublishGauges();
     // Events queued since the swap above signalled wake_ after queueing, and reads that
     // land after Reap's drain signal the ring's eventfd: neither is slept through.
@@ -429,6 +429,12 @@ void SlotLoader::RefuseMalformed(const std::string& why) {
   }
 }
 
+void SlotLoader::FinishCutPlan() {
+  if (!plan_cut_ || session_gone_ || reads_done_or_loads_started_ == 0 || !queue_.empty() || !loads_.empty()) return;
+  metrics_->refreshes_idle.Increment();
+  Refresh();
+}
+
 void SlotLoader::Refresh() {
   // Resync the predictor's residency with the slots (a failed, dropped or cancelled load never
   // landed).
@@ -446,6 +452,8 @@ void SlotLoader::Refresh() {
   const auto started = Clock::now();
   const PredictorPlan& plan = predictor_->Refresh();
   metrics_->refresh_seconds.Observe(SecondsSince(started));
+  plan_cut_ = plan.loads.size() < plan.wanted_loads;
+  reads_done_or_loads_started_ = 0;
   CancelUnwanted(plan);
   // The new plan replaces floating loads not yet issued: an expert no longer wanted is not read.
   // A load planned again keeps the time it was first decided (nq_streamer_load_latency_seconds).
@@ -618,6 +626,7 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
 
 void SlotLoader::StartLoad(size_t layer_index, uint32_t slot, const Want& want, nq::v1::SlotTableUpdate& update) {
   const uint64_t id = next_load_++;
+  ++reads_done_or_loads_started_;
   GroupLoad load{.layer_index = layer_index, .slot = slot, .want = want};
   // Cache hits first: taking buffers for the reads below may evict a record this load needs.
   std::vector<uint32_t> to_read;
@@ -736,6 +745,7 @@ void SlotLoader::Reap() {
     return;
   }
   if (done->empty()) return;
+  reads_done_or_loads_started_ += done->size();
   std::vector<std::pair<Read, const RecordCompletion*>> landed;
   for (const RecordCompletion& completion : *done) {
     auto found = in_flight_.find(completion.tag);
@@ -793,6 +803,9 @@ void SlotLoader::Reap() {
     if (!session_gone_) Finish(group_load, update);
     loads_.erase(load);
   }
+  // The landed reads' buffers are free or cached only now: a load that waited for one in the
+  // Pump above starts here, not a wake-up (max_sleep) later.
+  if (!session_gone_ && !queue_.empty()) Pump(update);
   if (update.changes_size() > 0) SendUpdate(std::move(update));
 }
 

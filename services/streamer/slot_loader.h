@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "nq/v1/streamer.pb.h"
 #include "services/streamer/bounce_cache.h"
 #include "services/streamer/event_fd.h"
@@ -95,6 +96,9 @@ struct SlotLoaderOptions {
   // few hundred KB (tokens x layers x top-k); 4096 keeps a loader busy with reads from dropping
   // the reports of a normal burst (a prefill reports every token) and still bounds the backlog.
   size_t max_queued_reports = 4096;
+  // The longest the loader thread sleeps with no event: a safety net should a wake-up be lost
+  // (every event and landed read signals it). Tests raise it to show a path needs no net.
+  absl::Duration max_sleep = absl::Seconds(1);
 };
 
 class SlotLoader {
@@ -188,6 +192,15 @@ class SlotLoader {
   void HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
+  // A plan the read budget cut short (read_pacer.h: no more reads than land before the next
+  // refresh, due a refresh interval of tokens later) leaves the rest to that refresh. When
+  // decode stops (the last request ended, or reports arrived in one burst) no report brings it,
+  // and the desired experts would wait at 2 bits for the next request. So once the plan's loads
+  // are done the loader refreshes on its own. Only after a read landed or a load started since
+  // the last refresh (a cut plan may have no loads at all while reads it cancelled are still
+  // out): each such refresh follows progress, so they stop once the plan is whole or nothing
+  // more loads.
+  void FinishCutPlan();
   // The predictor state file of this worker's rank (empty without predictor_state_dir).
   std::string StatePath() const;
   // Writes the predictor's state (tmp + rename); failures are logged, never fatal.
@@ -249,6 +262,8 @@ class SlotLoader {
   // Ranks that acknowledged the unmap of each UNMAPPING (layer index, slot) so far.
   std::map<std::pair<size_t, uint32_t>, std::set<uint32_t>> unmap_acked_;
   size_t landing_ = 0;  // reads Reap has taken out of in_flight_ and not yet copied
+  bool plan_cut_ = false;  // the last refresh's plan had fewer loads than it wanted (FinishCutPlan)
+  uint64_t reads_done_or_loads_started_ = 0;  // since the last refresh (FinishCutPlan)
   std::vector<unsigned> prepared_buffers_;  // PrepareSource'd, released at destruction
   BounceCache cache_;                       // over prepared_buffers_
   // Generations of sent updates that unmap slots, not yet acknowledged by every member, when

@@ -474,7 +474,8 @@ TEST_F(SlotProtocolTest, RunsAtFourBitIsSafeToReadWhileUpdatesApply) {
     const uint32_t base = static_cast<uint32_t>(4 * (i % 3));
     client_->EnqueueRoutingReport(Report({base, base + 1, base + 2, base + 3}, rng, 16 * static_cast<uint64_t>(i)));
   }
-  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(30)));
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() > 2; }, std::chrono::seconds(30)))
+      << streamer_metrics_.Serialize();
   std::move(stop_reader).Invoke();
   EXPECT_GT(reads.load(), 0u);
   EXPECT_GT(four_bit.load(), 0u) << "the fixed set runs at 4 bits throughout";

@@ -88,13 +88,20 @@ class SlotLoaderTest : public ::testing::Test {
     geometry_ = worker->geometry;
     SlotLoaderOptions options;
     options.files = *files;
-    options.store.queue_depth = 2;
-    options.store.buffers = 4;
+    options.store.queue_depth = queue_depth_;
+    options.store.buffers = buffers_;
     options.store.verifier = verifier_;
     // Quick to change its mind: no hysteresis and no static prior, so 16 tokens of an expert
     // make it the desired floating expert.
     options.predictor.hysteresis_margin = 0;
     options.predictor.static_weight = 0;
+    if (read_budget_ > 0) {
+      options.pace_reads = false;
+      options.predictor.read_budget = read_budget_;
+    }
+    // Past every wait below: a path that worked only because the loader wakes up anyway
+    // (SlotLoaderOptions::max_sleep) fails here.
+    options.max_sleep = absl::Seconds(60);
     metrics_ = std::make_unique<LoaderMetrics>(registry_);
     auto loader = SlotLoader::Create(worker, options, metrics_.get(),
                                      [this](const nq::v1::StreamerMessage& m) { return OnMessage(m); });
@@ -175,6 +182,9 @@ class SlotLoaderTest : public ::testing::Test {
     return at == std::string::npos ? -1 : std::stod(text.substr(at + sample.size() + 2));
   }
 
+  unsigned queue_depth_ = 2;
+  unsigned buffers_ = 4;
+  uint32_t read_budget_ = 0;  // > 0: a fixed budget per refresh, no pacing
   std::string root_;
   std::string release_dir_;
   std::map<std::pair<uint32_t, uint32_t>, std::vector<std::byte>> records_;
@@ -291,6 +301,65 @@ TEST_F(SlotLoaderTest, CancelledReadFreesItsSlotAndIsNeverAnnounced) {
   EXPECT_EQ(Metric("nq_streamer_reads_cancelled_total{stage=\"queued\"}"), 0);
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"ready\"}"), 2);
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 0);
+}
+
+// The same switch with one bounce buffer: B cannot start until A's cancelled read lands and its
+// buffer comes back, and nothing arrives after that (no report, no acknowledgement) to wake the
+// loader. B must still load: landing reads free buffers, and the loads waiting for them start
+// then. (It once waited for the next report: a churning plan whose reads were all held up by
+// cancelled ones never loaded.)
+TEST_F(SlotLoaderTest, ALoadWaitingForACancelledReadsBufferStartsWhenItLands) {
+  queue_depth_ = 1;
+  buffers_ = 1;
+  ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}));
+  ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, 0) == kFixedExpert; }));
+  nq::v1::RoutingReport report;
+  report.set_sequence_id(1);
+  report.set_num_tokens(32);
+  for (uint32_t t = 0; t < 32; ++t) {
+    nq::v1::LayerRouting* entry = report.add_layer_entries();
+    entry->set_layer(kLayer);
+    entry->add_experts(t < 16 ? kA : kB);
+    entry->add_weights(1.0f);
+  }
+  loader_->OnRouting(std::move(report));
+  EXPECT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, kFloatingSlot) == kB; }, std::chrono::seconds(5)))
+      << "B never loaded after A's cancelled read landed";
+  EXPECT_EQ(Announcements(kLayer, kA), 0);
+  EXPECT_EQ(Slot(kLayer, kFloatingSlot), records_.at({kLayer, kB}));
+  EXPECT_EQ(loader_->stats().reads_cancelled, 1u);
+}
+
+// A plan the read budget cuts short is finished without another report: here the budget is one
+// load per refresh and one report makes a floating expert desired in each of two layers. The
+// refresh loads one; once it is READY the loader refreshes on its own and loads the other. (It
+// once left the other at 2 bits until the next report, which never comes when decode stops.)
+TEST_F(SlotLoaderTest, APlanCutByTheReadBudgetIsFinishedWithoutAnotherReport) {
+  read_budget_ = 1;
+  ASSERT_NO_FATAL_FAILURE(StartLoader({3, 4}));
+  constexpr uint32_t kFixedOfLayer4 = 1;
+  constexpr uint32_t kWantedInLayer4 = 3;
+  ASSERT_TRUE(WaitUntil([&] { return ReadyIn(3, 0) == kFixedExpert && ReadyIn(4, 0) == kFixedOfLayer4; }));
+  nq::v1::RoutingReport report;
+  report.set_sequence_id(1);
+  report.set_num_tokens(16);
+  for (uint32_t t = 0; t < 16; ++t) {
+    for (uint32_t layer : {3u, 4u}) {
+      nq::v1::LayerRouting* entry = report.add_layer_entries();
+      entry->set_layer(layer);
+      entry->add_experts(layer == 3 ? kA : kWantedInLayer4);
+      entry->add_weights(1.0f);
+    }
+  }
+  loader_->OnRouting(std::move(report));
+  EXPECT_TRUE(WaitUntil([&] { return ReadyIn(3, kFloatingSlot) == kA && ReadyIn(4, kFloatingSlot) == kWantedInLayer4; },
+                        std::chrono::seconds(10)))
+      << "layer 3: " << ReadyIn(3, kFloatingSlot) << ", layer 4: " << ReadyIn(4, kFloatingSlot);
+  EXPECT_EQ(loader_->stats().refreshes, 2u) << "the report's refresh and one of the loader's own";
+  EXPECT_EQ(Metric("nq_streamer_predictor_idle_refreshes_total"), 1);
+  // The plan is whole: no more refreshes of its own.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(loader_->stats().refreshes, 2u);
 }
 
 // A record whose layer file fails its hash fails its load and leaves its bounce buffer empty:
