@@ -10,6 +10,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # I/O, HTTP, JSON, regex, logging, crypto
   liburing-dev libcpp-httplib-dev nlohmann-json3-dev libpcre2-dev libspdlog-dev libfmt-dev libssl-dev
+  # XXH3 record checksums (header only: compiled inline, nothing to ship at run time)
+  libxxhash-dev
   # tokenizer: Unicode normalization (ICU), gzipped tokenizer.json files (zlib)
   libicu-dev zlib1g-dev
   # tests and benchmarks; prometheus ships promtool, which checks our /metrics output

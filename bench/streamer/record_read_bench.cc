@@ -18,11 +18,13 @@
 //          or a CUDA IPC device arena).
 //   and, for comparison, the raw reader reading whole records in a random order at the store's
 //   depth (the store's access pattern without the store).
-// With --compare_record_checks (default) each pass reads the same records through two more stores
-// over the same files: one that does not check each record against its sha256 in the index (the
-// streamer before issue #22's per-record checks) and one that checks on the loader thread; the
-// main store checks on --verify_threads threads, as nq-streamer does. --sweep=false skips the raw
-// sweep (no peak) when only those figures are wanted.
+// With --compare_record_checks (default) each pass reads the same records through four more stores
+// over the same files: one that does not check each record against its checksum in the index (the
+// streamer before issue #22's per-record checks), one that checks XXH3-128 on the loader thread,
+// and two that check SHA-256 (nq-streamer --record_check=sha256, or a release written before XXH3
+// checksums), on the loader thread and on --verify_threads threads. The main store checks XXH3 on
+// --verify_threads threads, as nq-streamer does by default. --sweep=false skips the raw sweep (no
+// peak) when only those figures are wanted.
 // Small releases are read several rounds per measurement (at least --min_megabytes).
 // Prints the sweep, the peak (the best raw figure of all passes), the store's figures and
 // store / peak. O_DIRECT throughout, so the guest's page cache holds nothing; the file sizes are
@@ -43,6 +45,7 @@
 #include "bench/streamer/raw_read_sweep.h"
 #include "bench/streamer/synthetic_release.h"
 #include "services/common/status_macros.h"
+#include "services/format/file_io.h"
 #include "services/streamer/record_store.h"
 
 ABSL_FLAG(std::string, release, "", "An existing release to read (default: write a synthetic one under --dir)");
@@ -60,8 +63,9 @@ ABSL_FLAG(bool, copy, true,
 ABSL_FLAG(uint64_t, min_megabytes, 256, "Least data per measurement; small releases are read several rounds");
 ABSL_FLAG(bool, sweep, true, "Run the raw sweep for the peak each pass (false: only the store passes)");
 ABSL_FLAG(bool, compare_record_checks, true,
-          "Each pass also reads through two more stores: without the per-record sha256 check, and with it on the "
-          "loader thread; the main store checks on --verify_threads threads, as nq-streamer does (issue #22)");
+          "Each pass also reads through four more stores: without per-record checks, XXH3 on the loader thread, "
+          "SHA-256 on the loader thread and on --verify_threads threads; the main store checks XXH3 on "
+          "--verify_threads threads, as nq-streamer does (issue #22)");
 ABSL_FLAG(uint32_t, verify_threads, 2, "The main store's record-check threads (nq-streamer --verify_threads; 0 inline)");
 
 namespace nq::streamer::bench {
@@ -159,6 +163,11 @@ absl::Status Run() {
   const unsigned buffers = std::max(depth, absl::GetFlag(FLAGS_buffers));
   ASSIGN_OR_RETURN(std::shared_ptr<RecordFiles> files, RecordFiles::Open({release_dir}));
   const format::Release& release = files->release();
+  if (!files->all_have_record_xxh3()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        release_dir, " predates XXH3 record checksums, so every store would check SHA-256: delete it (a synthetic "
+                     "one is rewritten) or pass a release written by this version"));
+  }
 
   // The record ranges of every layer of `rank`, and every record.
   std::vector<FileRange> ranges;
@@ -199,14 +208,23 @@ absl::Status Run() {
   // For the record checks' cost: the same store without them, and with them on the owner thread.
   std::vector<std::pair<std::string, std::unique_ptr<RecordStore>>> others;
   if (absl::GetFlag(FLAGS_compare_record_checks)) {
-    RecordStoreOptions unchecked = store_options, inline_checked = store_options;
+    RecordStoreOptions unchecked = store_options, xxh3_inline = store_options, sha_inline = store_options,
+                       sha_threads = store_options;
     unchecked.verify_records = false;
     unchecked.verifier = nullptr;
-    inline_checked.verifier = nullptr;
-    ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> a, RecordStore::Create(files, unchecked));
-    ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> b, RecordStore::Create(files, inline_checked));
-    others.emplace_back("no record checks", std::move(a));
-    others.emplace_back("record checks on the loader thread", std::move(b));
+    xxh3_inline.verifier = nullptr;
+    sha_inline.verifier = nullptr;
+    sha_inline.record_check = RecordCheck::kSha256;
+    sha_threads.record_check = RecordCheck::kSha256;
+    const std::pair<const char*, const RecordStoreOptions*> variants[] = {
+        {"no record checks", &unchecked},
+        {"XXH3 checks on the loader thread", &xxh3_inline},
+        {"SHA-256 checks on the loader thread", &sha_inline},
+        {"SHA-256 checks on the verifier threads", &sha_threads}};
+    for (const auto& [name, options] : variants) {
+      ASSIGN_OR_RETURN(std::unique_ptr<RecordStore> other, RecordStore::Create(files, *options));
+      others.emplace_back(name, std::move(other));
+    }
   }
   if (store->buffered_files() > 0) {
     return absl::FailedPreconditionError("the store fell back to buffered reads: the figures would be the page cache");
@@ -222,8 +240,33 @@ absl::Status Run() {
   for (const format::ManifestLayer& ml : release.manifest().layers) {
     if (release.Layer(rank, ml.layer).ok()) RETURN_IF_ERROR(store->VerifyLayer(rank, ml.layer));
   }
-  std::printf("verify (sha256 of every record file, once): %.2f s\n\n",
+  std::printf("verify (sha256 of every record file, once): %.2f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
+  // Each check's rate on one core over records in memory: no disk in it, so it is the figure a
+  // drive's read rate is compared with (the store passes below also carry this VM's disk noise).
+  {
+    std::vector<std::vector<std::byte>> held;
+    for (size_t i = 0; i < records.size() && held.size() * rec_bytes < (64ull << 20); ++i) {
+      ASSIGN_OR_RETURN(std::vector<std::byte> bytes, release.ReadRecord(rank, records[i].layer, records[i].expert));
+      held.push_back(std::move(bytes));
+    }
+    using Hash = std::string (*)(std::span<const std::byte>);
+    const std::pair<const char*, Hash> checks[] = {{"XXH3-128", &format::Xxh3Hex}, {"SHA-256", &format::Sha256Hex}};
+    for (const auto& [name, hash] : checks) {
+      const auto start = std::chrono::steady_clock::now();
+      size_t bytes = 0, sink = 0;
+      for (int round = 0; round < 3; ++round) {
+        for (const std::vector<std::byte>& record : held) {
+          sink += (*hash)(record).size();
+          bytes += record.size();
+        }
+      }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("record check %s on one core, records in memory: %.2f GB/s (%zu digits)\n", name,
+                  bytes / seconds / 1e9, sink);
+    }
+  }
+  std::printf("\n");
 
   std::vector<uint64_t> blocks = {rec_bytes, 256 * kKiB, 1024 * kKiB};
   std::sort(blocks.begin(), blocks.end());
@@ -271,8 +314,8 @@ absl::Status Run() {
     for (unsigned b = 0; b < buffers; ++b) arena->writer().ReleaseSource(others[o].second->Buffer(b));
     std::printf("store, %s: median %.3f GB/s\n", others[o].first.c_str(), Median(other_gbps[o]));
   }
-  std::printf("store, record checks on %u verifier threads: median %.3f GB/s\n", absl::GetFlag(FLAGS_verify_threads),
-              Median(store_gbps));
+  std::printf("store, XXH3 checks on %u verifier threads (nq-streamer's default): median %.3f GB/s\n",
+              absl::GetFlag(FLAGS_verify_threads), Median(store_gbps));
   for (unsigned b = 0; b < buffers; ++b) arena->writer().ReleaseSource(store->Buffer(b));
   std::sort(latencies.begin(), latencies.end());
   const double best_store = *std::max_element(store_gbps.begin(), store_gbps.end());

@@ -18,11 +18,12 @@ namespace {
 namespace jf = json_fields;
 using Json = nlohmann::json;
 
-bool IsSha256Hex(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+bool IsLowerHex(const std::string& s, size_t digits) {
+  return s.size() == digits && std::all_of(s.begin(), s.end(), [](char c) {
            return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
          });
 }
+bool IsSha256Hex(const std::string& s) { return IsLowerHex(s, 64); }
 
 // The largest byte offset a range may reach (offset + bytes): off_t's, as pread takes it.
 // Validate refuses a range past it, so offset + bytes never wraps around uint64 (a crafted
@@ -129,6 +130,16 @@ absl::Status RankIndex::Validate() const {
             absl::StrCat(where, ": record_sha256[", x, "] must be 64 lower-case hex digits"));
       }
     }
+    if (!e.record_xxh3.empty() && e.record_xxh3.size() != experts_per_layer) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.record_xxh3.size(),
+                                                     " record_xxh3 entries for ", experts_per_layer, " experts"));
+    }
+    for (size_t x = 0; x < e.record_xxh3.size(); ++x) {
+      if (!IsLowerHex(e.record_xxh3[x], 32)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": record_xxh3[", x, "] must be 32 lower-case hex digits"));
+      }
+    }
     if (e.resident.offset != 0) {
       return absl::InvalidArgumentError(where + ": a resident file is a whole file (offset 0)");
     }
@@ -177,11 +188,13 @@ bool RankIndex::Remove(uint32_t layer) {
 std::string SerializeRankIndex(const RankIndex& index) {
   Json layers = Json::array();
   for (const LayerEntry& e : index.layers) {
-    layers.push_back({{"layer", e.layer},
-                      {"records", RangeToJson(e.records, /*with_offset=*/true)},
-                      {"record_sha256", e.record_sha256},
-                      {"resident", RangeToJson(e.resident, /*with_offset=*/false)},
-                      {"layout", e.layout.ToJson()}});
+    Json layer = {{"layer", e.layer},
+                  {"records", RangeToJson(e.records, /*with_offset=*/true)},
+                  {"record_sha256", e.record_sha256},
+                  {"resident", RangeToJson(e.resident, /*with_offset=*/false)},
+                  {"layout", e.layout.ToJson()}};
+    if (!e.record_xxh3.empty()) layer["record_xxh3"] = e.record_xxh3;
+    layers.push_back(std::move(layer));
   }
   Json json = {{"format", index.format},
                {"version", index.version},
@@ -219,6 +232,16 @@ absl::StatusOr<RankIndex> ParseRankIndex(const std::string& text, const std::str
         return absl::InvalidArgumentError(absl::StrCat(at, ".record_sha256[", x, "] is not a string"));
       }
       e.record_sha256.push_back((*record_sha)[x].get<std::string>());
+    }
+    // Optional: releases written before it have none (their records are checked by sha256).
+    if (lj.contains("record_xxh3")) {
+      ASSIGN_OR_RETURN(const Json* record_xxh3, jf::Array(lj, "record_xxh3", at));
+      for (size_t x = 0; x < record_xxh3->size(); ++x) {
+        if (!(*record_xxh3)[x].is_string()) {
+          return absl::InvalidArgumentError(absl::StrCat(at, ".record_xxh3[", x, "] is not a string"));
+        }
+        e.record_xxh3.push_back((*record_xxh3)[x].get<std::string>());
+      }
     }
     ASSIGN_OR_RETURN(const Json* layout, jf::Object(lj, "layout", at));
     ASSIGN_OR_RETURN(e.layout, RecordLayout::FromJson(*layout, at + ".layout"));

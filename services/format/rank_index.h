@@ -32,6 +32,11 @@ struct LayerEntry {
   // sha256 (lower-case hex) of each record, by expert: the streamer checks every record it
   // reads against its entry before the record can become READY (format version 2).
   std::vector<std::string> record_sha256;
+  // XXH3-128 (32 lower-case hex digits, Xxh3Hex) of each record, by expert: the check the
+  // streamer runs on every read when present (about 9x faster than SHA-256, so it stays off
+  // the read path's bandwidth). Empty in releases written before it; those are checked with
+  // record_sha256. Either all experts or none.
+  std::vector<std::string> record_xxh3;
   FileRange resident;  // a whole safetensors file (offset 0)
   RecordLayout layout;
 
@@ -49,7 +54,8 @@ struct RankIndex {
   // INVALID_ARGUMENT naming the first broken rule: version, increasing layers, record
   // offsets multiples of kRecordAlign, records.bytes == experts_per_layer * rec_bytes,
   // records of two layers in one file not overlapping, resident offset 0, valid layouts,
-  // sha256 64 hex digits, one record_sha256 per expert.
+  // sha256 64 hex digits, one record_sha256 per expert, record_xxh3 empty or one per expert of
+  // 32 hex digits.
   absl::Status Validate() const;
   const LayerEntry* FindLayer(uint32_t layer) const;
   // Inserts or replaces the entry for entry.layer, keeping the order.

@@ -234,6 +234,11 @@ VerifyReport Release::Verify(const std::function<void(const ProgressState&)>& pr
           report.differences.push_back({index.rank, e.layer, e.records.file,
                                         absl::StrCat("expert ", expert, ": record differs from its sha256 in ",
                                                      RankIndexFile(index.rank))});
+        } else if (!e.record_xxh3.empty() && Xxh3Hex(*record) != e.record_xxh3[expert]) {
+          // The streamer checks reads against this one: a wrong entry would refuse a good record.
+          report.differences.push_back({index.rank, e.layer, e.records.file,
+                                        absl::StrCat("expert ", expert, ": record differs from its xxh3 in ",
+                                                     RankIndexFile(index.rank))});
         }
       }
       // The records are hashed twice: as a file, then record by record.

@@ -141,7 +141,10 @@ absl::Status ReleaseWriter::WriteLayer(uint32_t rank, uint32_t layer, const Reco
   entry.layer = layer;
   entry.layout = layout;
   entry.records = {RecordFile(rank, layer), 0, blob.size(), Sha256Hex(blob)};
-  for (const std::vector<std::byte>& record : records) entry.record_sha256.push_back(Sha256Hex(record));
+  for (const std::vector<std::byte>& record : records) {
+    entry.record_sha256.push_back(Sha256Hex(record));
+    entry.record_xxh3.push_back(Xxh3Hex(record));
+  }
   entry.resident = {ResidentFile(rank, layer), 0, resident_bytes.size(), Sha256Hex(resident_bytes)};
 
   RankIndex& index = indexes_[rank];

@@ -58,9 +58,13 @@ ABSL_FLAG(std::string, inject_read_faults, "",
           "(a probability per record read; slow=P:MS holds a read for MS milliseconds); failed records are never "
           "copied into slots and their experts stay at 2 bits");
 ABSL_FLAG(int, verify_threads, 2,
-          "Threads that check every record read against its sha256 in the release index before it can become "
+          "Threads that check every record read against its checksum in the release index before it can become "
           "READY, shared by all sessions, so hashing overlaps the next reads; 0 checks on each session's loader "
           "thread");
+ABSL_FLAG(std::string, record_check, "fastest",
+          "Checksum every record read is checked with: fastest, the index's XXH3-128 where it has one (one "
+          "thread keeps up with a drive), else its SHA-256; sha256, SHA-256 always (cryptographic: also stops a "
+          "forger who can rewrite record files but not the index; about 1.5 GB/s a verifier thread)");
 ABSL_FLAG(int, read_budget, 64, "Most new floating-slot loads per predictor refresh (every 16 tokens)");
 ABSL_FLAG(std::optional<double>, hysteresis, std::nullopt,
           "Score margin a challenger needs to evict a resident expert; unset: the predictor's own (2.0 for v0; "
@@ -105,6 +109,9 @@ absl::Status CheckFlags() {
       absl::GetFlag(FLAGS_bounce_buffers) > 4096) {
     return absl::InvalidArgumentError("--bounce_buffers must be in [--read_queue_depth, 4096]");
   }
+  if (const std::string check = absl::GetFlag(FLAGS_record_check); check != "fastest" && check != "sha256") {
+    return absl::InvalidArgumentError(absl::StrCat("--record_check must be fastest or sha256, not '", check, "'"));
+  }
   if (absl::GetFlag(FLAGS_verify_threads) < 0 || absl::GetFlag(FLAGS_verify_threads) > 64) {
     return absl::InvalidArgumentError("--verify_threads must be in [0, 64]");
   }
@@ -146,6 +153,8 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
     spdlog::warn("injecting disk faults into record reads (--inject_read_faults={}): a drill, not for serving",
                  absl::GetFlag(FLAGS_inject_read_faults));
   }
+  options.store.record_check =
+      absl::GetFlag(FLAGS_record_check) == "sha256" ? RecordCheck::kSha256 : RecordCheck::kFastest;
   if (const int threads = absl::GetFlag(FLAGS_verify_threads); threads > 0) {
     ASSIGN_OR_RETURN(options.store.verifier, RecordVerifier::Create(static_cast<unsigned>(threads)));
   }
@@ -158,6 +167,14 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   // session reads through these files, so each layer file is hashed once per process.
   ASSIGN_OR_RETURN(std::shared_ptr<RecordFiles> files, RecordFiles::Open(options.record_dirs, options.store.direct_io));
   *release_id = files->release().id();
+  if (options.store.record_check == RecordCheck::kSha256) {
+    spdlog::info("record reads are checked with SHA-256 (--record_check=sha256)");
+  } else if (files->all_have_record_xxh3()) {
+    spdlog::info("record reads are checked with XXH3-128");
+  } else {
+    spdlog::warn("the release's indexes predate XXH3 record checksums: record reads are checked with SHA-256, "
+                 "about 1.5 GB/s a verifier thread (--verify_threads); a release written by this version has them");
+  }
   if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
     ASSIGN_OR_RETURN(options.predictor.learned, JfModel::Load(path));
     // Experts (and at most the release's layers) are checked now; the exact layer count and

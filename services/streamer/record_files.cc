@@ -76,6 +76,7 @@ absl::Status RecordFiles::OpenFiles(DirectIo mode) {
         file->rec_bytes = entry.layout.rec_bytes;
         file->sha256 = entry.records.sha256;
         file->record_sha256 = entry.record_sha256;
+        file->record_xxh3 = entry.record_xxh3;
         max_rec_bytes_ = std::max(max_rec_bytes_, file->rec_bytes);
         if (mode == DirectIo::kAuto) {
           file->fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -107,6 +108,15 @@ size_t RecordFiles::direct_files() const {
     for (const auto& [key, file] : copy.files) n += file->direct ? 1 : 0;
   }
   return n;
+}
+
+bool RecordFiles::all_have_record_xxh3() const {
+  for (const Copy& copy : copies_) {
+    for (const auto& [key, file] : copy.files) {
+      if (file->record_xxh3.empty()) return false;
+    }
+  }
+  return true;
 }
 
 size_t RecordFiles::buffered_files() const {

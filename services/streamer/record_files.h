@@ -51,6 +51,7 @@ class RecordFiles {
     uint64_t rec_bytes = 0;
     std::string sha256;
     std::vector<std::string> record_sha256;  // by expert, from the index (format version 2)
+    std::vector<std::string> record_xxh3;    // by expert, from the index; empty in older releases
 
    private:
     friend class RecordFiles;
@@ -75,6 +76,9 @@ class RecordFiles {
   // Files read with O_DIRECT / buffered (after fallback or DirectIo::kOff), over all copies.
   size_t direct_files() const;
   size_t buffered_files() const;
+  // Whether every file's index entry has record_xxh3 (RecordCheck::kFastest then never falls
+  // back to SHA-256).
+  bool all_have_record_xxh3() const;
   // The largest rec_bytes of any layer (sizes bounce buffers).
   uint64_t max_rec_bytes() const { return max_rec_bytes_; }
   // rec_bytes of a layer (NOT_FOUND for a layer the release lacks).

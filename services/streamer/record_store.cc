@@ -298,14 +298,16 @@ void RecordStore::CheckAndComplete(RecordCompletion completion, const File& file
     Complete(std::move(completion), sync);
     return;
   }
-  // RecordFiles come from validated indexes: one record_sha256 per expert, and Enqueue checked
-  // the expert against the manifest.
-  const std::string& expected = file.record_sha256.at(expert);
-  auto judge = [&file, expert, &expected](RecordCompletion& c, bool matches) {
+  // RecordFiles come from validated indexes: one record_sha256 per expert, record_xxh3 none or
+  // one per expert, and Enqueue checked the expert against the manifest.
+  RecordDigest expected = options_.record_check == RecordCheck::kFastest && !file.record_xxh3.empty()
+                              ? RecordDigest{.kind = RecordDigest::Kind::kXxh3, .hex = file.record_xxh3.at(expert)}
+                              : RecordDigest{.kind = RecordDigest::Kind::kSha256, .hex = file.record_sha256.at(expert)};
+  auto judge = [&file, expert, expected](RecordCompletion& c, bool matches) {
     if (matches) return;
     c.status = absl::DataLossError(absl::StrCat("record store: expert ", expert, " of layer ", file.layer, " (rank ",
-                                                file.rank, ") read from ", file.path,
-                                                " does not match its sha256 in the index (", expected, ")"));
+                                                file.rank, ") read from ", file.path, " does not match its ",
+                                                expected.name(), " in the index (", expected.hex, ")"));
     c.failure = "checksum";
     c.bytes = 0;
   };
@@ -319,7 +321,7 @@ void RecordStore::CheckAndComplete(RecordCompletion completion, const File& file
     ++verifying_;
     verifying_tags_.insert(completion.tag);
   }
-  options_.verifier->Submit(bytes, expected, [this, judge, c = std::move(completion)](bool matches) mutable {
+  options_.verifier->Submit(bytes, std::move(expected), [this, judge, c = std::move(completion)](bool matches) mutable {
     judge(c, matches);
     // All under the lock: the destructor waits for verifying_ == 0 before the ring (whose
     // eventfd this signals) goes.

@@ -74,8 +74,10 @@ struct RecordStoreOptions {
   DirectIo direct_io = DirectIo::kAuto;
   // Hash a layer file (once per RecordFiles) before its first read is allowed to complete OK.
   bool verify_hashes = true;
-  // Check every record against its sha256 in the rank index before its read completes OK.
+  // Check every record against its checksum in the rank index before its read completes OK,
+  // with the checksum `record_check` picks.
   bool verify_records = true;
+  RecordCheck record_check = RecordCheck::kFastest;
   // Where records are checked: a shared pool (the streamer's, so hashing overlaps the next
   // reads), or, when null, the owner thread. Synchronous ReadRecord always checks inline.
   std::shared_ptr<RecordVerifier> verifier;

@@ -7,8 +7,9 @@
 
 namespace nq::streamer {
 
-bool RecordMatches(std::span<const std::byte> bytes, const std::string& expected_sha256) {
-  return format::Sha256Hex(bytes) == expected_sha256;
+bool RecordMatches(std::span<const std::byte> bytes, const RecordDigest& expected) {
+  return (expected.kind == RecordDigest::Kind::kXxh3 ? format::Xxh3Hex(bytes) : format::Sha256Hex(bytes)) ==
+         expected.hex;
 }
 
 absl::StatusOr<std::shared_ptr<RecordVerifier>> RecordVerifier::Create(unsigned threads) {
@@ -26,9 +27,9 @@ RecordVerifier::~RecordVerifier() {
   for (std::thread& t : threads_) t.join();
 }
 
-void RecordVerifier::Submit(std::span<const std::byte> bytes, std::string expected_sha256, Done done) {
+void RecordVerifier::Submit(std::span<const std::byte> bytes, RecordDigest expected, Done done) {
   absl::MutexLock lock(&mu_);
-  jobs_.push_back(Job{.bytes = bytes, .expected = std::move(expected_sha256), .done = std::move(done)});
+  jobs_.push_back(Job{.bytes = bytes, .expected = std::move(expected), .done = std::move(done)});
 }
 
 void RecordVerifier::Run() {

@@ -1,8 +1,9 @@
-// Checks records against their per-record sha256 (rank index, format version 2) on threads of
-// its own, so the hashing of one record overlaps the reads of the next ones (issue #22: every
-// record read is verified before it can become READY, and the cost is kept off the read path's
-// critical bandwidth). SHA-256 runs at about 1.5 GB/s per core with the SHA extensions, below
-// what one NVMe drive reads; spreading records over a few threads keeps it there.
+// Checks records against their checksum in the rank index on threads of its own, so the hashing
+// of one record overlaps the reads of the next ones (issue #22: every record read is verified
+// before it can become READY, and the cost is kept off the read path's critical bandwidth).
+// The checksum is the index's XXH3-128 where it has one (about 14 GB/s a core: one thread
+// keeps up with a drive), else its SHA-256 (about 1.5 GB/s a core with the SHA extensions,
+// below what one NVMe drive reads; a few threads are needed there).
 //
 // One verifier per streamer process, shared by every session's RecordStore. Jobs run in the
 // order given, on whichever thread is free; `done` is called on that thread.
@@ -23,9 +24,24 @@
 
 namespace nq::streamer {
 
+// What a record is checked against: one of its checksums in the rank index.
+struct RecordDigest {
+  enum class Kind { kXxh3, kSha256 };
+  Kind kind = Kind::kSha256;
+  std::string hex;  // lower-case
+  // "xxh3" or "sha256", as the index names the field (record_<name>).
+  const char* name() const { return kind == Kind::kXxh3 ? "xxh3" : "sha256"; }
+};
+
+// Which checksum the streamer checks records with (--record_check).
+enum class RecordCheck {
+  kFastest,  // XXH3-128 where the index has it, SHA-256 otherwise
+  kSha256,   // SHA-256 always (a cryptographic check; several verifier threads per drive)
+};
+
 class RecordVerifier {
  public:
-  // `done(ok)`: true when sha256(bytes) equals `expected_sha256` (lower-case hex).
+  // `done(ok)`: true when `bytes` match `expected`.
   using Done = std::function<void(bool ok)>;
 
   // INVALID_ARGUMENT for 0 threads (verify inline instead: RecordStoreOptions::verifier null).
@@ -36,13 +52,13 @@ class RecordVerifier {
   RecordVerifier& operator=(const RecordVerifier&) = delete;
 
   // `bytes` must stay valid and unchanged until `done` has returned.
-  void Submit(std::span<const std::byte> bytes, std::string expected_sha256, Done done);
+  void Submit(std::span<const std::byte> bytes, RecordDigest expected, Done done);
   unsigned threads() const { return static_cast<unsigned>(threads_.size()); }
 
  private:
   struct Job {
     std::span<const std::byte> bytes;
-    std::string expected;
+    RecordDigest expected;
     Done done;
   };
   RecordVerifier() = default;
@@ -54,8 +70,8 @@ class RecordVerifier {
   std::vector<std::thread> threads_;
 };
 
-// sha256(bytes) == expected_sha256 (lower-case hex): the check RecordVerifier runs, for
-// callers that verify inline.
-bool RecordMatches(std::span<const std::byte> bytes, const std::string& expected_sha256);
+// Whether `bytes` hash to `expected`: the check RecordVerifier runs, for callers that verify
+// inline.
+bool RecordMatches(std::span<const std::byte> bytes, const RecordDigest& expected);
 
 }  // namespace nq::streamer

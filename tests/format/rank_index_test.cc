@@ -32,7 +32,10 @@ RankIndex TestIndex() {
     e.records = {RecordFile(1, layer), 0, testing::kExperts * layout.rec_bytes,
                  std::string(64, 'c')};
     e.resident = {ResidentFile(1, layer), 0, 1234, std::string(64, 'd')};
-    for (uint32_t x = 0; x < testing::kExperts; ++x) e.record_sha256.push_back(std::string(63, 'e') + "0123456789"[x % 10]);
+    for (uint32_t x = 0; x < testing::kExperts; ++x) {
+      e.record_sha256.push_back(std::string(63, 'e') + "0123456789"[x % 10]);
+      e.record_xxh3.push_back(std::string(31, 'f') + "0123456789"[x % 10]);
+    }
     index.layers.push_back(e);
   }
   return index;
@@ -98,6 +101,33 @@ TEST(RankIndexTest, RecordChecksumsAreOnePerExpertAndHex) {
   index.layers[0].record_sha256[3] = std::string(64, 'E');
   EXPECT_THAT(index.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
                                          HasSubstr("layer 3: record_sha256[3] must be 64 lower-case hex digits")));
+}
+
+// XXH3 record checksums are optional (releases written before them have none), and when
+// present one per expert of 32 lower-case hex digits; an index without them round-trips
+// without the field.
+TEST(RankIndexTest, Xxh3RecordChecksumsAreOptionalButWholeAndHex) {
+  RankIndex index = TestIndex();
+  for (LayerEntry& e : index.layers) e.record_xxh3.clear();
+  EXPECT_THAT(index.Validate(), IsOk());
+  const std::string text = SerializeRankIndex(index);
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("record_xxh3")));
+  auto parsed = ParseRankIndex(text, "rank1.json");
+  ASSERT_THAT(parsed.status(), IsOk());
+  EXPECT_EQ(*parsed, index);
+
+  index = TestIndex();
+  index.layers[1].record_xxh3.pop_back();
+  EXPECT_THAT(index.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("layer 4: 3 record_xxh3 entries for 4 experts")));
+  index = TestIndex();
+  index.layers[0].record_xxh3[1] = std::string(64, 'a');  // a sha256 in the xxh3 field
+  EXPECT_THAT(index.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                         HasSubstr("layer 3: record_xxh3[1] must be 32 lower-case hex digits")));
+  Json j = Json::parse(SerializeRankIndex(TestIndex()));
+  j["layers"][0]["record_xxh3"][2] = 7;
+  EXPECT_THAT(ParseJson(j), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("rank1.json: layers[0].record_xxh3[2] is not a string")));
 }
 
 TEST(RankIndexTest, OffsetsAndSizes) {

@@ -100,6 +100,7 @@ TEST_F(ReleaseTest, IndexHoldsEveryRecordsSha256) {
         auto record = release->ReadRecord(rank, layer, e);
         ASSERT_THAT(record.status(), IsOk());
         EXPECT_EQ((*entry)->record_sha256[e], Sha256Hex(*record)) << "rank " << rank << " layer " << layer << " expert " << e;
+        EXPECT_EQ((*entry)->record_xxh3[e], Xxh3Hex(*record)) << "rank " << rank << " layer " << layer << " expert " << e;
       }
     }
   }
@@ -207,6 +208,24 @@ TEST_F(ReleaseTest, VerifyCatchesFlippedRecordByte) {
   EXPECT_EQ(report->ToString(),
             "rank 1 layer 4 rank1/L4.bin: sha256 differs\n"
             "rank 1 layer 4 rank1/L4.bin: expert 3: record differs from its sha256 in rank1.json\n");
+}
+
+// The streamer checks reads against the index's XXH3 entries, so nq verify checks them too: an
+// entry that disagrees with a record whose file and sha256 match would refuse a good record.
+TEST_F(ReleaseTest, VerifyCatchesAWrongXxh3Entry) {
+  testing::EditRankIndexes(dir_, [](RankIndex& index) {
+    if (index.rank == 1) index.layers[0].record_xxh3[2] = std::string(32, '0');
+  });
+  auto report = VerifyRelease(dir_);
+  ASSERT_THAT(report.status(), IsOk());
+  EXPECT_THAT(report->differences,
+              ElementsAre(Difference{1, 3, "rank1/L3.bin", "expert 2: record differs from its xxh3 in rank1.json"}));
+}
+
+// Xxh3Hex is XXH3-128 in its canonical form, as `xxhsum -H2` prints it.
+TEST(Xxh3HexTest, MatchesXxhsum) {
+  EXPECT_EQ(Xxh3Hex({}), "99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(Xxh3Hex(AsBytes(std::string("nestquant"))), "1289c8131541d911fe8d10aad6e830cf");
 }
 
 // nq verify's progress: one report per (rank, layer), every byte it hashed (records twice: as

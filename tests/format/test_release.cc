@@ -8,6 +8,8 @@
 #include <sstream>
 #include <vector>
 
+#include "services/format/file_io.h"
+#include "services/format/rank_index.h"
 #include "services/format/release_writer.h"
 #include "services/model/safetensors_writer.h"
 #include "tests/common/status_matchers.h"
@@ -90,6 +92,28 @@ std::string ReadAll(const std::string& path) {
 void WriteAll(const std::string& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << contents;
+}
+
+void DropRecordXxh3(const std::string& dir) {
+  EditRankIndexes(dir, [](RankIndex& index) {
+    for (LayerEntry& layer : index.layers) layer.record_xxh3.clear();
+  });
+}
+
+void EditRankIndexes(const std::string& dir, const std::function<void(RankIndex&)>& edit) {
+  auto complete = ParseComplete(ReadAll(dir + "/" + kCompleteFile));
+  ASSERT_TRUE(complete.ok()) << complete.status();
+  for (uint32_t rank = 0; rank < kTpSize; ++rank) {
+    auto index = ReadRankIndex(dir, rank);
+    ASSERT_TRUE(index.ok()) << index.status();
+    edit(*index);
+    const std::string text = SerializeRankIndex(*index);
+    WriteAll(dir + "/" + RankIndexFile(rank), text);
+    for (CompleteEntry& entry : *complete) {
+      if (entry.path == RankIndexFile(rank)) entry.sha256 = Sha256Hex(text);
+    }
+  }
+  WriteAll(dir + "/" + kCompleteFile, SerializeComplete(*complete));
 }
 
 void FlipByte(const std::string& path, uint64_t offset) {

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
 #include "services/format/manifest.h"
+#include "services/format/rank_index.h"
 #include "services/format/record_layout.h"
 
 namespace nq::format::testing {
@@ -27,5 +29,10 @@ std::string ReadAll(const std::string& path);
 void WriteAll(const std::string& path, const std::string& contents);
 // Flips one bit of the byte at `offset` in `path`.
 void FlipByte(const std::string& path, uint64_t offset);
+// Applies `edit` to every rank index of `dir`'s release and updates COMPLETE to match (so the
+// release still opens).
+void EditRankIndexes(const std::string& dir, const std::function<void(RankIndex&)>& edit);
+// Makes `dir`'s release look written before XXH3 record checksums (no record_xxh3).
+void DropRecordXxh3(const std::string& dir);
 
 }  // namespace nq::format::testing

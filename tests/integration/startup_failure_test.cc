@@ -81,6 +81,7 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"worker", {"--no_such_flag=1"}, "no_such_flag"},
       {"streamer", {"--read_queue_depth=0"}, "--read_queue_depth"},
       {"streamer", {"--direct_io=maybe"}, "--direct_io=maybe"},
+      {"streamer", {"--record_check=md5"}, "--record_check must be fastest or sha256, not 'md5'"},
       {"streamer", {"--record_mirrors=" + log_dir_}, "--record_mirrors needs --records_dir"},
       // A directory that holds no release: refused at start, not at the first session.
       {"streamer", {"--records_dir=" + log_dir_}, "COMPLETE"},

@@ -1,5 +1,6 @@
-// Issue #22: every record the streamer reads is checked against its own sha256 in the rank
-// index before it can be handed out (RecordStore + RecordVerifier), and injected slow reads
+// Issue #22: every record the streamer reads is checked against its own checksum in the rank
+// index (XXH3-128, or SHA-256 where asked or where the index predates XXH3) before it can be
+// handed out (RecordStore + RecordVerifier), and injected slow reads
 // (read_faults.h, slow=P:MS) hold their record in the ring for the time asked, cancellable like
 // any read. Reads through a small synthetic release (tests/format/test_release.h).
 #include <gmock/gmock.h>
@@ -88,16 +89,20 @@ class RecordChecksTest : public ::testing::Test {
 // A record that changes after its layer file was hashed (the file check is cached per process)
 // is caught by its own checksum: that read fails with DATA_LOSS, reason "checksum", and hands
 // out no bytes; the layer's other records land intact. Inline and on a verifier pool alike.
+// The check is the index's XXH3-128 by default and SHA-256 when asked; the error names it.
 TEST_F(RecordChecksTest, RecordChangedAfterItsFileWasHashedFailsItsChecksum) {
-  for (unsigned threads : {0u, 2u}) {
-    SCOPED_TRACE(threads == 0 ? "checked on the owner thread" : "checked on a verifier pool");
+  for (const auto& [threads, check] : {std::pair{0u, RecordCheck::kFastest}, std::pair{2u, RecordCheck::kFastest},
+                                       std::pair{0u, RecordCheck::kSha256}, std::pair{2u, RecordCheck::kSha256}}) {
+    const std::string name = check == RecordCheck::kFastest ? "xxh3" : "sha256";
+    SCOPED_TRACE((threads == 0 ? "checked on the owner thread with " : "checked on a verifier pool with ") + name);
     std::shared_ptr<RecordVerifier> verifier;
     if (threads > 0) {
       auto created = RecordVerifier::Create(threads);
       ASSERT_THAT(created.status(), IsOk());
       verifier = *created;
     }
-    auto store = RecordStore::Open({dir_}, {.queue_depth = 4, .read_piece_bytes = 4096, .verifier = verifier});
+    auto store = RecordStore::Open(
+        {dir_}, {.queue_depth = 4, .read_piece_bytes = 4096, .record_check = check, .verifier = verifier});
     ASSERT_THAT(store.status(), IsOk());
     ASSERT_THAT((*store)->VerifyLayer(0, kLayer), IsOk());  // the whole file matches now
     format::testing::FlipByte(dir_ + "/rank0/L3.bin", kBadExpert * rec_bytes_ + 100);
@@ -108,7 +113,7 @@ TEST_F(RecordChecksTest, RecordChangedAfterItsFileWasHashedFailsItsChecksum) {
       if (e == kBadExpert) {
         EXPECT_THAT(done[e].status, StatusIs(absl::StatusCode::kDataLoss,
                                              AllOf(HasSubstr("expert 2 of layer 3"), HasSubstr("rank0/L3.bin"),
-                                                   HasSubstr("does not match its sha256"))));
+                                                   HasSubstr("does not match its " + name + " in the index"))));
         EXPECT_EQ(done[e].failure, "checksum");
         EXPECT_EQ(done[e].bytes, 0u);
       } else {
@@ -120,10 +125,27 @@ TEST_F(RecordChecksTest, RecordChangedAfterItsFileWasHashedFailsItsChecksum) {
     // The synchronous path checks too.
     Buffer one(rec_bytes_);
     EXPECT_THAT((*store)->ReadRecord(0, kLayer, kBadExpert, one.span()),
-                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not match its sha256")));
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not match its " + name)));
     EXPECT_THAT((*store)->ReadRecord(0, kLayer, kBadExpert + 1, one.span()), IsOk());
     format::testing::FlipByte(dir_ + "/rank0/L3.bin", kBadExpert * rec_bytes_ + 100);  // whole again
   }
+}
+
+// A release written before XXH3 record checksums is still checked, with SHA-256: the default
+// falls back per file, and a changed record is caught all the same.
+TEST_F(RecordChecksTest, ReleaseWithoutXxh3ChecksumsIsCheckedWithSha256) {
+  ASSERT_NO_FATAL_FAILURE(format::testing::DropRecordXxh3(dir_));
+  auto files = RecordFiles::Open({dir_});
+  ASSERT_THAT(files.status(), IsOk());
+  EXPECT_FALSE((*files)->all_have_record_xxh3());
+  auto store = RecordStore::Create(*files, {.queue_depth = 4});
+  ASSERT_THAT(store.status(), IsOk());
+  ASSERT_THAT((*store)->VerifyLayer(0, kLayer), IsOk());
+  format::testing::FlipByte(dir_ + "/rank0/L3.bin", kBadExpert * rec_bytes_ + 100);
+  Buffer one(rec_bytes_);
+  EXPECT_THAT((*store)->ReadRecord(0, kLayer, kBadExpert, one.span()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not match its sha256 in the index")));
+  EXPECT_THAT((*store)->ReadRecord(0, kLayer, kBadExpert + 1, one.span()), IsOk());
 }
 
 // Checking can be turned off (the bench's before/after): the changed record then lands as read.
@@ -205,12 +227,17 @@ TEST(RecordVerifierTest, ChecksOnItsThreads) {
     absl::MutexLock lock(&tally.mu);
     ++(ok ? tally.good : tally.bad);
   };
-  (*verifier)->Submit(bytes, std::string(64, '0'), count);
-  (*verifier)->Submit(bytes, format::Sha256Hex(bytes), count);
+  using Kind = RecordDigest::Kind;
+  (*verifier)->Submit(bytes, {.kind = Kind::kSha256, .hex = std::string(64, '0')}, count);
+  (*verifier)->Submit(bytes, {.kind = Kind::kSha256, .hex = format::Sha256Hex(bytes)}, count);
+  (*verifier)->Submit(bytes, {.kind = Kind::kXxh3, .hex = std::string(32, '0')}, count);
+  (*verifier)->Submit(bytes, {.kind = Kind::kXxh3, .hex = format::Xxh3Hex(bytes)}, count);
+  // A checksum of the other kind never matches.
+  (*verifier)->Submit(bytes, {.kind = Kind::kXxh3, .hex = format::Sha256Hex(bytes)}, count);
   absl::MutexLock lock(&tally.mu);
-  tally.mu.Await(absl::Condition(+[](Tally* t) { return t->good + t->bad == 2; }, &tally));
-  EXPECT_EQ(tally.good, 1);
-  EXPECT_EQ(tally.bad, 1);
+  tally.mu.Await(absl::Condition(+[](Tally* t) { return t->good + t->bad == 5; }, &tally));
+  EXPECT_EQ(tally.good, 2);
+  EXPECT_EQ(tally.bad, 3);
 }
 
 }  // namespace
