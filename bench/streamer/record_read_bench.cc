@@ -6,7 +6,9 @@
 // The release: --release names one (e.g. .run/embedded/release from scripts/embedded_model.sh),
 // or a synthetic one of about --megabytes is written under --dir (1 rank, 32 experts x 1 MiB
 // records per layer; reused on a rerun). Every record file of --rank is hashed once first
-// (RecordStore::VerifyLayer, as the streamer does before a file's first read; timed apart).
+// (RecordStore::VerifyLayer; timed apart): the whole-file check the streamer made before a
+// file's first read until its record checks made it redundant, and a store that does not check
+// records still makes (the unchecked store below then finds it cached).
 //
 // Each pass, over the same files:
 //   peak:  a raw O_DIRECT io_uring reader (raw_read_sweep.h) reading the record ranges front to

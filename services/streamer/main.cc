@@ -164,7 +164,8 @@ absl::StatusOr<std::optional<SlotLoaderOptions>> LoaderOptionsFromFlags(std::str
   options.predictor.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
   if (!options.predictor_state_dir.empty()) RETURN_IF_ERROR(format::MakeDirs(options.predictor_state_dir));
   // Opened once, now, so a bad release fails the start, not the first session; every
-  // session reads through these files, so each layer file is hashed once per process.
+  // session reads through these files. No layer file is hashed whole: each record read is
+  // checked against its own checksum instead (RecordStoreOptions::verify_hashes says why).
   ASSIGN_OR_RETURN(std::shared_ptr<RecordFiles> files, RecordFiles::Open(options.record_dirs, options.store.direct_io));
   *release_id = files->release().id();
   if (options.store.record_check == RecordCheck::kSha256) {

@@ -2,8 +2,8 @@
 // and shared by every worker session (issue #11): each copy validated through
 // format::Release (COMPLETE present, every file listed and long enough, mirrors identical),
 // every (copy, rank, layer) record file opened once, O_DIRECT where the filesystem allows it,
-// and each file hashed at most once per process, on demand, before its first record is
-// handed out.
+// and each file hashed at most once per process, on demand: by VerifyLayer, or before its first
+// record is handed out by a store that does not check records (RecordStoreOptions::verify_hashes).
 //
 // Thread-safe: any number of RecordStores (one per session, each with its own io_uring ring
 // and bounce buffers) read through one RecordFiles. Everything but the hash results is fixed

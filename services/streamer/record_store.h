@@ -8,19 +8,20 @@
 //                                  .tag = 42}));
 //   ASSIGN_OR_RETURN(RecordCompletion done, store->Wait());   // done.tag == 42
 //
-// The files themselves (validation, open descriptors, O_DIRECT fallback, the per-file sha256
-// checked once before the first record of a file is handed out) are a RecordFiles, which
-// several stores may share: the streamer opens one per process and gives each worker session
-// a RecordStore of its own over it, so a layer file is hashed once per process. A file that
-// fails its hash makes every read of it complete with DATA_LOSS naming the file, so a bad
-// record is never handed out as good.
+// The files themselves (validation, open descriptors, O_DIRECT fallback, the per-file sha256,
+// hashed at most once) are a RecordFiles, which several stores may share: the streamer opens
+// one per process and gives each worker session a RecordStore of its own over it.
 //
-// Every record is also checked on its own (issue #22): the rank index (format version 2) holds
-// each record's sha256, and a read completes OK only once the bytes that landed match it. So a
-// record that went bad after its file was hashed (a drive returning wrong data, a file changed
-// under the streamer) completes with DATA_LOSS (failure "checksum") and is never handed out.
-// The hashing runs on a RecordVerifier's threads when one is given, so the owner thread goes on
-// issuing reads meanwhile; without one, on the owner thread after the ring has been refilled.
+// Every record is checked on its own (issue #22): the rank index holds each record's SHA-256
+// (and XXH3-128, checked by default, where the release has it), and a read completes OK only
+// once the bytes that landed match it; one that does not completes with DATA_LOSS (failure
+// "checksum") and is never handed out, and only that record is lost. The hashing runs on a
+// RecordVerifier's threads when one is given, so the owner thread goes on issuing reads
+// meanwhile; without one, on the owner thread after the ring has been refilled. A store that
+// does not check records (verify_records = false, verify_hashes on) hashes each whole layer
+// file instead, once per RecordFiles, before the first read of it completes; a file that fails
+// makes every read of it complete with DATA_LOSS naming the file (failure "hash"). So a bad
+// record is never handed out either way.
 //
 // A read no longer wanted can be cancelled (Cancel): one still queued in the store never
 // reaches the disk; one in flight is handed to IORING_OP_ASYNC_CANCEL, which cannot stop an
@@ -72,7 +73,15 @@ struct RecordStoreOptions {
   unsigned buffers = 0;
   // How Open opens the files (Create takes them as they are).
   DirectIo direct_io = DirectIo::kAuto;
-  // Hash a layer file (once per RecordFiles) before its first read is allowed to complete OK.
+  // Hash a whole layer file (SHA-256, once per RecordFiles) before its first read may complete
+  // OK; a file that fails fails every read of it. Only when verify_records is off: record checks
+  // make it redundant, since the hashed range of a layer file is exactly its records (experts x
+  // rec_bytes, checked when the index is read) and every byte a read hands out is checked
+  // against its record's checksum (a damaged checksum in the index fails its record; it cannot
+  // pass damaged bytes). And it is costly: a GLM-5 layer file is about 2.4 GB, about 1.4 s of
+  // SHA-256 on the loader thread at the layer's first read (about 100 s over 75 layers at
+  // start-up, experts at 2 bits meanwhile), and one bad byte fails every expert of the layer
+  // where a record check loses only the damaged record. VerifyLayer still hashes on demand.
   bool verify_hashes = true;
   // Check every record against its checksum in the rank index before its read completes OK,
   // with the checksum `record_check` picks.
@@ -98,9 +107,10 @@ struct ReadRequest {
 
 struct RecordCompletion {
   uint64_t tag = 0;
-  // DATA_LOSS for a layer file that fails its hash, a record that fails its own sha256, or a
-  // short read; CANCELLED for a read cancelled before it landed. OK means the whole record
-  // landed, its file's hash matched and (verify_records) the record matches its sha256.
+  // DATA_LOSS for a record that fails its own checksum, a layer file that fails its hash (a
+  // store that hashes files: see verify_hashes), or a short read; CANCELLED for a read cancelled
+  // before it landed. OK means the whole record landed and matches its checksum in the index
+  // (verify_records) or lies in a file whose hash matched (verify_hashes alone).
   absl::Status status;
   // Why a read failed, for the metrics: "io_error", "short_read", "hash", "checksum", "submit"
   // ("" if OK).
@@ -182,8 +192,8 @@ class RecordStore {
   absl::Status ReadRecord(uint32_t rank, uint32_t layer, uint32_t expert,
                           std::span<std::byte> out);
 
-  // Hashes every copy's file of the layer (once per RecordFiles; cached). DATA_LOSS naming
-  // the file on a mismatch.
+  // Hashes every copy's file of the layer (once per RecordFiles; cached), whatever the options:
+  // a store that checks records never does so by itself. DATA_LOSS naming the file on a mismatch.
   absl::Status VerifyLayer(uint32_t rank, uint32_t layer) { return files_->VerifyLayer(rank, layer); }
   // True once every copy's file of the layer has been hashed and matched.
   bool LayerVerified(uint32_t rank, uint32_t layer) const { return files_->LayerVerified(rank, layer); }

@@ -648,36 +648,61 @@ TEST_F(SlotProtocolTest, FourBitExpertsDecodedFromSlotBytesEqualTheReleaseDecode
   EXPECT_GE(checked, 3) << "both layers' fixed experts and a floating one";
 }
 
-TEST_F(SlotProtocolTest, ARecordFailingItsHashIsNeverReadyAndIsCounted) {
-  // A copy of the release with one byte of layer 1's record file flipped.
+// Two damaged records of layer 1 (its fixed expert's and a floating expert's) fail their
+// checksums: neither expert is ever READY, each failure is counted by reason, and only those two
+// are lost: the layer's other experts still load from the same file.
+TEST_F(SlotProtocolTest, ARecordFailingItsChecksumIsNeverReadyAndIsCounted) {
+  const uint32_t fixed = decoder_->FixedSet(kMoeLayer).at(0);
+  const uint32_t bad_floating = (fixed + 1) % kExperts;
+  const uint32_t good_floating = (fixed + 2) % kExperts;
   const fs::path bad = *root_ / absl::StrCat("bad-", ::testing::UnitTest::GetInstance()->random_seed());
   fs::copy(release_dir_, bad, fs::copy_options::recursive);
   absl::StatusOr<std::string> record_path = decoder_->release().RecordPath(0, kMoeLayer);
   ASSERT_TRUE(record_path.ok());
+  absl::StatusOr<const format::LayerEntry*> entry = decoder_->release().Layer(0, kMoeLayer);
+  ASSERT_TRUE(entry.ok());
   const fs::path target = bad / fs::path(*record_path).lexically_relative(release_dir_);
-  {
+  for (const uint32_t expert : {fixed, bad_floating}) {
+    const auto offset =
+        static_cast<std::streamoff>((*entry)->records.offset + uint64_t{expert} * (*entry)->layout.rec_bytes + 100);
     std::fstream file(target, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(file.good()) << target;
-    file.seekg(100);
+    file.seekg(offset);
     char byte = 0;
     file.read(&byte, 1);
     byte = static_cast<char>(byte ^ 0x5a);
-    file.seekp(100);
+    file.seekp(offset);
     file.write(&byte, 1);
   }
   StartStreamer(bad.string(), ChurningPredictor());
   StartWorker(4, 1);
-  // The MTP layer's fixed expert lands; layer 1's fails its hash and never becomes READY.
+  // The MTP layer's fixed expert lands; layer 1's fails its checksum and never becomes READY.
   ASSERT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}") >= 1; },
                         std::chrono::seconds(10)));
   ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 1; }, std::chrono::seconds(10)));
+  EXPECT_NE(table_->ReadySlots().at(0).layer(), kMoeLayer);
+  // Both floating experts are hot: the damaged one fails, the whole one lands.
   std::mt19937 rng(1);
-  client_->EnqueueRoutingReport(Report({0, 1, 2, 3}, rng, 0));
-  client_->EnqueueRoutingReport(Report({0, 1, 2, 3}, rng, 16));
+  client_->EnqueueRoutingReport(Report({bad_floating, good_floating}, rng, 0));
+  client_->EnqueueRoutingReport(Report({bad_floating, good_floating}, rng, 16));
+  auto ready_in_layer = [&](uint32_t expert) {
+    for (const nq::v1::SlotEntry& e : table_->ReadySlots()) {
+      if (e.layer() == kMoeLayer && e.expert() == expert) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(WaitUntil([&] { return ready_in_layer(good_floating); }, std::chrono::seconds(10)))
+      << "a whole record of the damaged layer file did not load";
+  EXPECT_TRUE(WaitUntil([&] { return StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}") >= 2; },
+                        std::chrono::seconds(10)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) EXPECT_NE(entry.layer(), kMoeLayer);
-  EXPECT_EQ(StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}"), 1);
-  EXPECT_GE(StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
+  EXPECT_FALSE(ready_in_layer(fixed));
+  EXPECT_FALSE(ready_in_layer(bad_floating));
+  EXPECT_EQ(CheckReadySlots(), 0);
+  EXPECT_EQ(StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}"), 2);
+  EXPECT_EQ(StreamerMetric("nq_streamer_read_errors_total{reason=\"checksum\"}"), 2);
+  EXPECT_LT(StreamerMetric("nq_streamer_read_errors_total{reason=\"hash\"}"), 1) << "a whole layer file was hashed";
+  EXPECT_GE(StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}"), 2);
   fs::remove_all(bad);
 }
 

@@ -205,8 +205,8 @@ class SlotLoaderTest : public ::testing::Test {
 
 // An expert evicted and wanted again while its record still sits in a bounce buffer is copied
 // into its slot with no disk read. To tell a cached copy from a fresh read, the record on disk
-// is overwritten after the first read (the file's hash was checked once, before it): the slot
-// must hold the original bytes.
+// is overwritten after the first read (records are checked one by one, so the file's other
+// records still read): the slot must hold the original bytes.
 TEST_F(SlotLoaderTest, CachedRecordLoadsASlotWithoutADiskRead) {
   ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}, /*auto_ack=*/false));
   ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, 0) == kFixedExpert; }));
@@ -362,10 +362,19 @@ TEST_F(SlotLoaderTest, APlanCutByTheReadBudgetIsFinishedWithoutAnotherReport) {
   EXPECT_EQ(loader_->stats().refreshes, 2u);
 }
 
-// A record whose layer file fails its hash fails its load and leaves its bounce buffer empty:
-// of the two fixed loads (layer 3 damaged, layer 4 whole) only layer 4's record is cached.
+// A record that fails its check fails its load and leaves its bounce buffer empty: of the two
+// fixed loads (layer 3's record damaged, layer 4's whole) only layer 4's record is cached. The
+// record is checked on its own (no whole-file hash, reason "checksum"), so only that expert is
+// lost: another expert of the same layer file still loads, intact.
 TEST_F(SlotLoaderTest, CorruptRecordIsNeverCached) {
-  format::testing::FlipByte(release_dir_ + "/rank0/L3.bin", 100);
+  {
+    auto release = format::Release::Open(release_dir_);
+    ASSERT_THAT(release.status(), IsOk());
+    auto entry = release->Layer(0, kLayer);
+    ASSERT_THAT(entry.status(), IsOk());
+    format::testing::FlipByte(release_dir_ + "/rank0/L3.bin",
+                              (*entry)->records.offset + uint64_t{kFixedExpert} * (*entry)->layout.rec_bytes + 100);
+  }
   ASSERT_NO_FATAL_FAILURE(StartLoader({3, 4}));
   ASSERT_TRUE(WaitUntil([&] {
     const SlotLoader::Stats s = loader_->stats();
@@ -379,6 +388,16 @@ TEST_F(SlotLoaderTest, CorruptRecordIsNeverCached) {
   EXPECT_EQ(Metric("nq_streamer_record_cache_total{result=\"miss\"}"), 2);
   EXPECT_EQ(Metric("nq_streamer_record_cache_total{result=\"hit\"}"), 0);
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
+  EXPECT_EQ(Metric("nq_streamer_read_errors_total{reason=\"checksum\"}"), 1);
+  EXPECT_LT(Metric("nq_streamer_read_errors_total{reason=\"hash\"}"), 1) << "a whole layer file was hashed";
+
+  Route(kA, 16);
+  ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, kFloatingSlot) == kA; }))
+      << "another expert of the damaged layer file did not load";
+  EXPECT_EQ(Slot(kLayer, kFloatingSlot), records_.at({kLayer, kA}));
+  EXPECT_EQ(loader_->stats().cached_records, 2u);
+  EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
+  EXPECT_EQ(Metric("nq_streamer_read_errors_total{reason=\"checksum\"}"), 1);
 }
 
 // Issue #22: a record that went bad after its layer file was hashed (the file check is cached
@@ -404,7 +423,8 @@ TEST_F(SlotLoaderTest, RecordFailingItsChecksumNeverBecomesReady) {
   EXPECT_EQ(Announcements(3, kFixedExpert), 0);
   EXPECT_EQ(loader_->stats().cached_records, 1u) << "the record that failed its checksum was cached";
   EXPECT_EQ(Metric("nq_streamer_read_errors_total{reason=\"checksum\"}"), 1);
-  // Absent (-1) until counted: the file check passed, only the record check failed.
+  // Absent (-1) until counted: the file matched its hash before the damage; only the record
+  // check failed.
   EXPECT_LT(Metric("nq_streamer_read_errors_total{reason=\"hash\"}"), 1) << "the file check should have passed";
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"ready\"}"), 1);
