@@ -1,6 +1,7 @@
 #include "services/release/prefill_experts.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <spdlog/spdlog.h>
@@ -9,6 +10,32 @@
 #include "services/common/status_macros.h"
 
 namespace nq::release {
+namespace {
+
+// Weight of the newest sample in the timings' exponential averages: a few layers settle them,
+// and one slow read or layer moves them only a little.
+constexpr double kTimingAlpha = 0.2;
+
+void Blend(double& average, double sample) {
+  if (!(sample > 0) || !std::isfinite(sample)) return;
+  average = average > 0 ? (1 - kTimingAlpha) * average + kTimingAlpha * sample : sample;
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+PrefillReadBudget ReadTimeBudget(const PrefillTimings& timings, int64_t span_tokens, int64_t rec_bytes, int64_t slots,
+                                 double late_read_share) {
+  const double layer_seconds = timings.seconds_per_token_layer * static_cast<double>(std::max<int64_t>(span_tokens, 0));
+  const double records = layer_seconds * timings.read_bytes_per_second / static_cast<double>(rec_bytes);
+  const double cap = static_cast<double>(slots);
+  return {.prefetch = static_cast<int64_t>(std::clamp(std::floor(records), 1.0, cap)),
+          .late = static_cast<int64_t>(std::clamp(std::floor(records * std::max(late_read_share, 0.0)), 0.0, cap)),
+          .by_time = true};
+}
 
 absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const ReleaseExpertDecoder& decoder,
                                                                        kernels::Backend& backend, int64_t num_experts,
@@ -60,11 +87,31 @@ PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Bac
 
 PrefillExperts::~PrefillExperts() { End(); }
 
-int64_t PrefillExperts::Budget(int64_t span_tokens) const {
-  if (span_tokens >= options_.full_span_tokens) return options_.slots;
+PrefillReadBudget PrefillExperts::Budget(int64_t span_tokens) const {
+  if (span_tokens >= options_.full_span_tokens) return {.prefetch = options_.slots, .late = options_.slots};
+  if (const PrefillTimings t = timings(); options_.late_read_share > 0 && t.measured()) {
+    return ReadTimeBudget(t, span_tokens, slot_bytes_, options_.slots, options_.late_read_share);
+  }
   const int64_t scaled = (options_.slots * std::max<int64_t>(span_tokens, 0) + options_.full_span_tokens - 1) /
                          options_.full_span_tokens;
-  return std::clamp<int64_t>(scaled, 1, options_.slots);
+  const int64_t n = std::clamp<int64_t>(scaled, 1, options_.slots);
+  return {.prefetch = n, .late = n};
+}
+
+PrefillTimings PrefillExperts::timings() const {
+  absl::MutexLock lock(&timings_mu_);
+  return timings_;
+}
+
+void PrefillExperts::ObserveRead(int64_t bytes, double seconds) {
+  absl::MutexLock lock(&timings_mu_);
+  if (seconds > 0) Blend(timings_.read_bytes_per_second, static_cast<double>(bytes) / seconds);
+}
+
+void PrefillExperts::ObserveLayerCompute(double seconds) {
+  if (span_tokens_ <= 0) return;
+  absl::MutexLock lock(&timings_mu_);
+  Blend(timings_.seconds_per_token_layer, seconds / static_cast<double>(span_tokens_));
 }
 
 int64_t PrefillExperts::NextMoeLayer(int64_t layer) const {
@@ -77,8 +124,10 @@ int64_t PrefillExperts::NextMoeLayer(int64_t layer) const {
 
 absl::Status PrefillExperts::ReadInto(Buffer& b, int64_t layer, int32_t expert, int64_t slot) {
   b.expert_in[static_cast<size_t>(slot)] = -1;
+  const auto started = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::vector<std::byte> record,
                    decoder_.ReadRecord(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)));
+  ObserveRead(static_cast<int64_t>(record.size()), SecondsSince(started));
   if (static_cast<int64_t>(record.size()) > slot_bytes_) {
     return absl::InternalError(absl::StrCat("layer ", layer, " expert ", expert, ": a record of ", record.size(),
                                             " bytes in a slot of ", slot_bytes_));
@@ -110,7 +159,7 @@ void PrefillExperts::StartPrefetch(int64_t layer) {
     experts.resize(static_cast<size_t>(num_experts_));
     std::iota(experts.begin(), experts.end(), 0);
   }
-  experts.resize(std::min<size_t>(experts.size(), static_cast<size_t>(Budget(span_tokens_))));
+  experts.resize(std::min<size_t>(experts.size(), static_cast<size_t>(budget_.prefetch)));
   Buffer& b = buffers_[1 - current_];
   prefetch_ = std::async(std::launch::async, [this, &b, layer, experts = std::move(experts)]() mutable {
     return Prefetch(b, layer, std::move(experts));
@@ -125,6 +174,15 @@ absl::Status PrefillExperts::WaitPrefetch() {
 void PrefillExperts::Begin(int64_t span_tokens) {
   End();
   span_tokens_ = span_tokens;
+  budget_ = Budget(span_tokens);
+  last_hook_return_.reset();
+  if (budget_.by_time) {
+    const PrefillTimings t = timings();
+    spdlog::debug("layer-major prefill of {} tokens: up to {} records a layer prefetched and {} read late ({:.3f} ms "
+                  "of compute a layer, reads at {:.2f} GB/s)",
+                  span_tokens, budget_.prefetch, budget_.late,
+                  1e3 * t.seconds_per_token_layer * static_cast<double>(span_tokens), t.read_bytes_per_second / 1e9);
+  }
   for (Buffer& b : buffers_) b.layer = -1;
   // StartPrefetch fills the buffer BeforeMoe does not hand out next; flip so the first MoE
   // layer's prefetch lands in the one it does.
@@ -141,6 +199,7 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
     int64_t layer, std::span<const model::MoeRouting> chunks) {
   const std::vector<uint32_t>& held = decoder_.moe_layer_ids();
   if (std::find(held.begin(), held.end(), static_cast<uint32_t>(layer)) == held.end()) return std::nullopt;
+  if (last_hook_return_.has_value()) ObserveLayerCompute(SecondsSince(*last_hook_return_));
   Buffer& b = buffers_[current_];
   if (absl::Status s = WaitPrefetch(); !s.ok()) {
     // A failed read costs precision, not the request: what is missing is read again below,
@@ -157,15 +216,16 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
       if (e >= 0 && e < num_experts_) ++calls[static_cast<size_t>(e)];
     }
   }
-  // The span's experts, most-routed first (ties: the lower id); the first `budget` are read if
-  // the prefetch missed them.
+  // The span's experts, most-routed first (ties: the lower id); of the first budget_.prefetch,
+  // up to budget_.late are read if the prefetch missed them.
   std::vector<int32_t> used;
   for (int32_t e = 0; e < num_experts_; ++e) {
     if (calls[static_cast<size_t>(e)] > 0) used.push_back(e);
   }
   std::stable_sort(used.begin(), used.end(),
                    [&](int32_t a, int32_t c) { return calls[static_cast<size_t>(a)] > calls[static_cast<size_t>(c)]; });
-  const size_t budget = static_cast<size_t>(Budget(span_tokens_));
+  const size_t chosen = static_cast<size_t>(budget_.prefetch);
+  int64_t late_reads = 0;
   std::vector<int32_t> slot_of(static_cast<size_t>(num_experts_), -1);
   std::vector<int64_t> free_slots;
   // Slots whose prefetched expert the span routes keep it (already read); the others are free.
@@ -192,7 +252,8 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
       b.expert_in[static_cast<size_t>(s)] = e;
       ++totals_.records_from_slots;
       records_from_slots_.Increment();
-    } else if (i < budget) {
+    } else if (i < chosen && late_reads < budget_.late) {
+      ++late_reads;
       if (absl::Status read = ReadInto(b, layer, e, s); !read.ok()) {
         spdlog::warn("prefill: layer {} expert {} stays at 2 bits: {}", layer, e, read.ToString());
         continue;
@@ -224,6 +285,7 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
                                         .num_slots = options_.slots,
                                         .slot_of_expert = std::move(slot_of)};
   current_ = 1 - current_;
+  last_hook_return_ = std::chrono::steady_clock::now();
   return slots;
 }
 

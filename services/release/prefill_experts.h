@@ -15,16 +15,19 @@
 // not done here.) Records are read from the release with ReleaseExpertDecoder::ReadRecord.
 //
 // Budget: a span of at least full_span_tokens loads every expert its chunks use (up to the
-// slots); a shorter span reads the most-routed ones, ceil(slots * span / full_span_tokens) of
-// them -- the number of reads grows with the experts, the compute that hides them with the
-// span's tokens, so this keeps the reads' share of the prefill time about constant. (The
-// prefetch reads up to the budget by the manifest's ranking, before the routing is known, and
-// the late reads up to the budget of the most-routed it missed: at most twice the budget, the
-// prefetch's half overlapped with compute.) Experts
+// slots). A shorter span reads the most-routed ones within a time budget, once this object has
+// measured a layer's compute and its own reads (ReadTimeBudget): the prefetch reads what one
+// layer's compute hides, and the reads the prefetch missed (read late, nothing hides them) at
+// most late_read_share of that compute, so the reads slow a prefill by at most that share
+// (issue #23: prefill at >= 0.8x the all-2-bit prefill's throughput). Before the first
+// measurement (a worker's first layer-major prefill) the budget is by tokens instead,
+// ceil(slots * span / full_span_tokens) for the prefetch and again for the late reads: the reads
+// grow with the experts, the compute that hides them with the span's tokens. Experts
 // that cost no read come on top while slots remain: prefetched ones the span routes, and
 // residuals already at hand (a worker's READY slots, PrefillExpertsOptions::copy_ready).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "services/common/metrics/registry.h"
 #include "services/model/model.h"
@@ -50,6 +54,9 @@ struct PrefillExpertsOptions {
   // The model's decoder layers (num_hidden_layers): a prefill never runs the MTP layers past
   // them, so nothing is prefetched there. 0: every MoE layer of the release.
   int64_t decoder_layers = 0;
+  // The share of a layer's compute the late reads may add (above); <= 0 keeps the budget by
+  // tokens even once timings are measured.
+  double late_read_share = 0.25;
   // Fills `out` (rec_bytes of the layer) with (layer, expert)'s residual when one is already at
   // hand -- a worker's READY slot -- and says whether it did. Such experts cost no read, so
   // they come on top of the budget while slots remain. May be empty. Called from BeforeMoe.
@@ -69,6 +76,29 @@ struct PrefillExpertStats {
   }
 };
 
+// What the time budget is computed from: a layer's compute per span token (from one MoE layer's
+// hook returning to the next one's call: its experts, then the next layer's attention and
+// routing, which the prefetch overlaps) and the rate records are read at.
+struct PrefillTimings {
+  double seconds_per_token_layer = 0;
+  double read_bytes_per_second = 0;
+  bool measured() const { return seconds_per_token_layer > 0 && read_bytes_per_second > 0; }
+};
+
+// Records a layer may read for a span: prefetched (hidden behind the compute of the layer before)
+// and late (the prefetch missed them; they add to the prefill's time).
+struct PrefillReadBudget {
+  int64_t prefetch = 0;
+  int64_t late = 0;
+  bool by_time = false;  // from measured timings, or by tokens before any
+};
+
+// The time budget for `span_tokens` (PrefillTimings measured, rec_bytes > 0): the prefetch as
+// many records as one layer's compute reads, at least 1; late reads late_read_share of it.
+// Both at most `slots`.
+PrefillReadBudget ReadTimeBudget(const PrefillTimings& timings, int64_t span_tokens, int64_t rec_bytes, int64_t slots,
+                                 double late_read_share);
+
 class PrefillExperts {
  public:
   // `decoder` and `backend` must outlive this. INVALID_ARGUMENT for slots <= 0 or
@@ -87,7 +117,9 @@ class PrefillExperts {
   void End();
 
   // Experts of a layer loaded for a span of `span_tokens` (the budget above).
-  int64_t Budget(int64_t span_tokens) const;
+  PrefillReadBudget Budget(int64_t span_tokens) const;
+  // What this object measured so far (exponential averages over its prefills).
+  PrefillTimings timings() const;
   // Totals over every prefill so far (the nq_worker_prefill_* metrics count the same).
   const PrefillExpertStats& totals() const { return totals_; }
   int64_t slot_bytes() const { return slot_bytes_; }
@@ -103,8 +135,10 @@ class PrefillExperts {
                  PrefillExpertsOptions options, int64_t slot_bytes);
   // Reads `experts` of `layer` into `b`'s slots (replacing what it held).
   absl::Status Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts);
-  // Reads one record into slot `slot` of `b`.
+  // Reads one record into slot `slot` of `b`, timing the read.
   absl::Status ReadInto(Buffer& b, int64_t layer, int32_t expert, int64_t slot);
+  void ObserveRead(int64_t bytes, double seconds);
+  void ObserveLayerCompute(double seconds);
   // The next MoE layer after `layer` the release holds, or -1.
   int64_t NextMoeLayer(int64_t layer) const;
   void StartPrefetch(int64_t layer);
@@ -119,6 +153,11 @@ class PrefillExperts {
   int current_ = 0;  // the buffer BeforeMoe hands out; the other one is prefetched
   std::future<absl::Status> prefetch_;
   int64_t span_tokens_ = 0;
+  PrefillReadBudget budget_;  // of the current span, fixed at Begin
+  // When the last BeforeMoe of this prefill returned (the next one's call ends that compute).
+  std::optional<std::chrono::steady_clock::time_point> last_hook_return_;
+  mutable absl::Mutex timings_mu_;  // reads are timed on the prefetch thread too
+  PrefillTimings timings_ ABSL_GUARDED_BY(timings_mu_);
   PrefillExpertStats totals_;
   metrics::Counter& calls_4bit_;
   metrics::Counter& calls_2bit_;

@@ -148,8 +148,11 @@ ABSL_FLAG(int64_t, prefill_expert_slots, -1,
           "of a layer's; 0: none, the prefill runs at the decode precision)");
 ABSL_FLAG(int64_t, prefill_full_span_tokens, 32768,
           "Layer-major prefill: spans this long hold every routed expert they use at 4 bits; a shorter span its "
-          "most-routed experts, in proportion to its length (reads grow with experts, the compute hiding them with "
-          "tokens)");
+          "most-routed experts within a time budget once a prefill has been timed (what a layer's compute hides, "
+          "plus --prefill_late_read_share), in proportion to its length before that");
+ABSL_FLAG(double, prefill_late_read_share, 0.25,
+          "Layer-major prefill: the share of a layer's compute that reads the prefetch missed may add (0.25 keeps a "
+          "prefill at 0.8x or more of its all-2-bit speed; 0: the budget by span length only)");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish the running sequence");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -682,7 +685,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                     {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
                                      .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens),
                                      .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),
-                                     .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens)}));
+                                     .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens),
+                                     .late_read_share = absl::GetFlag(FLAGS_prefill_late_read_share)}));
   if (model != nullptr) {
     const absl::StatusOr<GpuMemory> gpu_memory = on_gpu ? QueryGpuMemory(gpu) : absl::StatusOr<GpuMemory>(GpuMemory{});
     const uint64_t free_bytes = on_gpu ? (gpu_memory.ok() ? gpu_memory->free : 0) : HostAvailableBytes().value_or(0);

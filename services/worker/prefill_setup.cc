@@ -21,6 +21,10 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
     return absl::InvalidArgumentError(
         absl::StrCat("--prefill_full_span_tokens=", flags.full_span_tokens, ": want a positive span length"));
   }
+  if (!(flags.late_read_share >= 0 && flags.late_read_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_late_read_share=", flags.late_read_share,
+                                                   ": want a share of a layer's compute in [0, 1]"));
+  }
   if (flags.expert_slots < -1) {
     return absl::InvalidArgumentError(absl::StrCat("--prefill_expert_slots=", flags.expert_slots,
                                                    ": want -1 (every expert), 0 (none) or a slot count"));
@@ -32,7 +36,8 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
                                                                                        : flags.expert_slots,
                                                                                    num_experts),
                                                    .full_span_tokens = flags.full_span_tokens,
-                                                   .decoder_layers = model->config().num_hidden_layers};
+                                                   .decoder_layers = model->config().num_hidden_layers,
+                                                   .late_read_share = flags.late_read_share};
     if (slots != nullptr) {
       // The prefill runs inside one slot step, so the READY slots it copies stay put.
       experts_options.copy_ready = [slots](int64_t layer, int32_t expert, std::span<std::byte> out) {

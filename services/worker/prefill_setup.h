@@ -23,6 +23,7 @@ struct PrefillFlags {
   // precision).
   int64_t expert_slots = -1;
   int64_t full_span_tokens = 32768;  // --prefill_full_span_tokens (PrefillExpertsOptions)
+  double late_read_share = 0.25;     // --prefill_late_read_share (PrefillExpertsOptions)
 };
 
 // Validates the flags (INVALID_ARGUMENT naming the flag) and configures `service`. With

@@ -97,6 +97,7 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"worker", {"--layer_major_prefill_tokens=-5"}, "--layer_major_prefill_tokens=-5"},
       {"worker", {"--prefill_expert_slots=-2"}, "--prefill_expert_slots=-2"},
       {"worker", {"--prefill_full_span_tokens=0"}, "--prefill_full_span_tokens=0"},
+      {"worker", {"--prefill_late_read_share=2"}, "--prefill_late_read_share=2: want a share"},
       {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--max_model_len=lots"},
        "--max_model_len must be a positive number of tokens or auto, got 'lots'"},
       {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--max_model_len=0"},

@@ -163,7 +163,8 @@ TEST_F(PrefillExpertsTest, ABudgetHoldsTheMostRoutedExpertsAndMatchesTokenOrderA
   absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
       release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 1200, .decoder_layers = layers()});
   ASSERT_THAT(prefill, IsOk());
-  ASSERT_EQ((*prefill)->Budget(kPromptTokens), experts() / 4);
+  ASSERT_EQ((*prefill)->Budget(kPromptTokens).prefetch, experts() / 4);
+  ASSERT_FALSE((*prefill)->Budget(kPromptTokens).by_time) << "nothing measured yet: the budget by tokens";
   std::map<int64_t, std::vector<int32_t>> chosen;
   std::map<int64_t, std::vector<int64_t>> calls;
   const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
@@ -196,6 +197,65 @@ TEST_F(PrefillExpertsTest, ABudgetHoldsTheMostRoutedExpertsAndMatchesTokenOrderA
   const double share = (*prefill)->totals().CallShare4Bit();
   EXPECT_GT(share, 0.25);  // the most-routed quarter of the experts serve more than a quarter of the calls
   EXPECT_LT(share, 1.0);
+}
+
+// Issue #23's time budget: the prefetch reads what one layer's compute hides, the late reads a
+// quarter of that, each at least what the arithmetic gives and at most the slots.
+TEST(ReadTimeBudgetTest, ReadsWhatALayersComputeHidesAndAShareMoreLate) {
+  // 10 us a token a layer over 1000 tokens: 10 ms of compute, 10 MB at 1 GB/s, 10 records of 1 MB.
+  const release::PrefillTimings timings{.seconds_per_token_layer = 1e-5, .read_bytes_per_second = 1e9};
+  release::PrefillReadBudget b = release::ReadTimeBudget(timings, 1000, 1'000'000, 256, 0.25);
+  EXPECT_EQ(b.prefetch, 10);
+  EXPECT_EQ(b.late, 2);  // 2.5 records' time: whole records only
+  EXPECT_TRUE(b.by_time);
+  // Twice the tokens, twice the reads; a slower drive, fewer.
+  EXPECT_EQ(release::ReadTimeBudget(timings, 2000, 1'000'000, 256, 0.25).prefetch, 20);
+  EXPECT_EQ(release::ReadTimeBudget({.seconds_per_token_layer = 1e-5, .read_bytes_per_second = 2.5e8}, 1000,
+                                    1'000'000, 256, 0.25).prefetch,
+            2);
+  // At most the slots; at least one prefetched record, and no late read when a quarter of the
+  // compute does not cover one.
+  EXPECT_EQ(release::ReadTimeBudget(timings, 1'000'000, 1'000'000, 256, 0.25).prefetch, 256);
+  EXPECT_EQ(release::ReadTimeBudget(timings, 1'000'000, 1'000'000, 256, 0.25).late, 256);
+  b = release::ReadTimeBudget(timings, 10, 1'000'000, 256, 0.25);
+  EXPECT_EQ(b.prefetch, 1);
+  EXPECT_EQ(b.late, 0);
+}
+
+// After one prefill the object has timed a layer's compute and its reads, and the next prefill's
+// budget is by time; that prefill's reads keep within it, layer by layer.
+TEST_F(PrefillExpertsTest, OncePrefillsAreTimedTheBudgetIsByTimeAndReadsKeepWithinIt) {
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill = release::PrefillExperts::Create(
+      *two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 1 << 20, .decoder_layers = layers()});
+  ASSERT_THAT(prefill, IsOk());
+  EXPECT_FALSE((*prefill)->timings().measured());
+  std::map<int64_t, std::vector<int32_t>> chosen;
+  std::map<int64_t, std::vector<int64_t>> calls;
+  LayerMajor(**prefill, &chosen, &calls);
+  const release::PrefillTimings timings = (*prefill)->timings();
+  ASSERT_TRUE(timings.measured()) << "a prefill of " << MoeLayers() << " MoE layers times their compute and reads";
+  const release::PrefillReadBudget budget = (*prefill)->Budget(kPromptTokens);
+  EXPECT_TRUE(budget.by_time);
+  const int64_t rec_bytes = (*prefill)->slot_bytes();
+  const release::PrefillReadBudget expected = release::ReadTimeBudget(timings, kPromptTokens, rec_bytes, experts(), 0.25);
+  EXPECT_EQ(budget.prefetch, expected.prefetch);
+  EXPECT_EQ(budget.late, expected.late);
+
+  const release::PrefillExpertStats before = (*prefill)->totals();
+  two_bit_.model->ResetCache();
+  chosen.clear();
+  LayerMajor(**prefill, &chosen, &calls);
+  const release::PrefillExpertStats& after = (*prefill)->totals();
+  const int64_t layers_run = static_cast<int64_t>(chosen.size());
+  EXPECT_LE(after.records_read_late - before.records_read_late, budget.late * layers_run);
+  EXPECT_LE(after.records_prefetched_used - before.records_prefetched_used, budget.prefetch * layers_run);
+  // The budget's most-routed experts that the prefetch or a late read brought ran at 4 bits,
+  // and no more than the budget allows (the rest of the calls at 2 bits when it is short).
+  for (const auto& [layer, slot_of] : chosen) {
+    int64_t held = 0;
+    for (int32_t s : slot_of) held += s >= 0 ? 1 : 0;
+    EXPECT_LE(held, budget.prefetch + budget.late) << "layer " << layer;
+  }
 }
 
 TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
@@ -232,7 +292,7 @@ TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
   absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
       release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), options);
   ASSERT_THAT(prefill, IsOk());
-  ASSERT_EQ((*prefill)->Budget(kPromptTokens), 1);
+  ASSERT_EQ((*prefill)->Budget(kPromptTokens).prefetch, 1);
   std::map<int64_t, std::vector<int32_t>> chosen;
   std::map<int64_t, std::vector<int64_t>> calls;
   slots.BeginStep(0);  // as the worker runs a prefill: inside one slot step
