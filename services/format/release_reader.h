@@ -81,14 +81,15 @@ class Release {
   VerifyReport Verify(const std::function<void(const ProgressState&)>& progress = {}) const;
   // What serving rank `rank` trusts at load: manifest.json and the rank indexes against
   // COMPLETE, and every resident file of the rank against its index (hashed whole, on up to
-  // `threads` threads). Record files are left to the streamer, which hashes each layer file
-  // before the first record of it becomes READY.
+  // `threads` threads). Record files are left to the streamer, which checks every record it
+  // reads against its checksum in the index before it can become READY.
   VerifyReport VerifyForServing(uint32_t rank, int threads) const;
+  // manifest.json and the rank indexes against COMPLETE: small files, hashed in full. What
+  // the streamer trusts its per-record checksums from.
+  VerifyReport VerifyListedFiles() const;
 
  private:
   std::string Path(const std::string& relative) const;
-  // manifest.json and the rank indexes against COMPLETE.
-  VerifyReport VerifyListedFiles() const;
 
   std::string dir_;
   Manifest manifest_;

@@ -8,7 +8,7 @@
 //
 // Each buffer is either busy (a read into it is outstanding) or idle; an idle buffer holds a
 // record (key known) or nothing. Only the loader fills a buffer (Fill), and only with a read
-// that landed whole with its file's hash matched: a failed, short or corrupt read is
+// that landed whole and passed the store's checks: a failed, short or corrupt read is
 // Discarded and never found by Lookup. A new read takes the least recently used idle buffer,
 // empty ones first.
 //

@@ -40,6 +40,11 @@ absl::StatusOr<std::shared_ptr<RecordFiles>> RecordFiles::Open(std::vector<std::
   std::vector<Copy> copies;
   for (std::string& dir : dirs) {
     ASSIGN_OR_RETURN(format::Release release, format::Release::Open(dir));
+    // Every read is checked against the index's record checksums: the index itself must be
+    // the one COMPLETE lists (Open only parses it).
+    if (const format::VerifyReport listed = release.VerifyListedFiles(); !listed.ok()) {
+      return absl::DataLossError(absl::StrCat("record store: ", dir, ": ", listed.ToString()));
+    }
     if (!copies.empty() && release.indexes() != copies.front().release.indexes()) {
       return absl::FailedPreconditionError(
           absl::StrCat("record store: mirror ", dir, " does not hold the same release as ",

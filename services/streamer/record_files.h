@@ -61,7 +61,8 @@ class RecordFiles {
 
   // `dirs`: the primary release directory, then mirrors holding identical copies.
   // INVALID_ARGUMENT for no directory; the Release::Open error of a copy
-  // (FAILED_PRECONDITION without COMPLETE, DATA_LOSS for a missing/short file);
+  // (FAILED_PRECONDITION without COMPLETE, DATA_LOSS for a missing/short file); DATA_LOSS for a
+  // manifest or rank index that differs from COMPLETE (the record checksums come from it);
   // FAILED_PRECONDITION when a mirror's indexes differ from the primary's; the errno of an
   // open that fails.
   static absl::StatusOr<std::shared_ptr<RecordFiles>> Open(std::vector<std::string> dirs,

@@ -767,8 +767,8 @@ void SlotLoader::Reap() {
     const Want* want = load == loads_.end() ? nullptr : &load->second.want;
     if (completion.injected_slow) metrics_->slow_reads_injected.Increment();
     if (completion.latency_seconds >= kSlowReadSeconds) metrics_->slow_reads.Increment();
-    // Only a record that landed whole, from a file whose hash matched and matching its own
-    // sha256 (OK), is kept; a failed, short or corrupt read leaves its buffer empty.
+    // Only a record that landed whole and matched its checksum in the index (OK) is kept; a
+    // failed, short or corrupt read leaves its buffer empty.
     if (completion.status.ok() && want != nullptr) {
       cache_.Fill(read.buffer, RecordKey{.rank = read.rank, .layer = want->layer, .expert = want->expert});
       metrics_->read_bytes.Increment(static_cast<double>(completion.bytes));

@@ -73,8 +73,8 @@ namespace nq::streamer {
 struct SlotLoaderOptions {
   // The release directory, then mirrors holding identical copies on other drives.
   std::vector<std::string> record_dirs;
-  // Those directories' files, opened once per process and shared by every session, so
-  // each layer file is hashed once per process. StreamerService opens them from
+  // Those directories' files, opened once per process and shared by every session (their
+  // manifest and indexes hashed once, at the open). StreamerService opens them from
   // record_dirs at its first session when they are not given.
   std::shared_ptr<const RecordFiles> files;
   // Each session's own reader: queue depth (reads outstanding at once), bounce buffers (at

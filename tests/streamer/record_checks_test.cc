@@ -148,6 +148,19 @@ TEST_F(RecordChecksTest, ReleaseWithoutXxh3ChecksumsIsCheckedWithSha256) {
   EXPECT_THAT((*store)->ReadRecord(0, kLayer, kBadExpert + 1, one.span()), IsOk());
 }
 
+// The record checksums are only as good as the index they come from: an index edited after the
+// release was written (COMPLETE not matching it) is refused when the files open, by name.
+TEST_F(RecordChecksTest, AnIndexThatDiffersFromCompleteIsRefusedAtOpen) {
+  std::string index = format::testing::ReadAll(dir_ + "/rank0.json");
+  const size_t at = index.find("record_xxh3");
+  ASSERT_NE(at, std::string::npos);
+  const size_t digit = index.find_first_of("0123456789abcdef", index.find('"', at + 13) + 1);
+  index[digit] = index[digit] == '0' ? '1' : '0';  // still a valid index, a different checksum
+  format::testing::WriteAll(dir_ + "/rank0.json", index);
+  EXPECT_THAT(RecordFiles::Open({dir_}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("rank0.json"), HasSubstr("sha256 differs"))));
+}
+
 // Checking can be turned off (the bench's before/after): the changed record then lands as read.
 TEST_F(RecordChecksTest, UncheckedStoreHandsOutWhatTheDiskReturned) {
   auto store = RecordStore::Open({dir_}, {.verify_records = false});
