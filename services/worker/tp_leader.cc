@@ -115,6 +115,7 @@ void TpLeader::Tick() {
     if (joined.ok()) {
       if (options_.data_plane != nullptr && !FormDataPlane()) return;
       ready_ = true;
+      formed_.store(true);
       fresh_ = true;
       waiting_for_.clear();
       group_->Set(plane_ != nullptr ? static_cast<kernels::Communicator*>(plane_.get()) : comm_.get());
@@ -137,12 +138,20 @@ void TpLeader::Tick() {
                   generation_, std::string(alive.message()));
     waiting_for_ = std::string(alive.message());
     ready_ = false;
+    formed_.store(false);
     Dissolve();
     on_ready_(false);
   }
 }
 
 absl::StatusOr<TpLeader::Lease> TpLeader::Acquire() {
+  if (!formed_.load()) {
+    // Not behind the manager's join: a request is refused now, not when the join gives up.
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    return absl::UnavailableError(absl::StrCat("the tensor-parallel group of ", options_.identity.world_size,
+                                               " ranks is not formed (",
+                                               lock.owns_lock() ? waiting_for_ : "its ranks are joining", ")"));
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (!ready_) {
     return absl::UnavailableError(absl::StrCat("the tensor-parallel group of ", options_.identity.world_size,

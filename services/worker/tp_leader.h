@@ -83,6 +83,9 @@ class TpLeader final : public StepMirror {
   std::unique_ptr<TpDataPlane> plane_;  // with options_.data_plane only
   std::unique_ptr<TpWatchdog> watchdog_;
   bool ready_ = false;
+  // ready_, readable without mu_: while the group forms the manager holds mu_ through the join
+  // (an NCCL init may take up to --tp_timeout_s), and Acquire must refuse at once meanwhile.
+  std::atomic<bool> formed_{false};
   bool fresh_ = false;
   uint64_t generation_ = 0;
   std::string waiting_for_;  // why the group is not formed (for Acquire's error)

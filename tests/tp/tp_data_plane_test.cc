@@ -430,5 +430,57 @@ TEST(TpLeaderDataPlaneTest, CollectivesRunOnThePlaneUntilARankDies) {
   }
 }
 
+// While the group forms, the leader's manager holds its lock through the data plane's join (an
+// NCCL init may take up to --tp_timeout_s). A request meanwhile is refused at once, naming why,
+// instead of waiting out the join; once formed, Acquire leases the group.
+TEST(TpLeaderDataPlaneTest, ARequestDuringASlowJoinIsRefusedAtOnce) {
+  const std::string name = GroupName();
+  Child follower = Spawn([&](std::string& message) {
+    auto comm = JoinGroup(name, 1, 2);
+    if (!comm.ok()) return 2;
+    auto plane = FollowDataPlane(FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration()), **comm,
+                                 absl::Seconds(20));
+    message = plane.status().ToString();
+    absl::SleepFor(absl::Seconds(8));  // stays in the group while the leader's join lingers
+    _exit(plane.ok() ? 0 : 1);
+  });
+  TpDataPlaneFactory factory = FakeFactory(kNcclVersion, absl::OkStatus(), absl::Seconds(4));
+  GroupCommunicator group(0, 2);
+  TpGroupOptions options;
+  options.shm_name = name;
+  options.identity.world_size = 2;
+  options.collective_timeout = absl::Seconds(20);
+  options.data_plane = &factory;
+  std::atomic<int> ready_calls{0};
+  {
+    TpLeader leader(options, &group, [&](bool ready) { ready_calls += ready ? 1 : 0; });
+    leader.Start();
+    double slowest = 0;
+    int refused = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    bool leased = false;
+    while (!leased && absl::Now() < deadline) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<TpLeader::Lease> lease = leader.Acquire();
+      slowest = std::max(slowest, absl::ToDoubleSeconds(absl::Now() - start));
+      if (lease.ok()) {
+        leased = true;
+      } else {
+        EXPECT_THAT(lease.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("not formed")));
+        ++refused;
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    }
+    EXPECT_TRUE(leased) << "the group formed within 20 s";
+    EXPECT_GT(refused, 10) << "requests during the 4 s join were refused";
+    // The join lingers 4 s; a request waited for it before (the manager's 200 ms slices of
+    // waiting for peers still hold the lock, so not zero).
+    EXPECT_LT(slowest, 1.5) << "a request waited for the join";
+    EXPECT_EQ(ready_calls, 1);
+  }
+  const auto [fcode, fmessage] = Reap(follower);
+  EXPECT_EQ(fcode, 0) << fmessage;
+}
+
 }  // namespace
 }  // namespace nq::worker
