@@ -73,6 +73,10 @@ class Release {
                               std::span<std::byte> out) const;
   absl::StatusOr<std::vector<std::byte>> ReadRecord(uint32_t rank, uint32_t layer,
                                                     uint32_t expert) const;
+  // OK when `bytes` match expert `expert`'s checksum in the rank index: its XXH3-128 where the
+  // index has them, else its SHA-256. DATA_LOSS naming the record and the checksum otherwise;
+  // NOT_FOUND as Layer; OUT_OF_RANGE for an expert past the layer's.
+  absl::Status CheckRecord(uint32_t rank, uint32_t layer, uint32_t expert, std::span<const std::byte> bytes) const;
 
   // Hashes manifest.json and the rank indexes against COMPLETE and every record range and
   // resident file against its index. A file that cannot be read is a difference, not an

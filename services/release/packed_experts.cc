@@ -191,7 +191,7 @@ absl::Status AttachRecords(const ReleaseExpertDecoder& decoder, uint32_t layer, 
     if (experts[i] >= packed.weights.num_experts) {
       return absl::InvalidArgumentError(absl::StrCat("expert ", experts[i], " of layer ", layer, " out of range"));
     }
-    ASSIGN_OR_RETURN(std::vector<std::byte> record, decoder.release().ReadRecord(decoder.rank(), layer, experts[i]));
+    ASSIGN_OR_RETURN(std::vector<std::byte> record, decoder.ReadRecord(layer, experts[i]));
     if (static_cast<int64_t>(record.size()) != rec) {
       return absl::DataLossError(absl::StrCat("record of layer ", layer, " expert ", experts[i], " has ", record.size(),
                                               " bytes, want ", rec));

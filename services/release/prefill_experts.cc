@@ -140,10 +140,15 @@ absl::Status PrefillExperts::ReadInto(Buffer& b, int64_t layer, int32_t expert, 
 absl::Status PrefillExperts::Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts) {
   b.layer = layer;
   std::fill(b.expert_in.begin(), b.expert_in.end(), -1);
+  // A record that fails (a read error, or damaged: it fails its checksum) leaves its slot empty
+  // and the rest are still read; the first failure is reported.
+  absl::Status first_failure;
   for (size_t i = 0; i < experts.size() && static_cast<int64_t>(i) < options_.slots; ++i) {
-    RETURN_IF_ERROR(ReadInto(b, layer, experts[i], static_cast<int64_t>(i)));
+    if (absl::Status read = ReadInto(b, layer, experts[i], static_cast<int64_t>(i)); !read.ok() && first_failure.ok()) {
+      first_failure = read;
+    }
   }
-  return absl::OkStatus();
+  return first_failure;
 }
 
 void PrefillExperts::StartPrefetch(int64_t layer) {

@@ -45,7 +45,9 @@ absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> ReleaseExpertDecoder::Open
 }
 
 absl::StatusOr<std::vector<std::byte>> ReleaseExpertDecoder::ReadRecord(uint32_t layer, uint32_t expert) const {
-  return release_.ReadRecord(rank_, layer, expert);
+  ASSIGN_OR_RETURN(std::vector<std::byte> record, release_.ReadRecord(rank_, layer, expert));
+  RETURN_IF_ERROR(release_.CheckRecord(rank_, layer, expert, record));
+  return record;
 }
 
 absl::StatusOr<uint64_t> ReleaseExpertDecoder::RecordBytes(uint32_t layer) const {
@@ -91,7 +93,7 @@ absl::StatusOr<DecodedExpert> ReleaseExpertDecoder::Decode(uint32_t layer, uint3
   ASSIGN_OR_RETURN(const format::LayerEntry* entry, release_.Layer(rank_, layer));
   std::vector<std::byte> read;
   if (four && record.empty()) {
-    ASSIGN_OR_RETURN(read, release_.ReadRecord(rank_, layer, expert));
+    ASSIGN_OR_RETURN(read, ReadRecord(layer, expert));
     record = read;
   }
   if (four && record.size() != entry->layout.rec_bytes) {

@@ -50,8 +50,10 @@ class ReleaseExpertDecoder {
   const std::vector<uint32_t>& moe_layer_ids() const { return moe_layer_ids_; }
   // rec_bytes of `layer`'s records for this rank.
   absl::StatusOr<uint64_t> RecordBytes(uint32_t layer) const;
-  // This rank's residual record of (layer, expert), read from the release's record file (a
-  // worker's --verify_slots compares READY slots with it).
+  // This rank's residual record of (layer, expert), read from the release's record file and
+  // checked against its checksum in the index (Release::CheckRecord: DATA_LOSS when damaged),
+  // as the streamer checks its reads: a layer-major prefill's 4-bit experts and a worker's
+  // --verify_slots reference come through here.
   absl::StatusOr<std::vector<std::byte>> ReadRecord(uint32_t layer, uint32_t expert) const;
   // The manifest's fixed 4-bit set of `layer` (empty for an unknown layer).
   std::vector<uint32_t> FixedSet(uint32_t layer) const;

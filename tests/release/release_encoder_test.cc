@@ -273,6 +273,46 @@ TEST_F(ReleaseEncoderTest, DecoderRefusesAReleaseWhoseBytesDifferFromItsChecksum
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr(format::kManifestFile)));
 }
 
+// Record files are not hashed at load (the streamer and the worker check each record as they read
+// it): a record damaged on disk is refused by the decoder's reads, by name and checksum, and
+// the layer's other records still read. What a layer-major prefill or a static fixed set loads
+// at 4 bits comes through these reads.
+TEST_F(ReleaseEncoderTest, DecoderReadsOfADamagedRecordAreRefused) {
+  const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
+  ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
+  std::ifstream config_in(model_dir + "/config.json");
+  std::stringstream text;
+  text << config_in.rdbuf();
+  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  ASSERT_THAT(config, IsOk());
+  absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
+      ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {});
+  ASSERT_THAT(decoder, IsOk());
+  const uint32_t layer = (*decoder)->moe_layer_ids().front();
+  absl::StatusOr<const format::LayerEntry*> entry = (*decoder)->release().Layer(0, layer);
+  ASSERT_THAT(entry, IsOk());
+  ASSERT_FALSE((*entry)->record_xxh3.empty()) << "a release this build writes carries XXH3 record checksums";
+  const std::string path = release_dir + "/" + (*entry)->records.file;
+  const std::streamoff at =
+      static_cast<std::streamoff>((*entry)->records.offset + 1 * (*entry)->layout.rec_bytes + 3);  // expert 1
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x01));
+  f.close();
+  EXPECT_THAT((*decoder)->ReadRecord(layer, 1),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(absl::StrCat("layer ", layer, " expert 1")), HasSubstr((*entry)->records.file),
+                             HasSubstr("does not match its xxh3"))));
+  EXPECT_THAT((*decoder)->Decode(layer, 1, quant::Precision::k4Bit, {}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("expert 1")));
+  EXPECT_THAT((*decoder)->ReadRecord(layer, 0), IsOk());
+  EXPECT_THAT((*decoder)->ReadRecord(layer, 2), IsOk());
+  EXPECT_THAT((*decoder)->Decode(layer, 1, quant::Precision::k2Bit, {}), IsOk()) << "2 bits read no record";
+}
+
 TEST_F(ReleaseEncoderTest, DecoderRefusesACodecThisBuildLacks) {
   const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
   ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());

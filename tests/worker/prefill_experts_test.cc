@@ -2,8 +2,11 @@
 // its release (CPU): with every routed expert in budget the prefill is the all-4-bit model's,
 // bit for bit; with a budget it holds the span's most-routed experts at 4 bits and equals a
 // token-order prefill that runs exactly those at 4 bits; the share of 4-bit calls is counted.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -256,6 +259,56 @@ TEST_F(PrefillExpertsTest, OncePrefillsAreTimedTheBudgetIsByTimeAndReadsKeepWith
     for (int32_t s : slot_of) held += s >= 0 ? 1 : 0;
     EXPECT_LE(held, budget.prefetch + budget.late) << "layer " << layer;
   }
+}
+
+// A record damaged on disk fails its checksum when the prefill reads it: that expert runs at 2
+// bits in its layer, the prefetch still reads the rest of the layer, and the prefill completes
+// with the logits of token order at exactly that precision.
+TEST_F(PrefillExpertsTest, ADamagedRecordRunsItsExpertAt2BitsAndTheRestAt4) {
+  namespace fs = std::filesystem;
+  const fs::path copy = fs::temp_directory_path() / absl::StrCat("nq-prefill-damaged-", getpid());
+  fs::remove_all(copy);
+  fs::copy(std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", copy, fs::copy_options::recursive);
+  const uint32_t layer = two_bit_.decoder->moe_layer_ids().front();
+  constexpr int32_t kDamaged = 3;
+  absl::StatusOr<const format::LayerEntry*> entry = two_bit_.decoder->release().Layer(0, layer);
+  ASSERT_THAT(entry, IsOk());
+  {
+    const std::string path = (copy / (*entry)->records.file).string();
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const std::streamoff at = static_cast<std::streamoff>((*entry)->records.offset + kDamaged * (*entry)->layout.rec_bytes + 7);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x40));
+  }
+  absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> damaged = release::ReleaseExpertDecoder::Open(
+      copy.string(), NQ_EMBEDDED_MODEL_DIR, two_bit_.model->config(), {});
+  ASSERT_THAT(damaged, IsOk()) << "record files are checked as they are read, not at open";
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill = release::PrefillExperts::Create(
+      **damaged, *backend_, experts(), {.slots = experts(), .full_span_tokens = 256, .decoder_layers = layers()});
+  ASSERT_THAT(prefill, IsOk());
+  std::map<int64_t, std::vector<int32_t>> chosen;
+  std::map<int64_t, std::vector<int64_t>> calls;
+  const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+  ASSERT_FALSE(layer_major.first.empty());
+  ASSERT_GT(calls[layer][kDamaged], 0) << "the prompt routes the damaged expert (pick another one)";
+  EXPECT_EQ(chosen[layer][kDamaged], -1) << "the damaged record ran at 4 bits";
+  for (const auto& [l, slot_of] : chosen) {
+    for (int32_t e = 0; e < experts(); ++e) {
+      if (calls[l][e] == 0 || (l == layer && e == kDamaged)) continue;
+      EXPECT_GE(slot_of[e], 0) << "layer " << l << " expert " << e << " ran at 2 bits";
+    }
+  }
+  // The prefetch read past the damaged record: nothing else of that layer had to be read late.
+  EXPECT_EQ((*prefill)->totals().records_read_late, 0);
+  four_bit_.model->SetExpertSlotSource([&](int64_t l, int32_t expert, int64_t) {
+    return chosen.at(l)[expert] >= 0 ? expert : -1;
+  });
+  const auto same_precision = TokenOrder(*four_bit_.model);
+  EXPECT_EQ(layer_major.first, same_precision.first);
+  fs::remove_all(copy);
 }
 
 TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
