@@ -61,6 +61,16 @@ class ReleaseEncoderTest : public ::testing::Test {
   fs::path root_;
 };
 
+// Flips the bits `mask` of the byte at `at` in `file` (in place: the file keeps its size).
+void FlipBits(const std::string& file, std::streamoff at, char mask) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.get(c);
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ mask));
+}
+
 TEST_F(ReleaseEncoderTest, EncodesVerifiesAndDecodesNestedExperts) {
   const std::string release_dir = (root_ / "release").string();
   ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {.tp_size = 1, .fixed_per_layer = 2}), IsOk());
@@ -248,14 +258,7 @@ TEST_F(ReleaseEncoderTest, DecoderRefusesAReleaseWhoseBytesDifferFromItsChecksum
   ASSERT_THAT(release, IsOk());
   const format::FileRange& resident = release->indexes()[0].layers.back().resident;
   const std::string path = release_dir + "/" + resident.file;
-  auto flip = [](const std::string& file, std::streamoff at) {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(at);
-    char c = 0;
-    f.get(c);
-    f.seekp(at);
-    f.put(static_cast<char>(c ^ 0x10));
-  };
+  auto flip = [](const std::string& file, std::streamoff at) { FlipBits(file, at, 0x10); };
   flip(path, static_cast<std::streamoff>(resident.bytes / 2));
   EXPECT_THAT(ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {}),
               StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr(resident.file), HasSubstr("sha256 differs"))));
@@ -280,10 +283,7 @@ TEST_F(ReleaseEncoderTest, DecoderRefusesAReleaseWhoseBytesDifferFromItsChecksum
 TEST_F(ReleaseEncoderTest, DecoderReadsOfADamagedRecordAreRefused) {
   const std::string model_dir = (root_ / "model").string(), release_dir = (root_ / "release").string();
   ASSERT_THAT(EncodeRelease(model_dir, release_dir, {}), IsOk());
-  std::ifstream config_in(model_dir + "/config.json");
-  std::stringstream text;
-  text << config_in.rdbuf();
-  absl::StatusOr<model::ModelConfig> config = model::ParseModelConfig(text.str());
+  absl::StatusOr<model::ModelConfig> config = model::LoadModelConfig(model_dir);
   ASSERT_THAT(config, IsOk());
   absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> decoder =
       ReleaseExpertDecoder::Open(release_dir, model_dir, *config, {});
@@ -295,13 +295,7 @@ TEST_F(ReleaseEncoderTest, DecoderReadsOfADamagedRecordAreRefused) {
   const std::string path = release_dir + "/" + (*entry)->records.file;
   const std::streamoff at =
       static_cast<std::streamoff>((*entry)->records.offset + 1 * (*entry)->layout.rec_bytes + 3);  // expert 1
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(at);
-  char c = 0;
-  f.get(c);
-  f.seekp(at);
-  f.put(static_cast<char>(c ^ 0x01));
-  f.close();
+  FlipBits(path, at, 0x01);
   EXPECT_THAT((*decoder)->ReadRecord(layer, 1),
               StatusIs(absl::StatusCode::kDataLoss,
                        AllOf(HasSubstr(absl::StrCat("layer ", layer, " expert 1")), HasSubstr((*entry)->records.file),

@@ -754,6 +754,20 @@ TEST_F(RecordStoreTest, CancelledReadInFlightCompletesOnceMarkedCancelled) {
   }
 }
 
+// Cancels `tag`, whose completion is already waiting: Cancel says so, and the completion, the
+// only one Poll returns, comes marked cancelled into `done`.
+void CancelCompleted(RecordStore& store, uint64_t tag, RecordCompletion& done) {
+  absl::StatusOr<CancelOutcome> outcome = store.Cancel(tag);
+  ASSERT_THAT(outcome.status(), IsOk());
+  EXPECT_EQ(*outcome, CancelOutcome::kCompleted);
+  absl::StatusOr<std::vector<RecordCompletion>> polled = store.Poll();
+  ASSERT_THAT(polled.status(), IsOk());
+  ASSERT_EQ(polled->size(), 1u);
+  done = (*polled)[0];
+  EXPECT_EQ(done.tag, tag);
+  EXPECT_TRUE(done.cancelled);
+}
+
 // A read whose completion is already waiting cannot be stopped; Cancel says so and the
 // completion still comes, marked, as it was: a read that landed (here reaped while a
 // synchronous read behind it at queue depth 1 waited), or one that failed without reaching the
@@ -767,15 +781,9 @@ TEST_F(RecordStoreTest, CancelOfACompletedReadMarksItsCompletion) {
     // Issued only once tag 8's read has landed and completed.
     AlignedBuffer behind(Expected({0, 4, 1}).size());
     ASSERT_THAT((*store)->ReadRecord(0, 4, 1, behind.span()), IsOk());
-    auto outcome = (*store)->Cancel(8);
-    ASSERT_THAT(outcome.status(), IsOk());
-    EXPECT_EQ(*outcome, CancelOutcome::kCompleted);
-    auto done = (*store)->Poll();
-    ASSERT_THAT(done.status(), IsOk());
-    ASSERT_EQ(done->size(), 1u);
-    EXPECT_EQ((*done)[0].tag, 8u);
-    EXPECT_TRUE((*done)[0].cancelled);
-    EXPECT_THAT((*done)[0].status, IsOk());
+    RecordCompletion done;
+    ASSERT_NO_FATAL_FAILURE(CancelCompleted(**store, 8, done));
+    EXPECT_THAT(done.status, IsOk());
     const auto& want = Expected({0, 4, 0});
     EXPECT_TRUE(std::equal(want.begin(), want.end(), (*store)->Buffer(0).data()));
     EXPECT_EQ((*store)->reads_issued(), 2u);
@@ -788,14 +796,9 @@ TEST_F(RecordStoreTest, CancelOfACompletedReadMarksItsCompletion) {
     auto store = RecordStore::Open({bad}, {.buffers = 1, .verify_records = false});
     ASSERT_THAT(store.status(), IsOk());
     ASSERT_THAT((*store)->Submit({.rank = 0, .layer = 4, .expert = 0, .buffer_index = 0, .tag = 8}), IsOk());
-    auto outcome = (*store)->Cancel(8);
-    ASSERT_THAT(outcome.status(), IsOk());
-    EXPECT_EQ(*outcome, CancelOutcome::kCompleted);
-    auto done = (*store)->Poll();
-    ASSERT_THAT(done.status(), IsOk());
-    ASSERT_EQ(done->size(), 1u);
-    EXPECT_TRUE((*done)[0].cancelled);
-    EXPECT_THAT((*done)[0].status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("L4.bin")));
+    RecordCompletion done;
+    ASSERT_NO_FATAL_FAILURE(CancelCompleted(**store, 8, done));
+    EXPECT_THAT(done.status, StatusIs(absl::StatusCode::kDataLoss, HasSubstr("L4.bin")));
     EXPECT_EQ((*store)->reads_issued(), 0u);
   }
 }

@@ -170,6 +170,21 @@ class SlotLoaderTest : public ::testing::Test {
     next_token_ += tokens;
   }
 
+  // One report of 32 tokens of kLayer, the first 16 routed to kA and the rest to kB: two
+  // refreshes, the second of which no longer wants A.
+  static nq::v1::RoutingReport SwitchFromAToB() {
+    nq::v1::RoutingReport report;
+    report.set_sequence_id(1);
+    report.set_num_tokens(32);
+    for (uint32_t t = 0; t < 32; ++t) {
+      nq::v1::LayerRouting* entry = report.add_layer_entries();
+      entry->set_layer(kLayer);
+      entry->add_experts(t < 16 ? kA : kB);
+      entry->add_weights(1.0f);
+    }
+    return report;
+  }
+
   std::vector<std::byte> Slot(uint32_t layer, uint32_t slot) {
     const std::vector<std::byte>& record = records_.at({layer, 0});
     return arena_->Read(geometry_.SlotOffset(*geometry_.LayerIndex(layer), slot), record.size());
@@ -268,16 +283,7 @@ TEST_F(SlotLoaderTest, CachedRecordLoadsASlotWithoutADiskRead) {
 TEST_F(SlotLoaderTest, CancelledReadFreesItsSlotAndIsNeverAnnounced) {
   ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}));
   ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, 0) == kFixedExpert; }));
-  nq::v1::RoutingReport report;
-  report.set_sequence_id(1);
-  report.set_num_tokens(32);
-  for (uint32_t t = 0; t < 32; ++t) {
-    nq::v1::LayerRouting* entry = report.add_layer_entries();
-    entry->set_layer(kLayer);
-    entry->add_experts(t < 16 ? kA : kB);
-    entry->add_weights(1.0f);
-  }
-  loader_->OnRouting(std::move(report));
+  loader_->OnRouting(SwitchFromAToB());
   ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, kFloatingSlot) == kB; }));
   // Both reads reached the disk (A's was cancelled in flight, not dropped from the queue).
   ASSERT_TRUE(WaitUntil([&] { return Metric("nq_streamer_read_queue_depth") == 0; }));
@@ -313,16 +319,7 @@ TEST_F(SlotLoaderTest, ALoadWaitingForACancelledReadsBufferStartsWhenItLands) {
   buffers_ = 1;
   ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}));
   ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, 0) == kFixedExpert; }));
-  nq::v1::RoutingReport report;
-  report.set_sequence_id(1);
-  report.set_num_tokens(32);
-  for (uint32_t t = 0; t < 32; ++t) {
-    nq::v1::LayerRouting* entry = report.add_layer_entries();
-    entry->set_layer(kLayer);
-    entry->add_experts(t < 16 ? kA : kB);
-    entry->add_weights(1.0f);
-  }
-  loader_->OnRouting(std::move(report));
+  loader_->OnRouting(SwitchFromAToB());
   EXPECT_TRUE(WaitUntil([&] { return ReadyIn(kLayer, kFloatingSlot) == kB; }, std::chrono::seconds(5)))
       << "B never loaded after A's cancelled read landed";
   EXPECT_EQ(Announcements(kLayer, kA), 0);

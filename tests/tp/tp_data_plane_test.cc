@@ -352,21 +352,38 @@ TEST(TpDataPlaneTest, TheWatchdogAbortsThePlaneWhenARankDies) {
   EXPECT_THAT(message, AllOf(HasSubstr("UNAVAILABLE"), HasSubstr("rank 1 (pid"), HasSubstr("died")));
 }
 
+// Rank 1 of a group of 2 in a child process: joins `name` and its data plane (a fake NCCL that
+// joins at once), stays `stay`, then exits without leaving (its alive lock turns owner-dead).
+// Exit code 0 when it joined.
+Child SpawnPlaneFollower(const std::string& name, absl::Duration stay) {
+  return Spawn([&](std::string& message) {
+    auto comm = JoinGroup(name, 1, 2);
+    if (!comm.ok()) return 2;
+    auto plane = FollowDataPlane(FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration()), **comm,
+                                 absl::Seconds(20));
+    message = plane.status().ToString();
+    absl::SleepFor(stay);
+    _exit(plane.ok() ? 0 : 1);
+  });
+}
+
+// Rank 0's options for a group of 2 named `name` over `factory`'s data plane.
+TpGroupOptions LeaderOptions(const std::string& name, const TpDataPlaneFactory* factory) {
+  TpGroupOptions options;
+  options.shm_name = name;
+  options.identity.world_size = 2;
+  options.collective_timeout = absl::Seconds(20);
+  options.data_plane = factory;
+  return options;
+}
+
 // The leader with a data plane: the model's collectives (through its GroupCommunicator) reach the
 // plane joined with the id it sent, not the shared memory; a rank that dies mid-life aborts the
 // plane, the group is not served, and Acquire says which rank died.
 TEST(TpLeaderDataPlaneTest, CollectivesRunOnThePlaneUntilARankDies) {
   const std::string name = GroupName();
   // The follower first: the test process starts threads below, and a fork after them is unsafe.
-  Child follower = Spawn([&](std::string& message) {
-    auto comm = JoinGroup(name, 1, 2);
-    if (!comm.ok()) return 2;
-    auto plane = FollowDataPlane(FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration()), **comm,
-                                 absl::Seconds(20));
-    message = plane.status().ToString();
-    absl::SleepFor(absl::Seconds(2));
-    _exit(plane.ok() ? 0 : 1);  // dies: no leaving, its alive lock turns owner-dead
-  });
+  Child follower = SpawnPlaneFollower(name, absl::Seconds(2));  // then dies without leaving
   static std::atomic<int> calls{0};
   TpDataPlaneFactory factory = FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration());
   auto join = factory.join;
@@ -397,11 +414,7 @@ TEST(TpLeaderDataPlaneTest, CollectivesRunOnThePlaneUntilARankDies) {
     return std::make_unique<Counting>(*std::move(plane));
   };
   GroupCommunicator group(0, 2);
-  TpGroupOptions options;
-  options.shm_name = name;
-  options.identity.world_size = 2;
-  options.collective_timeout = absl::Seconds(20);
-  options.data_plane = &factory;
+  const TpGroupOptions options = LeaderOptions(name, &factory);
   std::atomic<int> ready_calls{0}, unready_calls{0};
   {
     TpLeader leader(options, &group, [&](bool ready) { ++(ready ? ready_calls : unready_calls); });
@@ -435,22 +448,10 @@ TEST(TpLeaderDataPlaneTest, CollectivesRunOnThePlaneUntilARankDies) {
 // instead of waiting out the join; once formed, Acquire leases the group.
 TEST(TpLeaderDataPlaneTest, ARequestDuringASlowJoinIsRefusedAtOnce) {
   const std::string name = GroupName();
-  Child follower = Spawn([&](std::string& message) {
-    auto comm = JoinGroup(name, 1, 2);
-    if (!comm.ok()) return 2;
-    auto plane = FollowDataPlane(FakeFactory(kNcclVersion, absl::OkStatus(), absl::ZeroDuration()), **comm,
-                                 absl::Seconds(20));
-    message = plane.status().ToString();
-    absl::SleepFor(absl::Seconds(8));  // stays in the group while the leader's join lingers
-    _exit(plane.ok() ? 0 : 1);
-  });
+  Child follower = SpawnPlaneFollower(name, absl::Seconds(8));  // in the group while the leader's join lingers
   TpDataPlaneFactory factory = FakeFactory(kNcclVersion, absl::OkStatus(), absl::Seconds(4));
   GroupCommunicator group(0, 2);
-  TpGroupOptions options;
-  options.shm_name = name;
-  options.identity.world_size = 2;
-  options.collective_timeout = absl::Seconds(20);
-  options.data_plane = &factory;
+  const TpGroupOptions options = LeaderOptions(name, &factory);
   std::atomic<int> ready_calls{0};
   {
     TpLeader leader(options, &group, [&](bool ready) { ready_calls += ready ? 1 : 0; });
