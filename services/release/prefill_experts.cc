@@ -49,7 +49,13 @@ absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const Rel
   const int64_t slot_bytes = static_cast<int64_t>(needs.rec_bytes);
   std::unique_ptr<PrefillExperts> experts(new PrefillExperts(decoder, backend, num_experts, options, slot_bytes));
   for (Buffer& b : experts->buffers_) {
-    b.host.assign(static_cast<size_t>(options.slots * slot_bytes), std::byte{0});
+    // O_DIRECT reads land straight in the slots: each slot starts at a 4096-byte boundary
+    // (rec_bytes are multiples of it).
+    constexpr size_t kAlign = 4096;
+    const size_t bytes = static_cast<size_t>(options.slots * slot_bytes);
+    b.storage.assign(bytes + kAlign, std::byte{0});
+    const size_t skew = reinterpret_cast<uintptr_t>(b.storage.data()) % kAlign;
+    b.host = std::span<std::byte>(b.storage).subspan(skew == 0 ? 0 : kAlign - skew, bytes);
     ASSIGN_OR_RETURN(b.device, backend.Allocate(kernels::DType::kU8, kernels::Shape{options.slots * slot_bytes}));
     b.expert_in.assign(static_cast<size_t>(options.slots), -1);
   }
@@ -122,33 +128,65 @@ int64_t PrefillExperts::NextMoeLayer(int64_t layer) const {
   return -1;
 }
 
-absl::Status PrefillExperts::ReadInto(Buffer& b, int64_t layer, int32_t expert, int64_t slot) {
-  b.expert_in[static_cast<size_t>(slot)] = -1;
-  const auto started = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(std::vector<std::byte> record,
-                   decoder_.ReadRecord(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)));
-  ObserveRead(static_cast<int64_t>(record.size()), SecondsSince(started));
-  if (static_cast<int64_t>(record.size()) > slot_bytes_) {
-    return absl::InternalError(absl::StrCat("layer ", layer, " expert ", expert, ": a record of ", record.size(),
-                                            " bytes in a slot of ", slot_bytes_));
+std::vector<absl::Status> PrefillExperts::ReadSlots(Buffer& b, int64_t layer,
+                                                    std::span<const std::pair<int32_t, int64_t>> reads) {
+  std::vector<absl::Status> statuses(reads.size());
+  if (reads.empty()) return statuses;
+  absl::StatusOr<uint64_t> rec_bytes = decoder_.RecordBytes(static_cast<uint32_t>(layer));
+  if (!rec_bytes.ok() || static_cast<int64_t>(*rec_bytes) > slot_bytes_) {
+    const absl::Status bad = rec_bytes.ok() ? absl::InternalError(absl::StrCat("layer ", layer, ": records of ",
+                                                                                *rec_bytes, " bytes in slots of ",
+                                                                                slot_bytes_))
+                                            : rec_bytes.status();
+    std::fill(statuses.begin(), statuses.end(), bad);
+    return statuses;
   }
-  std::copy(record.begin(), record.end(), b.host.begin() + slot * slot_bytes_);
-  b.expert_in[static_cast<size_t>(slot)] = expert;
-  return absl::OkStatus();
+  const size_t bytes = static_cast<size_t>(*rec_bytes);
+  std::vector<PrefillRecordRead> batch;
+  for (const auto& [expert, slot] : reads) {
+    b.expert_in[static_cast<size_t>(slot)] = -1;
+    batch.push_back({.expert = expert, .destination = b.host.subspan(static_cast<size_t>(slot * slot_bytes_), bytes)});
+  }
+  const auto started = std::chrono::steady_clock::now();
+  if (options_.reader != nullptr) {
+    statuses = options_.reader->ReadMany(static_cast<uint32_t>(layer), batch);
+    if (statuses.size() != reads.size()) {
+      statuses.assign(reads.size(), absl::InternalError("prefill record reader: one status per read expected"));
+    }
+  } else {
+    for (size_t i = 0; i < batch.size(); ++i) {
+      absl::StatusOr<std::vector<std::byte>> record =
+          decoder_.ReadRecord(static_cast<uint32_t>(layer), static_cast<uint32_t>(batch[i].expert));
+      if (!record.ok()) {
+        statuses[i] = record.status();
+        continue;
+      }
+      std::copy(record->begin(), record->end(), batch[i].destination.begin());
+    }
+  }
+  int64_t landed = 0;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    if (!statuses[i].ok()) continue;
+    b.expert_in[static_cast<size_t>(reads[i].second)] = reads[i].first;
+    landed += static_cast<int64_t>(bytes);
+  }
+  ObserveRead(landed, SecondsSince(started));
+  return statuses;
 }
 
 absl::Status PrefillExperts::Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts) {
   b.layer = layer;
   std::fill(b.expert_in.begin(), b.expert_in.end(), -1);
+  std::vector<std::pair<int32_t, int64_t>> reads;
+  for (size_t i = 0; i < experts.size() && static_cast<int64_t>(i) < options_.slots; ++i) {
+    reads.emplace_back(experts[i], static_cast<int64_t>(i));
+  }
   // A record that fails (a read error, or damaged: it fails its checksum) leaves its slot empty
   // and the rest are still read; the first failure is reported.
-  absl::Status first_failure;
-  for (size_t i = 0; i < experts.size() && static_cast<int64_t>(i) < options_.slots; ++i) {
-    if (absl::Status read = ReadInto(b, layer, experts[i], static_cast<int64_t>(i)); !read.ok() && first_failure.ok()) {
-      first_failure = read;
-    }
+  for (const absl::Status& read : ReadSlots(b, layer, reads)) {
+    if (!read.ok()) return read;
   }
-  return first_failure;
+  return absl::OkStatus();
 }
 
 void PrefillExperts::StartPrefetch(int64_t layer) {
@@ -247,29 +285,37 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
   // A prefetched expert the span does not use may be overwritten: forget it first.
   for (int64_t s : free_slots) b.expert_in[static_cast<size_t>(s)] = -1;
   const int64_t layer_bytes = static_cast<int64_t>(decoder_.RecordBytes(static_cast<uint32_t>(layer)).value_or(0));
+  std::vector<std::pair<int32_t, int64_t>> late;  // (expert, slot) the prefetch missed, to read
   for (size_t i = 0; i < used.size() && !free_slots.empty(); ++i) {
     const int32_t e = used[i];
     if (slot_of[static_cast<size_t>(e)] >= 0) continue;
     const int64_t s = free_slots.back();
-    const std::span<std::byte> dst = std::span<std::byte>(b.host).subspan(static_cast<size_t>(s * slot_bytes_),
-                                                                           static_cast<size_t>(layer_bytes));
+    const std::span<std::byte> dst =
+        b.host.subspan(static_cast<size_t>(s * slot_bytes_), static_cast<size_t>(layer_bytes));
     if (options_.copy_ready && layer_bytes > 0 && options_.copy_ready(layer, e, dst)) {
       b.expert_in[static_cast<size_t>(s)] = e;
       ++totals_.records_from_slots;
       records_from_slots_.Increment();
     } else if (i < chosen && late_reads < budget_.late) {
       ++late_reads;
-      if (absl::Status read = ReadInto(b, layer, e, s); !read.ok()) {
-        spdlog::warn("prefill: layer {} expert {} stays at 2 bits: {}", layer, e, read.ToString());
-        continue;
-      }
-      ++totals_.records_read_late;
-      records_late_.Increment();
+      late.emplace_back(e, s);  // read below, all at once
     } else {
       continue;  // past the read budget, and no slot holds it: 2 bits
     }
     free_slots.pop_back();
     slot_of[static_cast<size_t>(e)] = static_cast<int32_t>(s);
+  }
+  const std::vector<absl::Status> late_reads_done = ReadSlots(b, layer, late);
+  for (size_t i = 0; i < late.size(); ++i) {
+    const auto [e, s] = late[i];
+    if (!late_reads_done[i].ok()) {
+      // Its slot stays empty for this layer: one failed record costs its own precision only.
+      spdlog::warn("prefill: layer {} expert {} stays at 2 bits: {}", layer, e, late_reads_done[i].ToString());
+      slot_of[static_cast<size_t>(e)] = -1;
+      continue;
+    }
+    ++totals_.records_read_late;
+    records_late_.Increment();
   }
   // The device buffer was last read by the MoE two layers back; the upload must not overtake
   // that work on a device that queues it.

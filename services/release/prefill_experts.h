@@ -12,7 +12,9 @@
 // prefetch fills for the next layer), owned by this object alone and apart from the streamer's
 // slot arena: the slot protocol's slots are never touched, so its one-owner invariant holds
 // trivially. (Borrowing room from the free KV cache instead is issue #23's slot borrowing,
-// not done here.) Records are read from the release with ReleaseExpertDecoder::ReadRecord.
+// not done here.) Records are read by PrefillExpertsOptions::reader, a batch at once (the
+// worker's: the streamer's io_uring store), or else with ReleaseExpertDecoder::ReadRecord, one
+// after another; either way each is checked against its checksum in the index.
 //
 // Budget: a span of at least full_span_tokens loads every expert its chunks use (up to the
 // slots). A shorter span reads the most-routed ones within a time budget, once this object has
@@ -46,6 +48,24 @@
 
 namespace nq::release {
 
+// One record a PrefillRecordReader reads: `expert`'s record of the layer into `destination`
+// (exactly the layer's rec_bytes, aligned to 4096 bytes).
+struct PrefillRecordRead {
+  int32_t expert = 0;
+  std::span<std::byte> destination;
+};
+
+// How a layer-major prefill reads records: all of a batch at once where the reader can (the
+// worker's reader runs the streamer's io_uring store, O_DIRECT, many reads in flight,
+// services/worker/prefill_record_reader.h), each checked against its checksum in the index.
+// Called from one thread at a time (the prefetch thread, then the prefill's).
+class PrefillRecordReader {
+ public:
+  virtual ~PrefillRecordReader() = default;
+  // One status per read, in order: OK once the record landed whole and matched its checksum.
+  virtual std::vector<absl::Status> ReadMany(uint32_t layer, std::span<const PrefillRecordRead> reads) = 0;
+};
+
 struct PrefillExpertsOptions {
   // Slots per buffer: how many of a layer's experts can run at 4 bits during the prefill
   // (n_routed_experts holds them all).
@@ -57,6 +77,8 @@ struct PrefillExpertsOptions {
   // The share of a layer's compute the late reads may add (above); <= 0 keeps the budget by
   // tokens even once timings are measured.
   double late_read_share = 0.25;
+  // Reads the records (null: ReleaseExpertDecoder::ReadRecord, one pread after another).
+  std::shared_ptr<PrefillRecordReader> reader;
   // Fills `out` (rec_bytes of the layer) with (layer, expert)'s residual when one is already at
   // hand -- a worker's READY slot -- and says whether it did. Such experts cost no read, so
   // they come on top of the budget while slots remain. May be empty. Called from BeforeMoe.
@@ -127,7 +149,8 @@ class PrefillExperts {
  private:
   struct Buffer {
     int64_t layer = -1;
-    std::vector<std::byte> host;     // slots x slot_bytes, filled by reads
+    std::vector<std::byte> storage;  // host's memory, with room to align it
+    std::span<std::byte> host;       // slots x slot_bytes at a 4096-byte boundary, filled by reads
     kernels::Tensor device;          // U8 [slots x slot_bytes] on the backend: what NqMoe reads
     std::vector<int32_t> expert_in;  // expert held by each slot, -1 none
   };
@@ -135,8 +158,10 @@ class PrefillExperts {
                  PrefillExpertsOptions options, int64_t slot_bytes);
   // Reads `experts` of `layer` into `b`'s slots (replacing what it held).
   absl::Status Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts);
-  // Reads one record into slot `slot` of `b`, timing the read.
-  absl::Status ReadInto(Buffer& b, int64_t layer, int32_t expert, int64_t slot);
+  // Reads each (expert, slot) of `reads` into its slot of `b` (options.reader, or one pread
+  // after another), timing the batch; one status per read. A slot whose read failed holds no
+  // expert.
+  std::vector<absl::Status> ReadSlots(Buffer& b, int64_t layer, std::span<const std::pair<int32_t, int64_t>> reads);
   void ObserveRead(int64_t bytes, double seconds);
   void ObserveLayerCompute(double seconds);
   // The next MoE layer after `layer` the release holds, or -1.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "services/worker/prefill_record_reader.h"
 
 namespace nq::worker {
 
@@ -38,6 +39,15 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
                                                    .full_span_tokens = flags.full_span_tokens,
                                                    .decoder_layers = model->config().num_hidden_layers,
                                                    .late_read_share = flags.late_read_share};
+    // Records through the streamer's io_uring store; one pread after another where it cannot
+    // open (no io_uring in a container's seccomp profile, say): slower, as correct.
+    absl::StatusOr<std::unique_ptr<RecordStorePrefillReader>> reader =
+        RecordStorePrefillReader::Open(decoder->release().dir(), decoder->rank());
+    if (reader.ok()) {
+      experts_options.reader = *std::move(reader);
+    } else {
+      spdlog::warn("prefill: records read with pread, one after another ({})", reader.status().ToString());
+    }
     if (slots != nullptr) {
       // The prefill runs inside one slot step, so the READY slots it copies stay put.
       experts_options.copy_ready = [slots](int64_t layer, int32_t expert, std::span<std::byte> out) {

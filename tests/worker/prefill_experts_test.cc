@@ -22,6 +22,7 @@
 #include "services/release/release_experts.h"
 #include "services/release/prefill_experts.h"
 #include "services/worker/arena_geometry.h"
+#include "services/worker/prefill_record_reader.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
 #include "tests/common/status_matchers.h"
@@ -286,29 +287,68 @@ TEST_F(PrefillExpertsTest, ADamagedRecordRunsItsExpertAt2BitsAndTheRestAt4) {
   absl::StatusOr<std::unique_ptr<release::ReleaseExpertDecoder>> damaged = release::ReleaseExpertDecoder::Open(
       copy.string(), NQ_EMBEDDED_MODEL_DIR, two_bit_.model->config(), {});
   ASSERT_THAT(damaged, IsOk()) << "record files are checked as they are read, not at open";
-  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill = release::PrefillExperts::Create(
-      **damaged, *backend_, experts(), {.slots = experts(), .full_span_tokens = 256, .decoder_layers = layers()});
+  for (const bool io_uring : {false, true}) {
+    SCOPED_TRACE(io_uring ? "read through the io_uring store" : "read with pread");
+    two_bit_.model->ResetCache();
+    four_bit_.model->ResetCache();
+    four_bit_.model->SetExpertSlotSource(nullptr);
+    release::PrefillExpertsOptions options{.slots = experts(), .full_span_tokens = 256, .decoder_layers = layers()};
+    if (io_uring) {
+      absl::StatusOr<std::unique_ptr<RecordStorePrefillReader>> reader = RecordStorePrefillReader::Open(copy.string(), 0);
+      ASSERT_THAT(reader, IsOk());
+      options.reader = *std::move(reader);
+    }
+    absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+        release::PrefillExperts::Create(**damaged, *backend_, experts(), options);
+    ASSERT_THAT(prefill, IsOk());
+    std::map<int64_t, std::vector<int32_t>> chosen;
+    std::map<int64_t, std::vector<int64_t>> calls;
+    const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+    ASSERT_FALSE(layer_major.first.empty());
+    ASSERT_GT(calls[layer][kDamaged], 0) << "the prompt routes the damaged expert (pick another one)";
+    EXPECT_EQ(chosen[layer][kDamaged], -1) << "the damaged record ran at 4 bits";
+    for (const auto& [l, slot_of] : chosen) {
+      for (int32_t e = 0; e < experts(); ++e) {
+        if (calls[l][e] == 0 || (l == layer && e == kDamaged)) continue;
+        EXPECT_GE(slot_of[e], 0) << "layer " << l << " expert " << e << " ran at 2 bits";
+      }
+    }
+    // The prefetch read past the damaged record: nothing else of that layer had to be read late.
+    EXPECT_EQ((*prefill)->totals().records_read_late, 0);
+    four_bit_.model->SetExpertSlotSource([&](int64_t l, int32_t expert, int64_t) {
+      return chosen.at(l)[expert] >= 0 ? expert : -1;
+    });
+    const auto same_precision = TokenOrder(*four_bit_.model);
+    EXPECT_EQ(layer_major.first, same_precision.first);
+  }
+  fs::remove_all(copy);
+}
+
+// The worker's reads go through the streamer's io_uring store, a batch at once: the prefill is
+// the all-4-bit model's bit for bit, as with pread, and every record it ran came through the
+// store.
+TEST_F(PrefillExpertsTest, ReadsThroughTheIoUringStoreGiveThePreadPrefill) {
+  absl::StatusOr<std::unique_ptr<RecordStorePrefillReader>> opened =
+      RecordStorePrefillReader::Open(std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", 0);
+  ASSERT_THAT(opened, IsOk());
+  std::shared_ptr<RecordStorePrefillReader> reader = *std::move(opened);
+  release::PrefillExpertsOptions options{.slots = experts(), .full_span_tokens = 256, .decoder_layers = layers()};
+  options.reader = reader;
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill =
+      release::PrefillExperts::Create(*two_bit_.decoder, *backend_, experts(), options);
   ASSERT_THAT(prefill, IsOk());
   std::map<int64_t, std::vector<int32_t>> chosen;
   std::map<int64_t, std::vector<int64_t>> calls;
   const auto layer_major = LayerMajor(**prefill, &chosen, &calls);
+  const auto all_4bit = TokenOrder(*four_bit_.model);
   ASSERT_FALSE(layer_major.first.empty());
-  ASSERT_GT(calls[layer][kDamaged], 0) << "the prompt routes the damaged expert (pick another one)";
-  EXPECT_EQ(chosen[layer][kDamaged], -1) << "the damaged record ran at 4 bits";
-  for (const auto& [l, slot_of] : chosen) {
-    for (int32_t e = 0; e < experts(); ++e) {
-      if (calls[l][e] == 0 || (l == layer && e == kDamaged)) continue;
-      EXPECT_GE(slot_of[e], 0) << "layer " << l << " expert " << e << " ran at 2 bits";
-    }
-  }
-  // The prefetch read past the damaged record: nothing else of that layer had to be read late.
-  EXPECT_EQ((*prefill)->totals().records_read_late, 0);
-  four_bit_.model->SetExpertSlotSource([&](int64_t l, int32_t expert, int64_t) {
-    return chosen.at(l)[expert] >= 0 ? expert : -1;
-  });
-  const auto same_precision = TokenOrder(*four_bit_.model);
-  EXPECT_EQ(layer_major.first, same_precision.first);
-  fs::remove_all(copy);
+  EXPECT_EQ(layer_major.first, all_4bit.first);
+  EXPECT_EQ(layer_major.second, all_4bit.second);
+  const release::PrefillExpertStats& stats = (*prefill)->totals();
+  EXPECT_EQ(stats.CallShare4Bit(), 1.0);
+  // Every record the prefill read (prefetched, used or not, and late) went through the store.
+  EXPECT_GE(reader->reads_issued(), static_cast<uint64_t>(stats.records_prefetched_used + stats.records_read_late));
+  EXPECT_GT(reader->reads_issued(), 0u);
 }
 
 TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
