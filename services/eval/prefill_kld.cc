@@ -4,6 +4,8 @@
 #include <set>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
@@ -11,6 +13,7 @@
 #include "services/model/model.h"
 #include "services/release/prefill_experts.h"
 #include "services/release/release_experts.h"
+#include "services/worker/prefill_record_reader.h"
 
 namespace nq::eval {
 namespace {
@@ -122,11 +125,20 @@ absl::StatusOr<PrefillKldReport> EvaluatePrefillKld(const PrefillKldRequest& req
                                             *backend, nullptr, options));
   std::unique_ptr<release::PrefillExperts> experts;
   if (request.policy == PrefillPolicy::kLayerMajor4Bit) {
-    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(
-                                  *student.decoder, *backend, student.model->config().n_routed_experts,
-                                  {.slots = student.model->config().n_routed_experts,
-                                   .full_span_tokens = request.full_span_tokens,
-                                   .decoder_layers = student.model->config().num_hidden_layers}));
+    release::PrefillExpertsOptions experts_options{.slots = student.model->config().n_routed_experts,
+                                                   .full_span_tokens = request.full_span_tokens,
+                                                   .decoder_layers = student.model->config().num_hidden_layers};
+    // Read as a serving worker reads them (prefill_setup.cc): through the io_uring store.
+    absl::StatusOr<std::unique_ptr<worker::RecordStorePrefillReader>> reader =
+        worker::RecordStorePrefillReader::Open(request.release_dir, student.decoder->rank());
+    if (reader.ok()) {
+      experts_options.reader = *std::move(reader);
+    } else {
+      spdlog::warn("prefill: records read with pread, one after another ({})", reader.status().ToString());
+    }
+    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*student.decoder, *backend,
+                                                              student.model->config().n_routed_experts,
+                                                              experts_options));
   }
   PrefillKldReport report;
   report.request = request;
