@@ -59,7 +59,7 @@ bool TpLeader::FormDataPlane() {
     spdlog::error("tensor-parallel group {}: refused {}", options_.shm_name, refusal);
   }
   if (!plane.ok()) {
-    waiting_for_ = std::string(plane.status().message());
+    SetWaitingFor(std::string(plane.status().message()));
     spdlog::error("tensor-parallel group {} (generation {}): {}; forming a new one", options_.shm_name, generation_,
                   plane.status().ToString());
     Dissolve();
@@ -98,7 +98,7 @@ void TpLeader::Tick() {
                                         .stop = options_.stop},
         ++generation_);
     if (!created.ok()) {
-      waiting_for_ = std::string(created.status().message());
+      SetWaitingFor(std::string(created.status().message()));
       spdlog::error("tensor-parallel group {}: {}", options_.shm_name, created.status().ToString());
       absl::SleepFor(absl::Seconds(1));
       return;
@@ -117,26 +117,34 @@ void TpLeader::Tick() {
       ready_ = true;
       formed_.store(true);
       fresh_ = true;
-      waiting_for_.clear();
+      {
+        absl::MutexLock why(&why_mu_);
+        waiting_for_.clear();
+        broke_because_.clear();
+      }
       group_->Set(plane_ != nullptr ? static_cast<kernels::Communicator*>(plane_.get()) : comm_.get());
       spdlog::info("tensor-parallel group {} (generation {}) formed: {} ranks", options_.shm_name, generation_, world);
       on_ready_(true);
       return;
     }
-    waiting_for_ = std::string(joined.message());
+    SetWaitingFor(std::string(joined.message()));
     if (joined.code() != absl::StatusCode::kDeadlineExceeded) {
       spdlog::warn("tensor-parallel group {}: {}; forming a new one", options_.shm_name, joined.ToString());
       comm_.reset();
     } else if (absl::Now() - last_waiting_log_ > kWaitingLogInterval) {
       last_waiting_log_ = absl::Now();
-      spdlog::info("tensor-parallel group {}: {}", options_.shm_name, waiting_for_);
+      spdlog::info("tensor-parallel group {}: {}", options_.shm_name, std::string(joined.message()));
     }
     return;
   }
   if (const absl::Status alive = GroupAlive(); !alive.ok()) {
     spdlog::error("tensor-parallel group {} (generation {}): {}; not serving until it re-forms", options_.shm_name,
                   generation_, std::string(alive.message()));
-    waiting_for_ = std::string(alive.message());
+    {
+      absl::MutexLock why(&why_mu_);
+      waiting_for_ = std::string(alive.message());
+      broke_because_ = waiting_for_;
+    }
     ready_ = false;
     formed_.store(false);
     Dissolve();
@@ -144,18 +152,27 @@ void TpLeader::Tick() {
   }
 }
 
+void TpLeader::SetWaitingFor(std::string why) {
+  absl::MutexLock lock(&why_mu_);
+  waiting_for_ = std::move(why);
+}
+
+std::string TpLeader::NotFormedReason() const {
+  absl::MutexLock lock(&why_mu_);
+  if (broke_because_.empty() || broke_because_ == waiting_for_) return waiting_for_;
+  return absl::StrCat(waiting_for_, "; the last group broke: ", broke_because_);
+}
+
 absl::StatusOr<TpLeader::Lease> TpLeader::Acquire() {
   if (!formed_.load()) {
     // Not behind the manager's join: a request is refused now, not when the join gives up.
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     return absl::UnavailableError(absl::StrCat("the tensor-parallel group of ", options_.identity.world_size,
-                                               " ranks is not formed (",
-                                               lock.owns_lock() ? waiting_for_ : "its ranks are joining", ")"));
+                                               " ranks is not formed (", NotFormedReason(), ")"));
   }
   std::unique_lock<std::mutex> lock(mu_);
   if (!ready_) {
     return absl::UnavailableError(absl::StrCat("the tensor-parallel group of ", options_.identity.world_size,
-                                               " ranks is not formed (", waiting_for_, ")"));
+                                               " ranks is not formed (", NotFormedReason(), ")"));
   }
   // A group that broke since the manager's last look: fail now, not in the first collective.
   RETURN_IF_ERROR(GroupAlive());

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/comm/shm_communicator.h"
 #include "services/worker/group_communicator.h"
 #include "services/worker/step_command.h"
@@ -70,6 +71,9 @@ class TpLeader final : public StepMirror {
   void Dissolve();
   // Health of the formed group: the ranks' liveness, and the data plane's transport.
   absl::Status GroupAlive();
+  void SetWaitingFor(std::string why);
+  // waiting_for_, and how the last group broke when that is something else.
+  std::string NotFormedReason() const;
 
   const TpGroupOptions options_;
   GroupCommunicator* const group_;
@@ -88,7 +92,13 @@ class TpLeader final : public StepMirror {
   std::atomic<bool> formed_{false};
   bool fresh_ = false;
   uint64_t generation_ = 0;
-  std::string waiting_for_;  // why the group is not formed (for Acquire's error)
+  // Why the group is not formed, for Acquire's error; its own lock, so Acquire reads it while
+  // the manager holds mu_ through a join.
+  mutable absl::Mutex why_mu_;
+  std::string waiting_for_ ABSL_GUARDED_BY(why_mu_) = "its ranks have not joined yet";
+  // How the last formed group broke, until one forms again: the next group's wait for its ranks
+  // would otherwise hide why serving stopped.
+  std::string broke_because_ ABSL_GUARDED_BY(why_mu_);
   absl::Time last_waiting_log_ = absl::InfinitePast();
   // Whether the last mirrored command was a decode step (kForward past the prefill): its collectives' time is observed at
   // the next Mirror (the step boundary the leader sees).
