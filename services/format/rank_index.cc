@@ -185,6 +185,17 @@ bool RankIndex::Remove(uint32_t layer) {
   return true;
 }
 
+RecordDigest ExpectedRecordDigest(const LayerEntry& entry, uint32_t expert, bool sha256_only) {
+  if (!sha256_only && !entry.record_xxh3.empty()) {
+    return {.kind = RecordDigest::Kind::kXxh3, .hex = entry.record_xxh3.at(expert)};
+  }
+  return {.kind = RecordDigest::Kind::kSha256, .hex = entry.record_sha256.at(expert)};
+}
+
+bool RecordMatches(std::span<const std::byte> bytes, const RecordDigest& expected) {
+  return (expected.kind == RecordDigest::Kind::kXxh3 ? Xxh3Hex(bytes) : Sha256Hex(bytes)) == expected.hex;
+}
+
 std::string SerializeRankIndex(const RankIndex& index) {
   Json layers = Json::array();
   for (const LayerEntry& e : index.layers) {

@@ -3,7 +3,9 @@
 // and the record layout. Paths are relative to the release directory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,20 @@ struct LayerEntry {
 
   bool operator==(const LayerEntry&) const = default;
 };
+
+// What one record is checked against: one of its checksums in the index.
+struct RecordDigest {
+  enum class Kind { kXxh3, kSha256 };
+  Kind kind = Kind::kSha256;
+  std::string hex;  // lower-case
+  // "xxh3" or "sha256", as the index names the field (record_<name>).
+  const char* name() const { return kind == Kind::kXxh3 ? "xxh3" : "sha256"; }
+};
+// Expert `expert`'s checksum in `entry` (expert below its record_sha256's size): its XXH3-128
+// where the entry has them and `sha256_only` is false, else its SHA-256.
+RecordDigest ExpectedRecordDigest(const LayerEntry& entry, uint32_t expert, bool sha256_only = false);
+// Whether `bytes` hash to `expected`.
+bool RecordMatches(std::span<const std::byte> bytes, const RecordDigest& expected);
 
 struct RankIndex {
   std::string format;

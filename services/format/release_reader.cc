@@ -214,12 +214,11 @@ absl::Status Release::CheckRecord(uint32_t rank, uint32_t layer, uint32_t expert
     return absl::OutOfRangeError(absl::StrCat("layer ", layer, " has ", entry->record_sha256.size(), " experts, not ",
                                               expert + 1));
   }
-  const bool xxh3 = !entry->record_xxh3.empty();
-  const std::string& expected = xxh3 ? entry->record_xxh3[expert] : entry->record_sha256[expert];
-  if ((xxh3 ? Xxh3Hex(bytes) : Sha256Hex(bytes)) == expected) return absl::OkStatus();
+  const RecordDigest expected = ExpectedRecordDigest(*entry, expert);
+  if (RecordMatches(bytes, expected)) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat("rank ", rank, " layer ", layer, " expert ", expert, ": the record read from ",
-                                          entry->records.file, " does not match its ", xxh3 ? "xxh3" : "sha256",
-                                          " in ", RankIndexFile(rank)));
+                                          entry->records.file, " does not match its ", expected.name(), " in ",
+                                          RankIndexFile(rank)));
 }
 
 VerifyReport Release::Verify(const std::function<void(const ProgressState&)>& progress) const {

@@ -25,6 +25,30 @@ double SecondsSince(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Without a reader of the caller's: one checked pread after another through the decoder.
+class DecoderRecordReader final : public PrefillRecordReader {
+ public:
+  explicit DecoderRecordReader(const ReleaseExpertDecoder& decoder) : decoder_(decoder) {}
+  std::vector<absl::Status> ReadMany(uint32_t layer, std::span<const PrefillRecordRead> reads) override {
+    std::vector<absl::Status> statuses(reads.size());
+    for (size_t i = 0; i < reads.size(); ++i) {
+      absl::StatusOr<std::vector<std::byte>> record = decoder_.ReadRecord(layer, static_cast<uint32_t>(reads[i].expert));
+      if (!record.ok()) {
+        statuses[i] = record.status();
+      } else if (record->size() != reads[i].destination.size()) {
+        statuses[i] = absl::InternalError(absl::StrCat("layer ", layer, " expert ", reads[i].expert, ": a record of ",
+                                                       record->size(), " bytes for ", reads[i].destination.size()));
+      } else {
+        std::copy(record->begin(), record->end(), reads[i].destination.begin());
+      }
+    }
+    return statuses;
+  }
+
+ private:
+  const ReleaseExpertDecoder& decoder_;
+};
+
 }  // namespace
 
 PrefillReadBudget ReadTimeBudget(const PrefillTimings& timings, int64_t span_tokens, int64_t rec_bytes, int64_t slots,
@@ -47,6 +71,7 @@ absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const Rel
   }
   ASSIGN_OR_RETURN(const ReleaseExpertDecoder::SlotNeeds needs, decoder.Needs());
   const int64_t slot_bytes = static_cast<int64_t>(needs.rec_bytes);
+  if (options.reader == nullptr) options.reader = std::make_shared<DecoderRecordReader>(decoder);
   std::unique_ptr<PrefillExperts> experts(new PrefillExperts(decoder, backend, num_experts, options, slot_bytes));
   for (Buffer& b : experts->buffers_) {
     // O_DIRECT reads land straight in the slots: each slot starts at a 4096-byte boundary
@@ -148,21 +173,9 @@ std::vector<absl::Status> PrefillExperts::ReadSlots(Buffer& b, int64_t layer,
     batch.push_back({.expert = expert, .destination = b.host.subspan(static_cast<size_t>(slot * slot_bytes_), bytes)});
   }
   const auto started = std::chrono::steady_clock::now();
-  if (options_.reader != nullptr) {
-    statuses = options_.reader->ReadMany(static_cast<uint32_t>(layer), batch);
-    if (statuses.size() != reads.size()) {
-      statuses.assign(reads.size(), absl::InternalError("prefill record reader: one status per read expected"));
-    }
-  } else {
-    for (size_t i = 0; i < batch.size(); ++i) {
-      absl::StatusOr<std::vector<std::byte>> record =
-          decoder_.ReadRecord(static_cast<uint32_t>(layer), static_cast<uint32_t>(batch[i].expert));
-      if (!record.ok()) {
-        statuses[i] = record.status();
-        continue;
-      }
-      std::copy(record->begin(), record->end(), batch[i].destination.begin());
-    }
+  statuses = options_.reader->ReadMany(static_cast<uint32_t>(layer), batch);
+  if (statuses.size() != reads.size()) {
+    statuses.assign(reads.size(), absl::InternalError("prefill record reader: one status per read expected"));
   }
   int64_t landed = 0;
   for (size_t i = 0; i < reads.size(); ++i) {

@@ -80,8 +80,7 @@ absl::Status RecordFiles::OpenFiles(DirectIo mode) {
         file->range_bytes = entry.records.bytes;
         file->rec_bytes = entry.layout.rec_bytes;
         file->sha256 = entry.records.sha256;
-        file->record_sha256 = entry.record_sha256;
-        file->record_xxh3 = entry.record_xxh3;
+        file->entry = &entry;
         max_rec_bytes_ = std::max(max_rec_bytes_, file->rec_bytes);
         if (mode == DirectIo::kAuto) {
           file->fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -118,7 +117,7 @@ size_t RecordFiles::direct_files() const {
 bool RecordFiles::all_have_record_xxh3() const {
   for (const Copy& copy : copies_) {
     for (const auto& [key, file] : copy.files) {
-      if (file->record_xxh3.empty()) return false;
+      if (file->entry->record_xxh3.empty()) return false;
     }
   }
   return true;

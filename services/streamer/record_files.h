@@ -50,8 +50,9 @@ class RecordFiles {
     uint64_t range_bytes = 0;  // the layer's records.bytes
     uint64_t rec_bytes = 0;
     std::string sha256;
-    std::vector<std::string> record_sha256;  // by expert, from the index (format version 2)
-    std::vector<std::string> record_xxh3;    // by expert, from the index; empty in older releases
+    // The layer's entry in its copy's rank index (the record checksums), owned by the Release
+    // this object holds.
+    const format::LayerEntry* entry = nullptr;
 
    private:
     friend class RecordFiles;

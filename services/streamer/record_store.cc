@@ -299,11 +299,10 @@ void RecordStore::CheckAndComplete(RecordCompletion completion, const File& file
     Complete(std::move(completion), sync);
     return;
   }
-  // RecordFiles come from validated indexes: one record_sha256 per expert, record_xxh3 none or
-  // one per expert, and Enqueue checked the expert against the manifest.
-  RecordDigest expected = options_.record_check == RecordCheck::kFastest && !file.record_xxh3.empty()
-                              ? RecordDigest{.kind = RecordDigest::Kind::kXxh3, .hex = file.record_xxh3.at(expert)}
-                              : RecordDigest{.kind = RecordDigest::Kind::kSha256, .hex = file.record_sha256.at(expert)};
+  // RecordFiles come from validated indexes (one checksum per expert), and Enqueue checked the
+  // expert against the manifest.
+  RecordDigest expected =
+      format::ExpectedRecordDigest(*file.entry, expert, options_.record_check == RecordCheck::kSha256);
   auto judge = [&file, expert, expected](RecordCompletion& c, bool matches) {
     if (matches) return;
     c.status = absl::DataLossError(absl::StrCat("record store: expert ", expert, " of layer ", file.layer, " (rank ",

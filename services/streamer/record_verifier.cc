@@ -7,11 +7,6 @@
 
 namespace nq::streamer {
 
-bool RecordMatches(std::span<const std::byte> bytes, const RecordDigest& expected) {
-  return (expected.kind == RecordDigest::Kind::kXxh3 ? format::Xxh3Hex(bytes) : format::Sha256Hex(bytes)) ==
-         expected.hex;
-}
-
 absl::StatusOr<std::shared_ptr<RecordVerifier>> RecordVerifier::Create(unsigned threads) {
   if (threads == 0) return absl::InvalidArgumentError("record verifier: 0 threads");
   std::shared_ptr<RecordVerifier> verifier(new RecordVerifier());

@@ -21,17 +21,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/format/rank_index.h"
 
 namespace nq::streamer {
 
-// What a record is checked against: one of its checksums in the rank index.
-struct RecordDigest {
-  enum class Kind { kXxh3, kSha256 };
-  Kind kind = Kind::kSha256;
-  std::string hex;  // lower-case
-  // "xxh3" or "sha256", as the index names the field (record_<name>).
-  const char* name() const { return kind == Kind::kXxh3 ? "xxh3" : "sha256"; }
-};
+using format::RecordDigest;
+using format::RecordMatches;
 
 // Which checksum the streamer checks records with (--record_check).
 enum class RecordCheck {
@@ -70,8 +65,5 @@ class RecordVerifier {
   std::vector<std::thread> threads_;
 };
 
-// Whether `bytes` hash to `expected`: the check RecordVerifier runs, for callers that verify
-// inline.
-bool RecordMatches(std::span<const std::byte> bytes, const RecordDigest& expected);
 
 }  // namespace nq::streamer

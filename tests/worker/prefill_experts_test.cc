@@ -351,6 +351,31 @@ TEST_F(PrefillExpertsTest, ReadsThroughTheIoUringStoreGiveThePreadPrefill) {
   EXPECT_GT(reader->reads_issued(), 0u);
 }
 
+// A reader over a directory without a release is refused by name (the worker then warns and
+// reads with pread, prefill_setup.cc); a read of an expert past the layer's is refused alone.
+TEST_F(PrefillExpertsTest, TheIoUringReaderRefusesWhatItCannotRead) {
+  EXPECT_THAT(RecordStorePrefillReader::Open("/nonexistent/release", 0).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("/nonexistent/release")));
+  absl::StatusOr<std::unique_ptr<RecordStorePrefillReader>> reader =
+      RecordStorePrefillReader::Open(std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", 0);
+  ASSERT_THAT(reader, IsOk());
+  const uint32_t layer = two_bit_.decoder->moe_layer_ids().front();
+  const size_t bytes = static_cast<size_t>(*two_bit_.decoder->RecordBytes(layer));
+  std::vector<std::byte> storage(2 * bytes + 4096);
+  const size_t skew = reinterpret_cast<uintptr_t>(storage.data()) % 4096;
+  std::span<std::byte> aligned = std::span<std::byte>(storage).subspan(skew == 0 ? 0 : 4096 - skew, 2 * bytes);
+  const std::vector<release::PrefillRecordRead> reads = {
+      {.expert = static_cast<int32_t>(experts()), .destination = aligned.first(bytes)},
+      {.expert = 0, .destination = aligned.subspan(bytes, bytes)}};
+  const std::vector<absl::Status> done = (*reader)->ReadMany(layer, reads);
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_THAT(done[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expert")));
+  EXPECT_THAT(done[1], IsOk());
+  absl::StatusOr<std::vector<std::byte>> record = two_bit_.decoder->ReadRecord(layer, 0);
+  ASSERT_THAT(record, IsOk());
+  EXPECT_TRUE(std::equal(record->begin(), record->end(), aligned.subspan(bytes, bytes).begin()));
+}
+
 TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
   // A worker's slot arena with experts 5, 13, 21 and 29 of every MoE layer READY (their records
   // copied in, as the streamer would), and a read budget of one expert a layer.
