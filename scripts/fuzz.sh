@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 declare -A targets=(
   [safetensors_header]="services/model/safetensors_header.cc services/model/safetensors_json.cc|absl_status absl_statusor absl_strings|"
   [release_manifest]="services/format/manifest.cc services/format/file_io.cc|absl_status absl_statusor absl_strings libcrypto|"
-  [rank_index]="services/format/rank_index.cc services/format/record_layout.cc services/format/manifest.cc services/format/file_io.cc|absl_status absl_statusor absl_strings libcrypto|"
+  [rank_index]="services/format/rank_index.cc services/format/record_layout.cc services/format/manifest.cc services/format/file_io.cc services/format/xxh3_hex.cc|absl_status absl_statusor absl_strings libcrypto|"
   [model_config]="services/model/model_config.cc services/model/model_config_parse.cc services/model/model_config_validate.cc services/model/config_fields.cc services/model/rope_config.cc|absl_status absl_statusor absl_strings|"
   [openai_request]="services/router/openai_request.cc services/router/openai_logprobs.cc build/cpu/proto/gen/nq/v1/inference.pb.cc build/cpu/proto/gen/nq/v1/sampling.pb.cc|absl_status absl_statusor absl_strings protobuf|-Ibuild/cpu/proto/gen"
   [chat_render]="services/chat/render.cc services/chat/glm5_renderer.cc services/chat/deepseek_v3_renderer.cc services/chat/py_text.cc services/chat/output_parser.cc services/chat/tool_call_parsers.cc|absl_status absl_statusor absl_strings absl_flat_hash_map absl_flat_hash_set|"
