@@ -26,6 +26,8 @@ namespace nq::quant {
 
 enum class Precision { k2Bit, k4Bit };
 
+class TrellisTileSearch;  // trellis_search.h
+
 struct EncodeOptions {
   // Blend of the base's fitting target: lambda * (2-bit error) + (1 - lambda) * (4-bit error).
   double lambda = 0.5;
@@ -47,6 +49,9 @@ struct EncodeOptions {
   // 256 x 256: relative output error 0.166 -> 0.161 at 2 bits, 0.084 -> 0.077 at 4 bits);
   // without a Hessian it gains nothing measurable.
   int codebook_refinements = 0;
+  // trellis_v1: where its tiles are searched (not owned; null: one CPU thread). The bytes are
+  // the same wherever they are searched.
+  TrellisTileSearch* trellis_search = nullptr;
 };
 
 // Everything needed to decode, apart from the planes and scales.

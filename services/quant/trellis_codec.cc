@@ -4,11 +4,13 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 #include "services/quant/codec_prep.h"
 #include "services/quant/trellis_decode.h"
+#include "services/quant/trellis_search.h"
 #include "services/quant/trellis_viterbi.h"
 
 namespace nq::quant {
@@ -25,16 +27,6 @@ constexpr int kCodeBits = trellis::kSymbolBits;
 constexpr double kBaseGainPerRms = 1.0;
 constexpr double kResidualGainPerRms = 1.0;
 
-// The unit codebook, one value per state (trellis_decode.h), built once.
-const std::vector<float>& UnitValues() {
-  static const std::vector<float>* values = [] {
-    auto* v = new std::vector<float>(trellis::kStateCount);
-    for (uint32_t s = 0; s < trellis::kStateCount; ++s) (*v)[s] = trellis::UnitValue(s);
-    return v;
-  }();
-  return *values;
-}
-
 // RMS over the rows x 16 block of x at columns [j0, j0 + 16).
 double BlockRms(const std::vector<double>& x, int64_t rows, int64_t cols, int64_t j0) {
   double s = 0.0;
@@ -44,27 +36,44 @@ double BlockRms(const std::vector<double>& x, int64_t rows, int64_t cols, int64_
   return std::sqrt(s / static_cast<double>(rows * kTileDim));
 }
 
-// Codes every tile of the column block at j0 from `target` (rows x cols; only the block is
-// read) with gain `gain`: symbols go to `codes` (tile order, trellis_decode.h), the decoded
-// block (rows x 16, row-major) to `decoded`.
-void CodeBlock(trellis::TileSearcher& searcher, const std::vector<double>& target, int64_t rows,
-               int64_t cols, int64_t j0, double gain, std::vector<uint8_t>& codes,
-               std::vector<double>& decoded) {
-  const double inv_gain = gain > 0.0 ? 1.0 / gain : 0.0;
-  std::array<float, kTileWeights> x;
-  std::array<float, kTileWeights> unit;
-  const int64_t tj = j0 / kTileDim;
-  for (int64_t ti = 0; ti < rows / kTileDim; ++ti) {
-    for (int t = 0; t < kTileWeights; ++t) {
-      const int64_t i = ti * kTileDim + t / kTileDim;
-      x[t] = static_cast<float>(target[i * cols + j0 + t % kTileDim] * inv_gain);
-    }
-    const int64_t tile = ti * (cols / kTileDim) + tj;
-    searcher.Search(x.data(), codes.data() + tile * kTileWeights, unit.data());
-    for (int t = 0; t < kTileWeights; ++t) {
-      decoded[(ti * kTileDim + t / kTileDim) * kTileDim + t % kTileDim] = gain * unit[t];
+// Codes every tile of the column blocks [tj0, tj1) from `target` (rows x cols; only those
+// blocks are read), block tj with gain gains[tj], in one search: symbols go to `codes` (tile
+// order, trellis_decode.h), the decoded blocks to `decoded` (rows x 16 (tj1 - tj0), row-major).
+absl::Status CodeBlocks(TrellisTileSearch& search, const std::vector<double>& target, int64_t rows, int64_t cols,
+                        int64_t tj0, int64_t tj1, std::span<const float> gains, std::vector<uint8_t>& codes,
+                        std::vector<double>& decoded) {
+  const int64_t width = (tj1 - tj0) * kTileDim;
+  const int64_t tile_rows = rows / kTileDim;
+  const int64_t tiles = tile_rows * (tj1 - tj0);
+  // Search order: tile (ti, tj) at ti * (tj1 - tj0) + (tj - tj0), which is the codes' own order
+  // when the blocks are the whole matrix.
+  std::vector<float> x(static_cast<size_t>(tiles * kTileWeights));
+  std::vector<uint8_t> symbols(x.size());
+  for (int64_t ti = 0; ti < tile_rows; ++ti) {
+    for (int64_t tj = tj0; tj < tj1; ++tj) {
+      const double gain = gains[tj];
+      const double inv_gain = gain > 0.0 ? 1.0 / gain : 0.0;
+      float* tx = x.data() + (ti * (tj1 - tj0) + tj - tj0) * kTileWeights;
+      for (int t = 0; t < kTileWeights; ++t) {
+        const int64_t i = ti * kTileDim + t / kTileDim;
+        tx[t] = static_cast<float>(target[i * cols + tj * kTileDim + t % kTileDim] * inv_gain);
+      }
     }
   }
+  RETURN_IF_ERROR(search.Search(x, symbols));
+  const std::vector<float>& values = trellis::UnitValues();
+  std::array<float, kTileWeights> unit;
+  for (int64_t ti = 0; ti < tile_rows; ++ti) {
+    for (int64_t tj = tj0; tj < tj1; ++tj) {
+      const int64_t k = (ti * (tj1 - tj0) + tj - tj0) * kTileWeights;
+      trellis::DecodeRing(values, x.data() + k, symbols.data() + k, unit.data());
+      std::copy_n(symbols.data() + k, kTileWeights, codes.data() + (ti * (cols / kTileDim) + tj) * kTileWeights);
+      for (int t = 0; t < kTileWeights; ++t) {
+        decoded[(ti * kTileDim + t / kTileDim) * width + (tj - tj0) * kTileDim + t % kTileDim] = static_cast<double>(gains[tj]) * unit[t];
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Block LDLQ: d = e U_JJ^-1 per row (forward substitution), then x_K -= d U_JK for the
@@ -127,35 +136,50 @@ absl::StatusOr<EncodedMatrix> TrellisCodec::Encode(std::span<const float> w, int
   std::vector<double> residual_target(x2.size());
   std::vector<uint8_t> base_codes(static_cast<size_t>(rows * cols));
   std::vector<uint8_t> residual_codes(static_cast<size_t>(rows * cols));
-  std::vector<double> base_hat(static_cast<size_t>(rows * kTileDim));
-  std::vector<double> residual_hat(static_cast<size_t>(rows * kTileDim));
+  std::unique_ptr<TrellisTileSearch> own_search;
+  TrellisTileSearch* search = options.trellis_search;
+  if (search == nullptr) {
+    own_search = MakeCpuTrellisTileSearch(1);
+    search = own_search.get();
+  }
+  // Without feedback no block depends on another: every tile of the matrix is searched at once
+  // (base, then residual). With it, one 16-column block at a time, its error fed forward.
+  const int64_t group = feedback ? 1 : blocks;
+  std::vector<double> base_hat(static_cast<size_t>(rows * kTileDim * group));
+  std::vector<double> residual_hat(base_hat.size());
   std::vector<double> e(static_cast<size_t>(rows * kTileDim));
-  trellis::TileSearcher searcher(UnitValues());
 
-  for (int64_t tj = 0; tj < blocks; ++tj) {
-    const int64_t j0 = tj * kTileDim;
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t c = 0; c < kTileDim; ++c) {
-        const int64_t k = i * cols + j0 + c;
-        base_target[k] = options.lambda * x2[k] + (1.0 - options.lambda) * x4_ref[k];
+  for (int64_t tj0 = 0; tj0 < blocks; tj0 += group) {
+    const int64_t tj1 = tj0 + group;
+    const int64_t width = group * kTileDim;
+    for (int64_t tj = tj0; tj < tj1; ++tj) {
+      const int64_t j0 = tj * kTileDim;
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t c = 0; c < kTileDim; ++c) {
+          const int64_t k = i * cols + j0 + c;
+          base_target[k] = options.lambda * x2[k] + (1.0 - options.lambda) * x4_ref[k];
+        }
       }
+      m.params.base_codebook[tj] = static_cast<float>(kBaseGainPerRms * BlockRms(base_target, rows, cols, j0));
     }
-    const double base_gain = kBaseGainPerRms * BlockRms(base_target, rows, cols, j0);
-    m.params.base_codebook[tj] = static_cast<float>(base_gain);
-    CodeBlock(searcher, base_target, rows, cols, j0, m.params.base_codebook[tj], base_codes, base_hat);
+    RETURN_IF_ERROR(CodeBlocks(*search, base_target, rows, cols, tj0, tj1, m.params.base_codebook, base_codes, base_hat));
 
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t c = 0; c < kTileDim; ++c) {
-        const int64_t k = i * cols + j0 + c;
-        residual_target[k] = x4_ref[k] - base_hat[i * kTileDim + c];
+    for (int64_t tj = tj0; tj < tj1; ++tj) {
+      const int64_t j0 = tj * kTileDim;
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t c = 0; c < kTileDim; ++c) {
+          const int64_t k = i * cols + j0 + c;
+          residual_target[k] = x4_ref[k] - base_hat[i * width + (tj - tj0) * kTileDim + c];
+        }
       }
+      m.params.residual_codebook[tj] =
+          static_cast<float>(kResidualGainPerRms * BlockRms(residual_target, rows, cols, j0));
     }
-    const double residual_gain = kResidualGainPerRms * BlockRms(residual_target, rows, cols, j0);
-    m.params.residual_codebook[tj] = static_cast<float>(residual_gain);
-    CodeBlock(searcher, residual_target, rows, cols, j0, m.params.residual_codebook[tj],
-              residual_codes, residual_hat);
+    RETURN_IF_ERROR(CodeBlocks(*search, residual_target, rows, cols, tj0, tj1, m.params.residual_codebook,
+                               residual_codes, residual_hat));
 
     if (!feedback) continue;
+    const int64_t j0 = tj0 * kTileDim;  // one block
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t c = 0; c < kTileDim; ++c) {
         e[i * kTileDim + c] = x2[i * cols + j0 + c] - base_hat[i * kTileDim + c];

@@ -171,6 +171,19 @@ double TileSearcher::Search(const float* x, uint8_t* symbols, float* decoded) {
   }
   Trace(end, kTileWeights, symbols);
 
+  return DecodeRing(values_, x, symbols, decoded);
+}
+
+const std::vector<float>& UnitValues() {
+  static const std::vector<float>* values = [] {
+    auto* v = new std::vector<float>(kStateCount);
+    for (uint32_t s = 0; s < kStateCount; ++s) (*v)[s] = UnitValue(s);
+    return v;
+  }();
+  return *values;
+}
+
+double DecodeRing(std::span<const float> values, const float* x, const uint8_t* symbols, float* decoded) {
   // Decode from the ring itself (trellis_decode.h's right-shift state) and measure.
   double err = 0.0;
   uint32_t state = 0;
@@ -180,7 +193,7 @@ double TileSearcher::Search(const float* x, uint8_t* symbols, float* decoded) {
   }
   for (int t = 0; t < kTileWeights; ++t) {
     state = (state >> kSymbolBits) | (static_cast<uint32_t>(symbols[t]) << (kStateBits - kSymbolBits));
-    decoded[t] = values_[state];
+    decoded[t] = values[state];
     const double d = static_cast<double>(x[t]) - decoded[t];
     err += d * d;
   }

@@ -23,6 +23,13 @@ namespace nq::quant::trellis {
 // is 0.070, so the probe costs one full extra pass (2 passes per tile in all).
 inline constexpr int kProbeSteps = kTileWeights;
 
+// The unit codebook, one value per right-shift state (trellis_decode.h's UnitValue), built once.
+const std::vector<float>& UnitValues();
+
+// The decoded values of a tile's ring of 256 symbols (values: by right-shift state, as
+// UnitValues), and their squared error against targets x.
+double DecodeRing(std::span<const float> values, const float* x, const uint8_t* symbols, float* decoded);
+
 // One searcher owns ~6.5 MiB of scratch (layout tables, costs, backpointers): make one per thread
 // and reuse it across tiles.
 class TileSearcher {

@@ -258,6 +258,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
           const bool down = std::string(proj) == "down_proj";
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
+          encode.trellis_search = options.trellis_search;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,
                              .col_block = down ? down_in_block : in_block,
                              .row_sign_seed = ml.rotation.sign_seed * 31 + 1,

@@ -42,6 +42,9 @@ struct EncodeReleaseOptions {
   // benchmarks at sizes no checkpoint on hand reaches (a GLM-5 MoE layer is 9.7B weights). Its
   // experts compute nothing meaningful.
   std::optional<uint64_t> synthetic_seed;
+  // trellis_v1: where tiles are searched (not owned; null: one CPU thread). `nq encode --device`
+  // picks the CUDA search or a CPU one on every core; the release's bytes are the same.
+  quant::TrellisTileSearch* trellis_search = nullptr;
 };
 
 // One expert matrix of a release as the codec reads it: base plane, scales, codebooks and

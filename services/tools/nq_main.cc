@@ -27,7 +27,7 @@ constexpr char kUsage[] =
     "  detokenize   comma-separated token ids on stdin -> decoded bytes on stdout\n"
     "                 --tokenizer FILE [--skip_special_tokens]\n"
     "  encode       HF checkpoint -> NestQuant release\n"
-    "                 --model DIR --out RELEASE [--tp W] [--calib H] [--fixed-per-layer N] [--codec scalar|trellis]\n"
+    "                 --model DIR --out RELEASE [--tp W] [--calib H] [--fixed-per-layer N] [--codec scalar|trellis] [--device cpu|cuda[:N]]\n"
     "  synth-release  a release of made-up experts at the config's real sizes, for benchmarks (reads only config.json)\n"
     "                 --model DIR --out RELEASE [--tp W] [--fixed-per-layer N] [--codec scalar|trellis] [--seed N]\n"
     "  calibrate    per-expert input Hessians and routing counts over calibration tokens\n"

@@ -4,12 +4,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "services/common/progress.h"
@@ -18,10 +22,16 @@
 #include "services/format/assemble.h"
 #include "services/format/verify.h"
 #include "services/quant/codec_bench.h"
+#include "services/quant/trellis_codec.h"
+#include "services/quant/trellis_search.h"
 #include "services/release/calibration.h"
 #include "services/release/release_encoder.h"
 #include "services/release/release_experts.h"
 #include "services/tools/commands.h"
+
+#if NQ_HAVE_CUDA
+#include "kernels/cuda/trellis_search.h"
+#endif
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, tp);
@@ -32,6 +42,9 @@ ABSL_FLAG(std::string, calib, "", "encode: calibration Hessians and routing coun
 ABSL_FLAG(std::string, codec, "scalar",
           "encode: the codec, scalar (nested_scalar_v1) or trellis (trellis_v1, ~2x lower 2-bit "
           "MSE, Viterbi encode ~1000x slower)");
+ABSL_FLAG(std::string, device, "cpu",
+          "encode, synth-release: where trellis_v1's tiles are searched: cpu (every core), cuda or cuda:N "
+          "(an sm_90 GPU); the release's bytes are the same");
 ABSL_FLAG(std::string, codecs, "scalar,trellis", "bench-codec: the codecs to compare, comma-separated");
 ABSL_FLAG(std::string, tokens_file, "", "calibrate: token ids, one sequence per line (comma or space separated)");
 ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
@@ -52,6 +65,21 @@ ProgressReporter MakeProgress(std::string task, std::string unit, std::string wo
       {.task = std::move(task), .unit = std::move(unit), .work_unit = std::move(work_unit), .terminal = StderrIsTerminal()});
 }
 
+// --device: the CUDA search on GPU N ("cuda", "cuda:N"), or the CPU's on every core ("cpu").
+absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> MakeTileSearch(const std::string& device) {
+  if (device == "cpu") return quant::MakeCpuTrellisTileSearch(0);
+  int gpu = 0;
+  if (device != "cuda" && !(absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &gpu))) {
+    return absl::InvalidArgumentError(absl::StrCat("--device: expected cpu, cuda or cuda:N, got '", device, "'"));
+  }
+#if NQ_HAVE_CUDA
+  return kernels::cuda::MakeCudaTrellisTileSearch(gpu);
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("--device=", device, ": this nq was built without CUDA (build the cuda preset)"));
+#endif
+}
+
 // nq encode, and nq synth-release (the same release with made-up experts: no checkpoint weights read).
 int RunEncodeCommand(const char* command, const std::vector<std::string>& args, bool synthetic) {
   if (!args.empty()) return ReportCommandStatus(command, absl::InvalidArgumentError("unexpected argument " + args[0]));
@@ -62,6 +90,12 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
+  absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> search = MakeTileSearch(absl::GetFlag(FLAGS_device));
+  if (!search.ok()) return ReportCommandStatus(command, search.status());
+  options.trellis_search = search->get();
+  if (quant::ResolveCodecName(options.codec).value_or("") == quant::kTrellisV1) {
+    std::fprintf(stderr, "nq %s: trellis tiles searched on %s\n", command, (*search)->where().c_str());
+  }
   ProgressReporter progress = MakeProgress(command, "experts", "weights");
   options.progress = [&progress](const ProgressState& state) { progress.Update(state); };
   if (synthetic) {

@@ -1,0 +1,384 @@
+#include "kernels/cuda/trellis_search.h"
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_util.h"
+#include "services/common/status_macros.h"
+#include "services/quant/trellis_decode.h"
+#include "services/quant/trellis_viterbi.h"
+
+namespace nq::kernels::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+namespace tr = quant::trellis;
+
+// The search is trellis_viterbi.cc's, step for step: the same in-place layout (the cost of
+// left-shift state s at step t sits at position rotr16(s, 2t)), the same butterflies (the four
+// positions p0 + k 2^b, b = PartnerBit(t), are a group's four predecessors before the step and
+// its four successors after it), the same comparisons for the minimum and its index, and the
+// same float operations for the costs, each rounded on its own (no fused multiply-add), so the
+// codes equal the CPU's.
+constexpr int kClusterBlocks = 2;
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr uint32_t kPositionsPerBlock = tr::kStateCount / kClusterBlocks;  // 32768: the top bit picks the block
+constexpr uint32_t kGroups = tr::kStateCount >> tr::kSymbolBits;            // 16384 butterflies a step
+constexpr uint32_t kGroupsPerBlock = kGroups / kClusterBlocks;             // 8192
+constexpr int kGroupsPerThread = static_cast<int>(kGroupsPerBlock / kThreads);
+// Backpointers of one step: bit plane 0 and 1 of the 2-bit index, one word per 32 groups each.
+constexpr int kBackpointerWordsPerStep = static_cast<int>(kGroups / 32) * 2;
+constexpr int kSteps = tr::kTileWeights;
+constexpr std::size_t kBackpointerWordsPerCluster = static_cast<std::size_t>(kSteps) * kBackpointerWordsPerStep;
+constexpr std::size_t kCostBytes = kPositionsPerBlock * sizeof(float);  // dynamic shared memory
+// Steps whose butterflies span both blocks: partner bits 14 and 15 (PartnerBit(t) == 14, every
+// eighth step from 0). The layout returns to natural order every kLayoutPeriod steps.
+constexpr int kLayoutPeriod = tr::kStateBits / tr::kSymbolBits;
+constexpr int kProbeSeamSymbols = tr::kStateSpan - 1;  // the symbols s_{-1} and s_255 share
+
+static_assert(tr::kProbeSteps == kSteps, "the probe reuses the full run's backpointer scratch");
+static_assert(kGroupsPerBlock % kThreads == 0);
+
+struct SearchParams {
+  const float* targets;    // tiles x 256, unit-scaled, tile order
+  std::uint8_t* symbols;   // tiles x 256
+  std::uint32_t* backpointers;  // kBackpointerWordsPerCluster per cluster
+  std::int64_t tiles;
+};
+
+__device__ __forceinline__ int PartnerBit(int t) { return (tr::kStateBits - tr::kSymbolBits - tr::kSymbolBits * t) & 15; }
+
+__device__ __forceinline__ std::uint32_t Rotl16(std::uint32_t v, int r) {
+  r &= 15;
+  return ((v << r) | (v >> ((16 - r) & 15))) & tr::kStateMask;
+}
+__device__ __forceinline__ std::uint32_t Rotr16(std::uint32_t v, int r) {
+  r &= 15;
+  return ((v >> r) | (v << ((16 - r) & 15))) & tr::kStateMask;
+}
+
+// Left-shift state to trellis_decode.h's right-shift state: the eight bit pairs reversed
+// (a full 16-bit reversal, then the two bits of each pair swapped back).
+__device__ __forceinline__ std::uint32_t LeftToRight(std::uint32_t s) {
+  const std::uint32_t r = __brev(s) >> 16;
+  return ((r & 0x5555u) << 1) | ((r >> 1) & 0x5555u);
+}
+
+// UnitValue (trellis_decode.h) from the state's hash h = state * kHashMul + kHashAdd: the byte
+// sum by one dp4a, and float(sum) as the float 2^23 + sum minus 2^23 (exact: sum < 2^23), with
+// the centring folded into that subtraction (2^23 + 510 is exact too, and so is the difference).
+__device__ __forceinline__ float UnitValueOfHash(std::uint32_t h) {
+  constexpr float kTwo23PlusMean = 8388608.0f + tr::kByteSumMean;
+  const std::uint32_t sum = __dp4a(h, 0x01010101u, 0u);
+  return __fmul_rn(__fsub_rn(__uint_as_float(0x4B000000u | sum), kTwo23PlusMean), tr::kInvByteSumSd);
+}
+
+// Step t of a run over target x, this block's butterflies (groups q of the block's range). The
+// costs of positions with top bit r live in block r's `half[r]`; only crossing steps touch the
+// other block's half.
+template <bool kCrossing>
+__device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp) {
+  const int b = PartnerBit(t);
+  const std::uint32_t stride = 1u << b;
+  const std::uint32_t low = stride - 1u;
+  const int rot = (2 * t + 2) & 15;
+  const int lane = threadIdx.x % 32;
+#pragma unroll 2
+  for (int m = 0; m < kGroupsPerThread; ++m) {
+    const std::uint32_t q = rank * kGroupsPerBlock + m * kThreads + threadIdx.x;
+    const std::uint32_t p0 = (q & low) | ((q >> b) << (b + tr::kSymbolBits));
+    float* c[4];
+    if constexpr (kCrossing) {
+      // b = 14: p0 < 2^14; positions p0 and p0 + 2^14 in block 0, p0 + 2^15 and + 3 * 2^14 in block 1.
+      c[0] = half[0] + p0;
+      c[1] = half[0] + p0 + stride;
+      c[2] = half[1] + p0;
+      c[3] = half[1] + p0 + stride;
+    } else {
+      extern __shared__ float costs[];  // this block's half (the kernel's dynamic shared memory)
+      float* base = costs + (p0 & (kPositionsPerBlock - 1u));
+      c[0] = base;
+      c[1] = base + stride;
+      c[2] = base + 2 * stride;
+      c[3] = base + 3 * stride;
+    }
+    float a[4];
+    if (!kCrossing && b == 0) {
+      const float4 v = *reinterpret_cast<const float4*>(c[0]);  // four adjacent positions
+      a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[k] = *c[k];
+    }
+    const bool b01 = a[1] < a[0];
+    const float m01 = b01 ? a[1] : a[0];
+    const bool b23 = a[3] < a[2];
+    const float m23 = b23 ? a[3] : a[2];
+    const bool high = m23 < m01;
+    const float least = high ? m23 : m01;
+    const std::uint32_t j = high ? 2u + static_cast<std::uint32_t>(b23) : static_cast<std::uint32_t>(b01);
+
+    // Position p0 + k 2^b now holds successor rotl16(p0, 2t + 2) | k, whose right-shift state
+    // is LeftToRight(rotl16(p0, 2t + 2)) | k << 14: the four hashes differ by k * (kHashMul << 14).
+    const std::uint32_t h0 = LeftToRight(Rotl16(p0, rot)) * tr::kHashMul + tr::kHashAdd;
+    float next[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float d = __fsub_rn(x, UnitValueOfHash(h0 + static_cast<std::uint32_t>(k) * (tr::kHashMul << 14)));
+      next[k] = __fadd_rn(least, __fmul_rn(d, d));
+    }
+    if (!kCrossing && b == 0) {
+      *reinterpret_cast<float4*>(c[0]) = make_float4(next[0], next[1], next[2], next[3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) *c[k] = next[k];
+    }
+    const unsigned bit0 = __ballot_sync(0xffffffffu, (j & 1u) != 0);
+    const unsigned bit1 = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+    if (lane == 0) {
+      std::uint32_t* w = bp + (q / 32) * 2;
+      w[0] = bit0;
+      w[1] = bit1;
+    }
+  }
+}
+
+// The steps of one run. Crossing steps (t % 8 == 0) and the step after each start on a cluster
+// barrier (the other block wrote what they read); the rest on a block barrier.
+__device__ void Run(const float* xs, int x_offset, float* const (&half)[2], int rank, std::uint32_t* bps,
+                    cg::cluster_group& cluster) {
+  for (int t = 0; t < kSteps; ++t) {
+    const float x = xs[(t + x_offset) % kSteps];
+    std::uint32_t* bp = bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep;
+    if (t % kLayoutPeriod == 0) {
+      cluster.sync();
+      Step<true>(t, x, half, rank, bp);
+    } else {
+      if (t % kLayoutPeriod == 1) {
+        cluster.sync();
+      } else {
+        __syncthreads();
+      }
+      Step<false>(t, x, half, rank, bp);
+    }
+  }
+}
+
+// The backpointer of the group holding left-shift `state` before step t (trellis_viterbi.cc's
+// Trace: group g at position rotr16(g, 2t), butterfly index QuadIndex).
+__device__ __forceinline__ std::uint32_t PreviousState(const std::uint32_t* bps, int t, std::uint32_t state) {
+  const std::uint32_t group = state >> tr::kSymbolBits;
+  const int b = PartnerBit(t);
+  const std::uint32_t p0 = Rotr16(group, tr::kSymbolBits * t);
+  const std::uint32_t q = (p0 & ((1u << b) - 1u)) | ((p0 >> (b + tr::kSymbolBits)) << b);
+  const std::uint32_t* w = bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep + (q / 32) * 2;
+  const std::uint32_t j = ((w[0] >> (q % 32)) & 1u) | (((w[1] >> (q % 32)) & 1u) << 1);
+  return group | (j << (tr::kStateBits - tr::kSymbolBits));
+}
+
+// This block's least cost and its first position (block-wide; the result in thread 0).
+__device__ void BlockArgmin(const float* costs, std::uint32_t first_position, float* warp_value,
+                            std::uint32_t* warp_index, float& value, std::uint32_t& index) {
+  // Ascending positions with a strict comparison: each thread keeps its first least.
+  float best = costs[threadIdx.x];
+  std::uint32_t at = threadIdx.x;
+  for (std::uint32_t p = threadIdx.x + kThreads; p < kPositionsPerBlock; p += kThreads) {
+    if (costs[p] < best) {
+      best = costs[p];
+      at = p;
+    }
+  }
+  auto take = [](float& v, std::uint32_t& i, float ov, std::uint32_t oi) {
+    if (ov < v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  };
+  for (int o = 16; o > 0; o /= 2) take(best, at, __shfl_down_sync(0xffffffffu, best, o), __shfl_down_sync(0xffffffffu, at, o));
+  if (threadIdx.x % 32 == 0) {
+    warp_value[threadIdx.x / 32] = best;
+    warp_index[threadIdx.x / 32] = at;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) take(best, at, warp_value[w], warp_index[w]);
+    value = best;
+    index = first_position + at;
+  }
+}
+
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads, 1)
+    TrellisSearchKernel(const __grid_constant__ SearchParams p) {
+  extern __shared__ float costs[];  // this block's half: positions [rank * 2^15, rank * 2^15 + 2^15)
+  __shared__ float xs[kSteps];
+  __shared__ float warp_value[kWarps];
+  __shared__ std::uint32_t warp_index[kWarps];
+  __shared__ float block_least;
+  __shared__ std::uint32_t block_least_at;
+  __shared__ std::uint32_t overlap;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  float* other = cluster.map_shared_rank(costs, rank ^ 1);
+  float* const half[2] = {rank == 0 ? costs : other, rank == 0 ? other : costs};
+  const std::int64_t cluster_id = blockIdx.x / kClusterBlocks;
+  const std::int64_t clusters = gridDim.x / kClusterBlocks;
+  std::uint32_t* bps = p.backpointers + cluster_id * kBackpointerWordsPerCluster;
+
+  for (std::int64_t tile = cluster_id; tile < p.tiles; tile += clusters) {
+    // The last tile's end read this block's costs (the other block's thread 0): wait for it.
+    cluster.sync();
+    if (threadIdx.x < kSteps) xs[threadIdx.x] = p.targets[tile * kSteps + threadIdx.x];
+    // Probe: the ring from the seam (targets 128.., 0..127), from a free start.
+    for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = 0.0f;
+    __syncthreads();
+    Run(xs, kSteps / 2, half, rank, bps, cluster);
+    cluster.sync();
+    BlockArgmin(costs, rank * kPositionsPerBlock, warp_value, warp_index, block_least, block_least_at);
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      // Block 0's positions come first: it keeps a tie.
+      const float other_least = *cluster.map_shared_rank(&block_least, 1);
+      const std::uint32_t end = other_least < block_least ? *cluster.map_shared_rank(&block_least_at, 1)
+                                                          : block_least_at;
+      // The seven symbols before the seam (probe steps 121..127) are the overlap, oldest first.
+      std::uint32_t state = end, seam = 0;
+      for (int t = kSteps - 1; t >= kSteps / 2 - kProbeSeamSymbols; --t) {
+        if (t < kSteps / 2) seam |= (state & 3u) << (tr::kSymbolBits * (kSteps / 2 - 1 - t));
+        state = PreviousState(bps, t, state);
+      }
+      overlap = seam;
+    }
+    cluster.sync();
+    // Full ring: s_{-1} is any state carrying the overlap; every other start is unreachable.
+    const std::uint32_t seam = *cluster.map_shared_rank(&overlap, 0);
+    for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = INFINITY;
+    __syncthreads();
+    if (threadIdx.x < 2) costs[seam + threadIdx.x * (1u << 14)] = 0.0f;  // j = 2 rank + threadIdx.x
+    Run(xs, 0, half, rank, bps, cluster);
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      std::uint32_t end = seam;
+      float least = half[0][seam];
+      for (std::uint32_t j = 1; j < 4; ++j) {
+        const float c = half[j >> 1][seam + (j & 1u) * (1u << 14)];
+        if (c < least) {
+          least = c;
+          end = seam | (j << 14);
+        }
+      }
+      std::uint8_t* out = p.symbols + tile * kSteps;
+      std::uint32_t state = end;
+      for (int t = kSteps - 1; t >= 0; --t) {
+        out[t] = static_cast<std::uint8_t>(state & 3u);
+        state = PreviousState(bps, t, state);
+      }
+    }
+  }
+  cluster.sync();  // no block leaves while the other may still read its shared memory
+}
+
+class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
+ public:
+  CudaTrellisTileSearch(int device, int clusters) : device_(device), clusters_(clusters) {}
+  CudaTrellisTileSearch(const CudaTrellisTileSearch&) = delete;
+  CudaTrellisTileSearch& operator=(const CudaTrellisTileSearch&) = delete;
+
+  ~CudaTrellisTileSearch() override {
+    if (cudaSetDevice(device_) != cudaSuccess) return;
+    cudaFree(backpointers_);
+    cudaFree(targets_);
+    cudaFree(symbols_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init() {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&backpointers_, clusters_ * kBackpointerWordsPerCluster * sizeof(std::uint32_t)));
+    return absl::OkStatus();
+  }
+
+  std::string where() const override {
+    return absl::StrCat("cuda:", device_, ", ", clusters_, " clusters of ", kClusterBlocks, " SMs");
+  }
+
+  absl::Status Search(std::span<const float> targets, std::span<std::uint8_t> symbols) override {
+    RETURN_IF_ERROR(quant::CheckTileSearchArguments(targets, symbols));
+    const std::int64_t tiles = static_cast<std::int64_t>(targets.size()) / kSteps;
+    if (tiles == 0) return absl::OkStatus();
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (tiles > capacity_) {
+      NQ_CUDA_RETURN_IF_ERROR(cudaFree(targets_));
+      NQ_CUDA_RETURN_IF_ERROR(cudaFree(symbols_));
+      targets_ = nullptr;
+      symbols_ = nullptr;
+      capacity_ = 0;
+      NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&targets_, targets.size_bytes()));
+      NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&symbols_, symbols.size_bytes()));
+      capacity_ = tiles;
+    }
+    NQ_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(targets_, targets.data(), targets.size_bytes(), cudaMemcpyHostToDevice, stream_));
+    const SearchParams params{targets_, symbols_, backpointers_, tiles};
+    const unsigned clusters = static_cast<unsigned>(std::min<std::int64_t>(clusters_, tiles));
+    TrellisSearchKernel<<<clusters * kClusterBlocks, kThreads, kCostBytes, stream_>>>(params);
+    RETURN_IF_ERROR(CheckLaunch("TrellisSearchKernel"));
+    NQ_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(symbols.data(), symbols_, symbols.size_bytes(), cudaMemcpyDeviceToHost, stream_));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+ private:
+  int device_;
+  int clusters_;  // clusters resident at once: the grid, each looping over tiles
+  cudaStream_t stream_ = nullptr;
+  std::uint32_t* backpointers_ = nullptr;
+  float* targets_ = nullptr;
+  std::uint8_t* symbols_ = nullptr;
+  std::int64_t capacity_ = 0;  // tiles the buffers hold
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> MakeCudaTrellisTileSearch(int device) {
+  int count = 0;
+  NQ_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("trellis search: no CUDA device ", device, " (", count, " present)"));
+  }
+  int major = 0;
+  NQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("trellis search: CUDA device ", device, " is compute capability ", major,
+                     ".x; the search needs thread-block clusters (9.0, Hopper)"));
+  }
+  NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(TrellisSearchKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kCostBytes)));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(kClusterBlocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kCostBytes;
+  int clusters = 0;
+  NQ_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveClusters(&clusters, TrellisSearchKernel, &config));
+  if (clusters < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("trellis search: CUDA device ", device, " cannot run a cluster of ", kClusterBlocks,
+                     " blocks with ", kCostBytes, " bytes of shared memory each"));
+  }
+  auto search = std::make_unique<CudaTrellisTileSearch>(device, clusters);
+  RETURN_IF_ERROR(search->Init());
+  return search;
+}
+
+}  // namespace nq::kernels::cuda

@@ -1,0 +1,65 @@
+// nq encode / synth-release --device: where trellis_v1's tiles are searched. A bad value is
+// refused by name before any checkpoint is read; cuda in a build without CUDA says so; cpu
+// searches on every core and says where.
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/run_shell.h"
+
+namespace nq::release {
+namespace {
+
+using ::nq::testing::CommandResult;
+using ::nq::testing::RunShell;
+using ::testing::HasSubstr;
+
+CommandResult RunNq(const std::string& args) { return RunShell(absl::StrCat(NQ_TOOL_BIN, " ", args)); }
+
+class EncodeDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("encode_device_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ / "model");
+    std::filesystem::copy_file(std::filesystem::path(NQ_SOURCE_DIR) / "configs/test/glm5_encode.json",
+                               dir_ / "model/config.json");
+  }
+  std::string Model() const { return (dir_ / "model").string(); }
+  std::string Out() const { return (dir_ / "release").string(); }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(EncodeDeviceTest, AnUnknownDeviceIsRefusedByName) {
+  for (const char* device : {"gpu", "cuda:x", "cuda:", "CPU"}) {
+    SCOPED_TRACE(device);
+    const CommandResult r = RunNq(absl::StrCat("encode --model=", Model(), " --out=", Out(), " --codec=trellis --device=", device));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(absl::StrCat("--device: expected cpu, cuda or cuda:N, got '", device, "'")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(Out()));
+}
+
+TEST_F(EncodeDeviceTest, CudaIsRefusedWhereItCannotRun) {
+  const CommandResult r = RunNq(absl::StrCat("synth-release --model=", Model(), " --out=", Out(), " --codec=trellis --device=cuda"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+#if !NQ_HAVE_CUDA
+  EXPECT_THAT(r.output, HasSubstr("this nq was built without CUDA"));
+#endif
+  EXPECT_FALSE(std::filesystem::exists(Out()));
+}
+
+TEST_F(EncodeDeviceTest, TheCpuSearchRunsOnEveryCoreAndTheReleaseVerifies) {
+  const CommandResult r = RunNq(absl::StrCat("synth-release --model=", Model(), " --out=", Out(), " --codec=trellis --device=cpu"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("trellis tiles searched on cpu, "));
+  const CommandResult verify = RunNq(absl::StrCat("verify ", Out()));
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+}
+
+}  // namespace
+}  // namespace nq::release
