@@ -97,14 +97,16 @@ complete() {
   for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$base/health" >/dev/null && break; sleep 0.2; done
   : >"$file"
   for prompt in 'def fibonacci(n):' 'class Stack:' 'import os' 'for i in range(10):'; do
-    curl -sf "http://127.0.0.1:$base/v1/completions" -H 'Content-Type: application/json' \
+    curl -sf --max-time 120 "http://127.0.0.1:$base/v1/completions" -H 'Content-Type: application/json' \
       -d "{\"model\":\"model\",\"prompt\":$(printf '%s' "$prompt" | python3 -c 'import json,sys;print(json.dumps(sys.stdin.read()))'),\"max_tokens\":64,\"temperature\":0,\"ignore_eos\":true}" \
       | python3 -c 'import json,sys;print(json.dumps(json.load(sys.stdin)["choices"][0]["text"]))' >>"$file" \
       || echo "REQUEST FAILED" >>"$file"
   done
   curl -sf "http://127.0.0.1:$((base + 30))/metrics" | grep -E "^nq_worker_tp_|step_graph" >"$out/logs/$name-metrics.txt"
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  # Its own processes only: a bare `wait` also waits for the `exec > >(tee ...)` above (bash 5.1+),
+  # which ends only with the script (the 2026-12-03 call hung here).
+  wait "${pids[@]}" 2>/dev/null
 }
 complete cuda "$out/greedy_cuda.txt" 19300 "--backend=cuda --gpu=0 --step_graphs=true"
 complete cpu2 "$out/greedy_cpu_w2.txt" 19400 "--backend=cpu --rank=0 --world_size=2" "--backend=cpu --rank=1 --world_size=2"

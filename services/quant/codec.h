@@ -52,6 +52,9 @@ struct EncodeOptions {
   // trellis_v1: where its tiles are searched (not owned; null: one CPU thread). The bytes are
   // the same wherever they are searched.
   TrellisTileSearch* trellis_search = nullptr;
+  // trellis_v1: threads for LDLQ's feedback between column blocks, split by rows (each row's
+  // arithmetic is unchanged, so the bytes do not depend on it); 1 keeps it on the calling thread.
+  int host_threads = 1;
 };
 
 // Everything needed to decode, apart from the planes and scales.

@@ -1,5 +1,6 @@
 #include "services/release/release_encoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -146,6 +148,8 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   }
   ASSIGN_OR_RETURN(const std::string codec_name, quant::ResolveCodecName(options.codec));
   ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(codec_name));
+  const int host_threads =
+      options.host_threads > 0 ? options.host_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int world = options.tp_size;
   const int64_t E = config.n_routed_experts, D = config.hidden_size, I = config.moe_intermediate_size;
   if (world < 1 || I % world != 0) {
@@ -259,6 +263,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
           encode.trellis_search = options.trellis_search;
+          encode.host_threads = host_threads;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,
                              .col_block = down ? down_in_block : in_block,
                              .row_sign_seed = ml.rotation.sign_seed * 31 + 1,

@@ -45,6 +45,9 @@ struct EncodeReleaseOptions {
   // trellis_v1: where tiles are searched (not owned; null: one CPU thread). `nq encode --device`
   // picks the CUDA search or a CPU one on every core; the release's bytes are the same.
   quant::TrellisTileSearch* trellis_search = nullptr;
+  // Threads for the codecs' host work that splits without changing bytes (trellis_v1's LDLQ
+  // feedback); 0: one per hardware thread.
+  int host_threads = 1;
 };
 
 // One expert matrix of a release as the codec reads it: base plane, scales, codebooks and

@@ -387,14 +387,17 @@ void AddRouterRoutes(httplib::Server& server, HttpRoutesConfig config) {
     response.set_content(Json{{"prompt", *text}}.dump(-1, ' ', false, Json::error_handler_t::replace), "application/json");
   });
 
-  // OpenAI-shaped bodies for the errors httplib raises itself.
+  // OpenAI-shaped bodies for the errors httplib raises itself. httplib 0.11 calls this for every
+  // status >= 400, also after a route's handler has written its own error (an unknown model is a
+  // 404 too): a response with a body is left as the route wrote it.
   server.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
+    if (!response.body.empty()) return;
     if (response.status == 404) {
       SendError(response, absl::NotFoundError("no route for " + request.method + " " + request.path));
     } else if (response.status == 413) {
       HttpError error = ToHttpError(absl::InvalidArgumentError("the request body is too large"));
       response.set_content(error.body, "application/json");
-    } else if (response.status == 400 && response.body.empty()) {
+    } else if (response.status == 400) {
       SendError(response, absl::InvalidArgumentError("malformed HTTP request"));
     }
   });

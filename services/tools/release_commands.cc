@@ -93,6 +93,7 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> search = MakeTileSearch(absl::GetFlag(FLAGS_device));
   if (!search.ok()) return ReportCommandStatus(command, search.status());
   options.trellis_search = search->get();
+  options.host_threads = 0;  // every core
   if (quant::ResolveCodecName(options.codec).value_or("") == quant::kTrellisV1) {
     std::fprintf(stderr, "nq %s: trellis tiles searched on %s\n", command, (*search)->where().c_str());
   }

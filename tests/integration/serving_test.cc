@@ -174,17 +174,20 @@ TEST_F(ServingTest, ClientErrorsGetPreciseStatusesAndTheServerStaysUp) {
     std::vector<std::string> headers;
     int status;
     std::string type;
+    std::string message;  // a part of error.message
   };
   const std::vector<Case> cases = {
-      {R"({"model":"embedded","prompt":"hi"})", {}, 401, "authentication_error"},
-      {R"({"model":"embedded","prompt":"hi"})", {"Authorization: Bearer wrong"}, 401, "authentication_error"},
-      {R"({"model":"embedded","prompt":)", auth, 400, "invalid_request_error"},
-      {R"({"model":"embedded","prompt":"hi","max_tokens":"ten"})", auth, 400, "invalid_request_error"},
-      {R"({"model":"embedded","prompt":"hi","temperature":7})", auth, 400, "invalid_request_error"},
-      {R"({"model":"embedded","prompt":"hi","max_tokens":1000})", auth, 400, "invalid_request_error"},
-      {R"({"model":"gpt-17","prompt":"hi"})", auth, 404, "invalid_request_error"},
+      {R"({"model":"embedded","prompt":"hi"})", {}, 401, "authentication_error", "API key"},
+      {R"({"model":"embedded","prompt":"hi"})", {"Authorization: Bearer wrong"}, 401, "authentication_error", "API key"},
+      {R"({"model":"embedded","prompt":)", auth, 400, "invalid_request_error", ""},
+      {R"({"model":"embedded","prompt":"hi","max_tokens":"ten"})", auth, 400, "invalid_request_error", "max_tokens"},
+      {R"({"model":"embedded","prompt":"hi","temperature":7})", auth, 400, "invalid_request_error", "temperature"},
+      {R"({"model":"embedded","prompt":"hi","max_tokens":1000})", auth, 400, "invalid_request_error", "max_tokens"},
+      // The route's own 404, not the router's "no route" (httplib calls the error handler after it).
+      {R"({"model":"gpt-17","prompt":"hi"})", auth, 404, "invalid_request_error",
+       "the model 'gpt-17' does not exist; this server serves 'embedded'"},
       {absl::StrCat(R"({"model":"embedded","prompt":")", std::string(100000, 'a'), R"("})"), auth, 413,
-       "invalid_request_error"},
+       "invalid_request_error", "too large"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<RawHttp> http = RawHttp::Post(router_ports_.http, "/v1/completions", c.body, c.headers);
@@ -192,7 +195,14 @@ TEST_F(ServingTest, ClientErrorsGetPreciseStatusesAndTheServerStaysUp) {
     EXPECT_EQ(http->Status().value_or(0), c.status) << c.body.substr(0, 80);
     Json error = Json::parse(http->Body().value_or(""), nullptr, false);
     EXPECT_EQ(error["error"]["type"], c.type) << c.body.substr(0, 80) << " -> " << error.dump();
+    EXPECT_THAT(error["error"]["message"].is_string() ? error["error"]["message"].get<std::string>() : "",
+                ::testing::HasSubstr(c.message))
+        << c.body.substr(0, 80);
   }
+  absl::StatusOr<RawHttp> no_route = RawHttp::Post(router_ports_.http, "/v1/nowhere", "{}", auth);
+  ASSERT_TRUE(no_route.ok());
+  EXPECT_EQ(no_route->Status().value_or(0), 404);
+  EXPECT_THAT(no_route->Body().value_or(""), ::testing::HasSubstr("no route for POST /v1/nowhere"));
   absl::StatusOr<std::pair<int, Json>> ok =
       PostJson("/v1/completions", {{"model", "embedded"}, {"prompt", "hi"}, {"max_tokens", 2}}, auth);
   ASSERT_TRUE(ok.ok());

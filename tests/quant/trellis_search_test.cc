@@ -102,6 +102,31 @@ TEST(TrellisCodecSearch, HandsOverTheWholeMatrixWithoutLdlqAndOneBlockWithIt) {
   }
 }
 
+// LDLQ's feedback split over threads by rows: the same bytes as one thread.
+TEST(TrellisCodecSearch, FeedbackThreadsGiveTheOneThreadsBytes) {
+  constexpr int64_t kRows = 64, kCols = 256, kSamples = 512;
+  const std::vector<float> w = Gaussian(kRows * kCols, 5);
+  std::vector<float> x = Gaussian(kSamples * kCols, 6);
+  for (int64_t s = 0; s < kSamples; ++s) {
+    for (int64_t c = 1; c < kCols; ++c) x[s * kCols + c] = 0.9f * x[s * kCols + c - 1] + 0.44f * x[s * kCols + c];
+  }
+  absl::StatusOr<Hessian> hessian = HessianFromActivations(x, kSamples, kCols);
+  ASSERT_TRUE(hessian.ok()) << hessian.status();
+  std::unique_ptr<TrellisTileSearch> search = MakeCpuTrellisTileSearch(2);
+  EncodeOptions options;
+  options.rotation = {.row_block = kRows, .col_block = kCols};
+  options.trellis_search = search.get();
+  absl::StatusOr<EncodedMatrix> one = TrellisCodec().Encode(w, kRows, kCols, &*hessian, options);
+  options.host_threads = 3;
+  absl::StatusOr<EncodedMatrix> three = TrellisCodec().Encode(w, kRows, kCols, &*hessian, options);
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->base_codes, one->base_codes);
+  EXPECT_EQ(three->residual_codes, one->residual_codes);
+  EXPECT_EQ(three->params.base_codebook, one->params.base_codebook);
+  EXPECT_EQ(three->params.residual_codebook, one->params.residual_codebook);
+}
+
 // A search that fails: the encode fails with its status, not with made-up codes.
 class FailingSearch final : public TrellisTileSearch {
  public:

@@ -135,6 +135,7 @@ TEST(CudaTrellisSearch, EncodedMatricesAreTheCpuEncodersBytes) {
   for (const quant::Hessian* with : {static_cast<const quant::Hessian*>(nullptr), &hessian}) {
     SCOPED_TRACE(with == nullptr ? "identity Hessian" : "LDLQ");
     quant::EncodeOptions options;
+    options.rotation = {.row_block = kRows, .col_block = kCols};
     absl::StatusOr<quant::EncodedMatrix> cpu = codec.Encode(w, kRows, kCols, with, options);
     options.trellis_search = gpu.get();
     absl::StatusOr<quant::EncodedMatrix> cuda = codec.Encode(w, kRows, kCols, with, options);
