@@ -1,6 +1,7 @@
 #include "services/release/release_encoder.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -27,11 +28,16 @@
 #include "services/quant/trellis_codec.h"
 #include "services/quant/trellis_decode.h"
 #include "services/release/calibration.h"
+#include "services/release/ordered_work.h"
 
 namespace nq::release {
 namespace {
 
+// An expert's three encoded matrices, in kProjections' order.
+using ExpertMatrices = std::array<quant::EncodedMatrix, 3>;
+
 constexpr const char* kProjections[] = {"gate_proj", "up_proj", "down_proj"};
+static_assert(std::size(kProjections) == std::tuple_size_v<ExpertMatrices>);
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -150,6 +156,15 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::unique_ptr<quant::Codec> codec, quant::MakeCodec(codec_name));
   const int host_threads =
       options.host_threads > 0 ? options.host_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // One tile search per worker (a search is not shared between threads). A synthetic release's
+  // templates are made on first use, so it runs on one worker.
+  const int workers = options.synthetic_seed.has_value() ? 1 : std::max(1, options.workers);
+  std::vector<std::unique_ptr<quant::TrellisTileSearch>> searches(static_cast<size_t>(workers));
+  if (options.make_trellis_search && codec_name == quant::kTrellisV1) {
+    for (std::unique_ptr<quant::TrellisTileSearch>& search : searches) {
+      ASSIGN_OR_RETURN(search, options.make_trellis_search());
+    }
+  }
   const int world = options.tp_size;
   const int64_t E = config.n_routed_experts, D = config.hidden_size, I = config.moe_intermediate_size;
   if (world < 1 || I % world != 0) {
@@ -251,18 +266,17 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         if (options.progress) options.progress(progress);
         continue;
       }
-      model::SafetensorsWriter resident;
-      std::vector<std::vector<std::byte>> records;
-      std::optional<format::RecordLayout> layout;
-      for (int64_t e = 0; e < E; ++e) {
-        std::vector<std::vector<uint8_t>> residuals;
-        std::vector<format::SegmentSpec> specs;
-        for (const char* proj : kProjections) {
+      // This (layer, rank)'s experts, encoded by the workers in hand-out order; written here in
+      // expert order as each one's turn comes, so the files do not depend on the workers.
+      auto encode_expert = [&](int64_t e, quant::TrellisTileSearch* search) -> absl::StatusOr<ExpertMatrices> {
+        ExpertMatrices out;
+        for (size_t i = 0; i < std::size(kProjections); ++i) {
+          const char* proj = kProjections[i];
           const std::string name = absl::StrCat("model.layers.", layer, ".mlp.experts.", e, ".", proj, ".weight");
           const bool down = std::string(proj) == "down_proj";
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
-          encode.trellis_search = options.trellis_search;
+          encode.trellis_search = search;
           encode.host_threads = host_threads;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,
                              .col_block = down ? down_in_block : in_block,
@@ -274,6 +288,27 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
                                     {layer, static_cast<uint32_t>(rank), static_cast<uint32_t>(e), proj}, templates)
                   : encode_from_checkpoint(name, layer, rank, e, down, rows, cols, encode);
           if (!m.ok()) return Annotate(m.status(), name);
+          out[i] = *std::move(m);
+        }
+        return out;
+      };
+      // Two items a worker past the one being written: enough to keep every worker busy.
+      OrderedWork<ExpertMatrices> pipeline(E, workers, 2 * workers, [&](int64_t e, int worker) {
+        return encode_expert(e, searches[static_cast<size_t>(worker)].get());
+      });
+
+      model::SafetensorsWriter resident;
+      std::vector<std::vector<std::byte>> records;
+      std::optional<format::RecordLayout> layout;
+      for (int64_t e = 0; e < E; ++e) {
+        ASSIGN_OR_RETURN(ExpertMatrices matrices, pipeline.Take(e));
+        std::vector<std::vector<uint8_t>> residuals;
+        std::vector<format::SegmentSpec> specs;
+        for (size_t i = 0; i < std::size(kProjections); ++i) {
+          const char* proj = kProjections[i];
+          const bool down = std::string(proj) == "down_proj";
+          const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
+          quant::EncodedMatrix* m = &matrices[i];
           const std::string key = absl::StrCat("experts.", e, ".", proj);
           RETURN_IF_ERROR(resident.Add(key + ".base", model::DType::kU8, {static_cast<int64_t>(m->base_codes.size())},
                                        Bytes(m->base_codes)));

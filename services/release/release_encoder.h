@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +17,7 @@
 #include "services/format/release_reader.h"
 #include "services/model/safetensors.h"
 #include "services/quant/codec.h"
+#include "services/quant/trellis_search.h"
 
 namespace nq::release {
 
@@ -42,9 +44,13 @@ struct EncodeReleaseOptions {
   // benchmarks at sizes no checkpoint on hand reaches (a GLM-5 MoE layer is 9.7B weights). Its
   // experts compute nothing meaningful.
   std::optional<uint64_t> synthetic_seed;
-  // trellis_v1: where tiles are searched (not owned; null: one CPU thread). `nq encode --device`
-  // picks the CUDA search or a CPU one on every core; the release's bytes are the same.
-  quant::TrellisTileSearch* trellis_search = nullptr;
+  // Experts encoded at once, each worker a thread with its own trellis_v1 tile search from
+  // make_trellis_search (unset: the codec's one-thread CPU search). The release's bytes do not
+  // depend on either: experts are written in order, and every search gives the same symbols.
+  // `nq encode` runs one worker per core with --device cpu, two per GPU with --device cuda (one
+  // encodes on the host while the other's tiles are on the GPU). A synthetic release uses one.
+  int workers = 1;
+  std::function<absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>>()> make_trellis_search;
   // Threads for the codecs' host work that splits without changing bytes (trellis_v1's LDLQ
   // feedback); 0: one per hardware thread.
   int host_threads = 1;

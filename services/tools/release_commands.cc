@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -43,8 +44,11 @@ ABSL_FLAG(std::string, codec, "scalar",
           "encode: the codec, scalar (nested_scalar_v1) or trellis (trellis_v1, ~2x lower 2-bit "
           "MSE, Viterbi encode ~1000x slower)");
 ABSL_FLAG(std::string, device, "cpu",
-          "encode, synth-release: where trellis_v1's tiles are searched: cpu (every core), cuda or cuda:N "
-          "(an sm_90 GPU); the release's bytes are the same");
+          "encode, synth-release: where experts are encoded: cpu (one expert per core), cuda or cuda:N (two "
+          "at once, trellis_v1's tiles searched on that sm_90 GPU); the release's bytes are the same");
+ABSL_FLAG(int, workers, 0,
+          "encode: experts encoded at once (0: one per core with --device cpu, two with --device cuda); each "
+          "holds one expert's matrices in memory");
 ABSL_FLAG(std::string, codecs, "scalar,trellis", "bench-codec: the codecs to compare, comma-separated");
 ABSL_FLAG(std::string, tokens_file, "", "calibrate: token ids, one sequence per line (comma or space separated)");
 ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
@@ -65,16 +69,35 @@ ProgressReporter MakeProgress(std::string task, std::string unit, std::string wo
       {.task = std::move(task), .unit = std::move(unit), .work_unit = std::move(work_unit), .terminal = StderrIsTerminal()});
 }
 
-// --device: the CUDA search on GPU N ("cuda", "cuda:N"), or the CPU's on every core ("cpu").
-absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> MakeTileSearch(const std::string& device) {
-  if (device == "cpu") return quant::MakeCpuTrellisTileSearch(0);
+// --device: where the experts' trellis tiles are searched. cpu: one worker per core, each with a
+// one-thread search (scalar encodes parallelise the same way). cuda[:N]: two workers sharing GPU
+// N, so one encodes on the host while the other's tiles are on the GPU; LDLQ's feedback gets the
+// cores between them.
+absl::Status SetEncodeDevice(const std::string& device, release::EncodeReleaseOptions& options) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (device == "cpu") {
+    options.workers = cores;
+    options.host_threads = 1;
+    options.make_trellis_search = []() -> absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> {
+      return quant::MakeCpuTrellisTileSearch(1);
+    };
+    return absl::OkStatus();
+  }
   int gpu = 0;
   if (device != "cuda" && !(absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &gpu))) {
     return absl::InvalidArgumentError(absl::StrCat("--device: expected cpu, cuda or cuda:N, got '", device, "'"));
   }
 #if NQ_HAVE_CUDA
-  return kernels::cuda::MakeCudaTrellisTileSearch(gpu);
+  // Made here once so a missing or unsuitable GPU is refused before any checkpoint is read.
+  ASSIGN_OR_RETURN(std::unique_ptr<quant::TrellisTileSearch> probe, kernels::cuda::MakeCudaTrellisTileSearch(gpu));
+  probe.reset();
+  constexpr int kWorkersPerGpu = 2;
+  options.workers = kWorkersPerGpu;
+  options.host_threads = std::max(1, cores / kWorkersPerGpu);
+  options.make_trellis_search = [gpu] { return kernels::cuda::MakeCudaTrellisTileSearch(gpu); };
+  return absl::OkStatus();
 #else
+  (void)gpu;
   return absl::FailedPreconditionError(
       absl::StrCat("--device=", device, ": this nq was built without CUDA (build the cuda preset)"));
 #endif
@@ -90,12 +113,15 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
-  absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> search = MakeTileSearch(absl::GetFlag(FLAGS_device));
-  if (!search.ok()) return ReportCommandStatus(command, search.status());
-  options.trellis_search = search->get();
-  options.host_threads = 0;  // every core
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (absl::Status s = SetEncodeDevice(device, options); !s.ok()) return ReportCommandStatus(command, s);
+  if (const int workers = absl::GetFlag(FLAGS_workers); workers != 0) {
+    if (workers < 0) return ReportCommandStatus(command, absl::InvalidArgumentError("--workers must be >= 0"));
+    options.workers = workers;
+  }
   if (quant::ResolveCodecName(options.codec).value_or("") == quant::kTrellisV1) {
-    std::fprintf(stderr, "nq %s: trellis tiles searched on %s\n", command, (*search)->where().c_str());
+    std::fprintf(stderr, "nq %s: trellis tiles searched on %s, %d experts at once\n", command, device.c_str(),
+                 synthetic ? 1 : options.workers);
   }
   ProgressReporter progress = MakeProgress(command, "experts", "weights");
   options.progress = [&progress](const ProgressState& state) { progress.Update(state); };

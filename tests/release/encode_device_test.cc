@@ -44,6 +44,13 @@ TEST_F(EncodeDeviceTest, AnUnknownDeviceIsRefusedByName) {
   EXPECT_FALSE(std::filesystem::exists(Out()));
 }
 
+TEST_F(EncodeDeviceTest, NegativeWorkersAreRefused) {
+  const CommandResult r = RunNq(absl::StrCat("encode --model=", Model(), " --out=", Out(), " --workers=-2"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--workers must be >= 0"));
+  EXPECT_FALSE(std::filesystem::exists(Out()));
+}
+
 TEST_F(EncodeDeviceTest, CudaIsRefusedWhereItCannotRun) {
   const CommandResult r = RunNq(absl::StrCat("synth-release --model=", Model(), " --out=", Out(), " --codec=trellis --device=cuda"));
   EXPECT_NE(r.exit_code, 0) << r.output;

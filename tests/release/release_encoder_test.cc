@@ -12,6 +12,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 
 #include <gmock/gmock.h>
 #include <nlohmann/json.hpp>
@@ -192,6 +194,48 @@ TEST_F(ReleaseEncoderTest, IncompleteOrForeignReleasesAreRefused) {
 
 // trellis_v1 through the whole release path, on a narrower model (2 experts of 128 x 16) so
 // the Viterbi encode stays within a few seconds.
+// Every file of a directory, by path relative to it, with its bytes.
+std::map<std::string, std::string> DirectoryBytes(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    files[fs::relative(entry.path(), dir).string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return files;
+}
+
+// Experts encoded by several workers: the same files, byte for byte, as by one (LDLQ included).
+TEST_F(ReleaseEncoderTest, WorkersWriteTheOneWorkersBytes) {
+  const std::string model_dir = (root_ / "model").string();
+  const std::string calib_path = (root_ / "calib.safetensors").string();
+  ASSERT_THAT(Calibrate(model_dir, {{1, 5, 9, 13, 17, 21, 25, 29}, {2, 4, 6, 8, 10, 12}}, calib_path), IsOk());
+  ASSERT_THAT(EncodeRelease(model_dir, (root_ / "one").string(), {.fixed_per_layer = 2, .calibration_path = calib_path}),
+              IsOk());
+  EncodeReleaseOptions options{.fixed_per_layer = 2, .calibration_path = calib_path};
+  options.workers = 3;
+  ASSERT_THAT(EncodeRelease(model_dir, (root_ / "three").string(), options), IsOk());
+  const std::map<std::string, std::string> one = DirectoryBytes(root_ / "one"), three = DirectoryBytes(root_ / "three");
+  ASSERT_GT(one.size(), 3u);
+  ASSERT_EQ(one.size(), three.size());
+  for (const auto& [path, bytes] : one) {
+    ASSERT_TRUE(three.contains(path)) << path;
+    EXPECT_TRUE(three.at(path) == bytes) << path << " differs";
+  }
+}
+
+// A failing expert fails the encode by name with several workers, as with one.
+TEST_F(ReleaseEncoderTest, WorkersReportAFailingExpertByName) {
+  absl::StatusOr<model::ModelConfig> config = testing::EncodeTestConfig();
+  ASSERT_THAT(config, IsOk());
+  const std::string model_dir = (root_ / "no_experts").string();
+  ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, model_dir, {.seed = 11, .routed_experts = false}), IsOk());
+  EncodeReleaseOptions options;
+  options.workers = 4;
+  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "r").string(), options),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("mlp.experts.0.gate_proj.weight")));
+}
+
 TEST_F(ReleaseEncoderTest, TrellisReleaseNamesItsCodecAndServesBothLevels) {
   std::ifstream in(std::string(NQ_SOURCE_DIR) + "/configs/test/glm5_encode.json");
   std::stringstream text;
