@@ -16,14 +16,9 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/nq-gpu-cluster-out}"
 mkdir -p "$out"
 exec > >(tee "$out/gpu_cluster_log.txt") 2>&1
-work="$(mktemp -d)"
-tar -C "$work" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
-echo "== carried: $(head -n 1 "$work/MANIFEST")"
+source scripts/device/unpack_cluster_bundle.sh  # sets $work
 echo "   binaries: $(ls "$work/bin" | tr '\n' ' ')"
 echo "   libraries ($(ls "$work/lib" | wc -l)): $(ls "$work/lib" | tr '\n' ' ')"
-export LD_LIBRARY_PATH="$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-wheel_libs="$(bash scripts/device/cuda_wheel_libs.sh)"
-[[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
 if ldd "$work/bin/nq-worker" | grep -q "not found"; then
   ldd "$work/bin/nq-worker" | grep "not found"

@@ -27,12 +27,7 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/nq-nccl-single-rank-out}"
 mkdir -p "$out/logs"
 exec > >(tee "$out/nccl_log.txt") 2>&1
-work="$(mktemp -d)"
-tar -C "$work" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
-echo "== carried: $(head -n 1 "$work/MANIFEST")"
-export LD_LIBRARY_PATH="$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-wheel_libs="$(bash scripts/device/cuda_wheel_libs.sh)"
-[[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
+source scripts/device/unpack_cluster_bundle.sh  # sets $work
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv
 B=$work/bin
 M=$work/model

@@ -32,6 +32,15 @@ std::vector<float> Gaussian(size_t n, uint32_t seed) {
   return x;
 }
 
+// A calibration Hessian from activations whose features are AR(1)-correlated (rho about 0.9).
+absl::StatusOr<Hessian> Ar1Hessian(int64_t samples, int64_t cols, uint32_t seed) {
+  std::vector<float> x = Gaussian(samples * cols, seed);
+  for (int64_t s = 0; s < samples; ++s) {
+    for (int64_t c = 1; c < cols; ++c) x[s * cols + c] = 0.9f * x[s * cols + c - 1] + 0.44f * x[s * cols + c];
+  }
+  return HessianFromActivations(x, samples, cols);
+}
+
 TEST(CpuTrellisTileSearch, ThreadsGiveTheOneThreadsSymbols) {
   const std::vector<float> x = Gaussian(7 * kTileWeights, 1);
   std::vector<uint8_t> one(x.size()), three(x.size());
@@ -74,11 +83,7 @@ class RecordingSearch final : public TrellisTileSearch {
 TEST(TrellisCodecSearch, HandsOverTheWholeMatrixWithoutLdlqAndOneBlockWithIt) {
   constexpr int64_t kRows = 32, kCols = 64, kSamples = 256;
   const std::vector<float> w = Gaussian(kRows * kCols, 2);
-  std::vector<float> x = Gaussian(kSamples * kCols, 3);
-  for (int64_t s = 0; s < kSamples; ++s) {
-    for (int64_t c = 1; c < kCols; ++c) x[s * kCols + c] = 0.9f * x[s * kCols + c - 1] + 0.44f * x[s * kCols + c];
-  }
-  absl::StatusOr<Hessian> hessian = HessianFromActivations(x, kSamples, kCols);
+  absl::StatusOr<Hessian> hessian = Ar1Hessian(kSamples, kCols, 3);
   ASSERT_TRUE(hessian.ok()) << hessian.status();
   const TrellisCodec codec;
   for (const Hessian* h : {static_cast<const Hessian*>(nullptr), static_cast<const Hessian*>(&*hessian)}) {
@@ -106,11 +111,7 @@ TEST(TrellisCodecSearch, HandsOverTheWholeMatrixWithoutLdlqAndOneBlockWithIt) {
 TEST(TrellisCodecSearch, FeedbackThreadsGiveTheOneThreadsBytes) {
   constexpr int64_t kRows = 64, kCols = 256, kSamples = 512;
   const std::vector<float> w = Gaussian(kRows * kCols, 5);
-  std::vector<float> x = Gaussian(kSamples * kCols, 6);
-  for (int64_t s = 0; s < kSamples; ++s) {
-    for (int64_t c = 1; c < kCols; ++c) x[s * kCols + c] = 0.9f * x[s * kCols + c - 1] + 0.44f * x[s * kCols + c];
-  }
-  absl::StatusOr<Hessian> hessian = HessianFromActivations(x, kSamples, kCols);
+  absl::StatusOr<Hessian> hessian = Ar1Hessian(kSamples, kCols, 6);
   ASSERT_TRUE(hessian.ok()) << hessian.status();
   std::unique_ptr<TrellisTileSearch> search = MakeCpuTrellisTileSearch(2);
   EncodeOptions options;
