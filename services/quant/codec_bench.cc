@@ -1,11 +1,13 @@
 #include "services/quant/codec_bench.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "services/quant/trellis_codec.h"
 
 namespace nq::quant {
 namespace {
@@ -230,6 +232,17 @@ absl::StatusOr<EncodeCostReport> MeasureEncodeCost(absl::string_view codec_name,
   r.bits_2bit = BitsPerWeight(m, false);
   r.bits_4bit = BitsPerWeight(m, true);
   return r;
+}
+
+absl::StatusOr<double> MeasureSearchedEncodeSeconds(int64_t rows, int64_t cols, TrellisTileSearch& search,
+                                                    uint64_t seed) {
+  const std::vector<float> w = GaussianValues(rows * cols, seed);
+  EncodeOptions options;
+  options.trellis_search = &search;
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const EncodedMatrix m, TrellisCodec().Encode(w, rows, cols, nullptr, options));
+  (void)m;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace nq::quant

@@ -78,6 +78,11 @@ absl::StatusOr<OutputErrorReport> MeasureOutputError(
 // nq encode's resident file and record hold them. `at_4bit` adds the residual plane.
 double BitsPerWeight(const EncodedMatrix& m, bool at_4bit);
 
+// Wall seconds to encode a whole rows x cols N(0,1) matrix (identity Hessian) with trellis_v1's
+// tiles searched by `search` (the GPU's, for `nq bench-codec --device cuda`).
+absl::StatusOr<double> MeasureSearchedEncodeSeconds(int64_t rows, int64_t cols, TrellisTileSearch& search,
+                                                    uint64_t seed);
+
 struct EncodeCostReport {
   int64_t rows = 0;        // the matrix the figures are for (e.g. 7168 x 2048)
   int64_t cols = 0;

@@ -40,7 +40,7 @@ constexpr char kUsage[] =
     "                 --model DIR --tokens FILE [--depths 1,2,3]\n"
     "  verify       hash every file and range of a release: nq verify RELEASE\n"
     "  assemble     install a release's layers: --src REL --into DIR [--layers a-b] [--dry-run]\n"
-    "  bench-codec  the codecs side by side: distortion, bits, LDLQ, encode time [--size N --codecs scalar,trellis]\n"
+    "  bench-codec  the codecs side by side: distortion, bits, LDLQ, encode time [--size N --codecs scalar,trellis --device cuda[:N]]\n"
     "  bench-decode decode tokens/s of a model loaded as nq-worker loads it, no services in the way\n"
     "                 --model DIR [--release R --expert-bits 2|4|fixed] [--backend cpu|cuda] [--gpu N]\n"
     "                 [--prompt-tokens 128] [--warmup 4] [--decode-tokens 64] [--seed S] [--kv-cache-dtype f32|bf16]\n"

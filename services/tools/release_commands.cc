@@ -44,7 +44,7 @@ ABSL_FLAG(std::string, codec, "scalar",
           "encode: the codec, scalar (nested_scalar_v1) or trellis (trellis_v1, ~2x lower 2-bit "
           "MSE, Viterbi encode ~1000x slower)");
 ABSL_FLAG(std::string, device, "cpu",
-          "encode, synth-release: where experts are encoded: cpu (one expert per core), cuda or cuda:N (two "
+          "encode, synth-release, bench-codec: where experts are encoded: cpu (one expert per core), cuda or cuda:N (two "
           "at once, trellis_v1's tiles searched on that sm_90 GPU); the release's bytes are the same");
 ABSL_FLAG(int, workers, 0,
           "encode: experts encoded at once (0: one per core with --device cpu, two with --device cuda); each "
@@ -207,6 +207,16 @@ int RunBenchCodec(const std::vector<std::string>& args) {
   // The encode-time shape (DeepSeek-V3's expert gate/up: 7168 x 2048), timed on a
   // 128-row slice (one row rotation block) and scaled, single-threaded.
   constexpr int64_t kTimedRows = 7168, kTimedCols = 2048, kTimedSlice = 128;
+  // --device cuda[:N]: also a whole matrix of that shape encoded with the GPU's tile search (made
+  // first, so a missing GPU is refused before minutes of CPU measurements).
+  std::unique_ptr<quant::TrellisTileSearch> device_search;
+  if (const std::string device = absl::GetFlag(FLAGS_device); device != "cpu") {
+    release::EncodeReleaseOptions encode;
+    if (absl::Status s = SetEncodeDevice(device, encode); !s.ok()) return ReportCommandStatus("bench-codec", s);
+    absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> search = encode.make_trellis_search();
+    if (!search.ok()) return ReportCommandStatus("bench-codec", search.status());
+    device_search = *std::move(search);
+  }
   struct Row {
     std::string codec;
     quant::GaussianMseReport mse;
@@ -256,6 +266,13 @@ int RunBenchCodec(const std::vector<std::string>& args) {
     std::printf("| %s | %.4f | %.4f | %lldx%lld | %.2f | %.1f |\n", r.codec.c_str(), r.cost.bits_2bit, r.cost.bits_4bit,
                 static_cast<long long>(r.cost.slice_rows), static_cast<long long>(r.cost.cols), r.cost.slice_seconds,
                 r.cost.seconds_per_matrix);
+  }
+  if (device_search != nullptr) {
+    absl::StatusOr<double> seconds = quant::MeasureSearchedEncodeSeconds(kTimedRows, kTimedCols, *device_search, /*seed=*/3);
+    if (!seconds.ok()) return ReportCommandStatus("bench-codec", seconds.status());
+    std::printf("\n%s encode of a whole %lldx%lld matrix (both planes), tiles searched on %s: %.2f s wall\n",
+                std::string(quant::kTrellisV1).c_str(), static_cast<long long>(kTimedRows),
+                static_cast<long long>(kTimedCols), device_search->where().c_str(), *seconds);
   }
   if (const std::string models = absl::GetFlag(FLAGS_kl_models); !models.empty()) {
     std::printf("\nKL(full precision || NestQuant) over each model's tokens.json, experts from nq encode\n");

@@ -42,6 +42,11 @@ TEST_F(EncodeDeviceTest, AnUnknownDeviceIsRefusedByName) {
     EXPECT_THAT(r.output, HasSubstr(absl::StrCat("--device: expected cpu, cuda or cuda:N, got '", device, "'")));
   }
   EXPECT_FALSE(std::filesystem::exists(Out()));
+  // bench-codec takes the same flag, and refuses before its CPU measurements.
+  const CommandResult bench = RunNq("bench-codec --size=128 --codecs=scalar --device=tpu");
+  EXPECT_NE(bench.exit_code, 0) << bench.output;
+  EXPECT_THAT(bench.output, HasSubstr("--device: expected cpu, cuda or cuda:N, got 'tpu'"));
+  EXPECT_THAT(bench.output, ::testing::Not(HasSubstr("MSE on")));
 }
 
 TEST_F(EncodeDeviceTest, NegativeWorkersAreRefused) {
