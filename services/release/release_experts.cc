@@ -32,7 +32,7 @@ absl::Status ApplyReleaseExperts(const ReleaseExpertDecoder& decoder, const mode
   for (uint32_t layer : decoder.moe_layer_ids()) {
     // A checkpoint that dropped its MTP layers (ModelWeights::mtp_missing) leaves the release's
     // MTP experts with nothing to attach to: they go unused, as the layer does.
-    if (layer >= config.num_hidden_layers && layer - config.num_hidden_layers >= weights.mtp.size()) continue;
+    if (layer >= config.num_hidden_layers && static_cast<size_t>(layer - config.num_hidden_layers) >= weights.mtp.size()) continue;
     model::LayerWeights& lw = layer < config.num_hidden_layers
                                   ? weights.layers[layer]
                                   : weights.mtp[layer - config.num_hidden_layers].block;

@@ -44,8 +44,9 @@ ABSL_FLAG(std::string, codec, "scalar",
           "encode: the codec, scalar (nested_scalar_v1) or trellis (trellis_v1, ~2x lower 2-bit "
           "MSE, Viterbi encode ~1000x slower)");
 ABSL_FLAG(std::string, device, "cpu",
-          "encode, synth-release, bench-codec: where experts are encoded: cpu (one expert per core), cuda or cuda:N (two "
-          "at once, trellis_v1's tiles searched on that sm_90 GPU); the release's bytes are the same");
+          "encode, synth-release, bench-codec: where experts are encoded: cpu (one expert per core), cuda, cuda:N or "
+          "cuda:N,M,... (two experts at once per GPU, trellis_v1's tiles searched on those sm_90 GPUs); the release's "
+          "bytes are the same");
 ABSL_FLAG(int, workers, 0,
           "encode: experts encoded at once (0: one per core with --device cpu, two with --device cuda); each "
           "holds one expert's matrices in memory");
@@ -83,21 +84,38 @@ absl::Status SetEncodeDevice(const std::string& device, release::EncodeReleaseOp
     };
     return absl::OkStatus();
   }
-  int gpu = 0;
-  if (device != "cuda" && !(absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &gpu))) {
-    return absl::InvalidArgumentError(absl::StrCat("--device: expected cpu, cuda or cuda:N, got '", device, "'"));
+  // cuda, cuda:N or cuda:N,M,...: the GPUs, each taking two workers in turn.
+  std::vector<int> gpus;
+  if (device == "cuda") {
+    gpus.push_back(0);
+  } else if (absl::StartsWith(device, "cuda:")) {
+    for (absl::string_view part : absl::StrSplit(device.substr(5), ',')) {
+      int gpu = -1;
+      if (!absl::SimpleAtoi(part, &gpu) || gpu < 0 || std::find(gpus.begin(), gpus.end(), gpu) != gpus.end()) {
+        gpus.clear();
+        break;
+      }
+      gpus.push_back(gpu);
+    }
+  }
+  if (gpus.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: expected cpu, cuda or cuda:N[,M...] (distinct GPUs), got '", device, "'"));
   }
 #if NQ_HAVE_CUDA
-  // Made here once so a missing or unsuitable GPU is refused before any checkpoint is read.
-  ASSIGN_OR_RETURN(std::unique_ptr<quant::TrellisTileSearch> probe, kernels::cuda::MakeCudaTrellisTileSearch(gpu));
-  probe.reset();
+  // Made here once per GPU so a missing or unsuitable one is refused before any checkpoint is read.
+  for (int gpu : gpus) {
+    ASSIGN_OR_RETURN(std::unique_ptr<quant::TrellisTileSearch> probe, kernels::cuda::MakeCudaTrellisTileSearch(gpu));
+  }
   constexpr int kWorkersPerGpu = 2;
-  options.workers = kWorkersPerGpu;
-  options.host_threads = std::max(1, cores / kWorkersPerGpu);
-  options.make_trellis_search = [gpu] { return kernels::cuda::MakeCudaTrellisTileSearch(gpu); };
+  options.workers = kWorkersPerGpu * static_cast<int>(gpus.size());
+  options.host_threads = std::max(1, cores / options.workers);
+  // EncodeRelease makes one search per worker, one after another: worker w gets GPU w mod n.
+  options.make_trellis_search = [gpus, next = std::make_shared<size_t>(0)] {
+    return kernels::cuda::MakeCudaTrellisTileSearch(gpus[(*next)++ % gpus.size()]);
+  };
   return absl::OkStatus();
 #else
-  (void)gpu;
   return absl::FailedPreconditionError(
       absl::StrCat("--device=", device, ": this nq was built without CUDA (build the cuda preset)"));
 #endif
