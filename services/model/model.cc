@@ -494,8 +494,11 @@ absl::StatusOr<std::vector<float>> Model::InputSquaredNorms(const Tensor& xn) {
 }
 
 bool Model::RoutesOnBackend(const MoeWeights& w) const {
-  return w.packed.has_value() && !observer_ && (slot_table_source_.has_value() || !slot_source_) &&
-         (w.bias.empty() || w.bias_device.valid());
+  // Packed layers need their slot tables on the device (a table source, or static choices); NVFP4
+  // layers have no slots. The expert observer (nq calibrate) reads each expert's inputs on the host.
+  const bool experts_on_device = (w.packed.has_value() && (slot_table_source_.has_value() || !slot_source_)) ||
+                                 w.nvfp4.has_value();
+  return experts_on_device && !observer_ && (w.bias.empty() || w.bias_device.valid());
 }
 
 absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
@@ -527,11 +530,15 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     routing_log_.push_back(std::move(logged));
     routing_staging_used_ += 2 * bytes;
   }
-  const PackedExperts& packed = *w.packed;
-  kernels::NqSlots nq_slots = LayerSlots(packed, layer, nullptr);
-  nq_slots.slot_of_expert = &slot_tables_.at(layer);
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
-  RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
+  if (w.nvfp4.has_value()) {
+    RETURN_IF_ERROR(backend_.Nvfp4Moe(xn, ids, weights, w.nvfp4->weights, out));
+  } else {
+    const PackedExperts& packed = *w.packed;
+    kernels::NqSlots nq_slots = LayerSlots(packed, layer, nullptr);
+    nq_slots.slot_of_expert = &slot_tables_.at(layer);
+    RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
+  }
   if (!w.shared.has_value()) return out;
   ASSIGN_OR_RETURN(Tensor shared, Mlp(*w.shared, xn));
   RETURN_IF_ERROR(backend_.Add(out, shared, out));

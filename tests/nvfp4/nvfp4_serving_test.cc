@@ -202,6 +202,21 @@ TEST_F(Nvfp4ServingTest, MatchedGlobalsServeTheDequantizedModel) {
   EXPECT_LT(error, 2e-5);
 }
 
+// NVFP4 layers route on the backend (router GEMV, MoeRoute, the op reading the ids where they
+// were written, no host round trip per layer); routed on the host instead (an expert observer
+// forces it), every logit of the run is the same bit for bit.
+TEST_F(Nvfp4ServingTest, RoutingOnTheBackendGivesTheHostRoutedLogits) {
+  absl::StatusOr<release::ServedModel> on_backend = Load("matched");
+  ASSERT_TRUE(on_backend.ok()) << on_backend.status();
+  absl::StatusOr<release::ServedModel> on_host = Load("matched");
+  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  on_host->model->SetExpertObserver([](const model::Model::ExpertActivations&) {});
+  const Run got = Generate(*on_backend->model), want = Generate(*on_host->model);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.prefill, want.prefill);
+  EXPECT_EQ(got.steps, want.steps);
+}
+
 // Tensor parallelism: each rank fuses its own gate and up rows and keeps its own down columns;
 // TP 2 agrees with the dense TP 1 model.
 TEST_F(Nvfp4ServingTest, MatchedGlobalsAtTensorParallelTwo) {
