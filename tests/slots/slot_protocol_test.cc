@@ -469,6 +469,9 @@ TEST_F(SlotProtocolTest, RunsAtFourBitIsSafeToReadWhileUpdatesApply) {
     done.store(true);
     if (reader.joinable()) reader.join();
   };
+  // The reader is sweeping before the first update is sent, so its reads overlap the updates
+  // (on a loaded machine the loads once landed before the reader thread first ran).
+  ASSERT_TRUE(WaitUntil([&] { return reads.load() >= kExperts; }, std::chrono::seconds(10)));
   std::mt19937 rng(11);
   for (int i = 0; i < 6; ++i) {
     const uint32_t base = static_cast<uint32_t>(4 * (i % 3));
