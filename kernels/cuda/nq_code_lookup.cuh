@@ -1,12 +1,18 @@
 // Dequantising nested_scalar_v1 code words in registers (kernels/nq_moe.h states the codes).
 //
-// A 32-bit word holds 16 two-bit codes (code i at bits 2i). Its codes (or the 4-bit indices
-// 4 * base + residual of a word pair) are gathered into byte-permute selectors and looked up in
-// the matrix's fp16 level table held in registers (PTX prmt), giving half2 weight pairs. A word
-// decodes to eight pairs in "pair order": (0,4) (1,5) (2,6) (3,7) (8,12) (9,13) (10,14) (11,15);
-// callers lay the activations out in the same order (PairSlot) so no shuffle is ever needed.
-// The decode is bound by the SM's logic pipe (prmt, shifts, masks: half the rate of fp32), so
-// the 2-bit path builds its selectors with integer multiply-adds instead (another pipe).
+// A 32-bit word holds 16 two-bit codes (code i at bits 2i). A word decodes to eight half2 weight
+// pairs in "pair order": pair p holds codes (p, p + 8), the codes at the same place of the word's
+// two 16-bit halves; callers lay the activations out in the same order (PairSlot) so no shuffle
+// is ever needed. Two decodes:
+//   - Even base grid (levels s * (b - 1.5), quant::BaseGrid::kUniform, what nq encode writes by
+//     default): one lop3 per pair turns the codes at bits 2j..2j+1 of both halves into the
+//     subnormal fp16 pair code * 4^j * 2^-24; the inputs carry the 4^-j, the GEMV the offset
+//     1.5 and the step s (DecodeWord2EvenGrid).
+//   - Any table (and always at 4 bits): the codes (or the 4-bit indices 4 * base + residual of a
+//     word pair) are gathered into byte-permute selectors and looked up in the matrix's fp16
+//     level table held in registers (PTX prmt). Bound by the SM's logic pipe (prmt, shifts,
+//     masks: half the rate of fp32), so the 2-bit lookup builds its selectors with integer
+//     multiply-adds (another pipe).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -78,17 +84,62 @@ __device__ __forceinline__ void Lookup4(const LevelBytes4& t, std::uint32_t s, _
   Interleave(lo, hi, p02, p13);
 }
 
-// Pair order: pair p < 4 holds codes (p, p + 4), pair p >= 4 codes (p + 4, p + 8).
-
-// The eight weight pairs of one word of 2-bit codes, in pair order: 8 prmt, 11 shifts and masks
-// (logic pipe), 4 multiply-adds.
+// The eight weight pairs of one word of 2-bit codes, in pair order, by table lookup: 9 prmt, 11
+// shifts and masks (logic pipe), 4 multiply-adds.
 __device__ __forceinline__ void DecodeWord2(const LevelBytes2& t, std::uint32_t base, __half2 (&w)[kPairsPerWord]) {
+  // Bytes 1 and 2 swapped, so byte n of the masked word below holds codes k, k + 8, k + 4, k + 12.
+  const std::uint32_t swapped = Prmt(base, 0u, 0x3120u);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const std::uint32_t s = Selectors((base >> (2 * k)) & 0x03030303u);  // codes k, k + 4, k + 8, k + 12
-    w[k] = Pair2(t, s);
-    w[k + 4] = Pair2(t, s >> 16);
+    const std::uint32_t s = Selectors((swapped >> (2 * k)) & 0x03030303u);
+    w[k] = Pair2(t, s);            // codes k, k + 8
+    w[k + 4] = Pair2(t, s >> 16);  // codes k + 4, k + 12
   }
+}
+
+// The even-grid decode puts the code pair at bits 2j..2j+1 of both halves of a register and
+// reads it, masked, as an fp16 pair with a zero exponent field: a subnormal, code * 4^j * 2^-24,
+// exact, one lop3 per pair and nothing else. The tensor cores multiply subnormal fp16 exactly, so
+// the GEMV feeds these straight into its MMAs against inputs stored times 4^-j (the prepared
+// vector's even-grid plane) and recovers sum (code - 1.5) * x from 2^24 times the result minus
+// 1.5 * sum x, the input's sum (kernels/cuda/nq_moe_gemv.cu). j is pair p's position below.
+__host__ __device__ __forceinline__ constexpr int EvenGridShift(int pair) {
+  return pair == 0 ? 1 : pair <= 4 ? pair : pair - 4;
+}
+inline constexpr float kEvenGridUnit = 5.9604644775390625e-08f;  // 2^-24, fp16's subnormal step
+
+template <int kJ>
+__device__ __forceinline__ __half2 EvenGridPair(std::uint32_t v) {
+  static_assert(kJ >= 1 && kJ <= 4, "code position outside the mantissa");
+  const std::uint32_t h = v & (0x00030003u << (2 * kJ));
+  return *reinterpret_cast<const __half2*>(&h);
+}
+
+// The eight weight pairs of one word of 2-bit codes on the even grid, as code * 4^j * 2^-24 (j =
+// EvenGridShift(pair)): 2 shifts and 8 lop3, no lookups and no arithmetic.
+__device__ __forceinline__ void DecodeWord2EvenGrid(std::uint32_t base, __half2 (&w)[kPairsPerWord]) {
+  const std::uint32_t up = base << 2;    // codes 0 and 8 at bits 2 and 18
+  const std::uint32_t down = base >> 8;  // codes 5..7 and 13..15 at bits 2..7 and 18..23
+  static_assert(EvenGridShift(0) == 1 && EvenGridShift(4) == 4 && EvenGridShift(7) == 3);
+  w[0] = EvenGridPair<1>(up);
+  w[1] = EvenGridPair<1>(base);
+  w[2] = EvenGridPair<2>(base);
+  w[3] = EvenGridPair<3>(base);
+  w[4] = EvenGridPair<4>(base);
+  w[5] = EvenGridPair<1>(down);
+  w[6] = EvenGridPair<2>(down);
+  w[7] = EvenGridPair<3>(down);
+}
+
+// The even grid's step when a matrix's base levels are exactly s * (-1.5, -0.5, 0.5, 1.5) in
+// float (what quant::BaseGrid::kUniform writes), else 0: the table decode must run. The GEMV
+// then multiplies the exact code - 1.5 by s in fp32, where the CPU decoder uses its float level
+// s * (b - 1.5): the same weight.
+__host__ __device__ __forceinline__ float EvenGridStep(const float* base_levels) {
+  const float s = base_levels[3] - base_levels[2];
+  const bool even = s > 0.0f && s < 3.0e38f && base_levels[0] == -1.5f * s && base_levels[1] == -0.5f * s &&
+                    base_levels[2] == 0.5f * s && base_levels[3] == 1.5f * s;
+  return even ? s : 0.0f;
 }
 
 // The same at 4 bits from a base word and its residual word.
@@ -97,17 +148,15 @@ __device__ __forceinline__ void DecodeWord4(const LevelBytes4& t, std::uint32_t 
   // Nibble n of `even` is 4 * b[2n] + r[2n]; of `odd`, 4 * b[2n+1] + r[2n+1].
   const std::uint32_t even = ((base << 2) & 0xccccccccu) | (residual & 0x33333333u);
   const std::uint32_t odd = (base & 0xccccccccu) | ((residual >> 2) & 0x33333333u);
-  Lookup4(t, even, w[0], w[2]);        // codes (0, 4), (2, 6)
-  Lookup4(t, even >> 16, w[4], w[6]);  // (8, 12), (10, 14)
-  Lookup4(t, odd, w[1], w[3]);         // (1, 5), (3, 7)
-  Lookup4(t, odd >> 16, w[5], w[7]);   // (9, 13), (11, 15)
+  // Bytes 0 and 2 (nibbles of codes 0, 2, 8, 10 or 1, 3, 9, 11), then bytes 1 and 3: Lookup4
+  // pairs its first and third, second and fourth indices.
+  Lookup4(t, Prmt(even, 0u, 0x20u), w[0], w[2]);  // codes (0, 8), (2, 10)
+  Lookup4(t, Prmt(even, 0u, 0x31u), w[4], w[6]);  // (4, 12), (6, 14)
+  Lookup4(t, Prmt(odd, 0u, 0x20u), w[1], w[3]);   // (1, 9), (3, 11)
+  Lookup4(t, Prmt(odd, 0u, 0x31u), w[5], w[7]);   // (5, 13), (7, 15)
 }
 
 // Position of code i (0..15) of a word in pair order: 2 * pair + half.
-__host__ __device__ __forceinline__ int PairSlot(int i) {
-  const int pair = (i & 3) + 4 * (i >> 3);
-  const int half = (i >> 2) & 1;
-  return 2 * pair + half;
-}
+__host__ __device__ __forceinline__ int PairSlot(int i) { return 2 * (i & 7) + (i >> 3); }
 
 }  // namespace nq::kernels::cuda

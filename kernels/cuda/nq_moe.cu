@@ -23,9 +23,26 @@ struct PrepParams {
   NqProjectionView proj[2];
   int cols = 0;
   __half* xh = nullptr;
+  float* xsum = nullptr;  // nested_scalar_v1: the even-grid plane's partial sums (NqGemvParams)
+  int xsum_parts = 0;     // per vector: gridDim.y * warps per block
   float* zero = nullptr;  // [A][zero_width]: the next GEMV's outputs, zeroed here
   int zero_width = 0;
 };
+
+// Warps of a preparation block (its last may be partial).
+__device__ __forceinline__ int PrepWarps() { return (blockDim.x + kWarpSize - 1) / kWarpSize; }
+
+// The sum over the calling warp's active lanes (a block's last warp may be partial), in lane 0.
+__device__ __forceinline__ float PartialWarpSum(float v) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int active = min(kWarpSize, static_cast<int>(blockDim.x) - static_cast<int>(threadIdx.x) + lane);
+  const unsigned mask = active == kWarpSize ? 0xffffffffu : (1u << active) - 1u;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const float other = __shfl_down_sync(mask, v, offset);
+    if (lane + offset < active) v += other;
+  }
+  return v;
+}
 
 // The decode path's inputs, straight from the rotations (no fp32 round trip and no max pass):
 // each CUDA block takes one Hadamard block of a vector and writes, for every assignment that
@@ -39,17 +56,28 @@ int ChunkThreads(std::int64_t n) { return static_cast<int>(std::min<std::int64_t
 
 // Elements [c0, c0 + n) of the GEMV input vectors of one (assignment, projection): v times the
 // expert's column scales, and for trellis_v1 one vector per plane, also times the plane's gain of
-// the column block and 1/147.8005 (nq_moe_gemv.cuh). The block of c0 == 0 zeroes the padding.
+// the column block and 1/147.8005 (nq_moe_gemv.cuh). nested_scalar_v1 writes the even-grid plane
+// beside it (times 4^-j) and each warp's sum of that plane's inputs times 4^j into sums[slot].
+// The block of c0 == 0 zeroes the padding.
 __device__ __forceinline__ void WritePrepared(const float* v, int n, int c0, const float* cs, const float* gains,
-                                              int cols, __half* xh) {
+                                              int cols, __half* xh, float* sums) {
   const std::int64_t padded = NqGemvPaddedCols(cols);
   if (gains == nullptr) {
+    float sum = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const int c = c0 + i;
-      xh[NqGemvInputIndex(c)] = __float2half_rn(v[i] * cs[c]);
+      const float x = v[i] * cs[c], scale = NqGemvEvenGridInputScale(c);
+      const __half even = __float2half_rn(x * scale);
+      xh[NqGemvInputIndex(c)] = __float2half_rn(x);
+      xh[padded + NqGemvInputIndex(c)] = even;
+      sum += __half2float(even) / scale;  // exact: scale is a power of two
     }
+    sum = PartialWarpSum(sum);
+    if (threadIdx.x % kWarpSize == 0) sums[blockIdx.y * PrepWarps() + threadIdx.x / kWarpSize] = sum;
     if (c0 == 0) {
-      for (int c = cols + threadIdx.x; c < padded; c += blockDim.x) xh[NqGemvInputIndex(c)] = __float2half_rn(0.0f);
+      for (int c = cols + threadIdx.x; c < padded; c += blockDim.x) {
+        xh[NqGemvInputIndex(c)] = xh[padded + NqGemvInputIndex(c)] = __float2half_rn(0.0f);
+      }
     }
     return;
   }
@@ -108,9 +136,9 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
   __syncthreads();
   const std::int64_t padded = NqGemvPaddedCols(D), planes = NqGemvInputPlanes(g.p.codec);
   for (int j = 0; j < 2; ++j) {
-    const std::int64_t vec = (static_cast<std::int64_t>(a) * 2 + j) * planes;
+    const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;
     WritePrepared(chunk, n, c0, g.proj[j].col_scales + static_cast<std::int64_t>(e) * D,
-                  ExpertGains(g.p, g.proj[j], e, D), D, g.xh + vec * padded);
+                  ExpertGains(g.p, g.proj[j], e, D), D, g.xh + vec * planes * padded, g.xsum + vec * g.xsum_parts);
   }
 }
 
@@ -153,7 +181,8 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqSwigluPrepKernel(const __
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= d_scale;
   __syncthreads();
   WritePrepared(chunk, n, c0, g.proj[0].col_scales + static_cast<std::int64_t>(e) * I, ExpertGains(g.p, g.proj[0], e, I),
-                I, g.xh + static_cast<std::int64_t>(a) * NqGemvInputPlanes(g.p.codec) * NqGemvPaddedCols(I));
+                I, g.xh + static_cast<std::int64_t>(a) * NqGemvInputPlanes(g.p.codec) * NqGemvPaddedCols(I),
+                g.xsum + static_cast<std::int64_t>(a) * g.xsum_parts);
 }
 
 absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& ctx) {
@@ -163,12 +192,22 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
   v.hg = v.xr + kNqMaxDecodeTokens * D;
   v.hh = v.hg + kNqMaxDecodeTokens * K * 2 * I;
   v.yd = v.hh + kNqMaxDecodeTokens * K * I;
-  __half* xh = reinterpret_cast<__half*>(v.yd + kNqMaxDecodeTokens * K * D);
+  float* xsum = v.yd + kNqMaxDecodeTokens * K * D;
+  __half* xh = reinterpret_cast<__half*>(xsum + NqMoeInputSumFloats(K, D, I));
+  // Partial sums per input vector: one per warp of each preparation block (PrepWarps).
+  auto parts = [](std::int64_t cols, std::int64_t block) {
+    return static_cast<int>(cols / block * ((std::min<std::int64_t>(block, kVectorMaxThreads) + kWarpSize - 1) / kWarpSize));
+  };
+  const int gate_parts = parts(D, p.input.block);
+  const int n_down = static_cast<int>(std::max(p.gate_rows.block, p.down_cols.block));
+  const int down_parts = parts(I, n_down);
   {
     const PrepParams prep{.p = p,
                           .proj = {p.gate, p.up},
                           .cols = static_cast<int>(D),
                           .xh = xh,
+                          .xsum = xsum,
+                          .xsum_parts = gate_parts,
                           .zero = v.hg,
                           .zero_width = static_cast<int>(2 * I)};
     const std::size_t smem = p.input.block * sizeof(float);
@@ -185,6 +224,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                                 .rows = static_cast<int>(I),
                                 .cols = static_cast<int>(D),
                                 .xh = xh,
+                                .xsum = xsum,
+                                .xsum_parts = gate_parts,
                                 .out = v.hg,
                                 .out_stride = 2 * I},
                                ctx));
@@ -193,9 +234,11 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                           .proj = {p.down, p.down},
                           .cols = static_cast<int>(I),
                           .xh = xh,
+                          .xsum = xsum,
+                          .xsum_parts = down_parts,
                           .zero = v.yd,
                           .zero_width = static_cast<int>(D)};
-    const int n = static_cast<int>(std::max(p.gate_rows.block, p.down_cols.block));
+    const int n = n_down;
     const std::size_t smem = 2 * n * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqSwigluPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
@@ -210,6 +253,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                                 .rows = static_cast<int>(D),
                                 .cols = static_cast<int>(I),
                                 .xh = xh,
+                                .xsum = xsum,
+                                .xsum_parts = down_parts,
                                 .out = v.yd,
                                 .out_stride = D},
                                ctx));
@@ -218,9 +263,15 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
 
 }  // namespace
 
+std::int64_t NqMoeInputSumFloats(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate) {
+  // At most one partial per input (a block of one column has one warp), for gate and up.
+  return kNqMaxDecodeTokens * top_k * 2 * std::max(hidden, intermediate);
+}
+
 std::size_t NqMoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate) {
   const std::int64_t A = kNqMaxDecodeTokens * top_k;
-  const std::int64_t floats = kNqMaxDecodeTokens * hidden + A * (2 * intermediate + intermediate + hidden);
+  const std::int64_t floats = kNqMaxDecodeTokens * hidden + A * (2 * intermediate + intermediate + hidden) +
+                              NqMoeInputSumFloats(top_k, hidden, intermediate);
   // Two input planes per (assignment, projection): what trellis_v1 needs, the most of any codec.
   const std::int64_t halves =
       A * 2 * 2 * std::max(NqGemvPaddedCols(static_cast<int>(hidden)), NqGemvPaddedCols(static_cast<int>(intermediate)));

@@ -35,6 +35,8 @@ inline constexpr int kNqMaxDecodeAssignments = 64;
 
 // Workspace bytes LaunchNqMoe needs for top_k assignments per token.
 std::size_t NqMoeWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate);
+// The part of it that holds the even-grid inputs' partial sums (nq_moe_gemv.cuh, xsum).
+std::int64_t NqMoeInputSumFloats(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate);
 
 // Contract: p validated by Backend::NqMoe; hidden and intermediate multiples of 16 (a code word)
 // and at most kNqMaxVectorWidth (shared-memory vectors); workspace of NqMoeWorkspaceBytes, 16-byte

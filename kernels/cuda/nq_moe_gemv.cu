@@ -34,6 +34,9 @@ struct Unit {
   int n_tok;
   int tok_a[kNqMaxDecodeTokens];  // the assignment of each of its tokens
   std::uint32_t lut[2][8];        // per projection: the level table's bytes (nq_code_lookup.cuh)
+  // Per projection at 2 bits: the base levels' even-grid step (decoded without lookups and
+  // applied with the row scale), or 0 (lut holds the 4 base levels).
+  float even_step[2];
 };
 
 struct Plan {
@@ -58,10 +61,13 @@ __device__ __forceinline__ std::uint32_t SharedAddress(const void* p) {
 
 // 16 bytes (4 words) of a row into shared memory; `valid` words are read, the rest zero-filled.
 // kWide: the row is 16-byte aligned (cols % 64 == 0) and valid is 0 or 4.
+// A warp's step reads 64 bytes of each of 16 rows, and the next step the next 64 bytes: asking L2
+// for the whole 256-byte line (.L2::256B) turns four 64-byte DRAM reads of a row into one burst,
+// and the row's next three steps hit L2.
 template <bool kWide>
 __device__ __forceinline__ void CopyWords(uint4* dst, const std::uint32_t* src, int valid) {
   if constexpr (kWide) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(SharedAddress(dst)), "l"(src),
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(SharedAddress(dst)), "l"(src),
                  "r"(valid > 0 ? 16 : 0));
   } else {
 #pragma unroll
@@ -84,11 +90,14 @@ __device__ __forceinline__ std::uint32_t Word(const uint4& v, int q) {
   return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
 }
 
+// Independent accumulators: two alternate, so consecutive MMAs do not wait on each other (four
+// measured no faster: the GEMV is not bound by the MMAs' latency).
+constexpr int kAccumulators = 2;
+
 // The four MMAs of one word position: pairs p and p + 4 of rows g (lo) and g + 8 (hi) are the A
 // fragment, the word's input pairs p and p + 4 the B fragment (adjacent in the lane's two 16-byte
-// input loads, NqGemvInputIndex); two accumulators alternate so consecutive MMAs do not wait on
-// each other.
-__device__ __forceinline__ void MmaWord(float (&acc)[2][4], const __half2 (&lo)[kPairsPerWord],
+// input loads, NqGemvInputIndex).
+__device__ __forceinline__ void MmaWord(float (&acc)[kAccumulators][4], const __half2 (&lo)[kPairsPerWord],
                                         const __half2 (&hi)[kPairsPerWord], const uint4& x0, const uint4& x1) {
   Mma16816(acc[0], lo[0], hi[0], lo[4], hi[4], x0.x, x0.y);
   Mma16816(acc[1], lo[1], hi[1], lo[5], hi[5], x0.z, x0.w);
@@ -132,10 +141,12 @@ __device__ __forceinline__ void BuildPlan(const NqGemvParams& g, Plan& plan, int
       unit.n_tok = n;
       for (int j = 0; j < g.num_proj && g.p.codec == NqCodec::kNestedScalar; ++j) {
         const float* levels = g.proj[j].levels + static_cast<std::int64_t>(unit.expert) * kNqLevelTable;
+        unit.even_step[j] = 0.0f;
         if (unit.slot >= 0) {
           PackLevelBytes(levels + kNqBaseLevels, kNqLevels4, unit.lut[j], unit.lut[j] + 4);
         } else {
-          PackLevelBytes(levels, kNqBaseLevels, unit.lut[j], unit.lut[j] + 1);
+          unit.even_step[j] = EvenGridStep(levels);
+          if (unit.even_step[j] == 0.0f) PackLevelBytes(levels, kNqBaseLevels, unit.lut[j], unit.lut[j] + 1);
         }
       }
     }
@@ -151,6 +162,7 @@ struct Tile {
   int proj = 0;
   int row0 = 0;
   bool four_bit = false;
+  bool even_grid = false;  // 2-bit codes on an even base grid (the subnormal decode)
   const std::uint32_t* codes[kPlanes][kRows] = {};  // [plane][row]; the residual's null at 2 bits
   // The inputs of the lane's token. A lane whose MMA column has no token reads the unit's first
   // token: column n of an MMA's result depends on column n of its B fragment alone, and those
@@ -169,6 +181,7 @@ __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, 
   t.row0 = (rest % tiles_per_proj) * kMmaRows;
   const Unit& u = plan.unit[t.unit];
   t.four_bit = u.slot >= 0;
+  if constexpr (!kTrellis) t.even_grid = !t.four_bit && u.even_step[t.proj] != 0.0f;
   const NqProjectionView& P = g.proj[t.proj];
   const int lane = threadIdx.x % kWarpSize, grp = lane / 4;
   const std::int64_t plane_words = static_cast<std::int64_t>(g.rows) * words;
@@ -190,10 +203,11 @@ __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, 
     t.codes[0][h] = base + offset;
     t.codes[1][h] = residual != nullptr ? residual + offset : nullptr;
   }
-  const int planes = kTrellis ? 2 : 1;
+  const int planes = NqGemvInputPlanes(g.p.codec);
   t.x_plane_stride = NqGemvPaddedCols(g.cols);
   const int a = u.tok_a[grp < u.n_tok ? grp : 0];
-  t.x = g.xh + (static_cast<std::int64_t>(a) * g.num_proj + t.proj) * planes * t.x_plane_stride;
+  t.x = g.xh + ((static_cast<std::int64_t>(a) * g.num_proj + t.proj) * planes + (t.even_grid ? 1 : 0)) *
+                   t.x_plane_stride;
   return t;
 }
 
@@ -201,7 +215,7 @@ __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, 
 // one MMA per tile and plane. A tile's A fragment needs four of its words per lane
 // (trellis_tile.cuh); the B fragments of the lane's token come from the plane's input vector,
 // two tiles per 16-byte load (nq_moe_gemv.cuh, NqGemvTrellisInputIndex).
-__device__ __forceinline__ void TrellisStep(float (&acc)[2][4], const std::uint32_t* stage_words, const Tile& ct,
+__device__ __forceinline__ void TrellisStep(float (&acc)[kAccumulators][4], const std::uint32_t* stage_words, const Tile& ct,
                                             int step, int lane) {
   constexpr int kTiles = kNqStepWords;
   constexpr int kPlaneWords = kTiles * trellis::kTileWords;  // 256
@@ -297,8 +311,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
   const Unit* unit = nullptr;
   LevelBytes2 t2;
   LevelBytes4 t4;
+  bool from_step0 = false;  // this warp runs the tile's first step (and adds the even grid's offset)
   float rs[kRows] = {};
-  float acc[2][4] = {};
+  float acc[kAccumulators][4] = {};
   auto enter_tile = [&]() {
     ct = TileAt<kTrellis>(g, plan, tile, tiles_per_proj, words);
     unit = &plan.unit[ct.unit];
@@ -312,13 +327,33 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
       t2.lo = unit->lut[ct.proj][0];
       t2.hi = unit->lut[ct.proj][1];
     }
-    // Row scales now, used at the tile's end: their latency hides behind its steps.
+    from_step0 = step == 0;
+    // Row scales now, used at the tile's end: their latency hides behind its steps. The even
+    // grid's step and the 2^24 of its subnormal codes ride on them.
+    const float grid = ct.even_grid ? unit->even_step[ct.proj] / kEvenGridUnit : 1.0f;
     const float* scales = g.proj[ct.proj].row_scales + static_cast<std::int64_t>(unit->expert) * g.rows;
 #pragma unroll
-    for (int h = 0; h < kRows; ++h) rs[h] = __ldg(scales + min(ct.row0 + grp + 8 * h, g.rows - 1));
+    for (int h = 0; h < kRows; ++h) rs[h] = __ldg(scales + min(ct.row0 + grp + 8 * h, g.rows - 1)) * grid;
+  };
+  // The even grid's offset for the lane's two MMA columns (tokens 2 quad_lane + n): acc holds
+  // 2^-24 sum code * y over the warp's steps, and the tile's sum of (code - 1.5) * y needs
+  // - 1.5 * 2^-24 * sum y once, from the warp that ran its first step. Every lane of the warp
+  // calls this (shuffles).
+  auto even_grid_offsets = [&](float (&offset)[2]) {
+    offset[0] = offset[1] = 0.0f;
+    if (!ct.even_grid || !from_step0) return;
+    for (int n = 0; n < unit->n_tok; ++n) {
+      const float* parts = g.xsum + (static_cast<std::int64_t>(unit->tok_a[n]) * g.num_proj + ct.proj) * g.xsum_parts;
+      float sum = 0.0f;
+      for (int i = lane; i < g.xsum_parts; i += kWarpSize) sum += parts[i];
+      sum = WarpSum(sum);
+      if (n / 2 == quad_lane) offset[n % 2] = 1.5f * kEvenGridUnit * sum;
+    }
   };
   // C holds (row g, tokens 2j, 2j+1) and (row g + 8, tokens 2j, 2j+1).
   auto flush = [&]() {
+    float offset[2];
+    even_grid_offsets(offset);
 #pragma unroll
     for (int h = 0; h < kRows; ++h) {
       const int row = ct.row0 + grp + 8 * h;
@@ -327,12 +362,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
         const int t = 2 * quad_lane + n;
         if (row < g.rows && t < unit->n_tok) {
           atomicAdd(g.out + unit->tok_a[t] * g.out_stride + ct.proj * g.rows + row,
-                    rs[h] * (acc[0][2 * h + n] + acc[1][2 * h + n]));
+                    rs[h] * (acc[0][2 * h + n] + acc[1][2 * h + n] - offset[n]));
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[0][r] = acc[1][r] = 0.0f;
+    for (int i = 0; i < kAccumulators; ++i) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[i][r] = 0.0f;
+    }
   };
   enter_tile();
   // Launched as a programmatic dependent of the preparation kernel (Launch below): everything
@@ -369,6 +407,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvKernel(const __g
         __half2 lo[kPairsPerWord], hi[kPairsPerWord];
         DecodeWord4(t4, Word(b_lo, q), Word(r_lo, q), lo);
         DecodeWord4(t4, Word(b_hi, q), Word(r_hi, q), hi);
+        MmaWord(acc, lo, hi, x0, x1);
+      }
+    } else if (ct.even_grid) {
+#pragma unroll
+      for (int q = 0; q < kWordsPerLane; ++q) {
+        const uint4 x0 = __ldg(xv + 8 * q), x1 = __ldg(xv + 8 * q + 1);
+        __half2 lo[kPairsPerWord], hi[kPairsPerWord];
+        DecodeWord2EvenGrid(Word(b_lo, q), lo);
+        DecodeWord2EvenGrid(Word(b_hi, q), hi);
         MmaWord(acc, lo, hi, x0, x1);
       }
     } else {

@@ -6,6 +6,7 @@
 // accumulates in fp32, where CUDA-core half2 FMAs cost one instruction per two weights plus
 // conversions. Dequantisation (prmt lookups) is then the only per-weight work, and up to eight
 // tokens cost what one does (the MMA's n = 8 columns are the chunk's tokens).
+// An even base grid needs no lookups at all (nq_code_lookup.cuh).
 //
 // Layout: lane 4g + j of a warp reads, per step, 16 bytes (4 code words) of row g and of row
 // g + 8 of its 16-row tile, words [16 s + 4 j, 16 s + 4 j + 4). Word q of those decodes to the
@@ -58,9 +59,17 @@ __host__ __device__ __forceinline__ int NqGemvTrellisInputIndex(int c) {
   return (((step * 4 + j) * kNqStepWords + k) * 2 + which) * 2 + half;
 }
 
-// Input vectors per (assignment, projection): one, or for trellis_v1 one per plane (the base's
-// and the residual's per-column-block gains differ, and are folded into the inputs).
-__host__ __device__ __forceinline__ int NqGemvInputPlanes(NqCodec codec) { return codec == NqCodec::kTrellis ? 2 : 1; }
+// Input vectors per (assignment, projection), two for either codec. trellis_v1: one per plane (the
+// base's and the residual's per-column-block gains differ, and are folded into the inputs).
+// nested_scalar_v1: the inputs, then the same times 4^-j for the even-grid decode of 2-bit
+// experts whose base levels are an even grid (nq_code_lookup.cuh), at the same indices.
+__host__ __device__ __forceinline__ int NqGemvInputPlanes(NqCodec) { return 2; }
+
+// The factor the even-grid plane stores input c with: 4^-j of the pair its code lands in.
+__host__ __device__ __forceinline__ float NqGemvEvenGridInputScale(int c) {
+  const int j = EvenGridShift(c % kCodesPerWord % kPairsPerWord);
+  return 1.0f / static_cast<float>(1 << (2 * j));
+}
 
 struct NqGemvParams {
   NqMoeParams p;
@@ -73,6 +82,11 @@ struct NqGemvParams {
   // xh[((a * num_proj + j) * planes + q) * NqGemvPaddedCols(cols) + index(c)], padding zero;
   // index is NqGemvInputIndex, or NqGemvTrellisInputIndex for trellis_v1.
   const __half* xh = nullptr;
+  // nested_scalar_v1: partial sums of each even-grid input vector, each input counted at the
+  // value the MMA sees times 4^j (the exact input the code multiplies):
+  // xsum[(a * num_proj + j) * xsum_parts + i], summed over i by the GEMV.
+  const float* xsum = nullptr;
+  int xsum_parts = 0;
   float* out = nullptr;  // out[a * out_stride + proj * rows + row]
   std::int64_t out_stride = 0;
 };

@@ -43,10 +43,12 @@ __device__ __forceinline__ __half2 DecodeE4M3Pair(std::uint16_t codes) {
   return *reinterpret_cast<const __half2*>(&r);
 }
 
-// 16 bytes of codes, read once: not kept in L1 (no other warp reads them).
+// 16 bytes of codes, read once: not kept in L1 (no other warp reads them). A step reads 64 bytes
+// of each of a tile's rows and the next step the next 64: L2 fetches the whole 256-byte line
+// (.L2::256B), one DRAM burst for four steps (as in nq_moe_gemv.cu).
 __device__ __forceinline__ uint4 LoadStreaming(const std::uint8_t* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;

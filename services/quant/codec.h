@@ -31,6 +31,9 @@ class TrellisTileSearch;  // trellis_search.h
 struct EncodeOptions {
   // Blend of the base's fitting target: lambda * (2-bit error) + (1 - lambda) * (4-bit error).
   double lambda = 0.5;
+  // nested_scalar_v1: base levels on an even grid (the fast GPU decode, nested_codebook.h's
+  // BaseGrid) or free (Lloyd). Either decodes everywhere; only the GPU's speed differs.
+  bool uniform_base = true;
   // Whether the residual plane is produced. The base plane does not depend on it.
   bool keep_residual = true;
   // Two-sided rotation: 128-wide blocks by default; a layer may widen col_block (e.g. 512

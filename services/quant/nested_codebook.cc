@@ -6,6 +6,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,9 +46,13 @@ const Grid& GaussianGrid() {
   return grid;
 }
 
-NestedCodebook Design(double lambda) {
+// The even grid's offsets b - 1.5.
+constexpr double GridOffset(int b) { return b - 0.5 * (kBaseLevels - 1); }
+
+NestedCodebook Design(double lambda, BaseGrid grid) {
   NestedCodebook cb;
   cb.lambda = lambda;
+  cb.grid = grid;
   for (int b = 0; b < kBaseLevels; ++b) {
     double mean = 0.0;
     for (int r = 0; r < kResidualLevels; ++r) {
@@ -71,8 +76,12 @@ NestedCodebook Design(double lambda) {
       sub_sum[k] += g.p[i] * g.x[i];
       sub_mass[k] += g.p[i];
     }
+    const double step = grid == BaseGrid::kUniform
+                            ? FitUniformStep(base_sum, base_mass, cb.base[kBaseLevels - 1] - cb.base[kBaseLevels - 2])
+                            : 0.0;
     for (int b = 0; b < kBaseLevels; ++b) {
-      const double c_b = base_mass[b] > 0 ? base_sum[b] / base_mass[b] : cb.base[b];
+      double c_b = base_mass[b] > 0 ? base_sum[b] / base_mass[b] : cb.base[b];
+      if (grid == BaseGrid::kUniform) c_b = step * GridOffset(b);
       for (int r = 0; r < kResidualLevels; ++r) {
         const int k = b * kResidualLevels + r;
         const double level = sub_mass[k] > 0 ? sub_sum[k] / sub_mass[k] : cb.Level4(b, r);
@@ -98,6 +107,25 @@ NestedCodebook Design(double lambda) {
 }
 
 }  // namespace
+
+double SnapUniformStep(double step) {
+  // 9 bits: s = m * 2^k with m < 512, so 1.5 s = 3 m * 2^(k-1) with 3 m < 2048 fits fp16's 11.
+  constexpr int kStepBits = 9;
+  if (step == 0.0 || !std::isfinite(step)) return step;
+  int exponent = 0;
+  const double mantissa = std::frexp(step, &exponent);  // [0.5, 1)
+  return std::ldexp(std::nearbyint(std::ldexp(mantissa, kStepBits)), exponent - kStepBits);
+}
+
+double FitUniformStep(const std::array<double, kBaseLevels>& base_sum,
+                      const std::array<double, kBaseLevels>& base_mass, double fallback) {
+  double num = 0.0, den = 0.0;
+  for (int b = 0; b < kBaseLevels; ++b) {
+    num += GridOffset(b) * base_sum[b];
+    den += GridOffset(b) * GridOffset(b) * base_mass[b];
+  }
+  return SnapUniformStep(den > 0.0 && num > 0.0 ? num / den : fallback);
+}
 
 float RoundToHalfPrecision(float v) {
   constexpr float kHalfMax = 65504.0f;  // the largest finite fp16
@@ -145,16 +173,17 @@ NestedChoice ChooseNested(const NestedCodebook& cb, double x2, double x4) {
   return best;
 }
 
-absl::StatusOr<NestedCodebook> DesignNestedCodebook(double lambda) {
+absl::StatusOr<NestedCodebook> DesignNestedCodebook(double lambda, BaseGrid grid) {
   if (!(lambda >= 0.0 && lambda <= 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("blend lambda must lie in [0, 1], got ", lambda));
   }
   static std::mutex mu;
-  static std::map<double, NestedCodebook>* cache = new std::map<double, NestedCodebook>();
+  static auto* cache = new std::map<std::pair<double, BaseGrid>, NestedCodebook>();
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache->find(lambda);
-  if (it == cache->end()) it = cache->emplace(lambda, SnapToHalfGrid(Design(lambda))).first;
+  const std::pair<double, BaseGrid> key{lambda, grid};
+  auto it = cache->find(key);
+  if (it == cache->end()) it = cache->emplace(key, SnapToHalfGrid(Design(lambda, grid))).first;
   return it->second;
 }
 

@@ -99,8 +99,15 @@ CellMeans QuantizePass(const NestedCodebook& cb, const std::vector<double>& z,
 // The Lloyd update of cb from the targets of one pass; empty cells keep their levels.
 NestedCodebook Refit(const NestedCodebook& cb, const CellMeans& means) {
   NestedCodebook out = cb;
+  const double step = cb.grid == BaseGrid::kUniform
+                          ? FitUniformStep(means.base_sum, means.base_count, cb.base[kBaseLevels - 1] - cb.base[kBaseLevels - 2])
+                          : 0.0;
   for (int b = 0; b < kBaseLevels; ++b) {
-    if (means.base_count[b] > 0) out.base[b] = static_cast<float>(means.base_sum[b] / means.base_count[b]);
+    if (cb.grid == BaseGrid::kUniform) {
+      out.base[b] = static_cast<float>(step * (b - 0.5 * (kBaseLevels - 1)));
+    } else if (means.base_count[b] > 0) {
+      out.base[b] = static_cast<float>(means.base_sum[b] / means.base_count[b]);
+    }
     for (int r = 0; r < kResidualLevels; ++r) {
       const int s = b * kResidualLevels + r;
       const double level = means.sub_count[s] > 0 ? means.sub_sum[s] / means.sub_count[s]
@@ -125,8 +132,9 @@ absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w
   EncodedMatrix m;
   m.rows = rows;
   m.cols = cols;
-  ASSIGN_OR_RETURN(m.params, DefaultParams(options.lambda, options.rotation));
-  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(options.lambda));
+  const BaseGrid grid = options.uniform_base ? BaseGrid::kUniform : BaseGrid::kLloyd;
+  ASSIGN_OR_RETURN(m.params, DefaultParams(options.lambda, grid, options.rotation));
+  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(options.lambda, grid));
   ASSIGN_OR_RETURN(PreparedMatrix prepared, PrepareMatrix(w, rows, cols, hessian, options));
   m.row_scales = std::move(prepared.row_scales);
   m.col_scales = std::move(prepared.col_scales);
@@ -147,9 +155,9 @@ absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w
   return m;
 }
 
-absl::StatusOr<CodecParams> NestedScalarCodec::DefaultParams(double lambda,
+absl::StatusOr<CodecParams> NestedScalarCodec::DefaultParams(double lambda, BaseGrid grid,
                                                              const RotationParams& rotation) {
-  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(lambda));
+  ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(lambda, grid));
   CodecParams p;
   p.codec = std::string(kNestedScalarV1);
   p.base_bits = kCodeBits;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "services/quant/codec.h"
+#include "services/quant/nested_codebook.h"
 
 namespace nq::quant {
 
@@ -27,9 +28,9 @@ class NestedScalarCodec final : public Codec {
                       std::span<float> out) const override;
 
   // The CodecParams an Encode with codebook_refinements = 0 records, rebuilt from what a
-  // manifest holds (lambda, rotation): lets a reader assemble an EncodedMatrix from the
-  // resident planes and scales without storing the codebooks.
-  static absl::StatusOr<CodecParams> DefaultParams(double lambda, const RotationParams& rotation);
+  // manifest holds (lambda, base grid, rotation): lets a reader assemble an EncodedMatrix from
+  // the resident planes and scales without storing the codebooks.
+  static absl::StatusOr<CodecParams> DefaultParams(double lambda, BaseGrid grid, const RotationParams& rotation);
 };
 
 }  // namespace nq::quant

@@ -25,6 +25,7 @@
 #include "services/model/safetensors_load.h"
 #include "services/model/safetensors_writer.h"
 #include "services/quant/codec.h"
+#include "services/quant/nested_scalar_codec.h"
 #include "services/quant/trellis_codec.h"
 #include "services/quant/trellis_decode.h"
 #include "services/release/calibration.h"
@@ -207,6 +208,10 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   manifest.experts_per_layer = static_cast<uint32_t>(E);
   manifest.codec = codec->name();
   manifest.codec_params = {{"base_bits", 2}, {"residual_bits", 2}, {"lambda", quant::EncodeOptions{}.lambda}};
+  if (manifest.codec == quant::kNestedScalarV1) {
+    // Informational: the levels themselves are stored per matrix.
+    manifest.codec_params["base_grid"] = options.uniform_base ? "uniform" : "lloyd";
+  }
   if (manifest.codec == quant::kTrellisV1) {
     // What trellis_decode.h assumes; the resident codebook tensors hold per-16-column gains.
     manifest.codec_params["state_bits"] = quant::trellis::kStateBits;
@@ -276,6 +281,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
           const bool down = std::string(proj) == "down_proj";
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
+          encode.uniform_base = options.uniform_base;
           encode.trellis_search = search;
           encode.host_threads = host_threads;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,

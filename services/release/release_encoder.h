@@ -28,6 +28,9 @@ struct EncodeReleaseOptions {
   // A registry name or a short name ("scalar", "trellis": quant::ResolveCodecName); the
   // manifest records the registry name.
   std::string codec = "nested_scalar_v1";
+  // nested_scalar_v1's base levels: an even grid (the GPU's fast 2-bit decode; 1.2 % more 2-bit
+  // MSE on N(0,1), no more at 4 bits) or free Lloyd levels (quant::BaseGrid).
+  bool uniform_base = true;
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.
   std::string calibration_path;

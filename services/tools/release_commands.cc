@@ -47,6 +47,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "encode, synth-release, bench-codec: where experts are encoded: cpu (one expert per core), cuda, cuda:N or "
           "cuda:N,M,... (two experts at once per GPU, trellis_v1's tiles searched on those sm_90 GPUs); the release's "
           "bytes are the same");
+ABSL_FLAG(std::string, base_levels, "uniform",
+          "encode: nested_scalar_v1's 2-bit levels, uniform (an even grid: the GPU's fast decode, 1.2% more "
+          "2-bit MSE) or lloyd (free levels, decoded by table lookups)");
 ABSL_FLAG(int, workers, 0,
           "encode: experts encoded at once (0: one per core with --device cpu, two with --device cuda); each "
           "holds one expert's matrices in memory");
@@ -131,6 +134,12 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
+  if (const std::string levels = absl::GetFlag(FLAGS_base_levels); levels == "uniform" || levels == "lloyd") {
+    options.uniform_base = levels == "uniform";
+  } else {
+    return ReportCommandStatus(command,
+                               absl::InvalidArgumentError("--base_levels must be uniform or lloyd, got '" + levels + "'"));
+  }
   const std::string device = absl::GetFlag(FLAGS_device);
   if (absl::Status s = SetEncodeDevice(device, options); !s.ok()) return ReportCommandStatus(command, s);
   if (const int workers = absl::GetFlag(FLAGS_workers); workers != 0) {

@@ -35,7 +35,15 @@ NqProjectionHost RandomProjection(std::mt19937_64& rng, std::int64_t rows, std::
   auto snap = [](float v) { return ToFloat(ToF16(v)); };
   for (std::int64_t e = 0; e < experts; ++e) {
     float table[kNqLevelTable];
-    for (int b = 0; b < 4; ++b) table[b] = snap(design[b] + jitter(rng));
+    // Even experts: base levels on an even grid whose step has 9 significant bits (nq encode's
+    // default, quant::BaseGrid::kUniform); odd experts: free levels (kLloyd). Both decodes run
+    // in every test of two or more experts, also side by side in one chunk.
+    if (e % 2 == 0) {
+      const float step = std::nearbyint((1.0f + jitter(rng)) * 256.0f) / 256.0f;
+      for (int b = 0; b < 4; ++b) table[b] = step * (b - 1.5f);
+    } else {
+      for (int b = 0; b < 4; ++b) table[b] = snap(design[b] + jitter(rng));
+    }
     for (int b = 0; b < 4; ++b) {
       for (int r = 0; r < 4; ++r) {
         table[kNqBaseLevels + 4 * b + r] = snap(table[b] + (offsets[r] + jitter(rng)) * (b % 3 == 0 ? 1.6f : 1.0f));

@@ -30,7 +30,9 @@ struct NqMoeHost {
 };
 
 // Codes uniform, scales and levels like a rotated, scaled real expert (levels near the
-// Gaussian 2-bit design, 4-bit levels nested inside each base cell).
+// Gaussian 2-bit design, 4-bit levels nested inside each base cell). Even-numbered experts have
+// base levels on an even grid (what nq encode writes by default), odd ones free levels, so the
+// GPU's two 2-bit decodes both run.
 NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate, std::int64_t experts);
 
 // The same for trellis_v1 (hidden and intermediate multiples of 16): uniform tile bits (every

@@ -38,13 +38,15 @@ void ExpectOnHalfGrid(const NestedCodebook& cb) {
 }
 
 TEST(HalfGridTest, DesignedCodebooksAreOnTheGridAndKeepTheirDistortion) {
-  for (double lambda : {0.0, 0.25, 0.5, 0.75, 1.0}) {
-    absl::StatusOr<NestedCodebook> cb = DesignNestedCodebook(lambda);
-    ASSERT_TRUE(cb.ok());
-    ExpectOnHalfGrid(*cb);
+  for (BaseGrid grid : {BaseGrid::kUniform, BaseGrid::kLloyd}) {
+    for (double lambda : {0.0, 0.25, 0.5, 0.75, 1.0}) {
+      absl::StatusOr<NestedCodebook> cb = DesignNestedCodebook(lambda, grid);
+      ASSERT_TRUE(cb.ok());
+      ExpectOnHalfGrid(*cb);
+    }
   }
   // lambda = 1 is the 2-bit Lloyd-Max quantiser: its MSE (0.1175) survives the snap.
-  absl::StatusOr<NestedCodebook> lloyd = DesignNestedCodebook(1.0);
+  absl::StatusOr<NestedCodebook> lloyd = DesignNestedCodebook(1.0, BaseGrid::kLloyd);
   ASSERT_TRUE(lloyd.ok());
   EXPECT_NEAR(GaussianDistortion(*lloyd, 1.0)[0], 0.1175, 5e-4);
 }
@@ -64,6 +66,9 @@ TEST(HalfGridTest, RefittedCodebooksAreOnTheGrid) {
   for (int b = 0; b < kBaseLevels; ++b) cb.base[b] = m->params.base_codebook[b];
   for (int i = 0; i < kBaseLevels * kResidualLevels; ++i) cb.residual[i] = m->params.residual_codebook[i];
   ExpectOnHalfGrid(cb);
+  // The default even base grid survives the refits (only its step moves).
+  const float step = cb.base[3] - cb.base[2];
+  for (int b = 0; b < kBaseLevels; ++b) EXPECT_EQ(cb.base[b], step * (b - 1.5f)) << b;
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(NestedCodebookTest, PureTwoBitObjectiveGivesLloydMax) {
-  auto cb = DesignNestedCodebook(1.0);
+  auto cb = DesignNestedCodebook(1.0, BaseGrid::kLloyd);
   ASSERT_THAT(cb, IsOk());
   // 4-level Lloyd-Max for N(0,1): +-0.4528, +-1.5104 (Max 1960).
   EXPECT_NEAR(cb->base[2], 0.4528, 2e-3);
@@ -23,14 +23,14 @@ TEST(NestedCodebookTest, PureTwoBitObjectiveGivesLloydMax) {
 }
 
 TEST(NestedCodebookTest, PureFourBitObjectiveGivesSixteenLevelLloydMax) {
-  auto cb = DesignNestedCodebook(0.0);
+  auto cb = DesignNestedCodebook(0.0, BaseGrid::kLloyd);
   ASSERT_THAT(cb, IsOk());
   // The 16-level Lloyd-Max cells happen to nest in groups of four.
   EXPECT_NEAR(GaussianDistortion(*cb, 0.0)[1], kLloydMax4Bit, 1e-4);
 }
 
 TEST(NestedCodebookTest, DefaultBlendIsNearLloydMaxAtBothRates) {
-  auto cb = DesignNestedCodebook(0.5);
+  auto cb = DesignNestedCodebook(0.5, BaseGrid::kLloyd);
   ASSERT_THAT(cb, IsOk());
   const auto d = GaussianDistortion(*cb, 0.5);
   // Designed values: 0.11750 at 2 bits, 0.00969 at 4 bits.
@@ -41,7 +41,7 @@ TEST(NestedCodebookTest, DefaultBlendIsNearLloydMaxAtBothRates) {
 }
 
 TEST(NestedCodebookTest, SymmetricAndOrdered) {
-  auto cb = DesignNestedCodebook(0.5);
+  auto cb = DesignNestedCodebook(0.5, BaseGrid::kLloyd);
   ASSERT_THAT(cb, IsOk());
   for (int b = 0; b < kBaseLevels; ++b) {
     EXPECT_NEAR(cb->base[b], -cb->base[kBaseLevels - 1 - b], 1e-5);
@@ -55,7 +55,7 @@ TEST(NestedCodebookTest, SymmetricAndOrdered) {
 }
 
 TEST(NestedCodebookTest, ChooseNestedPicksNearestWithoutFeedback) {
-  auto cb = DesignNestedCodebook(0.5);
+  auto cb = DesignNestedCodebook(0.5, BaseGrid::kLloyd);
   ASSERT_THAT(cb, IsOk());
   const NestedChoice c = ChooseNested(*cb, 2.0, 2.0);
   EXPECT_EQ(c.base, 3);
@@ -64,10 +64,53 @@ TEST(NestedCodebookTest, ChooseNestedPicksNearestWithoutFeedback) {
   EXPECT_EQ(d.residual, 3);
 }
 
+TEST(NestedCodebookTest, UniformBaseCostsLittleAtTwoBitsAndNothingAtFour) {
+  auto lloyd = DesignNestedCodebook(0.5, BaseGrid::kLloyd);
+  auto uniform = DesignNestedCodebook(0.5, BaseGrid::kUniform);
+  ASSERT_THAT(lloyd, IsOk());
+  ASSERT_THAT(uniform, IsOk());
+  EXPECT_EQ(uniform->grid, BaseGrid::kUniform);
+  const auto dl = GaussianDistortion(*lloyd, 0.5);
+  const auto du = GaussianDistortion(*uniform, 0.5);
+  // Designed values: 2 bits 0.11887 (Lloyd 0.11750), 4 bits 0.00965 (Lloyd 0.00970).
+  EXPECT_GT(du[0], dl[0]);
+  EXPECT_LT(du[0], 1.015 * dl[0]);
+  EXPECT_LT(du[1], dl[1]);
+}
+
+TEST(NestedCodebookTest, UniformBaseIsAnExactEvenGrid) {
+  for (double lambda : {0.0, 0.5, 1.0}) {
+    auto cb = DesignNestedCodebook(lambda, BaseGrid::kUniform);
+    ASSERT_THAT(cb, IsOk());
+    const float step = cb->base[3] - cb->base[2];
+    // The step the fit lands on for N(0,1) is near 1 (the optimal 4-level even grid: 0.9957).
+    EXPECT_NEAR(step, 1.0, 0.07) << lambda;
+    EXPECT_EQ(step, static_cast<float>(SnapUniformStep(step))) << lambda;
+    for (int b = 0; b < kBaseLevels; ++b) EXPECT_EQ(cb->base[b], step * (b - 1.5f)) << lambda << " " << b;
+    // The 4-bit levels stay free, and stay nested and ordered.
+    for (int b = 1; b < kBaseLevels; ++b) EXPECT_LT(cb->Level4(b - 1, 3), cb->Level4(b, 0)) << lambda;
+  }
+}
+
+TEST(NestedCodebookTest, SnapUniformStepKeepsNineSignificantBits) {
+  EXPECT_EQ(SnapUniformStep(1.0), 1.0);
+  EXPECT_EQ(SnapUniformStep(0.0), 0.0);
+  EXPECT_EQ(SnapUniformStep(1.0 + 1.0 / 4096), 1.0);
+  EXPECT_EQ(SnapUniformStep(1.0 + 3.0 / 256), 1.0 + 3.0 / 256);  // 1.00000011b: 9 bits, kept
+  EXPECT_EQ(SnapUniformStep(1.0 + 1.0 / 512), 1.0);              // a tie, to even
+  EXPECT_EQ(SnapUniformStep(1.0 + 3.0 / 512), 1.0 + 1.0 / 128);  // a tie, to even
+  for (double s : {0.37, 0.94, 1.7, 12.3}) {
+    const double snapped = SnapUniformStep(s);
+    EXPECT_NEAR(snapped, s, s / 512);
+    // 1.5 * step fits fp16's 11 significant bits.
+    EXPECT_EQ(static_cast<float>(1.5 * snapped), RoundToHalfPrecision(static_cast<float>(1.5 * snapped)));
+  }
+}
+
 TEST(NestedCodebookTest, RejectsLambdaOutsideUnitInterval) {
-  EXPECT_THAT(DesignNestedCodebook(1.5),
+  EXPECT_THAT(DesignNestedCodebook(1.5, BaseGrid::kLloyd),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 1]")));
-  EXPECT_THAT(DesignNestedCodebook(-0.1),
+  EXPECT_THAT(DesignNestedCodebook(-0.1, BaseGrid::kLloyd),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, 1]")));
 }
 

@@ -180,7 +180,7 @@ TEST_F(NestedScalarCodecTest, DefaultParamsRebuildTheRecordedParams) {
   options.rotation.row_sign_seed = 5;
   auto m = codec_.Encode(w, 128, 256, nullptr, options);
   ASSERT_THAT(m, IsOk());
-  auto p = NestedScalarCodec::DefaultParams(0.25, options.rotation);
+  auto p = NestedScalarCodec::DefaultParams(0.25, BaseGrid::kUniform, options.rotation);
   ASSERT_THAT(p, IsOk());
   EncodedMatrix rebuilt;
   rebuilt.rows = 128;
@@ -191,7 +191,7 @@ TEST_F(NestedScalarCodecTest, DefaultParamsRebuildTheRecordedParams) {
   rebuilt.col_scales = m->col_scales;
   ASSERT_THAT(AttachResidual(rebuilt, m->residual_codes), IsOk());
   EXPECT_EQ(Decode(rebuilt, Precision::k4Bit), Decode(*m, Precision::k4Bit));
-  EXPECT_THAT(NestedScalarCodec::DefaultParams(3.0, {}),
+  EXPECT_THAT(NestedScalarCodec::DefaultParams(3.0, BaseGrid::kUniform, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lambda")));
 }
 

@@ -109,6 +109,32 @@ TEST_F(ReleaseEncoderTest, EncodesVerifiesAndDecodesNestedExperts) {
   }
 }
 
+// nq encode writes even base grids by default (the GPU's fast 2-bit decode) and free Lloyd levels
+// on request; the manifest says which, and both decode.
+TEST_F(ReleaseEncoderTest, BaseLevelsAreAnEvenGridUnlessLloydIsAskedFor) {
+  for (const bool uniform : {true, false}) {
+    const std::string release_dir = (root_ / (uniform ? "uniform" : "lloyd")).string();
+    ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {.tp_size = 1, .uniform_base = uniform}),
+                IsOk());
+    absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+    ASSERT_THAT(release, IsOk());
+    EXPECT_EQ(release->manifest().codec_params.value("base_grid", ""), uniform ? "uniform" : "lloyd");
+    for (uint32_t expert : {0u, 3u}) {
+      for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+        absl::StatusOr<quant::EncodedMatrix> m = LoadReleaseExpert(*release, 0, 1, expert, projection, false);
+        ASSERT_THAT(m, IsOk());
+        const std::vector<float>& base = m->params.base_codebook;
+        ASSERT_EQ(base.size(), 4u);
+        const float step = base[3] - base[2];
+        const bool even = base[0] == -1.5f * step && base[1] == -0.5f * step && base[2] == 0.5f * step &&
+                          base[3] == 1.5f * step;
+        EXPECT_EQ(even, uniform) << projection << " of expert " << expert << ": " << base[0] << " " << base[1] << " "
+                                 << base[2] << " " << base[3];
+      }
+    }
+  }
+}
+
 TEST_F(ReleaseEncoderTest, RerunIsANoOpAndBadOptionsAreRefused) {
   const std::string release_dir = (root_ / "release").string();
   ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {}), IsOk());

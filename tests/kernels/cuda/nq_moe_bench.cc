@@ -19,6 +19,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -71,7 +72,16 @@ struct Layer {
   NqMoeParams p;  // pointers filled, per-case fields set later
   std::int64_t slot_bytes = 0;
   std::vector<void*> owned;
+  std::vector<const float*> levels_even, levels_lloyd;  // gate, up, down
 };
+
+// Points the layer's projections at the even-grid or the Lloyd level tables.
+void UseBaseGrid(Layer& l, bool even) {
+  const std::vector<const float*>& t = even ? l.levels_even : l.levels_lloyd;
+  l.p.gate.levels = t[0];
+  l.p.up.levels = t[1];
+  l.p.down.levels = t[2];
+}
 
 Layer MakeLayer(const Model& m, std::int64_t experts) {
   Layer l;
@@ -85,12 +95,17 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
     l.owned.push_back(p);
     return p;
   };
-  std::vector<float> levels;
-  const float design[4] = {-1.51f, -0.453f, 0.453f, 1.51f}, offsets[4] = {-0.25f, -0.08f, 0.08f, 0.25f};
+  // Level tables with free (Lloyd) base levels and with an even base grid (nq encode's default:
+  // quant::BaseGrid::kUniform, whose 2-bit codes the GEMV decodes without lookups).
+  std::vector<float> levels_lloyd, levels_even;
+  const float lloyd[4] = {-1.51f, -0.453f, 0.453f, 1.51f}, even[4] = {-1.5f, -0.5f, 0.5f, 1.5f};
+  const float offsets[4] = {-0.25f, -0.08f, 0.08f, 0.25f};
   for (std::int64_t e = 0; e < experts; ++e) {
-    levels.insert(levels.end(), design, design + 4);
-    for (int b = 0; b < 4; ++b) {
-      for (int r = 0; r < 4; ++r) levels.push_back(design[b] + offsets[r]);
+    for (auto [levels, design] : {std::pair{&levels_lloyd, lloyd}, std::pair{&levels_even, even}}) {
+      levels->insert(levels->end(), design, design + 4);
+      for (int b = 0; b < 4; ++b) {
+        for (int r = 0; r < 4; ++r) levels->push_back(design[b] + offsets[r]);
+      }
     }
   }
   auto projection = [&](std::int64_t rows, std::int64_t cols, std::int64_t offset) {
@@ -102,9 +117,13 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
     v.base = static_cast<const std::uint8_t*>(base);
     v.row_scales = floats(experts * rows, scale);
     v.col_scales = floats(experts * cols, col);
-    float* lv = UploadFloats(levels);
+    float* lv = UploadFloats(levels_even);
+    float* ll = UploadFloats(levels_lloyd);
     l.owned.push_back(lv);
+    l.owned.push_back(ll);
     v.levels = lv;
+    l.levels_even.push_back(lv);
+    l.levels_lloyd.push_back(ll);
     // trellis_v1's per-16-column-block (base, residual) gains, for the cases run as trellis.
     std::uniform_real_distribution<float> gain(0.8f, 1.2f);
     v.gains = floats(experts * (cols / 16) * kNqGainsPerBlock, gain);
@@ -144,6 +163,7 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
 enum class Path { kDecode, kGroupedPrefill, kDensePrefill };
 
 struct Bench {
+  const char* scalar_name = "scalar";  // the scalar codec's label: "scalar" (even grid) or "lloyd"
   cudaStream_t stream = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
@@ -258,7 +278,7 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, Path path, std::int64_t to
   const double us = ms * 1e3 / iters;
   const char* mode_name[] = {"2-bit", "4-bit", "half/half"};
   std::printf("%-5s %-8s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s\n",
-              m.name, codec == NqCodec::kTrellis ? "trellis" : "scalar", static_cast<long long>(tokens),
+              m.name, codec == NqCodec::kTrellis ? "trellis" : b.scalar_name, static_cast<long long>(tokens),
               mode_name[mode], path == Path::kDecode ? "decode" : path == Path::kGroupedPrefill ? "grouped" : "dense", us,
               bytes / 1e6, bytes / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / copy_bw, flops / (us * 1e-6) / 1e12);
   std::fflush(stdout);
@@ -309,6 +329,14 @@ int main(int argc, char** argv) {
         if (tokens == 4096 && codec == NqCodec::kTrellis) paths = {Path::kDensePrefill};
         for (const Path path : paths) {
           for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, codec, path, tokens, mode, bench);
+          // The decode GEMV's table-lookup 2-bit decode, for releases with free base levels.
+          if (codec == NqCodec::kNestedScalar && path == Path::kDecode) {
+            UseBaseGrid(layer, false);
+            bench.scalar_name = "lloyd";
+            for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, codec, path, tokens, mode, bench);
+            UseBaseGrid(layer, true);
+            bench.scalar_name = "scalar";
+          }
         }
       }
     }
