@@ -57,6 +57,17 @@ TEST_F(EncodeDeviceTest, NegativeWorkersAreRefused) {
   EXPECT_FALSE(std::filesystem::exists(Out()));
 }
 
+TEST_F(EncodeDeviceTest, AnUnknownBaseGridIsRefusedAndLloydIsRecorded) {
+  const CommandResult bad = RunNq(absl::StrCat("encode --model=", Model(), " --out=", Out(), " --base_levels=even"));
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("--base_levels must be uniform or lloyd, got 'even'"));
+  EXPECT_FALSE(std::filesystem::exists(Out()));
+  const CommandResult lloyd = RunNq(absl::StrCat("synth-release --model=", Model(), " --out=", Out(), " --base_levels=lloyd"));
+  ASSERT_EQ(lloyd.exit_code, 0) << lloyd.output;
+  const CommandResult manifest = RunShell(absl::StrCat("cat ", Out(), "/manifest.json"));
+  EXPECT_THAT(manifest.output, HasSubstr("\"base_grid\": \"lloyd\""));
+}
+
 TEST_F(EncodeDeviceTest, CudaIsRefusedWhereItCannotRun) {
   const CommandResult r = RunNq(absl::StrCat("synth-release --model=", Model(), " --out=", Out(), " --codec=trellis --device=cuda"));
   EXPECT_NE(r.exit_code, 0) << r.output;
