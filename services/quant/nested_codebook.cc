@@ -46,9 +46,6 @@ const Grid& GaussianGrid() {
   return grid;
 }
 
-// The even grid's offsets b - 1.5.
-constexpr double GridOffset(int b) { return b - 0.5 * (kBaseLevels - 1); }
-
 NestedCodebook Design(double lambda, BaseGrid grid) {
   NestedCodebook cb;
   cb.lambda = lambda;
@@ -81,7 +78,7 @@ NestedCodebook Design(double lambda, BaseGrid grid) {
                             : 0.0;
     for (int b = 0; b < kBaseLevels; ++b) {
       double c_b = base_mass[b] > 0 ? base_sum[b] / base_mass[b] : cb.base[b];
-      if (grid == BaseGrid::kUniform) c_b = step * GridOffset(b);
+      if (grid == BaseGrid::kUniform) c_b = EvenGridLevel(step, b);
       for (int r = 0; r < kResidualLevels; ++r) {
         const int k = b * kResidualLevels + r;
         const double level = sub_mass[k] > 0 ? sub_sum[k] / sub_mass[k] : cb.Level4(b, r);
@@ -121,8 +118,9 @@ double FitUniformStep(const std::array<double, kBaseLevels>& base_sum,
                       const std::array<double, kBaseLevels>& base_mass, double fallback) {
   double num = 0.0, den = 0.0;
   for (int b = 0; b < kBaseLevels; ++b) {
-    num += GridOffset(b) * base_sum[b];
-    den += GridOffset(b) * GridOffset(b) * base_mass[b];
+    const double offset = EvenGridLevel(1.0, b);
+    num += offset * base_sum[b];
+    den += offset * offset * base_mass[b];
   }
   return SnapUniformStep(den > 0.0 && num > 0.0 ? num / den : fallback);
 }

@@ -51,6 +51,9 @@ struct NestedCodebook {
 float RoundToHalfPrecision(float v);
 NestedCodebook SnapToHalfGrid(NestedCodebook cb);
 
+// Base level b of an even grid: step * (b - 1.5).
+constexpr double EvenGridLevel(double step, int b) { return step * (b - 0.5 * (kBaseLevels - 1)); }
+
 // The step of an even base grid rounded to 9 significant bits (see BaseGrid); 0 stays 0.
 double SnapUniformStep(double step);
 

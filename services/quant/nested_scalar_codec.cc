@@ -104,7 +104,7 @@ NestedCodebook Refit(const NestedCodebook& cb, const CellMeans& means) {
                           : 0.0;
   for (int b = 0; b < kBaseLevels; ++b) {
     if (cb.grid == BaseGrid::kUniform) {
-      out.base[b] = static_cast<float>(step * (b - 0.5 * (kBaseLevels - 1)));
+      out.base[b] = static_cast<float>(EvenGridLevel(step, b));
     } else if (means.base_count[b] > 0) {
       out.base[b] = static_cast<float>(means.base_sum[b] / means.base_count[b]);
     }
