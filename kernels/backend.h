@@ -229,6 +229,32 @@ class Backend {
   absl::Status Nvfp4Moe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
                         const Nvfp4MoeWeights& weights, Tensor& out);
 
+  // ---- Side work: independent ops on a second stream ----
+
+  // A decode step has ops that do not depend on their neighbours (an MoE layer's shared expert
+  // beside its router and routed experts; the new keys' norms, rotations and cache writes beside
+  // the query projection), and each alone leaves most of a GPU idle. Ops issued between
+  // BeginSideWork and EndSideWork run on a side stream: they start after every op issued before
+  // BeginSideWork and run beside the ops issued after EndSideWork, until JoinSideWork makes every
+  // later op wait for them. Tensors they read or write must not be touched by the main stream in
+  // between. The CPU backend runs every op in call order, so results are equal either way.
+  //
+  // The CUDA backend refuses on the side (FailedPrecondition) what shares state with the main
+  // stream: ops using its one scratch block or MoE workspace (Embedding from host ids,
+  // GatherRows, ScatterAddRows, MlaAttention, IndexerTopK, NqMoe, Nvfp4Moe) and copies from or to
+  // the host; and while side work is open, Synchronize, CopyToHost and BeginCapture. MatMul*,
+  // RmsNorm, SiluAndMul, Softmax, Add, Rope, LayerNorm, WriteRows, Copy, MoeRoute and Allocate
+  // run there. Tensor memory freed from BeginSideWork to JoinSideWork is reused only after the
+  // join. EndCapture with side work open joins it and fails. FailedPrecondition for calls out of
+  // order (Begin while open, End when not on the side, Join with nothing open).
+  absl::Status BeginSideWork();
+  absl::Status EndSideWork();
+  absl::Status JoinSideWork();
+  // Whether ops now go to the side stream (between BeginSideWork and EndSideWork).
+  bool OnSide() const { return side_work_ == SideWork::kOnSide; }
+  // Whether side work is open (not yet joined).
+  bool SideWorkOpen() const { return side_work_ != SideWork::kNone; }
+
   // ---- Captured graphs: a decode step replayed without a host call per op ----
 
   // A recorded sequence of this backend's ops.
@@ -312,6 +338,11 @@ class Backend {
   virtual absl::Status DoNqMoe(const NqMoeParams& params);
   // Arguments validated into raw pointers (kernels/nvfp4_moe_op.cc).
   virtual absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params);
+  // Side-work hooks (the CUDA backend's streams); called in a valid order only. Defaults: nothing
+  // to do (ops run in call order).
+  virtual absl::Status DoBeginSideWork() { return absl::OkStatus(); }
+  virtual absl::Status DoEndSideWork() { return absl::OkStatus(); }
+  virtual absl::Status DoJoinSideWork() { return absl::OkStatus(); }
 
  private:
   // InvalidArgumentError unless `t` is a non-empty tensor allocated by this backend.
@@ -320,6 +351,24 @@ class Backend {
   absl::Status CheckStepPosition(absl::string_view op, absl::string_view arg, const StepPosition& p) const;
 
   std::uint64_t id_;
+  enum class SideWork { kNone, kOnSide, kForked };
+  SideWork side_work_ = SideWork::kNone;
+};
+
+// Joins side work still open when it leaves scope (an op between Begin and Join failed and the
+// caller returned early), so the next forward does not find it open. The join's own failure is
+// dropped: the first error already went up.
+class SideWorkGuard {
+ public:
+  explicit SideWorkGuard(Backend& backend) : backend_(backend) {}
+  ~SideWorkGuard() {
+    if (backend_.SideWorkOpen()) (void)backend_.JoinSideWork();
+  }
+  SideWorkGuard(const SideWorkGuard&) = delete;
+  SideWorkGuard& operator=(const SideWorkGuard&) = delete;
+
+ private:
+  Backend& backend_;
 };
 
 struct BackendOptions {

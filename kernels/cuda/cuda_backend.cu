@@ -127,6 +127,7 @@ class CudaBackend final : public Backend {
 
   absl::Status Synchronize() override {
     RETURN_IF_ERROR(RefuseWhileCapturing("Synchronize"));
+    RETURN_IF_ERROR(RefuseWithSideWorkOpen("Synchronize"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // Waits for the stream, then returns the pool's cached blocks, so memory another allocator
     // needs after a load or a long prefill is not held here.
@@ -139,6 +140,7 @@ class CudaBackend final : public Backend {
   // device arena) neither break this capture nor are refused because of it.
   absl::Status BeginCapture() override {
     if (capturing_) return absl::FailedPreconditionError("BeginCapture: a capture is already open");
+    RETURN_IF_ERROR(RefuseWithSideWorkOpen("BeginCapture"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(pool_->stream(), cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
@@ -149,12 +151,20 @@ class CudaBackend final : public Backend {
     if (!capturing_) return absl::FailedPreconditionError("EndCapture: no capture is open");
     capturing_ = false;
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // Side work left open would leave the side stream's captured ops unjoined, which fails the
+    // capture with an opaque error: join it, end the capture, and say why.
+    const bool side_was_open = SideWorkOpen();
+    if (side_was_open) (void)JoinSideWork();
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(pool_->stream(), &graph);
     if (ended != cudaSuccess) {
       if (graph != nullptr) (void)cudaGraphDestroy(graph);
       (void)cudaGetLastError();  // an op's failed launch may have left the sticky-free error set
       return CudaStatus(ended, "cudaStreamEndCapture");
+    }
+    if (side_was_open) {
+      (void)cudaGraphDestroy(graph);
+      return absl::FailedPreconditionError("EndCapture: side work was still open (JoinSideWork first)");
     }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
@@ -164,6 +174,28 @@ class CudaBackend final : public Backend {
   }
 
   std::uint64_t CaptureGeneration() const override { return capture_generation_; }
+
+ protected:
+  absl::Status DoBeginSideWork() override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    RETURN_IF_ERROR(pool_->BeginSide());
+    ctx_.stream = pool_->current();
+    return absl::OkStatus();
+  }
+
+  absl::Status DoEndSideWork() override {
+    pool_->EndSide();
+    ctx_.stream = pool_->current();
+    return absl::OkStatus();
+  }
+
+  absl::Status DoJoinSideWork() override {
+    const absl::Status joined = pool_->JoinSide();
+    ctx_.stream = pool_->current();
+    return joined;
+  }
+
+ public:
 
  protected:
   absl::StatusOr<std::unique_ptr<Storage>> AllocateStorage(std::size_t bytes) override {
@@ -177,6 +209,7 @@ class CudaBackend final : public Backend {
   // it; the copy itself stays ordered on the stream.
   absl::Status DoCopyFromHost(const void* src, std::size_t bytes, void* dst) override {
     RETURN_IF_ERROR(RefuseWhileCapturing("CopyFromHost"));
+    RETURN_IF_ERROR(RefuseOnSide("CopyFromHost"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, pool_->stream()));
@@ -185,6 +218,7 @@ class CudaBackend final : public Backend {
 
   absl::Status DoCopyToHost(const void* src, std::size_t bytes, void* dst) override {
     RETURN_IF_ERROR(RefuseWhileCapturing("CopyToHost"));
+    RETURN_IF_ERROR(RefuseWithSideWorkOpen("CopyToHost"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));
@@ -194,8 +228,7 @@ class CudaBackend final : public Backend {
 
   absl::Status DoCopy(const void* src, std::size_t bytes, void* dst) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    NQ_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, pool_->stream()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
     return absl::OkStatus();
   }
 
@@ -395,8 +428,7 @@ class CudaBackend final : public Backend {
           ctx_);
     }
     float* to = dst.data_as<float>() + first;
-    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src.data(), src.nbytes(),
-                                            cudaMemcpyDeviceToDevice, pool_->stream()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to, src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream));
     return absl::OkStatus();
   }
 
@@ -527,6 +559,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status DoCopyToHostAsync(const void* src, std::size_t bytes, void* dst) override {
+    RETURN_IF_ERROR(RefuseOnSide("CopyToHostAsync"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));
     return absl::OkStatus();
@@ -593,6 +626,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status GrowNqMoeWorkspace(std::size_t bytes) {
+    // The workspace serves every MoE op, ordered by the one stream they share.
+    RETURN_IF_ERROR(RefuseOnSide("an MoE op (it uses the backend's workspace)"));
     if (bytes <= nq_moe_workspace_.bytes()) return absl::OkStatus();
     // Growing waits for the stream: kernels enqueued earlier may still use the old block. A
     // captured decode graph sizes it before capture (its first, uncaptured step).
@@ -661,15 +696,20 @@ class CudaBackend final : public Backend {
     c.host.assign(values.begin(), values.end());
     ASSIGN_OR_RETURN(c.device, DeviceBuffer::Allocate(std::max<std::size_t>(values.size_bytes(), 1)));
     if (!values.empty()) {
-      // On the op stream, so the kernels enqueued after it see the values.
+      // On the op stream, so the kernels enqueued after it see the values. With side work open
+      // the other stream will read it too without being ordered after this copy: wait for it
+      // (once per distinct constant).
       NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.device.get(), values.data(), values.size_bytes(),
-                                              cudaMemcpyHostToDevice, pool_->stream()));
+                                              cudaMemcpyHostToDevice, ctx_.stream));
+      if (SideWorkOpen()) NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ctx_.stream));
     }
     constants_.push_back(std::move(c));
     return static_cast<const float*>(constants_.back().device.get());
   }
 
   absl::StatusOr<std::byte*> UploadScratch(const ScratchLayout& layout) {
+    // One scratch block serves every op, ordered by the one stream they share.
+    RETURN_IF_ERROR(RefuseOnSide("an op using the backend's scratch"));
     if (layout.total_bytes() > scratch_.bytes() || !layout.staging().empty()) {
       // Growing waits for the device; host staging would be captured as a copy from memory that
       // is gone when the graph replays.
@@ -695,6 +735,17 @@ class CudaBackend final : public Backend {
   // The device pointer a kernel reads a StepPosition from, or null for a host position.
   static const std::int32_t* DevicePosition(const StepPosition& p) {
     return p.device() != nullptr ? p.device()->data_as<std::int32_t>() : nullptr;
+  }
+
+  absl::Status RefuseOnSide(absl::string_view what) const {
+    if (!OnSide()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " cannot run on the side stream (Backend::BeginSideWork lists the ops that can)"));
+  }
+
+  absl::Status RefuseWithSideWorkOpen(absl::string_view what) const {
+    if (!SideWorkOpen()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(what, " while side work is open (JoinSideWork first)"));
   }
 
   absl::Status RefuseWhileCapturing(absl::string_view what) const {

@@ -24,29 +24,56 @@ absl::StatusOr<std::shared_ptr<StreamPool>> StreamPool::Create(int device) {
     cudaMemPoolDestroy(pool);
     return CudaStatus(error, "cudaMemPoolSetAttribute(ReleaseThreshold)");
   }
-  cudaStream_t stream = nullptr;
-  if (const cudaError_t error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); error != cudaSuccess) {
+  // Streams and events made so far, destroyed again if a later step fails.
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  cudaEvent_t events[2] = {nullptr, nullptr};
+  auto undo = [&] {
+    for (cudaEvent_t event : events) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    for (cudaStream_t stream : streams) {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
     cudaMemPoolDestroy(pool);
-    return CudaStatus(error, "cudaStreamCreateWithFlags");
+  };
+  for (cudaStream_t& stream : streams) {
+    if (const cudaError_t error = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); error != cudaSuccess) {
+      undo();
+      return CudaStatus(error, "cudaStreamCreateWithFlags");
+    }
   }
-  return std::shared_ptr<StreamPool>(new StreamPool(device, stream, pool));
+  for (cudaEvent_t& event : events) {
+    if (const cudaError_t error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming); error != cudaSuccess) {
+      undo();
+      return CudaStatus(error, "cudaEventCreateWithFlags");
+    }
+  }
+  std::shared_ptr<StreamPool> made(new StreamPool(device, streams[0], streams[1], events[0], events[1], pool));
+  // A decode step's side work frees a few dozen tensors; Free must not allocate (it is noexcept).
+  made->held_frees_.reserve(1024);
+  return made;
 }
 
 StreamPool::~StreamPool() {
-  // Every block was freed on the stream (each storage holds this object); wait for those frees
+  // Every block was freed on a stream (each storage holds this object); wait for those frees
   // before the pool goes.
+  for (void* data : held_frees_) cudaFreeAsync(data, stream_);
+  cudaStreamSynchronize(side_);
   cudaStreamSynchronize(stream_);
+  cudaEventDestroy(fork_);
+  cudaEventDestroy(join_);
   cudaMemPoolDestroy(pool_);
+  cudaStreamDestroy(side_);
   cudaStreamDestroy(stream_);
 }
 
 absl::StatusOr<void*> StreamPool::Allocate(std::size_t bytes) {
   void* data = nullptr;
-  cudaError_t error = cudaMallocFromPoolAsync(&data, bytes, pool_, stream_);
-  if (error == cudaErrorMemoryAllocation) {
+  cudaError_t error = cudaMallocFromPoolAsync(&data, bytes, pool_, current());
+  if (error == cudaErrorMemoryAllocation && !side_open_) {
     cudaGetLastError();  // clear the sticky-free allocation error before retrying
     RETURN_IF_ERROR(Trim());
-    error = cudaMallocFromPoolAsync(&data, bytes, pool_, stream_);
+    error = cudaMallocFromPoolAsync(&data, bytes, pool_, current());
   }
   if (error != cudaSuccess) {
     cudaGetLastError();
@@ -56,12 +83,47 @@ absl::StatusOr<void*> StreamPool::Allocate(std::size_t bytes) {
 }
 
 void StreamPool::Free(void* data) noexcept {
-  if (data != nullptr) cudaFreeAsync(data, stream_);
+  if (data == nullptr) return;
+  if (side_open_ && held_frees_.size() < held_frees_.capacity()) {
+    held_frees_.push_back(data);
+    return;
+  }
+  if (side_open_) {
+    // More frees in one side work than were reserved for: wait for the side stream, after which
+    // freeing on the main stream is ordered after every use on either stream.
+    cudaStreamSynchronize(side_);
+  }
+  cudaFreeAsync(data, stream_);
 }
 
 absl::Status StreamPool::Trim() {
+  NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(side_));
   NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   NQ_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
+  return absl::OkStatus();
+}
+
+absl::Status StreamPool::BeginSide() {
+  NQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_));
+  NQ_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_, fork_, 0));
+  on_side_ = true;
+  side_open_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status StreamPool::JoinSide() {
+  on_side_ = false;
+  side_open_ = false;
+  cudaError_t error = cudaEventRecord(join_, side_);
+  if (error == cudaSuccess) error = cudaStreamWaitEvent(stream_, join_, 0);
+  if (error != cudaSuccess) {
+    // Without the join the main stream is not ordered after the side: wait for the side instead,
+    // so the held frees below are still safe.
+    cudaStreamSynchronize(side_);
+  }
+  for (void* data : held_frees_) cudaFreeAsync(data, stream_);
+  held_frees_.clear();
+  if (error != cudaSuccess) return CudaStatus(error, "joining the side stream");
   return absl::OkStatus();
 }
 

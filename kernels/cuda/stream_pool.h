@@ -18,11 +18,17 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 namespace nq::kernels::cuda {
 
+// Side work (Backend::BeginSideWork): a second stream forks from the main one and joins it
+// again. While side work is open, Allocate uses the stream ops currently go to, and every Free is
+// held until the join, when the main stream (then after both streams' work) frees it: a tensor the
+// side stream used must not be reused by the main stream's next allocation while the side still
+// runs, and this holds whichever stream the tensor dies on.
 class StreamPool {
  public:
   // A non-blocking stream and a pool of device memory on `device`.
@@ -31,26 +37,46 @@ class StreamPool {
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
+  // The main stream: graphs launch, captures begin and synchronisation happens here.
   cudaStream_t stream() const { return stream_; }
+  // The stream ops go to now: the side stream between BeginSide and EndSide, else the main one.
+  cudaStream_t current() const { return on_side_ ? side_ : stream_; }
   int device() const { return device_; }
 
-  // Stream-ordered allocation: usable by work enqueued on stream() after this call (and by other
-  // streams once they wait for it). On cudaErrorMemoryAllocation the pool waits for the stream,
-  // returns its cached blocks to the device and tries once more.
+  // Stream-ordered allocation: usable by work enqueued on current() after this call (and by other
+  // streams once they wait for it). On cudaErrorMemoryAllocation the pool waits for the streams,
+  // returns its cached blocks to the device and tries once more (not while side work is open:
+  // then the held frees are not yet the pool's).
   absl::StatusOr<void*> Allocate(std::size_t bytes);
   // Stream-ordered free: the block is reused only by work enqueued after every use already on
-  // the stream. Never fails loudly (destructor path); a failure is ignored.
+  // the stream (held until the join while side work is open). Never fails loudly (destructor
+  // path); a failure is ignored.
   void Free(void* data) noexcept;
-  // Waits for the stream, then releases every cached free block to the device.
+  // Waits for the streams, then releases every cached free block to the device.
   absl::Status Trim();
 
+  // The side stream waits for everything enqueued on the main one so far; ops go to the side.
+  absl::Status BeginSide();
+  // Ops go to the main stream again; the side's keep running.
+  void EndSide() { on_side_ = false; }
+  // The main stream waits for everything enqueued on the side; the held frees are freed there.
+  // Closes the side work even when the wait fails (that error is returned).
+  absl::Status JoinSide();
+
  private:
-  StreamPool(int device, cudaStream_t stream, cudaMemPool_t pool)
-      : device_(device), stream_(stream), pool_(pool) {}
+  StreamPool(int device, cudaStream_t stream, cudaStream_t side, cudaEvent_t fork, cudaEvent_t join,
+             cudaMemPool_t pool)
+      : device_(device), stream_(stream), side_(side), fork_(fork), join_(join), pool_(pool) {}
 
   int device_;
   cudaStream_t stream_;
+  cudaStream_t side_;
+  cudaEvent_t fork_;  // recorded on the main stream at BeginSide
+  cudaEvent_t join_;  // recorded on the side stream at JoinSide
   cudaMemPool_t pool_;
+  bool on_side_ = false;
+  bool side_open_ = false;
+  std::vector<void*> held_frees_;
 };
 
 }  // namespace nq::kernels::cuda

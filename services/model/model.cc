@@ -394,6 +394,26 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   }
   RETURN_IF_ERROR(backend_.MatMulSharedInput(xn, from_xn_w, from_xn));
 
+  // The new tokens' keys go straight into the cache: the normalised latent, the rotated rope key
+  // and the indexer's normalised, rotated key. They need nothing of the queries, so on the side
+  // stream they run beside the query projection (a few small launches hidden behind its GEMV).
+  kernels::SideWorkGuard side(backend_);
+  if (options_.side_streams) RETURN_IF_ERROR(backend_.BeginSideWork());
+  RETURN_IF_ERROR(backend_.RmsNorm(latent, w.kv_a_norm, kLatentNormEps, latent));
+  RETURN_IF_ERROR(k_pe.Reshape(Shape{T, 1, dr}));
+  RETURN_IF_ERROR(backend_.Rope(k_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
+  RETURN_IF_ERROR(k_pe.Reshape(Shape{T, dr}));
+  RETURN_IF_ERROR(backend_.WriteRows(latent, cache.latent, start_pos));
+  RETURN_IF_ERROR(backend_.WriteRows(k_pe, cache.k_pe, start_pos));
+  if (ix != nullptr) {
+    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix->k_norm_weight, ix->k_norm_bias, kLatentNormEps, ki));
+    RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
+    RETURN_IF_ERROR(backend_.Rope(ki, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
+    RETURN_IF_ERROR(ki.Reshape(Shape{T, Di}));
+    RETURN_IF_ERROR(backend_.WriteRows(ki, *cache.index_keys, start_pos));
+  }
+  if (options_.side_streams) RETURN_IF_ERROR(backend_.EndSideWork());
+
   // The per-head query parts (and the indexer's queries) from the normalised query latent.
   Tensor qi;
   if (w.q_a.has_value()) {
@@ -410,26 +430,17 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   RETURN_IF_ERROR(q_nope.Reshape(Shape{T, Hr, dn}));
   RETURN_IF_ERROR(q_pe.Reshape(Shape{T, Hr, dr}));
   RETURN_IF_ERROR(backend_.Rope(q_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
-
-  // The new tokens' latent and rotated rope key go straight into the cache.
-  RETURN_IF_ERROR(backend_.RmsNorm(latent, w.kv_a_norm, kLatentNormEps, latent));
-  RETURN_IF_ERROR(k_pe.Reshape(Shape{T, 1, dr}));
-  RETURN_IF_ERROR(backend_.Rope(k_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
-  RETURN_IF_ERROR(k_pe.Reshape(Shape{T, dr}));
-  RETURN_IF_ERROR(backend_.WriteRows(latent, cache.latent, start_pos));
-  RETURN_IF_ERROR(backend_.WriteRows(k_pe, cache.k_pe, start_pos));
-
-  // DSA: a full layer scores every visible key with its indexer and keeps the top-k; a
-  // shared layer reuses the selection of the last full layer of this forward.
   if (ix != nullptr) {
     if (!qi.valid()) return absl::InternalError(absl::StrCat("layer ", layer, ": a DSA indexer without a query latent"));
     RETURN_IF_ERROR(qi.Reshape(Shape{T, Hi, Di}));
     RETURN_IF_ERROR(backend_.Rope(qi, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
-    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix->k_norm_weight, ix->k_norm_bias, kLatentNormEps, ki));
-    RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
-    RETURN_IF_ERROR(backend_.Rope(ki, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
-    RETURN_IF_ERROR(ki.Reshape(Shape{T, Di}));
-    RETURN_IF_ERROR(backend_.WriteRows(ki, *cache.index_keys, start_pos));
+  }
+  // The indexer and attention read the keys just written.
+  if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
+
+  // DSA: a full layer scores every visible key with its indexer and keeps the top-k; a
+  // shared layer reuses the selection of the last full layer of this forward.
+  if (ix != nullptr) {
     ASSIGN_OR_RETURN(Tensor selected, backend_.Allocate(kernels::DType::kI32, Shape{T, c.indexer.topk}));
     RETURN_IF_ERROR(backend_.IndexerTopK(qi, *cache.index_keys, head_weights, start_pos, selected));
     selection_ = std::move(selected);
@@ -504,6 +515,15 @@ bool Model::RoutesOnBackend(const MoeWeights& w) const {
 absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
   const ModelConfig& c = config_;
   const int64_t T = xn.shape().dim(0), E = c.n_routed_experts, K = c.num_experts_per_tok;
+  // The shared expert reads only xn: on the side stream it runs beside the router and the routed
+  // experts, whose small kernels leave most of the GPU idle (its GEMVs are bandwidth-bound).
+  kernels::SideWorkGuard side(backend_);
+  Tensor shared;
+  if (w.shared.has_value()) {
+    if (options_.side_streams) RETURN_IF_ERROR(backend_.BeginSideWork());
+    ASSIGN_OR_RETURN(shared, Mlp(*w.shared, xn));
+    if (options_.side_streams) RETURN_IF_ERROR(backend_.EndSideWork());
+  }
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
@@ -540,7 +560,7 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
   }
   if (!w.shared.has_value()) return out;
-  ASSIGN_OR_RETURN(Tensor shared, Mlp(*w.shared, xn));
+  if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
   RETURN_IF_ERROR(backend_.Add(out, shared, out));
   return out;
 }

@@ -42,6 +42,10 @@ struct ModelOptions {
   // Decode steps (up to kMaxStepGraphTokens tokens) as captured graphs where the backend can
   // capture them (CUDA): see Model::StepGraphStats.
   bool step_graphs = true;
+  // Independent ops of a layer on the backend's side stream (Backend::BeginSideWork): an MoE
+  // layer's shared expert beside its routed experts, and the new keys' norms, rotations and cache
+  // writes beside the query projection. Results are equal either way; off only to compare.
+  bool side_streams = true;
 };
 
 class Model {

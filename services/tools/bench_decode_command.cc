@@ -47,6 +47,8 @@ ABSL_FLAG(int64_t, copy_mb, -1,
 ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32, bf16 or fp8 (as nq-worker)");
 ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
+ABSL_FLAG(bool, side_streams, true,
+          "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
 
 namespace nq::tools {
 namespace {
@@ -100,6 +102,7 @@ absl::Status BenchDecode() {
   model_options.kv_cache_dtype = *kv_dtype;
   model_options.weight_dtype = *weight_dtype;
   model_options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
+  model_options.side_streams = absl::GetFlag(FLAGS_side_streams);
   // An NVFP4 checkpoint fuses its gate/up halves as the worker's --nvfp4_gate_up_scale would.
   ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
                    nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));

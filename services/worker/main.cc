@@ -119,6 +119,10 @@ ABSL_FLAG(std::string, weight_dtype, "f32",
 // Graphs are what a GPU decode step needs (one launch instead of hundreds); off only to compare.
 ABSL_FLAG(bool, step_graphs, true,
           "Run decode steps (up to 4 tokens: a plain step or an MTP verification) as captured CUDA graphs");
+// Results are equal with it off; off only to compare the step time.
+ABSL_FLAG(bool, side_streams, true,
+          "Run a layer's independent ops (an MoE layer's shared expert, the new keys' norms and cache writes) on a "
+          "second stream beside the rest (the CUDA backend; the CPU runs them in order)");
 // On by default: on the H200 the in-graph draw picks the host Sampler's tokens (greedy and seeded
 // draws, scripts/device/profile_decode_step.sh's "sampling" section) and saves the logits' trip;
 // off only to compare.
@@ -518,7 +522,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                 .tp = {rank, world},
                                 .kv_cache_dtype = kv_cache_dtype,
                                 .weight_dtype = weight_dtype,
-                                .step_graphs = absl::GetFlag(FLAGS_step_graphs)};
+                                .step_graphs = absl::GetFlag(FLAGS_step_graphs),
+                                .side_streams = absl::GetFlag(FLAGS_side_streams)};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
     dynamic_experts = !release.empty() && bits_flag == "dynamic";

@@ -1,0 +1,36 @@
+// Backend's side-work state (kernels/backend.h): the order of Begin / End / Join is checked here,
+// once for every backend; the hooks only move streams.
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "services/common/status_macros.h"
+
+namespace nq::kernels {
+
+absl::Status Backend::BeginSideWork() {
+  if (side_work_ != SideWork::kNone) {
+    return absl::FailedPreconditionError("BeginSideWork: side work is already open (join it first)");
+  }
+  RETURN_IF_ERROR(DoBeginSideWork());
+  side_work_ = SideWork::kOnSide;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::EndSideWork() {
+  if (side_work_ != SideWork::kOnSide) {
+    return absl::FailedPreconditionError("EndSideWork: ops are not going to the side stream");
+  }
+  RETURN_IF_ERROR(DoEndSideWork());
+  side_work_ = SideWork::kForked;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::JoinSideWork() {
+  if (side_work_ == SideWork::kNone) return absl::FailedPreconditionError("JoinSideWork: no side work is open");
+  // Closed even when the hook fails: the side's ops were issued, and leaving the state open would
+  // refuse every later Begin for an error already reported.
+  side_work_ = SideWork::kNone;
+  return DoJoinSideWork();
+}
+
+}  // namespace nq::kernels
