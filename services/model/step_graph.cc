@@ -27,11 +27,9 @@ bool Model::StepGraphApplies(size_t tokens, int mtp_index) const {
   if (!options_.step_graphs || !backend_.CanCapture() || !step_graph_stats_.disabled.ok()) return false;
   if (lookahead_observer_) return false;  // the lookahead routes on the host between layers
   if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens) || options_.tp.world_size != 1) return false;
-  // NVFP4 layers route on the device too, but their step graphs have not run on a GPU yet: they
-  // stay op by op until a device run checks graphed tokens against op-by-op ones (issue #20).
-  auto routes_on_backend = [&](const LayerWeights& lw) {
-    return !lw.moe.has_value() || (RoutesOnBackend(*lw.moe) && !lw.moe->nvfp4.has_value());
-  };
+  // Packed and NVFP4 layers both route on the device (NVFP4's graphed tokens were checked against
+  // op-by-op ones on the H200: scripts/device/run_side_streams.sh's nvfp4 section).
+  auto routes_on_backend = [&](const LayerWeights& lw) { return !lw.moe.has_value() || RoutesOnBackend(*lw.moe); };
   if (mtp_index >= 0) {
     return mtp_index < static_cast<int>(weights_.mtp.size()) && routes_on_backend(weights_.mtp[mtp_index].block);
   }
