@@ -15,6 +15,7 @@
 #    7168 x 2048 (LDLQ) matrices encoded with the GPU search.
 # 3. nq encode --codec trellis of glm5_nano with --device cuda, then nq verify; the same encode with
 #    --device cpu (every core) beside it, and the two releases compared file by file.
+# NQ_TRELLIS_NCU=1 adds ncu --set full over the search kernel (between 2 and 3).
 # Results: $OUT/trellis_log.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,6 +45,18 @@ fi
 
 echo "== 2. trellis_search_bench"
 timeout 400 "$B/trellis_search_bench" --tiles 66000 --cpu_tiles 512 || failed+=("trellis_search_bench")
+
+# NQ_TRELLIS_NCU=1: where a tile's search spends its time (ncu --set full over two launches of the
+# search kernel on 2000 tiles): duration, issue slots, stall reasons, occupancy, shared memory.
+if [[ "${NQ_TRELLIS_NCU:-0}" == 1 ]]; then
+  echo "== ncu TrellisSearch"
+  timeout 300 ncu --set full -k regex:Trellis --launch-count 2 "$B/trellis_search_bench" --tiles 2000 --cpu_tiles 1 \
+    --skip_matrices > "$out/ncu_trellis.txt" 2>&1
+  echo "ncu rc $?"
+  grep -E "^  [A-Za-z].*(Kernel|kernel)|Duration|Registers Per|Achieved Occupancy|Compute \(SM\) Throughput|Memory Throughput|Block Size|Grid Size|Cluster Size|Theoretical Occupancy|Issue Slots Busy|Warp Cycles Per Issued|No Eligible|One or More Eligible|Shared Memory Configuration Size|Executed Ipc|Stall" \
+    "$out/ncu_trellis.txt" | head -80
+  xz -9 "$out/ncu_trellis.txt"
+fi
 
 echo "== 3. nq encode --codec trellis of glm5_nano, --device cuda and --device cpu"
 enc() {
