@@ -9,7 +9,8 @@
 #  - the cluster's greedy check (CUDA worker against a CPU worker, 2 and 4 bits, fixed set);
 #  - the GLM-5 target slice (4 layers, 256 experts, context 4000; NQ_SLICES="arch:layers:experts:context
 #    ..." for others, e.g. "dsv3:4:32:32"): tokens/s and roofline ratio with side streams on and off,
-#    interleaved over NQ_ROUNDS rounds (default 3), equal tokens checked;
+#    interleaved over NQ_ROUNDS rounds (default 3), equal tokens checked; NQ_WEIGHT_DTYPE (default
+#    bf16) the slice's matrices;
 #  - glm5_nano with NVFP4 experts (nq nvfp4 quantize): greedy tokens in step graphs, op by op and
 #    on the CPU backend;
 #  - hbm_probe's yardsticks in the same call.
@@ -90,9 +91,9 @@ if wants slice; then
     for round in $(seq 1 "${NQ_ROUNDS:-3}"); do
       for side in true false; do
         $B/nq bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-          --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --side_streams=$side \
+          --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype="${NQ_WEIGHT_DTYPE:-bf16}" --side_streams=$side \
           --out=/tmp/slice_side-$side.json > /tmp/slice.log 2>&1 || { echo "slice $side failed"; tail -3 /tmp/slice.log; }
-        echo "== round $round slice $spec side_streams=$side: $(tail -1 /tmp/slice.log | sed 's/.*H200[^:]*: //')"
+        echo "== round $round slice $spec ${NQ_WEIGHT_DTYPE:-bf16} side_streams=$side: $(tail -1 /tmp/slice.log | sed 's/.*H200[^:]*: //')"
       done
     done
     compare_tokens /tmp/slice_side-false.json /tmp/slice_side-true.json | tee -a $OUT/slice_tokens.txt
