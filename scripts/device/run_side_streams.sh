@@ -24,11 +24,9 @@ mkdir -p "$OUT"
 only="${NQ_ONLY:-ops,nano,greedy,slice,nvfp4,hbm}"
 wants() { [[ ",$only," == *",$1,"* ]]; }
 stamp() { echo "-- $(date +%T) $*"; }
-w=$(mktemp -d)
-tar -C "$w" -xJf .gpu-cluster/bundle.tar.xz || { echo "cannot unpack .gpu-cluster/bundle.tar.xz"; exit 1; }
-export LD_LIBRARY_PATH="$w/lib:$(bash scripts/device/cuda_wheel_libs.sh)"
-B=$w/bin
-M=$w/model
+source scripts/device/unpack_cluster_bundle.sh  # $work, LD_LIBRARY_PATH
+B=$work/bin
+M=$work/model
 
 # The tokens of bench-decode runs (their --out files) against the first one named.
 compare_tokens() {  # base.json other.json...
