@@ -373,9 +373,11 @@ TEST_F(SlotLoaderTest, CorruptRecordIsNeverCached) {
                               (*entry)->records.offset + uint64_t{kFixedExpert} * (*entry)->layout.rec_bytes + 100);
   }
   ASSERT_NO_FATAL_FAILURE(StartLoader({3, 4}));
+  // The loader counts a load READY as it adds the change to the update it sends next, so the
+  // announcement reaches this test's session a little later: wait for both.
   ASSERT_TRUE(WaitUntil([&] {
     const SlotLoader::Stats s = loader_->stats();
-    return s.loads_ready == 1 && s.loads_failed == 1;
+    return s.loads_ready == 1 && s.loads_failed == 1 && ReadyIn(4, 0) == 1;
   }));
   const SlotLoader::Stats stats = loader_->stats();
   EXPECT_EQ(stats.cached_records, 1u) << "the corrupt record was cached";
@@ -411,9 +413,11 @@ TEST_F(SlotLoaderTest, RecordFailingItsChecksumNeverBecomesReady) {
     format::testing::FlipByte(release_dir_ + "/rank0/L3.bin", kFixedExpert * rec_bytes + 700);
   };
   ASSERT_NO_FATAL_FAILURE(StartLoader({3, 4}));
+  // The loader counts a load READY as it adds the change to the update it sends next, so the
+  // announcement reaches this test's session a little later: wait for both.
   ASSERT_TRUE(WaitUntil([&] {
     const SlotLoader::Stats s = loader_->stats();
-    return s.loads_ready == 1 && s.loads_failed == 1;
+    return s.loads_ready == 1 && s.loads_failed == 1 && ReadyIn(4, 0) == 1;
   }));
   EXPECT_EQ(ReadyIn(4, 0), 1);
   EXPECT_EQ(ReadyIn(3, 0), -1);
