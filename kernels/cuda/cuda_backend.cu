@@ -176,6 +176,7 @@ class CudaBackend final : public Backend {
   std::uint64_t CaptureGeneration() const override { return capture_generation_; }
 
  protected:
+  // Side work: ops launch on the pool's current stream (ctx_.stream follows it).
   absl::Status DoBeginSideWork() override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RETURN_IF_ERROR(pool_->BeginSide());
@@ -195,9 +196,6 @@ class CudaBackend final : public Backend {
     return joined;
   }
 
- public:
-
- protected:
   absl::StatusOr<std::unique_ptr<Storage>> AllocateStorage(std::size_t bytes) override {
     if (bytes == 0) return std::make_unique<DeviceStorage>(nullptr, 0, nullptr);
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
