@@ -515,15 +515,25 @@ bool Model::RoutesOnBackend(const MoeWeights& w) const {
 absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
   const ModelConfig& c = config_;
   const int64_t T = xn.shape().dim(0), E = c.n_routed_experts, K = c.num_experts_per_tok;
-  // The shared expert reads only xn: on the side stream it runs beside the router and the routed
-  // experts, whose small kernels leave most of the GPU idle (its GEMVs are bandwidth-bound).
+  // The predictor's salience signal (issue #21) wants each token's squared input norm. A decode
+  // step's few tokens get it where xn is, as the diagonal of xn xnᵀ (one tiny GEMV), copied out
+  // with the routing; a longer forward on the CPU sums it on the host (its xn is there), and on
+  // a GPU reports none (the streamer reads a missing norm as 1).
+  const bool norms_by_gram = routing_observer_ && T <= kMaxStepGraphTokens;
+  // The shared expert and that GEMV read only xn: on the side stream they run beside the router
+  // and the routed experts, whose small kernels leave most of the GPU idle.
   kernels::SideWorkGuard side(backend_);
-  Tensor shared;
+  const bool use_side = options_.side_streams && (w.shared.has_value() || norms_by_gram);
+  if (use_side) RETURN_IF_ERROR(backend_.BeginSideWork());
+  Tensor shared, gram;
   if (w.shared.has_value()) {
-    if (options_.side_streams) RETURN_IF_ERROR(backend_.BeginSideWork());
     ASSIGN_OR_RETURN(shared, Mlp(*w.shared, xn));
-    if (options_.side_streams) RETURN_IF_ERROR(backend_.EndSideWork());
   }
+  if (norms_by_gram) {
+    ASSIGN_OR_RETURN(gram, backend_.Allocate(kernels::DType::kF32, Shape{T, T}));
+    RETURN_IF_ERROR(backend_.MatMul(xn, xn, gram));
+  }
+  if (use_side) RETURN_IF_ERROR(backend_.EndSideWork());
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
@@ -541,14 +551,23 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     RETURN_IF_ERROR(backend_.CopyToHostAsync(weights, std::span<std::byte>(at + bytes, bytes)));
     LoggedRouting logged{.layer = layer, .tokens = static_cast<int>(T), .top_k = static_cast<int>(K),
                          .offset = routing_staging_used_};
-    // The predictor's salience norms (issue #21) need xn on the host: free on the CPU backend;
-    // on a GPU it would be a wait per layer, so GPU reports carry none (the streamer reads a
-    // missing norm as 1) until the norms are reduced on the device and logged like the ids.
-    if (routing_observer_ && backend_.name() == "cpu") {
+    routing_staging_used_ += 2 * bytes;
+    if (norms_by_gram) {
+      // Its copy waits for the join below (the GEMV may still run on the side stream).
+      const size_t gram_bytes = static_cast<size_t>(T * T) * sizeof(float);
+      if (routing_staging_used_ + gram_bytes > routing_staging_->bytes()) {
+        return absl::InternalError(absl::StrCat("layer ", layer, ": the routing staging holds ",
+                                                routing_staging_->bytes(), " bytes, ",
+                                                routing_staging_used_ + gram_bytes, " needed"));
+      }
+      logged.gram_offset = static_cast<int64_t>(routing_staging_used_);
+      routing_staging_used_ += gram_bytes;
+    } else if (routing_observer_ && backend_.name() == "cpu") {
       ASSIGN_OR_RETURN(logged.input_sq_norms, InputSquaredNorms(xn));
     }
     routing_log_.push_back(std::move(logged));
-    routing_staging_used_ += 2 * bytes;
+  } else if (norms_by_gram) {
+    return absl::InternalError("a routing observer without its routing log");
   }
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
   if (w.nvfp4.has_value()) {
@@ -559,8 +578,13 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     nq_slots.slot_of_expert = &slot_tables_.at(layer);
     RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
   }
+  if (use_side) RETURN_IF_ERROR(backend_.JoinSideWork());
+  if (norms_by_gram) {
+    const LoggedRouting& logged = routing_log_.back();
+    auto* at = static_cast<std::byte*>(routing_staging_->data()) + logged.gram_offset;
+    RETURN_IF_ERROR(backend_.CopyToHostAsync(gram, std::span<std::byte>(at, gram.nbytes())));
+  }
   if (!w.shared.has_value()) return out;
-  if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
   RETURN_IF_ERROR(backend_.Add(out, shared, out));
   return out;
 }
@@ -593,7 +617,11 @@ absl::Status Model::BeginRoutingLog(int64_t tokens) {
   const bool wanted = routing_observer_ || (slot_table_source_.has_value() && slot_table_source_->count);
   if (!wanted) return absl::OkStatus();
   const size_t layers = weights_.layers.size() + weights_.mtp.size();
-  const size_t need = layers * static_cast<size_t>(tokens * config_.num_experts_per_tok) * 2 * sizeof(int32_t);
+  // Per layer: ids and weights, and for a decode step with an observer the xn xnᵀ whose diagonal
+  // is the tokens' squared input norms (BackendRoutedMoe).
+  const size_t gram = routing_observer_ && tokens <= kMaxStepGraphTokens ? static_cast<size_t>(tokens * tokens) : 0;
+  const size_t need =
+      layers * (static_cast<size_t>(tokens * config_.num_experts_per_tok) * 2 * sizeof(int32_t) + gram * sizeof(float));
   if (routing_staging_ == nullptr || routing_staging_->bytes() < need) {
     if (in_flight) RETURN_IF_ERROR(backend_.Synchronize());
     routing_staging_.reset();
@@ -615,6 +643,12 @@ void Model::FlushRoutingLog() {
     std::memcpy(routing.experts.data(), base + logged.offset, n * sizeof(int32_t));
     std::memcpy(routing.weights.data(), base + logged.offset + n * sizeof(int32_t), n * sizeof(float));
     routing.input_sq_norms = logged.input_sq_norms;
+    if (logged.gram_offset >= 0) {
+      // The diagonal of the tokens' xn xnᵀ.
+      const auto* gram = reinterpret_cast<const float*>(base + logged.gram_offset);
+      routing.input_sq_norms.resize(static_cast<size_t>(logged.tokens));
+      for (int t = 0; t < logged.tokens; ++t) routing.input_sq_norms[static_cast<size_t>(t)] = gram[t * logged.tokens + t];
+    }
     if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(logged.layer, routing);
     if (routing_observer_) routing_observer_(logged.layer, routing);
   }

@@ -394,7 +394,10 @@ class Model {
     int tokens = 0;
     int top_k = 0;
     size_t offset = 0;  // bytes: ids (I32) then weights (F32), tokens * top_k each
-    std::vector<float> input_sq_norms;  // MoeRouting::input_sq_norms, when known
+    std::vector<float> input_sq_norms;  // MoeRouting::input_sq_norms, when known on the host
+    // Bytes into the staging of the tokens' xn xnᵀ (F32 [tokens, tokens]; its diagonal is
+    // input_sq_norms), or -1.
+    int64_t gram_offset = -1;
   };
   std::vector<LoggedRouting> routing_log_;
   std::unique_ptr<kernels::Storage> routing_staging_;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -173,6 +174,42 @@ class BenchDecodeCommandTest : public ::testing::Test {
   static fs::path* root_;
 };
 fs::path* BenchDecodeCommandTest::root_ = nullptr;
+
+// The predictor's salience norms (issue #21) of a decode step's few tokens come from the device
+// (the diagonal of xn xnᵀ, copied out with the routing); a longer forward's from the host. Both
+// must be each token's squared input norm: token t's xn does not depend on the tokens after it, so
+// a 4-token forward and 1-token step report what a 5-token forward reports for the same tokens.
+TEST_F(BenchDecodeCommandTest, DecodeStepsReportTheInputNormsTheHostComputes) {
+  const std::string release = Release();
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_THAT(backend, IsOk());
+  auto load = [&] {
+    return release::LoadModelWithRelease(NanoModelDir(), release, release::ExpertBits::kFixedSet, **backend, nullptr,
+                                         {.max_tokens = 64, .tp = {}});
+  };
+  absl::StatusOr<std::unique_ptr<model::Model>> whole = load();
+  absl::StatusOr<std::unique_ptr<model::Model>> stepped = load();
+  ASSERT_THAT(whole, IsOk());
+  ASSERT_THAT(stepped, IsOk());
+  const std::vector<int32_t> tokens = DecodeBenchPrompt(5, (*whole)->config().vocab_size, 9);
+  std::map<int64_t, std::vector<float>> want, got;
+  (*whole)->SetRoutingObserver([&](int64_t layer, const model::MoeRouting& r) { want[layer] = r.input_sq_norms; });
+  ASSERT_THAT((*whole)->Forward(tokens), IsOk());
+  (*stepped)->SetRoutingObserver([&](int64_t layer, const model::MoeRouting& r) {
+    got[layer].insert(got[layer].end(), r.input_sq_norms.begin(), r.input_sq_norms.end());
+  });
+  ASSERT_THAT((*stepped)->Forward(std::span<const int32_t>(tokens).first(4)), IsOk());
+  ASSERT_THAT((*stepped)->Forward(std::span<const int32_t>(tokens).last(1)), IsOk());
+  ASSERT_FALSE(want.empty());
+  for (const auto& [layer, norms] : want) {
+    ASSERT_EQ(norms.size(), 5u) << "layer " << layer;
+    ASSERT_EQ(got[layer].size(), 5u) << "layer " << layer;
+    for (size_t t = 0; t < norms.size(); ++t) {
+      EXPECT_GT(norms[t], 0.0f);
+      EXPECT_NEAR(got[layer][t], norms[t], 1e-5 * norms[t]) << "layer " << layer << " token " << t;
+    }
+  }
+}
 
 // Prompt 32, warm-up 2, 12 timed steps: the flags the command tests pass.
 constexpr char kSmallRun[] = "--prompt-tokens 32 --warmup 2 --decode-tokens 12 --seed 5 --max-model-len 64";
