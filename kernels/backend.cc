@@ -674,6 +674,21 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
   return DoMlaAttention(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, selected, start, scale, out);
 }
 
+absl::Status Backend::ApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert) {
+  constexpr absl::string_view kOp = "ApplySlotMailbox";
+  if (row.staged == nullptr || row.seq == nullptr || row.published == nullptr || row.experts <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": a mailbox row without memory or experts"));
+  }
+  RETURN_IF_ERROR(CheckOwned(kOp, "applied", applied));
+  RETURN_IF_ERROR(CheckOwned(kOp, "slot_of_expert", slot_of_expert));
+  RETURN_IF_ERROR(CheckDType(kOp, "applied", applied, DType::kI32));
+  RETURN_IF_ERROR(CheckDType(kOp, "slot_of_expert", slot_of_expert, DType::kI32));
+  const std::string from = absl::StrCat("a row of ", row.experts, " experts");
+  RETURN_IF_ERROR(CheckShape(kOp, "applied", applied, Shape{row.experts, 2}, from));
+  RETURN_IF_ERROR(CheckShape(kOp, "slot_of_expert", slot_of_expert, Shape{row.experts}, from));
+  return DoApplySlotMailbox(row, applied, slot_of_expert);
+}
+
 absl::Status Backend::MoeRoute(const Tensor& logits, const Tensor* bias, const MoeRouteParams& params,
                                Tensor& ids, Tensor& weights) {
   constexpr absl::string_view kOp = "MoeRoute";
@@ -823,6 +838,10 @@ absl::Status Backend::DoMlaAttention(const Tensor&, const Tensor&, const Tensor&
                                      const Tensor&, const Tensor&, const Tensor*, const StepPosition&,
                                      float, Tensor&) {
   return NotImplemented("MlaAttention", name());
+}
+
+absl::Status Backend::DoApplySlotMailbox(const SlotMailboxRow&, Tensor&, Tensor&) {
+  return NotImplemented("ApplySlotMailbox", name());
 }
 
 absl::Status Backend::DoSampleTokens(const Tensor&, const Tensor&, Tensor&) {

@@ -34,6 +34,7 @@
 #include "kernels/nvfp4_moe.h"
 #include "kernels/nvfp4_moe_params.h"
 #include "kernels/sample_tokens.h"
+#include "kernels/slot_mailbox.h"
 #include "kernels/step_position.h"
 #include "kernels/tensor.h"
 
@@ -229,6 +230,16 @@ class Backend {
   absl::Status Nvfp4Moe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
                         const Nvfp4MoeWeights& weights, Tensor& out);
 
+  // One MoE layer's row of the slot mailbox (kernels/slot_mailbox.h): for each expert e whose
+  // row.seq[e] differs from the sequence number in applied[e], takes row.staged[e] into applied[e]
+  // and publishes both to row.published[e]; then sets slot_of_expert[e] to applied[e]'s slot for
+  // every e. applied: I32 [E, 2] on this backend, the worker's private (slot, seq) per expert
+  // (packed as published is: MailboxEntrySeq / MailboxEntrySlot of its 8 bytes), initialised to
+  // kMailboxEmptyEntry; slot_of_expert: I32 [E]. The row's memory must be readable and writable
+  // by this backend (CUDA: host memory mapped into the device, the row holding its device
+  // aliases). Capturable: a captured step applies what was posted before each replay.
+  absl::Status ApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert);
+
   // ---- Side work: independent ops on a second stream ----
 
   // A decode step has ops that do not depend on their neighbours (an MoE layer's shared expert
@@ -338,6 +349,7 @@ class Backend {
   virtual absl::Status DoNqMoe(const NqMoeParams& params);
   // Arguments validated into raw pointers (kernels/nvfp4_moe_op.cc).
   virtual absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params);
+  virtual absl::Status DoApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert);
   // Side-work hooks (the CUDA backend's streams); called in a valid order only. Defaults: nothing
   // to do (ops run in call order).
   virtual absl::Status DoBeginSideWork() { return absl::OkStatus(); }

@@ -298,4 +298,9 @@ absl::Status CpuBackend::DoNqMoe(const NqMoeParams& params) { return cpu::NqMoe(
 
 absl::Status CpuBackend::DoNvfp4Moe(const Nvfp4MoeParams& params) { return cpu::Nvfp4Moe(params, threads_); }
 
+absl::Status CpuBackend::DoApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert) {
+  ApplySlotMailboxRowHost(row, static_cast<std::uint64_t*>(applied.data()), slot_of_expert.data_as<std::int32_t>());
+  return absl::OkStatus();
+}
+
 }  // namespace nq::kernels::cpu

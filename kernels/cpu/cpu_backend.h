@@ -60,6 +60,7 @@ class CpuBackend final : public Backend {
                           Tensor& weights) override;
   absl::Status DoNqMoe(const NqMoeParams& params) override;
   absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params) override;
+  absl::Status DoApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert) override;
 
  private:
   int threads_;

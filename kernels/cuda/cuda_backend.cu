@@ -29,6 +29,7 @@
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
 #include "kernels/cuda/moe_route.cuh"
+#include "kernels/cuda/slot_mailbox.cuh"
 #include "kernels/cuda/sample_tokens.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/nq_moe_prefill.cuh"
@@ -549,6 +550,12 @@ class CudaBackend final : public Backend {
                            .tokens = logits.shape().dim(0),
                            .params = params},
                           ctx_);
+  }
+
+  absl::Status DoApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert) override {
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return LaunchApplySlotMailbox(row, static_cast<std::uint64_t*>(applied.data()),
+                                  slot_of_expert.data_as<std::int32_t>(), ctx_);
   }
 
   absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStagingStorage(std::size_t bytes) override {

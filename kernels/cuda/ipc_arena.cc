@@ -102,4 +102,20 @@ absl::Status UnpinHostMemory(std::span<std::byte> memory) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<MappedHostMemory>> MappedHostMemory::Map(int device, std::span<std::byte> memory) {
+  NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  NQ_CUDA_RETURN_IF_ERROR(cudaHostRegister(memory.data(), memory.size(), cudaHostRegisterMapped));
+  void* alias = nullptr;
+  if (const cudaError_t err = cudaHostGetDevicePointer(&alias, memory.data(), 0); err != cudaSuccess) {
+    (void)cudaHostUnregister(memory.data());
+    return CudaStatus(err, "cudaHostGetDevicePointer");
+  }
+  return std::unique_ptr<MappedHostMemory>(new MappedHostMemory(memory.data(), static_cast<std::byte*>(alias)));
+}
+
+MappedHostMemory::~MappedHostMemory() {
+  // Destructors cannot report; the registration ends with the process either way.
+  (void)cudaHostUnregister(host_);
+}
+
 }  // namespace nq::kernels::cuda

@@ -80,4 +80,22 @@ class IpcArenaMapping {
 absl::Status PinHostMemory(std::span<std::byte> memory);
 absl::Status UnpinHostMemory(std::span<std::byte> memory);
 
+// Host memory that kernels on one device read and write in place (a worker's slot mailbox,
+// services/common/slot_mailbox.h): page-locked and mapped into the device's address space until
+// destroyed. The memory must outlive the mapping.
+class MappedHostMemory {
+ public:
+  static absl::StatusOr<std::unique_ptr<MappedHostMemory>> Map(int device, std::span<std::byte> memory);
+  ~MappedHostMemory();
+  MappedHostMemory(const MappedHostMemory&) = delete;
+  MappedHostMemory& operator=(const MappedHostMemory&) = delete;
+  // The memory's address on the device.
+  std::byte* device_alias() const { return alias_; }
+
+ private:
+  MappedHostMemory(std::byte* host, std::byte* alias) : host_(host), alias_(alias) {}
+  std::byte* host_;
+  std::byte* alias_;
+};
+
 }  // namespace nq::kernels::cuda

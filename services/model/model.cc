@@ -534,6 +534,9 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     RETURN_IF_ERROR(backend_.MatMul(xn, xn, gram));
   }
   if (use_side) RETURN_IF_ERROR(backend_.EndSideWork());
+  // Slot-table changes the streamer posted land before anything of this block reads the table
+  // (the apply's read across PCIe overlaps the shared expert on the side stream).
+  if (!w.nvfp4.has_value()) RETURN_IF_ERROR(ApplyMailbox(layer));
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
@@ -589,11 +592,39 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
   return out;
 }
 
+absl::Status Model::SetSlotMailbox(const std::map<int64_t, kernels::SlotMailboxRow>& rows) {
+  std::map<int64_t, MailboxLayer> layers;
+  for (const auto& [layer, row] : rows) {
+    if (!slot_tables_.contains(layer)) {
+      return absl::InvalidArgumentError(absl::StrCat("slot mailbox: layer ", layer, " has no packed routed experts"));
+    }
+    if (row.experts != config_.n_routed_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("slot mailbox: layer ", layer, "'s row has ", row.experts,
+                                                     " experts, the model ", config_.n_routed_experts));
+    }
+    const std::vector<uint64_t> empty(static_cast<size_t>(row.experts), kernels::kMailboxEmptyEntry);
+    ASSIGN_OR_RETURN(Tensor applied, backend_.Allocate(kernels::DType::kI32, Shape{row.experts, 2}));
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const uint64_t>(empty)), applied));
+    layers.emplace(layer, MailboxLayer{.row = row, .applied = std::move(applied)});
+  }
+  mailbox_ = std::move(layers);
+  uploaded_generation_.reset();
+  step_graphs_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Model::ApplyMailbox(int64_t layer) {
+  auto it = mailbox_.find(layer);
+  if (it == mailbox_.end()) return absl::OkStatus();
+  return backend_.ApplySlotMailbox(it->second.row, it->second.applied, slot_tables_.at(layer));
+}
+
 absl::Status Model::RefreshSlotTables() {
   const uint64_t generation = slot_table_source_.has_value() ? slot_table_source_->generation() : 0;
   if (uploaded_generation_ == generation) return absl::OkStatus();
   std::vector<int32_t> slots(static_cast<size_t>(config_.n_routed_experts));
   for (auto& [layer, table] : slot_tables_) {
+    if (mailbox_.contains(layer)) continue;  // its apply op owns the table
     std::fill(slots.begin(), slots.end(), -1);
     const LayerWeights& lw = layer < config_.num_hidden_layers
                                  ? weights_.layers[static_cast<size_t>(layer)]
@@ -737,6 +768,7 @@ absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, c
     uploaded_generation_.reset();  // this layer's table no longer holds the tables' choice
   } else {
     RETURN_IF_ERROR(RefreshSlotTables());
+    RETURN_IF_ERROR(ApplyMailbox(layer));
     if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(layer, routing);
   }
   kernels::NqSlots nq_slots = LayerSlots(w, layer, prefill);

@@ -162,6 +162,14 @@ class Model {
     uploaded_generation_.reset();
     step_graphs_.clear();
   }
+  // The slot mailbox (kernels/slot_mailbox.h, DESIGN.md section 4): each packed MoE layer named
+  // in `rows` applies its row as the first op of its MoE block in every forward, captured steps
+  // included, and that op alone writes the layer's slot table from then on (the table source's
+  // fill is no longer uploaded for it; its count still runs after each forward). A row holds
+  // addresses the backend reads (CUDA: the device's aliases of mapped host memory), which must
+  // outlive the model. INVALID_ARGUMENT for a layer without packed experts or a row of another
+  // expert count.
+  absl::Status SetSlotMailbox(const std::map<int64_t, kernels::SlotMailboxRow>& rows);
   // A worker's slot arena: model layer L's slot s starts at base + layer_offsets.at(L) +
   // s * slot_bytes. Memory of the backend's kind; it must outlive the model.
   struct SlotArena {
@@ -384,6 +392,16 @@ class Model {
   // the host-routed path, by RefreshSlotTables on the backend-routed one.
   std::map<int64_t, kernels::Tensor> slot_tables_;
   std::optional<ExpertSlotTables> slot_table_source_;
+  // SetSlotMailbox's layers: the row, and the private (seq, slot) per expert it was applied to
+  // (I32 [E, 2]; ApplySlotMailbox).
+  struct MailboxLayer {
+    kernels::SlotMailboxRow row;
+    kernels::Tensor applied;
+  };
+  std::map<int64_t, MailboxLayer> mailbox_;
+  // The first op of a packed MoE block: the layer's mailbox row into its slot table (no-op
+  // without a mailbox for it).
+  absl::Status ApplyMailbox(int64_t layer);
   // The generation of the tables on the backend (nullopt: not uploaded since the last change of
   // source, or written by the host-routed path).
   std::optional<uint64_t> uploaded_generation_;

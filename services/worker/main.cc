@@ -42,6 +42,7 @@
 #include "services/worker/prefill_setup.h"
 #include "services/worker/slot_arena_memory.h"
 #include "services/worker/slot_runtime.h"
+#include "services/worker/worker_mailbox.h"
 #include "services/worker/slot_table.h"
 #include "services/worker/streamer_client.h"
 #include "services/worker/tp_follower.h"
@@ -129,6 +130,12 @@ ABSL_FLAG(bool, side_streams, true,
 ABSL_FLAG(bool, device_sampling, true,
           "Sample plain decode steps inside their CUDA graph (greedy, temperature, top-k, top-p; not for "
           "requests with logprobs, logit_bias or penalties): only the token crosses to the host");
+// auto = on for a CUDA worker that streams experts alone (its steps are graphs, which take changes
+// only through device-visible memory); the CPU backend applies between steps unless asked.
+ABSL_FLAG(std::string, slot_mailbox, "auto",
+          "Take slot-table changes inside decode steps through a shared-memory mailbox the streamer posts to "
+          "(DESIGN.md section 4): on, off, or auto (on for a CUDA worker streaming experts with --world_size=1). "
+          "Needs --expert_bits=dynamic and --world_size=1");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -383,8 +390,25 @@ absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const rele
 
 // How this rank registers with the streamer: its rank, group, release (none with static expert
 // bits: the streamer then loads nothing) and arena.
+// Whether this worker takes slot-table changes through a mailbox (--slot_mailbox). `streams`:
+// it serves a model whose experts stream (--expert_bits=dynamic).
+absl::StatusOr<bool> UseSlotMailbox(bool on_gpu, bool streams, int world) {
+  const std::string flag = absl::GetFlag(FLAGS_slot_mailbox);
+  if (flag == "auto") return on_gpu && streams && world == 1;
+  if (flag == "off") return false;
+  if (flag != "on") return absl::InvalidArgumentError(absl::StrCat("--slot_mailbox=", flag, ": want on, off or auto"));
+  if (!streams) return absl::InvalidArgumentError("--slot_mailbox=on needs a model whose experts stream (--expert_bits=dynamic)");
+  if (world != 1) {
+    return absl::InvalidArgumentError(
+        "--slot_mailbox=on with --world_size > 1: a tensor-parallel group's changes must apply at the step its leader "
+        "names, so they travel in its step commands");
+  }
+  return true;
+}
+
 StreamerClientOptions StreamerOptions(std::shared_ptr<const InternalTls> tls, const SlotArenaMemory& arena,
-                                      const release::ReleaseExpertDecoder* streamed_release) {
+                                      const release::ReleaseExpertDecoder* streamed_release,
+                                      const WorkerMailbox* mailbox = nullptr) {
   StreamerClientOptions client_options;
   client_options.address = absl::GetFlag(FLAGS_streamer_address);
   client_options.tls = std::move(tls);
@@ -395,6 +419,7 @@ StreamerClientOptions StreamerOptions(std::shared_ptr<const InternalTls> tls, co
   char hostname[256] = {};
   if (gethostname(hostname, sizeof(hostname) - 1) == 0) client_options.arena_request.set_hostname(hostname);
   arena.Describe(client_options.arena_request);
+  if (mailbox != nullptr) client_options.arena_request.mutable_slot_mailbox()->set_shm(mailbox->name());
   if (streamed_release != nullptr) client_options.release_id = streamed_release->release().id();
   return client_options;
 }
@@ -598,6 +623,12 @@ absl::Status Run(ShutdownSignal& shutdown) {
   }
   registry.Gauge("nq_worker_slot_arena_bytes", "Bytes of this worker's slot arena").Get().Set(
       static_cast<double>(arena->bytes()));
+  ASSIGN_OR_RETURN(const bool use_mailbox, UseSlotMailbox(on_gpu, dynamic_experts && model != nullptr, world));
+  std::unique_ptr<WorkerMailbox> mailbox;
+  if (use_mailbox) {
+    ASSIGN_OR_RETURN(mailbox, WorkerMailbox::Create(geometry, rank, on_gpu ? std::optional<int>(gpu) : std::nullopt));
+    spdlog::info("slot mailbox {}: slot-table changes apply inside decode steps", mailbox->mailbox().name());
+  }
   SlotTable table(geometry);
   SlotRuntime slots(&table, arena->host_view(), dynamic_experts ? decoder.get() : nullptr,
                     SlotRuntimeOptions{
@@ -607,6 +638,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                         .read_arena = [&arena](uint64_t offset, std::span<std::byte> out) {
                           return arena->Read(offset, out);
                         },
+                        .mailbox = mailbox != nullptr ? &mailbox->mailbox() : nullptr,
                     });
   // A group's leader applies the streamer's updates only at step starts and relays them to the
   // other ranks in the step command (slot_runtime.h).
@@ -617,6 +649,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
     // back), so a slot the worker acks as unmapped is no longer being read on the GPU.
     model->SetSlotArena(ModelSlotArena(geometry, arena->base()));
     model->SetExpertSlotTables(slots.SlotTables());
+    if (mailbox != nullptr) RETURN_IF_ERROR(model->SetSlotMailbox(mailbox->rows()));
   }
   if (model != nullptr) {
     // Routed experts in memory: the packed codes, scales and tables (plus any records a layer
@@ -734,7 +767,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   if (tp_leader != nullptr) tp_leader->Start();
 
   // A worker with static expert bits asks for no loads: the streamer sees no release id.
-  StreamerClient streamer(StreamerOptions(tls, *arena, dynamic_experts ? decoder.get() : nullptr), &slots,
+  StreamerClient streamer(StreamerOptions(tls, *arena, dynamic_experts ? decoder.get() : nullptr, mailbox.get()), &slots,
                           [&](bool connected) {
     service.SetStreamerConnected(connected);
     if (connected && !streamer_accepted.exchange(true)) update_serving();

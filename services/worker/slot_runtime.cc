@@ -63,7 +63,12 @@ SlotRuntime::SlotRuntime(SlotTable* table, std::span<const std::byte> arena,
                         .Histogram("nq_worker_slot_wait_seconds",
                                    "Time a step of a request's first tokens waited for announced loads",
                                    metrics::ExponentialBuckets(1e-4, 2, 14))
-                        .Get()) {}
+                        .Get()) {
+  if (options_.mailbox != nullptr) {
+    mailbox_seen_.assign(static_cast<size_t>(options_.mailbox->layers()) * options_.mailbox->experts(),
+                         kernels::kMailboxEmptyEntry);
+  }
+}
 
 void SlotRuntime::SetAckSink(std::function<void(nq::v1::UnmapAck)> sink) {
   absl::MutexLock lock(&pending_mu_);
@@ -84,6 +89,13 @@ void SlotRuntime::Post(nq::v1::SlotTableUpdate update) {
                      role == GroupRole::kFollower ? "a follower rank applies its leader's" : "awaiting a new session",
                      n);
       }
+      return;
+    }
+    if (options_.mailbox != nullptr && update.changes_size() > 0) {
+      updates_rejected_.Increment();
+      spdlog::error("slot-table update generation {} carries {} changes; this worker takes them through its slot "
+                    "mailbox: refused",
+                    update.generation(), update.changes_size());
       return;
     }
     pending_.push_back(std::move(update));
@@ -129,6 +141,9 @@ void SlotRuntime::BeginRelayedStep(uint32_t request_token, std::span<const nq::v
 void SlotRuntime::TryApplyNow() {
   while (step_mu_.TryLock()) {
     ApplyPending();
+    // An idle worker runs no forward to apply what the streamer posted (the update was its
+    // doorbell): publish it from here, so the streamer can reuse the slots it unmapped.
+    if (options_.mailbox != nullptr) SyncWithMailbox(/*apply_on_host=*/true);
     step_mu_.Unlock();
     // An update posted between ApplyPending and Unlock found the gate held: take it again.
     absl::MutexLock lock(&pending_mu_);
@@ -148,6 +163,9 @@ std::pair<std::vector<nq::v1::SlotEntry>, uint64_t> SlotRuntime::SnapshotForHell
     awaiting_hello_ = false;
   }
   loads_in_flight_.store(0);
+  // Whatever the previous session posted is published before the new one adopts the table, so
+  // its posts continue from rows this worker already holds.
+  if (options_.mailbox != nullptr) SyncWithMailbox(/*apply_on_host=*/true);
   return {table_->ReadySlots(), table_->applied_generation()};
 }
 
@@ -172,6 +190,9 @@ void SlotRuntime::BeginStep(uint32_t request_token) {
 }
 
 void SlotRuntime::EndStep() {
+  // First what the step's forwards applied: a slot they unmapped may be rewritten already, so its
+  // hash goes before VerifySlots looks.
+  if (options_.mailbox != nullptr) SyncWithMailbox(/*apply_on_host=*/false);
   if (options_.verify_slots) VerifySlots();
   // A group's leader applies at the next step's start, where the command relays it.
   const bool apply_now = role_.load() == GroupRole::kNone;
@@ -240,6 +261,11 @@ void SlotRuntime::CheckAgainstRecord(uint32_t layer, uint32_t slot, uint32_t exp
 }
 
 void SlotRuntime::Apply(const nq::v1::SlotTableUpdate& update) {
+  if (options_.mailbox != nullptr) {
+    // A doorbell (Post refused any with changes): its loads_in_flight is all it carries.
+    loads_in_flight_.store(update.loads_in_flight());
+    return;
+  }
   if (update.generation() <= table_->applied_generation()) return;  // stale or duplicate
   std::vector<nq::v1::SlotRef> unmapped;
   if (absl::Status s = table_->ApplyAtStepBoundary(update, &unmapped); !s.ok()) {
@@ -296,6 +322,7 @@ bool SlotRuntime::RunsAtFourBit(int64_t layer, int32_t expert) const {
 
 bool SlotRuntime::CopyReadyResidual(int64_t layer, int32_t expert, std::span<std::byte> out) const {
   if (decoder_ == nullptr) return false;
+  if (options_.mailbox != nullptr) return CopyPublishedResidual(layer, expert, out);
   const std::optional<uint32_t> slot = table_->SlotOf(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert));
   if (!slot.has_value()) return false;
   absl::StatusOr<std::vector<std::byte>> bytes = SlotBytes(static_cast<uint32_t>(layer), *slot);
@@ -330,6 +357,109 @@ model::Model::ExpertSlotTables SlotRuntime::SlotTables() {
             if (routing.experts.size() > four) calls_2bit_.Increment(static_cast<double>(routing.experts.size() - four));
           },
   };
+}
+
+bool SlotRuntime::CopyPublishedResidual(int64_t layer, int32_t expert, std::span<std::byte> out) const {
+  // A forward of this very step may unmap the slot and the streamer rewrite it at once: copy,
+  // then keep the bytes only if the published entry did not move meanwhile (the streamer writes a
+  // slot only after the unmap that frees it is published).
+  const absl::StatusOr<size_t> li = table_->geometry().LayerIndex(static_cast<uint32_t>(layer));
+  if (!li.ok() || expert < 0 || static_cast<uint32_t>(expert) >= options_.mailbox->experts()) return false;
+  const uint64_t before = options_.mailbox->Published(*li, static_cast<uint32_t>(expert));
+  const int32_t slot = kernels::MailboxEntrySlot(before);
+  if (slot < 0 || static_cast<uint32_t>(slot) >= table_->geometry().slots_per_layer) return false;
+  absl::StatusOr<std::vector<std::byte>> bytes = SlotBytes(static_cast<uint32_t>(layer), static_cast<uint32_t>(slot));
+  if (!bytes.ok() || bytes->size() != out.size()) return false;
+  if (options_.mailbox->Published(*li, static_cast<uint32_t>(expert)) != before) return false;
+  std::copy(bytes->begin(), bytes->end(), out.begin());
+  return true;
+}
+
+void SlotRuntime::SyncWithMailbox(bool apply_on_host) {
+  SlotMailbox& mailbox = *options_.mailbox;
+  if (apply_on_host) mailbox.ApplyOnHost();
+  const SlotGeometry& g = table_->geometry();
+  nq::v1::SlotTableUpdate update;
+  std::vector<nq::v1::SlotChange> ready;
+  std::vector<std::pair<size_t, uint64_t>> seen;
+  for (size_t li = 0; li < mailbox.layers(); ++li) {
+    for (uint32_t e = 0; e < mailbox.experts(); ++e) {
+      const size_t k = li * mailbox.experts() + e;
+      const uint64_t now = mailbox.Published(li, e);
+      if (now == mailbox_seen_[k]) continue;
+      const int32_t before = kernels::MailboxEntrySlot(mailbox_seen_[k]), after = kernels::MailboxEntrySlot(now);
+      seen.emplace_back(k, now);
+      if (before == after) continue;  // posted again, same row
+      if (before >= 0) {
+        nq::v1::SlotChange& unmap = *update.add_changes();
+        unmap.set_kind(nq::v1::SlotChange::KIND_UNMAP);
+        unmap.set_layer(g.moe_layer_ids[li]);
+        unmap.set_slot(static_cast<uint32_t>(before));
+      }
+      if (after >= 0) {
+        nq::v1::SlotChange& map = ready.emplace_back();
+        map.set_kind(nq::v1::SlotChange::KIND_READY);
+        map.set_layer(g.moe_layer_ids[li]);
+        map.set_slot(static_cast<uint32_t>(after));
+        map.set_expert(e);
+      }
+    }
+  }
+  if (seen.empty()) return;
+  for (const auto& [k, entry] : seen) mailbox_seen_[k] = entry;
+  if (update.changes_size() == 0 && ready.empty()) return;
+  // Unmaps first: a slot freed for one expert may hold another in the same sync.
+  for (nq::v1::SlotChange& change : ready) *update.add_changes() = std::move(change);
+  update.set_generation(table_->applied_generation() + 1);
+  std::vector<nq::v1::SlotRef> unmapped;
+  if (absl::Status s = table_->ApplyAtStepBoundary(update, &unmapped); !s.ok()) {
+    updates_rejected_.Increment();
+    spdlog::error("slot mailbox: the published rows do not follow from the table ({}); rebuilding it from them",
+                  s.ToString());
+    RebuildFromMailbox();
+    return;
+  }
+  updates_applied_.Increment();
+  table_version_.fetch_add(1);
+  for (const nq::v1::SlotRef& ref : unmapped) slot_hash_.erase({ref.layer(), ref.slot()});
+  if (options_.verify_slots) {
+    for (const nq::v1::SlotChange& change : update.changes()) {
+      if (change.kind() == nq::v1::SlotChange::KIND_READY) CheckAgainstRecord(change.layer(), change.slot(), change.expert());
+    }
+  }
+  ready_count_.store(decoder_ == nullptr ? 0 : table_->ReadySlots().size());
+  slots_ready_.Set(static_cast<double>(table_->ReadySlots().size()));
+}
+
+void SlotRuntime::RebuildFromMailbox() {
+  SlotMailbox& mailbox = *options_.mailbox;
+  const SlotGeometry& g = table_->geometry();
+  const uint64_t generation = table_->applied_generation() + 1;
+  table_->Clear();
+  slot_hash_.clear();
+  nq::v1::SlotTableUpdate update;
+  update.set_generation(generation);
+  for (size_t li = 0; li < mailbox.layers(); ++li) {
+    for (uint32_t e = 0; e < mailbox.experts(); ++e) {
+      mailbox_seen_[li * mailbox.experts() + e] = mailbox.Published(li, e);
+      const int32_t slot = kernels::MailboxEntrySlot(mailbox_seen_[li * mailbox.experts() + e]);
+      if (slot < 0) continue;
+      nq::v1::SlotChange& map = *update.add_changes();
+      map.set_kind(nq::v1::SlotChange::KIND_READY);
+      map.set_layer(g.moe_layer_ids[li]);
+      map.set_slot(static_cast<uint32_t>(slot));
+      map.set_expert(e);
+    }
+  }
+  if (absl::Status s = table_->ApplyAtStepBoundary(update, nullptr); !s.ok()) {
+    // Two experts on one slot, or a slot out of range: the streamer broke the protocol. The table
+    // stays empty (every expert at 2 bits on the host's books; the device follows the mailbox).
+    CountIntegrityFailure();
+    spdlog::critical("slot mailbox: the published rows are inconsistent: {}", s.ToString());
+  }
+  table_version_.fetch_add(1);
+  ready_count_.store(decoder_ == nullptr ? 0 : table_->ReadySlots().size());
+  slots_ready_.Set(static_cast<double>(table_->ReadySlots().size()));
 }
 
 void SlotRuntime::VerifySlots() {

@@ -32,6 +32,7 @@
 #include "kernels/backend.h"
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
+#include "services/common/slot_mailbox.h"
 #include "services/model/model.h"
 #include "services/release/release_expert_decoder.h"
 #include "services/worker/slot_table.h"
@@ -51,6 +52,12 @@ struct SlotRuntimeOptions {
   // How verification reads an arena that is not host memory (a device arena: a copy to the
   // host). Unused when the runtime is given a host view.
   std::function<absl::Status(uint64_t offset, std::span<std::byte> out)> read_arena;
+  // The worker's slot mailbox (services/common/slot_mailbox.h), when the model applies slot-table
+  // changes inside its steps (Model::SetSlotMailbox). The table then follows what the mailbox
+  // published: read after every step, and applied on the host (while no step runs) when an
+  // update arrives, as the doorbell it then is; updates carrying changes are refused, and unmaps
+  // are not acknowledged (the streamer reads them in the mailbox). Not with a GroupRole.
+  SlotMailbox* mailbox = nullptr;
 };
 
 // The model's view of a slot arena of this geometry starting at `base` (memory of the model's
@@ -133,6 +140,15 @@ class SlotRuntime {
   void CheckAgainstRecord(uint32_t layer, uint32_t slot, uint32_t expert);
   void CountIntegrityFailure();
   void VerifySlots() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Mailbox mode's CopyReadyResidual: the published slot's bytes, kept only if the entry held
+  // still while they were copied.
+  bool CopyPublishedResidual(int64_t layer, int32_t expert, std::span<std::byte> out) const;
+  // Mailbox mode: brings the table to what the mailbox published, first publishing what was
+  // posted when `apply_on_host` (only while no forward runs).
+  void SyncWithMailbox(bool apply_on_host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // The table as one update that maps every published READY entry onto a cleared table (the
+  // recovery when an incremental sync is refused).
+  void RebuildFromMailbox() ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
 
   SlotTable* const table_;
   const std::span<const std::byte> arena_;
@@ -152,6 +168,8 @@ class SlotRuntime {
 
   // Guarded by step_mu_ (read during a step, written while applying).
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots
+  // Mailbox mode: each (layer index, expert)'s published entry as the table last took it.
+  std::vector<uint64_t> mailbox_seen_;
   std::atomic<uint32_t> loads_in_flight_{0};
   std::atomic<uint64_t> table_version_{0};  // +1 per applied update (SlotTables' generation)
   std::atomic<uint64_t> steps_{0};
