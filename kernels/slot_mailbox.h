@@ -16,6 +16,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/dtype.h"  // NQ_HOST_DEVICE
+
 namespace nq::kernels {
 
 struct SlotMailboxRow {
@@ -26,23 +28,25 @@ struct SlotMailboxRow {
 };
 
 // A published entry: the applied sequence number in the high word, the slot (-1: none) in the low.
-inline constexpr std::uint64_t PackMailboxEntry(std::uint32_t seq, std::int32_t slot) {
+NQ_HOST_DEVICE constexpr std::uint64_t PackMailboxEntry(std::uint32_t seq, std::int32_t slot) {
   return (static_cast<std::uint64_t>(seq) << 32) | static_cast<std::uint32_t>(slot);
 }
-inline constexpr std::uint32_t MailboxEntrySeq(std::uint64_t entry) { return static_cast<std::uint32_t>(entry >> 32); }
-inline constexpr std::int32_t MailboxEntrySlot(std::uint64_t entry) {
+NQ_HOST_DEVICE constexpr std::uint32_t MailboxEntrySeq(std::uint64_t entry) { return static_cast<std::uint32_t>(entry >> 32); }
+NQ_HOST_DEVICE constexpr std::int32_t MailboxEntrySlot(std::uint64_t entry) {
   return static_cast<std::int32_t>(static_cast<std::uint32_t>(entry));
 }
 // What every entry of a new mailbox holds: nothing posted, nothing mapped.
 inline constexpr std::uint64_t kMailboxEmptyEntry = PackMailboxEntry(0, -1);
 
 // Whether `seq` is at or past `target` (sequence numbers wrap: compared by their difference).
-inline constexpr bool MailboxSeqReached(std::uint32_t seq, std::uint32_t target) {
+NQ_HOST_DEVICE constexpr bool MailboxSeqReached(std::uint32_t seq, std::uint32_t target) {
   return static_cast<std::int32_t>(seq - target) >= 0;
 }
 
 // The apply on the host, over host memory: what the CPU backend runs, and the CUDA kernel's
 // oracle. `applied` holds the worker's private (seq, slot) per expert, packed like published.
+// staged is loaded with acquire too: when the streamer posts again between the two loads, the
+// newer row's slot bytes must be visible with it.
 inline void ApplySlotMailboxRowHost(const SlotMailboxRow& row, std::uint64_t* applied, std::int32_t* slot_of_expert) {
   for (std::int32_t e = 0; e < row.experts; ++e) {
     // atomic_ref needs a mutable object; these loads never write.
@@ -50,7 +54,7 @@ inline void ApplySlotMailboxRowHost(const SlotMailboxRow& row, std::uint64_t* ap
         std::atomic_ref<std::uint32_t>(const_cast<std::uint32_t&>(row.seq[e])).load(std::memory_order_acquire);
     if (seq != MailboxEntrySeq(applied[e])) {
       const std::int32_t slot =
-          std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(row.staged[e])).load(std::memory_order_relaxed);
+          std::atomic_ref<std::int32_t>(const_cast<std::int32_t&>(row.staged[e])).load(std::memory_order_acquire);
       applied[e] = PackMailboxEntry(seq, slot);
       std::atomic_ref<std::uint64_t>(row.published[e]).store(applied[e], std::memory_order_release);
     }

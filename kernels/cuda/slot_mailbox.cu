@@ -14,9 +14,10 @@ __device__ __forceinline__ std::uint32_t LoadAcquireSystem(const std::uint32_t* 
   return v;
 }
 
-__device__ __forceinline__ std::int32_t LoadRelaxedSystem(const std::int32_t* p) {
+// staged too: a row posted after the seq this thread read carries its own slot's bytes.
+__device__ __forceinline__ std::int32_t LoadAcquireSystem(const std::int32_t* p) {
   std::int32_t v;
-  asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -31,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) ApplySlotMailboxKernel(SlotMailboxRo
   std::uint64_t mine = applied[e];
   const std::uint32_t seq = LoadAcquireSystem(row.seq + e);
   if (seq != MailboxEntrySeq(mine)) {
-    mine = PackMailboxEntry(seq, LoadRelaxedSystem(row.staged + e));
+    mine = PackMailboxEntry(seq, LoadAcquireSystem(row.staged + e));
     applied[e] = mine;
     StoreReleaseSystem(row.published + e, mine);
   }

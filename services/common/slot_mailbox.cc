@@ -93,9 +93,15 @@ kernels::SlotMailboxRow SlotMailbox::Row(size_t layer, std::byte* alias) const {
           .experts = static_cast<int32_t>(experts_)};
 }
 
-uint32_t SlotMailbox::Post(size_t layer, uint32_t expert, int32_t slot) {
+absl::StatusOr<uint32_t> SlotMailbox::Post(size_t layer, uint32_t expert, int32_t slot) {
+  if (layer >= layers_ || expert >= experts_) {
+    return absl::OutOfRangeError(absl::StrCat("slot mailbox ", name(), ": layer index ", layer, " expert ", expert,
+                                              " outside its ", layers_, " x ", experts_));
+  }
   const size_t i = Index(layer, expert);
-  Atomic(staged()[i]).store(slot, std::memory_order_relaxed);
+  // Release: a reader that takes this row (even beside an older seq, when posts of one expert
+  // overlap its two loads) sees the slot bytes written before this call.
+  Atomic(staged()[i]).store(slot, std::memory_order_release);
   const uint32_t next = Atomic(seq()[i]).load(std::memory_order_relaxed) + 1;
   // Release: a reader that sees `next` sees the row, and the slot bytes written before this call.
   Atomic(seq()[i]).store(next, std::memory_order_release);
@@ -116,7 +122,7 @@ size_t SlotMailbox::ApplyOnHost() {
   for (uint64_t i = 0; i < entries; ++i) {
     const uint32_t posted = Atomic(seq()[i]).load(std::memory_order_acquire);
     if (posted == kernels::MailboxEntrySeq(Atomic(published()[i]).load(std::memory_order_relaxed))) continue;
-    const int32_t slot = Atomic(staged()[i]).load(std::memory_order_relaxed);
+    const int32_t slot = Atomic(staged()[i]).load(std::memory_order_acquire);
     Atomic(published()[i]).store(kernels::PackMailboxEntry(posted, slot), std::memory_order_release);
     ++taken;
   }

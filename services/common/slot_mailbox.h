@@ -50,10 +50,10 @@ class SlotMailbox {
   // `alias` rebases it onto another mapping of the same object (a device's), when not null.
   kernels::SlotMailboxRow Row(size_t layer, std::byte* alias = nullptr) const;
 
-  // --- The streamer. Posts `slot` (-1: unmap) for (layer, expert): staged, then seq + 1 with
-  // release. The slot's bytes must be complete where the worker reads them before the call.
-  // Returns the posted sequence number.
-  uint32_t Post(size_t layer, uint32_t expert, int32_t slot);
+  // --- The streamer. Posts `slot` (-1: unmap) for (layer, expert): staged, then seq + 1, each
+  // with release. The slot's bytes must be complete where the worker reads them before the call.
+  // Returns the posted sequence number; OUT_OF_RANGE for a layer or expert outside the mailbox.
+  absl::StatusOr<uint32_t> Post(size_t layer, uint32_t expert, int32_t slot);
   // The sequence number last posted for (layer, expert).
   uint32_t PostedSeq(size_t layer, uint32_t expert) const;
 

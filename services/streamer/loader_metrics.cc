@@ -33,11 +33,13 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
       unacked_generations(registry.Gauge("nq_streamer_unacked_generations",
                                          "Slot-table updates that unmap slots, sent to workers and not yet "
                                          "acknowledged by every rank of the group (the slots wait in UNMAPPING; "
-                                         "only unmaps are acknowledged)")
+                                         "only unmaps are acknowledged; a worker with a slot mailbox acknowledges "
+                                         "by publishing the unmaps applied there)")
                               .Get()),
       unmap_ack_latency(registry.Histogram("nq_streamer_unmap_ack_latency_seconds",
                                            "Worker apply lag: from sending an update that unmaps slots to the "
-                                           "acknowledgement of it by the group's last rank",
+                                           "acknowledgement of it by the group's last rank (slot mailbox: to the "
+                                           "poll that sees its every unmap applied)",
                                            metrics::ExponentialBuckets(1e-4, 2, 20)).Get()),
       loads_ready(registry.Counter("nq_streamer_slot_loads_total",
                                    "Slot loads finished, by result (ready: announced READY; failed: the "
@@ -58,6 +60,17 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
                                            "(slow; EIO and short reads show in nq_streamer_read_errors_total)",
                                            {"kind"}).WithLabels({"slow"})),
       unmaps(registry.Counter("nq_streamer_slot_unmaps_total", "Slots the streamer asked a worker to unmap").Get()),
+      mailbox_lag(registry.Histogram("nq_streamer_mailbox_lag_seconds",
+                                     "Slot mailbox apply lag: from posting a READY or UNMAP to a worker's slot "
+                                     "mailbox to the loader's first poll that sees the worker applied it (one "
+                                     "observation per post; the poll runs at least every millisecond while "
+                                     "posts wait)",
+                                     metrics::ExponentialBuckets(1e-4, 2, 20)).Get()),
+      mailbox_posts_ready(registry.Counter("nq_streamer_mailbox_posts_total",
+                                           "Slot-table changes posted to workers' slot mailboxes instead of sent "
+                                           "in updates, by kind (ready, unmap)",
+                                           {"kind"}).WithLabels({"ready"})),
+      mailbox_posts_unmap(registry.Counter("nq_streamer_mailbox_posts_total", "", {"kind"}).WithLabels({"unmap"})),
       refresh_seconds(registry.Histogram("nq_streamer_predictor_refresh_seconds",
                                          "Time of one predictor refresh (score, plan)",
                                          metrics::ExponentialBuckets(1e-6, 2, 22)).Get()),

@@ -30,6 +30,11 @@ struct LoaderMetrics {
   metrics::Counter& slow_reads;
   metrics::Counter& slow_reads_injected;
   metrics::Counter& unmaps;
+  // Slot mailboxes (mailbox_poster.h): post to the first poll that sees it applied, per post; and
+  // posts by kind.
+  metrics::Histogram& mailbox_lag;
+  metrics::Counter& mailbox_posts_ready;
+  metrics::Counter& mailbox_posts_unmap;
   metrics::Histogram& refresh_seconds;
   // Refreshes the loader made on its own to finish a plan the read budget cut short
   // (SlotLoader::FinishCutPlan).

@@ -78,6 +78,12 @@ absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::CreateForGroup(
       return absl::FailedPreconditionError(absl::StrCat("tensor-parallel group ", members[r]->tp_group, ": rank ", r,
                                                         "'s slot arena geometry differs from rank 0's"));
     }
+    // Its ranks apply changes at the step rank 0 names; a mailbox would apply them at whatever
+    // step each rank reaches first (the registry refuses one from a rank of such a group).
+    if (members.size() > 1 && members[r]->mailbox != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor-parallel group ", members[r]->tp_group, ": rank ", r,
+                                                        " has a slot mailbox; a group's ranks take changes in updates"));
+    }
   }
   return CreateForMembers(std::move(members), options, metrics, std::move(send));
 }
@@ -134,7 +140,11 @@ SlotLoader::SlotLoader(std::vector<std::shared_ptr<RegisteredWorker>> members, s
                               .refresh_interval = options_.predictor.refresh_interval}),
       prepared_buffers_(
           PrepareSources(members_, *store_, std::max(options_.store.buffers, options_.store.queue_depth))),
-      cache_(prepared_buffers_) {}
+      cache_(prepared_buffers_) {
+  if (members_.size() == 1 && worker_->mailbox != nullptr) {
+    poster_.emplace(worker_->mailbox.get(), &allocator_, metrics_);
+  }
+}
 
 SlotLoader::~SlotLoader() {
   Stop();
@@ -158,8 +168,10 @@ absl::Status SlotLoader::Start(const nq::v1::SessionHello& hello) {
           Want{.layer = g.moe_layer_ids[li], .expert = ml->fixed_4bit[i], .fixed = true, .decided = Clock::now()});
     }
   }
-  spdlog::info("worker {}: {} READY slots adopted, {} fixed-set loads queued, {} floating slots per layer",
-               worker_->worker_id, hello.ready_slots_size(), queue_.size(), allocator_.floating_slots());
+  spdlog::info("worker {}: {} READY slots adopted, {} fixed-set loads queued, {} floating slots per layer, changes "
+               "{}",
+               worker_->worker_id, hello.ready_slots_size(), queue_.size(), allocator_.floating_slots(),
+               poster_.has_value() ? "posted to its slot mailbox" : "sent in updates");
   if (allocator_.floating_slots() == 0) {
     spdlog::warn("worker {}: its arena has {} slots per layer for a fixed set of {}: NO floating slot, so only the "
                  "fixed set ever runs at 4 bits and the predictor places nothing (give the worker more "
@@ -214,7 +226,11 @@ void SlotLoader::Wake() {
 
 void SlotLoader::Sleep() {
   const int fds[] = {wake_.fd(), store_->completion_fd()};
-  absl::StatusOr<std::vector<bool>> readable = WaitReadable(fds, options_.max_sleep);
+  // The worker publishes what it applied without waking us: poll while that matters.
+  const absl::Duration timeout = poster_.has_value() && poster_->pending()
+                                     ? std::min(options_.max_sleep, kMailboxPollInterval)
+                                     : options_.max_sleep;
+  absl::StatusOr<std::vector<bool>> readable = WaitReadable(fds, timeout);
   absl::Status cleared = readable.ok() ? wake_.Clear() : readable.status();
   if (!cleared.ok()) {
     static LogRateLimiter sleep_log(std::chrono::seconds(10));
@@ -283,14 +299,27 @@ void SlotLoader::Run() {
       if (stop_) break;
       events = events_.TakeAll();
     }
+    // First, so the refreshes and Pump below may reuse the slots it frees.
+    PollMailbox();
     for (const Event& event : events) {
       if (const auto* report = std::get_if<nq::v1::RoutingReport>(&event)) {
         HandleRouting(*report);
-      } else if (const auto* ranked = std::get_if<LoaderEvents::RankAck>(&event)) {
-        HandleAck(ranked->rank, ranked->ack);
-      } else {
-        HandleAck(worker_->rank, std::get<nq::v1::UnmapAck>(event));
+        continue;
       }
+      const auto* ranked = std::get_if<LoaderEvents::RankAck>(&event);
+      const uint32_t rank = ranked != nullptr ? ranked->rank : worker_->rank;
+      const nq::v1::UnmapAck& ack = ranked != nullptr ? ranked->ack : std::get<nq::v1::UnmapAck>(event);
+      if (poster_.has_value()) {
+        // Its mailbox says what it applied; trusting an ack could free a slot the mailbox maps.
+        static LogRateLimiter mailbox_ack_log(kReportLogInterval);
+        if (long n = mailbox_ack_log.Allow()) {
+          spdlog::warn("worker {}: unmap acknowledgement of generation {} from rank {}, which takes its changes "
+                       "from its slot mailbox; ignored ({} since last report)",
+                       worker_->worker_id, ack.generation(), rank, n);
+        }
+        continue;
+      }
+      HandleAck(rank, ack);
     }
     if (!session_gone_) {
       nq::v1::SlotTableUpdate update;
@@ -543,6 +572,11 @@ void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
     absl::MutexLock lock(&mu_);
     stats_.reads_cancelled += cancelled;
   }
+}
+
+void SlotLoader::PollMailbox() {
+  if (!poster_.has_value()) return;
+  for (const nq::v1::UnmapAck& ack : poster_->Poll()) HandleAck(worker_->rank, ack);
 }
 
 void SlotLoader::HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack) {
@@ -817,6 +851,11 @@ bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {
   const bool unmaps = std::any_of(update.changes().begin(), update.changes().end(), [](const nq::v1::SlotChange& c) {
     return c.kind() == nq::v1::SlotChange::KIND_UNMAP;
   });
+  if (poster_.has_value()) {
+    // Posted before the update goes, so the worker that wakes on it finds them.
+    poster_->Post(generation, update);
+    update.clear_changes();
+  }
   nq::v1::StreamerMessage message;
   *message.mutable_update() = std::move(update);
   if (!send_(message)) {

@@ -29,12 +29,19 @@
 // 0's session only: rank 0 relays them to the other ranks in the step command of the step at
 // which every rank applies them (services/worker/step_command.h).
 //
+// A single worker that registered a slot mailbox (worker_registry.h) takes its changes there,
+// inside its decode steps (DESIGN.md section 4): every update's UNMAPs, then its READYs, are
+// posted to the mailbox (mailbox_poster.h) and the update goes without changes, its generation
+// and loads in flight the worker's doorbell. An unmapped slot is reused once the mailbox shows
+// the unmap applied; UnmapAcks from such a worker are unexpected, logged and ignored.
+//
 // One thread per loader owns its record store (an io_uring ring and bounce buffers over the
 // process's shared RecordFiles), allocator and predictor; the session thread only queues
 // reports and acks (a bounded queue, loader_events.h: reports past max_queued_reports are
 // dropped and counted). The thread sleeps in poll(2) on two eventfds, its event queue's and the
-// ring's completion signal, so it wakes as soon as a report, an ack or a read arrives and
-// never polls. The loader writes only to the session stream (its `send`).
+// ring's completion signal, so it wakes as soon as a report, an ack or a read arrives; it polls
+// only a slot mailbox with posts not yet applied (kMailboxPollInterval). The loader writes only
+// to the session stream (its `send`) and its worker's mailbox.
 #pragma once
 
 #include <atomic>
@@ -61,6 +68,7 @@
 #include "services/streamer/event_fd.h"
 #include "services/streamer/loader_events.h"
 #include "services/streamer/loader_metrics.h"
+#include "services/streamer/mailbox_poster.h"
 #include "services/streamer/predictor.h"
 #include "services/streamer/read_pacer.h"
 #include "services/streamer/record_store.h"
@@ -115,7 +123,8 @@ class SlotLoader {
                                                             LoaderMetrics* metrics, Send send);
   // The loader of a tensor-parallel group: `members[r]` is rank r (all of one group, with one
   // geometry); `send` is rank 0's session. FAILED_PRECONDITION when a member is missing, out
-  // of place, or its geometry differs from rank 0's; the errors of the single-worker Create.
+  // of place, its geometry differs from rank 0's, or a group of several has a slot mailbox; the
+  // errors of the single-worker Create.
   static absl::StatusOr<std::unique_ptr<SlotLoader>> CreateForGroup(
       std::vector<std::shared_ptr<RegisteredWorker>> members, const SlotLoaderOptions& options,
       LoaderMetrics* metrics, Send send);
@@ -183,8 +192,12 @@ class SlotLoader {
              EventFd wake, const SlotLoaderOptions& options, LoaderMetrics* metrics, Send send);
   // Wakes the loader thread (an event was queued, or Stop).
   void Wake();
-  // Sleeps until an event is queued or a read lands.
+  // Sleeps until an event is queued or a read lands, or kMailboxPollInterval while mailbox posts
+  // wait to be applied.
   void Sleep();
+  // Mailbox mode: acknowledges, as the worker's UnmapAcks would, every generation whose unmaps
+  // the worker applied.
+  void PollMailbox();
   void Run();
   void HandleRouting(const nq::v1::RoutingReport& report);
   // Counts a malformed report (refused and malformed) and logs it, rate-limited.
@@ -223,7 +236,8 @@ class SlotLoader {
   RegisteredWorker* Member(uint32_t rank) const;
   // Reads issued and not cancelled (what the worker may still see land).
   size_t LiveReads() const;
-  // Sends `update` with the next generation; false when the session is gone.
+  // Sends `update` with the next generation (in mailbox mode its changes posted to the mailbox
+  // first and left out); false when the session is gone.
   bool SendUpdate(nq::v1::SlotTableUpdate update);
   uint64_t BacklogBytes() const;
   void PublishGauges();
@@ -241,6 +255,8 @@ class SlotLoader {
   LoaderMetrics* const metrics_;
   const Send send_;
   SlotAllocator allocator_;
+  // Set for a single worker with a slot mailbox (mailbox mode); over allocator_.
+  std::optional<MailboxPoster> poster_;
 
   // Session thread -> loader thread.
   mutable absl::Mutex mu_;

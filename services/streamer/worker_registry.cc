@@ -41,6 +41,28 @@ bool ProcessGoneWithin(uint32_t pid, std::chrono::milliseconds timeout) {
   return true;
 }
 
+// The mailbox a request names, mapped; null when it names none.
+absl::StatusOr<std::unique_ptr<SlotMailbox>> OpenMailbox(const nq::v1::RegisterWorkerRequest& request,
+                                                         const SlotGeometry& geometry) {
+  if (!request.has_slot_mailbox()) return nullptr;
+  // A rank of a group applies its changes at the step its leader names (step_command.h); a
+  // mailbox would apply them at whatever step each rank reaches first, and ranks would disagree.
+  if (request.world_size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", request.rank(), " of world size ", request.world_size(),
+        " registered a slot mailbox: only a worker of world size 1 may (a tensor-parallel rank applies slot "
+        "changes at the step its leader names)"));
+  }
+  if (request.slot_mailbox().shm().empty()) {
+    return absl::InvalidArgumentError("slot_mailbox names no shared-memory object (shm)");
+  }
+  absl::StatusOr<SlotMailbox> mailbox =
+      SlotMailbox::Open(request.slot_mailbox().shm(), static_cast<uint32_t>(geometry.moe_layer_ids.size()),
+                        geometry.experts_per_layer);
+  if (!mailbox.ok()) return Annotate(mailbox.status(), "slot mailbox");
+  return std::make_unique<SlotMailbox>(*std::move(mailbox));
+}
+
 }  // namespace
 
 std::string SessionKey(const std::string& tp_group, uint32_t rank) {
@@ -71,6 +93,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
     return absl::FailedPreconditionError(absl::StrCat("the worker serves release ", request.release_id(),
                                                       ", this streamer release ", release_id_));
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<SlotMailbox> mailbox, OpenMailbox(request, geometry));
   ASSIGN_OR_RETURN(std::unique_ptr<ArenaWriter> arena, OpenArena(request, geometry.ArenaBytes()));
 
   auto worker = std::make_shared<RegisteredWorker>();
@@ -82,6 +105,7 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
   worker->release_id = request.release_id();
   worker->geometry = std::move(geometry);
   worker->arena = std::move(arena);
+  worker->mailbox = std::move(mailbox);
 
   absl::MutexLock lock(&mu_);
   // Every rank of a group must agree on its size and release: one predictor decides for all of
@@ -127,9 +151,10 @@ absl::StatusOr<std::string> WorkerRegistry::Register(const nq::v1::RegisterWorke
                           ? absl::StrCat("r", request.rank(), "-", next_id_++)
                           : absl::StrCat(request.tp_group(), ":r", request.rank(), "-", next_id_++);
   const std::string id = worker->worker_id;
-  spdlog::info("registered worker {} (pid {}, {} MoE layers x {} slots x {} bytes, arena {})", id,
+  spdlog::info("registered worker {} (pid {}, {} MoE layers x {} slots x {} bytes, arena {}, slot mailbox {})", id,
                worker->pid, worker->geometry.moe_layer_ids.size(), worker->geometry.slots_per_layer,
-               worker->geometry.rec_bytes, worker->arena->Describe());
+               worker->geometry.rec_bytes, worker->arena->Describe(),
+               worker->mailbox ? worker->mailbox->name() : "none (changes in updates)");
   workers_[id] = std::move(worker);
   registrations_.Increment();
   UpdateGaugesLocked();
@@ -188,12 +213,14 @@ void WorkerRegistry::CloseSession(const std::string& worker_id, uint32_t rank, c
     UpdateGaugesLocked();
   }
   const std::string name = dropped->arena->shm_name();
+  const std::string mailbox_name = dropped->mailbox ? dropped->mailbox->name() : "";
   const bool gone = ProcessGoneWithin(dropped->pid, std::chrono::seconds(2));
-  dropped.reset();  // unmaps the arena
-  if (gone && !name.empty()) {
-    // The worker died without unlinking its arena; nobody else will.
-    if (absl::Status s = SharedMemory::Unlink(name); !s.ok()) {
-      spdlog::warn("could not remove dead worker's arena {}: {}", name, s.ToString());
+  dropped.reset();  // unmaps the arena and the mailbox
+  // The worker died without unlinking its objects; nobody else will.
+  for (const std::string& object : {name, mailbox_name}) {
+    if (!gone || object.empty()) continue;
+    if (absl::Status s = SharedMemory::Unlink(object); !s.ok()) {
+      spdlog::warn("could not remove dead worker's shared memory {}: {}", object, s.ToString());
     }
   }
   spdlog::info("worker {} session ended{}: arena {} released", worker_id,

@@ -1,6 +1,6 @@
-// The workers registered with this streamer and their mapped slot arenas. A worker's arena
-// is dropped when its session ends; if its process is gone, its shared-memory name is
-// unlinked too, so a dead worker leaks nothing (DESIGN.md section 4).
+// The workers registered with this streamer and their mapped slot arenas (and slot mailboxes).
+// A worker's arena is dropped when its session ends; if its process is gone, its shared-memory
+// names are unlinked too, so a dead worker leaks nothing (DESIGN.md section 4).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,7 @@
 #include "nq/v1/streamer.pb.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/slot_geometry.h"
+#include "services/common/slot_mailbox.h"
 #include "services/streamer/arena_writer.h"
 
 namespace nq::streamer {
@@ -30,6 +31,9 @@ struct RegisteredWorker {
   std::string release_id;
   SlotGeometry geometry;
   std::unique_ptr<ArenaWriter> arena;  // the streamer writes only FREE slots
+  // Where the worker takes slot-table changes inside its decode steps (RegisterWorkerRequest.
+  // slot_mailbox); null: changes travel in SlotTableUpdate. Only a worker of world size 1 has one.
+  std::unique_ptr<SlotMailbox> mailbox;
   bool session_active = false;
   // Ends the session (its loader stops before the session closes); set by OpenSession.
   std::function<void()> cancel_session;
@@ -44,7 +48,9 @@ class WorkerRegistry {
   // worker serving another release is refused.
   explicit WorkerRegistry(metrics::Registry& metrics, std::string release_id = "");
 
-  // Validates the request, maps the arena, and records the worker under a fresh id,
+  // Validates the request, maps the arena (and the slot mailbox, when the request names one: its
+  // SlotMailbox::Open errors, NOT_FOUND or FAILED_PRECONDITION; INVALID_ARGUMENT from a rank of
+  // world size > 1 or without a name), and records the worker under a fresh id,
   // replacing an earlier registration of the same rank of the same group (a restarted or
   // reconnecting worker). A rank naming a group whose other registered ranks have another
   // world size or release is refused (FAILED_PRECONDITION naming both), as is a rank of a

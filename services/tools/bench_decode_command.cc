@@ -16,7 +16,9 @@
 #include "services/nvfp4/gate_up_repack.h"
 #include "services/release/release_experts.h"
 #include "services/tools/commands.h"
+#include "services/worker/arena_geometry.h"
 #include "services/worker/decode_bench.h"
+#include "services/worker/worker_mailbox.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, release);
@@ -49,6 +51,12 @@ ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
 ABSL_FLAG(bool, side_streams, true,
           "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
+
+// What a CUDA nq-worker adds to each MoE block (--slot_mailbox auto): its apply op, here over a
+// mailbox nothing posts to, so the steps run as without it and only its cost shows.
+ABSL_FLAG(bool, slot_mailbox, false,
+          "bench-decode: apply an idle slot mailbox as the first op of each MoE block, as a CUDA nq-worker does "
+          "(needs --release and --expert_bits=2): its cost per step");
 
 namespace nq::tools {
 namespace {
@@ -117,6 +125,18 @@ absl::Status BenchDecode() {
                backend->DeviceDescription().c_str(), static_cast<long long>(model.max_tokens()),
                std::string(kernels::DTypeName(model.kv_cache_dtype())).c_str());
 
+  std::unique_ptr<worker::WorkerMailbox> mailbox;
+  if (absl::GetFlag(FLAGS_slot_mailbox)) {
+    if (served.decoder == nullptr || absl::GetFlag(FLAGS_expert_bits) != "2") {
+      return absl::InvalidArgumentError("--slot_mailbox needs --release and --expert_bits=2 (nothing is posted to it)");
+    }
+    ASSIGN_OR_RETURN(const SlotGeometry geometry, worker::ReleaseArenaGeometry(*served.decoder, model.config(), {}));
+    ASSIGN_OR_RETURN(mailbox, worker::WorkerMailbox::Create(geometry, 0,
+                                                            backend->name() == "cuda"
+                                                                ? std::optional<int>(absl::GetFlag(FLAGS_gpu))
+                                                                : std::nullopt));
+    RETURN_IF_ERROR(model.SetSlotMailbox(mailbox->rows()));
+  }
   ASSIGN_OR_RETURN(worker::DecodeBenchReport report, worker::RunDecodeBench(model, options));
   const model::Model::StepGraphStats& graphs = model.step_graph_stats();
   std::fprintf(stderr, "nq bench-decode: step graphs %s: %lld captured, %lld replays, %lld warm-up steps%s%s\n",
@@ -138,6 +158,7 @@ absl::Status BenchDecode() {
                                        .kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype),
                                        .weight_dtype = absl::GetFlag(FLAGS_weight_dtype),
                                        .max_model_len = model.max_tokens()};
+  if (mailbox != nullptr) std::fprintf(stderr, "nq bench-decode: slot mailbox applied in every MoE block\n");
   std::printf("%s\n", worker::DecodeBenchSummary(setup, report).c_str());
   if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
     RETURN_IF_ERROR(format::WriteFileAtomic(out, worker::DecodeBenchJson(setup, report).dump(2) + "\n"));

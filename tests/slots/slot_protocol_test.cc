@@ -5,6 +5,7 @@
 // the kernel decodes a slot's bytes to the expert the release's files give.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -21,10 +23,12 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "kernels/slot_mailbox.h"
 #include "kernels/tensor_io.h"
 #include "services/common/grpc_server.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/shared_memory.h"
+#include "services/common/slot_mailbox.h"
 #include "services/common/status_macros.h"
 #include "services/eval/kld_run.h"
 #include "services/format/release_reader.h"
@@ -110,8 +114,11 @@ class SlotProtocolTest : public ::testing::Test {
 
   // `read_arena`: when set, the runtime gets no host view and reads the arena through it, as a
   // CUDA worker reads its device arena.
+  // `mailbox`: the worker takes its slot changes through a slot mailbox (DESIGN.md section 4), as
+  // a CUDA worker does; Forward() then plays its forwards' apply ops.
   void StartWorkerWith(const SlotGeometry& geometry, bool wait_connected = true,
-                       std::function<absl::Status(uint64_t, std::span<std::byte>)> read_arena = nullptr) {
+                       std::function<absl::Status(uint64_t, std::span<std::byte>)> read_arena = nullptr,
+                       bool mailbox = false) {
     geometry_ = geometry;
     ASSERT_TRUE(geometry_.Validate().ok());
     absl::StatusOr<SharedMemory> arena =
@@ -121,15 +128,27 @@ class SlotProtocolTest : public ::testing::Test {
     table_ = std::make_unique<worker::SlotTable>(geometry_);
     std::span<const std::byte> host_view(reinterpret_cast<const std::byte*>(arena_.data()), arena_.size());
     if (read_arena) host_view = {};
+    mailbox_.reset();
+    if (mailbox) {
+      absl::StatusOr<SlotMailbox> created =
+          SlotMailbox::Create(absl::StrCat("/nq-slot-test-mailbox-", getpid(), "-", arena_counter_),
+                              static_cast<uint32_t>(geometry_.moe_layer_ids.size()), kExperts);
+      ASSERT_TRUE(created.ok()) << created.status();
+      mailbox_ = std::make_unique<SlotMailbox>(*std::move(created));
+      applied_.assign(geometry_.moe_layer_ids.size(), std::vector<uint64_t>(kExperts, kernels::kMailboxEmptyEntry));
+      device_tables_.assign(geometry_.moe_layer_ids.size(), std::vector<int32_t>(kExperts, -1));
+    }
     runtime_ = std::make_unique<worker::SlotRuntime>(
         table_.get(), host_view, decoder_.get(),
-        worker::SlotRuntimeOptions{.verify_slots = true, .read_arena = std::move(read_arena)});
+        worker::SlotRuntimeOptions{
+            .verify_slots = true, .read_arena = std::move(read_arena), .mailbox = mailbox_.get()});
     worker::StreamerClientOptions client;
     client.address = server_->address();
     client.release_id = decoder_->release().id();
     client.arena_request.set_pid(static_cast<uint32_t>(getpid()));
     client.arena_request.mutable_shm()->set_name(arena_.name());
     client.arena_request.mutable_shm()->set_bytes(arena_.size());
+    if (mailbox_ != nullptr) client.arena_request.mutable_slot_mailbox()->set_shm(mailbox_->name());
     client_ = std::make_unique<worker::StreamerClient>(std::move(client), runtime_.get(), nullptr);
     client_->Start();
     if (wait_connected) ASSERT_TRUE(WaitUntil([&] { return client_->connected(); }, std::chrono::seconds(10)));
@@ -166,6 +185,28 @@ class SlotProtocolTest : public ::testing::Test {
     return report;
   }
 
+  // A forward's apply ops (Backend::ApplySlotMailbox on the CPU), one per MoE layer.
+  void Forward() {
+    for (size_t li = 0; li < geometry_.moe_layer_ids.size(); ++li) {
+      kernels::ApplySlotMailboxRowHost(mailbox_->Row(li), applied_[li].data(), device_tables_[li].data());
+    }
+  }
+  // Every slot the forward's tables map holds its expert's record. Returns the number that differ.
+  int CheckAppliedSlots() {
+    int bad = 0;
+    for (size_t li = 0; li < geometry_.moe_layer_ids.size(); ++li) {
+      for (uint32_t e = 0; e < kExperts; ++e) {
+        const int32_t slot = device_tables_[li][e];
+        if (slot < 0) continue;
+        const std::vector<std::byte>& record = records_.at({geometry_.moe_layer_ids[li], e});
+        const std::byte* bytes = reinterpret_cast<const std::byte*>(arena_.data()) +
+                                 geometry_.SlotOffset(li, static_cast<uint32_t>(slot));
+        if (std::memcmp(bytes, record.data(), record.size()) != 0) ++bad;
+      }
+    }
+    return bad;
+  }
+
   // Every READY slot's bytes equal its expert's record. Returns the number that differ.
   int CheckReadySlots() {
     int bad = 0;
@@ -196,6 +237,9 @@ class SlotProtocolTest : public ::testing::Test {
   SlotGeometry geometry_;
   SharedMemory arena_;
   int arena_counter_ = 0;
+  std::unique_ptr<SlotMailbox> mailbox_;
+  std::vector<std::vector<uint64_t>> applied_;       // the forward's private copies
+  std::vector<std::vector<int32_t>> device_tables_;  // the tables the forward's MoE kernels read
   std::unique_ptr<worker::SlotTable> table_;
   std::unique_ptr<worker::SlotRuntime> runtime_;
   std::unique_ptr<worker::StreamerClient> client_;
@@ -707,6 +751,94 @@ TEST_F(SlotProtocolTest, ARecordFailingItsChecksumIsNeverReadyAndIsCounted) {
   EXPECT_LT(StreamerMetric("nq_streamer_read_errors_total{reason=\"hash\"}"), 1) << "a whole layer file was hashed";
   EXPECT_GE(StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}"), 2);
   fs::remove_all(bad);
+}
+
+// The in-graph mailbox (DESIGN.md section 4) against the real loader: the streamer posts loads and
+// unmaps while forwards apply them mid-step, so the invariant is the one the GPU's kernels need:
+// from the moment a forward applied a row until the next forward, every slot its tables map
+// holds that expert's record, however the streamer churns; and the host's books follow.
+TEST_F(SlotProtocolTest, MailboxLoadsAndEvictionsAppliedMidStepNeverTouchAMappedSlot) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  std::vector<uint32_t> layers = decoder_->moe_layer_ids();
+  absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
+  ASSERT_TRUE(needs.ok());
+  StartWorkerWith(SlotGeometry::Packed(layers, 5, needs->rec_bytes, kExperts, 1), true, nullptr, /*mailbox=*/true);
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::atomic<uint64_t> steps{0}, mapped_reads{0};
+  std::thread decode([&] {
+    uint32_t token = 0;
+    while (!stop.load()) {
+      runtime_->BeginStep(token++);
+      for (int forward = 0; forward < 2; ++forward) {  // a verification and a draft, say
+        Forward();
+        bad += CheckAppliedSlots();
+        std::this_thread::sleep_for(std::chrono::microseconds(150));  // the kernels read meanwhile
+        bad += CheckAppliedSlots();
+        for (const auto& row : device_tables_) mapped_reads += std::count_if(row.begin(), row.end(), [](int32_t s) { return s >= 0; });
+      }
+      runtime_->EndStep();
+      ++steps;
+    }
+  });
+  std::mt19937 rng(11);
+  uint64_t first_token = 0;
+  for (int block = 0; block < 120; ++block) {
+    std::mt19937 hot_rng(static_cast<unsigned>(block / 4));
+    std::vector<uint32_t> hot;
+    while (hot.size() < 4) {
+      const uint32_t e = static_cast<uint32_t>(hot_rng() % kExperts);
+      if (std::find(hot.begin(), hot.end(), e) == hot.end()) hot.push_back(e);
+    }
+    client_->EnqueueRoutingReport(Report(hot, rng, first_token));
+    first_token += 16;
+    std::this_thread::sleep_for(std::chrono::milliseconds(4));
+  }
+  WaitUntil([&] { return StreamerMetric("nq_streamer_read_backlog_bytes") == 0; }, std::chrono::seconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stop = true;
+  decode.join();
+
+  const double ready = StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}");
+  const double unmaps = StreamerMetric("nq_streamer_slot_unmaps_total");
+  RecordProperty("loads_ready", std::to_string(ready));
+  RecordProperty("unmaps", std::to_string(unmaps));
+  RecordProperty("steps", std::to_string(steps.load()));
+  EXPECT_GT(ready, 40) << "the churn should have loaded many records";
+  EXPECT_GT(unmaps, 20) << "and evicted many";
+  EXPECT_GT(steps.load(), 100u);
+  EXPECT_GT(mapped_reads.load(), 0u) << "forwards must have run experts from slots";
+  EXPECT_EQ(bad.load(), 0) << "a mapped slot did not hold its record during a forward";
+  EXPECT_EQ(runtime_->integrity_failures(), 0u);
+  // The books equal what the forwards' tables map (one more forward picks up the last posts).
+  runtime_->BeginStep(0);
+  Forward();
+  runtime_->EndStep();
+  for (size_t li = 0; li < layers.size(); ++li) {
+    for (uint32_t e = 0; e < kExperts; ++e) {
+      const std::optional<uint32_t> books = table_->SlotOf(layers[li], e);
+      EXPECT_EQ(books.has_value() ? static_cast<int32_t>(*books) : -1, device_tables_[li][e])
+          << "layer " << layers[li] << " expert " << e;
+    }
+  }
+}
+
+// An idle worker (no step runs) still gets its fixed set: each load's update rings the doorbell
+// and the worker publishes the posted rows from the host.
+TEST_F(SlotProtocolTest, MailboxFixedSetReachesAnIdleWorker) {
+  StartStreamer(release_dir_, ChurningPredictor());
+  std::vector<uint32_t> layers = decoder_->moe_layer_ids();
+  absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
+  ASSERT_TRUE(needs.ok());
+  StartWorkerWith(SlotGeometry::Packed(layers, 4, needs->rec_bytes, kExperts, 1), true, nullptr, /*mailbox=*/true);
+  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) {
+    EXPECT_EQ(decoder_->FixedSet(entry.layer()), std::vector<uint32_t>{entry.expert()});
+    const uint64_t published = mailbox_->Published(*geometry_.LayerIndex(entry.layer()), entry.expert());
+    EXPECT_EQ(kernels::MailboxEntrySlot(published), static_cast<int32_t>(entry.slot()));
+  }
+  EXPECT_EQ(CheckReadySlots(), 0);
 }
 
 TEST_F(SlotProtocolTest, ARestartedStreamerAdoptsTheWorkersReadySlots) {

@@ -7,12 +7,17 @@
 // (2 for layer 3, 1 for layer 4), the second the single floating slot (F = 1, no staging slot).
 // So a floating load can only land once the floating slot is FREE: a replacement waits for its
 // victim's unmap to be acknowledged, and a cancelled read must give its slot back.
+//
+// In mailbox mode (use_mailbox_) the worker has a slot mailbox; the test plays the worker's
+// apply with SlotMailbox::ApplyOnHost.
 #include "services/streamer/slot_loader.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -24,7 +29,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/slot_mailbox.h"
 #include "services/common/metrics/registry.h"
+#include "services/common/slot_mailbox.h"
 #include "services/format/release_reader.h"
 #include "tests/common/status_matchers.h"
 #include "tests/common/wait_until.h"
@@ -68,23 +76,40 @@ class SlotLoaderTest : public ::testing::Test {
     fs::remove_all(root_, ignored);
   }
 
-  // Opens the release (after any damage the test did) and starts a loader for rank 0.
-  void StartLoader(std::vector<uint32_t> layers, bool auto_ack = true) {
+  // Opens the release (after any damage the test did) and starts a loader for rank 0. With
+  // use_mailbox_ the worker has a slot mailbox (created at the first start, kept across restarts).
+  void StartLoader(std::vector<uint32_t> layers, bool auto_ack = true,
+                   const nq::v1::SessionHello& hello = nq::v1::SessionHello()) {
     auto_ack_ = auto_ack;
     auto files = RecordFiles::Open({release_dir_});
     ASSERT_THAT(files.status(), IsOk());
-    if (after_open_) ASSERT_NO_FATAL_FAILURE(after_open_(**files));
+    if (after_open_) {
+      ASSERT_NO_FATAL_FAILURE(after_open_(**files));
+    }
     auto rec_bytes = (*files)->RecordBytes(0, kLayer);
     ASSERT_THAT(rec_bytes.status(), IsOk());
     auto worker = std::make_shared<RegisteredWorker>();
     worker->worker_id = "test-worker";
     worker->rank = 0;
+    const uint32_t layer_count = static_cast<uint32_t>(layers.size());
     worker->geometry = SlotGeometry::Packed(std::move(layers), 2, *rec_bytes, format::testing::kExperts, 1);
     ASSERT_THAT(worker->geometry.Validate(), IsOk());
     ASSERT_EQ(worker->geometry.FloatingSlots(), 1u);
     auto arena = std::make_unique<MemoryArena>(worker->geometry.ArenaBytes());
     arena_ = arena.get();
     worker->arena = std::move(arena);
+    if (use_mailbox_) {
+      if (mailbox_ == nullptr) {
+        auto created = SlotMailbox::Create(absl::StrCat("/nq-test-loader-mailbox-", getpid()), layer_count,
+                                           format::testing::kExperts);
+        ASSERT_THAT(created.status(), IsOk());
+        mailbox_ = std::make_unique<SlotMailbox>(*std::move(created));
+      }
+      // The streamer's own mapping, as the registry opens it.
+      auto opened = SlotMailbox::Open(mailbox_->name(), layer_count, format::testing::kExperts);
+      ASSERT_THAT(opened.status(), IsOk());
+      worker->mailbox = std::make_unique<SlotMailbox>(*std::move(opened));
+    }
     geometry_ = worker->geometry;
     SlotLoaderOptions options;
     options.files = *files;
@@ -107,7 +132,7 @@ class SlotLoaderTest : public ::testing::Test {
                                      [this](const nq::v1::StreamerMessage& m) { return OnMessage(m); });
     ASSERT_THAT(loader.status(), IsOk());
     loader_ = *std::move(loader);
-    ASSERT_THAT(loader_->Start(nq::v1::SessionHello()), IsOk());
+    ASSERT_THAT(loader_->Start(hello), IsOk());
   }
 
   // Runs on the files before the loader starts (e.g. hashes a layer file, then damages it).
@@ -190,6 +215,25 @@ class SlotLoaderTest : public ::testing::Test {
     return arena_->Read(geometry_.SlotOffset(*geometry_.LayerIndex(layer), slot), record.size());
   }
 
+  // The worker's mailbox row for (kLayer, expert): what the streamer staged, and what the worker
+  // published it applied.
+  int32_t Staged(uint32_t expert) {
+    const kernels::SlotMailboxRow row = mailbox_->Row(*geometry_.LayerIndex(kLayer));
+    // The streamer's thread stores it; atomic_ref needs a mutable object, this load writes nothing.
+    return std::atomic_ref<int32_t>(const_cast<int32_t&>(row.staged[expert])).load(std::memory_order_acquire);
+  }
+  uint64_t Published(uint32_t expert) { return mailbox_->Published(*geometry_.LayerIndex(kLayer), expert); }
+  uint32_t PostedSeq(uint32_t expert) { return mailbox_->PostedSeq(*geometry_.LayerIndex(kLayer), expert); }
+  size_t Updates() {
+    absl::MutexLock lock(&mu_);
+    return updates_.size();
+  }
+  // Writes into (kLayer, slot) so far.
+  int64_t WritesInto(uint32_t slot) {
+    const std::vector<uint64_t> writes = arena_->writes();
+    return std::count(writes.begin(), writes.end(), geometry_.SlotOffset(*geometry_.LayerIndex(kLayer), slot));
+  }
+
   // A sample of the loader's metrics, e.g. `nq_streamer_record_cache_total{result="hit"}`.
   double Metric(const std::string& sample) {
     const std::string text = registry_.Serialize();
@@ -197,6 +241,8 @@ class SlotLoaderTest : public ::testing::Test {
     return at == std::string::npos ? -1 : std::stod(text.substr(at + sample.size() + 2));
   }
 
+  bool use_mailbox_ = false;
+  std::unique_ptr<SlotMailbox> mailbox_;  // the worker's side (it owns the name)
   unsigned queue_depth_ = 2;
   unsigned buffers_ = 4;
   uint32_t read_budget_ = 0;  // > 0: a fixed budget per refresh, no pacing
@@ -429,6 +475,193 @@ TEST_F(SlotLoaderTest, RecordFailingItsChecksumNeverBecomesReady) {
   EXPECT_LT(Metric("nq_streamer_read_errors_total{reason=\"hash\"}"), 1) << "the file check should have passed";
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"failed\"}"), 1);
   EXPECT_EQ(Metric("nq_streamer_slot_loads_total{result=\"ready\"}"), 1);
+}
+
+// Issue #14, mailbox mode: every READY and UNMAP is posted to the worker's slot mailbox (the
+// updates on the session carry only their generation and loads in flight), and the floating slot
+// A is unmapped from is written again only after the worker applied that unmap: neither an
+// UnmapAck over the session nor the loader's own passes free it before. The loader sleeps for
+// max_sleep (60 s) when idle, so every wait below that ends sooner shows it polls the mailbox.
+TEST_F(SlotLoaderTest, MailboxModeReusesAnUnmappedSlotOnlyOnceTheWorkerAppliedTheUnmap) {
+  use_mailbox_ = true;
+  ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}));
+  // The fixed expert: posted before the update that rings the worker's doorbell is sent.
+  ASSERT_TRUE(WaitUntil([&] { return Updates() >= 1; }));
+  EXPECT_EQ(PostedSeq(kFixedExpert), 1u);
+  EXPECT_EQ(Staged(kFixedExpert), 0);
+  EXPECT_EQ(Published(kFixedExpert), kernels::kMailboxEmptyEntry);
+  EXPECT_EQ(Slot(kLayer, 0), records_.at({kLayer, kFixedExpert}));
+  EXPECT_LT(Metric("nq_streamer_mailbox_lag_seconds_count"), 1) << "seen applied before the worker applied it";
+  EXPECT_EQ(mailbox_->ApplyOnHost(), 1u);
+  ASSERT_TRUE(WaitUntil([&] { return Metric("nq_streamer_mailbox_lag_seconds_count") == 1; }))
+      << "the loader did not poll the mailbox";
+  EXPECT_EQ(Published(kFixedExpert), kernels::PackMailboxEntry(1, 0));
+
+  Route(kA, 16);
+  ASSERT_TRUE(WaitUntil([&] { return PostedSeq(kA) == 1; }));
+  EXPECT_EQ(Staged(kA), static_cast<int32_t>(kFloatingSlot));
+  EXPECT_EQ(Slot(kLayer, kFloatingSlot), records_.at({kLayer, kA}));
+  EXPECT_EQ(mailbox_->ApplyOnHost(), 1u);
+  ASSERT_TRUE(WaitUntil([&] { return Metric("nq_streamer_mailbox_lag_seconds_count") == 2; }));
+  // The fixed expert's READY, the refresh's doorbell (A's read issued), A's READY.
+  ASSERT_TRUE(WaitUntil([&] { return loader_->stats().updates_sent == 3 && Updates() == 3; }));
+
+  // B wants the only floating slot: A is unmapped through the mailbox, and nothing else.
+  Route(kB, 16);
+  ASSERT_TRUE(WaitUntil([&] { return loader_->stats().updates_sent >= 4 && Updates() >= 4; }));
+  EXPECT_EQ(loader_->stats().disk_reads, 2u) << "B's read started before the worker applied A's unmap";
+  EXPECT_EQ(PostedSeq(kA), 2u);
+  EXPECT_EQ(Staged(kA), -1);
+  EXPECT_EQ(Published(kA), kernels::PackMailboxEntry(1, static_cast<int32_t>(kFloatingSlot)));
+  uint64_t unmap_generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    unmap_generation = updates_.back().generation();
+    EXPECT_EQ(updates_.back().loads_in_flight(), 1u) << "B waits for the slot";
+  }
+  EXPECT_TRUE(WaitUntil([&] { return Metric("nq_streamer_unacked_generations") == 1; }));
+
+  // The worker has not applied the unmap. An UnmapAck over the session would free the slot in
+  // the update protocol: here it is ignored. The report after it is the sync point: its refresh
+  // runs after the ack was taken and after a mailbox poll, and B's read would be issued in it.
+  nq::v1::UnmapAck ack;
+  ack.set_generation(unmap_generation);
+  nq::v1::SlotRef* ref = ack.add_slots();
+  ref->set_layer(kLayer);
+  ref->set_slot(kFloatingSlot);
+  loader_->OnUnmapAck(ack);
+  Route(kB, 16);
+  ASSERT_TRUE(WaitUntil([&] { return loader_->stats().updates_sent >= 5 && Updates() >= 5; }));
+  EXPECT_EQ(Updates(), 5u);
+  EXPECT_EQ(loader_->stats().disk_reads, 2u) << "B's read started before the worker applied A's unmap";
+  EXPECT_EQ(WritesInto(kFloatingSlot), 1);
+  EXPECT_EQ(Slot(kLayer, kFloatingSlot), records_.at({kLayer, kA}));
+  EXPECT_EQ(PostedSeq(kB), 0u);
+  EXPECT_LT(Metric("nq_streamer_unmap_ack_latency_seconds_count"), 1);
+
+  // The worker applies it: B loads into the slot A left, with nothing else waking the loader.
+  EXPECT_EQ(mailbox_->ApplyOnHost(), 1u);
+  ASSERT_TRUE(WaitUntil([&] { return PostedSeq(kB) == 1; })) << "the slot was not reused after the unmap applied";
+  EXPECT_EQ(Staged(kB), static_cast<int32_t>(kFloatingSlot));
+  EXPECT_EQ(WritesInto(kFloatingSlot), 2);
+  EXPECT_EQ(Slot(kLayer, kFloatingSlot), records_.at({kLayer, kB}));
+  EXPECT_EQ(loader_->stats().disk_reads, 3u);
+  EXPECT_EQ(Metric("nq_streamer_unmap_ack_latency_seconds_count"), 1);
+  ASSERT_TRUE(WaitUntil([&] { return Metric("nq_streamer_unacked_generations") == 0; }));
+
+  EXPECT_EQ(mailbox_->ApplyOnHost(), 1u);
+  ASSERT_TRUE(WaitUntil([&] { return Metric("nq_streamer_mailbox_lag_seconds_count") == 4; }));
+  EXPECT_EQ(Published(kB), kernels::PackMailboxEntry(1, static_cast<int32_t>(kFloatingSlot)));
+  EXPECT_EQ(Metric("nq_streamer_mailbox_posts_total{kind=\"ready\"}"), 3);  // fixed, A, B
+  EXPECT_EQ(Metric("nq_streamer_mailbox_posts_total{kind=\"unmap\"}"), 1);  // A
+  EXPECT_EQ(Metric("nq_streamer_slot_unmaps_total"), 1);
+  absl::MutexLock lock(&mu_);
+  uint64_t generation = 0;
+  for (const nq::v1::SlotTableUpdate& update : updates_) {
+    EXPECT_EQ(update.changes_size(), 0) << "generation " << update.generation() << " carried its changes";
+    EXPECT_EQ(update.generation(), generation + 1);
+    generation = update.generation();
+  }
+  EXPECT_TRUE(ready_.empty());
+}
+
+// The poster on its own: an update that unmaps expert X from one slot and makes it READY in
+// another, listed READY first, leaves X mapped (UNMAPs are posted first), and the unmap counts as
+// applied once the worker took the later row.
+TEST(MailboxPosterTest, PostsUnmapsFirstAndAcknowledgesOnlyWhatTheWorkerApplied) {
+  constexpr uint32_t kX = 3;
+  SlotAllocator allocator(SlotGeometry::Packed({kLayer}, 3, 4096, format::testing::kExperts, 1));
+  std::optional<uint32_t> first = allocator.Reserve(0, kX, /*fixed=*/false);
+  ASSERT_TRUE(first.has_value());
+  ASSERT_THAT(allocator.MarkReady(0, *first), IsOk());
+  ASSERT_THAT(allocator.MarkUnmapping(0, *first), IsOk());
+  std::optional<uint32_t> second = allocator.Reserve(0, kX, /*fixed=*/false);
+  ASSERT_TRUE(second.has_value());
+  ASSERT_NE(*first, *second);
+  ASSERT_THAT(allocator.MarkReady(0, *second), IsOk());
+  auto mailbox = SlotMailbox::Create(absl::StrCat("/nq-test-poster-", getpid()), 1, format::testing::kExperts);
+  ASSERT_THAT(mailbox.status(), IsOk());
+  metrics::Registry registry;
+  LoaderMetrics metrics(registry);
+  MailboxPoster poster(&*mailbox, &allocator, &metrics);
+  EXPECT_FALSE(poster.pending());
+
+  nq::v1::SlotTableUpdate update;
+  nq::v1::SlotChange* ready = update.add_changes();
+  ready->set_kind(nq::v1::SlotChange::KIND_READY);
+  ready->set_layer(kLayer);
+  ready->set_slot(*second);
+  ready->set_expert(kX);
+  nq::v1::SlotChange* unmap = update.add_changes();
+  unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
+  unmap->set_layer(kLayer);
+  unmap->set_slot(*first);
+  poster.Post(7, update);
+  EXPECT_EQ(mailbox->PostedSeq(0, kX), 2u);
+  EXPECT_TRUE(poster.pending());
+  EXPECT_TRUE(poster.Poll().empty()) << "acknowledged before the worker applied anything";
+
+  EXPECT_EQ(mailbox->ApplyOnHost(), 1u);
+  EXPECT_EQ(mailbox->Published(0, kX), kernels::PackMailboxEntry(2, static_cast<int32_t>(*second)));
+  const std::vector<nq::v1::UnmapAck> acks = poster.Poll();
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].generation(), 7u);
+  ASSERT_EQ(acks[0].slots_size(), 1);
+  EXPECT_EQ(acks[0].slots(0).layer(), kLayer);
+  EXPECT_EQ(acks[0].slots(0).slot(), *first);
+  EXPECT_FALSE(poster.pending());
+  EXPECT_TRUE(poster.Poll().empty()) << "a generation acknowledged twice";
+  const std::string text = registry.Serialize();
+  EXPECT_THAT(text, ::testing::HasSubstr("\nnq_streamer_mailbox_lag_seconds_count 2\n"));
+  EXPECT_THAT(text, ::testing::HasSubstr("\nnq_streamer_mailbox_posts_total{kind=\"unmap\"} 1\n"));
+}
+
+// A restarted loader drops what its predecessor waited for: the worker applies every posted row
+// before its hello, the new loader adopts that table, and its posts continue the mailbox's
+// sequence numbers.
+TEST_F(SlotLoaderTest, MailboxModeRestartContinuesFromTheMailbox) {
+  use_mailbox_ = true;
+  ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}));
+  ASSERT_TRUE(WaitUntil([&] { return PostedSeq(kFixedExpert) == 1; }));
+  mailbox_->ApplyOnHost();
+  Route(kA, 16);
+  ASSERT_TRUE(WaitUntil([&] { return PostedSeq(kA) == 1; }));
+  mailbox_->ApplyOnHost();
+  Route(kB, 16);
+  ASSERT_TRUE(WaitUntil([&] { return PostedSeq(kA) == 2; }));  // A's unmap, not applied
+  // Joins the thread: the update carrying the unmap has been sent.
+  loader_->Stop();
+  loader_.reset();
+
+  // The worker, before its hello: applies the rows and reports its table.
+  EXPECT_EQ(mailbox_->ApplyOnHost(), 1u);
+  nq::v1::SessionHello hello;
+  {
+    absl::MutexLock lock(&mu_);
+    hello.set_applied_generation(updates_.back().generation());
+  }
+  for (uint32_t e = 0; e < format::testing::kExperts; ++e) {
+    const int32_t slot = kernels::MailboxEntrySlot(Published(e));
+    if (slot < 0) continue;
+    nq::v1::SlotEntry* entry = hello.add_ready_slots();
+    entry->set_layer(kLayer);
+    entry->set_slot(static_cast<uint32_t>(slot));
+    entry->set_expert(e);
+  }
+  ASSERT_EQ(hello.ready_slots_size(), 1) << "only the fixed expert is mapped";
+  ASSERT_NO_FATAL_FAILURE(StartLoader({kLayer}, /*auto_ack=*/true, hello));
+
+  // The fixed expert is adopted, not posted again; A comes back into the slot it left.
+  Route(kA, 16);
+  ASSERT_TRUE(WaitUntil([&] { return PostedSeq(kA) == 3; }));
+  EXPECT_EQ(Staged(kA), static_cast<int32_t>(kFloatingSlot));
+  EXPECT_EQ(PostedSeq(kFixedExpert), 1u);
+  EXPECT_EQ(loader_->stats().disk_reads, 1u) << "the adopted fixed expert was read again";
+  EXPECT_EQ(mailbox_->ApplyOnHost(), 1u);
+  EXPECT_EQ(Published(kA), kernels::PackMailboxEntry(3, static_cast<int32_t>(kFloatingSlot)));
+  ASSERT_TRUE(WaitUntil([&] { return Updates() > 0 && loader_->stats().updates_sent > 0; }));
+  absl::MutexLock lock(&mu_);
+  EXPECT_GT(updates_.back().generation(), hello.applied_generation());
 }
 
 }  // namespace

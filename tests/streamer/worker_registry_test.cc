@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/shared_memory.h"
+#include "services/common/slot_mailbox.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::streamer {
@@ -44,6 +45,22 @@ class WorkerRegistryTest : public ::testing::Test {
     return request;
   }
 
+  // MakeRequest's for a worker of world size 1 with a slot mailbox of `layers` x `experts` (its
+  // geometry's are 2 x 8), created as the worker would into `mailbox_out`.
+  nq::v1::RegisterWorkerRequest MakeMailboxRequest(SharedMemory* arena_out, SlotMailbox* mailbox_out,
+                                                   uint32_t layers = 2, uint32_t experts = 8,
+                                                   uint32_t pid = getpid()) {
+    nq::v1::RegisterWorkerRequest request = MakeRequest(0, arena_out, pid);
+    request.set_world_size(1);
+    const std::string name = absl::StrCat("/nq-test-mailbox-", getpid(), "-", counter_++);
+    absl::StatusOr<SlotMailbox> mailbox = SlotMailbox::Create(name, layers, experts);
+    EXPECT_THAT(mailbox, IsOk());
+    if (!mailbox.ok()) return request;
+    request.mutable_slot_mailbox()->set_shm(name);
+    *mailbox_out = std::move(*mailbox);
+    return request;
+  }
+
   metrics::Registry metrics_;
   WorkerRegistry registry_;
   int counter_ = 0;
@@ -62,6 +79,75 @@ TEST_F(WorkerRegistryTest, RegistersMapsAndReleases) {
   EXPECT_FALSE(registry_.Contains(*id));
   EXPECT_THAT(metrics_.Serialize(), HasSubstr("nq_streamer_workers_registered 0"));
   EXPECT_THAT(registry_.OpenSession(*id), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register first")));
+}
+
+// Issue #14: the registered worker holds the streamer's mapping of the worker's mailbox (what it
+// posts there the worker sees); a worker without one has none.
+TEST_F(WorkerRegistryTest, MapsTheSlotMailboxItNames) {
+  SharedMemory arena;
+  SlotMailbox worker_side;
+  absl::StatusOr<std::string> id = registry_.Register(MakeMailboxRequest(&arena, &worker_side));
+  ASSERT_THAT(id, IsOk());
+  absl::StatusOr<std::shared_ptr<RegisteredWorker>> worker = registry_.OpenSession(*id);
+  ASSERT_THAT(worker, IsOk());
+  ASSERT_NE((*worker)->mailbox, nullptr);
+  EXPECT_EQ((*worker)->mailbox->name(), worker_side.name());
+  EXPECT_EQ((*worker)->mailbox->layers(), 2u);
+  EXPECT_EQ((*worker)->mailbox->experts(), 8u);
+  EXPECT_EQ((*worker)->mailbox->Post(1, 5, 3).value_or(0), 1u);
+  EXPECT_EQ(worker_side.PostedSeq(1, 5), 1u);
+  EXPECT_EQ(worker_side.ApplyOnHost(), 1u);
+  EXPECT_EQ((*worker)->mailbox->Published(1, 5), kernels::PackMailboxEntry(1, 3));
+  registry_.CloseSession(*id, 0);
+
+  SharedMemory plain_arena;
+  nq::v1::RegisterWorkerRequest plain = MakeRequest(0, &plain_arena);
+  plain.set_world_size(1);
+  absl::StatusOr<std::string> plain_id = registry_.Register(plain);
+  ASSERT_THAT(plain_id, IsOk());
+  absl::StatusOr<std::shared_ptr<RegisteredWorker>> plain_worker = registry_.OpenSession(*plain_id);
+  ASSERT_THAT(plain_worker, IsOk());
+  EXPECT_EQ((*plain_worker)->mailbox, nullptr);
+}
+
+// A mailbox that cannot be mapped, or is not of the worker's geometry, or comes from a rank of a
+// tensor-parallel group is refused, and nothing is registered.
+TEST_F(WorkerRegistryTest, RefusesAMailboxItCannotUse) {
+  SharedMemory arena_a, arena_b, arena_c, arena_d, arena_e;
+  SlotMailbox mailbox_a, mailbox_b, mailbox_c, mailbox_d, mailbox_e;
+
+  // 4 x 4 entries take the bytes of 2 x 8: the header tells them apart.
+  nq::v1::RegisterWorkerRequest transposed = MakeMailboxRequest(&arena_a, &mailbox_a, 4, 4);
+  EXPECT_THAT(registry_.Register(transposed),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("for 4 layers x 4 experts; expected magic")));
+  nq::v1::RegisterWorkerRequest smaller = MakeMailboxRequest(&arena_b, &mailbox_b, 1, 8);
+  EXPECT_THAT(registry_.Register(smaller),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(smaller.slot_mailbox().shm())));
+
+  nq::v1::RegisterWorkerRequest missing = MakeMailboxRequest(&arena_c, &mailbox_c);
+  missing.mutable_slot_mailbox()->set_shm("/nq-test-mailbox-does-not-exist");
+  EXPECT_THAT(registry_.Register(missing),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nq-test-mailbox-does-not-exist")));
+  missing.mutable_slot_mailbox()->clear_shm();
+  EXPECT_THAT(registry_.Register(missing), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("names no")));
+
+  nq::v1::RegisterWorkerRequest group_rank = MakeMailboxRequest(&arena_d, &mailbox_d);
+  group_rank.set_world_size(2);
+  EXPECT_THAT(registry_.Register(group_rank),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 0 of world size 2 registered a slot mailbox")));
+  group_rank.set_tp_group("/nq-tp-mailbox");
+  group_rank.set_release_id("rel-1");
+  EXPECT_THAT(registry_.Register(group_rank),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only a worker of world size 1")));
+  EXPECT_EQ(registry_.size(), 0u);
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("nq_streamer_registrations_total 0"));
+
+  // The same request with the right mailbox is accepted.
+  nq::v1::RegisterWorkerRequest good = MakeMailboxRequest(&arena_e, &mailbox_e);
+  EXPECT_THAT(registry_.Register(good), IsOk());
+  EXPECT_EQ(registry_.size(), 1u);
 }
 
 TEST_F(WorkerRegistryTest, SameRankReplacesTheEarlierRegistration) {
@@ -183,6 +269,23 @@ TEST_F(WorkerRegistryTest, DeadWorkersArenaNameIsRemoved) {
   ASSERT_THAT(registry_.OpenSession(*id), IsOk());
   registry_.CloseSession(*id, 0);
   EXPECT_THAT(SharedMemory::Open(name, request.shm().bytes()), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+TEST_F(WorkerRegistryTest, DeadWorkersMailboxNameIsRemoved) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+
+  SharedMemory arena;
+  SlotMailbox mailbox;
+  nq::v1::RegisterWorkerRequest request = MakeMailboxRequest(&arena, &mailbox, 2, 8, static_cast<uint32_t>(child));
+  const std::string name = request.slot_mailbox().shm();
+  absl::StatusOr<std::string> id = registry_.Register(request);
+  ASSERT_THAT(id, IsOk());
+  ASSERT_THAT(registry_.OpenSession(*id), IsOk());
+  registry_.CloseSession(*id, 0);
+  EXPECT_THAT(SlotMailbox::Open(name, 2, 8), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
 }
 
 // Issue #18: the ranks of one tensor-parallel group register as one group. A rank naming the

@@ -53,6 +53,10 @@ class SlotRuntimeMailboxTest : public ::testing::Test {
     runtime->SetAckSink([this](nq::v1::UnmapAck ack) { acks_.push_back(std::move(ack)); });
     return runtime;
   }
+  // The streamer's post.
+  void Post(size_t layer_index, uint32_t expert, int32_t slot) {
+    ASSERT_TRUE(mailbox_.Post(layer_index, expert, slot).ok());
+  }
   // What each MoE layer's first op does inside a forward (Backend::ApplySlotMailbox).
   void Forward() {
     for (size_t li = 0; li < 2; ++li) {
@@ -74,7 +78,7 @@ class SlotRuntimeMailboxTest : public ::testing::Test {
 TEST_F(SlotRuntimeMailboxTest, TheTableFollowsWhatTheStepsForwardsApplied) {
   auto runtime = Make();
   runtime->BeginStep(0);
-  mailbox_.Post(0, 3, 1);  // layer 1, expert 3 -> slot 1, posted while the step runs
+  Post(0, 3, 1);  // layer 1, expert 3 -> slot 1, posted while the step runs
   Forward();
   EXPECT_EQ(device_tables_[0][3], 1) << "the forward takes it at once";
   EXPECT_FALSE(table_.SlotOf(1, 3).has_value()) << "the host's books change only between steps";
@@ -83,8 +87,8 @@ TEST_F(SlotRuntimeMailboxTest, TheTableFollowsWhatTheStepsForwardsApplied) {
   EXPECT_EQ(runtime->ready_slots(), 0u) << "no decoder: counted as 2 bits";
 
   runtime->BeginStep(1);
-  mailbox_.Post(0, 3, -1);
-  mailbox_.Post(1, 6, 2);
+  Post(0, 3, -1);
+  Post(1, 6, 2);
   Forward();
   runtime->EndStep();
   EXPECT_FALSE(table_.SlotOf(1, 3).has_value());
@@ -94,7 +98,7 @@ TEST_F(SlotRuntimeMailboxTest, TheTableFollowsWhatTheStepsForwardsApplied) {
 
 TEST_F(SlotRuntimeMailboxTest, AStepThatAppliedNothingLeavesTheTable) {
   auto runtime = Make();
-  mailbox_.Post(0, 2, 0);
+  Post(0, 2, 0);
   runtime->BeginStep(0);
   runtime->EndStep();  // no forward ran: nothing was published
   EXPECT_FALSE(table_.SlotOf(1, 2).has_value());
@@ -103,8 +107,8 @@ TEST_F(SlotRuntimeMailboxTest, AStepThatAppliedNothingLeavesTheTable) {
 
 TEST_F(SlotRuntimeMailboxTest, ADoorbellAppliesOnTheHostWhileIdle) {
   auto runtime = Make();
-  mailbox_.Post(1, 5, 2);
-  mailbox_.Post(0, 0, 1);
+  Post(1, 5, 2);
+  Post(0, 0, 1);
   runtime->Post(Doorbell(7, 3));
   EXPECT_EQ(table_.SlotOf(2, 5), 2u);
   EXPECT_EQ(table_.SlotOf(1, 0), 1u);
@@ -117,7 +121,7 @@ TEST_F(SlotRuntimeMailboxTest, ADoorbellAppliesOnTheHostWhileIdle) {
 
   // While a step runs the doorbell waits: the host must not publish under a running forward.
   runtime->BeginStep(0);
-  mailbox_.Post(1, 5, -1);
+  Post(1, 5, -1);
   runtime->Post(Doorbell(8, 0));
   EXPECT_EQ(mailbox_.Published(1, 5), kernels::PackMailboxEntry(1, 2));
   Forward();
@@ -140,7 +144,7 @@ TEST_F(SlotRuntimeMailboxTest, UpdatesCarryingChangesAreRefused) {
 
 TEST_F(SlotRuntimeMailboxTest, AHelloPublishesWhatThePreviousSessionPosted) {
   auto runtime = Make();
-  mailbox_.Post(0, 7, 2);  // posted by a streamer that died before any step or doorbell
+  Post(0, 7, 2);  // posted by a streamer that died before any step or doorbell
   const auto [ready, generation] = runtime->SnapshotForHello();
   ASSERT_EQ(ready.size(), 1u);
   EXPECT_EQ(ready[0].layer(), 1u);
@@ -152,26 +156,32 @@ TEST_F(SlotRuntimeMailboxTest, AHelloPublishesWhatThePreviousSessionPosted) {
 
 TEST_F(SlotRuntimeMailboxTest, ExpertsMovingBetweenSlotsInOneStep) {
   auto runtime = Make();
-  mailbox_.Post(0, 1, 0);
-  mailbox_.Post(0, 2, 1);
+  Post(0, 1, 0);
+  Post(0, 2, 1);
   runtime->Post(Doorbell(1, 0));
   // Swap them (the streamer would need acks in between; the books must still follow).
   runtime->BeginStep(0);
-  mailbox_.Post(0, 1, -1);
-  mailbox_.Post(0, 2, -1);
+  Post(0, 1, -1);
+  Post(0, 2, -1);
   Forward();
-  mailbox_.Post(0, 1, 1);
-  mailbox_.Post(0, 2, 0);
+  Post(0, 1, 1);
+  Post(0, 2, 0);
   Forward();
   runtime->EndStep();
   EXPECT_EQ(table_.SlotOf(1, 1), 1u);
   EXPECT_EQ(table_.SlotOf(1, 2), 0u);
 }
 
+TEST_F(SlotRuntimeMailboxTest, PostsOutsideTheMailboxAreRefused) {
+  EXPECT_EQ(mailbox_.Post(2, 0, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(mailbox_.Post(0, kExperts, 1).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(mailbox_.PostedSeq(1, 0), 0u);
+}
+
 TEST_F(SlotRuntimeMailboxTest, InconsistentRowsAreCountedNotBelieved) {
   auto runtime = Make();
-  mailbox_.Post(0, 1, 0);
-  mailbox_.Post(0, 2, 0);  // a streamer bug: two experts on one slot
+  Post(0, 1, 0);
+  Post(0, 2, 0);  // a streamer bug: two experts on one slot
   runtime->Post(Doorbell(1, 0));
   EXPECT_EQ(runtime->integrity_failures(), 1u);
   EXPECT_FALSE(table_.SlotOf(1, 1).has_value() && table_.SlotOf(1, 2).has_value());
@@ -179,18 +189,18 @@ TEST_F(SlotRuntimeMailboxTest, InconsistentRowsAreCountedNotBelieved) {
 
 TEST_F(SlotRuntimeMailboxTest, VerifySlotsWatchesReadySlotsAndLetsGoOfUnmappedOnes) {
   auto runtime = Make(/*verify_slots=*/true);
-  mailbox_.Post(0, 4, 1);
+  Post(0, 4, 1);
   runtime->Post(Doorbell(1, 0));
   ASSERT_EQ(table_.SlotOf(1, 4), 1u);
   // Unmapped inside a step and, seeing it published, the streamer rewrites the slot at once.
   runtime->BeginStep(0);
-  mailbox_.Post(0, 4, -1);
+  Post(0, 4, -1);
   Forward();
   std::fill_n(Slot(0, 1), 64, std::byte{0x5a});
   runtime->EndStep();
   EXPECT_EQ(runtime->integrity_failures(), 0u) << "a slot freed in the step was taken for a mapped one";
 
-  mailbox_.Post(0, 5, 2);
+  Post(0, 5, 2);
   runtime->Post(Doorbell(2, 0));
   ASSERT_EQ(table_.SlotOf(1, 5), 2u);
   std::fill_n(Slot(0, 2), 64, std::byte{0x33});

@@ -59,7 +59,7 @@ class MappedRow {
   }
   // The streamer's post: the row, then the sequence number with release.
   void Post(int e, std::int32_t slot) {
-    std::atomic_ref<std::int32_t>(staged_[e]).store(slot, std::memory_order_relaxed);
+    std::atomic_ref<std::int32_t>(staged_[e]).store(slot, std::memory_order_release);
     std::atomic_ref<std::uint32_t> seq(seq_[e]);
     seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
