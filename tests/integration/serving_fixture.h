@@ -79,6 +79,10 @@ class ServingTest : public ClusterTest {
     router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, router_flags));
   }
 
+  // serving_test.cc: a streamed request survives a SIGKILLed streamer, whose restart adopts the
+  // worker's READY slots (the worker started with `worker_extra`).
+  void KillTheStreamerMidGeneration(const std::vector<std::string>& worker_extra);
+
   void TearDown() override {
     for (std::optional<ChildProcess>* child : {&router_, &worker_, &streamer_}) {
       if (!child->has_value()) continue;

@@ -634,8 +634,50 @@ TEST_F(ServingTest, AWorkerArenaWithoutAFloatingSlotIsRefused) {
   EXPECT_THAT(worker.Log(), HasSubstr("--expert_bits=fixed"));
 }
 
+// The slot mailbox (DESIGN.md section 4) on the CPU backend: the streamer posts the fixed sets and
+// the predictor's loads there, every MoE block of every forward applies them, the worker's books
+// follow, nothing is refused and every READY slot checks against its record (--verify_slots).
+TEST_F(ServingTest, StreamedExpertsReachFourBitsThroughTheSlotMailbox) {
+  StartCluster({}, /*streamed=*/true, {"--slot_mailbox=on"});
+  constexpr double kFixedLoads = 16;
+  ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= kFixedLoads; },
+                      std::chrono::seconds(20)))
+      << streamer_->Log() << worker_->Log();
+  EXPECT_THAT(worker_->Log(), HasSubstr("slot-table changes apply inside decode steps"));
+  EXPECT_THAT(streamer_->Log(), HasSubstr("changes posted to its slot mailbox"));
+  const Json request = {{"model", "embedded"}, {"prompt", "The quick brown fox"}, {"max_tokens", 48},
+                        {"temperature", 0}, {"ignore_eos", true}};
+  EXPECT_EQ(Stream("/v1/completions", request).finish, "length");
+  EXPECT_GT(Metric(worker_ports_.http, "nq_expert_calls_total{bits=\"4\"}"), 0);
+  EXPECT_TRUE(WaitFor(
+      [&] { return Metric(streamer_ports_.http, "nq_streamer_slot_loads_total{result=\"ready\"}") > kFixedLoads; },
+      std::chrono::seconds(10)))
+      << streamer_->Log();
+  EXPECT_GE(Metric(streamer_ports_.http, "nq_streamer_mailbox_posts_total{kind=\"ready\"}"),
+            Metric(streamer_ports_.http, "nq_streamer_slot_loads_total{result=\"ready\"}"));
+  EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_mailbox_lag_seconds_count"), 0);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_integrity_failures_total"), 0);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_updates_rejected_total"), 0);
+  for (int port : {worker_ports_.http, streamer_ports_.http}) {
+    absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
+    EXPECT_TRUE(checked.ok()) << checked.status();
+  }
+}
+
 TEST_F(ServingTest, KillingTheStreamerMidGenerationKeepsTheStreamGoingAndARestartResyncs) {
-  StartCluster({}, /*streamed=*/true);
+  KillTheStreamerMidGeneration({});
+}
+
+// The same through the slot mailbox: the restarted streamer adopts what the mailbox published
+// (the worker publishes the dead streamer's last posts before its hello).
+TEST_F(ServingTest, KillingTheStreamerMidGenerationWithASlotMailboxResyncs) {
+  KillTheStreamerMidGeneration({"--slot_mailbox=on"});
+}
+
+}  // namespace
+
+void ServingTest::KillTheStreamerMidGeneration(const std::vector<std::string>& worker_extra) {
+  StartCluster({}, /*streamed=*/true, worker_extra);
   ASSERT_TRUE(WaitFor([&] { return Metric(worker_ports_.http, "nq_worker_slots_ready") >= 4; },
                       std::chrono::seconds(20)));
   Json body = {{"model", "embedded"}, {"prompt", "Once upon a time"}, {"max_tokens", 120},
@@ -696,6 +738,8 @@ TEST_F(ServingTest, KillingTheStreamerMidGenerationKeepsTheStreamGoingAndARestar
   EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_integrity_failures_total"), 0);
   EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_slot_updates_rejected_total"), 0);
 }
+
+namespace {
 
 TEST_F(ServingTest, NqTraceRecordsTheRunningWorkerAndReplayEvaluatesIt) {
   // No worker at the address: a clear error, no trace.
