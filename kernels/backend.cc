@@ -685,7 +685,10 @@ absl::Status Backend::ApplySlotMailbox(const SlotMailboxRow& row, Tensor& applie
   RETURN_IF_ERROR(CheckDType(kOp, "slot_of_expert", slot_of_expert, DType::kI32));
   const std::string from = absl::StrCat("a row of ", row.experts, " experts");
   RETURN_IF_ERROR(CheckShape(kOp, "applied", applied, Shape{row.experts, 2}, from));
-  RETURN_IF_ERROR(CheckShape(kOp, "slot_of_expert", slot_of_expert, Shape{row.experts}, from));
+  if (slot_of_expert.NumElements() != row.experts) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": slot_of_expert ", slot_of_expert.DebugString(), " for ",
+                                                   from));
+  }
   return DoApplySlotMailbox(row, applied, slot_of_expert);
 }
 

@@ -235,7 +235,8 @@ class Backend {
   // and publishes both to row.published[e]; then sets slot_of_expert[e] to applied[e]'s slot for
   // every e. applied: I32 [E, 2] on this backend, the worker's private (slot, seq) per expert
   // (packed as published is: MailboxEntrySeq / MailboxEntrySlot of its 8 bytes), initialised to
-  // kMailboxEmptyEntry; slot_of_expert: I32 [E]. The row's memory must be readable and writable
+  // kMailboxEmptyEntry; slot_of_expert: I32 of E elements in any shape (a row may span every
+  // layer of a mailbox: E = layers x experts, the table [layers, experts]). The row's memory must be readable and writable
   // by this backend (CUDA: host memory mapped into the device, the row holding its device
   // aliases). Capturable: a captured step applies what was posted before each replay.
   absl::Status ApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert);

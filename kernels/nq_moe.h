@@ -93,7 +93,10 @@ struct NqMoeWeights {
 // arena is memory of the backend's kind (device memory for CUDA: the worker's DeviceArena;
 // host memory for CPU), owned by whoever registered it, num_slots * slot_bytes long.
 struct NqSlots {
-  const Tensor* slot_of_expert = nullptr;  // I32 [E]; -1 (or any value outside the arena) = 2 bits
+  // I32 [E], or [R, E] with slot_table_row naming this layer's row (a slot mailbox's table of
+  // every layer, Model::SetSlotMailbox); -1 (or any value outside the arena) = 2 bits.
+  const Tensor* slot_of_expert = nullptr;
+  std::int64_t slot_table_row = 0;
   const std::byte* arena = nullptr;
   std::int64_t slot_bytes = 0;
   std::int64_t num_slots = 0;

@@ -128,7 +128,14 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": slots.slot_of_expert is required (all -1 for 2 bits)"));
   }
   RETURN_IF_ERROR(CheckOwned(kOp, "slot_of_expert", *slots.slot_of_expert));
-  RETURN_IF_ERROR(ExpectShape("slot_of_expert", *slots.slot_of_expert, DType::kI32, Shape{E}));
+  const Shape& table = slots.slot_of_expert->shape();
+  const std::int64_t table_rows = table.rank() == 2 ? table.dim(0) : 1;
+  RETURN_IF_ERROR(ExpectShape("slot_of_expert", *slots.slot_of_expert, DType::kI32,
+                              table.rank() == 2 ? Shape{table_rows, E} : Shape{E}));
+  if (slots.slot_table_row < 0 || slots.slot_table_row >= table_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": slot_table_row ", slots.slot_table_row, " of a table of ",
+                                                   table_rows, " rows"));
+  }
   if (slots.arena != nullptr && (slots.num_slots < 0 || slots.slot_bytes <= 0 || slots.slot_bytes % 4 != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": arena of ", slots.num_slots, " slots of ", slots.slot_bytes,
                                                    " bytes (slot_bytes must be a positive multiple of 4)"));
@@ -151,7 +158,7 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
                   .gate_rows = View(w.gate_rows),
                   .down_cols = View(w.down_cols),
                   .down_rows = View(w.down_rows),
-                  .slot_of_expert = slots.slot_of_expert->data_as<std::int32_t>(),
+                  .slot_of_expert = slots.slot_of_expert->data_as<std::int32_t>() + slots.slot_table_row * E,
                   .arena = reinterpret_cast<const std::uint8_t*>(slots.arena),
                   .slot_bytes = slots.arena == nullptr ? 0 : slots.slot_bytes,
                   .num_slots = slots.arena == nullptr ? 0 : slots.num_slots});

@@ -28,9 +28,19 @@ if wants cluster; then
     bash scripts/device/run_gpu_cluster.sh > "$OUT/cluster.txt" 2>&1
   echo "== cluster rc $?"
   grep -E "^== |PASSED|FAILED|passed|failed|mailbox" "$OUT/cluster.txt" | head -60
-  echo "== worker logs: mailbox lines, refused updates"
-  grep -h "slot mailbox\|refused\|rejected" "$OUT"/cluster/logs/*.log 2>/dev/null | sort | uniq -c | head -20
-  grep -h "mailbox" "$OUT"/cluster/logs/*streamer*.log 2>/dev/null | head -5
+  # The services' logs travel as one archive: the mailbox must have been in use, nothing refused.
+  mkdir -p /tmp/cluster_logs && tar -C /tmp/cluster_logs -xzf "$OUT/cluster/logs.tar.gz" 2>/dev/null
+  echo "== services' logs: mailbox lines, refused or rejected updates, integrity"
+  grep -rhoE "slot mailbox [^:]*: slot-table changes apply inside decode steps|changes posted to its slot mailbox|changes sent in updates|refused|rejected|integrity[^,]*" /tmp/cluster_logs | sed 's|/nq-mailbox[^:]*|/nq-mailbox-...|' | sort | uniq -c | head -20
+  python3 - "$OUT/cluster/gpu_cluster.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for k in ('streaming', 'streamer_kill', 'stress'):
+    v = r.get(k)
+    print(f'== {k}:', json.dumps(v)[:600] if v is not None else None)
+PY
+  # The run tool returns a bounded number of files: keep the summaries, drop the rest.
+  rm -rf "$OUT/cluster/logs.tar.gz" "$OUT"/cluster/bench_decode_*.json
 fi
 
 source scripts/device/unpack_cluster_bundle.sh  # $work, LD_LIBRARY_PATH
@@ -39,8 +49,12 @@ M=$work/model
 
 if wants norms && [[ -x $B/decode_bench_test ]]; then
   stamp norms
-  # The test finds glm5_nano where it was built (NQ_SOURCE_DIR = /work/main).
-  [[ -e /work/main/models/glm5_nano ]] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+  # The test finds glm5_nano where it was built (NQ_SOURCE_DIR = /work/main); the slimmed tree
+  # lacks its weights, the bundle carries them.
+  if [[ ! -e /work/main/models/glm5_nano/model.safetensors ]]; then
+    mkdir -p /work/main/models/glm5_nano
+    for f in "$M"/*; do [[ -e /work/main/models/glm5_nano/$(basename "$f") ]] || ln -s "$f" /work/main/models/glm5_nano/; done
+  fi
   NQ_STEPPED_BACKEND=cuda $B/decode_bench_test --gtest_filter='*InputNorms*' > "$OUT/norms.txt" 2>&1
   echo "== norms on the GPU rc $?"; grep -E "^\[  |Failure|Expected|Which is" "$OUT/norms.txt" | head -20
 fi

@@ -93,6 +93,12 @@ kernels::SlotMailboxRow SlotMailbox::Row(size_t layer, std::byte* alias) const {
           .experts = static_cast<int32_t>(experts_)};
 }
 
+kernels::SlotMailboxRow SlotMailbox::AllRows(std::byte* alias) const {
+  kernels::SlotMailboxRow row = Row(0, alias);
+  row.experts = static_cast<int32_t>(Entries(layers_, experts_));
+  return row;
+}
+
 absl::StatusOr<uint32_t> SlotMailbox::Post(size_t layer, uint32_t expert, int32_t slot) {
   if (layer >= layers_ || expert >= experts_) {
     return absl::OutOfRangeError(absl::StrCat("slot mailbox ", name(), ": layer index ", layer, " expert ", expert,

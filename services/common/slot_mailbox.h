@@ -49,6 +49,9 @@ class SlotMailbox {
   // Layer index `layer` (geometry order) as the apply op reads it, in this process's addresses;
   // `alias` rebases it onto another mapping of the same object (a device's), when not null.
   kernels::SlotMailboxRow Row(size_t layer, std::byte* alias = nullptr) const;
+  // Every layer's entries as one row of layers() x experts() (layer-major), which one apply op
+  // takes at once.
+  kernels::SlotMailboxRow AllRows(std::byte* alias = nullptr) const;
 
   // --- The streamer. Posts `slot` (-1: unmap) for (layer, expert): staged, then seq + 1, each
   // with release. The slot's bytes must be complete where the worker reads them before the call.

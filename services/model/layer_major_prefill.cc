@@ -41,6 +41,7 @@ absl::StatusOr<std::vector<float>> Model::PrefillLayerMajor(std::span<const int3
   const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t start = cache_.length(), D = config_.hidden_size, C = options.chunk_tokens;
   if (T == 0) return absl::InvalidArgumentError("PrefillLayerMajor: no tokens");
+  MailboxForwardBegins();
   if (C <= 0) return absl::InvalidArgumentError(absl::StrCat("PrefillLayerMajor: chunk_tokens ", C, " is not positive"));
   if (start + T > cache_.max_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/tensor_io.h"
@@ -534,9 +535,6 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     RETURN_IF_ERROR(backend_.MatMul(xn, xn, gram));
   }
   if (use_side) RETURN_IF_ERROR(backend_.EndSideWork());
-  // Slot-table changes the streamer posted land before anything of this block reads the table
-  // (the apply's read across PCIe overlaps the shared expert on the side stream).
-  if (!w.nvfp4.has_value()) RETURN_IF_ERROR(ApplyMailbox(layer));
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
   RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
@@ -578,7 +576,7 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
   } else {
     const PackedExperts& packed = *w.packed;
     kernels::NqSlots nq_slots = LayerSlots(packed, layer, nullptr);
-    nq_slots.slot_of_expert = &slot_tables_.at(layer);
+    ASSIGN_OR_RETURN(std::tie(nq_slots.slot_of_expert, nq_slots.slot_table_row), SlotTableFor(layer));
     RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
   }
   if (use_side) RETURN_IF_ERROR(backend_.JoinSideWork());
@@ -592,31 +590,43 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
   return out;
 }
 
-absl::Status Model::SetSlotMailbox(const std::map<int64_t, kernels::SlotMailboxRow>& rows) {
-  std::map<int64_t, MailboxLayer> layers;
-  for (const auto& [layer, row] : rows) {
-    if (!slot_tables_.contains(layer)) {
-      return absl::InvalidArgumentError(absl::StrCat("slot mailbox: layer ", layer, " has no packed routed experts"));
-    }
-    if (row.experts != config_.n_routed_experts) {
-      return absl::InvalidArgumentError(absl::StrCat("slot mailbox: layer ", layer, "'s row has ", row.experts,
-                                                     " experts, the model ", config_.n_routed_experts));
-    }
-    const std::vector<uint64_t> empty(static_cast<size_t>(row.experts), kernels::kMailboxEmptyEntry);
-    ASSIGN_OR_RETURN(Tensor applied, backend_.Allocate(kernels::DType::kI32, Shape{row.experts, 2}));
-    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const uint64_t>(empty)), applied));
-    layers.emplace(layer, MailboxLayer{.row = row, .applied = std::move(applied)});
+absl::Status Model::SetSlotMailbox(const kernels::SlotMailboxRow& rows, const std::vector<int64_t>& layers) {
+  const int64_t E = config_.n_routed_experts, L = static_cast<int64_t>(layers.size());
+  if (L == 0 || rows.experts != L * E) {
+    return absl::InvalidArgumentError(absl::StrCat("slot mailbox: a row of ", rows.experts, " entries for ", L,
+                                                   " layers of ", E, " experts"));
   }
-  mailbox_ = std::move(layers);
+  Mailbox mailbox{.row = rows};
+  for (int64_t i = 0; i < L; ++i) {
+    if (!slot_tables_.contains(layers[static_cast<size_t>(i)])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot mailbox: layer ", layers[static_cast<size_t>(i)], " has no packed routed experts"));
+    }
+    mailbox.row_of_layer[layers[static_cast<size_t>(i)]] = i;
+  }
+  const std::vector<uint64_t> empty(static_cast<size_t>(L * E), kernels::kMailboxEmptyEntry);
+  ASSIGN_OR_RETURN(mailbox.applied, backend_.Allocate(kernels::DType::kI32, Shape{L * E, 2}));
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const uint64_t>(empty)), mailbox.applied));
+  const std::vector<int32_t> unmapped(static_cast<size_t>(L * E), -1);
+  ASSIGN_OR_RETURN(mailbox.table, backend_.Allocate(kernels::DType::kI32, Shape{L, E}));
+  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(unmapped)), mailbox.table));
+  mailbox_ = std::move(mailbox);
   uploaded_generation_.reset();
   step_graphs_.clear();
   return absl::OkStatus();
 }
 
-absl::Status Model::ApplyMailbox(int64_t layer) {
-  auto it = mailbox_.find(layer);
-  if (it == mailbox_.end()) return absl::OkStatus();
-  return backend_.ApplySlotMailbox(it->second.row, it->second.applied, slot_tables_.at(layer));
+absl::StatusOr<std::pair<const Tensor*, int64_t>> Model::SlotTableFor(int64_t layer) {
+  if (mailbox_.has_value()) {
+    if (auto it = mailbox_->row_of_layer.find(layer); it != mailbox_->row_of_layer.end()) {
+      if (mailbox_->apply_due) {
+        RETURN_IF_ERROR(backend_.ApplySlotMailbox(mailbox_->row, mailbox_->applied, mailbox_->table));
+        mailbox_->apply_due = false;
+      }
+      return std::make_pair(static_cast<const Tensor*>(&mailbox_->table), it->second);
+    }
+  }
+  return std::make_pair(static_cast<const Tensor*>(&slot_tables_.at(layer)), int64_t{0});
 }
 
 absl::Status Model::RefreshSlotTables() {
@@ -624,7 +634,7 @@ absl::Status Model::RefreshSlotTables() {
   if (uploaded_generation_ == generation) return absl::OkStatus();
   std::vector<int32_t> slots(static_cast<size_t>(config_.n_routed_experts));
   for (auto& [layer, table] : slot_tables_) {
-    if (mailbox_.contains(layer)) continue;  // its apply op owns the table
+    if (mailbox_.has_value() && mailbox_->row_of_layer.contains(layer)) continue;  // the mailbox decides
     std::fill(slots.begin(), slots.end(), -1);
     const LayerWeights& lw = layer < config_.num_hidden_layers
                                  ? weights_.layers[static_cast<size_t>(layer)]
@@ -641,6 +651,7 @@ absl::Status Model::RefreshSlotTables() {
 }
 
 absl::Status Model::BeginRoutingLog(int64_t tokens) {
+  MailboxForwardBegins();  // every forward starts here
   // A forward that failed may have left copies in flight into the staging.
   const bool in_flight = !routing_log_.empty();
   routing_log_.clear();
@@ -768,11 +779,13 @@ absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, c
     uploaded_generation_.reset();  // this layer's table no longer holds the tables' choice
   } else {
     RETURN_IF_ERROR(RefreshSlotTables());
-    RETURN_IF_ERROR(ApplyMailbox(layer));
     if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(layer, routing);
   }
   kernels::NqSlots nq_slots = LayerSlots(w, layer, prefill);
   nq_slots.slot_of_expert = &table;
+  if (prefill == nullptr && !(!slot_table_source_.has_value() && slot_source_)) {
+    ASSIGN_OR_RETURN(std::tie(nq_slots.slot_of_expert, nq_slots.slot_table_row), SlotTableFor(layer));
+  }
   ASSIGN_OR_RETURN(Tensor ids, kernels::UploadInt32s(backend_, routing.experts, Shape{T, K}));
   ASSIGN_OR_RETURN(Tensor weights, kernels::UploadFloats(backend_, routing.weights, kernels::DType::kF32, Shape{T, K}));
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));

@@ -162,14 +162,16 @@ class Model {
     uploaded_generation_.reset();
     step_graphs_.clear();
   }
-  // The slot mailbox (kernels/slot_mailbox.h, DESIGN.md section 4): each packed MoE layer named
-  // in `rows` applies its row as the first op of its MoE block in every forward, captured steps
-  // included, and that op alone writes the layer's slot table from then on (the table source's
-  // fill is no longer uploaded for it; its count still runs after each forward). A row holds
-  // addresses the backend reads (CUDA: the device's aliases of mapped host memory), which must
-  // outlive the model. INVALID_ARGUMENT for a layer without packed experts or a row of another
-  // expert count.
-  absl::Status SetSlotMailbox(const std::map<int64_t, kernels::SlotMailboxRow>& rows);
+  // The slot mailbox (kernels/slot_mailbox.h, DESIGN.md section 4): `rows` spans every layer of
+  // `layers` (packed MoE layers, in the mailbox's order), E entries each. Every forward applies it
+  // once, as the first op of its first packed MoE block (captured steps included: one read of the
+  // mailbox per step, not one per layer), and the table it writes alone decides those layers'
+  // slots from then on (the table source's fill is no longer uploaded for them; its count still
+  // runs after each forward; a layer-major prefill's own slots still take precedence). The row
+  // holds addresses the backend reads (CUDA: the device's aliases of mapped host memory), which
+  // must outlive the model. INVALID_ARGUMENT for a layer without packed experts or a row of
+  // another size.
+  absl::Status SetSlotMailbox(const kernels::SlotMailboxRow& rows, const std::vector<int64_t>& layers);
   // A worker's slot arena: model layer L's slot s starts at base + layer_offsets.at(L) +
   // s * slot_bytes. Memory of the backend's kind; it must outlive the model.
   struct SlotArena {
@@ -392,16 +394,24 @@ class Model {
   // the host-routed path, by RefreshSlotTables on the backend-routed one.
   std::map<int64_t, kernels::Tensor> slot_tables_;
   std::optional<ExpertSlotTables> slot_table_source_;
-  // SetSlotMailbox's layers: the row, and the private (seq, slot) per expert it was applied to
-  // (I32 [E, 2]; ApplySlotMailbox).
-  struct MailboxLayer {
+  // SetSlotMailbox's: the row of every layer, the private (seq, slot) per entry it was applied
+  // to (I32 [L * E, 2]; ApplySlotMailbox), the table it writes (I32 [L, E]) and each layer's row
+  // in it. apply_due: no MoE block of the running forward applied it yet.
+  struct Mailbox {
     kernels::SlotMailboxRow row;
     kernels::Tensor applied;
+    kernels::Tensor table;
+    std::map<int64_t, int64_t> row_of_layer;
+    bool apply_due = true;
   };
-  std::map<int64_t, MailboxLayer> mailbox_;
-  // The first op of a packed MoE block: the layer's mailbox row into its slot table (no-op
-  // without a mailbox for it).
-  absl::Status ApplyMailbox(int64_t layer);
+  std::optional<Mailbox> mailbox_;
+  // A forward begins: its first packed MoE block applies the mailbox.
+  void MailboxForwardBegins() {
+    if (mailbox_.has_value()) mailbox_->apply_due = true;
+  }
+  // The slot table a packed MoE block of `layer` reads (prefill: its own slots take precedence):
+  // the mailbox's row, applied first if this forward has not yet, else the layer's own table.
+  absl::StatusOr<std::pair<const kernels::Tensor*, int64_t>> SlotTableFor(int64_t layer);
   // The generation of the tables on the backend (nullopt: not uploaded since the last change of
   // source, or written by the host-routed path).
   std::optional<uint64_t> uploaded_generation_;

@@ -135,7 +135,7 @@ absl::Status BenchDecode() {
                                                             backend->name() == "cuda"
                                                                 ? std::optional<int>(absl::GetFlag(FLAGS_gpu))
                                                                 : std::nullopt));
-    RETURN_IF_ERROR(model.SetSlotMailbox(mailbox->rows()));
+    RETURN_IF_ERROR(model.SetSlotMailbox(mailbox->all_rows(), mailbox->layers()));
   }
   ASSIGN_OR_RETURN(worker::DecodeBenchReport report, worker::RunDecodeBench(model, options));
   const model::Model::StepGraphStats& graphs = model.step_graph_stats();

@@ -649,7 +649,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
     // back), so a slot the worker acks as unmapped is no longer being read on the GPU.
     model->SetSlotArena(ModelSlotArena(geometry, arena->base()));
     model->SetExpertSlotTables(slots.SlotTables());
-    if (mailbox != nullptr) RETURN_IF_ERROR(model->SetSlotMailbox(mailbox->rows()));
+    if (mailbox != nullptr) RETURN_IF_ERROR(model->SetSlotMailbox(mailbox->all_rows(), mailbox->layers()));
   }
   if (model != nullptr) {
     // Routed experts in memory: the packed codes, scales and tables (plus any records a layer

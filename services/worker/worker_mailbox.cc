@@ -32,9 +32,8 @@ struct WorkerMailbox::DeviceMapping {
 
 WorkerMailbox::WorkerMailbox(SlotMailbox mailbox, std::unique_ptr<DeviceMapping> mapping, const SlotGeometry& geometry)
     : mailbox_(std::move(mailbox)), mapping_(std::move(mapping)) {
-  for (size_t i = 0; i < geometry.moe_layer_ids.size(); ++i) {
-    rows_.emplace(geometry.moe_layer_ids[i], mailbox_.Row(i, mapping_ != nullptr ? mapping_->alias : nullptr));
-  }
+  all_rows_ = mailbox_.AllRows(mapping_ != nullptr ? mapping_->alias : nullptr);
+  layers_.assign(geometry.moe_layer_ids.begin(), geometry.moe_layer_ids.end());
 }
 
 WorkerMailbox::~WorkerMailbox() = default;

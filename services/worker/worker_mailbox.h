@@ -4,9 +4,10 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/slot_mailbox.h"
@@ -29,8 +30,10 @@ class WorkerMailbox {
 
   SlotMailbox& mailbox() { return mailbox_; }
   const std::string& name() const { return mailbox_.name(); }
-  // Model::SetSlotMailbox's argument: each MoE layer id's row.
-  const std::map<int64_t, kernels::SlotMailboxRow>& rows() const { return rows_; }
+  // Model::SetSlotMailbox's arguments: every layer's entries as one row, and the MoE layer ids in
+  // its order.
+  const kernels::SlotMailboxRow& all_rows() const { return all_rows_; }
+  const std::vector<int64_t>& layers() const { return layers_; }
 
  private:
   struct DeviceMapping;
@@ -38,7 +41,8 @@ class WorkerMailbox {
 
   SlotMailbox mailbox_;
   std::unique_ptr<DeviceMapping> mapping_;  // null on the CPU backend
-  std::map<int64_t, kernels::SlotMailboxRow> rows_;
+  kernels::SlotMailboxRow all_rows_;
+  std::vector<int64_t> layers_;
 };
 
 }  // namespace nq::worker

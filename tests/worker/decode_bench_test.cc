@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,7 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "services/release/release_encoder.h"
 #include "services/release/release_experts.h"
+#include "services/worker/arena_geometry.h"
 #include "services/worker/decode_bench.h"
+#include "services/worker/worker_mailbox.h"
 #include "tests/common/run_shell.h"
 #include "tests/common/status_matchers.h"
 #include "tests/worker/nano_model.h"
@@ -220,6 +224,74 @@ TEST_F(BenchDecodeCommandTest, DecodeStepsReportTheInputNormsTheHostComputes) {
       EXPECT_NEAR(got[layer][t], norms[t], tolerance * norms[t]) << "layer " << layer << " token " << t;
     }
   }
+}
+
+// The slot mailbox decides the bits of every forward (Model::SetSlotMailbox), captured decode steps
+// included: with nothing posted a model whose every residual sits in its records runs as the
+// all-2-bit model does, and once every expert is posted to its record it runs as the all-4-bit
+// model, the same step graphs replayed (nothing is captured again between the two sequences).
+// NQ_STEPPED_BACKEND=cuda on a GPU machine runs it over host memory mapped into the device.
+TEST_F(BenchDecodeCommandTest, ASlotMailboxDecidesTheBitsOfEveryForwardInsideCapturedSteps) {
+  const std::string release = Release();
+  const char* stepped_name = std::getenv("NQ_STEPPED_BACKEND");
+  const std::string name = stepped_name != nullptr ? stepped_name : "cpu";
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(name);
+  ASSERT_THAT(backend, IsOk());
+  auto load = [&](release::ExpertBits bits) {
+    return release::LoadModelWithRelease(NanoModelDir(), release, bits, **backend, nullptr,
+                                         {.max_tokens = 64, .tp = {}});
+  };
+  absl::StatusOr<std::unique_ptr<model::Model>> two = load(release::ExpertBits::k2Bit);
+  absl::StatusOr<std::unique_ptr<model::Model>> four = load(release::ExpertBits::k4Bit);
+  absl::StatusOr<std::unique_ptr<model::Model>> mailed = load(release::ExpertBits::k4Bit);
+  ASSERT_THAT(two, IsOk());
+  ASSERT_THAT(four, IsOk());
+  ASSERT_THAT(mailed, IsOk());
+  const model::ModelConfig& config = (*mailed)->config();
+  const std::vector<uint32_t> layers = DecodeMoeLayers(config);
+  const auto experts = static_cast<uint32_t>(config.n_routed_experts);
+  absl::StatusOr<std::unique_ptr<WorkerMailbox>> mailbox = WorkerMailbox::Create(
+      SlotGeometry::Packed(layers, experts, 4096, experts, 0), 0, name == "cuda" ? std::optional<int>(0) : std::nullopt);
+  ASSERT_THAT(mailbox, IsOk());
+  ASSERT_THAT((*mailed)->SetSlotMailbox((*mailbox)->all_rows(), (*mailbox)->layers()), IsOk());
+
+  // A prompt, then single-token steps (the captured kind): every forward's logits.
+  const std::vector<int32_t> tokens = DecodeBenchPrompt(12, config.vocab_size, 4);
+  auto run = [&](model::Model& m) -> std::vector<std::vector<float>> {
+    m.ResetCache();
+    std::vector<std::vector<float>> out;
+    absl::StatusOr<std::vector<float>> prompt = m.Forward(std::span<const int32_t>(tokens).first(6));
+    EXPECT_THAT(prompt, IsOk());
+    out.push_back(prompt.ok() ? *prompt : std::vector<float>{});
+    for (size_t i = 6; i < tokens.size(); ++i) {
+      absl::StatusOr<std::vector<float>> step = m.Forward(std::span<const int32_t>(tokens).subspan(i, 1));
+      EXPECT_THAT(step, IsOk());
+      out.push_back(step.ok() ? *step : std::vector<float>{});
+    }
+    return out;
+  };
+  auto expect_equal = [](const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
+                         const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t f = 0; f < got.size(); ++f) {
+      ASSERT_EQ(got[f].size(), want[f].size()) << what << " forward " << f;
+      float scale = 0, worst = 0;
+      for (size_t i = 0; i < got[f].size(); ++i) {
+        scale = std::max(scale, std::abs(want[f][i]));
+        worst = std::max(worst, std::abs(got[f][i] - want[f][i]));
+      }
+      EXPECT_LE(worst, 1e-5f * scale) << what << " forward " << f;
+    }
+  };
+  const std::vector<std::vector<float>> want_two = run(**two), want_four = run(**four);
+  expect_equal(run(**mailed), want_two, "nothing posted");
+  const int64_t captured = (*mailed)->step_graph_stats().captured;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    for (uint32_t e = 0; e < experts; ++e) ASSERT_THAT((*mailbox)->mailbox().Post(li, e, static_cast<int32_t>(e)), IsOk());
+  }
+  expect_equal(run(**mailed), want_four, "every expert posted");
+  EXPECT_EQ((*mailed)->step_graph_stats().captured, captured) << "a posted row must not need a new capture";
+  EXPECT_EQ(kernels::MailboxEntrySlot((*mailbox)->mailbox().Published(0, 3)), 3) << "applied and published";
 }
 
 // Prompt 32, warm-up 2, 12 timed steps: the flags the command tests pass.

@@ -166,6 +166,11 @@ TEST(CudaSlotMailbox, RowsPostedDuringReplaysApplyWhole) {
     for (int e = 0; e < kExperts; ++e) {
       const std::uint64_t p = row.Published(e);
       const std::uint32_t seq = MailboxEntrySeq(p);
+      if (seq == 0) {  // the writer has not reached this expert yet: nothing applied
+        ASSERT_EQ(p, kMailboxEmptyEntry);
+        ASSERT_EQ(got[e], -1);
+        continue;
+      }
       ASSERT_GE(static_cast<std::int64_t>(MailboxEntrySlot(p)), static_cast<std::int64_t>(seq))
           << "replay " << replay << " expert " << e << ": a row older than its sequence number";
       ASSERT_EQ(got[e], MailboxEntrySlot(p)) << "replay " << replay << " expert " << e;
