@@ -6,7 +6,9 @@
 #    through the mailbox: --slot_mailbox auto), with CudaSlotMailbox* and CudaSideWork* plain and
 #    under memcheck; the worker log must show the mailbox in use and no refused update;
 #  - norms: decode_bench_test's DecodeStepsReportTheInputNormsTheHostComputes with the stepped model
-#    on the GPU (NQ_STEPPED_BACKEND=cuda), the CPU's whole forward its oracle;
+#    on the GPU (NQ_STEPPED_BACKEND=cuda), the CPU's whole forward its oracle; and its
+#    ASlotMailboxDecidesTheBitsOfEveryForwardInsideCapturedSteps (posted rows reach replayed graphs);
+#  NQ_CLUSTER_SLICE=1 adds the GLM-5-shaped slice's cluster run;
 #  - cost: nq bench-decode with --slot_mailbox on and off (an idle mailbox applied in every MoE block),
 #    interleaved over NQ_ROUNDS rounds, on glm5_nano and the GLM-5 slice (NQ_SLICES, default
 #    glm5:4:256:4000), tokens compared;
@@ -24,7 +26,7 @@ stamp() { echo "-- $(date +%T) $*"; }
 
 if wants cluster; then
   stamp cluster
-  OUT="$OUT/cluster" NQ_SLICE=0 NQ_READ_BENCH=0 NQ_NSYS=0 NQ_GTEST_FILTER='CudaSlotMailbox*:CudaSideWork*' \
+  OUT="$OUT/cluster" NQ_SLICE="${NQ_CLUSTER_SLICE:-0}" NQ_READ_BENCH=0 NQ_NSYS=0 NQ_GTEST_FILTER='CudaSlotMailbox*:CudaSideWork*' \
     bash scripts/device/run_gpu_cluster.sh > "$OUT/cluster.txt" 2>&1
   echo "== cluster rc $?"
   grep -E "^== |PASSED|FAILED|passed|failed|mailbox" "$OUT/cluster.txt" | head -60
@@ -55,8 +57,8 @@ if wants norms && [[ -x $B/decode_bench_test ]]; then
     mkdir -p /work/main/models/glm5_nano
     for f in "$M"/*; do [[ -e /work/main/models/glm5_nano/$(basename "$f") ]] || ln -s "$f" /work/main/models/glm5_nano/; done
   fi
-  NQ_STEPPED_BACKEND=cuda $B/decode_bench_test --gtest_filter='*InputNorms*' > "$OUT/norms.txt" 2>&1
-  echo "== norms on the GPU rc $?"; grep -E "^\[  |Failure|Expected|Which is" "$OUT/norms.txt" | head -20
+  NQ_STEPPED_BACKEND=cuda $B/decode_bench_test --gtest_filter='*InputNorms*:*SlotMailbox*' > "$OUT/norms.txt" 2>&1
+  echo "== norms and the model's mailbox on the GPU rc $?"; grep -E "^\[  |Failure|Expected|Which is|forward" "$OUT/norms.txt" | head -20
 fi
 
 compare_tokens() {  # base.json other.json...
