@@ -207,6 +207,37 @@ class SlotProtocolTest : public ::testing::Test {
     return bad;
   }
 
+  // 120 blocks of routing reports, a new hot set every 4 (many loads and evictions with the
+  // churning predictor), then waits for the last loads to land.
+  void Churn(unsigned seed) {
+    std::mt19937 rng(seed);
+    uint64_t first_token = 0;
+    for (int block = 0; block < 120; ++block) {
+      std::mt19937 hot_rng(static_cast<unsigned>(block / 4));
+      std::vector<uint32_t> hot;
+      while (hot.size() < 4) {
+        const uint32_t e = static_cast<uint32_t>(hot_rng() % kExperts);
+        if (std::find(hot.begin(), hot.end(), e) == hot.end()) hot.push_back(e);
+      }
+      client_->EnqueueRoutingReport(Report(hot, rng, first_token));
+      first_token += 16;
+      std::this_thread::sleep_for(std::chrono::milliseconds(4));
+    }
+    WaitUntil([&] { return StreamerMetric("nq_streamer_read_backlog_bytes") == 0; }, std::chrono::seconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+
+  // What Churn must have caused while `steps` decode steps ran.
+  void ExpectChurned(uint64_t steps) {
+    const double ready = StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}");
+    const double unmaps = StreamerMetric("nq_streamer_slot_unmaps_total");
+    RecordProperty("loads_ready", std::to_string(ready));
+    RecordProperty("unmaps", std::to_string(unmaps));
+    RecordProperty("steps", std::to_string(steps));
+    EXPECT_GT(ready, 40) << "the churn should have loaded many records";
+    EXPECT_GT(unmaps, 20) << "and evicted many";
+  }
+
   // Every READY slot's bytes equal its expert's record. Returns the number that differ.
   int CheckReadySlots() {
     int bad = 0;
@@ -358,33 +389,11 @@ TEST_F(SlotProtocolTest, RandomLoadsAndEvictionsWhileDecodingNeverTouchAMappedSl
       ++steps;
     }
   });
-  std::mt19937 rng(7);
-  uint64_t first_token = 0;
-  for (int block = 0; block < 120; ++block) {
-    // A new hot set every 4 blocks.
-    std::mt19937 hot_rng(static_cast<unsigned>(block / 4));
-    std::vector<uint32_t> hot;
-    while (hot.size() < 4) {
-      const uint32_t e = static_cast<uint32_t>(hot_rng() % kExperts);
-      if (std::find(hot.begin(), hot.end(), e) == hot.end()) hot.push_back(e);
-    }
-    client_->EnqueueRoutingReport(Report(hot, rng, first_token));
-    first_token += 16;
-    std::this_thread::sleep_for(std::chrono::milliseconds(4));
-  }
-  // Let the last loads land.
-  WaitUntil([&] { return StreamerMetric("nq_streamer_read_backlog_bytes") == 0; }, std::chrono::seconds(10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Churn(7);
   stop = true;
   decode.join();
 
-  const double ready = StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}");
-  const double unmaps = StreamerMetric("nq_streamer_slot_unmaps_total");
-  RecordProperty("loads_ready", std::to_string(ready));
-  RecordProperty("unmaps", std::to_string(unmaps));
-  RecordProperty("steps", std::to_string(steps.load()));
-  EXPECT_GT(ready, 40) << "the churn should have loaded many records";
-  EXPECT_GT(unmaps, 20) << "and evicted many";
+  ExpectChurned(steps.load());
   EXPECT_EQ(StreamerMetric("nq_streamer_slot_loads_total{result=\"failed\"}"), 0);
   EXPECT_GT(steps.load(), 100u);
   EXPECT_EQ(bad_at_begin.load(), 0) << "a READY slot did not hold its record";
@@ -782,31 +791,11 @@ TEST_F(SlotProtocolTest, MailboxLoadsAndEvictionsAppliedMidStepNeverTouchAMapped
       ++steps;
     }
   });
-  std::mt19937 rng(11);
-  uint64_t first_token = 0;
-  for (int block = 0; block < 120; ++block) {
-    std::mt19937 hot_rng(static_cast<unsigned>(block / 4));
-    std::vector<uint32_t> hot;
-    while (hot.size() < 4) {
-      const uint32_t e = static_cast<uint32_t>(hot_rng() % kExperts);
-      if (std::find(hot.begin(), hot.end(), e) == hot.end()) hot.push_back(e);
-    }
-    client_->EnqueueRoutingReport(Report(hot, rng, first_token));
-    first_token += 16;
-    std::this_thread::sleep_for(std::chrono::milliseconds(4));
-  }
-  WaitUntil([&] { return StreamerMetric("nq_streamer_read_backlog_bytes") == 0; }, std::chrono::seconds(10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Churn(11);
   stop = true;
   decode.join();
 
-  const double ready = StreamerMetric("nq_streamer_slot_loads_total{result=\"ready\"}");
-  const double unmaps = StreamerMetric("nq_streamer_slot_unmaps_total");
-  RecordProperty("loads_ready", std::to_string(ready));
-  RecordProperty("unmaps", std::to_string(unmaps));
-  RecordProperty("steps", std::to_string(steps.load()));
-  EXPECT_GT(ready, 40) << "the churn should have loaded many records";
-  EXPECT_GT(unmaps, 20) << "and evicted many";
+  ExpectChurned(steps.load());
   EXPECT_GT(steps.load(), 100u);
   EXPECT_GT(mapped_reads.load(), 0u) << "forwards must have run experts from slots";
   EXPECT_EQ(bad.load(), 0) << "a mapped slot did not hold its record during a forward";

@@ -84,6 +84,16 @@ Tensor EmptyApplied(Backend& backend, int experts) {
   return applied;
 }
 
+// A graph of one apply, as a captured decode step holds it.
+absl::StatusOr<std::unique_ptr<Backend::Graph>> CaptureApply(Backend& cuda, const MappedRow& row, Tensor& applied,
+                                                             Tensor& table) {
+  if (absl::Status s = cuda.BeginCapture(); !s.ok()) return s;
+  const absl::Status applied_ok = cuda.ApplySlotMailbox(row.Device(), applied, table);
+  absl::StatusOr<std::unique_ptr<Backend::Graph>> graph = cuda.EndCapture();
+  if (!applied_ok.ok()) return applied_ok;
+  return graph;
+}
+
 TEST(CudaSlotMailbox, EqualsTheHostApply) {
   Backend& cuda = *Backends().cuda;
   constexpr int kExperts = 300;  // two blocks
@@ -114,9 +124,7 @@ TEST(CudaSlotMailbox, ACapturedStepAppliesWhatWasPostedBeforeEachReplay) {
   ASSERT_TRUE(row.mapped());
   Tensor applied = EmptyApplied(cuda, kExperts);
   Tensor table = AllocateOrFail(cuda, DType::kI32, {kExperts});
-  ASSERT_TRUE(cuda.BeginCapture().ok());
-  ASSERT_TRUE(cuda.ApplySlotMailbox(row.Device(), applied, table).ok());
-  absl::StatusOr<std::unique_ptr<Backend::Graph>> graph = cuda.EndCapture();
+  absl::StatusOr<std::unique_ptr<Backend::Graph>> graph = CaptureApply(cuda, row, applied, table);
   ASSERT_TRUE(graph.ok()) << graph.status();
   std::vector<std::int32_t> want(kExperts, -1);
   for (int replay = 0; replay < 5; ++replay) {
@@ -139,9 +147,7 @@ TEST(CudaSlotMailbox, RowsPostedDuringReplaysApplyWhole) {
   ASSERT_TRUE(row.mapped());
   Tensor applied = EmptyApplied(cuda, kExperts);
   Tensor table = AllocateOrFail(cuda, DType::kI32, {kExperts});
-  ASSERT_TRUE(cuda.BeginCapture().ok());
-  ASSERT_TRUE(cuda.ApplySlotMailbox(row.Device(), applied, table).ok());
-  absl::StatusOr<std::unique_ptr<Backend::Graph>> graph = cuda.EndCapture();
+  absl::StatusOr<std::unique_ptr<Backend::Graph>> graph = CaptureApply(cuda, row, applied, table);
   ASSERT_TRUE(graph.ok()) << graph.status();
 
   // The writer posts each expert's own sequence number as its slot, so an applied row is whole
