@@ -13,7 +13,8 @@
 #    interleaved over NQ_ROUNDS rounds, on glm5_nano and the GLM-5 slice (NQ_SLICES, default
 #    glm5:4:256:4000), tokens compared;
 #  - hbm_probe's yardsticks.
-# NQ_ONLY=cluster,norms,cost,hbm limits what runs.
+#  - ops: CudaSlotMailbox* alone (the cluster section runs them too, with memcheck).
+# NQ_ONLY=cluster,ops,norms,cost,hbm limits what runs (default: all but ops).
 #
 #   run tool: carry [".gpu-cluster", ".hbm"], command "bash scripts/device/run_mailbox.sh"
 set -uo pipefail
@@ -49,6 +50,12 @@ source scripts/device/unpack_cluster_bundle.sh  # $work, LD_LIBRARY_PATH
 B=$work/bin
 M=$work/model
 
+if wants ops; then
+  stamp ops
+  $B/cuda_vs_cpu_ops_test --gtest_filter='CudaSlotMailbox*' > "$OUT/ops.txt" 2>&1
+  echo "== CudaSlotMailbox* rc $?"; grep -E "^\[  |Failure" "$OUT/ops.txt" | head -12
+fi
+
 if wants norms && [[ -x $B/decode_bench_test ]]; then
   stamp norms
   # The test finds glm5_nano where it was built (NQ_SOURCE_DIR = /work/main); the slimmed tree
@@ -74,7 +81,9 @@ PY
 if wants cost; then
   stamp "cost nano"
   for round in $(seq 1 "${NQ_ROUNDS:-3}"); do
-    for mb in false true; do
+    # Off first in odd rounds, on first in even ones: the order must not pass for a cost.
+    order="false true"; (( round % 2 == 0 )) && order="true false"
+    for mb in $order; do
       $B/nq bench-decode --model=$M --release=$M/release --expert-bits=2 --backend=cuda --prompt-tokens=300 \
         --decode-tokens=256 --warmup=4 --slot_mailbox=$mb --out=/tmp/nano_mailbox-$mb.json > /tmp/nano.log 2>&1 ||
         { echo "nano $mb failed"; tail -3 /tmp/nano.log; }
@@ -91,7 +100,8 @@ if wants cost; then
       echo "make_slice $spec failed"; tail -5 /tmp/make_slice.log; rm -rf "$slice"; continue
     fi
     for round in $(seq 1 "${NQ_ROUNDS:-3}"); do
-      for mb in false true; do
+      order="false true"; (( round % 2 == 0 )) && order="true false"
+      for mb in $order; do
         $B/nq bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
           --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --slot_mailbox=$mb \
           --out=/tmp/slice_mailbox-$mb.json > /tmp/slice.log 2>&1 || { echo "slice $mb failed"; tail -3 /tmp/slice.log; }
