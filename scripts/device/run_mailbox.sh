@@ -68,15 +68,7 @@ if wants norms && [[ -x $B/decode_bench_test ]]; then
   echo "== norms and the model's mailbox on the GPU rc $?"; grep -E "^\[  |Failure|Expected|Which is|forward" "$OUT/norms.txt" | head -20
 fi
 
-compare_tokens() {  # base.json other.json...
-  python3 - "$@" <<'PY'
-import json, sys
-runs = {p: json.load(open(p))['tokens'] for p in sys.argv[1:]}
-base = runs[sys.argv[1]]
-for p, t in runs.items():
-    print(f'  {p}: {len(t)} tokens, equal to the first: {t == base}')
-PY
-}
+source scripts/device/compare_tokens.sh  # compare_tokens
 
 if wants cost; then
   stamp "cost nano"

@@ -28,17 +28,7 @@ source scripts/device/unpack_cluster_bundle.sh  # $work, LD_LIBRARY_PATH
 B=$work/bin
 M=$work/model
 
-# The tokens of bench-decode runs (their --out files) against the first one named.
-compare_tokens() {  # base.json other.json...
-  python3 - "$@" <<'EOF'
-import json, sys
-runs = {p: json.load(open(p))['tokens'] for p in sys.argv[1:]}
-base = runs[sys.argv[1]]
-for p, t in runs.items():
-    d = [i for i, (a, b) in enumerate(zip(t, base)) if a != b]
-    print(f'  {p}: {len(t)} tokens, equal to {sys.argv[1]}: {t == base}, first differences {d[:5]}')
-EOF
-}
+source scripts/device/compare_tokens.sh  # compare_tokens
 
 if wants ops; then
   stamp ops
