@@ -413,6 +413,9 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
     RETURN_IF_ERROR(ki.Reshape(Shape{T, Di}));
     RETURN_IF_ERROR(backend_.WriteRows(ki, *cache.index_keys, start_pos));
   }
+  // The slot mailbox's apply, once per forward of the main stack: its PCIe round trip hides
+  // beside the query path here, where at the first MoE block the router would wait for it.
+  if (options_.side_streams && layer < c.num_hidden_layers) RETURN_IF_ERROR(ApplyMailboxIfDue());
   if (options_.side_streams) RETURN_IF_ERROR(backend_.EndSideWork());
 
   // The per-head query parts (and the indexer's queries) from the normalised query latent.
@@ -616,13 +619,17 @@ absl::Status Model::SetSlotMailbox(const kernels::SlotMailboxRow& rows, const st
   return absl::OkStatus();
 }
 
+absl::Status Model::ApplyMailboxIfDue() {
+  if (!mailbox_.has_value() || !mailbox_->apply_due) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_.ApplySlotMailbox(mailbox_->row, mailbox_->applied, mailbox_->table));
+  mailbox_->apply_due = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::pair<const Tensor*, int64_t>> Model::SlotTableFor(int64_t layer) {
   if (mailbox_.has_value()) {
     if (auto it = mailbox_->row_of_layer.find(layer); it != mailbox_->row_of_layer.end()) {
-      if (mailbox_->apply_due) {
-        RETURN_IF_ERROR(backend_.ApplySlotMailbox(mailbox_->row, mailbox_->applied, mailbox_->table));
-        mailbox_->apply_due = false;
-      }
+      RETURN_IF_ERROR(ApplyMailboxIfDue());  // on the main stream: attention's side work did not
       return std::make_pair(static_cast<const Tensor*>(&mailbox_->table), it->second);
     }
   }

@@ -409,6 +409,8 @@ class Model {
   void MailboxForwardBegins() {
     if (mailbox_.has_value()) mailbox_->apply_due = true;
   }
+  // Issues the mailbox's apply if this forward has not yet (no-op without a mailbox).
+  absl::Status ApplyMailboxIfDue();
   // The slot table a packed MoE block of `layer` reads (prefill: its own slots take precedence):
   // the mailbox's row, applied first if this forward has not yet, else the layer's own table.
   absl::StatusOr<std::pair<const kernels::Tensor*, int64_t>> SlotTableFor(int64_t layer);
