@@ -240,6 +240,39 @@ absl::Status Backend::Copy(const Tensor& src, Tensor& dst) {
   return DoCopy(src.data(), src.nbytes(), dst.data());
 }
 
+absl::Status Backend::CopyRows(const Tensor& src, std::int64_t src_row, Tensor& dst, std::int64_t dst_row,
+                               std::int64_t rows) {
+  constexpr absl::string_view kOp = "CopyRows";
+  RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
+  RETURN_IF_ERROR(CheckOwned(kOp, "dst", dst));
+  const Shape& from = src.shape();
+  const Shape& to = dst.shape();
+  bool same_rows = src.dtype() == dst.dtype() && from.rank() >= 1 && from.rank() == to.rank();
+  for (int d = 1; same_rows && d < from.rank(); ++d) same_rows = from.dim(d) == to.dim(d);
+  if (!same_rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": src ", src.DebugString(), " and dst ", dst.DebugString(), " differ in their rows"));
+  }
+  if (rows < 0 || src_row < 0 || dst_row < 0 || src_row > from.dim(0) - rows || dst_row > to.dim(0) - rows) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": rows [", src_row, ", ", src_row, " + ", rows, ") of ",
+                                                   src.DebugString(), " into [", dst_row, ", ", dst_row, " + ", rows,
+                                                   ") of ", dst.DebugString()));
+  }
+  if (rows == 0 || from.dim(0) == 0) return absl::OkStatus();
+  const std::size_t row_bytes = src.nbytes() / static_cast<std::size_t>(from.dim(0));
+  if (src.data() == dst.data()) {
+    if (src_row == dst_row) return absl::OkStatus();
+    // A device copy between overlapping ranges is undefined.
+    if (src_row < dst_row + rows && dst_row < src_row + rows) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": rows [", src_row, ", ", src_row + rows, ") and [",
+                                                     dst_row, ", ", dst_row + rows, ") of one tensor overlap"));
+    }
+  }
+  return DoCopy(static_cast<const std::byte*>(src.data()) + static_cast<std::size_t>(src_row) * row_bytes,
+                static_cast<std::size_t>(rows) * row_bytes,
+                static_cast<std::byte*>(dst.data()) + static_cast<std::size_t>(dst_row) * row_bytes);
+}
+
 absl::Status Backend::MatMul(const Tensor& x, const Tensor& w, Tensor& y) {
   constexpr absl::string_view kOp = "MatMul";
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));

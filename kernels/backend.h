@@ -86,6 +86,11 @@ class Backend {
   absl::Status CopyToHostAsync(const Tensor& src, std::span<std::byte> dst);
   // Device-to-device copy between two tensors of this backend with equal dtype and shape.
   absl::Status Copy(const Tensor& src, Tensor& dst);
+  // dst[dst_row + i] = src[src_row + i] for i < rows, a row being everything past the first
+  // dimension: both of one dtype and one row shape. The row offsets are fixed when the op is
+  // issued, so it captures into a graph (a row of a step's output feeding the next step).
+  absl::Status CopyRows(const Tensor& src, std::int64_t src_row, Tensor& dst, std::int64_t dst_row,
+                        std::int64_t rows);
 
   // Waits for every enqueued op; returns the first asynchronous error, if any.
   virtual absl::Status Synchronize() = 0;

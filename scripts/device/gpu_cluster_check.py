@@ -412,7 +412,8 @@ def check_spec(args, report):
     for n in args.spec_drafts:
         cluster = Cluster(args.bin, args.model, args.logs, f"spec-{n}")
         try:
-            cluster.start([f"--backend={args.backend}", "--expert_bits=fixed", f"--speculative_tokens={n}"])
+            cluster.start([f"--backend={args.backend}", "--expert_bits=fixed", f"--speculative_tokens={n}"] +
+                          args.spec_worker_flags.split())
             stream_chat(cluster.ports["r_http"], cluster.chat_body(PROMPTS[0], 16))  # warm-up
             before = metrics(cluster.ports["w_metrics"])
             times, _, _, usage, error = stream_chat(cluster.ports["r_http"],
@@ -527,6 +528,8 @@ def main():
     # e.g. "--step_graphs=false": the worker under test with a feature off (greedy check only).
     parser.add_argument("--test-worker-flags", default="")
     parser.add_argument("--spec-drafts", default="0,1,2,3", type=lambda v: [int(x) for x in v.split(",")])
+    # e.g. "--device_sampling=false": the spec check's workers with a feature off (every N).
+    parser.add_argument("--spec-worker-flags", default="")
     args = parser.parse_args()
     args.logs = os.path.join(args.out, "logs")
     os.makedirs(args.logs, exist_ok=True)

@@ -668,7 +668,10 @@ absl::Status Model::BeginRoutingLog(int64_t tokens) {
   const size_t layers = weights_.layers.size() + weights_.mtp.size();
   // Per layer: ids and weights, and for a decode step with an observer the xn xnᵀ whose diagonal
   // is the tokens' squared input norms (BackendRoutedMoe).
-  const size_t gram = routing_observer_ && tokens <= kMaxStepGraphTokens ? static_cast<size_t>(tokens * tokens) : 0;
+  // A decode step's gram is at most kMaxStepGraphTokens squared (a drafting chain logs several
+  // forwards of up to that many tokens under one count of all their entries).
+  const int64_t gram_tokens = std::min(tokens, kMaxStepGraphTokens);
+  const size_t gram = routing_observer_ ? static_cast<size_t>(gram_tokens * gram_tokens) : 0;
   const size_t need =
       layers * (static_cast<size_t>(tokens * config_.num_experts_per_tok) * 2 * sizeof(int32_t) + gram * sizeof(float));
   if (routing_staging_ == nullptr || routing_staging_->bytes() < need) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "kernels/comm/communicator.h"
 #include "services/model/kv_cache.h"
@@ -105,6 +106,22 @@ class Model {
   // are the MTP layer's counterpart of the main model's final-normed state, which is what the
   // layer was trained to read.
   const std::vector<float>& last_mtp_hidden() const { return last_mtp_hidden_; }
+
+  // Drafting without a host round trip between drafts (speculative decoding's hot path): MTP
+  // layer `index` takes next_tokens / hidden as ForwardMtpLast does, then drafts `num_drafts`
+  // tokens, each drawn on the backend from its row by `draw` (Backend::SampleTokens; drafting
+  // is greedy: temperature 0) and fed to the next entry with that entry's shared_head-normed
+  // state, as MtpDrafter does on the host. The logits never leave the backend, and the head
+  // runs on each forward's last row only; on a GPU the whole chain is one captured graph per
+  // (rows, drafts, bucket). The MTP cache grows by next_tokens.size() + num_drafts - 1 and
+  // last_mtp_hidden() holds the last entry's state. A draft the backend could not draw (a row
+  // without a finite logit) ends the drafts there.
+  absl::StatusOr<std::vector<int32_t>> DraftOnDevice(std::span<const int32_t> next_tokens,
+                                                     std::span<const float> hidden, int num_drafts,
+                                                     const kernels::SampleParams& draw, int index = 0);
+  // Whether DraftOnDevice can draft `drafts` tokens after `rows` entries (one rank, no
+  // lookahead observer, 1 to kMaxStepGraphTokens of each, an MTP layer `index`).
+  bool DraftsOnDevice(size_t rows, int drafts, int index = 0) const;
 
   // Calibration (nq calibrate): sees the inputs of every routed expert as they run. `rows`
   // holds n x dim floats: the expert's gate/up input (dim = hidden_size) or, with down_input,
@@ -359,10 +376,19 @@ class Model {
   absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound, const StepSampling* sample = nullptr);
   absl::Status EnqueueMtpStep(int index, const kernels::Tensor& ids, const kernels::Tensor& hidden,
                               int64_t start_bound);
+  // MTP layer `index` over `ids` and `hidden` (F32 [T, D], left as it is) at `position`: the
+  // shared_head-normed states [T, D].
+  absl::StatusOr<kernels::Tensor> EnqueueMtpForward(int index, const kernels::Tensor& ids,
+                                                    const kernels::Tensor& hidden, kernels::StepPosition position);
+  // InvalidArgument for an id outside [0, vocab): a graph's embedding cannot refuse one.
+  static absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl::string_view what);
+  struct StepGraph;
+  // DraftOnDevice's ops (mtp_drafts.cc) over the inputs in `graph` (ids, hidden, positions,
+  // sample_params), leaving the drafts and the last state in step_output_.
+  absl::Status EnqueueMtpDrafts(int index, StepGraph& graph, int64_t bucket_end);
   // Runs the step of `graph` (its inputs uploaded): the bucket's first step op by op as
   // `enqueue` gives it, the second captured then replayed, later ones replayed. False when the
   // capture failed: graphs are then off for this model and nothing of the step ran.
-  struct StepGraph;
   absl::StatusOr<bool> RunStepGraph(StepGraph& graph, const std::function<absl::Status()>& enqueue);
   // Sizes the step graphs' shared inputs and outputs (once).
   absl::Status PrepareStepGraphs();
@@ -434,19 +460,25 @@ class Model {
   size_t routing_staging_used_ = 0;
   uint64_t routing_staging_generation_ = 0;  // bumped when routing_staging_ is replaced
   // Step graphs, by (-1 for the decoder stack or the MTP layer's index, tokens, bucket end,
-  // whether the step samples on the backend).
+  // whether the step samples on the backend, the drafts of a drafting chain or 0).
   struct StepGraph {
     std::unique_ptr<kernels::Backend::Graph> graph;  // null until captured (after the warm-up)
     kernels::Tensor ids;                             // I32 [tokens], the step's input
     kernels::Tensor hidden;                          // F32 [tokens, D]: an MTP step's input states
     kernels::Tensor sample_params;                   // U8 [tokens, sizeof(SampleParams)]: a sampling step's draw
     kernels::Tensor sampled;                         // I32 [tokens]: a sampling step's ids
+    // A drafting chain's (DraftOnDevice): every entry's first position, uploaded as one I32
+    // [drafts] and spread into one I32 [1] per forward (positions); draft i, I32 [1], is the
+    // next forward's input (draft_ids).
+    kernels::Tensor positions;
+    std::vector<kernels::Tensor> forward_positions;
+    std::vector<kernels::Tensor> draft_ids;
     bool warmed = false;                             // a warm-up ran under these generations
     uint64_t backend_generation = 0;
     uint64_t staging_generation = 0;
     std::vector<LoggedRouting> routing_log;  // where a replay leaves each layer's routing
   };
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, StepGraph> step_graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, StepGraph> step_graphs_;
   kernels::Tensor step_position_;                // I32 [1]: the step's first position
   // Host staging: logits [T, V] (a sampling step: ids I32 [T]), then hidden [T, D].
   std::unique_ptr<kernels::Storage> step_output_;

@@ -71,10 +71,10 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   return backend_.CopyToHostAsync(x, std::span<std::byte>(out + logits.nbytes(), x.nbytes()));
 }
 
-absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& hidden, int64_t start_bound) {
+absl::StatusOr<Tensor> Model::EnqueueMtpForward(int index, const Tensor& ids, const Tensor& hidden,
+                                                 StepPosition position) {
   const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
   const int64_t T = ids.shape().dim(0), D = config_.hidden_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.Embedding(ids, weights_.embed, e));
   // A copy: the input states stay as uploaded (MtpInput normalises in place).
@@ -83,10 +83,16 @@ absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& h
   ASSIGN_OR_RETURN(Tensor u, MtpInput(m, e, h));
   const int64_t layer = config_.num_hidden_layers + index;
   selection_.reset();
-  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u,
-                           StepPosition::OnDevice(step_position_, start_bound)));
+  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, position));
   selection_.reset();  // memory allocated in a capture must be freed in it
-  RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, eps, u));
+  RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, static_cast<float>(config_.rms_norm_eps), u));
+  return u;
+}
+
+absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& hidden, int64_t start_bound) {
+  const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
+  const int64_t T = ids.shape().dim(0);
+  ASSIGN_OR_RETURN(Tensor u, EnqueueMtpForward(index, ids, hidden, StepPosition::OnDevice(step_position_, start_bound)));
   const int64_t V = m.head.shape().dim(0);
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, V}));
   RETURN_IF_ERROR(backend_.MatMul(u, m.head, logits));
@@ -151,10 +157,8 @@ absl::StatusOr<bool> Model::RunStepGraph(StepGraph& g, const std::function<absl:
   return true;
 }
 
-namespace {
-
 // The graph's embedding cannot refuse an id: check them on the host, as the host-ids path does.
-absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl::string_view what) {
+absl::Status Model::CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl::string_view what) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
       return absl::InvalidArgumentError(
@@ -163,8 +167,6 @@ absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl:
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
                                                          const kernels::SampleParams* sample, int32_t* sampled) {
@@ -179,7 +181,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   RETURN_IF_ERROR(BeginRoutingLog(T));
   RETURN_IF_ERROR(PrepareStepGraphs());
   const int64_t bucket_end = StepGraphBucketEnd(start + T);
-  StepGraph& g = step_graphs_[{-1, T, bucket_end, sample != nullptr}];
+  StepGraph& g = step_graphs_[{-1, T, bucket_end, sample != nullptr, 0}];
   if (!g.ids.valid()) {
     ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
   }
@@ -241,7 +243,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int3
   RETURN_IF_ERROR(BeginRoutingLog(T));
   RETURN_IF_ERROR(PrepareStepGraphs());
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + T);
-  StepGraph& g = step_graphs_[{index, T, bucket_end, false}];
+  StepGraph& g = step_graphs_[{index, T, bucket_end, false, 0}];
   if (!g.ids.valid()) {
     ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
     ASSIGN_OR_RETURN(g.hidden, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));

@@ -78,8 +78,17 @@ absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
   const std::span<const int32_t> next_tokens = r.sequence.subspan(static_cast<size_t>(r.first_position + 1),
                                                                   static_cast<size_t>(r.kept));
   RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardMtpLast, model_->mtp_cache_length(), next_tokens, r.hidden_row));
-  ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));
   Drafts drafts;
+  if (r.num_drafts > 0 && greedy_ && draft_on_device_ && mirror_ == nullptr && draft_sampler_.has_value() &&
+      model_->DraftsOnDevice(next_tokens.size(), r.num_drafts)) {
+    // The draft sampler's greedy pick (Distribution's argmax, the lower id on ties), when it
+    // needs nothing the backend's draw lacks.
+    if (const std::optional<kernels::SampleParams> draw = draft_sampler_->DeviceDraw(); draw.has_value()) {
+      ASSIGN_OR_RETURN(drafts.tokens, model_->DraftOnDevice(next_tokens, r.hidden, r.num_drafts, *draw));
+      return drafts;
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));
   if (r.num_drafts == 0) return drafts;
   // Draft i is the token at sequence position sequence.size() + i.
   RETURN_IF_ERROR(DraftFrom(logits, r.sequence.size(), drafts));

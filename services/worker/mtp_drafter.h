@@ -5,6 +5,8 @@
 // request's first kept position (dropping the entries of the previous drafts), feeds it the
 // kept positions, drafts one token from the last, then drafts further ahead autoregressively:
 // each next entry reads the previous entry's shared_head-normed state and the token it drafted.
+// Greedy drafts may instead be drawn and chained on the backend (SetDraftOnDevice), the same
+// entries and the same argmax without a host round trip per draft.
 #pragma once
 
 #include <memory>
@@ -27,6 +29,10 @@ class MtpDrafter final : public Drafter {
   // Each MTP cache truncation and forward goes to the other ranks first (the MTP layer is
   // sharded: its forwards are collectives).
   void SetStepMirror(StepMirror* mirror) override { mirror_ = mirror; }
+  // Greedy drafts drawn on the backend, chained there (Model::DraftOnDevice), where the model
+  // can (one rank, no mirror) and the draft sampler can draw there (Sampler::DeviceDraw: no
+  // logit_bias). Off by default: every draft's logits come to the host.
+  void SetDraftOnDevice(bool on) { draft_on_device_ = on; }
 
  private:
   // The draft for sequence position `position` after one row of MTP logits, appended to
@@ -40,6 +46,7 @@ class MtpDrafter final : public Drafter {
   model::Model* const model_;
   StepMirror* mirror_ = nullptr;
   bool greedy_ = true;
+  bool draft_on_device_ = false;
   // The draft distribution: the request's temperature, top-k, top-p and logit_bias, no
   // penalties (the drafter does not see which drafts are kept). Any distribution keeps the
   // output exact; the closer to the target's, the more drafts are accepted.

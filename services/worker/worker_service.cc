@@ -56,9 +56,16 @@ absl::Status WorkerService::EnableSpeculation(int num_drafts) {
                                                       model_->mtp_missing().empty() ? "" : ": ", model_->mtp_missing()));
   }
   drafter_ = std::make_unique<MtpDrafter>(model_);
+  drafter_->SetDraftOnDevice(device_sampling_);
   spec_metrics_ = std::make_unique<SpecDecodeMetrics>(metrics::Registry::Default(), num_drafts);
   runner_->SetDrafter(drafter_.get(), num_drafts);
   return absl::OkStatus();
+}
+
+void WorkerService::SetDeviceSampling(bool on) {
+  device_sampling_ = on;
+  if (runner_ != nullptr) runner_->SetDeviceSampling(on);
+  if (drafter_ != nullptr) drafter_->SetDraftOnDevice(on);
 }
 
 absl::Status WorkerService::SetPrefillOptions(PrefillOptions options) {

@@ -13,6 +13,7 @@
 #include "nq/v1/worker.grpc.pb.h"
 #include "services/common/metrics/registry.h"
 #include "services/model/model.h"
+#include "services/worker/mtp_drafter.h"
 #include "services/worker/routing_watchers.h"
 #include "services/worker/sequence_runner.h"
 #include "services/worker/spec_decode_metrics.h"
@@ -51,10 +52,9 @@ class WorkerService final : public nq::v1::Worker::Service {
   // Where routing reports go (the streamer client's queue): every kReportInterval tokens the
   // worker sends the (layer, experts, weights) of each token it ran. Set before serving.
   void SetRoutingSink(std::function<void(nq::v1::RoutingReport)> sink) { routing_sink_ = std::move(sink); }
-  // --device_sampling (SequenceRunner::SetDeviceSampling).
-  void SetDeviceSampling(bool on) {
-    if (runner_ != nullptr) runner_->SetDeviceSampling(on);
-  }
+  // --device_sampling (SequenceRunner::SetDeviceSampling), which also has greedy MTP drafts
+  // drawn on the backend (MtpDrafter::SetDraftOnDevice).
+  void SetDeviceSampling(bool on);
   // Rank 0 of a tensor-parallel group of processes: each sequence holds `leader`'s group and
   // mirrors its steps to the other ranks; UNAVAILABLE while the group is not formed. Set
   // before serving; `leader` outlives the service.
@@ -87,7 +87,8 @@ class WorkerService final : public nq::v1::Worker::Service {
   std::function<void(nq::v1::RoutingReport)> routing_sink_;
   std::vector<uint32_t> moe_layers_;               // main-model MoE layers, in order
   std::vector<model::MoeRouting> forward_routing_;  // this forward, one entry per MoE layer
-  std::unique_ptr<Drafter> drafter_;
+  std::unique_ptr<MtpDrafter> drafter_;
+  bool device_sampling_ = false;
   std::unique_ptr<SpecDecodeMetrics> spec_metrics_;
   metrics::HistogramFamily& step_seconds_;
   nq::v1::RoutingReport pending_;                   // tokens not yet reported

@@ -294,6 +294,81 @@ TEST_F(BenchDecodeCommandTest, ASlotMailboxDecidesTheBitsOfEveryForwardInsideCap
   EXPECT_EQ(kernels::MailboxEntrySlot((*mailbox)->mailbox().Published(0, 3)), 3) << "applied and published";
 }
 
+// Greedy MTP drafts chained on the stepped backend (Model::DraftOnDevice: on a GPU one captured
+// graph per rows, drafts and bucket, replayed) equal the host's chain on a second copy of the
+// model on the same backend (each draft's logits to the host, its argmax, the last state fed
+// back), round after round as the MTP cache rolls back and grows, through warm-up, capture and
+// replays. NQ_STEPPED_BACKEND=cuda on a GPU machine.
+TEST_F(BenchDecodeCommandTest, DraftsChainedOnTheSteppedBackendAreItsHostDrafts) {
+  const std::string release = Release();
+  const char* stepped_name = std::getenv("NQ_STEPPED_BACKEND");
+  const std::string name = stepped_name != nullptr ? stepped_name : "cpu";
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend(name);
+  ASSERT_THAT(backend, IsOk());
+  auto load = [&] {
+    return release::LoadModelWithRelease(NanoModelDir(), release, release::ExpertBits::kFixedSet, **backend, nullptr,
+                                         {.max_tokens = 64, .tp = {}});
+  };
+  absl::StatusOr<std::unique_ptr<model::Model>> host = load();
+  absl::StatusOr<std::unique_ptr<model::Model>> chained = load();
+  ASSERT_THAT(host, IsOk());
+  ASSERT_THAT(chained, IsOk());
+  ASSERT_TRUE((*host)->has_mtp());
+  const int64_t D = (*host)->config().hidden_size;
+  const std::vector<int32_t> prompt = DecodeBenchPrompt(24, (*host)->config().vocab_size, 11);
+  ASSERT_THAT((*host)->Forward(prompt), IsOk());
+  ASSERT_THAT((*chained)->Forward(prompt), IsOk());
+  const std::vector<float> hidden = (*host)->last_hidden();
+  const kernels::SampleParams greedy{};
+  struct Round {
+    size_t first, rows;
+    int drafts;
+  };
+  // Six rounds of one shape (warm-up, capture, replays), then other shapes.
+  std::vector<Round> rounds;
+  for (size_t first = 0; first < 12; first += 2) rounds.push_back({first, 2, 3});
+  for (const Round r : {Round{12, 1, 1}, Round{13, 4, 4}, Round{17, 3, 2}, Round{17, 3, 2}, Round{17, 3, 2}}) {
+    rounds.push_back(r);
+  }
+  for (const Round& r : rounds) {
+    const std::string what = absl::StrCat("entries from ", r.first, ", ", r.rows, " rows, ", r.drafts, " drafts");
+    ASSERT_THAT((*host)->TruncateMtpCache(static_cast<int64_t>(r.first)), IsOk()) << what;
+    ASSERT_THAT((*chained)->TruncateMtpCache(static_cast<int64_t>(r.first)), IsOk()) << what;
+    const std::span<const int32_t> next(prompt.data() + r.first + 1, r.rows);
+    const std::span<const float> states = std::span<const float>(hidden).subspan(r.first * D, r.rows * D);
+    std::vector<int32_t> want;
+    absl::StatusOr<std::vector<float>> logits = (*host)->ForwardMtpLast(next, states);
+    ASSERT_THAT(logits, IsOk()) << what;
+    want.push_back(Argmax(*logits));
+    while (static_cast<int>(want.size()) < r.drafts) {
+      const std::vector<float> state = (*host)->last_mtp_hidden();
+      logits = (*host)->ForwardMtpLast(std::span<const int32_t>(&want.back(), 1),
+                                       std::span<const float>(state).last(static_cast<size_t>(D)));
+      ASSERT_THAT(logits, IsOk()) << what;
+      want.push_back(Argmax(*logits));
+    }
+    absl::StatusOr<std::vector<int32_t>> got = (*chained)->DraftOnDevice(next, states, r.drafts, greedy);
+    ASSERT_THAT(got, IsOk()) << what;
+    EXPECT_EQ(*got, want) << what;
+    EXPECT_EQ((*chained)->mtp_cache_length(), (*host)->mtp_cache_length()) << what;
+    const std::vector<float>& last = (*chained)->last_mtp_hidden();
+    const std::span<const float> want_last = std::span<const float>((*host)->last_mtp_hidden()).last(static_cast<size_t>(D));
+    ASSERT_EQ(last.size(), static_cast<size_t>(D)) << what;
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < last.size(); ++i) {
+      scale = std::max(scale, std::abs(want_last[i]));
+      worst = std::max(worst, std::abs(last[i] - want_last[i]));
+    }
+    // The head runs on the last row alone here and on every row there: the device's GEMV may
+    // round the two apart.
+    EXPECT_LE(worst, (name == "cpu" ? 1e-6f : 1e-3f) * scale) << what;
+  }
+  if ((*backend)->CanCapture()) {
+    EXPECT_GT((*chained)->step_graph_stats().captured, 0);
+    EXPECT_GE((*chained)->step_graph_stats().replayed, 6) << "the repeated shapes replay their graphs";
+  }
+}
+
 // Prompt 32, warm-up 2, 12 timed steps: the flags the command tests pass.
 constexpr char kSmallRun[] = "--prompt-tokens 32 --warmup 2 --decode-tokens 12 --seed 5 --max-model-len 64";
 

@@ -1,7 +1,8 @@
 // Speculative decoding in the sequence runner on glm5_nano (CPU): greedy output identical to
 // plain decoding with every step accepting exactly the drafts plain greedy decoding emits,
 // rollback after a rejection at every draft position, stop tokens and
-// max_tokens inside an accepted run, the MTP drafter's state against a teacher-forced pass.
+// max_tokens inside an accepted run, the MTP drafter's state against a teacher-forced pass, and
+// greedy drafts chained on the backend (Model::DraftOnDevice) against the host's.
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -293,6 +294,124 @@ TEST_F(SpeculativeDecodingTest, SeededSamplingIsReproducibleWithDrafts) {
   int accepted = 0;
   for (const SequenceStep& step : first->steps) accepted += step.accepted;
   EXPECT_GT(accepted, 0) << "no draft accepted: rejection sampling was not exercised";
+}
+
+// The drafter with its greedy drafts drawn and chained on the backend proposes, at every step,
+// exactly what it proposes with every draft's logits on the host, so the output and every
+// step's acceptance are the same too.
+TEST_F(SpeculativeDecodingTest, GreedyDraftsChainedOnTheBackendAreTheHostDrafts) {
+  const std::vector<std::vector<int32_t>> prompts = testing::HeldOutPrompts(4);
+  for (int n : {1, 3}) {
+    std::map<bool, std::vector<std::map<size_t, std::vector<int32_t>>>> drafts_by_mode;
+    for (bool on_device : {false, true}) {
+      MtpDrafter mtp(spec_model_.model.get());
+      mtp.SetDraftOnDevice(on_device);
+      RecordingDrafter drafter(&mtp);
+      SequenceRunner runner(spec_model_.model.get(), Eos(spec_model_));
+      runner.SetDrafter(&drafter, n);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        drafter.all_drafts.clear();
+        absl::StatusOr<RunResult> spec = Generate(runner, Greedy(prompts[i]));
+        ASSERT_THAT(spec, IsOk());
+        ExpectSameOutput(Plain(Greedy(prompts[i])), *spec,
+                         "N=" + std::to_string(n) + (on_device ? " on the backend" : " on the host"));
+        drafts_by_mode[on_device].push_back(drafter.all_drafts);
+      }
+    }
+    EXPECT_EQ(drafts_by_mode[true], drafts_by_mode[false]) << "N=" << n;
+    size_t proposals = 0;
+    for (const auto& per_prompt : drafts_by_mode[true]) proposals += per_prompt.size();
+    EXPECT_GT(proposals, prompts.size()) << "N=" << n << ": hardly anything was drafted";
+  }
+}
+
+// Model::DraftOnDevice against the host's chain (ForwardMtpLast, the argmax, the last state fed
+// back) on two copies of the model: the same drafts, MTP cache length, last state and MTP
+// routing, over a first chain and one after rolling the MTP cache back; and its refusals, which
+// leave the MTP cache as it was.
+TEST_F(SpeculativeDecodingTest, DraftOnDeviceIsTheHostsDraftingChain) {
+  model::Model& host = *plain_model_.model;
+  model::Model& device = *spec_model_.model;
+  host.ResetCache();
+  device.ResetCache();
+  const std::vector<int32_t> prompt = testing::HeldOutPrompts(2)[1];
+  const int64_t D = host.config().hidden_size;
+  const size_t V = static_cast<size_t>(vocab());
+  ASSERT_THAT(host.Forward(prompt), IsOk());
+  ASSERT_THAT(device.Forward(prompt), IsOk());
+  const std::vector<float> hidden = host.last_hidden();
+  ASSERT_EQ(hidden, device.last_hidden());
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> host_routing, device_routing;
+  host.SetRoutingObserver([&](int64_t layer, const model::MoeRouting& r) { host_routing.emplace_back(layer, r.experts); });
+  device.SetRoutingObserver([&](int64_t layer, const model::MoeRouting& r) { device_routing.emplace_back(layer, r.experts); });
+  auto argmax = [](std::span<const float> row) {
+    return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+  // The kept entries [first, first + rows): token sequence[j + 1] with the main state at j.
+  auto host_chain = [&](size_t first, size_t rows, int drafts) -> std::vector<int32_t> {
+    std::vector<int32_t> out;
+    const std::span<const int32_t> next(prompt.data() + first + 1, rows);
+    absl::StatusOr<std::vector<float>> logits =
+        host.ForwardMtpLast(next, std::span<const float>(hidden).subspan(first * D, rows * D));
+    EXPECT_THAT(logits, IsOk());
+    if (!logits.ok()) return out;
+    out.push_back(argmax(*logits));
+    while (static_cast<int>(out.size()) < drafts) {
+      const std::vector<float> state = host.last_mtp_hidden();
+      logits = host.ForwardMtpLast(std::span<const int32_t>(&out.back(), 1),
+                                   std::span<const float>(state).last(static_cast<size_t>(D)));
+      EXPECT_THAT(logits, IsOk());
+      if (!logits.ok()) return out;
+      out.push_back(argmax(std::span<const float>(*logits).first(V)));
+    }
+    return out;
+  };
+  const kernels::SampleParams greedy{};
+  auto device_chain = [&](size_t first, size_t rows, int drafts) {
+    return device.DraftOnDevice(std::span<const int32_t>(prompt.data() + first + 1, rows),
+                                std::span<const float>(hidden).subspan(first * D, rows * D), drafts, greedy);
+  };
+  // The prompt's first entries, 4 rows then 3 drafts; then back to entry 6, 2 rows and 4 drafts.
+  struct Round {
+    size_t truncate_to, first, rows;
+    int drafts;
+  };
+  for (const Round& round : {Round{0, 0, 4, 3}, Round{6, 6, 2, 4}, Round{8, 8, 1, 1}}) {
+    ASSERT_THAT(host.TruncateMtpCache(static_cast<int64_t>(round.truncate_to)), IsOk());
+    ASSERT_THAT(device.TruncateMtpCache(static_cast<int64_t>(round.truncate_to)), IsOk());
+    const std::string what = "round from entry " + std::to_string(round.first);
+    const std::vector<int32_t> want = host_chain(round.first, round.rows, round.drafts);
+    absl::StatusOr<std::vector<int32_t>> got = device_chain(round.first, round.rows, round.drafts);
+    ASSERT_THAT(got, IsOk()) << what;
+    EXPECT_EQ(*got, want) << what;
+    EXPECT_EQ(device.mtp_cache_length(), host.mtp_cache_length()) << what;
+    const std::span<const float> want_state = std::span<const float>(host.last_mtp_hidden()).last(static_cast<size_t>(D));
+    ASSERT_EQ(device.last_mtp_hidden().size(), static_cast<size_t>(D)) << what;
+    for (int64_t i = 0; i < D; ++i) {
+      EXPECT_NEAR(device.last_mtp_hidden()[static_cast<size_t>(i)], want_state[static_cast<size_t>(i)], 1e-5) << what;
+    }
+    EXPECT_EQ(device_routing, host_routing) << what;
+    EXPECT_FALSE(device_routing.empty()) << what;
+  }
+
+  // Refusals: nothing runs and the MTP cache keeps its length.
+  const int64_t length = device.mtp_cache_length();
+  const std::span<const float> one_state = std::span<const float>(hidden).first(static_cast<size_t>(D));
+  const std::vector<int32_t> one_token = {prompt[1]};
+  EXPECT_EQ(device_chain(0, 1, 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(device_chain(0, 1, 5).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(device_chain(0, 5, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(device.DraftOnDevice(one_token, one_state, 2, greedy, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // no second MTP layer
+  EXPECT_EQ(device.DraftOnDevice(one_token, one_state.first(static_cast<size_t>(D - 1)), 2, greedy).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> outside = {static_cast<int32_t>(vocab())};
+  EXPECT_EQ(device.DraftOnDevice(outside, one_state, 2, greedy).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device.mtp_cache_length(), length);
+  host.SetRoutingObserver(nullptr);
+  device.SetRoutingObserver(nullptr);
+  host.ResetCache();
+  device.ResetCache();
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// CPU WriteRows / GatherRows / ScatterAddRows (KV-cache writes, MoE dispatch and combine), and
-// their argument errors.
+// CPU WriteRows / GatherRows / ScatterAddRows (KV-cache writes, MoE dispatch and combine),
+// CopyRows (a step's last row feeding the next step), and their argument errors.
 #include <cstdint>
 #include <vector>
 
@@ -13,6 +13,7 @@ namespace {
 
 using ::nq::kernels::testing::AllocateOrFail;
 using ::nq::kernels::testing::Download;
+using ::nq::kernels::testing::DownloadI32;
 using ::nq::kernels::testing::MakeCpuBackend;
 using ::nq::kernels::testing::MakeRng;
 using ::nq::kernels::testing::NormalizedError;
@@ -20,6 +21,7 @@ using ::nq::kernels::testing::RandomInt;
 using ::nq::kernels::testing::RandomNormal;
 using ::nq::kernels::testing::StatusIs;
 using ::nq::kernels::testing::Upload;
+using ::nq::kernels::testing::UploadI32;
 using ::testing::HasSubstr;
 
 TEST(CpuWriteRows, WritesAtTheOffsetAndLeavesOtherRows) {
@@ -142,6 +144,43 @@ TEST(CpuScatterAddRows, RejectsMismatchedSpansAndRows) {
   EXPECT_THAT(backend->ScatterAddRows(src, rows, weights, src),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("ScatterAddRows: out must not be the same tensor as src")));
+}
+
+TEST(CpuCopyRows, CopiesTheRowRangeAndLeavesTheRest) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  // I32 [4] (ids) and F32 [3, 2, 2] (rows of two dimensions): any dtype, any row shape.
+  Tensor ids = UploadI32(*backend, std::vector<std::int32_t>{7, 8, 9, 10}, {4});
+  Tensor one = UploadI32(*backend, std::vector<std::int32_t>{-1}, {1});
+  NQ_ASSERT_OK(backend->CopyRows(ids, 3, one, 0, 1));
+  EXPECT_EQ(DownloadI32(*backend, one), std::vector<std::int32_t>{10});
+  std::vector<float> a(12), b(12, -1.0f);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i);
+  Tensor src = Upload(*backend, a, DType::kF32, {3, 2, 2});
+  Tensor dst = Upload(*backend, b, DType::kF32, {3, 2, 2});
+  NQ_ASSERT_OK(backend->CopyRows(src, 0, dst, 1, 2));
+  EXPECT_EQ(Download(*backend, dst), (std::vector<float>{-1, -1, -1, -1, 0, 1, 2, 3, 4, 5, 6, 7}));
+  // Within one tensor, ranges apart.
+  NQ_ASSERT_OK(backend->CopyRows(src, 2, src, 0, 1));
+  EXPECT_EQ(Download(*backend, src), (std::vector<float>{8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11}));
+  NQ_EXPECT_OK(backend->CopyRows(src, 3, dst, 3, 0));
+}
+
+TEST(CpuCopyRows, RefusesRowsOutOfRangeOtherRowsAndOverlaps) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor src = AllocateOrFail(*backend, DType::kF32, {4, 8});
+  Tensor dst = AllocateOrFail(*backend, DType::kF32, {2, 8});
+  EXPECT_THAT(backend->CopyRows(src, 3, dst, 0, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CopyRows: rows [3, 3 + 2) of F32[4, 8]")));
+  EXPECT_THAT(backend->CopyRows(src, 0, dst, 1, 2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CopyRows: rows")));
+  EXPECT_THAT(backend->CopyRows(src, -1, dst, 0, 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CopyRows: rows")));
+  Tensor narrow = AllocateOrFail(*backend, DType::kF32, {4, 7});
+  EXPECT_THAT(backend->CopyRows(src, 0, narrow, 0, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("differ in their rows")));
+  Tensor ints = AllocateOrFail(*backend, DType::kI32, {4, 8});
+  EXPECT_THAT(backend->CopyRows(src, 0, ints, 0, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("differ in their rows")));
+  EXPECT_THAT(backend->CopyRows(src, 0, src, 1, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("of one tensor overlap")));
 }
 
 }  // namespace
