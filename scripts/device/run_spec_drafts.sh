@@ -8,8 +8,10 @@
 #  - spec: the cluster's MTP check on glm5_nano (gpu_cluster_check.py --only spec), drafts chained
 #    on the GPU (the default) and drawn on the host (--device_sampling=false) in alternating
 #    order, N = 0 and 3, NQ_ROUNDS rounds; then N = 0, 1, 2, 3 with the default;
-#  - slice: the same two ways on the GLM-5-shaped slice (2 layers + MTP, 16 experts), N = 0 and 3:
-#    the speculative step's time over a plain one;
+#    and nq bench-decode --spec_drafts 3 (a plain forward, the 1 + 3 verification, the drafts
+#    chained and through the host, timed apart);
+#  - slice: the same two ways on the GLM-5-shaped slice (2 layers + MTP, 16 experts), N = 0 and 3,
+#    and bench-decode's spec step at contexts 16 and 4000;
 #  - hbm_probe's yardsticks.
 # NQ_ONLY=ops,spec,slice,hbm limits what runs (default: all).
 #
@@ -39,11 +41,36 @@ for n, row in sorted(r.get("by_drafts", {}).items(), key=lambda kv: int(kv[0])):
     print(f"== {sys.argv[2]} N={n}: {tps:.1f} tokens/s, step {step:.3f} ms, {tpst:.2f} tokens/step, "
           f"accepted per position [{acc}], greedy equal {row.get('greedy_equal_to_first')}, error {row.get('error')}")
 print(f"== {sys.argv[2]} pass {r.get('pass')}")
+if not r.get("pass"):
+    rows = r.get("by_drafts", {})
+    base = rows.get("0", {}).get("greedy_texts") or []
+    for n, row in rows.items():
+        for i, (a, b) in enumerate(zip(base, row.get("greedy_texts") or [])):
+            if a != b:
+                at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
+                print(f"   N={n} prompt {i} differs from N=0 at character {at}: {a[max(0, at - 20):at + 40]!r} vs {b[max(0, at - 20):at + 40]!r}")
 PY
+}
+
+# One spec check: its summary; its files kept only when it failed.
+spec_check() {  # model out label flags [extra args]
+  local model=$1 out=$2 label=$3 flags=$4; shift 4
+  python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$model" --out "$out" --backend cuda --only spec \
+    --spec-worker-flags="$flags" "$@" > "$out.txt" 2>&1
+  summarise "$out/gpu_cluster.json" "$label"
+  if grep -q '"pass": true' "$out/gpu_cluster.json" 2>/dev/null; then rm -rf "$out" "$out.txt"; else rm -rf "$out/logs"; fi
 }
 
 if wants ops; then
   stamp ops
+  # The test finds glm5_nano where it was built (NQ_SOURCE_DIR = /work/main); the slimmed tree
+  # lacks its weights, the bundle carries them.
+  if [[ ! -e /work/main/models/glm5_nano/model.safetensors ]]; then
+    mkdir -p /work/main/models/glm5_nano
+    for f in "$work"/model/*; do
+      [[ -e /work/main/models/glm5_nano/$(basename "$f") ]] || ln -s "$f" /work/main/models/glm5_nano/
+    done
+  fi
   NQ_STEPPED_BACKEND=cuda $B/decode_bench_test --gtest_filter='*DraftsChained*' > "$OUT/ops.txt" 2>&1
   echo "== DraftsChained on the GPU rc $?"; grep -E "^\[  |Failure|Expected|Which is" "$OUT/ops.txt" | head -20
   sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -n 1)"
@@ -61,17 +88,16 @@ if wants spec; then
     for mode in "${order[@]}"; do
       flags=""; [[ $mode == host ]] && flags="--device_sampling=false"
       stamp "spec $mode round $round"
-      python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$work/model" --out "$OUT/spec_${mode}_$round" \
-        --backend cuda --only spec --spec-drafts 0,3 --spec-worker-flags "$flags" > "$OUT/spec_${mode}_$round.txt" 2>&1
-      summarise "$OUT/spec_${mode}_$round/gpu_cluster.json" "drafts on the $mode, round $round"
-      rm -rf "$OUT/spec_${mode}_$round/logs"
+      spec_check "$work/model" "$OUT/spec_${mode}_$round" "drafts on the $mode, round $round" "$flags" --spec-drafts 0,3
     done
   done
   stamp "spec device N=0..3"
-  python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$work/model" --out "$OUT/spec_all" \
-    --backend cuda --only spec > "$OUT/spec_all.txt" 2>&1
-  summarise "$OUT/spec_all/gpu_cluster.json" "drafts on the device"
-  rm -rf "$OUT/spec_all/logs"
+  spec_check "$work/model" "$OUT/spec_all" "drafts on the device" ""
+  stamp "bench-decode spec step, nano"
+  for round in 1 2; do
+    "$B/nq" bench-decode --model="$work/model" --release="$work/model/release" --expert-bits=fixed --backend=cuda \
+      --prompt-tokens=300 --decode-tokens=64 --warmup=4 --spec_drafts=3 --spec_rounds=50 2>&1 | grep -E "spec step|tokens/s"
+  done
 fi
 
 if wants slice; then
@@ -80,11 +106,12 @@ if wants slice; then
   if NQ="$B/nq" bash scripts/device/make_slice.sh glm5 "$slice" 2 16 1 > "$OUT/make_slice.log" 2>&1; then
     for mode in device host; do
       flags=""; [[ $mode == host ]] && flags="--device_sampling=false"
-      python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$slice" --out "$OUT/slice_$mode" \
-        --backend cuda --only spec --decode-tokens 128 --spec-drafts 0,3 --spec-worker-flags "$flags" \
-        > "$OUT/slice_$mode.txt" 2>&1
-      summarise "$OUT/slice_$mode/gpu_cluster.json" "slice, drafts on the $mode"
-      rm -rf "$OUT/slice_$mode/logs"
+      spec_check "$slice" "$OUT/slice_$mode" "slice, drafts on the $mode" "$flags" --decode-tokens 128 --spec-drafts 0,3
+    done
+    for context in 16 4000; do
+      "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+        --prompt-tokens=$context --decode-tokens=32 --warmup=4 --weight-dtype=bf16 --spec_drafts=3 --spec_rounds=30 \
+        2>&1 | grep -E "spec step|tokens/s"
     done
   else
     tail -5 "$OUT/make_slice.log"

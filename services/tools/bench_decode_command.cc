@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "services/tools/commands.h"
 #include "services/worker/arena_geometry.h"
 #include "services/worker/decode_bench.h"
+#include "services/worker/spec_step_bench.h"
 #include "services/worker/worker_mailbox.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -51,6 +53,11 @@ ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
 ABSL_FLAG(bool, side_streams, true,
           "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
+
+ABSL_FLAG(int, spec_drafts, 0,
+          "bench-decode: after the decode steps, time a speculative step with this many MTP drafts (1 to 4) at their "
+          "context: a plain forward, the 1 + N verification, the drafts chained on the backend and through the host");
+ABSL_FLAG(int, spec_rounds, 20, "bench-decode: rounds of --spec_drafts' timing (medians)");
 
 // What a CUDA nq-worker adds to each MoE block (--slot_mailbox auto): its apply op, here over a
 // mailbox nothing posts to, so the steps run as without it and only its cost shows.
@@ -144,6 +151,10 @@ absl::Status BenchDecode() {
                static_cast<long long>(graphs.replayed), static_cast<long long>(graphs.warmups),
                graphs.disabled.ok() ? "" : "; turned off after a failed capture: ",
                graphs.disabled.ok() ? "" : std::string(graphs.disabled.message()).c_str());
+  std::optional<worker::SpecStepTimes> spec;
+  if (const int drafts = absl::GetFlag(FLAGS_spec_drafts); drafts > 0) {
+    ASSIGN_OR_RETURN(spec, worker::MeasureSpecStep(model, drafts, absl::GetFlag(FLAGS_spec_rounds)));
+  }
   int64_t copy_mb = absl::GetFlag(FLAGS_copy_mb);
   if (copy_mb < 0) copy_mb = backend->name() == "cuda" ? 1024 : 0;
   if (copy_mb > 0) {
@@ -159,9 +170,12 @@ absl::Status BenchDecode() {
                                        .weight_dtype = absl::GetFlag(FLAGS_weight_dtype),
                                        .max_model_len = model.max_tokens()};
   if (mailbox != nullptr) std::fprintf(stderr, "nq bench-decode: slot mailbox applied in every MoE block\n");
+  if (spec.has_value()) std::printf("nq bench-decode: %s\n", worker::SpecStepSummary(*spec).c_str());
   std::printf("%s\n", worker::DecodeBenchSummary(setup, report).c_str());
   if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
-    RETURN_IF_ERROR(format::WriteFileAtomic(out, worker::DecodeBenchJson(setup, report).dump(2) + "\n"));
+    nlohmann::ordered_json json = worker::DecodeBenchJson(setup, report);
+    if (spec.has_value()) json["spec_step"] = worker::SpecStepJson(*spec);
+    RETURN_IF_ERROR(format::WriteFileAtomic(out, json.dump(2) + "\n"));
     std::fprintf(stderr, "wrote %s\n", out.c_str());
   }
   return absl::OkStatus();

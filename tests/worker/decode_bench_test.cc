@@ -453,6 +453,32 @@ TEST_F(BenchDecodeCommandTest, DecodesASliceOfSyntheticWeightsAndRelease) {
   EXPECT_THAT(run.output, HasSubstr("config.json"));
 }
 
+// --spec_drafts: the speculative step's parts timed after the decode steps, at their context,
+// written beside the decode report; the decode report itself unchanged by it.
+TEST_F(BenchDecodeCommandTest, TimesASpeculativeStepAfterTheDecodeSteps) {
+  const std::string out = (*root_ / "spec.json").string();
+  const CommandResult run =
+      RunNq(absl::StrCat("--model ", NanoModelDir(), " ", kSmallRun, " --spec_drafts 3 --spec_rounds 2 --out ", out));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("spec step, 3 drafts at context 46 (2 rounds, medians): plain "));
+  const nlohmann::json json = ReadJson(out);
+  ASSERT_TRUE(json.contains("spec_step")) << out;
+  const nlohmann::json& spec = json["spec_step"];
+  EXPECT_EQ(spec["drafts"], 3);
+  EXPECT_EQ(spec["context"], 46);  // the 32-token prompt, its first token, 2 warm-up and 12 timed steps, less the last
+  for (const char* key : {"plain_ms", "verify_ms", "chained_drafts_ms", "host_drafts_ms"}) {
+    EXPECT_GT(spec[key].get<double>(), 0) << key;
+  }
+  absl::StatusOr<LoadedModel> loaded = testing::LoadModel(NanoModelDir(), 64);
+  ASSERT_THAT(loaded, IsOk());
+  const std::vector<int32_t> prompt = DecodeBenchPrompt(32, loaded->model->config().vocab_size, 5);
+  EXPECT_EQ(json["tokens"].get<std::vector<int32_t>>(), ReferenceTokens(*loaded->model, prompt, 2, 12));
+
+  CommandResult refused = RunNq(absl::StrCat("--model ", NanoModelDir(), " ", kSmallRun, " --spec_drafts 5"));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("spec step: 5 drafts (1 to 4)"));
+}
+
 TEST_F(BenchDecodeCommandTest, RefusesWhatItCannotRun) {
   CommandResult run = RunNq(absl::StrCat("--model ", NanoModelDir(), " --prompt-tokens 4050"));
   EXPECT_EQ(run.exit_code, 2);
