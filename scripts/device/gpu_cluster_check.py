@@ -424,7 +424,7 @@ def check_spec(args, report):
             texts = []
             for prompt in PROMPTS[:3]:
                 status, body = cluster.completion(prompt, args.greedy_tokens)
-                texts.append(body["choices"][0]["text"] if status == 200 else f"HTTP {status}")
+                texts.append(body["choices"][0]["text"] if status == 200 else f"HTTP {status}: {json.dumps(body)[:300]}")
             drafts = delta("nq_spec_decode_num_draft_tokens_total")
             rows[n] = {
                 "tokens_per_s": decode_rate(times, usage), "error": error,

@@ -58,7 +58,12 @@ spec_check() {  # model out label flags [extra args]
   python3 scripts/device/gpu_cluster_check.py --bin "$B" --model "$model" --out "$out" --backend cuda --only spec \
     --spec-worker-flags="$flags" "$@" > "$out.txt" 2>&1
   summarise "$out/gpu_cluster.json" "$label"
-  if grep -q '"pass": true' "$out/gpu_cluster.json" 2>/dev/null; then rm -rf "$out" "$out.txt"; else rm -rf "$out/logs"; fi
+  if grep -q '"pass": true' "$out/gpu_cluster.json" 2>/dev/null; then
+    rm -rf "$out" "$out.txt"
+  else
+    grep -rhE "WARN|ERROR|\] [EW] |failed|INVALID|INTERNAL" "$out/logs" 2>/dev/null | sort | uniq -c | sort -rn | head -12
+    rm -rf "$out/logs"
+  fi
 }
 
 if wants ops; then
@@ -104,11 +109,11 @@ if wants slice; then
   stamp slice
   slice=/tmp/nq_glm5_slice
   if NQ="$B/nq" bash scripts/device/make_slice.sh glm5 "$slice" 2 16 1 > "$OUT/make_slice.log" 2>&1; then
-    for mode in device host; do
+    for mode in ${NQ_SLICE_MODES:-device host}; do
       flags=""; [[ $mode == host ]] && flags="--device_sampling=false"
       spec_check "$slice" "$OUT/slice_$mode" "slice, drafts on the $mode" "$flags" --decode-tokens 128 --spec-drafts 0,3
     done
-    for context in 16 4000; do
+    for context in ${NQ_SLICE_CONTEXTS:-16 4000}; do
       "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
         --prompt-tokens=$context --decode-tokens=32 --warmup=4 --weight-dtype=bf16 --spec_drafts=3 --spec_rounds=30 \
         2>&1 | grep -E "spec step|tokens/s"

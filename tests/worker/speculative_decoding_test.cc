@@ -300,7 +300,9 @@ TEST_F(SpeculativeDecodingTest, SeededSamplingIsReproducibleWithDrafts) {
 // exactly what it proposes with every draft's logits on the host, so the output and every
 // step's acceptance are the same too.
 TEST_F(SpeculativeDecodingTest, GreedyDraftsChainedOnTheBackendAreTheHostDrafts) {
-  const std::vector<std::vector<int32_t>> prompts = testing::HeldOutPrompts(4);
+  std::vector<std::vector<int32_t>> prompts = testing::HeldOutPrompts(4);
+  // Prompts of 1 to 4 tokens draft on the backend from their prefill on.
+  for (size_t length = 1; length <= 4; ++length) prompts.emplace_back(prompts[length - 1].begin(), prompts[length - 1].begin() + length);
   for (int n : {1, 3}) {
     std::map<bool, std::vector<std::map<size_t, std::vector<int32_t>>>> drafts_by_mode;
     for (bool on_device : {false, true}) {
