@@ -232,13 +232,36 @@ absl::StatusOr<int32_t> Model::ForwardSampled(std::span<const int32_t> tokens, c
   }
   int32_t id = kernels::kNoFiniteLogit;
   if (StepGraphApplies(tokens.size())) {
-    RETURN_IF_ERROR(GraphedForward(tokens, &params, &id).status());
+    std::vector<int32_t> ids(tokens.size(), kernels::kNoFiniteLogit);
+    RETURN_IF_ERROR(GraphedForward(tokens, &params, ids).status());
+    if (!ids.empty()) id = ids.back();
   } else {
     ASSIGN_OR_RETURN(const std::vector<float> logits, ForwardLast(tokens));
     id = kernels::SampleRowHost(logits, params);
   }
   if (id == kernels::kNoFiniteLogit) return absl::InvalidArgumentError("logits have no finite value");
   return id;
+}
+
+absl::StatusOr<std::vector<int32_t>> Model::ForwardSampledRows(std::span<const int32_t> tokens,
+                                                               const kernels::SampleParams& params) {
+  if (const char* error = kernels::SampleParamsError(params); *error != '\0') {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSampledRows: ", error));
+  }
+  std::vector<int32_t> ids(tokens.size(), kernels::kNoFiniteLogit);
+  if (StepGraphApplies(tokens.size())) {
+    RETURN_IF_ERROR(GraphedForward(tokens, &params, ids).status());
+  } else {
+    ASSIGN_OR_RETURN(const std::vector<float> logits, Forward(tokens));
+    const size_t V = logits.size() / std::max<size_t>(1, tokens.size());
+    for (size_t row = 0; row < tokens.size(); ++row) {
+      ids[row] = kernels::SampleRowHost(std::span<const float>(logits).subspan(row * V, V), params);
+    }
+  }
+  if (std::find(ids.begin(), ids.end(), kernels::kNoFiniteLogit) != ids.end()) {
+    return absl::InvalidArgumentError("logits have no finite value");
+  }
+  return ids;
 }
 
 absl::StatusOr<std::vector<float>> Model::ForwardMtp(std::span<const int32_t> next_tokens,

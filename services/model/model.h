@@ -82,6 +82,11 @@ class Model {
   absl::StatusOr<int32_t> ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params);
   // Whether ForwardSampled of `tokens` tokens samples on the backend (a step graph applies).
   bool SamplesOnDevice(size_t tokens) const { return StepGraphApplies(tokens); }
+  // As ForwardSampled, but every token's row draws with `params` and all their ids come back:
+  // a greedy verification of drafts (speculative decoding), where only the ids cross to the
+  // host. (Rows share one uniform draw: meant for greedy params.)
+  absl::StatusOr<std::vector<int32_t>> ForwardSampledRows(std::span<const int32_t> tokens,
+                                                          const kernels::SampleParams& params);
 
   // The final-normed hidden states [T, hidden_size] of the last Forward: what MTP reads.
   const std::vector<float>& last_hidden() const { return last_hidden_; }
@@ -358,10 +363,10 @@ class Model {
   // row-major [T, vocab_size]; last_hidden() / last_mtp_hidden() as their eager forms).
   bool StepGraphApplies(size_t tokens, int mtp_index = -1) const;
   // With `sample`, the graph also samples every token's row (Backend::SampleTokens) and hands
-  // back the last row's id in *sampled instead of the logits (the result is then empty).
+  // back their ids in `sampled` ([tokens]) instead of the logits (the result is then empty).
   absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens,
                                                     const kernels::SampleParams* sample = nullptr,
-                                                    int32_t* sampled = nullptr);
+                                                    std::span<int32_t> sampled = {});
   absl::StatusOr<std::vector<float>> GraphedMtpForward(std::span<const int32_t> next_tokens,
                                                        std::span<const float> hidden, int index);
   // Enqueues a step's ops (embedding of `ids` to the logits and final states copied into
@@ -383,8 +388,8 @@ class Model {
   // InvalidArgument for an id outside [0, vocab): a graph's embedding cannot refuse one.
   static absl::Status CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab, absl::string_view what);
   struct StepGraph;
-  // DraftOnDevice's ops (mtp_drafts.cc) over the inputs in `graph` (ids, hidden, positions,
-  // sample_params), leaving the drafts and the last state in step_output_.
+  // DraftOnDevice's ops (mtp_drafts.cc) over the inputs in `graph` (ids, hidden,
+  // forward_positions, sample_params), leaving the last state and the drafts in step_output_.
   absl::Status EnqueueMtpDrafts(int index, StepGraph& graph, int64_t bucket_end);
   // Runs the step of `graph` (its inputs uploaded): the bucket's first step op by op as
   // `enqueue` gives it, the second captured then replayed, later ones replayed. False when the
@@ -467,10 +472,8 @@ class Model {
     kernels::Tensor hidden;                          // F32 [tokens, D]: an MTP step's input states
     kernels::Tensor sample_params;                   // U8 [tokens, sizeof(SampleParams)]: a sampling step's draw
     kernels::Tensor sampled;                         // I32 [tokens]: a sampling step's ids
-    // A drafting chain's (DraftOnDevice): every entry's first position, uploaded as one I32
-    // [drafts] and spread into one I32 [1] per forward (positions); draft i, I32 [1], is the
-    // next forward's input (draft_ids).
-    kernels::Tensor positions;
+    // A drafting chain's (DraftOnDevice): each forward's first position, I32 [1] (a StepPosition
+    // is a whole tensor); draft i, I32 [1], is the next forward's input (draft_ids).
     std::vector<kernels::Tensor> forward_positions;
     std::vector<kernels::Tensor> draft_ids;
     bool warmed = false;                             // a warm-up ran under these generations

@@ -29,15 +29,14 @@ absl::Status Model::EnqueueMtpDrafts(int index, StepGraph& g, int64_t bucket_end
   const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
   const int64_t T = g.ids.shape().dim(0), D = config_.hidden_size, V = m.head.shape().dim(0);
   const int drafts = static_cast<int>(g.draft_ids.size());
-  // Each forward reads its own position tensor (a StepPosition is a whole tensor).
-  for (int i = 0; i < drafts; ++i) {
-    RETURN_IF_ERROR(backend_.CopyRows(g.positions, i, g.forward_positions[static_cast<size_t>(i)], 0, 1));
-  }
   // The first forward feeds the kept entries; only its last row drafts.
-  ASSIGN_OR_RETURN(Tensor states,
+  ASSIGN_OR_RETURN(Tensor state,
                    EnqueueMtpForward(index, g.ids, g.hidden, StepPosition::OnDevice(g.forward_positions[0], bucket_end - T)));
-  ASSIGN_OR_RETURN(Tensor state, backend_.Allocate(kernels::DType::kF32, Shape{1, D}));
-  RETURN_IF_ERROR(backend_.CopyRows(states, T - 1, state, 0, 1));
+  if (T > 1) {
+    ASSIGN_OR_RETURN(Tensor last, backend_.Allocate(kernels::DType::kF32, Shape{1, D}));
+    RETURN_IF_ERROR(backend_.CopyRows(state, T - 1, last, 0, 1));
+    state = std::move(last);
+  }
   ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{1, V}));
   for (int i = 0; i < drafts; ++i) {
     const size_t at = static_cast<size_t>(i);
@@ -85,34 +84,45 @@ absl::StatusOr<std::vector<int32_t>> Model::DraftOnDevice(std::span<const int32_
   RETURN_IF_ERROR(BeginRoutingLog(entries));
   RETURN_IF_ERROR(PrepareStepGraphs());
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + entries);
-  StepGraph& g = step_graphs_[{index, T, bucket_end, false, num_drafts}];
-  if (!g.ids.valid()) {
-    ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
-    ASSIGN_OR_RETURN(g.hidden, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
-    ASSIGN_OR_RETURN(g.positions, backend_.Allocate(kernels::DType::kI32, Shape{num_drafts}));
-    ASSIGN_OR_RETURN(g.sample_params, backend_.Allocate(kernels::DType::kU8, Shape{1, static_cast<int64_t>(sizeof(draw))}));
-    for (int i = 0; i < num_drafts; ++i) {
-      ASSIGN_OR_RETURN(Tensor position, backend_.Allocate(kernels::DType::kI32, Shape{1}));
-      g.forward_positions.push_back(std::move(position));
-      ASSIGN_OR_RETURN(Tensor id, backend_.Allocate(kernels::DType::kI32, Shape{1}));
-      g.draft_ids.push_back(std::move(id));
-    }
-  }
-  // Entry positions: the kept entries from mtp_length_, then one per draft fed back.
+  // Entry positions: the kept entries from mtp_length_, then one per draft fed back. Each is
+  // written to its forward's own tensor before the graph runs, so the graph begins with the
+  // embedding, as every step graph does.
   std::vector<int32_t> positions(static_cast<size_t>(num_drafts));
   for (int i = 0; i < num_drafts; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(mtp_length_ + T + i - 1);
   positions[0] = static_cast<int32_t>(mtp_length_);
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(positions)), g.positions));
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(next_tokens), g.ids));
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(hidden), g.hidden));
-  RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const kernels::SampleParams>(&draw, 1)), g.sample_params));
-  auto enqueue = [&] { return EnqueueMtpDrafts(index, g, bucket_end); };
+  auto upload = [&](StepGraph& inputs) -> absl::Status {
+    if (!inputs.ids.valid()) {
+      ASSIGN_OR_RETURN(inputs.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
+      ASSIGN_OR_RETURN(inputs.hidden, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
+      ASSIGN_OR_RETURN(inputs.sample_params,
+                       backend_.Allocate(kernels::DType::kU8, Shape{1, static_cast<int64_t>(sizeof(draw))}));
+      for (int i = 0; i < num_drafts; ++i) {
+        ASSIGN_OR_RETURN(Tensor position, backend_.Allocate(kernels::DType::kI32, Shape{1}));
+        inputs.forward_positions.push_back(std::move(position));
+        ASSIGN_OR_RETURN(Tensor id, backend_.Allocate(kernels::DType::kI32, Shape{1}));
+        inputs.draft_ids.push_back(std::move(id));
+      }
+    }
+    for (int i = 0; i < num_drafts; ++i) {
+      RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&positions[static_cast<size_t>(i)], 1)),
+                                            inputs.forward_positions[static_cast<size_t>(i)]));
+    }
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(next_tokens), inputs.ids));
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(hidden), inputs.hidden));
+    return backend_.CopyFromHost(std::as_bytes(std::span<const kernels::SampleParams>(&draw, 1)), inputs.sample_params);
+  };
   bool ran = false;
   if (StepGraphApplies(next_tokens.size(), index)) {
-    ASSIGN_OR_RETURN(ran, RunStepGraph(g, enqueue));
+    StepGraph& g = step_graphs_[{index, T, bucket_end, false, num_drafts}];
+    RETURN_IF_ERROR(upload(g));
+    ASSIGN_OR_RETURN(ran, RunStepGraph(g, [&] { return EnqueueMtpDrafts(index, g, bucket_end); }));
   }
-  if (!ran) {  // no graphs on this backend, or they are off now: the same ops as they are issued
-    RETURN_IF_ERROR(enqueue());
+  if (!ran) {
+    // No graphs on this backend, or they are off now (a failed capture dropped every graph, `g`
+    // with them): the same ops as they are issued, over inputs of their own.
+    StepGraph eager;
+    RETURN_IF_ERROR(upload(eager));
+    RETURN_IF_ERROR(EnqueueMtpDrafts(index, eager, bucket_end));
     RETURN_IF_ERROR(backend_.Synchronize());
   }
   const auto* out = static_cast<const std::byte*>(step_output_->data());

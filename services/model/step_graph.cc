@@ -169,7 +169,7 @@ absl::Status Model::CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab
 }
 
 absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
-                                                         const kernels::SampleParams* sample, int32_t* sampled) {
+                                                         const kernels::SampleParams* sample, std::span<int32_t> sampled) {
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
   const int64_t D = config_.hidden_size, V = weights_.lm_head.shape().dim(0);
   if (start + T > cache_.max_tokens()) {
@@ -195,8 +195,8 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(tokens), g.ids));
   StepSampling sampling;
   if (sample != nullptr) {
-    // Every row draws with the same parameters (only the last row's id is used; the rows run in
-    // parallel, so the others cost no time).
+    // Every row draws with the same parameters (a plain step uses the last row's id, a greedy
+    // verification every row's; the rows run in parallel, so the others cost no time).
     std::array<kernels::SampleParams, kMaxStepGraphTokens> rows;
     rows.fill(*sample);
     RETURN_IF_ERROR(backend_.CopyFromHost(
@@ -210,7 +210,10 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   if (!ran) {  // graphs are off now: op by op
     ASSIGN_OR_RETURN(std::vector<float> logits, Forward(tokens));
     if (sample != nullptr) {
-      *sampled = kernels::SampleRowHost(std::span<const float>(logits).subspan(static_cast<size_t>((T - 1) * V)), *sample);
+      for (int64_t row = 0; row < T; ++row) {
+        sampled[static_cast<size_t>(row)] =
+            kernels::SampleRowHost(std::span<const float>(logits).subspan(static_cast<size_t>(row * V), static_cast<size_t>(V)), *sample);
+      }
     }
     return logits;
   }
@@ -219,7 +222,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   last_hidden_.assign(hidden, hidden + T * D);
   std::vector<float> logits;
   if (sample != nullptr) {
-    std::memcpy(sampled, out + (T - 1) * static_cast<int64_t>(sizeof(int32_t)), sizeof(int32_t));
+    std::memcpy(sampled.data(), out, static_cast<size_t>(T) * sizeof(int32_t));
   } else {
     const auto* values = reinterpret_cast<const float*>(out);
     logits.assign(values, values + T * V);

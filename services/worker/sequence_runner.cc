@@ -184,12 +184,19 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     // A plain decode step whose request the backend can sample (Sampler::DeviceDraw) hands back
     // the token alone: the draw runs in the step graph, and no logits cross to the host.
     std::optional<int32_t> device_token;
+    // A greedy verification the backend can draw: every row's argmax, and only those ids cross.
+    std::optional<std::vector<int32_t>> device_rows;
     if (!prefill) {
       std::optional<kernels::SampleParams> draw;
-      if (device_sampling_ && drafts.tokens.empty() && model_->SamplesOnDevice(input.size())) {
+      // (A verification takes this path also where no graph runs: the picks are the same, and
+      // cheaper than the Sampler's per row.)
+      const bool greedy_verification = !drafts.tokens.empty() && request.sampling.temperature == 0;
+      if (device_sampling_ && (greedy_verification || (drafts.tokens.empty() && model_->SamplesOnDevice(input.size())))) {
         draw = sampler.DeviceDraw();
       }
-      if (draw.has_value()) {
+      if (draw.has_value() && greedy_verification) {
+        ASSIGN_OR_RETURN(device_rows, model_->ForwardSampledRows(input, *draw));
+      } else if (draw.has_value()) {
         ASSIGN_OR_RETURN(device_token, model_->ForwardSampled(input, *draw));
       } else {
         ASSIGN_OR_RETURN(logits, model_->Forward(input));
@@ -216,6 +223,11 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       SampledToken token;
       if (device_token.has_value()) {
         token = sampler.CommitSampled(*device_token);
+      } else if (device_rows.has_value()) {
+        // Sampler::Verify's greedy verdict: the row's pick, accepted when it is the draft.
+        const int32_t id = (*device_rows)[static_cast<size_t>(i)];
+        accepted = i < n && drafts.tokens[static_cast<size_t>(i)] == id;
+        token = sampler.CommitSampled(id);
       } else if (const std::span<const float> row =
                      std::span<const float>(logits).subspan(static_cast<size_t>(prefill ? 0 : i) * vocab, vocab);
                  i < n) {

@@ -104,9 +104,10 @@ class SequenceRunner {
   // about them (their routing) may be reported. The cache then holds what plain decoding's
   // would: the prompt and every emitted token but the last.
   // Whether plain decode steps may sample where the logits are (Model::ForwardSampled, for
-  // requests Sampler::DeviceDraw accepts, when the step runs as a graph). Off until set (nq-worker's
-  // --device_sampling turns it on by default); off, every step's logits come to the host and the
-  // Sampler picks (the same tokens).
+  // requests Sampler::DeviceDraw accepts, when the step runs as a graph), and greedy
+  // verifications of drafts take every row's pick from there (Model::ForwardSampledRows). Off
+  // until set (nq-worker's --device_sampling turns it on by default); off, every step's logits
+  // come to the host and the Sampler picks (the same tokens).
   void SetDeviceSampling(bool on) { device_sampling_ = on; }
   void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
   // Tensor parallelism across processes: every cache operation and forward is first sent to
