@@ -430,6 +430,10 @@ def check_spec(args, report):
                 "tokens_per_s": decode_rate(times, usage), "error": error,
                 "decode_steps": steps,
                 "step_ms_mean": delta('nq_worker_step_seconds_sum{phase="decode"}') / steps * 1e3 if steps else None,
+                # Of a step, the drafter's part (the worker's phase="draft"), per step that drafted.
+                "draft_ms_mean": (delta('nq_worker_step_seconds_sum{phase="draft"}') /
+                                  delta('nq_worker_step_seconds_count{phase="draft"}') * 1e3
+                                  if delta('nq_worker_step_seconds_count{phase="draft"}') else None),
                 "tokens_per_step": (usage["completion_tokens"] - 1) / steps if steps and usage else None,
                 "acceptance": delta("nq_spec_decode_num_accepted_tokens_total") / drafts if drafts else None,
                 "accepted_per_position": [

@@ -38,7 +38,8 @@ for n, row in sorted(r.get("by_drafts", {}).items(), key=lambda kv: int(kv[0])):
     tps = row.get("tokens_per_s") or 0
     step = row.get("step_ms_mean") or 0
     tpst = row.get("tokens_per_step") or 0
-    print(f"== {sys.argv[2]} N={n}: {tps:.1f} tokens/s, step {step:.3f} ms, {tpst:.2f} tokens/step, "
+    draft = row.get("draft_ms_mean") or 0
+    print(f"== {sys.argv[2]} N={n}: {tps:.1f} tokens/s, step {step:.3f} ms (drafting {draft:.3f}), {tpst:.2f} tokens/step, "
           f"accepted per position [{acc}], greedy equal {row.get('greedy_equal_to_first')}, error {row.get('error')}")
 print(f"== {sys.argv[2]} pass {r.get('pass')}")
 if not r.get("pass"):

@@ -267,6 +267,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       // A long (layer-major) prefill feeds the drafter chunk by chunk, so the MTP layer's
       // activations stay bounded too; only the last chunk drafts.
       const int64_t fed = prefill ? (kept - 1) / prefill_.chunk_tokens * prefill_.chunk_tokens : 0;
+      const auto drafting = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(FeedDrafter(sequence, first, fed, hidden));
       ASSIGN_OR_RETURN(drafts, drafter_->Propose(DraftRequest{
                                    .sequence = sequence,
@@ -277,6 +278,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
                                    .hidden_row = fed,
                                    .num_drafts = want,
                                }));
+      step.draft_seconds = SecondsSince(drafting);
     }
     input.assign(1, sequence.back());
     input.insert(input.end(), drafts.tokens.begin(), drafts.tokens.end());

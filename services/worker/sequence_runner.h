@@ -38,6 +38,7 @@ struct SequenceStep {
   std::vector<SampledToken> tokens;  // accepted this step
   nq::v1::FinishReason finish = nq::v1::FINISH_REASON_UNSPECIFIED;
   double seconds = 0;                 // time of this step (prefill for the first)
+  double draft_seconds = 0;           // of `seconds`, the drafter's (0: it did not run)
   int drafts = 0;    // drafts this step verified (0: a prefill, or speculation off)
   int accepted = 0;  // of those, the accepted prefix (drafts[0, accepted) were kept)
 };

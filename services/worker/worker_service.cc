@@ -32,7 +32,8 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
       model_(model),
       step_seconds_(metrics::Registry::Default().Histogram(
           "nq_worker_step_seconds",
-          "Time of a sequence step on the decode thread: the forward, MTP drafting and sampling (prefill: the prompt)",
+          "Time of a sequence step on the decode thread: the forward, MTP drafting and sampling (prefill: the "
+          "prompt); phase draft: the MTP drafting part of a step",
           metrics::ExponentialBuckets(1e-4, 2, 18), {"phase"})) {
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
@@ -229,6 +230,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
         }
         response.set_step_seconds(step.seconds);
         step_seconds_.WithLabels({response_count++ == 0 ? "prefill" : "decode"}).Observe(step.seconds);
+        if (step.draft_seconds > 0) step_seconds_.WithLabels({"draft"}).Observe(step.draft_seconds);
         if (spec_metrics_ != nullptr) spec_metrics_->RecordStep(step.drafts, step.accepted);
         if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED) {
           response.set_finish_reason(step.finish);

@@ -142,6 +142,17 @@ TEST_F(SpeculativeServingTest, GreedyAnswersAndStopStringsAreThoseOfAWorkerWitho
   const double decoded = static_cast<double>(kPrompts.size() * (40 - 1));
   EXPECT_NEAR(drafts + accepted, decoded, static_cast<double>(kPrompts.size()));
   EXPECT_EQ(Metric(plain.worker_ports.http, "nq_spec_decode_num_drafts_total"), -1) << "no drafts, no counters";
+  // The drafting part of each step that drafted (every step but a request's last, which may
+  // have nothing left to draft for), inside the steps' time.
+  const double drafted_steps = Metric(port, "nq_worker_step_seconds_count{phase=\"draft\"}");
+  EXPECT_GE(drafted_steps, drafts);
+  EXPECT_LE(drafted_steps, Metric(port, "nq_worker_step_seconds_count{phase=\"decode\"}") +
+                               Metric(port, "nq_worker_step_seconds_count{phase=\"prefill\"}"));
+  EXPECT_GT(Metric(port, "nq_worker_step_seconds_sum{phase=\"draft\"}"), 0);
+  EXPECT_LT(Metric(port, "nq_worker_step_seconds_sum{phase=\"draft\"}"),
+            Metric(port, "nq_worker_step_seconds_sum{phase=\"decode\"}") +
+                Metric(port, "nq_worker_step_seconds_sum{phase=\"prefill\"}"));
+  EXPECT_EQ(Metric(plain.worker_ports.http, "nq_worker_step_seconds_count{phase=\"draft\"}"), -1);
   absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
   EXPECT_TRUE(checked.ok()) << checked.status();
 
