@@ -22,6 +22,7 @@ struct SpecStepTimes {
   double plain_ms = 0;
   double verify_ms = 0;
   double chained_drafts_ms = 0;
+  double observed_drafts_ms = 0;  // chained, with a routing observer set (as in a worker)
   double host_drafts_ms = 0;
 };
 
