@@ -88,7 +88,7 @@ absl::StatusOr<std::vector<float>> Model::PrefillLayerMajor(std::span<const int3
     for (int64_t c = 0; c < num_chunks; ++c) {
       ASSIGN_OR_RETURN(routings[c], RouteLayer(w, xs[c]));
     }
-    if (routing_observer_) routing_observer_(layer, Concatenate(routings));
+    if (ObservesRouting(layer)) routing_observer_(layer, Concatenate(routings));
     std::optional<PrefillLayerSlots> slots;
     if (options.before_moe) {
       ASSIGN_OR_RETURN(slots, options.before_moe(layer, routings));

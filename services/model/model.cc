@@ -369,7 +369,7 @@ absl::Status Model::FfnBlock(const LayerWeights& w, int64_t layer, Tensor& x, co
     MoeRouting own;
     if (routing == nullptr) {
       ASSIGN_OR_RETURN(own, Route(*w.moe, xn));
-      if (routing_observer_) routing_observer_(layer, own);
+      if (ObservesRouting(layer)) routing_observer_(layer, own);
       routing = &own;
     }
     ASSIGN_OR_RETURN(ffn, Moe(*w.moe, layer, xn, *routing, slots));
@@ -546,7 +546,7 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
   // step's few tokens get it where xn is, as the diagonal of xn xnᵀ (one tiny GEMV), copied out
   // with the routing; a longer forward on the CPU sums it on the host (its xn is there), and on
   // a GPU reports none (the streamer reads a missing norm as 1).
-  const bool norms_by_gram = routing_observer_ && T <= kMaxStepGraphTokens;
+  const bool norms_by_gram = ObservesRouting(layer) && T <= kMaxStepGraphTokens;
   // The shared expert and that GEMV read only xn: on the side stream they run beside the router
   // and the routed experts, whose small kernels leave most of the GPU idle.
   kernels::SideWorkGuard side(backend_);
@@ -566,7 +566,7 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
   ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
   ASSIGN_OR_RETURN(Tensor weights, backend_.Allocate(kernels::DType::kF32, Shape{T, K}));
   RETURN_IF_ERROR(backend_.MoeRoute(logits, w.bias.empty() ? nullptr : &w.bias_device, RoutingParams(c), ids, weights));
-  if (routing_observer_ || (slot_table_source_.has_value() && slot_table_source_->count)) {
+  if (ObservesRouting(layer) || (slot_table_source_.has_value() && slot_table_source_->count)) {
     const size_t bytes = static_cast<size_t>(T * K) * sizeof(int32_t);
     if (routing_staging_ == nullptr) return absl::InternalError("routing staging missing (BeginRoutingLog not run)");
     if (routing_staging_used_ + 2 * bytes > routing_staging_->bytes()) {
@@ -589,7 +589,7 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
       }
       logged.gram_offset = static_cast<int64_t>(routing_staging_used_);
       routing_staging_used_ += gram_bytes;
-    } else if (routing_observer_ && backend_.name() == "cpu") {
+    } else if (ObservesRouting(layer) && backend_.name() == "cpu") {
       ASSIGN_OR_RETURN(logged.input_sq_norms, InputSquaredNorms(xn));
     }
     routing_log_.push_back(std::move(logged));
@@ -725,7 +725,7 @@ void Model::FlushRoutingLog() {
       for (int t = 0; t < logged.tokens; ++t) routing.input_sq_norms[static_cast<size_t>(t)] = gram[t * logged.tokens + t];
     }
     if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(logged.layer, routing);
-    if (routing_observer_) routing_observer_(logged.layer, routing);
+    if (ObservesRouting(logged.layer)) routing_observer_(logged.layer, routing);
   }
   routing_log_.clear();
   routing_staging_used_ = 0;

@@ -142,9 +142,12 @@ class Model {
     observer_ = std::move(observer);
     step_graphs_.clear();
   }
-  // Routing traces (nq trace): every MoE layer's routing of the tokens of each forward.
-  void SetRoutingObserver(std::function<void(int64_t layer, const MoeRouting&)> observer) {
+  // Routing traces (nq trace): every MoE layer's routing of the tokens of each forward. Without
+  // `mtp_layers` the MTP layers' forwards are not logged for it (a worker reports the decoder's
+  // layers only: drafting then copies no routing out and computes no norms).
+  void SetRoutingObserver(std::function<void(int64_t layer, const MoeRouting&)> observer, bool mtp_layers = true) {
     routing_observer_ = std::move(observer);
+    observe_mtp_routing_ = mtp_layers;
     step_graphs_.clear();
   }
   // Gate lookahead (issue #21): after each layer L, the router of layer L + depth, when that is
@@ -417,6 +420,11 @@ class Model {
   std::optional<kernels::Tensor> selection_;
   std::function<void(const ExpertActivations&)> observer_;
   std::function<void(int64_t, const MoeRouting&)> routing_observer_;
+  bool observe_mtp_routing_ = true;
+  // Whether the routing observer wants `layer`'s routing.
+  bool ObservesRouting(int64_t layer) const {
+    return routing_observer_ && (observe_mtp_routing_ || layer < config_.num_hidden_layers);
+  }
   int lookahead_depth_ = 0;
   std::function<void(int64_t, const MoeRouting&)> lookahead_observer_;
   ExpertSlotSource slot_source_;

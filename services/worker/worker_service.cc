@@ -43,7 +43,9 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       if (config.IsMoeLayer(l)) moe_layers_.push_back(static_cast<uint32_t>(l));
     }
-    model_->SetRoutingObserver([this](int64_t layer, const model::MoeRouting& routing) { OnRouting(layer, routing); });
+    // The decoder's layers only: OnRouting drops the MTP layers' (the drafts' routing).
+    model_->SetRoutingObserver([this](int64_t layer, const model::MoeRouting& routing) { OnRouting(layer, routing); },
+                               /*mtp_layers=*/false);
     runner_->SetKeptTokensObserver([this](int64_t kept) { OnKeptTokens(kept); });
   }
 }

@@ -413,6 +413,19 @@ TEST_F(SpeculativeDecodingTest, DraftOnDeviceIsTheHostsDraftingChain) {
     EXPECT_FALSE(device_routing.empty()) << what;
   }
 
+  // An observer of the decoder's layers only (a worker's) sees no MTP forward, and still every
+  // main layer of a main forward.
+  std::vector<int64_t> observed_layers;
+  device.SetRoutingObserver([&](int64_t layer, const model::MoeRouting&) { observed_layers.push_back(layer); },
+                            /*mtp_layers=*/false);
+  ASSERT_THAT(device.TruncateMtpCache(8), IsOk());
+  ASSERT_THAT(device_chain(8, 2, 3), IsOk());
+  EXPECT_TRUE(observed_layers.empty()) << observed_layers.size() << " MTP routings observed";
+  ASSERT_THAT(device.Forward(std::span<const int32_t>(prompt).first(1)), IsOk());
+  EXPECT_FALSE(observed_layers.empty());
+  for (int64_t layer : observed_layers) EXPECT_LT(layer, device.config().num_hidden_layers);
+  device.SetRoutingObserver([&](int64_t layer, const model::MoeRouting& r) { device_routing.emplace_back(layer, r.experts); });
+
   // Refusals: nothing runs and the MTP cache keeps its length.
   const int64_t length = device.mtp_cache_length();
   const std::span<const float> one_state = std::span<const float>(hidden).first(static_cast<size_t>(D));
