@@ -43,7 +43,8 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
     for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
       if (config.IsMoeLayer(l)) moe_layers_.push_back(static_cast<uint32_t>(l));
     }
-    // The decoder's layers only: OnRouting drops the MTP layers' (the drafts' routing).
+    // The decoder's layers only: the MTP layer's routing belongs to the drafts, not to the
+    // sequence, and the streamer's predictor models the main layers.
     model_->SetRoutingObserver([this](int64_t layer, const model::MoeRouting& routing) { OnRouting(layer, routing); },
                                /*mtp_layers=*/false);
     runner_->SetKeptTokensObserver([this](int64_t kept) { OnKeptTokens(kept); });
@@ -83,9 +84,6 @@ void WorkerService::SetTensorParallelLeader(TpLeader* leader) {
 
 void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
   if ((!routing_sink_ && watchers_.empty()) || moe_layers_.empty()) return;
-  // The MTP layer's routing (layer ids past the decoder's) belongs to the drafts, not to the
-  // sequence: the streamer's predictor models the main layers only.
-  if (layer >= model_->config().num_hidden_layers) return;
   // The first MoE layer starts a forward: drop what a failed one may have left.
   if (static_cast<uint32_t>(layer) == moe_layers_.front()) forward_routing_.clear();
   forward_routing_.push_back(routing);
