@@ -50,8 +50,8 @@ struct EncodeReleaseOptions {
   // Experts encoded at once, each worker a thread with its own trellis_v1 tile search from
   // make_trellis_search (unset: the codec's one-thread CPU search). The release's bytes do not
   // depend on either: experts are written in order, and every search gives the same symbols.
-  // `nq encode` runs one worker per core with --device cpu, two per GPU with --device cuda (one
-  // encodes on the host while the other's tiles are on the GPU). A synthetic release uses one.
+  // `nq encode` runs one worker per core with --device cpu, eight per GPU with --device cuda (some
+  // encode on the host while the others' tiles are on the GPU). A synthetic release uses one.
   int workers = 1;
   std::function<absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>>()> make_trellis_search;
   // Threads for the codecs' host work that splits without changing bytes (trellis_v1's LDLQ

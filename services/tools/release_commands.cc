@@ -51,8 +51,8 @@ ABSL_FLAG(std::string, base_levels, "uniform",
           "encode: nested_scalar_v1's 2-bit levels, uniform (an even grid: the GPU's fast decode, 1.2% more "
           "2-bit MSE) or lloyd (free levels, decoded by table lookups)");
 ABSL_FLAG(int, workers, 0,
-          "encode: experts encoded at once (0: one per core with --device cpu, two with --device cuda); each "
-          "holds one expert's matrices in memory");
+          "encode: experts encoded at once (0: one per core with --device cpu, eight per GPU with --device cuda); "
+          "each holds one expert's matrices in memory");
 ABSL_FLAG(std::string, codecs, "scalar,trellis", "bench-codec: the codecs to compare, comma-separated");
 ABSL_FLAG(std::string, tokens_file, "", "calibrate: token ids, one sequence per line (comma or space separated)");
 ABSL_FLAG(std::string, src, "", "assemble: the release to install from");
@@ -74,20 +74,24 @@ ProgressReporter MakeProgress(std::string task, std::string unit, std::string wo
 }
 
 // --device: where the experts' trellis tiles are searched. cpu: one worker per core, each with a
-// one-thread search (scalar encodes parallelise the same way). cuda[:N]: two workers sharing GPU
-// N, so one encodes on the host while the other's tiles are on the GPU; LDLQ's feedback gets the
-// cores between them.
-absl::Status SetEncodeDevice(const std::string& device, release::EncodeReleaseOptions& options) {
+// one-thread search (scalar encodes parallelise the same way). cuda[:N]: kWorkersPerGpu workers
+// sharing each GPU, so while some encode on the host the others' tiles are on the GPU; LDLQ's
+// feedback gets the cores between them. `workers` > 0 (--workers) replaces either count.
+// Eight a GPU: on the H200 with 16 cores, LDLQ encodes of 7168 x 2048 took 5.89 s a matrix with
+// two workers, 4.56 with four and 4.08 with eight (90 % of the search's own rate;
+// trellis_search_bench --ldlq_workers, bench/README.md). Each worker holds about 0.8 GB of host
+// memory (an expert's weights and one matrix's LDLQ streams in double).
+absl::Status SetEncodeDevice(const std::string& device, int workers, release::EncodeReleaseOptions& options) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (device == "cpu") {
-    options.workers = cores;
+    options.workers = workers > 0 ? workers : cores;
     options.host_threads = 1;
     options.make_trellis_search = []() -> absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> {
       return quant::MakeCpuTrellisTileSearch(1);
     };
     return absl::OkStatus();
   }
-  // cuda, cuda:N or cuda:N,M,...: the GPUs, each taking two workers in turn.
+  // cuda, cuda:N or cuda:N,M,...: the GPUs, each taking kWorkersPerGpu workers in turn.
   std::vector<int> gpus;
   if (device == "cuda") {
     gpus.push_back(0);
@@ -110,8 +114,8 @@ absl::Status SetEncodeDevice(const std::string& device, release::EncodeReleaseOp
   for (int gpu : gpus) {
     ASSIGN_OR_RETURN(std::unique_ptr<quant::TrellisTileSearch> probe, kernels::cuda::MakeCudaTrellisTileSearch(gpu));
   }
-  constexpr int kWorkersPerGpu = 2;
-  options.workers = kWorkersPerGpu * static_cast<int>(gpus.size());
+  constexpr int kWorkersPerGpu = 8;
+  options.workers = workers > 0 ? workers : kWorkersPerGpu * static_cast<int>(gpus.size());
   options.host_threads = std::max(1, cores / options.workers);
   // EncodeRelease makes one search per worker, one after another: worker w gets GPU w mod n.
   options.make_trellis_search = [gpus, next = std::make_shared<size_t>(0)] {
@@ -141,11 +145,9 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
                                absl::InvalidArgumentError("--base_levels must be uniform or lloyd, got '" + levels + "'"));
   }
   const std::string device = absl::GetFlag(FLAGS_device);
-  if (absl::Status s = SetEncodeDevice(device, options); !s.ok()) return ReportCommandStatus(command, s);
-  if (const int workers = absl::GetFlag(FLAGS_workers); workers != 0) {
-    if (workers < 0) return ReportCommandStatus(command, absl::InvalidArgumentError("--workers must be >= 0"));
-    options.workers = workers;
-  }
+  const int workers = absl::GetFlag(FLAGS_workers);
+  if (workers < 0) return ReportCommandStatus(command, absl::InvalidArgumentError("--workers must be >= 0"));
+  if (absl::Status s = SetEncodeDevice(device, workers, options); !s.ok()) return ReportCommandStatus(command, s);
   if (quant::ResolveCodecName(options.codec).value_or("") == quant::kTrellisV1) {
     std::fprintf(stderr, "nq %s: trellis tiles searched on %s, %d experts at once\n", command, device.c_str(),
                  synthetic ? 1 : options.workers);
@@ -239,7 +241,9 @@ int RunBenchCodec(const std::vector<std::string>& args) {
   std::unique_ptr<quant::TrellisTileSearch> device_search;
   if (const std::string device = absl::GetFlag(FLAGS_device); device != "cpu") {
     release::EncodeReleaseOptions encode;
-    if (absl::Status s = SetEncodeDevice(device, encode); !s.ok()) return ReportCommandStatus("bench-codec", s);
+    if (absl::Status s = SetEncodeDevice(device, /*workers=*/0, encode); !s.ok()) {
+      return ReportCommandStatus("bench-codec", s);
+    }
     absl::StatusOr<std::unique_ptr<quant::TrellisTileSearch>> search = encode.make_trellis_search();
     if (!search.ok()) return ReportCommandStatus("bench-codec", search.status());
     device_search = *std::move(search);

@@ -8,7 +8,12 @@
 //      projection at DeepSeek-V3's shape (2048 x 7168, no Hessian: every tile in one search) and a
 //      down projection (7168 x 2048) with an AR(1) Hessian (LDLQ: one 16-column block a search).
 //
-//   trellis_search_bench [--tiles N] [--cpu_tiles N] [--skip_matrices]
+//   3. With --ldlq_workers W,...: W LDLQ encodes at once on one GPU (nq encode --device cuda
+//      --workers W), --ldlq_per_worker 7168 x 2048 matrices each: wall seconds per matrix.
+//
+//   trellis_search_bench [--tiles N] [--cpu_tiles N] [--skip_matrices] [--ldlq_workers W,W,...]
+//                        [--ldlq_per_worker N]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/trellis_search.h"
@@ -42,33 +48,92 @@ std::vector<float> GaussianTiles(int64_t tiles, uint32_t seed) {
   return x;
 }
 
-int EncodeMatrix(nq::quant::TrellisTileSearch& search, int64_t rows, int64_t cols, bool ldlq) {
-  std::mt19937 rng(11);
+int Cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+std::vector<float> GaussianMatrix(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> w(static_cast<size_t>(rows * cols));
   for (float& v : w) v = normal(rng);
+  return w;
+}
+
+// The AR(1) Hessian the LDLQ rows use: h_ij = 0.9^|i - j|.
+nq::quant::Hessian Ar1Hessian(int64_t cols) {
   nq::quant::Hessian h{cols, {}};
-  if (ldlq) {
-    h.values.resize(static_cast<size_t>(cols * cols));
-    for (int64_t i = 0; i < cols; ++i) {
-      for (int64_t j = 0; j < cols; ++j) h.values[i * cols + j] = std::pow(0.9, std::abs(static_cast<double>(i - j)));
-    }
+  h.values.resize(static_cast<size_t>(cols * cols));
+  for (int64_t i = 0; i < cols; ++i) {
+    for (int64_t j = 0; j < cols; ++j) h.values[i * cols + j] = std::pow(0.9, std::abs(static_cast<double>(i - j)));
   }
+  return h;
+}
+
+absl::Status Encode(nq::quant::TrellisTileSearch& search, const std::vector<float>& w, int64_t rows, int64_t cols,
+                    const nq::quant::Hessian* h, int host_threads) {
   nq::quant::EncodeOptions options;
   options.trellis_search = &search;
+  options.host_threads = host_threads;
+  return nq::quant::TrellisCodec().Encode(w, rows, cols, h, options).status();
+}
+
+int EncodeMatrix(nq::quant::TrellisTileSearch& search, int64_t rows, int64_t cols, bool ldlq, int host_threads) {
+  const std::vector<float> w = GaussianMatrix(rows, cols, 11);
+  const nq::quant::Hessian h = ldlq ? Ar1Hessian(cols) : nq::quant::Hessian{cols, {}};
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<nq::quant::EncodedMatrix> m =
-      nq::quant::TrellisCodec().Encode(w, rows, cols, ldlq ? &h : nullptr, options);
+  const absl::Status status = Encode(search, w, rows, cols, ldlq ? &h : nullptr, host_threads);
   const double s = Seconds(start);
-  if (!m.ok()) {
+  if (!status.ok()) {
     std::fprintf(stderr, "encode %lldx%lld failed: %s\n", static_cast<long long>(rows), static_cast<long long>(cols),
-                 m.status().ToString().c_str());
+                 status.ToString().c_str());
     return 1;
   }
   const int64_t tiles = 2 * rows * cols / kTileWeights;
-  std::printf("| %lld x %lld | %s | %lld | %.2f | %.0f |\n", static_cast<long long>(rows), static_cast<long long>(cols),
-              ldlq ? "LDLQ (AR(1) 0.9), one block a search" : "none, every tile in one search",
-              static_cast<long long>(tiles), s, static_cast<double>(tiles) / s);
+  std::printf("| %lld x %lld | %s | %d | %lld | %.2f | %.0f |\n", static_cast<long long>(rows),
+              static_cast<long long>(cols), ldlq ? "LDLQ (AR(1) 0.9), one block a search" : "none, every tile in one search",
+              host_threads, static_cast<long long>(tiles), s, static_cast<double>(tiles) / s);
+  return 0;
+}
+
+// What nq encode --device cuda does with LDLQ: `workers` experts encoded at once, each worker with
+// its own search on GPU 0 (its own stream) and cores / workers threads for the feedback, so one
+// worker's host work overlaps the others' searches. Each encodes `per_worker` 7168 x 2048 down
+// projections; prints the wall time per matrix, the release-level rate.
+int EncodeConcurrently(int workers, int per_worker) {
+  constexpr int64_t kRows = 7168, kCols = 2048;
+  const nq::quant::Hessian h = Ar1Hessian(kCols);
+  std::vector<std::unique_ptr<nq::quant::TrellisTileSearch>> searches;
+  std::vector<std::vector<float>> weights;
+  for (int i = 0; i < workers; ++i) {
+    absl::StatusOr<std::unique_ptr<nq::quant::TrellisTileSearch>> search = nq::kernels::cuda::MakeCudaTrellisTileSearch(0);
+    if (!search.ok()) {
+      std::fprintf(stderr, "%s\n", search.status().ToString().c_str());
+      return 1;
+    }
+    searches.push_back(*std::move(search));
+    weights.push_back(GaussianMatrix(kRows, kCols, 100 + static_cast<uint32_t>(i)));
+  }
+  const int host_threads = std::max(1, Cores() / workers);
+  std::vector<absl::Status> status(static_cast<size_t>(workers));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int i = 0; i < workers; ++i) {
+    pool.emplace_back([&, i] {
+      for (int m = 0; m < per_worker && status[i].ok(); ++m) {
+        status[i] = Encode(*searches[i], weights[i], kRows, kCols, &h, host_threads);
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+  const double s = Seconds(start);
+  for (const absl::Status& st : status) {
+    if (!st.ok()) {
+      std::fprintf(stderr, "concurrent encode failed: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  const int matrices = workers * per_worker;
+  const double tiles = 2.0 * kRows * kCols / kTileWeights * matrices;
+  std::printf("| %d | %d | %d | %.2f | %.2f | %.0f |\n", workers, host_threads, matrices, s, s / matrices, tiles / s);
   return 0;
 }
 
@@ -77,15 +142,32 @@ int EncodeMatrix(nq::quant::TrellisTileSearch& search, int64_t rows, int64_t col
 int main(int argc, char** argv) {
   int64_t tiles = 8192, cpu_tiles = 256;
   bool matrices = true;
+  std::vector<int> ldlq_workers;
+  int ldlq_per_worker = 2;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--tiles") && i + 1 < argc) {
+    if (!std::strcmp(argv[i], "--ldlq_workers") && i + 1 < argc) {
+      for (const char* p = argv[++i]; *p != '\0';) {
+        char* next = nullptr;
+        const long w = std::strtol(p, &next, 10);
+        if (next == p || w < 1) {
+          std::fprintf(stderr, "--ldlq_workers: a comma-separated list of positive counts\n");
+          return 2;
+        }
+        ldlq_workers.push_back(static_cast<int>(w));
+        p = *next == ',' ? next + 1 : next;
+      }
+    } else if (!std::strcmp(argv[i], "--ldlq_per_worker") && i + 1 < argc) {
+      ldlq_per_worker = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--tiles") && i + 1 < argc) {
       tiles = std::atoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--cpu_tiles") && i + 1 < argc) {
       cpu_tiles = std::atoll(argv[++i]);
     } else if (!std::strcmp(argv[i], "--skip_matrices")) {
       matrices = false;
     } else {
-      std::fprintf(stderr, "usage: trellis_search_bench [--tiles N] [--cpu_tiles N] [--skip_matrices]\n");
+      std::fprintf(stderr,
+                   "usage: trellis_search_bench [--tiles N] [--cpu_tiles N] [--skip_matrices] [--ldlq_workers W,W,...] "
+                   "[--ldlq_per_worker N]\n");
       return 2;
     }
   }
@@ -132,9 +214,19 @@ int main(int argc, char** argv) {
   std::printf("GPU over CPU (all cores): %.1fx; symbols equal on %lld of %lld tiles searched by both\n",
               gpu_rate / cpu_rate, static_cast<long long>(equal), static_cast<long long>(cpu_tiles));
   if (equal != cpu_tiles) return 1;
-  if (!matrices) return 0;
-  std::printf("\n| matrix | Hessian | tiles (both planes) | encode s (GPU search) | tiles/s |\n| --- | --- | ---: | ---: | ---: |\n");
-  if (EncodeMatrix(**gpu, 2048, 7168, false) != 0) return 1;
-  if (EncodeMatrix(**gpu, 7168, 2048, true) != 0) return 1;
+  if (matrices) {
+    std::printf("\n| matrix | Hessian | host threads | tiles (both planes) | encode s (GPU search) | tiles/s |\n"
+                "| --- | --- | ---: | ---: | ---: | ---: |\n");
+    if (EncodeMatrix(**gpu, 2048, 7168, false, Cores()) != 0) return 1;
+    if (EncodeMatrix(**gpu, 7168, 2048, true, 1) != 0) return 1;
+    if (EncodeMatrix(**gpu, 7168, 2048, true, Cores()) != 0) return 1;
+  }
+  if (ldlq_workers.empty()) return 0;
+  std::printf("\nLDLQ encodes at once (7168 x 2048, AR(1) 0.9), as nq encode --device cuda --workers W runs them:\n"
+              "| workers | host threads each | matrices | wall s | s per matrix | tiles/s |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (int workers : ldlq_workers) {
+    if (EncodeConcurrently(workers, ldlq_per_worker) != 0) return 1;
+  }
   return 0;
 }
