@@ -400,6 +400,10 @@ class Model {
   absl::StatusOr<bool> RunStepGraph(StepGraph& graph, const std::function<absl::Status()>& enqueue);
   // Sizes the step graphs' shared inputs and outputs (once).
   absl::Status PrepareStepGraphs();
+  // What every graphed forward does first: refuses ids outside the vocabulary (CheckTokenIds),
+  // brings the slot tables up to date, opens the routing log for `log_rows` rows and sizes the
+  // graphs' shared buffers.
+  absl::Status BeginGraphedForward(std::span<const int32_t> tokens, int64_t log_rows, absl::string_view what);
   // The last position + 1 a step ending at `end` is captured for (its bucket's end).
   int64_t StepGraphBucketEnd(int64_t end) const;
   absl::StatusOr<kernels::Tensor> Zeros(kernels::Shape shape);

@@ -77,12 +77,9 @@ absl::StatusOr<std::vector<int32_t>> Model::DraftOnDevice(std::span<const int32_
     return absl::InvalidArgumentError(absl::StrCat("DraftOnDevice: ", mtp_length_, " MTP entries + ", entries,
                                                    " exceed the cache of ", cache_.max_tokens()));
   }
-  RETURN_IF_ERROR(CheckTokenIds(next_tokens, weights_.embed.shape().dim(0), "DraftOnDevice"));
-  RETURN_IF_ERROR(RefreshSlotTables());
   // One forward for the routing log and the mailbox: sized for all its entries (each MTP
   // forward logs the layer once).
-  RETURN_IF_ERROR(BeginRoutingLog(entries));
-  RETURN_IF_ERROR(PrepareStepGraphs());
+  RETURN_IF_ERROR(BeginGraphedForward(next_tokens, entries, "DraftOnDevice"));
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + entries);
   // Entry positions: the kept entries from mtp_length_, then one per draft fed back. Each is
   // written to its forward's own tensor before the graph runs, so the graph begins with the

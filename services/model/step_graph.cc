@@ -168,6 +168,13 @@ absl::Status Model::CheckTokenIds(std::span<const int32_t> tokens, int64_t vocab
   return absl::OkStatus();
 }
 
+absl::Status Model::BeginGraphedForward(std::span<const int32_t> tokens, int64_t log_rows, absl::string_view what) {
+  RETURN_IF_ERROR(CheckTokenIds(tokens, weights_.embed.shape().dim(0), what));
+  RETURN_IF_ERROR(RefreshSlotTables());
+  RETURN_IF_ERROR(BeginRoutingLog(log_rows));
+  return PrepareStepGraphs();
+}
+
 absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
                                                          const kernels::SampleParams* sample, std::span<int32_t> sampled) {
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
@@ -176,10 +183,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));
   }
-  RETURN_IF_ERROR(CheckTokenIds(tokens, weights_.embed.shape().dim(0), "Forward"));
-  RETURN_IF_ERROR(RefreshSlotTables());
-  RETURN_IF_ERROR(BeginRoutingLog(T));
-  RETURN_IF_ERROR(PrepareStepGraphs());
+  RETURN_IF_ERROR(BeginGraphedForward(tokens, T, "Forward"));
   const int64_t bucket_end = StepGraphBucketEnd(start + T);
   StepGraph& g = step_graphs_[{-1, T, bucket_end, sample != nullptr, 0}];
   if (!g.ids.valid()) {
@@ -240,11 +244,8 @@ absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int3
                                                    " hidden values (want tokens x ", D, ")"));
   }
   if (mtp_length_ + T > cache_.max_tokens()) return absl::InvalidArgumentError("ForwardMtp: the MTP cache is full");
-  RETURN_IF_ERROR(CheckTokenIds(next_tokens, weights_.embed.shape().dim(0), "ForwardMtp"));
   const int64_t V = weights_.mtp[static_cast<size_t>(index)].head.shape().dim(0);
-  RETURN_IF_ERROR(RefreshSlotTables());
-  RETURN_IF_ERROR(BeginRoutingLog(T));
-  RETURN_IF_ERROR(PrepareStepGraphs());
+  RETURN_IF_ERROR(BeginGraphedForward(next_tokens, T, "ForwardMtp"));
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + T);
   StepGraph& g = step_graphs_[{index, T, bucket_end, false, 0}];
   if (!g.ids.valid()) {

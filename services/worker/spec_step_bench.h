@@ -1,7 +1,8 @@
 // What a speculative decoding step costs beside a plain one (issue #15), measured on a model
 // whose cache holds a sequence (nq bench-decode --spec_drafts N runs it after its decode steps,
 // at their context): a plain 1-token forward, the 1 + N verification forward, the N drafts
-// chained on the backend (Model::DraftOnDevice) and the same drafts through the host (each
+// chained on the backend (Model::DraftOnDevice) after one kept row and after 1 + N (a step whose
+// drafts were all accepted), and the same drafts through the host (each
 // draft's logits to the host and its argmax there, as MtpDrafter without SetDraftOnDevice).
 // Every forward is rolled back after it, so each round runs at the same context.
 #pragma once
@@ -22,6 +23,9 @@ struct SpecStepTimes {
   double plain_ms = 0;
   double verify_ms = 0;
   double chained_drafts_ms = 0;
+  // Chained from the 1 + N rows of a verification every draft of which was accepted: a worker's
+  // MTP layer first reads every kept row (1 + accepted), chained_drafts_ms is the one-row case.
+  double chained_from_verified_ms = 0;
   double observed_drafts_ms = 0;  // chained, with a routing observer set (as in a worker)
   double host_drafts_ms = 0;
 };

@@ -466,7 +466,8 @@ TEST_F(BenchDecodeCommandTest, TimesASpeculativeStepAfterTheDecodeSteps) {
   const nlohmann::json& spec = json["spec_step"];
   EXPECT_EQ(spec["drafts"], 3);
   EXPECT_EQ(spec["context"], 46);  // the 32-token prompt, its first token, 2 warm-up and 12 timed steps, less the last
-  for (const char* key : {"plain_ms", "verify_ms", "chained_drafts_ms", "observed_drafts_ms", "host_drafts_ms"}) {
+  for (const char* key :
+       {"plain_ms", "verify_ms", "chained_drafts_ms", "chained_from_verified_ms", "observed_drafts_ms", "host_drafts_ms"}) {
     EXPECT_GT(spec[key].get<double>(), 0) << key;
   }
   absl::StatusOr<LoadedModel> loaded = testing::LoadModel(NanoModelDir(), 64);
