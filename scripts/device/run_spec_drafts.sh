@@ -13,7 +13,8 @@
 #  - slice: the same two ways on the GLM-5-shaped slice (2 layers + MTP, 16 experts), N = 0 and 3,
 #    and bench-decode's spec step at contexts 16 and 4000;
 #  - hbm_probe's yardsticks.
-# NQ_ONLY=ops,spec,slice,hbm limits what runs (default: all).
+#  - bench: bench-decode's spec step alone on glm5_nano and the slice (not in the default list).
+# NQ_ONLY=ops,spec,slice,hbm,bench limits what runs (default: ops,spec,slice,hbm).
 #
 #   run tool: carry [".gpu-cluster", ".hbm"], command "bash scripts/device/run_spec_drafts.sh"
 set -uo pipefail
@@ -26,6 +27,23 @@ stamp() { echo "-- $(date +%T) $*"; }
 
 source scripts/device/unpack_cluster_bundle.sh  # $work, LD_LIBRARY_PATH
 B=$work/bin
+
+# bench-decode's spec step (a plain forward, the 1 + 3 verification, the drafts chained from one
+# and from four kept rows, and through the host, timed apart): glm5_nano twice, a slice per context.
+bench_nano() {
+  stamp "bench-decode spec step, nano"
+  for round in 1 2; do
+    "$B/nq" bench-decode --model="$work/model" --release="$work/model/release" --expert-bits=fixed --backend=cuda \
+      --prompt-tokens=300 --decode-tokens=64 --warmup=4 --spec_drafts=3 --spec_rounds=50 2>&1 | grep -E "spec step|tokens/s"
+  done
+}
+bench_slice() {
+  for context in ${NQ_SLICE_CONTEXTS:-16 4000}; do
+    "$B/nq" bench-decode --model="$1" --release="$1/release" --expert-bits=2 --backend=cuda \
+      --prompt-tokens=$context --decode-tokens=32 --warmup=4 --weight-dtype=bf16 --spec_drafts=3 --spec_rounds=30 \
+      2>&1 | grep -E "spec step|tokens/s"
+  done
+}
 
 # The compact line of one spec check: per N, tokens/s, step ms, tokens a step, acceptance per
 # draft position; and whether greedy output equalled N = 0's.
@@ -99,11 +117,20 @@ if wants spec; then
   done
   stamp "spec device N=0..3"
   spec_check "$work/model" "$OUT/spec_all" "drafts on the device" ""
-  stamp "bench-decode spec step, nano"
-  for round in 1 2; do
-    "$B/nq" bench-decode --model="$work/model" --release="$work/model/release" --expert-bits=fixed --backend=cuda \
-      --prompt-tokens=300 --decode-tokens=64 --warmup=4 --spec_drafts=3 --spec_rounds=50 2>&1 | grep -E "spec step|tokens/s"
-  done
+  bench_nano
+fi
+
+# bench: bench-decode's spec step alone, glm5_nano and the slice (no cluster runs).
+if wants bench; then
+  bench_nano
+  stamp "bench slice"
+  slice=/tmp/nq_glm5_slice
+  if NQ="$B/nq" bash scripts/device/make_slice.sh glm5 "$slice" 2 16 1 > "$OUT/make_slice.log" 2>&1; then
+    bench_slice "$slice"
+  else
+    tail -5 "$OUT/make_slice.log"
+  fi
+  rm -rf "$slice"
 fi
 
 if wants slice; then
@@ -114,11 +141,7 @@ if wants slice; then
       flags=""; [[ $mode == host ]] && flags="--device_sampling=false"
       spec_check "$slice" "$OUT/slice_$mode" "slice, drafts on the $mode" "$flags" --decode-tokens 128 --spec-drafts 0,3
     done
-    for context in ${NQ_SLICE_CONTEXTS:-16 4000}; do
-      "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-        --prompt-tokens=$context --decode-tokens=32 --warmup=4 --weight-dtype=bf16 --spec_drafts=3 --spec_rounds=30 \
-        2>&1 | grep -E "spec step|tokens/s"
-    done
+    bench_slice "$slice"
   else
     tail -5 "$OUT/make_slice.log"
   fi
