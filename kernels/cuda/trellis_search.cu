@@ -46,11 +46,20 @@ constexpr int kProbeSeamSymbols = tr::kStateSpan - 1;  // the symbols s_{-1} and
 static_assert(tr::kProbeSteps == kSteps, "the probe reuses the full run's backpointer scratch");
 static_assert(kGroupsPerBlock % kThreads == 0);
 
+// The byte sums of the successor states' hashes, per step of the layout period: step t's group q
+// writes the four successors rotl16(p0, 2t + 2) | k whose codebook values need the byte sum of
+// their hash, and those depend only on (t mod kLayoutPeriod, q, k), not on the tile. Tabled once
+// per search (BuildByteSumsKernel, the same integer arithmetic), a step loads 8 bytes a group from
+// L2 instead of computing four hashes (about 16 integer instructions a group: the search is bound
+// by instruction issue). 1 MiB: kLayoutPeriod x kGroups x 4 sums of 16 bits.
+constexpr std::size_t kByteSumEntries = static_cast<std::size_t>(kLayoutPeriod) * kGroups * 4;
+
 struct SearchParams {
   const float* targets;    // tiles x 256, unit-scaled, tile order
   std::uint8_t* symbols;   // tiles x 256
   std::uint32_t* backpointers;  // kBackpointerWordsPerCluster per cluster
   std::int64_t tiles;
+  const std::uint16_t* byte_sums;  // [t mod kLayoutPeriod][group q][successor k]
 };
 
 __device__ __forceinline__ int PartnerBit(int t) { return (tr::kStateBits - tr::kSymbolBits - tr::kSymbolBits * t) & 15; }
@@ -71,28 +80,50 @@ __device__ __forceinline__ std::uint32_t LeftToRight(std::uint32_t s) {
   return ((r & 0x5555u) << 1) | ((r >> 1) & 0x5555u);
 }
 
-// UnitValue (trellis_decode.h) from the state's hash h = state * kHashMul + kHashAdd: the byte
-// sum by one dp4a, and float(sum) as the float 2^23 + sum minus 2^23 (exact: sum < 2^23), with
-// the centring folded into that subtraction (2^23 + 510 is exact too, and so is the difference).
-__device__ __forceinline__ float UnitValueOfHash(std::uint32_t h) {
+// UnitValue (trellis_decode.h) from the byte sum of the state's hash h = state * kHashMul +
+// kHashAdd (one dp4a): float(sum) as the float 2^23 + sum minus 2^23 (exact: sum < 2^23), with the
+// centring folded into that subtraction (2^23 + 510 is exact too, and so is the difference).
+// `biased` is 0x4B000000 | sum.
+__device__ __forceinline__ float UnitValueOfBiasedSum(std::uint32_t biased) {
   constexpr float kTwo23PlusMean = 8388608.0f + tr::kByteSumMean;
-  const std::uint32_t sum = __dp4a(h, 0x01010101u, 0u);
-  return __fmul_rn(__fsub_rn(__uint_as_float(0x4B000000u | sum), kTwo23PlusMean), tr::kInvByteSumSd);
+  return __fmul_rn(__fsub_rn(__uint_as_float(biased), kTwo23PlusMean), tr::kInvByteSumSd);
+}
+
+// The byte sum of the hash of successor k of group q at a step of layout phase `phase` (t mod
+// kLayoutPeriod): position p0 + k 2^b then holds successor rotl16(p0, 2t + 2) | k, whose
+// right-shift state is LeftToRight(rotl16(p0, 2t + 2)) | k << 14, so the four hashes differ by
+// k * (kHashMul << 14).
+__device__ __forceinline__ std::uint32_t SuccessorByteSum(int phase, std::uint32_t q, std::uint32_t k) {
+  const int b = PartnerBit(phase);
+  const std::uint32_t p0 = (q & ((1u << b) - 1u)) | ((q >> b) << (b + tr::kSymbolBits));
+  const std::uint32_t h = LeftToRight(Rotl16(p0, 2 * phase + 2)) * tr::kHashMul + tr::kHashAdd + k * (tr::kHashMul << 14);
+  return __dp4a(h, 0x01010101u, 0u);
+}
+
+__global__ void BuildByteSumsKernel(std::uint16_t* sums) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= kByteSumEntries) return;
+  const int phase = static_cast<int>(i / (kGroups * 4));
+  const std::uint32_t q = static_cast<std::uint32_t>(i / 4 % kGroups), k = static_cast<std::uint32_t>(i % 4);
+  sums[i] = static_cast<std::uint16_t>(SuccessorByteSum(phase, q, k));
 }
 
 // Step t of a run over target x, this block's butterflies (groups q of the block's range). The
 // costs of positions with top bit r live in block r's `half[r]`; only crossing steps touch the
 // other block's half.
 template <bool kCrossing>
-__device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp) {
+__device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp,
+                                     const std::uint16_t* byte_sums) {
   const int b = PartnerBit(t);
   const std::uint32_t stride = 1u << b;
   const std::uint32_t low = stride - 1u;
-  const int rot = (2 * t + 2) & 15;
   const int lane = threadIdx.x % 32;
+  // This step's phase of the byte-sum table: 8 bytes (four 16-bit sums) a group.
+  const uint2* sums = reinterpret_cast<const uint2*>(byte_sums) + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
 #pragma unroll 2
   for (int m = 0; m < kGroupsPerThread; ++m) {
     const std::uint32_t q = rank * kGroupsPerBlock + m * kThreads + threadIdx.x;
+    const uint2 sum = __ldg(sums + q);  // issued first: its L2 latency overlaps the loads below
     const std::uint32_t p0 = (q & low) | ((q >> b) << (b + tr::kSymbolBits));
     float* c[4];
     if constexpr (kCrossing) {
@@ -125,13 +156,14 @@ __device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], in
     const float least = high ? m23 : m01;
     const std::uint32_t j = high ? 2u + static_cast<std::uint32_t>(b23) : static_cast<std::uint32_t>(b01);
 
-    // Position p0 + k 2^b now holds successor rotl16(p0, 2t + 2) | k, whose right-shift state
-    // is LeftToRight(rotl16(p0, 2t + 2)) | k << 14: the four hashes differ by k * (kHashMul << 14).
-    const std::uint32_t h0 = LeftToRight(Rotl16(p0, rot)) * tr::kHashMul + tr::kHashAdd;
+    // Position p0 + k 2^b now holds successor k (SuccessorByteSum); each 16-bit sum moves into
+    // the low half of 0x4B000000 with one byte permute.
+    const std::uint32_t biased[4] = {__byte_perm(sum.x, 0x4B000000u, 0x7610), __byte_perm(sum.x, 0x4B000000u, 0x7632),
+                                     __byte_perm(sum.y, 0x4B000000u, 0x7610), __byte_perm(sum.y, 0x4B000000u, 0x7632)};
     float next[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float d = __fsub_rn(x, UnitValueOfHash(h0 + static_cast<std::uint32_t>(k) * (tr::kHashMul << 14)));
+      const float d = __fsub_rn(x, UnitValueOfBiasedSum(biased[k]));
       next[k] = __fadd_rn(least, __fmul_rn(d, d));
     }
     if (!kCrossing && b == 0) {
@@ -153,20 +185,20 @@ __device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], in
 // The steps of one run. Crossing steps (t % 8 == 0) and the step after each start on a cluster
 // barrier (the other block wrote what they read); the rest on a block barrier.
 __device__ void Run(const float* xs, int x_offset, float* const (&half)[2], int rank, std::uint32_t* bps,
-                    cg::cluster_group& cluster) {
+                    const std::uint16_t* byte_sums, cg::cluster_group& cluster) {
   for (int t = 0; t < kSteps; ++t) {
     const float x = xs[(t + x_offset) % kSteps];
     std::uint32_t* bp = bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep;
     if (t % kLayoutPeriod == 0) {
       cluster.sync();
-      Step<true>(t, x, half, rank, bp);
+      Step<true>(t, x, half, rank, bp, byte_sums);
     } else {
       if (t % kLayoutPeriod == 1) {
         cluster.sync();
       } else {
         __syncthreads();
       }
-      Step<false>(t, x, half, rank, bp);
+      Step<false>(t, x, half, rank, bp, byte_sums);
     }
   }
 }
@@ -239,7 +271,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     // Probe: the ring from the seam (targets 128.., 0..127), from a free start.
     for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = 0.0f;
     __syncthreads();
-    Run(xs, kSteps / 2, half, rank, bps, cluster);
+    Run(xs, kSteps / 2, half, rank, bps, p.byte_sums, cluster);
     cluster.sync();
     BlockArgmin(costs, rank * kPositionsPerBlock, warp_value, warp_index, block_least, block_least_at);
     cluster.sync();
@@ -262,7 +294,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = INFINITY;
     __syncthreads();
     if (threadIdx.x < 2) costs[seam + threadIdx.x * (1u << 14)] = 0.0f;  // j = 2 rank + threadIdx.x
-    Run(xs, 0, half, rank, bps, cluster);
+    Run(xs, 0, half, rank, bps, p.byte_sums, cluster);
     cluster.sync();
     if (rank == 0 && threadIdx.x == 0) {
       std::uint32_t end = seam;
@@ -294,6 +326,7 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
   ~CudaTrellisTileSearch() override {
     if (cudaSetDevice(device_) != cudaSuccess) return;
     cudaFree(backpointers_);
+    cudaFree(byte_sums_);
     cudaFree(targets_);
     cudaFree(symbols_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -303,6 +336,12 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&backpointers_, clusters_ * kBackpointerWordsPerCluster * sizeof(std::uint32_t)));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&byte_sums_, kByteSumEntries * sizeof(std::uint16_t)));
+    constexpr unsigned kBuildThreads = 256;
+    BuildByteSumsKernel<<<static_cast<unsigned>((kByteSumEntries + kBuildThreads - 1) / kBuildThreads), kBuildThreads, 0,
+                          stream_>>>(byte_sums_);
+    RETURN_IF_ERROR(CheckLaunch("BuildByteSumsKernel"));
+    NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
 
@@ -327,7 +366,7 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
     }
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(targets_, targets.data(), targets.size_bytes(), cudaMemcpyHostToDevice, stream_));
-    const SearchParams params{targets_, symbols_, backpointers_, tiles};
+    const SearchParams params{targets_, symbols_, backpointers_, tiles, byte_sums_};
     const unsigned clusters = static_cast<unsigned>(std::min<std::int64_t>(clusters_, tiles));
     TrellisSearchKernel<<<clusters * kClusterBlocks, kThreads, kCostBytes, stream_>>>(params);
     RETURN_IF_ERROR(CheckLaunch("TrellisSearchKernel"));
@@ -342,6 +381,7 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
   int clusters_;  // clusters resident at once: the grid, each looping over tiles
   cudaStream_t stream_ = nullptr;
   std::uint32_t* backpointers_ = nullptr;
+  std::uint16_t* byte_sums_ = nullptr;  // kByteSumEntries (SearchParams::byte_sums)
   float* targets_ = nullptr;
   std::uint8_t* symbols_ = nullptr;
   std::int64_t capacity_ = 0;  // tiles the buffers hold
