@@ -403,6 +403,17 @@ def check_streaming_and_kills(args, report):
         cluster.stop()
 
 
+def draft_buckets(before, after):
+    """{bound in ms: drafting steps at or under it} between two /metrics samples (cumulative)."""
+    out = {}
+    for key, value in after.items():
+        if key.startswith("nq_worker_step_seconds_bucket{") and 'phase="draft"' in key and 'le="' in key:
+            le = key.split('le="', 1)[1].split('"', 1)[0]
+            bound = "+Inf" if le == "+Inf" else f"{float(le) * 1e3:g}"
+            out[bound] = value - before.get(key, 0.0)
+    return out
+
+
 def check_spec(args, report):
     """MTP speculative decoding on the backend under test (issue #15): for N = 0..3 drafts, a
     256-token streamed request's tokens/s, the worker's mean step (drafting + the 1 + N
@@ -434,6 +445,9 @@ def check_spec(args, report):
                 "draft_ms_mean": (delta('nq_worker_step_seconds_sum{phase="draft"}') /
                                   delta('nq_worker_step_seconds_count{phase="draft"}') * 1e3
                                   if delta('nq_worker_step_seconds_count{phase="draft"}') else None),
+                # The drafting phase's histogram over this request: steps at or under each bound (ms),
+                # so a mean pulled up by a few slow steps (a new graph's warm-up and capture) shows.
+                "draft_steps_at_most_ms": draft_buckets(before, after),
                 "tokens_per_step": (usage["completion_tokens"] - 1) / steps if steps and usage else None,
                 "acceptance": delta("nq_spec_decode_num_accepted_tokens_total") / drafts if drafts else None,
                 "accepted_per_position": [

@@ -59,6 +59,9 @@ for n, row in sorted(r.get("by_drafts", {}).items(), key=lambda kv: int(kv[0])):
     draft = row.get("draft_ms_mean") or 0
     print(f"== {sys.argv[2]} N={n}: {tps:.1f} tokens/s, step {step:.3f} ms (drafting {draft:.3f}), {tpst:.2f} tokens/step, "
           f"accepted per position [{acc}], greedy equal {row.get('greedy_equal_to_first')}, error {row.get('error')}")
+    buckets = row.get("draft_steps_at_most_ms") or {}
+    if buckets:
+        print("   drafting steps at most (ms): " + ", ".join(f"{k}: {v:g}" for k, v in buckets.items() if v))
 print(f"== {sys.argv[2]} pass {r.get('pass')}")
 if not r.get("pass"):
     rows = r.get("by_drafts", {})
