@@ -425,7 +425,10 @@ def check_spec(args, report):
         try:
             cluster.start([f"--backend={args.backend}", "--expert_bits=fixed", f"--speculative_tokens={n}"] +
                           args.spec_worker_flags.split())
-            stream_chat(cluster.ports["r_http"], cluster.chat_body(PROMPTS[0], 16))  # warm-up
+            # Warm-up: a fresh worker captures one step graph per (rows, drafts, context bucket) on
+            # first use, each costing a step op by op and a capture; --spec-warmup-tokens long enough
+            # to meet the kept-row counts 1 to N + 1 measures the steady state, 16 the first request.
+            stream_chat(cluster.ports["r_http"], cluster.chat_body(PROMPTS[0], args.spec_warmup_tokens))
             before = metrics(cluster.ports["w_metrics"])
             times, _, _, usage, error = stream_chat(cluster.ports["r_http"],
                                                     cluster.chat_body(PROMPTS[4], args.decode_tokens))
@@ -548,6 +551,9 @@ def main():
     parser.add_argument("--spec-drafts", default="0,1,2,3", type=lambda v: [int(x) for x in v.split(",")])
     # e.g. "--device_sampling=false": the spec check's workers with a feature off (every N).
     parser.add_argument("--spec-worker-flags", default="")
+    parser.add_argument("--spec-warmup-tokens", type=int, default=16,
+                        help="spec: tokens of the warm-up request before the measured one (16: a first request; "
+                             "256: about the steady state, every kept-row count's graph captured)")
     args = parser.parse_args()
     args.logs = os.path.join(args.out, "logs")
     os.makedirs(args.logs, exist_ok=True)
