@@ -451,6 +451,9 @@ def check_spec(args, report):
                 # The drafting phase's histogram over this request: steps at or under each bound (ms),
                 # so a mean pulled up by a few slow steps (a new graph's warm-up and capture) shows.
                 "draft_steps_at_most_ms": draft_buckets(before, after),
+                # The worker's step graphs over this request: a warmup and a capture per new key.
+                "step_graph_events": {e: delta(f'nq_worker_step_graphs_total{{event="{e}"}}')
+                                      for e in ("warmup", "capture", "replay")},
                 "tokens_per_step": (usage["completion_tokens"] - 1) / steps if steps and usage else None,
                 "acceptance": delta("nq_spec_decode_num_accepted_tokens_total") / drafts if drafts else None,
                 "accepted_per_position": [

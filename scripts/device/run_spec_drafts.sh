@@ -62,6 +62,8 @@ for n, row in sorted(r.get("by_drafts", {}).items(), key=lambda kv: int(kv[0])):
     buckets = row.get("draft_steps_at_most_ms") or {}
     if buckets:
         print("   drafting steps at most (ms): " + ", ".join(f"{k}: {v:g}" for k, v in buckets.items() if v))
+    if row.get("step_graph_events"):
+        print("   step graphs over the request: " + ", ".join(f"{k} {v:g}" for k, v in row["step_graph_events"].items()))
 print(f"== {sys.argv[2]} pass {r.get('pass')}")
 if not r.get("pass"):
     rows = r.get("by_drafts", {})

@@ -34,7 +34,14 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
           "nq_worker_step_seconds",
           "Time of a sequence step on the decode thread: the forward, MTP drafting and sampling (prefill: the "
           "prompt); phase draft: the MTP drafting part of a step",
-          metrics::ExponentialBuckets(1e-4, 2, 18), {"phase"})) {
+          metrics::ExponentialBuckets(1e-4, 2, 18), {"phase"})),
+      step_graphs_(metrics::Registry::Default().Counter(
+          "nq_worker_step_graphs_total",
+          "Forwards by how their CUDA step graph ran: warmup (the first forward of a (tokens, drafts, context "
+          "bucket) key, op by op), capture (its second, recorded), replay (every graphed forward); zero on a "
+          "backend without graphs",
+          {"event"})) {
+  for (const char* event : {"warmup", "capture", "replay"}) step_graphs_.WithLabels({event});
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
     runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
@@ -108,6 +115,19 @@ void WorkerService::OnKeptTokens(int64_t kept) {
     if (pending_.num_tokens() == kReportIntervalTokens) EmitPendingRouting();
   }
   forward_routing_.clear();
+}
+
+void WorkerService::ReportStepGraphs() {
+  if (model_ == nullptr) return;
+  const model::Model::StepGraphStats& now = model_->step_graph_stats();
+  auto add = [&](const char* event, int64_t value, int64_t& reported) {
+    // A model whose graphs were reset may count from zero again: report only growth.
+    if (value > reported) step_graphs_.WithLabels({event}).Increment(static_cast<double>(value - reported));
+    reported = value;
+  };
+  add("warmup", now.warmups, graphs_reported_.warmups);
+  add("capture", now.captured, graphs_reported_.captured);
+  add("replay", now.replayed, graphs_reported_.replayed);
 }
 
 void WorkerService::EmitPendingRouting() {
@@ -231,6 +251,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
         response.set_step_seconds(step.seconds);
         step_seconds_.WithLabels({response_count++ == 0 ? "prefill" : "decode"}).Observe(step.seconds);
         if (step.draft_seconds > 0) step_seconds_.WithLabels({"draft"}).Observe(step.draft_seconds);
+        ReportStepGraphs();
         if (spec_metrics_ != nullptr) spec_metrics_->RecordStep(step.drafts, step.accepted);
         if (step.finish != nq::v1::FINISH_REASON_UNSPECIFIED) {
           response.set_finish_reason(step.finish);

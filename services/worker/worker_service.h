@@ -91,6 +91,10 @@ class WorkerService final : public nq::v1::Worker::Service {
   bool device_sampling_ = false;
   std::unique_ptr<SpecDecodeMetrics> spec_metrics_;
   metrics::HistogramFamily& step_seconds_;
+  // Decode steps by how their step graph ran (Model::StepGraphStats), and what was reported so far.
+  metrics::CounterFamily& step_graphs_;
+  model::Model::StepGraphStats graphs_reported_;
+  void ReportStepGraphs();
   nq::v1::RoutingReport pending_;                   // tokens not yet reported
   uint64_t sequence_id_ = 0;
   uint64_t sequence_tokens_ = 0;

@@ -153,6 +153,10 @@ TEST_F(SpeculativeServingTest, GreedyAnswersAndStopStringsAreThoseOfAWorkerWitho
             Metric(port, "nq_worker_step_seconds_sum{phase=\"decode\"}") +
                 Metric(port, "nq_worker_step_seconds_sum{phase=\"prefill\"}"));
   EXPECT_EQ(Metric(plain.worker_ports.http, "nq_worker_step_seconds_count{phase=\"draft\"}"), -1);
+  // The CPU backend runs no step graphs: each event's counter is exported, at zero.
+  for (const char* event : {"warmup", "capture", "replay"}) {
+    EXPECT_EQ(Metric(port, absl::StrCat("nq_worker_step_graphs_total{event=\"", event, "\"}")), 0) << event;
+  }
   absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
   EXPECT_TRUE(checked.ok()) << checked.status();
 
