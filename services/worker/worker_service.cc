@@ -21,6 +21,15 @@ namespace {
 // Decode tokens per routing report (DESIGN.md section 7).
 constexpr int kReportIntervalTokens = 16;
 
+metrics::CounterFamily& StepGraphEvents() {
+  return metrics::Registry::Default().Counter(
+      "nq_worker_step_graphs_total",
+      "Forwards by how their CUDA step graph ran: warmup (the first forward of a (tokens, drafts, context "
+      "bucket) key, op by op), capture (its second, recorded), replay (every graphed forward); zero on a "
+      "backend without graphs",
+      {"event"});
+}
+
 // How long Generate waits for a cancelled sequence to reach its step boundary.
 constexpr std::chrono::seconds kBusyWait{5};
 
@@ -35,13 +44,9 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
           "Time of a sequence step on the decode thread: the forward, MTP drafting and sampling (prefill: the "
           "prompt); phase draft: the MTP drafting part of a step",
           metrics::ExponentialBuckets(1e-4, 2, 18), {"phase"})),
-      step_graphs_(metrics::Registry::Default().Counter(
-          "nq_worker_step_graphs_total",
-          "Forwards by how their CUDA step graph ran: warmup (the first forward of a (tokens, drafts, context "
-          "bucket) key, op by op), capture (its second, recorded), replay (every graphed forward); zero on a "
-          "backend without graphs",
-          {"event"})) {
-  for (const char* event : {"warmup", "capture", "replay"}) step_graphs_.WithLabels({event});
+      graph_warmups_(StepGraphEvents().WithLabels({"warmup"})),
+      graph_captures_(StepGraphEvents().WithLabels({"capture"})),
+      graph_replays_(StepGraphEvents().WithLabels({"replay"})) {
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
     runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
@@ -119,15 +124,15 @@ void WorkerService::OnKeptTokens(int64_t kept) {
 
 void WorkerService::ReportStepGraphs() {
   if (model_ == nullptr) return;
+  // The model's counts only grow: add what each grew by since the last step.
   const model::Model::StepGraphStats& now = model_->step_graph_stats();
-  auto add = [&](const char* event, int64_t value, int64_t& reported) {
-    // A model whose graphs were reset may count from zero again: report only growth.
-    if (value > reported) step_graphs_.WithLabels({event}).Increment(static_cast<double>(value - reported));
+  auto add = [](metrics::Counter& counter, int64_t value, int64_t& reported) {
+    if (value > reported) counter.Increment(static_cast<double>(value - reported));
     reported = value;
   };
-  add("warmup", now.warmups, graphs_reported_.warmups);
-  add("capture", now.captured, graphs_reported_.captured);
-  add("replay", now.replayed, graphs_reported_.replayed);
+  add(graph_warmups_, now.warmups, graphs_reported_.warmups);
+  add(graph_captures_, now.captured, graphs_reported_.captured);
+  add(graph_replays_, now.replayed, graphs_reported_.replayed);
 }
 
 void WorkerService::EmitPendingRouting() {

@@ -91,8 +91,11 @@ class WorkerService final : public nq::v1::Worker::Service {
   bool device_sampling_ = false;
   std::unique_ptr<SpecDecodeMetrics> spec_metrics_;
   metrics::HistogramFamily& step_seconds_;
-  // Decode steps by how their step graph ran (Model::StepGraphStats), and what was reported so far.
-  metrics::CounterFamily& step_graphs_;
+  // nq_worker_step_graphs_total{event}: forwards by how their step graph ran
+  // (Model::StepGraphStats), each child looked up once; and the counts reported so far.
+  metrics::Counter& graph_warmups_;
+  metrics::Counter& graph_captures_;
+  metrics::Counter& graph_replays_;
   model::Model::StepGraphStats graphs_reported_;
   void ReportStepGraphs();
   nq::v1::RoutingReport pending_;                   // tokens not yet reported
