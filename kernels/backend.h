@@ -72,7 +72,10 @@ class Backend {
   // size that overflows; ResourceExhaustedError when the device is out of memory.
   absl::StatusOr<Tensor> Allocate(DType dtype, Shape shape);
 
-  // Copies exactly dst.nbytes() bytes from host memory; `src` may be reused once this returns.
+  // Copies exactly dst.nbytes() bytes from host memory; `src` may be reused once this returns,
+  // except when it lies in memory from AllocateHostStaging: from there the CUDA copy runs
+  // without the host waiting, and `src` must stay unchanged until a later Synchronize (or copy
+  // to the host) returns.
   absl::Status CopyFromHost(std::span<const std::byte> src, Tensor& dst);
   // Copies exactly src.nbytes() bytes to host memory, after all work enqueued before it.
   absl::Status CopyToHost(const Tensor& src, std::span<std::byte> dst);

@@ -12,6 +12,8 @@
 #         slice (issue #13) at 4 layers and 32 experts. No tokenizer: nq bench-decode draws ids.
 # Cut to LAYERS layers (the first dense) with EXPERTS routed experts per MoE layer and MTP MTP
 # layers (default 0, as most checkpoints ship; 1 adds the MTP layer at the same shapes).
+# NQ_MAX_POSITIONS sets the slice's max_position_embeddings (default 16384; long-prompt runs
+# raise it: GLM-5's own is 202752).
 #
 #   NQ=path/to/nq bash scripts/device/make_slice.sh glm5|dsv3 DIR [LAYERS=3] [EXPERTS=32] [MTP=0]
 set -euo pipefail
@@ -28,13 +30,14 @@ case "$arch" in
   *) echo "make_slice.sh: unknown architecture '$arch' (glm5 or dsv3)" >&2; exit 2 ;;
 esac
 mkdir -p "$dir"
-python3 - "$source_config" "$dir/config.json" "$arch" "$layers" "$experts" "$mtp" <<'PY'
+python3 - "$source_config" "$dir/config.json" "$arch" "$layers" "$experts" "$mtp" "${NQ_MAX_POSITIONS:-16384}" <<'PY'
 import json, sys
-src, out, arch, layers, experts, mtp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+src, out, arch = sys.argv[1], sys.argv[2], sys.argv[3]
+layers, experts, mtp, positions = (int(a) for a in sys.argv[4:8])
 config = json.load(open(src))
 config.update({
     "num_hidden_layers": layers, "first_k_dense_replace": 1, "n_routed_experts": experts,
-    "num_nextn_predict_layers": mtp, "max_position_embeddings": 16384,
+    "num_nextn_predict_layers": mtp, "max_position_embeddings": positions,
     "_comment": f"{arch}'s layer shapes, {layers} layers + {mtp} MTP, {experts} routed experts "
                 "(scripts/device/make_slice.sh)",
 })

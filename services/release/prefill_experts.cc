@@ -78,9 +78,10 @@ absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const Rel
     // (rec_bytes are multiples of it).
     constexpr size_t kAlign = 4096;
     const size_t bytes = static_cast<size_t>(options.slots * slot_bytes);
-    b.storage.assign(bytes + kAlign, std::byte{0});
-    const size_t skew = reinterpret_cast<uintptr_t>(b.storage.data()) % kAlign;
-    b.host = std::span<std::byte>(b.storage).subspan(skew == 0 ? 0 : kAlign - skew, bytes);
+    ASSIGN_OR_RETURN(b.staging, backend.AllocateHostStaging(bytes + kAlign));
+    const std::span<std::byte> staging(static_cast<std::byte*>(b.staging->data()), bytes + kAlign);
+    const size_t skew = reinterpret_cast<uintptr_t>(staging.data()) % kAlign;
+    b.host = staging.subspan(skew == 0 ? 0 : kAlign - skew, bytes);
     ASSIGN_OR_RETURN(b.device, backend.Allocate(kernels::DType::kU8, kernels::Shape{options.slots * slot_bytes}));
     b.expert_in.assign(static_cast<size_t>(options.slots), -1);
   }
@@ -116,7 +117,11 @@ PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Bac
       records_from_slots_(
           metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"slot"})) {}
 
-PrefillExperts::~PrefillExperts() { End(); }
+PrefillExperts::~PrefillExperts() {
+  End();
+  // An upload may still read the host buffers being freed.
+  if (absl::Status s = backend_.Synchronize(); !s.ok()) spdlog::warn("prefill experts: {}", s.ToString());
+}
 
 PrefillReadBudget PrefillExperts::Budget(int64_t span_tokens) const {
   if (span_tokens >= options_.full_span_tokens) return {.prefetch = options_.slots, .late = options_.slots};
@@ -229,6 +234,9 @@ absl::Status PrefillExperts::WaitPrefetch() {
 
 void PrefillExperts::Begin(int64_t span_tokens) {
   End();
+  // A prefill that stopped early may have left an upload in flight from the buffer the prefetch
+  // below writes.
+  if (absl::Status s = backend_.Synchronize(); !s.ok()) spdlog::warn("prefill experts: {}", s.ToString());
   span_tokens_ = span_tokens;
   budget_ = Budget(span_tokens);
   last_hook_return_.reset();
@@ -331,7 +339,10 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
     records_late_.Increment();
   }
   // The device buffer was last read by the MoE two layers back; the upload must not overtake
-  // that work on a device that queues it.
+  // that work on a device that queues it. (The routing of this layer came to the host, so the
+  // device has little left to finish.) The upload itself runs without the host waiting: the
+  // host buffer is written again only by the prefetch the next BeforeMoe starts, after its
+  // own Synchronize.
   RETURN_IF_ERROR(backend_.Synchronize());
   RETURN_IF_ERROR(backend_.CopyFromHost(b.host, b.device));
   for (int32_t e = 0; e < num_experts_; ++e) {

@@ -149,8 +149,10 @@ class PrefillExperts {
  private:
   struct Buffer {
     int64_t layer = -1;
-    std::vector<std::byte> storage;  // host's memory, with room to align it
-    std::span<std::byte> host;       // slots x slot_bytes at a 4096-byte boundary, filled by reads
+    // Host memory the reads land in: the backend's host staging (page-locked on CUDA, so the
+    // upload runs at the bus's speed without the host waiting), with room to align it.
+    std::unique_ptr<kernels::Storage> staging;
+    std::span<std::byte> host;  // slots x slot_bytes at a 4096-byte boundary, filled by reads
     kernels::Tensor device;          // U8 [slots x slot_bytes] on the backend: what NqMoe reads
     std::vector<int32_t> expert_in;  // expert held by each slot, -1 none
   };

@@ -16,6 +16,7 @@
 #include "services/model/model.h"
 #include "services/nvfp4/gate_up_repack.h"
 #include "services/release/release_experts.h"
+#include "services/tools/backend_flags.h"
 #include "services/tools/commands.h"
 #include "services/worker/arena_geometry.h"
 #include "services/worker/decode_bench.h"
@@ -28,8 +29,6 @@ ABSL_DECLARE_FLAG(std::string, expert_bits);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, nvfp4_gate_up_scale);
-ABSL_FLAG(std::string, backend, "cpu", "bench-decode: compute backend, cpu or cuda");
-ABSL_FLAG(int, gpu, 0, "bench-decode: CUDA device ordinal (with --backend cuda)");
 ABSL_FLAG(int, prompt_tokens, 128, "bench-decode: prompt length (token ids drawn from --seed)");
 ABSL_FLAG(int, warmup, 4, "bench-decode: untimed decode steps after the prefill");
 ABSL_FLAG(int, decode_tokens, 64, "bench-decode: timed decode steps, one token each");
@@ -67,17 +66,6 @@ ABSL_FLAG(bool, slot_mailbox, false,
 
 namespace nq::tools {
 namespace {
-
-absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags() {
-  const std::string name = absl::GetFlag(FLAGS_backend);
-  const int gpu = absl::GetFlag(FLAGS_gpu);
-  if (name != "cuda" && gpu != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--gpu=", gpu, " applies to --backend cuda, not ", name));
-  }
-  // Unknown names (INVALID_ARGUMENT), cuda in a CPU-only build (UNIMPLEMENTED) and a missing or
-  // unusable device (FAILED_PRECONDITION) come back from the factory with their reason.
-  return kernels::CreateBackend(name, {.device = gpu});
-}
 
 absl::Status BenchDecode() {
   const std::string model_dir = absl::GetFlag(FLAGS_model), release = absl::GetFlag(FLAGS_release);

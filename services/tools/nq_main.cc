@@ -46,6 +46,9 @@ constexpr char kUsage[] =
     "                 --model DIR [--release R --expert-bits 2|4|fixed] [--backend cpu|cuda] [--gpu N]\n"
     "                 [--prompt-tokens 128] [--warmup 4] [--decode-tokens 64] [--seed S] [--kv-cache-dtype f32|bf16]\n"
     "                 [--max-model-len 4096] [--out JSON]\n"
+    "  bench-prefill  time to first token of long prompts: the worker's chunked and layer-major prefill\n"
+    "                 --model DIR [--release R --expert-bits 2|4] [--backend cpu|cuda] [--prefill-lengths 4096,32768]\n"
+    "                 [--prefill-rounds 2] [--layer-major-prefill-tokens 2048] [--prefill-chunk-tokens 2048] [--out JSON]\n"
     "  kld          KL(full precision || release-served experts), teacher-forced, per domain\n"
     "                 --teacher HF_DIR --release R --mode all-4-bit|all-2-bit|fixed-set|oracle|previous-block|live\n"
     "                 --tokens FILE[,FILE] [--window 2048] [--slots F] [--domains a,b] [--out JSON]\n"
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
   if (command == "assemble") return nq::tools::RunAssemble(rest);
   if (command == "bench-codec") return nq::tools::RunBenchCodec(rest);
   if (command == "bench-decode") return nq::tools::RunBenchDecode(rest);
+  if (command == "bench-prefill") return nq::tools::RunBenchPrefill(rest);
   if (command == "kld") return nq::tools::RunKld(rest);
   if (command == "mtp-acceptance") return nq::tools::RunMtpAcceptance(rest);
   if (command == "nvfp4") return nq::tools::RunNvfp4(rest);

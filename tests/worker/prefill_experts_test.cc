@@ -22,6 +22,7 @@
 #include "services/release/release_experts.h"
 #include "services/release/prefill_experts.h"
 #include "services/worker/arena_geometry.h"
+#include "services/worker/prefill_bench.h"
 #include "services/worker/prefill_record_reader.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
@@ -437,6 +438,61 @@ TEST_F(PrefillExpertsTest, ExpertsReadyInTheWorkersSlotsJoinWithoutARead) {
   const auto same_precision = TokenOrder(*four_bit_.model);
   EXPECT_EQ(layer_major.first, same_precision.first);
   EXPECT_EQ(layer_major.second, same_precision.second);
+}
+
+// nq bench-prefill's runner (issue #23): the worker's prefill through SequenceRunner, a fresh
+// prompt per request, the first token timed, and the 4-bit share of the layer-major rows from
+// the prefill experts' own counts.
+TEST_F(PrefillExpertsTest, ThePrefillBenchRunsTheWorkersPrefillAndCountsItsPrecision) {
+  absl::StatusOr<std::unique_ptr<release::PrefillExperts>> prefill = release::PrefillExperts::Create(
+      *two_bit_.decoder, *backend_, experts(), {.slots = experts(), .full_span_tokens = 256, .decoder_layers = layers()});
+  ASSERT_THAT(prefill, IsOk());
+  const PrefillBenchOptions options{.prompt_tokens = {100, 300}, .rounds = 2, .seed = 3, .chunk_tokens = kChunk,
+                                    .layer_major_min_tokens = 200};
+  absl::StatusOr<std::vector<PrefillBenchRow>> rows = RunPrefillBench(*two_bit_.model, prefill->get(), options);
+  ASSERT_THAT(rows, IsOk());
+  ASSERT_EQ(rows->size(), 4u);
+  const double per_token = MoeLayers() * two_bit_.model->config().num_experts_per_tok;
+  for (const PrefillBenchRow& row : *rows) {
+    SCOPED_TRACE(absl::StrCat(row.prompt_tokens, " tokens, round ", row.round));
+    EXPECT_GT(row.seconds, 0);
+    if (row.prompt_tokens == 100) {
+      // Below the threshold: token order, every call at the loaded 2 bits, nothing read.
+      EXPECT_FALSE(row.layer_major);
+      EXPECT_EQ(row.share_4bit, 0);
+      EXPECT_EQ(row.calls_4bit + row.calls_2bit, 0);
+    } else {
+      // A span past full_span_tokens: every call at 4 bits, counted for this request alone.
+      EXPECT_TRUE(row.layer_major);
+      EXPECT_EQ(row.calls_4bit, 300 * per_token);
+      EXPECT_EQ(row.calls_2bit, 0);
+      EXPECT_EQ(row.share_4bit, 1.0);
+      EXPECT_GT(row.read_bytes_per_second, 0);
+    }
+  }
+  // The rounds were different prompts, so neither reused the other's cache: the second 300-token
+  // request read its records again (prefetched or late) rather than finding them.
+  EXPECT_GT((*rows)[3].records_prefetched_used + (*rows)[3].records_read_late, 0);
+  EXPECT_EQ(two_bit_.model->cache_length(), 0) << "the bench leaves the cache empty";
+  const nlohmann::ordered_json json = PrefillBenchJson(*rows);
+  ASSERT_EQ(json.size(), 4u);
+  EXPECT_EQ(json[2]["prefill"], "layer-major");
+  EXPECT_EQ(json[2]["share_4bit"], 1.0);
+  EXPECT_THAT(PrefillBenchTable(*rows), HasSubstr("layer-major"));
+}
+
+TEST_F(PrefillExpertsTest, ThePrefillBenchRefusesWhatCannotRun) {
+  EXPECT_THAT(CheckPrefillBench({.prompt_tokens = {}}, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no prompt lengths")));
+  EXPECT_THAT(CheckPrefillBench({.prompt_tokens = {0}}, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a prompt of 0 tokens")));
+  EXPECT_THAT(CheckPrefillBench({.prompt_tokens = {1024}}, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceed the context window")));
+  EXPECT_THAT(CheckPrefillBench({.prompt_tokens = {10}, .rounds = 0}, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0 rounds")));
+  EXPECT_THAT(CheckPrefillBench({.prompt_tokens = {10}, .chunk_tokens = 0}, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--prefill_chunk_tokens")));
+  EXPECT_THAT(CheckPrefillBench({.prompt_tokens = {1023}}, 1024), IsOk());
 }
 
 }  // namespace
