@@ -454,6 +454,8 @@ def check_spec(args, report):
                 # The worker's step graphs over this request: a warmup and a capture per new key.
                 "step_graph_events": {e: delta(f'nq_worker_step_graphs_total{{event="{e}"}}')
                                       for e in ("warmup", "capture", "replay")},
+                # 1 once a failed capture turned the worker's graphs off (every step op by op since).
+                "step_graphs_off": after.get("nq_worker_step_graphs_off"),
                 "tokens_per_step": (usage["completion_tokens"] - 1) / steps if steps and usage else None,
                 "acceptance": delta("nq_spec_decode_num_accepted_tokens_total") / drafts if drafts else None,
                 "accepted_per_position": [

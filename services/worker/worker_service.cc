@@ -46,7 +46,13 @@ WorkerService::WorkerService(WorkerIdentity identity, SlotRuntime* slots, model:
           metrics::ExponentialBuckets(1e-4, 2, 18), {"phase"})),
       graph_warmups_(StepGraphEvents().WithLabels({"warmup"})),
       graph_captures_(StepGraphEvents().WithLabels({"capture"})),
-      graph_replays_(StepGraphEvents().WithLabels({"replay"})) {
+      graph_replays_(StepGraphEvents().WithLabels({"replay"})),
+      graphs_off_(metrics::Registry::Default()
+                      .Gauge("nq_worker_step_graphs_off",
+                             "1 once a failed CUDA graph capture turned step graphs off: every later step runs op "
+                             "by op, several times slower (the log says why); 0 otherwise")
+                      .Get()) {
+  graphs_off_.Set(0);
   if (model_ != nullptr) {
     std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
     runner_ = std::make_unique<SequenceRunner>(model_, std::move(eos));
@@ -133,6 +139,7 @@ void WorkerService::ReportStepGraphs() {
   add(graph_warmups_, now.warmups, graphs_reported_.warmups);
   add(graph_captures_, now.captured, graphs_reported_.captured);
   add(graph_replays_, now.replayed, graphs_reported_.replayed);
+  if (!now.disabled.ok()) graphs_off_.Set(1);
 }
 
 void WorkerService::EmitPendingRouting() {

@@ -96,6 +96,7 @@ class WorkerService final : public nq::v1::Worker::Service {
   metrics::Counter& graph_warmups_;
   metrics::Counter& graph_captures_;
   metrics::Counter& graph_replays_;
+  metrics::Gauge& graphs_off_;  // nq_worker_step_graphs_off
   model::Model::StepGraphStats graphs_reported_;
   void ReportStepGraphs();
   nq::v1::RoutingReport pending_;                   // tokens not yet reported

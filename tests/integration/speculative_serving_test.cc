@@ -157,6 +157,7 @@ TEST_F(SpeculativeServingTest, GreedyAnswersAndStopStringsAreThoseOfAWorkerWitho
   for (const char* event : {"warmup", "capture", "replay"}) {
     EXPECT_EQ(Metric(port, absl::StrCat("nq_worker_step_graphs_total{event=\"", event, "\"}")), 0) << event;
   }
+  EXPECT_EQ(Metric(port, "nq_worker_step_graphs_off"), 0) << "no capture failed (none ran)";
   absl::StatusOr<std::string> checked = PromtoolCheck(HttpGet(port, "/metrics").body);
   EXPECT_TRUE(checked.ok()) << checked.status();
 
