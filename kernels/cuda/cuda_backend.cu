@@ -41,6 +41,7 @@
 #include "kernels/cuda/scratch.h"
 #include "kernels/cuda/softmax.cuh"
 #include "kernels/cuda/stream_pool.h"
+#include "kernels/grow_capacity.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
@@ -639,8 +640,9 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(RefuseWhileCapturing("growing the MoE workspace"));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
     ++capture_generation_;
+    const std::size_t grown = GrownCapacity(bytes, nq_moe_workspace_.bytes());
     nq_moe_workspace_.Reset();
-    ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(bytes));
+    ASSIGN_OR_RETURN(nq_moe_workspace_, DeviceBuffer::Allocate(grown));
     return absl::OkStatus();
   }
 
@@ -723,9 +725,9 @@ class CudaBackend final : public Backend {
     if (layout.total_bytes() > scratch_.bytes()) {
       NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(pool_->stream()));
       ++capture_generation_;
+      const std::size_t grown = GrownCapacity(std::max(layout.total_bytes(), kMinScratchBytes), scratch_.bytes());
       scratch_.Reset();
-      ASSIGN_OR_RETURN(scratch_,
-                       DeviceBuffer::Allocate(std::max(layout.total_bytes(), kMinScratchBytes)));
+      ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(grown));
     }
     auto* scratch = static_cast<std::byte*>(scratch_.get());
     const std::vector<std::byte>& staging = layout.staging();

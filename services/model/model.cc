@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/grow_capacity.h"
 #include "kernels/tensor_io.h"
 #include "services/common/status_macros.h"
 #include "services/model/moe_routing.h"
@@ -699,8 +700,9 @@ absl::Status Model::BeginRoutingLog(int64_t tokens) {
       layers * (static_cast<size_t>(tokens * config_.num_experts_per_tok) * 2 * sizeof(int32_t) + gram * sizeof(float));
   if (routing_staging_ == nullptr || routing_staging_->bytes() < need) {
     if (in_flight) RETURN_IF_ERROR(backend_.Synchronize());
+    const size_t grown = kernels::GrownCapacity(need, routing_staging_ != nullptr ? routing_staging_->bytes() : 0);
     routing_staging_.reset();
-    ASSIGN_OR_RETURN(routing_staging_, backend_.AllocateHostStaging(need));
+    ASSIGN_OR_RETURN(routing_staging_, backend_.AllocateHostStaging(grown));
     ++routing_staging_generation_;
   }
   return absl::OkStatus();

@@ -124,6 +124,11 @@ absl::StatusOr<bool> Model::RunStepGraph(StepGraph& g, const std::function<absl:
   if (g.graph == nullptr && g.warmed) {
     // The bucket's second step: every scratch and workspace has its size, so the same ops can be
     // recorded. Nothing runs during the capture.
+    // Memory allocated outside a capture must not be freed inside it: the captured forward resets
+    // the selection a forward before it (an op-by-op draft, a prefill) may have left, and
+    // cudaFreeAsync of such memory fails, which failed the capture at the next kernel's launch
+    // check (N = 2 drafts on the H200 ran op by op for that; bench/README.md).
+    selection_.reset();
     RETURN_IF_ERROR(backend_.BeginCapture());
     const absl::Status enqueued = enqueue();
     selection_.reset();

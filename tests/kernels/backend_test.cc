@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
+#include "kernels/grow_capacity.h"
 #include "kernels/tensor_io.h"
 #include "tests/kernels/test_util.h"
 
@@ -88,6 +89,16 @@ TEST(Tensor, ReshapeKeepsElementCount) {
   EXPECT_THAT(Download(*backend, t), ElementsAre(1, 2, 3, 4, 5, 6));
   EXPECT_THAT(t.Reshape({4, 2}), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("F32[3, 2] has 6 elements, [4, 2] has 8")));
+}
+
+TEST(GrownCapacity, DoublesSmallBlocksAndCapsTheSlackOfLargeOnes) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  EXPECT_EQ(GrownCapacity(10, 0), 10u) << "the first block is the need";
+  EXPECT_EQ(GrownCapacity(5, 8), 8u) << "held already";
+  EXPECT_EQ(GrownCapacity(9, 8), 16u) << "one byte more doubles";
+  EXPECT_EQ(GrownCapacity(40, 8), 40u) << "a need past twice the block is the block";
+  EXPECT_EQ(GrownCapacity(600 * kMiB, 512 * kMiB), 600 * kMiB + kMaxGrowthSlack) << "large blocks grow by the slack";
+  EXPECT_EQ(GrownCapacity(300 * kMiB, 200 * kMiB), 400 * kMiB);
 }
 
 TEST(Copies, RejectWrongByteCounts) {
