@@ -18,6 +18,7 @@
 #include "services/common/status_macros.h"
 #include "services/format/file_io.h"
 #include "services/model/model.h"
+#include "services/model/model_config.h"
 #include "services/release/prefill_experts.h"
 #include "services/release/release_experts.h"
 #include "services/tools/backend_flags.h"
@@ -33,7 +34,7 @@ ABSL_DECLARE_FLAG(std::string, weight_dtype);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int64_t, prefill_chunk_tokens);
 ABSL_DECLARE_FLAG(int64_t, full_span_tokens);
-ABSL_FLAG(std::string, prefill_lengths, "4096",
+ABSL_FLAG(std::string, prefill_lengths, "2048",
           "bench-prefill: comma-separated prompt lengths in tokens (the KV cache holds the longest and its first token)");
 ABSL_FLAG(int, prefill_rounds, 2, "bench-prefill: requests per length (the first sizes its reads by length, later ones "
                                   "by the times measured)");
@@ -79,6 +80,14 @@ absl::Status BenchPrefill() {
   if (absl::Status fits = worker::CheckPrefillBench(options, context); !fits.ok()) {
     return Annotate(fits, "--prefill_lengths, --prefill_rounds, --prefill_chunk_tokens, --layer_major_prefill_tokens");
   }
+  // Past the model's positions its RoPE was never trained (the worker refuses such a
+  // --max_model_len too).
+  ASSIGN_OR_RETURN(const model::ModelConfig config, model::LoadModelConfig(model_dir));
+  if (context > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("--prefill_lengths: a ", context - 1,
+                                                   "-token prompt and its first token exceed the model's ",
+                                                   config.max_position_embeddings, " positions"));
+  }
   const int64_t expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots);
   if (expert_slots < -1) return absl::InvalidArgumentError("--prefill_expert_slots: want -1, 0 or a slot count");
   const double late_share = absl::GetFlag(FLAGS_prefill_late_read_share);
@@ -90,7 +99,9 @@ absl::Status BenchPrefill() {
   if (!release_dir.empty()) {
     ASSIGN_OR_RETURN(bits, release::ParseExpertBits(bits_flag));
     if (bits != release::ExpertBits::k2Bit && bits != release::ExpertBits::k4Bit) {
-      return absl::InvalidArgumentError("--expert_bits: bench-prefill takes 2 or 4 (the token-order baselines)");
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--expert_bits=", bits_flag, ": bench-prefill takes 2 (the streamed worker's bases, which a layer-major "
+          "prefill raises to 4 bits) or 4 (every expert resident at 4 bits)"));
     }
   }
   options.token_order_share_4bit = bits == release::ExpertBits::k4Bit ? 1.0 : 0.0;

@@ -47,7 +47,7 @@ constexpr char kUsage[] =
     "                 [--prompt-tokens 128] [--warmup 4] [--decode-tokens 64] [--seed S] [--kv-cache-dtype f32|bf16]\n"
     "                 [--max-model-len 4096] [--out JSON]\n"
     "  bench-prefill  time to first token of long prompts: the worker's chunked and layer-major prefill\n"
-    "                 --model DIR [--release R --expert-bits 2|4] [--backend cpu|cuda] [--prefill-lengths 4096,32768]\n"
+    "                 --model DIR [--release R --expert-bits 2|4] [--backend cpu|cuda] [--prefill-lengths 2048]\n"
     "                 [--prefill-rounds 2] [--layer-major-prefill-tokens 2048] [--prefill-chunk-tokens 2048] [--out JSON]\n"
     "  kld          KL(full precision || release-served experts), teacher-forced, per domain\n"
     "                 --teacher HF_DIR --release R --mode all-4-bit|all-2-bit|fixed-set|oracle|previous-block|live\n"

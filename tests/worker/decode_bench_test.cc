@@ -510,5 +510,49 @@ TEST_F(BenchDecodeCommandTest, RefusesWhatItCannotRun) {
   }
 }
 
+// ---- the `nq bench-prefill` command ----
+
+// Through the command: a short prompt in token order at the loaded 2 bits, a span past
+// --full_span_tokens layer-major with every call at 4 bits read from the release.
+TEST_F(BenchDecodeCommandTest, BenchPrefillReportsEachPromptsTimeAndPrecision) {
+  const std::string release = Release();
+  const std::string out = (*root_ / "prefill.json").string();
+  const CommandResult run = RunNqCommand(
+      "bench-prefill", absl::StrCat("--model ", NanoModelDir(), " --release ", release,
+                                    " --expert-bits 2 --prefill-lengths 64,300 --prefill-rounds 1 "
+                                    "--layer-major-prefill-tokens 256 --full-span-tokens 256 --prefill-chunk-tokens 128 "
+                                    "--out ",
+                                    out));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json json = ReadJson(out);
+  ASSERT_TRUE(json.is_object()) << out;
+  EXPECT_EQ(json["chunk_tokens"], 128);
+  const nlohmann::json& rows = json["rows"];
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["prompt_tokens"], 64);
+  EXPECT_EQ(rows[0]["prefill"], "token-order");
+  EXPECT_EQ(rows[0]["share_4bit"], 0.0);
+  EXPECT_EQ(rows[1]["prompt_tokens"], 300);
+  EXPECT_EQ(rows[1]["prefill"], "layer-major");
+  EXPECT_EQ(rows[1]["share_4bit"], 1.0);
+  EXPECT_GT(rows[1]["records_prefetched_used"].get<int64_t>() + rows[1]["records_read_late"].get<int64_t>(), 0);
+  for (const nlohmann::json& row : rows) EXPECT_GT(row["seconds"].get<double>(), 0);
+}
+
+TEST_F(BenchDecodeCommandTest, BenchPrefillRefusesWhatItCannotRun) {
+  CommandResult run = RunNqCommand("bench-prefill", absl::StrCat("--model ", NanoModelDir(), " --prefill-lengths 5000"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("exceed the model's 4096 positions"));
+  run = RunNqCommand("bench-prefill", absl::StrCat("--model ", NanoModelDir(), " --prefill-lengths 64,x"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("'x' is not a positive token count"));
+  run = RunNqCommand("bench-prefill", absl::StrCat("--model ", NanoModelDir(), " --release ", Release(), " --prefill-lengths 64"));
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--expert_bits=fixed: bench-prefill takes 2"));
+  run = RunNqCommand("bench-prefill", "--prefill-lengths 64");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_THAT(run.output, HasSubstr("--model DIR is required"));
+}
+
 }  // namespace
 }  // namespace nq::worker
