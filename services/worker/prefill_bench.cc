@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "services/common/status_macros.h"
 #include "services/worker/decode_bench.h"
+#include "services/worker/prefill_setup.h"
 
 namespace nq::worker {
 
@@ -30,14 +31,7 @@ absl::StatusOr<std::vector<PrefillBenchRow>> RunPrefillBench(model::Model& model
   RETURN_IF_ERROR(CheckPrefillBench(options, model.max_tokens()));
   SequenceRunner runner(&model, /*eos_token_ids=*/{});
   PrefillOptions prefill{.chunk_tokens = options.chunk_tokens, .layer_major_min_tokens = options.layer_major_min_tokens};
-  if (experts != nullptr) {
-    // As prefill_setup.cc wires a worker's.
-    prefill.before_moe = [experts](int64_t layer, std::span<const model::MoeRouting> chunks) {
-      return experts->BeforeMoe(layer, chunks);
-    };
-    prefill.begin_layer_major = [experts](int64_t span) { experts->Begin(span); };
-    prefill.end_layer_major = [experts] { experts->End(); };
-  }
+  if (experts != nullptr) AttachPrefillExperts(experts, prefill);
   RETURN_IF_ERROR(runner.SetPrefillOptions(std::move(prefill)));
   std::vector<PrefillBenchRow> rows;
   for (size_t length_index = 0; length_index < options.prompt_tokens.size(); ++length_index) {

@@ -10,6 +10,14 @@
 
 namespace nq::worker {
 
+void AttachPrefillExperts(release::PrefillExperts* experts, PrefillOptions& options) {
+  options.before_moe = [experts](int64_t layer, std::span<const model::MoeRouting> chunks) {
+    return experts->BeforeMoe(layer, chunks);
+  };
+  options.begin_layer_major = [experts](int64_t span) { experts->Begin(span); };
+  options.end_layer_major = [experts] { experts->End(); };
+}
+
 absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(WorkerService& service, const model::Model* model,
                                                                           const release::ReleaseExpertDecoder* decoder,
                                                                           const SlotRuntime* slots,
@@ -55,12 +63,7 @@ absl::StatusOr<std::unique_ptr<release::PrefillExperts>> ConfigurePrefill(Worker
       };
     }
     ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*decoder, backend, num_experts, experts_options));
-    release::PrefillExperts* hooks = experts.get();
-    options.before_moe = [hooks](int64_t layer, std::span<const model::MoeRouting> chunks) {
-      return hooks->BeforeMoe(layer, chunks);
-    };
-    options.begin_layer_major = [hooks](int64_t span) { hooks->Begin(span); };
-    options.end_layer_major = [hooks] { hooks->End(); };
+    AttachPrefillExperts(experts.get(), options);
     spdlog::info("prefill: chunks of {} tokens; spans of {}+ tokens run layer-major with up to {} experts per layer at "
                  "4 bits (all they use from {} tokens on; {:.1f} MiB of prefill slots)",
                  flags.chunk_tokens, flags.layer_major_min_tokens, experts_options.slots, flags.full_span_tokens,

@@ -26,6 +26,10 @@ struct PrefillFlags {
   double late_read_share = 0.25;     // --prefill_late_read_share (PrefillExpertsOptions)
 };
 
+// Sets `options`' layer-major hooks to `experts`' (Begin, BeforeMoe, End), as a serving worker's
+// prefill runs them; `experts` must outlive the options.
+void AttachPrefillExperts(release::PrefillExperts* experts, PrefillOptions& options);
+
 // Validates the flags (INVALID_ARGUMENT naming the flag) and configures `service`. With
 // `decoder` (a release served with dynamic experts) and slots, returns the PrefillExperts the
 // service's hooks use: keep it alive while the service serves. Null otherwise.
