@@ -145,6 +145,7 @@ class PrefillExperts {
   // Totals over every prefill so far (the nq_worker_prefill_* metrics count the same).
   const PrefillExpertStats& totals() const { return totals_; }
   int64_t slot_bytes() const { return slot_bytes_; }
+  int64_t slots() const { return options_.slots; }
 
  private:
   struct Buffer {

@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -24,7 +22,7 @@
 #include "services/tools/backend_flags.h"
 #include "services/tools/commands.h"
 #include "services/worker/prefill_bench.h"
-#include "services/worker/prefill_record_reader.h"
+#include "services/worker/prefill_setup.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, release);
@@ -33,7 +31,6 @@ ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(std::string, weight_dtype);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int64_t, prefill_chunk_tokens);
-ABSL_DECLARE_FLAG(int64_t, full_span_tokens);
 ABSL_FLAG(std::string, prefill_lengths, "2048",
           "bench-prefill: comma-separated prompt lengths in tokens (the KV cache holds the longest and its first token)");
 ABSL_FLAG(int, prefill_rounds, 2, "bench-prefill: requests per length (the first sizes its reads by length, later ones "
@@ -44,6 +41,8 @@ ABSL_FLAG(int64_t, layer_major_prefill_tokens, 2048,
 ABSL_FLAG(int64_t, prefill_expert_slots, -1,
           "bench-prefill: slots per buffer of the layer-major prefill's 4-bit experts (as nq-worker's flag; -1: every "
           "routed expert of a layer)");
+ABSL_FLAG(int64_t, prefill_full_span_tokens, 32768,
+          "bench-prefill: spans this long hold every routed expert they use at 4 bits (as nq-worker's flag)");
 ABSL_FLAG(double, prefill_late_read_share, 0.25,
           "bench-prefill: share of a layer's compute the reads its prefetch missed may add (as nq-worker's flag)");
 
@@ -88,12 +87,13 @@ absl::Status BenchPrefill() {
                                                    "-token prompt and its first token exceed the model's ",
                                                    config.max_position_embeddings, " positions"));
   }
-  const int64_t expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots);
-  if (expert_slots < -1) return absl::InvalidArgumentError("--prefill_expert_slots: want -1, 0 or a slot count");
-  const double late_share = absl::GetFlag(FLAGS_prefill_late_read_share);
-  if (!(late_share >= 0 && late_share <= 1)) {
-    return absl::InvalidArgumentError("--prefill_late_read_share: want a share in [0, 1]");
-  }
+  // The worker's prefill flags, checked as nq-worker checks them.
+  const worker::PrefillFlags prefill_flags{.chunk_tokens = options.chunk_tokens,
+                                           .layer_major_min_tokens = options.layer_major_min_tokens,
+                                           .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),
+                                           .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens),
+                                           .late_read_share = absl::GetFlag(FLAGS_prefill_late_read_share)};
+  RETURN_IF_ERROR(worker::ValidatePrefillFlags(prefill_flags));
   const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
   release::ExpertBits bits = release::ExpertBits::k2Bit;
   if (!release_dir.empty()) {
@@ -121,28 +121,16 @@ absl::Status BenchPrefill() {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                backend->DeviceDescription().c_str(), static_cast<long long>(model.max_tokens()));
 
-  // The worker's prefill experts (prefill_setup.cc): only for a release served at 2 bits, where
-  // a layer-major prefill has something to raise.
+  // The worker's prefill experts: only for a release served at 2 bits, where a layer-major
+  // prefill has something to raise.
   std::unique_ptr<release::PrefillExperts> experts;
-  if (served.decoder != nullptr && bits == release::ExpertBits::k2Bit && options.layer_major_min_tokens > 0 &&
-      expert_slots != 0) {
-    const int64_t num_experts = model.config().n_routed_experts;
-    release::PrefillExpertsOptions experts_options{
-        .slots = std::min(expert_slots < 0 ? num_experts : expert_slots, num_experts),
-        .full_span_tokens = absl::GetFlag(FLAGS_full_span_tokens),
-        .decoder_layers = model.config().num_hidden_layers,
-        .late_read_share = late_share};
-    absl::StatusOr<std::unique_ptr<worker::RecordStorePrefillReader>> reader =
-        worker::RecordStorePrefillReader::Open(release_dir, served.decoder->rank());
-    if (reader.ok()) {
-      experts_options.reader = *std::move(reader);
-    } else {
-      spdlog::warn("bench-prefill: records read with pread, one after another ({})", reader.status().ToString());
-    }
-    ASSIGN_OR_RETURN(experts, release::PrefillExperts::Create(*served.decoder, *backend, num_experts, experts_options));
+  if (served.decoder != nullptr && bits == release::ExpertBits::k2Bit) {
+    ASSIGN_OR_RETURN(experts, worker::CreatePrefillExperts(model, *served.decoder, /*slots=*/nullptr, *backend,
+                                                           prefill_flags));
+  }
+  if (experts != nullptr) {
     std::fprintf(stderr, "nq bench-prefill: %lld prefill slots a buffer, %.3f MiB each\n",
-                 static_cast<long long>(experts_options.slots),
-                 static_cast<double>(experts->slot_bytes()) / (1 << 20));
+                 static_cast<long long>(experts->slots()), static_cast<double>(experts->slot_bytes()) / (1 << 20));
   } else if (options.layer_major_min_tokens > 0) {
     std::fprintf(stderr, "nq bench-prefill: layer-major spans run at --expert_bits (no 2-bit release to raise)\n");
   }
@@ -157,7 +145,7 @@ absl::Status BenchPrefill() {
                                 {"device", backend->DeviceDescription()},
                                 {"chunk_tokens", options.chunk_tokens},
                                 {"layer_major_min_tokens", options.layer_major_min_tokens},
-                                {"full_span_tokens", absl::GetFlag(FLAGS_full_span_tokens)},
+                                {"full_span_tokens", prefill_flags.full_span_tokens},
                                 {"rows", worker::PrefillBenchJson(rows)}};
     RETURN_IF_ERROR(format::WriteFileAtomic(out, json.dump(2) + "\n"));
     std::fprintf(stderr, "wrote %s\n", out.c_str());

@@ -50,7 +50,7 @@ int RunBenchCodec(const std::vector<std::string>& args);
 int RunBenchDecode(const std::vector<std::string>& args);
 // nq bench-prefill --model DIR [--release R --expert-bits 2|4] [--backend cpu|cuda] [--gpu N]
 //                  [--prefill-lengths 4096,32768] [--prefill-rounds 2] [--layer-major-prefill-tokens 2048]
-//                  [--prefill-chunk-tokens 2048] [--full-span-tokens 32768] [--out JSON]
+//                  [--prefill-chunk-tokens 2048] [--prefill-full-span-tokens 32768] [--out JSON]
 int RunBenchPrefill(const std::vector<std::string>& args);
 // nq kld --teacher HF_DIR --release R --mode MODE --tokens FILE[,FILE] [--window N] [--slots F]
 //        [--domains a,b] [--out JSON]

@@ -44,8 +44,8 @@ ABSL_FLAG(int64_t, prefill_tokens, 0,
 ABSL_FLAG(std::string, prefill_mode, "layer-major-4-bit", "kld --prefill_tokens: 2-bit, layer-major-4-bit or all-4-bit");
 ABSL_FLAG(int64_t, prefill_chunk_tokens, 2048, "kld --prefill_tokens, bench-prefill: tokens per prefill chunk");
 ABSL_FLAG(int64_t, full_span_tokens, 32768,
-          "kld --prefill_mode layer-major-4-bit, bench-prefill: spans this long load every routed expert they use at 4 "
-          "bits; shorter ones the most-routed, in proportion");
+          "kld --prefill_mode layer-major-4-bit: spans this long load every routed expert they use at 4 bits; shorter "
+          "ones the most-routed, in proportion");
 
 namespace nq::tools {
 namespace {

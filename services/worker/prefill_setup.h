@@ -26,6 +26,18 @@ struct PrefillFlags {
   double late_read_share = 0.25;     // --prefill_late_read_share (PrefillExpertsOptions)
 };
 
+// INVALID_ARGUMENT naming the flag for a bad chunk size, layer-major threshold, full span, late
+// read share or slot count.
+absl::Status ValidatePrefillFlags(const PrefillFlags& flags);
+
+// A worker's 4-bit experts for layer-major prefills of `model` served from `decoder`'s release
+// (flags validated; null for --prefill_expert_slots 0 or layer-major off): records read through
+// the streamer's io_uring store, or with pread and a warning where it cannot open; experts READY
+// in `slots` (may be null) join without a read. The backend's allocation errors.
+absl::StatusOr<std::unique_ptr<release::PrefillExperts>> CreatePrefillExperts(
+    const model::Model& model, const release::ReleaseExpertDecoder& decoder, const SlotRuntime* slots,
+    kernels::Backend& backend, const PrefillFlags& flags);
+
 // Sets `options`' layer-major hooks to `experts`' (Begin, BeforeMoe, End), as a serving worker's
 // prefill runs them; `experts` must outlive the options.
 void AttachPrefillExperts(release::PrefillExperts* experts, PrefillOptions& options);

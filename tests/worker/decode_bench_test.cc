@@ -520,7 +520,7 @@ TEST_F(BenchDecodeCommandTest, BenchPrefillReportsEachPromptsTimeAndPrecision) {
   const CommandResult run = RunNqCommand(
       "bench-prefill", absl::StrCat("--model ", NanoModelDir(), " --release ", release,
                                     " --expert-bits 2 --prefill-lengths 64,300 --prefill-rounds 1 "
-                                    "--layer-major-prefill-tokens 256 --full-span-tokens 256 --prefill-chunk-tokens 128 "
+                                    "--layer-major-prefill-tokens 256 --prefill-full-span-tokens 256 --prefill-chunk-tokens 128 "
                                     "--out ",
                                     out));
   ASSERT_EQ(run.exit_code, 0) << run.output;
