@@ -114,8 +114,12 @@ __device__ __forceinline__ void PrefetchL2(const void* p) { asm volatile("prefet
 
 __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __grid_constant__ PrepParams g) {
   extern __shared__ float chunk[];
+  // A programmatic dependent of the routing: its experts and x come from before. The GEMV may
+  // launch only after this wait, as it reads the routing's expert ids before its own wait (the
+  // routing is then complete and its writes visible to every later launch; before it, they were
+  // only issued).
+  WaitForPrerequisiteGrid();
   LetTheGemvStart();
-  WaitForPrerequisiteGrid();  // a programmatic dependent of the routing: its experts and x come from before
   const int D = g.cols, t = blockIdx.x, K = static_cast<int>(g.p.top_k), k = blockIdx.z;
   const int n = static_cast<int>(g.p.input.block), c0 = blockIdx.y * n;
   const int a = t * K + k, e = g.p.expert_ids[a];

@@ -65,5 +65,29 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
   }
 }
 
+// Rotation blocks wider than nq encode writes: a 2048-wide output block for the combine and
+// 256-wide pieces for the SwiGLU preparation of the down inputs.
+TEST(CudaNqMoe, WideRotationBlocksMatchCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4303);
+  ErrorSummary summary("NqMoe with wide rotation blocks", kTolerance);
+  const std::int64_t hidden = 4096, intermediate = 512, experts = 8, top_k = 2;
+  testing::NqMoeHost host = testing::RandomNqMoe(rng, hidden, intermediate, experts);
+  host.down_row_block = 2048;
+  host.gate_row_block = 256;
+  host.down_col_block = 256;
+  for (const std::int64_t tokens : {1, 3}) {
+    const std::vector<float> x = RandomNormal(rng, tokens * hidden, 1.0f);
+    const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, tokens, top_k, experts, 2 * top_k);
+    for (int mode = 0; mode < 3; ++mode) {
+      const std::vector<std::int32_t> slots = testing::NqMoeSlots(rng, experts, mode);
+      const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, routing, top_k);
+      const std::vector<float> got = testing::RunNqMoe(*Backends().cuda, host, slots, x, routing, top_k);
+      SCOPED_TRACE(absl::StrCat("T ", tokens, " mode ", mode));
+      summary.Add(NormalizedError(got, want));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nq::kernels
