@@ -349,7 +349,11 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   issue(tile_begin, 0);
   WaitForThePreviousKernel();
   const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
-  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kSplitThreads) CopyAsync16(q_hi + 8 * i, q_src + 8 * i, true);
+  // Each row's last 16 bytes are padding (QStride) the absorb kernel never writes: zero-filled
+  // here rather than copied (nothing reads them; compute-sanitizer's initcheck did).
+  for (int i = tid; i < 2 * kMlaHeadGroup * qs / 8; i += kSplitThreads) {
+    CopyAsync16(q_hi + 8 * i, q_src + 8 * i, i % (qs / 8) < d / 8);
+  }
   CommitCopies();
   for (int s = 1; s < kAhead; ++s) issue(tile_begin + s, s);
   for (std::int64_t tile = tile_begin; tile < tile_end; ++tile) {
