@@ -57,7 +57,7 @@ absl::StatusOr<std::shared_ptr<StreamPool>> StreamPool::Create(int device) {
 StreamPool::~StreamPool() {
   // Every block was freed on a stream (each storage holds this object); wait for those frees
   // before the pool goes.
-  for (void* data : held_frees_) cudaFreeAsync(data, stream_);
+  for (void* data : held_frees_) FreeOnMainStream(data);
   cudaStreamSynchronize(side_);
   cudaStreamSynchronize(stream_);
   cudaEventDestroy(fork_);
@@ -93,7 +93,14 @@ void StreamPool::Free(void* data) noexcept {
     // freeing on the main stream is ordered after every use on either stream.
     cudaStreamSynchronize(side_);
   }
-  cudaFreeAsync(data, stream_);
+  FreeOnMainStream(data);
+}
+
+void StreamPool::FreeOnMainStream(void* data) noexcept {
+  if (cudaFreeAsync(data, stream_) != cudaSuccess) {
+    cudaGetLastError();  // the failure is not the next launch's
+    failed_frees_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 absl::Status StreamPool::Trim() {
@@ -121,7 +128,7 @@ absl::Status StreamPool::JoinSide() {
     // so the held frees below are still safe.
     cudaStreamSynchronize(side_);
   }
-  for (void* data : held_frees_) cudaFreeAsync(data, stream_);
+  for (void* data : held_frees_) FreeOnMainStream(data);
   held_frees_.clear();
   if (error != cudaSuccess) return CudaStatus(error, "joining the side stream");
   return absl::OkStatus();

@@ -16,7 +16,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -50,8 +52,11 @@ class StreamPool {
   absl::StatusOr<void*> Allocate(std::size_t bytes);
   // Stream-ordered free: the block is reused only by work enqueued after every use already on
   // the stream (held until the join while side work is open). Never fails loudly (destructor
-  // path); a failure is ignored.
+  // path): a failure is counted (failed_frees) and its error cleared, so that it does not fail
+  // the next, unrelated launch check (a capture's, when a block allocated before the capture is
+  // freed inside it).
   void Free(void* data) noexcept;
+  std::int64_t failed_frees() const { return failed_frees_.load(std::memory_order_relaxed); }
   // Waits for the streams, then releases every cached free block to the device.
   absl::Status Trim();
 
@@ -74,9 +79,13 @@ class StreamPool {
   cudaEvent_t fork_;  // recorded on the main stream at BeginSide
   cudaEvent_t join_;  // recorded on the side stream at JoinSide
   cudaMemPool_t pool_;
+  // cudaFreeAsync on the main stream; a failure counted and cleared (Free).
+  void FreeOnMainStream(void* data) noexcept;
+
   bool on_side_ = false;
   bool side_open_ = false;
   std::vector<void*> held_frees_;
+  std::atomic<std::int64_t> failed_frees_{0};
 };
 
 }  // namespace nq::kernels::cuda
