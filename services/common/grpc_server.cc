@@ -1,7 +1,7 @@
 #include "services/common/grpc_server.h"
 
+#include <grpcpp/ext/health_check_service_server_builder_option.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include <spdlog/spdlog.h>
 
@@ -13,8 +13,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("gRPC port ", options.port, " out of range"));
   }
-  // Process-wide switches; both must be set before the first ServerBuilder is built.
-  grpc::EnableDefaultHealthCheckService(true);
+  // A process-wide switch; it must be set before the first ServerBuilder is built.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   const std::string address = absl::StrCat(options.host, ":", options.port);
@@ -27,6 +26,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
   // port with the first; a port clash must be a startup error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // grpc.health.v1 from our own service, NOT_SERVING before the server accepts its first call;
+  // gRPC's default one (switched off here) answers SERVING until told otherwise, and the
+  // server is already accepting when BuildAndStart returns (health_service.h).
+  auto health = std::make_unique<HealthService>(options.health_service_names);
+  builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  builder.RegisterService(health.get());
   for (grpc::Service* service : options.services) builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || selected_port == 0) {
@@ -34,14 +39,14 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(GrpcServerOptions 
         absl::StrCat("cannot listen for gRPC on ", address,
                      ": the address is in use or not bindable (pick another with the port flag)"));
   }
-  auto result = std::unique_ptr<GrpcServer>(
-      new GrpcServer(std::move(server), std::move(options), selected_port));
-  result->SetServing(false);
-  return result;
+  return std::unique_ptr<GrpcServer>(
+      new GrpcServer(std::move(health), std::move(server), std::move(options), selected_port));
 }
 
-GrpcServer::GrpcServer(std::unique_ptr<grpc::Server> server, GrpcServerOptions options, int port)
-    : server_(std::move(server)),
+GrpcServer::GrpcServer(std::unique_ptr<HealthService> health, std::unique_ptr<grpc::Server> server,
+                       GrpcServerOptions options, int port)
+    : health_(std::move(health)),
+      server_(std::move(server)),
       options_(std::move(options)),
       port_(port),
       address_(absl::StrCat(options_.host, ":", port)) {}
@@ -55,12 +60,7 @@ void GrpcServer::SetServing(bool serving) {
 
 void GrpcServer::SetServingLocked(bool serving) {
   if (drained_.load(std::memory_order_acquire)) return;
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health == nullptr) return;
-  health->SetServingStatus(serving);  // the overall "" entry
-  for (const std::string& name : options_.health_service_names) {
-    health->SetServingStatus(name, serving);
-  }
+  health_->SetServing(serving);  // the overall "" entry and every service name
   if (serving != serving_.load(std::memory_order_relaxed)) {
     spdlog::info("gRPC {} health: {}", address_, serving ? "SERVING" : "NOT_SERVING");
   }
@@ -75,6 +75,8 @@ void GrpcServer::Drain(std::chrono::system_clock::time_point deadline) {
     // From here every SetServing returns at once: the health stays NOT_SERVING.
     drained_.store(true, std::memory_order_release);
   }
+  // Ends open Watch calls now (gRPC's Shutdown would otherwise wait for them until `deadline`).
+  health_->Shutdown();
   // Shutdown(deadline) stops new calls at once and cancels what is still running when the
   // deadline passes; Wait() joins the server's threads.
   server_->Shutdown(deadline);

@@ -1,6 +1,7 @@
-// A gRPC server with what every NestQuant service needs: grpc.health.v1 (NOT_SERVING until
-// the service says otherwise), server reflection, an exclusive port, and a drain that stops
-// accepting, lets in-flight calls finish up to a deadline, then cancels the rest.
+// A gRPC server with what every NestQuant service needs: grpc.health.v1 (NOT_SERVING from the
+// first call it accepts until the service says otherwise; health_service.h), server
+// reflection, an exclusive port, and a drain that stops accepting, lets in-flight calls finish
+// up to a deadline, then cancels the rest.
 #pragma once
 
 #include <atomic>
@@ -13,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "services/common/health_service.h"
 
 namespace nq {
 
@@ -50,9 +52,12 @@ class GrpcServer {
   void Drain(std::chrono::system_clock::time_point deadline);
 
  private:
-  GrpcServer(std::unique_ptr<grpc::Server> server, GrpcServerOptions options, int port);
+  GrpcServer(std::unique_ptr<HealthService> health, std::unique_ptr<grpc::Server> server, GrpcServerOptions options,
+             int port);
   void SetServingLocked(bool serving) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_);
 
+  // Registered with server_, so declared first: it outlives the server.
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
   GrpcServerOptions options_;
   int port_;
