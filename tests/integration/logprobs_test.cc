@@ -70,7 +70,7 @@ TEST_F(ServingTest, ChatLogprobsNameTheGreedyTokenAsTheMostLikelyStreamedOrNot) 
   Json streamed_content = Json::array();
   int chunks_with_entries = 0;
   for (const Json& chunk : streamed.chunks) {
-    for (const Json& c : chunk["choices"]) {
+    for (const Json& c : chunk.value("choices", Json::array())) {
       if (!c.contains("logprobs") || c["logprobs"].is_null()) continue;
       chunks_with_entries += !c["logprobs"]["content"].empty();
       for (const Json& entry : c["logprobs"]["content"]) streamed_content.push_back(entry);
@@ -130,7 +130,7 @@ TEST_F(ServingTest, CompletionLogprobsListTokensOffsetsAndTopMapsStreamedOrNot) 
   EXPECT_EQ(streamed.text, text);
   Json tokens = Json::array(), offsets = Json::array(), values = Json::array();
   for (const Json& chunk : streamed.chunks) {
-    for (const Json& c : chunk["choices"]) {
+    for (const Json& c : chunk.value("choices", Json::array())) {
       if (!c.contains("logprobs") || c["logprobs"].is_null()) continue;
       for (const Json& t : c["logprobs"]["tokens"]) tokens.push_back(t);
       for (const Json& o : c["logprobs"]["text_offset"]) offsets.push_back(o);

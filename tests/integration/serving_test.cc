@@ -554,7 +554,7 @@ TEST_F(ServingTest, MultilingualStreamHasNoReplacementCharUnlessTheModelMadeInva
   std::string raw;
   int tokens = 0;
   for (const Json& chunk : streamed.chunks) {
-    for (const Json& choice : chunk["choices"]) {
+    for (const Json& choice : chunk.value("choices", Json::array())) {
       if (!choice.contains("logprobs") || choice["logprobs"].is_null()) continue;
       for (const Json& entry : choice["logprobs"]["content"]) {
         ++tokens;
