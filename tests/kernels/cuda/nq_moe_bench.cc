@@ -4,7 +4,9 @@
 // weight bytes the block must read, and their rate over the device-to-device copy bandwidth
 // measured in the same run.
 //
-//   nq_moe_bench [--quick]     (--quick: 1 and 4 tokens only)
+//   nq_moe_bench [--quick] [--model=dsv3|glm5] [--codec=scalar|trellis]
+//     --quick: 1 and 4 tokens only; --model, --codec: that shape or codec only (a device call's
+//     experiment can time just the rows it changes, several times over)
 //
 // Both codecs (nested_scalar_v1, trellis_v1) on the same random planes: the bytes read are the
 // same, the decode work is not.
@@ -293,7 +295,26 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, Path path, std::int64_t to
 
 int main(int argc, char** argv) {
   using namespace nq::kernels;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  std::string only_model, only_codec;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg.rfind("--model=", 0) == 0) {
+      only_model = arg.substr(8);
+    } else if (arg.rfind("--codec=", 0) == 0) {
+      only_codec = arg.substr(8);
+    } else {
+      std::fprintf(stderr, "usage: nq_moe_bench [--quick] [--model=dsv3|glm5] [--codec=scalar|trellis]\n");
+      return 2;
+    }
+  }
+  if ((!only_model.empty() && only_model != "dsv3" && only_model != "glm5") ||
+      (!only_codec.empty() && only_codec != "scalar" && only_codec != "trellis")) {
+    std::fprintf(stderr, "nq_moe_bench: --model takes dsv3 or glm5, --codec scalar or trellis\n");
+    return 2;
+  }
   Bench bench;
   bench.copy_bw = CopyBandwidth();
   std::printf("device-to-device copy: %.2f TB/s (read + write)\n", bench.copy_bw / 1e12);
@@ -308,6 +329,7 @@ int main(int argc, char** argv) {
     BENCH_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
   }
   for (const Model& m : {Model{"dsv3", 7168, 2048, 32, 8}, Model{"glm5", 6144, 2048, 256, 8}}) {
+    if (!only_model.empty() && only_model != m.name) continue;
     Layer layer = MakeLayer(m, m.routed + 1);
     const std::int64_t K = m.top_k + 1, E = m.routed + 1;
     bench.workspace_bytes = std::max({cuda::NqMoeWorkspaceBytes(K, m.hidden, m.intermediate),
@@ -320,6 +342,7 @@ int main(int argc, char** argv) {
     bench.dense.host_counts = static_cast<int*>(pinned);
     bench.dense.host_capacity = 2 * E;
     for (const NqCodec codec : {NqCodec::kNestedScalar, NqCodec::kTrellis}) {
+      if (!only_codec.empty() && only_codec != (codec == NqCodec::kTrellis ? "trellis" : "scalar")) continue;
       for (const std::int64_t tokens : {1, 4, 512, 4096}) {
         if (quick && tokens > 4) continue;
         // Prefill sizes through both prefill paths (the backend picks by NqMoeDensePrefillPays);
