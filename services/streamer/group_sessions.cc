@@ -48,9 +48,12 @@ absl::Status GroupSessions::Join(std::shared_ptr<RegisteredWorker> worker, const
                  group_name, group.world_size);
     return absl::OkStatus();
   }
+  size_t remote = 0;
+  for (const auto& [r, member] : group.members) remote += member.worker->remote() ? 1 : 0;
   spdlog::info("tensor-parallel group {}: all {} ranks have sessions; one loader decides for them ({} READY slots of "
-               "rank 0 adopted, applied generation {})",
-               group_name, group.world_size, leader.hello.ready_slots_size(), leader.hello.applied_generation());
+               "rank 0 adopted, applied generation {}; {} ranks served by other nodes' streamers)",
+               group_name, group.world_size, leader.hello.ready_slots_size(), leader.hello.applied_generation(),
+               remote);
   return absl::OkStatus();
 }
 
@@ -100,6 +103,11 @@ bool GroupSessions::OnRouting(const std::string& tp_group, uint32_t rank, nq::v1
 void GroupSessions::OnUnmapAck(const std::string& tp_group, uint32_t rank, nq::v1::UnmapAck ack) {
   std::shared_ptr<SlotLoader> loader = LoaderOf(tp_group);
   if (loader != nullptr) loader->OnUnmapAck(rank, std::move(ack));
+}
+
+void GroupSessions::OnPeerLoaded(const std::string& tp_group, uint32_t rank, nq::v1::LoadResult result) {
+  std::shared_ptr<SlotLoader> loader = LoaderOf(tp_group);
+  if (loader != nullptr) loader->OnPeerLoaded(rank, std::move(result));
 }
 
 bool GroupSessions::Loading(const std::string& tp_group) const { return LoaderOf(tp_group) != nullptr; }

@@ -14,6 +14,10 @@
 // table, taken at its hello, is stale by then, so every rank registers again and the group
 // restarts from fresh hellos.
 //
+// A rank on another node joins through its node's streamer's link (RankLink, remote_rank.h) as a
+// remote member: its loads are ordered over the link and its results come back through
+// OnPeerLoaded; it leaves when the link ends, like a session (docs/tp_streamers.md).
+//
 // Thread-safe: every session thread of every group calls in.
 #pragma once
 
@@ -57,6 +61,8 @@ class GroupSessions {
   // Rank 0's reports feed the group's predictor; the other ranks' are dropped (false).
   bool OnRouting(const std::string& tp_group, uint32_t rank, nq::v1::RoutingReport report);
   void OnUnmapAck(const std::string& tp_group, uint32_t rank, nq::v1::UnmapAck ack);
+  // A remote rank's answer to one of its group loader's orders.
+  void OnPeerLoaded(const std::string& tp_group, uint32_t rank, nq::v1::LoadResult result);
 
   // Whether the group's loader runs (tests).
   bool Loading(const std::string& tp_group) const;

@@ -25,6 +25,10 @@ void LoaderEvents::PushRankAck(uint32_t rank, nq::v1::UnmapAck ack) {
   events_.emplace_back(RankAck{.rank = rank, .ack = std::move(ack)});
 }
 
+void LoaderEvents::PushPeerResult(uint32_t rank, nq::v1::LoadResult result) {
+  events_.emplace_back(PeerResult{.rank = rank, .result = std::move(result)});
+}
+
 std::deque<LoaderEvents::Event> LoaderEvents::TakeAll() {
   std::deque<Event> taken;
   taken.swap(events_);

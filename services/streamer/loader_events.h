@@ -30,7 +30,12 @@ class LoaderEvents {
     uint32_t rank = 0;
     nq::v1::UnmapAck ack;
   };
-  using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck, RankAck>;
+  // The answer of a remote rank's streamer to one of the loader's orders (peer_service.h).
+  struct PeerResult {
+    uint32_t rank = 0;
+    nq::v1::LoadResult result;
+  };
+  using Event = std::variant<nq::v1::RoutingReport, nq::v1::UnmapAck, RankAck, PeerResult>;
 
   // `max_reports` of 0 is taken as 1 (a loader that takes no report could never predict);
   // `dropped` (may be null) counts the reports dropped.
@@ -40,6 +45,8 @@ class LoaderEvents {
   bool PushReport(nq::v1::RoutingReport report);
   void PushAck(nq::v1::UnmapAck ack);
   void PushRankAck(uint32_t rank, nq::v1::UnmapAck ack);
+  // Like acks, never dropped: each ends a load that holds a slot.
+  void PushPeerResult(uint32_t rank, nq::v1::LoadResult result);
   // Everything queued, oldest first; the queue is empty afterwards.
   std::deque<Event> TakeAll();
 

@@ -50,7 +50,8 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
                                    "Record reads that failed, by reason (io_error: the drive returned an error; "
                                    "short_read: fewer bytes than the record; hash: its file failed its sha256; "
                                    "checksum: the record failed its own sha256 in the index; "
-                                   "submit: the read could not be queued); each leaves its expert at 2 bits",
+                                   "submit: the read could not be queued; peer: another node's streamer could not load a "
+                                   "remote rank's record); each leaves its expert at 2 bits",
                                    {"reason"})),
       slow_reads(registry.Counter("nq_streamer_slow_reads_total",
                                   "Record reads that took a second or more from issue to landing (a stalled "
@@ -97,6 +98,14 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
                                    "Routing reports that followed missing tokens of their sequence (blocks "
                                    "the worker dropped)").Get()),
       sequences(registry.Counter("nq_streamer_routing_sequences_total",
-                                 "Worker sequences whose routing reached a predictor").Get()) {}
+                                 "Worker sequences whose routing reached a predictor").Get()),
+      peer_links_active(registry.Gauge("nq_streamer_peer_links_active",
+                                       "Ranks of this streamer's tensor-parallel groups served by another node's "
+                                       "streamer, linked now (StreamerPeer.RankLink)").Get()),
+      peer_orders_ok(registry.Counter("nq_streamer_peer_orders_total",
+                                      "Load orders of another node's deciding streamer this streamer answered, by "
+                                      "result (ok: the record is in the rank's slot)",
+                                      {"result"}).WithLabels({"ok"})),
+      peer_orders_failed(registry.Counter("nq_streamer_peer_orders_total", "", {"result"}).WithLabels({"failed"})) {}
 
 }  // namespace nq::streamer

@@ -46,6 +46,11 @@ struct LoaderMetrics {
   metrics::Counter& reports_dropped;
   metrics::Counter& report_gaps;
   metrics::Counter& sequences;
+  // Groups spanning nodes (docs/tp_streamers.md). On the deciding streamer: remote ranks linked
+  // now. On an applying one: the decider's orders this streamer answered, by result.
+  metrics::Gauge& peer_links_active;
+  metrics::Counter& peer_orders_ok;
+  metrics::Counter& peer_orders_failed;
 };
 
 }  // namespace nq::streamer

@@ -82,6 +82,11 @@ ABSL_FLAG(double, request_share, 0.0,
 ABSL_FLAG(bool, pace_reads, true,
           "Each refresh issues only the loads the measured read throughput lands before the next refresh (less "
           "reads in flight), at most --read_budget; false: always --read_budget");
+ABSL_FLAG(std::string, decider_address, "",
+          "host:port of the streamer of rank 0's node, when this node's ranks belong to a tensor-parallel group "
+          "spanning nodes: that streamer decides for the whole group and this one reads its node's ranks' records "
+          "on its orders (docs/tp_streamers.md); empty: this streamer decides for the groups whose rank 0 registers "
+          "here. Needs --records_dir (this node's copy of the release)");
 ABSL_FLAG(double, drain_timeout_s, 10, "On SIGTERM, seconds to let sessions close");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -125,6 +130,13 @@ absl::Status CheckFlags() {
   const std::string direct = absl::GetFlag(FLAGS_direct_io);
   if (direct != "auto" && direct != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--direct_io=", direct, ": want auto or off"));
+  }
+  if (const std::string decider = absl::GetFlag(FLAGS_decider_address); !decider.empty()) {
+    RETURN_IF_ERROR(CheckAddressFlag("decider_address", decider));
+    if (dir.empty()) {
+      return absl::InvalidArgumentError("--decider_address needs --records_dir: this streamer reads its node's ranks' "
+                                        "records on the decider's orders");
+    }
   }
   if (dir.empty() && !absl::GetFlag(FLAGS_record_mirrors).empty()) {
     return absl::InvalidArgumentError("--record_mirrors needs --records_dir");
@@ -207,8 +219,14 @@ absl::Status Run(ShutdownSignal& shutdown) {
   std::string release_id;
   ASSIGN_OR_RETURN(std::optional<SlotLoaderOptions> loader_options, LoaderOptionsFromFlags(&release_id));
   WorkerRegistry workers(registry, release_id);
-  StreamerService service(&workers, registry, std::move(loader_options));
   ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  StreamerService service(&workers, registry, std::move(loader_options),
+                          StreamerPeerOptions{.decider_address = absl::GetFlag(FLAGS_decider_address), .tls = tls});
+  StreamerPeerService peer_service(&service);
+  if (!absl::GetFlag(FLAGS_decider_address).empty()) {
+    spdlog::info("tensor-parallel groups: the streamer at {} decides; this one applies its orders to this node's ranks",
+                 absl::GetFlag(FLAGS_decider_address));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    InternalServerCredentials("nq-streamer", absl::GetFlag(FLAGS_host), tls.get(),
                                              absl::GetFlag(FLAGS_allow_plaintext_internal)));
@@ -216,7 +234,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                    GrpcServer::Start(GrpcServerOptions{
                        .host = absl::GetFlag(FLAGS_host),
                        .port = absl::GetFlag(FLAGS_grpc_port),
-                       .services = {&service},
+                       .services = {&service, &peer_service},
                        .health_service_names = {"nq.v1.Streamer"},
                        .credentials = std::move(credentials),
                    }));

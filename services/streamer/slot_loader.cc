@@ -38,6 +38,7 @@ std::vector<unsigned> PrepareSources(const std::vector<std::shared_ptr<Registere
     size_t done = 0;
     for (; done < members.size(); ++done) {
       const RegisteredWorker& worker = *members[done];
+      if (worker.remote()) continue;  // its node's streamer copies from its own buffers
       if (absl::Status s = worker.arena->PrepareSource(store.Buffer(b)); !s.ok()) {
         spdlog::warn("worker {}: bounce buffer {} not prepared, left out: {}", worker.worker_id, b, s.ToString());
         break;
@@ -47,7 +48,9 @@ std::vector<unsigned> PrepareSources(const std::vector<std::shared_ptr<Registere
       prepared.push_back(b);
       continue;
     }
-    for (size_t m = 0; m < done; ++m) members[m]->arena->ReleaseSource(store.Buffer(b));
+    for (size_t m = 0; m < done; ++m) {
+      if (!members[m]->remote()) members[m]->arena->ReleaseSource(store.Buffer(b));
+    }
   }
   return prepared;
 }
@@ -69,6 +72,12 @@ absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::CreateForGroup(
     std::vector<std::shared_ptr<RegisteredWorker>> members, const SlotLoaderOptions& options, LoaderMetrics* metrics,
     Send send) {
   if (members.empty()) return absl::FailedPreconditionError("a tensor-parallel group without ranks");
+  // The loader sends its updates to rank 0's session, so rank 0 must be this streamer's.
+  if (members[0] != nullptr && members[0]->remote()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor-parallel group ", members[0]->tp_group,
+        ": rank 0 is served by another streamer; the streamer of rank 0's node decides for the group"));
+  }
   const std::string geometry = members[0] != nullptr ? members[0]->geometry.ToProto().SerializeAsString() : "";
   for (size_t r = 0; r < members.size(); ++r) {
     if (members[r] == nullptr || members[r]->rank != r) {
@@ -105,6 +114,7 @@ absl::StatusOr<std::unique_ptr<SlotLoader>> SlotLoader::CreateForMembers(
                                                       " experts per layer, the release ", manifest.experts_per_layer));
   }
   for (const std::shared_ptr<RegisteredWorker>& member : members) {
+    if (member->remote()) continue;  // its records are its node's streamer's to check
     for (uint32_t layer : g.moe_layer_ids) {
       absl::StatusOr<uint64_t> rec_bytes = store->RecordBytes(member->rank, layer);
       if (!rec_bytes.ok()) {
@@ -149,7 +159,9 @@ SlotLoader::SlotLoader(std::vector<std::shared_ptr<RegisteredWorker>> members, s
 SlotLoader::~SlotLoader() {
   Stop();
   for (unsigned b : prepared_buffers_) {
-    for (const std::shared_ptr<RegisteredWorker>& member : members_) member->arena->ReleaseSource(store_->Buffer(b));
+    for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+      if (!member->remote()) member->arena->ReleaseSource(store_->Buffer(b));
+    }
   }
 }
 
@@ -210,6 +222,14 @@ void SlotLoader::OnUnmapAck(uint32_t rank, nq::v1::UnmapAck ack) {
   {
     absl::MutexLock lock(&mu_);
     events_.PushRankAck(rank, std::move(ack));
+  }
+  Wake();
+}
+
+void SlotLoader::OnPeerLoaded(uint32_t rank, nq::v1::LoadResult result) {
+  {
+    absl::MutexLock lock(&mu_);
+    events_.PushPeerResult(rank, std::move(result));
   }
   Wake();
 }
@@ -304,6 +324,12 @@ void SlotLoader::Run() {
     for (const Event& event : events) {
       if (const auto* report = std::get_if<nq::v1::RoutingReport>(&event)) {
         HandleRouting(*report);
+        continue;
+      }
+      if (const auto* peer = std::get_if<LoaderEvents::PeerResult>(&event)) {
+        nq::v1::SlotTableUpdate update;
+        HandlePeerResult(peer->rank, peer->result, update);
+        if (update.changes_size() > 0) SendUpdate(std::move(update));
         continue;
       }
       const auto* ranked = std::get_if<LoaderEvents::RankAck>(&event);
@@ -561,10 +587,11 @@ void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
       (void)allocator_.Release(load.layer_index, load.slot);
       it = loads_.erase(it);
     } else {
-      // A read the store would not cancel still lands; the load then fails (never announced)
-      // and frees its slot.
+      // A read the store would not cancel, or a remote rank's order, is still out: the load is
+      // never announced, and its slot is freed once they are in (a remote streamer may be
+      // writing it until it answers).
       load.outstanding -= stopped;
-      load.failed = true;
+      load.cancelled = true;
       ++it;
     }
   }
@@ -611,6 +638,31 @@ void SlotLoader::HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack) {
   }
 }
 
+void SlotLoader::HandlePeerResult(uint32_t rank, const nq::v1::LoadResult& result,
+                                  nq::v1::SlotTableUpdate& update) {
+  auto load = loads_.find(result.load_id());
+  if (load == loads_.end() || load->second.remote_pending.erase(rank) == 0) {
+    spdlog::warn("worker {}: rank {} answered load {}, which it has no order of; ignored", worker_->worker_id, rank,
+                 result.load_id());
+    return;
+  }
+  GroupLoad& group_load = load->second;
+  ++reads_done_or_loads_started_;
+  if (!result.ok()) {
+    group_load.failed = true;
+    metrics_->read_errors.WithLabels({"peer"}).Increment();
+    static LogRateLimiter peer_failure_log(std::chrono::seconds(10));
+    if (long n = peer_failure_log.Allow()) {
+      spdlog::error("worker {}: rank {}'s streamer could not load layer {} expert {}, the expert stays at 2 bits on "
+                    "every rank: {} ({} failures since last report)",
+                    worker_->worker_id, rank, group_load.want.layer, group_load.want.expert, result.error(), n);
+    }
+  }
+  if (--group_load.outstanding > 0) return;
+  if (!session_gone_) Finish(group_load, update);
+  loads_.erase(load);
+}
+
 void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
   const SlotGeometry& g = worker_->geometry;
   for (auto it = queue_.begin(); it != queue_.end();) {
@@ -622,6 +674,7 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
     }
     size_t reads = 0;  // members whose record is not in a bounce buffer
     for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+      if (member->remote()) continue;  // read by its node's streamer
       reads += cache_.Contains(RecordKey{.rank = member->rank, .layer = want.layer, .expert = want.expert}) ? 0 : 1;
     }
     // A read needs a free bounce buffer and room under the queue depth (4-8 reads per drive keep
@@ -646,8 +699,9 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
         metrics_->unmaps.Increment();
         it->victim = PlannedLoad::kNoVictim;
         ++it;
-      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty() || landing_ > 0) {
-        ++it;  // a slot frees up when an acknowledgement or a read comes back
+      } else if (allocator_.CountInState(SlotState::kUnmapping) > 0 || !in_flight_.empty() || landing_ > 0 ||
+                 !loads_.empty()) {
+        ++it;  // a slot frees up when an acknowledgement, a read or a remote rank's answer comes back
       } else {
         it = queue_.erase(it);  // nothing will free a slot for it
       }
@@ -665,6 +719,7 @@ void SlotLoader::StartLoad(size_t layer_index, uint32_t slot, const Want& want, 
   // Cache hits first: taking buffers for the reads below may evict a record this load needs.
   std::vector<uint32_t> to_read;
   for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+    if (member->remote()) continue;
     const RecordKey key{.rank = member->rank, .layer = want.layer, .expert = want.expert};
     const std::optional<unsigned> buffer = cache_.Lookup(key);
     if (!buffer.has_value()) {
@@ -706,6 +761,24 @@ void SlotLoader::StartLoad(size_t layer_index, uint32_t slot, const Want& want, 
     in_flight_[tag] = Read{.load = id, .rank = rank, .buffer = buffer};
     ++load.outstanding;
   }
+  // Remote ranks read their own records on their node; the slot stays LOADING on every rank until
+  // all of them answered. A load that already failed here orders nothing.
+  for (const std::shared_ptr<RegisteredWorker>& member : members_) {
+    if (!member->remote() || load.failed) continue;
+    nq::v1::LoadOrder order;
+    order.set_load_id(id);
+    order.set_layer(want.layer);
+    order.set_expert(want.expert);
+    order.set_slot(slot);
+    if (!member->order_load(order)) {
+      spdlog::error("worker {}: rank {}'s link is gone; layer {} expert {} is not loaded", worker_->worker_id,
+                    member->rank, want.layer, want.expert);
+      load.failed = true;
+      continue;
+    }
+    load.remote_pending.insert(member->rank);
+    ++load.outstanding;
+  }
   if (load.outstanding == 0) {
     Finish(load, update);
   } else {
@@ -733,6 +806,11 @@ bool SlotLoader::CopyIntoSlot(uint32_t rank, size_t layer_index, uint32_t slot, 
 void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) {
   const SlotGeometry& g = worker_->geometry;
   const Want& want = load.want;
+  if (load.cancelled && !load.failed) {
+    // Unwanted since it started; what it wrote is never announced, so the slot is simply FREE.
+    (void)allocator_.Release(load.layer_index, load.slot);
+    return;
+  }
   if (load.failed) {
     // Some rank lacks the bytes: no rank hears of the load, so none runs the expert at 4 bits.
     (void)allocator_.Release(load.layer_index, load.slot);
@@ -828,7 +906,7 @@ void SlotLoader::Reap() {
                       "rank: {} ({} failures since last report)",
                       worker_->worker_id, read.rank, want->layer, want->expert, completion.status.ToString(), n);
       }
-    } else if (!group_load.failed && !session_gone_ &&
+    } else if (!group_load.failed && !group_load.cancelled && !session_gone_ &&
                !CopyIntoSlot(read.rank, group_load.layer_index, group_load.slot, group_load.want,
                              store_->Buffer(read.buffer).first(completion.bytes))) {
       group_load.failed = true;
@@ -882,8 +960,10 @@ size_t SlotLoader::LiveReads() const {
 }
 
 uint64_t SlotLoader::BacklogBytes() const {
-  // A queued load reads one record per member.
-  return (queue_.size() * members_.size() + LiveReads()) * worker_->geometry.rec_bytes;
+  // A queued load reads one record per member this streamer serves.
+  const size_t local = static_cast<size_t>(
+      std::count_if(members_.begin(), members_.end(), [](const auto& member) { return !member->remote(); }));
+  return (queue_.size() * local + LiveReads()) * worker_->geometry.rec_bytes;
 }
 
 void SlotLoader::PublishGauges() {

@@ -29,6 +29,13 @@
 // 0's session only: rank 0 relays them to the other ranks in the step command of the step at
 // which every rank applies them (services/worker/step_command.h).
 //
+// A group whose ranks span nodes (docs/tp_streamers.md) has its loader on rank 0's node; a rank
+// served by another node's streamer is a remote member (RegisteredWorker::order_load): its part of
+// a load is an order sent to that streamer, done when its result comes back (OnPeerLoaded), and it
+// counts like a local read (a failed result fails the load for every rank). A remote order cannot
+// be cancelled: a load a refresh no longer wants keeps its slot until every remote answer is in,
+// and is then freed, not counted as failed. Remote ranks' unmap acknowledgements arrive forwarded.
+//
 // A single worker that registered a slot mailbox (worker_registry.h) takes its changes there,
 // inside its decode steps (DESIGN.md section 4): every update's UNMAPs, then its READYs, are
 // posted to the mailbox (mailbox_poster.h) and the update goes without changes, its generation
@@ -139,6 +146,8 @@ class SlotLoader {
   void OnUnmapAck(nq::v1::UnmapAck ack);
   // A group member's acknowledgement (rank < the group's size; others are logged and ignored).
   void OnUnmapAck(uint32_t rank, nq::v1::UnmapAck ack);
+  // A remote member's answer to an order (an unknown load or rank is logged and ignored).
+  void OnPeerLoaded(uint32_t rank, nq::v1::LoadResult result);
   // Joins the thread; reads in flight are reaped and dropped. Idempotent.
   void Stop();
 
@@ -180,8 +189,12 @@ class SlotLoader {
     size_t layer_index = 0;
     uint32_t slot = 0;
     Want want;
-    size_t outstanding = 0;  // reads not yet landed
+    size_t outstanding = 0;  // local reads not yet landed plus remote orders not yet answered
+    std::set<uint32_t> remote_pending = {};  // remote ranks whose answer is still out
     bool failed = false;     // a rank's read or copy failed: never announced
+    // A refresh no longer wants it, but a read or order it could not stop is still out: its slot
+    // is freed once they are in, and the expert is not marked failed.
+    bool cancelled = false;
   };
   using Event = LoaderEvents::Event;
 
@@ -203,6 +216,7 @@ class SlotLoader {
   // Counts a malformed report (refused and malformed) and logs it, rate-limited.
   void RefuseMalformed(const std::string& why);
   void HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack);
+  void HandlePeerResult(uint32_t rank, const nq::v1::LoadResult& result, nq::v1::SlotTableUpdate& update);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
   // A plan the read budget cut short (read_pacer.h: no more reads than land before the next

@@ -34,6 +34,12 @@ struct RegisteredWorker {
   // Where the worker takes slot-table changes inside its decode steps (RegisterWorkerRequest.
   // slot_mailbox); null: changes travel in SlotTableUpdate. Only a worker of world size 1 has one.
   std::unique_ptr<SlotMailbox> mailbox;
+  // A rank on another node (StreamerPeer.RankLink, peer_service.h): no arena here (arena is
+  // null); its node's streamer reads its records on the orders its group's loader sends through
+  // this, and the results come back through SlotLoader::OnPeerLoaded. False once the link is gone.
+  // Null for a rank registered with this streamer.
+  std::function<bool(const nq::v1::LoadOrder&)> order_load;
+  bool remote() const { return order_load != nullptr; }
   bool session_active = false;
   // Ends the session (its loader stops before the session closes); set by OpenSession.
   std::function<void()> cancel_session;
@@ -73,6 +79,8 @@ class WorkerRegistry {
   // Sessions open now for `rank` of `tp_group` (a replaced one counts until it closes).
   int OpenSessions(uint32_t rank, const std::string& tp_group = "") const;
   size_t size() const;
+  // The release this streamer serves (empty for none).
+  const std::string& release_id() const { return release_id_; }
   // Whether a worker with this id is registered (tests and status).
   bool Contains(const std::string& worker_id) const;
 
