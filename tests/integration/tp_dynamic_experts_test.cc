@@ -9,7 +9,10 @@
 // Hessians), made once per model directory under a lock, beside the embedded model's own release.
 #include <signal.h>
 
+#include <unistd.h>
+
 #include <optional>
+#include <thread>
 #include <regex>
 #include <string>
 #include <vector>
@@ -80,8 +83,18 @@ class TpDynamicExpertsTest : public ServingTest {
             absl::StrCat("--leader_address=127.0.0.1:", worker_ports_.grpc)};
   }
 
-  // Streamer, ranks 0..world-1 and the router; waits until the router serves.
-  void StartGroup(int world, std::vector<std::string> streamer_extra = {}) {
+  // A second node's streamer (docs/tp_streamers.md): it applies the decisions of streamer_ from
+  // its own copy of the release, for the ranks that register with it.
+  ChildProcess StartApplier() {
+    return StartStreamer(applier_ports_, {"--records_dir=" + applier_records_, "--read_budget=8",
+                                          absl::StrCat("--decider_address=127.0.0.1:", streamer_ports_.grpc)});
+  }
+
+  // Streamer, ranks 0..world-1 and the router; waits until the router serves. With
+  // `applier_records` set, ranks world/2.. register with a second streamer (StartApplier) reading
+  // that copy of the release, as the ranks of a second node would.
+  void StartGroup(int world, std::vector<std::string> streamer_extra = {}, std::string applier_records = "") {
+    applier_records_ = std::move(applier_records);
     world_ = world;
     for (int attempt = 1;; ++attempt) {
       streamer_ports_ = NewPorts();
@@ -90,16 +103,23 @@ class TpDynamicExpertsTest : public ServingTest {
       std::vector<std::string> streamer_flags = {"--records_dir=" + Release(), "--read_budget=8"};
       streamer_flags.insert(streamer_flags.end(), streamer_extra.begin(), streamer_extra.end());
       streamer_.emplace(StartStreamer(streamer_ports_, streamer_flags));
+      if (!applier_records_.empty()) {
+        applier_ports_ = NewPorts();
+        applier_.emplace(StartApplier());
+      }
       worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, RankFlags(0)));
       followers_.clear();
       follower_ports_.clear();
       for (int r = 1; r < world; ++r) {
         follower_ports_.push_back(NewPorts());
-        followers_.push_back(StartWorker(follower_ports_.back(), streamer_ports_.grpc, RankFlags(r)));
+        const bool second_node = !applier_records_.empty() && r >= world / 2;
+        followers_.push_back(
+            StartWorker(follower_ports_.back(), second_node ? applier_ports_.grpc : streamer_ports_.grpc, RankFlags(r)));
       }
       router_.emplace(StartRouter(router_ports_, worker_ports_.grpc, {"--tokenizer=" + *model_dir_ + "/tokenizer.json"}));
       if (WaitServing(router_ports_.grpc, std::chrono::seconds(90))) return;
       std::string logs = streamer_->Log() + worker_->Log() + router_->Log();
+      if (applier_) logs += applier_->Log();
       for (ChildProcess& f : followers_) logs += f.Log();
       if (attempt == 3 || logs.find("the address is in use") == std::string::npos) {
         FAIL() << "the group did not serve:\n" << logs;
@@ -109,7 +129,8 @@ class TpDynamicExpertsTest : public ServingTest {
         (void)f.WaitForExit(std::chrono::seconds(10));
       }
       followers_.clear();
-      for (std::optional<ChildProcess>* child : {&router_, &worker_, &streamer_}) {
+      for (std::optional<ChildProcess>* child : {&router_, &worker_, &applier_, &streamer_}) {
+        if (!child->has_value()) continue;
         (*child)->Signal(SIGKILL);
         (void)(*child)->WaitForExit(std::chrono::seconds(10));
         child->reset();
@@ -124,6 +145,12 @@ class TpDynamicExpertsTest : public ServingTest {
       EXPECT_TRUE(code.ok() && *code == 0) << f.Log();
     }
     followers_.clear();
+    if (applier_) {
+      applier_->Signal(SIGTERM);
+      absl::StatusOr<int> code = applier_->WaitForExit(std::chrono::seconds(20));
+      EXPECT_TRUE(code.ok() && *code == 0) << applier_->Log();
+      applier_.reset();
+    }
     ServingTest::TearDown();
   }
 
@@ -159,6 +186,9 @@ class TpDynamicExpertsTest : public ServingTest {
   }
 
   int world_ = 2;
+  std::string applier_records_;
+  ServicePorts applier_ports_;
+  std::optional<ChildProcess> applier_;
   std::vector<ServicePorts> follower_ports_;
   std::vector<ChildProcess> followers_;
 };
@@ -192,6 +222,63 @@ TEST_F(TpDynamicExpertsTest, FourRanksSwitchExpertsAtTheSameSteps) {
   ExpectSameTablesOnEveryRank();
   EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_sessions_active"), 4);
   EXPECT_GT(Metric(streamer_ports_.http, "nq_streamer_expert_calls_total{bits=\"4\"}"), 0);
+}
+
+// Four ranks over two nodes' streamers (docs/tp_streamers.md): ranks 0 and 1 register with the
+// deciding streamer, ranks 2 and 3 with a second one that reads their records from its own copy
+// of the release on the decider's orders. Every rank still switches at the same steps with its own
+// records. The second streamer is killed during a request: the request completes, no rank maps a
+// slot without its bytes, and once that streamer is back the group loads at 4 bits again.
+TEST_F(TpDynamicExpertsTest, TwoNodesStreamersServeOneGroupAndItRecoversWhenTheApplyingOneDies) {
+  const std::string copy = ::testing::TempDir() + "/nq_tp4_second_node_" + std::to_string(getpid());
+  ASSERT_EQ(std::system(absl::StrCat("rm -rf ", copy, " && cp -a ", *model_dir_, "/release_tp4 ", copy).c_str()), 0);
+  ASSERT_NO_FATAL_FAILURE(StartGroup(4, {}, copy));
+  const int decider = streamer_ports_.http;
+  ASSERT_TRUE(WaitFor([&] { return Metric(decider, "nq_streamer_peer_links_active") == 2; }, std::chrono::seconds(30)))
+      << streamer_->Log() << applier_->Log();
+  ASSERT_NO_FATAL_FAILURE(Serve(1));
+  ExpectSameTablesOnEveryRank();
+  EXPECT_THAT(streamer_->Log(), HasSubstr("all 4 ranks have sessions; one loader decides for them"));
+  EXPECT_THAT(streamer_->Log(), HasSubstr("2 ranks served by other nodes' streamers"));
+  EXPECT_EQ(Metric(decider, "nq_streamer_sessions_active"), 2);
+  EXPECT_EQ(Metric(applier_ports_.http, "nq_streamer_sessions_active"), 2);
+  // Rank 2's and 3's records were read by the second streamer, none failed.
+  EXPECT_GT(Metric(applier_ports_.http, "nq_streamer_peer_orders_total{result=\"ok\"}"), 0) << applier_->Log();
+  EXPECT_EQ(Metric(applier_ports_.http, "nq_streamer_peer_orders_total{result=\"failed\"}"), 0);
+  EXPECT_EQ(Metric(decider, "nq_streamer_slot_loads_total{result=\"failed\"}"), 0);
+  EXPECT_GT(Metric(follower_ports_[1].http, "nq_expert_calls_total{bits=\"4\"}"), 0);
+
+  // The second node's streamer dies while a request runs.
+  absl::StatusOr<std::pair<int, Json>> during;
+  std::thread request([&] {
+    during = PostJson("/v1/completions",
+                      {{"model", "embedded"}, {"prompt", "def parse("}, {"max_tokens", 96}, {"temperature", 0}});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  applier_->Signal(SIGKILL);
+  ASSERT_TRUE(applier_->WaitForExit(std::chrono::seconds(10)).ok());
+  request.join();
+  ASSERT_TRUE(during.ok()) << during.status();
+  ASSERT_EQ(during->first, 200) << during->second.dump();
+  EXPECT_EQ(during->second["usage"]["completion_tokens"], 96);
+  // The decider ended the group's loader: its link count drops.
+  ASSERT_TRUE(WaitFor([&] { return Metric(decider, "nq_streamer_peer_links_active") == 0; }, std::chrono::seconds(20)));
+  const double ready_before = Metric(decider, "nq_streamer_slot_loads_total{result=\"ready\"}");
+  const double rank2_4bit_before = Metric(follower_ports_[1].http, "nq_expert_calls_total{bits=\"4\"}");
+  ASSERT_NO_FATAL_FAILURE(Serve(1));  // at 2 bits for what is not loaded: the group still serves
+
+  applier_.emplace(StartApplier());
+  ASSERT_TRUE(WaitFor([&] { return Metric(decider, "nq_streamer_peer_links_active") == 2; }, std::chrono::seconds(60)))
+      << streamer_->Log() << applier_->Log();
+  ASSERT_NO_FATAL_FAILURE(Serve(2));
+  EXPECT_GT(Metric(decider, "nq_streamer_slot_loads_total{result=\"ready\"}"), ready_before)
+      << "nothing loaded once the second node's streamer was back";
+  EXPECT_GT(Metric(applier_ports_.http, "nq_streamer_peer_orders_total{result=\"ok\"}"), 0) << applier_->Log();
+  EXPECT_GT(Metric(follower_ports_[1].http, "nq_expert_calls_total{bits=\"4\"}"), rank2_4bit_before);
+  // Every rank applied the same tables at the same steps throughout, and none mapped a slot
+  // whose bytes were not its own rank's record.
+  ExpectSameTablesOnEveryRank();
+  std::system(absl::StrCat("rm -rf ", copy).c_str());
 }
 
 // A rank killed and restarted: the group re-forms, every rank starts from an empty slot table
