@@ -16,6 +16,11 @@
 # from a release encoded for W ranks ($model/release_tpW, encoded once for the embedded model):
 # the streamer decides for the whole group and rank 0 relays each slot-table change to the other
 # ranks with the step at which every rank applies it.
+#
+# NQ_NODES=N (with NQ_TP a multiple of N) rehearses a group spanning N nodes on this machine: one
+# streamer per "node" (node n's gRPC on 8200+10n, metrics 8201+10n), node n's ranks registered with
+# its own; node 0's streamer decides for the group and the others read their ranks' records on its
+# orders (--decider_address; docs/tp_streamers.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${NQ_BACKEND:-cpu}
@@ -26,6 +31,11 @@ case "$backend" in
 esac
 tp=${NQ_TP:-1}
 if ! [[ "$tp" =~ ^[1-9][0-9]*$ ]]; then echo "NQ_TP=$tp: want a world size >= 1" >&2; exit 2; fi
+nodes=${NQ_NODES:-1}
+if ! [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || ((tp % nodes != 0)); then
+  echo "NQ_NODES=$nodes: want a number of nodes >= 1 that divides NQ_TP=$tp" >&2
+  exit 2
+fi
 if ((tp > 1)) && [[ "$backend" != cpu ]]; then
   echo "NQ_TP=$tp: up.sh starts tensor-parallel groups on the cpu backend only; on GPUs start one nq-worker" \
     "per GPU (--backend cuda --world_size $tp --rank r --gpu r; README.md)" >&2
@@ -72,6 +82,12 @@ trap stop EXIT
 
 "$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$release" "$@" >"$run_dir/streamer.log" 2>&1 &
 pids+=($!)
+# The other "nodes'" streamers (NQ_NODES): each applies node 0's decisions to its node's ranks.
+for ((n = 1; n < nodes; n++)); do
+  "$bin/streamer/nq-streamer" --host=127.0.0.1 --records_dir="$release" --grpc_port=$((8200 + 10 * n)) \
+    --metrics_port=$((8201 + 10 * n)) --decider_address=127.0.0.1:8200 "$@" >"$run_dir/streamer-node$n.log" 2>&1 &
+  pids+=($!)
+done
 # The slot arena is sized from the release: its fixed set, 2 x top-k floating slots, 1 staging.
 if ((tp == 1)); then
   "$bin/worker/nq-worker" --host=127.0.0.1 --backend="$backend" --gpu="${NQ_GPU:-0}" --model="$model" \
@@ -84,9 +100,10 @@ else
     ((r == 0)) || log="$run_dir/worker-rank$r.log"
     metrics=8101
     ((r == 0)) || metrics=$((8110 + r))
+    node=$((r / (tp / nodes)))
     "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$release" \
       --rank="$r" --world_size="$tp" --leader_address=127.0.0.1:8100 --metrics_port="$metrics" \
-      >"$log" 2>&1 &
+      --streamer_address=127.0.0.1:$((8200 + 10 * node)) >"$log" 2>&1 &
     pids+=($!)
   done
 fi
