@@ -281,6 +281,26 @@ TEST_F(TpDynamicExpertsTest, TwoNodesStreamersServeOneGroupAndItRecoversWhenTheA
   std::system(absl::StrCat("rm -rf ", copy).c_str());
 }
 
+// Rank 0 must register with the streamer that decides: one that applies another's decisions
+// refuses its session by name (the worker keeps serving at 2 bits and retries).
+TEST_F(TpDynamicExpertsTest, RankZeroOnAnApplyingStreamerIsRefusedByName) {
+  world_ = 2;
+  streamer_ports_ = NewPorts();
+  worker_ports_ = NewPorts();
+  applier_records_ = Release();
+  streamer_.emplace(StartStreamer(streamer_ports_, {"--records_dir=" + Release()}));
+  applier_ports_ = NewPorts();
+  applier_.emplace(StartApplier());
+  worker_.emplace(StartWorker(worker_ports_, applier_ports_.grpc, RankFlags(0)));
+  follower_ports_.push_back(NewPorts());
+  followers_.push_back(StartWorker(follower_ports_.back(), applier_ports_.grpc, RankFlags(1)));
+  EXPECT_TRUE(WaitFor([&] { return applier_->Log().find("rank 0 registers with the deciding streamer") != std::string::npos; },
+                      std::chrono::seconds(60)))
+      << applier_->Log();
+  EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_peer_links_active"), 0);
+  EXPECT_THAT(streamer_->Log(), Not(HasSubstr("one loader decides")));
+}
+
 // A rank killed and restarted: the group re-forms, every rank starts from an empty slot table
 // (rank 0 clears its own and registers with the streamer again), and from then on the restarted
 // rank applies what rank 0 applies.
