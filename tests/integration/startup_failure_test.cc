@@ -72,9 +72,6 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"streamer", {"--records_dir=/nonexistent/records"}, "not a directory"},
       {"streamer", {"--log_level=loud"}, "--log_level"},
       {"worker", {"--rank=2", "--world_size=2"}, "0 <= rank < world_size"},
-      // A node's rank past its node's share, and a node's ranks beyond the world size.
-      {"worker", {"--node_rank=1", "--ranks_per_node=2", "--rank=2", "--world_size=4"}, "want the rank within the node, 0..1"},
-      {"worker", {"--node_rank=2", "--ranks_per_node=2", "--rank=1", "--world_size=4"}, "--rank=5 --world_size=4"},
       {"streamer", {"--decider_address=127.0.0.1:8200"}, "--decider_address needs --records_dir"},
       {"streamer", {"--decider_address=nohostport"}, "--decider_address=nohostport"},
       {"worker", {"--backend=tpu"}, "tpu"},
