@@ -34,7 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "kernels/comm/communicator.h"
+#include "kernels/comm/group_control.h"
 #include "kernels/comm/shm_segment.h"
 
 namespace nq::kernels {
@@ -54,7 +54,7 @@ struct ShmCommunicatorOptions {
   const std::atomic<bool>* stop = nullptr;
 };
 
-class ShmCommunicator final : public Communicator {
+class ShmCommunicator final : public GroupControl {
  public:
   // Rank 0: creates the segment (replacing a stale object of that name left by a process that
   // died), mode 0600, state forming.
@@ -74,25 +74,25 @@ class ShmCommunicator final : public Communicator {
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
-  uint64_t generation() const;
+  uint64_t generation() const override;
   absl::Status AllReduceSum(Tensor& data) override;
   absl::Status AllGather(const Tensor& in, Tensor& out) override;
   absl::Status Broadcast(Tensor& data, int root) override;
   // Broadcast of raw bytes (the leader's step commands). The first round waits up to
   // `first_wait` (absl::InfiniteDuration(): as long as the peers live) instead of the timeout,
   // so a follower can idle in it between requests.
-  absl::Status BroadcastBytes(std::span<std::byte> data, int root, absl::Duration first_wait);
+  absl::Status BroadcastBytes(std::span<std::byte> data, int root, absl::Duration first_wait) override;
 
   // Rank 0: waits until every rank has joined (then the group is ready) or `timeout` passes
   // (DEADLINE_EXCEEDED naming the missing ranks). Ranks that die while joining free their slot.
-  absl::Status WaitForPeers(absl::Duration timeout);
+  absl::Status WaitForPeers(absl::Duration timeout) override;
   // Refusals written since the last call ("rank 1 (pid 123): ..."), for rank 0's log.
-  std::vector<std::string> TakeRefusals();
+  std::vector<std::string> TakeRefusals() override;
   // OK while the group is ready or forming and every joined peer lives; else why not (and the
   // group is then broken).
-  absl::Status PeersAlive();
+  absl::Status PeersAlive() override;
   // Breaks the group with `reason` (the first reason wins) and wakes every waiter.
-  void Break(absl::string_view reason);
+  void Break(absl::string_view reason) override;
 
  private:
   enum class Op : uint32_t { kAllReduceSum = 1, kAllGather = 2, kBroadcast = 3, kBroadcastBytes = 4 };

@@ -1,0 +1,397 @@
+// TcpCommunicator between real processes (fork): the collectives' results and bits (parts smaller
+// than the tensors), and every way a group fails: a peer that dies (mid-collective and while
+// idle), one that never arrives, one posting another collective, a rank breaking the group with
+// its reason, ranks refused for another world size, another identity or a rank already held, and
+// rank 0 forming a new group on the same port after one broke.
+#include "kernels/comm/tcp_communicator.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "tests/common/status_matchers.h"
+#include "tests/common/wait_until.h"
+
+namespace nq::kernels {
+namespace {
+
+using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::_;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr size_t kPartBytes = 256;  // 64 floats: the tests' 1000-element tensors go in 16 parts
+
+TcpCommunicatorOptions Options(const std::string& address, int rank, int world) {
+  return TcpCommunicatorOptions{.address = address, .rank = rank, .world_size = world, .part_bytes = kPartBytes,
+                                .timeout = absl::Seconds(30), .identity = "model=nano release=r1"};
+}
+
+absl::StatusOr<std::unique_ptr<TcpCommunicator>> Leader(int world, uint64_t generation = 1,
+                                                       const std::string& address = "127.0.0.1:0") {
+  return TcpCommunicator::Create(Options(address, 0, world), generation);
+}
+
+std::string AddressOf(const TcpCommunicator& leader) { return absl::StrCat("127.0.0.1:", leader.port()); }
+
+absl::Status AcceptAny(absl::string_view) { return absl::OkStatus(); }
+
+// Attaches as `rank`, retrying while there is nothing to join yet.
+absl::StatusOr<std::unique_ptr<TcpCommunicator>> AttachRetrying(const TcpCommunicatorOptions& options) {
+  for (int i = 0; i < 2000; ++i) {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = TcpCommunicator::Attach(options, AcceptAny);
+    if (comm.ok() || comm.status().code() != absl::StatusCode::kUnavailable) return comm;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return absl::DeadlineExceededError("never attached");
+}
+
+// Runs `body` in a child process; its return value is the child's exit code. The child never
+// returns into the test (it _exits), so it never touches the parent's objects' destructors.
+pid_t Fork(const std::function<int()>& body) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int code = 99;
+    code = body();
+    std::fflush(stderr);
+    _exit(code);
+  }
+  return pid;
+}
+
+// The child's exit code, or 128 + signal.
+int Reap(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// One-shot signal between the test and a child: "the group formed", "I joined".
+class Pipe {
+ public:
+  Pipe() { EXPECT_EQ(pipe(fds_), 0); }
+  ~Pipe() {
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  void Signal() { EXPECT_EQ(write(fds_[1], "x", 1), 1); }
+  bool Wait() {
+    char byte;
+    return read(fds_[0], &byte, 1) == 1;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+Tensor F32(Backend& backend, int64_t n) { return *backend.Allocate(DType::kF32, Shape{n}); }
+
+// The value rank r contributes at element i: not exactly representable sums, so the order of
+// the additions shows in the bits.
+float Value(int r, int64_t i) { return 0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i) / 7.0f; }
+
+// Every collective on one rank, checked against the rank-order sum; 0 when all match.
+int RunCollectives(TcpCommunicator& comm) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", {.cpu_threads = 1});
+  if (!backend.ok()) return 10;
+  const int W = comm.world_size();
+  const int64_t n = 1000;
+  Tensor t = F32(**backend, n);
+  for (int64_t i = 0; i < n; ++i) t.data_as<float>()[i] = Value(comm.rank(), i);
+  if (!comm.AllReduceSum(t).ok()) return 11;
+  for (int64_t i = 0; i < n; ++i) {
+    float want = 0.0f;
+    for (int r = 0; r < W; ++r) want += Value(r, i);
+    if (t.data_as<float>()[i] != want) {
+      std::fprintf(stderr, "rank %d: sum[%ld] = %.9g, want %.9g\n", comm.rank(), static_cast<long>(i),
+                   t.data_as<float>()[i], want);
+      return 12;
+    }
+  }
+  Tensor in = F32(**backend, n);
+  Tensor out = F32(**backend, n * W);
+  for (int64_t i = 0; i < n; ++i) in.data_as<float>()[i] = Value(comm.rank(), i);
+  if (!comm.AllGather(in, out).ok()) return 13;
+  for (int r = 0; r < W; ++r) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (out.data_as<float>()[r * n + i] != Value(r, i)) return 14;
+    }
+  }
+  for (int root : {0, W - 1}) {
+    for (int64_t i = 0; i < n; ++i) t.data_as<float>()[i] = Value(comm.rank(), i);
+    if (!comm.Broadcast(t, root).ok()) return 15;
+    for (int64_t i = 0; i < n; ++i) {
+      if (t.data_as<float>()[i] != Value(root, i)) return 16;
+    }
+  }
+  std::vector<std::byte> none;  // a command without payload still crosses
+  if (!comm.BroadcastBytes(none, 0, absl::Seconds(30)).ok()) return 17;
+  return 0;
+}
+
+TEST(TcpCommunicatorTest, CollectivesAcrossProcessesGiveRankOrderSums) {
+  for (int world : {2, 3}) {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = Leader(world);
+    ASSERT_THAT(leader, IsOk());
+    const std::string address = AddressOf(**leader);
+    std::vector<pid_t> children;
+    for (int r = 1; r < world; ++r) {
+      children.push_back(Fork([&, r] {
+        absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, r, world));
+        if (!comm.ok()) return 2;
+        if ((*comm)->generation() != 1) return 3;
+        return RunCollectives(**comm);
+      }));
+    }
+    ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+    EXPECT_EQ(RunCollectives(**leader), 0) << "world " << world;
+    for (pid_t child : children) EXPECT_EQ(Reap(child), 0) << "world " << world;
+  }
+}
+
+TEST(TcpCommunicatorTest, PeerThatDiesMidCollectiveFailsTheOthersPromptly) {
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader =
+      TcpCommunicator::Create([] { auto o = Options("127.0.0.1:0", 0, 2); o.timeout = absl::Seconds(60); return o; }(), 1);
+  ASSERT_THAT(leader, IsOk());
+  const std::string address = AddressOf(**leader);
+  Pipe formed;
+  const pid_t child = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 1, 2));
+    if (!comm.ok() || !formed.Wait()) return 2;
+    raise(SIGKILL);  // dies without arriving
+    return 3;
+  });
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  formed.Signal();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", {.cpu_threads = 1});
+  ASSERT_THAT(backend, IsOk());
+  Tensor t = F32(**backend, 16);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT((*leader)->AllReduceSum(t),
+              StatusIs(absl::StatusCode::kUnavailable, AllOf(HasSubstr("rank 1"), HasSubstr("left the group"))));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_EQ(Reap(child), 128 + SIGKILL);
+  // The group stays broken: later collectives fail at once with the same reason.
+  EXPECT_THAT((*leader)->AllReduceSum(t), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 1")));
+  EXPECT_THAT((*leader)->PeersAlive(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 1")));
+}
+
+TEST(TcpCommunicatorTest, FollowerIdlingForACommandLearnsTheLeaderDied) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  Pipe idling;
+  const pid_t child = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = Leader(2);
+    if (!comm.ok()) return 2;
+    const int port = (*comm)->port();
+    if (write(fds[1], &port, sizeof(port)) != sizeof(port)) return 4;
+    if (!(*comm)->WaitForPeers(absl::Seconds(60)).ok() || !idling.Wait()) return 2;
+    raise(SIGKILL);
+    return 3;
+  });
+  int port = 0;
+  ASSERT_EQ(read(fds[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  close(fds[0]);
+  close(fds[1]);
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> follower =
+      AttachRetrying(Options(absl::StrCat("127.0.0.1:", port), 1, 2));
+  ASSERT_THAT(follower, IsOk());
+  std::vector<std::byte> command(64);
+  idling.Signal();
+  EXPECT_THAT((*follower)->BroadcastBytes(command, 0, absl::InfiniteDuration()),
+              StatusIs(absl::StatusCode::kUnavailable, AllOf(HasSubstr("rank 0"), HasSubstr("left the group"))));
+  EXPECT_EQ(Reap(child), 128 + SIGKILL);
+  // Nobody listens there now.
+  EXPECT_THAT(TcpCommunicator::Attach(Options(absl::StrCat("127.0.0.1:", port), 1, 2), AcceptAny),
+              StatusIs(absl::StatusCode::kUnavailable, _));
+}
+
+TEST(TcpCommunicatorTest, PeerThatNeverArrivesTimesOutNamingIt) {
+  auto options = Options("127.0.0.1:0", 0, 2);
+  options.timeout = absl::Milliseconds(300);
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = TcpCommunicator::Create(options, 1);
+  ASSERT_THAT(leader, IsOk());
+  const std::string address = AddressOf(**leader);
+  Pipe done;
+  const pid_t child = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 1, 2));
+    if (!comm.ok()) return 2;
+    done.Wait();  // alive, but never calls the collective
+    return 0;
+  });
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", {.cpu_threads = 1});
+  Tensor t = F32(**backend, 16);
+  EXPECT_THAT((*leader)->AllReduceSum(t),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("rank 1 did not arrive")));
+  done.Signal();
+  EXPECT_EQ(Reap(child), 0);
+}
+
+TEST(TcpCommunicatorTest, RanksPostingDifferentCollectivesBothFail) {
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = Leader(2);
+  ASSERT_THAT(leader, IsOk());
+  const std::string address = AddressOf(**leader);
+  const pid_t child = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 1, 2));
+    if (!comm.ok()) return 2;
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", {.cpu_threads = 1});
+    Tensor t = F32(**backend, 32);  // rank 0 reduces 16 elements
+    const absl::Status s = (*comm)->AllReduceSum(t);
+    return s.code() == absl::StatusCode::kFailedPrecondition ? 0 : 4;
+  });
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", {.cpu_threads = 1});
+  Tensor t = F32(**backend, 16);
+  EXPECT_THAT((*leader)->AllReduceSum(t), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                   AllOf(HasSubstr("64 bytes"), HasSubstr("128 bytes"))));
+  EXPECT_EQ(Reap(child), 0);
+}
+
+TEST(TcpCommunicatorTest, ARanksBreakReachesEveryRankWithItsReason) {
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = Leader(3);
+  ASSERT_THAT(leader, IsOk());
+  const std::string address = AddressOf(**leader);
+  Pipe formed;
+  const pid_t breaker = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 1, 3));
+    if (!comm.ok() || !formed.Wait()) return 2;
+    (*comm)->Break("rank 1: step 7 could not be applied");
+    std::this_thread::sleep_for(std::chrono::seconds(2));  // still connected: the reason, not a hang-up
+    return 0;
+  });
+  const pid_t other = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 2, 3));
+    if (!comm.ok()) return 2;
+    std::vector<std::byte> command(16);
+    const absl::Status s = (*comm)->BroadcastBytes(command, 0, absl::InfiniteDuration());
+    return absl::StrContains(s.message(), "step 7 could not be applied") ? 0 : 5;
+  });
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  formed.Signal();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", {.cpu_threads = 1});
+  Tensor t = F32(**backend, 16);
+  EXPECT_THAT((*leader)->AllReduceSum(t), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("step 7")));
+  EXPECT_EQ(Reap(other), 0);
+  EXPECT_EQ(Reap(breaker), 0);
+}
+
+TEST(TcpCommunicatorTest, RefusesAnotherWorldSizeAnotherIdentityAndATakenRank) {
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = Leader(3);
+  ASSERT_THAT(leader, IsOk());
+  const std::string address = AddressOf(**leader);
+  // The leader admits ranks only while it waits for them: the joins run beside that wait.
+  absl::Status wrong_world, wrong_identity, taken;
+  std::string seen;
+  std::unique_ptr<TcpCommunicator> rank1;
+  std::thread joins([&] {
+    wrong_world = AttachRetrying(Options(address, 3, 4)).status();
+    wrong_identity = TcpCommunicator::Attach(Options(address, 1, 3), [&](absl::string_view identity) {
+                       seen = std::string(identity);
+                       return absl::FailedPreconditionError("release r2 differs from r1");
+                     }).status();
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> first = AttachRetrying(Options(address, 1, 3));
+    if (first.ok()) rank1 = *std::move(first);
+    taken = AttachRetrying(Options(address, 1, 3)).status();
+  });
+  EXPECT_THAT((*leader)->WaitForPeers(absl::Seconds(3)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("ranks 2 to join")));
+  joins.join();
+  EXPECT_THAT(wrong_world, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                    AllOf(HasSubstr("world size mismatch"), HasSubstr("3 ranks"), HasSubstr("with 4"))));
+  EXPECT_THAT(wrong_identity, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("release r2 differs")));
+  EXPECT_EQ(seen, "model=nano release=r1");
+  ASSERT_NE(rank1, nullptr);
+  EXPECT_THAT(taken, StatusIs(absl::StatusCode::kFailedPrecondition,
+                              AllOf(HasSubstr("rank 1 is held by"), HasSubstr(absl::StrCat("pid ", getpid())))));
+  const std::vector<std::string> refusals = (*leader)->TakeRefusals();
+  ASSERT_EQ(refusals.size(), 3u);
+  EXPECT_THAT(refusals[0], AllOf(HasSubstr("rank 3"), HasSubstr("world size mismatch")));
+  EXPECT_THAT(refusals[1], AllOf(HasSubstr("rank 1"), HasSubstr("release r2 differs")));
+  EXPECT_THAT(refusals[2], HasSubstr("rank 1 is held by"));
+  EXPECT_TRUE((*leader)->TakeRefusals().empty());
+  // Rank 1 that joined and left frees its place while the group forms.
+  rank1.reset();
+  std::unique_ptr<TcpCommunicator> again, rank2;
+  std::thread rejoin([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> a = AttachRetrying(Options(address, 1, 3));
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> b = AttachRetrying(Options(address, 2, 3));
+    if (a.ok()) again = *std::move(a);
+    if (b.ok()) rank2 = *std::move(b);
+  });
+  EXPECT_THAT((*leader)->WaitForPeers(absl::Seconds(30)), IsOk());
+  rejoin.join();
+  ASSERT_NE(again, nullptr);
+  ASSERT_NE(rank2, nullptr);
+  // The group formed: a newcomer gets no answer and is told to retry.
+  EXPECT_THAT(TcpCommunicator::Attach(Options(address, 2, 3), AcceptAny),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("formed already")));
+}
+
+TEST(TcpCommunicatorTest, LeaderFormsANewGroupOnTheSamePortAfterARankDied) {
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = Leader(2);
+  ASSERT_THAT(leader, IsOk());
+  const std::string address = AddressOf(**leader);
+  Pipe formed;
+  auto follower = [&](bool die) {
+    return Fork([&, die] {
+      absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 1, 2));
+      if (!comm.ok()) return 2;
+      if (!die) return (*comm)->generation() == 2 ? RunCollectives(**comm) : 3;
+      formed.Wait();
+      raise(SIGKILL);
+      return 3;
+    });
+  };
+  const pid_t dying = follower(true);
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  formed.Signal();
+  EXPECT_EQ(Reap(dying), 128 + SIGKILL);
+  EXPECT_TRUE(::nq::testing::WaitUntil([&] { return !(*leader)->PeersAlive().ok(); }));
+  EXPECT_THAT((*leader)->PeersAlive(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 1")));
+  leader->reset();
+  leader = Leader(2, 2, address);
+  ASSERT_THAT(leader, IsOk());
+  const pid_t restarted = follower(false);
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  EXPECT_EQ(RunCollectives(**leader), 0);
+  EXPECT_EQ(Reap(restarted), 0);
+}
+
+TEST(TcpCommunicatorTest, RejectsBadOptions) {
+  EXPECT_THAT(TcpCommunicator::Create(Options("nohostport", 0, 2), 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host:port")));
+  EXPECT_THAT(TcpCommunicator::Create(Options("127.0.0.1:0", 1, 2), 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 0")));
+  EXPECT_THAT(TcpCommunicator::Attach(Options("127.0.0.1:1", 2, 2), AcceptAny),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2 of world size 2")));
+  // A port nobody listens on: nothing to join yet.
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> held = Leader(2);
+  ASSERT_THAT(held, IsOk());
+  const std::string free_address = AddressOf(**held);
+  held->reset();
+  EXPECT_THAT(TcpCommunicator::Attach(Options(free_address, 1, 2), AcceptAny),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("rank 0 at")));
+  // The port taken by another listener.
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> first = Leader(2);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_THAT(TcpCommunicator::Create(Options(AddressOf(**first), 0, 2), 1),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
+}
+
+}  // namespace
+}  // namespace nq::kernels
