@@ -69,6 +69,14 @@ ABSL_FLAG(std::string, leader_address, "127.0.0.1:8100",
 ABSL_FLAG(std::string, tp_group, "",
           "Shared-memory name of the tensor-parallel group (default: nq-tp-<rank 0's gRPC port>); every rank "
           "of one group must use the same");
+ABSL_FLAG(std::string, tp_control, "shm",
+          "The tensor-parallel group's control channel (rendezvous, identity checks, step commands; on the cpu "
+          "backend also the model's collectives): shm, one host's shared memory; tcp, a connection from every "
+          "rank to rank 0 (--tp_control_port), so ranks may run on other hosts. Not encrypted: beyond loopback it "
+          "needs --allow_plaintext_internal and a private network");
+ABSL_FLAG(int, tp_control_port, 8190,
+          "--tp_control=tcp: rank 0 listens on --host at this port; the other ranks connect to the host of "
+          "--leader_address at it");
 ABSL_FLAG(double, tp_timeout_s, 60,
           "Tensor parallelism: a collective whose ranks do not all arrive within this many seconds fails the "
           "request and breaks the group (a dead rank is detected at once, not after this)");
@@ -253,6 +261,27 @@ absl::StatusOr<SlotGeometry> GeometryFromFlags(const release::ReleaseExpertDecod
   return geometry;
 }
 
+// The host the TCP control channel listens on (rank 0) or connects to (the others).
+std::string TpControlHost(int rank) {
+  if (rank == 0) return absl::GetFlag(FLAGS_host);
+  const std::string leader = absl::GetFlag(FLAGS_leader_address);
+  return leader.substr(0, leader.rfind(':'));
+}
+
+absl::Status CheckTpControlFlags(int rank) {
+  const std::string control = absl::GetFlag(FLAGS_tp_control);
+  if (control == "shm") return absl::OkStatus();
+  if (control != "tcp") return absl::InvalidArgumentError(absl::StrCat("--tp_control=", control, ": want shm or tcp"));
+  RETURN_IF_ERROR(CheckPortFlag("tp_control_port", absl::GetFlag(FLAGS_tp_control_port)));
+  // The channel carries step commands (and on the cpu backend every activation) in the clear.
+  if (const std::string host = TpControlHost(rank); !IsLoopbackHost(host) && !absl::GetFlag(FLAGS_allow_plaintext_internal)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--tp_control=tcp on ", host, " (beyond loopback) is not encrypted: pass --allow_plaintext_internal to run it "
+        "on a private network"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckFlags() {
   RETURN_IF_ERROR(CheckPortFlag("grpc_port", absl::GetFlag(FLAGS_grpc_port), true));
   RETURN_IF_ERROR(CheckPortFlag("metrics_port", absl::GetFlag(FLAGS_metrics_port), true));
@@ -282,6 +311,7 @@ absl::Status CheckFlags() {
   if (world > 1) {
     RETURN_IF_ERROR(CheckAddressFlag("leader_address", absl::GetFlag(FLAGS_leader_address)));
     RETURN_IF_ERROR(CheckPositiveSecondsFlag("tp_timeout_s", absl::GetFlag(FLAGS_tp_timeout_s)));
+    RETURN_IF_ERROR(CheckTpControlFlags(rank));
     if (absl::GetFlag(FLAGS_model).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("--world_size=", world, " needs --model (ranks shard a model)"));
     }
@@ -373,6 +403,9 @@ absl::StatusOr<TpGroupOptions> TpOptions(const std::string& model_id, const rele
   options.data_plane = data_plane;
   ASSIGN_OR_RETURN(options.shm_name, TpGroupName());
   options.rank = absl::GetFlag(FLAGS_rank);
+  if (absl::GetFlag(FLAGS_tp_control) == "tcp") {
+    options.tcp_address = absl::StrCat(TpControlHost(options.rank), ":", absl::GetFlag(FLAGS_tp_control_port));
+  }
   options.collective_timeout = absl::Seconds(absl::GetFlag(FLAGS_tp_timeout_s));
   options.stop = stop;
   TpIdentity& id = options.identity;

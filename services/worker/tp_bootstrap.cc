@@ -122,13 +122,13 @@ absl::Status CheckTpBootstrap(const TpBootstrap& got, const TpBootstrapExpectati
   return absl::OkStatus();
 }
 
-absl::Status SendTpBootstrap(kernels::ShmCommunicator& control, const TpBootstrap& bootstrap, absl::Duration timeout) {
+absl::Status SendTpBootstrap(kernels::GroupControl& control, const TpBootstrap& bootstrap, absl::Duration timeout) {
   if (control.rank() != 0) return absl::InvalidArgumentError("only rank 0 sends the bootstrap");
   std::vector<std::byte> bytes = EncodeTpBootstrap(bootstrap);
   return control.BroadcastBytes(bytes, 0, timeout);
 }
 
-absl::StatusOr<TpBootstrap> ReceiveTpBootstrap(kernels::ShmCommunicator& control, TpBootstrapExpectation want,
+absl::StatusOr<TpBootstrap> ReceiveTpBootstrap(kernels::GroupControl& control, TpBootstrapExpectation want,
                                                absl::Duration timeout) {
   if (control.rank() == 0) return absl::InvalidArgumentError("rank 0 sends the bootstrap; it does not receive one");
   std::vector<std::byte> bytes(kTpBootstrapBytes);

@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/comm/nccl_communicator.h"
-#include "kernels/comm/shm_communicator.h"
+#include "kernels/comm/group_control.h"
 
 namespace nq::worker {
 
@@ -32,7 +32,7 @@ absl::string_view TpTransportName(TpTransport transport);
 struct TpBootstrap {
   TpTransport transport = TpTransport::kNccl;
   uint32_t world_size = 0;
-  uint64_t generation = 0;    // the control group's generation (ShmCommunicator::generation)
+  uint64_t generation = 0;    // the control group's generation (GroupControl::generation)
   int32_t nccl_version = 0;   // ncclGetVersion() of rank 0's library
   kernels::NcclUniqueId id{};  // opaque: ncclGetUniqueId's bytes
 };
@@ -56,11 +56,11 @@ struct TpBootstrapExpectation {
 absl::Status CheckTpBootstrap(const TpBootstrap& got, const TpBootstrapExpectation& want);
 
 // Rank 0: sends `bootstrap` to every rank of `control` (a formed group).
-absl::Status SendTpBootstrap(kernels::ShmCommunicator& control, const TpBootstrap& bootstrap, absl::Duration timeout);
+absl::Status SendTpBootstrap(kernels::GroupControl& control, const TpBootstrap& bootstrap, absl::Duration timeout);
 // Rank > 0: receives rank 0's bootstrap and checks it against `want` (the generation is the
 // control group's). A record that fails to decode or check breaks the group with the reason
 // (rank 0 then fails its join at once rather than after a timeout) and is FAILED_PRECONDITION.
-absl::StatusOr<TpBootstrap> ReceiveTpBootstrap(kernels::ShmCommunicator& control, TpBootstrapExpectation want,
+absl::StatusOr<TpBootstrap> ReceiveTpBootstrap(kernels::GroupControl& control, TpBootstrapExpectation want,
                                                absl::Duration timeout);
 
 }  // namespace nq::worker

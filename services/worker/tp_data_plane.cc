@@ -14,7 +14,7 @@ namespace {
 
 // Breaks the control group when a join failed, so the other ranks' joins end too; the status
 // keeps its code with the rank prefixed.
-absl::Status JoinFailed(kernels::ShmCommunicator& control, const absl::Status& why) {
+absl::Status JoinFailed(kernels::GroupControl& control, const absl::Status& why) {
   const std::string reason =
       absl::StrCat("rank ", control.rank(), " could not join the collectives' transport: ", why.message());
   control.Break(reason);
@@ -24,7 +24,7 @@ absl::Status JoinFailed(kernels::ShmCommunicator& control, const absl::Status& w
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TpDataPlane>> LeadDataPlane(const TpDataPlaneFactory& factory,
-                                                           kernels::ShmCommunicator& control, absl::Duration timeout) {
+                                                           kernels::GroupControl& control, absl::Duration timeout) {
   if (!factory.new_id || !factory.join) return absl::InternalError("the data-plane factory is incomplete");
   TpBootstrap bootstrap{.transport = factory.transport,
                         .world_size = static_cast<uint32_t>(control.world_size()),
@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<TpDataPlane>> LeadDataPlane(const TpDataPlaneFact
 }
 
 absl::StatusOr<std::unique_ptr<TpDataPlane>> FollowDataPlane(const TpDataPlaneFactory& factory,
-                                                             kernels::ShmCommunicator& control,
+                                                             kernels::GroupControl& control,
                                                              absl::Duration timeout) {
   if (!factory.join) return absl::InternalError("the data-plane factory is incomplete");
   ASSIGN_OR_RETURN(const TpBootstrap bootstrap,
@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<TpDataPlane>> FollowDataPlane(const TpDataPlaneFa
   return plane;
 }
 
-TpWatchdog::TpWatchdog(kernels::ShmCommunicator* control, TpDataPlane* plane, absl::Duration interval)
+TpWatchdog::TpWatchdog(kernels::GroupControl* control, TpDataPlane* plane, absl::Duration interval)
     : control_(control), plane_(plane), interval_(interval) {
   thread_ = std::thread([this] { Watch(); });
 }

@@ -1,6 +1,6 @@
 // The transport a tensor-parallel group's model collectives run on, when it is not the group's
 // control channel itself. On the CPU backend the shared-memory segment carries both (no data
-// plane: the model's collectives run on the ShmCommunicator). On CUDA the collectives run over
+// plane: the model's collectives run on the group control, kernels/comm/group_control.h). On CUDA the collectives run over
 // NCCL on the worker's stream (services/worker/tp_nccl.h) while the segment stays the control
 // channel: rendezvous, identity checks, liveness and step commands (tp_leader.h says why).
 //
@@ -28,7 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/comm/communicator.h"
-#include "kernels/comm/shm_communicator.h"
+#include "kernels/comm/group_control.h"
 #include "services/common/metrics/registry.h"
 #include "services/worker/tp_bootstrap.h"
 
@@ -58,11 +58,11 @@ struct TpDataPlaneFactory {
 // Rank 0 of a formed control group: makes the bootstrap, sends it, joins. A failed join breaks
 // the control group (the followers stop waiting in theirs).
 absl::StatusOr<std::unique_ptr<TpDataPlane>> LeadDataPlane(const TpDataPlaneFactory& factory,
-                                                           kernels::ShmCommunicator& control, absl::Duration timeout);
+                                                           kernels::GroupControl& control, absl::Duration timeout);
 // Rank > 0 of a joined control group: receives and checks the bootstrap (FAILED_PRECONDITION
 // refusals, tp_bootstrap.h), joins. A failed join breaks the control group.
 absl::StatusOr<std::unique_ptr<TpDataPlane>> FollowDataPlane(const TpDataPlaneFactory& factory,
-                                                             kernels::ShmCommunicator& control,
+                                                             kernels::GroupControl& control,
                                                              absl::Duration timeout);
 
 // How often each rank's TpWatchdog looks at the ranks and the transport during a sequence (the
@@ -77,7 +77,7 @@ metrics::Histogram& TpStepCollectiveSeconds();
 // first failure aborts `plane` and breaks `control` with the reason, then stops. Both outlive it.
 class TpWatchdog {
  public:
-  TpWatchdog(kernels::ShmCommunicator* control, TpDataPlane* plane, absl::Duration interval);
+  TpWatchdog(kernels::GroupControl* control, TpDataPlane* plane, absl::Duration interval);
   ~TpWatchdog();  // stops the thread
   TpWatchdog(const TpWatchdog&) = delete;
   TpWatchdog& operator=(const TpWatchdog&) = delete;
@@ -85,7 +85,7 @@ class TpWatchdog {
  private:
   void Watch();
 
-  kernels::ShmCommunicator* const control_;
+  kernels::GroupControl* const control_;
   TpDataPlane* const plane_;
   const absl::Duration interval_;
   std::mutex mu_;

@@ -9,6 +9,7 @@
 #include "services/common/metrics/registry.h"
 #include "services/common/status_macros.h"
 #include "services/worker/step_command.h"
+#include "services/worker/tp_control.h"
 
 namespace nq::worker {
 namespace {
@@ -23,19 +24,14 @@ TpFollower::TpFollower(TpGroupOptions options, GroupCommunicator* group, model::
     : options_(std::move(options)), group_(group), model_(model), slots_(slots), on_joined_(std::move(on_joined)) {}
 
 absl::Status TpFollower::Run() {
-  const kernels::ShmCommunicatorOptions shm_options{.name = options_.shm_name,
-                                                    .rank = options_.rank,
-                                                    .world_size = options_.identity.world_size,
-                                                    .timeout = options_.collective_timeout,
-                                                    .stop = options_.stop};
   std::string last_wait;
   while (!(options_.stop != nullptr && options_.stop->load())) {
-    absl::StatusOr<std::unique_ptr<kernels::ShmCommunicator>> comm = kernels::ShmCommunicator::Attach(
-        shm_options, [this](absl::string_view leader) { return options_.identity.CheckAgainstLeader(leader); });
+    absl::StatusOr<std::unique_ptr<kernels::GroupControl>> comm = AttachGroupControl(
+        options_, [this](absl::string_view leader) { return options_.identity.CheckAgainstLeader(leader); });
     if (!comm.ok()) {
       if (comm.status().code() == absl::StatusCode::kFailedPrecondition) {
         return Annotate(comm.status(), absl::StrCat("rank ", options_.rank, " refused by tensor-parallel group ",
-                                                    options_.shm_name));
+                                                    GroupControlName(options_)));
       }
       if (comm.status().code() != absl::StatusCode::kUnavailable) return comm.status();
       if (comm.status().message() != last_wait) {
@@ -62,10 +58,10 @@ absl::Status TpFollower::Run() {
         if (joined_plane.status().code() == absl::StatusCode::kFailedPrecondition ||
             joined_plane.status().code() == absl::StatusCode::kInvalidArgument) {
           return Annotate(joined_plane.status(), absl::StrCat("rank ", options_.rank, " refused by tensor-parallel group ",
-                                                              options_.shm_name));
+                                                              GroupControlName(options_)));
         }
         spdlog::warn("rank {}: tensor-parallel group {} (generation {}): {}; waiting for the next", options_.rank,
-                     options_.shm_name, (*comm)->generation(), joined_plane.status().ToString());
+                     GroupControlName(options_), (*comm)->generation(), joined_plane.status().ToString());
         continue;
       }
       plane = *std::move(joined_plane);
@@ -73,7 +69,7 @@ absl::Status TpFollower::Run() {
     }
     group_->Set(plane != nullptr ? static_cast<kernels::Communicator*>(plane.get()) : comm->get());
     spdlog::info("rank {}: joined tensor-parallel group {} (generation {}) of {} ranks", options_.rank,
-                 options_.shm_name, (*comm)->generation(), options_.identity.world_size);
+                 GroupControlName(options_), (*comm)->generation(), options_.identity.world_size);
     on_joined_(true);
     const absl::Status why = Follow(**comm, plane.get());
     group_->Set(nullptr);
@@ -88,7 +84,7 @@ absl::Status TpFollower::Run() {
   return absl::OkStatus();
 }
 
-absl::Status TpFollower::Follow(kernels::ShmCommunicator& comm, TpDataPlane* plane) {
+absl::Status TpFollower::Follow(kernels::GroupControl& comm, TpDataPlane* plane) {
   std::vector<std::byte> header(kStepCommandHeaderBytes);
   for (;;) {
     // Between requests the leader sends nothing: wait as long as the group lives.

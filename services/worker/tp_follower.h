@@ -11,7 +11,7 @@
 #include <functional>
 
 #include "absl/status/status.h"
-#include "kernels/comm/shm_communicator.h"
+#include "kernels/comm/group_control.h"
 #include "services/model/model.h"
 #include "services/worker/group_communicator.h"
 #include "services/worker/tp_data_plane.h"
@@ -35,7 +35,7 @@ class TpFollower {
  private:
   // Runs the leader's commands until the group breaks; returns why. `plane`: the group's data
   // plane (null when the collectives run on `comm`).
-  absl::Status Follow(kernels::ShmCommunicator& comm, TpDataPlane* plane);
+  absl::Status Follow(kernels::GroupControl& comm, TpDataPlane* plane);
 
   const TpGroupOptions options_;
   GroupCommunicator* const group_;

@@ -1,5 +1,5 @@
 // Settings shared by the leader and the followers of a tensor-parallel group of worker
-// processes on one host (services/worker/tp_leader.h, tp_follower.h).
+// processes (services/worker/tp_leader.h, tp_follower.h).
 #pragma once
 
 #include <atomic>
@@ -14,6 +14,11 @@ namespace nq::worker {
 struct TpGroupOptions {
   // The group's shared-memory name ("/nq-tp-<leader gRPC port>" unless --tp_group names it).
   std::string shm_name;
+  // Empty: the group's control channel (rendezvous, identity, step commands; and the CPU
+  // backend's collectives) is the shared-memory object above, on one host. Set: TCP
+  // (kernels/comm/tcp_communicator.h), so ranks may run on other hosts: rank 0 listens on this
+  // host:port, the others connect to it.
+  std::string tcp_address;
   int rank = 0;
   TpIdentity identity;  // identity.world_size is the group's
   // A collective whose peers do not all arrive within this breaks the group (a stuck rank).

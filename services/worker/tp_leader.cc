@@ -8,6 +8,7 @@
 #include "services/common/metrics/buckets.h"
 #include "services/common/metrics/registry.h"
 #include "services/common/status_macros.h"
+#include "services/worker/tp_control.h"
 
 namespace nq::worker {
 namespace {
@@ -56,18 +57,18 @@ bool TpLeader::FormDataPlane() {
   absl::StatusOr<std::unique_ptr<TpDataPlane>> plane =
       LeadDataPlane(*options_.data_plane, *comm_, options_.collective_timeout);
   for (const std::string& refusal : comm_->TakeRefusals()) {
-    spdlog::error("tensor-parallel group {}: refused {}", options_.shm_name, refusal);
+    spdlog::error("tensor-parallel group {}: refused {}", GroupControlName(options_), refusal);
   }
   if (!plane.ok()) {
     SetWaitingFor(std::string(plane.status().message()));
-    spdlog::error("tensor-parallel group {} (generation {}): {}; forming a new one", options_.shm_name, generation_,
+    spdlog::error("tensor-parallel group {} (generation {}): {}; forming a new one", GroupControlName(options_), generation_,
                   plane.status().ToString());
     Dissolve();
     return false;
   }
   plane_ = *std::move(plane);
   watchdog_ = std::make_unique<TpWatchdog>(comm_.get(), plane_.get(), kDataPlaneWatch);
-  spdlog::info("tensor-parallel group {} (generation {}): collectives over {}", options_.shm_name, generation_,
+  spdlog::info("tensor-parallel group {} (generation {}): collectives over {}", GroupControlName(options_), generation_,
                std::string(TpTransportName(options_.data_plane->transport)));
   return true;
 }
@@ -89,28 +90,21 @@ void TpLeader::Manage() {
 void TpLeader::Tick() {
   const int world = options_.identity.world_size;
   if (comm_ == nullptr) {
-    absl::StatusOr<std::unique_ptr<kernels::ShmCommunicator>> created = kernels::ShmCommunicator::Create(
-        kernels::ShmCommunicatorOptions{.name = options_.shm_name,
-                                        .rank = 0,
-                                        .world_size = world,
-                                        .timeout = options_.collective_timeout,
-                                        .identity = options_.identity.Serialize(),
-                                        .stop = options_.stop},
-        ++generation_);
+    absl::StatusOr<std::unique_ptr<kernels::GroupControl>> created = CreateGroupControl(options_, ++generation_);
     if (!created.ok()) {
       SetWaitingFor(std::string(created.status().message()));
-      spdlog::error("tensor-parallel group {}: {}", options_.shm_name, created.status().ToString());
+      spdlog::error("tensor-parallel group {}: {}", GroupControlName(options_), created.status().ToString());
       absl::SleepFor(absl::Seconds(1));
       return;
     }
     comm_ = *std::move(created);
-    spdlog::info("tensor-parallel group {} (generation {}): waiting for ranks 1..{} to join", options_.shm_name,
+    spdlog::info("tensor-parallel group {} (generation {}): waiting for ranks 1..{} to join", GroupControlName(options_),
                  generation_, world - 1);
   }
   if (!ready_) {
     const absl::Status joined = comm_->WaitForPeers(kJoinSlice);
     for (const std::string& refusal : comm_->TakeRefusals()) {
-      spdlog::error("tensor-parallel group {}: refused {}", options_.shm_name, refusal);
+      spdlog::error("tensor-parallel group {}: refused {}", GroupControlName(options_), refusal);
     }
     if (joined.ok()) {
       if (options_.data_plane != nullptr && !FormDataPlane()) return;
@@ -123,22 +117,22 @@ void TpLeader::Tick() {
         broke_because_.clear();
       }
       group_->Set(plane_ != nullptr ? static_cast<kernels::Communicator*>(plane_.get()) : comm_.get());
-      spdlog::info("tensor-parallel group {} (generation {}) formed: {} ranks", options_.shm_name, generation_, world);
+      spdlog::info("tensor-parallel group {} (generation {}) formed: {} ranks", GroupControlName(options_), generation_, world);
       on_ready_(true);
       return;
     }
     SetWaitingFor(std::string(joined.message()));
     if (joined.code() != absl::StatusCode::kDeadlineExceeded) {
-      spdlog::warn("tensor-parallel group {}: {}; forming a new one", options_.shm_name, joined.ToString());
+      spdlog::warn("tensor-parallel group {}: {}; forming a new one", GroupControlName(options_), joined.ToString());
       comm_.reset();
     } else if (absl::Now() - last_waiting_log_ > kWaitingLogInterval) {
       last_waiting_log_ = absl::Now();
-      spdlog::info("tensor-parallel group {}: {}", options_.shm_name, std::string(joined.message()));
+      spdlog::info("tensor-parallel group {}: {}", GroupControlName(options_), std::string(joined.message()));
     }
     return;
   }
   if (const absl::Status alive = GroupAlive(); !alive.ok()) {
-    spdlog::error("tensor-parallel group {} (generation {}): {}; not serving until it re-forms", options_.shm_name,
+    spdlog::error("tensor-parallel group {} (generation {}): {}; not serving until it re-forms", GroupControlName(options_),
                   generation_, std::string(alive.message()));
     {
       absl::MutexLock why(&why_mu_);

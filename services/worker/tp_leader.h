@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "kernels/comm/shm_communicator.h"
+#include "kernels/comm/group_control.h"
 #include "services/worker/group_communicator.h"
 #include "services/worker/step_command.h"
 #include "services/worker/tp_group_options.h"
@@ -83,7 +83,7 @@ class TpLeader final : public StepMirror {
 
   std::mutex mu_;  // held by the manager for a pass, by a Lease for a sequence
   // Group state; torn down in this order by Dissolve (the watchdog watches the two others).
-  std::unique_ptr<kernels::ShmCommunicator> comm_;
+  std::unique_ptr<kernels::GroupControl> comm_;
   std::unique_ptr<TpDataPlane> plane_;  // with options_.data_plane only
   std::unique_ptr<TpWatchdog> watchdog_;
   bool ready_ = false;

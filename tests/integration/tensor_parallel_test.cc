@@ -192,6 +192,46 @@ TEST_F(TpWorkerProcessesTest, TwoAndFourRankGroupsGiveTheGreedyTokensOfOneRank) 
   ExpectSameAsOneRank(reference, 4);
 }
 
+// The group's control channel over TCP (--tp_control=tcp), as ranks on other hosts need: the
+// same greedy tokens as one rank, and a rank that dies fails the request and the group re-forms
+// once it is back.
+TEST_F(TpWorkerProcessesTest, RanksOverTcpGiveTheGreedyTokensOfOneRankAndReformAfterARankDies) {
+  const int control_port = NewPorts().grpc;
+  rank_extra_ = {"--tp_control=tcp", absl::StrCat("--tp_control_port=", control_port)};
+  StartTpCluster(1);
+  std::vector<Generated> reference;
+  for (const std::string& prompt : prompts_) {
+    reference.push_back(Generate(prompt, kGreedyTokens));
+    ASSERT_TRUE(reference.back().status.ok()) << reference.back().status.error_message();
+  }
+  StopCluster();
+  ExpectSameAsOneRank(reference, 4);
+
+  StartTpCluster(2);
+  EXPECT_THAT(worker_->Log(), HasSubstr(absl::StrCat("tcp 127.0.0.1:", control_port)));
+  std::optional<Generated> failed;
+  std::atomic<int> streamed{0};
+  std::thread client([&] { failed = Generate(prompts_[1], 400, std::chrono::seconds(120), &streamed); });
+  const bool decoding = WaitFor([&] { return streamed >= 5; }, std::chrono::seconds(60));
+  followers_[0].Signal(SIGKILL);
+  ASSERT_TRUE(followers_[0].WaitForExit(std::chrono::seconds(10)).ok());
+  client.join();
+  ASSERT_TRUE(decoding);
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_FALSE(failed->status.ok());
+  EXPECT_THAT(failed->status.error_message(), AllOf(HasSubstr("rank 1"), HasSubstr("left the group")));
+  EXPECT_TRUE(WaitFor([&] { return GrpcHealth(worker_ports_.grpc) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; },
+                      std::chrono::seconds(10)));
+  followers_[0] = StartFollower(1, 2);
+  ASSERT_TRUE(WaitServing(worker_ports_.grpc, std::chrono::seconds(60))) << worker_->Log() << followers_[0].Log();
+  ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(30)));
+  const Generated after = Generate(prompts_[0], kGreedyTokens);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message() << worker_->Log();
+  EXPECT_EQ(after.ids, reference[0].ids);
+  EXPECT_THAT(worker_->Log(), HasSubstr("generation 2) formed"));
+  StopCluster();
+}
+
 // MTP speculative decoding under tensor parallelism: the MTP layer is sharded like the others,
 // so rank 0 mirrors the drafter's forwards (step_command.h, kForwardMtpLast) and every rank runs
 // them. Two ranks drafting give one rank's greedy tokens, and drafts are accepted.
