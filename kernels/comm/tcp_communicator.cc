@@ -380,14 +380,20 @@ absl::Status TcpCommunicator::Fail(const absl::Status& status) {
   return BrokenStatus();
 }
 
-absl::Status TcpCommunicator::Send(int fd, Op op, std::span<const std::byte> payload) {
-  Peer* peer = nullptr;
-  for (const std::unique_ptr<Peer>& p : peers_) {
-    if (p != nullptr && p->fd == fd) peer = p.get();
-  }
-  if (peer == nullptr) return absl::UnavailableError("no connection to that rank");
+absl::Status TcpCommunicator::Send(int to, Op op, std::span<const std::byte> payload) {
+  Peer* peer = options_.rank == 0 ? peers_[static_cast<size_t>(to)].get() : peers_[0].get();
+  if (peer == nullptr || peer->fd < 0) return absl::UnavailableError(absl::StrCat("rank ", to, " left the group"));
   std::lock_guard<std::mutex> lock(peer->send_mu);
-  return WriteFrame(fd, static_cast<uint32_t>(op), payload, DeadlineAfter(options_.timeout), options_.stop);
+  absl::Status sent =
+      WriteFrame(peer->fd, static_cast<uint32_t>(op), payload, DeadlineAfter(options_.timeout), options_.stop);
+  if (absl::IsDeadlineExceeded(sent)) {
+    return absl::DeadlineExceededError(absl::StrCat("rank ", to, " did not take ", OpName(static_cast<uint32_t>(op)),
+                                                    " within ", absl::FormatDuration(options_.timeout)));
+  }
+  if (absl::IsUnavailable(sent)) {
+    return absl::UnavailableError(absl::StrCat("rank ", to, " left the group (", sent.message(), ")"));
+  }
+  return sent;
 }
 
 absl::Status TcpCommunicator::Receive(int fd, int from, Op op, std::span<std::byte> out, absl::Duration wait) {
@@ -527,7 +533,7 @@ absl::Status TcpCommunicator::AllReduceSum(Tensor& data) {
     const int64_t c = std::min(per_part, n - off);
     const auto part = std::as_writable_bytes(std::span<float>(d + off, static_cast<size_t>(c)));
     if (rank() != 0) {
-      if (absl::Status s = Send(Fd(0), Op::kAllReduceSum, part); !s.ok()) return Fail(s);
+      if (absl::Status s = Send(0, Op::kAllReduceSum, part); !s.ok()) return Fail(s);
       if (absl::Status s = Receive(Fd(0), 0, Op::kAllReduceSum, part, options_.timeout); !s.ok()) return Fail(s);
       continue;
     }
@@ -545,7 +551,7 @@ absl::Status TcpCommunicator::AllReduceSum(Tensor& data) {
     }
     std::copy(acc.begin(), acc.end(), d + off);
     for (int r = 1; r < world_size(); ++r) {
-      if (absl::Status s = Send(Fd(r), Op::kAllReduceSum, part); !s.ok()) return Fail(s);
+      if (absl::Status s = Send(r, Op::kAllReduceSum, part); !s.ok()) return Fail(s);
     }
   }
   return absl::OkStatus();
@@ -573,7 +579,7 @@ absl::Status TcpCommunicator::AllGather(const Tensor& in, Tensor& out) {
     const auto all = std::as_writable_bytes(std::span<float>(gathered));
     if (rank() != 0) {
       const auto mine = std::as_bytes(std::span<const float>(src + off, static_cast<size_t>(c)));
-      if (absl::Status s = Send(Fd(0), Op::kAllGather, mine); !s.ok()) return Fail(s);
+      if (absl::Status s = Send(0, Op::kAllGather, mine); !s.ok()) return Fail(s);
       if (absl::Status s = Receive(Fd(0), 0, Op::kAllGather, all, options_.timeout); !s.ok()) return Fail(s);
     } else {
       std::copy(src + off, src + off + c, gathered.begin());
@@ -582,7 +588,7 @@ absl::Status TcpCommunicator::AllGather(const Tensor& in, Tensor& out) {
         if (absl::Status s = Receive(Fd(r), r, Op::kAllGather, theirs, options_.timeout); !s.ok()) return Fail(s);
       }
       for (int r = 1; r < world; ++r) {
-        if (absl::Status s = Send(Fd(r), Op::kAllGather, all); !s.ok()) return Fail(s);
+        if (absl::Status s = Send(r, Op::kAllGather, all); !s.ok()) return Fail(s);
       }
     }
     for (int r = 0; r < world; ++r) {
@@ -616,10 +622,10 @@ absl::Status TcpCommunicator::BroadcastBytes(std::span<std::byte> data, int root
       }
       for (int r = 1; r < world_size(); ++r) {
         if (r == root) continue;
-        if (absl::Status s = Send(Fd(r), Op::kBroadcastBytes, part); !s.ok()) return Fail(s);
+        if (absl::Status s = Send(r, Op::kBroadcastBytes, part); !s.ok()) return Fail(s);
       }
     } else if (rank() == root) {
-      if (absl::Status s = Send(Fd(0), Op::kBroadcastBytes, part); !s.ok()) return Fail(s);
+      if (absl::Status s = Send(0, Op::kBroadcastBytes, part); !s.ok()) return Fail(s);
     } else {
       if (absl::Status s = Receive(Fd(0), 0, Op::kBroadcastBytes, part, wait); !s.ok()) return Fail(s);
     }

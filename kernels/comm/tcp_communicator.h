@@ -91,8 +91,9 @@ class TcpCommunicator final : public GroupControl {
   TcpCommunicator(TcpCommunicatorOptions options, uint64_t generation);
   // The connection to `rank` (rank 0: to that follower; a follower: to rank 0 whatever `rank`).
   int Fd(int rank) const;
-  // Sends one frame on `fd`; reads one expecting `op` and exactly `bytes` into `out`.
-  absl::Status Send(int fd, Op op, std::span<const std::byte> payload);
+  // Sends one frame to rank `to` (a follower: to rank 0); reads one from `fd` expecting `op` and
+  // exactly out.size() bytes into `out`. Errors name the peer.
+  absl::Status Send(int to, Op op, std::span<const std::byte> payload);
   absl::Status Receive(int fd, int from, Op op, std::span<std::byte> out, absl::Duration wait);
   // A failed send or receive: the group breaks with it (unless already broken), and the caller
   // gets the group's reason.

@@ -297,7 +297,7 @@ TEST_F(TpDynamicExpertsTest, RankZeroOnAnApplyingStreamerIsRefusedByName) {
   EXPECT_TRUE(WaitFor([&] { return applier_->Log().find("rank 0 registers with the deciding streamer") != std::string::npos; },
                       std::chrono::seconds(60)))
       << applier_->Log();
-  EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_peer_links_active"), 0);
+  // Rank 1 may link (it belongs there), but without rank 0 no group forms.
   EXPECT_THAT(streamer_->Log(), Not(HasSubstr("one loader decides")));
 }
 
