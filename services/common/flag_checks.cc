@@ -36,4 +36,17 @@ absl::Status CheckPositiveSecondsFlag(std::string_view flag, double seconds) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> GlobalRank(int node_rank, int ranks_per_node, int local_rank) {
+  if (node_rank < 0) return absl::InvalidArgumentError(absl::StrCat("--node_rank=", node_rank, ": want >= 0"));
+  if (ranks_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node_rank needs --ranks_per_node >= 1 (the ranks each node holds), not ", ranks_per_node));
+  }
+  if (local_rank < 0 || local_rank >= ranks_per_node) {
+    return absl::InvalidArgumentError(absl::StrCat("--rank=", local_rank, " with --node_rank: want the rank within the "
+                                                   "node, 0..", ranks_per_node - 1));
+  }
+  return node_rank * ranks_per_node + local_rank;
+}
+
 }  // namespace nq

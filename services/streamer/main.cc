@@ -87,6 +87,9 @@ ABSL_FLAG(std::string, decider_address, "",
           "spanning nodes: that streamer decides for the whole group and this one reads its node's ranks' records "
           "on its orders (docs/tp_streamers.md); empty: this streamer decides for the groups whose rank 0 registers "
           "here. Needs --records_dir (this node's copy of the release)");
+ABSL_FLAG(int, node_rank, -1,
+          "This node's place in a tensor-parallel group spanning nodes (e.g. a StatefulSet pod's index): node 0 "
+          "holds rank 0, so its streamer decides and --decider_address is ignored there; -1: not given");
 ABSL_FLAG(double, drain_timeout_s, 10, "On SIGTERM, seconds to let sessions close");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
@@ -131,6 +134,7 @@ absl::Status CheckFlags() {
   if (direct != "auto" && direct != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--direct_io=", direct, ": want auto or off"));
   }
+  if (absl::GetFlag(FLAGS_node_rank) < -1) return absl::InvalidArgumentError("--node_rank must be >= 0 (or -1)");
   if (const std::string decider = absl::GetFlag(FLAGS_decider_address); !decider.empty()) {
     RETURN_IF_ERROR(CheckAddressFlag("decider_address", decider));
     if (dir.empty()) {
@@ -220,11 +224,16 @@ absl::Status Run(ShutdownSignal& shutdown) {
   ASSIGN_OR_RETURN(std::optional<SlotLoaderOptions> loader_options, LoaderOptionsFromFlags(&release_id));
   WorkerRegistry workers(registry, release_id);
   ASSIGN_OR_RETURN(std::shared_ptr<const InternalTls> tls, InternalTlsFromFlags());
+  // The node holding rank 0 decides, whatever --decider_address says (one chart sets it on every node).
+  const std::string decider = absl::GetFlag(FLAGS_node_rank) == 0 ? "" : absl::GetFlag(FLAGS_decider_address);
   StreamerService service(&workers, registry, std::move(loader_options),
-                          StreamerPeerOptions{.decider_address = absl::GetFlag(FLAGS_decider_address), .tls = tls});
+                          StreamerPeerOptions{.decider_address = decider, .tls = tls});
   StreamerPeerService peer_service(&service);
-  if (!absl::GetFlag(FLAGS_decider_address).empty()) {
+  if (!decider.empty()) {
     spdlog::info("tensor-parallel groups: the streamer at {} decides; this one applies its orders to this node's ranks",
+                 decider);
+  } else if (!absl::GetFlag(FLAGS_decider_address).empty()) {
+    spdlog::info("node 0 (--node_rank=0): this streamer decides for its groups; --decider_address={} is not used",
                  absl::GetFlag(FLAGS_decider_address));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,

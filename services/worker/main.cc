@@ -59,7 +59,11 @@ ABSL_FLAG(std::string, metrics_host, "",
           "Address for /metrics and /health (default: --host); e.g. 0.0.0.0 for scrapes and probes from other hosts "
           "while gRPC stays on loopback");
 ABSL_FLAG(std::string, streamer_address, "127.0.0.1:8200", "host:port of nq-streamer");
-ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker");
+ABSL_FLAG(int, rank, 0, "Tensor-parallel rank of this worker (with --node_rank: its rank within the node)");
+ABSL_FLAG(int, node_rank, -1,
+          "A group spanning nodes: this node's place (0 holds rank 0), e.g. a StatefulSet pod's index; the worker's "
+          "rank is then node_rank x --ranks_per_node + --rank. -1: --rank is the rank");
+ABSL_FLAG(int, ranks_per_node, 0, "With --node_rank: the ranks each node holds");
 ABSL_FLAG(int, world_size, 1,
           "Tensor-parallel world size: ranks 0..W-1 run as processes on one host (collectives over shared memory "
           "on the cpu backend, over NCCL on cuda, one GPU per rank: --gpu); rank 0 serves the router, the others "
@@ -538,7 +542,20 @@ absl::Status RunFollower(ShutdownSignal& shutdown, model::Model& model, GroupCom
   return absl::OkStatus();
 }
 
+// --node_rank: --rank names the rank within the node; from here on FLAGS_rank is the group's.
+absl::Status ResolveNodeRank() {
+  const int node = absl::GetFlag(FLAGS_node_rank);
+  if (node == -1) return absl::OkStatus();
+  const int local = absl::GetFlag(FLAGS_rank);
+  ASSIGN_OR_RETURN(int rank, GlobalRank(node, absl::GetFlag(FLAGS_ranks_per_node), local));
+  absl::SetFlag(&FLAGS_rank, rank);
+  spdlog::info("rank {} of the group: rank {} of node {} ({} ranks a node)", rank, local, node,
+               absl::GetFlag(FLAGS_ranks_per_node));
+  return absl::OkStatus();
+}
+
 absl::Status Run(ShutdownSignal& shutdown) {
+  RETURN_IF_ERROR(ResolveNodeRank());
   RETURN_IF_ERROR(CheckFlags());
   // Who may call this worker, settled before the (possibly long) model load: a bad certificate
   // or a plain-text address beyond loopback fails the start at once.

@@ -41,5 +41,17 @@ TEST(FlagChecksTest, Seconds) {
   EXPECT_FALSE(CheckPositiveSecondsFlag("drain_timeout_s", INFINITY).ok());
 }
 
+TEST(FlagChecksTest, GlobalRankOfANodesRank) {
+  EXPECT_EQ(*GlobalRank(0, 4, 0), 0);
+  EXPECT_EQ(*GlobalRank(0, 4, 3), 3);
+  EXPECT_EQ(*GlobalRank(1, 4, 0), 4);
+  EXPECT_EQ(*GlobalRank(2, 2, 1), 5);
+  EXPECT_THAT(GlobalRank(1, 4, 4).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0..3")));
+  EXPECT_THAT(GlobalRank(1, 4, -1).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0..3")));
+  EXPECT_THAT(GlobalRank(1, 0, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--ranks_per_node >= 1")));
+  EXPECT_THAT(GlobalRank(-1, 4, 0).status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--node_rank")));
+}
+
 }  // namespace
 }  // namespace nq

@@ -52,7 +52,25 @@ fi
   echo "without internalTls the workers must say --allow_plaintext_internal" >&2
   exit 1
 }
-node "$here/check_flags.mjs" "$2" "$3" "$4" "$work/default.yaml" "$work/2gpu.yaml" "$work/tls.yaml"
+# A group over two nodes (engine.nodes): a StatefulSet of one pod per node with 4 ranks each, a
+# headless Service naming pod 0 for the router, the other node's workers and its streamer
+# (check_manifests.mjs checks the flags that tie them together), engine-to-engine traffic admitted.
+"$helm" template nq "$chart" --namespace serving --values "$chart/ci/values-2gpu.yaml" \
+  --set engine.nodes=2 --set tensorParallelSize=8 --set internalTls.secretName=nq-internal-tls >"$work/2node.yaml"
+node "$here/check_manifests.mjs" "$NQ_ROOT" "$work/2node.yaml" 8 \
+  ServiceAccount=1 Service=3 Deployment=1 StatefulSet=1 ConfigMap=1 NetworkPolicy=1 ServiceMonitor=1 PrometheusRule=1
+# The streamer listens beyond loopback there, so it takes the TLS flags too (router, 4 workers, streamer).
+[[ $(grep -c -- '--tls_cert=/etc/nestquant/tls/tls.crt' "$work/2node.yaml") == 6 ]] || {
+  echo "engine.nodes=2: expected the TLS flags on the router, the 4 workers of a pod and its streamer" >&2
+  exit 1
+}
+# Without the TLS secret every service runs its links in plain text, each saying so once.
+"$helm" template nq "$chart" --namespace serving --values "$chart/ci/values-2gpu.yaml" \
+  --set engine.nodes=2 --set tensorParallelSize=8 >"$work/2node-plain.yaml"
+node "$here/check_manifests.mjs" "$NQ_ROOT" "$work/2node-plain.yaml" 8 \
+  ServiceAccount=1 Service=3 Deployment=1 StatefulSet=1 ConfigMap=1 NetworkPolicy=1 ServiceMonitor=1 PrometheusRule=1
+node "$here/check_flags.mjs" "$2" "$3" "$4" "$work/default.yaml" "$work/2gpu.yaml" "$work/tls.yaml" "$work/2node.yaml" \
+  "$work/2node-plain.yaml"
 
 # Bad values are refused at render time, naming the value.
 expect_refused() {
@@ -69,6 +87,10 @@ expect_refused "tensorParallelSize: Must be greater than or equal to 1" --set te
 expect_refused 'worker.backend must be one of the following: "cuda", "cpu"' --set worker.backend=rocm
 expect_refused "Additional property slotsPerLayr is not allowed" --set worker.slotsPerLayr=8
 expect_refused "worker.slotsPerLayer: Invalid type. Expected: integer" --set-string worker.slotsPerLayer=8
+expect_refused "tensorParallelSize 6 is not a multiple of engine.nodes 4" --set engine.nodes=4 --set tensorParallelSize=6
+expect_refused "engine.nodes above 1 needs worker.backend cuda" --set engine.nodes=2 --set tensorParallelSize=2 \
+  --set worker.backend=cpu
+expect_refused "more than 16 ranks a node" --set tensorParallelSize=32
 expect_refused "set model.existingClaim or model.hostPath" --set model.hostPath=
 expect_refused "set records.existingClaim or records.hostPath" --set records.hostPath=
 echo "helm template: all renders valid"

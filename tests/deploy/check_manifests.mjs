@@ -72,15 +72,16 @@ const canonical = (v) =>
 const byKind = (kind) => objects.filter((o) => o.kind === kind);
 const matches = (selector, labels) =>
   Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
-const podsOf = (selector) =>
-  byKind("Deployment").filter((d) => matches(selector, d.spec.template.metadata.labels));
+// Workloads with a pod template: Deployments, and the engine's StatefulSet (engine.nodes > 1).
+const workloads = () => [...byKind("Deployment"), ...byKind("StatefulSet")];
+const podsOf = (selector) => workloads().filter((d) => matches(selector, d.spec.template.metadata.labels));
 const containerPorts = (deployment) =>
   deployment.spec.template.spec.containers.flatMap((c) => c.ports ?? []);
 
 // Container rules: non-root, read-only root, health probes on a declared port: gRPC health, or
 // HTTP /health (which mirrors it) where the gRPC port is loopback-only or needs a client
 // certificate kubelet cannot present.
-for (const d of byKind("Deployment")) {
+for (const d of workloads()) {
   const pod = d.spec.template.spec;
   if (pod.securityContext?.runAsNonRoot !== true) fail(`${d.metadata.name}: pod may run as root`);
   if (pod.automountServiceAccountToken !== false) fail(`${d.metadata.name}: mounts a service account token`);
@@ -106,18 +107,51 @@ for (const d of byKind("Deployment")) {
   }
 }
 
-// The engine: the streamer and one worker per rank, each rank with its GPU (cuda backend).
-const engine = byKind("Deployment").find((d) => d.metadata.labels["app.kubernetes.io/component"] === "engine");
+// The engine: the streamer and one worker per rank, each rank with its GPU (cuda backend). With
+// several nodes, a StatefulSet of one pod per node holding tp / nodes ranks each, found through
+// a headless Service; pod 0 holds rank 0 and the deciding streamer.
+const engine = workloads().find((d) => d.metadata.labels["app.kubernetes.io/component"] === "engine");
+const nodes = engine?.kind === "StatefulSet" ? engine.spec.replicas : 1;
+const perNode = tp / nodes;
+const argOf = (c, flag) => c.args?.find((a) => a.startsWith(`--${flag}=`))?.slice(flag.length + 3);
+const nodeRankEnv = (c) =>
+  c.env?.some((e) => e.name === "NQ_NODE_RANK" &&
+    e.valueFrom?.fieldRef?.fieldPath === "metadata.labels['apps.kubernetes.io/pod-index']");
 if (!engine) {
-  fail("no engine Deployment");
+  fail("no engine Deployment or StatefulSet");
 } else {
   const pod = engine.spec.template.spec;
   const workers = pod.containers.filter((c) => c.name.startsWith("worker-"));
-  if (workers.length !== tp) fail(`engine: ${workers.length} workers for tensorParallelSize ${tp}`);
-  if (!pod.containers.some((c) => c.name === "streamer")) fail("engine: no streamer container");
+  if (!Number.isInteger(perNode)) fail(`engine: ${nodes} nodes do not divide tensorParallelSize ${tp}`);
+  if (workers.length !== perNode) fail(`engine: ${workers.length} workers a node for ${tp} ranks over ${nodes} nodes`);
+  const streamer = pod.containers.find((c) => c.name === "streamer");
+  if (!streamer) fail("engine: no streamer container");
   if (pod.shareProcessNamespace !== true) fail("engine: PID namespace not shared");
+  if (nodes > 1) {
+    const peers = byKind("Service").find((s) => s.metadata.name === engine.spec.serviceName);
+    if (!peers || peers.spec.clusterIP !== "None" || peers.spec.publishNotReadyAddresses !== true) {
+      fail(`engine: serviceName ${engine.spec.serviceName} is not a headless Service publishing unready pods`);
+    }
+    const leaderHost = `${engine.metadata.name}-0.${engine.spec.serviceName}.`;
+    const decider = argOf(streamer, "decider_address") ?? "";
+    if (!decider.startsWith(leaderHost) || !decider.endsWith(":8200") || argOf(streamer, "node_rank") !== "$(NQ_NODE_RANK)" ||
+        !nodeRankEnv(streamer)) {
+      fail(`engine/streamer: --decider_address=${decider} --node_rank=${argOf(streamer, "node_rank")}: not pod 0's streamer and this pod's index`);
+    }
+    const spread = pod.affinity?.podAntiAffinity?.requiredDuringSchedulingIgnoredDuringExecution?.[0];
+    if (spread?.topologyKey !== "kubernetes.io/hostname") fail("engine: pods are not spread one a node");
+    for (const c of workers) {
+      const leader = argOf(c, "leader_address") ?? "";
+      if (argOf(c, "node_rank") !== "$(NQ_NODE_RANK)" || argOf(c, "ranks_per_node") !== String(perNode) ||
+          !nodeRankEnv(c) || !leader.startsWith(leaderHost) || !leader.endsWith(":8100") ||
+          argOf(c, "tp_control") !== "tcp" ||
+          !workers[0].ports.some((p) => p.containerPort === Number(argOf(c, "tp_control_port")))) {
+        fail(`engine/${c.name}: --node_rank=${argOf(c, "node_rank")} --ranks_per_node=${argOf(c, "ranks_per_node")} --leader_address=${leader}`);
+      }
+    }
+  }
   workers.forEach((c, rank) => {
-    const arg = (flag) => c.args.find((a) => a.startsWith(`--${flag}=`))?.split("=")[1];
+    const arg = (flag) => argOf(c, flag);
     if (arg("rank") !== String(rank) || arg("world_size") !== String(tp)) {
       fail(`engine/${c.name}: --rank=${arg("rank")} --world_size=${arg("world_size")}`);
     }
@@ -133,7 +167,7 @@ if (!engine) {
 // Services: every targetPort names a container port of the pods they select.
 for (const s of byKind("Service")) {
   const pods = podsOf(s.spec.selector);
-  if (pods.length !== 1) fail(`Service ${s.metadata.name}: selects ${pods.length} Deployments`);
+  if (pods.length !== 1) fail(`Service ${s.metadata.name}: selects ${pods.length} workloads`);
   const ports = pods.flatMap(containerPorts);
   for (const p of s.spec.ports) {
     if (!ports.some((cp) => cp.name === p.targetPort || cp.containerPort === p.targetPort)) {
@@ -141,14 +175,17 @@ for (const s of byKind("Service")) {
     }
   }
 }
-// The router's --worker_address names the engine Service's gRPC port.
+// The router's --worker_address names the engine Service's gRPC port; with several nodes, pod 0's
+// name under the headless Service (the engine Service spreads over every node's pod).
 const router = byKind("Deployment").find((d) => d.metadata.labels["app.kubernetes.io/component"] === "router");
 if (router) {
   const address = router.spec.template.spec.containers[0].args.find((a) => a.startsWith("--worker_address="));
   const [host, port] = (address ?? "").split("=")[1]?.split(":") ?? [];
-  const svc = byKind("Service").find((s) => s.metadata.name === host);
-  if (!svc || !svc.spec.ports.some((p) => String(p.port) === port && p.targetPort === "worker-0-grpc")) {
-    fail(`router ${address}: not the engine Service's worker-0 gRPC port`);
+  const svcName = nodes > 1 && host?.startsWith(`${engine.metadata.name}-0.`) ? host.split(".")[1] : host;
+  const svc = byKind("Service").find((s) => s.metadata.name === svcName);
+  if (!svc || !svc.spec.ports.some((p) => String(p.port) === port && p.targetPort === "worker-0-grpc") ||
+      (nodes > 1 && svc.spec.clusterIP !== "None")) {
+    fail(`router ${address}: not the engine's worker-0 gRPC port${nodes > 1 ? " on pod 0" : ""}`);
   }
 }
 
@@ -177,7 +214,7 @@ for (const sm of byKind("ServiceMonitor")) {
   const want = ["nq-router", "nq-streamer", "nq-worker"];
   if (want.some((j) => !jobs.has(j))) fail(`ServiceMonitor: jobs ${[...jobs]} lack one of ${want}`);
   const workerEndpoints = sm.spec.endpoints.filter((ep) => ep.port.startsWith("worker-")).length;
-  if (workerEndpoints !== tp) fail(`ServiceMonitor: ${workerEndpoints} worker endpoints for ${tp} ranks`);
+  if (workerEndpoints !== perNode) fail(`ServiceMonitor: ${workerEndpoints} worker endpoints for ${perNode} ranks a pod`);
 }
 
 // The chart's copies of deploy/ (through files/ links) are the same content.

@@ -72,6 +72,9 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"streamer", {"--records_dir=/nonexistent/records"}, "not a directory"},
       {"streamer", {"--log_level=loud"}, "--log_level"},
       {"worker", {"--rank=2", "--world_size=2"}, "0 <= rank < world_size"},
+      // A node's rank past its node's share, and a node's ranks beyond the world size.
+      {"worker", {"--node_rank=1", "--ranks_per_node=2", "--rank=2", "--world_size=4"}, "want the rank within the node, 0..1"},
+      {"worker", {"--node_rank=2", "--ranks_per_node=2", "--rank=1", "--world_size=4"}, "--rank=5 --world_size=4"},
       {"worker", {"--rank=1", "--world_size=2", "--tp_control=udp"}, "--tp_control=udp: want shm or tcp"},
       {"worker", {"--rank=1", "--world_size=2", "--tp_control=tcp", "--leader_address=10.1.2.3:8100"},
        "--tp_control=tcp on 10.1.2.3 (beyond loopback) is not encrypted"},

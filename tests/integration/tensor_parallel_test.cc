@@ -222,9 +222,11 @@ TEST_F(TpWorkerProcessesTest, RanksOverTcpGiveTheGreedyTokensOfOneRankAndReformA
   EXPECT_THAT(failed->status.error_message(), AllOf(HasSubstr("rank 1"), HasSubstr("left the group")));
   EXPECT_TRUE(WaitFor([&] { return GrpcHealth(worker_ports_.grpc) == grpc::health::v1::HealthCheckResponse::NOT_SERVING; },
                       std::chrono::seconds(10)));
-  followers_[0] = StartFollower(1, 2);
+  // Back as the chart starts a second node's first rank: rank 0 of node 1, one rank a node.
+  followers_[0] = StartFollower(1, 2, {"--node_rank=1", "--ranks_per_node=1", "--rank=0"});
   ASSERT_TRUE(WaitServing(worker_ports_.grpc, std::chrono::seconds(60))) << worker_->Log() << followers_[0].Log();
   ASSERT_TRUE(WaitServing(router_ports_.grpc, std::chrono::seconds(30)));
+  EXPECT_THAT(followers_[0].Log(), HasSubstr("rank 1 of the group: rank 0 of node 1"));
   const Generated after = Generate(prompts_[0], kGreedyTokens);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message() << worker_->Log();
   EXPECT_EQ(after.ids, reference[0].ids);

@@ -73,6 +73,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* Ports of worker rank r inside the engine pod (containers share its network namespace). */}}
+{{/* Ranks each engine pod holds. */}}
+{{- define "nestquant.ranksPerNode" -}}{{ div (int .Values.tensorParallelSize) (int .Values.engine.nodes) }}{{- end -}}
+{{/* The engine pods' headless Service (engine.nodes > 1): their stable DNS names. */}}
+{{- define "nestquant.enginePeers" -}}{{ include "nestquant.fullname" . }}-engine-peers{{- end -}}
+{{/* Engine pod 0 (rank 0, the deciding streamer) by its stable name (engine.nodes > 1). */}}
+{{- define "nestquant.engineLeaderHost" -}}
+{{ include "nestquant.fullname" . }}-engine-0.{{ include "nestquant.enginePeers" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}
+{{/* The pod's index in the engine StatefulSet (its node's place in the group), as NQ_NODE_RANK. */}}
+{{- define "nestquant.nodeRankEnv" -}}
+- name: NQ_NODE_RANK
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.labels['apps.kubernetes.io/pod-index']
+{{- end -}}
 {{- define "nestquant.workerGrpcPort" -}}{{ add 8100 (mul 2 .) }}{{- end -}}
 {{- define "nestquant.workerMetricsPort" -}}{{ add 8101 (mul 2 .) }}{{- end -}}
 
@@ -81,8 +96,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- if lt (int .Values.tensorParallelSize) 1 -}}
 {{- fail "values: tensorParallelSize must be at least 1" -}}
 {{- end -}}
-{{- if gt (int .Values.tensorParallelSize) 16 -}}
-{{- fail "values: tensorParallelSize above 16 does not fit one node's pod" -}}
+{{- $nodes := int .Values.engine.nodes -}}
+{{- if ne (mod (int .Values.tensorParallelSize) $nodes) 0 -}}
+{{- fail (printf "values: tensorParallelSize %d is not a multiple of engine.nodes %d (each node holds the same number of ranks)" (int .Values.tensorParallelSize) $nodes) -}}
+{{- end -}}
+{{- if gt (div (int .Values.tensorParallelSize) $nodes) 16 -}}
+{{- fail "values: more than 16 ranks a node (tensorParallelSize / engine.nodes) does not fit one node's pod" -}}
+{{- end -}}
+{{- if and (gt $nodes 1) (ne .Values.worker.backend "cuda") -}}
+{{- fail "values: engine.nodes above 1 needs worker.backend cuda (the cpu backend's ranks share one host's memory)" -}}
 {{- end -}}
 {{- if not (has .Values.worker.backend (list "cuda" "cpu")) -}}
 {{- fail "values: worker.backend must be cuda or cpu" -}}
