@@ -20,7 +20,8 @@
 # NQ_NODES=N (with NQ_TP a multiple of N) rehearses a group spanning N nodes on this machine: one
 # streamer per "node" (node n's gRPC on 8200+10n, metrics 8201+10n), node n's ranks registered with
 # its own; node 0's streamer decides for the group and the others read their ranks' records on its
-# orders (--decider_address; docs/tp_streamers.md).
+# orders (--decider_address; docs/tp_streamers.md). The ranks then talk to rank 0 over TCP
+# (--tp_control=tcp on 127.0.0.1:8190), as ranks on other hosts must.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 backend=${NQ_BACKEND:-cpu}
@@ -101,9 +102,11 @@ else
     metrics=8101
     ((r == 0)) || metrics=$((8110 + r))
     node=$((r / (tp / nodes)))
+    control=()
+    ((nodes == 1)) || control=(--tp_control=tcp --node_rank="$node" --ranks_per_node=$((tp / nodes)))
     "$bin/worker/nq-worker" --host=127.0.0.1 --backend=cpu --model="$model" --release="$release" \
-      --rank="$r" --world_size="$tp" --leader_address=127.0.0.1:8100 --metrics_port="$metrics" \
-      --streamer_address=127.0.0.1:$((8200 + 10 * node)) >"$log" 2>&1 &
+      --rank=$((r % (tp / nodes))) --world_size="$tp" --leader_address=127.0.0.1:8100 --metrics_port="$metrics" \
+      --streamer_address=127.0.0.1:$((8200 + 10 * node)) "${control[@]}" >"$log" 2>&1 &
     pids+=($!)
   done
 fi
