@@ -137,9 +137,16 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitAddress(absl::string_vi
   return std::make_pair(host, std::string(address.substr(colon + 1)));
 }
 
-void SetNoDelay(int fd) {
-  const int one = 1;
+// Small frames go at once (step commands are latency); keepalive probes notice a peer whose host
+// vanished without closing the connection (a follower idling for a command would wait forever):
+// after 10 s of silence, 3 probes 5 s apart.
+void SetSocketOptions(int fd) {
+  const int one = 1, idle = 10, interval = 5, count = 3;
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
 // Payload helpers: fixed-width integers, then a trailing string.
@@ -283,7 +290,7 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::Attach(
   if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0 || error != 0) {
     return absl::UnavailableError(absl::StrCat("rank 0 at ", options.address, ": ", std::strerror(error)));
   }
-  SetNoDelay(fd);
+  SetSocketOptions(fd);
   char host[256] = {};
   (void)gethostname(host, sizeof(host) - 1);
   std::vector<std::byte> hello;
@@ -430,7 +437,7 @@ absl::Status TcpCommunicator::Receive(int fd, int from, Op op, std::span<std::by
 void TcpCommunicator::Admit(int fd) {
   auto peer = std::make_unique<Peer>();
   peer->fd = fd;
-  SetNoDelay(fd);
+  SetSocketOptions(fd);
   const absl::Time deadline = absl::Now() + kHandshakeWait;
   absl::StatusOr<std::pair<FrameHeader, std::vector<std::byte>>> hello = ReadFrame(fd, deadline, options_.stop, 4096);
   if (!hello.ok() || hello->first.op != static_cast<uint32_t>(Op::kHello) || hello->second.size() < 12) return;
@@ -442,8 +449,8 @@ void TcpCommunicator::Admit(int fd) {
   const std::string who = absl::StrCat("rank ", rank, " (", peer->host, " pid ", peer->pid, ")");
   std::string refusal;
   if (world != static_cast<uint32_t>(options_.world_size)) {
-    refusal = absl::StrCat("world size mismatch: rank 0's group has ", options_.world_size, " ranks, ", who,
-                           " was started with ", world);
+    refusal = absl::StrCat("world size mismatch: rank 0's group has world size ", options_.world_size, ", ", who,
+                           " was started with world size ", world);
   } else if (rank < 1 || rank >= world) {
     refusal = absl::StrCat(who, " is not a rank of a group of ", world);
   } else if (const Peer* holder = peers_[rank].get(); holder != nullptr) {

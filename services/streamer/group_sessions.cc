@@ -42,6 +42,7 @@ absl::Status GroupSessions::Join(std::shared_ptr<RegisteredWorker> worker, const
     return loader.status();
   }
   group.loader = *std::move(loader);
+  group.stopping.reset();  // stopped: every rank that left waited for it before its session closed
   if (group.loader == nullptr) {
     spdlog::info("tensor-parallel group {}: all {} ranks have sessions; this streamer has no release, so they stay "
                  "at 2 bits",
@@ -59,7 +60,7 @@ absl::Status GroupSessions::Join(std::shared_ptr<RegisteredWorker> worker, const
 
 void GroupSessions::Leave(const std::string& tp_group, uint32_t rank, const std::string& worker_id) {
   std::shared_ptr<SlotLoader> loader;
-  std::vector<std::function<void()>> end_others;
+  std::vector<std::pair<uint32_t, std::string>> others;  // (rank, worker id) of the sessions to end
   {
     absl::MutexLock lock(&mu_);
     auto group = groups_.find(tp_group);
@@ -67,21 +68,34 @@ void GroupSessions::Leave(const std::string& tp_group, uint32_t rank, const std:
     auto member = group->second.members.find(rank);
     if (member == group->second.members.end() || member->second.worker->worker_id != worker_id) return;
     group->second.members.erase(member);
-    loader = std::move(group->second.loader);
-    if (loader != nullptr) {
-      for (const auto& [r, other] : group->second.members) {
-        if (other.end_session) end_others.push_back(other.end_session);
-      }
+    if (group->second.loader != nullptr) {
+      // The first rank to leave stops the loader and ends the others' sessions.
+      group->second.stopping = std::move(group->second.loader);
+      for (const auto& [r, other] : group->second.members) others.emplace_back(r, other.worker->worker_id);
     }
+    // Every leaving rank waits for the loader's stop (a rank leaving at the same time as another
+    // must not unmap its arena while the loader may still write it).
+    loader = group->second.stopping;
     if (group->second.members.empty()) groups_.erase(group);
   }
   if (loader == nullptr) return;
-  // The arena of this rank stays mapped until the loader is stopped: no write lands after.
-  loader->Stop();
+  loader->Stop();  // safe beside another rank's Stop: returns once the loader thread is gone
+  if (others.empty()) return;
   spdlog::info("tensor-parallel group {}: rank {}'s session ended; the group's loader stopped and its {} other "
                "sessions end, so every rank registers again with its current table",
-               tp_group, rank, end_others.size());
-  for (const std::function<void()>& end : end_others) end();
+               tp_group, rank, others.size());
+  // Under the lock, and only sessions still here: one that left meanwhile has returned, and its
+  // end callback (its RPC's context) must not be touched again.
+  absl::MutexLock lock(&mu_);
+  auto group = groups_.find(tp_group);
+  if (group == groups_.end()) return;
+  for (const auto& [r, id] : others) {
+    auto member = group->second.members.find(r);
+    if (member != group->second.members.end() && member->second.worker->worker_id == id &&
+        member->second.end_session) {
+      member->second.end_session();
+    }
+  }
 }
 
 std::shared_ptr<SlotLoader> GroupSessions::LoaderOf(const std::string& tp_group) const {

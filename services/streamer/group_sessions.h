@@ -55,7 +55,9 @@ class GroupSessions {
   absl::Status Join(std::shared_ptr<RegisteredWorker> worker, const nq::v1::SessionHello& hello,
                     SlotLoader::Send send, std::function<void()> end_session);
   // The session of `worker_id` ended: stops the group's loader (joined before this returns, so
-  // the caller may unmap the arena) and ends the other ranks' sessions.
+  // the caller may unmap the arena; a rank leaving while another's Leave stops it waits for that
+  // stop too) and ends the other ranks' sessions (those still open: never a session that has
+  // returned).
   void Leave(const std::string& tp_group, uint32_t rank, const std::string& worker_id);
 
   // Rank 0's reports feed the group's predictor; the other ranks' are dropped (false).
@@ -78,6 +80,8 @@ class GroupSessions {
     uint32_t world_size = 0;
     std::map<uint32_t, Member> members;  // by rank: the open sessions
     std::shared_ptr<SlotLoader> loader;  // while every rank has a session
+    // The loader the first leaving rank is stopping: every rank that leaves waits for its stop.
+    std::shared_ptr<SlotLoader> stopping;
   };
 
   std::shared_ptr<SlotLoader> LoaderOf(const std::string& tp_group) const;

@@ -291,6 +291,7 @@ void SlotLoader::SaveState() {
 }
 
 void SlotLoader::Stop() {
+  std::lock_guard<std::mutex> stopping(stop_mu_);
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;

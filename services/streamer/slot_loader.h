@@ -57,6 +57,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <set>
@@ -148,7 +149,8 @@ class SlotLoader {
   void OnUnmapAck(uint32_t rank, nq::v1::UnmapAck ack);
   // A remote member's answer to an order (an unknown load or rank is logged and ignored).
   void OnPeerLoaded(uint32_t rank, nq::v1::LoadResult result);
-  // Joins the thread; reads in flight are reaped and dropped. Idempotent.
+  // Joins the thread; reads in flight are reaped and dropped. Idempotent, and safe to call from
+  // several threads at once: each returns once the thread is gone.
   void Stop();
 
   // Counters for tests and logs.
@@ -278,6 +280,7 @@ class SlotLoader {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Stats stats_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
+  std::mutex stop_mu_;  // one Stop at a time (the join, the state save, the gauges)
 
   // Loader thread only.
   std::optional<Predictor> predictor_;
