@@ -5,58 +5,60 @@
 #include "kernels/comm/tcp_communicator.h"
 
 namespace nq::worker {
+namespace {
+
+template <typename Transport>
+absl::StatusOr<std::unique_ptr<kernels::GroupControl>> AsGroupControl(
+    absl::StatusOr<std::unique_ptr<Transport>> comm) {
+  if (!comm.ok()) return comm.status();
+  return std::unique_ptr<kernels::GroupControl>(*std::move(comm));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<kernels::GroupControl>> CreateGroupControl(const TpGroupOptions& options,
                                                                           uint64_t generation) {
   const int world = options.identity.world_size;
   const std::string identity = options.identity.Serialize();
   if (!options.tcp_address.empty()) {
-    absl::StatusOr<std::unique_ptr<kernels::TcpCommunicator>> comm = kernels::TcpCommunicator::Create(
+    return AsGroupControl(kernels::TcpCommunicator::Create(
         kernels::TcpCommunicatorOptions{.address = options.tcp_address,
                                         .rank = 0,
                                         .world_size = world,
                                         .timeout = options.collective_timeout,
                                         .identity = identity,
                                         .stop = options.stop},
-        generation);
-    if (!comm.ok()) return comm.status();
-    return std::unique_ptr<kernels::GroupControl>(*std::move(comm));
+        generation));
   }
-  absl::StatusOr<std::unique_ptr<kernels::ShmCommunicator>> comm = kernels::ShmCommunicator::Create(
+  return AsGroupControl(kernels::ShmCommunicator::Create(
       kernels::ShmCommunicatorOptions{.name = options.shm_name,
                                       .rank = 0,
                                       .world_size = world,
                                       .timeout = options.collective_timeout,
                                       .identity = identity,
                                       .stop = options.stop},
-      generation);
-  if (!comm.ok()) return comm.status();
-  return std::unique_ptr<kernels::GroupControl>(*std::move(comm));
+      generation));
 }
 
 absl::StatusOr<std::unique_ptr<kernels::GroupControl>> AttachGroupControl(
     const TpGroupOptions& options, const std::function<absl::Status(absl::string_view leader_identity)>& check_identity) {
   const int world = options.identity.world_size;
   if (!options.tcp_address.empty()) {
-    absl::StatusOr<std::unique_ptr<kernels::TcpCommunicator>> comm = kernels::TcpCommunicator::Attach(
+    return AsGroupControl(kernels::TcpCommunicator::Attach(
         kernels::TcpCommunicatorOptions{.address = options.tcp_address,
                                         .rank = options.rank,
                                         .world_size = world,
                                         .timeout = options.collective_timeout,
                                         .stop = options.stop},
-        check_identity);
-    if (!comm.ok()) return comm.status();
-    return std::unique_ptr<kernels::GroupControl>(*std::move(comm));
+        check_identity));
   }
-  absl::StatusOr<std::unique_ptr<kernels::ShmCommunicator>> comm = kernels::ShmCommunicator::Attach(
+  return AsGroupControl(kernels::ShmCommunicator::Attach(
       kernels::ShmCommunicatorOptions{.name = options.shm_name,
                                       .rank = options.rank,
                                       .world_size = world,
                                       .timeout = options.collective_timeout,
                                       .stop = options.stop},
-      check_identity);
-  if (!comm.ok()) return comm.status();
-  return std::unique_ptr<kernels::GroupControl>(*std::move(comm));
+      check_identity));
 }
 
 std::string GroupControlName(const TpGroupOptions& options) {
