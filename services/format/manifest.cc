@@ -66,8 +66,10 @@ absl::Status ValidateLayer(const ManifestLayer& l, uint32_t experts) {
 }  // namespace
 
 std::string UnsupportedVersionMessage(const std::string& file, uint32_t version) {
+  // Only manifests carry version 3 (rank indexes did not change with it).
   std::string message = absl::StrCat(file, ": format version ", version, " is not supported (this build reads ",
-                                     kFormatVersion, " and ", kLowRankFormatVersion, ")");
+                                     kFormatVersion,
+                                     file == kManifestFile ? absl::StrCat(" and ", kLowRankFormatVersion) : "", ")");
   // Version 1 releases have no per-record checksums, and serving them would hand out records
   // no one checked since the file was hashed once: re-encoding is the way forward.
   if (version < kFormatVersion) {

@@ -25,7 +25,7 @@ namespace nq::release {
 
 // What EncodeRelease's low-rank pass found, summed over every expert matrix it encoded.
 struct LowRankStats {
-  int64_t matrices = 0;       // encoded with a calibration Hessian
+  int64_t matrices = 0;       // expert matrices encoded
   int64_t with_outliers = 0;  // of those, with an outlier channel (fitted)
   int64_t kept = 0;           // of those, whose correction was kept
   // Hessian-weighted errors summed over the kept matrices, before and after the correction.
