@@ -154,6 +154,12 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   options.lowrank.rank = absl::GetFlag(FLAGS_lowrank_rank);
   options.lowrank.outlier_threshold = absl::GetFlag(FLAGS_lowrank_outlier_threshold);
   options.lowrank.min_gain = absl::GetFlag(FLAGS_lowrank_min_gain);
+  if (options.lowrank.rank == 0 && (options.lowrank.outlier_threshold != quant::LowRankOptions{}.outlier_threshold ||
+                                    options.lowrank.min_gain != quant::LowRankOptions{}.min_gain)) {
+    return ReportCommandStatus(command, absl::InvalidArgumentError(
+                                            "--lowrank_outlier_threshold and --lowrank_min_gain apply only with "
+                                            "--lowrank_rank 1..4"));
+  }
   release::LowRankStats lowrank_stats;
   options.lowrank_stats = &lowrank_stats;
   const std::string device = absl::GetFlag(FLAGS_device);
