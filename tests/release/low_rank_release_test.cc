@@ -301,6 +301,22 @@ TEST_F(LowRankReleaseTest, DamagedOrMisplacedFactorsAreRefusedByName) {
   EXPECT_THAT(LoadResidentFactors(*high_file, 0, "gate_proj", rows, cols, 4), IsOk());
 }
 
+TEST_F(LowRankReleaseTest, EncoderRefusesARankOutOfRangeOrWithoutCalibration) {
+  EncodeReleaseOptions options{.calibration_path = Dir("calib.safetensors")};
+  options.lowrank.rank = 5;
+  EXPECT_THAT(EncodeRelease(Dir("model"), Dir("refused"), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lowrank_rank 5 is outside [0, 4]")));
+  options = {};
+  options.lowrank.rank = 2;
+  EXPECT_THAT(EncodeRelease(Dir("model"), Dir("refused"), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a calibration")));
+  options.synthetic_seed = 1;
+  options.calibration_path = Dir("calib.safetensors");
+  EXPECT_THAT(EncodeRelease(Dir("model"), Dir("refused"), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("synthetic release")));
+  EXPECT_FALSE(fs::exists(Dir("refused"))) << "refused before anything is written";
+}
+
 TEST_F(LowRankReleaseTest, ManifestVersionAndLowRankParameterGoTogether) {
   absl::StatusOr<format::Release> release = format::Release::Open(Dir("lowrank"));
   ASSERT_THAT(release, IsOk());
