@@ -205,6 +205,45 @@ double WeightedError(std::span<const float> e, int64_t rows, int64_t cols, const
   return total;
 }
 
+double WeightedErrorAfter(std::span<const float> e, int64_t rows, int64_t cols, const Hessian* h, double error,
+                          std::span<const LowRankFactors* const> factors) {
+  // U (rows x r) and V (r x cols) of every pair side by side.
+  int r = 0;
+  for (const LowRankFactors* f : factors) r += f->rank;
+  if (r == 0) return error;
+  std::vector<double> u(static_cast<size_t>(rows * r)), v(static_cast<size_t>(r * cols));
+  int k0 = 0;
+  for (const LowRankFactors* f : factors) {
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int k = 0; k < f->rank; ++k) u[i * r + k0 + k] = f->u[i * f->rank + k];
+    }
+    for (int k = 0; k < f->rank; ++k) {
+      for (int64_t j = 0; j < cols; ++j) v[(k0 + k) * cols + j] = f->v[k * cols + j];
+    }
+    k0 += f->rank;
+  }
+  const std::vector<double> hv = HTimesVt(h, 0.0, v, cols, r);  // cols x r, undamped
+  double cross = 0;  // tr(U^T E H V^T)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* ei = e.data() + i * cols;
+    for (int k = 0; k < r; ++k) {
+      double acc = 0;
+      for (int64_t j = 0; j < cols; ++j) acc += ei[j] * hv[j * r + k];
+      cross += u[i * r + k] * acc;
+    }
+  }
+  double quadratic = 0;  // tr(U^T U V H V^T)
+  for (int a = 0; a < r; ++a) {
+    for (int b = 0; b < r; ++b) {
+      double utu = 0, vhv = 0;
+      for (int64_t i = 0; i < rows; ++i) utu += u[i * r + a] * u[i * r + b];
+      for (int64_t j = 0; j < cols; ++j) vhv += v[b * cols + j] * hv[j * r + a];
+      quadratic += utu * vhv;
+    }
+  }
+  return std::max(0.0, error - 2 * cross + quadratic);
+}
+
 namespace {
 void AccumulateLowRank(const LowRankFactors& f, std::span<float> w, float sign) {
   for (int64_t i = 0; i < f.rows; ++i) {

@@ -71,8 +71,13 @@ OutlierChannels FindOutlierChannels(const Hessian& h, double threshold);
 absl::StatusOr<LowRankFactors> FitLowRank(std::span<const float> e, int64_t rows, int64_t cols, const Hessian* h,
                                           int rank, double damping);
 
-// tr(E H E^T) (h null: ||E||^2), in double.
+// tr(E H E^T) (h null: ||E||^2), in double: a rows x cols^2 product.
 double WeightedError(std::span<const float> e, int64_t rows, int64_t cols, const Hessian* h);
+// tr((E - C) H (E - C)^T) for C the sum of `factors`, given `error` = WeightedError(e, ...):
+//   error - 2 tr(U^T E H V^T) + tr(U^T U V H V^T)   (U, V the factors side by side),
+// a (rows + cols) * cols * r product instead of rows * cols^2. Clamped at 0 against rounding.
+double WeightedErrorAfter(std::span<const float> e, int64_t rows, int64_t cols, const Hessian* h, double error,
+                          std::span<const LowRankFactors* const> factors);
 
 // w += U V for row-major w (rows x cols); empty factors add nothing. CHECK-free: sizes are the
 // caller's contract (ValidateLowRank).

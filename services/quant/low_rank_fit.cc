@@ -41,20 +41,23 @@ absl::StatusOr<CorrectionFit> FitCorrection(const Codec& codec, const EncodedMat
   Hessian rotated = *hessian;
   RETURN_IF_ERROR(RotateSymmetric(rotated.values, m.cols, m.params.rotation.col_block, m.params.rotation.col_sign_seed));
 
+  // Two full tr(E H E^T) products per matrix (rows x cols^2 each); the corrected errors come from
+  // them and the factors (WeightedErrorAfter).
   ASSIGN_OR_RETURN(std::vector<float> e2, RotatedError(codec, m, w, Precision::k2Bit));
   ASSIGN_OR_RETURN(LowRankFactors base, FitLowRank(e2, m.rows, m.cols, &rotated, options.rank, options.damping));
   fit.error2 = WeightedError(e2, m.rows, m.cols, &rotated);
-  SubtractLowRank(base, e2);
-  fit.error2_corrected = WeightedError(e2, m.rows, m.cols, &rotated);
+  const LowRankFactors* base_only[] = {&base};
+  fit.error2_corrected = WeightedErrorAfter(e2, m.rows, m.cols, &rotated, fit.error2, base_only);
 
   // The 4-bit level sees the base factors too (a READY slot applies both), so its factors fit
   // what is left of the 4-bit error after them.
   ASSIGN_OR_RETURN(std::vector<float> e4, RotatedError(codec, m, w, Precision::k4Bit));
   fit.error4 = WeightedError(e4, m.rows, m.cols, &rotated);
-  SubtractLowRank(base, e4);
-  ASSIGN_OR_RETURN(LowRankFactors residual, FitLowRank(e4, m.rows, m.cols, &rotated, options.rank, options.damping));
-  SubtractLowRank(residual, e4);
-  fit.error4_corrected = WeightedError(e4, m.rows, m.cols, &rotated);
+  std::vector<float> left = e4;
+  SubtractLowRank(base, left);
+  ASSIGN_OR_RETURN(LowRankFactors residual, FitLowRank(left, m.rows, m.cols, &rotated, options.rank, options.damping));
+  const LowRankFactors* both[] = {&base, &residual};
+  fit.error4_corrected = WeightedErrorAfter(e4, m.rows, m.cols, &rotated, fit.error4, both);
 
   if (fit.error2 > 0 && (fit.error2 - fit.error2_corrected) >= options.min_gain * fit.error2) {
     fit.correction = {.base = std::move(base), .residual = std::move(residual)};

@@ -92,6 +92,19 @@ TEST(LowRankTest, WeightedFitLowersTheOutputErrorOnPlantedOutlierChannels) {
               fit->error4_corrected / fit->error4);
   EXPECT_LT(fit->error2_corrected, 0.9 * fit->error2);
   EXPECT_LT(fit->error4_corrected, fit->error4);
+  // The corrected errors (WeightedErrorAfter's shortcut) are those of the corrected matrices.
+  for (Precision p : {Precision::k2Bit, Precision::k4Bit}) {
+    std::vector<float> e(w.size());
+    ASSERT_TRUE(codec.Decode(*m, p, e).ok());
+    for (size_t k = 0; k < e.size(); ++k) e[k] = w[k] - e[k];
+    ASSERT_TRUE(RotateMatrix(e, kRows, kCols, m->params.rotation).ok());
+    Hessian hr = h;
+    ASSERT_TRUE(RotateSymmetric(hr.values, kCols, m->params.rotation.col_block, m->params.rotation.col_sign_seed).ok());
+    SubtractLowRank(fit->correction.base, e);
+    if (p == Precision::k4Bit) SubtractLowRank(fit->correction.residual, e);
+    const double direct = WeightedError(e, kRows, kCols, &hr);
+    EXPECT_NEAR(p == Precision::k2Bit ? fit->error2_corrected : fit->error4_corrected, direct, 1e-6 * direct);
+  }
 
   // The same rank fitted without the Hessian (plain Frobenius) lowers the weighted error less.
   std::vector<float> e2(w.size());
