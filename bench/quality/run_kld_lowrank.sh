@@ -38,7 +38,7 @@ for rank in 0 $ranks; do
   grep "low-rank" "$release.encode.txt" || true
   for mode in all-2-bit fixed-set all-4-bit; do
     "$nq" kld --teacher "$model" --release "$release" --tokens "$tokens" --window $window --slots $slots \
-      --out "$release.$mode.json" --mode "$mode" > "$release.$mode.txt"
+      --out "$release.$mode.json" --mode "$mode" > "$release.$mode.txt" 2> "$release.$mode.log"
     echo "rank $rank $mode $(grep '^| all' "$release.$mode.txt") $(grep 'bits per weight' "$release.$mode.txt")"
   done
 done
