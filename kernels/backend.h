@@ -63,6 +63,10 @@ class Backend {
   virtual std::string_view name() const = 0;
   // Human-readable device, e.g. "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" or "cpu (16 threads)".
   virtual std::string DeviceDescription() const = 0;
+  // Whether NqMoe applies the low-rank corrections of kernels/nq_moe.h (issue #16). A backend that
+  // does not refuses a layer that has them (FailedPrecondition) rather than serving it without:
+  // the CPU reference applies them; the CUDA kernels do not yet.
+  virtual bool AppliesNqLowRank() const { return false; }
   // Unique per backend instance in this process; tensors carry it (Tensor::backend_id()).
   std::uint64_t id() const { return id_; }
 

@@ -26,6 +26,14 @@
 //                     The CUDA backend runs it on the prefill path (>= 16 tokens, hidden and
 //                     intermediate multiples of 64) and answers Unimplemented elsewhere until
 //                     the decode GEMV decodes tiles (kernels/cuda/trellis_tile.cuh).
+// Low-rank corrections (issue #16; services/quant/low_rank.h), where a layer has them
+// (NqMoeWeights::lowrank_rank = R > 0): a projection may add, in the rotated domain where its GEMV
+// runs, U_b (V_b v) at both precisions and U_r (V_r v) at 4 bits, v being the GEMV's rotated input:
+//   y' = diag(rs) Q diag(cs) v + U_b V_b v [+ U_r V_r v]
+// U_b [rows, R] and V_b [R, cols] are resident F32 (zero past an expert's own rank, all zero for an
+// expert without); U_r, V_r are read from the slot at the projection's lowrank_offset as fp16,
+// U_r [rows, R] then V_r [R, cols] (quant::PackLowRank). Backends that do not apply them say so
+// (Backend::AppliesNqLowRank) and refuse such a layer.
 // An expert runs at 4 bits exactly when slot_of_expert[e] names a slot (0 <= s < num_slots); its
 // residual planes are read in place from that slot of the arena, at each projection's
 // residual_offset. That choice is made per expert where the op runs (on the device for CUDA):
@@ -47,6 +55,8 @@ namespace nq::kernels {
 inline constexpr int kNqBaseLevels = 4;
 inline constexpr int kNqLevels4 = 16;
 inline constexpr int kNqLevelTable = kNqBaseLevels + kNqLevels4;
+// The largest low-rank correction rank (quant::kMaxLowRank).
+inline constexpr int kNqMaxLowRank = 4;
 
 // trellis_v1 keeps one (base gain, residual gain) pair per 16-column block of each matrix
 // (CodecParams::base_codebook[tj], residual_codebook[tj]); the pair is stored together so one
@@ -64,6 +74,12 @@ struct NqProjection {
   Tensor gains;       // trellis_v1: F32 [E, cols / 16, 2]: (base, residual) gain of block tj
   // Byte offset of this projection's residual plane (rows * cols / 4 bytes) inside a slot.
   std::int64_t residual_offset = 0;
+  // Low-rank corrections (above), set exactly when some expert of the layer corrects this
+  // projection: F32 [E, rows, R] and [E, R, cols], and the byte offset of the fp16 residual-level
+  // factors inside a slot (NqLowRankBytes bytes); otherwise empty tensors and -1.
+  Tensor lowrank_u;
+  Tensor lowrank_v;
+  std::int64_t lowrank_offset = -1;
 };
 
 // A random-sign Hadamard rotation: x -> blockdiag(H_block) diag(signs) x (hadamard.h).
@@ -80,6 +96,7 @@ struct NqMoeWeights {
   std::int64_t hidden = 0;
   std::int64_t intermediate = 0;
   std::int64_t num_experts = 0;
+  std::int64_t lowrank_rank = 0;  // R: the layer's low-rank max rank, 0 without corrections
   NqProjection gate;
   NqProjection up;
   NqProjection down;
@@ -101,6 +118,11 @@ struct NqSlots {
   std::int64_t slot_bytes = 0;
   std::int64_t num_slots = 0;
 };
+
+// Bytes of a projection's fp16 residual-level factors at rank R (quant::LowRankBytes).
+inline std::int64_t NqLowRankBytes(std::int64_t rows, std::int64_t cols, std::int64_t rank) {
+  return (rows + cols) * rank * 2;
+}
 
 // Bytes of a packed 2-bit plane of rows x cols codes.
 inline std::int64_t NqPlaneBytes(std::int64_t rows, std::int64_t cols) { return (rows * cols + 3) / 4; }

@@ -67,7 +67,30 @@ NqProjectionView View(const NqProjection& p) {
           .col_scales = p.col_scales.data_as<float>(),
           .levels = p.levels.valid() ? p.levels.data_as<float>() : nullptr,
           .gains = p.gains.valid() ? p.gains.data_as<float>() : nullptr,
-          .residual_offset = p.residual_offset};
+          .residual_offset = p.residual_offset,
+          .lowrank_u = p.lowrank_u.valid() ? p.lowrank_u.data_as<float>() : nullptr,
+          .lowrank_v = p.lowrank_v.valid() ? p.lowrank_v.data_as<float>() : nullptr,
+          .lowrank_offset = p.lowrank_u.valid() ? p.lowrank_offset : -1};
+}
+
+// A projection's low-rank factors (kernels/nq_moe.h): both tensors or neither, of the layer's rank,
+// only in a layer that has one, and the slot's fp16 factors inside the slot, 2-byte aligned.
+absl::Status CheckLowRank(const char* name, const NqProjection& p, std::int64_t E, std::int64_t rows,
+                          std::int64_t cols, std::int64_t R, const NqSlots& slots) {
+  if (!p.lowrank_u.valid() && !p.lowrank_v.valid()) return absl::OkStatus();
+  if (R == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " has low-rank factors but lowrank_rank is 0"));
+  }
+  RETURN_IF_ERROR(ExpectShape(absl::StrCat(name, ".lowrank_u"), p.lowrank_u, DType::kF32, Shape{E, rows, R}));
+  RETURN_IF_ERROR(ExpectShape(absl::StrCat(name, ".lowrank_v"), p.lowrank_v, DType::kF32, Shape{E, R, cols}));
+  if (slots.arena != nullptr &&
+      (p.lowrank_offset < 0 || p.lowrank_offset % 2 != 0 ||
+       p.lowrank_offset + NqLowRankBytes(rows, cols, R) > slots.slot_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " low-rank factors at offset ", p.lowrank_offset,
+                                                   " (", NqLowRankBytes(rows, cols, R), " bytes) do not fit a ",
+                                                   slots.slot_bytes, "-byte slot 2-byte aligned"));
+  }
+  return absl::OkStatus();
 }
 
 NqRotationView View(const NqRotation& r) { return {.signs = r.signs.data_as<float>(), .block = r.block}; }
@@ -84,6 +107,14 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
   if (w.codec != NqCodec::kNestedScalar && w.codec != NqCodec::kTrellis) {
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": codec ", static_cast<std::int32_t>(w.codec), " is neither nested_scalar_v1 nor trellis_v1"));
+  }
+  if (w.lowrank_rank < 0 || w.lowrank_rank > kNqMaxLowRank) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": lowrank_rank ", w.lowrank_rank, " is outside [0, ",
+                                                   kNqMaxLowRank, "]"));
+  }
+  if (w.lowrank_rank > 0 && !AppliesNqLowRank()) {
+    return absl::FailedPreconditionError(absl::StrCat(kOp, ": the ", std::string(name()),
+                                                      " backend does not apply low-rank corrections (issue #16)"));
   }
   if (D <= 0 || I <= 0 || E <= 0) {
     return absl::InvalidArgumentError(
@@ -106,6 +137,10 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
     RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".row_scales"), n.p->row_scales, DType::kF32, Shape{E, n.rows}));
     RETURN_IF_ERROR(ExpectShape(absl::StrCat(n.name, ".col_scales"), n.p->col_scales, DType::kF32, Shape{E, n.cols}));
     RETURN_IF_ERROR(CheckCodecTables(w.codec, n.name, *n.p, E, n.rows, n.cols));
+    RETURN_IF_ERROR(CheckLowRank(n.name, *n.p, E, n.rows, n.cols, w.lowrank_rank, slots));
+    for (const Tensor* t : {&n.p->lowrank_u, &n.p->lowrank_v}) {
+      if (t->valid()) RETURN_IF_ERROR(CheckOwned(kOp, n.name, *t));
+    }
     RETURN_IF_ERROR(CheckOwned(kOp, n.name, w.codec == NqCodec::kTrellis ? n.p->gains : n.p->levels));
     // Residual planes are read 4 bytes at a time by the CUDA kernels.
     if (slots.arena != nullptr &&
@@ -147,6 +182,7 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
                   .hidden = D,
                   .intermediate = I,
                   .num_experts = E,
+                  .lowrank_rank = w.lowrank_rank,
                   .x = x.data_as<float>(),
                   .expert_ids = expert_ids.data_as<std::int32_t>(),
                   .expert_weights = expert_weights.data_as<float>(),

@@ -21,6 +21,9 @@ struct NqProjectionView {
   const float* levels = nullptr;       // nested scalar: [E][kNqLevelTable]; else null
   const float* gains = nullptr;        // trellis: [E][cols / 16][2] (base, residual); else null
   std::int64_t residual_offset = 0;    // inside a slot
+  const float* lowrank_u = nullptr;    // [E][rows][R] or null (no correction in this projection)
+  const float* lowrank_v = nullptr;    // [E][R][cols] or null
+  std::int64_t lowrank_offset = -1;    // fp16 residual-level factors inside a slot, or -1
 };
 
 struct NqRotationView {
@@ -35,6 +38,7 @@ struct NqMoeParams {
   std::int64_t hidden = 0;        // D
   std::int64_t intermediate = 0;  // I
   std::int64_t num_experts = 0;   // E
+  std::int64_t lowrank_rank = 0;  // R, 0 without low-rank corrections
   const float* x = nullptr;                  // [T, D]
   const std::int32_t* expert_ids = nullptr;  // [T, K]; distinct within a token
   const float* expert_weights = nullptr;     // [T, K]

@@ -19,6 +19,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(int threads, bool float64_attention = false);
 
   std::string_view name() const override { return "cpu"; }
+  bool AppliesNqLowRank() const override { return true; }
   std::string DeviceDescription() const override;
   // CPU ops complete before they return.
   absl::Status Synchronize() override { return absl::OkStatus(); }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/dtype.h"
 #include "kernels/nq_moe.h"
 #include "services/quant/trellis_decode.h"
 
@@ -124,13 +125,46 @@ void TrellisGemv(const NqProjectionView& p, std::int64_t e, std::int64_t rows, s
   });
 }
 
-void Gemv(NqCodec codec, const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
-          const std::uint8_t* residual, const std::vector<float>& v, float* y, int threads) {
-  if (codec == NqCodec::kTrellis) {
+// y += U (V v) for one expert's rank-R factors (kernels/nq_moe.h): R dot products, then R axpys.
+// `load` reads element k of a factor array (resident F32, or a slot's fp16 bytes).
+template <typename LoadU, typename LoadV>
+void AddLowRank(LoadU load_u, LoadV load_v, std::int64_t rows, std::int64_t cols, std::int64_t R,
+                const std::vector<float>& v, float* y) {
+  double t[kNqMaxLowRank] = {};
+  for (std::int64_t k = 0; k < R; ++k) {
+    for (std::int64_t j = 0; j < cols; ++j) t[k] += static_cast<double>(load_v(k * cols + j)) * v[j];
+  }
+  for (std::int64_t i = 0; i < rows; ++i) {
+    double acc = 0;
+    for (std::int64_t k = 0; k < R; ++k) acc += static_cast<double>(load_u(i * R + k)) * t[k];
+    y[i] += static_cast<float>(acc);
+  }
+}
+
+float HalfAt(const std::uint8_t* bytes, std::int64_t k) {
+  return ToFloat(F16{static_cast<std::uint16_t>(bytes[2 * k] | bytes[2 * k + 1] << 8)});
+}
+
+// The projection's GEMV in the rotated domain, then its low-rank corrections where it has them:
+// the resident (base-level) factors always, the slot's (residual-level) factors at 4 bits.
+void Gemv(const NqMoeParams& params, const NqProjectionView& p, std::int64_t e, std::int64_t rows, std::int64_t cols,
+          std::int32_t slot, const std::vector<float>& v, float* y, int threads) {
+  const std::uint8_t* residual = NqResidualPlane(params, p, slot);
+  if (params.codec == NqCodec::kTrellis) {
     TrellisGemv(p, e, rows, cols, residual, v, y, threads);
   } else {
     ScalarGemv(p, e, rows, cols, residual, v, y, threads);
   }
+  const std::int64_t R = params.lowrank_rank;
+  if (R == 0 || p.lowrank_u == nullptr) return;
+  const float* u = p.lowrank_u + e * rows * R;
+  const float* vt = p.lowrank_v + e * R * cols;
+  AddLowRank([u](std::int64_t k) { return u[k]; }, [vt](std::int64_t k) { return vt[k]; }, rows, cols, R, v, y);
+  if (residual == nullptr || p.lowrank_offset < 0) return;
+  const std::uint8_t* factors = params.arena + slot * params.slot_bytes + p.lowrank_offset;
+  const std::uint8_t* v_bytes = factors + 2 * rows * R;
+  AddLowRank([factors](std::int64_t k) { return HalfAt(factors, k); },
+             [v_bytes](std::int64_t k) { return HalfAt(v_bytes, k); }, rows, cols, R, v, y);
 }
 
 }  // namespace
@@ -158,13 +192,13 @@ absl::Status NqMoe(const NqMoeParams& p, int threads) {
     for (std::int64_t k = 0; k < K; ++k) {
       const std::int32_t e = p.expert_ids[t * K + k];
       const std::int32_t slot = p.slot_of_expert[e];
-      Gemv(p.codec, p.gate, e, I, D, NqResidualPlane(p, p.gate, slot), xr, g.data(), threads);
-      Gemv(p.codec, p.up, e, I, D, NqResidualPlane(p, p.up, slot), xr, u.data(), threads);
+      Gemv(p, p.gate, e, I, D, slot, xr, g.data(), threads);
+      Gemv(p, p.up, e, I, D, slot, xr, u.data(), threads);
       Unrotate(g, p.gate_rows);
       Unrotate(u, p.gate_rows);
       for (std::int64_t j = 0; j < I; ++j) h[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
       Rotate(h, p.down_cols);
-      Gemv(p.codec, p.down, e, D, I, NqResidualPlane(p, p.down, slot), h, y.data(), threads);
+      Gemv(p, p.down, e, D, I, slot, h, y.data(), threads);
       const float w = p.expert_weights[t * K + k];
       for (std::int64_t i = 0; i < D; ++i) acc[i] += w * y[i];
     }

@@ -66,8 +66,10 @@ absl::Status ValidateLayer(const ManifestLayer& l, uint32_t experts) {
 }  // namespace
 
 std::string UnsupportedVersionMessage(const std::string& file, uint32_t version) {
+  // Only manifests carry version 3 (rank indexes did not change with it).
   std::string message = absl::StrCat(file, ": format version ", version, " is not supported (this build reads ",
-                                     kFormatVersion, ")");
+                                     kFormatVersion,
+                                     file == kManifestFile ? absl::StrCat(" and ", kLowRankFormatVersion) : "", ")");
   // Version 1 releases have no per-record checksums, and serving them would hand out records
   // no one checked since the file was hashed once: re-encoding is the way forward.
   if (version < kFormatVersion) {
@@ -83,7 +85,7 @@ absl::Status Manifest::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("manifest.json: format is '", format, "', expected '", kFormatName, "'"));
   }
-  if (version != kFormatVersion) {
+  if (version != kFormatVersion && version != kLowRankFormatVersion) {
     return absl::InvalidArgumentError(UnsupportedVersionMessage("manifest.json", version));
   }
   if (source_model.empty())
@@ -92,6 +94,13 @@ absl::Status Manifest::Validate() const {
   if (codec.empty()) return absl::InvalidArgumentError("manifest.json: codec.name is empty");
   if (!codec_params.is_object()) {
     return absl::InvalidArgumentError("manifest.json: codec.params must be an object");
+  }
+  // Corrections and version 3 go together: a version 2 reader must never meet them.
+  const bool lowrank = codec_params.contains(kLowRankParam);
+  if (lowrank != (version == kLowRankFormatVersion)) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest.json: version ", version, lowrank ? " has" : " lacks",
+                                                   " codec.params.", kLowRankParam, " (version ", kLowRankFormatVersion,
+                                                   " exactly when the experts carry low-rank corrections)"));
   }
   if (tp_size == 0) return absl::InvalidArgumentError("manifest.json: tp_size must be positive");
   if (experts_per_layer == 0) {
@@ -150,7 +159,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text) {
   // Format and version first: a newer release gets a version error, not a field error.
   ASSIGN_OR_RETURN(m.format, jf::String(json, "format", file));
   ASSIGN_OR_RETURN(m.version, jf::Uint32(json, "version", file));
-  if (m.format != kFormatName || m.version != kFormatVersion) {
+  if (m.format != kFormatName || (m.version != kFormatVersion && m.version != kLowRankFormatVersion)) {
     RETURN_IF_ERROR(m.Validate());
   }
   ASSIGN_OR_RETURN(m.source_model, jf::String(json, "source_model", file));

@@ -18,6 +18,14 @@ inline constexpr char kFormatName[] = "nestquant";
 // per-record sha256 to the rank indexes (issue #22): every record read is checked before it
 // can become READY.
 inline constexpr uint32_t kFormatVersion = 2;
+// Version 3 is version 2 plus low-rank corrections of the experts (issue #16): resident factors
+// per corrected expert matrix and a factor segment per projection in the records, announced by
+// codec.params.lowrank (kLowRankParam). Only a release that carries them is written as version 3,
+// so one without stays byte-identical to version 2, and a build that predates them refuses it by
+// its version instead of serving the experts without their corrections. Rank indexes stay at
+// kFormatVersion: their layout did not change.
+inline constexpr uint32_t kLowRankFormatVersion = 3;
+inline constexpr char kLowRankParam[] = "lowrank";
 
 // The error for a release of another format version; says what to do about an older one
 // (`file` is the file that carries the version, e.g. "manifest.json").

@@ -1,5 +1,6 @@
 #include "services/release/packed_experts.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "services/quant/nested_codebook.h"
 #include "services/quant/nested_scalar_codec.h"
 #include "services/quant/trellis_codec.h"
+#include "services/release/low_rank_io.h"
 #include "services/release/release_encoder.h"
 
 namespace nq::release {
@@ -22,7 +24,21 @@ struct HostProjection {
   std::vector<float> levels;  // nested_scalar_v1
   std::vector<float> gains;   // trellis_v1
   quant::RotationParams rotation;
+  // Base-level low-rank factors padded to the release's max rank R: [E][rows][R], [E][R][cols];
+  // empty when no expert of the layer corrects this projection.
+  std::vector<float> lowrank_u, lowrank_v;
 };
+
+// Appends expert e's base factors (rank <= R) zero-padded to R.
+void AppendPadded(const quant::LowRankFactors& f, int64_t R, HostProjection& h) {
+  const size_t u0 = h.lowrank_u.size(), v0 = h.lowrank_v.size();
+  h.lowrank_u.resize(u0 + static_cast<size_t>(f.rows * R), 0.0f);
+  h.lowrank_v.resize(v0 + static_cast<size_t>(R * f.cols), 0.0f);
+  for (int64_t i = 0; i < f.rows; ++i) {
+    for (int k = 0; k < f.rank; ++k) h.lowrank_u[u0 + i * R + k] = f.u[i * f.rank + k];
+  }
+  std::copy(f.v.begin(), f.v.end(), h.lowrank_v.begin() + static_cast<int64_t>(v0));
+}
 
 absl::StatusOr<kernels::NqCodec> PackedCodec(const std::string& codec) {
   if (codec == quant::kNestedScalarV1) return kernels::NqCodec::kNestedScalar;
@@ -70,8 +86,9 @@ absl::Status AppendGains(const quant::EncodedMatrix& m, const std::string& what,
 }
 
 absl::StatusOr<HostProjection> ReadProjection(const model::SafetensorsFile& resident, const std::string& codec,
-                                              uint32_t experts, const std::string& projection) {
+                                              uint32_t experts, const std::string& projection, int lowrank) {
   HostProjection h;
+  std::vector<quant::LowRankFactors> factors;
   for (uint32_t e = 0; e < experts; ++e) {
     ASSIGN_OR_RETURN(quant::EncodedMatrix m, LoadResidentExpert(resident, codec, e, projection));
     const std::string what = absl::StrCat(resident.path(), ": expert ", e, " ", projection);
@@ -101,13 +118,20 @@ absl::StatusOr<HostProjection> ReadProjection(const model::SafetensorsFile& resi
     } else {
       RETURN_IF_ERROR(AppendLevels(m.params, what, h.levels));
     }
+    if (lowrank > 0) {
+      ASSIGN_OR_RETURN(factors.emplace_back(), LoadResidentFactors(resident, e, projection, m.rows, m.cols, lowrank));
+    }
+  }
+  const bool any = std::any_of(factors.begin(), factors.end(), [](const quant::LowRankFactors& f) { return !f.empty(); });
+  if (any) {
+    for (const quant::LowRankFactors& f : factors) AppendPadded(f, lowrank, h);
   }
   return h;
 }
 
 absl::StatusOr<kernels::NqProjection> Upload(const HostProjection& h, int64_t experts,
                                              const format::RecordLayout& layout, const std::string& projection,
-                                             kernels::Backend& backend, int64_t& bytes) {
+                                             int64_t lowrank, kernels::Backend& backend, int64_t& bytes) {
   kernels::NqProjection p;
   ASSIGN_OR_RETURN(p.base, backend.Allocate(kernels::DType::kU8, kernels::Shape{experts, kernels::NqPlaneBytes(h.rows, h.cols)}));
   RETURN_IF_ERROR(backend.CopyFromHost(std::as_bytes(std::span<const uint8_t>(h.base)), p.base));
@@ -125,6 +149,24 @@ absl::StatusOr<kernels::NqProjection> Upload(const HostProjection& h, int64_t ex
                                             kernels::NqPlaneBytes(h.rows, h.cols)));
   }
   p.residual_offset = static_cast<int64_t>(segment.offset);
+  // The factor segment exists exactly where some expert's resident file carries factors (the
+  // encoder's rule): either without the other would leave one level's correction unapplied.
+  absl::StatusOr<format::Segment> factors = layout.Find(LowRankSegment(projection));
+  if (h.lowrank_u.empty() != !factors.ok()) {
+    return absl::DataLossError(absl::StrCat(projection, ": ", h.lowrank_u.empty() ? "no resident" : "resident",
+                                            " low-rank factors but ", factors.ok() ? "a" : "no", " '",
+                                            LowRankSegment(projection), "' record segment"));
+  }
+  if (!h.lowrank_u.empty()) {
+    if (static_cast<int64_t>(factors->bytes) != kernels::NqLowRankBytes(h.rows, h.cols, lowrank)) {
+      return absl::DataLossError(absl::StrCat(LowRankSegment(projection), " segment of ", factors->bytes,
+                                              " bytes, want ", kernels::NqLowRankBytes(h.rows, h.cols, lowrank)));
+    }
+    ASSIGN_OR_RETURN(p.lowrank_u, kernels::UploadFloats(backend, h.lowrank_u, kernels::DType::kF32, {experts, h.rows, lowrank}));
+    ASSIGN_OR_RETURN(p.lowrank_v, kernels::UploadFloats(backend, h.lowrank_v, kernels::DType::kF32, {experts, lowrank, h.cols}));
+    p.lowrank_offset = static_cast<int64_t>(factors->offset);
+    bytes += static_cast<int64_t>(p.lowrank_u.nbytes() + p.lowrank_v.nbytes());
+  }
   const kernels::Tensor& tables = h.gains.empty() ? p.levels : p.gains;
   bytes += static_cast<int64_t>(p.base.nbytes() + p.row_scales.nbytes() + p.col_scales.nbytes() + tables.nbytes());
   return p;
@@ -148,9 +190,17 @@ absl::StatusOr<model::PackedExperts> LoadPackedExperts(const ReleaseExpertDecode
   const uint32_t E = decoder.release().manifest().experts_per_layer;
   ASSIGN_OR_RETURN(const format::LayerEntry* entry, decoder.Layer(layer));
   ASSIGN_OR_RETURN(const model::SafetensorsFile* resident, decoder.Resident(layer));
-  ASSIGN_OR_RETURN(HostProjection gate, ReadProjection(*resident, codec, E, "gate_proj"));
-  ASSIGN_OR_RETURN(HostProjection up, ReadProjection(*resident, codec, E, "up_proj"));
-  ASSIGN_OR_RETURN(HostProjection down, ReadProjection(*resident, codec, E, "down_proj"));
+  const int lowrank = decoder.lowrank_max_rank();
+  ASSIGN_OR_RETURN(HostProjection gate, ReadProjection(*resident, codec, E, "gate_proj", lowrank));
+  ASSIGN_OR_RETURN(HostProjection up, ReadProjection(*resident, codec, E, "up_proj", lowrank));
+  ASSIGN_OR_RETURN(HostProjection down, ReadProjection(*resident, codec, E, "down_proj", lowrank));
+  const bool corrected = !gate.lowrank_u.empty() || !up.lowrank_u.empty() || !down.lowrank_u.empty();
+  if (corrected && !backend.AppliesNqLowRank()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layer ", layer, " of release ", decoder.release().dir(), " has experts with low-rank corrections (issue #16), which the ",
+        std::string(backend.name()), " backend's NqMoe kernels do not apply yet: serve it with --backend cpu, or re-encode without ",
+        "--lowrank_rank"));
+  }
   const quant::RotationParams& g = gate.rotation;
   const quant::RotationParams& u = up.rotation;
   if (up.rows != gate.rows || up.cols != gate.cols || u.row_block != g.row_block || u.col_block != g.col_block ||
@@ -167,9 +217,10 @@ absl::StatusOr<model::PackedExperts> LoadPackedExperts(const ReleaseExpertDecode
   w.intermediate = gate.rows;
   w.num_experts = E;
   int64_t& bytes = packed.packed_bytes;
-  ASSIGN_OR_RETURN(w.gate, Upload(gate, E, entry->layout, "gate_proj", backend, bytes));
-  ASSIGN_OR_RETURN(w.up, Upload(up, E, entry->layout, "up_proj", backend, bytes));
-  ASSIGN_OR_RETURN(w.down, Upload(down, E, entry->layout, "down_proj", backend, bytes));
+  w.lowrank_rank = corrected ? lowrank : 0;
+  ASSIGN_OR_RETURN(w.gate, Upload(gate, E, entry->layout, "gate_proj", lowrank, backend, bytes));
+  ASSIGN_OR_RETURN(w.up, Upload(up, E, entry->layout, "up_proj", lowrank, backend, bytes));
+  ASSIGN_OR_RETURN(w.down, Upload(down, E, entry->layout, "down_proj", lowrank, backend, bytes));
   ASSIGN_OR_RETURN(w.input, Rotation(g.col_sign_seed, w.hidden, g.col_block, backend, bytes));
   ASSIGN_OR_RETURN(w.gate_rows, Rotation(g.row_sign_seed, w.intermediate, g.row_block, backend, bytes));
   ASSIGN_OR_RETURN(w.down_cols, Rotation(down.rotation.col_sign_seed, w.intermediate, down.rotation.col_block, backend, bytes));

@@ -29,16 +29,26 @@
 #include "services/quant/trellis_codec.h"
 #include "services/quant/trellis_decode.h"
 #include "services/release/calibration.h"
+#include "services/release/low_rank_io.h"
 #include "services/release/ordered_work.h"
 
 namespace nq::release {
 namespace {
 
-// An expert's three encoded matrices, in kProjections' order.
-using ExpertMatrices = std::array<quant::EncodedMatrix, 3>;
-
 constexpr const char* kProjections[] = {"gate_proj", "up_proj", "down_proj"};
-static_assert(std::size(kProjections) == std::tuple_size_v<ExpertMatrices>);
+constexpr size_t kNumProjections = std::size(kProjections);
+
+// An expert's three encoded matrices and their low-rank fits (empty corrections without), in
+// kProjections' order.
+struct ExpertMatrices {
+  std::array<quant::EncodedMatrix, kNumProjections> matrices;
+  std::array<quant::CorrectionFit, kNumProjections> fits;
+};
+// One matrix as the encoder hands it on.
+struct EncodedExpertMatrix {
+  quant::EncodedMatrix matrix;
+  quant::CorrectionFit fit;
+};
 
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -166,6 +176,15 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
       ASSIGN_OR_RETURN(search, options.make_trellis_search());
     }
   }
+  const int lowrank = options.lowrank.rank;
+  if (lowrank < 0 || lowrank > quant::kMaxLowRank) {
+    return absl::InvalidArgumentError(absl::StrCat("--lowrank_rank ", lowrank, " is outside [0, ", quant::kMaxLowRank, "]"));
+  }
+  if (lowrank > 0 && (options.synthetic_seed.has_value() || options.calibration_path.empty())) {
+    return absl::InvalidArgumentError(
+        "--lowrank_rank needs a calibration (--calib): corrections go where its Hessians show outlier channels"
+        " (and a synthetic release has no weights to correct)");
+  }
   const int world = options.tp_size;
   const int64_t E = config.n_routed_experts, D = config.hidden_size, I = config.moe_intermediate_size;
   if (world < 1 || I % world != 0) {
@@ -218,6 +237,11 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
     manifest.codec_params["tile"] = quant::trellis::kTileDim;
     manifest.codec_params["tail_biting"] = true;
   }
+  if (lowrank > 0) {
+    manifest.version = format::kLowRankFormatVersion;
+    manifest.codec_params[format::kLowRankParam] =
+        LowRankManifestParams(lowrank, options.lowrank.outlier_threshold, options.lowrank.min_gain);
+  }
   std::vector<uint32_t> layers;
   for (int64_t l = 0; l < config.num_hidden_layers + config.num_nextn_predict_layers; ++l) {
     if (!config.IsMoeLayer(l)) continue;
@@ -232,7 +256,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   // nq encode's matrices: this rank's slice of the checkpoint's, LDLQ against calibration.
   auto encode_from_checkpoint = [&](const std::string& name, uint32_t layer, int rank, int64_t e, bool down,
                                     int64_t rows, int64_t cols,
-                                    const quant::EncodeOptions& encode) -> absl::StatusOr<quant::EncodedMatrix> {
+                                    const quant::EncodeOptions& encode) -> absl::StatusOr<EncodedExpertMatrix> {
     ASSIGN_OR_RETURN(model::FloatTensor w, model::LoadFloat32(*checkpoint, name));
     std::vector<float> slice = Slice(w, /*split_rows=*/!down, rank, world);
     // LDLQ against the expert's calibration Hessian (this rank's slice of the down input).
@@ -253,7 +277,11 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         }
       }
     }
-    return codec->Encode(slice, rows, cols, hessian.has_value() ? &*hessian : nullptr, encode);
+    const quant::Hessian* h = hessian.has_value() ? &*hessian : nullptr;
+    EncodedExpertMatrix out;
+    ASSIGN_OR_RETURN(out.matrix, codec->Encode(slice, rows, cols, h, encode));
+    ASSIGN_OR_RETURN(out.fit, quant::FitCorrection(*codec, out.matrix, slice, h, options.lowrank));
+    return out;
   };
   std::map<std::string, quant::EncodedMatrix> templates;  // synthetic: one per projection
 
@@ -288,13 +316,18 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
                              .col_block = down ? down_in_block : in_block,
                              .row_sign_seed = ml.rotation.sign_seed * 31 + 1,
                              .col_sign_seed = ml.rotation.sign_seed * 31 + 2};
-          absl::StatusOr<quant::EncodedMatrix> m =
-              options.synthetic_seed.has_value()
-                  ? SyntheticMatrix(*codec, rows, cols, encode, *options.synthetic_seed,
-                                    {layer, static_cast<uint32_t>(rank), static_cast<uint32_t>(e), proj}, templates)
-                  : encode_from_checkpoint(name, layer, rank, e, down, rows, cols, encode);
+          if (options.synthetic_seed.has_value()) {
+            absl::StatusOr<quant::EncodedMatrix> m =
+                SyntheticMatrix(*codec, rows, cols, encode, *options.synthetic_seed,
+                                {layer, static_cast<uint32_t>(rank), static_cast<uint32_t>(e), proj}, templates);
+            if (!m.ok()) return Annotate(m.status(), name);
+            out.matrices[i] = *std::move(m);
+            continue;
+          }
+          absl::StatusOr<EncodedExpertMatrix> m = encode_from_checkpoint(name, layer, rank, e, down, rows, cols, encode);
           if (!m.ok()) return Annotate(m.status(), name);
-          out[i] = *std::move(m);
+          out.matrices[i] = std::move(m->matrix);
+          out.fits[i] = std::move(m->fit);
         }
         return out;
       };
@@ -303,18 +336,31 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
         return encode_expert(e, searches[static_cast<size_t>(worker)].get());
       });
 
+      // Every expert first: which projections carry a correction in some expert decides the
+      // layer's record layout, which all its records share.
+      std::vector<ExpertMatrices> experts;
+      experts.reserve(static_cast<size_t>(E));
+      std::array<bool, kNumProjections> corrected{};
+      for (int64_t e = 0; e < E; ++e) {
+        ASSIGN_OR_RETURN(ExpertMatrices matrices, pipeline.Take(e));
+        for (size_t i = 0; i < kNumProjections; ++i) corrected[i] |= !matrices.fits[i].correction.empty();
+        experts.push_back(std::move(matrices));
+        ++progress.done;
+        progress.work += weights_per_expert;
+        if (options.progress) options.progress(progress);
+      }
       model::SafetensorsWriter resident;
       std::vector<std::vector<std::byte>> records;
       std::optional<format::RecordLayout> layout;
       for (int64_t e = 0; e < E; ++e) {
-        ASSIGN_OR_RETURN(ExpertMatrices matrices, pipeline.Take(e));
-        std::vector<std::vector<uint8_t>> residuals;
+        ExpertMatrices& matrices = experts[static_cast<size_t>(e)];
+        std::vector<std::vector<uint8_t>> segments;
         std::vector<format::SegmentSpec> specs;
-        for (size_t i = 0; i < std::size(kProjections); ++i) {
+        for (size_t i = 0; i < kNumProjections; ++i) {
           const char* proj = kProjections[i];
           const bool down = std::string(proj) == "down_proj";
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
-          quant::EncodedMatrix* m = &matrices[i];
+          quant::EncodedMatrix* m = &matrices.matrices[i];
           const std::string key = absl::StrCat("experts.", e, ".", proj);
           RETURN_IF_ERROR(resident.Add(key + ".base", model::DType::kU8, {static_cast<int64_t>(m->base_codes.size())},
                                        Bytes(m->base_codes)));
@@ -333,21 +379,51 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
           std::vector<std::byte> rotation_bytes(sizeof(rotation));
           std::memcpy(rotation_bytes.data(), rotation, sizeof(rotation));
           RETURN_IF_ERROR(resident.Add(key + ".rotation", model::DType::kI64, {4}, std::move(rotation_bytes)));
+          const quant::LowRankCorrection& correction = matrices.fits[i].correction;
+          if (!correction.empty()) {
+            RETURN_IF_ERROR(AddResidentFactors(resident, key, correction.base));
+          }
           specs.push_back({std::string(proj) + ".residual", m->residual_codes.size()});
-          residuals.push_back(std::move(m->residual_codes));
+          segments.push_back(std::move(m->residual_codes));
+        }
+        // The factor segments come after every residual plane, so the planes keep the offsets a
+        // release without corrections gives them.
+        for (size_t i = 0; i < kNumProjections; ++i) {
+          if (!corrected[i]) continue;
+          const quant::EncodedMatrix& m = matrices.matrices[i];
+          const quant::LowRankCorrection& correction = matrices.fits[i].correction;
+          specs.push_back({LowRankSegment(kProjections[i]), static_cast<uint64_t>(quant::LowRankBytes(m.rows, m.cols, lowrank))});
+          segments.push_back(correction.empty() ? std::vector<uint8_t>(specs.back().bytes, 0)
+                                                : quant::PackLowRank(correction.residual, lowrank));
         }
         if (!layout.has_value()) {
           ASSIGN_OR_RETURN(layout, format::RecordLayout::Build(specs));
+          if (options.lowrank_stats != nullptr) {
+            ASSIGN_OR_RETURN(format::RecordLayout planes_only,
+                             format::RecordLayout::Build(std::span(specs).first(kNumProjections)));
+            options.lowrank_stats->record_bytes += E * static_cast<int64_t>(layout->rec_bytes - planes_only.rec_bytes);
+          }
         }
         std::vector<std::span<const std::byte>> parts;
-        for (const std::vector<uint8_t>& r : residuals) {
+        for (const std::vector<uint8_t>& r : segments) {
           parts.emplace_back(reinterpret_cast<const std::byte*>(r.data()), r.size());
         }
         ASSIGN_OR_RETURN(std::vector<std::byte> record, layout->Pack(parts));
         records.push_back(std::move(record));
-        ++progress.done;
-        progress.work += weights_per_expert;
-        if (options.progress) options.progress(progress);
+        if (options.lowrank_stats != nullptr && lowrank > 0) {
+          LowRankStats& stats = *options.lowrank_stats;
+          for (const quant::CorrectionFit& fit : matrices.fits) {
+            ++stats.matrices;
+            if (fit.outliers.count > 0) ++stats.with_outliers;
+            if (fit.correction.empty()) continue;
+            ++stats.kept;
+            stats.error2 += fit.error2;
+            stats.error2_corrected += fit.error2_corrected;
+            stats.error4 += fit.error4;
+            stats.error4_corrected += fit.error4_corrected;
+            stats.resident_bytes += 2 * static_cast<int64_t>(fit.correction.base.u.size() + fit.correction.base.v.size());
+          }
+        }
       }
       resident.SetMetadata("codec", codec->name());
       RETURN_IF_ERROR(writer.WriteLayer(static_cast<uint32_t>(rank), layer, *layout, records, resident));

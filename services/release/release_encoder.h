@@ -17,9 +17,22 @@
 #include "services/format/release_reader.h"
 #include "services/model/safetensors.h"
 #include "services/quant/codec.h"
+#include "services/quant/low_rank.h"
+#include "services/quant/low_rank_fit.h"
 #include "services/quant/trellis_search.h"
 
 namespace nq::release {
+
+// What EncodeRelease's low-rank pass found, summed over every expert matrix it encoded.
+struct LowRankStats {
+  int64_t matrices = 0;       // expert matrices encoded
+  int64_t with_outliers = 0;  // of those, with an outlier channel (fitted)
+  int64_t kept = 0;           // of those, whose correction was kept
+  // Hessian-weighted errors summed over the kept matrices, before and after the correction.
+  double error2 = 0, error2_corrected = 0, error4 = 0, error4_corrected = 0;
+  int64_t resident_bytes = 0;  // factor tensors in the resident files
+  int64_t record_bytes = 0;    // record bytes added by the factor segments, summed over records
+};
 
 struct EncodeReleaseOptions {
   int tp_size = 1;
@@ -57,7 +70,14 @@ struct EncodeReleaseOptions {
   // Threads for the codecs' host work that splits without changing bytes (trellis_v1's LDLQ
   // feedback); 0: one per hardware thread.
   int host_threads = 1;
+  // Low-rank corrections (issue #16; services/quant/low_rank.h): rank 0 (the default) writes none,
+  // and the release is byte-identical to one from before they existed. Needs calibration_path
+  // (outliers are found in the calibration Hessians); refused with synthetic_seed.
+  quant::LowRankOptions lowrank;
+  // Set: filled with what the corrections did (for nq encode's summary).
+  LowRankStats* lowrank_stats = nullptr;
 };
+
 
 // One expert matrix of a release as the codec reads it: base plane, scales, codebooks and
 // rotation from the resident file; with `with_residual`, the residual plane from its record.

@@ -7,6 +7,8 @@
 #include "kernels/tensor_io.h"
 #include "services/common/status_macros.h"
 #include "services/format/file_io.h"
+#include "services/quant/low_rank_fit.h"
+#include "services/release/low_rank_io.h"
 #include "services/release/release_encoder.h"
 
 namespace nq::release {
@@ -40,8 +42,10 @@ absl::StatusOr<std::unique_ptr<ReleaseExpertDecoder>> ReleaseExpertDecoder::Open
                                                       release.manifest().codec, "', which this build cannot decode: ",
                                                       codec.status().message()));
   }
-  return std::unique_ptr<ReleaseExpertDecoder>(new ReleaseExpertDecoder(
-      std::move(release), *std::move(codec), static_cast<uint32_t>(tp.rank), std::move(identity.moe_layer_ids)));
+  ASSIGN_OR_RETURN(const int lowrank, ReleaseLowRank(release.manifest()));
+  return std::unique_ptr<ReleaseExpertDecoder>(new ReleaseExpertDecoder(std::move(release), *std::move(codec),
+                                                                        static_cast<uint32_t>(tp.rank),
+                                                                        std::move(identity.moe_layer_ids), lowrank));
 }
 
 absl::StatusOr<std::vector<std::byte>> ReleaseExpertDecoder::ReadRecord(uint32_t layer, uint32_t expert) const {
@@ -105,8 +109,21 @@ absl::StatusOr<DecodedExpert> ReleaseExpertDecoder::Decode(uint32_t layer, uint3
   for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
     ASSIGN_OR_RETURN(quant::EncodedMatrix m, LoadResidentExpert(*resident, release_.manifest().codec, expert, projection));
     if (four) RETURN_IF_ERROR(AttachRecordResidual(entry->layout, record, projection, m));
+    quant::LowRankCorrection correction;
+    if (lowrank_max_rank_ > 0) {
+      ASSIGN_OR_RETURN(correction.base,
+                       LoadResidentFactors(*resident, expert, projection, m.rows, m.cols, lowrank_max_rank_));
+      if (four) {
+        absl::StatusOr<quant::LowRankFactors> residual = LoadRecordFactors(
+            entry->layout, record, projection, m.rows, m.cols, correction.base.rank, lowrank_max_rank_);
+        if (!residual.ok()) {
+          return Annotate(residual.status(), absl::StrCat("layer ", layer, " expert ", expert, " record"));
+        }
+        correction.residual = *std::move(residual);
+      }
+    }
     std::vector<float> w(static_cast<size_t>(m.rows * m.cols));
-    RETURN_IF_ERROR(codec_->Decode(m, precision, w));
+    RETURN_IF_ERROR(quant::DecodeCorrected(*codec_, m, correction, precision, w));
     if (std::string(projection) == "down_proj") {
       out.down = std::move(w);
       out.hidden = m.rows;

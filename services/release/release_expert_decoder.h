@@ -67,8 +67,9 @@ class ReleaseExpertDecoder {
   absl::StatusOr<SlotNeeds> Needs() const;
 
   // 2 bits: `record` must be empty. 4 bits: the residual comes from `record` (exactly the
-  // layer's rec_bytes), or, when `record` is empty, from the release's record file.
-  // Thread-safe.
+  // layer's rec_bytes), or, when `record` is empty, from the release's record file. A matrix with a
+  // low-rank correction gets its base factors at 2 bits and both levels' at 4
+  // (quant::DecodeCorrected); DATA_LOSS for damaged factors. Thread-safe.
   absl::StatusOr<DecodedExpert> Decode(uint32_t layer, uint32_t expert, quant::Precision precision,
                                        std::span<const std::byte> record = {}) const;
   // Decode, then upload as F32 tensors on `backend`.
@@ -80,16 +81,23 @@ class ReleaseExpertDecoder {
   absl::StatusOr<const format::LayerEntry*> Layer(uint32_t layer) const { return release_.Layer(rank_, layer); }
   absl::StatusOr<const model::SafetensorsFile*> Resident(uint32_t layer) const;
   uint32_t rank() const { return rank_; }
+  // The release's low-rank max_rank (services/release/low_rank_io.h); 0 without corrections.
+  int lowrank_max_rank() const { return lowrank_max_rank_; }
 
  private:
   ReleaseExpertDecoder(format::Release release, std::unique_ptr<quant::Codec> codec, uint32_t rank,
-                       std::vector<uint32_t> moe_layer_ids)
-      : release_(std::move(release)), codec_(std::move(codec)), rank_(rank), moe_layer_ids_(std::move(moe_layer_ids)) {}
+                       std::vector<uint32_t> moe_layer_ids, int lowrank_max_rank)
+      : release_(std::move(release)),
+        codec_(std::move(codec)),
+        rank_(rank),
+        moe_layer_ids_(std::move(moe_layer_ids)),
+        lowrank_max_rank_(lowrank_max_rank) {}
 
   const format::Release release_;
   const std::unique_ptr<quant::Codec> codec_;
   const uint32_t rank_;
   const std::vector<uint32_t> moe_layer_ids_;
+  const int lowrank_max_rank_;
   mutable absl::Mutex mu_;
   mutable std::map<uint32_t, std::unique_ptr<model::SafetensorsFile>> resident_ ABSL_GUARDED_BY(mu_);
 };

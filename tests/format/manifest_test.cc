@@ -58,11 +58,17 @@ TEST(ManifestTest, MalformedInputsNameTheField) {
 
 TEST(ManifestTest, VersionAndFormatMismatch) {
   Json j = ManifestJson();
-  j["version"] = kFormatVersion + 1;
+  // Newer than the newest version this build reads (kLowRankFormatVersion, issue #16).
+  j["version"] = kLowRankFormatVersion + 1;
   j.erase("layers");  // a newer release is refused for its version, not a field
   EXPECT_THAT(ParseManifest(j.dump()),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr(absl::StrCat("version ", kFormatVersion + 1, " is not supported"))));
+                       HasSubstr(absl::StrCat("version ", kLowRankFormatVersion + 1, " is not supported"))));
+  // Version 3 is version 2 with low-rank corrections, and only with them.
+  j = ManifestJson();
+  j["version"] = kLowRankFormatVersion;
+  EXPECT_THAT(ParseManifest(j.dump()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("version 3 lacks codec.params.lowrank")));
   // An older release (version 1: no per-record checksums) is told how to move on.
   j = ManifestJson();
   j["version"] = 1;
