@@ -5,7 +5,9 @@
 //   joining    rank r connects and says hello (rank, world size, host, pid); rank 0 refuses another
 //              world size, a rank out of range or one a live connection holds, else answers with
 //              its generation and identity, which the joining rank checks (check_identity) and
-//              accepts or refuses; refusals reach rank 0's TakeRefusals. Once every rank joined
+//              accepts or refuses; refusals reach rank 0's TakeRefusals. A connection that is
+//              not a rank (another protocol) is dropped; one that says nothing holds admission
+//              up to the handshake wait (5 s), then is dropped. Once every rank joined
 //              the group is ready; rank 0 takes no more connections (a late rank gets no answer
 //              and retries: UNAVAILABLE).
 //   collectives every message is a frame (op, bytes, payload). A broadcast from rank 0 is one

@@ -301,6 +301,26 @@ TEST_F(TpDynamicExpertsTest, RankZeroOnAnApplyingStreamerIsRefusedByName) {
   EXPECT_THAT(streamer_->Log(), Not(HasSubstr("one loader decides")));
 }
 
+// A streamer that itself applies another's decisions is no decider: the links the second node's
+// streamer opens to it are refused by name, and that refusal shows on the second node.
+TEST_F(TpDynamicExpertsTest, ALinkToAStreamerThatAppliesIsRefusedByName) {
+  world_ = 2;
+  streamer_ports_ = NewPorts();
+  worker_ports_ = NewPorts();
+  applier_records_ = Release();
+  streamer_.emplace(StartStreamer(streamer_ports_, {"--records_dir=" + Release(), "--decider_address=127.0.0.1:1"}));
+  applier_ports_ = NewPorts();
+  applier_.emplace(StartApplier());
+  worker_.emplace(StartWorker(worker_ports_, streamer_ports_.grpc, RankFlags(0)));
+  follower_ports_.push_back(NewPorts());
+  followers_.push_back(StartWorker(follower_ports_.back(), applier_ports_.grpc, RankFlags(1)));
+  EXPECT_TRUE(WaitFor([&] { return applier_->Log().find("this streamer applies the decisions of 127.0.0.1:1") !=
+                                   std::string::npos; },
+                      std::chrono::seconds(60)))
+      << applier_->Log();
+  EXPECT_EQ(Metric(streamer_ports_.http, "nq_streamer_peer_links_active"), 0);
+}
+
 // A rank killed and restarted: the group re-forms, every rank starts from an empty slot table
 // (rank 0 clears its own and registers with the streamer again), and from then on the restarted
 // rank applies what rank 0 applies.

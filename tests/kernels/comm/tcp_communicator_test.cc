@@ -5,12 +5,17 @@
 // rank 0 forming a new group on the same port after one broke.
 #include "kernels/comm/tcp_communicator.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -295,6 +300,42 @@ TEST(TcpCommunicatorTest, LeaderFormsANewGroupOnTheSamePortAfterARankDied) {
   ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
   EXPECT_EQ(RunCollectives(**leader), 0);
   EXPECT_EQ(Reap(restarted), 0);
+}
+
+// Something on the port that is not a rank (another protocol, or a connection that says nothing)
+// is dropped, and the group still forms with the real rank.
+TEST(TcpCommunicatorTest, AConnectionThatIsNotARankIsDroppedAndTheGroupStillForms) {
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> leader = Leader(2);
+  ASSERT_THAT(leader, IsOk());
+  const int port = (*leader)->port();
+  auto raw_connect = [port] {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  const int junk = raw_connect();
+  const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(write(junk, http, sizeof(http) - 1), static_cast<ssize_t>(sizeof(http) - 1));
+  const int silent = raw_connect();
+  const std::string address = AddressOf(**leader);
+  const pid_t child = Fork([&] {
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> comm = AttachRetrying(Options(address, 1, 2));
+    if (!comm.ok()) return 2;
+    return RunCollectives(**comm);
+  });
+  ASSERT_THAT((*leader)->WaitForPeers(absl::Seconds(60)), IsOk());
+  EXPECT_EQ(RunCollectives(**leader), 0);
+  EXPECT_EQ(Reap(child), 0);
+  // Neither was taken for a rank: rank 0 closed the junk one (unread bytes make that a reset).
+  char byte;
+  const ssize_t n = read(junk, &byte, 1);
+  EXPECT_TRUE(n == 0 || (n < 0 && errno == ECONNRESET)) << n << " " << std::strerror(errno);
+  close(junk);
+  close(silent);
 }
 
 TEST(TcpCommunicatorTest, RejectsBadOptions) {
