@@ -22,6 +22,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/cuda/nvfp4_gemv.cuh"
 #include "kernels/cuda/nvfp4_moe.cuh"
 #include "kernels/nvfp4_codes.h"
 #include "kernels/nvfp4_moe_params.h"
@@ -101,6 +102,68 @@ Layer MakeLayer(const Model& m) {
   return l;
 }
 
+// Microseconds per replay of a CUDA graph of what `issue` launches on `stream` (one warm-up).
+template <typename Issue>
+double GraphMicroseconds(cudaStream_t stream, int iters, Issue issue) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  issue();
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iters; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaEventRecord(stop, stream));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  return ms * 1e3 / iters;
+}
+
+// The two expert GEMVs of a chunk alone (gate/up, then down), without the block's three small
+// kernels: what "the NVFP4 expert GEMV against copy bandwidth" measures. The inputs are zero
+// and the outputs accumulate across replays; only the time counts.
+double GemvOnlyMicroseconds(const Model& m, const Nvfp4MoeParams& p, cudaStream_t stream,
+                            const cuda::LaunchContext& ctx) {
+  const std::int64_t T = std::min<std::int64_t>(p.tokens, cuda::kNvfp4MaxDecodeTokens), K = m.top_k;
+  const std::int64_t D = m.hidden, I = m.intermediate, A = T * K;
+  DeviceBytes xh(T * D * 2), hg(A * 2 * I * 4), ah(A * I * 2), yd(A * D * 4);
+  BENCH_CHECK(cudaMemset(xh.p, 0, T * D * 2));
+  BENCH_CHECK(cudaMemset(ah.p, 0, A * I * 2));
+  cuda::Nvfp4GemvParams gate_up{.expert_ids = p.expert_ids,
+                                .assignments = static_cast<int>(A),
+                                .top_k = static_cast<int>(K),
+                                .num_experts = static_cast<int>(p.num_experts),
+                                .w = p.gate_up,
+                                .rows = static_cast<int>(2 * I),
+                                .cols = static_cast<int>(D),
+                                .x = static_cast<const __half*>(xh.p),
+                                .x_per_token = true,
+                                .out = static_cast<float*>(hg.p),
+                                .out_stride = 2 * I};
+  cuda::Nvfp4GemvParams down = gate_up;
+  down.w = p.down;
+  down.rows = static_cast<int>(D);
+  down.cols = static_cast<int>(I);
+  down.x = static_cast<const __half*>(ah.p);
+  down.x_per_token = false;
+  down.out = static_cast<float*>(yd.p);
+  down.out_stride = D;
+  return GraphMicroseconds(stream, 200, [&] {
+    BENCH_OK(cuda::LaunchNvfp4Gemv(gate_up, ctx));
+    BENCH_OK(cuda::LaunchNvfp4Gemv(down, ctx));
+  });
+}
+
 void RunCase(const Model& m, const Layer& l, std::int64_t tokens, bool shared, cudaStream_t stream, void* workspace,
              std::size_t workspace_bytes, double copy_bw) {
   const std::int64_t K = m.top_k;
@@ -138,34 +201,21 @@ void RunCase(const Model& m, const Layer& l, std::int64_t tokens, bool shared, c
                                 }()};
   BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx));  // warm-up
   BENCH_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx));
-  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CHECK(cudaGraphDestroy(graph));
-  BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  BENCH_CHECK(cudaStreamSynchronize(stream));
-  constexpr int kIters = 200;
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  BENCH_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < kIters; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  BENCH_CHECK(cudaEventRecord(stop, stream));
-  BENCH_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  const double us = ms * 1e3 / kIters, rate = bytes / (us * 1e-6);
+  const double us =
+      GraphMicroseconds(stream, 200, [&] { BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx)); });
+  const double rate = bytes / (us * 1e-6);
   std::printf("nvfp4 %-5s D=%-5lld I=%-5lld K=%-2lld T=%-3lld %-6s %9.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f\n",
               m.name, static_cast<long long>(m.hidden), static_cast<long long>(m.intermediate),
               static_cast<long long>(K), static_cast<long long>(tokens), shared ? "shared" : "random", us, bytes / 1e6,
               rate / 1e12, rate / copy_bw);
+  if (tokens <= cuda::kNvfp4MaxDecodeTokens) {  // one chunk: the block's bytes are the GEMVs' bytes
+    const double gemv_us = GemvOnlyMicroseconds(m, p, stream, ctx), gemv_rate = bytes / (gemv_us * 1e-6);
+    std::printf("nvfp4 %-5s D=%-5lld I=%-5lld K=%-2lld T=%-3lld %-6s %9.1f us  GEMVs alone          %6.2f TB/s  ratio to copy %.3f\n",
+                m.name, static_cast<long long>(m.hidden), static_cast<long long>(m.intermediate),
+                static_cast<long long>(K), static_cast<long long>(tokens), shared ? "shared" : "random", gemv_us,
+                gemv_rate / 1e12, gemv_rate / copy_bw);
+  }
   std::fflush(stdout);
-  BENCH_CHECK(cudaGraphExecDestroy(exec));
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
   for (const void* q : {static_cast<const void*>(p.x), static_cast<const void*>(p.expert_ids),
                         static_cast<const void*>(p.expert_weights)}) {
     BENCH_CHECK(cudaFree(const_cast<void*>(q)));
