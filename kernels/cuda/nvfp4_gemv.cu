@@ -1,7 +1,5 @@
 #include "kernels/cuda/nvfp4_gemv.cuh"
 
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/nvfp4_fragment.h"
@@ -17,11 +15,12 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kBlocksPerSm = 2;
 // Steps of code loads in flight per warp: the kernel keeps two batches of kDepth steps in
-// registers and loads the next batch while it decodes the current one, so a warp always has
-// 4 KB of codes in flight (64 KB per SM at two blocks of eight warps), about twice the H200's
-// bandwidth-latency product per SM. (Loading a batch and then decoding it left the loads idle
-// for the whole decode: 0.51 of copy bandwidth, first device run.)
-constexpr int kDepth = 4;
+// registers and loads the next batch while it decodes the current one. (Loading a batch and then
+// decoding it left the loads idle for the whole decode: 0.51 of copy bandwidth, first device
+// run.) Three, not four: with the block scales in registers of their own, four steps spilled at
+// the 128 registers of two blocks per SM and ran at the speed of the old kernel (84.8 us for the
+// DeepSeek-V3 1-token GEMVs against 72.0 for three, same call; bench/README.md).
+constexpr int kDepth = 3;
 
 // The chunk's distinct experts (units), worked out once per block in shared memory.
 struct Unit {
@@ -294,16 +293,8 @@ absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx)
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // kernel before finishes.
   const dim3 grid(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm));
-  static const int depth = [] {  // TEMPORARY A/B switch for the device run (not to be committed)
-    const char* v = std::getenv("NQ_NVFP4_DEPTH");
-    return v != nullptr ? std::atoi(v) : kDepth;
-  }();
   if (g.cols % nvfp4::kStepCols == 0) {  // every real model's shapes
-    if (depth == 3) {
-      RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel<true, 3>, grid, dim3(kThreads), 0, ctx, g));
-    } else {
-      RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel<true, kDepth>, grid, dim3(kThreads), 0, ctx, g));
-    }
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel<true, kDepth>, grid, dim3(kThreads), 0, ctx, g));
   } else {
     RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel<false, kDepth>, grid, dim3(kThreads), 0, ctx, g));
   }
