@@ -9,8 +9,9 @@
 //     at columns Nvfp4LaneColumn(step, lane % 4) and following, and the two E4M3 scales of those
 //     blocks;
 //   - word q of the 16 bytes is elements [8q, 8q + 8) of that chunk; DecodeE2M1Word turns it into
-//     four fp16 pairs (2i, 2i + 1);
-//   - Nvfp4WordFragments makes the pairs and the 8 inputs [8q, 8q + 8) of the lane's token into
+//     four fp16 pairs (elements PairElement(i, 0), PairElement(i, 1)), each value times 2^-14;
+//   - Nvfp4WordFragments makes the pairs, scaled, and the 8 inputs [8q, 8q + 8) of the lane's token
+//     (stored in the pairs' order, Nvfp4InputPosition) into
 //     the operands of two m16n8k16 MMAs. The 16 k indices of one MMA come from 4 lanes' different
 //     chunks, which is fine because both operands use the same k -> column map (the block scale
 //     is applied to each weight before the MMA, so the k order is free).
@@ -28,19 +29,30 @@ inline constexpr int kLaneCols = 32;
 // Columns of one warp step: the four lanes of a quad side by side.
 inline constexpr int kStepCols = 4 * kLaneCols;
 
-// E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as the high byte of their fp16 encoding (the low
-// byte is 0 for all eight): byte tables that prmt indexes with a 3-bit magnitude code.
-inline constexpr std::uint32_t kE2M1HighBytesLo = 0x3E3C3800u;  // codes 0..3
-inline constexpr std::uint32_t kE2M1HighBytesHi = 0x46444240u;  // codes 4..7
+// The decode is shifts and masks, no lookup: an E2M1 code s|e1 e0|m is an fp16 whose high byte is
+// s000 e1 e0 m 0 and low byte 0, read as the code's value times 2^-14 (e1 e0 lands in the two low
+// exponent bits and m in the top mantissa bit, so e = 0 gives the subnormal 0 or 0.5 * 2^-14 and
+// e > 0 gives 2^(e - 1) (1 + m / 2) * 2^-14: exact for all 16 codes). The block scale, times 2^7
+// (kScaleBias below), multiplies it; the row's sum is multiplied by 2^7 at the end.
+//
+// The high bytes of the word's eight elements are built in two registers, then spread into the
+// high bytes of four half2 with prmt (zeros from the second operand):
+//   L byte i = element 2i (byte i's low nibble: magnitude << 1, sign bit 3 -> bit 7)
+//   H byte i = element 2i + 1 (byte i's high nibble: magnitude >> 3, sign already at bit 7)
+// So the half2s hold elements (0, 2), (4, 6), (1, 3), (5, 7): the input vector is stored with the
+// same order inside every aligned group of 8 (Nvfp4InputPosition), so the MMAs' B fragments are
+// still one 16-byte load.
+inline constexpr std::uint32_t kLowNibbleMagnitude = 0x0E0E0E0Eu;  // after << 1
+inline constexpr std::uint32_t kByteSignBits = 0x80808080u;
 // prmt selectors spreading bytes 0, 1 (or 2, 3) of a register into the high bytes of a half2,
 // zeros (selector 4: the zero second operand) in the low bytes.
 inline constexpr std::uint32_t kSpread01 = 0x1404u;
 inline constexpr std::uint32_t kSpread23 = 0x3424u;
-// Sign table: every byte 0x80. A selector nibble with bit 3 set (a negative E2M1 code) reads it in
-// prmt's sign-replicate mode, giving 0xFF; a positive code reads it as is, 0x80. Bit 6 of the
-// result byte is therefore the code's sign (bit 7 is set either way, so it cannot be used).
-inline constexpr std::uint32_t kSignTable = 0x80808080u;
-inline constexpr std::uint32_t kByteTopBits = 0x80808080u;
+// The decoded codes are value * 2^-14 and the block scales are applied times 2^kScaleBias: the
+// product value * scale * 2^-7 is exact in fp16 for every E2M1 x E4M3 pair (at most 6 significant
+// bits, no smaller than 2^-17 > 2^-24, no larger than 2688 * 2^-7 = 21), and 448 * 2^7 = 57344
+// fits fp16. The row's fp32 sum is multiplied by 2^kScaleBias.
+inline constexpr int kScaleBias = 7;
 
 // PTX prmt.b32 in its default mode: byte i of the result is byte (s >> 4i) & 7 of {b, a} (a holds
 // bytes 0-3), or, when bit 3 of that selector nibble is set, that byte's top bit replicated
@@ -63,22 +75,23 @@ NQ_HOST_DEVICE std::uint32_t Prmt(std::uint32_t a, std::uint32_t b, std::uint32_
 #endif
 }
 
+// Which element of the word (0-7) half `half` (0 low, 1 high) of pair i holds.
+NQ_HOST_DEVICE int PairElement(int i, int half) { return (i < 2 ? 0 : 1) + 4 * (i % 2) + 2 * half; }
+
+// Where element e of an aligned group of 8 inputs is stored: the order the pairs take,
+// 0 2 4 6 1 3 5 7 (pair i's two elements adjacent, pairs in order).
+NQ_HOST_DEVICE int Nvfp4InputPosition(int e) { return (e % 2 == 0 ? 0 : 4) + e / 2; }
+
 // Eight E2M1 codes (element 2i in the low nibble of byte i, ModelOpt's order) -> four fp16 pairs
-// as half2 bit patterns: h[i] holds elements 2i (low half) and 2i + 1 (high half). Exact.
+// as half2 bit patterns, each the code's value times 2^-14: h[i] holds elements PairElement(i, 0)
+// (low half) and PairElement(i, 1) (high half). Exact. 11 integer instructions.
 NQ_HOST_DEVICE void DecodeE2M1Word(std::uint32_t w, std::uint32_t (&h)[4]) {
-  const std::uint32_t m = w & 0x77777777u;
-  // Byte i of mag_lo is element i's magnitude (elements 0-3), of mag_hi element 4 + i's.
-  const std::uint32_t mag_lo = Prmt(kE2M1HighBytesLo, kE2M1HighBytesHi, m);
-  const std::uint32_t mag_hi = Prmt(kE2M1HighBytesLo, kE2M1HighBytesHi, m >> 16);
-  // Same byte order; bit 6 of each byte is the element's sign (kSignTable), moved to bit 7.
-  const std::uint32_t sign_lo = Prmt(kSignTable, kSignTable, w) << 1;
-  const std::uint32_t sign_hi = Prmt(kSignTable, kSignTable, w >> 16) << 1;
-  const std::uint32_t b_lo = mag_lo | (sign_lo & kByteTopBits);
-  const std::uint32_t b_hi = mag_hi | (sign_hi & kByteTopBits);
-  h[0] = Prmt(b_lo, 0u, kSpread01);
-  h[1] = Prmt(b_lo, 0u, kSpread23);
-  h[2] = Prmt(b_hi, 0u, kSpread01);
-  h[3] = Prmt(b_hi, 0u, kSpread23);
+  const std::uint32_t lo = ((w << 1) & kLowNibbleMagnitude) | ((w << 4) & kByteSignBits);
+  const std::uint32_t hi = ((w >> 3) & kLowNibbleMagnitude) | (w & kByteSignBits);
+  h[0] = Prmt(lo, 0u, kSpread01);
+  h[1] = Prmt(lo, 0u, kSpread23);
+  h[2] = Prmt(hi, 0u, kSpread01);
+  h[3] = Prmt(hi, 0u, kSpread23);
 }
 
 // First column of the 32 a lane of quad position `quad_lane` reads in warp step `step`.
@@ -88,8 +101,8 @@ NQ_HOST_DEVICE int LaneColumn(int step, int quad_lane) { return step * kStepCols
 NQ_HOST_DEVICE int WordBlock(int q) { return q / 2; }
 
 // The operands of the lane's two m16n8k16 MMAs for word q, from its scaled pairs of rows g (lo)
-// and g + 8 (hi) and its token's 8 inputs of the same columns (x: four half2, pair p = inputs
-// 2p, 2p + 1). The PTX fragment layout: A register r of lane (g, t) holds row g + 8 (r & 1), k
+// and g + 8 (hi) and its token's 8 inputs of the same columns (x: four half2, pair p = the
+// inputs of elements PairElement(p, 0) and PairElement(p, 1), as Nvfp4InputPosition stores them). The PTX fragment layout: A register r of lane (g, t) holds row g + 8 (r & 1), k
 // 2t + 8 (r >> 1) and the next; B register r holds k 2t + 8 r and the next, column g. So MMA 0
 // sees pair 0 at k {2t, 2t + 1} and pair 1 at k {2t + 8, 2t + 9} in A and B alike; MMA 1 pairs
 // 2 and 3. Every k index of either MMA meets the weight and the input of the same column.

@@ -15,11 +15,12 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kBlocksPerSm = 2;
 // Steps of code loads in flight per warp: the kernel keeps two batches of kDepth steps in
-// registers and loads the next batch while it decodes the current one, so a warp always has
-// 4 KB of codes in flight (64 KB per SM at two blocks of eight warps), about twice the H200's
-// bandwidth-latency product per SM. (Loading a batch and then decoding it left the loads idle
-// for the whole decode: 0.51 of copy bandwidth, first device run.)
-constexpr int kDepth = 4;
+// registers and loads the next batch while it decodes the current one. (Loading a batch and then
+// decoding it left the loads idle for the whole decode: 0.51 of copy bandwidth, first device
+// run.) Three, not four: with the block scales in registers of their own, four steps spilled at
+// the 128 registers of two blocks per SM and ran at the speed of the old kernel (84.8 us for the
+// DeepSeek-V3 1-token GEMVs against 72.0 for three, same call; bench/README.md).
+constexpr int kDepth = 3;
 
 // The chunk's distinct experts (units), worked out once per block in shared memory.
 struct Unit {
@@ -104,12 +105,12 @@ __device__ __forceinline__ void BuildPlan(const Nvfp4GemvParams& g, Plan& plan, 
   __syncthreads();
 }
 
-// One warp step's loads: 16 code bytes of rows g and g + 8, and their two E4M3 block scales each
-// in one register (row g's pair in the low 16 bits): two batches of these must fit in the
-// 128 registers two blocks of 256 threads per SM allow, without spilling.
+// One warp step's loads: 16 code bytes of rows g and g + 8, and their two E4M3 block scales
+// each (the low 16 bits of scales[h]). Kept apart until the step is decoded: merging the two
+// rows' scales as they arrive made the loading code wait for them (ncu: the top stall).
 struct StepData {
   uint4 codes[2];
-  std::uint32_t scales;
+  std::uint32_t scales[2];
 };
 
 // A lane's part of one tile segment: steps [s0, s1) of one 16-row tile of one unit.
@@ -141,44 +142,61 @@ __device__ __forceinline__ Segment SegmentAt(const Nvfp4GemvParams& g, const Pla
   return seg;
 }
 
-// Issues the loads of steps [s, s + kDepth) of the segment (zeros past its end or the row's).
+// Issues the loads of steps [s, s + kSteps) of the segment. kFull (cols a multiple of a step):
+// steps past the segment's end are not loaded (ComputeBatch stops before them); otherwise a lane
+// past the row's end gets zeros.
+template <bool kFull, int kSteps>
 __device__ __forceinline__ void LoadBatch(const Nvfp4GemvParams& g, const Segment& seg, int s, int quad_lane,
-                                          StepData (&d)[kDepth]) {
+                                          StepData (&d)[kSteps]) {
 #pragma unroll
-  for (int k = 0; k < kDepth; ++k) {
+  for (int k = 0; k < kSteps; ++k) {
     const int c0 = nvfp4::LaneColumn(s + k, quad_lane);
-    const bool valid = s + k < seg.s1 && c0 < g.cols;
-    std::uint32_t scale_pairs[2];
+    if constexpr (kFull) {
+      if (s + k < seg.s1) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      d[k].codes[h] = valid ? LoadStreaming(seg.codes[h] + c0 / 2) : make_uint4(0, 0, 0, 0);
-      scale_pairs[h] =
-          valid ? __ldg(reinterpret_cast<const unsigned short*>(seg.scales[h] + c0 / kNvfp4BlockSize)) : 0u;
+        for (int h = 0; h < 2; ++h) {
+          d[k].codes[h] = LoadStreaming(seg.codes[h] + c0 / 2);
+          d[k].scales[h] = __ldg(reinterpret_cast<const unsigned short*>(seg.scales[h] + c0 / kNvfp4BlockSize));
+        }
+      }
+    } else {
+      const bool valid = s + k < seg.s1 && c0 < g.cols;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        d[k].codes[h] = valid ? LoadStreaming(seg.codes[h] + c0 / 2) : make_uint4(0, 0, 0, 0);
+        d[k].scales[h] =
+            valid ? __ldg(reinterpret_cast<const unsigned short*>(seg.scales[h] + c0 / kNvfp4BlockSize)) : 0u;
+      }
     }
-    d[k].scales = scale_pairs[0] | (scale_pairs[1] << 16);
   }
 }
 
-// Decodes steps [s, s + kDepth) of the segment from d and runs their MMAs into acc.
+// Decodes steps [s, s + kSteps) of the segment from d and runs their MMAs into acc (sums times
+// 2^-kScaleBias: nvfp4_fragment.h).
+template <bool kFull, int kSteps>
 __device__ __forceinline__ void ComputeBatch(const Nvfp4GemvParams& g, const Segment& seg, int s, int quad_lane,
-                                             const __half* x, const StepData (&d)[kDepth], float (&acc)[2][4]) {
+                                             const __half* x, const StepData (&d)[kSteps], float (&acc)[2][4]) {
+  const __half2 scale_bias = __float2half2_rn(static_cast<float>(1 << nvfp4::kScaleBias));
 #pragma unroll
-  for (int k = 0; k < kDepth; ++k) {
+  for (int k = 0; k < kSteps; ++k) {
     if (s + k >= seg.s1) break;
     const int c0 = nvfp4::LaneColumn(s + k, quad_lane);
     // A lane past the row's end decodes zeros and must not read inputs (a zero weight times
     // a NaN beyond the vector would poison its column).
-    const bool valid = c0 < g.cols;
-    const __half2 sc[2] = {DecodeE4M3Pair(static_cast<std::uint16_t>(d[k].scales & 0xFFFFu)),
-                           DecodeE4M3Pair(static_cast<std::uint16_t>(d[k].scales >> 16))};
+    const bool valid = kFull || c0 < g.cols;
     const uint4* xv = reinterpret_cast<const uint4*>(x + c0);
+    __half2 sc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sc[h] = __hmul2(DecodeE4M3Pair(static_cast<std::uint16_t>(d[k].scales[h])), scale_bias);
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       std::uint32_t pairs[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         nvfp4::DecodeE2M1Word(Word(d[k].codes[h], q), pairs[h]);
-        // Exact: E2M1 x E4M3 has at most 6 significant bits and lies in [2^-10, 2688].
+        // Exact (nvfp4_fragment.h, kScaleBias).
         const __half2 scale = nvfp4::WordBlock(q) == 0 ? __low2half2(sc[h]) : __high2half2(sc[h]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) pairs[h][i] = HalfBits(__hmul2(AsHalf2(pairs[h][i]), scale));
@@ -197,6 +215,7 @@ __device__ __forceinline__ void ComputeBatch(const Nvfp4GemvParams& g, const Seg
 // unit, 16-row tile); a share is at least one tile long, so each tile is split between at most two
 // warps and each output gets at most two atomic additions onto zero (commutative in fp32: the
 // result does not depend on timing).
+template <bool kFull, int kSteps>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvKernel(const __grid_constant__ Nvfp4GemvParams g) {
   __shared__ Plan plan;
   __shared__ int ids[kNvfp4MaxAssignments];
@@ -214,11 +233,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvKernel(const 
 
   // The weights do not depend on the kernel before (it writes x and zeroes out): the first
   // batch's code loads are issued before waiting for it, so they overlap its end.
-  StepData d0[kDepth], d1[kDepth];
+  StepData d0[kSteps], d1[kSteps];
   Segment seg;
   if (idx < end) {
     seg = SegmentAt(g, plan, idx, end, steps, tiles_per_unit, grp);
-    LoadBatch(g, seg, seg.s0, quad_lane, d0);
+    LoadBatch<kFull, kSteps>(g, seg, seg.s0, quad_lane, d0);
   }
   // The inputs and the zeroed outputs come from the kernel before: wait for it, then let the
   // next kernel launch (it waits for all of this one before reading).
@@ -233,20 +252,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvKernel(const 
     const __half* x = g.x + static_cast<std::int64_t>(unit.vec[grp < unit.n_tok ? grp : 0]) * g.cols;
     float acc[2][4] = {};
     // Two register buffers in turn: the next batch's loads are in flight while this one decodes.
-    for (int s = seg.s0; s < seg.s1; s += 2 * kDepth) {
-      if (s + kDepth < seg.s1) LoadBatch(g, seg, s + kDepth, quad_lane, d1);
-      ComputeBatch(g, seg, s, quad_lane, x, d0, acc);
-      if (s + kDepth >= seg.s1) break;
-      if (s + 2 * kDepth < seg.s1) LoadBatch(g, seg, s + 2 * kDepth, quad_lane, d0);
-      ComputeBatch(g, seg, s + kDepth, quad_lane, x, d1, acc);
+    for (int s = seg.s0; s < seg.s1; s += 2 * kSteps) {
+      if (s + kSteps < seg.s1) LoadBatch<kFull, kSteps>(g, seg, s + kSteps, quad_lane, d1);
+      ComputeBatch<kFull, kSteps>(g, seg, s, quad_lane, x, d0, acc);
+      if (s + kSteps >= seg.s1) break;
+      if (s + 2 * kSteps < seg.s1) LoadBatch<kFull, kSteps>(g, seg, s + 2 * kSteps, quad_lane, d0);
+      ComputeBatch<kFull, kSteps>(g, seg, s + kSteps, quad_lane, x, d1, acc);
     }
     const Segment done = seg;
     // The next segment's first batch loads while this one's results are stored.
     if (idx < end) {
       seg = SegmentAt(g, plan, idx, end, steps, tiles_per_unit, grp);
-      LoadBatch(g, seg, seg.s0, quad_lane, d0);
+      LoadBatch<kFull, kSteps>(g, seg, seg.s0, quad_lane, d0);
     }
-    const float global = __ldg(g.w.global_scales + plan.unit[done.unit].expert);
+    const float global =
+        __ldg(g.w.global_scales + plan.unit[done.unit].expert) * static_cast<float>(1 << nvfp4::kScaleBias);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int row = done.row0 + nvfp4::AccRow(lane, r), t = nvfp4::AccToken(lane, r);
@@ -272,8 +292,12 @@ absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx)
   static_assert(kNvfp4MaxAssignments <= kThreads, "BuildPlan takes one thread per assignment");
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // kernel before finishes.
-  RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel, dim3(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm)),
-                                              dim3(kThreads), 0, ctx, g));
+  const dim3 grid(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm));
+  if (g.cols % nvfp4::kStepCols == 0) {  // every real model's shapes
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel<true, kDepth>, grid, dim3(kThreads), 0, ctx, g));
+  } else {
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(Nvfp4GemvKernel<false, kDepth>, grid, dim3(kThreads), 0, ctx, g));
+  }
   return CheckLaunch("Nvfp4GemvKernel");
 }
 

@@ -4,22 +4,24 @@
 // fragments, each expert's codes read once however many of the chunk's tokens route to it.
 //
 // Why tensor cores for a GEMV: an m16n8k16 MMA takes 256 weights in one instruction and
-// accumulates in fp32, so the per-weight work is the decode alone (prmt lookups), and up to
-// eight tokens (the MMA's n = 8 columns) cost what one does.
+// accumulates in fp32, so the per-weight work is the decode alone (shifts, masks, one prmt per
+// pair and the block scale's multiply), and up to eight tokens (the MMA's n = 8 columns) cost
+// what one does.
 //
-// Why the decode is exact: E2M1 x E4M3 has at most 6 significant bits and lies in
-// [2^-10, 2688], so the product is exact in fp16; the only roundings are the fp16 inputs (the
-// activation vector, 2^-11 relative) and the fp32 accumulation. The global scale is applied in
-// fp32 to each row's sum.
+// Why the decode is exact: a code decodes to its value times 2^-14 (an fp16 bit pattern built
+// with shifts and masks, nvfp4_fragment.h) and is multiplied by the block scale times 2^7; E2M1 x
+// E4M3 has at most 6 significant bits, so the product (in [2^-17, 21]) is exact in fp16; the only
+// roundings are the fp16 inputs (the activation vector, 2^-11 relative) and the fp32
+// accumulation. The global scale times 2^7 is applied in fp32 to each row's sum.
 //
 // Layout (its lane-level pieces are the host/device functions of nvfp4_fragment.h, which a host
 // emulation of the warp step tests): lane 4g + j of a warp reads, per step, 16 bytes (32
 // elements, two 16-element blocks) of rows g and g + 8 of its 16-row tile at columns
 // [128 s + 32 j, 128 s + 32 j + 32), and the two E4M3 scales of those blocks. Because the block
-// scale multiplies each weight before the MMA, the MMA's k order is free: the lane's pairs
-// 4q + {0, 1} feed MMA 2q and pairs 4q + {2, 3} MMA 2q + 1, so its B fragments are the 8
-// consecutive inputs [c0 + 8q, c0 + 8q + 8): one 16-byte load of the activation vector in its
-// natural order (no input permutation).
+// scale multiplies each weight before the MMA, the MMA's k order is free: the decode pairs the
+// elements of a word as (0, 2), (4, 6), (1, 3), (5, 7) (cheapest for shifts and masks), the
+// activation vector is stored in that order within each group of 8, and a lane's B fragments
+// are still one 16-byte load.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -41,8 +43,9 @@ struct Nvfp4GemvParams {
   Nvfp4ProjectionView w;  // rows x cols per expert
   int rows = 0;
   int cols = 0;  // multiple of kNvfp4LaneCols
-  // Input vectors, fp16, `cols` each: assignment a reads vector a / top_k (the token: gate/up) when
-  // x_per_token, else vector a (its own: down).
+  // Input vectors, fp16, `cols` each, every aligned group of 8 inputs stored in the decode's pair
+  // order (element e at (c & ~7) + nvfp4::Nvfp4InputPosition(e)): assignment a reads vector
+  // a / top_k (the token: gate/up) when x_per_token, else vector a (its own: down).
   const __half* x = nullptr;
   bool x_per_token = true;
   // out[a * out_stride + row] += the row's dot product; zeroed by the kernel before (at most two

@@ -40,7 +40,11 @@ Workspace Carve(void* base, std::int64_t top_k, std::int64_t D, std::int64_t I) 
   return w;
 }
 
-// grid (T, ceil(D / threads)): xh[t] = fp16(x[t]); every block also zeroes a slice of hg, the
+// Where the GEMV reads input c of a vector: its aligned group of 8 in the decode's pair order
+// (nvfp4_fragment.h, Nvfp4InputPosition).
+__device__ __forceinline__ int GemvInputIndex(int c) { return (c & ~7) | nvfp4::Nvfp4InputPosition(c & 7); }
+
+// grid (T, ceil(D / threads)): xh[t] = fp16(x[t]) in the GEMV's input order; every block also zeroes a slice of hg, the
 // outputs the gate/up GEMV adds into.
 __global__ void __launch_bounds__(kVectorThreads) Nvfp4PrepKernel(const float* x, __half* xh, int D, float* hg,
                                                                   int hg_count) {
@@ -49,12 +53,14 @@ __global__ void __launch_bounds__(kVectorThreads) Nvfp4PrepKernel(const float* x
   // hg may still be read by a previous chunk's SwiGLU kernel when launched as a dependent.
   WaitForPrerequisiteGrid();
   LetDependentsLaunch();
-  if (c < D) xh[static_cast<std::int64_t>(t) * D + c] = __float2half_rn(x[static_cast<std::int64_t>(t) * D + c]);
+  if (c < D) {
+    xh[static_cast<std::int64_t>(t) * D + GemvInputIndex(c)] = __float2half_rn(x[static_cast<std::int64_t>(t) * D + c]);
+  }
   const int block = blockIdx.x * gridDim.y + blockIdx.y, stride = gridDim.x * gridDim.y * blockDim.x;
   for (int i = block * blockDim.x + threadIdx.x; i < hg_count; i += stride) hg[i] = 0.0f;
 }
 
-// grid (A, ceil(I / threads)): ah[a] = fp16(silu(g) * u) from hg[a] = [g | u] (as the CPU
+// grid (A, ceil(I / threads)): ah[a] = fp16(silu(g) * u), in the GEMV's input order, from hg[a] = [g | u] (as the CPU
 // reference computes it); every block also zeroes a slice of yd, the down GEMV's outputs.
 __global__ void __launch_bounds__(kVectorThreads) Nvfp4SwigluKernel(const float* hg, __half* ah, int I, float* yd,
                                                                     int yd_count) {
@@ -64,7 +70,7 @@ __global__ void __launch_bounds__(kVectorThreads) Nvfp4SwigluKernel(const float*
   if (i < I) {
     const float* h = hg + static_cast<std::int64_t>(a) * 2 * I;
     const float g = h[i];
-    ah[static_cast<std::int64_t>(a) * I + i] = __float2half_rn(g / (1.0f + expf(-g)) * h[I + i]);
+    ah[static_cast<std::int64_t>(a) * I + GemvInputIndex(i)] = __float2half_rn(g / (1.0f + expf(-g)) * h[I + i]);
   }
   const int block = blockIdx.x * gridDim.y + blockIdx.y, stride = gridDim.x * gridDim.y * blockDim.x;
   for (int j = block * blockDim.x + threadIdx.x; j < yd_count; j += stride) yd[j] = 0.0f;

@@ -43,7 +43,8 @@ void ExpectSameValue(float got, float want, const std::string& what) {
 }
 
 // Every code in every nibble of a word, the other nibbles random: element 2i is the low nibble of
-// byte i (ModelOpt), in the low half of pair i.
+// byte i (ModelOpt); pair i holds elements PairElement(i, 0) and PairElement(i, 1), each the code's
+// value times 2^-14.
 TEST(Nvfp4Fragment, DecodeE2M1WordMatchesTheDefinition) {
   std::mt19937_64 rng = MakeRng(5401);
   for (int position = 0; position < 8; ++position) {
@@ -52,14 +53,32 @@ TEST(Nvfp4Fragment, DecodeE2M1WordMatchesTheDefinition) {
           (static_cast<std::uint32_t>(rng()) & ~(0xFu << (4 * position))) | (code << (4 * position));
       std::uint32_t pairs[4];
       nvfp4::DecodeE2M1Word(w, pairs);
-      for (int e = 0; e < 8; ++e) {
-        const float got = e % 2 == 0 ? LowHalf(pairs[e / 2]) : HighHalf(pairs[e / 2]);
-        const std::uint8_t element_code = static_cast<std::uint8_t>((w >> (4 * e)) & 0xFu);
-        ExpectSameValue(got, E2M1ToFloat(element_code),
-                        absl::StrCat("word ", absl::Hex(w), " element ", e, " code ", element_code));
+      for (int i = 0; i < 4; ++i) {
+        for (int half = 0; half < 2; ++half) {
+          const int e = nvfp4::PairElement(i, half);
+          const float got = (half == 0 ? LowHalf(pairs[i]) : HighHalf(pairs[i])) * 16384.0f;
+          const std::uint8_t element_code = static_cast<std::uint8_t>((w >> (4 * e)) & 0xFu);
+          ExpectSameValue(got, E2M1ToFloat(element_code),
+                          absl::StrCat("word ", absl::Hex(w), " element ", e, " code ", element_code));
+        }
       }
     }
   }
+}
+
+// The pairs cover the word's eight elements once each, in the order the inputs are stored.
+TEST(Nvfp4Fragment, PairsCoverTheWordInTheInputOrder) {
+  std::array<int, 8> seen{};
+  for (int i = 0; i < 4; ++i) {
+    for (int half = 0; half < 2; ++half) {
+      const int e = nvfp4::PairElement(i, half);
+      ASSERT_GE(e, 0);
+      ASSERT_LT(e, 8);
+      ++seen[e];
+      EXPECT_EQ(nvfp4::Nvfp4InputPosition(e), 2 * i + half) << "element " << e;
+    }
+  }
+  for (int e = 0; e < 8; ++e) EXPECT_EQ(seen[e], 1) << "element " << e;
 }
 
 // Host PTX prmt against hand-worked selectors (the emulation the decode test relies on).
@@ -123,7 +142,8 @@ void EmulateTile(const TileCase& c, std::mt19937_64& rng) {
           // cvt.rn.f16x2.e4m3x2: the low byte's value in the low half (exact).
           const std::uint8_t scale_code =
               static_cast<std::uint8_t>(nvfp4::WordBlock(q) == 0 ? scale_codes & 0xFFu : scale_codes >> 8);
-          const float scale = E4M3ToFloat(scale_code);
+          // The kernel multiplies by the scale times 2^kScaleBias (exact in fp16: 448 * 128 fits).
+          const float scale = E4M3ToFloat(scale_code) * static_cast<float>(1 << nvfp4::kScaleBias);
           for (int i = 0; i < 4; ++i) {
             // __hmul2: each product rounded to fp16, which the kernel relies on being exact.
             const float lo = LowHalf(pairs[h][i]) * scale, hi = HighHalf(pairs[h][i]) * scale;
@@ -137,14 +157,16 @@ void EmulateTile(const TileCase& c, std::mt19937_64& rng) {
             pairs[h][i] = std::uint32_t{lo16.bits} | (std::uint32_t{hi16.bits} << 16);
           }
         }
-        // Column grp's token, or the first token for a column without one (not stored).
+        // Column grp's token, or the first token for a column without one (not stored), as the
+        // kernel's 16-byte load finds it: the vector stored in the pairs' order.
         const int token = grp < c.tokens ? grp : 0;
         std::uint32_t xs[4] = {0, 0, 0, 0};
         if (valid) {
-          for (int i = 0; i < 4; ++i) {
-            const std::size_t at = static_cast<std::size_t>(token) * c.cols + c0 + 8 * q + 2 * i;
-            xs[i] = std::uint32_t{x[at]} | (std::uint32_t{x[at + 1]} << 16);
+          std::uint16_t stored[8];
+          for (int e = 0; e < 8; ++e) {
+            stored[nvfp4::Nvfp4InputPosition(e)] = x[static_cast<std::size_t>(token) * c.cols + c0 + 8 * q + e];
           }
+          for (int i = 0; i < 4; ++i) xs[i] = std::uint32_t{stored[2 * i]} | (std::uint32_t{stored[2 * i + 1]} << 16);
         }
         nvfp4::WordFragments(pairs[0], pairs[1], xs, a[lane], b[lane]);
       }
@@ -187,7 +209,8 @@ void EmulateTile(const TileCase& c, std::mt19937_64& rng) {
     for (int r = 0; r < 4; ++r) {
       const int row = nvfp4::AccRow(lane, r), token = nvfp4::AccToken(lane, r);
       if (row < c.rows && token < c.tokens) {
-        got[static_cast<std::size_t>(row) * c.tokens + token] = global * (acc[lane][0][r] + acc[lane][1][r]);
+        got[static_cast<std::size_t>(row) * c.tokens + token] =
+            global * static_cast<float>(1 << nvfp4::kScaleBias) * (acc[lane][0][r] + acc[lane][1][r]);
         ++stores[static_cast<std::size_t>(row) * c.tokens + token];
       }
     }
