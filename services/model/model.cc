@@ -196,6 +196,10 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
       ASSIGN_OR_RETURN(const MoeRouting predicted, RouteLayer(weights_.layers[target], x));
       lookahead_observer_(target, predicted);
     }
+    // With a lookahead observer the loads it asks for may land while this forward runs: each
+    // MoE layer applies the slot mailbox again, so a residual posted after layer L serves the
+    // layers after it (the observer already keeps this forward off step graphs and on the host).
+    if (lookahead_observer_ && mailbox_.has_value()) mailbox_->apply_due = true;
   }
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
   ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));

@@ -144,7 +144,8 @@ SlotLoader::SlotLoader(std::vector<std::shared_ptr<RegisteredWorker>> members, s
       metrics_(metrics),
       send_(std::move(send)),
       allocator_(worker_->geometry),
-      events_(options.max_queued_reports, &metrics->reports_dropped),
+      events_(options.max_queued_reports, &metrics->reports_dropped, LoaderEvents::kDefaultMaxHints,
+              &metrics->hints_dropped),
       pacer_(ReadPacerOptions{.queue_depth = options_.store.queue_depth,
                               .max_budget = options_.predictor.read_budget,
                               .refresh_interval = options_.predictor.refresh_interval}),
@@ -205,6 +206,19 @@ void SlotLoader::OnRouting(nq::v1::RoutingReport report) {
                      worker_->worker_id, events_.queued_reports(), n);
       }
       return;  // the loader has plenty to read already
+    }
+  }
+  Wake();
+}
+
+void SlotLoader::OnLookahead(nq::v1::LookaheadHint hint) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!events_.PushHint(std::move(hint))) {
+      // Counted by the queue (nq_streamer_lookahead_hints_total{result="dropped"}); the hints
+      // waiting already name later tokens than any we could still serve.
+      stats_.hints_dropped = events_.dropped_hints();
+      return;
     }
   }
   Wake();
@@ -327,6 +341,10 @@ void SlotLoader::Run() {
         HandleRouting(*report);
         continue;
       }
+      if (const auto* hint = std::get_if<nq::v1::LookaheadHint>(&event)) {
+        HandleHint(*hint);
+        continue;
+      }
       if (const auto* peer = std::get_if<LoaderEvents::PeerResult>(&event)) {
         nq::v1::SlotTableUpdate update;
         HandlePeerResult(peer->rank, peer->result, update);
@@ -429,6 +447,7 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
     return;
   }
   if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) metrics_->sequences.Increment();
+  latest_sequence_ = std::max(latest_sequence_, report.sequence_id());
   if (*place == ReportPlace::kAfterGap) metrics_->report_gaps.Increment();
   if (absl::Status s = EnsurePredictor(report); !s.ok()) {
     // Only this report is lost: the next well-formed one starts the predictor (a learned
@@ -510,13 +529,19 @@ void SlotLoader::Refresh() {
   metrics_->refresh_seconds.Observe(SecondsSince(started));
   plan_cut_ = plan.loads.size() < plan.wanted_loads;
   reads_done_or_loads_started_ = 0;
+  plan_desired_.clear();
+  for (size_t l = 0; l < predictor_layers_.size(); ++l) {
+    const auto desired = plan.desired.begin() + static_cast<std::ptrdiff_t>(l * predictor_->options().floating_slots);
+    plan_desired_[predictor_layer_index_[l]].insert(desired, desired + plan.desired_count[l]);
+  }
   CancelUnwanted(plan);
   // The new plan replaces floating loads not yet issued: an expert no longer wanted is not read.
   // A load planned again keeps the time it was first decided (nq_streamer_load_latency_seconds).
   std::map<std::pair<uint32_t, uint32_t>, Clock::time_point> decided;
   std::deque<Want> queue;
   for (const Want& want : queue_) {
-    if (want.fixed) {
+    // A hinted load serves the token running now: a refresh made from older tokens keeps it.
+    if (want.fixed || want.hinted) {
       queue.push_back(want);
     } else {
       decided.emplace(std::make_pair(want.layer, want.expert), want.decided);
@@ -555,7 +580,7 @@ void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
   for (auto it = loads_.begin(); it != loads_.end();) {
     GroupLoad& load = it->second;
     const auto layer = std::find(predictor_layers_.begin(), predictor_layers_.end(), load.want.layer);
-    if (load.want.fixed || layer == predictor_layers_.end()) {
+    if (load.want.fixed || load.want.hinted || layer == predictor_layers_.end()) {
       ++it;
       continue;
     }
@@ -845,8 +870,10 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
     }
   }
   metrics_->loads_ready.Increment();
+  if (want.hinted) metrics_->hint_loads_ready.Increment();
   absl::MutexLock lock(&mu_);
   ++stats_.loads_ready;
+  if (want.hinted) ++stats_.hint_loads_ready;
   // With the load counts, so a reader of both sees the cache as this load left it.
   stats_.cached_records = cache_.records();
 }

@@ -148,6 +148,12 @@ ABSL_FLAG(std::string, slot_mailbox, "auto",
           "Take slot-table changes inside decode steps through a shared-memory mailbox the streamer posts to "
           "(DESIGN.md section 4): on, off, or auto (on for a CUDA worker streaming experts with --world_size=1). "
           "Needs --expert_bits=dynamic and --world_size=1");
+// Gate lookahead (issue #21): off by default. On glm5_nano (bench/README.md, "Gate lookahead in
+// serving") it adds host routing of every layer to each forward and turns off step graphs.
+ABSL_FLAG(int, lookahead_layers, 0,
+          "Gate lookahead within a token: during decode, report layer L+D's predicted experts to the streamer as "
+          "soon as layer L has run, so their residuals may load before layer L+D runs (0 = off). Pays off with "
+          "--slot_mailbox=on, where loads that land mid-token serve the token's later layers");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -825,6 +831,16 @@ absl::Status Run(ShutdownSignal& shutdown) {
   service.SetRoutingSink([&streamer](nq::v1::RoutingReport report) {
     streamer.EnqueueRoutingReport(std::move(report));
   });
+  // Before the session starts: no request runs yet, so the model's observer is set race-free.
+  RETURN_IF_ERROR(service.EnableLookahead(absl::GetFlag(FLAGS_lookahead_layers), [&streamer](nq::v1::LookaheadHint hint) {
+    return streamer.EnqueueLookaheadHint(std::move(hint));
+  }));
+  if (absl::GetFlag(FLAGS_lookahead_layers) > 0) {
+    spdlog::info("gate lookahead: layer L+{}'s predicted experts go to the streamer as soon as layer L ran{}",
+                 absl::GetFlag(FLAGS_lookahead_layers),
+                 mailbox != nullptr ? " (slot mailbox: applied before every MoE layer)"
+                                    : " (changes apply between steps: hinted loads serve later tokens only)");
+  }
   resync_streamer = &streamer;
   streamer.Start();
 
