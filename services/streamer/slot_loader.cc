@@ -55,6 +55,16 @@ std::vector<unsigned> PrepareSources(const std::vector<std::shared_ptr<Registere
   return prepared;
 }
 
+// Whether `update` already makes (layer, slot) READY. Such a slot must not be unmapped in the same
+// update: a worker with a slot mailbox takes an update's unmaps before its READYs (each expert
+// has one entry there, mailbox_poster.h), so it would keep the expert mapped while the poster
+// reports the unmap applied and the slot is reused under it. The victim leaves in a later update.
+bool ReadyInUpdate(const nq::v1::SlotTableUpdate& update, uint32_t layer, uint32_t slot) {
+  return std::any_of(update.changes().begin(), update.changes().end(), [&](const nq::v1::SlotChange& c) {
+    return c.kind() == nq::v1::SlotChange::KIND_READY && c.layer() == layer && c.slot() == slot;
+  });
+}
+
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -716,7 +726,7 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
       std::optional<uint32_t> victim_slot =
           want.victim == PlannedLoad::kNoVictim ? std::nullopt : allocator_.SlotOf(*li, want.victim);
       if (!want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
-          allocator_.state(*li, *victim_slot) == SlotState::kReady) {
+          allocator_.state(*li, *victim_slot) == SlotState::kReady && !ReadyInUpdate(update, want.layer, *victim_slot)) {
         (void)allocator_.MarkUnmapping(*li, *victim_slot);
         nq::v1::SlotChange* change = update.add_changes();
         change->set_kind(nq::v1::SlotChange::KIND_UNMAP);
@@ -860,7 +870,7 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
   if (want.victim != PlannedLoad::kNoVictim) {
     std::optional<uint32_t> victim = allocator_.SlotOf(load.layer_index, want.victim);
     if (victim && *victim >= g.fixed_slots_per_layer &&
-        allocator_.state(load.layer_index, *victim) == SlotState::kReady) {
+        allocator_.state(load.layer_index, *victim) == SlotState::kReady && !ReadyInUpdate(update, want.layer, *victim)) {
       (void)allocator_.MarkUnmapping(load.layer_index, *victim);
       nq::v1::SlotChange* unmap = update.add_changes();
       unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
