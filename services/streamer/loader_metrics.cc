@@ -116,6 +116,11 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
       hint_loads_ready(registry.Counter("nq_streamer_lookahead_loads_total", "", {"stage"}).WithLabels({"ready"})),
       hint_loads_unplaced(
           registry.Counter("nq_streamer_lookahead_loads_total", "", {"stage"}).WithLabels({"unplaced"})),
+      hint_load_latency(registry.Histogram("nq_streamer_lookahead_load_latency_seconds",
+                                           "Hinted slot loads: from the loader taking the lookahead hint to the "
+                                           "record's copy into the slot being complete (the worker applies it at its "
+                                           "next MoE layer, or step)",
+                                           metrics::ExponentialBuckets(25e-6, 2, 18)).Get()),
       peer_links_active(registry.Gauge("nq_streamer_peer_links_active",
                                        "Ranks of this streamer's tensor-parallel groups served by another node's "
                                        "streamer, linked now (StreamerPeer.RankLink)").Get()),

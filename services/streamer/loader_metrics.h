@@ -56,6 +56,9 @@ struct LoaderMetrics {
   metrics::Counter& hint_loads_queued;
   metrics::Counter& hint_loads_ready;
   metrics::Counter& hint_loads_unplaced;
+  // A hinted load's hint (taken by the loader thread) to its copy into the slot being complete:
+  // what must fit in D layers' time for it to land in time.
+  metrics::Histogram& hint_load_latency;
   // Groups spanning nodes (docs/tp_streamers.md). On the deciding streamer: remote ranks linked
   // now. On an applying one: the decider's orders this streamer answered, by result.
   metrics::Gauge& peer_links_active;

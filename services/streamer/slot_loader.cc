@@ -880,7 +880,10 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
     }
   }
   metrics_->loads_ready.Increment();
-  if (want.hinted) metrics_->hint_loads_ready.Increment();
+  if (want.hinted) {
+    metrics_->hint_loads_ready.Increment();
+    metrics_->hint_load_latency.Observe(SecondsSince(want.hinted_at));
+  }
   absl::MutexLock lock(&mu_);
   ++stats_.loads_ready;
   if (want.hinted) ++stats_.hint_loads_ready;

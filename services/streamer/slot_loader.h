@@ -194,6 +194,7 @@ class SlotLoader {
     bool fixed = false;
     Clock::time_point decided;  // when the session start or a refresh first asked for it
     bool hinted = false;        // queued by a lookahead hint: refreshes keep it, never cancel it
+    Clock::time_point hinted_at;  // when the loader took that hint
   };
   // One rank's read of a load.
   struct Read {

@@ -10,11 +10,10 @@
 //     the target layer did not route to it (a wrong prediction)       -> unrouted
 //
 // "Ran at 4 bits there" is read with `four_bit(layer, expert)` right after the target layer ran
-// (the next prediction's call, which comes after the next layer, or EndForward), before any
-// later layer can change the table: with a slot mailbox the model applies what the streamer
-// posted before every MoE layer while a lookahead observer is set, so a load posted while the
-// token runs serves its target layer; with changes applied between steps it cannot, and every
-// routed hinted expert counts as missed.
+// (LayerRan, before the model applies the slot mailbox again at the next MoE layer). With a slot
+// mailbox the model applies what the streamer posted before every MoE layer while lookahead is on
+// (Model::SetLookaheadObserver), so a load posted while the token runs can serve its target layer;
+// with changes applied between steps it cannot, and every routed hinted expert counts as missed.
 //
 // Only forwards of at most `max_rows` tokens are decode steps (1 + MTP drafts); prefill chunks
 // send nothing. The decode thread calls everything here; not thread-safe.
@@ -47,6 +46,9 @@ class LookaheadReporter {
   // Model::SetLookaheadObserver's callback: `predicted` is layer `target_layer`'s routing of
   // this forward's tokens, predicted from layer target_layer - depth's output, which just ran.
   void OnPredicted(int64_t target_layer, const model::MoeRouting& predicted);
+  // Layer `layer` of the running forward just ran (Model::SetLookaheadObserver's layer_ran): the
+  // hinted experts of a target layer at or below it are judged by the table as it is now.
+  void LayerRan(int64_t layer) { CheckRan(layer); }
   // The forward's real routing of one MoE layer (after the forward, in layer order).
   void OnRouting(int64_t layer, const model::MoeRouting& routing);
   // The forward ended (every OnRouting delivered): its hints are settled.

@@ -838,7 +838,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
   if (absl::GetFlag(FLAGS_lookahead_layers) > 0) {
     spdlog::info("gate lookahead: layer L+{}'s predicted experts go to the streamer as soon as layer L ran{}",
                  absl::GetFlag(FLAGS_lookahead_layers),
-                 mailbox != nullptr ? " (slot mailbox: applied before every MoE layer)"
+                 mailbox != nullptr ?   " (slot mailbox: applied before every MoE layer)"
                                     : " (changes apply between steps: hinted loads serve later tokens only)");
   }
   resync_streamer = &streamer;

@@ -119,13 +119,13 @@ class SlotRuntime {
   // between steps. Counts nothing.
   bool RunsAtFourBit(int64_t layer, int32_t expert) const;
   // Whether (layer, expert) would run at 4 bits in a layer running now, mid-forward: with a slot
-  // mailbox, what the model's last apply published (it applies before every MoE layer while a
-  // lookahead observer is set); otherwise RunsAtFourBit (the table holds still through a step).
+  // mailbox, what the model's last apply published (with a lookahead observer it applies before
+  // every MoE layer); otherwise RunsAtFourBit (the table holds still through a step).
   // For the gate-lookahead counts (lookahead_reporter.h). Counts nothing.
   bool RunsAtFourBitNow(int64_t layer, int32_t expert) const;
   // Mailbox mode with a lookahead observer, where the model applies the mailbox before every MoE
-  // layer: called on the forward's thread right after `layer` ran (before the next MoE layer's
-  // apply), it keeps which experts the layer ran at 4 bits, so the forward's call counts
+  // layer: called right after `layer` ran (Model::SetLookaheadObserver's layer_ran, before the
+  // next apply), it keeps which experts the layer ran at 4 bits, so the forward's call counts
   // (SlotTables' count) judge each layer by the table it ran with. A no-op otherwise.
   void NoteLayerRan(int64_t layer);
   // SlotTableUpdate.loads_in_flight of the last applied update.

@@ -97,15 +97,22 @@ absl::Status WorkerService::EnableLookahead(int depth, LookaheadReporter::Sink s
       depth, 1 + num_drafts_,
       [this](int64_t layer, int32_t expert) { return slots_ != nullptr && slots_->RunsAtFourBitNow(layer, expert); },
       std::move(sink), metrics::Registry::Default());
-  model_->SetLookaheadObserver(depth, [this](int64_t target, const model::MoeRouting& predicted) {
-    // The first prediction of a forward (targets grow within one): its token is the next to report.
-    if (last_lookahead_target_ < 0 || target <= last_lookahead_target_) {
-      lookahead_->BeginForward(sequence_id_, sequence_tokens_);
-    }
-    last_lookahead_target_ = target;
-    if (slots_ != nullptr) slots_->NoteLayerRan(target - lookahead_->depth());
-    lookahead_->OnPredicted(target, predicted);
-  });
+  model_->SetLookaheadObserver(
+      depth,
+      [this](int64_t target, const model::MoeRouting& predicted) {
+        // The first prediction of a forward (targets grow within one): its token is the next to
+        // report.
+        if (last_lookahead_target_ < 0 || target <= last_lookahead_target_) {
+          lookahead_->BeginForward(sequence_id_, sequence_tokens_);
+        }
+        last_lookahead_target_ = target;
+        lookahead_->OnPredicted(target, predicted);
+      },
+      [this](int64_t layer) {
+        // Before the model applies the slot mailbox again: the table this layer ran with.
+        if (slots_ != nullptr) slots_->NoteLayerRan(layer);
+        lookahead_->LayerRan(layer);
+      });
   return absl::OkStatus();
 }
 

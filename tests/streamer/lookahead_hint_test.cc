@@ -149,6 +149,7 @@ TEST_F(LookaheadHintTest, AHintedExpertThatIsNotResidentIsLoadedWithoutAnyRoutin
   EXPECT_EQ(Metric("nq_streamer_lookahead_hints_total{result=\"accepted\"}"), 1);
   EXPECT_EQ(Metric("nq_streamer_lookahead_loads_total{stage=\"queued\"}"), 1);
   EXPECT_EQ(Metric("nq_streamer_lookahead_loads_total{stage=\"ready\"}"), 1);
+  EXPECT_EQ(Metric("nq_streamer_lookahead_load_latency_seconds_count"), 1);
 }
 
 TEST_F(LookaheadHintTest, AHintWhoseExpertsAreAllResidentCostsNothing) {

@@ -97,14 +97,16 @@ TEST_F(LookaheadReporterTest, CountsLandedMissedAndUnroutedAsOfWhenTheTargetLaye
   EXPECT_NE(text.find("nq_worker_lookahead_experts_total{outcome=\"missed\"} 1"), std::string::npos) << text;
 }
 
-TEST_F(LookaheadReporterTest, TheLastTargetLayerIsJudgedByTheTableAsTheForwardLeftIt) {
+TEST_F(LookaheadReporterTest, ALayerNoPredictionFollowsIsJudgedWhenItRan) {
   LookaheadReporter reporter = Make(1, 1);
   reporter.BeginForward(1, 0);
-  reporter.OnPredicted(3, Routing({4}));  // no prediction follows layer 3
-  warm_.insert({3, 4});                   // landed while layers 2 and 3 ran
-  reporter.OnRouting(3, Routing({4}));
+  reporter.OnPredicted(4, Routing({4, 5}));  // after layer 3; no prediction follows layer 4
+  warm_.insert({4, 4});                      // landed before layer 4 ran
+  reporter.LayerRan(4);
+  warm_.insert({4, 5});  // landed after layer 4 ran: too late, though the table shows it now
+  reporter.OnRouting(4, Routing({4, 5}));
   EXPECT_EQ(reporter.stats().landed, 1u);
-  EXPECT_EQ(reporter.stats().missed, 0u);
+  EXPECT_EQ(reporter.stats().missed, 1u);
 }
 
 }  // namespace
