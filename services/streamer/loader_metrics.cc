@@ -110,8 +110,8 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
       hint_loads_queued(registry.Counter("nq_streamer_lookahead_loads_total",
                                          "Slot loads caused by lookahead hints, by stage: queued (a hinted expert "
                                          "was not resident or loading; its load goes ahead of the predictor's); "
-                                         "ready (announced READY); unplaced (dropped: no FREE slot, and no victim "
-                                         "outside the token's hinted experts)",
+                                         "ready (announced READY); unplaced (dropped: the layer holds its F "
+                                         "floating experts and the same token's hints named every READY one)",
                                          {"stage"}).WithLabels({"queued"})),
       hint_loads_ready(registry.Counter("nq_streamer_lookahead_loads_total", "", {"stage"}).WithLabels({"ready"})),
       hint_loads_unplaced(

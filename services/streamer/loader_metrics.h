@@ -49,7 +49,7 @@ struct LoaderMetrics {
   // Gate lookahead (issue #21, SlotLoader::HandleHint): hints by what became of them (accepted,
   // refused: malformed or stale, dropped: the loader's hint queue was full), and the loads they
   // caused by stage (queued: not resident, a load was queued ahead of the predictor's; ready:
-  // announced READY; unplaced: no slot could be taken without evicting what the token uses).
+  // announced READY; unplaced: no room without evicting an expert the same token's hints named).
   metrics::Counter& hints_accepted;
   metrics::Counter& hints_refused;
   metrics::Counter& hints_dropped;

@@ -48,8 +48,8 @@
 // (one owner per slot, LOADING only is written, a victim leaves when its replacement lands or
 // once its unmap is acknowledged). Past F floating experts a hinted load names a victim: a READY
 // floating expert that no hint of the same token named for that layer, preferring one the last
-// refresh did not want; when there is none the hinted load is dropped (unplaced). A refresh neither cancels
-// nor drops a hinted load. A hint whose experts are all resident queues nothing.
+// refresh did not want; when there is none the hinted load is dropped (unplaced). A refresh
+// neither cancels nor drops a hinted load. A hint whose experts are all resident queues nothing.
 //
 // One thread per loader owns its record store (an io_uring ring and bounce buffers over the
 // process's shared RecordFiles), allocator and predictor; the session thread only queues
@@ -181,7 +181,7 @@ class SlotLoader {
     uint64_t hints_dropped = 0;       // the event queue held max hints already
     uint64_t hint_loads_queued = 0;   // hinted experts not resident: a load queued
     uint64_t hint_loads_ready = 0;    // of those, announced READY
-    uint64_t hint_loads_unplaced = 0; // no FREE slot and no victim the token does not use
+    uint64_t hint_loads_unplaced = 0; // F floating experts held, all named by the token's hints
   };
   Stats stats() const;
 
@@ -194,7 +194,7 @@ class SlotLoader {
     bool fixed = false;
     Clock::time_point decided;  // when the session start or a refresh first asked for it
     bool hinted = false;        // queued by a lookahead hint: refreshes keep it, never cancel it
-    Clock::time_point hinted_at;  // when the loader took that hint
+    Clock::time_point hinted_at{};  // when the loader took that hint
   };
   // One rank's read of a load.
   struct Read {

@@ -318,6 +318,15 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank=", rank, " --world_size=", world, ": want 0 <= rank < world_size"));
   }
+  if (const int lookahead = absl::GetFlag(FLAGS_lookahead_layers); lookahead < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", lookahead, " is negative"));
+  } else if (lookahead > 0 && world > 1) {
+    // A group's slot changes apply at the step its leader names (and its streamer takes no
+    // hints): nothing a hint loads could serve the token that sent it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lookahead_layers=", lookahead,
+        " with --world_size > 1: a tensor-parallel group takes slot changes only between steps"));
+  }
   if (world > 1) {
     RETURN_IF_ERROR(CheckAddressFlag("leader_address", absl::GetFlag(FLAGS_leader_address)));
     RETURN_IF_ERROR(CheckPositiveSecondsFlag("tp_timeout_s", absl::GetFlag(FLAGS_tp_timeout_s)));
@@ -774,6 +783,23 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                                  ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")
                                                  : std::string("off"));
   }
+  // Before serving: no request runs yet, so the model's observer is set race-free. Hints go to
+  // the streamer session once it exists (resync_streamer; dropped and counted before and after).
+  auto send_hint = [&resync_streamer](nq::v1::LookaheadHint hint) {
+    StreamerClient* client = resync_streamer.load();
+    return client != nullptr && client->EnqueueLookaheadHint(std::move(hint));
+  };
+  RETURN_IF_ERROR(service.EnableLookahead(absl::GetFlag(FLAGS_lookahead_layers), send_hint));
+  if (absl::GetFlag(FLAGS_lookahead_layers) > 0 && !dynamic_experts) {
+    // Still predicted and sent (the streamer counts them): what lookahead costs a step, alone.
+    spdlog::warn("gate lookahead with --expert_bits={}: every expert's precision is fixed, so the hints load nothing",
+                 absl::GetFlag(FLAGS_expert_bits));
+  } else if (absl::GetFlag(FLAGS_lookahead_layers) > 0) {
+    spdlog::info("gate lookahead: layer L+{}'s predicted experts go to the streamer as soon as layer L ran{}",
+                 absl::GetFlag(FLAGS_lookahead_layers),
+                 mailbox != nullptr ? " (slot mailbox: applied before every MoE layer)"
+                                    : " (changes apply between steps: hinted loads serve later tokens only)");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<release::PrefillExperts> prefill_experts,
                    ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, &slots, *backend,
                                     {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
@@ -831,16 +857,6 @@ absl::Status Run(ShutdownSignal& shutdown) {
   service.SetRoutingSink([&streamer](nq::v1::RoutingReport report) {
     streamer.EnqueueRoutingReport(std::move(report));
   });
-  // Before the session starts: no request runs yet, so the model's observer is set race-free.
-  RETURN_IF_ERROR(service.EnableLookahead(absl::GetFlag(FLAGS_lookahead_layers), [&streamer](nq::v1::LookaheadHint hint) {
-    return streamer.EnqueueLookaheadHint(std::move(hint));
-  }));
-  if (absl::GetFlag(FLAGS_lookahead_layers) > 0) {
-    spdlog::info("gate lookahead: layer L+{}'s predicted experts go to the streamer as soon as layer L ran{}",
-                 absl::GetFlag(FLAGS_lookahead_layers),
-                 mailbox != nullptr ?   " (slot mailbox: applied before every MoE layer)"
-                                    : " (changes apply between steps: hinted loads serve later tokens only)");
-  }
   resync_streamer = &streamer;
   streamer.Start();
 

@@ -87,7 +87,8 @@ absl::Status WorkerService::EnableSpeculation(int num_drafts) {
 
 absl::Status WorkerService::EnableLookahead(int depth, LookaheadReporter::Sink sink) {
   if (depth < 0) return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", depth, " is negative"));
-  if (depth == 0 || model_ == nullptr) return absl::OkStatus();
+  if (depth == 0) return absl::OkStatus();
+  if (model_ == nullptr) return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", depth, " needs --model"));
   if (moe_layers_.empty() || static_cast<int64_t>(moe_layers_.back()) < depth) {
     return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", depth, ": the model has no MoE layer ", depth,
                                                    " layers after another"));

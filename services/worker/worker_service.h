@@ -62,9 +62,8 @@ class WorkerService final : public nq::v1::Worker::Service {
   void SetTensorParallelLeader(TpLeader* leader);
   // Gate lookahead (issue #21, lookahead_reporter.h): during decode steps, layer L + depth's
   // predicted experts go to `sink` as soon as layer L ran. depth 0 leaves it off. Before serving.
-  // INVALID_ARGUMENT for a negative depth or one the model has no MoE layer that far ahead for.
+  // INVALID_ARGUMENT for a negative depth, no model, or a depth no MoE layer is that far ahead for.
   absl::Status EnableLookahead(int depth, LookaheadReporter::Sink sink);
-  const LookaheadReporter* lookahead() const { return lookahead_.get(); }
   nq::v1::WorkerState state() const;
 
   grpc::Status Generate(grpc::ServerContext* context, const nq::v1::WorkerGenerateRequest* request,
