@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -358,7 +359,7 @@ void SlotLoader::Run() {
       if (const auto* peer = std::get_if<LoaderEvents::PeerResult>(&event)) {
         nq::v1::SlotTableUpdate update;
         HandlePeerResult(peer->rank, peer->result, update);
-        if (update.changes_size() > 0) SendUpdate(std::move(update));
+        SendThenDeferred(std::move(update), /*always=*/false);
         continue;
       }
       const auto* ranked = std::get_if<LoaderEvents::RankAck>(&event);
@@ -379,7 +380,7 @@ void SlotLoader::Run() {
     if (!session_gone_) {
       nq::v1::SlotTableUpdate update;
       Pump(update);
-      if (update.changes_size() > 0) SendUpdate(std::move(update));
+      SendThenDeferred(std::move(update), /*always=*/false);
     }
     Reap();
     FinishCutPlan();
@@ -581,7 +582,7 @@ void SlotLoader::Refresh() {
   // acted on.
   nq::v1::SlotTableUpdate update;
   if (!session_gone_) Pump(update);
-  SendUpdate(std::move(update));
+  SendThenDeferred(std::move(update), /*always=*/true);
 }
 
 void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
@@ -725,8 +726,14 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
       // No FREE slot: unmap the victim now (eager) and wait for the acknowledgement.
       std::optional<uint32_t> victim_slot =
           want.victim == PlannedLoad::kNoVictim ? std::nullopt : allocator_.SlotOf(*li, want.victim);
-      if (!want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
-          allocator_.state(*li, *victim_slot) == SlotState::kReady && !ReadyInUpdate(update, want.layer, *victim_slot)) {
+      const bool victim_ready = !want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
+                                allocator_.state(*li, *victim_slot) == SlotState::kReady;
+      if (victim_ready && ReadyInUpdate(update, want.layer, *victim_slot)) {
+        unmap_deferred_ = true;  // unmapped by the next update (SendThenDeferred)
+        ++it;
+        continue;
+      }
+      if (victim_ready) {
         (void)allocator_.MarkUnmapping(*li, *victim_slot);
         nq::v1::SlotChange* change = update.add_changes();
         change->set_kind(nq::v1::SlotChange::KIND_UNMAP);
@@ -870,7 +877,10 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
   if (want.victim != PlannedLoad::kNoVictim) {
     std::optional<uint32_t> victim = allocator_.SlotOf(load.layer_index, want.victim);
     if (victim && *victim >= g.fixed_slots_per_layer &&
-        allocator_.state(load.layer_index, *victim) == SlotState::kReady && !ReadyInUpdate(update, want.layer, *victim)) {
+        allocator_.state(load.layer_index, *victim) == SlotState::kReady && ReadyInUpdate(update, want.layer, *victim)) {
+      deferred_victims_.emplace_back(load.layer_index, want.victim);  // SendThenDeferred unmaps it
+    } else if (victim && *victim >= g.fixed_slots_per_layer &&
+               allocator_.state(load.layer_index, *victim) == SlotState::kReady) {
       (void)allocator_.MarkUnmapping(load.layer_index, *victim);
       nq::v1::SlotChange* unmap = update.add_changes();
       unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
@@ -959,7 +969,30 @@ void SlotLoader::Reap() {
   // The landed reads' buffers are free or cached only now: a load that waited for one in the
   // Pump above starts here, not a wake-up (max_sleep) later.
   if (!session_gone_ && !queue_.empty()) Pump(update);
-  if (update.changes_size() > 0) SendUpdate(std::move(update));
+  SendThenDeferred(std::move(update), /*always=*/false);
+}
+
+void SlotLoader::SendThenDeferred(nq::v1::SlotTableUpdate update, bool always) {
+  if (always || update.changes_size() > 0) SendUpdate(std::move(update));
+  if ((!unmap_deferred_ && deferred_victims_.empty()) || session_gone_) return;
+  // The unmaps ReadyInUpdate held back: their READYs went in the update just sent.
+  nq::v1::SlotTableUpdate next;
+  const SlotGeometry& g = worker_->geometry;
+  for (const auto& [layer_index, expert] : std::exchange(deferred_victims_, {})) {
+    std::optional<uint32_t> slot = allocator_.SlotOf(layer_index, expert);
+    if (!slot || *slot < g.fixed_slots_per_layer || allocator_.state(layer_index, *slot) != SlotState::kReady) continue;
+    (void)allocator_.MarkUnmapping(layer_index, *slot);
+    nq::v1::SlotChange* unmap = next.add_changes();
+    unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
+    unmap->set_layer(g.moe_layer_ids[layer_index]);
+    unmap->set_slot(*slot);
+    metrics_->unmaps.Increment();
+  }
+  unmap_deferred_ = false;
+  Pump(next);
+  // A load of this Pump may defer an unmap again (a cache hit landing at once): left to the next
+  // pass, which every landed read or acknowledgement brings.
+  if (next.changes_size() > 0) SendUpdate(std::move(next));
 }
 
 bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {

@@ -285,6 +285,10 @@ class SlotLoader {
   // Sends `update` with the next generation (in mailbox mode its changes posted to the mailbox
   // first and left out); false when the session is gone.
   bool SendUpdate(nq::v1::SlotTableUpdate update);
+  // Sends `update` (when it has changes, or `always`), then, in another update, the unmaps that
+  // could not go in it: a victim made READY in the same update (ReadyInUpdate in slot_loader.cc)
+  // leaves in the next one, and the load that waited for it starts.
+  void SendThenDeferred(nq::v1::SlotTableUpdate update, bool always);
   uint64_t BacklogBytes() const;
   void PublishGauges();
 
@@ -350,6 +354,10 @@ class SlotLoader {
   uint64_t next_tag_ = 1;
   uint64_t next_generation_ = 1;
   bool session_gone_ = false;
+  // Unmaps held back from an update that made their slot READY (SendThenDeferred): an eager one
+  // (Pump kept its load queued), and lazy victims by (layer index, expert).
+  bool unmap_deferred_ = false;
+  std::vector<std::pair<size_t, uint32_t>> deferred_victims_;
   // This loader's contribution to the shared gauges, so several loaders add up.
   double published_backlog_ = 0;
   double published_depth_ = 0;

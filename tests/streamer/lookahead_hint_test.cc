@@ -19,6 +19,7 @@
 #include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
 #include "tests/streamer/memory_arena.h"
+#include "tests/streamer/routing_report.h"
 
 namespace nq::streamer {
 namespace {
@@ -44,6 +45,9 @@ nq::v1::LookaheadHint Hint(uint64_t sequence, uint64_t token, uint32_t layer, st
 
 class LookaheadHintTest : public ::testing::Test {
  protected:
+  // Faults injected into the loader's reads (none here).
+  virtual ReadFaults Faults() const { return {}; }
+
   void SetUp() override {
     root_ = format::testing::MakeTempDir();
     release_dir_ = root_ + "/release";
@@ -63,6 +67,11 @@ class LookaheadHintTest : public ::testing::Test {
     options.files = *files;
     options.store.queue_depth = 2;
     options.store.buffers = 4;
+    options.store.faults = Faults();
+    // Quick to change its mind (as in slot_loader_test.cc): 16 tokens of an expert make it the
+    // desired floating expert.
+    options.predictor.hysteresis_margin = 0;
+    options.predictor.static_weight = 0;
     // Past every wait below: a path that only works because the loader wakes up anyway fails.
     options.max_sleep = absl::Seconds(60);
     metrics_ = std::make_unique<LoaderMetrics>(registry_);
@@ -74,6 +83,7 @@ class LookaheadHintTest : public ::testing::Test {
     // The fixed set lands first.
     ASSERT_TRUE(WaitUntil([&] { return ReadyIn(0) == kFixedExpert; }));
   }
+  int Cancelled() { return static_cast<int>(loader_->stats().reads_cancelled); }
   void TearDown() override {
     if (loader_) loader_->Stop();
     loader_.reset();
@@ -215,6 +225,35 @@ TEST_F(LookaheadHintTest, AHintNeverEvictsAnExpertTheSameTokenWasHintedToUse) {
   EXPECT_EQ(Unmaps(), 1);
   EXPECT_EQ(ReadyIn(0), kFixedExpert);  // the fixed slot is never a hint's victim
   EXPECT_EQ(loader_->stats().hint_loads_ready, 2u);
+}
+
+}  // namespace
+}  // namespace nq::streamer
+
+namespace nq::streamer {
+namespace {
+
+// Every read takes at least 300 ms, so a hinted read is still out when a refresh comes.
+class LookaheadHintSlowReadsTest : public LookaheadHintTest {
+ protected:
+  ReadFaults Faults() const override { return ReadFaults{.slow = 1.0, .slow_ms = 300}; }
+};
+
+// A refresh made from the reports (16 tokens routed to B) does not want A, whose hinted read is in
+// flight: it would cancel a planned read, but a hint names what the running token needs, so A's
+// read is kept and A announced. (B then replaces A through the ordinary eviction.)
+TEST_F(LookaheadHintSlowReadsTest, ARefreshThatDoesNotWantAHintedLoadNeverCancelsIt) {
+  loader_->OnLookahead(Hint(1, 0, kLayer, {kA}));
+  ASSERT_TRUE(WaitUntil([&] { return loader_->stats().hint_loads_queued == 1; }));
+  nq::v1::RoutingReport report = TopOneReport(0, kLayer, kB, 16);
+  report.set_sequence_id(1);
+  loader_->OnRouting(report);
+  ASSERT_TRUE(WaitUntil([&] { return loader_->stats().refreshes >= 1; }));
+  EXPECT_EQ(ReadyIn(kFloatingSlot), -1);  // A's read was still out at the refresh
+  ASSERT_TRUE(WaitUntil([&] { return Announced(kA) == 1; }, std::chrono::seconds(20)));
+  EXPECT_EQ(Cancelled(), 0);
+  EXPECT_EQ(loader_->stats().hint_loads_ready, 1u);
+  ASSERT_TRUE(WaitUntil([&] { return ReadyIn(kFloatingSlot) == kB; }, std::chrono::seconds(20)));
 }
 
 }  // namespace
