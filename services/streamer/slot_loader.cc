@@ -876,11 +876,11 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
   // Lazy eviction: the victim leaves in the update that makes its replacement READY.
   if (want.victim != PlannedLoad::kNoVictim) {
     std::optional<uint32_t> victim = allocator_.SlotOf(load.layer_index, want.victim);
-    if (victim && *victim >= g.fixed_slots_per_layer &&
-        allocator_.state(load.layer_index, *victim) == SlotState::kReady && ReadyInUpdate(update, want.layer, *victim)) {
+    const bool victim_ready = victim && *victim >= g.fixed_slots_per_layer &&
+                              allocator_.state(load.layer_index, *victim) == SlotState::kReady;
+    if (victim_ready && ReadyInUpdate(update, want.layer, *victim)) {
       deferred_victims_.emplace_back(load.layer_index, want.victim);  // SendThenDeferred unmaps it
-    } else if (victim && *victim >= g.fixed_slots_per_layer &&
-               allocator_.state(load.layer_index, *victim) == SlotState::kReady) {
+    } else if (victim_ready) {
       (void)allocator_.MarkUnmapping(load.layer_index, *victim);
       nq::v1::SlotChange* unmap = update.add_changes();
       unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);

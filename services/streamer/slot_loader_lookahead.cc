@@ -115,7 +115,8 @@ void SlotLoader::HandleHint(const nq::v1::LookaheadHint& hint) {
     // Already queued (by a refresh or an earlier hint): never loaded twice. A refresh's load is
     // taken over (it keeps its decision time) with a victim chosen as a hint's is, so that it
     // too spares what this token uses.
-    Want want{.layer = hint.layer(), .expert = expert, .fixed = false, .decided = now, .hinted = true, .hinted_at = now};
+    Want want{
+        .layer = hint.layer(), .expert = expert, .fixed = false, .decided = now, .hinted = true, .hinted_at = now};
     auto queued = std::find_if(queue_.begin(), queue_.end(),
                                [&](const Want& w) { return w.layer == hint.layer() && w.expert == expert; });
     std::optional<Want> planned;
@@ -123,6 +124,7 @@ void SlotLoader::HandleHint(const nq::v1::LookaheadHint& hint) {
       if (queued->fixed || queued->hinted) continue;
       planned = *queued;
       want.decided = queued->decided;
+      if (queued->victim == PlannedLoad::kNoVictim && occupied > 0) --occupied;  // counted above
       queue_.erase(queued);
     }
     if (occupied < allocator_.floating_slots()) {
