@@ -191,11 +191,17 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
   selection_.reset();
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     RETURN_IF_ERROR(RunLayer(weights_.layers[layer], layer, static_cast<size_t>(layer), x, start));
+    if (!lookahead_observer_) continue;
+    if (lookahead_layer_ran_) lookahead_layer_ran_(layer);
     if (const int64_t target = layer + lookahead_depth_;
-        lookahead_observer_ && lookahead_depth_ >= 1 && target < config_.num_hidden_layers && config_.IsMoeLayer(target)) {
+        lookahead_depth_ >= 1 && target < config_.num_hidden_layers && config_.IsMoeLayer(target)) {
       ASSIGN_OR_RETURN(const MoeRouting predicted, RouteLayer(weights_.layers[target], x));
       lookahead_observer_(target, predicted);
     }
+    // The loads the observer asks for may land while this forward runs: the next MoE layer
+    // applies the slot mailbox again, so a residual posted by now serves the layers after L (the
+    // observer already keeps this forward off step graphs and on the host).
+    if (mailbox_.has_value()) mailbox_->apply_due = true;
   }
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
   ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));

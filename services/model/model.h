@@ -153,10 +153,17 @@ class Model {
   // Gate lookahead (issue #21): after each layer L, the router of layer L + depth, when that is
   // an MoE layer, applied to L's output (the attention of the layers between skipped): the
   // experts it will likely route to, known `depth` layers before it runs. Host routing, for
-  // measuring how early routing can be known (eval/gate_lookahead.h); null turns it off.
-  void SetLookaheadObserver(int depth, std::function<void(int64_t target_layer, const MoeRouting& predicted)> observer) {
+  // measuring how early routing can be known (eval/gate_lookahead.h) and for the worker's hints
+  // (services/worker/lookahead_reporter.h); null turns it off. `layer_ran(L)`, when given, is
+  // called after every layer L of such a forward, before that layer's prediction. With a slot
+  // mailbox and an observer, every MoE layer applies the mailbox again, so what the streamer
+  // posted while the forward runs serves its later layers; layer_ran is then the last moment the
+  // table layer L ran with can be read.
+  void SetLookaheadObserver(int depth, std::function<void(int64_t target_layer, const MoeRouting& predicted)> observer,
+                            std::function<void(int64_t layer)> layer_ran = nullptr) {
     lookahead_depth_ = depth;
     lookahead_observer_ = std::move(observer);
+    lookahead_layer_ran_ = std::move(layer_ran);
     step_graphs_.clear();
   }
 
@@ -431,6 +438,7 @@ class Model {
   }
   int lookahead_depth_ = 0;
   std::function<void(int64_t, const MoeRouting&)> lookahead_observer_;
+  std::function<void(int64_t)> lookahead_layer_ran_;
   ExpertSlotSource slot_source_;
   std::optional<SlotArena> arena_;
   // The slot table each packed layer's NqMoe reads (model layer id): written before each use on

@@ -5,8 +5,23 @@
 
 namespace nq::streamer {
 
-LoaderEvents::LoaderEvents(size_t max_reports, metrics::Counter* dropped)
-    : max_reports_(std::max<size_t>(max_reports, 1)), dropped_(dropped) {}
+LoaderEvents::LoaderEvents(size_t max_reports, metrics::Counter* dropped, size_t max_hints,
+                           metrics::Counter* dropped_hints)
+    : max_reports_(std::max<size_t>(max_reports, 1)),
+      dropped_(dropped),
+      max_hints_(max_hints),
+      dropped_hints_(dropped_hints) {}
+
+bool LoaderEvents::PushHint(nq::v1::LookaheadHint hint) {
+  if (queued_hints_ >= max_hints_) {
+    ++dropped_hints_count_;
+    if (dropped_hints_ != nullptr) dropped_hints_->Increment();
+    return false;
+  }
+  events_.emplace_back(std::move(hint));
+  ++queued_hints_;
+  return true;
+}
 
 bool LoaderEvents::PushReport(nq::v1::RoutingReport report) {
   if (queued_reports_ >= max_reports_) {
@@ -33,6 +48,7 @@ std::deque<LoaderEvents::Event> LoaderEvents::TakeAll() {
   std::deque<Event> taken;
   taken.swap(events_);
   queued_reports_ = 0;
+  queued_hints_ = 0;
   return taken;
 }
 

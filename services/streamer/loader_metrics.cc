@@ -99,6 +99,28 @@ LoaderMetrics::LoaderMetrics(metrics::Registry& registry)
                                    "the worker dropped)").Get()),
       sequences(registry.Counter("nq_streamer_routing_sequences_total",
                                  "Worker sequences whose routing reached a predictor").Get()),
+      hints_accepted(registry.Counter("nq_streamer_lookahead_hints_total",
+                                      "Gate lookahead hints from workers (issue #21), by result: accepted; refused "
+                                      "(a layer without slots, an expert outside the layer, duplicate experts, a "
+                                      "sequence older than the session's latest); dropped (the loader's hint queue "
+                                      "was full)",
+                                      {"result"}).WithLabels({"accepted"})),
+      hints_refused(registry.Counter("nq_streamer_lookahead_hints_total", "", {"result"}).WithLabels({"refused"})),
+      hints_dropped(registry.Counter("nq_streamer_lookahead_hints_total", "", {"result"}).WithLabels({"dropped"})),
+      hint_loads_queued(registry.Counter("nq_streamer_lookahead_loads_total",
+                                         "Slot loads caused by lookahead hints, by stage: queued (a hinted expert "
+                                         "was not resident or loading; its load goes ahead of the predictor's); "
+                                         "ready (announced READY); unplaced (dropped: the layer holds its F "
+                                         "floating experts and the same token's hints named every READY one)",
+                                         {"stage"}).WithLabels({"queued"})),
+      hint_loads_ready(registry.Counter("nq_streamer_lookahead_loads_total", "", {"stage"}).WithLabels({"ready"})),
+      hint_loads_unplaced(
+          registry.Counter("nq_streamer_lookahead_loads_total", "", {"stage"}).WithLabels({"unplaced"})),
+      hint_load_latency(registry.Histogram("nq_streamer_lookahead_load_latency_seconds",
+                                           "Hinted slot loads: from the loader taking the lookahead hint to the "
+                                           "record's copy into the slot being complete (the worker applies it at its "
+                                           "next MoE layer, or step)",
+                                           metrics::ExponentialBuckets(25e-6, 2, 18)).Get()),
       peer_links_active(registry.Gauge("nq_streamer_peer_links_active",
                                        "Ranks of this streamer's tensor-parallel groups served by another node's "
                                        "streamer, linked now (StreamerPeer.RankLink)").Get()),

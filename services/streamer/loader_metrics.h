@@ -46,6 +46,19 @@ struct LoaderMetrics {
   metrics::Counter& reports_dropped;
   metrics::Counter& report_gaps;
   metrics::Counter& sequences;
+  // Gate lookahead (issue #21, SlotLoader::HandleHint): hints by what became of them (accepted,
+  // refused: malformed or stale, dropped: the loader's hint queue was full), and the loads they
+  // caused by stage (queued: not resident, a load was queued ahead of the predictor's; ready:
+  // announced READY; unplaced: no room without evicting an expert the same token's hints named).
+  metrics::Counter& hints_accepted;
+  metrics::Counter& hints_refused;
+  metrics::Counter& hints_dropped;
+  metrics::Counter& hint_loads_queued;
+  metrics::Counter& hint_loads_ready;
+  metrics::Counter& hint_loads_unplaced;
+  // A hinted load's hint (taken by the loader thread) to its copy into the slot being complete:
+  // what must fit in D layers' time for it to land in time.
+  metrics::Histogram& hint_load_latency;
   // Groups spanning nodes (docs/tp_streamers.md). On the deciding streamer: remote ranks linked
   // now. On an applying one: the decider's orders this streamer answered, by result.
   metrics::Gauge& peer_links_active;

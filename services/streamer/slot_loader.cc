@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -53,6 +54,16 @@ std::vector<unsigned> PrepareSources(const std::vector<std::shared_ptr<Registere
     }
   }
   return prepared;
+}
+
+// Whether `update` already makes (layer, slot) READY. Such a slot must not be unmapped in the same
+// update: a worker with a slot mailbox takes an update's unmaps before its READYs (each expert
+// has one entry there, mailbox_poster.h), so it would keep the expert mapped while the poster
+// reports the unmap applied and the slot is reused under it. The victim leaves in a later update.
+bool ReadyInUpdate(const nq::v1::SlotTableUpdate& update, uint32_t layer, uint32_t slot) {
+  return std::any_of(update.changes().begin(), update.changes().end(), [&](const nq::v1::SlotChange& c) {
+    return c.kind() == nq::v1::SlotChange::KIND_READY && c.layer() == layer && c.slot() == slot;
+  });
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
@@ -144,7 +155,8 @@ SlotLoader::SlotLoader(std::vector<std::shared_ptr<RegisteredWorker>> members, s
       metrics_(metrics),
       send_(std::move(send)),
       allocator_(worker_->geometry),
-      events_(options.max_queued_reports, &metrics->reports_dropped),
+      events_(options.max_queued_reports, &metrics->reports_dropped, LoaderEvents::kDefaultMaxHints,
+              &metrics->hints_dropped),
       pacer_(ReadPacerOptions{.queue_depth = options_.store.queue_depth,
                               .max_budget = options_.predictor.read_budget,
                               .refresh_interval = options_.predictor.refresh_interval}),
@@ -205,6 +217,19 @@ void SlotLoader::OnRouting(nq::v1::RoutingReport report) {
                      worker_->worker_id, events_.queued_reports(), n);
       }
       return;  // the loader has plenty to read already
+    }
+  }
+  Wake();
+}
+
+void SlotLoader::OnLookahead(nq::v1::LookaheadHint hint) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!events_.PushHint(std::move(hint))) {
+      // Counted by the queue (nq_streamer_lookahead_hints_total{result="dropped"}); the hints
+      // waiting already name later tokens than any we could still serve.
+      stats_.hints_dropped = events_.dropped_hints();
+      return;
     }
   }
   Wake();
@@ -327,10 +352,14 @@ void SlotLoader::Run() {
         HandleRouting(*report);
         continue;
       }
+      if (const auto* hint = std::get_if<nq::v1::LookaheadHint>(&event)) {
+        HandleHint(*hint);
+        continue;
+      }
       if (const auto* peer = std::get_if<LoaderEvents::PeerResult>(&event)) {
         nq::v1::SlotTableUpdate update;
         HandlePeerResult(peer->rank, peer->result, update);
-        if (update.changes_size() > 0) SendUpdate(std::move(update));
+        SendThenDeferred(std::move(update), /*always=*/false);
         continue;
       }
       const auto* ranked = std::get_if<LoaderEvents::RankAck>(&event);
@@ -351,7 +380,7 @@ void SlotLoader::Run() {
     if (!session_gone_) {
       nq::v1::SlotTableUpdate update;
       Pump(update);
-      if (update.changes_size() > 0) SendUpdate(std::move(update));
+      SendThenDeferred(std::move(update), /*always=*/false);
     }
     Reap();
     FinishCutPlan();
@@ -429,6 +458,7 @@ void SlotLoader::HandleRouting(const nq::v1::RoutingReport& report) {
     return;
   }
   if (*place == ReportPlace::kFirst || *place == ReportPlace::kNewSequence) metrics_->sequences.Increment();
+  latest_sequence_ = std::max(latest_sequence_, report.sequence_id());
   if (*place == ReportPlace::kAfterGap) metrics_->report_gaps.Increment();
   if (absl::Status s = EnsurePredictor(report); !s.ok()) {
     // Only this report is lost: the next well-formed one starts the predictor (a learned
@@ -510,13 +540,19 @@ void SlotLoader::Refresh() {
   metrics_->refresh_seconds.Observe(SecondsSince(started));
   plan_cut_ = plan.loads.size() < plan.wanted_loads;
   reads_done_or_loads_started_ = 0;
+  plan_desired_.clear();
+  for (size_t l = 0; l < predictor_layers_.size(); ++l) {
+    const auto desired = plan.desired.begin() + static_cast<std::ptrdiff_t>(l * predictor_->options().floating_slots);
+    plan_desired_[predictor_layer_index_[l]].insert(desired, desired + plan.desired_count[l]);
+  }
   CancelUnwanted(plan);
   // The new plan replaces floating loads not yet issued: an expert no longer wanted is not read.
   // A load planned again keeps the time it was first decided (nq_streamer_load_latency_seconds).
   std::map<std::pair<uint32_t, uint32_t>, Clock::time_point> decided;
   std::deque<Want> queue;
   for (const Want& want : queue_) {
-    if (want.fixed) {
+    // A hinted load serves the token running now: a refresh made from older tokens keeps it.
+    if (want.fixed || want.hinted) {
       queue.push_back(want);
     } else {
       decided.emplace(std::make_pair(want.layer, want.expert), want.decided);
@@ -546,7 +582,7 @@ void SlotLoader::Refresh() {
   // acted on.
   nq::v1::SlotTableUpdate update;
   if (!session_gone_) Pump(update);
-  SendUpdate(std::move(update));
+  SendThenDeferred(std::move(update), /*always=*/true);
 }
 
 void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
@@ -555,7 +591,7 @@ void SlotLoader::CancelUnwanted(const PredictorPlan& plan) {
   for (auto it = loads_.begin(); it != loads_.end();) {
     GroupLoad& load = it->second;
     const auto layer = std::find(predictor_layers_.begin(), predictor_layers_.end(), load.want.layer);
-    if (load.want.fixed || layer == predictor_layers_.end()) {
+    if (load.want.fixed || load.want.hinted || layer == predictor_layers_.end()) {
       ++it;
       continue;
     }
@@ -690,8 +726,14 @@ void SlotLoader::Pump(nq::v1::SlotTableUpdate& update) {
       // No FREE slot: unmap the victim now (eager) and wait for the acknowledgement.
       std::optional<uint32_t> victim_slot =
           want.victim == PlannedLoad::kNoVictim ? std::nullopt : allocator_.SlotOf(*li, want.victim);
-      if (!want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
-          allocator_.state(*li, *victim_slot) == SlotState::kReady) {
+      const bool victim_ready = !want.fixed && victim_slot && *victim_slot >= g.fixed_slots_per_layer &&
+                                allocator_.state(*li, *victim_slot) == SlotState::kReady;
+      if (victim_ready && ReadyInUpdate(update, want.layer, *victim_slot)) {
+        unmap_deferred_ = true;  // unmapped by the next update (SendThenDeferred)
+        ++it;
+        continue;
+      }
+      if (victim_ready) {
         (void)allocator_.MarkUnmapping(*li, *victim_slot);
         nq::v1::SlotChange* change = update.add_changes();
         change->set_kind(nq::v1::SlotChange::KIND_UNMAP);
@@ -834,8 +876,11 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
   // Lazy eviction: the victim leaves in the update that makes its replacement READY.
   if (want.victim != PlannedLoad::kNoVictim) {
     std::optional<uint32_t> victim = allocator_.SlotOf(load.layer_index, want.victim);
-    if (victim && *victim >= g.fixed_slots_per_layer &&
-        allocator_.state(load.layer_index, *victim) == SlotState::kReady) {
+    const bool victim_ready = victim && *victim >= g.fixed_slots_per_layer &&
+                              allocator_.state(load.layer_index, *victim) == SlotState::kReady;
+    if (victim_ready && ReadyInUpdate(update, want.layer, *victim)) {
+      deferred_victims_.emplace_back(load.layer_index, want.victim);  // SendThenDeferred unmaps it
+    } else if (victim_ready) {
       (void)allocator_.MarkUnmapping(load.layer_index, *victim);
       nq::v1::SlotChange* unmap = update.add_changes();
       unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
@@ -845,8 +890,13 @@ void SlotLoader::Finish(const GroupLoad& load, nq::v1::SlotTableUpdate& update) 
     }
   }
   metrics_->loads_ready.Increment();
+  if (want.hinted) {
+    metrics_->hint_loads_ready.Increment();
+    metrics_->hint_load_latency.Observe(SecondsSince(want.hinted_at));
+  }
   absl::MutexLock lock(&mu_);
   ++stats_.loads_ready;
+  if (want.hinted) ++stats_.hint_loads_ready;
   // With the load counts, so a reader of both sees the cache as this load left it.
   stats_.cached_records = cache_.records();
 }
@@ -919,7 +969,30 @@ void SlotLoader::Reap() {
   // The landed reads' buffers are free or cached only now: a load that waited for one in the
   // Pump above starts here, not a wake-up (max_sleep) later.
   if (!session_gone_ && !queue_.empty()) Pump(update);
-  if (update.changes_size() > 0) SendUpdate(std::move(update));
+  SendThenDeferred(std::move(update), /*always=*/false);
+}
+
+void SlotLoader::SendThenDeferred(nq::v1::SlotTableUpdate update, bool always) {
+  if (always || update.changes_size() > 0) SendUpdate(std::move(update));
+  if ((!unmap_deferred_ && deferred_victims_.empty()) || session_gone_) return;
+  // The unmaps ReadyInUpdate held back: their READYs went in the update just sent.
+  nq::v1::SlotTableUpdate next;
+  const SlotGeometry& g = worker_->geometry;
+  for (const auto& [layer_index, expert] : std::exchange(deferred_victims_, {})) {
+    std::optional<uint32_t> slot = allocator_.SlotOf(layer_index, expert);
+    if (!slot || *slot < g.fixed_slots_per_layer || allocator_.state(layer_index, *slot) != SlotState::kReady) continue;
+    (void)allocator_.MarkUnmapping(layer_index, *slot);
+    nq::v1::SlotChange* unmap = next.add_changes();
+    unmap->set_kind(nq::v1::SlotChange::KIND_UNMAP);
+    unmap->set_layer(g.moe_layer_ids[layer_index]);
+    unmap->set_slot(*slot);
+    metrics_->unmaps.Increment();
+  }
+  unmap_deferred_ = false;
+  Pump(next);
+  // A load of this Pump may defer an unmap again (a cache hit landing at once): left to the next
+  // pass, which every landed read or acknowledgement brings.
+  if (next.changes_size() > 0) SendUpdate(std::move(next));
 }
 
 bool SlotLoader::SendUpdate(nq::v1::SlotTableUpdate update) {

@@ -42,6 +42,15 @@
 // and loads in flight the worker's doorbell. An unmapped slot is reused once the mailbox shows
 // the unmap applied; UnmapAcks from such a worker are unexpected, logged and ignored.
 //
+// Gate lookahead (issue #21, slot_loader_lookahead.cc): a worker's hint names the experts a layer
+// will likely route to for the token running now. The named experts that are neither READY nor
+// loading are queued ahead of every planned load, through the same Pump/StartLoad/Finish path
+// (one owner per slot, LOADING only is written, a victim leaves when its replacement lands or
+// once its unmap is acknowledged). Past F floating experts a hinted load names a victim: a READY
+// floating expert that no hint of the same token named for that layer, preferring one the last
+// refresh did not want; when there is none the hinted load is dropped (unplaced). A refresh
+// neither cancels nor drops a hinted load. A hint whose experts are all resident queues nothing.
+//
 // One thread per loader owns its record store (an io_uring ring and bounce buffers over the
 // process's shared RecordFiles), allocator and predictor; the session thread only queues
 // reports and acks (a bounded queue, loader_events.h: reports past max_queued_reports are
@@ -144,6 +153,8 @@ class SlotLoader {
   // INVALID_ARGUMENT when the hello's slots contradict the geometry (nothing starts).
   absl::Status Start(const nq::v1::SessionHello& hello);
   void OnRouting(nq::v1::RoutingReport report);
+  // A lookahead hint (queued for the loader thread; dropped and counted when hints fill the queue).
+  void OnLookahead(nq::v1::LookaheadHint hint);
   void OnUnmapAck(nq::v1::UnmapAck ack);
   // A group member's acknowledgement (rank < the group's size; others are logged and ignored).
   void OnUnmapAck(uint32_t rank, nq::v1::UnmapAck ack);
@@ -165,6 +176,12 @@ class SlotLoader {
     uint64_t reads_cancelled = 0;  // outstanding reads a refresh no longer wanted
     uint64_t cancelled_reads_landed = 0;  // of those, reads the kernel finished anyway
     uint64_t cached_records = 0;   // bounce buffers holding a record now
+    uint64_t hints_accepted = 0;
+    uint64_t hints_refused = 0;       // malformed or stale (HandleHint)
+    uint64_t hints_dropped = 0;       // the event queue held max hints already
+    uint64_t hint_loads_queued = 0;   // hinted experts not resident: a load queued
+    uint64_t hint_loads_ready = 0;    // of those, announced READY
+    uint64_t hint_loads_unplaced = 0; // F floating experts held, all named by the token's hints
   };
   Stats stats() const;
 
@@ -176,6 +193,8 @@ class SlotLoader {
     uint32_t victim = PlannedLoad::kNoVictim;
     bool fixed = false;
     Clock::time_point decided;  // when the session start or a refresh first asked for it
+    bool hinted = false;        // queued by a lookahead hint: refreshes keep it, never cancel it
+    Clock::time_point hinted_at{};  // when the loader took that hint
   };
   // One rank's read of a load.
   struct Read {
@@ -218,6 +237,17 @@ class SlotLoader {
   // Counts a malformed report (refused and malformed) and logs it, rate-limited.
   void RefuseMalformed(const std::string& why);
   void HandleAck(uint32_t rank, const nq::v1::UnmapAck& ack);
+  // slot_loader_lookahead.cc: checks a hint (CheckHint), then queues loads for its experts that
+  // are not resident, ahead of the queue.
+  void HandleHint(const nq::v1::LookaheadHint& hint);
+  // INVALID_ARGUMENT for a layer the geometry has no slots for, no experts or more than the
+  // layer has, an expert id out of range or named twice, weights of another length;
+  // FAILED_PRECONDITION for a sequence older than the latest this session reported or hinted.
+  absl::Status CheckHint(const nq::v1::LookaheadHint& hint) const;
+  // A READY floating expert of the layer to make room for a hinted load: not in `keep` (what
+  // the token's hints named for the layer) nor already some queued load's victim; one the last
+  // refresh did not want first. kNoVictim when there is none.
+  uint32_t HintVictim(size_t layer_index, const std::set<uint32_t>& keep) const;
   void HandlePeerResult(uint32_t rank, const nq::v1::LoadResult& result, nq::v1::SlotTableUpdate& update);
   absl::Status EnsurePredictor(const nq::v1::RoutingReport& report);
   void Refresh();
@@ -255,6 +285,10 @@ class SlotLoader {
   // Sends `update` with the next generation (in mailbox mode its changes posted to the mailbox
   // first and left out); false when the session is gone.
   bool SendUpdate(nq::v1::SlotTableUpdate update);
+  // Sends `update` (when it has changes, or `always`), then, in another update, the unmaps that
+  // could not go in it: a victim made READY in the same update (ReadyInUpdate in slot_loader.cc)
+  // leaves in the next one, and the load that waited for it starts.
+  void SendThenDeferred(nq::v1::SlotTableUpdate update, bool always);
   uint64_t BacklogBytes() const;
   void PublishGauges();
 
@@ -309,9 +343,21 @@ class SlotLoader {
   };
   std::map<uint64_t, SentUnmap> unacked_unmaps_;
   std::set<std::pair<uint32_t, uint32_t>> failed_;  // (layer, expert) whose record failed
+  // Lookahead: the newest sequence the session reported or hinted (older hints are refused), the
+  // token its latest hint was for, and per layer index the experts that token's hints named
+  // (never victims of its hinted loads); the last refresh's desired floating experts per layer
+  // index (victims come from outside them first).
+  uint64_t latest_sequence_ = 0;
+  std::pair<uint64_t, uint64_t> hint_token_{0, 0};
+  std::map<size_t, std::set<uint32_t>> token_hinted_;
+  std::map<size_t, std::set<uint32_t>> plan_desired_;
   uint64_t next_tag_ = 1;
   uint64_t next_generation_ = 1;
   bool session_gone_ = false;
+  // Unmaps held back from an update that made their slot READY (SendThenDeferred): an eager one
+  // (Pump kept its load queued), and lazy victims by (layer index, expert).
+  bool unmap_deferred_ = false;
+  std::vector<std::pair<size_t, uint32_t>> deferred_victims_;
   // This loader's contribution to the shared gauges, so several loaders add up.
   double published_backlog_ = 0;
   double published_depth_ = 0;

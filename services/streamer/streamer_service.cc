@@ -36,6 +36,10 @@ StreamerService::StreamerService(WorkerRegistry* registry, metrics::Registry& me
       sessions_failed_(metrics.Counter("nq_streamer_sessions_failed_total",
                                        "Worker sessions the streamer ended because their slot loader could not "
                                        "start (the worker retries)").Get()),
+      lookahead_hints_(metrics.Counter("nq_streamer_lookahead_hints_received_total",
+                                       "Gate lookahead hints received on worker sessions, whether or not a slot "
+                                       "loader took them (nq_streamer_lookahead_hints_total says what it did)")
+                           .Get()),
       follower_reports_dropped_(metrics.Counter("nq_streamer_follower_reports_dropped_total",
                                                 "Routing reports from ranks > 0 of a tensor-parallel group, or sent "
                                                 "before the group's loader started (rank 0's reports are the group's)")
@@ -77,6 +81,9 @@ grpc::Status StreamerService::RegisterWorker(grpc::ServerContext* context,
   response->set_worker_id(*id);
   response->set_streamer_instance_id(instance_id_);
   response->set_report_interval_tokens(kReportIntervalTokens);
+  // Gate lookahead (issue #21) is for a single worker: a group's ranks take their changes at the
+  // step rank 0 names, after the layer a hint is for has run on every rank.
+  response->set_accepts_lookahead_hints(request->tp_group().empty());
   return grpc::Status::OK;
 }
 
@@ -149,6 +156,11 @@ grpc::Status StreamerService::Session(
       case nq::v1::WorkerMessage::kUnmapAck:
         unmap_acks_.Increment();
         if (*loader) (*loader)->OnUnmapAck(std::move(*message.mutable_unmap_ack()));
+        break;
+      case nq::v1::WorkerMessage::kLookahead:
+        // Without a loader (no release here) there is nothing to load: the hint is only counted.
+        lookahead_hints_.Increment();
+        if (*loader) (*loader)->OnLookahead(std::move(*message.mutable_lookahead()));
         break;
       default:
         spdlog::warn("worker {} sent an unexpected {} message; ignored", worker_id,

@@ -91,6 +91,7 @@ class StreamerService final : public nq::v1::Streamer::Service {
   metrics::Counter& routing_tokens_;
   metrics::Counter& unmap_acks_;
   metrics::Counter& sessions_failed_;
+  metrics::Counter& lookahead_hints_;
   metrics::Counter& follower_reports_dropped_;
   GroupSessions groups_;
 };

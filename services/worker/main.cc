@@ -148,6 +148,12 @@ ABSL_FLAG(std::string, slot_mailbox, "auto",
           "Take slot-table changes inside decode steps through a shared-memory mailbox the streamer posts to "
           "(DESIGN.md section 4): on, off, or auto (on for a CUDA worker streaming experts with --world_size=1). "
           "Needs --expert_bits=dynamic and --world_size=1");
+// Gate lookahead (issue #21): off by default. On glm5_nano (bench/README.md, "Gate lookahead in
+// serving") it adds host routing of every layer to each forward and turns off step graphs.
+ABSL_FLAG(int, lookahead_layers, 0,
+          "Gate lookahead within a token: during decode, report layer L+D's predicted experts to the streamer as "
+          "soon as layer L has run, so their residuals may load before layer L+D runs (0 = off). Pays off with "
+          "--slot_mailbox=on, where loads that land mid-token serve the token's later layers");
 // Slot-arena geometry. With --release the MoE layers, experts and record size come from the
 // release and the fixed slots default to its fixed sets; without one these flags set it.
 ABSL_FLAG(int, first_moe_layer, 1, "Without --release: model layer id of the first MoE layer");
@@ -311,6 +317,15 @@ absl::Status CheckFlags() {
   if (world < 1 || rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(
         absl::StrCat("--rank=", rank, " --world_size=", world, ": want 0 <= rank < world_size"));
+  }
+  if (const int lookahead = absl::GetFlag(FLAGS_lookahead_layers); lookahead < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", lookahead, " is negative"));
+  } else if (lookahead > 0 && world > 1) {
+    // A group's slot changes apply at the step its leader names (and its streamer takes no
+    // hints): nothing a hint loads could serve the token that sent it.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--lookahead_layers=", lookahead,
+        " with --world_size > 1: a tensor-parallel group takes slot changes only between steps"));
   }
   if (world > 1) {
     RETURN_IF_ERROR(CheckAddressFlag("leader_address", absl::GetFlag(FLAGS_leader_address)));
@@ -767,6 +782,23 @@ absl::Status Run(ShutdownSignal& shutdown) {
     spdlog::info("speculative decoding: {}", speculative_tokens > 0
                                                  ? absl::StrCat(speculative_tokens, " MTP draft tokens per step")
                                                  : std::string("off"));
+  }
+  // Before serving: no request runs yet, so the model's observer is set race-free. Hints go to
+  // the streamer session once it exists (resync_streamer; dropped and counted before and after).
+  auto send_hint = [&resync_streamer](nq::v1::LookaheadHint hint) {
+    StreamerClient* client = resync_streamer.load();
+    return client != nullptr && client->EnqueueLookaheadHint(std::move(hint));
+  };
+  RETURN_IF_ERROR(service.EnableLookahead(absl::GetFlag(FLAGS_lookahead_layers), send_hint));
+  if (absl::GetFlag(FLAGS_lookahead_layers) > 0 && !dynamic_experts) {
+    // Still predicted and sent (the streamer counts them): what lookahead costs a step, alone.
+    spdlog::warn("gate lookahead with --expert_bits={}: every expert's precision is fixed, so the hints load nothing",
+                 absl::GetFlag(FLAGS_expert_bits));
+  } else if (absl::GetFlag(FLAGS_lookahead_layers) > 0) {
+    spdlog::info("gate lookahead: layer L+{}'s predicted experts go to the streamer as soon as layer L ran{}",
+                 absl::GetFlag(FLAGS_lookahead_layers),
+                 mailbox != nullptr ? " (slot mailbox: applied before every MoE layer)"
+                                    : " (changes apply between steps: hinted loads serve later tokens only)");
   }
   ASSIGN_OR_RETURN(std::unique_ptr<release::PrefillExperts> prefill_experts,
                    ConfigurePrefill(service, model.get(), dynamic_experts ? decoder.get() : nullptr, &slots, *backend,

@@ -338,6 +338,21 @@ int32_t SlotRuntime::SlotFor(int64_t layer, int32_t expert, int64_t tokens) {
   return slot.has_value() ? static_cast<int32_t>(*slot) : -1;
 }
 
+bool SlotRuntime::RunsAtFourBitNow(int64_t layer, int32_t expert) const {
+  if (options_.mailbox == nullptr) return RunsAtFourBit(layer, expert);
+  if (decoder_ == nullptr || expert < 0 || static_cast<uint32_t>(expert) >= options_.mailbox->experts()) return false;
+  absl::StatusOr<size_t> li = table_->geometry().LayerIndex(static_cast<uint32_t>(layer));
+  if (!li.ok()) return false;
+  return kernels::MailboxEntrySlot(options_.mailbox->Published(*li, static_cast<uint32_t>(expert))) >= 0;
+}
+
+void SlotRuntime::NoteLayerRan(int64_t layer) {
+  if (options_.mailbox == nullptr || !table_->geometry().LayerIndex(static_cast<uint32_t>(layer)).ok()) return;
+  std::vector<uint8_t>& row = ran_rows_[layer];
+  row.assign(options_.mailbox->experts(), 0);
+  for (uint32_t e = 0; e < row.size(); ++e) row[e] = RunsAtFourBitNow(layer, static_cast<int32_t>(e)) ? 1 : 0;
+}
+
 model::Model::ExpertSlotTables SlotRuntime::SlotTables() {
   return {
       .generation = [this] { return table_version_.load(); },
@@ -351,8 +366,19 @@ model::Model::ExpertSlotTables SlotRuntime::SlotTables() {
           },
       .count =
           [this](int64_t layer, const model::MoeRouting& routing) {
+            // Mailbox mode: the slots the layer ran with are what the model published (the host
+            // table catches up only at the step's end), or what NoteLayerRan kept when the model
+            // applied again after this layer.
+            const auto ran = ran_rows_.find(layer);
+            auto four_bit = [&](int32_t expert) {
+              if (ran != ran_rows_.end()) {
+                return expert >= 0 && static_cast<size_t>(expert) < ran->second.size() && ran->second[expert] != 0;
+              }
+              return options_.mailbox != nullptr ? RunsAtFourBitNow(layer, expert) : RunsAtFourBit(layer, expert);
+            };
             uint64_t four = 0;
-            for (int32_t expert : routing.experts) four += RunsAtFourBit(layer, expert) ? 1 : 0;
+            for (int32_t expert : routing.experts) four += four_bit(expert) ? 1 : 0;
+            if (ran != ran_rows_.end()) ran_rows_.erase(ran);
             if (four > 0) calls_4bit_.Increment(static_cast<double>(four));
             if (routing.experts.size() > four) calls_2bit_.Increment(static_cast<double>(routing.experts.size() - four));
           },

@@ -118,6 +118,16 @@ class SlotRuntime {
   // Whether (layer, expert) runs at 4 bits now. During a step (stable), or for statistics
   // between steps. Counts nothing.
   bool RunsAtFourBit(int64_t layer, int32_t expert) const;
+  // Whether (layer, expert) would run at 4 bits in a layer running now, mid-forward: with a slot
+  // mailbox, what the model's last apply published (with a lookahead observer it applies before
+  // every MoE layer); otherwise RunsAtFourBit (the table holds still through a step).
+  // For the gate-lookahead counts (lookahead_reporter.h). Counts nothing.
+  bool RunsAtFourBitNow(int64_t layer, int32_t expert) const;
+  // Mailbox mode with a lookahead observer, where the model applies the mailbox before every MoE
+  // layer: called right after `layer` ran (Model::SetLookaheadObserver's layer_ran, before the
+  // next apply), it keeps which experts the layer ran at 4 bits, so the forward's call counts
+  // (SlotTables' count) judge each layer by the table it ran with. A no-op otherwise.
+  void NoteLayerRan(int64_t layer);
   // SlotTableUpdate.loads_in_flight of the last applied update.
   uint32_t loads_in_flight() const { return loads_in_flight_.load(); }
 
@@ -170,6 +180,9 @@ class SlotRuntime {
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> slot_hash_;         // verify_slots
   // Mailbox mode: each (layer index, expert)'s published entry as the table last took it.
   std::vector<uint64_t> mailbox_seen_;
+  // NoteLayerRan's rows for the running forward, by model layer: 1 where the expert ran at 4 bits.
+  // The forward's thread only (NoteLayerRan, then count after the forward).
+  std::map<int64_t, std::vector<uint8_t>> ran_rows_;
   std::atomic<uint32_t> loads_in_flight_{0};
   std::atomic<uint64_t> table_version_{0};  // +1 per applied update (SlotTables' generation)
   std::atomic<uint64_t> steps_{0};

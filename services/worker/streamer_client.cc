@@ -10,6 +10,7 @@
 #include "services/common/status_grpc.h"
 #include "services/common/internal_tls.h"
 #include "services/common/status_macros.h"
+#include "services/worker/session_outbox.h"
 
 namespace nq::worker {
 namespace {
@@ -56,7 +57,17 @@ StreamerClient::StreamerClient(StreamerClientOptions options, SlotRuntime* runti
       reports_dropped_(metrics::Registry::Default()
                            .Counter("nq_worker_routing_reports_dropped_total",
                                     "Routing reports dropped (no streamer session, or the queue was full)")
-                           .Get()) {}
+                           .Get()),
+      hints_sent_(metrics::Registry::Default()
+                      .Counter("nq_worker_lookahead_hints_total",
+                               "Gate lookahead hints (--lookahead_layers) by result: sent to nq-streamer, or "
+                               "dropped (no session, a streamer that does not take hints, or the queue of "
+                               "kMaxQueuedHints was full: the oldest waiting hint goes)",
+                               {"result"})
+                      .WithLabels({"sent"})),
+      hints_dropped_(metrics::Registry::Default()
+                         .Counter("nq_worker_lookahead_hints_total", "", {"result"})
+                         .WithLabels({"dropped"})) {}
 
 void StreamerClient::EnqueueRoutingReport(nq::v1::RoutingReport report) {
   // Bounded: a streamer that falls behind loses the oldest reports, never blocks decode.
@@ -65,20 +76,26 @@ void StreamerClient::EnqueueRoutingReport(nq::v1::RoutingReport report) {
     reports_dropped_.Increment();
     return;
   }
-  absl::MutexLock lock(&report_mu_);
-  if (queued_reports_ >= kMaxQueuedReports) {
-    for (auto it = outbox_.begin(); it != outbox_.end(); ++it) {
-      if (!it->has_routing()) continue;
-      outbox_.erase(it);
-      --queued_reports_;
-      reports_dropped_.Increment();
-      break;
-    }
-  }
   nq::v1::WorkerMessage message;
   *message.mutable_routing() = std::move(report);
-  outbox_.push_back(std::move(message));
-  ++queued_reports_;
+  absl::MutexLock lock(&report_mu_);
+  const size_t dropped = PushDroppingOldest(outbox_, queued_reports_, kMaxQueuedReports, std::move(message),
+                                            [](const nq::v1::WorkerMessage& m) { return m.has_routing(); });
+  if (dropped > 0) reports_dropped_.Increment(static_cast<double>(dropped));
+}
+
+bool StreamerClient::EnqueueLookaheadHint(nq::v1::LookaheadHint hint) {
+  if (!connected() || !accepts_hints_.load()) {
+    hints_dropped_.Increment();
+    return false;
+  }
+  nq::v1::WorkerMessage message;
+  *message.mutable_lookahead() = std::move(hint);
+  absl::MutexLock lock(&report_mu_);
+  const size_t dropped = PushDroppingOldest(outbox_, queued_hints_, kMaxQueuedHints, std::move(message),
+                                            [](const nq::v1::WorkerMessage& m) { return m.has_lookahead(); });
+  if (dropped > 0) hints_dropped_.Increment(static_cast<double>(dropped));
+  return true;
 }
 
 StreamerClient::~StreamerClient() { Stop(); }
@@ -171,6 +188,7 @@ absl::Status StreamerClient::RunSession() {
                  streamer_instance_id_, response.streamer_instance_id());
   }
   streamer_instance_id_ = response.streamer_instance_id();
+  accepts_hints_.store(response.accepts_lookahead_hints());
 
   grpc::ClientContext context;
   {
@@ -208,6 +226,7 @@ absl::Status StreamerClient::RunSession() {
     writer_stop_ = false;
     outbox_.clear();
     queued_reports_ = 0;
+    queued_hints_ = 0;
   }
   runtime_->SetAckSink([this](nq::v1::UnmapAck ack) {
     nq::v1::WorkerMessage message;
@@ -226,9 +245,11 @@ absl::Status StreamerClient::RunSession() {
         out = std::move(outbox_.front());
         outbox_.pop_front();
         if (out.has_routing()) --queued_reports_;
+        if (out.has_lookahead()) --queued_hints_;
       }
       if (!stream->Write(out)) return;
       if (out.has_routing()) reports_sent_.Increment();
+      if (out.has_lookahead()) hints_sent_.Increment();
     }
   });
   auto stop_writer = [&] {

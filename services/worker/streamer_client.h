@@ -59,6 +59,15 @@ class StreamerClient {
   // a writer thread sends it on the session. While no session is up, or when the queue is
   // full (the streamer fell behind), reports are dropped and counted.
   void EnqueueRoutingReport(nq::v1::RoutingReport report);
+  // Queues a gate-lookahead hint (issue #21) the same way, capped at kMaxQueuedHints (the oldest
+  // waiting hint is dropped for it). False, counted, when it is dropped: no session, or the
+  // session's streamer does not take hints (RegisterWorkerResponse.accepts_lookahead_hints).
+  bool EnqueueLookaheadHint(nq::v1::LookaheadHint hint);
+  // Whether the current session's streamer takes lookahead hints.
+  bool accepts_lookahead_hints() const { return accepts_hints_.load(); }
+  // Hints waiting at most: a few tokens of a large model's layers. Older ones name tokens that
+  // have finished.
+  static constexpr size_t kMaxQueuedHints = 64;
 
  private:
   void Run();
@@ -81,6 +90,8 @@ class StreamerClient {
   absl::Mutex report_mu_;
   std::deque<nq::v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(report_mu_);
   size_t queued_reports_ ABSL_GUARDED_BY(report_mu_) = 0;
+  size_t queued_hints_ ABSL_GUARDED_BY(report_mu_) = 0;
+  std::atomic<bool> accepts_hints_{false};
   bool writer_stop_ ABSL_GUARDED_BY(report_mu_) = false;
 
   absl::Mutex mu_;
@@ -94,6 +105,8 @@ class StreamerClient {
   metrics::Counter& failures_;
   metrics::Counter& reports_sent_;
   metrics::Counter& reports_dropped_;
+  metrics::Counter& hints_sent_;
+  metrics::Counter& hints_dropped_;
 };
 
 }  // namespace nq::worker

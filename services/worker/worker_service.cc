@@ -81,6 +81,39 @@ absl::Status WorkerService::EnableSpeculation(int num_drafts) {
   drafter_->SetDraftOnDevice(device_sampling_);
   spec_metrics_ = std::make_unique<SpecDecodeMetrics>(metrics::Registry::Default(), num_drafts);
   runner_->SetDrafter(drafter_.get(), num_drafts);
+  num_drafts_ = num_drafts;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerService::EnableLookahead(int depth, LookaheadReporter::Sink sink) {
+  if (depth < 0) return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", depth, " is negative"));
+  if (depth == 0) return absl::OkStatus();
+  if (model_ == nullptr) return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", depth, " needs --model"));
+  if (moe_layers_.empty() || static_cast<int64_t>(moe_layers_.back()) < depth) {
+    return absl::InvalidArgumentError(absl::StrCat("--lookahead_layers=", depth, ": the model has no MoE layer ", depth,
+                                                   " layers after another"));
+  }
+  // A decode step runs 1 token, or 1 + the drafts when verifying them.
+  lookahead_ = std::make_unique<LookaheadReporter>(
+      depth, 1 + num_drafts_,
+      [this](int64_t layer, int32_t expert) { return slots_ != nullptr && slots_->RunsAtFourBitNow(layer, expert); },
+      std::move(sink), metrics::Registry::Default());
+  model_->SetLookaheadObserver(
+      depth,
+      [this](int64_t target, const model::MoeRouting& predicted) {
+        // The first prediction of a forward (targets grow within one): its token is the next to
+        // report.
+        if (last_lookahead_target_ < 0 || target <= last_lookahead_target_) {
+          lookahead_->BeginForward(sequence_id_, sequence_tokens_);
+        }
+        last_lookahead_target_ = target;
+        lookahead_->OnPredicted(target, predicted);
+      },
+      [this](int64_t layer) {
+        // Before the model applies the slot mailbox again: the table this layer ran with.
+        if (slots_ != nullptr) slots_->NoteLayerRan(layer);
+        lookahead_->LayerRan(layer);
+      });
   return absl::OkStatus();
 }
 
@@ -101,6 +134,13 @@ void WorkerService::SetTensorParallelLeader(TpLeader* leader) {
 }
 
 void WorkerService::OnRouting(int64_t layer, const model::MoeRouting& routing) {
+  if (lookahead_ != nullptr) {
+    lookahead_->OnRouting(layer, routing);
+    if (!moe_layers_.empty() && static_cast<uint32_t>(layer) == moe_layers_.back()) {
+      lookahead_->EndForward();
+      last_lookahead_target_ = -1;
+    }
+  }
   if ((!routing_sink_ && watchers_.empty()) || moe_layers_.empty()) return;
   // The first MoE layer starts a forward: drop what a failed one may have left.
   if (static_cast<uint32_t>(layer) == moe_layers_.front()) forward_routing_.clear();

@@ -14,6 +14,7 @@
 #include "services/common/metrics/registry.h"
 #include "services/model/model.h"
 #include "services/worker/mtp_drafter.h"
+#include "services/worker/lookahead_reporter.h"
 #include "services/worker/routing_watchers.h"
 #include "services/worker/sequence_runner.h"
 #include "services/worker/spec_decode_metrics.h"
@@ -59,6 +60,10 @@ class WorkerService final : public nq::v1::Worker::Service {
   // mirrors its steps to the other ranks; UNAVAILABLE while the group is not formed. Set
   // before serving; `leader` outlives the service.
   void SetTensorParallelLeader(TpLeader* leader);
+  // Gate lookahead (issue #21, lookahead_reporter.h): during decode steps, layer L + depth's
+  // predicted experts go to `sink` as soon as layer L ran. depth 0 leaves it off. Before serving.
+  // INVALID_ARGUMENT for a negative depth, no model, or a depth no MoE layer is that far ahead for.
+  absl::Status EnableLookahead(int depth, LookaheadReporter::Sink sink);
   nq::v1::WorkerState state() const;
 
   grpc::Status Generate(grpc::ServerContext* context, const nq::v1::WorkerGenerateRequest* request,
@@ -88,6 +93,9 @@ class WorkerService final : public nq::v1::Worker::Service {
   std::vector<uint32_t> moe_layers_;               // main-model MoE layers, in order
   std::vector<model::MoeRouting> forward_routing_;  // this forward, one entry per MoE layer
   std::unique_ptr<MtpDrafter> drafter_;
+  int num_drafts_ = 0;
+  std::unique_ptr<LookaheadReporter> lookahead_;
+  int64_t last_lookahead_target_ = -1;  // a prediction for a layer at or below it starts a forward
   bool device_sampling_ = false;
   std::unique_ptr<SpecDecodeMetrics> spec_metrics_;
   metrics::HistogramFamily& step_seconds_;

@@ -105,6 +105,13 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"worker", {"--layer_major_prefill_tokens=-5"}, "--layer_major_prefill_tokens=-5"},
       {"worker", {"--prefill_expert_slots=-2"}, "--prefill_expert_slots=-2"},
       {"worker", {"--prefill_full_span_tokens=0"}, "--prefill_full_span_tokens=0"},
+      // Gate lookahead: a negative depth; a group, whose slot changes wait for the step's end; no
+      // model to predict with; a depth no MoE layer is that far ahead for (glm5_tiny's layers).
+      {"worker", {"--lookahead_layers=-1"}, "--lookahead_layers=-1 is negative"},
+      {"worker", {"--lookahead_layers=1", "--world_size=2", "--rank=1"}, "--lookahead_layers=1 with --world_size > 1"},
+      {"worker", {"--lookahead_layers=1"}, "--lookahead_layers=1 needs --model"},
+      {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--lookahead_layers=64"},
+       "--lookahead_layers=64: the model has no MoE layer 64 layers after another"},
       {"worker", {"--prefill_late_read_share=2"}, "--prefill_late_read_share=2: want a share"},
       {"worker", {"--model=" NQ_SOURCE_DIR "/tests/fixtures/models/glm5_tiny", "--max_model_len=lots"},
        "--max_model_len must be a positive number of tokens or auto, got 'lots'"},
