@@ -33,6 +33,7 @@ namespace {
 
 using ::nq::bench::CopyBandwidth;
 using ::nq::bench::DeviceBytes;
+using ::nq::bench::GraphReplayMicros;
 
 constexpr std::int64_t kExperts = 64;
 
@@ -102,33 +103,6 @@ Layer MakeLayer(const Model& m) {
   return l;
 }
 
-// Microseconds per replay of a CUDA graph of what `issue` launches on `stream` (one warm-up).
-template <typename Issue>
-double GraphMicroseconds(cudaStream_t stream, int iters, Issue issue) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  issue();
-  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
-  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  BENCH_CHECK(cudaGraphDestroy(graph));
-  BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  BENCH_CHECK(cudaStreamSynchronize(stream));
-  cudaEvent_t start, stop;
-  BENCH_CHECK(cudaEventCreate(&start));
-  BENCH_CHECK(cudaEventCreate(&stop));
-  BENCH_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
-  BENCH_CHECK(cudaEventRecord(stop, stream));
-  BENCH_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  BENCH_CHECK(cudaGraphExecDestroy(exec));
-  BENCH_CHECK(cudaEventDestroy(start));
-  BENCH_CHECK(cudaEventDestroy(stop));
-  return ms * 1e3 / iters;
-}
-
 // The two expert GEMVs of a chunk alone (gate/up, then down), without the block's three small
 // kernels: what "the NVFP4 expert GEMV against copy bandwidth" measures. The inputs are zero
 // and the outputs accumulate across replays; only the time counts.
@@ -158,7 +132,7 @@ double GemvOnlyMicroseconds(const Model& m, const Nvfp4MoeParams& p, cudaStream_
   down.x_per_token = false;
   down.out = static_cast<float*>(yd.p);
   down.out_stride = D;
-  return GraphMicroseconds(stream, 200, [&] {
+  return GraphReplayMicros(stream, 200, [&] {
     BENCH_OK(cuda::LaunchNvfp4Gemv(gate_up, ctx));
     BENCH_OK(cuda::LaunchNvfp4Gemv(down, ctx));
   });
@@ -202,7 +176,7 @@ void RunCase(const Model& m, const Layer& l, std::int64_t tokens, bool shared, c
   BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx));  // warm-up
   BENCH_CHECK(cudaStreamSynchronize(stream));
   const double us =
-      GraphMicroseconds(stream, 200, [&] { BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx)); });
+      GraphReplayMicros(stream, 200, [&] { BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx)); });
   const double rate = bytes / (us * 1e-6);
   std::printf("nvfp4 %-5s D=%-5lld I=%-5lld K=%-2lld T=%-3lld %-6s %9.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f\n",
               m.name, static_cast<long long>(m.hidden), static_cast<long long>(m.intermediate),
