@@ -25,6 +25,7 @@
 #include "tests/common/status_matchers.h"
 #include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
+#include "tests/streamer/loader_test_layer.h"
 #include "tests/streamer/memory_arena.h"
 #include "tests/streamer/routing_report.h"
 
@@ -35,11 +36,11 @@ using ::nq::testing::IsOk;
 using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 
-constexpr uint32_t kLayer = 3;
-constexpr uint32_t kFixedExpert = 2;  // TestManifest: layer 3's fixed set starts with 2
-constexpr uint32_t kA = 3;
-constexpr uint32_t kB = 1;
-constexpr uint32_t kFloatingSlot = 1;
+using ::nq::streamer::testing::kA;
+using ::nq::streamer::testing::kB;
+using ::nq::streamer::testing::kFixedExpert;
+using ::nq::streamer::testing::kFloatingSlot;
+using ::nq::streamer::testing::kLayer;
 constexpr uint32_t kRanks = format::testing::kTpSize;
 
 using ::nq::testing::WaitUntil;

@@ -18,6 +18,7 @@
 #include "tests/common/status_matchers.h"
 #include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
+#include "tests/streamer/loader_test_layer.h"
 #include "tests/streamer/memory_arena.h"
 #include "tests/streamer/routing_report.h"
 
@@ -27,11 +28,11 @@ namespace fs = std::filesystem;
 using ::nq::testing::IsOk;
 using ::nq::testing::WaitUntil;
 
-constexpr uint32_t kLayer = 3;
-constexpr uint32_t kFixedExpert = 2;  // TestManifest: layer 3's fixed set starts with 2
-constexpr uint32_t kA = 3;
-constexpr uint32_t kB = 1;
-constexpr uint32_t kFloatingSlot = 1;
+using ::nq::streamer::testing::kA;
+using ::nq::streamer::testing::kB;
+using ::nq::streamer::testing::kFixedExpert;
+using ::nq::streamer::testing::kFloatingSlot;
+using ::nq::streamer::testing::kLayer;
 
 nq::v1::LookaheadHint Hint(uint64_t sequence, uint64_t token, uint32_t layer, std::vector<uint32_t> experts) {
   nq::v1::LookaheadHint hint;

@@ -37,6 +37,7 @@
 #include "tests/common/status_matchers.h"
 #include "tests/common/wait_until.h"
 #include "tests/format/test_release.h"
+#include "tests/streamer/loader_test_layer.h"
 #include "tests/streamer/memory_arena.h"
 #include "tests/streamer/routing_report.h"
 
@@ -45,11 +46,11 @@ namespace {
 namespace fs = std::filesystem;
 using ::nq::testing::IsOk;
 
-constexpr uint32_t kLayer = 3;
-constexpr uint32_t kFixedExpert = 2;  // TestManifest: layer 3's fixed set starts with 2
-constexpr uint32_t kA = 3;
-constexpr uint32_t kB = 1;
-constexpr uint32_t kFloatingSlot = 1;
+using ::nq::streamer::testing::kA;
+using ::nq::streamer::testing::kB;
+using ::nq::streamer::testing::kFixedExpert;
+using ::nq::streamer::testing::kFloatingSlot;
+using ::nq::streamer::testing::kLayer;
 
 using ::nq::testing::WaitUntil;
 
