@@ -36,11 +36,6 @@ using ::nq::testing::IsOk;
 using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
 
-using ::nq::streamer::testing::kA;
-using ::nq::streamer::testing::kB;
-using ::nq::streamer::testing::kFixedExpert;
-using ::nq::streamer::testing::kFloatingSlot;
-using ::nq::streamer::testing::kLayer;
 constexpr uint32_t kRanks = format::testing::kTpSize;
 
 using ::nq::testing::WaitUntil;

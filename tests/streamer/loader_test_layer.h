@@ -4,7 +4,8 @@
 
 #include <cstdint>
 
-namespace nq::streamer::testing {
+// In nq::streamer itself, where the loader tests live: test code only includes this.
+namespace nq::streamer {
 
 inline constexpr uint32_t kLayer = 3;
 inline constexpr uint32_t kFixedExpert = 2;  // TestManifest: layer 3's fixed set starts with 2
@@ -12,4 +13,4 @@ inline constexpr uint32_t kA = 3;
 inline constexpr uint32_t kB = 1;
 inline constexpr uint32_t kFloatingSlot = 1;
 
-}  // namespace nq::streamer::testing
+}  // namespace nq::streamer

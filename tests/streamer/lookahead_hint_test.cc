@@ -28,11 +28,6 @@ namespace fs = std::filesystem;
 using ::nq::testing::IsOk;
 using ::nq::testing::WaitUntil;
 
-using ::nq::streamer::testing::kA;
-using ::nq::streamer::testing::kB;
-using ::nq::streamer::testing::kFixedExpert;
-using ::nq::streamer::testing::kFloatingSlot;
-using ::nq::streamer::testing::kLayer;
 
 nq::v1::LookaheadHint Hint(uint64_t sequence, uint64_t token, uint32_t layer, std::vector<uint32_t> experts) {
   nq::v1::LookaheadHint hint;

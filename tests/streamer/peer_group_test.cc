@@ -38,11 +38,6 @@ using ::nq::testing::StatusIs;
 using ::nq::testing::WaitUntil;
 using ::testing::HasSubstr;
 
-using ::nq::streamer::testing::kA;
-using ::nq::streamer::testing::kB;
-using ::nq::streamer::testing::kFixedExpert;
-using ::nq::streamer::testing::kFloatingSlot;
-using ::nq::streamer::testing::kLayer;
 constexpr char kGroup[] = "/nq-tp-peer-test";
 
 class PeerGroupTest : public ::testing::Test {

@@ -46,11 +46,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::nq::testing::IsOk;
 
-using ::nq::streamer::testing::kA;
-using ::nq::streamer::testing::kB;
-using ::nq::streamer::testing::kFixedExpert;
-using ::nq::streamer::testing::kFloatingSlot;
-using ::nq::streamer::testing::kLayer;
 
 using ::nq::testing::WaitUntil;
 
