@@ -117,6 +117,11 @@ struct NqSlots {
   const std::byte* arena = nullptr;
   std::int64_t slot_bytes = 0;
   std::int64_t num_slots = 0;
+  // Slots scattered over memory (a layer-major prefill's slots in room the free KV cache lends,
+  // issue #23): U8 [num_slots * 8] holding each slot's record address, a pointer of this
+  // backend's memory (the tensor types have no 64-bit integer), or null: slot s is arena + s *
+  // slot_bytes. arena must still be set (any slot's record) to say there are slots.
+  const Tensor* slot_records = nullptr;
 };
 
 // Bytes of a projection's fp16 residual-level factors at rank R (quant::LowRankBytes).

@@ -175,6 +175,16 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": arena of ", slots.num_slots, " slots of ", slots.slot_bytes,
                                                    " bytes (slot_bytes must be a positive multiple of 4)"));
   }
+  const std::uint8_t* const* slot_records = nullptr;
+  if (slots.slot_records != nullptr) {
+    if (slots.arena == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": slot_records without an arena (set arena to any slot's record)"));
+    }
+    RETURN_IF_ERROR(CheckOwned(kOp, "slot_records", *slots.slot_records));
+    RETURN_IF_ERROR(ExpectShape("slot_records", *slots.slot_records, DType::kU8,
+                                Shape{slots.num_slots * static_cast<std::int64_t>(sizeof(void*))}));
+    slot_records = static_cast<const std::uint8_t* const*>(slots.slot_records->data());
+  }
   if (T == 0) return absl::OkStatus();
   return DoNqMoe({.codec = w.codec,
                   .tokens = T,
@@ -196,6 +206,7 @@ absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Ten
                   .down_rows = View(w.down_rows),
                   .slot_of_expert = slots.slot_of_expert->data_as<std::int32_t>() + slots.slot_table_row * E,
                   .arena = reinterpret_cast<const std::uint8_t*>(slots.arena),
+                  .slot_records = slots.arena == nullptr ? nullptr : slot_records,
                   .slot_bytes = slots.arena == nullptr ? 0 : slots.slot_bytes,
                   .num_slots = slots.arena == nullptr ? 0 : slots.num_slots});
 }

@@ -46,16 +46,31 @@ struct NqMoeParams {
   NqProjectionView gate, up, down;
   NqRotationView input, gate_rows, down_cols, down_rows;
   const std::int32_t* slot_of_expert = nullptr;  // [E]
-  const std::uint8_t* arena = nullptr;           // num_slots * slot_bytes
+  // The slots' records: num_slots * slot_bytes from arena, or, where slot_records is set, one
+  // record of slot_bytes at each of its num_slots addresses (slots scattered over memory lent by
+  // the free KV cache, issue #23). arena is non-null whenever there are slots.
+  const std::uint8_t* arena = nullptr;
+  const std::uint8_t* const* slot_records = nullptr;
   std::int64_t slot_bytes = 0;
   std::int64_t num_slots = 0;
 };
 
+#if defined(__CUDACC__)
+#define NQ_PARAMS_INLINE __host__ __device__ __forceinline__
+#else
+#define NQ_PARAMS_INLINE inline
+#endif
+
+// Where slot `slot`'s record starts (0 <= slot < num_slots).
+NQ_PARAMS_INLINE const std::uint8_t* NqSlotRecord(const NqMoeParams& p, std::int64_t slot) {
+  return p.slot_records != nullptr ? p.slot_records[slot] : p.arena + slot * p.slot_bytes;
+}
+
 // The residual plane of `projection` for expert e, or null when e runs at 2 bits.
-inline const std::uint8_t* NqResidualPlane(const NqMoeParams& p, const NqProjectionView& projection,
-                                           std::int32_t slot) {
+NQ_PARAMS_INLINE const std::uint8_t* NqResidualPlane(const NqMoeParams& p, const NqProjectionView& projection,
+                                                     std::int32_t slot) {
   if (p.arena == nullptr || slot < 0 || slot >= p.num_slots) return nullptr;
-  return p.arena + slot * p.slot_bytes + projection.residual_offset;
+  return NqSlotRecord(p, slot) + projection.residual_offset;
 }
 
 // Tokens [t0, t0 + n) of p as an op of their own (the CUDA paths run long inputs chunk by chunk).

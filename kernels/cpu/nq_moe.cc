@@ -161,7 +161,7 @@ void Gemv(const NqMoeParams& params, const NqProjectionView& p, std::int64_t e, 
   const float* vt = p.lowrank_v + e * R * cols;
   AddLowRank([u](std::int64_t k) { return u[k]; }, [vt](std::int64_t k) { return vt[k]; }, rows, cols, R, v, y);
   if (residual == nullptr || p.lowrank_offset < 0) return;
-  const std::uint8_t* factors = params.arena + slot * params.slot_bytes + p.lowrank_offset;
+  const std::uint8_t* factors = NqSlotRecord(params, slot) + p.lowrank_offset;
   const std::uint8_t* v_bytes = factors + 2 * rows * R;
   AddLowRank([factors](std::int64_t k) { return HalfAt(factors, k); },
              [v_bytes](std::int64_t k) { return HalfAt(v_bytes, k); }, rows, cols, R, v, y);

@@ -1,6 +1,10 @@
 #include "kernels/cuda/nq_moe_gemv.cuh"
 
+#include <cstdlib>
+
 #include "kernels/cuda/launch_dependent.cuh"
+#include "kernels/cuda/nq_gemv_batched.cuh"
+#include "kernels/cuda/nq_gemv_plan.cuh"
 #include "kernels/cuda/nq_moe.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/trellis_tile.cuh"
@@ -10,50 +14,30 @@
 namespace nq::kernels::cuda {
 namespace {
 
-constexpr int kMmaRows = 16;
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kWordsPerLane = 4;  // a lane's words of a row per step (16 bytes)
+// The plan, the MMAs and the grid shape, shared with nq_gemv_batched.cu.
+using nq_gemv::kAccumulators;
+using nq_gemv::kBlocksPerSm;
+using nq_gemv::kMmaRows;
+using nq_gemv::kRows;
+using nq_gemv::kThreads;
+using nq_gemv::kWarps;
+using nq_gemv::kWordsPerLane;
+using nq_gemv::BuildPlan;
+using nq_gemv::MmaWord;
+using nq_gemv::Mma16816;
+using nq_gemv::Plan;
+using nq_gemv::Unit;
+using nq_gemv::Word;
+
 // Steps of code bytes each warp keeps in its own shared-memory ring (cp.async): kStages - 1 in
 // flight while one is decoded. A scalar lane reads back only what it copied (no barrier); trellis
 // lanes read the whole step's tiles, so that path adds warp barriers around each step.
 constexpr int kStages = 4;
-
 // Both widths run in one launch: a warp's step decodes its tile at the width of the tile's
 // expert. 2 planes of ring per stage (the residual's unused at 2 bits), two blocks of 8 warps
 // per SM (the 4-bit lookup's registers).
 constexpr int kPlanes = 2;  // base, residual
-constexpr int kRows = 2;    // a lane's rows: g and g + 8 of its 16-row tile
-constexpr int kBlocksPerSm = 2;
 constexpr int kRingUint4PerWarp = kStages * kPlanes * kRows * kWarpSize;
-
-// The chunk's distinct experts, worked out once per block (shared memory: no initialisers).
-struct Unit {
-  int expert;
-  int slot;  // >= 0: runs at 4 bits, its residual in this slot
-  int n_tok;
-  int tok_a[kNqMaxDecodeTokens];  // the assignment of each of its tokens
-  std::uint32_t lut[2][8];        // per projection: the level table's bytes (nq_code_lookup.cuh)
-  // Per projection at 2 bits: the base levels' even-grid step (decoded without lookups and
-  // applied with the row scale), or 0 (lut holds the 4 base levels).
-  float even_step[2];
-};
-
-struct Plan {
-  int units;
-  Unit unit[kNqMaxDecodeAssignments];
-};
-
-__device__ __forceinline__ void Mma16816(float (&d)[4], const __half2& a0, const __half2& a1, const __half2& a2,
-                                         const __half2& a3, std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(*reinterpret_cast<const std::uint32_t*>(&a0)), "r"(*reinterpret_cast<const std::uint32_t*>(&a1)),
-        "r"(*reinterpret_cast<const std::uint32_t*>(&a2)), "r"(*reinterpret_cast<const std::uint32_t*>(&a3)),
-        "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ std::uint32_t SharedAddress(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -84,75 +68,6 @@ __device__ __forceinline__ void CommitCopies() { asm volatile("cp.async.commit_g
 template <int kPending>
 __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
-}
-
-__device__ __forceinline__ std::uint32_t Word(const uint4& v, int q) {
-  return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
-}
-
-// Independent accumulators: two alternate, so consecutive MMAs do not wait on each other (four
-// measured no faster: the GEMV is not bound by the MMAs' latency).
-constexpr int kAccumulators = 2;
-
-// The four MMAs of one word position: pairs p and p + 4 of rows g (lo) and g + 8 (hi) are the A
-// fragment, the word's input pairs p and p + 4 the B fragment (adjacent in the lane's two 16-byte
-// input loads, NqGemvInputIndex).
-__device__ __forceinline__ void MmaWord(float (&acc)[kAccumulators][4], const __half2 (&lo)[kPairsPerWord],
-                                        const __half2 (&hi)[kPairsPerWord], const uint4& x0, const uint4& x1) {
-  Mma16816(acc[0], lo[0], hi[0], lo[4], hi[4], x0.x, x0.y);
-  Mma16816(acc[1], lo[1], hi[1], lo[5], hi[5], x0.z, x0.w);
-  Mma16816(acc[0], lo[2], hi[2], lo[6], hi[6], x1.x, x1.y);
-  Mma16816(acc[1], lo[3], hi[3], lo[7], hi[7], x1.z, x1.w);
-}
-
-// The plan: unit u is the u-th assignment (in order) whose expert no earlier assignment names.
-// Warp 0 builds it; every thread of the block calls this (it ends on a barrier).
-__device__ __forceinline__ void BuildPlan(const NqGemvParams& g, Plan& plan, int* ids) {
-  const int A = static_cast<int>(g.p.tokens * g.p.top_k);
-  const int lane = threadIdx.x % kWarpSize;
-  if (threadIdx.x < A) ids[threadIdx.x] = g.p.expert_ids[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x < kWarpSize) {
-    bool mine[2];
-    int slot[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int a = lane + kWarpSize * h;
-      const int e = a < A ? ids[a] : -1;
-      mine[h] = e >= 0 && e < g.p.num_experts;
-      for (int b = 0; b < a && mine[h]; ++b) mine[h] = ids[b] != e;
-      slot[h] = mine[h] ? g.p.slot_of_expert[e] : -1;
-      if (g.p.arena == nullptr || slot[h] >= g.p.num_slots) slot[h] = -1;  // 2 bits
-    }
-    const unsigned lo = __ballot_sync(0xffffffffu, mine[0]), hi = __ballot_sync(0xffffffffu, mine[1]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!mine[h]) continue;
-      const int a = lane + kWarpSize * h;
-      const unsigned below = (1u << lane) - 1u;
-      const int u = h == 0 ? __popc(lo & below) : __popc(lo) + __popc(hi & below);
-      Unit& unit = plan.unit[u];
-      unit.expert = ids[a];
-      unit.slot = slot[h];
-      int n = 0;
-      for (int b = a; b < A && n < kNqMaxDecodeTokens; ++b) {
-        if (ids[b] == unit.expert) unit.tok_a[n++] = b;
-      }
-      unit.n_tok = n;
-      for (int j = 0; j < g.num_proj && g.p.codec == NqCodec::kNestedScalar; ++j) {
-        const float* levels = g.proj[j].levels + static_cast<std::int64_t>(unit.expert) * kNqLevelTable;
-        unit.even_step[j] = 0.0f;
-        if (unit.slot >= 0) {
-          PackLevelBytes(levels + kNqBaseLevels, kNqLevels4, unit.lut[j], unit.lut[j] + 4);
-        } else {
-          unit.even_step[j] = EvenGridStep(levels);
-          if (unit.even_step[j] == 0.0f) PackLevelBytes(levels, kNqBaseLevels, unit.lut[j], unit.lut[j] + 1);
-        }
-      }
-    }
-    if (lane == 0) plan.units = __popc(lo) + __popc(hi);
-  }
-  __syncthreads();
 }
 
 // A 16-row tile of one projection of one unit as a lane sees it: where its rows' code words
@@ -187,7 +102,7 @@ __device__ __forceinline__ Tile TileAt(const NqGemvParams& g, const Plan& plan, 
   const std::int64_t plane_words = static_cast<std::int64_t>(g.rows) * words;
   const std::uint32_t* base = reinterpret_cast<const std::uint32_t*>(P.base) + u.expert * plane_words;
   const std::uint32_t* residual =
-      t.four_bit ? reinterpret_cast<const std::uint32_t*>(g.p.arena + u.slot * g.p.slot_bytes + P.residual_offset)
+      t.four_bit ? reinterpret_cast<const std::uint32_t*>(NqSlotRecord(g.p, u.slot) + P.residual_offset)
                  : nullptr;
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
@@ -469,7 +384,12 @@ absl::Status LaunchNqGemv(const NqGemvParams& g, const LaunchContext& ctx) {
     }
     return Launch<true, true>(g, ctx);
   }
-  if (g.cols % kNqStepCodes == 0) return Launch<true, false, true>(g, ctx);
+  if (g.cols % kNqStepCodes == 0) {
+    // EXPERIMENT (A/B on the device, removed once measured): NQ_GEMV_BATCHED=1 takes the
+    // register-slot GEMV (nq_gemv_batched.cuh) instead of the ring.
+    if (std::getenv("NQ_GEMV_BATCHED") != nullptr) return LaunchNqGemvBatched(g, ctx);
+    return Launch<true, false, true>(g, ctx);
+  }
   if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true, false>(g, ctx);
   return Launch<false, false>(g, ctx);
 }

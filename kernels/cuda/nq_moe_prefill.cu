@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kGemmThreads) NqGroupGemmKernel(const __grid_c
   const std::int64_t plane_words = static_cast<std::int64_t>(g.rows) * words_per_row;
   const std::uint32_t* base = reinterpret_cast<const std::uint32_t*>(P.base) + e * plane_words;
   const std::uint32_t* residual =
-      four_bit ? reinterpret_cast<const std::uint32_t*>(g.p.arena + slot * g.p.slot_bytes + P.residual_offset)
+      four_bit ? reinterpret_cast<const std::uint32_t*>(NqSlotRecord(g.p, slot) + P.residual_offset)
                : nullptr;
   const float* cs = P.col_scales + static_cast<std::int64_t>(e) * g.cols;
   const int K = static_cast<int>(g.p.top_k);

@@ -96,7 +96,7 @@ struct DequantParams {
 __device__ __forceinline__ const std::uint32_t* Residual(const DequantParams& d) {
   const int slot = d.p.slot_of_expert[d.expert];
   if (d.p.arena == nullptr || slot < 0 || slot >= d.p.num_slots) return nullptr;
-  return reinterpret_cast<const std::uint32_t*>(d.p.arena + slot * d.p.slot_bytes + d.proj.residual_offset);
+  return reinterpret_cast<const std::uint32_t*>(NqSlotRecord(d.p, slot) + d.proj.residual_offset);
 }
 
 // nested_scalar_v1: one thread per code word (16 weights of one row).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/dtype.h"
 #include "kernels/tensor_io.h"
@@ -202,7 +203,8 @@ NqMoeHost RandomTrellisNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int
   return h;
 }
 
-NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert) {
+NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
+                        bool scattered_slots) {
   const std::int64_t E = host.num_experts;
   const std::int64_t gate_plane = NqPlaneBytes(host.gate.rows, host.gate.cols);
   const std::int64_t down_plane = NqPlaneBytes(host.down.rows, host.down.cols);
@@ -223,11 +225,15 @@ NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const
   d.weights.down_rows = {Upload(backend, host.down_row_signs, DType::kF32, {host.hidden}), host.down_row_block};
   std::int64_t num_slots = 0;
   for (std::int32_t s : slot_of_expert) num_slots = std::max<std::int64_t>(num_slots, s + 1);
-  std::vector<std::uint8_t> arena(static_cast<size_t>(std::max<std::int64_t>(num_slots, 1) * slot_bytes), 0);
+  // Where slot s's record lies in the arena, in records: s, or scattered (reverse order, a gap
+  // before each).
+  auto record_of = [&](std::int64_t s) { return scattered_slots ? 2 * (num_slots - 1 - s) + 1 : s; };
+  const std::int64_t records = std::max<std::int64_t>(scattered_slots ? 2 * num_slots : num_slots, 1);
+  std::vector<std::uint8_t> arena(static_cast<size_t>(records * slot_bytes), 0);
   for (std::int64_t e = 0; e < E; ++e) {
     const std::int32_t s = slot_of_expert[e];
     if (s < 0) continue;
-    std::uint8_t* slot = arena.data() + s * slot_bytes;
+    std::uint8_t* slot = arena.data() + record_of(s) * slot_bytes;
     std::copy_n(host.gate.residual.begin() + e * gate_plane, gate_plane, slot);
     std::copy_n(host.up.residual.begin() + e * gate_plane, gate_plane, slot + up_offset);
     std::copy_n(host.down.residual.begin() + e * down_plane, down_plane, slot + down_offset);
@@ -238,6 +244,16 @@ NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const
              .arena = static_cast<const std::byte*>(d.arena.data()),
              .slot_bytes = slot_bytes,
              .num_slots = num_slots};
+  if (scattered_slots && num_slots > 0) {
+    std::vector<std::uint8_t> addresses(static_cast<size_t>(num_slots) * sizeof(void*));
+    for (std::int64_t s = 0; s < num_slots; ++s) {
+      const std::byte* record = static_cast<const std::byte*>(d.arena.data()) + record_of(s) * slot_bytes;
+      std::memcpy(addresses.data() + s * sizeof(void*), &record, sizeof(void*));
+    }
+    d.slot_records = UploadBytes(backend, addresses, Shape{static_cast<std::int64_t>(addresses.size())});
+    d.slots.slot_records = &d.slot_records;
+    // arena says there are slots; no kernel may read it as slot 0 (a gap lies there).
+  }
   return d;
 }
 
@@ -304,9 +320,10 @@ std::vector<std::int32_t> NqMoeSlots(std::mt19937_64& rng, std::int64_t experts,
 }
 
 std::vector<float> RunNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
-                            const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k) {
+                            const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k,
+                            bool scattered_slots) {
   const std::int64_t T = static_cast<std::int64_t>(x.size()) / host.hidden;
-  NqMoeDevice layer = UploadNqMoe(backend, host, slot_of_expert);
+  NqMoeDevice layer = UploadNqMoe(backend, host, slot_of_expert, scattered_slots);
   Tensor tx = Upload(backend, x, DType::kF32, {T, host.hidden});
   Tensor ids = UploadI32(backend, routing.ids, {T, top_k});
   Tensor weights = Upload(backend, routing.weights, DType::kF32, {T, top_k});

@@ -42,13 +42,17 @@ NqMoeHost RandomTrellisNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int
                              std::int64_t experts);
 
 // The layer on `backend`: slot_of_expert[e] >= 0 puts expert e's residuals in that slot.
+// scattered_slots: the records lie in reverse slot order with a record-sized gap before each,
+// reached through NqSlots::slot_records (slots lent by the free KV cache, issue #23).
 struct NqMoeDevice {
   NqMoeWeights weights;
   Tensor slot_table;
   Tensor arena;
+  Tensor slot_records;
   NqSlots slots;
 };
-NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert);
+NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
+                        bool scattered_slots = false);
 
 // top_k distinct experts per token with weights in [0.1, 1): each token draws from the first
 // `pool` experts (pool < experts makes the tokens of a chunk share experts).
@@ -65,7 +69,8 @@ std::vector<std::int32_t> NqMoeSlots(std::mt19937_64& rng, std::int64_t experts,
 
 // backend.NqMoe of the layer over x (tokens x hidden); a failure is a test failure and returns {}.
 std::vector<float> RunNqMoe(Backend& backend, const NqMoeHost& host, std::span<const std::int32_t> slot_of_expert,
-                            const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k);
+                            const std::vector<float>& x, const NqMoeRouting& routing, std::int64_t top_k,
+                            bool scattered_slots = false);
 
 // The dense result, independent of the op's code path: each expert's weights dequantised and
 // unrotated into dense matrices W = R_rows^T W' R_cols (rotations as dense matrices), then

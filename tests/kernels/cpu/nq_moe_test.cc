@@ -92,5 +92,45 @@ TEST(CpuNqMoe, RefusesBadIdsAndShapesByName) {
               testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("down_rows.block 3")));
 }
 
+// Slots scattered over memory (NqSlots::slot_records, the records a layer-major prefill borrows
+// from the free KV cache) give the same result as one arena, bit for bit.
+TEST(CpuNqMoe, ScatteredSlotsMatchTheArena) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  std::mt19937_64 rng = MakeRng(4204);
+  constexpr std::int64_t kD = 64, kI = 32, kE = 8, kK = 3, kT = 6;
+  const testing::NqMoeHost host = testing::RandomNqMoe(rng, kD, kI, kE);
+  const std::vector<float> x = RandomNormal(rng, kT * kD, 1.0f);
+  const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, kT, kK, kE, kE);
+  const std::vector<std::int32_t> slots = {3, -1, 0, 2, -1, 1, 4, -1};
+  const std::vector<float> arena = testing::RunNqMoe(*cpu, host, slots, x, routing, kK);
+  const std::vector<float> scattered = testing::RunNqMoe(*cpu, host, slots, x, routing, kK, /*scattered_slots=*/true);
+  ASSERT_EQ(arena.size(), static_cast<size_t>(kT * kD));
+  EXPECT_EQ(scattered, arena);
+  // And the 4-bit slots were read: all at 2 bits differs.
+  EXPECT_NE(testing::RunNqMoe(*cpu, host, std::vector<std::int32_t>(kE, -1), x, routing, kK), arena);
+}
+
+TEST(CpuNqMoe, RefusesSlotRecordsOfTheWrongSizeOrWithoutAnArena) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  std::mt19937_64 rng = MakeRng(4205);
+  constexpr std::int64_t kD = 32, kI = 16, kE = 4;
+  const testing::NqMoeHost host = testing::RandomNqMoe(rng, kD, kI, kE);
+  testing::NqMoeDevice layer = testing::UploadNqMoe(*cpu, host, std::vector<std::int32_t>{0, 1, -1, -1}, true);
+  Tensor tx = Upload(*cpu, RandomNormal(rng, kD, 1.0f), DType::kF32, {1, kD});
+  Tensor ids = UploadI32(*cpu, std::vector<std::int32_t>{0}, {1, 1});
+  Tensor weights = Upload(*cpu, std::vector<float>{1.0f}, DType::kF32, {1, 1});
+  absl::StatusOr<Tensor> out = cpu->Allocate(DType::kF32, Shape{1, kD});
+  ASSERT_TRUE(out.ok());
+  NQ_ASSERT_OK(cpu->NqMoe(tx, ids, weights, layer.weights, layer.slots, *out));
+  NqSlots short_table = layer.slots;
+  short_table.num_slots = 3;  // the table holds 2 addresses
+  EXPECT_THAT(cpu->NqMoe(tx, ids, weights, layer.weights, short_table, *out),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slot_records")));
+  NqSlots no_arena = layer.slots;
+  no_arena.arena = nullptr;
+  EXPECT_THAT(cpu->NqMoe(tx, ids, weights, layer.weights, no_arena, *out),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("without an arena")));
+}
+
 }  // namespace
 }  // namespace nq::kernels

@@ -89,5 +89,36 @@ TEST(CudaNqMoe, WideRotationBlocksMatchCpu) {
   }
 }
 
+// Slots scattered over memory (NqSlots::slot_records: a layer-major prefill's slots in room the
+// free KV cache lends, issue #23) through every CUDA path: both decode GEMVs (whole 256-input
+// steps and not), the grouped and the dense prefill, both codecs.
+TEST(CudaNqMoe, ScatteredSlotsMatchCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4304);
+  ErrorSummary summary("NqMoe with scattered slots", kTolerance);
+  struct Case {
+    NqCodec codec;
+    std::int64_t hidden, intermediate, experts, top_k, tokens;
+  };
+  for (const Case c : {Case{NqCodec::kNestedScalar, 1024, 256, 16, 4, 1}, Case{NqCodec::kNestedScalar, 1024, 256, 16, 4, 4},
+                       Case{NqCodec::kNestedScalar, 320, 48, 12, 3, 3}, Case{NqCodec::kNestedScalar, 256, 64, 16, 4, 64},
+                       Case{NqCodec::kNestedScalar, 64, 32, 4, 2, 256}, Case{NqCodec::kTrellis, 256, 128, 16, 4, 2},
+                       Case{NqCodec::kTrellis, 256, 128, 16, 4, 64}}) {
+    const testing::NqMoeHost host = c.codec == NqCodec::kTrellis
+                                        ? testing::RandomTrellisNqMoe(rng, c.hidden, c.intermediate, c.experts)
+                                        : testing::RandomNqMoe(rng, c.hidden, c.intermediate, c.experts);
+    const std::vector<float> x = RandomNormal(rng, c.tokens * c.hidden, 1.0f);
+    const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, c.tokens, c.top_k, c.experts, 2 * c.top_k);
+    for (int mode = 1; mode < 3; ++mode) {
+      const std::vector<std::int32_t> slots = testing::NqMoeSlots(rng, c.experts, mode);
+      const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, routing, c.top_k);
+      const std::vector<float> got =
+          testing::RunNqMoe(*Backends().cuda, host, slots, x, routing, c.top_k, /*scattered_slots=*/true);
+      SCOPED_TRACE(absl::StrCat("codec ", static_cast<int>(c.codec), " D ", c.hidden, " T ", c.tokens, " mode ", mode));
+      summary.Add(NormalizedError(got, want));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nq::kernels
