@@ -385,9 +385,10 @@ absl::Status LaunchNqGemv(const NqGemvParams& g, const LaunchContext& ctx) {
     return Launch<true, true>(g, ctx);
   }
   if (g.cols % kNqStepCodes == 0) {
-    // EXPERIMENT (A/B on the device, removed once measured): NQ_GEMV_BATCHED=1 takes the
-    // register-slot GEMV (nq_gemv_batched.cuh) instead of the ring.
-    if (std::getenv("NQ_GEMV_BATCHED") != nullptr) return LaunchNqGemvBatched(g, ctx);
+    // EXPERIMENT (A/B on the device, removed once measured): NQ_GEMV_RING=1 keeps the ring.
+    if (g.cols / kNqStepCodes >= kNqGemvBatchedMinSteps && std::getenv("NQ_GEMV_RING") == nullptr) {
+      return LaunchNqGemvBatched(g, ctx);
+    }
     return Launch<true, false, true>(g, ctx);
   }
   if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true, false>(g, ctx);

@@ -39,11 +39,13 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
   // down a hundredfold. glm5_nano's shape (D 256, I 64, 32 experts, top-4 + shared) is one case.
   const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
   // The GEMV's three block shapes (rows of 1, 4 to 15, and 16 or more 256-input steps), rows
-  // ending mid-step (320, 48), and rows of 16-byte pieces or not (cols % 64: 48, 16).
+  // ending mid-step (320, 48), rows of 16-byte pieces or not (cols % 64: 48, 16), and both
+  // projections at whole steps enough for the register-slot GEMV (2048 x 1536: nq_gemv_batched.cuh).
   // 64 x 32 with 4 experts: 256 tokens take the dense (cuBLAS) prefill, small enough for the
   // sanitizer runs.
   for (const Shape3 s : {Shape3{256, 64, 33, 5}, Shape3{64, 16, 8, 2}, Shape3{256, 128, 16, 4}, Shape3{1024, 256, 32, 8},
-                         Shape3{320, 48, 12, 3}, Shape3{4096, 512, 16, 4}, Shape3{64, 32, 4, 2}}) {
+                         Shape3{320, 48, 12, 3}, Shape3{4096, 512, 16, 4}, Shape3{64, 32, 4, 2},
+                         Shape3{2048, 1536, 8, 4}}) {
     if (small && s.hidden > 320) continue;
     const testing::NqMoeHost host = testing::RandomNqMoe(rng, s.hidden, s.intermediate, s.experts);
     for (const std::int64_t tokens : {1, 4, 7, 256, 512}) {
@@ -100,7 +102,7 @@ TEST(CudaNqMoe, ScatteredSlotsMatchCpu) {
     NqCodec codec;
     std::int64_t hidden, intermediate, experts, top_k, tokens;
   };
-  for (const Case c : {Case{NqCodec::kNestedScalar, 1024, 256, 16, 4, 1}, Case{NqCodec::kNestedScalar, 1024, 256, 16, 4, 4},
+  for (const Case c : {Case{NqCodec::kNestedScalar, 2048, 1536, 8, 4, 1}, Case{NqCodec::kNestedScalar, 1024, 256, 16, 4, 4},
                        Case{NqCodec::kNestedScalar, 320, 48, 12, 3, 3}, Case{NqCodec::kNestedScalar, 256, 64, 16, 4, 64},
                        Case{NqCodec::kNestedScalar, 64, 32, 4, 2, 256}, Case{NqCodec::kTrellis, 256, 128, 16, 4, 2},
                        Case{NqCodec::kTrellis, 256, 128, 16, 4, 64}}) {
