@@ -188,6 +188,20 @@ absl::Status Backend::CopyFromHost(std::span<const std::byte> src, Tensor& dst) 
   return DoCopyFromHost(src.data(), src.size(), dst.data());
 }
 
+absl::Status Backend::CopyFromHostAt(std::span<const std::byte> src, Tensor& dst, std::size_t dst_offset) {
+  RETURN_IF_ERROR(CheckOwned("CopyFromHostAt", "dst", dst));
+  // Written so that no sum can wrap: offset <= nbytes, then size <= what is left.
+  if (dst_offset > dst.nbytes() || src.size() > dst.nbytes() - dst_offset) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyFromHostAt: ", src.size(), " bytes at offset ", dst_offset,
+                                                   " do not fit in ", dst.DebugString(), " (", dst.nbytes(),
+                                                   " bytes)"));
+  }
+  if (src.empty()) return absl::OkStatus();
+  // The Do hook takes addresses, so a range of a tensor is the tensor's address plus the offset
+  // (on CUDA, a device pointer into the same allocation).
+  return DoCopyFromHost(src.data(), src.size(), static_cast<std::byte*>(dst.data()) + dst_offset);
+}
+
 absl::Status Backend::CopyToHost(const Tensor& src, std::span<std::byte> dst) {
   RETURN_IF_ERROR(CheckOwned("CopyToHost", "src", src));
   if (dst.size() != src.nbytes()) {

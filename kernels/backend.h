@@ -81,6 +81,12 @@ class Backend {
   // without the host waiting, and `src` must stay unchanged until a later Synchronize (or copy
   // to the host) returns.
   absl::Status CopyFromHost(std::span<const std::byte> src, Tensor& dst);
+  // Copies src into bytes [dst_offset, dst_offset + src.size()) of `dst`, leaving the rest of it
+  // as it is: a record placed inside a larger tensor (a layer-major prefill's expert slots in
+  // room the free KV cache lends, issue #23). The same rule for `src` as CopyFromHost (from
+  // AllocateHostStaging memory the copy runs without the host waiting). INVALID_ARGUMENT for a
+  // range that does not lie inside dst.
+  absl::Status CopyFromHostAt(std::span<const std::byte> src, Tensor& dst, std::size_t dst_offset);
   // Copies exactly src.nbytes() bytes to host memory, after all work enqueued before it.
   absl::Status CopyToHost(const Tensor& src, std::span<std::byte> dst);
   // Host memory a device-to-host copy can land in without the host waiting for the device

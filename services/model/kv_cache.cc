@@ -1,5 +1,8 @@
 #include "services/model/kv_cache.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 
@@ -86,6 +89,98 @@ int64_t KvCache::bytes() const {
     if (layer.index_keys.has_value()) bytes += static_cast<int64_t>(layer.index_keys->nbytes());
   }
   return bytes;
+}
+
+// --- Lending the free room (kv_loan.h).
+
+kernels::Tensor* KvCache::tensor(size_t layer, KvCachePart part) {
+  return const_cast<kernels::Tensor*>(static_cast<const KvCache*>(this)->tensor(layer, part));
+}
+
+const kernels::Tensor* KvCache::tensor(size_t layer, KvCachePart part) const {
+  if (layer >= layers_.size()) return nullptr;
+  const LayerCache& l = layers_[layer];
+  switch (part) {
+    case KvCachePart::kLatent:
+      return &l.latent;
+    case KvCachePart::kRopeKey:
+      return &l.k_pe;
+    case KvCachePart::kIndexKeys:
+      return l.index_keys.has_value() ? &*l.index_keys : nullptr;
+  }
+  return nullptr;
+}
+
+std::vector<KvCacheRange> KvCache::FreeRoom(int64_t from_token) const {
+  std::vector<KvCacheRange> room;
+  if (from_token < 0 || from_token >= max_tokens_) return room;
+  for (size_t layer = 0; layer < layers_.size(); ++layer) {
+    for (KvCachePart part : {KvCachePart::kLatent, KvCachePart::kRopeKey, KvCachePart::kIndexKeys}) {
+      const kernels::Tensor* t = tensor(layer, part);
+      if (t == nullptr) continue;
+      // Every cache tensor is [max_tokens, row], row-major: row r is bytes [r * row, (r + 1) * row).
+      const size_t row_bytes = t->nbytes() / static_cast<size_t>(max_tokens_);
+      const size_t offset = static_cast<size_t>(from_token) * row_bytes;
+      room.push_back({.cache_layer = layer, .part = part, .offset = offset, .bytes = t->nbytes() - offset});
+    }
+  }
+  return room;
+}
+
+std::vector<KvCacheRange> KvCache::Carve(int64_t from_token, int64_t record_bytes, int64_t max_records) const {
+  std::vector<KvCacheRange> pieces;
+  if (record_bytes <= 0 || max_records <= 0) return pieces;
+  const size_t record = static_cast<size_t>(record_bytes);
+  for (const KvCacheRange& free : FreeRoom(from_token)) {
+    // Aligned by address, not by offset: the tensor's own alignment is the backend's business.
+    const uintptr_t base = reinterpret_cast<uintptr_t>(tensor(free.cache_layer, free.part)->data());
+    size_t at = free.offset;
+    const size_t end = free.offset + free.bytes;
+    while (static_cast<int64_t>(pieces.size()) < max_records) {
+      const size_t skew = (base + at) % kKvLoanAlign;
+      if (skew != 0) at += kKvLoanAlign - skew;
+      if (at > end || end - at < record) break;
+      pieces.push_back({.cache_layer = free.cache_layer, .part = free.part, .offset = at, .bytes = record});
+      at += record;
+    }
+  }
+  return pieces;
+}
+
+int64_t KvCache::LendableRecords(int64_t from_token, int64_t record_bytes, int64_t max_records) const {
+  return static_cast<int64_t>(Carve(from_token, record_bytes, max_records).size());
+}
+
+absl::StatusOr<KvLoan> KvCache::Lend(int64_t from_token, int64_t record_bytes, int64_t max_records) {
+  if (record_bytes <= 0 || max_records < 0 || from_token < 0 || from_token > max_tokens_) {
+    return absl::InvalidArgumentError(absl::StrCat("KV cache loan of up to ", max_records, " records of ",
+                                                   record_bytes, " bytes from row ", from_token, " of ", max_tokens_,
+                                                   " (want positive records past row 0 up to the cache's end)"));
+  }
+  if (loan_->lent_from.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("KV cache: ", loan_->records, " records from row ",
+                                                      *loan_->lent_from, " are lent already (one loan at a time)"));
+  }
+  if (from_token < length_) {
+    return absl::FailedPreconditionError(absl::StrCat("KV cache: rows below ", length_,
+                                                      " are live; a loan from row ", from_token, " would overlap them"));
+  }
+  std::vector<KvLentRecord> records;
+  for (const KvCacheRange& piece : Carve(from_token, record_bytes, max_records)) {
+    records.push_back({.tensor = tensor(piece.cache_layer, piece.part), .range = piece});
+  }
+  if (records.empty()) return KvLoan();
+  loan_->lent_from = from_token;
+  loan_->records = static_cast<int64_t>(records.size());
+  return KvLoan(loan_, from_token, std::move(records));
+}
+
+absl::Status KvCache::CheckWritable(int64_t first_row, int64_t rows, absl::string_view what) const {
+  if (!loan_->lent_from.has_value() || rows <= 0 || first_row + rows <= *loan_->lent_from) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, ": rows [", first_row, ", ", first_row + rows,
+                                                    ") of the KV cache reach rows lent from ", *loan_->lent_from,
+                                                    " to a layer-major prefill's expert slots (", loan_->records,
+                                                    " records); the loan must be returned first"));
 }
 
 }  // namespace nq::model

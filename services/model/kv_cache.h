@@ -13,12 +13,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
+#include "services/model/kv_loan.h"
 #include "services/model/model_config.h"
 
 namespace nq::model {
@@ -58,9 +60,35 @@ class KvCache {
   // Tokens whose keys are in the cache; the next forward writes at this position.
   int64_t length() const { return length_; }
   void set_length(int64_t length) { length_ = length; }
+  size_t num_layers() const { return layers_.size(); }
+
+  // --- Lending the free room (kv_loan.h, issue #23).
+  // `part` of cache layer `layer`; null for indexer keys a layer does not keep.
+  kernels::Tensor* tensor(size_t layer, KvCachePart part);
+  const kernels::Tensor* tensor(size_t layer, KvCachePart part) const;
+  // Rows [from_token, max_tokens) of every cache tensor as bytes, one range per tensor with room
+  // (none past max_tokens): cache layers in order, in each the latent, rope key, indexer keys.
+  std::vector<KvCacheRange> FreeRoom(int64_t from_token) const;
+  // Lends up to `max_records` pieces of `record_bytes` bytes, each at an address aligned to
+  // kKvLoanAlign, out of FreeRoom(from_token) in its order (a loan without pieces when none
+  // fits). INVALID_ARGUMENT for record_bytes <= 0, max_records < 0 or from_token outside
+  // [0, max_tokens]; FAILED_PRECONDITION while another loan is out or when from_token < length()
+  // (those rows are live).
+  absl::StatusOr<KvLoan> Lend(int64_t from_token, int64_t record_bytes, int64_t max_records);
+  // How many pieces Lend would carve for the same arguments (0 for invalid ones).
+  int64_t LendableRecords(int64_t from_token, int64_t record_bytes, int64_t max_records) const;
+  // OK unless rows [first_row, first_row + rows) reach a row of the loan outstanding:
+  // FAILED_PRECONDITION naming `what` (the forward that would write them) and the loan.
+  absl::Status CheckWritable(int64_t first_row, int64_t rows, absl::string_view what) const;
+  // The first row of the loan outstanding, if any.
+  std::optional<int64_t> lent_from() const { return loan_->lent_from; }
 
  private:
+  // Lend's carving: the pieces, each a KvCacheRange of record_bytes.
+  std::vector<KvCacheRange> Carve(int64_t from_token, int64_t record_bytes, int64_t max_records) const;
+
   std::vector<LayerCache> layers_;
+  std::shared_ptr<KvLoanState> loan_ = std::make_shared<KvLoanState>();
   kernels::DType dtype_ = kernels::DType::kF32;
   int64_t max_tokens_ = 0;
   int64_t length_ = 0;

@@ -47,6 +47,9 @@ absl::StatusOr<std::vector<float>> Model::PrefillLayerMajor(std::span<const int3
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));
   }
+  // A loan of the rows past the span (its own expert slots, LendKvRoom) is what this prefill is
+  // for; rows of the span itself must not be lent.
+  RETURN_IF_ERROR(cache_.CheckWritable(start, T, "PrefillLayerMajor"));
   const int64_t num_chunks = (T + C - 1) / C;
   auto chunk_length = [&](int64_t c) { return std::min(C, T - c * C); };
   auto check_cancelled = [&]() -> absl::Status {
@@ -114,6 +117,16 @@ absl::StatusOr<std::vector<float>> Model::PrefillLayerMajor(std::span<const int3
   last_hidden_ = std::move(hidden);
   cache_.set_length(start + T);
   return logits;
+}
+
+absl::StatusOr<KvLoan> Model::LendKvRoom(int64_t from_token, int64_t record_bytes, int64_t max_records) {
+  // The MTP layers' caches are cache layers too: their live rows end at mtp_length_.
+  if (from_token < mtp_length_) {
+    return absl::FailedPreconditionError(absl::StrCat("KV cache: the MTP cache's rows below ", mtp_length_,
+                                                      " are live; a loan from row ", from_token,
+                                                      " would overlap them"));
+  }
+  return cache_.Lend(from_token, record_bytes, max_records);
 }
 
 }  // namespace nq::model

@@ -184,6 +184,7 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));
   }
+  RETURN_IF_ERROR(cache_.CheckWritable(start, T, "Forward"));
   RETURN_IF_ERROR(RefreshSlotTables());
   RETURN_IF_ERROR(BeginRoutingLog(T));
   ASSIGN_OR_RETURN(x, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
@@ -311,6 +312,7 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   if (mtp_length_ + T > cache_.max_tokens()) {
     return absl::InvalidArgumentError("ForwardMtp: the MTP cache is full");
   }
+  RETURN_IF_ERROR(cache_.CheckWritable(mtp_length_, T, "ForwardMtp"));
   const MtpWeights& m = weights_.mtp[index];
   const float eps = static_cast<float>(config_.rms_norm_eps);
   RETURN_IF_ERROR(RefreshSlotTables());
@@ -823,6 +825,20 @@ absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, c
     if (slot_table_source_.has_value() && slot_table_source_->count) slot_table_source_->count(layer, routing);
   }
   kernels::NqSlots nq_slots = LayerSlots(w, layer, prefill);
+  // A prefill's scattered slots: the address table goes up with the call (slots x 8 bytes).
+  Tensor slot_records;
+  if (prefill != nullptr && !prefill->slot_records.empty()) {
+    if (static_cast<int64_t>(prefill->slot_records.size()) != prefill->num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, ": prefill slots give ",
+                                                     prefill->slot_records.size(), " record addresses for ",
+                                                     prefill->num_slots, " slots"));
+    }
+    const std::span<const std::byte> addresses = std::as_bytes(std::span<const std::byte* const>(prefill->slot_records));
+    ASSIGN_OR_RETURN(slot_records,
+                     backend_.Allocate(kernels::DType::kU8, Shape{static_cast<int64_t>(addresses.size())}));
+    RETURN_IF_ERROR(backend_.CopyFromHost(addresses, slot_records));
+    nq_slots.slot_records = &slot_records;
+  }
   nq_slots.slot_of_expert = &table;
   if (prefill == nullptr && !(!slot_table_source_.has_value() && slot_source_)) {
     ASSIGN_OR_RETURN(std::tie(nq_slots.slot_of_expert, nq_slots.slot_table_row), SlotTableFor(layer));
@@ -837,7 +853,9 @@ absl::StatusOr<Tensor> Model::PackedMoe(const PackedExperts& w, int64_t layer, c
 kernels::NqSlots Model::LayerSlots(const PackedExperts& w, int64_t layer, const PrefillLayerSlots* prefill) const {
   kernels::NqSlots nq_slots;
   if (prefill != nullptr) {
-    nq_slots.arena = prefill->arena;
+    // Scattered slots still name an arena (NqSlots): any record says there are slots.
+    nq_slots.arena = prefill->arena != nullptr || prefill->slot_records.empty() ? prefill->arena
+                                                                                 : prefill->slot_records.front();
     nq_slots.slot_bytes = prefill->slot_bytes;
     nq_slots.num_slots = prefill->num_slots;
   } else if (arena_.has_value()) {

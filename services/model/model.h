@@ -238,14 +238,16 @@ class Model {
   // chunks at the same per-expert precision.
   //
   // The 4-bit residuals a layer's hook supplies for the prefill: slot s starts at
-  // arena + s * slot_bytes (memory of the backend's kind), slot_of_expert[e] names expert e's
-  // slot or -1 (2 bits). The memory must stay unchanged until the next hook call returns or
-  // the prefill ends.
+  // arena + s * slot_bytes (memory of the backend's kind), or, where slot_records is given, at
+  // slot_records[s] (slots scattered over memory: a buffer's own, then records in room the free
+  // KV cache lends, LendKvRoom); slot_of_expert[e] names expert e's slot or -1 (2 bits). The
+  // memory must stay unchanged until the next hook call returns or the prefill ends.
   struct PrefillLayerSlots {
-    const std::byte* arena = nullptr;
+    const std::byte* arena = nullptr;  // with slot_records: may be null (then records[0] stands in)
     int64_t slot_bytes = 0;
     int64_t num_slots = 0;
     std::vector<int32_t> slot_of_expert;  // [n_routed_experts]
+    std::vector<const std::byte*> slot_records;  // empty, or [num_slots] record addresses
   };
   struct LayerMajorOptions {
     // Tokens per chunk (> 0): the bound on per-chunk activations (attention, MoE); the residual
@@ -268,6 +270,21 @@ class Model {
   // for chunk_tokens <= 0.
   absl::StatusOr<std::vector<float>> PrefillLayerMajor(std::span<const int32_t> tokens,
                                                        const LayerMajorOptions& options);
+
+  // --- Room the free KV cache lends (issue #23's slot borrowing; services/model/kv_loan.h).
+  // A layer-major prefill of [cache_length(), from_token) borrows the rows past its span for
+  // extra expert slots: up to max_records pieces of record_bytes (KvCache::Lend). While the loan
+  // is out every forward that would write a lent row fails with FAILED_PRECONDITION (decoder and
+  // MTP layers alike); the span's own prefill writes below from_token only. FAILED_PRECONDITION
+  // too when from_token is below the cache or the MTP cache length (live rows) or another loan
+  // is out; INVALID_ARGUMENT as KvCache::Lend.
+  absl::StatusOr<KvLoan> LendKvRoom(int64_t from_token, int64_t record_bytes, int64_t max_records);
+  // How many pieces LendKvRoom would lend (a worker's start report, for the smallest from_token).
+  int64_t LendableKvRecords(int64_t from_token, int64_t record_bytes, int64_t max_records) const {
+    return cache_.LendableRecords(from_token, record_bytes, max_records);
+  }
+  // The cache itself, read-only (what a loan's pieces are checked against).
+  const KvCache& kv_cache() const { return cache_; }
 
   // --- Step graphs (services/model/step_graph.cc). A forward of up to kMaxStepGraphTokens
   // tokens (a decode step, an MTP verification) on a backend that can capture runs as a graph:

@@ -77,6 +77,7 @@ absl::StatusOr<std::vector<int32_t>> Model::DraftOnDevice(std::span<const int32_
     return absl::InvalidArgumentError(absl::StrCat("DraftOnDevice: ", mtp_length_, " MTP entries + ", entries,
                                                    " exceed the cache of ", cache_.max_tokens()));
   }
+  RETURN_IF_ERROR(cache_.CheckWritable(mtp_length_, entries, "DraftOnDevice"));
   // One forward for the routing log and the mailbox: sized for all its entries (each MTP
   // forward logs the layer once).
   RETURN_IF_ERROR(BeginGraphedForward(next_tokens, entries, "DraftOnDevice"));

@@ -188,6 +188,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));
   }
+  RETURN_IF_ERROR(cache_.CheckWritable(start, T, "Forward"));
   RETURN_IF_ERROR(BeginGraphedForward(tokens, T, "Forward"));
   const int64_t bucket_end = StepGraphBucketEnd(start + T);
   StepGraph& g = step_graphs_[{-1, T, bucket_end, sample != nullptr, 0}];
@@ -249,6 +250,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int3
                                                    " hidden values (want tokens x ", D, ")"));
   }
   if (mtp_length_ + T > cache_.max_tokens()) return absl::InvalidArgumentError("ForwardMtp: the MTP cache is full");
+  RETURN_IF_ERROR(cache_.CheckWritable(mtp_length_, T, "ForwardMtp"));
   const int64_t V = weights_.mtp[static_cast<size_t>(index)].head.shape().dim(0);
   RETURN_IF_ERROR(BeginGraphedForward(next_tokens, T, "ForwardMtp"));
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + T);

@@ -53,6 +53,7 @@ class DecoderRecordReader final : public PrefillRecordReader {
 
 PrefillReadBudget ReadTimeBudget(const PrefillTimings& timings, int64_t span_tokens, int64_t rec_bytes, int64_t slots,
                                  double late_read_share) {
+  if (slots <= 0) return {.by_time = true};
   const double layer_seconds = timings.seconds_per_token_layer * static_cast<double>(std::max<int64_t>(span_tokens, 0));
   const double records = layer_seconds * timings.read_bytes_per_second / static_cast<double>(rec_bytes);
   const double cap = static_cast<double>(slots);
@@ -64,37 +65,52 @@ PrefillReadBudget ReadTimeBudget(const PrefillTimings& timings, int64_t span_tok
 absl::StatusOr<std::unique_ptr<PrefillExperts>> PrefillExperts::Create(const ReleaseExpertDecoder& decoder,
                                                                        kernels::Backend& backend, int64_t num_experts,
                                                                        PrefillExpertsOptions options) {
-  if (options.slots <= 0 || options.full_span_tokens <= 0 || num_experts <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill experts: ", options.slots, " slots and a full span of ",
-                                                   options.full_span_tokens,
-                                                   " tokens (both must be positive) for ", num_experts, " experts"));
+  if (options.slots < 0 || options.max_borrowed_slots < 0 || options.slots + options.max_borrowed_slots <= 0 ||
+      options.full_span_tokens <= 0 || num_experts <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill experts: ", options.slots, " slots, ", options.max_borrowed_slots, " to borrow and a full span of ",
+        options.full_span_tokens, " tokens for ", num_experts,
+        " experts (want slot counts >= 0, at least one slot own or borrowed, and a positive span)"));
   }
   ASSIGN_OR_RETURN(const ReleaseExpertDecoder::SlotNeeds needs, decoder.Needs());
   const int64_t slot_bytes = static_cast<int64_t>(needs.rec_bytes);
   if (options.reader == nullptr) options.reader = std::make_shared<DecoderRecordReader>(decoder);
-  std::unique_ptr<PrefillExperts> experts(new PrefillExperts(decoder, backend, num_experts, options, slot_bytes));
+  // More slots than a layer has experts never serve it.
+  const int64_t max_borrowed = std::min(options.max_borrowed_slots, std::max<int64_t>(num_experts - options.slots, 0));
+  if (options.slots + max_borrowed <= 0) {
+    return absl::InvalidArgumentError("prefill experts: no slots (own or borrowed) to hold an expert");
+  }
+  std::unique_ptr<PrefillExperts> experts(
+      new PrefillExperts(decoder, backend, num_experts, options, slot_bytes, max_borrowed));
+  const int64_t staged_slots = options.slots + max_borrowed;
   for (Buffer& b : experts->buffers_) {
     // O_DIRECT reads land straight in the slots: each slot starts at a 4096-byte boundary
     // (rec_bytes are multiples of it).
     constexpr size_t kAlign = 4096;
-    const size_t bytes = static_cast<size_t>(options.slots * slot_bytes);
+    const size_t bytes = static_cast<size_t>(staged_slots * slot_bytes);
     ASSIGN_OR_RETURN(b.staging, backend.AllocateHostStaging(bytes + kAlign));
     const std::span<std::byte> staging(static_cast<std::byte*>(b.staging->data()), bytes + kAlign);
     const size_t skew = reinterpret_cast<uintptr_t>(staging.data()) % kAlign;
     b.host = staging.subspan(skew == 0 ? 0 : kAlign - skew, bytes);
-    ASSIGN_OR_RETURN(b.device, backend.Allocate(kernels::DType::kU8, kernels::Shape{options.slots * slot_bytes}));
     b.expert_in.assign(static_cast<size_t>(options.slots), -1);
+  }
+  if (options.slots > 0) {
+    ASSIGN_OR_RETURN(experts->device_,
+                     backend.Allocate(kernels::DType::kU8, kernels::Shape{options.slots * slot_bytes}));
   }
   return experts;
 }
 
 PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Backend& backend,
-                               int64_t num_experts, PrefillExpertsOptions options, int64_t slot_bytes)
+                               int64_t num_experts, PrefillExpertsOptions options, int64_t slot_bytes,
+                               int64_t max_borrowed)
     : decoder_(decoder),
       backend_(backend),
       num_experts_(num_experts),
       options_(options),
       slot_bytes_(slot_bytes),
+      max_borrowed_(max_borrowed),
+      num_slots_(options.slots),
       calls_4bit_(metrics::Registry::Default().Counter("nq_expert_calls_total", "", {"bits"}).WithLabels({"4"})),
       calls_2bit_(metrics::Registry::Default().Counter("nq_expert_calls_total", "", {"bits"}).WithLabels({"2"})),
       prefill_calls_4bit_(metrics::Registry::Default()
@@ -115,7 +131,16 @@ PrefillExperts::PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Bac
       records_late_(
           metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"late"})),
       records_from_slots_(
-          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"slot"})) {}
+          metrics::Registry::Default().Counter("nq_worker_prefill_records_total", "", {"arrival"}).WithLabels({"slot"})),
+      borrowed_gauge_(metrics::Registry::Default()
+                          .Gauge("nq_worker_prefill_borrowed_slots",
+                                 "Expert slots a running layer-major prefill holds in room borrowed from the free KV "
+                                 "cache (0 between prefills)")
+                          .Get()),
+      borrows_(metrics::Registry::Default()
+                   .Counter("nq_worker_prefill_borrows_total",
+                            "Layer-major prefills that borrowed expert slots from the free KV cache")
+                   .Get()) {}
 
 PrefillExperts::~PrefillExperts() {
   End();
@@ -124,13 +149,15 @@ PrefillExperts::~PrefillExperts() {
 }
 
 PrefillReadBudget PrefillExperts::Budget(int64_t span_tokens) const {
-  if (span_tokens >= options_.full_span_tokens) return {.prefetch = options_.slots, .late = options_.slots};
+  const int64_t slots = num_slots_;
+  if (slots <= 0) return {};
+  if (span_tokens >= options_.full_span_tokens) return {.prefetch = slots, .late = slots};
   if (const PrefillTimings t = timings(); options_.late_read_share > 0 && t.measured()) {
-    return ReadTimeBudget(t, span_tokens, slot_bytes_, options_.slots, options_.late_read_share);
+    return ReadTimeBudget(t, span_tokens, slot_bytes_, slots, options_.late_read_share);
   }
-  const int64_t scaled = (options_.slots * std::max<int64_t>(span_tokens, 0) + options_.full_span_tokens - 1) /
-                         options_.full_span_tokens;
-  const int64_t n = std::clamp<int64_t>(scaled, 1, options_.slots);
+  const int64_t scaled =
+      (slots * std::max<int64_t>(span_tokens, 0) + options_.full_span_tokens - 1) / options_.full_span_tokens;
+  const int64_t n = std::clamp<int64_t>(scaled, 1, slots);
   return {.prefetch = n, .late = n};
 }
 
@@ -196,7 +223,7 @@ absl::Status PrefillExperts::Prefetch(Buffer& b, int64_t layer, std::vector<int3
   b.layer = layer;
   std::fill(b.expert_in.begin(), b.expert_in.end(), -1);
   std::vector<std::pair<int32_t, int64_t>> reads;
-  for (size_t i = 0; i < experts.size() && static_cast<int64_t>(i) < options_.slots; ++i) {
+  for (size_t i = 0; i < experts.size() && static_cast<int64_t>(i) < num_slots_; ++i) {
     reads.emplace_back(experts[i], static_cast<int64_t>(i));
   }
   // A record that fails (a read error, or damaged: it fails its checksum) leaves its slot empty
@@ -208,7 +235,7 @@ absl::Status PrefillExperts::Prefetch(Buffer& b, int64_t layer, std::vector<int3
 }
 
 void PrefillExperts::StartPrefetch(int64_t layer) {
-  if (layer < 0) return;
+  if (layer < 0 || num_slots_ <= 0) return;
   // Which experts a layer's span will route is known only after its attention: prefetch the
   // manifest's ranking (most valuable first), as many as the budget allows. A long span routes
   // nearly every expert, so a budget of all slots prefetches nearly exactly what it needs.
@@ -232,12 +259,34 @@ absl::Status PrefillExperts::WaitPrefetch() {
   return prefetch_.get();
 }
 
-void PrefillExperts::Begin(int64_t span_tokens) {
+void PrefillExperts::Borrow(model::Model& lender, int64_t span_tokens) {
+  // The span's rows [L0, L0 + T) are written by the prefill; past them the cache is free.
+  const int64_t from_token = lender.cache_length() + std::max<int64_t>(span_tokens, 0);
+  if (from_token >= lender.max_tokens()) return;  // no room (or a span the prefill itself refuses)
+  absl::StatusOr<model::KvLoan> loan = lender.LendKvRoom(from_token, slot_bytes_, max_borrowed_);
+  if (!loan.ok()) {
+    // Borrowing buys precision, never correctness: the prefill runs on its own slots.
+    spdlog::warn("layer-major prefill: no slots borrowed from the KV cache: {}", loan.status().ToString());
+    return;
+  }
+  loan_ = *std::move(loan);
+  if (loan_.records().empty()) return;
+  ++prefills_borrowed_;
+  borrows_.Increment();
+  borrowed_gauge_.Increment(static_cast<double>(loan_.records().size()));
+  spdlog::debug("layer-major prefill of {} tokens: {} slots borrowed from the KV cache past row {}", span_tokens,
+                loan_.records().size(), from_token);
+}
+
+void PrefillExperts::Begin(int64_t span_tokens, model::Model* lender) {
   End();
   // A prefill that stopped early may have left an upload in flight from the buffer the prefetch
   // below writes.
   if (absl::Status s = backend_.Synchronize(); !s.ok()) spdlog::warn("prefill experts: {}", s.ToString());
   span_tokens_ = span_tokens;
+  if (lender != nullptr && max_borrowed_ > 0) Borrow(*lender, span_tokens);
+  num_slots_ = options_.slots + borrowed_slots();
+  for (Buffer& b : buffers_) b.expert_in.assign(static_cast<size_t>(num_slots_), -1);
   budget_ = Budget(span_tokens);
   last_hook_return_.reset();
   if (budget_.by_time) {
@@ -257,6 +306,18 @@ void PrefillExperts::Begin(int64_t span_tokens) {
 
 void PrefillExperts::End() {
   if (absl::Status s = WaitPrefetch(); !s.ok()) spdlog::warn("prefill prefetch: {}", s.ToString());
+  if (loan_.outstanding()) {
+    // The last layer's NqMoe (and its uploads) may still be queued on the device: once this
+    // returns nothing reads or writes the borrowed rows, and the next forward may overwrite them.
+    if (absl::Status s = backend_.Synchronize(); !s.ok()) spdlog::warn("prefill experts: {}", s.ToString());
+    borrowed_gauge_.Decrement(static_cast<double>(loan_.records().size()));
+    loan_.Return();
+  }
+  num_slots_ = options_.slots;
+  for (Buffer& b : buffers_) {
+    b.layer = -1;
+    b.expert_in.assign(static_cast<size_t>(num_slots_), -1);
+  }
 }
 
 absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::BeforeMoe(
@@ -269,6 +330,12 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
     // A failed read costs precision, not the request: what is missing is read again below,
     // and an expert that still cannot be read runs at 2 bits.
     spdlog::warn("prefill prefetch of layer {}: {}", layer, s.ToString());
+  }
+  // No slot at all (none own, and the cache lent none for this span): the layer runs as a
+  // token-order forward would, on the model's usual slots.
+  if (num_slots_ <= 0) {
+    last_hook_return_ = std::chrono::steady_clock::now();
+    return std::nullopt;
   }
   if (b.layer != layer) {
     b.layer = layer;
@@ -293,7 +360,7 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
   std::vector<int32_t> slot_of(static_cast<size_t>(num_experts_), -1);
   std::vector<int64_t> free_slots;
   // Slots whose prefetched expert the span routes keep it (already read); the others are free.
-  for (int64_t s = options_.slots - 1; s >= 0; --s) {
+  for (int64_t s = num_slots_ - 1; s >= 0; --s) {
     const int32_t e = b.expert_in[static_cast<size_t>(s)];
     if (e >= 0 && calls[static_cast<size_t>(e)] > 0) {
       slot_of[static_cast<size_t>(e)] = static_cast<int32_t>(s);
@@ -338,13 +405,13 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
     ++totals_.records_read_late;
     records_late_.Increment();
   }
-  // The device buffer was last read by the MoE two layers back; the upload must not overtake
-  // that work on a device that queues it. (The routing of this layer came to the host, so the
-  // device has little left to finish.) The upload itself runs without the host waiting: the
-  // host buffer is written again only by the prefetch the next BeforeMoe starts, after its
-  // own Synchronize.
+  // The device slots (own and borrowed) were last read by the MoE of the layer before; the
+  // upload must not overtake that work on a device that queues it. (The routing of this layer
+  // came to the host, so the device has little left to finish.) The upload itself runs without
+  // the host waiting: the host buffer is written again only by the prefetch the next BeforeMoe
+  // starts, after its own Synchronize.
   RETURN_IF_ERROR(backend_.Synchronize());
-  RETURN_IF_ERROR(backend_.CopyFromHost(b.host, b.device));
+  RETURN_IF_ERROR(Upload(b, slot_of));
   for (int32_t e = 0; e < num_experts_; ++e) {
     const double n = static_cast<double>(calls[static_cast<size_t>(e)]);
     if (n == 0) continue;
@@ -355,12 +422,43 @@ absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> PrefillExperts::B
   }
   // The next layer's reads overlap this layer's experts (and the next layer's attention).
   StartPrefetch(NextMoeLayer(layer));
-  model::Model::PrefillLayerSlots slots{.arena = static_cast<const std::byte*>(b.device.data()),
-                                        .slot_bytes = slot_bytes_,
-                                        .num_slots = options_.slots,
-                                        .slot_of_expert = std::move(slot_of)};
+  model::Model::PrefillLayerSlots slots = LayerSlots(std::move(slot_of));
   current_ = 1 - current_;
   last_hook_return_ = std::chrono::steady_clock::now();
+  return slots;
+}
+
+absl::Status PrefillExperts::Upload(const Buffer& b, std::span<const int32_t> slot_of) {
+  const size_t slot = static_cast<size_t>(slot_bytes_);
+  if (options_.slots > 0) {
+    RETURN_IF_ERROR(backend_.CopyFromHost(b.host.first(static_cast<size_t>(options_.slots) * slot), device_));
+  }
+  // A borrowed piece is written only when the layer runs the expert it holds: one copy per
+  // record, each into its own cache tensor.
+  std::vector<bool> runs(static_cast<size_t>(num_slots_), false);
+  for (int32_t s : slot_of) {
+    if (s >= 0) runs[static_cast<size_t>(s)] = true;
+  }
+  for (int64_t i = 0; i < borrowed_slots(); ++i) {
+    const int64_t s = options_.slots + i;
+    if (!runs[static_cast<size_t>(s)]) continue;
+    const model::KvLentRecord& piece = loan_.records()[static_cast<size_t>(i)];
+    RETURN_IF_ERROR(backend_.CopyFromHostAt(b.host.subspan(static_cast<size_t>(s) * slot, slot), *piece.tensor,
+                                            piece.range.offset));
+  }
+  return absl::OkStatus();
+}
+
+model::Model::PrefillLayerSlots PrefillExperts::LayerSlots(std::vector<int32_t> slot_of) const {
+  model::Model::PrefillLayerSlots slots{.arena = static_cast<const std::byte*>(device_.data()),
+                                        .slot_bytes = slot_bytes_,
+                                        .num_slots = num_slots_,
+                                        .slot_of_expert = std::move(slot_of),
+                                        .slot_records = {}};
+  if (borrowed_slots() > 0) {
+    for (int64_t s = 0; s < options_.slots; ++s) slots.slot_records.push_back(slots.arena + s * slot_bytes_);
+    for (const model::KvLentRecord& piece : loan_.records()) slots.slot_records.push_back(piece.address());
+  }
   return slots;
 }
 

@@ -3,18 +3,31 @@
 // hold that layer's routed experts at 4 bits just for the prefill, even those the decode-time
 // predictor keeps at 2:
 //
-//   Begin(span)                 prefetch the first MoE layer's likely experts (manifest ranking)
+//   Begin(span, lender)         borrow slots from the lender's free KV cache; prefetch the first
+//                               MoE layer's likely experts (manifest ranking)
 //   BeforeMoe(L, chunk routing) the experts the span routes most, up to the budget: those the
 //                               prefetch missed are read now; upload; prefetch the next layer
-//   End()                       wait for a prefetch still in flight
+//   End()                       wait for a prefetch still in flight; return the borrowed slots
 //
-// Memory: two buffers of `slots` record-sized slots (one the model reads for layer L, one the
-// prefetch fills for the next layer), owned by this object alone and apart from the streamer's
-// slot arena: the slot protocol's slots are never touched, so its one-owner invariant holds
-// trivially. (Borrowing room from the free KV cache instead is issue #23's slot borrowing,
-// not done here.) Records are read by PrefillExpertsOptions::reader, a batch at once (the
-// worker's: the streamer's io_uring store), or else with ReleaseExpertDecoder::ReadRecord, one
-// after another; either way each is checked against its checksum in the index.
+// Memory: `slots` record-sized slots of this object's own on the backend (one device buffer: a
+// layer's upload waits for the layer before to finish, so one at a time is read), and two host
+// buffers of staging (the one layer L uploads from, the one the prefetch fills for the next
+// layer), owned by this object alone and apart from the streamer's slot arena: the slot
+// protocol's slots are never touched. Records are read by PrefillExpertsOptions::reader, a
+// batch at once (the worker's: the streamer's io_uring store), or else with
+// ReleaseExpertDecoder::ReadRecord, one after another; either way each is checked against its
+// checksum in the index.
+//
+// Slot borrowing (issue #23): the KV cache past the span (rows [L0 + T, max_tokens) of every
+// cache tensor, services/model/kv_loan.h) holds nothing anyone reads while the prefill runs, so
+// Begin borrows up to max_borrowed_slots record-sized pieces of it from the model
+// (Model::LendKvRoom) as extra slots: a layer's slots are the own ones, then the borrowed ones,
+// and slot_of_expert indexes that list (PrefillLayerSlots::slot_records). A borrowed slot is
+// LENT from Begin to End: written only by a layer's upload (CopyFromHostAt, after the
+// Synchronize that ends the layer before's kernels), read only by that layer's NqMoe; End
+// synchronizes and returns the loan, after which nothing here touches those rows and the next
+// forward may overwrite them. While lent, the model refuses any forward that would write them.
+// The host staging has room for the borrowed slots too (staging is where reads land).
 //
 // Budget: a span of at least full_span_tokens loads every expert its chunks use (up to the
 // slots). A shorter span reads the most-routed ones within a time budget, once this object has
@@ -67,9 +80,12 @@ class PrefillRecordReader {
 };
 
 struct PrefillExpertsOptions {
-  // Slots per buffer: how many of a layer's experts can run at 4 bits during the prefill
-  // (n_routed_experts holds them all).
+  // Own slots: how many of a layer's experts can run at 4 bits during the prefill without
+  // borrowing (n_routed_experts holds them all). May be 0 when max_borrowed_slots is not.
   int64_t slots = 0;
+  // Slots a prefill may borrow from the free KV cache on top of `slots` (Begin's lender), at
+  // most n_routed_experts - slots (more never serve a layer). 0: no borrowing.
+  int64_t max_borrowed_slots = 0;
   int64_t full_span_tokens = 32768;
   // The model's decoder layers (num_hidden_layers): a prefill never runs the MTP layers past
   // them, so nothing is prefetched there. 0: every MoE layer of the release.
@@ -123,22 +139,28 @@ PrefillReadBudget ReadTimeBudget(const PrefillTimings& timings, int64_t span_tok
 
 class PrefillExperts {
  public:
-  // `decoder` and `backend` must outlive this. INVALID_ARGUMENT for slots <= 0 or
-  // full_span_tokens <= 0; the backend's allocation errors.
+  // `decoder` and `backend` must outlive this. INVALID_ARGUMENT for negative slot counts, no
+  // slots at all (own or borrowed) or full_span_tokens <= 0; the backend's allocation errors.
   static absl::StatusOr<std::unique_ptr<PrefillExperts>> Create(const ReleaseExpertDecoder& decoder,
                                                                 kernels::Backend& backend, int64_t num_experts,
                                                                 PrefillExpertsOptions options);
   ~PrefillExperts();
 
-  // A layer-major prefill of `span_tokens` starts: prefetch the first MoE layer.
-  void Begin(int64_t span_tokens);
+  // A layer-major prefill of `span_tokens` starts at lender->cache_length() (lender may be null:
+  // no borrowing): borrow what free room past the span lends (up to max_borrowed_slots), then
+  // prefetch the first MoE layer. The lender must not run another forward before End.
+  void Begin(int64_t span_tokens, model::Model* lender = nullptr);
   // Model::LayerMajorOptions::before_moe. The slots stay valid until the next call or End.
+  // nullopt for a layer the release does not hold, or when this prefill has no slot at all (no
+  // own ones, and the cache lent none): the model's usual slots serve the layer.
   absl::StatusOr<std::optional<model::Model::PrefillLayerSlots>> BeforeMoe(int64_t layer,
                                                                           std::span<const model::MoeRouting> chunks);
-  // The prefill stopped (done, failed or cancelled).
+  // The prefill stopped (done, failed or cancelled): waits for the prefetch, and returns the
+  // borrowed slots once no kernel can read them (after a Synchronize).
   void End();
 
-  // Experts of a layer loaded for a span of `span_tokens` (the budget above).
+  // Experts of a layer loaded for a span of `span_tokens` (the budget above), with this
+  // prefill's slots (own and borrowed; outside a prefill, the own ones).
   PrefillReadBudget Budget(int64_t span_tokens) const;
   // What this object measured so far (exponential averages over its prefills).
   PrefillTimings timings() const;
@@ -146,6 +168,13 @@ class PrefillExperts {
   const PrefillExpertStats& totals() const { return totals_; }
   int64_t slot_bytes() const { return slot_bytes_; }
   int64_t slots() const { return options_.slots; }
+  // The most slots a prefill borrows (the option, capped at n_routed_experts - slots).
+  int64_t max_borrowed_slots() const { return max_borrowed_; }
+  // Slots borrowed by the prefill running (0 outside Begin..End), and the loan itself.
+  int64_t borrowed_slots() const { return static_cast<int64_t>(loan_.records().size()); }
+  const model::KvLoan& loan() const { return loan_; }
+  // Prefills that borrowed at least one slot, over this object's life.
+  int64_t prefills_borrowed() const { return prefills_borrowed_; }
 
  private:
   struct Buffer {
@@ -153,12 +182,20 @@ class PrefillExperts {
     // Host memory the reads land in: the backend's host staging (page-locked on CUDA, so the
     // upload runs at the bus's speed without the host waiting), with room to align it.
     std::unique_ptr<kernels::Storage> staging;
-    std::span<std::byte> host;  // slots x slot_bytes at a 4096-byte boundary, filled by reads
-    kernels::Tensor device;          // U8 [slots x slot_bytes] on the backend: what NqMoe reads
-    std::vector<int32_t> expert_in;  // expert held by each slot, -1 none
+    // (slots + max_borrowed) x slot_bytes at a 4096-byte boundary, filled by reads: slot s at
+    // s x slot_bytes, own and borrowed alike.
+    std::span<std::byte> host;
+    std::vector<int32_t> expert_in;  // expert held by each slot of this prefill, -1 none
   };
   PrefillExperts(const ReleaseExpertDecoder& decoder, kernels::Backend& backend, int64_t num_experts,
-                 PrefillExpertsOptions options, int64_t slot_bytes);
+                 PrefillExpertsOptions options, int64_t slot_bytes, int64_t max_borrowed);
+  // Borrows from `lender` for a span of span_tokens at its cache's end (Begin).
+  void Borrow(model::Model& lender, int64_t span_tokens);
+  // Uploads the slots of `b` the layer runs (`slot_of`): the own ones at once, each borrowed one
+  // that holds an expert into its piece of the KV cache.
+  absl::Status Upload(const Buffer& b, std::span<const int32_t> slot_of);
+  // The layer's slots for the model: one arena, or the own then borrowed records' addresses.
+  model::Model::PrefillLayerSlots LayerSlots(std::vector<int32_t> slot_of) const;
   // Reads `experts` of `layer` into `b`'s slots (replacing what it held).
   absl::Status Prefetch(Buffer& b, int64_t layer, std::vector<int32_t> experts);
   // Reads each (expert, slot) of `reads` into its slot of `b` (options.reader, or one pread
@@ -177,7 +214,12 @@ class PrefillExperts {
   const int64_t num_experts_;
   const PrefillExpertsOptions options_;
   const int64_t slot_bytes_;
+  const int64_t max_borrowed_;
+  kernels::Tensor device_;  // U8 [slots x slot_bytes] on the backend (none with 0 own slots)
   Buffer buffers_[2];
+  model::KvLoan loan_;  // the borrowed slots of the prefill running
+  int64_t num_slots_;   // this prefill's slots: own, then borrowed
+  int64_t prefills_borrowed_ = 0;
   int current_ = 0;  // the buffer BeforeMoe hands out; the other one is prefetched
   std::future<absl::Status> prefetch_;
   int64_t span_tokens_ = 0;
@@ -194,6 +236,8 @@ class PrefillExperts {
   metrics::Counter& records_prefetched_;
   metrics::Counter& records_late_;
   metrics::Counter& records_from_slots_;
+  metrics::Gauge& borrowed_gauge_;
+  metrics::Counter& borrows_;
 };
 
 }  // namespace nq::release

@@ -44,7 +44,9 @@ ABSL_FLAG(bool, device_sampling, true,
 ABSL_FLAG(int, context, 0, "bench-decode: decode at this context (sets --prompt_tokens; 0: use --prompt_tokens)");
 ABSL_FLAG(int, steps, 0, "bench-decode: timed decode steps (sets --decode_tokens; 0: use --decode_tokens)");
 // nq-worker's default, so the KV cache is the one a served model allocates.
-ABSL_FLAG(int64_t, max_model_len, 4096, "bench-decode: context window (tokens the KV cache holds)");
+ABSL_FLAG(int64_t, max_model_len, 4096,
+          "bench-decode, bench-prefill: context window (tokens the KV cache holds; bench-prefill: at least the longest "
+          "prompt and its first token)");
 ABSL_FLAG(int64_t, copy_mb, -1,
           "bench-decode: MB of the device copy timed for the roofline floor (0: none; -1: 1024 on cuda, 0 on cpu)");
 ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32, bf16 or fp8 (as nq-worker)");

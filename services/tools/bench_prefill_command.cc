@@ -31,6 +31,7 @@ ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(std::string, weight_dtype);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(int64_t, prefill_chunk_tokens);
+ABSL_DECLARE_FLAG(int64_t, max_model_len);
 ABSL_FLAG(std::string, prefill_lengths, "2048",
           "bench-prefill: comma-separated prompt lengths in tokens (the KV cache holds the longest and its first token)");
 ABSL_FLAG(int, prefill_rounds, 2, "bench-prefill: requests per length (the first sizes its reads by length, later ones "
@@ -39,8 +40,11 @@ ABSL_FLAG(int64_t, layer_major_prefill_tokens, 2048,
           "bench-prefill: spans this long prefill layer-major with 4-bit experts read from --release (as nq-worker's "
           "flag; 0: token order at --expert_bits)");
 ABSL_FLAG(int64_t, prefill_expert_slots, -1,
-          "bench-prefill: slots per buffer of the layer-major prefill's 4-bit experts (as nq-worker's flag; -1: every "
-          "routed expert of a layer)");
+          "bench-prefill: the layer-major prefill's own slots for 4-bit experts (as nq-worker's flag; -1: every routed "
+          "expert of a layer; 0: none of its own)");
+ABSL_FLAG(bool, prefill_borrow_kv, true,
+          "bench-prefill: borrow extra expert slots from the free KV cache past each span (as nq-worker's flag; the "
+          "room is what --max_model_len leaves past the prompt)");
 ABSL_FLAG(int64_t, prefill_full_span_tokens, 32768,
           "bench-prefill: spans this long hold every routed expert they use at 4 bits (as nq-worker's flag)");
 ABSL_FLAG(double, prefill_late_read_share, 0.25,
@@ -74,7 +78,11 @@ absl::Status BenchPrefill() {
                                       .seed = absl::GetFlag(FLAGS_seed),
                                       .chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
                                       .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens)};
-  const int64_t context = *std::max_element(lengths.begin(), lengths.end()) + 1;
+  // The context window: --max_model_len, or the longest prompt and its first token where that is
+  // more. What lies past a prompt is the room a layer-major prefill can borrow slots from.
+  if (absl::GetFlag(FLAGS_max_model_len) <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
+  const int64_t context =
+      std::max(*std::max_element(lengths.begin(), lengths.end()) + 1, absl::GetFlag(FLAGS_max_model_len));
   // Before the load, which takes minutes on a large model.
   if (absl::Status fits = worker::CheckPrefillBench(options, context); !fits.ok()) {
     return Annotate(fits, "--prefill_lengths, --prefill_rounds, --prefill_chunk_tokens, --layer_major_prefill_tokens");
@@ -91,6 +99,7 @@ absl::Status BenchPrefill() {
   const worker::PrefillFlags prefill_flags{.chunk_tokens = options.chunk_tokens,
                                            .layer_major_min_tokens = options.layer_major_min_tokens,
                                            .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),
+                                           .borrow_kv = absl::GetFlag(FLAGS_prefill_borrow_kv),
                                            .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens),
                                            .late_read_share = absl::GetFlag(FLAGS_prefill_late_read_share)};
   RETURN_IF_ERROR(worker::ValidatePrefillFlags(prefill_flags));
@@ -129,8 +138,9 @@ absl::Status BenchPrefill() {
                                                            prefill_flags));
   }
   if (experts != nullptr) {
-    std::fprintf(stderr, "nq bench-prefill: %lld prefill slots a buffer, %.3f MiB each\n",
-                 static_cast<long long>(experts->slots()), static_cast<double>(experts->slot_bytes()) / (1 << 20));
+    std::fprintf(stderr, "nq bench-prefill: %lld own prefill slots and up to %lld borrowed from the KV cache, %.3f MiB each\n",
+                 static_cast<long long>(experts->slots()), static_cast<long long>(experts->max_borrowed_slots()),
+                 static_cast<double>(experts->slot_bytes()) / (1 << 20));
   } else if (options.layer_major_min_tokens > 0) {
     std::fprintf(stderr, "nq bench-prefill: layer-major spans run at --expert_bits (no 2-bit release to raise)\n");
   }
@@ -146,6 +156,9 @@ absl::Status BenchPrefill() {
                                 {"chunk_tokens", options.chunk_tokens},
                                 {"layer_major_min_tokens", options.layer_major_min_tokens},
                                 {"full_span_tokens", prefill_flags.full_span_tokens},
+                                {"max_model_len", context},
+                                {"prefill_expert_slots", prefill_flags.expert_slots},
+                                {"prefill_borrow_kv", prefill_flags.borrow_kv},
                                 {"rows", worker::PrefillBenchJson(rows)}};
     RETURN_IF_ERROR(format::WriteFileAtomic(out, json.dump(2) + "\n"));
     std::fprintf(stderr, "wrote %s\n", out.c_str());

@@ -173,8 +173,13 @@ ABSL_FLAG(int64_t, layer_major_prefill_tokens, 2048,
           "New prompt spans of at least this many tokens prefill layer by layer, each MoE layer's routed experts at 4 "
           "bits when a release is streamed (0: off)");
 ABSL_FLAG(int64_t, prefill_expert_slots, -1,
-          "Layer-major prefill: experts per layer held at 4 bits, in two buffers of this many record slots (-1: all "
-          "of a layer's; 0: none, the prefill runs at the decode precision)");
+          "Layer-major prefill: its own record slots for experts held at 4 bits, device memory kept for the worker's "
+          "life (-1: all of a layer's; 0: none of its own). Slots borrowed from the free KV cache "
+          "(--prefill_borrow_kv) come on top");
+ABSL_FLAG(bool, prefill_borrow_kv, true,
+          "Layer-major prefill: borrow extra expert slots from the free part of the KV cache past the span (up to a "
+          "layer's every routed expert beyond --prefill_expert_slots), returned when the prefill ends. With "
+          "--prefill_expert_slots=0 and this off, layer-major prefill runs at the decode precision");
 ABSL_FLAG(int64_t, prefill_full_span_tokens, 32768,
           "Layer-major prefill: spans this long hold every routed expert they use at 4 bits; a shorter span its "
           "most-routed experts within a time budget once a prefill has been timed (what a layer's compute hides, "
@@ -805,6 +810,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                     {.chunk_tokens = absl::GetFlag(FLAGS_prefill_chunk_tokens),
                                      .layer_major_min_tokens = absl::GetFlag(FLAGS_layer_major_prefill_tokens),
                                      .expert_slots = absl::GetFlag(FLAGS_prefill_expert_slots),
+                                     .borrow_kv = absl::GetFlag(FLAGS_prefill_borrow_kv),
                                      .full_span_tokens = absl::GetFlag(FLAGS_prefill_full_span_tokens),
                                      .late_read_share = absl::GetFlag(FLAGS_prefill_late_read_share)}));
   if (model != nullptr) {

@@ -31,7 +31,7 @@ absl::StatusOr<std::vector<PrefillBenchRow>> RunPrefillBench(model::Model& model
   RETURN_IF_ERROR(CheckPrefillBench(options, model.max_tokens()));
   SequenceRunner runner(&model, /*eos_token_ids=*/{});
   PrefillOptions prefill{.chunk_tokens = options.chunk_tokens, .layer_major_min_tokens = options.layer_major_min_tokens};
-  if (experts != nullptr) AttachPrefillExperts(experts, prefill);
+  if (experts != nullptr) AttachPrefillExperts(experts, &model, prefill);
   RETURN_IF_ERROR(runner.SetPrefillOptions(std::move(prefill)));
   std::vector<PrefillBenchRow> rows;
   for (size_t length_index = 0; length_index < options.prompt_tokens.size(); ++length_index) {

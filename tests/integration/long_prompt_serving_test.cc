@@ -1,7 +1,8 @@
 // Long prompts through the real binaries (issue #23): the worker states how many tokens fit;
 // a long prompt prefills layer-major with its routed experts at 4 bits (counted in
-// nq_worker_prefill_expert_calls_total); a client that goes away mid-prefill frees the worker
-// long before the prefill would have ended, and the worker serves the next request.
+// nq_worker_prefill_expert_calls_total), also with few slots of its own when it borrows the rest
+// from the free KV cache; a client that goes away mid-prefill frees the worker long before the
+// prefill would have ended, and the worker serves the next request.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -20,6 +21,7 @@ namespace nq::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = std::chrono::steady_clock;
 
 // `length` tokens of glm5_nano's held-out text from `offset`.
@@ -119,6 +121,45 @@ TEST_F(LongPromptServingTest, ALongPromptPrefillsAt4BitsAndACancelMidPrefillFree
   EXPECT_LT(freed_after, full / 2) << "full prefill "
                                    << std::chrono::duration<double>(full).count() << " s, next request served "
                                    << std::chrono::duration<double>(freed_after).count() << " s after the cancel";
+}
+
+// Slot borrowing through the real binaries: 2 own slots, and the free KV cache past the prompt
+// lends the other 30, so a long prompt still runs every routed expert call at 4 bits. The borrow
+// is returned when the prefill ends; the next turn, whose KV rows grow into the rows the first
+// turn lent, borrows again past its own span and is served.
+TEST_F(LongPromptServingTest, TwoOwnSlotsAndBorrowedOnesRunALongConversationAt4Bits) {
+  StartCluster({}, /*streamed=*/true,
+               {"--max_model_len=4096", "--prefill_chunk_tokens=256", "--layer_major_prefill_tokens=1024",
+                "--prefill_full_span_tokens=1024", "--prefill_expert_slots=2"});
+  EXPECT_THAT(worker_->Log(), HasSubstr("slot borrowing from the free KV cache: up to 30 slots"));
+  std::unique_ptr<nq::v1::Worker::Stub> stub = Stub();
+  for (const size_t prompt : {1200, 2400}) {
+    grpc::ClientContext context;
+    const auto [status, tokens] = Generate(*stub, context, HeldOut(0, prompt), 2);
+    ASSERT_TRUE(status.ok()) << status.error_message() << worker_->Log();
+    EXPECT_EQ(tokens, 2);
+  }
+  // Both turns' new spans (1200 tokens each; the second reuses the first's prompt) at 4 bits:
+  // glm5_nano's 4 MoE layers, 4 experts a token.
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_prefill_expert_calls_total{bits=\"4\"}"), 2400.0 * 4 * 4);
+  EXPECT_LE(Metric(worker_ports_.http, "nq_worker_prefill_expert_calls_total{bits=\"2\"}"), 0);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_prefill_borrows_total"), 2);
+  EXPECT_EQ(Metric(worker_ports_.http, "nq_worker_prefill_borrowed_slots"), 0) << "a borrow outlived its prefill";
+}
+
+TEST_F(LongPromptServingTest, WithoutBorrowingTwoOwnSlotsServeAFractionOfTheCalls) {
+  StartCluster({}, /*streamed=*/true,
+               {"--max_model_len=4096", "--prefill_chunk_tokens=256", "--layer_major_prefill_tokens=1024",
+                "--prefill_full_span_tokens=1024", "--prefill_expert_slots=2", "--prefill_borrow_kv=false"});
+  EXPECT_THAT(worker_->Log(), Not(HasSubstr("slot borrowing")));
+  std::unique_ptr<nq::v1::Worker::Stub> stub = Stub();
+  grpc::ClientContext context;
+  const auto [status, tokens] = Generate(*stub, context, HeldOut(0, 1200), 2);
+  ASSERT_TRUE(status.ok()) << status.error_message() << worker_->Log();
+  const double four = Metric(worker_ports_.http, "nq_worker_prefill_expert_calls_total{bits=\"4\"}");
+  EXPECT_GT(four, 0);
+  EXPECT_LT(four, 1200.0 * 4 * 4 / 2) << "2 slots of 32 served half the calls or more";
+  EXPECT_LE(Metric(worker_ports_.http, "nq_worker_prefill_borrows_total"), 0);
 }
 
 }  // namespace

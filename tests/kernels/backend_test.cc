@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -111,6 +112,38 @@ TEST(Copies, RejectWrongByteCounts) {
   EXPECT_THAT(backend->CopyToHost(t, bytes),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("CopyToHost: 12 bytes of room for F32[4] (16 bytes)")));
+}
+
+// A record written into a byte range of a larger tensor (a prefill's expert slot in room the
+// free KV cache lends): the range changes, every byte around it stays.
+TEST(Copies, CopyFromHostAtWritesOnlyItsRange) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor t = Upload(*backend, std::vector<float>(8, 1.5f), DType::kF32, {2, 4});
+  const std::vector<float> record = {7, 8, 9};
+  NQ_ASSERT_OK(backend->CopyFromHostAt(std::as_bytes(std::span<const float>(record)), t, 3 * sizeof(float)));
+  EXPECT_THAT(Download(*backend, t), ElementsAre(1.5f, 1.5f, 1.5f, 7, 8, 9, 1.5f, 1.5f));
+  // Up to the last byte, and nothing at the very end.
+  NQ_ASSERT_OK(backend->CopyFromHostAt(std::as_bytes(std::span<const float>(record).first(1)), t, 7 * sizeof(float)));
+  NQ_ASSERT_OK(backend->CopyFromHostAt({}, t, t.nbytes()));
+  EXPECT_THAT(Download(*backend, t), ElementsAre(1.5f, 1.5f, 1.5f, 7, 8, 9, 1.5f, 7));
+}
+
+TEST(Copies, CopyFromHostAtRefusesARangePastTheTensor) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  Tensor t = Upload(*backend, std::vector<float>(4, 0.0f), DType::kF32, {4});
+  std::vector<std::byte> bytes(8);
+  EXPECT_THAT(backend->CopyFromHostAt(bytes, t, 9),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("CopyFromHostAt: 8 bytes at offset 9 do not fit in F32[4] (16 bytes)")));
+  EXPECT_THAT(backend->CopyFromHostAt({}, t, 17), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("offset 17")));
+  // An offset near SIZE_MAX cannot wrap the sum around into range.
+  EXPECT_THAT(backend->CopyFromHostAt(bytes, t, std::numeric_limits<std::size_t>::max() - 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("do not fit")));
+  EXPECT_THAT(Download(*backend, t), ElementsAre(0, 0, 0, 0)) << "a refused copy writes nothing";
+  std::unique_ptr<Backend> other = MakeCpuBackend();
+  Tensor theirs = AllocateOrFail(*other, DType::kF32, {4});
+  EXPECT_THAT(backend->CopyFromHostAt(bytes, theirs, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dst F32[4] belongs to another backend")));
 }
 
 TEST(Copies, DeviceCopyNeedsMatchingTensors) {
