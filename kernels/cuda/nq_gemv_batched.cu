@@ -1,9 +1,5 @@
 #include "kernels/cuda/nq_gemv_batched.cuh"
 
-#include <cstdlib>
-#include <string_view>
-
-#include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/nq_gemv_plan.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -60,15 +56,15 @@ __device__ __forceinline__ TileIndex TileOf(const NqGemvParams& g, const Shape& 
           (rest % sh.tiles_per_proj) * kMmaRows};
 }
 
-// Where the lane's code words of a tile start: rows g and g + 8 at `step`, and the distance from a
-// base word to its residual word (4 bits).
-struct TileCodes {
-  const std::uint32_t* base[kRows];
-  std::int64_t residual_minus_base;
+// The load side: the lane's next code words, one step at a time, across tile boundaries.
+struct Loader {
+  const std::uint32_t* base[kRows];  // the lane's 16 bytes of rows g and g + 8 at the current step
+  std::int64_t residual_minus_base;  // words from a base word to its residual word (4 bits)
+  int tile, step;
 };
 
-__device__ __forceinline__ TileCodes TileCodesAt(const NqGemvParams& g, const Plan& plan, const Shape& sh, int tile,
-                                                 int step) {
+__device__ __forceinline__ void LoaderEnterTile(const NqGemvParams& g, const Plan& plan, const Shape& sh, int tile,
+                                                int step, Loader& ld) {
   const int lane = threadIdx.x % kWarpSize, grp = lane / 4, quad_lane = lane % 4;
   const TileIndex ti = TileOf(g, sh, tile);
   const Unit& u = plan.unit[ti.unit];
@@ -76,41 +72,34 @@ __device__ __forceinline__ TileCodes TileCodesAt(const NqGemvParams& g, const Pl
   const int words = g.cols / kCodesPerWord;
   const std::uint32_t* base =
       reinterpret_cast<const std::uint32_t*>(P.base) + u.expert * (static_cast<std::int64_t>(g.rows) * words);
-  TileCodes t;
-  t.residual_minus_base =
-      u.slot >= 0 ? reinterpret_cast<const std::uint32_t*>(NqSlotRecord(g.p, u.slot) + P.residual_offset) - base : 0;
+  if (u.slot >= 0) {
+    const std::uint32_t* residual =
+        reinterpret_cast<const std::uint32_t*>(NqSlotRecord(g.p, u.slot) + P.residual_offset);
+    ld.residual_minus_base = residual - base;
+  }
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
     // Rows g and g + 8; tail rows re-read the last row (their results are not stored).
     const int row = min(ti.row0 + grp + 8 * h, g.rows - 1);
-    t.base[h] = base + row * static_cast<std::int64_t>(words) + kWordsPerLane * quad_lane + step * kNqStepWords;
+    ld.base[h] = base + row * static_cast<std::int64_t>(words) + kWordsPerLane * quad_lane + step * kNqStepWords;
   }
-  return t;
+  ld.tile = tile;
+  ld.step = step;
 }
 
-// The load side: the lane's next code words, one step at a time, across tile boundaries. The next
-// tile's addresses are worked out by the compute side as it enters a tile (EnterTile), so the
-// loads, unrolled once per register slot, carry no address arithmetic but an add. That needs the
-// loads at most one tile ahead of the compute: kDepth <= steps (LaunchNqGemvBatched).
-struct Loader {
-  TileCodes at;    // the current step's
-  TileCodes next;  // the next tile's first step's
-  int step;
-};
-
 template <int kPlanes>
-__device__ __forceinline__ void LoadStep(const Shape& sh, Loader& ld, StepCodes<kPlanes>& d) {
+__device__ __forceinline__ void LoadStep(const NqGemvParams& g, const Plan& plan, const Shape& sh, Loader& ld,
+                                         StepCodes<kPlanes>& d) {
 #pragma unroll
   for (int h = 0; h < kRows; ++h) {
-    d.w[0][h] = LoadStreaming(ld.at.base[h]);
-    if constexpr (kPlanes == 2) d.w[1][h] = LoadStreaming(ld.at.base[h] + ld.at.residual_minus_base);
+    d.w[0][h] = LoadStreaming(ld.base[h]);
+    if constexpr (kPlanes == 2) d.w[1][h] = LoadStreaming(ld.base[h] + ld.residual_minus_base);
   }
   if (++ld.step < sh.steps) {
 #pragma unroll
-    for (int h = 0; h < kRows; ++h) ld.at.base[h] += kNqStepWords;
-  } else {
-    ld.at = ld.next;
-    ld.step = 0;
+    for (int h = 0; h < kRows; ++h) ld.base[h] += kNqStepWords;
+  } else if (ld.tile < sh.last_tile) {
+    LoaderEnterTile(g, plan, sh, ld.tile + 1, 0, ld);
   }
 }
 
@@ -132,11 +121,9 @@ struct ComputeTile {
   LevelTables t;
 };
 
-// Also gives the loader the tile after this one (the loads are less than a tile ahead).
 template <bool kFour>
 __device__ __forceinline__ void EnterTile(const NqGemvParams& g, const Plan& plan, const Shape& sh, int tile, int step,
-                                          ComputeTile& c, Loader& ld) {
-  if (tile < sh.last_tile) ld.next = TileCodesAt(g, plan, sh, tile + 1, 0);
+                                          ComputeTile& c) {
   const int lane = threadIdx.x % kWarpSize, grp = lane / 4, quad_lane = lane % 4;
   c.at = TileOf(g, sh, tile);
   const Unit& u = plan.unit[c.at.unit];
@@ -244,7 +231,7 @@ __device__ __forceinline__ void RunSegment(const NqGemvParams& g, const Plan& pl
     for (int j = 0; j < kDepth; ++j) {
       if (j >= first && idx < seg_end) {
         ComputeStep<kDecode>(c, d[j], acc);
-        if (idx + kDepth < end) LoadStep(sh, ld, d[j]);
+        if (idx + kDepth < end) LoadStep(g, plan, sh, ld, d[j]);
         ++idx;
         c.x += kNqStepCodes;
       }
@@ -272,15 +259,14 @@ __device__ __forceinline__ void RunShare(const NqGemvParams& g, const Plan& plan
   // The codes do not depend on the kernel before (it writes the inputs and zeroes the outputs):
   // the first kDepth steps are loaded before waiting for it, so the loads overlap its end.
   StepCodes<kPlanes> d[kDepth];
-  ComputeTile c;
-  Loader ld{};
-  EnterTile<kFour>(g, plan, sh, begin / steps, begin % steps, c, ld);
-  ld.at = TileCodesAt(g, plan, sh, begin / steps, begin % steps);
-  ld.step = begin % steps;
+  Loader ld;
+  LoaderEnterTile(g, plan, sh, begin / steps, begin % steps, ld);
 #pragma unroll
   for (int k = 0; k < kDepth; ++k) {
-    if (begin + k < end) LoadStep(sh, ld, d[k]);
+    if (begin + k < end) LoadStep(g, plan, sh, ld, d[k]);
   }
+  ComputeTile c;
+  EnterTile<kFour>(g, plan, sh, begin / steps, begin % steps, c);
   WaitForPrerequisiteGrid();
   // The kernel after this one (SwiGLU preparation, or the combine) is a programmatic dependent
   // too: let it launch now, so its launch latency hides behind this GEMV; it waits for all of it.
@@ -298,22 +284,22 @@ __device__ __forceinline__ void RunShare(const NqGemvParams& g, const Plan& plan
       RunSegment<Decode::kLookup2>(g, plan, sh, ld, c, d, acc, idx, seg_end, begin, end);
     }
     Flush(g, plan, c, acc);
-    if (idx < end) EnterTile<kFour>(g, plan, sh, idx / steps, 0, c, ld);
+    if (idx < end) EnterTile<kFour>(g, plan, sh, idx / steps, 0, c);
   }
 }
 
 // Warps for the 4-bit experts: in proportion to their bytes (a 4-bit step reads twice a 2-bit
 // step's), at least one for each width that has work.
-__device__ __forceinline__ int FourBitWarps(int warps, int total2, int total4, int weight4_tenths) {
+__device__ __forceinline__ int FourBitWarps(int warps, int total2, int total4) {
   if (total4 == 0) return 0;
   if (total2 == 0) return warps;
-  const long long weighted4 = static_cast<long long>(total4) * weight4_tenths / 10;
+  const long long weighted4 = 2LL * total4;
   const int w = static_cast<int>((warps * weighted4 + (total2 + weighted4) / 2) / (total2 + weighted4));
   return max(1, min(warps - 1, w));
 }
 
 template <int kDepth2, int kDepth4>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvBatchedKernel(const __grid_constant__ NqGemvParams g, int weight4_tenths) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvBatchedKernel(const __grid_constant__ NqGemvParams g) {
   __shared__ Plan plan;
   __shared__ int ids[kNqMaxDecodeAssignments];
   nq_gemv::BuildPlan(g, plan, ids);
@@ -323,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvBatchedKernel(co
   const int per_unit = g.num_proj * tiles_per_proj * steps;
   const int total2 = plan.units2 * per_unit, total4 = (plan.units - plan.units2) * per_unit;
   const int warps = static_cast<int>(gridDim.x) * kWarps;
-  const int warps4 = FourBitWarps(warps, total2, total4, weight4_tenths);
+  const int warps4 = FourBitWarps(warps, total2, total4);
   // The 4-bit warps spread evenly over the grid (and so over the SMs): warp w is a 4-bit warp when
   // floor(w * warps4 / warps) steps up at w + 1.
   const int w = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / kWarpSize;
@@ -339,30 +325,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) NqGemvBatchedKernel(co
 }  // namespace
 
 absl::Status LaunchNqGemvBatched(const NqGemvParams& g, const LaunchContext& ctx) {
-  if (g.p.codec != NqCodec::kNestedScalar || g.cols % kNqStepCodes != 0 || g.cols / kNqStepCodes < kNqGemvBatchedMinSteps) {
-    return absl::InvalidArgumentError(absl::StrCat("NqGemvBatched: nested_scalar_v1 rows of at least ",
-                                                   kNqGemvBatchedMinSteps, " whole 256-input steps only"));
+  if (g.p.codec != NqCodec::kNestedScalar || g.cols % kNqStepCodes != 0) {
+    return absl::InvalidArgumentError("NqGemvBatched: nested_scalar_v1 rows of whole 256-input steps only");
   }
   if (g.p.tokens > kNqMaxDecodeTokens || g.p.tokens * g.p.top_k > kNqMaxDecodeAssignments) {
     return absl::InvalidArgumentError("NqGemvBatched: chunk larger than the decode path takes");
   }
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // preparation kernel before finishes.
-  const dim3 grid(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm));
-  // EXPERIMENT (A/B on the device, removed once measured): NQ_GEMV_DEPTH=2, 3 or 6 slots at 2 bits.
-  const char* depth = std::getenv("NQ_GEMV_DEPTH");
-  const char* weight = std::getenv("NQ_GEMV_WEIGHT4");  // tenths: a 4-bit step's cost in 2-bit steps
-  const int w4 = weight != nullptr ? std::atoi(weight) : 20;
-  const std::string_view d = depth != nullptr ? depth : "";
-  if (d == "6") {
-    RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<6, 3>, grid, dim3(kThreads), 0, ctx, g, w4));
-  } else if (d == "3") {
-    RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<3, 2>, grid, dim3(kThreads), 0, ctx, g, w4));
-  } else if (d == "2") {
-    RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<2, 2>, grid, dim3(kThreads), 0, ctx, g, w4));
-  } else {
-    RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<4, 2>, grid, dim3(kThreads), 0, ctx, g, w4));
-  }
+  // Four register slots of steps at 2 bits, two at 4 (32 registers of codes a lane either way):
+  // measured on the H200 against six and eight at 2 bits, whose longer unrolled loops cost more in
+  // instruction fetch than their deeper loads gained (bench/README.md).
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<4, 2>,
+                                              dim3(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm)), dim3(kThreads),
+                                              0, ctx, g));
   return CheckLaunch("NqGemvBatchedKernel");
 }
 

@@ -16,13 +16,8 @@
 
 namespace nq::kernels::cuda {
 
-// Steps a row must have at least: the loads run up to a register slot's worth of steps ahead of
-// the decode, and at most one tile ahead.
-inline constexpr int kNqGemvBatchedMinSteps = 6;
-
 // Same contract and results as LaunchNqGemv (nq_moe_gemv.cuh) for g.p.codec == kNestedScalar and
-// g.cols a multiple of kNqStepCodes, at least kNqGemvBatchedMinSteps steps (INVALID_ARGUMENT
-// otherwise).
+// g.cols % kNqStepCodes == 0 (INVALID_ARGUMENT otherwise).
 absl::Status LaunchNqGemvBatched(const NqGemvParams& g, const LaunchContext& ctx);
 
 }  // namespace nq::kernels::cuda

@@ -1,7 +1,5 @@
 #include "kernels/cuda/nq_moe_gemv.cuh"
 
-#include <cstdlib>
-
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/nq_gemv_batched.cuh"
 #include "kernels/cuda/nq_gemv_plan.cuh"
@@ -384,13 +382,9 @@ absl::Status LaunchNqGemv(const NqGemvParams& g, const LaunchContext& ctx) {
     }
     return Launch<true, true>(g, ctx);
   }
-  if (g.cols % kNqStepCodes == 0) {
-    // EXPERIMENT (A/B on the device, removed once measured): NQ_GEMV_RING=1 keeps the ring.
-    if (g.cols / kNqStepCodes >= kNqGemvBatchedMinSteps && std::getenv("NQ_GEMV_RING") == nullptr) {
-      return LaunchNqGemvBatched(g, ctx);
-    }
-    return Launch<true, false, true>(g, ctx);
-  }
+  // nested_scalar_v1 at whole steps (every real model's shapes): register slots, not the ring
+  // (6-23 % faster on the H200, bench/README.md).
+  if (g.cols % kNqStepCodes == 0) return LaunchNqGemvBatched(g, ctx);
   if (g.cols % (kCodesPerWord * 4) == 0) return Launch<true, false>(g, ctx);
   return Launch<false, false>(g, ctx);
 }

@@ -40,7 +40,7 @@ TEST(CudaNqMoe, MatchesCpuAtTwoFourAndMixedBits) {
   const bool small = std::getenv("NQ_SANITIZE_SMALL") != nullptr;
   // The GEMV's three block shapes (rows of 1, 4 to 15, and 16 or more 256-input steps), rows
   // ending mid-step (320, 48), rows of 16-byte pieces or not (cols % 64: 48, 16), and both
-  // projections at whole steps enough for the register-slot GEMV (2048 x 1536: nq_gemv_batched.cuh).
+  // projections at GLM-5-like whole steps (2048 x 1536: the register-slot GEMV over many tiles).
   // 64 x 32 with 4 experts: 256 tokens take the dense (cuBLAS) prefill, small enough for the
   // sanitizer runs.
   for (const Shape3 s : {Shape3{256, 64, 33, 5}, Shape3{64, 16, 8, 2}, Shape3{256, 128, 16, 4}, Shape3{1024, 256, 32, 8},
