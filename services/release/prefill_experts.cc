@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/elapsed.h"
 #include "services/common/status_macros.h"
 
 namespace nq::release {
@@ -19,10 +20,6 @@ constexpr double kTimingAlpha = 0.2;
 void Blend(double& average, double sample) {
   if (!(sample > 0) || !std::isfinite(sample)) return;
   average = average > 0 ? (1 - kTimingAlpha) * average + kTimingAlpha * sample : sample;
-}
-
-double SecondsSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 // Without a reader of the caller's: one checked pread after another through the decoder.

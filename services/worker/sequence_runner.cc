@@ -6,16 +6,10 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "services/common/elapsed.h"
 #include "services/common/status_macros.h"
 
 namespace nq::worker {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 int64_t SequenceRunner::context_window() const { return model_->max_tokens(); }
 

@@ -821,11 +821,22 @@ TEST_F(SlotProtocolTest, MailboxFixedSetReachesAnIdleWorker) {
   absl::StatusOr<release::ReleaseExpertDecoder::SlotNeeds> needs = decoder_->Needs();
   ASSERT_TRUE(needs.ok());
   StartWorkerWith(SlotGeometry::Packed(layers, 4, needs->rec_bytes, kExperts, 1), true, nullptr, /*mailbox=*/true);
-  ASSERT_TRUE(WaitUntil([&] { return table_->ReadySlots().size() == 2; }, std::chrono::seconds(10)));
+  // The idle worker applies an update to its table, then publishes it to the mailbox
+  // (SlotRuntime::TryApplyNow): wait for both, or the check below can run between the two.
+  auto published = [&](const nq::v1::SlotEntry& entry) {
+    return kernels::MailboxEntrySlot(mailbox_->Published(*geometry_.LayerIndex(entry.layer()), entry.expert()));
+  };
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::vector<nq::v1::SlotEntry> ready = table_->ReadySlots();
+        return ready.size() == 2 && std::all_of(ready.begin(), ready.end(), [&](const nq::v1::SlotEntry& entry) {
+                 return published(entry) == static_cast<int32_t>(entry.slot());
+               });
+      },
+      std::chrono::seconds(10)));
   for (const nq::v1::SlotEntry& entry : table_->ReadySlots()) {
     EXPECT_EQ(decoder_->FixedSet(entry.layer()), std::vector<uint32_t>{entry.expert()});
-    const uint64_t published = mailbox_->Published(*geometry_.LayerIndex(entry.layer()), entry.expert());
-    EXPECT_EQ(kernels::MailboxEntrySlot(published), static_cast<int32_t>(entry.slot()));
+    EXPECT_EQ(published(entry), static_cast<int32_t>(entry.slot()));
   }
   EXPECT_EQ(CheckReadySlots(), 0);
 }
