@@ -76,4 +76,16 @@ __device__ __forceinline__ void Load4(const T* p, float* out) {
   Widen2(v.y, T{}, out + 2);
 }
 
+// 16 bytes of weight codes read once by the decode GEMVs (nvfp4_gemv.cu, nq_gemv_batched.cu): not
+// kept in L1 (no other warp reads them). A warp step reads 64 bytes of each of a tile's rows and
+// the next step the next 64: asking L2 for the whole 256-byte line (.L2::256B) makes one DRAM
+// burst of four steps. p must be 16-byte aligned.
+__device__ __forceinline__ uint4 LoadStreaming(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
 }  // namespace nq::kernels::cuda

@@ -1,6 +1,7 @@
 #include "kernels/cuda/nq_gemv_batched.cuh"
 
 #include "kernels/cuda/launch_dependent.cuh"
+#include "kernels/cuda/load.cuh"
 #include "kernels/cuda/nq_gemv_plan.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "services/common/status_macros.h"
@@ -20,16 +21,6 @@ using nq_gemv::Plan;
 using nq_gemv::Unit;
 using nq_gemv::Word;
 
-// 16 bytes of codes, read once: not kept in L1 (no other warp reads them). A step reads 64 bytes
-// of each of a tile's rows and the next step the next 64: L2 fetches the whole 256-byte line
-// (.L2::256B), one DRAM burst for four steps.
-__device__ __forceinline__ uint4 LoadStreaming(const std::uint32_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 // One step's code words of a lane: [plane][row], plane 0 the base, 1 the residual (4 bits).
 template <int kPlanes>

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch_dependent.cuh"
+#include "kernels/cuda/load.cuh"
 #include "kernels/cuda/nvfp4_fragment.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/nvfp4_codes.h"
@@ -44,16 +45,6 @@ __device__ __forceinline__ __half2 DecodeE4M3Pair(std::uint16_t codes) {
   return *reinterpret_cast<const __half2*>(&r);
 }
 
-// 16 bytes of codes, read once: not kept in L1 (no other warp reads them). A step reads 64 bytes
-// of each of a tile's rows and the next step the next 64: L2 fetches the whole 256-byte line
-// (.L2::256B), one DRAM burst for four steps (as in nq_moe_gemv.cu).
-__device__ __forceinline__ uint4 LoadStreaming(const std::uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ void Mma16816(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
   asm volatile(

@@ -25,23 +25,12 @@ namespace {
 using ::nq::testing::IsOk;
 using ::nq::testing::StatusIs;
 using ::testing::HasSubstr;
+using testing::HeldOutText;
 using testing::LoadedModel;
 using testing::RunResult;
 
 constexpr int kGenerated = 8;
 
-// `length` tokens of held-out text from `offset` (models/glm5_nano/eval/libs_code: 18k tokens).
-std::vector<int32_t> HeldOutText(size_t offset, size_t length) {
-  static const std::vector<int32_t> text = [] {
-    std::ifstream in(testing::NanoModelDir() + "/eval/libs_code.tokens.json");
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    return nlohmann::json::parse(buffer.str()).get<std::vector<int32_t>>();
-  }();
-  EXPECT_LE(offset + length, text.size());
-  return std::vector<int32_t>(text.begin() + static_cast<std::ptrdiff_t>(offset),
-                              text.begin() + static_cast<std::ptrdiff_t>(std::min(offset + length, text.size())));
-}
 
 SequenceRequest Greedy(std::vector<int32_t> prompt, uint32_t max_tokens = kGenerated) {
   SequenceRequest r;

@@ -40,18 +40,6 @@ constexpr int64_t kChunk = 48;
 constexpr int64_t kFullSpan = 64;    // every span here loads every expert it routes (slots allowing)
 constexpr int kGenerated = 8;
 
-// `length` tokens of glm5_nano's held-out text from `offset` (libs_code: 18k tokens).
-std::vector<int32_t> Text(size_t offset, size_t length) {
-  static const std::vector<int32_t> text = [] {
-    std::ifstream in(testing::NanoModelDir() + "/eval/libs_code.tokens.json");
-    std::stringstream buffer;
-    buffer << in.rdbuf();
-    return nlohmann::json::parse(buffer.str()).get<std::vector<int32_t>>();
-  }();
-  EXPECT_LE(offset + length, text.size());
-  return std::vector<int32_t>(text.begin() + static_cast<std::ptrdiff_t>(offset),
-                              text.begin() + static_cast<std::ptrdiff_t>(std::min(offset + length, text.size())));
-}
 
 SequenceRequest Greedy(std::vector<int32_t> prompt) {
   SequenceRequest r;
@@ -225,7 +213,7 @@ release::ServedModel KvBorrowTest::four_bit_;
 // from records in the free KV cache: the prompt's logits and the next step's (which reads the
 // whole cache, so the span's KV rows too) are those of own slots holding the same experts.
 TEST_F(KvBorrowTest, BorrowedSlotsGiveTheOwnSlotsPrefillBitForBit) {
-  const std::vector<int32_t> prompt = Text(3000, 300);
+  const std::vector<int32_t> prompt = testing::HeldOutText(3000, 300);
   const double gauge_before = BorrowedGauge();
   std::unique_ptr<release::PrefillExperts> own = Experts(experts(), 0);
   ASSERT_NE(own, nullptr);
@@ -272,7 +260,7 @@ TEST_F(KvBorrowTest, BorrowedRecordsNeverOverlapLiveKv) {
     SCOPED_TRACE(absl::StrCat(cached, " tokens cached, a span of ", span));
     borrower().ResetCache();
     if (cached > 0) {
-      ASSERT_THAT(borrower().ForwardLast(Text(6000, static_cast<size_t>(cached))), IsOk());
+      ASSERT_THAT(borrower().ForwardLast(testing::HeldOutText(6000, static_cast<size_t>(cached))), IsOk());
     }
     borrowing->Begin(span, &borrower());
     const int64_t lendable = borrower().LendableKvRecords(cached + span, borrowing->slot_bytes(), experts() - 2);
@@ -281,11 +269,11 @@ TEST_F(KvBorrowTest, BorrowedRecordsNeverOverlapLiveKv) {
     EXPECT_EQ(borrower().kv_cache().lent_from(), cached + span);
     ExpectOutsideLiveRows(borrowing->loan(), borrower().kv_cache(), cached + span);
     // The cache refuses to grow into the loan while it is out.
-    EXPECT_THAT(borrower().ForwardLast(Text(7000, static_cast<size_t>(span + 1))),
+    EXPECT_THAT(borrower().ForwardLast(testing::HeldOutText(7000, static_cast<size_t>(span + 1))),
                 StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("lent")));
     borrowing->End();
     EXPECT_FALSE(borrower().kv_cache().lent_from().has_value());
-    EXPECT_THAT(borrower().ForwardLast(Text(7000, static_cast<size_t>(span + 1))), IsOk());
+    EXPECT_THAT(borrower().ForwardLast(testing::HeldOutText(7000, static_cast<size_t>(span + 1))), IsOk());
   }
 }
 
@@ -319,7 +307,7 @@ TEST_F(KvBorrowTest, AConversationGrowingIntoBorrowedRoomGivesTheOutputWithoutBo
   };
   ASSERT_THAT(runner->SetPrefillOptions(hooks), IsOk());
 
-  std::vector<int32_t> conversation = Text(9000, 150);
+  std::vector<int32_t> conversation = testing::HeldOutText(9000, 150);
   int64_t cached_before = 0;
   for (int turn = 0; turn < 4; ++turn) {
     SCOPED_TRACE(absl::StrCat("turn ", turn));
@@ -343,7 +331,7 @@ TEST_F(KvBorrowTest, AConversationGrowingIntoBorrowedRoomGivesTheOutputWithoutBo
     cached_before = cache;
     // The next turn: this turn's reply and 150 tokens of new text (a long span: layer-major).
     conversation.insert(conversation.end(), result.ids.begin(), result.ids.end());
-    const std::vector<int32_t> user = Text(9200 + 150 * static_cast<size_t>(turn), 150);
+    const std::vector<int32_t> user = testing::HeldOutText(9200 + 150 * static_cast<size_t>(turn), 150);
     conversation.insert(conversation.end(), user.begin(), user.end());
   }
   EXPECT_EQ(borrowing->totals().CallShare4Bit(), 1.0);
@@ -369,7 +357,7 @@ TEST_F(KvBorrowTest, ACancelledPrefillReturnsItsBorrow) {
     return before(layer, chunks);
   };
   ASSERT_THAT(runner->SetPrefillOptions(hooks), IsOk());
-  const SequenceRequest request = Greedy(Text(12000, 400));
+  const SequenceRequest request = Greedy(testing::HeldOutText(12000, 400));
   std::vector<SequenceStep> steps;
   // The client goes away during the second MoE layer's experts.
   absl::StatusOr<SequenceStats> stats = runner->Run(
@@ -403,7 +391,7 @@ TEST_F(KvBorrowTest, NearTheCachesEndFewerSlotsOrNoneAndStillRight) {
   const int64_t slot_bytes = borrowing->slot_bytes();
   {
     SCOPED_TRACE("a 900-token span: some slots");
-    const std::vector<int32_t> prompt = Text(1000, 900);
+    const std::vector<int32_t> prompt = testing::HeldOutText(1000, 900);
     const int64_t lendable = borrower().LendableKvRecords(900, slot_bytes, experts());
     ASSERT_GT(lendable, 0);
     ASSERT_LT(lendable, experts());
@@ -431,7 +419,7 @@ TEST_F(KvBorrowTest, NearTheCachesEndFewerSlotsOrNoneAndStillRight) {
     SCOPED_TRACE("a 1000-token span: no room");
     borrower().ResetCache();
     reference_.model->ResetCache();
-    const std::vector<int32_t> prompt = Text(2000, 1000);
+    const std::vector<int32_t> prompt = testing::HeldOutText(2000, 1000);
     ASSERT_EQ(borrower().LendableKvRecords(1000, slot_bytes, experts()), 0);
     const int64_t borrowed_before = borrowing->prefills_borrowed();
     const Prefill none = LayerMajor(borrower(), borrowing.get(), true, prompt);

@@ -1,10 +1,12 @@
 #include "tests/worker/nano_model.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "gtest/gtest.h"
 #include "services/common/status_macros.h"
 
 namespace nq::worker::testing {
@@ -37,6 +39,18 @@ std::vector<std::vector<int32_t>> HeldOutPrompts(int count) {
                          text.begin() + static_cast<std::ptrdiff_t>(offset + length));
   }
   return prompts;
+}
+
+std::vector<int32_t> HeldOutText(size_t offset, size_t length) {
+  static const std::vector<int32_t> text = [] {
+    std::ifstream in(NanoModelDir() + "/eval/libs_code.tokens.json");
+    std::stringstream buffer;
+    buffer << in.rdbuf();
+    return nlohmann::json::parse(buffer.str()).get<std::vector<int32_t>>();
+  }();
+  EXPECT_LE(offset + length, text.size());
+  return std::vector<int32_t>(text.begin() + static_cast<std::ptrdiff_t>(std::min(offset, text.size())),
+                              text.begin() + static_cast<std::ptrdiff_t>(std::min(offset + length, text.size())));
 }
 
 absl::StatusOr<RunResult> Generate(SequenceRunner& runner, const SequenceRequest& request) {

@@ -27,6 +27,10 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& dir, int64_t max_tokens
 // eval domains (models/glm5_nano/eval/*.tokens.json), deterministic.
 std::vector<std::vector<int32_t>> HeldOutPrompts(int count);
 
+// `length` tokens of the libs_code held-out domain (about 18k tokens) from `offset`: long prompts
+// and conversations cut from one text.
+std::vector<int32_t> HeldOutText(size_t offset, size_t length);
+
 // What a run emitted: every step's tokens, the finish reason, and each step as the runner
 // reported it.
 struct RunResult {
