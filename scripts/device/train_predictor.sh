@@ -7,6 +7,8 @@
 #   trace.nqrt, expected.json   the torch forward on a held-out slice (the C++ test's reference)
 #   train_log.json, log.txt
 # About 4 minutes (NQ_JF_SECONDS=150 of training after ~1 minute building the data).
+# NQ_JF_HORIZON (default 16, one refresh block: bench/README.md "What a perfect predictor of the
+# next H tokens would give"). The same script runs on a CPU with any torch (2.5 minutes here).
 #
 #   the `run` tool: command "bash scripts/device/train_predictor.sh" (no carry)
 #
@@ -21,5 +23,5 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.i
 data=bench/predictor/glm5_nano
 python3 scripts/predictor/train_jf.py --train "$data"/train.nqrt.gz --eval "$data"/heldout.nqrt.gz \
   --out "$out" --hidden "${NQ_JF_HIDDEN:-16}" --queries "${NQ_JF_QUERIES:-2}" --slots 8 \
-  --seconds "${NQ_JF_SECONDS:-150}"
+  --seconds "${NQ_JF_SECONDS:-150}" --horizon "${NQ_JF_HORIZON:-16}"
 ls -la "$out"

@@ -3,14 +3,15 @@
 safetensors file `nq-streamer --predictor` and `nq replay --predictor` load.
 
   python3 scripts/predictor/train_jf.py --train a.nqrt[.gz] [b.nqrt ...] --eval held.nqrt[.gz] \
-      --out DIR [--hidden 16] [--queries 2] [--seconds 150] [--slots 8]
+      --out DIR [--hidden 16] [--queries 2] [--seconds 150] [--slots 8] [--horizon 16]
 
 Data: at every refresh point (each 16 tokens of a sequence, and its end) and every MoE layer,
 the 16 features of every expert (jf_reference.Features: the same code path the C++ test checks
-against the streamer's), and the target: the expert's hits in the next 64 tokens of the same
-sequence. Near a sequence's end fewer tokens remain; the loss sees that as exposure (Poisson
-with mean rate x remaining / 64). Feature 14 (residency) is the previous block's top-`slots`
-by hits, the closest stand-in for what a predictor holds resident.
+against the streamer's), and the target: the expert's hits in the next `horizon` tokens of the
+same sequence (16 by default: one refresh block, what the replay scores, see
+hindsight_ceiling.py; the seed used 64). Near a sequence's end fewer tokens remain; the loss sees
+that as exposure (Poisson with mean rate x remaining / horizon). Feature 14 (residency) is the
+previous block's top-`slots` by hits, the closest stand-in for what a predictor holds resident.
 
 Loss: Poisson negative log-likelihood of the hits. Writes to DIR:
   model.safetensors   the model (metadata carries the geometry the streamer checks)
@@ -35,6 +36,8 @@ import jf_reference as ref  # noqa: E402
 
 import torch  # noqa: E402
 
+BLOCK = 16  # tokens between the streamer's refreshes (one replay block)
+
 
 def load_trace(path):
     if not path.endswith(".gz"):
@@ -45,8 +48,9 @@ def load_trace(path):
         return ref.read_trace(tmp.name)
 
 
-def examples(trace, slots):
-    """(features [L][E][D], hits_next [L][E], exposure) at each refresh point."""
+def examples(trace, slots, horizon):
+    """(features [L][E][D], hits in the next horizon [L][E], exposure, point, hits in the next
+    block [L][E]) at each refresh point."""
     L, E, k = trace.num_layers, trace.experts_per_layer, trace.top_k
     feats = ref.Features(L, E, k)
     out = []
@@ -56,32 +60,40 @@ def examples(trace, slots):
             feats.observe(trace.experts[t], trace.weights[t], trace.norms[t] if trace.norms else None)
             if (t + 1 - begin) % 16 != 0 and t + 1 != end:
                 continue
-            remaining = min(ref.HORIZON, end - (t + 1))
+            remaining = min(horizon, end - (t + 1))
             if remaining == 0:
                 continue
-            layers_f, layers_y = [], []
+            layers_f, layers_y, layers_block = [], [], []
             for l in range(L):
                 f = feats.fill(l, [0] * E)
                 # Residency stand-in: the previous block's top-`slots` by window hits (feature 10).
                 order = sorted(range(E), key=lambda e: (-f[e][10], e))
                 for e in order[:slots]:
                     f[e][14] = 1.0
-                hits = [0.0] * E
-                for u in range(t + 1, t + 1 + remaining):
+                hits, block = [0.0] * E, [0.0] * E
+                for u in range(t + 1, min(end, t + 1 + max(remaining, BLOCK))):
                     for e in trace.experts[u][l]:
-                        hits[e] += 1.0
+                        if u < t + 1 + remaining:
+                            hits[e] += 1.0
+                        if u < t + 1 + BLOCK:
+                            block[e] += 1.0
                 layers_f.append(f)
                 layers_y.append(hits)
-            out.append((layers_f, layers_y, remaining / ref.HORIZON, t + 1))
+                layers_block.append(block)
+            out.append((layers_f, layers_y, remaining / horizon, t + 1, layers_block))
     return out
 
 
 def to_tensors(exs, num_layers):
-    x = torch.tensor([f for (lf, _, _, _) in exs for f in lf], dtype=torch.float32)
-    y = torch.tensor([h for (_, ly, _, _) in exs for h in ly], dtype=torch.float32)
+    x = torch.tensor([f for ex in exs for f in ex[0]], dtype=torch.float32)
+    y = torch.tensor([h for ex in exs for h in ex[1]], dtype=torch.float32)
     layer = torch.tensor([l for _ in exs for l in range(num_layers)], dtype=torch.long)
-    exposure = torch.tensor([ex for (_, _, ex, _) in exs for _ in range(num_layers)], dtype=torch.float32)
+    exposure = torch.tensor([ex[2] for ex in exs for _ in range(num_layers)], dtype=torch.float32)
     return x, y, layer, exposure
+
+
+def block_hits(exs):
+    return torch.tensor([h for ex in exs for h in ex[4]], dtype=torch.float32)
 
 
 class Jf(torch.nn.Module):
@@ -137,6 +149,9 @@ def main():
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--horizon", type=int, default=BLOCK,
+                    help="tokens ahead whose hits the model predicts (the file records it); 16, one "
+                         "refresh block, replays best on glm5_nano, the seed used 64")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -151,13 +166,16 @@ def main():
     for t in train_traces + [eval_trace]:
         if (t.num_layers, t.experts_per_layer, t.top_k) != (L, E, k):
             sys.exit("traces disagree on geometry")
-    train_ex = [ex for t in train_traces for ex in examples(t, args.slots)]
-    eval_ex = examples(eval_trace, args.slots)
+    if not 1 <= args.horizon <= 4096:
+        sys.exit("--horizon must lie in [1, 4096] (the streamer's limit)")
+    train_ex = [ex for t in train_traces for ex in examples(t, args.slots, args.horizon)]
+    eval_ex = examples(eval_trace, args.slots, args.horizon)
     data_seconds = time.time() - started
     print(f"data: {len(train_ex)} train / {len(eval_ex)} held-out refresh points x {L} layers x {E} experts "
           f"({data_seconds:.1f} s)", flush=True)
     x, y, layer, exposure = (t.to(device) for t in to_tensors(train_ex, L))
     ex_, ey, elayer, eexp = (t.to(device) for t in to_tensors(eval_ex, L))
+    eblock = block_hits(eval_ex).to(device)
 
     model = Jf(L, E, ref.NUM_FEATURES, args.hidden, args.queries).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -190,11 +208,15 @@ def main():
             "capture_jf": capture(pred, ey, args.slots),
             "capture_last_block": capture(ex_[:, :, 10] + 1e-3 * ex_[:, :, 0], ey, args.slots),
             "capture_ema8": capture(ex_[:, :, 0], ey, args.slots),
+            # The same over the next block only: what the replay's share counts.
+            "block_capture_jf": capture(pred, eblock, args.slots),
+            "block_capture_last_block": capture(ex_[:, :, 10] + 1e-3 * ex_[:, :, 0], eblock, args.slots),
+            "block_capture_hindsight": capture(eblock + 1e-3 * ex_[:, :, 0], eblock, args.slots),
         }
     print(json.dumps(result), flush=True)
 
     geometry = {"num_layers": L, "experts_per_layer": E, "top_k": k, "features": ref.NUM_FEATURES,
-                "hidden": args.hidden, "queries": args.queries, "horizon": ref.HORIZON}
+                "hidden": args.hidden, "queries": args.queries, "horizon": args.horizon}
     params = model.cpu().export(geometry)
     ref.write_model(os.path.join(args.out, "model.safetensors"), geometry, params)
 

@@ -84,14 +84,10 @@ absl::StatusOr<JfGeometry> ReadGeometry(const model::Header& header) {
     return absl::InvalidArgumentError(absl::StrCat("hidden width ", g.hidden, " (this build runs 8, 16 or 32)"));
   }
   ASSIGN_OR_RETURN(g.queries, MetaUint(header, "queries", kMaxQueries));
-  ASSIGN_OR_RETURN(g.horizon, MetaUint(header, "horizon", 1 << 20));
+  ASSIGN_OR_RETURN(g.horizon, MetaUint(header, "horizon", kJfMaxHorizon));
   if (g.features != kJfFeatures) {
     return absl::InvalidArgumentError(absl::StrCat("model takes ", g.features, " features, this build computes ",
                                                    kJfFeatures));
-  }
-  if (g.horizon != kJfHorizon) {
-    return absl::InvalidArgumentError(absl::StrCat("model predicts ", g.horizon, " tokens ahead, the streamer plans ",
-                                                   kJfHorizon));
   }
   return g;
 }

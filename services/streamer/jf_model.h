@@ -1,5 +1,6 @@
 // The learned predictor jF (issue #21): scores every expert of a layer jointly for its
-// expected hits in the next kJfHorizon tokens, from the features of jf_features.h.
+// expected hits in the next `horizon` tokens (the file says how many), from the features of
+// jf_features.h.
 //
 // For layer l with features F [E, D] (D = kJfFeatures):
 //   h0[e]  = relu(W_in F[e] + b_in + emb[l, e])               [E, H]  per-expert embedding
@@ -31,7 +32,11 @@
 
 namespace nq::streamer {
 
+// The horizon the training script used before it took --horizon (the seed's), and the
+// longest a file may name. The streamer scores in share units, so any horizon serves; which
+// one plans best is measured (bench/README.md, "The horizon jF is trained for").
 inline constexpr uint32_t kJfHorizon = 64;
+inline constexpr uint32_t kJfMaxHorizon = 4096;
 inline constexpr char kJfFormat[] = "nq-jf";
 inline constexpr uint32_t kJfVersion = 1;
 // The hysteresis margin jF is served and replayed with when --hysteresis is not given and the

@@ -298,8 +298,10 @@ void Predictor::ScoreLayerLearned(uint32_t layer) {
   const size_t base = Index(layer, 0);
   features_->Fill(layer, std::span<const uint8_t>(resident_).subspan(base, experts), feature_rows_);
   options_.learned->Forward(layer, feature_rows_, predicted_);
-  // Expected hits in the horizon -> share units (1.0 = a uniform router's).
-  const float scale = static_cast<float>(experts) / (static_cast<float>(kJfHorizon) * static_cast<float>(top_k_));
+  // Expected hits in the model's horizon -> share units (1.0 = a uniform router's), so the
+  // hysteresis margin means the same whatever horizon the model was trained for.
+  const float horizon = static_cast<float>(options_.learned->geometry().horizon);
+  const float scale = static_cast<float>(experts) / (horizon * static_cast<float>(top_k_));
   for (uint32_t e = 0; e < experts; ++e) scores_[base + e] = predicted_[e] * scale;
 }
 

@@ -9,7 +9,8 @@
 //    at half-life half_lives[h], divided by the layer's total and multiplied by `experts` (so
 //    1.0 is a uniform router's share);
 //  - jF (options.learned set), the learned model of jf_model.h over the features of
-//    jf_features.h: its expected hits in the next 64 tokens, x experts / (64 x top_k), so 1.0
+//    jf_features.h: its expected hits in the next H tokens (H: the file's horizon), x experts /
+//    (H x top_k), so 1.0
 //    is again a uniform router's share and the hysteresis margin means the same in both.
 // Fixed-set experts are always at 4 bits and never compete.
 //

@@ -116,14 +116,20 @@ TEST(JfModelTest, FeaturesAndForwardEqualTheReference) {
   EXPECT_EQ(CheckAgainstReference(kFixture, model->get()), 9u * 2 * 8 * 17);
 }
 
-// The committed model trained on the H200 (bench/predictor/glm5_nano/jf, with torch's outputs in
-// expected.json), or another train_jf.py output directory named by NQ_JF_REFERENCE_DIR.
+// The committed models (bench/predictor/glm5_nano/jf: 64 tokens ahead, trained on the H200;
+// jf_h16: the next block, trained on a CPU), each with torch's outputs in expected.json, or
+// another train_jf.py output directory named by NQ_JF_REFERENCE_DIR.
 TEST(JfModelTest, TrainedModelEqualsTorch) {
   const char* env = std::getenv("NQ_JF_REFERENCE_DIR");
-  const std::string dir = env != nullptr ? env : std::string(NQ_SOURCE_DIR) + "/bench/predictor/glm5_nano/jf";
-  absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(dir + "/model.safetensors");
-  ASSERT_THAT(model.status(), IsOk());
-  EXPECT_GT(CheckAgainstReference(dir, model->get()), 0u);
+  const std::string committed = std::string(NQ_SOURCE_DIR) + "/bench/predictor/glm5_nano/";
+  const std::vector<std::string> dirs =
+      env != nullptr ? std::vector<std::string>{env} : std::vector<std::string>{committed + "jf", committed + "jf_h16"};
+  for (const std::string& dir : dirs) {
+    SCOPED_TRACE(dir);
+    absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(dir + "/model.safetensors");
+    ASSERT_THAT(model.status(), IsOk());
+    EXPECT_GT(CheckAgainstReference(dir, model->get()), 0u);
+  }
 }
 
 // The header's forward, in double, straight from its formulas: the reference for Forward's
@@ -306,14 +312,14 @@ TEST(JfModelTest, WrongFormatIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("format is \"nq-xx\"")));
 }
 
-// The fixture with "hysteresis_margin" set to `value` in its metadata: the header is rewritten
-// (the tensors' offsets count from the data section, so they stay valid).
-std::string WithMargin(const std::string& value) {
+// The fixture with metadata `key` set to `value`: the header is rewritten (the tensors' offsets
+// count from the data section, so they stay valid).
+std::string WithMetadataValue(const std::string& key, const std::string& value) {
   const std::string bytes = ReadBytes(kFixture + "/model.safetensors");
   uint64_t header_bytes = 0;
   for (int i = 7; i >= 0; --i) header_bytes = header_bytes << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
   nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_bytes));
-  header["__metadata__"]["hysteresis_margin"] = value;
+  header["__metadata__"][key] = value;
   const std::string text = header.dump();
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>(text.size() >> (8 * i) & 0xff);
@@ -325,14 +331,32 @@ TEST(JfModelTest, HysteresisMarginComesFromTheFileElseTheDefault) {
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ((*plain)->hysteresis_margin(), kJfDefaultMargin);
   const std::string path = ::testing::TempDir() + "/margin.safetensors";
-  WriteBytes(path, WithMargin("0.3"));
+  WriteBytes(path, WithMetadataValue("hysteresis_margin", "0.3"));
   absl::StatusOr<std::shared_ptr<const JfModel>> with = JfModel::Load(path);
   ASSERT_TRUE(with.ok()) << with.status();
   EXPECT_FLOAT_EQ((*with)->hysteresis_margin(), 0.3f);
   for (const char* bad : {"-1", "abc", "nan", "inf", "0.3x", ""}) {
-    WriteBytes(path, WithMargin(bad));
+    WriteBytes(path, WithMetadataValue("hysteresis_margin", bad));
     EXPECT_THAT(JfModel::Load(path).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"hysteresis_margin\" = \"" + std::string(bad))))
+        << bad;
+  }
+}
+
+TEST(JfModelTest, AnyHorizonUpToTheLimitLoads) {
+  // The streamer converts expected hits to share units by the file's own horizon, so a model
+  // trained for the next block (16 tokens) serves as well as one trained for 64.
+  const std::string path = ::testing::TempDir() + "/horizon.safetensors";
+  for (uint32_t horizon : {1u, 16u, 64u, kJfMaxHorizon}) {
+    WriteBytes(path, WithMetadataValue("horizon", std::to_string(horizon)));
+    absl::StatusOr<std::shared_ptr<const JfModel>> model = JfModel::Load(path);
+    ASSERT_TRUE(model.ok()) << model.status();
+    EXPECT_EQ((*model)->geometry().horizon, horizon);
+  }
+  for (const std::string& bad : {std::string("0"), std::to_string(kJfMaxHorizon + 1), std::string("16.5")}) {
+    WriteBytes(path, WithMetadataValue("horizon", bad));
+    EXPECT_THAT(JfModel::Load(path).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"horizon\" = \"" + bad)))
         << bad;
   }
 }

@@ -2,6 +2,8 @@
 // restart; the routing trace's sequences and input norms (format version 2).
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -77,6 +79,41 @@ TEST(JfPredictorTest, ScoresAreTheModelsExpectedHitsInShareUnits) {
   LearnedOptions().learned->Forward(1, rows, hits);
   for (uint32_t e = 0; e < 8; ++e) {
     EXPECT_FLOAT_EQ(predictor->Score(1, e), hits[e] * 8.0f / (64.0f * 2.0f)) << e;
+  }
+}
+
+TEST(JfPredictorTest, ScoresFollowTheModelsHorizon) {
+  // The fixture's weights with "horizon" 16 instead of 64: the same expected hits now cover a
+  // quarter of the tokens, so every score is four times the 64-token model's.
+  std::ifstream in(kFixture + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = bytes.find("\"horizon\":\"64\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 14, "\"horizon\":\"16\"");
+  const std::string path = ::testing::TempDir() + "/horizon16.safetensors";
+  std::ofstream(path, std::ios::binary) << bytes;
+  absl::StatusOr<std::shared_ptr<const JfModel>> short_model = JfModel::Load(path);
+  ASSERT_THAT(short_model.status(), IsOk());
+  ASSERT_EQ((*short_model)->geometry().horizon, 16u);
+
+  const RoutingTrace trace = FixtureTrace();
+  PredictorOptions short_options = LearnedOptions();
+  short_options.learned = *short_model;
+  absl::StatusOr<Predictor> long_horizon = Predictor::Create(LearnedOptions());
+  absl::StatusOr<Predictor> short_horizon = Predictor::Create(short_options);
+  ASSERT_THAT(long_horizon.status(), IsOk());
+  ASSERT_THAT(short_horizon.status(), IsOk());
+  for (Predictor* p : {&*long_horizon, &*short_horizon}) {
+    p->NewSequence();
+    for (size_t t = 0; t < 16; ++t) {
+      ASSERT_THAT(p->Observe(trace.TokenExperts(t), trace.TokenWeights(t), trace.TokenNorms(t)), IsOk());
+    }
+    p->Refresh();
+  }
+  for (uint32_t l = 0; l < 2; ++l) {
+    for (uint32_t e = 0; e < 8; ++e) {
+      EXPECT_FLOAT_EQ(short_horizon->Score(l, e), 4.0f * long_horizon->Score(l, e)) << l << " " << e;
+    }
   }
 }
 
