@@ -16,24 +16,12 @@ Blocks restart at each sequence start; the first block of a sequence keeps nothi
 previous one under the history policies (the hindsight policies still see its future).
 """
 import argparse
-import gzip
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jf_reference as ref  # noqa: E402
-
-
-def load_trace(path):
-    if not path.endswith(".gz"):
-        return ref.read_trace(path)
-    with gzip.open(path, "rb") as f, tempfile.NamedTemporaryFile(suffix=".nqrt") as tmp:
-        shutil.copyfileobj(f, tmp)
-        tmp.flush()
-        return ref.read_trace(tmp.name)
 
 
 def window_counts(trace, begin, end):
@@ -54,7 +42,7 @@ def main():
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--horizons", default="16,32,64,128")
     args = ap.parse_args()
-    trace = load_trace(args.trace)
+    trace = ref.read_trace(args.trace)
     with open(os.path.join(args.release, "manifest.json")) as f:
         manifest = json.load(f)
     fixed_by_layer = {entry["layer"]: set(entry.get("fixed_4bit", [])) for entry in manifest["layers"]}

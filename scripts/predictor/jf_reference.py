@@ -8,6 +8,7 @@ Mirrors, and must change together with:
   services/streamer/jf_features.{h,cc}    the 16 features (kJfFeatureSet)
   services/streamer/jf_model.{h,cc}       the forward and the file's tensors and metadata
 """
+import gzip
 import json
 import math
 import struct
@@ -52,8 +53,11 @@ class Trace:
 
 
 def read_trace(path):
+    """A trace file, gzipped or not (the committed ones are .nqrt.gz)."""
     with open(path, "rb") as f:
         data = f.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
     if data[:4] != b"NQRT":
         raise ValueError(f"{path}: not a routing trace")
     version, layers, experts, top_k, tokens = struct.unpack_from("<IIIIQ", data, 4)

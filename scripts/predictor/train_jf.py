@@ -21,14 +21,11 @@ Loss: Poisson negative log-likelihood of the hits. Writes to DIR:
   train_log.json      losses, the held-out top-F capture of jF against the last block's counts
 """
 import argparse
-import gzip
 import json
 import math
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -37,15 +34,6 @@ import jf_reference as ref  # noqa: E402
 import torch  # noqa: E402
 
 BLOCK = 16  # tokens between the streamer's refreshes (one replay block)
-
-
-def load_trace(path):
-    if not path.endswith(".gz"):
-        return ref.read_trace(path)
-    with gzip.open(path, "rb") as f, tempfile.NamedTemporaryFile(suffix=".nqrt") as tmp:
-        shutil.copyfileobj(f, tmp)
-        tmp.flush()
-        return ref.read_trace(tmp.name)
 
 
 def examples(trace, slots, horizon):
@@ -159,8 +147,8 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.time()
 
-    train_traces = [load_trace(p) for p in args.train]
-    eval_trace = load_trace(args.eval)
+    train_traces = [ref.read_trace(p) for p in args.train]
+    eval_trace = ref.read_trace(args.eval)
     first = train_traces[0]
     L, E, k = first.num_layers, first.experts_per_layer, first.top_k
     for t in train_traces + [eval_trace]:
