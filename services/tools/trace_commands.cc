@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, depths, "1,2,3", "lookahead: the lookahead depths to meas
 ABSL_FLAG(int, landing_tokens, 0,
           "replay: decode tokens a load takes to land (an expert loaded at a block's start serves only after, the "
           "expert it replaces until then)");
+ABSL_FLAG(int, refresh_interval, 16,
+          "replay: tokens between the predictor's refreshes (the streamer's is 16, its workers' report interval); the "
+          "oracle and previous-block policies use the same blocks");
 ABSL_FLAG(double, request_share, 0.0,
           "replay: share of the floating slots kept for the current request's most-hit experts (nq-streamer "
           "--request_share)");
@@ -159,6 +162,7 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
   options.floating_slots = static_cast<uint32_t>(slots);
   options.read_budget = static_cast<uint32_t>(absl::GetFlag(FLAGS_read_budget));
   options.request_share = static_cast<float>(absl::GetFlag(FLAGS_request_share));
+  options.refresh_interval = static_cast<uint32_t>(absl::GetFlag(FLAGS_refresh_interval));
   const int landing = absl::GetFlag(FLAGS_landing_tokens);
   options.top_k = trace.top_k;
   if (const std::string path = absl::GetFlag(FLAGS_predictor); !path.empty()) {
@@ -176,10 +180,10 @@ absl::Status ReplayTrace(const std::string& trace_path, const std::string& relea
     }
   }
   ASSIGN_OR_RETURN(streamer::ReplayResult r, streamer::Replay(trace, options, static_cast<uint32_t>(landing)));
-  std::printf("%llu tokens in %zu sequences, %llu blocks of at most 16, %u MoE layers, %d floating slots per layer, "
+  std::printf("%llu tokens in %zu sequences, %llu blocks of at most %u, %u MoE layers, %d floating slots per layer, "
               "%llu loads (%llu wanted), loads land after %d tokens\n",
               static_cast<unsigned long long>(r.tokens), trace.Sequences().size(),
-              static_cast<unsigned long long>(r.blocks), trace.num_layers(), slots,
+              static_cast<unsigned long long>(r.blocks), options.refresh_interval, trace.num_layers(), slots,
               static_cast<unsigned long long>(r.predictor_loads), static_cast<unsigned long long>(r.predictor_wanted),
               landing);
   std::printf("| policy | expert calls at 4 bits | routing weight at 4 bits |\n| --- | ---: | ---: |\n");
@@ -254,9 +258,9 @@ int RunReplay(const std::vector<std::string>& args) {
   if (absl::GetFlag(FLAGS_trace).empty()) return ReportCommandStatus("replay", absl::InvalidArgumentError("--trace is required"));
   if (absl::GetFlag(FLAGS_slots) < 0) return ReportCommandStatus("replay", absl::InvalidArgumentError("--slots must be >= 0"));
   if (absl::GetFlag(FLAGS_read_budget) < 1 || absl::GetFlag(FLAGS_hysteresis).value_or(0) < 0 ||
-      absl::GetFlag(FLAGS_landing_tokens) < 0) {
+      absl::GetFlag(FLAGS_landing_tokens) < 0 || absl::GetFlag(FLAGS_refresh_interval) < 1) {
     return ReportCommandStatus("replay", absl::InvalidArgumentError(
-                                             "--read_budget must be >= 1, --hysteresis and --landing_tokens >= 0"));
+                                             "--read_budget and --refresh_interval must be >= 1, --hysteresis and --landing_tokens >= 0"));
   }
   return ReportCommandStatus("replay", ReplayTrace(absl::GetFlag(FLAGS_trace), absl::GetFlag(FLAGS_release_dir),
                                       absl::GetFlag(FLAGS_slots)));

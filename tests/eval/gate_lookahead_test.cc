@@ -103,7 +103,7 @@ TEST(GateLookaheadTest, TheNextLayersRouterKnowsItsExpertsBetterThanThePreviousT
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no token sequences")));
 }
 
-// `nq lookahead` and `nq replay --landing_tokens` refuse what they cannot measure, by name.
+// `nq lookahead` and `nq replay --landing_tokens` / `--refresh_interval` refuse what they cannot measure, by name.
 CommandResult RunNq(const std::string& args) { return RunShell(absl::StrCat(NQ_TOOL_BIN, " ", args)); }
 
 void ExpectRefused(const CommandResult& run, const ::testing::Matcher<const std::string&>& message) {
@@ -120,6 +120,7 @@ TEST(GateLookaheadTest, TheCommandsRefuseBadFlags) {
   ExpectRefused(RunNq("lookahead --tokens " + tokens), HasSubstr("--model DIR and --tokens FILE are required"));
   ExpectRefused(RunNq("lookahead --model /nonexistent/model --tokens " + tokens), HasSubstr("/nonexistent/model"));
   ExpectRefused(RunNq("replay --trace " + tokens + " --landing_tokens=-1"), HasSubstr("--landing_tokens >= 0"));
+  ExpectRefused(RunNq("replay --trace " + tokens + " --refresh_interval=0"), HasSubstr("--refresh_interval must be >= 1"));
   // A run: one row per depth.
   const CommandResult run = RunNq("lookahead " + model + " --depths 1,2");
   EXPECT_EQ(run.exit_code, 0) << run.output;

@@ -198,6 +198,36 @@ TEST(ReplayTest, OracleBoundsTheOtherPolicies) {
   }
 }
 
+// Refreshing more often cuts the trace into more, shorter blocks for every policy; the oracle,
+// which picks each block's own top-F, can only gain from shorter blocks on a drifting trace.
+TEST(ReplayTest, BlocksFollowTheRefreshInterval) {
+  SyntheticTraceOptions trace_options;
+  trace_options.num_layers = 2;
+  trace_options.experts_per_layer = 32;
+  trace_options.top_k = 4;
+  trace_options.num_tokens = 402;
+  trace_options.zipf_exponent = 0.8;
+  trace_options.drift_interval = 8;
+  trace_options.drift_swaps = 6;
+  const RoutingTrace trace = MakeSyntheticTrace(trace_options);
+  double oracle_before = 0;
+  for (uint32_t interval : {16u, 4u, 1u}) {
+    PredictorOptions options = ReplayOptions(6);
+    options.refresh_interval = interval;
+    absl::StatusOr<ReplayResult> result = Replay(trace, options);
+    ASSERT_THAT(result, IsOk());
+    EXPECT_EQ(result->blocks, (402u + interval - 1) / interval) << interval;
+    EXPECT_GE(result->oracle.calls, oracle_before) << interval;
+    EXPECT_GE(result->oracle.calls, result->predictor.calls) << interval;
+    oracle_before = result->oracle.calls;
+  }
+  // One token a block: its own top-F (F = 6 >= top_k) holds every call.
+  EXPECT_DOUBLE_EQ(oracle_before, 1.0);
+  PredictorOptions zero = ReplayOptions(6);
+  zero.refresh_interval = 0;
+  EXPECT_THAT(Replay(trace, zero), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("refresh_interval")));
+}
+
 TEST(ReplayTest, EverythingAtFourBitsWhenSlotsCoverAllExperts) {
   SyntheticTraceOptions trace_options;
   trace_options.num_layers = 2;
