@@ -65,6 +65,16 @@ class Flips {
   std::vector<bool> flips_;
 };
 
+// The connection sets ready() before it calls back, so a test that saw ready() change waits for
+// the callback too before it reads the flips.
+std::vector<bool> WaitForFlips(const Flips& flips, size_t count, milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (flips.Get().size() < count && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return flips.Get();
+}
+
 bool WaitFor(const WorkerConnection& connection, bool ready, milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {
@@ -107,7 +117,7 @@ TEST_F(WorkerConnectionTest, NotServingIsNotReadyAtOnceAndServingIsReadyAgain) {
   EXPECT_TRUE(WaitFor(*connection_, false, milliseconds(1000)));
   health_.serving = true;
   EXPECT_TRUE(WaitFor(*connection_, true, milliseconds(1000)));
-  EXPECT_EQ(flips_.Get(), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(WaitForFlips(flips_, 3, milliseconds(1000)), (std::vector<bool>{true, false, true}));
 }
 
 TEST_F(WorkerConnectionTest, OneUnansweredPollKeepsAReadyWorkerReady) {
@@ -130,7 +140,7 @@ TEST_F(WorkerConnectionTest, AWorkerThatStopsAnsweringIsNotReady) {
   server_->Shutdown();
   server_.reset();
   EXPECT_TRUE(WaitFor(*connection_, false, milliseconds(5000)));
-  EXPECT_EQ(flips_.Get(), (std::vector<bool>{true, false}));
+  EXPECT_EQ(WaitForFlips(flips_, 2, milliseconds(1000)), (std::vector<bool>{true, false}));
 }
 
 }  // namespace
