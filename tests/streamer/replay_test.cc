@@ -201,15 +201,13 @@ TEST(ReplayTest, OracleBoundsTheOtherPolicies) {
 // Refreshing more often cuts the trace into more, shorter blocks for every policy; the oracle,
 // which picks each block's own top-F, can only gain from shorter blocks on a drifting trace.
 TEST(ReplayTest, BlocksFollowTheRefreshInterval) {
-  SyntheticTraceOptions trace_options;
-  trace_options.num_layers = 2;
-  trace_options.experts_per_layer = 32;
-  trace_options.top_k = 4;
-  trace_options.num_tokens = 402;
-  trace_options.zipf_exponent = 0.8;
-  trace_options.drift_interval = 8;
-  trace_options.drift_swaps = 6;
-  const RoutingTrace trace = MakeSyntheticTrace(trace_options);
+  const RoutingTrace trace = MakeSyntheticTrace({.num_layers = 2,
+                                                 .experts_per_layer = 32,
+                                                 .top_k = 4,
+                                                 .num_tokens = 402,
+                                                 .zipf_exponent = 0.8,
+                                                 .drift_interval = 8,
+                                                 .drift_swaps = 6});
   double oracle_before = 0;
   for (uint32_t interval : {16u, 4u, 1u}) {
     PredictorOptions options = ReplayOptions(6);
