@@ -5,7 +5,6 @@
 
 #include <signal.h>
 
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -15,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
+#include "tests/common/embedded_model.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/raw_http.h"
 
@@ -30,9 +29,7 @@ class ServingTest : public ClusterTest {
     // Shared by every test process (ctest runs each test alone): the script prepares it once,
     // under a lock, and later calls find it ready.
     model_dir_ = new std::string(NQ_EMBEDDED_MODEL_DIR);
-    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
-                                             "/scripts/embedded_model.sh ", *model_dir_, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, *model_dir_));
   }
   static void TearDownTestSuite() { delete model_dir_; }
 

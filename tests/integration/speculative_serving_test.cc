@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/common/checkpoint_copy.h"
+#include "tests/common/embedded_model.h"
 #include "tests/integration/cluster_fixture.h"
 #include "tests/integration/raw_http.h"
 
@@ -39,9 +40,7 @@ struct Cluster {
 class SpeculativeServingTest : public ClusterTest {
  protected:
   static void SetUpTestSuite() {
-    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
-                                             "/scripts/embedded_model.sh ", NQ_EMBEDDED_MODEL_DIR, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
   }
   void TearDown() override {
     for (Cluster& c : clusters_) {

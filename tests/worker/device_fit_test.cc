@@ -2,18 +2,16 @@
 // what a loaded model really holds: the embedded default served from its release.
 #include "services/worker/device_fit.h"
 
-#include <cstdlib>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "services/model/model.h"
 #include "services/model/model_weights.h"
 #include "services/release/release_expert_decoder.h"
 #include "services/release/release_experts.h"
+#include "tests/common/embedded_model.h"
 
 namespace nq::worker {
 namespace {
@@ -23,10 +21,7 @@ using ::testing::HasSubstr;
 class DeviceFitTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // The embedded default and its release, prepared once under a lock (scripts/embedded_model.sh).
-    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
-                                             "/scripts/embedded_model.sh ", NQ_EMBEDDED_MODEL_DIR, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
   }
   static std::string ModelDir() { return NQ_EMBEDDED_MODEL_DIR; }
 };

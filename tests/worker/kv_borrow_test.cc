@@ -6,7 +6,6 @@
 // same turns without borrowing; a cancelled prefill returns its borrow; a span near the cache's
 // end borrows fewer slots, or none, and is still right.
 #include <algorithm>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -25,6 +24,7 @@
 #include "services/release/release_experts.h"
 #include "services/worker/prefill_setup.h"
 #include "services/worker/sequence_runner.h"
+#include "tests/common/embedded_model.h"
 #include "tests/common/status_matchers.h"
 #include "tests/worker/nano_model.h"
 
@@ -84,9 +84,7 @@ void ExpectOutsideLiveRows(const model::KvLoan& loan, const model::KvCache& cach
 class KvBorrowTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
-                                             "/scripts/embedded_model.sh ", NQ_EMBEDDED_MODEL_DIR, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
     absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
     ASSERT_THAT(backend, IsOk());
     backend_ = backend->release();

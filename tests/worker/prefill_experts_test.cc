@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +25,7 @@
 #include "services/worker/prefill_record_reader.h"
 #include "services/worker/slot_runtime.h"
 #include "services/worker/slot_table.h"
+#include "tests/common/embedded_model.h"
 #include "tests/common/status_matchers.h"
 
 namespace nq::worker {
@@ -41,9 +41,7 @@ constexpr int64_t kChunk = 64;
 class PrefillExpertsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string command = absl::StrCat("NQ_BIN=", NQ_TOOL_BIN, " bash ", NQ_SOURCE_DIR,
-                                             "/scripts/embedded_model.sh ", NQ_EMBEDDED_MODEL_DIR, " > /dev/null");
-    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
     absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
     ASSERT_THAT(backend, IsOk());
     backend_ = backend->release();
