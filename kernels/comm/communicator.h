@@ -29,6 +29,15 @@ class Communicator {
   virtual absl::Status AllGather(const Tensor& in, Tensor& out) = 0;
   // data = data of rank `root` on every rank. F32 only.
   virtual absl::Status Broadcast(Tensor& data, int root) = 0;
+
+  // Whether the collectives may be recorded into a backend graph (Backend::BeginCapture): NCCL
+  // enqueued on the CUDA backend's stream can; the CPU transports run each call on the calling
+  // thread and cannot.
+  virtual bool CanCapture() const { return false; }
+  // After a captured step ran: OK when every collective it held completed, else why one was cut
+  // short (a dead peer, an abort), so the step fails instead of handing on what the buffers held.
+  // A transport whose calls complete before they return has nothing to check.
+  virtual absl::Status CheckCompleted() { return absl::OkStatus(); }
 };
 
 }  // namespace nq::kernels

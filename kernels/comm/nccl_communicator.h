@@ -63,6 +63,9 @@ class NcclCommunicator final : public Communicator {
   absl::Status AllReduceSum(Tensor& data) override;
   absl::Status AllGather(const Tensor& in, Tensor& out) override;
   absl::Status Broadcast(Tensor& data, int root) override;
+  // Enqueued on the stream given at Create, so a graph captured there records them.
+  bool CanCapture() const override { return true; }
+  absl::Status CheckCompleted() override { return WaitForStream(options_.join_timeout); }
 
   // OK while neither aborted nor failed asynchronously (ncclCommGetAsyncError); else why.
   absl::Status Health();

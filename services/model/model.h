@@ -47,6 +47,11 @@ struct ModelOptions {
   // layer's shared expert beside its routed experts, and the new keys' norms, rotations and cache
   // writes beside the query projection. Results are equal either way; off only to compare.
   bool side_streams = true;
+  // Tests: decode steps take the step-graph path on a backend that cannot capture (the CPU),
+  // each step issuing the ops a capture would record, so the graph body (device positions, the
+  // sharded head's gather, the host staging, the draw) is checked against op by op where it
+  // can run. Serving leaves it off.
+  bool uncaptured_step_graphs = false;
 };
 
 class Model {
@@ -406,6 +411,11 @@ class Model {
     kernels::Tensor* sampled = nullptr;
   };
   absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound, const StepSampling* sample = nullptr);
+  // The head over the final states x [T, D]: logits F32 [T, vocab]. A tensor-parallel rank
+  // gathers the ranks' vocabulary blocks on the backend (StepGraphApplies allows it one row).
+  absl::StatusOr<kernels::Tensor> EnqueueLogits(const kernels::Tensor& x);
+  // The logits' row length a graphed forward hands back: the whole vocabulary on every rank.
+  int64_t StepGraphVocab() const;
   absl::Status EnqueueMtpStep(int index, const kernels::Tensor& ids, const kernels::Tensor& hidden,
                               int64_t start_bound);
   // MTP layer `index` over `ids` and `hidden` (F32 [T, D], left as it is) at `position`: the

@@ -24,9 +24,18 @@ using kernels::StepPosition;
 using kernels::Tensor;
 
 bool Model::StepGraphApplies(size_t tokens, int mtp_index) const {
-  if (!options_.step_graphs || !backend_.CanCapture() || !step_graph_stats_.disabled.ok()) return false;
+  const bool captures = backend_.CanCapture() || options_.uncaptured_step_graphs;
+  if (!options_.step_graphs || !captures || !step_graph_stats_.disabled.ok()) return false;
   if (lookahead_observer_) return false;  // the lookahead routes on the host between layers
-  if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens) || options_.tp.world_size != 1) return false;
+  if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens)) return false;
+  if (options_.tp.world_size > 1) {
+    // A tensor-parallel rank graphs its plain decode steps when its collectives can be recorded
+    // (NCCL). One token only: the vocabulary-sharded head's gather [W, 1, Vr] is then the
+    // logits row itself (more rows would need a device-side interleave), and the MTP head is
+    // sharded alike. Every rank takes the same path for the same step, so the collectives match.
+    const bool records = comm_ != nullptr && (comm_->CanCapture() || options_.uncaptured_step_graphs);
+    if (!records || tokens != 1 || mtp_index >= 0) return false;
+  }
   // Packed and NVFP4 layers both route on the device (NVFP4's graphed tokens were checked against
   // op-by-op ones on the H200: scripts/device/run_side_streams.sh's nvfp4 section).
   auto routes_on_backend = [&](const LayerWeights& lw) { return !lw.moe.has_value() || RoutesOnBackend(*lw.moe); };
@@ -57,9 +66,7 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   }
   selection_.reset();  // memory allocated in a capture must be freed in it
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
-  const int64_t V = weights_.lm_head.shape().dim(0);
-  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, V}));
-  RETURN_IF_ERROR(backend_.MatMul(x, weights_.lm_head, logits));
+  ASSIGN_OR_RETURN(Tensor logits, EnqueueLogits(x));
   auto* out = static_cast<std::byte*>(step_output_->data());
   // The step's result ahead of the final states: the sampled ids, or the logits.
   const Tensor* result = &logits;
@@ -101,12 +108,26 @@ absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& h
   return backend_.CopyToHostAsync(u, std::span<std::byte>(out + logits.nbytes(), u.nbytes()));
 }
 
+absl::StatusOr<Tensor> Model::EnqueueLogits(const Tensor& x) {
+  const int64_t T = x.shape().dim(0), Vr = weights_.lm_head.shape().dim(0), W = options_.tp.world_size;
+  ASSIGN_OR_RETURN(Tensor local, backend_.Allocate(kernels::DType::kF32, Shape{T, Vr}));
+  RETURN_IF_ERROR(backend_.MatMul(x, weights_.lm_head, local));
+  if (W == 1) return local;
+  // Rank r holds vocabulary block r (Logits): for one row the gather's [W, 1, Vr] is the row.
+  ASSIGN_OR_RETURN(Tensor gathered, backend_.Allocate(kernels::DType::kF32, Shape{W, T, Vr}));
+  RETURN_IF_ERROR(comm_->AllGather(local, gathered));
+  RETURN_IF_ERROR(gathered.Reshape(Shape{T, W * Vr}));
+  return gathered;
+}
+
+int64_t Model::StepGraphVocab() const { return weights_.lm_head.shape().dim(0) * options_.tp.world_size; }
+
 absl::Status Model::PrepareStepGraphs() {
   if (!step_position_.valid()) {
     ASSIGN_OR_RETURN(step_position_, backend_.Allocate(kernels::DType::kI32, Shape{1}));
   }
   if (step_output_ == nullptr) {
-    int64_t vocab_rows = weights_.lm_head.shape().dim(0);
+    int64_t vocab_rows = StepGraphVocab();
     for (const MtpWeights& m : weights_.mtp) vocab_rows = std::max(vocab_rows, m.head.shape().dim(0));
     const size_t bytes = static_cast<size_t>(kMaxStepGraphTokens * (vocab_rows + config_.hidden_size)) * sizeof(float);
     ASSIGN_OR_RETURN(step_output_, backend_.AllocateHostStaging(bytes));
@@ -115,6 +136,12 @@ absl::Status Model::PrepareStepGraphs() {
 }
 
 absl::StatusOr<bool> Model::RunStepGraph(StepGraph& g, const std::function<absl::Status()>& enqueue) {
+  if (!backend_.CanCapture()) {  // options_.uncaptured_step_graphs: every step as a warm-up runs
+    RETURN_IF_ERROR(enqueue());
+    RETURN_IF_ERROR(backend_.Synchronize());
+    ++step_graph_stats_.warmups;
+    return true;
+  }
   // Memory the warm-up sized or a graph reads was replaced since (a workspace grew, the routing
   // staging was reallocated): warm up and capture again.
   if (g.backend_generation != backend_.CaptureGeneration() || g.staging_generation != routing_staging_generation_) {
@@ -147,6 +174,8 @@ absl::StatusOr<bool> Model::RunStepGraph(StepGraph& g, const std::function<absl:
   }
   if (g.graph != nullptr) {
     RETURN_IF_ERROR(g.graph->Run());
+    // A collective the replay held may have been cut short (a peer died, the group aborted).
+    if (options_.tp.world_size > 1) RETURN_IF_ERROR(comm_->CheckCompleted());
     routing_log_ = g.routing_log;
     ++step_graph_stats_.replayed;
     return true;
@@ -183,7 +212,7 @@ absl::Status Model::BeginGraphedForward(std::span<const int32_t> tokens, int64_t
 absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
                                                          const kernels::SampleParams* sample, std::span<int32_t> sampled) {
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
-  const int64_t D = config_.hidden_size, V = weights_.lm_head.shape().dim(0);
+  const int64_t D = config_.hidden_size, V = StepGraphVocab();
   if (start + T > cache_.max_tokens()) {
     return absl::InvalidArgumentError(absl::StrCat("Forward: ", start, " cached + ", T,
                                                    " new tokens exceed the cache of ", cache_.max_tokens()));

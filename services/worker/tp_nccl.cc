@@ -26,6 +26,10 @@ class NcclDataPlane final : public TpDataPlane {
     RETURN_IF_ERROR(comm_->AllGather(in, out));
     return comm_->WaitForStream(timeout_);
   }
+  // Graphed decode steps record the collectives (the all-gather's wait passes while capturing);
+  // after each replay the model asks whether they all completed.
+  bool CanCapture() const override { return true; }
+  absl::Status CheckCompleted() override { return comm_->WaitForStream(timeout_); }
   absl::Status Health() override { return comm_->Health(); }
   void Abort(absl::string_view reason) override { comm_->Abort(reason); }
 

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <unistd.h>
 #include <utility>
@@ -215,6 +216,56 @@ TEST_F(Nvfp4ServingTest, RoutingOnTheBackendGivesTheHostRoutedLogits) {
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_EQ(got.prefill, want.prefill);
   EXPECT_EQ(got.steps, want.steps);
+}
+
+// A tensor-parallel rank's decode steps through the step-graph path (Model::EnqueueStep: device
+// positions, the ranks' vocabulary blocks gathered on the backend, the host staging), on the CPU
+// without capture (ModelOptions::uncaptured_step_graphs), against the same group op by op and
+// against one rank's graphed steps: one token at a time after a prompt, logits within fp32
+// reordering and the same greedy tokens.
+TEST_F(Nvfp4ServingTest, TensorParallelDecodeStepsThroughTheGraphPathGiveTheOpByOpLogits) {
+  const std::string dir = *dir_ + "/matched";
+  auto load = [&](int world, bool graphs) {
+    return model::LocalTpGroup::Load(
+        dir, world, {.max_tokens = kMaxTokens, .uncaptured_step_graphs = graphs},
+        [&](kernels::Backend& backend, kernels::Communicator* comm,
+            model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
+          ASSIGN_OR_RETURN(release::ServedModel served,
+                           release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, comm, options));
+          return std::move(served.model);
+        });
+  };
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = load(2, true), op_by_op = load(2, false),
+                                                       alone = load(1, true);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  ASSERT_TRUE(op_by_op.ok()) << op_by_op.status();
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  std::vector<int32_t> tokens = Prompt();
+  for (auto* group : {&*graphed, &*op_by_op, &*alone}) ASSERT_THAT((**group).Forward(tokens), ::nq::testing::IsOk());
+  const int64_t vocab = (*alone)->rank0().config().vocab_size;
+  double worst = 0, worst_alone = 0;
+  for (int i = 0; i < kDecodeTokens; ++i) {
+    const std::span<const int32_t> step(&tokens.back(), 1);
+    absl::StatusOr<std::vector<float>> body = (*graphed)->Forward(step);
+    absl::StatusOr<std::vector<float>> plain = (*op_by_op)->Forward(step);
+    absl::StatusOr<std::vector<float>> one = (*alone)->Forward(step);
+    ASSERT_TRUE(body.ok()) << body.status();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_TRUE(one.ok()) << one.status();
+    ASSERT_EQ(body->size(), static_cast<size_t>(vocab));
+    worst = std::max(worst, LogitError(*body, *plain));
+    worst_alone = std::max(worst_alone, LogitError(*body, *one));
+    ASSERT_EQ(Argmax(body->data(), vocab), Argmax(plain->data(), vocab)) << "step " << i;
+    tokens.push_back(Argmax(body->data(), vocab));
+  }
+  std::printf("TP 2 graph path: logit error %.3g against op by op, %.3g against one rank\n", worst, worst_alone);
+  EXPECT_LT(worst, 2e-5);
+  EXPECT_LT(worst_alone, 2e-5);
+  // The decode steps ran the graph path on every rank of the graphed groups, none on the other.
+  EXPECT_EQ((*graphed)->rank0().step_graph_stats().warmups, kDecodeTokens);
+  EXPECT_EQ((*alone)->rank0().step_graph_stats().warmups, kDecodeTokens);
+  EXPECT_TRUE((*graphed)->rank0().step_graph_stats().disabled.ok());
+  EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
 }
 
 // Tensor parallelism: each rank fuses its own gate and up rows and keeps its own down columns;
