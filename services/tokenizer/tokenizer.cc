@@ -17,6 +17,10 @@ namespace {
 
 using json_fields::Json;
 
+// The id table's limit: ids below kMaxIdSpread x the number of tokens + kMaxIdSlack (Load).
+constexpr int64_t kMaxIdSpread = 4;
+constexpr int64_t kMaxIdSlack = 65536;
+
 absl::StatusOr<std::vector<AddedToken>> ParseAddedTokens(const Json& root) {
   std::vector<AddedToken> tokens;
   auto it = root.find("added_tokens");
@@ -167,6 +171,15 @@ absl::Status Tokenizer::Load(std::string_view json_text) {
   // The id table: the model's strings (vocabulary, then added tokens over it).
   int32_t max_id = -1;
   for (const auto& [token, id] : model_->token_to_id()) max_id = std::max(max_id, id);
+  // The table has a row per id up to the largest: ids far past the number of tokens would make it
+  // mostly holes, as large as the largest id says (a fuzzed file asked for 48 GB). Real
+  // vocabularies are dense, their added tokens right after them.
+  const int64_t count = static_cast<int64_t>(model_->token_to_id().size());
+  if (int64_t{max_id} >= kMaxIdSpread * count + kMaxIdSlack) {
+    return absl::InvalidArgumentError(absl::StrCat("model.vocab: ids run to ", max_id, " for ", count,
+                                                   " tokens; ids must stay below ", kMaxIdSpread, " x the tokens + ",
+                                                   kMaxIdSlack));
+  }
   tokens_.assign(static_cast<size_t>(max_id) + 1, TokenInfo{});
   for (const auto& [token, id] : model_->token_to_id()) {
     tokens_[id].present = true;

@@ -106,6 +106,18 @@ TEST(TokenizerErrorsTest, MalformedFields) {
   EXPECT_THAT(LoadStatus(json), StatusIs(Code::kUnimplemented, HasSubstr("truncation")));
 }
 
+// A vocabulary whose ids run far past its size would need an id table as large as the largest
+// id (a fuzzed file asked for 48 GB): refused by name. Gaps within the limit still load.
+TEST(TokenizerErrorsTest, IdsFarPastTheVocabularyAreRefused) {
+  auto json = MiniTokenizerJson({});
+  json["model"]["vocab"]["Ġfar"] = 666666214;
+  EXPECT_THAT(LoadStatus(json), StatusIs(Code::kInvalidArgument, HasSubstr("model.vocab: ids run to 666666214 for 257")));
+  json["model"]["vocab"]["Ġfar"] = 4 * 257 + 65536 - 1;
+  EXPECT_THAT(LoadStatus(json), IsOk());
+  json["model"]["vocab"]["Ġfar"] = 4 * 257 + 65536;
+  EXPECT_THAT(LoadStatus(json), StatusIs(Code::kInvalidArgument, HasSubstr("ids must stay below 4 x the tokens")));
+}
+
 TEST(TokenizerErrorsTest, Files) {
   EXPECT_THAT(Tokenizer::FromFile("/nonexistent/tokenizer.json"),
               StatusIs(Code::kNotFound, HasSubstr("/nonexistent/tokenizer.json")));
