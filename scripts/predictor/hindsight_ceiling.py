@@ -51,6 +51,7 @@ def main():
         sys.exit(f"the release has no entry for trace layers {missing}: another model's release?")
     fixed = [fixed_by_layer[lid] for lid in trace.layer_ids]
     E = trace.experts_per_layer
+    floating = [[x for x in range(E) if x not in fixed[l]] for l in range(trace.num_layers)]
     horizons = [int(h) for h in args.horizons.split(",")]
     # policy -> how it scores experts at a block starting at s of a sequence [b, e)
     policies = {"oracle (block's own top-F)": lambda b, e, s: window_counts(trace, s, min(s + args.block, e))}
@@ -69,9 +70,8 @@ def main():
             for name, score in policies.items():
                 counts = score(b, e, s)
                 for l in range(trace.num_layers):
-                    floating = [x for x in range(E) if x not in fixed[l]]
                     chosen = set() if counts is None else set(
-                        sorted(floating, key=lambda x: (-counts[l][x], x))[:args.slots])
+                        sorted(floating[l], key=lambda x: (-counts[l][x], x))[:args.slots])
                     served[name] += sum(block[l][x] for x in range(E) if x in fixed[l] or x in chosen)
     oracle = served["oracle (block's own top-F)"]
     print(f"{trace.num_tokens} tokens, {len(trace.sequences())} sequences, F = {args.slots}, "

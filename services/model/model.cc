@@ -881,15 +881,23 @@ absl::StatusOr<Tensor> Model::Nvfp4Moe(const Nvfp4Experts& w, const Tensor& xn, 
   return out;
 }
 
-absl::StatusOr<std::vector<float>> Model::Logits(const Tensor& hidden_normed, const Tensor& head) {
+absl::StatusOr<Tensor> Model::HeadLogits(const Tensor& hidden_normed, const Tensor& head) {
   const int64_t T = hidden_normed.shape().dim(0), Vr = head.shape().dim(0), W = options_.tp.world_size;
   ASSIGN_OR_RETURN(Tensor local, backend_.Allocate(kernels::DType::kF32, Shape{T, Vr}));
   RETURN_IF_ERROR(backend_.MatMul(hidden_normed, head, local));
-  if (W == 1) return kernels::DownloadFloats(backend_, local);
-  // Each rank holds a block of vocabulary columns; gather [W, T, Vr] and interleave to [T, V].
+  if (W == 1) return local;
+  // Each rank holds a block of vocabulary columns: gather them, [W, T, Vr].
   ASSIGN_OR_RETURN(Tensor gathered, backend_.Allocate(kernels::DType::kF32, Shape{W, T, Vr}));
   RETURN_IF_ERROR(comm_->AllGather(local, gathered));
+  return gathered;
+}
+
+absl::StatusOr<std::vector<float>> Model::Logits(const Tensor& hidden_normed, const Tensor& head) {
+  const int64_t T = hidden_normed.shape().dim(0), Vr = head.shape().dim(0), W = options_.tp.world_size;
+  ASSIGN_OR_RETURN(Tensor gathered, HeadLogits(hidden_normed, head));
   ASSIGN_OR_RETURN(std::vector<float> parts, kernels::DownloadFloats(backend_, gathered));
+  if (W == 1) return parts;
+  // Interleave the ranks' blocks [W, T, Vr] to [T, V].
   std::vector<float> logits(static_cast<size_t>(T * Vr * W));
   for (int64_t r = 0; r < W; ++r) {
     for (int64_t t = 0; t < T; ++t) {

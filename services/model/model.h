@@ -379,7 +379,11 @@ class Model {
   // The routed experts of an NVFP4-served layer through Backend::Nvfp4Moe (every expert
   // resident: no slots, no observer calls).
   absl::StatusOr<kernels::Tensor> Nvfp4Moe(const Nvfp4Experts& w, const kernels::Tensor& xn, const MoeRouting& routing);
-  // Norm, head (vocabulary rows of this rank) and all-gather into full logits.
+  // `head` over the normed states [T, D] on the backend: F32 [T, V] on one rank; a
+  // tensor-parallel rank's vocabulary block gathered from every rank, [W, T, Vr] (rank r's block
+  // r, so one row is the logits row itself).
+  absl::StatusOr<kernels::Tensor> HeadLogits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
+  // HeadLogits on the host, the ranks' blocks interleaved into full logits [T, V].
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.
   absl::Status RunStack(std::span<const int32_t> tokens, kernels::Tensor& x);
@@ -411,9 +415,6 @@ class Model {
     kernels::Tensor* sampled = nullptr;
   };
   absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound, const StepSampling* sample = nullptr);
-  // The head over the final states x [T, D]: logits F32 [T, vocab]. A tensor-parallel rank
-  // gathers the ranks' vocabulary blocks on the backend (StepGraphApplies allows it one row).
-  absl::StatusOr<kernels::Tensor> EnqueueLogits(const kernels::Tensor& x);
   // The logits' row length a graphed forward hands back: the whole vocabulary on every rank.
   int64_t StepGraphVocab() const;
   absl::Status EnqueueMtpStep(int index, const kernels::Tensor& ids, const kernels::Tensor& hidden,

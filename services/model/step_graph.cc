@@ -66,7 +66,9 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   }
   selection_.reset();  // memory allocated in a capture must be freed in it
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
-  ASSIGN_OR_RETURN(Tensor logits, EnqueueLogits(x));
+  // For one row the ranks' gathered blocks [W, 1, Vr] are the logits row (StepGraphApplies).
+  ASSIGN_OR_RETURN(Tensor logits, HeadLogits(x, weights_.lm_head));
+  RETURN_IF_ERROR(logits.Reshape(Shape{T, StepGraphVocab()}));
   auto* out = static_cast<std::byte*>(step_output_->data());
   // The step's result ahead of the final states: the sampled ids, or the logits.
   const Tensor* result = &logits;
@@ -106,18 +108,6 @@ absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& h
   auto* out = static_cast<std::byte*>(step_output_->data());
   RETURN_IF_ERROR(backend_.CopyToHostAsync(logits, std::span<std::byte>(out, logits.nbytes())));
   return backend_.CopyToHostAsync(u, std::span<std::byte>(out + logits.nbytes(), u.nbytes()));
-}
-
-absl::StatusOr<Tensor> Model::EnqueueLogits(const Tensor& x) {
-  const int64_t T = x.shape().dim(0), Vr = weights_.lm_head.shape().dim(0), W = options_.tp.world_size;
-  ASSIGN_OR_RETURN(Tensor local, backend_.Allocate(kernels::DType::kF32, Shape{T, Vr}));
-  RETURN_IF_ERROR(backend_.MatMul(x, weights_.lm_head, local));
-  if (W == 1) return local;
-  // Rank r holds vocabulary block r (Logits): for one row the gather's [W, 1, Vr] is the row.
-  ASSIGN_OR_RETURN(Tensor gathered, backend_.Allocate(kernels::DType::kF32, Shape{W, T, Vr}));
-  RETURN_IF_ERROR(comm_->AllGather(local, gathered));
-  RETURN_IF_ERROR(gathered.Reshape(Shape{T, W * Vr}));
-  return gathered;
 }
 
 int64_t Model::StepGraphVocab() const { return weights_.lm_head.shape().dim(0) * options_.tp.world_size; }
@@ -174,8 +164,6 @@ absl::StatusOr<bool> Model::RunStepGraph(StepGraph& g, const std::function<absl:
   }
   if (g.graph != nullptr) {
     RETURN_IF_ERROR(g.graph->Run());
-    // A collective the replay held may have been cut short (a peer died, the group aborted).
-    if (options_.tp.world_size > 1) RETURN_IF_ERROR(comm_->CheckCompleted());
     routing_log_ = g.routing_log;
     ++step_graph_stats_.replayed;
     return true;
@@ -256,6 +244,9 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     }
     return logits;
   }
+  // A collective the step held may have been cut short (a peer died, the group aborted): then
+  // the staging holds no step, and the cache keeps its length.
+  if (options_.tp.world_size > 1) RETURN_IF_ERROR(comm_->CheckCompleted());
   const auto* out = static_cast<const std::byte*>(step_output_->data());
   const auto* hidden = reinterpret_cast<const float*>(out + T * V * static_cast<int64_t>(sizeof(float)));
   last_hidden_.assign(hidden, hidden + T * D);

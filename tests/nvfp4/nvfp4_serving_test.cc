@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -266,6 +268,53 @@ TEST_F(Nvfp4ServingTest, TensorParallelDecodeStepsThroughTheGraphPathGiveTheOpBy
   EXPECT_EQ((*alone)->rank0().step_graph_stats().warmups, kDecodeTokens);
   EXPECT_TRUE((*graphed)->rank0().step_graph_stats().disabled.ok());
   EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
+}
+
+// A group's transport that reports the step's collectives cut short (NCCL's CheckCompleted after
+// an abort or a dead peer): the graphed step fails with the reason and hands on no logits, the
+// cache keeps its length, and once the transport is whole again the same step runs.
+class CutShortCommunicator final : public kernels::Communicator {
+ public:
+  explicit CutShortCommunicator(kernels::Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  absl::Status AllReduceSum(kernels::Tensor& data) override { return inner_->AllReduceSum(data); }
+  absl::Status AllGather(const kernels::Tensor& in, kernels::Tensor& out) override { return inner_->AllGather(in, out); }
+  absl::Status Broadcast(kernels::Tensor& data, int root) override { return inner_->Broadcast(data, root); }
+  absl::Status CheckCompleted() override {
+    return cut_short ? absl::UnavailableError("peer rank 1 died mid-step") : absl::OkStatus();
+  }
+  std::atomic<bool> cut_short{false};
+
+ private:
+  kernels::Communicator* inner_;
+};
+
+TEST_F(Nvfp4ServingTest, ATensorParallelGraphedStepCutShortFailsAndKeepsTheCache) {
+  const std::string dir = *dir_ + "/matched";
+  std::vector<std::unique_ptr<CutShortCommunicator>> comms(2);
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> group = model::LocalTpGroup::Load(
+      dir, 2, {.max_tokens = kMaxTokens, .uncaptured_step_graphs = true},
+      [&](kernels::Backend& backend, kernels::Communicator* comm,
+          model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
+        std::unique_ptr<CutShortCommunicator>& wrapped = comms[static_cast<size_t>(comm->rank())];
+        wrapped = std::make_unique<CutShortCommunicator>(comm);
+        ASSIGN_OR_RETURN(release::ServedModel served,
+                         release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, wrapped.get(), options));
+        return std::move(served.model);
+      });
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::vector<int32_t> prompt = Prompt();
+  ASSERT_THAT((*group)->Forward(prompt), ::nq::testing::IsOk());
+  const std::span<const int32_t> step(&prompt.back(), 1);
+  for (auto& c : comms) c->cut_short = true;
+  EXPECT_THAT((*group)->Forward(step), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer rank 1 died")));
+  EXPECT_EQ((*group)->rank0().cache_length(), kPromptTokens);
+  for (auto& c : comms) c->cut_short = false;
+  absl::StatusOr<std::vector<float>> again = (*group)->Forward(step);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*group)->rank0().cache_length(), kPromptTokens + 1);
+  EXPECT_EQ((*group)->rank0().step_graph_stats().warmups, 2);
 }
 
 // Tensor parallelism: each rank fuses its own gate and up rows and keeps its own down columns;
