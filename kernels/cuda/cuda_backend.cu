@@ -137,6 +137,8 @@ class CudaBackend final : public Backend {
   }
 
   bool CanCapture() const override { return true; }
+  // Every NqMoe path adds the low-rank corrections (nq_moe_low_rank.cuh).
+  bool AppliesNqLowRank() const override { return true; }
 
   // Thread-local mode: another thread's unrelated CUDA calls (the streamer's copies into a
   // device arena) neither break this capture nor are refused because of it.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch_dependent.cuh"
+#include "kernels/cuda/nq_moe_low_rank.cuh"
 #include "kernels/cuda/nq_moe_gemv.cuh"
 #include "kernels/cuda/nq_moe_vector.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -27,6 +28,9 @@ struct PrepParams {
   int xsum_parts = 0;     // per vector: gridDim.y * warps per block
   float* zero = nullptr;  // [A][zero_width]: the next GEMV's outputs, zeroed here
   int zero_width = 0;
+  // Where the GEMV's rotated input is kept in fp32 for the low-rank corrections (one row per
+  // token for gate/up, per assignment for down), or null when the layer has none.
+  float* rotated = nullptr;
 };
 
 // Warps of a preparation block (its last may be partial).
@@ -138,6 +142,9 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
   const float scale = rsqrtf(static_cast<float>(n));
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= scale;
   __syncthreads();
+  if (g.rotated != nullptr && k == 0) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) g.rotated[static_cast<std::int64_t>(t) * D + c0 + i] = chunk[i];
+  }
   const std::int64_t padded = NqGemvPaddedCols(D), planes = NqGemvInputPlanes(g.p.codec);
   for (int j = 0; j < 2; ++j) {
     const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;
@@ -184,6 +191,9 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqSwigluPrepKernel(const __
   const float d_scale = rsqrtf(static_cast<float>(db));
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= d_scale;
   __syncthreads();
+  if (g.rotated != nullptr) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) g.rotated[static_cast<std::int64_t>(a) * I + c0 + i] = chunk[i];
+  }
   WritePrepared(chunk, n, c0, g.proj[0].col_scales + static_cast<std::int64_t>(e) * I, ExpertGains(g.p, g.proj[0], e, I),
                 I, g.xh + static_cast<std::int64_t>(a) * NqGemvInputPlanes(g.p.codec) * NqGemvPaddedCols(I),
                 g.xsum + static_cast<std::int64_t>(a) * g.xsum_parts);
@@ -205,6 +215,9 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
   const int gate_parts = parts(D, p.input.block);
   const int n_down = static_cast<int>(std::max(p.gate_rows.block, p.down_cols.block));
   const int down_parts = parts(I, n_down);
+  // Low-rank corrections (nq_moe_low_rank.cuh): the preparations keep the rotated inputs in
+  // fp32 (xr, hh), and each GEMV with factors is followed by the kernel that adds them.
+  const bool low_rank = NqLowRankApplies(p);
   {
     const PrepParams prep{.p = p,
                           .proj = {p.gate, p.up},
@@ -213,7 +226,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                           .xsum = xsum,
                           .xsum_parts = gate_parts,
                           .zero = v.hg,
-                          .zero_width = static_cast<int>(2 * I)};
+                          .zero_width = static_cast<int>(2 * I),
+                          .rotated = low_rank ? v.xr : nullptr};
     const std::size_t smem = p.input.block * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqRotatePrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
@@ -233,6 +247,18 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                                 .out = v.hg,
                                 .out_stride = 2 * I},
                                ctx));
+  if (low_rank && (p.gate.lowrank_u != nullptr || p.up.lowrank_u != nullptr)) {
+    RETURN_IF_ERROR(LaunchNqLowRank({.p = p,
+                                     .proj = {p.gate, p.up},
+                                     .num_proj = 2,
+                                     .rows = static_cast<int>(I),
+                                     .cols = static_cast<int>(D),
+                                     .in = v.xr,
+                                     .in_per_assignment = false,
+                                     .out = v.hg,
+                                     .out_stride = 2 * I},
+                                    ctx));
+  }
   {
     const PrepParams prep{.p = p,
                           .proj = {p.down, p.down},
@@ -241,7 +267,8 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                           .xsum = xsum,
                           .xsum_parts = down_parts,
                           .zero = v.yd,
-                          .zero_width = static_cast<int>(D)};
+                          .zero_width = static_cast<int>(D),
+                          .rotated = low_rank ? v.hh : nullptr};
     const int n = n_down;
     const std::size_t smem = 2 * n * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqSwigluPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -262,6 +289,18 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                                 .out = v.yd,
                                 .out_stride = D},
                                ctx));
+  if (low_rank && p.down.lowrank_u != nullptr) {
+    RETURN_IF_ERROR(LaunchNqLowRank({.p = p,
+                                     .proj = {p.down, p.down},
+                                     .num_proj = 1,
+                                     .rows = static_cast<int>(D),
+                                     .cols = static_cast<int>(I),
+                                     .in = v.hh,
+                                     .in_per_assignment = true,
+                                     .out = v.yd,
+                                     .out_stride = D},
+                                    ctx));
+  }
   return LaunchNqCombine(v, ctx);
 }
 

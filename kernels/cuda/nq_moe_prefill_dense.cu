@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/nq_moe_prefill.cuh"
+#include "kernels/cuda/nq_moe_low_rank.cuh"
 #include "kernels/cuda/nq_moe_vector.cuh"
 #include "kernels/cuda/trellis_tile.cuh"
 #include "kernels/nq_moe.h"
@@ -258,6 +259,11 @@ absl::Status LaunchNqMoeDensePrefill(const NqMoeParams& p, void* workspace, std:
     RETURN_IF_ERROR(Dequantise(p, p.gate, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf], side));
     RETURN_IF_ERROR(Dequantise(p, p.up, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf] + I * D, side));
     RETURN_IF_ERROR(Dequantise(p, p.down, e, static_cast<int>(D), static_cast<int>(I), b.w_d[buf], side));
+    // Low-rank corrections go into the dequantised weights: the GEMMs then apply them.
+    RETURN_IF_ERROR(LaunchNqLowRankIntoDense(p, p.gate, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf], side));
+    RETURN_IF_ERROR(
+        LaunchNqLowRankIntoDense(p, p.up, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf] + I * D, side));
+    RETURN_IF_ERROR(LaunchNqLowRankIntoDense(p, p.down, e, static_cast<int>(D), static_cast<int>(I), b.w_d[buf], side));
     NQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready[buf], r.side));
 
     const int* order = b.order + offsets[e];

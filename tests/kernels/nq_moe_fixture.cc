@@ -109,6 +109,56 @@ NqProjection UploadProjection(Backend& backend, const NqProjectionHost& p, std::
   return out;
 }
 
+// The projection's resident low-rank factors, and where its residual-level ones lie in a slot.
+void UploadLowRank(Backend& backend, const NqProjectionHost& p, std::int64_t experts, std::int64_t rank,
+                   std::int64_t offset, NqProjection& out) {
+  if (p.lowrank_u.empty()) return;
+  out.lowrank_u = Upload(backend, p.lowrank_u, DType::kF32, {experts, p.rows, rank});
+  out.lowrank_v = Upload(backend, p.lowrank_v, DType::kF32, {experts, rank, p.cols});
+  out.lowrank_offset = offset;
+}
+
+// Expert e's residual-level factors of `p` as the slot holds them: fp16 U_r [rows][R], then V_r.
+void PackSlotLowRank(const NqProjectionHost& p, std::int64_t e, std::int64_t rank, std::uint8_t* dst) {
+  const std::int64_t nu = p.rows * rank, nv = rank * p.cols;
+  auto put = [&dst](float v) {
+    const std::uint16_t bits = ToF16(v).bits;
+    *dst++ = static_cast<std::uint8_t>(bits & 0xff);
+    *dst++ = static_cast<std::uint8_t>(bits >> 8);
+  };
+  for (std::int64_t k = 0; k < nu; ++k) put(p.lowrank_u4[e * nu + k]);
+  for (std::int64_t k = 0; k < nv; ++k) put(p.lowrank_v4[e * nv + k]);
+}
+
+// Factors of one projection: U[i][k] ~ N(0, 1) * scale * row_scale[i], V[k][j] ~ N(0, 1 / cols),
+// so (U V v)_i is about scale * row_scale[i] * |v| / sqrt(cols) against the GEMV's
+// row_scale[i] * |v| (levels and column scales near 1): scale 1/4 moves it by about a quarter.
+void RandomLowRank(std::mt19937_64& rng, NqProjectionHost& p, std::int64_t experts, std::int64_t rank) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto snap = [](float v) { return ToFloat(ToF16(v)); };
+  const float v_scale = 1.0f / std::sqrt(static_cast<float>(p.cols));
+  const float u_scale = 0.25f * std::sqrt(static_cast<float>(p.cols) / static_cast<float>(rank));
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const float on = e % 3 == 2 ? 0.0f : 1.0f;
+    for (int level = 0; level < 2; ++level) {
+      std::vector<float>& u = level == 0 ? p.lowrank_u : p.lowrank_u4;
+      std::vector<float>& v = level == 0 ? p.lowrank_v : p.lowrank_v4;
+      // The residual level corrects what is left at 4 bits: a smaller correction.
+      const float level_scale = level == 0 ? 1.0f : 0.25f;
+      for (std::int64_t i = 0; i < p.rows; ++i) {
+        for (std::int64_t k = 0; k < rank; ++k) {
+          const float value = on * level_scale * u_scale * p.row_scales[e * p.rows + i] * normal(rng);
+          u.push_back(level == 0 ? value : snap(value));
+        }
+      }
+      for (std::int64_t k = 0; k < rank * p.cols; ++k) {
+        const float value = on * v_scale * normal(rng);
+        v.push_back(level == 0 ? value : snap(value));
+      }
+    }
+  }
+}
+
 // Dense normalised Hadamard of width n with blocks of `block`, times diag(signs): the rotation R.
 std::vector<double> RotationMatrix(std::span<const float> signs, std::int64_t block) {
   const std::int64_t n = static_cast<std::int64_t>(signs.size());
@@ -145,7 +195,7 @@ float TrellisWeight(const NqProjectionHost& p, std::int64_t e, bool four_bit, st
 }
 
 // W = R_r^T W' R_c for expert e (rows x cols), W' from the codes.
-std::vector<double> DenseExpert(NqCodec codec, const NqProjectionHost& p, std::int64_t e, bool four_bit,
+std::vector<double> DenseExpert(NqCodec codec, const NqProjectionHost& p, std::int64_t R, std::int64_t e, bool four_bit,
                                 const std::vector<double>& rr, const std::vector<double>& rc) {
   const std::int64_t rows = p.rows, cols = p.cols;
   std::vector<double> wq(static_cast<size_t>(rows * cols));
@@ -153,6 +203,18 @@ std::vector<double> DenseExpert(NqCodec codec, const NqProjectionHost& p, std::i
     for (std::int64_t j = 0; j < cols; ++j) {
       const float q = codec == NqCodec::kTrellis ? TrellisWeight(p, e, four_bit, i, j) : ScalarWeight(p, e, four_bit, i, j);
       wq[i * cols + j] = static_cast<double>(p.row_scales[e * rows + i]) * q * p.col_scales[e * cols + j];
+    }
+  }
+  // W' += U_b V_b (+ U_r V_r at 4 bits): the low-rank corrections, in the same rotated domain.
+  if (R > 0 && !p.lowrank_u.empty()) {
+    for (int level = 0; level < (four_bit ? 2 : 1); ++level) {
+      const float* u = (level == 0 ? p.lowrank_u : p.lowrank_u4).data() + e * rows * R;
+      const float* v = (level == 0 ? p.lowrank_v : p.lowrank_v4).data() + e * R * cols;
+      for (std::int64_t i = 0; i < rows; ++i) {
+        for (std::int64_t k = 0; k < R; ++k) {
+          for (std::int64_t j = 0; j < cols; ++j) wq[i * cols + j] += static_cast<double>(u[i * R + k]) * v[k * cols + j];
+        }
+      }
     }
   }
   // tmp = W' R_c, then W = R_r^T tmp.
@@ -193,6 +255,15 @@ NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t in
   return h;
 }
 
+void AddRandomLowRank(std::mt19937_64& rng, NqMoeHost& host, std::int64_t rank, bool gate_up, bool down) {
+  host.lowrank_rank = rank;
+  if (gate_up) {
+    RandomLowRank(rng, host.gate, host.num_experts, rank);
+    RandomLowRank(rng, host.up, host.num_experts, rank);
+  }
+  if (down) RandomLowRank(rng, host.down, host.num_experts, rank);
+}
+
 NqMoeHost RandomTrellisNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate,
                              std::int64_t experts) {
   NqMoeHost h = RandomNqMoe(rng, hidden, intermediate, experts);
@@ -210,8 +281,19 @@ NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const
   const std::int64_t down_plane = NqPlaneBytes(host.down.rows, host.down.cols);
   const std::int64_t up_offset = RoundUp(gate_plane, kSegmentAlign);
   const std::int64_t down_offset = up_offset + RoundUp(gate_plane, kSegmentAlign);
-  const std::int64_t slot_bytes = RoundUp(down_offset + down_plane, kRecordAlign);
+  // Each projection's residual-level low-rank factors after the planes, where it has them.
+  const std::int64_t R = host.lowrank_rank;
+  std::int64_t end = down_offset + down_plane;
+  std::int64_t lowrank_offset[3] = {-1, -1, -1};
+  const NqProjectionHost* projections[3] = {&host.gate, &host.up, &host.down};
+  for (int j = 0; j < 3; ++j) {
+    if (R == 0 || projections[j]->lowrank_u.empty()) continue;
+    lowrank_offset[j] = RoundUp(end, kSegmentAlign);
+    end = lowrank_offset[j] + NqLowRankBytes(projections[j]->rows, projections[j]->cols, R);
+  }
+  const std::int64_t slot_bytes = RoundUp(end, kRecordAlign);
   NqMoeDevice d;
+  d.weights.lowrank_rank = R;
   d.weights.codec = host.codec;
   d.weights.hidden = host.hidden;
   d.weights.intermediate = host.intermediate;
@@ -219,6 +301,11 @@ NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const
   d.weights.gate = UploadProjection(backend, host.gate, E, 0);
   d.weights.up = UploadProjection(backend, host.up, E, up_offset);
   d.weights.down = UploadProjection(backend, host.down, E, down_offset);
+  if (R > 0) {
+    UploadLowRank(backend, host.gate, E, R, lowrank_offset[0], d.weights.gate);
+    UploadLowRank(backend, host.up, E, R, lowrank_offset[1], d.weights.up);
+    UploadLowRank(backend, host.down, E, R, lowrank_offset[2], d.weights.down);
+  }
   d.weights.input = {Upload(backend, host.input_signs, DType::kF32, {host.hidden}), host.input_block};
   d.weights.gate_rows = {Upload(backend, host.gate_row_signs, DType::kF32, {host.intermediate}), host.gate_row_block};
   d.weights.down_cols = {Upload(backend, host.down_col_signs, DType::kF32, {host.intermediate}), host.down_col_block};
@@ -237,6 +324,9 @@ NqMoeDevice UploadNqMoe(Backend& backend, const NqMoeHost& host, std::span<const
     std::copy_n(host.gate.residual.begin() + e * gate_plane, gate_plane, slot);
     std::copy_n(host.up.residual.begin() + e * gate_plane, gate_plane, slot + up_offset);
     std::copy_n(host.down.residual.begin() + e * down_plane, down_plane, slot + down_offset);
+    for (int j = 0; j < 3; ++j) {
+      if (lowrank_offset[j] >= 0) PackSlotLowRank(*projections[j], e, R, slot + lowrank_offset[j]);
+    }
   }
   d.arena = UploadBytes(backend, arena, Shape{static_cast<std::int64_t>(arena.size())});
   d.slot_table = UploadI32(backend, slot_of_expert, {E});
@@ -271,9 +361,9 @@ std::vector<double> DenseNqMoeReference(const NqMoeHost& h, std::span<const floa
     for (std::int64_t k = 0; k < top_k; ++k) {
       const std::int32_t e = ids[t * top_k + k];
       const bool four = slot_of_expert[e] >= 0;
-      const std::vector<double> wg = DenseExpert(h.codec, h.gate, e, four, r_g, r_in);
-      const std::vector<double> wu = DenseExpert(h.codec, h.up, e, four, r_g, r_in);
-      const std::vector<double> wd = DenseExpert(h.codec, h.down, e, four, r_dr, r_dc);
+      const std::vector<double> wg = DenseExpert(h.codec, h.gate, h.lowrank_rank, e, four, r_g, r_in);
+      const std::vector<double> wu = DenseExpert(h.codec, h.up, h.lowrank_rank, e, four, r_g, r_in);
+      const std::vector<double> wd = DenseExpert(h.codec, h.down, h.lowrank_rank, e, four, r_dr, r_dc);
       std::vector<double> act(static_cast<size_t>(I));
       for (std::int64_t i = 0; i < I; ++i) {
         double g = 0, u = 0;

@@ -19,6 +19,10 @@ struct NqProjectionHost {
   std::vector<float> row_scales, col_scales;
   std::vector<float> levels;  // nested_scalar_v1: [E][kNqLevelTable]
   std::vector<float> gains;   // trellis_v1: [E][cols / 16][2] (base, residual)
+  // Low-rank corrections (kernels/nq_moe.h), empty where this projection has none: the resident
+  // factors U_b [E][rows][R] and V_b [E][R][cols], and the residual level's U_r, V_r of the same
+  // shapes (values on the fp16 grid: the slot record holds them as fp16).
+  std::vector<float> lowrank_u, lowrank_v, lowrank_u4, lowrank_v4;
 };
 
 struct NqMoeHost {
@@ -27,6 +31,7 @@ struct NqMoeHost {
   NqProjectionHost gate, up, down;
   std::vector<float> input_signs, gate_row_signs, down_col_signs, down_row_signs;
   std::int64_t input_block = 0, gate_row_block = 0, down_col_block = 0, down_row_block = 0;
+  std::int64_t lowrank_rank = 0;  // R, 0 without low-rank corrections
 };
 
 // Codes uniform, scales and levels like a rotated, scaled real expert (levels near the
@@ -41,7 +46,14 @@ NqMoeHost RandomNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t in
 NqMoeHost RandomTrellisNqMoe(std::mt19937_64& rng, std::int64_t hidden, std::int64_t intermediate,
                              std::int64_t experts);
 
+// Random low-rank factors of rank R on gate and up (gate_up) and/or down, sized so that the
+// correction moves each projection's output by about a quarter of its RMS at either level.
+// Every third expert (e % 3 == 2) gets zero factors, as an expert the encoder left alone.
+void AddRandomLowRank(std::mt19937_64& rng, NqMoeHost& host, std::int64_t rank, bool gate_up, bool down);
+
 // The layer on `backend`: slot_of_expert[e] >= 0 puts expert e's residuals in that slot.
+// Projections with low-rank factors get them uploaded, their residual-level factors in each
+// slot's record after the residual planes (fp16, quant::PackLowRank's layout).
 // scattered_slots: the records lie in reverse slot order with a record-sized gap before each,
 // reached through NqSlots::slot_records (slots lent by the free KV cache, issue #23).
 struct NqMoeDevice {

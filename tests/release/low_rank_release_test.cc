@@ -334,8 +334,8 @@ TEST_F(LowRankReleaseTest, ManifestVersionAndLowRankParameterGoTogether) {
   EXPECT_THAT(ReleaseLowRank(*parsed), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("max_rank 9")));
 }
 
-// Host memory and copies only, and no low-rank support: what the CUDA backend is to these
-// releases until its kernels apply the factors (Backend::AppliesNqLowRank).
+// Host memory and copies only, and no low-rank support: what a backend whose kernels do not apply
+// the factors (Backend::AppliesNqLowRank) is to these releases.
 class HostStorage final : public kernels::Storage {
  public:
   explicit HostStorage(std::size_t bytes) : Storage(std::calloc(bytes == 0 ? 1 : bytes, 1), bytes) {}

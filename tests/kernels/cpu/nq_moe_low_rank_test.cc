@@ -1,11 +1,14 @@
 // The CPU NqMoe op's low-rank corrections (kernels/nq_moe.h, issue #16): resident factors move
 // only their own expert's output, at both precisions; a slot's factors only at 4 bits; all-zero
 // factors change nothing. Their argument checks, by name. (The release tests compare the op with
-// corrections against the dense decoder: tests/release/low_rank_release_test.cc.)
+// corrections against the dense decoder: tests/release/low_rank_release_test.cc.) And the op with
+// the fixture's random factors on every projection against the fixture's dense reference, which
+// the CUDA tests then take as given (tests/kernels/cuda/nq_moe_low_rank_test.cc).
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
@@ -18,6 +21,7 @@ namespace {
 using ::nq::kernels::testing::Download;
 using ::nq::kernels::testing::MakeCpuBackend;
 using ::nq::kernels::testing::MakeRng;
+using ::nq::kernels::testing::NormalizedError;
 using ::nq::kernels::testing::RandomNormal;
 using ::nq::kernels::testing::Upload;
 using ::nq::kernels::testing::UploadI32;
@@ -134,6 +138,33 @@ TEST_F(CpuNqMoeLowRank, RefusesInconsistentFactorsByName) {
   layer.weights.lowrank_rank = 5;
   EXPECT_THAT(cpu_->NqMoe(tx, ids, weights, layer.weights, layer.slots, *out),
               testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lowrank_rank 5")));
+}
+
+TEST(CpuNqMoeLowRankFixture, FactorsOnEveryProjectionMatchTheDenseReferenceAndMatter) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  std::mt19937_64 rng = MakeRng(4205);
+  constexpr std::int64_t kDim = 64, kInter = 32, kExperts = 6, kTopK = 3, kTokens = 4;
+  for (const NqCodec codec : {NqCodec::kNestedScalar, NqCodec::kTrellis}) {
+    const testing::NqMoeHost plain = codec == NqCodec::kTrellis
+                                         ? testing::RandomTrellisNqMoe(rng, kDim, kInter, kExperts)
+                                         : testing::RandomNqMoe(rng, kDim, kInter, kExperts);
+    testing::NqMoeHost corrected = plain;
+    testing::AddRandomLowRank(rng, corrected, 3, /*gate_up=*/true, /*down=*/true);
+    const std::vector<float> x = RandomNormal(rng, kTokens * kDim, 1.0f);
+    const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, kTokens, kTopK, kExperts, kExperts);
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE(absl::StrCat("codec ", static_cast<int>(codec), " mode ", mode));
+      const std::vector<std::int32_t> slots = testing::NqMoeSlots(rng, kExperts, mode);
+      const std::vector<float> got = testing::RunNqMoe(*cpu, corrected, slots, x, routing, kTopK);
+      const std::vector<double> want =
+          testing::DenseNqMoeReference(corrected, x, routing.ids, routing.weights, kTopK, slots);
+      EXPECT_LT(NormalizedError(got, want), 1e-5);
+      // The corrections are large enough that a backend that dropped or misplaced them fails the
+      // CUDA tests' 2e-3 tolerance many times over.
+      const std::vector<float> without = testing::RunNqMoe(*cpu, plain, slots, x, routing, kTopK);
+      EXPECT_GT(NormalizedError(without, want), 0.05);
+    }
+  }
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 // weight bytes the block must read, and their rate over the device-to-device copy bandwidth
 // measured in the same run.
 //
-//   nq_moe_bench [--quick] [--model=dsv3|glm5] [--codec=scalar|trellis]
+//   nq_moe_bench [--quick] [--model=dsv3|glm5] [--codec=scalar|trellis] [--lowrank=R]
 //     --quick: 1 and 4 tokens only; --model, --codec: that shape or codec only (a device call's
-//     experiment can time just the rows it changes, several times over)
+//     experiment can time just the rows it changes, several times over); --lowrank: every expert
+//     with rank-R low-rank corrections on all three projections (issue #16; the worst case: the
+//     encoder corrects only experts with outlier channels)
 //
 // Both codecs (nested_scalar_v1, trellis_v1) on the same random planes: the bytes read are the
 // same, the decode work is not.
@@ -85,7 +87,7 @@ void UseBaseGrid(Layer& l, bool even) {
   l.p.down.levels = t[2];
 }
 
-Layer MakeLayer(const Model& m, std::int64_t experts) {
+Layer MakeLayer(const Model& m, std::int64_t experts, std::int64_t lowrank) {
   Layer l;
   const std::int64_t D = m.hidden, I = m.intermediate, plane = NqPlaneBytes(I, D);
   std::mt19937_64 rng(7);
@@ -133,13 +135,33 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
     return v;
   };
   const std::int64_t seg = (plane + 255) / 256 * 256;
-  l.slot_bytes = (3 * seg + 4095) / 4096 * 4096;
+  // Low-rank factors: resident F32 per projection, and fp16 ones in each slot after the planes.
+  const std::int64_t factors_in_slot[3] = {NqLowRankBytes(I, D, lowrank), NqLowRankBytes(I, D, lowrank),
+                                           NqLowRankBytes(D, I, lowrank)};
+  std::int64_t slot_end = 3 * seg;
+  std::int64_t lowrank_offset[3] = {-1, -1, -1};
+  for (int j = 0; j < 3 && lowrank > 0; ++j) {
+    lowrank_offset[j] = slot_end;
+    slot_end = (slot_end + factors_in_slot[j] + 255) / 256 * 256;
+  }
+  l.slot_bytes = (slot_end + 4095) / 4096 * 4096;
   l.p.hidden = D;
   l.p.intermediate = I;
   l.p.num_experts = experts;
   l.p.gate = projection(I, D, 0);
   l.p.up = projection(I, D, seg);
   l.p.down = projection(D, I, 2 * seg);
+  l.p.lowrank_rank = lowrank;
+  if (lowrank > 0) {
+    std::uniform_real_distribution<float> factor(-0.01f, 0.01f);
+    NqProjectionView* views[3] = {&l.p.gate, &l.p.up, &l.p.down};
+    for (int j = 0; j < 3; ++j) {
+      const std::int64_t rows = j < 2 ? I : D, cols = j < 2 ? D : I;
+      views[j]->lowrank_u = floats(experts * rows * lowrank, factor);
+      views[j]->lowrank_v = floats(experts * lowrank * cols, factor);
+      views[j]->lowrank_offset = lowrank_offset[j];
+    }
+  }
   std::bernoulli_distribution coin(0.5);
   auto signs = [&](std::int64_t n) {
     std::vector<float> s(static_cast<size_t>(n));
@@ -155,6 +177,11 @@ Layer MakeLayer(const Model& m, std::int64_t experts) {
   void* arena = nullptr;
   BENCH_CHECK(cudaMalloc(&arena, experts * l.slot_bytes));
   FillRandom(arena, experts * l.slot_bytes, 99);
+  // The slots' factors as zeros, not random bits (which would include fp16 NaNs).
+  for (int j = 0; j < 3 && lowrank > 0; ++j) {
+    BENCH_CHECK(cudaMemset2D(static_cast<std::uint8_t*>(arena) + lowrank_offset[j], l.slot_bytes, 0,
+                             factors_in_slot[j], experts));
+  }
   l.owned.push_back(arena);
   l.p.arena = static_cast<const std::uint8_t*>(arena);
   l.p.slot_bytes = l.slot_bytes;
@@ -208,6 +235,8 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, Path path, std::int64_t to
     std::set<std::int32_t> distinct(ids.begin() + t0 * K, ids.begin() + std::min(tokens, t0 + chunk) * K);
     for (std::int32_t e : distinct) {
       bytes += 3.0 * plane * (slots[e] >= 0 ? 2 : 1) + 4.0 * (3 * m.intermediate + 3 * m.hidden) + 4 * 20 * 3;
+      // Low-rank factors: F32 resident, fp16 in the slot (3 projections, rows + cols each).
+      bytes += 3.0 * l.p.lowrank_rank * (m.intermediate + m.hidden) * (4 + (slots[e] >= 0 ? 2 : 0));
     }
   }
   NqMoeParams p = l.p;
@@ -279,10 +308,12 @@ void RunCase(const Model& m, Layer& l, NqCodec codec, Path path, std::int64_t to
   BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
   const double us = ms * 1e3 / iters;
   const char* mode_name[] = {"2-bit", "4-bit", "half/half"};
-  std::printf("%-5s %-8s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s\n",
-              m.name, codec == NqCodec::kTrellis ? "trellis" : b.scalar_name, static_cast<long long>(tokens),
-              mode_name[mode], path == Path::kDecode ? "decode" : path == Path::kGroupedPrefill ? "grouped" : "dense", us,
-              bytes / 1e6, bytes / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / copy_bw, flops / (us * 1e-6) / 1e12);
+  std::printf(
+      "%-5s %-8s T=%-5lld %-9s %-7s %10.1f us  %8.1f MB  %6.2f TB/s  ratio to copy %.3f  %7.1f TFLOP/s  lowrank %lld\n",
+      m.name, codec == NqCodec::kTrellis ? "trellis" : b.scalar_name, static_cast<long long>(tokens), mode_name[mode],
+      path == Path::kDecode ? "decode" : path == Path::kGroupedPrefill ? "grouped" : "dense", us, bytes / 1e6,
+      bytes / (us * 1e-6) / 1e12, bytes / (us * 1e-6) / copy_bw, flops / (us * 1e-6) / 1e12,
+      static_cast<long long>(l.p.lowrank_rank));
   std::fflush(stdout);
   if (exec != nullptr) cudaGraphExecDestroy(exec);
   cudaEventDestroy(start);
@@ -297,6 +328,7 @@ int main(int argc, char** argv) {
   using namespace nq::kernels;
   bool quick = false;
   std::string only_model, only_codec;
+  int lowrank = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
@@ -305,8 +337,11 @@ int main(int argc, char** argv) {
       only_model = arg.substr(8);
     } else if (arg.rfind("--codec=", 0) == 0) {
       only_codec = arg.substr(8);
+    } else if (arg.rfind("--lowrank=", 0) == 0 && arg.size() == 11 && arg[10] >= '0' &&
+               arg[10] - '0' <= kNqMaxLowRank) {
+      lowrank = arg[10] - '0';
     } else {
-      std::fprintf(stderr, "usage: nq_moe_bench [--quick] [--model=dsv3|glm5] [--codec=scalar|trellis]\n");
+      std::fprintf(stderr, "usage: nq_moe_bench [--quick] [--model=dsv3|glm5] [--codec=scalar|trellis] [--lowrank=0..4]\n");
       return 2;
     }
   }
@@ -330,7 +365,7 @@ int main(int argc, char** argv) {
   }
   for (const Model& m : {Model{"dsv3", 7168, 2048, 32, 8}, Model{"glm5", 6144, 2048, 256, 8}}) {
     if (!only_model.empty() && only_model != m.name) continue;
-    Layer layer = MakeLayer(m, m.routed + 1);
+    Layer layer = MakeLayer(m, m.routed + 1, lowrank);
     const std::int64_t K = m.top_k + 1, E = m.routed + 1;
     bench.workspace_bytes = std::max({cuda::NqMoeWorkspaceBytes(K, m.hidden, m.intermediate),
                                       cuda::NqMoePrefillWorkspaceBytes(K, m.hidden, m.intermediate, E),
