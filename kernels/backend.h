@@ -65,7 +65,7 @@ class Backend {
   virtual std::string DeviceDescription() const = 0;
   // Whether NqMoe applies the low-rank corrections of kernels/nq_moe.h (issue #16). A backend that
   // does not refuses a layer that has them (FailedPrecondition) rather than serving it without:
-  // the CPU reference applies them; the CUDA kernels do not yet.
+  // the CPU and CUDA backends apply them.
   virtual bool AppliesNqLowRank() const { return false; }
   // Unique per backend instance in this process; tensors carry it (Tensor::backend_id()).
   std::uint64_t id() const { return id_; }

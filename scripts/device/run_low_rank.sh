@@ -55,6 +55,15 @@ if left 450; then
   NQ_SANITIZE_SMALL=1 timeout 90 compute-sanitizer --tool memcheck --error-exitcode 3 $B/cuda_vs_cpu_ops_test \
     --gtest_filter='CudaNqMoeLowRank*' --gtest_brief=1 2>&1 | tail -3; echo "memcheck rc=${PIPESTATUS[0]}"
 fi
+stamp "#23: a layer-major prefill with 4 own slots, borrowing room from the free KV cache or not"
+if left 470; then
+  for borrow in true false true false; do
+    $B/nq bench-prefill --model=$M --release=$M/release --backend=cuda --expert_bits=2 --prefill_lengths=1536 \
+      --prefill_rounds=2 --prefill_chunk_tokens=512 --layer_major_prefill_tokens=1024 --prefill_expert_slots=4 \
+      --prefill_full_span_tokens=1536 --max_model_len=4096 --prefill_borrow_kv=$borrow > /tmp/borrow.log 2>&1
+    echo "== borrow=$borrow rc=$?"; grep -vE "^\s*$" /tmp/borrow.log | tail -3
+  done
+fi
 if left 520; then
   NQ_SANITIZE_SMALL=1 timeout 60 compute-sanitizer --tool racecheck --error-exitcode 3 $B/cuda_vs_cpu_ops_test \
     --gtest_filter='CudaNqMoeLowRank*' --gtest_brief=1 2>&1 | tail -3; echo "racecheck rc=${PIPESTATUS[0]}"
