@@ -130,9 +130,13 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
   // The gate/up GEMV adds into its outputs: zero this assignment's, a slice per block.
   float* out = g.zero + static_cast<std::int64_t>(a) * g.zero_width;
   for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < g.zero_width; i += gridDim.y * blockDim.x) out[i] = 0.0f;
-  if (e < 0 || e >= g.p.num_experts) return;
+  const bool valid = e >= 0 && e < g.p.num_experts;
+  // The token's rotated input for the low-rank corrections comes from its k == 0 blocks, whose
+  // expert may be invalid while another of the token's is not: they rotate regardless.
+  const bool keeps_rotated = g.rotated != nullptr && k == 0;
+  if (!valid && !keeps_rotated) return;
   // The column scales are read after the rotation: start pulling them into L2 now.
-  for (int i = threadIdx.x; i < n && g.p.codec != NqCodec::kTrellis; i += blockDim.x) {
+  for (int i = threadIdx.x; valid && i < n && g.p.codec != NqCodec::kTrellis; i += blockDim.x) {
     PrefetchL2(g.proj[0].col_scales + std::int64_t{e} * D + c0 + i);
     PrefetchL2(g.proj[1].col_scales + std::int64_t{e} * D + c0 + i);
   }
@@ -142,9 +146,10 @@ __global__ void __launch_bounds__(kVectorMaxThreads) NqRotatePrepKernel(const __
   const float scale = rsqrtf(static_cast<float>(n));
   for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] *= scale;
   __syncthreads();
-  if (g.rotated != nullptr && k == 0) {
+  if (keeps_rotated) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) g.rotated[static_cast<std::int64_t>(t) * D + c0 + i] = chunk[i];
   }
+  if (!valid) return;
   const std::int64_t padded = NqGemvPaddedCols(D), planes = NqGemvInputPlanes(g.p.codec);
   for (int j = 0; j < 2; ++j) {
     const std::int64_t vec = static_cast<std::int64_t>(a) * 2 + j;

@@ -76,5 +76,36 @@ TEST(CudaNqMoeLowRank, MatchesCpuOnEveryPath) {
   }
 }
 
+// The decode path keeps each token's rotated input from its first assignment's blocks: an invalid
+// first expert id (the kernels skip such assignments) must not leave the token's other experts
+// uncorrected. The CPU op refuses invalid ids, so its oracle names an unused expert at weight 0.
+TEST(CudaNqMoeLowRank, AnInvalidFirstExpertLeavesTheTokensOthersCorrected) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4307);
+  ErrorSummary summary("NqMoe with low-rank corrections, invalid first ids", kTolerance);
+  constexpr std::int64_t kDim = 256, kInter = 64, kExperts = 12, kTopK = 4;
+  testing::NqMoeHost host = testing::RandomNqMoe(rng, kDim, kInter, kExperts);
+  testing::AddRandomLowRank(rng, host, 2, /*gate_up=*/true, /*down=*/true);
+  for (const std::int64_t tokens : {1, 4, 64}) {
+    const std::vector<float> x = RandomNormal(rng, tokens * kDim, 1.0f);
+    // Experts drawn from the first 2K only, so expert kExperts - 1 is never routed: the oracle's
+    // stand-in for the invalid id.
+    const testing::NqMoeRouting routing = testing::RandomNqMoeRouting(rng, tokens, kTopK, kExperts, 2 * kTopK);
+    testing::NqMoeRouting invalid = routing, oracle = routing;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      invalid.ids[t * kTopK] = -1;
+      oracle.ids[t * kTopK] = static_cast<std::int32_t>(kExperts - 1);
+      oracle.weights[t * kTopK] = 0.0f;
+    }
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE(absl::StrCat("T ", tokens, " mode ", mode));
+      const std::vector<std::int32_t> slots = testing::NqMoeSlots(rng, kExperts, mode);
+      const std::vector<float> want = testing::RunNqMoe(*Backends().cpu, host, slots, x, oracle, kTopK);
+      const std::vector<float> got = testing::RunNqMoe(*Backends().cuda, host, slots, x, invalid, kTopK);
+      summary.Add(NormalizedError(got, want));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nq::kernels
