@@ -117,13 +117,18 @@ __global__ void __launch_bounds__(kThreads) DequantScalarKernel(const __grid_con
   const std::uint32_t res = residual != nullptr ? residual[w] : 0u;
   const float rs = d.proj.row_scales[static_cast<std::int64_t>(d.expert) * d.rows + row];
   const float* cs = d.proj.col_scales + static_cast<std::int64_t>(d.expert) * d.cols + c0;
-  __align__(16) __half out[kCodesPerWord];
+  float w16[kCodesPerWord];
 #pragma unroll
   for (int i = 0; i < kCodesPerWord; ++i) {
     const int b = (base >> (2 * i)) & 3;
     const float q = residual != nullptr ? levels[kNqBaseLevels + 4 * b + ((res >> (2 * i)) & 3)] : levels[b];
-    out[i] = __float2half_rn(rs * q * cs[i]);
+    w16[i] = rs * q * cs[i];
   }
+  // Low-rank corrections (nq_moe_low_rank.cuh) into the weights: the GEMMs then apply them.
+  AddLowRankRun(d.p, d.proj, d.expert, d.rows, d.cols, row, c0, w16);
+  __align__(16) __half out[kCodesPerWord];
+#pragma unroll
+  for (int i = 0; i < kCodesPerWord; ++i) out[i] = __float2half_rn(w16[i]);
   uint4* dst = reinterpret_cast<uint4*>(d.out + static_cast<std::int64_t>(row) * d.cols + c0);
   dst[0] = reinterpret_cast<const uint4*>(out)[0];
   dst[1] = reinterpret_cast<const uint4*>(out)[1];
@@ -152,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) DequantTrellisKernel(const __grid_co
   const float rs = d.proj.row_scales[static_cast<std::int64_t>(d.expert) * d.rows + row];
   const int c0 = tj * trellis::kTileDim;
   const float* cs = d.proj.col_scales + static_cast<std::int64_t>(d.expert) * d.cols + c0;
-  __align__(16) __half out[trellis::kTileDim];
+  float w16[trellis::kTileDim];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float2 b = __half22float2(sb[i]);
@@ -162,9 +167,13 @@ __global__ void __launch_bounds__(kThreads) DequantTrellisKernel(const __grid_co
       q.x += gr * r.x;
       q.y += gr * r.y;
     }
-    out[2 * i] = __float2half_rn(rs * q.x * cs[2 * i]);
-    out[2 * i + 1] = __float2half_rn(rs * q.y * cs[2 * i + 1]);
+    w16[2 * i] = rs * q.x * cs[2 * i];
+    w16[2 * i + 1] = rs * q.y * cs[2 * i + 1];
   }
+  AddLowRankRun(d.p, d.proj, d.expert, d.rows, d.cols, row, c0, w16);
+  __align__(16) __half out[trellis::kTileDim];
+#pragma unroll
+  for (int i = 0; i < trellis::kTileDim; ++i) out[i] = __float2half_rn(w16[i]);
   uint4* dst = reinterpret_cast<uint4*>(d.out + static_cast<std::int64_t>(row) * d.cols + c0);
   dst[0] = reinterpret_cast<const uint4*>(out)[0];
   dst[1] = reinterpret_cast<const uint4*>(out)[1];
@@ -259,11 +268,6 @@ absl::Status LaunchNqMoeDensePrefill(const NqMoeParams& p, void* workspace, std:
     RETURN_IF_ERROR(Dequantise(p, p.gate, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf], side));
     RETURN_IF_ERROR(Dequantise(p, p.up, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf] + I * D, side));
     RETURN_IF_ERROR(Dequantise(p, p.down, e, static_cast<int>(D), static_cast<int>(I), b.w_d[buf], side));
-    // Low-rank corrections go into the dequantised weights: the GEMMs then apply them.
-    RETURN_IF_ERROR(LaunchNqLowRankIntoDense(p, p.gate, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf], side));
-    RETURN_IF_ERROR(
-        LaunchNqLowRankIntoDense(p, p.up, e, static_cast<int>(I), static_cast<int>(D), b.w_gu[buf] + I * D, side));
-    RETURN_IF_ERROR(LaunchNqLowRankIntoDense(p, p.down, e, static_cast<int>(D), static_cast<int>(I), b.w_d[buf], side));
     NQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready[buf], r.side));
 
     const int* order = b.order + offsets[e];
