@@ -892,6 +892,17 @@ absl::StatusOr<Tensor> Model::HeadLogits(const Tensor& hidden_normed, const Tens
   return gathered;
 }
 
+absl::StatusOr<Tensor> Model::InterleaveRankBlocks(Tensor gathered) {
+  const int64_t W = gathered.shape().dim(0), T = gathered.shape().dim(1), Vr = gathered.shape().dim(2);
+  RETURN_IF_ERROR(gathered.Reshape(Shape{W * T, Vr}));
+  ASSIGN_OR_RETURN(Tensor rows, backend_.Allocate(kernels::DType::kF32, Shape{T * W, Vr}));
+  // Row t * W + r of the result (token t's block of rank r) is row r * T + t of the gathered ones.
+  for (int64_t r = 0; r < W; ++r) {
+    for (int64_t t = 0; t < T; ++t) RETURN_IF_ERROR(backend_.CopyRows(gathered, r * T + t, rows, t * W + r, 1));
+  }
+  return rows;
+}
+
 absl::StatusOr<std::vector<float>> Model::Logits(const Tensor& hidden_normed, const Tensor& head) {
   const int64_t T = hidden_normed.shape().dim(0), Vr = head.shape().dim(0), W = options_.tp.world_size;
   ASSIGN_OR_RETURN(Tensor gathered, HeadLogits(hidden_normed, head));

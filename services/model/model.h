@@ -383,6 +383,9 @@ class Model {
   // tensor-parallel rank's vocabulary block gathered from every rank, [W, T, Vr] (rank r's block
   // r, so one row is the logits row itself).
   absl::StatusOr<kernels::Tensor> HeadLogits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
+  // A tensor-parallel rank's gathered blocks [W, T, Vr] as logits rows [T, W * Vr] on the backend
+  // (the step graph's steps of more than one token): W * T row copies, which a graph records.
+  absl::StatusOr<kernels::Tensor> InterleaveRankBlocks(kernels::Tensor gathered);
   // HeadLogits on the host, the ranks' blocks interleaved into full logits [T, V].
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.

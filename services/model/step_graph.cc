@@ -29,12 +29,13 @@ bool Model::StepGraphApplies(size_t tokens, int mtp_index) const {
   if (lookahead_observer_) return false;  // the lookahead routes on the host between layers
   if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens)) return false;
   if (options_.tp.world_size > 1) {
-    // A tensor-parallel rank graphs its plain decode steps when its collectives can be recorded
-    // (NCCL). One token only: the vocabulary-sharded head's gather [W, 1, Vr] is then the
-    // logits row itself (more rows would need a device-side interleave), and the MTP head is
-    // sharded alike. Every rank takes the same path for the same step, so the collectives match.
+    // A tensor-parallel rank graphs its decode and verification steps when its collectives can be
+    // recorded (NCCL): the vocabulary-sharded head's gather [W, T, Vr] becomes logits rows on the
+    // device (InterleaveRankBlocks). Not the MTP layers' steps: their heads are sharded alike and
+    // EnqueueMtpStep does not gather them. Every rank takes the same path for the same step, so
+    // the collectives match.
     const bool records = comm_ != nullptr && (comm_->CanCapture() || options_.uncaptured_step_graphs);
-    if (!records || tokens != 1 || mtp_index >= 0) return false;
+    if (!records || mtp_index >= 0) return false;
   }
   // Packed and NVFP4 layers both route on the device (NVFP4's graphed tokens were checked against
   // op-by-op ones on the H200: scripts/device/run_side_streams.sh's nvfp4 section).
@@ -66,8 +67,11 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   }
   selection_.reset();  // memory allocated in a capture must be freed in it
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
-  // For one row the ranks' gathered blocks [W, 1, Vr] are the logits row (StepGraphApplies).
+  // For one row the ranks' gathered blocks [W, 1, Vr] are the logits row; more are interleaved.
   ASSIGN_OR_RETURN(Tensor logits, HeadLogits(x, weights_.lm_head));
+  if (options_.tp.world_size > 1 && T > 1) {
+    ASSIGN_OR_RETURN(logits, InterleaveRankBlocks(std::move(logits)));
+  }
   RETURN_IF_ERROR(logits.Reshape(Shape{T, StepGraphVocab()}));
   auto* out = static_cast<std::byte*>(step_output_->data());
   // The step's result ahead of the final states: the sampled ids, or the logits.

@@ -270,6 +270,55 @@ TEST_F(Nvfp4ServingTest, TensorParallelDecodeStepsThroughTheGraphPathGiveTheOpBy
   EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
 }
 
+// Steps of 2-4 tokens (MTP verification's shape) through the graph path too: the ranks' gathered
+// head blocks [W, T, Vr] are interleaved into logits rows on the backend (InterleaveRankBlocks).
+TEST_F(Nvfp4ServingTest, TensorParallelStepsOfSeveralTokensThroughTheGraphPathGiveTheOpByOpLogits) {
+  const std::string dir = *dir_ + "/matched";
+  auto load = [&](int world, bool graphs) {
+    return model::LocalTpGroup::Load(
+        dir, world, {.max_tokens = kMaxTokens, .uncaptured_step_graphs = graphs},
+        [&](kernels::Backend& backend, kernels::Communicator* comm,
+            model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
+          ASSIGN_OR_RETURN(release::ServedModel served,
+                           release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, comm, options));
+          return std::move(served.model);
+        });
+  };
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = load(2, true), op_by_op = load(2, false);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  ASSERT_TRUE(op_by_op.ok()) << op_by_op.status();
+  std::vector<int32_t> tokens = Prompt();
+  const std::vector<int32_t> prompt(tokens.begin(), tokens.end() - 9);
+  for (auto* group : {&*graphed, &*op_by_op}) ASSERT_THAT((**group).Forward(prompt), ::nq::testing::IsOk());
+  const int64_t vocab = (*graphed)->rank0().config().vocab_size;
+  double worst = 0;
+  int steps = 0;
+  // The prompt's last 9 tokens as steps of 2, 3 and 4 tokens, teacher-forced.
+  size_t at = prompt.size();
+  for (const size_t width : {2, 3, 4}) {
+    const std::span<const int32_t> step(tokens.data() + at, width);
+    at += width;
+    absl::StatusOr<std::vector<float>> body = (*graphed)->Forward(step);
+    absl::StatusOr<std::vector<float>> plain = (*op_by_op)->Forward(step);
+    ASSERT_TRUE(body.ok()) << body.status();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_EQ(body->size(), width * static_cast<size_t>(vocab));
+    ASSERT_EQ(plain->size(), body->size());
+    for (size_t row = 0; row < width; ++row) {
+      const std::vector<float> a(body->begin() + row * vocab, body->begin() + (row + 1) * vocab);
+      const std::vector<float> b(plain->begin() + row * vocab, plain->begin() + (row + 1) * vocab);
+      worst = std::max(worst, LogitError(a, b));
+      ASSERT_EQ(Argmax(a.data(), vocab), Argmax(b.data(), vocab)) << "width " << width << " row " << row;
+    }
+    ++steps;
+  }
+  std::printf("TP 2 graph path, steps of 2-4 tokens: logit error %.3g against op by op\n", worst);
+  EXPECT_LT(worst, 2e-5);
+  EXPECT_EQ((*graphed)->rank0().step_graph_stats().warmups, steps);
+  EXPECT_TRUE((*graphed)->rank0().step_graph_stats().disabled.ok());
+  EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
+}
+
 // A group's transport that reports the step's collectives cut short (NCCL's CheckCompleted after
 // an abort or a dead peer): the graphed step fails with the reason and hands on no logits, the
 // cache keeps its length, and once the transport is whole again the same step runs.
