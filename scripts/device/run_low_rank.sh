@@ -9,6 +9,7 @@
 #   mkdir -p .hbm && cp ../shared/tools/hbm_probe.py .hbm/ && bash scripts/device/slim_tree.sh on cluster
 #   run tool: carry [".gpu-cluster", ".hbm", ".lr"], command "bash scripts/device/run_low_rank.sh"
 #   bash scripts/device/slim_tree.sh off
+# $OUT gets log.txt and the four token files only (the tool brings back a limited number of files).
 # Order = priority: the op against the CPU on every path, the decode and prefill blocks with and
 # without factors side by side, the release served on the GPU against the CPU's tokens, sanitizer.
 set -uo pipefail
@@ -41,8 +42,8 @@ for bits in 2 4; do
   for r in lr plain; do
     release=$rel; [[ $r == plain ]] && release=$M/release
     $B/nq bench-decode --model=$M --release=$release --expert-bits=$bits --backend=cuda --decode-tokens=256 \
-      --prompt-tokens=128 --warmup=2 --out=$OUT/cuda_${r}_$bits.json > $OUT/cuda_${r}_$bits.log 2>&1
-    echo "== cuda $r bits $bits rc=$?: $(tail -1 $OUT/cuda_${r}_$bits.log)"
+      --prompt-tokens=128 --warmup=2 --out=$OUT/cuda_${r}_$bits.json > /tmp/cuda_${r}_$bits.log 2>&1
+    echo "== cuda $r bits $bits rc=$?: $(tail -1 /tmp/cuda_${r}_$bits.log)"
   done
   echo "-- against the CPU's tokens with the corrections (.lr/cpu_lr_$bits.json):"
   compare_tokens .lr/cpu_lr_$bits.json $OUT/cuda_lr_$bits.json .lr/cpu_plain_$bits.json
