@@ -222,7 +222,6 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
   const int down_parts = parts(I, n_down);
   // Low-rank corrections (nq_moe_low_rank.cuh): the preparations keep the rotated inputs in
   // fp32 (xr, hh), and each GEMV with factors is followed by the kernel that adds them.
-  const bool low_rank = NqLowRankApplies(p);
   {
     const PrepParams prep{.p = p,
                           .proj = {p.gate, p.up},
@@ -232,7 +231,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                           .xsum_parts = gate_parts,
                           .zero = v.hg,
                           .zero_width = static_cast<int>(2 * I),
-                          .rotated = low_rank ? v.xr : nullptr};
+                          .rotated = NqLowRankOnGateUp(p) ? v.xr : nullptr};
     const std::size_t smem = p.input.block * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqRotatePrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem)));
@@ -252,18 +251,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                                 .out = v.hg,
                                 .out_stride = 2 * I},
                                ctx));
-  if (low_rank && (p.gate.lowrank_u != nullptr || p.up.lowrank_u != nullptr)) {
-    RETURN_IF_ERROR(LaunchNqLowRank({.p = p,
-                                     .proj = {p.gate, p.up},
-                                     .num_proj = 2,
-                                     .rows = static_cast<int>(I),
-                                     .cols = static_cast<int>(D),
-                                     .in = v.xr,
-                                     .in_per_assignment = false,
-                                     .out = v.hg,
-                                     .out_stride = 2 * I},
-                                    ctx));
-  }
+  RETURN_IF_ERROR(LaunchNqLowRankGateUp(p, v.xr, v.hg, ctx));
   {
     const PrepParams prep{.p = p,
                           .proj = {p.down, p.down},
@@ -273,7 +261,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                           .xsum_parts = down_parts,
                           .zero = v.yd,
                           .zero_width = static_cast<int>(D),
-                          .rotated = low_rank ? v.hh : nullptr};
+                          .rotated = NqLowRankOnDown(p) ? v.hh : nullptr};
     const int n = n_down;
     const std::size_t smem = 2 * n * sizeof(float);
     NQ_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(NqSwigluPrepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -294,18 +282,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, float* ws, const LaunchContext& c
                                 .out = v.yd,
                                 .out_stride = D},
                                ctx));
-  if (low_rank && p.down.lowrank_u != nullptr) {
-    RETURN_IF_ERROR(LaunchNqLowRank({.p = p,
-                                     .proj = {p.down, p.down},
-                                     .num_proj = 1,
-                                     .rows = static_cast<int>(D),
-                                     .cols = static_cast<int>(I),
-                                     .in = v.hh,
-                                     .in_per_assignment = true,
-                                     .out = v.yd,
-                                     .out_stride = D},
-                                    ctx));
-  }
+  RETURN_IF_ERROR(LaunchNqLowRankDown(p, v.hh, v.yd, ctx));
   return LaunchNqCombine(v, ctx);
 }
 

@@ -9,6 +9,18 @@
 namespace nq::kernels::cuda {
 namespace {
 
+struct NqLowRankParams {
+  NqMoeParams p;  // tokens x top_k assignments, expert ids, slots, lowrank_rank
+  NqProjectionView proj[2];
+  int num_proj = 0;
+  int rows = 0, cols = 0;  // of each projection
+  // The rotated inputs, `cols` wide: row a / top_k (one per token) or row a (one per assignment).
+  const float* in = nullptr;
+  bool in_per_assignment = false;
+  float* out = nullptr;  // out[a * out_stride + proj * rows + row], added to
+  std::int64_t out_stride = 0;
+};
+
 constexpr int kLowRankThreads = 256;
 constexpr int kLowRankWarps = kLowRankThreads / kWarpSize;
 // The fewest rows a block corrects: below it, working out V v again costs more than the rows.
@@ -93,9 +105,7 @@ __global__ void __launch_bounds__(kLowRankThreads) NqLowRankKernel(const __grid_
   }
 }
 
-}  // namespace
-
-absl::Status LaunchNqLowRank(const NqLowRankParams& l, const LaunchContext& ctx) {
+absl::Status Launch(const NqLowRankParams& l, const LaunchContext& ctx) {
   const std::int64_t assignments = l.p.tokens * l.p.top_k;
   if (assignments == 0 || l.num_proj < 1 || l.num_proj > 2 || l.rows <= 0 || l.cols <= 0) {
     return absl::InvalidArgumentError("NqLowRank: no assignments, no rows or columns, or not 1 or 2 projections");
@@ -110,6 +120,36 @@ absl::Status LaunchNqLowRank(const NqLowRankParams& l, const LaunchContext& ctx)
     RETURN_IF_ERROR(LaunchProgrammaticDependent(NqLowRankKernel<false>, grid, dim3(kLowRankThreads), 0, ctx, l));
   }
   return CheckLaunch("NqLowRankKernel");
+}
+
+}  // namespace
+
+absl::Status LaunchNqLowRankGateUp(const NqMoeParams& p, const float* xr, float* hg, const LaunchContext& ctx) {
+  if (!NqLowRankOnGateUp(p)) return absl::OkStatus();
+  return Launch({.p = p,
+                 .proj = {p.gate, p.up},
+                 .num_proj = 2,
+                 .rows = static_cast<int>(p.intermediate),
+                 .cols = static_cast<int>(p.hidden),
+                 .in = xr,
+                 .in_per_assignment = false,
+                 .out = hg,
+                 .out_stride = 2 * p.intermediate},
+                ctx);
+}
+
+absl::Status LaunchNqLowRankDown(const NqMoeParams& p, const float* hh, float* yd, const LaunchContext& ctx) {
+  if (!NqLowRankOnDown(p)) return absl::OkStatus();
+  return Launch({.p = p,
+                 .proj = {p.down, p.down},
+                 .num_proj = 1,
+                 .rows = static_cast<int>(p.hidden),
+                 .cols = static_cast<int>(p.intermediate),
+                 .in = hh,
+                 .in_per_assignment = true,
+                 .out = yd,
+                 .out_stride = p.hidden},
+                ctx);
 }
 
 }  // namespace nq::kernels::cuda

@@ -3,7 +3,7 @@
 //   y' += U_b (V_b v)  [+ U_r (V_r v) when the expert runs at 4 bits]
 // v being the GEMV's rotated input (before the column scales). U_b, V_b are the resident F32
 // factors, U_r, V_r the fp16 ones in the expert's slot record at the projection's lowrank_offset.
-//   LaunchNqLowRank     the decode and grouped-prefill paths: after a projection's GEMV, blocks
+//   LaunchNqLowRank*    the decode and grouped-prefill paths: after a projection's GEMV, blocks
 //                       per (assignment, projection, slice of rows) add the correction to the
 //                       GEMV's fp32 outputs (each block works out V v itself: V is small and
 //                       sits in L2 after the first)
@@ -66,25 +66,19 @@ __device__ __forceinline__ void AddLowRankRun(const NqMoeParams& p, const NqProj
 }
 #endif
 
-// Whether the op has any factors (the launches below are skipped when not).
-inline bool NqLowRankApplies(const NqMoeParams& p) {
-  return p.lowrank_rank > 0 &&
-         (p.gate.lowrank_u != nullptr || p.up.lowrank_u != nullptr || p.down.lowrank_u != nullptr);
+// Whether gate or up, and whether down, has factors (else its correction is not launched, and the
+// decode path's preparations do not keep its rotated input).
+inline bool NqLowRankOnGateUp(const NqMoeParams& p) {
+  return p.lowrank_rank > 0 && (p.gate.lowrank_u != nullptr || p.up.lowrank_u != nullptr);
 }
+inline bool NqLowRankOnDown(const NqMoeParams& p) { return p.lowrank_rank > 0 && p.down.lowrank_u != nullptr; }
 
-struct NqLowRankParams {
-  NqMoeParams p;  // tokens x top_k assignments, expert ids, slots, lowrank_rank
-  NqProjectionView proj[2];
-  int num_proj = 0;
-  int rows = 0, cols = 0;  // of each projection
-  // The rotated inputs, `cols` wide: row a / top_k (one per token) or row a (one per assignment).
-  const float* in = nullptr;
-  bool in_per_assignment = false;
-  float* out = nullptr;  // out[a * out_stride + proj * rows + row], added to
-  std::int64_t out_stride = 0;
-};
-
-// Launched as a programmatic dependent of the GEMV that wrote `out` (it waits for it first).
-absl::Status LaunchNqLowRank(const NqLowRankParams& l, const LaunchContext& ctx);
+// The corrections of the decode and grouped-prefill paths, which share their buffers' layouts
+// (NqVectorParams): launched right after the GEMV they correct, as its programmatic dependents; no
+// launch where the projections have no factors.
+// hg[a] (gate rows, then up rows: 2 x intermediate) += the corrections of v = xr[a / top_k].
+absl::Status LaunchNqLowRankGateUp(const NqMoeParams& p, const float* xr, float* hg, const LaunchContext& ctx);
+// yd[a] (hidden) += the corrections of v = hh[a] (intermediate).
+absl::Status LaunchNqLowRankDown(const NqMoeParams& p, const float* hh, float* yd, const LaunchContext& ctx);
 
 }  // namespace nq::kernels::cuda

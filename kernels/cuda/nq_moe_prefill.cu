@@ -318,19 +318,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, void* workspace, const LaunchCont
                      .order = w.order};
   RETURN_IF_ERROR(LaunchGemm(gate_up, T, ctx));
   // Low-rank corrections (nq_moe_low_rank.cuh) on the GEMMs' fp32 outputs, from xr and hh.
-  const bool low_rank = NqLowRankApplies(p);
-  if (low_rank && (p.gate.lowrank_u != nullptr || p.up.lowrank_u != nullptr)) {
-    RETURN_IF_ERROR(LaunchNqLowRank({.p = p,
-                                     .proj = {p.gate, p.up},
-                                     .num_proj = 2,
-                                     .rows = static_cast<int>(I),
-                                     .cols = static_cast<int>(D),
-                                     .in = w.v.xr,
-                                     .in_per_assignment = false,
-                                     .out = w.v.hg,
-                                     .out_stride = 2 * I},
-                                    ctx));
-  }
+  RETURN_IF_ERROR(LaunchNqLowRankGateUp(p, w.v.xr, w.v.hg, ctx));
   RETURN_IF_ERROR(LaunchNqSwiglu(w.v, ctx));
   GemmParams down = gate_up;
   down.proj[0] = down.proj[1] = p.down;
@@ -343,18 +331,7 @@ absl::Status LaunchChunk(const NqMoeParams& p, void* workspace, const LaunchCont
   down.out = w.v.yd;
   down.out_stride = D;
   RETURN_IF_ERROR(LaunchGemm(down, T, ctx));
-  if (low_rank && p.down.lowrank_u != nullptr) {
-    RETURN_IF_ERROR(LaunchNqLowRank({.p = p,
-                                     .proj = {p.down, p.down},
-                                     .num_proj = 1,
-                                     .rows = static_cast<int>(D),
-                                     .cols = static_cast<int>(I),
-                                     .in = w.v.hh,
-                                     .in_per_assignment = true,
-                                     .out = w.v.yd,
-                                     .out_stride = D},
-                                    ctx));
-  }
+  RETURN_IF_ERROR(LaunchNqLowRankDown(p, w.v.hh, w.v.yd, ctx));
   return LaunchNqCombine(w.v, ctx);
 }
 

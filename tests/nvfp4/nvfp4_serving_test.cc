@@ -143,6 +143,20 @@ class Nvfp4ServingTest : public ::testing::Test {
                                     {.max_tokens = kMaxTokens}, {.gate_up = mode});
   }
 
+  // The matched checkpoint as a tensor-parallel group of `world` CPU ranks, its decode steps
+  // through the step-graph path (without capture) or op by op.
+  static absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> LoadGroup(int world, bool graphs) {
+    const std::string dir = *dir_ + "/matched";
+    return model::LocalTpGroup::Load(
+        dir, world, {.max_tokens = kMaxTokens, .uncaptured_step_graphs = graphs},
+        [dir](kernels::Backend& backend, kernels::Communicator* comm,
+            model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
+          ASSIGN_OR_RETURN(release::ServedModel served,
+                           release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, comm, options));
+          return std::move(served.model);
+        });
+  }
+
   // Prefill logits, then greedy decode: the tokens and every step's logits.
   struct Run {
     std::vector<float> prefill;
@@ -226,19 +240,8 @@ TEST_F(Nvfp4ServingTest, RoutingOnTheBackendGivesTheHostRoutedLogits) {
 // against one rank's graphed steps: one token at a time after a prompt, logits within fp32
 // reordering and the same greedy tokens.
 TEST_F(Nvfp4ServingTest, TensorParallelDecodeStepsThroughTheGraphPathGiveTheOpByOpLogits) {
-  const std::string dir = *dir_ + "/matched";
-  auto load = [&](int world, bool graphs) {
-    return model::LocalTpGroup::Load(
-        dir, world, {.max_tokens = kMaxTokens, .uncaptured_step_graphs = graphs},
-        [&](kernels::Backend& backend, kernels::Communicator* comm,
-            model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
-          ASSIGN_OR_RETURN(release::ServedModel served,
-                           release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, comm, options));
-          return std::move(served.model);
-        });
-  };
-  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = load(2, true), op_by_op = load(2, false),
-                                                       alone = load(1, true);
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = LoadGroup(2, true), op_by_op = LoadGroup(2, false),
+                                                       alone = LoadGroup(1, true);
   ASSERT_TRUE(graphed.ok()) << graphed.status();
   ASSERT_TRUE(op_by_op.ok()) << op_by_op.status();
   ASSERT_TRUE(alone.ok()) << alone.status();
@@ -273,18 +276,7 @@ TEST_F(Nvfp4ServingTest, TensorParallelDecodeStepsThroughTheGraphPathGiveTheOpBy
 // Steps of 2-4 tokens (MTP verification's shape) through the graph path too: the ranks' gathered
 // head blocks [W, T, Vr] are interleaved into logits rows on the backend (InterleaveRankBlocks).
 TEST_F(Nvfp4ServingTest, TensorParallelStepsOfSeveralTokensThroughTheGraphPathGiveTheOpByOpLogits) {
-  const std::string dir = *dir_ + "/matched";
-  auto load = [&](int world, bool graphs) {
-    return model::LocalTpGroup::Load(
-        dir, world, {.max_tokens = kMaxTokens, .uncaptured_step_graphs = graphs},
-        [&](kernels::Backend& backend, kernels::Communicator* comm,
-            model::ModelOptions options) -> absl::StatusOr<std::unique_ptr<model::Model>> {
-          ASSIGN_OR_RETURN(release::ServedModel served,
-                           release::LoadServedModel(dir, "", release::ExpertBits::k2Bit, backend, comm, options));
-          return std::move(served.model);
-        });
-  };
-  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = load(2, true), op_by_op = load(2, false);
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = LoadGroup(2, true), op_by_op = LoadGroup(2, false);
   ASSERT_TRUE(graphed.ok()) << graphed.status();
   ASSERT_TRUE(op_by_op.ok()) << op_by_op.status();
   std::vector<int32_t> tokens = Prompt();
