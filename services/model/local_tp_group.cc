@@ -1,6 +1,7 @@
 #include "services/model/local_tp_group.h"
 
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -27,9 +28,9 @@ absl::StatusOr<std::unique_ptr<LocalTpGroup>> LocalTpGroup::Load(const std::stri
 }
 
 template <typename Fn>
-absl::StatusOr<std::vector<float>> LocalTpGroup::OnEveryRank(Fn fn) {
+auto LocalTpGroup::OnEveryRank(Fn fn) -> decltype(fn(std::declval<Model&>())) {
   const int W = world_size();
-  std::vector<absl::StatusOr<std::vector<float>>> results(W, absl::UnknownError("not run"));
+  std::vector<decltype(fn(std::declval<Model&>()))> results(W, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 1; r < W; ++r) threads.emplace_back([&, r] { results[r] = fn(*models_[r]); });
   results[0] = fn(*models_[0]);
@@ -39,7 +40,7 @@ absl::StatusOr<std::vector<float>> LocalTpGroup::OnEveryRank(Fn fn) {
   }
   for (int r = 1; r < W; ++r) {
     if (*results[r] != *results[0]) {
-      return absl::InternalError(absl::StrCat("rank ", r, " computed other logits than rank 0"));
+      return absl::InternalError(absl::StrCat("rank ", r, " computed another result than rank 0"));
     }
   }
   return std::move(results[0]);
@@ -52,6 +53,12 @@ absl::StatusOr<std::vector<float>> LocalTpGroup::Forward(std::span<const int32_t
 absl::StatusOr<std::vector<float>> LocalTpGroup::ForwardMtp(std::span<const int32_t> next_tokens,
                                                             std::span<const float> hidden) {
   return OnEveryRank([&](Model& m) { return m.ForwardMtp(next_tokens, hidden); });
+}
+
+absl::StatusOr<std::vector<int32_t>> LocalTpGroup::DraftOnDevice(std::span<const int32_t> next_tokens,
+                                                                 std::span<const float> hidden, int num_drafts,
+                                                                 const kernels::SampleParams& draw) {
+  return OnEveryRank([&](Model& m) { return m.DraftOnDevice(next_tokens, hidden, num_drafts, draw); });
 }
 
 }  // namespace nq::model

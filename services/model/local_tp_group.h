@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,12 +33,18 @@ class LocalTpGroup {
   // ForwardMtp on every rank, with rank 0's last hidden states.
   absl::StatusOr<std::vector<float>> ForwardMtp(std::span<const int32_t> next_tokens,
                                                 std::span<const float> hidden);
+  // DraftOnDevice on every rank (what the worker's kDraftOnDevice command makes followers do);
+  // rank 0's drafts after checking that every rank drew the same.
+  absl::StatusOr<std::vector<int32_t>> DraftOnDevice(std::span<const int32_t> next_tokens,
+                                                     std::span<const float> hidden, int num_drafts,
+                                                     const kernels::SampleParams& draw);
   Model& rank0() { return *models_[0]; }
   int world_size() const { return static_cast<int>(models_.size()); }
 
  private:
+  // fn on every rank at once (each a thread); rank 0's result once every rank's equals it.
   template <typename Fn>
-  absl::StatusOr<std::vector<float>> OnEveryRank(Fn fn);
+  auto OnEveryRank(Fn fn) -> decltype(fn(std::declval<Model&>()));
 
   std::vector<std::unique_ptr<kernels::Backend>> backends_;
   std::vector<std::unique_ptr<kernels::CpuCommunicator>> comms_;

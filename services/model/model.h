@@ -129,8 +129,9 @@ class Model {
   absl::StatusOr<std::vector<int32_t>> DraftOnDevice(std::span<const int32_t> next_tokens,
                                                      std::span<const float> hidden, int num_drafts,
                                                      const kernels::SampleParams& draw, int index = 0);
-  // Whether DraftOnDevice can draft `drafts` tokens after `rows` entries (one rank, no
-  // lookahead observer, 1 to kMaxStepGraphTokens of each, an MTP layer `index`).
+  // Whether DraftOnDevice can draft `drafts` tokens after `rows` entries (one rank, or a rank of a
+  // group whose every rank makes the same call: the leader mirrors it; no lookahead observer, 1
+  // to kMaxStepGraphTokens of each, an MTP layer `index`).
   bool DraftsOnDevice(size_t rows, int drafts, int index = 0) const;
 
   // Calibration (nq calibrate): sees the inputs of every routed expert as they run. `rows`

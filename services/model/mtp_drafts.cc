@@ -20,14 +20,17 @@ using kernels::StepPosition;
 using kernels::Tensor;
 
 bool Model::DraftsOnDevice(size_t rows, int drafts, int index) const {
-  return index >= 0 && index < static_cast<int>(weights_.mtp.size()) && options_.tp.world_size == 1 &&
-         !lookahead_observer_ && rows >= 1 && rows <= static_cast<size_t>(kMaxStepGraphTokens) && drafts >= 1 &&
-         drafts <= kMaxStepGraphTokens;
+  // At W > 1 every rank of the group drafts alike (the leader mirrors the call, step_command.h):
+  // the head's gathered logits are the same on every rank, and so are the greedy picks.
+  return index >= 0 && index < static_cast<int>(weights_.mtp.size()) &&
+         (options_.tp.world_size == 1 || comm_ != nullptr) && !lookahead_observer_ && rows >= 1 &&
+         rows <= static_cast<size_t>(kMaxStepGraphTokens) && drafts >= 1 && drafts <= kMaxStepGraphTokens;
 }
 
 absl::Status Model::EnqueueMtpDrafts(int index, StepGraph& g, int64_t bucket_end) {
   const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
-  const int64_t T = g.ids.shape().dim(0), D = config_.hidden_size, V = m.head.shape().dim(0);
+  const int64_t T = g.ids.shape().dim(0), D = config_.hidden_size;
+  const int64_t V = m.head.shape().dim(0) * options_.tp.world_size;  // the head is vocabulary-sharded
   const int drafts = static_cast<int>(g.draft_ids.size());
   // The first forward feeds the kept entries; only its last row drafts.
   ASSIGN_OR_RETURN(Tensor state,
@@ -37,14 +40,15 @@ absl::Status Model::EnqueueMtpDrafts(int index, StepGraph& g, int64_t bucket_end
     RETURN_IF_ERROR(backend_.CopyRows(state, T - 1, last, 0, 1));
     state = std::move(last);
   }
-  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{1, V}));
   for (int i = 0; i < drafts; ++i) {
     const size_t at = static_cast<size_t>(i);
     if (i > 0) {
       ASSIGN_OR_RETURN(state, EnqueueMtpForward(index, g.draft_ids[at - 1], state,
                                                 StepPosition::OnDevice(g.forward_positions[at], bucket_end - 1)));
     }
-    RETURN_IF_ERROR(backend_.MatMul(state, m.head, logits));
+    // One row: the ranks' gathered blocks [W, 1, Vr] are the logits row as they lie.
+    ASSIGN_OR_RETURN(Tensor logits, HeadLogits(state, m.head));
+    RETURN_IF_ERROR(logits.Reshape(Shape{1, V}));
     RETURN_IF_ERROR(backend_.SampleTokens(logits, g.sample_params, g.draft_ids[at]));
   }
   // step_output_: the last state [D], then the drafts.
@@ -123,6 +127,8 @@ absl::StatusOr<std::vector<int32_t>> Model::DraftOnDevice(std::span<const int32_
     RETURN_IF_ERROR(EnqueueMtpDrafts(index, eager, bucket_end));
     RETURN_IF_ERROR(backend_.Synchronize());
   }
+  // A gather the chain held may have been cut short (a peer died): then the staging holds no drafts.
+  if (options_.tp.world_size > 1) RETURN_IF_ERROR(comm_->CheckCompleted());
   const auto* out = static_cast<const std::byte*>(step_output_->data());
   const auto* state = reinterpret_cast<const float*>(out);
   last_mtp_hidden_.assign(state, state + D);

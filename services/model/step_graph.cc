@@ -29,13 +29,12 @@ bool Model::StepGraphApplies(size_t tokens, int mtp_index) const {
   if (lookahead_observer_) return false;  // the lookahead routes on the host between layers
   if (tokens == 0 || tokens > static_cast<size_t>(kMaxStepGraphTokens)) return false;
   if (options_.tp.world_size > 1) {
-    // A tensor-parallel rank graphs its decode and verification steps when its collectives can be
-    // recorded (NCCL): the vocabulary-sharded head's gather [W, T, Vr] becomes logits rows on the
-    // device (InterleaveRankBlocks). Not the MTP layers' steps: their heads are sharded alike and
-    // EnqueueMtpStep does not gather them. Every rank takes the same path for the same step, so
-    // the collectives match.
+    // A tensor-parallel rank graphs its decode, verification and MTP steps when its collectives
+    // can be recorded (NCCL): a vocabulary-sharded head's gather [W, T, Vr] becomes logits rows on
+    // the device (InterleaveRankBlocks). Every rank takes the same path for the same step, so the
+    // collectives match.
     const bool records = comm_ != nullptr && (comm_->CanCapture() || options_.uncaptured_step_graphs);
-    if (!records || mtp_index >= 0) return false;
+    if (!records) return false;
   }
   // Packed and NVFP4 layers both route on the device (NVFP4's graphed tokens were checked against
   // op-by-op ones on the H200: scripts/device/run_side_streams.sh's nvfp4 section).
@@ -106,9 +105,12 @@ absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& h
   const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
   const int64_t T = ids.shape().dim(0);
   ASSIGN_OR_RETURN(Tensor u, EnqueueMtpForward(index, ids, hidden, StepPosition::OnDevice(step_position_, start_bound)));
-  const int64_t V = m.head.shape().dim(0);
-  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, V}));
-  RETURN_IF_ERROR(backend_.MatMul(u, m.head, logits));
+  // The MTP head is vocabulary-sharded as lm_head is: gathered, and interleaved for several rows.
+  ASSIGN_OR_RETURN(Tensor logits, HeadLogits(u, m.head));
+  if (options_.tp.world_size > 1 && T > 1) {
+    ASSIGN_OR_RETURN(logits, InterleaveRankBlocks(std::move(logits)));
+  }
+  RETURN_IF_ERROR(logits.Reshape(Shape{T, m.head.shape().dim(0) * options_.tp.world_size}));
   auto* out = static_cast<std::byte*>(step_output_->data());
   RETURN_IF_ERROR(backend_.CopyToHostAsync(logits, std::span<std::byte>(out, logits.nbytes())));
   return backend_.CopyToHostAsync(u, std::span<std::byte>(out + logits.nbytes(), u.nbytes()));
@@ -122,7 +124,9 @@ absl::Status Model::PrepareStepGraphs() {
   }
   if (step_output_ == nullptr) {
     int64_t vocab_rows = StepGraphVocab();
-    for (const MtpWeights& m : weights_.mtp) vocab_rows = std::max(vocab_rows, m.head.shape().dim(0));
+    for (const MtpWeights& m : weights_.mtp) {
+      vocab_rows = std::max(vocab_rows, m.head.shape().dim(0) * options_.tp.world_size);  // gathered
+    }
     const size_t bytes = static_cast<size_t>(kMaxStepGraphTokens * (vocab_rows + config_.hidden_size)) * sizeof(float);
     ASSIGN_OR_RETURN(step_output_, backend_.AllocateHostStaging(bytes));
   }
@@ -275,7 +279,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int3
   }
   if (mtp_length_ + T > cache_.max_tokens()) return absl::InvalidArgumentError("ForwardMtp: the MTP cache is full");
   RETURN_IF_ERROR(cache_.CheckWritable(mtp_length_, T, "ForwardMtp"));
-  const int64_t V = weights_.mtp[static_cast<size_t>(index)].head.shape().dim(0);
+  const int64_t V = weights_.mtp[static_cast<size_t>(index)].head.shape().dim(0) * options_.tp.world_size;
   RETURN_IF_ERROR(BeginGraphedForward(next_tokens, T, "ForwardMtp"));
   const int64_t bucket_end = StepGraphBucketEnd(mtp_length_ + T);
   StepGraph& g = step_graphs_[{index, T, bucket_end, false, 0}];
@@ -292,6 +296,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedMtpForward(std::span<const int3
   ASSIGN_OR_RETURN(const bool ran,
                    RunStepGraph(g, [&] { return EnqueueMtpStep(index, ids, states, bucket_end - T); }));
   if (!ran) return ForwardMtp(next_tokens, hidden, index);  // graphs are off now: op by op
+  if (options_.tp.world_size > 1) RETURN_IF_ERROR(comm_->CheckCompleted());  // as GraphedForward
   const auto* out = static_cast<const float*>(step_output_->data());
   std::vector<float> logits(out, out + T * V);
   last_mtp_hidden_.assign(out + T * V, out + T * V + T * D);

@@ -52,9 +52,9 @@ absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, uint64_t posit
 }
 
 absl::Status MtpDrafter::Mirror(StepCommand::Op op, int64_t position, std::span<const int32_t> tokens,
-                                int64_t hidden_row) {
+                                int64_t hidden_row, int32_t num_drafts) {
   if (mirror_ == nullptr) return absl::OkStatus();
-  StepCommand command{.op = op, .position = position, .hidden_row = hidden_row};
+  StepCommand command{.op = op, .position = position, .hidden_row = hidden_row, .num_drafts = num_drafts};
   command.tokens.assign(tokens.begin(), tokens.end());
   return mirror_->Mirror(command);
 }
@@ -77,17 +77,20 @@ absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
   RETURN_IF_ERROR(model_->TruncateMtpCache(r.first_position));
   const std::span<const int32_t> next_tokens = r.sequence.subspan(static_cast<size_t>(r.first_position + 1),
                                                                   static_cast<size_t>(r.kept));
-  RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardMtpLast, model_->mtp_cache_length(), next_tokens, r.hidden_row));
   Drafts drafts;
-  if (r.num_drafts > 0 && greedy_ && draft_on_device_ && mirror_ == nullptr && draft_sampler_.has_value() &&
+  if (r.num_drafts > 0 && greedy_ && draft_on_device_ && draft_sampler_.has_value() &&
       model_->DraftsOnDevice(next_tokens.size(), r.num_drafts)) {
     // The draft sampler's greedy pick (Distribution's argmax, the lower id on ties), when it
-    // needs nothing the backend's draw lacks.
+    // needs nothing the backend's draw lacks. Under tensor parallelism every rank runs the same
+    // chain (its forwards are collectives) and draws the same argmax from the same gathered logits.
     if (const std::optional<kernels::SampleParams> draw = draft_sampler_->DeviceDraw(); draw.has_value()) {
+      RETURN_IF_ERROR(Mirror(StepCommand::Op::kDraftOnDevice, model_->mtp_cache_length(), next_tokens, r.hidden_row,
+                             r.num_drafts));
       ASSIGN_OR_RETURN(drafts.tokens, model_->DraftOnDevice(next_tokens, r.hidden, r.num_drafts, *draw));
       return drafts;
     }
   }
+  RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardMtpLast, model_->mtp_cache_length(), next_tokens, r.hidden_row));
   ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));
   if (r.num_drafts == 0) return drafts;
   // Draft i is the token at sequence position sequence.size() + i.

@@ -30,8 +30,9 @@ class MtpDrafter final : public Drafter {
   // sharded: its forwards are collectives).
   void SetStepMirror(StepMirror* mirror) override { mirror_ = mirror; }
   // Greedy drafts drawn on the backend, chained there (Model::DraftOnDevice), where the model
-  // can (one rank, no mirror) and the draft sampler can draw there (Sampler::DeviceDraw: no
-  // logit_bias). Off by default: every draft's logits come to the host.
+  // can and the draft sampler can draw there (Sampler::DeviceDraw: no logit_bias); under tensor
+  // parallelism the whole chain goes to the other ranks as one command (kDraftOnDevice). Off by
+  // default: every draft's logits come to the host.
   void SetDraftOnDevice(bool on) { draft_on_device_ = on; }
 
  private:
@@ -41,7 +42,7 @@ class MtpDrafter final : public Drafter {
 
   // Sends a model operation to the other ranks (no-op without a group).
   absl::Status Mirror(StepCommand::Op op, int64_t position, std::span<const int32_t> tokens = {},
-                      int64_t hidden_row = 0);
+                      int64_t hidden_row = 0, int32_t num_drafts = 0);
 
   model::Model* const model_;
   StepMirror* mirror_ = nullptr;

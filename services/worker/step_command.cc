@@ -20,6 +20,8 @@ struct WireHeader {
   uint64_t num_tokens;
   uint64_t update_bytes;  // slot updates after the tokens: [u32 size, serialized update]...
   int64_t hidden_row;
+  int32_t num_drafts;
+  uint32_t reserved;
 };
 static_assert(sizeof(WireHeader) <= kStepCommandHeaderBytes);
 
@@ -51,7 +53,9 @@ std::vector<std::byte> EncodeStepHeader(const StepCommand& command) {
                         .step = command.step,
                         .num_tokens = command.tokens.size(),
                         .update_bytes = SlotUpdateBytes(command.slot_updates),
-                        .hidden_row = command.hidden_row};
+                        .hidden_row = command.hidden_row,
+                        .num_drafts = command.num_drafts,
+                        .reserved = 0};
   std::vector<std::byte> out(kStepCommandHeaderBytes);
   std::memcpy(out.data(), &wire, sizeof(wire));
   return out;
@@ -74,7 +78,7 @@ absl::StatusOr<StepCommand> DecodeStepHeader(std::span<const std::byte> header, 
   std::memcpy(&wire, header.data(), sizeof(wire));
   if (wire.magic != kHeaderMagic) return absl::InvalidArgumentError("not a step command header");
   if (wire.op < static_cast<uint32_t>(StepCommand::Op::kForward) ||
-      wire.op > static_cast<uint32_t>(StepCommand::Op::kForwardMtpLast)) {
+      wire.op > static_cast<uint32_t>(StepCommand::Op::kDraftOnDevice)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown step command op ", wire.op));
   }
   if (wire.num_tokens > static_cast<uint64_t>(max_tokens)) {
@@ -85,12 +89,19 @@ absl::StatusOr<StepCommand> DecodeStepHeader(std::span<const std::byte> header, 
     return absl::InvalidArgumentError(absl::StrCat("step command with ", wire.update_bytes,
                                                    " bytes of slot updates; at most ", kMaxSlotUpdateBytes));
   }
+  if (wire.op == static_cast<uint32_t>(StepCommand::Op::kDraftOnDevice) &&
+      (wire.num_drafts < 1 || wire.num_drafts > kMaxCommandDrafts || wire.hidden_row < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("step command drafting ", wire.num_drafts,
+                                                   " tokens from hidden row ", wire.hidden_row, " (1 to ",
+                                                   kMaxCommandDrafts, " drafts from a row of the last forward)"));
+  }
   StepCommand command;
   command.op = static_cast<StepCommand::Op>(wire.op);
   command.position = wire.position;
   command.sequence = wire.sequence;
   command.step = wire.step;
   command.hidden_row = wire.hidden_row;
+  command.num_drafts = wire.num_drafts;
   command.tokens.resize(wire.num_tokens);
   command.slot_update_bytes = wire.update_bytes;
   return command;
@@ -127,9 +138,9 @@ absl::Status DecodeStepPayload(std::span<const std::byte> payload, StepCommand& 
 
 namespace {
 
-// kForwardMtpLast on a follower: the hidden rows the leader used, from this rank's own copy (the
-// final-normed states are whole on every rank after the last all-reduce).
-absl::Status ForwardMtp(const StepCommand& command, model::Model& model) {
+// kForwardMtpLast and kDraftOnDevice on a follower: the hidden rows the leader used, from this
+// rank's own copy (the final-normed states are whole on every rank after the last all-reduce).
+absl::StatusOr<std::vector<float>> MtpHiddenRows(const StepCommand& command, const model::Model& model) {
   if (model.mtp_cache_length() != command.position) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", command.sequence, " step ", command.step,
                                                       ": this rank's MTP cache holds ", model.mtp_cache_length(),
@@ -155,7 +166,7 @@ absl::Status ForwardMtp(const StepCommand& command, model::Model& model) {
     const auto first = state.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(command.hidden_row) * D);
     hidden.assign(first, first + static_cast<std::ptrdiff_t>(T * D));
   }
-  return model.ForwardMtpLast(command.tokens, hidden).status();
+  return hidden;
 }
 
 }  // namespace
@@ -182,8 +193,15 @@ absl::Status ApplyStepCommand(const StepCommand& command, model::Model& model) {
       return absl::OkStatus();
     case StepCommand::Op::kTruncateMtpCache:
       return model.TruncateMtpCache(command.position);
-    case StepCommand::Op::kForwardMtpLast:
-      return ForwardMtp(command, model);
+    case StepCommand::Op::kForwardMtpLast: {
+      ASSIGN_OR_RETURN(const std::vector<float> hidden, MtpHiddenRows(command, model));
+      return model.ForwardMtpLast(command.tokens, hidden).status();
+    }
+    case StepCommand::Op::kDraftOnDevice: {
+      ASSIGN_OR_RETURN(const std::vector<float> hidden, MtpHiddenRows(command, model));
+      // Greedy: the leader's draw differs at most in fields a greedy draw ignores.
+      return model.DraftOnDevice(command.tokens, hidden, command.num_drafts, kernels::SampleParams{}).status();
+    }
   }
   return absl::InvalidArgumentError("unknown step command");
 }

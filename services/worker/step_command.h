@@ -2,7 +2,9 @@
 // operation of a sequence (DESIGN.md section 3: "Leader has the next input token(s)"): the
 // follower ranks run the same operation on their shard, so every collective inside it pairs up.
 // Only the leader samples (the logits are all-gathered, so it holds them whole), so a command
-// carries tokens and cache positions, never sampling state: the followers need none.
+// carries tokens and cache positions, never sampling state: the followers need none. The one
+// draw a follower makes itself is a greedy draft chained on the backend (kDraftOnDevice): an
+// argmax of logits gathered alike on every rank, so every rank picks the same drafts.
 //
 // With dynamic experts a command also carries the slot-table updates the leader applied at this
 // step boundary (the streamer sends a group's updates to rank 0 only,
@@ -34,6 +36,8 @@ struct StepCommand {
     kTruncateMtpCache = 5,  // Model::TruncateMtpCache(position)
     kForwardMtpLast = 6,    // Model::ForwardMtpLast(tokens, hidden rows named by hidden_row) at MTP
                             // cache position `position`
+    kDraftOnDevice = 7,     // Model::DraftOnDevice(tokens, hidden rows, num_drafts, greedy) at MTP
+                            // cache position `position`: the whole greedy drafting chain at once
   };
   // kForwardMtpLast: where the hidden states come from, as every rank holds them after the same
   // forwards: >= 0, rows [hidden_row, hidden_row + tokens) of Model::last_hidden() (the main
@@ -46,13 +50,17 @@ struct StepCommand {
   int64_t position = 0;
   uint64_t sequence = 0;  // the leader's sequence counter (logs and checks)
   uint64_t step = 0;      // the sequence's decode step (0: prefill)
-  int64_t hidden_row = 0;  // kForwardMtpLast only
+  int64_t hidden_row = 0;  // kForwardMtpLast and kDraftOnDevice (rows of last_hidden() only)
+  int32_t num_drafts = 0;  // kDraftOnDevice only: 1 to kMaxCommandDrafts
   std::vector<int32_t> tokens;
   // Applied by every rank before the command runs, in order (SlotRuntime::BeginRelayedStep).
   std::vector<nq::v1::SlotTableUpdate> slot_updates;
   // Set by DecodeStepHeader: the bytes of slot updates its payload holds after the tokens.
   uint64_t slot_update_bytes = 0;
 };
+
+// Drafts one kDraftOnDevice may ask for (Model::DraftsOnDevice takes at most kMaxStepGraphTokens).
+inline constexpr int32_t kMaxCommandDrafts = 64;
 
 // A command's slot updates are a few KB (a change is a few bytes; an update holds a refresh's
 // loads); a header announcing more than this is not one of ours.
@@ -66,7 +74,7 @@ std::vector<std::byte> EncodeStepHeader(const StepCommand& command);
 std::vector<std::byte> EncodeStepPayload(const StepCommand& command);
 // The command a header describes, tokens sized but not filled (and slot_update_bytes set);
 // INVALID_ARGUMENT for a header that is not one (another build's layout, an unknown op, a token
-// count past `max_tokens`, slot updates past kMaxSlotUpdateBytes).
+// count past `max_tokens`, slot updates past kMaxSlotUpdateBytes, a draft count out of range).
 absl::StatusOr<StepCommand> DecodeStepHeader(std::span<const std::byte> header, int64_t max_tokens);
 // The payload bytes that follow the header of `command` (0: no payload round).
 inline uint64_t StepPayloadBytes(const StepCommand& command) {

@@ -311,6 +311,91 @@ TEST_F(Nvfp4ServingTest, TensorParallelStepsOfSeveralTokensThroughTheGraphPathGi
   EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
 }
 
+// The MTP layer's steps at TP 2 through the graph path: its vocabulary-sharded head gathered on the
+// backend, several rows interleaved there (Model::EnqueueMtpStep), against the same group op by op
+// (host gather). The decoder's steps of 1-4 tokens, then the MTP layer's on their final states.
+TEST_F(Nvfp4ServingTest, TensorParallelMtpStepsThroughTheGraphPathGiveTheOpByOpLogits) {
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = LoadGroup(2, true), op_by_op = LoadGroup(2, false);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  ASSERT_TRUE(op_by_op.ok()) << op_by_op.status();
+  ASSERT_TRUE((*graphed)->rank0().has_mtp()) << "glm5_nano's NVFP4 checkpoint keeps its MTP layer";
+  const std::vector<int32_t> tokens = Prompt();
+  const int64_t vocab = (*graphed)->rank0().config().vocab_size, D = (*graphed)->rank0().config().hidden_size;
+  size_t at = 36;
+  const std::span<const int32_t> prefix(tokens.data(), at);
+  for (auto* group : {&*graphed, &*op_by_op}) ASSERT_THAT((**group).Forward(prefix), ::nq::testing::IsOk());
+  // The MTP layer over the prefix (op by op on both: more rows than a step graph takes).
+  std::vector<float> hidden = (*graphed)->rank0().last_hidden();
+  const std::span<const int32_t> shifted(tokens.data() + 1, at);
+  for (auto* group : {&*graphed, &*op_by_op}) ASSERT_THAT((**group).ForwardMtp(shifted, hidden), ::nq::testing::IsOk());
+  double worst = 0;
+  int steps = 0;
+  for (const size_t width : {1, 2, 3, 4}) {
+    const std::span<const int32_t> step(tokens.data() + at, width);
+    for (auto* group : {&*graphed, &*op_by_op}) ASSERT_THAT((**group).Forward(step), ::nq::testing::IsOk());
+    hidden = (*graphed)->rank0().last_hidden();
+    ASSERT_EQ(hidden.size(), width * static_cast<size_t>(D));
+    const std::span<const int32_t> next(tokens.data() + at + 1, width);
+    absl::StatusOr<std::vector<float>> body = (*graphed)->ForwardMtp(next, hidden);
+    absl::StatusOr<std::vector<float>> plain = (*op_by_op)->ForwardMtp(next, hidden);
+    ASSERT_TRUE(body.ok()) << body.status();
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    ASSERT_EQ(body->size(), width * static_cast<size_t>(vocab));
+    ASSERT_EQ(plain->size(), body->size());
+    for (size_t row = 0; row < width; ++row) {
+      const std::vector<float> a(body->begin() + row * vocab, body->begin() + (row + 1) * vocab);
+      const std::vector<float> b(plain->begin() + row * vocab, plain->begin() + (row + 1) * vocab);
+      worst = std::max(worst, LogitError(a, b));
+      ASSERT_EQ(Argmax(a.data(), vocab), Argmax(b.data(), vocab)) << "width " << width << " row " << row;
+    }
+    at += width;
+    steps += 2;  // the decoder's step and the MTP layer's
+  }
+  std::printf("TP 2 graph path, MTP steps of 1-4 tokens: logit error %.3g against op by op\n", worst);
+  EXPECT_LT(worst, 2e-5);
+  EXPECT_EQ((*graphed)->rank0().step_graph_stats().warmups, steps);
+  EXPECT_TRUE((*graphed)->rank0().step_graph_stats().disabled.ok());
+  EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
+}
+
+// Greedy drafts chained on the backend at TP 2 (Model::DraftOnDevice with the MTP head gathered
+// on the backend; every rank draws, as the worker's followers do on kDraftOnDevice), through the
+// graph path and op by op, against one rank's: the same drafts from the same inputs.
+TEST_F(Nvfp4ServingTest, TensorParallelDraftsChainedOnTheBackendAreOneRanksDrafts) {
+  absl::StatusOr<std::unique_ptr<model::LocalTpGroup>> graphed = LoadGroup(2, true), op_by_op = LoadGroup(2, false),
+                                                       alone = LoadGroup(1, true);
+  ASSERT_TRUE(graphed.ok()) << graphed.status();
+  ASSERT_TRUE(op_by_op.ok()) << op_by_op.status();
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_TRUE((*alone)->rank0().DraftsOnDevice(2, 3));
+  ASSERT_TRUE((*graphed)->rank0().DraftsOnDevice(2, 3)) << "a rank of a group drafts on the backend too";
+  const std::vector<int32_t> tokens = Prompt();
+  const std::vector<std::unique_ptr<model::LocalTpGroup>*> groups = {&*graphed, &*op_by_op, &*alone};
+  const std::span<const int32_t> prefix(tokens.data(), 36);
+  for (auto* group : groups) ASSERT_THAT((**group).Forward(prefix), ::nq::testing::IsOk());
+  std::vector<float> hidden = (*alone)->rank0().last_hidden();
+  for (auto* group : groups) {
+    ASSERT_THAT((**group).ForwardMtp(std::span<const int32_t>(tokens.data() + 1, 36), hidden), ::nq::testing::IsOk());
+  }
+  for (auto* group : groups) {
+    ASSERT_THAT((**group).Forward(std::span<const int32_t>(tokens.data() + 36, 2)), ::nq::testing::IsOk());
+  }
+  hidden = (*alone)->rank0().last_hidden();
+  std::vector<std::vector<int32_t>> drafts;
+  for (auto* group : groups) {
+    absl::StatusOr<std::vector<int32_t>> got =
+        (**group).DraftOnDevice(std::span<const int32_t>(tokens.data() + 37, 2), hidden, 3, kernels::SampleParams{});
+    ASSERT_TRUE(got.ok()) << got.status();
+    drafts.push_back(*got);
+  }
+  ASSERT_EQ(drafts[2].size(), 3u);
+  EXPECT_EQ(drafts[0], drafts[2]) << "TP 2 through the graph path";
+  EXPECT_EQ(drafts[1], drafts[2]) << "TP 2 op by op";
+  EXPECT_EQ((*graphed)->rank0().mtp_cache_length(), 36 + 2 + 3 - 1);
+  EXPECT_GT((*graphed)->rank0().step_graph_stats().warmups, 0);
+  EXPECT_EQ((*op_by_op)->rank0().step_graph_stats().warmups, 0);
+}
+
 // A group's transport that reports the step's collectives cut short (NCCL's CheckCompleted after
 // an abort or a dead peer): the graphed step fails with the reason and hands on no logits, the
 // cache keeps its length, and once the transport is whole again the same step runs.

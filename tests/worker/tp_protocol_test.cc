@@ -1,6 +1,7 @@
 // The tensor-parallel group's wire pieces: step commands (what the leader broadcasts before
 // each model operation) and identities (what a rank must share with rank 0 to join).
 #include <cstring>
+#include <utility>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -47,6 +48,30 @@ TEST(StepCommandTest, MtpForwardNamesItsHiddenRows) {
     EXPECT_EQ(got->hidden_row, row);
     ASSERT_THAT(DecodeStepPayload(EncodeStepPayload(sent), *got), IsOk());
     EXPECT_THAT(got->tokens, ElementsAre(8, 6));
+  }
+}
+
+// A greedy drafting chain on the backend travels as one command: its entries' tokens, the hidden
+// rows they start from, and how many drafts to chain; a count out of range is refused.
+TEST(StepCommandTest, DraftChainCarriesItsDraftCount) {
+  StepCommand sent{.op = StepCommand::Op::kDraftOnDevice, .position = 40, .hidden_row = 2, .num_drafts = 3};
+  sent.tokens = {5, 9, 11};
+  absl::StatusOr<StepCommand> got = DecodeStepHeader(EncodeStepHeader(sent), 512);
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(got->op, StepCommand::Op::kDraftOnDevice);
+  EXPECT_EQ(got->position, 40);
+  EXPECT_EQ(got->hidden_row, 2);
+  EXPECT_EQ(got->num_drafts, 3);
+  ASSERT_THAT(DecodeStepPayload(EncodeStepPayload(sent), *got), IsOk());
+  EXPECT_THAT(got->tokens, ElementsAre(5, 9, 11));
+  for (const auto& [drafts, row] : {std::pair{0, int64_t{0}}, std::pair{kMaxCommandDrafts + 1, int64_t{0}},
+                                    std::pair{2, StepCommand::kLastMtpHidden}}) {
+    StepCommand bad = sent;
+    bad.num_drafts = drafts;
+    bad.hidden_row = row;
+    EXPECT_THAT(DecodeStepHeader(EncodeStepHeader(bad), 512),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("drafting")))
+        << drafts << " drafts from row " << row;
   }
 }
 
