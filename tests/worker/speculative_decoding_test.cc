@@ -12,6 +12,7 @@
 
 #include "services/worker/mtp_drafter.h"
 #include "services/worker/sequence_runner.h"
+#include "services/worker/step_command.h"
 #include "tests/common/status_matchers.h"
 #include "tests/worker/nano_model.h"
 
@@ -19,6 +20,8 @@ namespace nq::worker {
 namespace {
 
 using ::nq::testing::IsOk;
+using ::nq::testing::StatusIs;
+using ::testing::HasSubstr;
 using testing::Generate;
 using testing::LoadedModel;
 using testing::RunResult;
@@ -444,6 +447,49 @@ TEST_F(SpeculativeDecodingTest, DraftOnDeviceIsTheHostsDraftingChain) {
   device.SetRoutingObserver(nullptr);
   host.ResetCache();
   device.ResetCache();
+}
+
+// A follower of a tensor-parallel group runs the leader's greedy draft chain from its command
+// (StepCommand::Op::kDraftOnDevice, through the wire format): its MTP cache and last state end as
+// the leader's own DraftOnDevice leaves them. A command for another MTP position, or for hidden
+// rows past the follower's last forward, is refused by name and runs nothing.
+TEST_F(SpeculativeDecodingTest, AFollowersDraftChainCommandRunsTheLeadersChain) {
+  model::Model& leader = *plain_model_.model;
+  model::Model& follower = *spec_model_.model;
+  for (model::Model* m : {&leader, &follower}) {
+    m->ResetCache();
+    ASSERT_THAT(m->TruncateMtpCache(0), IsOk());
+  }
+  const std::vector<int32_t> prompt = testing::HeldOutPrompts(3)[2];
+  ASSERT_GE(prompt.size(), 4u);
+  const std::span<const int32_t> forward(prompt.data(), 3), next(prompt.data() + 1, 3);
+  ASSERT_THAT(leader.Forward(forward), IsOk());
+  ASSERT_THAT(follower.Forward(forward), IsOk());
+  ASSERT_THAT(leader.DraftOnDevice(next, leader.last_hidden(), 3, kernels::SampleParams{}), IsOk());
+
+  StepCommand sent{.op = StepCommand::Op::kDraftOnDevice, .position = 0, .hidden_row = 0, .num_drafts = 3};
+  sent.tokens.assign(next.begin(), next.end());
+  absl::StatusOr<StepCommand> command = DecodeStepHeader(EncodeStepHeader(sent), 64);
+  ASSERT_THAT(command, IsOk());
+  ASSERT_THAT(DecodeStepPayload(EncodeStepPayload(sent), *command), IsOk());
+  ASSERT_THAT(ApplyStepCommand(*command, follower), IsOk());
+  EXPECT_EQ(follower.mtp_cache_length(), 3 + 3 - 1);
+  EXPECT_EQ(follower.mtp_cache_length(), leader.mtp_cache_length());
+  EXPECT_EQ(follower.last_mtp_hidden(), leader.last_mtp_hidden());
+
+  const int64_t length = follower.mtp_cache_length();
+  EXPECT_THAT(ApplyStepCommand(*command, follower),  // position 0 again: the cache has moved on
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("MTP cache holds 5 positions")));
+  StepCommand past = *command;
+  past.position = length;
+  past.hidden_row = 1;  // rows [1, 4) of a 3-row forward
+  EXPECT_THAT(ApplyStepCommand(past, follower),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("past the 3 rows")));
+  EXPECT_EQ(follower.mtp_cache_length(), length);
+  for (model::Model* m : {&leader, &follower}) {
+    m->ResetCache();
+    ASSERT_THAT(m->TruncateMtpCache(0), IsOk());
+  }
 }
 
 }  // namespace
