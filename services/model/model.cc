@@ -892,6 +892,16 @@ absl::StatusOr<Tensor> Model::HeadLogits(const Tensor& hidden_normed, const Tens
   return gathered;
 }
 
+absl::StatusOr<Tensor> Model::LogitRows(const Tensor& hidden_normed, const Tensor& head) {
+  const int64_t T = hidden_normed.shape().dim(0), W = options_.tp.world_size;
+  ASSIGN_OR_RETURN(Tensor logits, HeadLogits(hidden_normed, head));
+  if (W > 1 && T > 1) {
+    ASSIGN_OR_RETURN(logits, InterleaveRankBlocks(std::move(logits)));
+  }
+  RETURN_IF_ERROR(logits.Reshape(Shape{T, head.shape().dim(0) * W}));
+  return logits;
+}
+
 absl::StatusOr<Tensor> Model::InterleaveRankBlocks(Tensor gathered) {
   const int64_t W = gathered.shape().dim(0), T = gathered.shape().dim(1), Vr = gathered.shape().dim(2);
   RETURN_IF_ERROR(gathered.Reshape(Shape{W * T, Vr}));

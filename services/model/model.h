@@ -387,6 +387,9 @@ class Model {
   // A tensor-parallel rank's gathered blocks [W, T, Vr] as logits rows [T, W * Vr] on the backend
   // (the step graph's steps of more than one token): W * T row copies, which a graph records.
   absl::StatusOr<kernels::Tensor> InterleaveRankBlocks(kernels::Tensor gathered);
+  // HeadLogits as logits rows on the backend, [T, W * Vr] (the step graphs' heads): one row is
+  // the gathered blocks as they lie, more are interleaved.
+  absl::StatusOr<kernels::Tensor> LogitRows(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // HeadLogits on the host, the ranks' blocks interleaved into full logits [T, V].
   absl::StatusOr<std::vector<float>> Logits(const kernels::Tensor& hidden_normed, const kernels::Tensor& head);
   // The decoder stack over `tokens`; leaves the final-normed hidden states in `x`.

@@ -30,7 +30,6 @@ bool Model::DraftsOnDevice(size_t rows, int drafts, int index) const {
 absl::Status Model::EnqueueMtpDrafts(int index, StepGraph& g, int64_t bucket_end) {
   const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
   const int64_t T = g.ids.shape().dim(0), D = config_.hidden_size;
-  const int64_t V = m.head.shape().dim(0) * options_.tp.world_size;  // the head is vocabulary-sharded
   const int drafts = static_cast<int>(g.draft_ids.size());
   // The first forward feeds the kept entries; only its last row drafts.
   ASSIGN_OR_RETURN(Tensor state,
@@ -46,9 +45,7 @@ absl::Status Model::EnqueueMtpDrafts(int index, StepGraph& g, int64_t bucket_end
       ASSIGN_OR_RETURN(state, EnqueueMtpForward(index, g.draft_ids[at - 1], state,
                                                 StepPosition::OnDevice(g.forward_positions[at], bucket_end - 1)));
     }
-    // One row: the ranks' gathered blocks [W, 1, Vr] are the logits row as they lie.
-    ASSIGN_OR_RETURN(Tensor logits, HeadLogits(state, m.head));
-    RETURN_IF_ERROR(logits.Reshape(Shape{1, V}));
+    ASSIGN_OR_RETURN(Tensor logits, LogitRows(state, m.head));
     RETURN_IF_ERROR(backend_.SampleTokens(logits, g.sample_params, g.draft_ids[at]));
   }
   // step_output_: the last state [D], then the drafts.

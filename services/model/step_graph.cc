@@ -66,12 +66,7 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   }
   selection_.reset();  // memory allocated in a capture must be freed in it
   RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
-  // For one row the ranks' gathered blocks [W, 1, Vr] are the logits row; more are interleaved.
-  ASSIGN_OR_RETURN(Tensor logits, HeadLogits(x, weights_.lm_head));
-  if (options_.tp.world_size > 1 && T > 1) {
-    ASSIGN_OR_RETURN(logits, InterleaveRankBlocks(std::move(logits)));
-  }
-  RETURN_IF_ERROR(logits.Reshape(Shape{T, StepGraphVocab()}));
+  ASSIGN_OR_RETURN(Tensor logits, LogitRows(x, weights_.lm_head));
   auto* out = static_cast<std::byte*>(step_output_->data());
   // The step's result ahead of the final states: the sampled ids, or the logits.
   const Tensor* result = &logits;
@@ -103,14 +98,9 @@ absl::StatusOr<Tensor> Model::EnqueueMtpForward(int index, const Tensor& ids, co
 
 absl::Status Model::EnqueueMtpStep(int index, const Tensor& ids, const Tensor& hidden, int64_t start_bound) {
   const MtpWeights& m = weights_.mtp[static_cast<size_t>(index)];
-  const int64_t T = ids.shape().dim(0);
   ASSIGN_OR_RETURN(Tensor u, EnqueueMtpForward(index, ids, hidden, StepPosition::OnDevice(step_position_, start_bound)));
-  // The MTP head is vocabulary-sharded as lm_head is: gathered, and interleaved for several rows.
-  ASSIGN_OR_RETURN(Tensor logits, HeadLogits(u, m.head));
-  if (options_.tp.world_size > 1 && T > 1) {
-    ASSIGN_OR_RETURN(logits, InterleaveRankBlocks(std::move(logits)));
-  }
-  RETURN_IF_ERROR(logits.Reshape(Shape{T, m.head.shape().dim(0) * options_.tp.world_size}));
+  // The MTP head is vocabulary-sharded as lm_head is.
+  ASSIGN_OR_RETURN(Tensor logits, LogitRows(u, m.head));
   auto* out = static_cast<std::byte*>(step_output_->data());
   RETURN_IF_ERROR(backend_.CopyToHostAsync(logits, std::span<std::byte>(out, logits.nbytes())));
   return backend_.CopyToHostAsync(u, std::span<std::byte>(out + logits.nbytes(), u.nbytes()));
