@@ -25,7 +25,10 @@ namespace tr = quant::trellis;
 // positions p0 + k 2^b, b = PartnerBit(t), are a group's four predecessors before the step and
 // its four successors after it), the same comparisons for the minimum and its index, and the
 // same float operations for the costs, each rounded on its own (no fused multiply-add), so the
-// codes equal the CPU's.
+// codes equal the CPU's. Only the order of the work differs: two consecutive steps touch 16
+// positions closed under both steps' butterflies, so each thread runs them on those costs in
+// registers (PairStep, BoundarySteps) and a layout period of 8 steps takes 4 passes over the costs
+// in shared memory, not 8.
 constexpr int kClusterBlocks = 2;
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
@@ -33,7 +36,8 @@ constexpr uint32_t kPositionsPerBlock = tr::kStateCount / kClusterBlocks;  // 32
 constexpr uint32_t kGroups = tr::kStateCount >> tr::kSymbolBits;            // 16384 butterflies a step
 constexpr uint32_t kGroupsPerBlock = kGroups / kClusterBlocks;             // 8192
 constexpr int kGroupsPerThread = static_cast<int>(kGroupsPerBlock / kThreads);
-// Backpointers of one step: bit plane 0 and 1 of the 2-bit index, one word per 32 groups each.
+// Backpointers of one step: bit plane 0 and 1 of the 2-bit index, one word per 32 groups each
+// (which 32 groups share a word depends on the step's kind: SingleStep, PairBackpointerWord).
 constexpr int kBackpointerWordsPerStep = static_cast<int>(kGroups / 32) * 2;
 constexpr int kSteps = tr::kTileWeights;
 constexpr std::size_t kBackpointerWordsPerCluster = static_cast<std::size_t>(kSteps) * kBackpointerWordsPerStep;
@@ -108,12 +112,47 @@ __global__ void BuildByteSumsKernel(std::uint16_t* sums) {
   sums[i] = static_cast<std::uint16_t>(SuccessorByteSum(phase, q, k));
 }
 
-// Step t of a run over target x, this block's butterflies (groups q of the block's range). The
-// costs of positions with top bit r live in block r's `half[r]`; only crossing steps touch the
-// other block's half.
+// Where a position's cost sits in its block's shared memory: bits 2-4 of the position XOR bits 6-8.
+// Without it the steps of partner bits 2 and 4 put four lanes on each bank (the lanes of a warp
+// differ in position bits 0, 1 and 6-8 there); with it every access pattern below is free of
+// bank conflicts, and bits 0-1 (a float4 of the partner-bit-0 step) and 5 and up are unchanged.
+__device__ __forceinline__ std::uint32_t CostAddress(std::uint32_t position) {
+  return position ^ (((position >> 6) & 7u) << 2);
+}
+
+// The 2-bit symbol value k of a group's byte-sum entry: each 16-bit sum moves into the low half of
+// 0x4B000000 with one byte permute.
+__device__ __forceinline__ float SuccessorValue(uint2 sum, int k) {
+  const std::uint32_t word = k < 2 ? sum.x : sum.y;
+  return UnitValueOfBiasedSum(__byte_perm(word, 0x4B000000u, (k & 1) ? 0x7632 : 0x7610));
+}
+
+// The least of a group's four predecessor costs and its index, with trellis_viterbi.cc's
+// comparisons (ties keep the lower index).
+__device__ __forceinline__ float LeastOfFour(float a0, float a1, float a2, float a3, std::uint32_t& j) {
+  const bool b01 = a1 < a0;
+  const float m01 = b01 ? a1 : a0;
+  const bool b23 = a3 < a2;
+  const float m23 = b23 ? a3 : a2;
+  const bool high = m23 < m01;
+  j = high ? 2u + static_cast<std::uint32_t>(b23) : static_cast<std::uint32_t>(b01);
+  return high ? m23 : m01;
+}
+
+// A successor's cost, rounded as the CPU rounds it: least + (x - value)^2, no fused multiply-add.
+__device__ __forceinline__ float NextCost(float least, float x, float value) {
+  const float d = __fsub_rn(x, value);
+  return __fadd_rn(least, __fmul_rn(d, d));
+}
+
+// One step on its own (a run's first step, the crossing step of partner bit 14, and its last, of
+// partner bit 0), this block's butterflies: groups q of the block's range, 32 consecutive q a warp, whose 2-bit backpointers
+// are stored as two ballot words per 32 groups (word (q / 32) * 2 and the next). The costs of
+// positions with top bit r live in block r's `half[r]`; only the crossing step touches the other
+// block's half.
 template <bool kCrossing>
-__device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp,
-                                     const std::uint16_t* byte_sums) {
+__device__ __forceinline__ void SingleStep(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp,
+                                           const std::uint16_t* byte_sums) {
   const int b = PartnerBit(t);
   const std::uint32_t stride = 1u << b;
   const std::uint32_t low = stride - 1u;
@@ -125,52 +164,36 @@ __device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], in
     const std::uint32_t q = rank * kGroupsPerBlock + m * kThreads + threadIdx.x;
     const uint2 sum = __ldg(sums + q);  // issued first: its L2 latency overlaps the loads below
     const std::uint32_t p0 = (q & low) | ((q >> b) << (b + tr::kSymbolBits));
+    float a[4];
     float* c[4];
     if constexpr (kCrossing) {
       // b = 14: p0 < 2^14; positions p0 and p0 + 2^14 in block 0, p0 + 2^15 and + 3 * 2^14 in block 1.
-      c[0] = half[0] + p0;
-      c[1] = half[0] + p0 + stride;
-      c[2] = half[1] + p0;
-      c[3] = half[1] + p0 + stride;
-    } else {
-      extern __shared__ float costs[];  // this block's half (the kernel's dynamic shared memory)
-      float* base = costs + (p0 & (kPositionsPerBlock - 1u));
-      c[0] = base;
-      c[1] = base + stride;
-      c[2] = base + 2 * stride;
-      c[3] = base + 3 * stride;
-    }
-    float a[4];
-    if (!kCrossing && b == 0) {
-      const float4 v = *reinterpret_cast<const float4*>(c[0]);  // four adjacent positions
-      a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
-    } else {
+      const std::uint32_t at = CostAddress(p0);
+      c[0] = half[0] + at;
+      c[1] = half[0] + at + stride;
+      c[2] = half[1] + at;
+      c[3] = half[1] + at + stride;
 #pragma unroll
       for (int k = 0; k < 4; ++k) a[k] = *c[k];
+    } else {
+      // b = 0: the four positions are adjacent, and CostAddress keeps them so.
+      static_assert(kLayoutPeriod == 8);
+      extern __shared__ float costs[];  // this block's half (the kernel's dynamic shared memory)
+      c[0] = costs + CostAddress(p0 & (kPositionsPerBlock - 1u));
+      const float4 v = *reinterpret_cast<const float4*>(c[0]);
+      a[0] = v.x, a[1] = v.y, a[2] = v.z, a[3] = v.w;
     }
-    const bool b01 = a[1] < a[0];
-    const float m01 = b01 ? a[1] : a[0];
-    const bool b23 = a[3] < a[2];
-    const float m23 = b23 ? a[3] : a[2];
-    const bool high = m23 < m01;
-    const float least = high ? m23 : m01;
-    const std::uint32_t j = high ? 2u + static_cast<std::uint32_t>(b23) : static_cast<std::uint32_t>(b01);
-
-    // Position p0 + k 2^b now holds successor k (SuccessorByteSum); each 16-bit sum moves into
-    // the low half of 0x4B000000 with one byte permute.
-    const std::uint32_t biased[4] = {__byte_perm(sum.x, 0x4B000000u, 0x7610), __byte_perm(sum.x, 0x4B000000u, 0x7632),
-                                     __byte_perm(sum.y, 0x4B000000u, 0x7610), __byte_perm(sum.y, 0x4B000000u, 0x7632)};
+    std::uint32_t j;
+    const float least = LeastOfFour(a[0], a[1], a[2], a[3], j);
+    // Position p0 + k 2^b now holds successor k (SuccessorByteSum).
     float next[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float d = __fsub_rn(x, UnitValueOfBiasedSum(biased[k]));
-      next[k] = __fadd_rn(least, __fmul_rn(d, d));
-    }
-    if (!kCrossing && b == 0) {
-      *reinterpret_cast<float4*>(c[0]) = make_float4(next[0], next[1], next[2], next[3]);
-    } else {
+    for (int k = 0; k < 4; ++k) next[k] = NextCost(least, x, SuccessorValue(sum, k));
+    if constexpr (kCrossing) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) *c[k] = next[k];
+    } else {
+      *reinterpret_cast<float4*>(c[0]) = make_float4(next[0], next[1], next[2], next[3]);
     }
     const unsigned bit0 = __ballot_sync(0xffffffffu, (j & 1u) != 0);
     const unsigned bit1 = __ballot_sync(0xffffffffu, (j & 2u) != 0);
@@ -182,36 +205,219 @@ __device__ __forceinline__ void Step(int t, float x, float* const (&half)[2], in
   }
 }
 
-// The steps of one run. Crossing steps (t % 8 == 0) and the step after each start on a cluster
-// barrier (the other block wrote what they read); the rest on a block barrier.
+// Steps of partner bits kLo + 2 and then kLo run back to back in registers (layout phases 1-2,
+// 3-4, 5-6): both steps' butterflies lie within the 16 positions P + i 2^kLo + k 2^(kLo+2) (i, k in
+// 0..3) for every P with those four bits clear, so a thread loads 16 costs once, runs both steps
+// and stores them once: half the shared-memory traffic and no barrier between the two. The first
+// step's groups are the rows i (predecessors and successors k), the second's the columns k
+// (predecessors and successors i). A thread holds chunks c = m * kThreads + threadIdx.x (the
+// position's other 11 bits in order); a step's backpointers are two ballot words per (rank, m,
+// warp, group of the chunk), PairBackpointerWord.
+__device__ __forceinline__ std::uint32_t ChunkPosition(std::uint32_t chunk, int lo) {
+  return (chunk & ((1u << lo) - 1u)) | ((chunk >> lo) << (lo + 4));
+}
+__device__ __forceinline__ std::uint32_t PairBackpointerWord(int rank, std::uint32_t chunk, std::uint32_t group) {
+  const std::uint32_t m = chunk / kThreads, warp = chunk % kThreads / 32;
+  return ((((static_cast<std::uint32_t>(rank) * 2u + m) * kWarps + warp) * 4u + group) * 2u);
+}
+static_assert(kPositionsPerBlock / 16 == 2 * kThreads, "two 16-position chunks a thread");
+static_assert(2u * 2u * kWarps * 4u * 2u == static_cast<unsigned>(kBackpointerWordsPerStep));
+
+template <int kLo>
+__device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs, int rank, std::uint32_t* bp0,
+                                         std::uint32_t* bp1, const std::uint16_t* byte_sums) {
+  constexpr std::uint32_t kRow = 1u << kLo, kColumn = 1u << (kLo + 2);
+  const int lane = threadIdx.x % 32;
+  const uint2* sums0 = reinterpret_cast<const uint2*>(byte_sums) + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
+  const uint2* sums1 = sums0 + kGroups;
+  const std::uint32_t block_bit = static_cast<std::uint32_t>(rank) << 15;
+#pragma unroll 1
+  for (std::uint32_t m = 0; m < 2; ++m) {
+    const std::uint32_t chunk = m * kThreads + threadIdx.x;
+    const std::uint32_t base = ChunkPosition(chunk, kLo);  // in this block; the 4 bits at kLo clear
+    // The step's group of p0 is QuadIndex(p0, b): p0 with its two partner bits dropped.
+    uint2 sum0[4], sum1[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t p0 = block_bit | base | i * kRow;  // row i: partner bits kLo + 2, kLo + 3
+      sum0[i] = __ldg(sums0 + ((p0 & (kColumn - 1u)) | ((p0 >> (kLo + 4)) << (kLo + 2))));
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const std::uint32_t p0 = block_bit | base | k * kColumn;  // column k: partner bits kLo, kLo + 1
+      sum1[k] = __ldg(sums1 + ((p0 & (kRow - 1u)) | ((p0 >> (kLo + 2)) << kLo)));
+    }
+    float a[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[i][k] = costs[CostAddress(base | i * kRow | k * kColumn)];
+    }
+    std::uint32_t bits[4][2];  // a step's backpointers: [group][ballot plane]
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t j;
+      const float least = LeastOfFour(a[i][0], a[i][1], a[i][2], a[i][3], j);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[i][k] = NextCost(least, x0, SuccessorValue(sum0[i], k));
+      bits[i][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
+      bits[i][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+    }
+    const std::uint32_t word = PairBackpointerWord(rank, chunk, 0);
+    if (lane == 0) {
+      uint4* w = reinterpret_cast<uint4*>(bp0 + word);
+      w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
+      w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      std::uint32_t j;
+      const float least = LeastOfFour(a[0][k], a[1][k], a[2][k], a[3][k], j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i][k] = NextCost(least, x1, SuccessorValue(sum1[k], i));
+      bits[k][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
+      bits[k][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) costs[CostAddress(base | i * kRow | k * kColumn)] = a[i][k];
+    }
+    if (lane == 0) {
+      uint4* w = reinterpret_cast<uint4*>(bp1 + word);
+      w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
+      w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
+    }
+  }
+}
+
+// The partner-bit-0 step (layout phase 7) and the next period's crossing step (partner bit 14)
+// back to back in registers: both steps' butterflies lie within the 16 positions P + i + k 2^14
+// (i, k in 0..3; bits 14 and 15 pick the block, so half of each thread's positions are in the
+// other block's shared memory) for every P = c << 2, c the positions' bits 2-13. Block r holds
+// the chunks c with bit 11 = r, thread chunk = c % 2048 = m * kThreads + threadIdx.x. The first
+// step's groups are the rows k (q = c | k << 12: the single steps' ballot words), the second's
+// the columns i (q = P | i: PairBackpointerWord(r, chunk, i)).
+__device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_second, float* const (&half)[2], int rank,
+                                              std::uint32_t* bp_first, std::uint32_t* bp_second,
+                                              const std::uint16_t* byte_sums) {
+  const int lane = threadIdx.x % 32;
+  const uint2* sums_first = reinterpret_cast<const uint2*>(byte_sums) + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
+  const uint2* sums_second = reinterpret_cast<const uint2*>(byte_sums);  // layout phase 0
+#pragma unroll 1
+  for (std::uint32_t m = 0; m < 2; ++m) {
+    const std::uint32_t chunk = m * kThreads + threadIdx.x;
+    const std::uint32_t c = (static_cast<std::uint32_t>(rank) << 11) | chunk;
+    const std::uint32_t base = c << 2;
+    uint2 sum_first[4], sum_second[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sum_first[k] = __ldg(sums_first + (c | static_cast<std::uint32_t>(k) << 12));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum_second[i] = __ldg(sums_second + (base | static_cast<std::uint32_t>(i)));
+    float a[4][4];  // [k][i]: position base + i + k 2^14
+    float* row[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      row[k] = half[k >> 1] + CostAddress(base + ((k & 1u) << 14));
+      const float4 v = *reinterpret_cast<const float4*>(row[k]);
+      a[k][0] = v.x, a[k][1] = v.y, a[k][2] = v.z, a[k][3] = v.w;
+    }
+    std::uint32_t bits[4][2];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      std::uint32_t j;
+      const float least = LeastOfFour(a[k][0], a[k][1], a[k][2], a[k][3], j);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[k][i] = NextCost(least, x_first, SuccessorValue(sum_first[k], i));
+      bits[k][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
+      bits[k][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        std::uint32_t* w = bp_first + (((c | static_cast<std::uint32_t>(k) << 12) / 32) * 2);
+        w[0] = bits[k][0];
+        w[1] = bits[k][1];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t j;
+      const float least = LeastOfFour(a[0][i], a[1][i], a[2][i], a[3][i], j);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a[k][i] = NextCost(least, x_second, SuccessorValue(sum_second[i], k));
+      bits[i][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
+      bits[i][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+    }
+    if (lane == 0) {
+      uint4* w = reinterpret_cast<uint4*>(bp_second + PairBackpointerWord(rank, chunk, 0));
+      w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
+      w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) *reinterpret_cast<float4*>(row[k]) = make_float4(a[k][0], a[k][1], a[k][2], a[k][3]);
+  }
+}
+
+// The steps of one run, a layout period (8 steps) at a time: the pairs of partner bits 12-10 (on
+// a cluster barrier: the crossing step before them wrote into this block's half), 8-6 and 4-2 (on
+// block barriers), then the partner-bit-0 step with the next period's crossing step (on a cluster
+// barrier: they read the other block's half). The run's first crossing step and its last
+// partner-bit-0 step run alone. 4 passes over the costs a period, against 8 a step at a time.
 __device__ void Run(const float* xs, int x_offset, float* const (&half)[2], int rank, std::uint32_t* bps,
                     const std::uint16_t* byte_sums, cg::cluster_group& cluster) {
-  for (int t = 0; t < kSteps; ++t) {
-    const float x = xs[(t + x_offset) % kSteps];
-    std::uint32_t* bp = bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep;
-    if (t % kLayoutPeriod == 0) {
+  extern __shared__ float costs[];
+  static_assert(kLayoutPeriod == 8 && kSteps % kLayoutPeriod == 0);
+  auto x = [&](int t) { return xs[(t + x_offset) % kSteps]; };
+  auto bp = [&](int t) { return bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep; };
+  cluster.sync();
+  SingleStep<true>(0, x(0), half, rank, bp(0), byte_sums);
+  for (int t = 0; t < kSteps; t += kLayoutPeriod) {
+    cluster.sync();
+    PairStep<10>(t + 1, x(t + 1), x(t + 2), costs, rank, bp(t + 1), bp(t + 2), byte_sums);
+    __syncthreads();
+    PairStep<6>(t + 3, x(t + 3), x(t + 4), costs, rank, bp(t + 3), bp(t + 4), byte_sums);
+    __syncthreads();
+    PairStep<2>(t + 5, x(t + 5), x(t + 6), costs, rank, bp(t + 5), bp(t + 6), byte_sums);
+    if (t + kLayoutPeriod < kSteps) {
       cluster.sync();
-      Step<true>(t, x, half, rank, bp, byte_sums);
+      BoundarySteps(t + 7, x(t + 7), x(t + 8), half, rank, bp(t + 7), bp(t + 8), byte_sums);
     } else {
-      if (t % kLayoutPeriod == 1) {
-        cluster.sync();
-      } else {
-        __syncthreads();
-      }
-      Step<false>(t, x, half, rank, bp, byte_sums);
+      __syncthreads();
+      SingleStep<false>(t + 7, x(t + 7), half, rank, bp(t + 7), byte_sums);
     }
   }
 }
 
 // The backpointer of the group holding left-shift `state` before step t (trellis_viterbi.cc's
-// Trace: group g at position rotr16(g, 2t), butterfly index QuadIndex).
+// Trace: group g at position rotr16(g, 2t)), where Run's step stored it.
 __device__ __forceinline__ std::uint32_t PreviousState(const std::uint32_t* bps, int t, std::uint32_t state) {
   const std::uint32_t group = state >> tr::kSymbolBits;
   const int b = PartnerBit(t);
   const std::uint32_t p0 = Rotr16(group, tr::kSymbolBits * t);
-  const std::uint32_t q = (p0 & ((1u << b) - 1u)) | ((p0 >> (b + tr::kSymbolBits)) << b);
-  const std::uint32_t* w = bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep + (q / 32) * 2;
-  const std::uint32_t j = ((w[0] >> (q % 32)) & 1u) | (((w[1] >> (q % 32)) & 1u) << 1);
+  const int phase = t % kLayoutPeriod;
+  std::uint32_t word, bit;
+  if (phase == 0 && t > 0) {
+    // BoundarySteps' second step: column i = bits 0-1 of p0, chunk c = bits 2-13.
+    const std::uint32_t c = p0 >> 2;
+    word = PairBackpointerWord(static_cast<int>(c >> 11), c & 2047u, p0 & 3u);
+    bit = c % 32;
+  } else if (phase == 0 || phase == kLayoutPeriod - 1) {
+    const std::uint32_t q = (p0 & ((1u << b) - 1u)) | ((p0 >> (b + tr::kSymbolBits)) << b);
+    word = (q / 32) * 2;
+    bit = q % 32;
+  } else {
+    // A pair's first step (odd phases, partner bit lo + 2) holds row i = bits lo, lo + 1 of p0;
+    // its second (partner bit lo) column k = bits lo + 2, lo + 3.
+    const int lo = phase % 2 == 1 ? b - 2 : b;
+    const std::uint32_t in_pair = phase % 2 == 1 ? (p0 >> lo) & 3u : (p0 >> (lo + 2)) & 3u;
+    const std::uint32_t local = p0 & (kPositionsPerBlock - 1u);
+    const std::uint32_t chunk = (local & ((1u << lo) - 1u)) | ((local >> (lo + 4)) << lo);
+    word = PairBackpointerWord(static_cast<int>(p0 >> 15), chunk, in_pair);
+    bit = chunk % 32;
+  }
+  const std::uint32_t* w = bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep + word;
+  const std::uint32_t j = ((w[0] >> bit) & 1u) | (((w[1] >> bit) & 1u) << 1);
   return group | (j << (tr::kStateBits - tr::kSymbolBits));
 }
 
@@ -219,11 +425,12 @@ __device__ __forceinline__ std::uint32_t PreviousState(const std::uint32_t* bps,
 __device__ void BlockArgmin(const float* costs, std::uint32_t first_position, float* warp_value,
                             std::uint32_t* warp_index, float& value, std::uint32_t& index) {
   // Ascending positions with a strict comparison: each thread keeps its first least.
-  float best = costs[threadIdx.x];
+  float best = costs[CostAddress(threadIdx.x)];
   std::uint32_t at = threadIdx.x;
   for (std::uint32_t p = threadIdx.x + kThreads; p < kPositionsPerBlock; p += kThreads) {
-    if (costs[p] < best) {
-      best = costs[p];
+    const float c = costs[CostAddress(p)];
+    if (c < best) {
+      best = c;
       at = p;
     }
   }
@@ -293,14 +500,14 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     const std::uint32_t seam = *cluster.map_shared_rank(&overlap, 0);
     for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = INFINITY;
     __syncthreads();
-    if (threadIdx.x < 2) costs[seam + threadIdx.x * (1u << 14)] = 0.0f;  // j = 2 rank + threadIdx.x
+    if (threadIdx.x < 2) costs[CostAddress(seam + threadIdx.x * (1u << 14))] = 0.0f;  // j = 2 rank + threadIdx.x
     Run(xs, 0, half, rank, bps, p.byte_sums, cluster);
     cluster.sync();
     if (rank == 0 && threadIdx.x == 0) {
       std::uint32_t end = seam;
-      float least = half[0][seam];
+      float least = half[0][CostAddress(seam)];
       for (std::uint32_t j = 1; j < 4; ++j) {
-        const float c = half[j >> 1][seam + (j & 1u) * (1u << 14)];
+        const float c = half[j >> 1][CostAddress(seam + (j & 1u) * (1u << 14))];
         if (c < least) {
           least = c;
           end = seam | (j << 14);
