@@ -50,20 +50,20 @@ constexpr int kProbeSeamSymbols = tr::kStateSpan - 1;  // the symbols s_{-1} and
 static_assert(tr::kProbeSteps == kSteps, "the probe reuses the full run's backpointer scratch");
 static_assert(kGroupsPerBlock % kThreads == 0);
 
-// The byte sums of the successor states' hashes, per step of the layout period: step t's group q
-// writes the four successors rotl16(p0, 2t + 2) | k whose codebook values need the byte sum of
-// their hash, and those depend only on (t mod kLayoutPeriod, q, k), not on the tile. Tabled once
-// per search (BuildByteSumsKernel, the same integer arithmetic), a step loads 8 bytes a group from
-// L2 instead of computing four hashes (about 16 integer instructions a group: the search is bound
-// by instruction issue). 1 MiB: kLayoutPeriod x kGroups x 4 sums of 16 bits.
-constexpr std::size_t kByteSumEntries = static_cast<std::size_t>(kLayoutPeriod) * kGroups * 4;
+// The codebook values of the successor states, per step of the layout period: step t's group q
+// writes the four successors rotl16(p0, 2t + 2) | k, whose values depend only on (t mod
+// kLayoutPeriod, q, k), not on the tile. Tabled once per search (BuildValuesKernel, the CPU's
+// float arithmetic), a step loads 16 bytes a group from L2 instead of computing four hashes (about
+// 16 integer instructions a group) or unpacking four byte sums (3 instructions a value: measured
+// 2.7 % slower on the H100). 2 MiB: kLayoutPeriod x kGroups x 4 floats.
+constexpr std::size_t kValueEntries = static_cast<std::size_t>(kLayoutPeriod) * kGroups * 4;
 
 struct SearchParams {
   const float* targets;    // tiles x 256, unit-scaled, tile order
   std::uint8_t* symbols;   // tiles x 256
   std::uint32_t* backpointers;  // kBackpointerWordsPerCluster per cluster
   std::int64_t tiles;
-  const std::uint16_t* byte_sums;  // [t mod kLayoutPeriod][group q][successor k]
+  const float4* values;  // [t mod kLayoutPeriod][group q]: the four successors' codebook values
 };
 
 __device__ __forceinline__ int PartnerBit(int t) { return (tr::kStateBits - tr::kSymbolBits - tr::kSymbolBits * t) & 15; }
@@ -104,12 +104,13 @@ __device__ __forceinline__ std::uint32_t SuccessorByteSum(int phase, std::uint32
   return __dp4a(h, 0x01010101u, 0u);
 }
 
-__global__ void BuildByteSumsKernel(std::uint16_t* sums) {
+// Every entry of the value table: the same float as the CPU's UnitValues() of that state.
+__global__ void BuildValuesKernel(float* values) {
   const std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= kByteSumEntries) return;
+  if (i >= kValueEntries) return;
   const int phase = static_cast<int>(i / (kGroups * 4));
   const std::uint32_t q = static_cast<std::uint32_t>(i / 4 % kGroups), k = static_cast<std::uint32_t>(i % 4);
-  sums[i] = static_cast<std::uint16_t>(SuccessorByteSum(phase, q, k));
+  values[i] = UnitValueOfBiasedSum(0x4B000000u | SuccessorByteSum(phase, q, k));
 }
 
 // Where a position's cost sits in its block's shared memory: bits 2-4 of the position XOR bits 6-8.
@@ -120,11 +121,9 @@ __device__ __forceinline__ std::uint32_t CostAddress(std::uint32_t position) {
   return position ^ (((position >> 6) & 7u) << 2);
 }
 
-// The 2-bit symbol value k of a group's byte-sum entry: each 16-bit sum moves into the low half of
-// 0x4B000000 with one byte permute.
-__device__ __forceinline__ float SuccessorValue(uint2 sum, int k) {
-  const std::uint32_t word = k < 2 ? sum.x : sum.y;
-  return UnitValueOfBiasedSum(__byte_perm(word, 0x4B000000u, (k & 1) ? 0x7632 : 0x7610));
+// Successor k's value in a group's entry of the value table.
+__device__ __forceinline__ float SuccessorValue(float4 v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
 // The least of a group's four predecessor costs and its index, with trellis_viterbi.cc's
@@ -152,17 +151,17 @@ __device__ __forceinline__ float NextCost(float least, float x, float value) {
 // block's half.
 template <bool kCrossing>
 __device__ __forceinline__ void SingleStep(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp,
-                                           const std::uint16_t* byte_sums) {
+                                           const float4* values) {
   const int b = PartnerBit(t);
   const std::uint32_t stride = 1u << b;
   const std::uint32_t low = stride - 1u;
   const int lane = threadIdx.x % 32;
-  // This step's phase of the byte-sum table: 8 bytes (four 16-bit sums) a group.
-  const uint2* sums = reinterpret_cast<const uint2*>(byte_sums) + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
-#pragma unroll 2
+  // This step's phase of the value table: four floats a group.
+  const float4* phase_values = values + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
+#pragma unroll 1
   for (int m = 0; m < kGroupsPerThread; ++m) {
     const std::uint32_t q = rank * kGroupsPerBlock + m * kThreads + threadIdx.x;
-    const uint2 sum = __ldg(sums + q);  // issued first: its L2 latency overlaps the loads below
+    const float4 value = __ldg(phase_values + q);  // issued first: its L2 latency overlaps the loads below
     const std::uint32_t p0 = (q & low) | ((q >> b) << (b + tr::kSymbolBits));
     float a[4];
     float* c[4];
@@ -185,10 +184,10 @@ __device__ __forceinline__ void SingleStep(int t, float x, float* const (&half)[
     }
     std::uint32_t j;
     const float least = LeastOfFour(a[0], a[1], a[2], a[3], j);
-    // Position p0 + k 2^b now holds successor k (SuccessorByteSum).
+    // Position p0 + k 2^b now holds successor k.
     float next[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) next[k] = NextCost(least, x, SuccessorValue(sum, k));
+    for (int k = 0; k < 4; ++k) next[k] = NextCost(least, x, SuccessorValue(value, k));
     if constexpr (kCrossing) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) *c[k] = next[k];
@@ -225,27 +224,22 @@ static_assert(2u * 2u * kWarps * 4u * 2u == static_cast<unsigned>(kBackpointerWo
 
 template <int kLo>
 __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs, int rank, std::uint32_t* bp0,
-                                         std::uint32_t* bp1, const std::uint16_t* byte_sums) {
+                                         std::uint32_t* bp1, const float4* values) {
   constexpr std::uint32_t kRow = 1u << kLo, kColumn = 1u << (kLo + 2);
   const int lane = threadIdx.x % 32;
-  const uint2* sums0 = reinterpret_cast<const uint2*>(byte_sums) + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
-  const uint2* sums1 = sums0 + kGroups;
+  const float4* values0 = values + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
+  const float4* values1 = values0 + kGroups;
   const std::uint32_t block_bit = static_cast<std::uint32_t>(rank) << 15;
 #pragma unroll 1
   for (std::uint32_t m = 0; m < 2; ++m) {
     const std::uint32_t chunk = m * kThreads + threadIdx.x;
     const std::uint32_t base = ChunkPosition(chunk, kLo);  // in this block; the 4 bits at kLo clear
     // The step's group of p0 is QuadIndex(p0, b): p0 with its two partner bits dropped.
-    uint2 sum0[4], sum1[4];
+    float4 value0[4], value1[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const std::uint32_t p0 = block_bit | base | i * kRow;  // row i: partner bits kLo + 2, kLo + 3
-      sum0[i] = __ldg(sums0 + ((p0 & (kColumn - 1u)) | ((p0 >> (kLo + 4)) << (kLo + 2))));
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const std::uint32_t p0 = block_bit | base | k * kColumn;  // column k: partner bits kLo, kLo + 1
-      sum1[k] = __ldg(sums1 + ((p0 & (kRow - 1u)) | ((p0 >> (kLo + 2)) << kLo)));
+      value0[i] = __ldg(values0 + ((p0 & (kColumn - 1u)) | ((p0 >> (kLo + 4)) << (kLo + 2))));
     }
     float a[4][4];
 #pragma unroll
@@ -259,9 +253,14 @@ __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs
       std::uint32_t j;
       const float least = LeastOfFour(a[i][0], a[i][1], a[i][2], a[i][3], j);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a[i][k] = NextCost(least, x0, SuccessorValue(sum0[i], k));
+      for (int k = 0; k < 4; ++k) a[i][k] = NextCost(least, x0, SuccessorValue(value0[i], k));
       bits[i][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
       bits[i][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const std::uint32_t p0 = block_bit | base | k * kColumn;  // column k: partner bits kLo, kLo + 1
+      value1[k] = __ldg(values1 + ((p0 & (kRow - 1u)) | ((p0 >> (kLo + 2)) << kLo)));
     }
     const std::uint32_t word = PairBackpointerWord(rank, chunk, 0);
     if (lane == 0) {
@@ -274,7 +273,7 @@ __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs
       std::uint32_t j;
       const float least = LeastOfFour(a[0][k], a[1][k], a[2][k], a[3][k], j);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[i][k] = NextCost(least, x1, SuccessorValue(sum1[k], i));
+      for (int i = 0; i < 4; ++i) a[i][k] = NextCost(least, x1, SuccessorValue(value1[k], i));
       bits[k][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
       bits[k][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
     }
@@ -300,20 +299,18 @@ __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs
 // the columns i (q = P | i: PairBackpointerWord(r, chunk, i)).
 __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_second, float* const (&half)[2], int rank,
                                               std::uint32_t* bp_first, std::uint32_t* bp_second,
-                                              const std::uint16_t* byte_sums) {
+                                              const float4* values) {
   const int lane = threadIdx.x % 32;
-  const uint2* sums_first = reinterpret_cast<const uint2*>(byte_sums) + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
-  const uint2* sums_second = reinterpret_cast<const uint2*>(byte_sums);  // layout phase 0
+  const float4* values_first = values + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
+  const float4* values_second = values;  // layout phase 0
 #pragma unroll 1
   for (std::uint32_t m = 0; m < 2; ++m) {
     const std::uint32_t chunk = m * kThreads + threadIdx.x;
     const std::uint32_t c = (static_cast<std::uint32_t>(rank) << 11) | chunk;
     const std::uint32_t base = c << 2;
-    uint2 sum_first[4], sum_second[4];
+    float4 value_first[4], value_second[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sum_first[k] = __ldg(sums_first + (c | static_cast<std::uint32_t>(k) << 12));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sum_second[i] = __ldg(sums_second + (base | static_cast<std::uint32_t>(i)));
+    for (int k = 0; k < 4; ++k) value_first[k] = __ldg(values_first + (c | static_cast<std::uint32_t>(k) << 12));
     float a[4][4];  // [k][i]: position base + i + k 2^14
     float* row[4];
 #pragma unroll
@@ -328,10 +325,12 @@ __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_seco
       std::uint32_t j;
       const float least = LeastOfFour(a[k][0], a[k][1], a[k][2], a[k][3], j);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) a[k][i] = NextCost(least, x_first, SuccessorValue(sum_first[k], i));
+      for (int i = 0; i < 4; ++i) a[k][i] = NextCost(least, x_first, SuccessorValue(value_first[k], i));
       bits[k][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
       bits[k][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) value_second[i] = __ldg(values_second + (base | static_cast<std::uint32_t>(i)));
     if (lane == 0) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -345,7 +344,7 @@ __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_seco
       std::uint32_t j;
       const float least = LeastOfFour(a[0][i], a[1][i], a[2][i], a[3][i], j);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) a[k][i] = NextCost(least, x_second, SuccessorValue(sum_second[i], k));
+      for (int k = 0; k < 4; ++k) a[k][i] = NextCost(least, x_second, SuccessorValue(value_second[i], k));
       bits[i][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
       bits[i][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
     }
@@ -365,26 +364,26 @@ __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_seco
 // barrier: they read the other block's half). The run's first crossing step and its last
 // partner-bit-0 step run alone. 4 passes over the costs a period, against 8 a step at a time.
 __device__ void Run(const float* xs, int x_offset, float* const (&half)[2], int rank, std::uint32_t* bps,
-                    const std::uint16_t* byte_sums, cg::cluster_group& cluster) {
+                    const float4* values, cg::cluster_group& cluster) {
   extern __shared__ float costs[];
   static_assert(kLayoutPeriod == 8 && kSteps % kLayoutPeriod == 0);
   auto x = [&](int t) { return xs[(t + x_offset) % kSteps]; };
   auto bp = [&](int t) { return bps + static_cast<std::size_t>(t) * kBackpointerWordsPerStep; };
   cluster.sync();
-  SingleStep<true>(0, x(0), half, rank, bp(0), byte_sums);
+  SingleStep<true>(0, x(0), half, rank, bp(0), values);
   for (int t = 0; t < kSteps; t += kLayoutPeriod) {
     cluster.sync();
-    PairStep<10>(t + 1, x(t + 1), x(t + 2), costs, rank, bp(t + 1), bp(t + 2), byte_sums);
+    PairStep<10>(t + 1, x(t + 1), x(t + 2), costs, rank, bp(t + 1), bp(t + 2), values);
     __syncthreads();
-    PairStep<6>(t + 3, x(t + 3), x(t + 4), costs, rank, bp(t + 3), bp(t + 4), byte_sums);
+    PairStep<6>(t + 3, x(t + 3), x(t + 4), costs, rank, bp(t + 3), bp(t + 4), values);
     __syncthreads();
-    PairStep<2>(t + 5, x(t + 5), x(t + 6), costs, rank, bp(t + 5), bp(t + 6), byte_sums);
+    PairStep<2>(t + 5, x(t + 5), x(t + 6), costs, rank, bp(t + 5), bp(t + 6), values);
     if (t + kLayoutPeriod < kSteps) {
       cluster.sync();
-      BoundarySteps(t + 7, x(t + 7), x(t + 8), half, rank, bp(t + 7), bp(t + 8), byte_sums);
+      BoundarySteps(t + 7, x(t + 7), x(t + 8), half, rank, bp(t + 7), bp(t + 8), values);
     } else {
       __syncthreads();
-      SingleStep<false>(t + 7, x(t + 7), half, rank, bp(t + 7), byte_sums);
+      SingleStep<false>(t + 7, x(t + 7), half, rank, bp(t + 7), values);
     }
   }
 }
@@ -478,7 +477,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     // Probe: the ring from the seam (targets 128.., 0..127), from a free start.
     for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = 0.0f;
     __syncthreads();
-    Run(xs, kSteps / 2, half, rank, bps, p.byte_sums, cluster);
+    Run(xs, kSteps / 2, half, rank, bps, p.values, cluster);
     cluster.sync();
     BlockArgmin(costs, rank * kPositionsPerBlock, warp_value, warp_index, block_least, block_least_at);
     cluster.sync();
@@ -501,7 +500,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     for (std::uint32_t i = threadIdx.x; i < kPositionsPerBlock; i += kThreads) costs[i] = INFINITY;
     __syncthreads();
     if (threadIdx.x < 2) costs[CostAddress(seam + threadIdx.x * (1u << 14))] = 0.0f;  // j = 2 rank + threadIdx.x
-    Run(xs, 0, half, rank, bps, p.byte_sums, cluster);
+    Run(xs, 0, half, rank, bps, p.values, cluster);
     cluster.sync();
     if (rank == 0 && threadIdx.x == 0) {
       std::uint32_t end = seam;
@@ -533,7 +532,7 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
   ~CudaTrellisTileSearch() override {
     if (cudaSetDevice(device_) != cudaSuccess) return;
     cudaFree(backpointers_);
-    cudaFree(byte_sums_);
+    cudaFree(values_);
     cudaFree(targets_);
     cudaFree(symbols_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -543,11 +542,11 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&backpointers_, clusters_ * kBackpointerWordsPerCluster * sizeof(std::uint32_t)));
-    NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&byte_sums_, kByteSumEntries * sizeof(std::uint16_t)));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMalloc(&values_, kValueEntries * sizeof(float)));
     constexpr unsigned kBuildThreads = 256;
-    BuildByteSumsKernel<<<static_cast<unsigned>((kByteSumEntries + kBuildThreads - 1) / kBuildThreads), kBuildThreads, 0,
-                          stream_>>>(byte_sums_);
-    RETURN_IF_ERROR(CheckLaunch("BuildByteSumsKernel"));
+    BuildValuesKernel<<<static_cast<unsigned>((kValueEntries + kBuildThreads - 1) / kBuildThreads), kBuildThreads, 0,
+                        stream_>>>(values_);
+    RETURN_IF_ERROR(CheckLaunch("BuildValuesKernel"));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
@@ -573,7 +572,7 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
     }
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(targets_, targets.data(), targets.size_bytes(), cudaMemcpyHostToDevice, stream_));
-    const SearchParams params{targets_, symbols_, backpointers_, tiles, byte_sums_};
+    const SearchParams params{targets_, symbols_, backpointers_, tiles, reinterpret_cast<const float4*>(values_)};
     const unsigned clusters = static_cast<unsigned>(std::min<std::int64_t>(clusters_, tiles));
     TrellisSearchKernel<<<clusters * kClusterBlocks, kThreads, kCostBytes, stream_>>>(params);
     RETURN_IF_ERROR(CheckLaunch("TrellisSearchKernel"));
@@ -588,7 +587,7 @@ class CudaTrellisTileSearch final : public quant::TrellisTileSearch {
   int clusters_;  // clusters resident at once: the grid, each looping over tiles
   cudaStream_t stream_ = nullptr;
   std::uint32_t* backpointers_ = nullptr;
-  std::uint16_t* byte_sums_ = nullptr;  // kByteSumEntries (SearchParams::byte_sums)
+  float* values_ = nullptr;  // kValueEntries (SearchParams::values)
   float* targets_ = nullptr;
   std::uint8_t* symbols_ = nullptr;
   std::int64_t capacity_ = 0;  // tiles the buffers hold
