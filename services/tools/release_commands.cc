@@ -86,8 +86,9 @@ ProgressReporter MakeProgress(std::string task, std::string unit, std::string wo
 // feedback gets the cores between them. `workers` > 0 (--workers) replaces either count.
 // Eight a GPU: on the H200 with 16 cores, LDLQ encodes of 7168 x 2048 took 5.89 s a matrix with
 // two workers, 4.56 with four and 4.08 with eight (90 % of the search's own rate;
-// trellis_search_bench --ldlq_workers, bench/README.md). Each worker holds about 0.8 GB of host
-// memory (an expert's weights and one matrix's LDLQ streams in double).
+// trellis_search_bench --ldlq_workers, bench/README.md); with the fused-step search, 3.02 s with
+// eight and 2.86 with sixteen (an H100). Each worker holds about 0.8 GB of host memory (an expert's
+// weights and one matrix's LDLQ streams in double), so sixteen buy 5 % for twice the memory: eight.
 absl::Status SetEncodeDevice(const std::string& device, int workers, release::EncodeReleaseOptions& options) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (device == "cpu") {
