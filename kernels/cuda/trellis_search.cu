@@ -144,11 +144,11 @@ __device__ __forceinline__ float NextCost(float least, float x, float value) {
   return __fadd_rn(least, __fmul_rn(d, d));
 }
 
-// One step on its own (a run's first step, the crossing step of partner bit 14, and its last, of
-// partner bit 0), this block's butterflies: groups q of the block's range, 32 consecutive q a warp, whose 2-bit backpointers
-// are stored as two ballot words per 32 groups (word (q / 32) * 2 and the next). The costs of
-// positions with top bit r live in block r's `half[r]`; only the crossing step touches the other
-// block's half.
+// One step on its own: a run's first step (the crossing step, partner bit 14) and its last
+// (partner bit 0). This block's butterflies are the groups q of the block's range, 32 consecutive q
+// a warp, whose 2-bit backpointers are two ballot words per 32 groups (word (q / 32) * 2 and the
+// next). The costs of positions with top bit r live in block r's `half[r]`; only the crossing step
+// touches the other block's half.
 template <bool kCrossing>
 __device__ __forceinline__ void SingleStep(int t, float x, float* const (&half)[2], int rank, std::uint32_t* bp,
                                            const float4* values) {
@@ -176,7 +176,6 @@ __device__ __forceinline__ void SingleStep(int t, float x, float* const (&half)[
       for (int k = 0; k < 4; ++k) a[k] = *c[k];
     } else {
       // b = 0: the four positions are adjacent, and CostAddress keeps them so.
-      static_assert(kLayoutPeriod == 8);
       extern __shared__ float costs[];  // this block's half (the kernel's dynamic shared memory)
       c[0] = costs + CostAddress(p0 & (kPositionsPerBlock - 1u));
       const float4 v = *reinterpret_cast<const float4*>(c[0]);
