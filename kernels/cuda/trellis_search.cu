@@ -203,6 +203,25 @@ __device__ __forceinline__ void SingleStep(int t, float x, float* const (&half)[
   }
 }
 
+// One step on the 4 x 4 costs a thread holds: group g's four predecessors, and after the step its
+// four successors k, are a[g][k] when the step's groups are the rows (kRows), a[k][g] when they
+// are the columns; `values[g]` holds its successors' codebook values. Leaves the groups'
+// backpointers as ballot words, bits[g][plane] for the warp's 32 lanes.
+template <bool kRows>
+__device__ __forceinline__ void StepInRegisters(float (&a)[4][4], float x, const float4 (&values)[4],
+                                                std::uint32_t (&bits)[4][2]) {
+#pragma unroll
+  for (int g = 0; g < 4; ++g) {
+    auto cost = [&](int k) -> float& { return kRows ? a[g][k] : a[k][g]; };
+    std::uint32_t j;
+    const float least = LeastOfFour(cost(0), cost(1), cost(2), cost(3), j);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cost(k) = NextCost(least, x, SuccessorValue(values[g], k));
+    bits[g][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
+    bits[g][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
+  }
+}
+
 // Steps of partner bits kLo + 2 and then kLo run back to back in registers (layout phases 1-2,
 // 3-4, 5-6): both steps' butterflies lie within the 16 positions P + i 2^kLo + k 2^(kLo+2) (i, k in
 // 0..3) for every P with those four bits clear, so a thread loads 16 costs once, runs both steps
@@ -247,15 +266,7 @@ __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs
       for (int k = 0; k < 4; ++k) a[i][k] = costs[CostAddress(base | i * kRow | k * kColumn)];
     }
     std::uint32_t bits[4][2];  // a step's backpointers: [group][ballot plane]
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      std::uint32_t j;
-      const float least = LeastOfFour(a[i][0], a[i][1], a[i][2], a[i][3], j);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) a[i][k] = NextCost(least, x0, SuccessorValue(value0[i], k));
-      bits[i][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
-      bits[i][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
-    }
+    StepInRegisters<true>(a, x0, value0, bits);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const std::uint32_t p0 = block_bit | base | k * kColumn;  // column k: partner bits kLo, kLo + 1
@@ -267,15 +278,7 @@ __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs
       w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
       w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
     }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      std::uint32_t j;
-      const float least = LeastOfFour(a[0][k], a[1][k], a[2][k], a[3][k], j);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[i][k] = NextCost(least, x1, SuccessorValue(value1[k], i));
-      bits[k][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
-      bits[k][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
-    }
+    StepInRegisters<false>(a, x1, value1, bits);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
@@ -319,15 +322,7 @@ __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_seco
       a[k][0] = v.x, a[k][1] = v.y, a[k][2] = v.z, a[k][3] = v.w;
     }
     std::uint32_t bits[4][2];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      std::uint32_t j;
-      const float least = LeastOfFour(a[k][0], a[k][1], a[k][2], a[k][3], j);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) a[k][i] = NextCost(least, x_first, SuccessorValue(value_first[k], i));
-      bits[k][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
-      bits[k][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
-    }
+    StepInRegisters<true>(a, x_first, value_first, bits);
 #pragma unroll
     for (int i = 0; i < 4; ++i) value_second[i] = __ldg(values_second + (base | static_cast<std::uint32_t>(i)));
     if (lane == 0) {
@@ -338,15 +333,7 @@ __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_seco
         w[1] = bits[k][1];
       }
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      std::uint32_t j;
-      const float least = LeastOfFour(a[0][i], a[1][i], a[2][i], a[3][i], j);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) a[k][i] = NextCost(least, x_second, SuccessorValue(value_second[i], k));
-      bits[i][0] = __ballot_sync(0xffffffffu, (j & 1u) != 0);
-      bits[i][1] = __ballot_sync(0xffffffffu, (j & 2u) != 0);
-    }
+    StepInRegisters<false>(a, x_second, value_second, bits);
     if (lane == 0) {
       uint4* w = reinterpret_cast<uint4*>(bp_second + PairBackpointerWord(rank, chunk, 0));
       w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
