@@ -7,6 +7,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace nq::quant::trellis {
 namespace {
@@ -117,6 +120,70 @@ void StepAdjacentGroups(float x, const float* values, float* cost, uint8_t* bp) 
 }
 #endif
 
+#if defined(__x86_64__)
+// Eight lanes from two runs of four floats kGap apart (kGap 4: eight adjacent floats).
+template <uint32_t kGap>
+__attribute__((target("avx2"))) inline __m256 LoadWide(const float* p) {
+  if constexpr (kGap == 4) return _mm256_loadu_ps(p);
+  return _mm256_set_m128(_mm_loadu_ps(p + kGap), _mm_loadu_ps(p));
+}
+template <uint32_t kGap>
+__attribute__((target("avx2"))) inline void StoreWide(float* p, __m256 v) {
+  if constexpr (kGap == 4) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+    _mm_storeu_ps(p + kGap, _mm256_extractf128_ps(v, 1));
+  }
+}
+
+// The step of partner bit 2 or more, eight groups a vector (AVX2, chosen at run time). No FMA:
+// every element's comparisons, products and sums are the SSE2 loop's, rounded the same, so both
+// give the same costs and indices; only the width differs. At partner bit 2 (stride 4) a group
+// quadruple spans 16 floats, so the eight groups of a vector are two quadruples' four, 16 apart
+// (kGap 16; kGap 4 elsewhere).
+template <uint32_t kGap>
+__attribute__((target("avx2"))) void StepWide(float x, const float* values, float* cost, uint8_t* bp,
+                                              uint32_t stride) {
+  const __m256 xv = _mm256_set1_ps(x);
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i two = _mm256_set1_epi32(2);
+  const uint32_t span = kGap == 4 ? 4 * stride : 32;  // positions a pass of the outer loop covers
+  const uint32_t lanes = kGap == 4 ? stride : 4;      // groups along one quadruple's row
+  for (uint32_t hi = 0; hi < kStateCount; hi += span) {
+    float* c0 = cost + hi;
+    float* c1 = c0 + stride;
+    float* c2 = c1 + stride;
+    float* c3 = c2 + stride;
+    const float* v0 = values + hi;
+    uint8_t* bpo = bp + (hi >> kSymbolBits);
+    for (uint32_t lo = 0; lo < lanes; lo += 8) {
+      const __m256 a0 = LoadWide<kGap>(c0 + lo), a1 = LoadWide<kGap>(c1 + lo);
+      const __m256 a2 = LoadWide<kGap>(c2 + lo), a3 = LoadWide<kGap>(c3 + lo);
+      const __m256i j01 = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(a1, a0, _CMP_LT_OQ)), one);
+      const __m256i j23 =
+          _mm256_add_epi32(two, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(a3, a2, _CMP_LT_OQ)), one));
+      const __m256 m01 = _mm256_min_ps(a1, a0);
+      const __m256 m23 = _mm256_min_ps(a3, a2);
+      const __m256i high = _mm256_castps_si256(_mm256_cmp_ps(m23, m01, _CMP_LT_OQ));
+      const __m256 m = _mm256_min_ps(m23, m01);
+      const __m256i j = _mm256_or_si256(_mm256_and_si256(high, j23), _mm256_andnot_si256(high, j01));
+      const __m128i j16 = _mm_packs_epi32(_mm256_castsi256_si128(j), _mm256_extracti128_si256(j, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(bpo + lo), _mm_packus_epi16(j16, j16));
+      for (uint32_t k = 0; k < 4; ++k) {
+        const __m256 d = _mm256_sub_ps(xv, LoadWide<kGap>(v0 + lo + k * stride));
+        StoreWide<kGap>(cost + hi + lo + k * stride, _mm256_add_ps(m, _mm256_mul_ps(d, d)));
+      }
+    }
+  }
+}
+
+bool HasAvx2() {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2;
+}
+#endif
+
 }  // namespace
 
 void TileSearcher::Step(int t, float x, uint8_t* bp) {
@@ -124,6 +191,16 @@ void TileSearcher::Step(int t, float x, uint8_t* bp) {
   const uint32_t stride = 1u << b;
   float* cost = cost_.data();
   const float* v = layout_values_.data() + static_cast<size_t>(t % kLayouts) * kStateCount;
+#if defined(__x86_64__)
+  if (stride >= 4 && HasAvx2()) {
+    if (stride >= 8) {
+      StepWide<4>(x, v, cost, bp, stride);
+    } else {
+      StepWide<16>(x, v, cost, bp, stride);
+    }
+    return;
+  }
+#endif
 #if defined(__SSE2__)
   if (b == 0) {
     StepAdjacentGroups(x, v, cost, bp);
