@@ -66,6 +66,22 @@ TileSearcher::TileSearcher(std::span<const float> values)
 
 namespace {
 
+// A step's quadruples starting at position hi: group g = hi / 4 + lo has its four positions at
+// c0 + lo .. c3 + lo (each row `stride` after the last), its successors' values at the same offsets
+// from v0, and its backpointer at bp[lo].
+struct QuadrupleRows {
+  float* c0;
+  float* c1;
+  float* c2;
+  float* c3;
+  const float* v0;
+  uint8_t* bp;
+};
+inline QuadrupleRows RowsAt(float* cost, const float* values, uint8_t* bp, uint32_t hi, uint32_t stride) {
+  float* c0 = cost + hi;
+  return {c0, c0 + stride, c0 + 2 * stride, c0 + 3 * stride, values + hi, bp + (hi >> kSymbolBits)};
+}
+
 #if defined(__SSE2__)
 // The least of four predecessor costs and its index, four groups at a time, with the scalar
 // code's comparisons (minps(a, b) is a < b ? a : b, so ties keep the lower index).
@@ -151,15 +167,10 @@ __attribute__((target("avx2"))) void StepWide(float x, const float* values, floa
   const uint32_t span = kGap == 4 ? 4 * stride : 32;  // positions a pass of the outer loop covers
   const uint32_t lanes = kGap == 4 ? stride : 4;      // groups along one quadruple's row
   for (uint32_t hi = 0; hi < kStateCount; hi += span) {
-    float* c0 = cost + hi;
-    float* c1 = c0 + stride;
-    float* c2 = c1 + stride;
-    float* c3 = c2 + stride;
-    const float* v0 = values + hi;
-    uint8_t* bpo = bp + (hi >> kSymbolBits);
+    const QuadrupleRows r = RowsAt(cost, values, bp, hi, stride);
     for (uint32_t lo = 0; lo < lanes; lo += 8) {
-      const __m256 a0 = LoadWide<kGap>(c0 + lo), a1 = LoadWide<kGap>(c1 + lo);
-      const __m256 a2 = LoadWide<kGap>(c2 + lo), a3 = LoadWide<kGap>(c3 + lo);
+      const __m256 a0 = LoadWide<kGap>(r.c0 + lo), a1 = LoadWide<kGap>(r.c1 + lo);
+      const __m256 a2 = LoadWide<kGap>(r.c2 + lo), a3 = LoadWide<kGap>(r.c3 + lo);
       const __m256i j01 = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(a1, a0, _CMP_LT_OQ)), one);
       const __m256i j23 =
           _mm256_add_epi32(two, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(a3, a2, _CMP_LT_OQ)), one));
@@ -169,10 +180,10 @@ __attribute__((target("avx2"))) void StepWide(float x, const float* values, floa
       const __m256 m = _mm256_min_ps(m23, m01);
       const __m256i j = _mm256_or_si256(_mm256_and_si256(high, j23), _mm256_andnot_si256(high, j01));
       const __m128i j16 = _mm_packs_epi32(_mm256_castsi256_si128(j), _mm256_extracti128_si256(j, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(bpo + lo), _mm_packus_epi16(j16, j16));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(r.bp + lo), _mm_packus_epi16(j16, j16));
       for (uint32_t k = 0; k < 4; ++k) {
-        const __m256 d = _mm256_sub_ps(xv, LoadWide<kGap>(v0 + lo + k * stride));
-        StoreWide<kGap>(cost + hi + lo + k * stride, _mm256_add_ps(m, _mm256_mul_ps(d, d)));
+        const __m256 d = _mm256_sub_ps(xv, LoadWide<kGap>(r.v0 + lo + k * stride));
+        StoreWide<kGap>(r.c0 + lo + k * stride, _mm256_add_ps(m, _mm256_mul_ps(d, d)));
       }
     }
   }
@@ -208,12 +219,7 @@ void TileSearcher::Step(int t, float x, uint8_t* bp) {
   }
 #endif
   for (uint32_t hi = 0; hi < kStateCount; hi += 4 * stride) {
-    float* c0 = cost + hi;
-    float* c1 = c0 + stride;
-    float* c2 = c1 + stride;
-    float* c3 = c2 + stride;
-    const float* v0 = v + hi;
-    uint8_t* bpo = bp + (hi >> kSymbolBits);
+    const auto [c0, c1, c2, c3, v0, bpo] = RowsAt(cost, v, bp, hi, stride);
     uint32_t lo = 0;
 #if defined(__SSE2__)
     // Four groups per iteration; the same arithmetic as the scalar tail below.
