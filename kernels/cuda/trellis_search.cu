@@ -240,11 +240,19 @@ __device__ __forceinline__ std::uint32_t PairBackpointerWord(int rank, std::uint
 static_assert(kPositionsPerBlock / 16 == 2 * kThreads, "two 16-position chunks a thread");
 static_assert(2u * 2u * kWarps * 4u * 2u == static_cast<unsigned>(kBackpointerWordsPerStep));
 
+// A chunk's four groups' ballot words (PairBackpointerWord's eight consecutive words from
+// `words`), stored by lane 0.
+__device__ __forceinline__ void StoreChunkBallots(std::uint32_t* words, const std::uint32_t (&bits)[4][2]) {
+  if (threadIdx.x % 32 != 0) return;
+  uint4* w = reinterpret_cast<uint4*>(words);
+  w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
+  w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
+}
+
 template <int kLo>
 __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs, int rank, std::uint32_t* bp0,
                                          std::uint32_t* bp1, const float4* values) {
   constexpr std::uint32_t kRow = 1u << kLo, kColumn = 1u << (kLo + 2);
-  const int lane = threadIdx.x % 32;
   const float4* values0 = values + static_cast<std::size_t>(t % kLayoutPeriod) * kGroups;
   const float4* values1 = values0 + kGroups;
   const std::uint32_t block_bit = static_cast<std::uint32_t>(rank) << 15;
@@ -273,22 +281,14 @@ __device__ __forceinline__ void PairStep(int t, float x0, float x1, float* costs
       value1[k] = __ldg(values1 + ((p0 & (kRow - 1u)) | ((p0 >> (kLo + 2)) << kLo)));
     }
     const std::uint32_t word = PairBackpointerWord(rank, chunk, 0);
-    if (lane == 0) {
-      uint4* w = reinterpret_cast<uint4*>(bp0 + word);
-      w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
-      w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
-    }
+    StoreChunkBallots(bp0 + word, bits);
     StepInRegisters<false>(a, x1, value1, bits);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) costs[CostAddress(base | i * kRow | k * kColumn)] = a[i][k];
     }
-    if (lane == 0) {
-      uint4* w = reinterpret_cast<uint4*>(bp1 + word);
-      w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
-      w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
-    }
+    StoreChunkBallots(bp1 + word, bits);
   }
 }
 
@@ -334,11 +334,7 @@ __device__ __forceinline__ void BoundarySteps(int t, float x_first, float x_seco
       }
     }
     StepInRegisters<false>(a, x_second, value_second, bits);
-    if (lane == 0) {
-      uint4* w = reinterpret_cast<uint4*>(bp_second + PairBackpointerWord(rank, chunk, 0));
-      w[0] = make_uint4(bits[0][0], bits[0][1], bits[1][0], bits[1][1]);
-      w[1] = make_uint4(bits[2][0], bits[2][1], bits[3][0], bits[3][1]);
-    }
+    StoreChunkBallots(bp_second + PairBackpointerWord(rank, chunk, 0), bits);
 #pragma unroll
     for (int k = 0; k < 4; ++k) *reinterpret_cast<float4*>(row[k]) = make_float4(a[k][0], a[k][1], a[k][2], a[k][3]);
   }

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "services/common/cpu_features.h"
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -52,8 +54,9 @@ constexpr uint32_t QuadIndex(uint32_t p0, int b) {
 
 }  // namespace
 
-TileSearcher::TileSearcher(std::span<const float> values)
-    : values_(values.begin(), values.end()),
+TileSearcher::TileSearcher(std::span<const float> values, Isa isa)
+    : isa_(isa),
+      values_(values.begin(), values.end()),
       layout_values_(static_cast<size_t>(kLayouts) * kStateCount),
       cost_(kStateCount),
       backpointers_(static_cast<size_t>(kTileWeights) * kGroups) {
@@ -188,11 +191,6 @@ __attribute__((target("avx2"))) void StepWide(float x, const float* values, floa
     }
   }
 }
-
-bool HasAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-}
 #endif
 
 }  // namespace
@@ -203,7 +201,7 @@ void TileSearcher::Step(int t, float x, uint8_t* bp) {
   float* cost = cost_.data();
   const float* v = layout_values_.data() + static_cast<size_t>(t % kLayouts) * kStateCount;
 #if defined(__x86_64__)
-  if (stride >= 4 && HasAvx2()) {
+  if (stride >= 4 && isa_ == Isa::kBest && CpuHasAvx2()) {
     if (stride >= 8) {
       StepWide<4>(x, v, cost, bp, stride);
     } else {

@@ -34,8 +34,12 @@ double DecodeRing(std::span<const float> values, const float* x, const uint8_t* 
 // and reuse it across tiles.
 class TileSearcher {
  public:
+  // kBest takes the AVX2 steps where the CPU has them; kPortable keeps to SSE2 (x86-64's baseline)
+  // so tests can check that both give the same symbols on a machine with AVX2.
+  enum class Isa { kBest, kPortable };
+
   // `values`: the decoded value of every state (kStateCount entries, gain applied).
-  explicit TileSearcher(std::span<const float> values);
+  explicit TileSearcher(std::span<const float> values, Isa isa = Isa::kBest);
 
   // Finds the code of one tile: targets x[0..255] in tile order; writes the 256 symbols
   // (each 0..3) and the decoded values, and returns the tile's squared error.
@@ -50,6 +54,7 @@ class TileSearcher {
   // Traces the path ending in left-shift `state` back through `steps` steps.
   void Trace(uint32_t state, int steps, uint8_t* symbols) const;
 
+  Isa isa_;
   std::vector<float> values_;         // by right-shift state (trellis_decode.h)
   std::vector<float> layout_values_;  // per layout phase, by position
   std::vector<float> cost_;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/common/cpu_features.h"
 #include "services/common/status_macros.h"
 #include "services/model/safetensors.h"
 #include "services/streamer/jf_features.h"
@@ -304,11 +305,6 @@ __attribute__((target("avx2"), flatten)) void ForwardAvx2(
     float* __restrict out, float* __restrict h0, float* __restrict scratch, float* __restrict context) {
   ForwardH<H, 8>(g, emb, w_in, b_in, query, w_ctx, w_h, b_h, w_out, b_out, features, out, h0, scratch, context);
 }
-
-bool HasAvx2() {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-}
 #endif
 
 }  // namespace
@@ -321,7 +317,7 @@ void JfModel::Forward(uint32_t layer, std::span<const float> features, std::span
             w_out_.data(), b_out_, features.data(), out.data(), h0_.data(), scratch_.data(), context_.data());
   };
 #if defined(__x86_64__)
-  if (isa == Isa::kBest && HasAvx2()) {
+  if (isa == Isa::kBest && CpuHasAvx2()) {
     switch (g.hidden) {
       case 8: return run(ForwardAvx2<8>);
       case 16: return run(ForwardAvx2<16>);

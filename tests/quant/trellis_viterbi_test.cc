@@ -1,8 +1,8 @@
 // TileSearcher (services/quant/trellis_viterbi.cc) against a plain Viterbi written here the
 // textbook way: costs by left-shift state in natural order, a new array every step, each state's
-// four predecessors read where they are. The searcher runs in place over a rotating layout and
-// fuses steps; both must find the same ring, symbol for symbol, with the same comparisons (ties
-// keep the lower predecessor and the lower end state).
+// four predecessors read where they are. The searcher runs in place over a rotating layout, four
+// or eight groups a vector; it must find the same ring, symbol for symbol, with the same
+// comparisons (ties keep the lower predecessor and the lower end state), in either build.
 #include "services/quant/trellis_viterbi.h"
 
 #include <algorithm>
@@ -105,12 +105,17 @@ TEST(TileSearcher, FindsThePlainViterbisRing) {
   for (int i = 0; i < kTileWeights; ++i) two_valued[i] = i % 2 == 0 ? 1.5f : -1.5f;
   tiles.push_back(two_valued);
 
-  TileSearcher searcher(values);
+  // Both builds of the steps: AVX2 where this CPU has it, and SSE2 (what a CPU without it runs).
+  TileSearcher best(values, TileSearcher::Isa::kBest);
+  TileSearcher portable(values, TileSearcher::Isa::kPortable);
   for (size_t t = 0; t < tiles.size(); ++t) {
-    std::vector<uint8_t> got(kTileWeights);
-    std::vector<float> decoded(kTileWeights);
-    searcher.Search(tiles[t].data(), got.data(), decoded.data());
-    EXPECT_EQ(got, PlainSearch(values, tiles[t].data())) << "tile " << t;
+    const std::vector<uint8_t> want = PlainSearch(values, tiles[t].data());
+    for (TileSearcher* searcher : {&best, &portable}) {
+      std::vector<uint8_t> got(kTileWeights);
+      std::vector<float> decoded(kTileWeights);
+      searcher->Search(tiles[t].data(), got.data(), decoded.data());
+      EXPECT_EQ(got, want) << "tile " << t << (searcher == &best ? ", best build" : ", portable build");
+    }
   }
 }
 
