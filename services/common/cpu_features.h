@@ -14,4 +14,15 @@ inline bool CpuHasAvx2() {
 #endif
 }
 
+// AVX2 and F16C's binary16 conversions (the trellis search's fp16 steps). Every AVX2 CPU made so
+// far has F16C, but nothing promises it, and a missing one would be an illegal instruction.
+inline bool CpuHasAvx2F16c() {
+#if defined(__x86_64__)
+  static const bool avx2_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return avx2_f16c;
+#else
+  return false;
+#endif
+}
+
 }  // namespace nq

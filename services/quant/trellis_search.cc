@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -51,6 +52,28 @@ class CpuTrellisTileSearch final : public TrellisTileSearch {
 };
 
 }  // namespace
+
+absl::Status CheckAgreesWithCpuSearch(TrellisTileSearch& search) {
+  std::mt19937 rng(20261206);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> targets;
+  for (float scale : {1.0f, 1.0f, 1.0f, 1.0f, 3.0f, 0.1f, 100.0f}) {
+    for (int i = 0; i < kTileWeights; ++i) targets.push_back(scale * normal(rng));
+  }
+  targets.insert(targets.end(), kTileWeights, 0.0f);
+  for (int i = 0; i < kTileWeights; ++i) targets.push_back(i % 2 == 0 ? 1.5f : -1.5f);
+  std::vector<uint8_t> want(targets.size()), got(targets.size(), 0xFF);
+  if (absl::Status s = MakeCpuTrellisTileSearch(0)->Search(targets, want); !s.ok()) return s;
+  if (absl::Status s = search.Search(targets, got); !s.ok()) return s;
+  for (size_t t = 0; t < targets.size() / kTileWeights; ++t) {
+    if (!std::equal(want.begin() + t * kTileWeights, want.begin() + (t + 1) * kTileWeights, got.begin() + t * kTileWeights)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trellis search on ", search.where(), " gives other symbols than the CPU search (test tile ", t,
+          "): its releases would differ from the CPU's; encode with --device cpu"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::unique_ptr<TrellisTileSearch> MakeCpuTrellisTileSearch(int threads) {
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());

@@ -1,10 +1,12 @@
 #include "services/quant/trellis_viterbi.h"
 
 #include <algorithm>
-#include <cstring>
+#include <cmath>
 #include <limits>
 
+#include "kernels/dtype.h"
 #include "services/common/cpu_features.h"
+#include "services/quant/trellis_half.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -25,13 +27,23 @@ namespace {
 // successors g << 2 | c then occupy the same four positions rotr16(g | k << 14, 2t), which
 // differ only in the two bits at b = (14 - 2t) mod 16: a step is an in-place min-of-four
 // and update over position quadruples p0 + k * 2^b. For b >= 4 these are runs of 16 or more
-// contiguous floats per partner, which GCC vectorises; every eighth step the layout is back
-// to natural order.
+// contiguous costs per partner; every eighth step the layout is back to natural order.
+//
+// Costs are kept as binary16 bit patterns. The contract's costs are never negative and never
+// NaN, so their patterns order as their values (+inf, 0x7C00, above every finite one): the
+// four-way minima, the normalisation's minimum and the end rules compare 16-bit integers, and
+// only each group's least is widened to a float, for the additions. The rest is float operations
+// each followed by h (trellis_half.h), which gives the binary16 operation's result exactly
+// (trellis_viterbi.h says why); a new cost's last rounding is its conversion to a pattern.
 constexpr uint32_t kGroups = kStateCount >> kSymbolBits;  // 16384
-constexpr uint32_t kGroupMask = kGroups - 1u;
 constexpr int kSymbols = 1 << kSymbolBits;
 constexpr int kLayouts = kStateBits / kSymbolBits;  // 8: the layout's period in steps
-constexpr float kUnreachable = std::numeric_limits<float>::infinity();
+constexpr uint16_t kZeroCost = 0x0000;              // binary16 +0
+constexpr uint16_t kUnreachable = 0x7C00;           // binary16 +inf
+// The contract's normalising steps: t % kNormalisePeriod == kNormalisePhase (as the period
+// equals kLayouts, always partner bit 12; the steps take any, though).
+constexpr int kNormalisePeriod = 8;
+constexpr int kNormalisePhase = 1;
 
 constexpr uint32_t Rotr16(uint32_t v, int r) {
   r &= 15;
@@ -60,134 +72,313 @@ TileSearcher::TileSearcher(std::span<const float> values, Isa isa)
       layout_values_(static_cast<size_t>(kLayouts) * kStateCount),
       cost_(kStateCount),
       backpointers_(static_cast<size_t>(kTileWeights) * kGroups) {
-  // Step t writes the successor s' = rotl16(p, 2t + 2) at position p.
+  // Step t writes the successor s' = rotl16(p, 2t + 2) at position p; the steps read vh.
   for (int t = 0; t < kLayouts; ++t) {
     float* v = layout_values_.data() + static_cast<size_t>(t) * kStateCount;
-    for (uint32_t p = 0; p < kStateCount; ++p) v[p] = values_[LeftToRight(Rotl16(p, 2 * t + 2))];
+    for (uint32_t p = 0; p < kStateCount; ++p) v[p] = RoundHalf(values_[LeftToRight(Rotl16(p, 2 * t + 2))]);
   }
 }
 
 namespace {
 
-// A step's quadruples starting at position hi: group g = hi / 4 + lo has its four positions at
-// c0 + lo .. c3 + lo (each row `stride` after the last), its successors' values at the same offsets
-// from v0, and its backpointer at bp[lo].
-struct QuadrupleRows {
-  float* c0;
-  float* c1;
-  float* c2;
-  float* c3;
-  const float* v0;
+// One step's operands: the rounded target, the normalisation (floor: r_t, used when normalise),
+// the values vh of the step's layout by position, the costs (patterns, updated in place) and the
+// step's backpointers (by QuadIndex).
+struct StepParams {
+  float xh;
+  bool normalise;
+  float floor;
+  const float* values;
+  uint16_t* cost;
   uint8_t* bp;
 };
-inline QuadrupleRows RowsAt(float* cost, const float* values, uint8_t* bp, uint32_t hi, uint32_t stride) {
-  float* c0 = cost + hi;
-  return {c0, c0 + stride, c0 + 2 * stride, c0 + 3 * stride, values + hi, bp + (hi >> kSymbolBits)};
+
+// Every step below visits the quadruples of partner bit b = log2(stride): the four rows of a
+// run of them start at cost + k * stride, and their groups' backpointers are consecutive.
+// Partner bits are even, so strides are 1, 4, 16 or more. The steps take StepParams by value: a
+// copy of their own, which the backpointer stores (uint8_t may alias anything) cannot change, so
+// GCC keeps its fields in registers instead of reloading them every vector.
+
+#if !defined(__SSE2__)
+// The contract's step, one group at a time (builds without SSE2; the x86-64 steps below are
+// the same eight or sixteen groups a vector).
+void StepScalar(const StepParams p, size_t stride) {
+  for (size_t hi = 0; hi < kStateCount; hi += 4 * stride) {
+    uint16_t* c = p.cost + hi;
+    const float* v = p.values + hi;
+    uint8_t* bp = p.bp + (hi >> kSymbolBits);
+    for (size_t lo = 0; lo < stride; ++lo) {
+      uint16_t* const row[4] = {c + lo, c + stride + lo, c + 2 * stride + lo, c + 3 * stride + lo};
+      const uint16_t a0 = *row[0], a1 = *row[1], a2 = *row[2], a3 = *row[3];
+      const bool b01 = a1 < a0;
+      const uint16_t m01 = b01 ? a1 : a0;
+      const bool b23 = a3 < a2;
+      const uint16_t m23 = b23 ? a3 : a2;
+      const bool high = m23 < m01;
+      bp[lo] = static_cast<uint8_t>(high ? 2 + b23 : b01);
+      float least = kernels::ToFloat(kernels::F16{high ? m23 : m01});
+      if (p.normalise) least = RoundHalf(least - p.floor);
+      for (size_t k = 0; k < 4; ++k) {
+        const float d = RoundHalf(p.xh - v[lo + k * stride]);
+        *row[k] = kernels::ToF16(least + RoundHalf(d * d)).bits;
+      }
+    }
+  }
 }
+#endif
 
 #if defined(__SSE2__)
-// The least of four predecessor costs and its index, four groups at a time, with the scalar
-// code's comparisons (minps(a, b) is a < b ? a : b, so ties keep the lower index).
+inline __m128i LoadCosts(const uint16_t* c) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(c)); }
+inline void StoreCosts(uint16_t* c, __m128i v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(c), v); }
+
+// The least of four predecessor costs and its index, eight groups a vector, with the contract's
+// comparisons. Patterns stay below 0x8000, so SSE2's signed 16-bit compares and minimum order
+// them as their values.
 struct LeastOfFour {
-  __m128 least;
+  __m128i least;
   __m128i index;
 };
-inline LeastOfFour Least(__m128 a0, __m128 a1, __m128 a2, __m128 a3) {
-  const __m128i one = _mm_set1_epi32(1);
-  const __m128i j01 = _mm_and_si128(_mm_castps_si128(_mm_cmplt_ps(a1, a0)), one);
-  const __m128i j23 = _mm_add_epi32(_mm_set1_epi32(2), _mm_and_si128(_mm_castps_si128(_mm_cmplt_ps(a3, a2)), one));
-  const __m128 m01 = _mm_min_ps(a1, a0);
-  const __m128 m23 = _mm_min_ps(a3, a2);
-  const __m128i high = _mm_castps_si128(_mm_cmplt_ps(m23, m01));
-  return {_mm_min_ps(m23, m01), _mm_or_si128(_mm_and_si128(high, j23), _mm_andnot_si128(high, j01))};
+inline LeastOfFour Least(__m128i a0, __m128i a1, __m128i a2, __m128i a3) {
+  const __m128i b01 = _mm_cmpgt_epi16(a0, a1);  // a1 < a0
+  const __m128i b23 = _mm_cmpgt_epi16(a2, a3);  // a3 < a2
+  const __m128i m01 = _mm_min_epi16(a0, a1);
+  const __m128i m23 = _mm_min_epi16(a2, a3);
+  const __m128i high = _mm_cmpgt_epi16(m01, m23);  // m23 < m01
+  // Masks are 0 or -1, so j = (high ? 2 : 0) - (high ? b23 : b01).
+  const __m128i low_bit = _mm_or_si128(_mm_and_si128(high, b23), _mm_andnot_si128(high, b01));
+  return {_mm_min_epi16(m01, m23), _mm_sub_epi16(_mm_and_si128(high, _mm_set1_epi16(2)), low_bit)};
 }
 
-// Four groups' indices as four bytes.
+// Eight groups' indices as eight bytes.
 inline void StoreIndices(__m128i j, uint8_t* out) {
-  const int packed = _mm_cvtsi128_si32(_mm_packus_epi16(_mm_packs_epi32(j, j), _mm_setzero_si128()));
-  std::memcpy(out, &packed, 4);
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm_packus_epi16(j, j));
 }
 
-// least + (x - value)^2, each operation rounded on its own, as the scalar code's.
-inline __m128 NextCost(__m128 least, __m128 x, __m128 value) {
-  const __m128 d = _mm_sub_ps(x, value);
-  return _mm_add_ps(least, _mm_mul_ps(d, d));
+// Eight groups' least costs as floats, as the step uses them: h(least - floor) on a normalising
+// step. lo: groups 0-3, hi: groups 4-7.
+struct LeastFloats {
+  __m128 lo;
+  __m128 hi;
+};
+inline __m128 Normalised(__m128 least, const StepParams& p) {
+  return p.normalise ? RoundHalfSse2(_mm_sub_ps(least, _mm_set1_ps(p.floor))) : least;
+}
+inline LeastFloats Widen(__m128i least, const StepParams& p) {
+  const __m128i zero = _mm_setzero_si128();
+  return {Normalised(HalfBitsToFloatSse2(_mm_unpacklo_epi16(least, zero)), p),
+          Normalised(HalfBitsToFloatSse2(_mm_unpackhi_epi16(least, zero)), p)};
 }
 
-// The step of partner bit 0, where a group's four positions are adjacent: four groups (16
-// floats) are transposed into one vector per predecessor, stepped as the other steps step four
-// groups, and transposed back. Without it this step ran scalar and took about half the search.
-void StepAdjacentGroups(float x, const float* values, float* cost, uint8_t* bp) {
-  const __m128 xv = _mm_set1_ps(x);
-  for (uint32_t p = 0; p < kStateCount; p += 16) {
-    float* c = cost + p;
-    const float* v = values + p;
-    __m128 a0 = _mm_loadu_ps(c), a1 = _mm_loadu_ps(c + 4), a2 = _mm_loadu_ps(c + 8), a3 = _mm_loadu_ps(c + 12);
-    _MM_TRANSPOSE4_PS(a0, a1, a2, a3);  // a_k: predecessor k of groups p/4 .. p/4 + 3
-    const LeastOfFour m = Least(a0, a1, a2, a3);
-    StoreIndices(m.index, bp + (p >> kSymbolBits));
-    __m128 v0 = _mm_loadu_ps(v), v1 = _mm_loadu_ps(v + 4), v2 = _mm_loadu_ps(v + 8), v3 = _mm_loadu_ps(v + 12);
-    _MM_TRANSPOSE4_PS(v0, v1, v2, v3);  // v_k: successor k's value of each group
-    __m128 n0 = NextCost(m.least, xv, v0), n1 = NextCost(m.least, xv, v1);
-    __m128 n2 = NextCost(m.least, xv, v2), n3 = NextCost(m.least, xv, v3);
-    _MM_TRANSPOSE4_PS(n0, n1, n2, n3);
-    _mm_storeu_ps(c, n0);
-    _mm_storeu_ps(c + 4, n1);
-    _mm_storeu_ps(c + 8, n2);
-    _mm_storeu_ps(c + 12, n3);
+// least + h(d * d) with d = h(xh - value): a new cost before its last rounding. (d's rounding
+// differs from h only where both square to inf; trellis_half.h.)
+inline __m128 CostSum(__m128 least, __m128 xh, __m128 value) {
+  const __m128 d = RoundDifferenceSse2(_mm_sub_ps(xh, value));
+  return _mm_add_ps(least, RoundHalfSse2(_mm_mul_ps(d, d)));
+}
+
+// The new costs of eight consecutive positions as patterns: values at v, their groups' leasts
+// in lo (first four) and hi (last four). The packing is the last rounding.
+inline __m128i NextCosts(__m128 lo, __m128 hi, __m128 xh, const float* v) {
+  return PackHalfBitsSse2(CostSum(lo, xh, _mm_loadu_ps(v)), CostSum(hi, xh, _mm_loadu_ps(v + 4)));
+}
+
+// Stride 16 or more: a quadruple row's runs give eight groups a vector as they lie.
+void StepRows(const StepParams p, size_t stride) {
+  const __m128 xv = _mm_set1_ps(p.xh);
+  for (size_t hi = 0; hi < kStateCount; hi += 4 * stride) {
+    uint16_t* c = p.cost + hi;
+    const float* v = p.values + hi;
+    uint8_t* bp = p.bp + (hi >> kSymbolBits);
+    for (size_t lo = 0; lo < stride; lo += 8) {
+      const LeastOfFour m = Least(LoadCosts(c + lo), LoadCosts(c + stride + lo), LoadCosts(c + 2 * stride + lo),
+                                  LoadCosts(c + 3 * stride + lo));
+      StoreIndices(m.index, bp + lo);
+      const LeastFloats least = Widen(m.least, p);
+      for (size_t k = 0; k < 4; ++k) {
+        StoreCosts(c + k * stride + lo, NextCosts(least.lo, least.hi, xv, v + k * stride + lo));
+      }
+    }
+  }
+}
+
+// Stride 4: a quadruple is 16 positions (row k of its group lo at 4k + lo), so a vector of
+// eight groups takes 64-bit quarters of two quadruples' rows. The new costs go by position:
+// along a quadruple its four leasts repeat.
+void StepQuads(const StepParams p) {
+  const __m128 xv = _mm_set1_ps(p.xh);
+  for (size_t pos = 0; pos < kStateCount; pos += 32) {
+    uint16_t* c = p.cost + pos;
+    const __m128i q0_rows01 = LoadCosts(c), q0_rows23 = LoadCosts(c + 8);
+    const __m128i q1_rows01 = LoadCosts(c + 16), q1_rows23 = LoadCosts(c + 24);
+    const LeastOfFour m = Least(_mm_unpacklo_epi64(q0_rows01, q1_rows01), _mm_unpackhi_epi64(q0_rows01, q1_rows01),
+                                _mm_unpacklo_epi64(q0_rows23, q1_rows23), _mm_unpackhi_epi64(q0_rows23, q1_rows23));
+    StoreIndices(m.index, p.bp + (pos >> kSymbolBits));
+    const LeastFloats least = Widen(m.least, p);  // lo: quadruple 0's groups, hi: quadruple 1's
+    const float* v = p.values + pos;
+    for (size_t r = 0; r < 4; ++r) {
+      const __m128 l = r < 2 ? least.lo : least.hi;
+      StoreCosts(c + 8 * r, NextCosts(l, l, xv, v + 8 * r));
+    }
+  }
+}
+
+template <int kLane>
+inline __m128 Broadcast(__m128 v) {
+  return _mm_shuffle_ps(v, v, _MM_SHUFFLE(kLane, kLane, kLane, kLane));
+}
+
+// Stride 1: a group's four costs are adjacent (position 4g + k). Eight groups' 32 costs are
+// transposed into one vector per predecessor (three rounds of interleaving); the new costs go by
+// position, each group's least repeated over its four.
+void StepAdjacent(const StepParams p) {
+  const __m128 xv = _mm_set1_ps(p.xh);
+  for (size_t pos = 0; pos < kStateCount; pos += 32) {
+    uint16_t* c = p.cost + pos;
+    const __m128i r0 = LoadCosts(c), r1 = LoadCosts(c + 8), r2 = LoadCosts(c + 16), r3 = LoadCosts(c + 24);
+    const __m128i u0 = _mm_unpacklo_epi16(r0, r1), u1 = _mm_unpackhi_epi16(r0, r1);  // groups 0, 2 and 1, 3
+    const __m128i u2 = _mm_unpacklo_epi16(r2, r3), u3 = _mm_unpackhi_epi16(r2, r3);  // groups 4, 6 and 5, 7
+    const __m128i w0 = _mm_unpacklo_epi16(u0, u1), w1 = _mm_unpackhi_epi16(u0, u1);  // a0 a1, a2 a3 of 0-3
+    const __m128i w2 = _mm_unpacklo_epi16(u2, u3), w3 = _mm_unpackhi_epi16(u2, u3);  // a0 a1, a2 a3 of 4-7
+    const LeastOfFour m = Least(_mm_unpacklo_epi64(w0, w2), _mm_unpackhi_epi64(w0, w2), _mm_unpacklo_epi64(w1, w3),
+                                _mm_unpackhi_epi64(w1, w3));
+    StoreIndices(m.index, p.bp + (pos >> kSymbolBits));
+    const LeastFloats least = Widen(m.least, p);
+    const float* v = p.values + pos;
+    StoreCosts(c, NextCosts(Broadcast<0>(least.lo), Broadcast<1>(least.lo), xv, v));
+    StoreCosts(c + 8, NextCosts(Broadcast<2>(least.lo), Broadcast<3>(least.lo), xv, v + 8));
+    StoreCosts(c + 16, NextCosts(Broadcast<0>(least.hi), Broadcast<1>(least.hi), xv, v + 16));
+    StoreCosts(c + 24, NextCosts(Broadcast<2>(least.hi), Broadcast<3>(least.hi), xv, v + 24));
   }
 }
 #endif
 
 #if defined(__x86_64__)
-// Eight lanes from two runs of four floats kGap apart (kGap 4: eight adjacent floats).
-template <uint32_t kGap>
-__attribute__((target("avx2"))) inline __m256 LoadWide(const float* p) {
-  if constexpr (kGap == 4) return _mm256_loadu_ps(p);
-  return _mm256_set_m128(_mm_loadu_ps(p + kGap), _mm_loadu_ps(p));
+// The steps again, sixteen groups a vector (AVX2 + F16C, chosen at run time): the same
+// comparisons on the patterns and the same float operations (no FMA), each rounded alike: d by
+// the same integer rounding, the rest by F16C's conversions where SSE2 converts in software. So
+// both give the same costs and indices.
+constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+__attribute__((target("avx2,f16c"))) inline __m256i LoadCostsWide(const uint16_t* c) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c));
 }
-template <uint32_t kGap>
-__attribute__((target("avx2"))) inline void StoreWide(float* p, __m256 v) {
-  if constexpr (kGap == 4) {
-    _mm256_storeu_ps(p, v);
-  } else {
-    _mm_storeu_ps(p, _mm256_castps256_ps128(v));
-    _mm_storeu_ps(p + kGap, _mm256_extractf128_ps(v, 1));
+
+struct LeastOfFourWide {
+  __m256i least;
+  __m256i index;
+};
+__attribute__((target("avx2,f16c"))) inline LeastOfFourWide LeastWide(__m256i a0, __m256i a1, __m256i a2,
+                                                                        __m256i a3) {
+  const __m256i b01 = _mm256_cmpgt_epi16(a0, a1);  // a1 < a0
+  const __m256i b23 = _mm256_cmpgt_epi16(a2, a3);  // a3 < a2
+  const __m256i m01 = _mm256_min_epu16(a0, a1);
+  const __m256i m23 = _mm256_min_epu16(a2, a3);
+  const __m256i high = _mm256_cmpgt_epi16(m01, m23);  // m23 < m01
+  const __m256i low_bit = _mm256_blendv_epi8(b01, b23, high);
+  return {_mm256_min_epu16(m01, m23), _mm256_sub_epi16(_mm256_and_si256(high, _mm256_set1_epi16(2)), low_bit)};
+}
+
+// Sixteen groups' indices as sixteen bytes.
+__attribute__((target("avx2,f16c"))) inline void StoreIndicesWide(__m256i j, uint8_t* out) {
+  const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(j), _mm256_extracti128_si256(j, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), bytes);
+}
+
+// Sixteen groups' least costs as floats, as the step uses them. lo: groups 0-7, hi: 8-15.
+struct LeastFloatsWide {
+  __m256 lo;
+  __m256 hi;
+};
+__attribute__((target("avx2,f16c"))) inline __m256 NormalisedWide(__m256 least, const StepParams& p) {
+  return p.normalise ? RoundHalfF16c(_mm256_sub_ps(least, _mm256_set1_ps(p.floor))) : least;
+}
+__attribute__((target("avx2,f16c"))) inline LeastFloatsWide WidenWide(__m256i least, const StepParams& p) {
+  return {NormalisedWide(_mm256_cvtph_ps(_mm256_castsi256_si128(least)), p),
+          NormalisedWide(_mm256_cvtph_ps(_mm256_extracti128_si256(least, 1)), p)};
+}
+
+// The new costs of eight consecutive positions, stored as patterns: values at v, their groups'
+// leasts in `least`. As CostSum; the conversion to binary16 is the last rounding.
+__attribute__((target("avx2,f16c"))) inline void StoreNextCostsWide(uint16_t* c, __m256 least, __m256 xh,
+                                                                      const float* v) {
+  const __m256 d = RoundDifferenceAvx2(_mm256_sub_ps(xh, _mm256_loadu_ps(v)));
+  const __m256 sum = _mm256_add_ps(least, RoundHalfF16c(_mm256_mul_ps(d, d)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(c), _mm256_cvtps_ph(sum, kNearest));
+}
+
+// Stride 16 or more, as StepRows.
+__attribute__((target("avx2,f16c"))) void StepRowsWide(const StepParams p, size_t stride) {
+  const __m256 xv = _mm256_set1_ps(p.xh);
+  for (size_t hi = 0; hi < kStateCount; hi += 4 * stride) {
+    uint16_t* c = p.cost + hi;
+    const float* v = p.values + hi;
+    uint8_t* bp = p.bp + (hi >> kSymbolBits);
+    for (size_t lo = 0; lo < stride; lo += 16) {
+      const LeastOfFourWide m = LeastWide(LoadCostsWide(c + lo), LoadCostsWide(c + stride + lo),
+                                          LoadCostsWide(c + 2 * stride + lo), LoadCostsWide(c + 3 * stride + lo));
+      StoreIndicesWide(m.index, bp + lo);
+      const LeastFloatsWide least = WidenWide(m.least, p);
+      for (size_t k = 0; k < 4; ++k) {
+        StoreNextCostsWide(c + k * stride + lo, least.lo, xv, v + k * stride + lo);
+        StoreNextCostsWide(c + k * stride + lo + 8, least.hi, xv, v + k * stride + lo + 8);
+      }
+    }
   }
 }
 
-// The step of partner bit 2 or more, eight groups a vector (AVX2, chosen at run time). No FMA:
-// every element's comparisons, products and sums are the SSE2 loop's, rounded the same, so both
-// give the same costs and indices; only the width differs. At partner bit 2 (stride 4) a group
-// quadruple spans 16 floats, so the eight groups of a vector are two quadruples' four, 16 apart
-// (kGap 16; kGap 4 elsewhere).
-template <uint32_t kGap>
-__attribute__((target("avx2"))) void StepWide(float x, const float* values, float* cost, uint8_t* bp,
-                                              uint32_t stride) {
-  const __m256 xv = _mm256_set1_ps(x);
-  const __m256i one = _mm256_set1_epi32(1);
-  const __m256i two = _mm256_set1_epi32(2);
-  const uint32_t span = kGap == 4 ? 4 * stride : 32;  // positions a pass of the outer loop covers
-  const uint32_t lanes = kGap == 4 ? stride : 4;      // groups along one quadruple's row
-  for (uint32_t hi = 0; hi < kStateCount; hi += span) {
-    const QuadrupleRows r = RowsAt(cost, values, bp, hi, stride);
-    for (uint32_t lo = 0; lo < lanes; lo += 8) {
-      const __m256 a0 = LoadWide<kGap>(r.c0 + lo), a1 = LoadWide<kGap>(r.c1 + lo);
-      const __m256 a2 = LoadWide<kGap>(r.c2 + lo), a3 = LoadWide<kGap>(r.c3 + lo);
-      const __m256i j01 = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(a1, a0, _CMP_LT_OQ)), one);
-      const __m256i j23 =
-          _mm256_add_epi32(two, _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(a3, a2, _CMP_LT_OQ)), one));
-      const __m256 m01 = _mm256_min_ps(a1, a0);
-      const __m256 m23 = _mm256_min_ps(a3, a2);
-      const __m256i high = _mm256_castps_si256(_mm256_cmp_ps(m23, m01, _CMP_LT_OQ));
-      const __m256 m = _mm256_min_ps(m23, m01);
-      const __m256i j = _mm256_or_si256(_mm256_and_si256(high, j23), _mm256_andnot_si256(high, j01));
-      const __m128i j16 = _mm_packs_epi32(_mm256_castsi256_si128(j), _mm256_extracti128_si256(j, 1));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(r.bp + lo), _mm_packus_epi16(j16, j16));
-      for (uint32_t k = 0; k < 4; ++k) {
-        const __m256 d = _mm256_sub_ps(xv, LoadWide<kGap>(r.v0 + lo + k * stride));
-        StoreWide<kGap>(r.c0 + lo + k * stride, _mm256_add_ps(m, _mm256_mul_ps(d, d)));
-      }
+// Stride 4, as StepQuads: four quadruples a vector, their rows' 64-bit quarters transposed.
+__attribute__((target("avx2,f16c"))) void StepQuadsWide(const StepParams p) {
+  const __m256 xv = _mm256_set1_ps(p.xh);
+  for (size_t pos = 0; pos < kStateCount; pos += 64) {
+    uint16_t* c = p.cost + pos;
+    const __m256i q0 = LoadCostsWide(c), q1 = LoadCostsWide(c + 16);  // rows 0-3 of quadruple 0, 1
+    const __m256i q2 = LoadCostsWide(c + 32), q3 = LoadCostsWide(c + 48);
+    const __m256i t0 = _mm256_unpacklo_epi64(q0, q1), t1 = _mm256_unpackhi_epi64(q0, q1);  // rows 0 | 2, 1 | 3
+    const __m256i t2 = _mm256_unpacklo_epi64(q2, q3), t3 = _mm256_unpackhi_epi64(q2, q3);
+    const LeastOfFourWide m =
+        LeastWide(_mm256_permute2x128_si256(t0, t2, 0x20), _mm256_permute2x128_si256(t1, t3, 0x20),
+                  _mm256_permute2x128_si256(t0, t2, 0x31), _mm256_permute2x128_si256(t1, t3, 0x31));
+    StoreIndicesWide(m.index, p.bp + (pos >> kSymbolBits));
+    const LeastFloatsWide least = WidenWide(m.least, p);  // lo: quadruples 0, 1; hi: 2, 3
+    const float* v = p.values + pos;
+    for (size_t q = 0; q < 4; ++q) {
+      const __m256 pair = q < 2 ? least.lo : least.hi;
+      // The quadruple's four leasts in both halves, for its rows 0, 1 and then 2, 3.
+      const __m256 l = q % 2 == 0 ? _mm256_permute2f128_ps(pair, pair, 0x00) : _mm256_permute2f128_ps(pair, pair, 0x11);
+      StoreNextCostsWide(c + 16 * q, l, xv, v + 16 * q);
+      StoreNextCostsWide(c + 16 * q + 8, l, xv, v + 16 * q + 8);
+    }
+  }
+}
+
+// Sixteen groups in the order 0 1 4 5 8 9 12 13 | 2 3 6 7 10 11 14 15 (32-bit pairs) to 0-15.
+__attribute__((target("avx2,f16c"))) inline __m256i InGroupOrder(__m256i a) {
+  return _mm256_permutevar8x32_epi32(a, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Stride 1, as StepAdjacent: sixteen groups' 64 costs, transposed within 128-bit halves as
+// StepAdjacent transposes, which leaves the groups in InGroupOrder's order.
+__attribute__((target("avx2,f16c"))) void StepAdjacentWide(const StepParams p) {
+  const __m256 xv = _mm256_set1_ps(p.xh);
+  for (size_t pos = 0; pos < kStateCount; pos += 64) {
+    uint16_t* c = p.cost + pos;
+    const __m256i r0 = LoadCostsWide(c), r1 = LoadCostsWide(c + 16);  // groups 0-3, 4-7
+    const __m256i r2 = LoadCostsWide(c + 32), r3 = LoadCostsWide(c + 48);
+    const __m256i u0 = _mm256_unpacklo_epi16(r0, r1), u1 = _mm256_unpackhi_epi16(r0, r1);
+    const __m256i u2 = _mm256_unpacklo_epi16(r2, r3), u3 = _mm256_unpackhi_epi16(r2, r3);
+    const __m256i w0 = _mm256_unpacklo_epi16(u0, u1), w1 = _mm256_unpackhi_epi16(u0, u1);
+    const __m256i w2 = _mm256_unpacklo_epi16(u2, u3), w3 = _mm256_unpackhi_epi16(u2, u3);
+    const LeastOfFourWide m =
+        LeastWide(InGroupOrder(_mm256_unpacklo_epi64(w0, w2)), InGroupOrder(_mm256_unpackhi_epi64(w0, w2)),
+                  InGroupOrder(_mm256_unpacklo_epi64(w1, w3)), InGroupOrder(_mm256_unpackhi_epi64(w1, w3)));
+    StoreIndicesWide(m.index, p.bp + (pos >> kSymbolBits));
+    const LeastFloatsWide least = WidenWide(m.least, p);
+    const float* v = p.values + pos;
+    for (size_t r = 0; r < 8; ++r) {
+      // Positions 8r .. 8r + 7: groups 2r and 2r + 1, each least four times.
+      const int g = static_cast<int>(2 * r % 8);
+      const __m256i spread = _mm256_setr_epi32(g, g, g, g, g + 1, g + 1, g + 1, g + 1);
+      StoreNextCostsWide(c + 8 * r, _mm256_permutevar8x32_ps(r < 4 ? least.lo : least.hi, spread), xv, v + 8 * r);
     }
   }
 }
@@ -195,66 +386,60 @@ __attribute__((target("avx2"))) void StepWide(float x, const float* values, floa
 
 }  // namespace
 
-void TileSearcher::Step(int t, float x, uint8_t* bp) {
-  const int b = PartnerBit(t);
-  const uint32_t stride = 1u << b;
-  float* cost = cost_.data();
-  const float* v = layout_values_.data() + static_cast<size_t>(t % kLayouts) * kStateCount;
+void TileSearcher::Step(int t, float xh, bool normalise, float floor, uint8_t* bp) {
+  const uint32_t stride = 1u << PartnerBit(t);
+  const StepParams p{xh, normalise, floor, layout_values_.data() + static_cast<size_t>(t % kLayouts) * kStateCount,
+                     cost_.data(), bp};
 #if defined(__x86_64__)
-  if (stride >= 4 && isa_ == Isa::kBest && CpuHasAvx2()) {
-    if (stride >= 8) {
-      StepWide<4>(x, v, cost, bp, stride);
+  if (isa_ == Isa::kBest && CpuHasAvx2F16c()) {
+    if (stride >= 16) {
+      StepRowsWide(p, stride);
+    } else if (stride == 4) {
+      StepQuadsWide(p);
     } else {
-      StepWide<16>(x, v, cost, bp, stride);
+      StepAdjacentWide(p);
     }
     return;
   }
 #endif
 #if defined(__SSE2__)
-  if (b == 0) {
-    StepAdjacentGroups(x, v, cost, bp);
-    return;
+  if (stride >= 16) {
+    StepRows(p, stride);
+  } else if (stride == 4) {
+    StepQuads(p);
+  } else {
+    StepAdjacent(p);
   }
+#else
+  StepScalar(p, stride);
 #endif
-  for (uint32_t hi = 0; hi < kStateCount; hi += 4 * stride) {
-    const auto [c0, c1, c2, c3, v0, bpo] = RowsAt(cost, v, bp, hi, stride);
-    uint32_t lo = 0;
+}
+
+float TileSearcher::LeastCost() const {
+  // Patterns order as costs do (above), so the least pattern is the least cost's.
+  uint16_t least = kUnreachable;
 #if defined(__SSE2__)
-    // Four groups per iteration; the same arithmetic as the scalar tail below.
-    const __m128 xv = _mm_set1_ps(x);
-    for (; lo + 4 <= stride; lo += 4) {
-      const LeastOfFour m =
-          Least(_mm_loadu_ps(c0 + lo), _mm_loadu_ps(c1 + lo), _mm_loadu_ps(c2 + lo), _mm_loadu_ps(c3 + lo));
-      StoreIndices(m.index, bpo + lo);
-      _mm_storeu_ps(c0 + lo, NextCost(m.least, xv, _mm_loadu_ps(v0 + lo)));
-      _mm_storeu_ps(c1 + lo, NextCost(m.least, xv, _mm_loadu_ps(v0 + lo + stride)));
-      _mm_storeu_ps(c2 + lo, NextCost(m.least, xv, _mm_loadu_ps(v0 + lo + 2 * stride)));
-      _mm_storeu_ps(c3 + lo, NextCost(m.least, xv, _mm_loadu_ps(v0 + lo + 3 * stride)));
-    }
-#endif
-    for (; lo < stride; ++lo) {
-      const float a0 = c0[lo], a1 = c1[lo], a2 = c2[lo], a3 = c3[lo];
-      const bool b01 = a1 < a0;
-      const float m01 = b01 ? a1 : a0;
-      const bool b23 = a3 < a2;
-      const float m23 = b23 ? a3 : a2;
-      const bool high = m23 < m01;
-      const float m = high ? m23 : m01;
-      bpo[lo] = static_cast<uint8_t>(high ? 2 + b23 : b01);
-      const float d0 = x - v0[lo];
-      const float d1 = x - v0[lo + stride];
-      const float d2 = x - v0[lo + 2 * stride];
-      const float d3 = x - v0[lo + 3 * stride];
-      c0[lo] = m + d0 * d0;
-      c1[lo] = m + d1 * d1;
-      c2[lo] = m + d2 * d2;
-      c3[lo] = m + d3 * d3;
-    }
+  // Four vectors of eight (GCC leaves the plain loop scalar); signed minima, as in Least.
+  __m128i m[4] = {_mm_set1_epi16(kUnreachable), _mm_set1_epi16(kUnreachable), _mm_set1_epi16(kUnreachable),
+                  _mm_set1_epi16(kUnreachable)};
+  for (uint32_t p = 0; p < kStateCount; p += 32) {
+    for (int k = 0; k < 4; ++k) m[k] = _mm_min_epi16(m[k], LoadCosts(cost_.data() + p + 8 * k));
   }
+  uint16_t lanes[8];
+  StoreCosts(lanes, _mm_min_epi16(_mm_min_epi16(m[0], m[1]), _mm_min_epi16(m[2], m[3])));
+  least = *std::min_element(lanes, lanes + 8);
+#else
+  for (const uint16_t c : cost_) least = std::min(least, c);
+#endif
+  return kernels::ToFloat(kernels::F16{least});
 }
 
 void TileSearcher::Run(const float* x, int steps) {
-  for (int t = 0; t < steps; ++t) Step(t, x[t], backpointers_.data() + static_cast<size_t>(t) * kGroups);
+  for (int t = 0; t < steps; ++t) {
+    const bool normalise = t % kNormalisePeriod == kNormalisePhase;
+    Step(t, RoundHalf(std::fmin(std::fmax(x[t], -kTargetLimit), kTargetLimit)), normalise,
+         normalise ? LeastCost() : 0.0f, backpointers_.data() + static_cast<size_t>(t) * kGroups);
+  }
 }
 
 void TileSearcher::Trace(uint32_t state, int steps, uint8_t* symbols) const {
@@ -276,7 +461,7 @@ double TileSearcher::Search(const float* x, uint8_t* symbols, float* decoded) {
   for (int k = 0; k < kProbeSteps; ++k) {
     probe_x[k] = x[(kTileWeights - kProbeSteps / 2 + k) % kTileWeights];
   }
-  std::fill(cost_.begin(), cost_.end(), 0.0f);
+  std::fill(cost_.begin(), cost_.end(), kZeroCost);
   Run(probe_x, kProbeSteps);
   const uint32_t probe_end =
       static_cast<uint32_t>(std::min_element(cost_.begin(), cost_.end()) - cost_.begin());
@@ -292,7 +477,7 @@ double TileSearcher::Search(const float* x, uint8_t* symbols, float* decoded) {
   // Full ring: s_{-1} is any state carrying the overlap (its top symbol never reaches s_0),
   // and s_255 must carry it too.
   std::fill(cost_.begin(), cost_.end(), kUnreachable);
-  for (uint32_t j = 0; j < static_cast<uint32_t>(kSymbols); ++j) cost_[overlap | (j << 14)] = 0.0f;
+  for (uint32_t j = 0; j < static_cast<uint32_t>(kSymbols); ++j) cost_[overlap | (j << 14)] = kZeroCost;
   Run(x, kTileWeights);
   uint32_t end = overlap;
   for (uint32_t j = 1; j < static_cast<uint32_t>(kSymbols); ++j) {

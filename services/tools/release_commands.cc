@@ -118,9 +118,11 @@ absl::Status SetEncodeDevice(const std::string& device, int workers, release::En
         absl::StrCat("--device: expected cpu, cuda or cuda:N[,M...] (distinct GPUs), got '", device, "'"));
   }
 #if NQ_HAVE_CUDA
-  // Made here once per GPU so a missing or unsuitable one is refused before any checkpoint is read.
+  // Made here once per GPU so a missing or unsuitable one, or one whose search disagrees with the
+  // CPU's, is refused before any checkpoint is read.
   for (int gpu : gpus) {
     ASSIGN_OR_RETURN(std::unique_ptr<quant::TrellisTileSearch> probe, kernels::cuda::MakeCudaTrellisTileSearch(gpu));
+    RETURN_IF_ERROR(quant::CheckAgreesWithCpuSearch(*probe));
   }
   constexpr int kWorkersPerGpu = 8;
   options.workers = workers > 0 ? workers : kWorkersPerGpu * static_cast<int>(gpus.size());

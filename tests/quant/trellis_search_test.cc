@@ -5,7 +5,9 @@
 #include "services/quant/trellis_search.h"
 
 #include <cstdint>
+#include <memory>
 #include <random>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -50,6 +52,35 @@ TEST(CpuTrellisTileSearch, ThreadsGiveTheOneThreadsSymbols) {
   ASSERT_TRUE(search->Search(x, three).ok());
   EXPECT_EQ(three, one);
   for (uint8_t s : one) ASSERT_LE(s, 3);
+}
+
+// A search that is the CPU's except on one tile kind: its symbols of tiles whose first target is
+// `odd_first` come out shifted by one. The agreement check must name such a search.
+class SearchWrongOn final : public TrellisTileSearch {
+ public:
+  explicit SearchWrongOn(float odd_first) : odd_first_(odd_first) {}
+  std::string where() const override { return "a search wrong on one tile"; }
+  absl::Status Search(std::span<const float> targets, std::span<uint8_t> symbols) override {
+    if (absl::Status s = cpu_->Search(targets, symbols); !s.ok()) return s;
+    for (size_t t = 0; t < targets.size() / kTileWeights; ++t) {
+      if (targets[t * kTileWeights] == odd_first_) symbols[t * kTileWeights + 5] ^= 1;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  float odd_first_;
+  std::unique_ptr<TrellisTileSearch> cpu_ = MakeCpuTrellisTileSearch(2);
+};
+
+TEST(CheckAgreesWithCpuSearch, PassesTheCpuSearchAndNamesOneThatDiffers) {
+  std::unique_ptr<TrellisTileSearch> cpu = MakeCpuTrellisTileSearch(2);
+  EXPECT_TRUE(CheckAgreesWithCpuSearch(*cpu).ok());
+  SearchWrongOn wrong_on_zeros(0.0f);  // the check's all-zero tile
+  const absl::Status status = CheckAgreesWithCpuSearch(wrong_on_zeros);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("a search wrong on one tile"));
+  EXPECT_THAT(status.message(), HasSubstr("--device cpu"));
 }
 
 TEST(CpuTrellisTileSearch, RefusesWhatIsNotWholeTiles) {

@@ -50,7 +50,7 @@ std::vector<float> MixedTiles(int gaussian_tiles) {
 TEST(CudaTrellisSearch, SymbolsEqualTheCpuSearchersOnEveryTile) {
   std::unique_ptr<quant::TrellisTileSearch> gpu = CudaSearchOrDie();
   ASSERT_NE(gpu, nullptr);
-  // More tiles than the GPU runs clusters, so clusters loop over tiles and reuse their scratch.
+  // More tiles than the GPU runs blocks, so blocks loop over tiles and reuse their scratch.
   const std::vector<float> x = MixedTiles(300);
   std::vector<uint8_t> want(x.size()), got(x.size(), 0xFF);
   ASSERT_TRUE(quant::MakeCpuTrellisTileSearch(0)->Search(x, want).ok());
