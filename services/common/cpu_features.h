@@ -3,6 +3,10 @@
 // Header-only, so libraries that link nothing of services/common can use it.
 #pragma once
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace nq {
 
 inline bool CpuHasAvx2() {
@@ -16,9 +20,14 @@ inline bool CpuHasAvx2() {
 
 // AVX2 and F16C's binary16 conversions (the trellis search's fp16 steps). Every AVX2 CPU made so
 // far has F16C, but nothing promises it, and a missing one would be an illegal instruction.
+// F16C is asked of CPUID (leaf 1, ECX bit 29) directly: clang 14's __builtin_cpu_supports does not
+// know "f16c" (the fuzzers build with it).
 inline bool CpuHasAvx2F16c() {
 #if defined(__x86_64__)
-  static const bool avx2_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool avx2_f16c = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
   return avx2_f16c;
 #else
   return false;
