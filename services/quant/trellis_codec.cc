@@ -4,13 +4,12 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <memory>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
 #include "services/quant/codec_prep.h"
+#include "services/quant/ldlq_feedforward.h"
 #include "services/quant/trellis_decode.h"
 #include "services/quant/trellis_search.h"
 #include "services/quant/trellis_viterbi.h"
@@ -76,41 +75,6 @@ absl::Status CodeBlocks(TrellisTileSearch& search, const std::vector<double>& ta
     }
   }
   return absl::OkStatus();
-}
-
-// Block LDLQ: d = e U_JJ^-1 per row (forward substitution), then x_K -= d U_JK for the
-// columns after the block. e is rows x 16 (row-major), u the cols x cols feedback factor.
-// Rows [row_begin, row_end) only: rows are independent, so threads may split them.
-void FeedForwardRows(const std::vector<double>& u, int64_t row_begin, int64_t row_end, int64_t cols, int64_t j0,
-                     const std::vector<double>& e, std::vector<double>& x) {
-  std::array<double, kTileDim> d;
-  for (int64_t i = row_begin; i < row_end; ++i) {
-    for (int64_t c = 0; c < kTileDim; ++c) {
-      double s = e[i * kTileDim + c];
-      for (int64_t k = 0; k < c; ++k) s -= d[k] * u[(j0 + k) * cols + j0 + c];
-      d[c] = s / u[(j0 + c) * cols + j0 + c];
-    }
-    double* row = x.data() + i * cols;
-    for (int64_t c = 0; c < kTileDim; ++c) {
-      const double* uc = u.data() + (j0 + c) * cols;
-      for (int64_t k = j0 + kTileDim; k < cols; ++k) row[k] -= d[c] * uc[k];
-    }
-  }
-}
-
-void FeedForward(const std::vector<double>& u, int64_t rows, int64_t cols, int64_t j0, const std::vector<double>& e,
-                 std::vector<double>& x, int threads) {
-  // A block's update is rows x 16 x (cols - j0 - 16) multiply-adds; a thread takes at least 64K
-  // of them (tens of microseconds, about what starting it costs).
-  const int64_t work = rows * kTileDim * (cols - j0 - kTileDim);
-  const int64_t parts = std::clamp<int64_t>(std::min<int64_t>(threads, work >> 16), 1, rows);
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < parts; ++t) {
-    pool.emplace_back(FeedForwardRows, std::cref(u), rows * t / parts, rows * (t + 1) / parts, cols, j0, std::cref(e),
-                      std::ref(x));
-  }
-  FeedForwardRows(u, 0, rows / parts, cols, j0, e, x);
-  for (std::thread& t : pool) t.join();
 }
 
 }  // namespace
@@ -203,14 +167,14 @@ absl::StatusOr<EncodedMatrix> TrellisCodec::Encode(std::span<const float> w, int
         e[i * kTileDim + c] = x2[i * cols + j0 + c] - base_hat[i * kTileDim + c];
       }
     }
-    FeedForward(p.feedback, rows, cols, j0, e, x2, options.host_threads);
+    FeedForwardBlock(p.feedback, rows, cols, j0, e, x2, options.host_threads);
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t c = 0; c < kTileDim; ++c) {
         e[i * kTileDim + c] = x4[i * cols + j0 + c] - base_hat[i * kTileDim + c] -
                               residual_hat[i * kTileDim + c];
       }
     }
-    FeedForward(p.feedback, rows, cols, j0, e, x4, options.host_threads);
+    FeedForwardBlock(p.feedback, rows, cols, j0, e, x4, options.host_threads);
   }
 
   m.row_scales = std::move(p.row_scales);
