@@ -37,8 +37,8 @@ double BlockRms(const std::vector<double>& x, int64_t rows, int64_t cols, int64_
   return std::sqrt(s / static_cast<double>(rows * kTileDim));
 }
 
-// Codes every tile of the column blocks [tj0, tj1) from `target` (rows x cols; only those
-// blocks are read), block tj with gain gains[tj], in one search: symbols go to `codes` (tile
+// Codes every tile of the column blocks [tj0, tj1) from `target` (rows x 16 (tj1 - tj0): those
+// blocks alone, row-major), block tj with gain gains[tj], in one search: symbols go to `codes` (tile
 // order, trellis_decode.h), the decoded blocks to `decoded` (rows x 16 (tj1 - tj0), row-major).
 absl::Status CodeBlocks(TrellisTileSearch& search, const std::vector<double>& target, int64_t rows, int64_t cols,
                         int64_t tj0, int64_t tj1, std::span<const float> gains, std::vector<uint8_t>& codes,
@@ -57,7 +57,7 @@ absl::Status CodeBlocks(TrellisTileSearch& search, const std::vector<double>& ta
       float* tx = x.data() + (ti * (tj1 - tj0) + tj - tj0) * kTileWeights;
       for (int t = 0; t < kTileWeights; ++t) {
         const int64_t i = ti * kTileDim + t / kTileDim;
-        tx[t] = static_cast<float>(target[i * cols + tj * kTileDim + t % kTileDim] * inv_gain);
+        tx[t] = static_cast<float>(target[i * width + (tj - tj0) * kTileDim + t % kTileDim] * inv_gain);
       }
     }
   }
@@ -114,8 +114,11 @@ absl::StatusOr<EncodedMatrix> TrellisCodec::Encode(std::span<const float> w, int
   std::vector<double> x2 = std::move(p.z);
   std::vector<double> x4 = feedback ? x2 : std::vector<double>();
   const std::vector<double>& x4_ref = feedback ? x4 : x2;
-  std::vector<double> base_target = x2;
-  std::vector<double> residual_target(x2.size());
+  // The targets of the blocks being coded: rows x 16 with feedback, the whole matrix without.
+  const int64_t group = feedback ? 1 : blocks;
+  const int64_t width = group * kTileDim;
+  std::vector<double> base_target(static_cast<size_t>(rows * width));
+  std::vector<double> residual_target(base_target.size());
   std::vector<uint8_t> base_codes(static_cast<size_t>(rows * cols));
   std::vector<uint8_t> residual_codes(static_cast<size_t>(rows * cols));
   std::unique_ptr<TrellisTileSearch> own_search;
@@ -126,36 +129,33 @@ absl::StatusOr<EncodedMatrix> TrellisCodec::Encode(std::span<const float> w, int
   }
   // Without feedback no block depends on another: every tile of the matrix is searched at once
   // (base, then residual). With it, one 16-column block at a time, its error fed forward.
-  const int64_t group = feedback ? 1 : blocks;
-  std::vector<double> base_hat(static_cast<size_t>(rows * kTileDim * group));
+  std::vector<double> base_hat(static_cast<size_t>(rows * width));
   std::vector<double> residual_hat(base_hat.size());
   std::vector<double> e(static_cast<size_t>(rows * kTileDim));
 
   for (int64_t tj0 = 0; tj0 < blocks; tj0 += group) {
     const int64_t tj1 = tj0 + group;
-    const int64_t width = group * kTileDim;
     for (int64_t tj = tj0; tj < tj1; ++tj) {
-      const int64_t j0 = tj * kTileDim;
+      const int64_t j0 = tj * kTileDim, b0 = (tj - tj0) * kTileDim;
       for (int64_t i = 0; i < rows; ++i) {
         for (int64_t c = 0; c < kTileDim; ++c) {
           const int64_t k = i * cols + j0 + c;
-          base_target[k] = options.lambda * x2[k] + (1.0 - options.lambda) * x4_ref[k];
+          base_target[i * width + b0 + c] = options.lambda * x2[k] + (1.0 - options.lambda) * x4_ref[k];
         }
       }
-      m.params.base_codebook[tj] = static_cast<float>(kBaseGainPerRms * BlockRms(base_target, rows, cols, j0));
+      m.params.base_codebook[tj] = static_cast<float>(kBaseGainPerRms * BlockRms(base_target, rows, width, b0));
     }
     RETURN_IF_ERROR(CodeBlocks(*search, base_target, rows, cols, tj0, tj1, m.params.base_codebook, base_codes, base_hat));
 
     for (int64_t tj = tj0; tj < tj1; ++tj) {
-      const int64_t j0 = tj * kTileDim;
+      const int64_t j0 = tj * kTileDim, b0 = (tj - tj0) * kTileDim;
       for (int64_t i = 0; i < rows; ++i) {
         for (int64_t c = 0; c < kTileDim; ++c) {
-          const int64_t k = i * cols + j0 + c;
-          residual_target[k] = x4_ref[k] - base_hat[i * width + (tj - tj0) * kTileDim + c];
+          residual_target[i * width + b0 + c] = x4_ref[i * cols + j0 + c] - base_hat[i * width + b0 + c];
         }
       }
       m.params.residual_codebook[tj] =
-          static_cast<float>(kResidualGainPerRms * BlockRms(residual_target, rows, cols, j0));
+          static_cast<float>(kResidualGainPerRms * BlockRms(residual_target, rows, width, b0));
     }
     RETURN_IF_ERROR(CodeBlocks(*search, residual_target, rows, cols, tj0, tj1, m.params.residual_codebook,
                                residual_codes, residual_hat));
