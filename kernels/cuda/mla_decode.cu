@@ -35,13 +35,18 @@ constexpr int kAbsorbMaxTokens = 4;
 // combine: a block covers 128 columns of O (a float4 per thread) and reads the splits 8 at a time.
 constexpr int kCombineCols = 128;
 constexpr int kCombineSplitGroups = kThreads / (kCombineCols / 4);
-// output (w_uv): each warp holds whole rows of w_uv in registers (4 rows of bf16, 2 of fp32: eight
-// 16-byte loads per lane), the queries' O in shared memory up to kOutputMaxTokens at a time
-// (instantiated for 1, 2, 4 and 8 queries).
-template <typename UvT>
-constexpr int kOutputRowsPerWarp = sizeof(UvT) == 2 ? 4 : 2;
-template <typename UvT>
-constexpr int kOutputRows = kOutputRowsPerWarp<UvT> * kWarps;
+// output (w_uv): each warp holds kRows whole rows of w_uv in registers as loaded, the queries' O in
+// shared memory up to kOutputMaxTokens at a time (instantiated for 1, 2, 4 and 8 queries). kRows
+// (1, 2 or 4) is chosen per launch (OutputRowsPerWarp): the most rows a warp that still give every
+// SM a block (a DeepSeek-V3 rank's 16 heads of 128 rows: 1 row a warp, 256 blocks, where 4 rows
+// left 68 SMs without one; GLM-5's 64 heads: 4). 8 bf16 rows a warp would make GLM-5's grid one
+// wave, but ptxas spills them (124 bytes at one query) within 128 registers.
+constexpr int kOutputMaxRowsPerWarp = 4;
+// Blocks per SM for kRows rows a warp: their registers (kRows * kLoads uint4) plus about 40 more.
+template <typename UvT, int kRows>
+constexpr int kOutputBlocksPerSm = kRows * kMlaMaxLatent / kVec16<UvT> / kWarpSize * 4 >= 64   ? 2
+                                   : kRows * kMlaMaxLatent / kVec16<UvT> / kWarpSize * 4 >= 32 ? 3
+                                                                                                 : 4;
 constexpr int kOutputMaxTokens = 8;
 
 // The instantiation for `tokens` queries: the smallest of 1, 2, 4, 8 that holds them, capped at
@@ -132,6 +137,27 @@ __device__ __forceinline__ void Mma(float (&d)[4], const std::uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four 8x8 b16 matrices from shared memory in one instruction: lanes 8m..8m+7 give the row
+// addresses of matrix m (16-byte aligned), register m receives it as an MMA fragment register (lane
+// 4g + qd: row g, elements 2qd and 2qd + 1). With `.trans` each matrix arrives transposed (lane
+// 4g + qd: rows 2qd and 2qd + 1 of column g), which turns key-major V rows into B fragments.
+__device__ __forceinline__ void LoadMatrices(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(row))));
+}
+__device__ __forceinline__ void LoadMatricesTransposed(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<std::uint32_t>(__cvta_generic_to_shared(row))));
+}
+// The A fragment (16 x 16, row-major, `stride` elements a row) at column k0 of `a`: lanes 0-15
+// address rows 0-15 at k0, lanes 16-31 the same rows at k0 + 8 (a0..a3 as mma.m16n8k16 wants them).
+__device__ __forceinline__ void LoadAFragment(std::uint32_t (&r)[4], const std::uint16_t* a, int stride, int k0,
+                                              int lane) {
+  LoadMatrices(r, a + (lane % 16) * stride + k0 + (lane / 16) * 8);
+}
+
 __device__ __forceinline__ void CopyAsync16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
                    static_cast<std::uint32_t>(__cvta_generic_to_shared(dst))),
@@ -148,15 +174,6 @@ __device__ __forceinline__ void WaitCopies() {
 // waiting for this one's results.
 __device__ __forceinline__ void LetTheNextKernelStart() { asm volatile("griddepcontrol.launch_dependents;"); }
 __device__ __forceinline__ void WaitForThePreviousKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
-// Two bf16 as one MMA operand register, `first` in the low half.
-__device__ __forceinline__ std::uint32_t Pack(Bf16 first, Bf16 second) {
-  return std::uint32_t{first.bits} | (std::uint32_t{second.bits} << 16);
-}
-
-__device__ __forceinline__ std::uint32_t Load32(const std::uint16_t* p) {
-  return *reinterpret_cast<const std::uint32_t*>(p);
-}
 
 // 8 weights of w_uk at `w` (16-byte aligned) as floats.
 __device__ __forceinline__ void Load8(const float* w, float (&out)[8]) {
@@ -273,7 +290,11 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   std::uint16_t* p_hi = reinterpret_cast<std::uint16_t*>(key_scale + kKeyTile * kMaxScaleTiles);
   std::uint16_t* p_lo = p_hi + kMaxScaleTiles * kMlaHeadGroup * kPStride;
   float* s_part = reinterpret_cast<float*>(tile_region + TileRegionBytes<KvT>(p.c, p.dr));  // [kQkSlices][16][kPStride]
-  float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride]
+  float* prob = s_part + kQkSlices * kMlaHeadGroup * kPStride;      // [16][kPStride] floats' room
+  // Not FP8: P as the PV product's A operand, bf16 hi and lo [16][kPStride] each, split once by
+  // the softmax (FP8 keeps P times each scale tile's scales in p_hi and p_lo instead).
+  std::uint16_t* pa_hi = reinterpret_cast<std::uint16_t*>(prob);
+  std::uint16_t* pa_lo = pa_hi + kMlaHeadGroup * kPStride;
   float* row_max = prob + kMlaHeadGroup * kPStride;                 // [16]
   float* row_sum = row_max + kMlaHeadGroup;                         // [16]
   float* row_corr = row_sum + kMlaHeadGroup;                        // [16]
@@ -420,10 +441,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
           }
         }
         const int col = kk * 16 + 2 * qd;
-        const std::uint32_t ah[4] = {Load32(q_hi + g * qs + col), Load32(q_hi + (g + 8) * qs + col),
-                                     Load32(q_hi + g * qs + col + 8), Load32(q_hi + (g + 8) * qs + col + 8)};
-        const std::uint32_t al[4] = {Load32(q_lo + g * qs + col), Load32(q_lo + (g + 8) * qs + col),
-                                     Load32(q_lo + g * qs + col + 8), Load32(q_lo + (g + 8) * qs + col + 8)};
+        std::uint32_t ah[4], al[4];
+        LoadAFragment(ah, q_hi, qs, kk * 16, lane);
+        LoadAFragment(al, q_lo, qs, kk * 16, lane);
         if constexpr (kF32) {
           const float2 f0 = *reinterpret_cast<const float2*>(krow + col);
           const float2 f1 = *reinterpret_cast<const float2*>(krow + col + 8);
@@ -473,7 +493,12 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
         pr = valid ? expf(score - m_new) : 0.0f;
       }
       const float sum = WarpSum(pr);
-      prob[r * kPStride + lane] = pr;
+      if constexpr (!kFp8) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(pr);
+        const __nv_bfloat16 lo = __float2bfloat16_rn(pr - __bfloat162float(hi));
+        pa_hi[r * kPStride + lane] = __bfloat16_as_ushort(hi);
+        pa_lo[r * kPStride + lane] = __bfloat16_as_ushort(lo);
+      }
       if constexpr (kFp8) {  // P times each scale tile's scales, as the bf16 hi + lo A operand
         for (int s = 0; s < scale_tiles; ++s) {
           const float v = pr * key_scale[lane * kMaxScaleTiles + s];
@@ -504,49 +529,58 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
       }
 #pragma unroll
       for (int kk = 0; kk < kKeyTile / 16; ++kk) {
-        const int k0 = kk * 16 + 2 * qd;
-        std::uint32_t ah[4], al[4];
-        const float2 p0 = *reinterpret_cast<const float2*>(prob + g * kPStride + k0);
-        const float2 p1 = *reinterpret_cast<const float2*>(prob + (g + 8) * kPStride + k0);
-        const float2 p2 = *reinterpret_cast<const float2*>(prob + g * kPStride + k0 + 8);
-        const float2 p3 = *reinterpret_cast<const float2*>(prob + (g + 8) * kPStride + k0 + 8);
-        Split(p0.x, p0.y, ah[0], al[0]);
-        Split(p1.x, p1.y, ah[1], al[1]);
-        Split(p2.x, p2.y, ah[2], al[2]);
-        Split(p3.x, p3.y, ah[3], al[3]);
-        const TileT* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
+        if constexpr (kF32) {
+          const int k0 = kk * 16 + 2 * qd;
+          std::uint32_t ah[4], al[4];
+          LoadAFragment(ah, pa_hi, kPStride, kk * 16, lane);
+          LoadAFragment(al, pa_lo, kPStride, kk * 16, lane);
+          const TileT* v = keys + k0 * ks;  // rows k0, k0 + 1, k0 + 8, k0 + 9
 #pragma unroll
-        for (int i = 0; i < kPvTilesPerWarp; ++i) {
-          const int n_tile = warp + kSplitWarps * i;
-          if (n_tile < pv_tiles) {
-            const int n = n_tile * 8 + g;
-            if constexpr (kF32) {
+          for (int i = 0; i < kPvTilesPerWarp; ++i) {
+            const int n_tile = warp + kSplitWarps * i;
+            if (n_tile < pv_tiles) {
+              const int n = n_tile * 8 + g;
               std::uint32_t bh0, bl0, bh1, bl1;
               Split(v[n], v[ks + n], bh0, bl0);
               Split(v[8 * ks + n], v[9 * ks + n], bh1, bl1);
               Mma(o[i], ah, bh0, bh1);
               Mma(o[i], ah, bl0, bl1);
               Mma(o[i], al, bh0, bh1);
-            } else if constexpr (kFp8) {
-              // V's scale tile for these columns: P times its scales (written by the softmax).
-              const int st = n_tile * 8 / static_cast<int>(kKvFp8Tile);
-              const std::uint16_t* hi = p_hi + st * kMlaHeadGroup * kPStride;
-              const std::uint16_t* lo = p_lo + st * kMlaHeadGroup * kPStride;
-              const std::uint32_t sh[4] = {Load32(hi + g * kPStride + k0), Load32(hi + (g + 8) * kPStride + k0),
-                                           Load32(hi + g * kPStride + k0 + 8),
-                                           Load32(hi + (g + 8) * kPStride + k0 + 8)};
-              const std::uint32_t sl[4] = {Load32(lo + g * kPStride + k0), Load32(lo + (g + 8) * kPStride + k0),
-                                           Load32(lo + g * kPStride + k0 + 8),
-                                           Load32(lo + (g + 8) * kPStride + k0 + 8)};
-              const std::uint32_t b0 = Pack(v[n], v[ks + n]);
-              const std::uint32_t b1 = Pack(v[8 * ks + n], v[9 * ks + n]);
-              Mma(o[i], sh, b0, b1);
-              Mma(o[i], sl, b0, b1);
-            } else {
-              const std::uint32_t b0 = Pack(v[n], v[ks + n]);
-              const std::uint32_t b1 = Pack(v[8 * ks + n], v[9 * ks + n]);
-              Mma(o[i], ah, b0, b1);
-              Mma(o[i], al, b0, b1);
+            }
+          }
+        } else {
+          // bf16 V (a BF16 cache, or FP8 rows unpacked): one ldmatrix.trans gives the B fragments of
+          // two of the warp's 8-column tiles of V (lanes 0-15 the first's 16 key rows, 16-31 the
+          // second's; a missing second tile reads the first again and is not used).
+          std::uint32_t ah[4], al[4];
+          if constexpr (!kFp8) {
+            LoadAFragment(ah, pa_hi, kPStride, kk * 16, lane);
+            LoadAFragment(al, pa_lo, kPStride, kk * 16, lane);
+          }
+          const int v_row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+          for (int i = 0; i < kPvTilesPerWarp; i += 2) {
+            const int first = warp + kSplitWarps * i, second = first + kSplitWarps;
+            if (first >= pv_tiles) continue;  // uniform over the warp
+            const bool both = second < pv_tiles;
+            std::uint32_t b[4];
+            LoadMatricesTransposed(b, keys + v_row * ks + (lane >= 16 && both ? second : first) * 8);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              if (j == 1 && !both) break;
+              const int n_tile = j == 0 ? first : second;
+              if constexpr (kFp8) {
+                // V's scale tile for these columns: P times its scales (written by the softmax).
+                const int st = n_tile * 8 / static_cast<int>(kKvFp8Tile);
+                std::uint32_t sh[4], sl[4];
+                LoadAFragment(sh, p_hi + st * kMlaHeadGroup * kPStride, kPStride, kk * 16, lane);
+                LoadAFragment(sl, p_lo + st * kMlaHeadGroup * kPStride, kPStride, kk * 16, lane);
+                Mma(o[i + j], sh, b[2 * j], b[2 * j + 1]);
+                Mma(o[i + j], sl, b[2 * j], b[2 * j + 1]);
+              } else {
+                Mma(o[i + j], ah, b[2 * j], b[2 * j + 1]);
+                Mma(o[i + j], al, b[2 * j], b[2 * j + 1]);
+              }
             }
           }
         }
@@ -630,22 +664,20 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
   }
 }
 
-// grid: (ceil(dv / kOutputRows<UvT>), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
-// every query; each warp holds kOutputRowsPerWarp rows of w_uv in registers as loaded (16-byte
-// loads, all issued before the wait for the combine kernel), lane l covering elements
-// [kVec l, kVec (l + 1)) of each 32-lane step. kTokens: queries per pass.
-// Three blocks per SM (at most 85 registers; at 64 the bf16 rows spill): GLM-5's 512 blocks of
-// w_uv rows run in 1.3 waves instead of 2 at the 118 registers the compiler would take.
-template <typename UvT, int kTokens>
-__global__ void __launch_bounds__(kThreads, 3) MlaOutputKernel(const __grid_constant__ SplitArgs a) {
+// grid: (ceil(dv / (kRows * kWarps)), heads). out[t, h*dv + v] = w_uv[h, v, :] · O[t, h, :] for
+// every query; each warp holds kRows rows of w_uv in registers as loaded (16-byte loads, all
+// issued before the wait for the combine kernel), lane l covering elements [kVec l, kVec (l + 1))
+// of each 32-lane step. kTokens: queries per pass.
+template <typename UvT, int kTokens, int kRows>
+__global__ void __launch_bounds__(kThreads, kOutputBlocksPerSm<UvT, kRows>)
+    MlaOutputKernel(const __grid_constant__ SplitArgs a) {
   const MlaAttentionParams& p = a.p;
   __shared__ __align__(16) float o[kTokens][kMlaMaxLatent];
   constexpr int kVec = kVec16<UvT>;
   constexpr int kLoads = kMlaMaxLatent / (kVec * kWarpSize);  // per lane and row, at most
-  constexpr int kRows = kOutputRowsPerWarp<UvT>;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int h = blockIdx.y;
-  const int v0 = static_cast<int>(blockIdx.x) * kOutputRows<UvT> + kRows * warp;
+  const int v0 = static_cast<int>(blockIdx.x) * kRows * kWarps + kRows * warp;
   const UvT* w_uv = static_cast<const UvT*>(p.w_uv) + std::int64_t{h} * p.dv * p.c;
   uint4 raw[kRows][kLoads];
 #pragma unroll
@@ -756,19 +788,36 @@ absl::Status LaunchAbsorb(const SplitArgs& a, const LaunchContext& ctx) {
   }
 }
 
-template <typename UvT, int kTokens>
+template <typename UvT, int kTokens, int kRows>
 absl::Status LaunchOutputFor(const SplitArgs& a, const LaunchContext& ctx) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kOutputRows<UvT>)), static_cast<unsigned>(a.p.heads));
-  return LaunchDependent(MlaOutputKernel<UvT, kTokens>, grid, kThreads, 0, ctx, "MlaOutputKernel", a);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(a.p.dv, kRows * kWarps)), static_cast<unsigned>(a.p.heads));
+  return LaunchDependent(MlaOutputKernel<UvT, kTokens, kRows>, grid, kThreads, 0, ctx, "MlaOutputKernel", a);
+}
+
+// The most rows a warp (up to `most`) that still give every SM a block of the output kernel.
+int OutputRowsPerWarp(const MlaAttentionParams& p, int num_sms, int most) {
+  int rows = most;
+  while (rows > 1 && CeilDiv(p.dv, rows * kWarps) * p.heads < num_sms) rows /= 2;
+  return rows;
+}
+
+template <typename UvT, int kTokens>
+absl::Status LaunchOutputRows(const SplitArgs& a, const LaunchContext& ctx) {
+  switch (OutputRowsPerWarp(a.p, ctx.num_sms, kOutputMaxRowsPerWarp)) {
+    case 1: return LaunchOutputFor<UvT, kTokens, 1>(a, ctx);
+    case 2: return LaunchOutputFor<UvT, kTokens, 2>(a, ctx);
+    case 4: return LaunchOutputFor<UvT, kTokens, 4>(a, ctx);
+    default: return LaunchOutputFor<UvT, kTokens, 4>(a, ctx);
+  }
 }
 
 template <typename UvT>
 absl::Status LaunchOutput(const SplitArgs& a, const LaunchContext& ctx) {
   switch (TokensPerPass(a.p.tokens, kOutputMaxTokens)) {
-    case 1: return LaunchOutputFor<UvT, 1>(a, ctx);
-    case 2: return LaunchOutputFor<UvT, 2>(a, ctx);
-    case 4: return LaunchOutputFor<UvT, 4>(a, ctx);
-    default: return LaunchOutputFor<UvT, 8>(a, ctx);
+    case 1: return LaunchOutputRows<UvT, 1>(a, ctx);
+    case 2: return LaunchOutputRows<UvT, 2>(a, ctx);
+    case 4: return LaunchOutputRows<UvT, 4>(a, ctx);
+    default: return LaunchOutputRows<UvT, 8>(a, ctx);
   }
 }
 
