@@ -60,6 +60,13 @@ absl::Status ValidateHessian(const Hessian& h, int64_t dim) {
   return absl::OkStatus();
 }
 
+// Both loops below are dot products whose terms must be added in order (the codes depend on these
+// values bit for bit, wherever they are encoded); a single chain of them waits on each subtraction.
+// So four independent rows (Cholesky) or columns (the inverse) run in lockstep: four chains, each
+// element's sum in its own order, the same bits as one at a time (ldlq_test.cc checks them against
+// the loops written plainly).
+constexpr int64_t kChains = 4;
+
 absl::Status CholeskyInPlace(std::span<double> a, int64_t dim) {
   for (int64_t j = 0; j < dim; ++j) {
     double* aj = a.data() + j * dim;
@@ -71,7 +78,26 @@ absl::Status CholeskyInPlace(std::span<double> a, int64_t dim) {
     }
     const double ljj = std::sqrt(d);
     aj[j] = ljj;
-    for (int64_t i = j + 1; i < dim; ++i) {
+    int64_t i = j + 1;
+    for (; i + kChains <= dim; i += kChains) {
+      double* r0 = a.data() + i * dim;
+      double* r1 = r0 + dim;
+      double* r2 = r1 + dim;
+      double* r3 = r2 + dim;
+      double s0 = r0[j], s1 = r1[j], s2 = r2[j], s3 = r3[j];
+      for (int64_t k = 0; k < j; ++k) {
+        const double x = aj[k];
+        s0 -= r0[k] * x;
+        s1 -= r1[k] * x;
+        s2 -= r2[k] * x;
+        s3 -= r3[k] * x;
+      }
+      r0[j] = s0 / ljj;
+      r1[j] = s1 / ljj;
+      r2[j] = s2 / ljj;
+      r3[j] = s3 / ljj;
+    }
+    for (; i < dim; ++i) {
       double* ai = a.data() + i * dim;
       double s = ai[j];
       for (int64_t k = 0; k < j; ++k) s -= ai[k] * aj[k];
@@ -81,6 +107,61 @@ absl::Status CholeskyInPlace(std::span<double> a, int64_t dim) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// L^-1 of a lower triangular n x n matrix r (row-major, positive diagonal), stored transposed:
+// linv_t[c][i] = L^-1[i][c], so each column's forward substitution reads it contiguously. Column c
+// is col[i] = -(sum over k in [c, i) of r[i][k] col[k]) / r[i][i], col[c] = 1 / r[c][c]. Four
+// columns c..c+3 run in lockstep from row c + 4 on, each sum over k from c: a column's entries
+// above its diagonal are zero, and adding r[i][k] * 0 to a sum that is still +0 leaves +0, so every
+// sum sees the terms of its own column's loop, in the same order.
+std::vector<double> InverseTransposed(const std::vector<double>& r, int64_t n) {
+  std::vector<double> linv_t(static_cast<size_t>(n * n), 0.0);
+  auto column_rows = [&](int64_t c, int64_t i_begin, int64_t i_end) {
+    double* col = linv_t.data() + c * n;
+    for (int64_t i = i_begin; i < i_end; ++i) {
+      const double* ri = r.data() + i * n;
+      double s = 0.0;
+      for (int64_t k = c; k < i; ++k) s += ri[k] * col[k];
+      col[i] = -s / ri[i];
+    }
+  };
+  int64_t c = 0;
+  for (; c + kChains <= n; c += kChains) {
+    // The triangle above row c + 4, column by column; then the four columns together.
+    for (int64_t m = 0; m < kChains; ++m) {
+      linv_t[(c + m) * n + c + m] = 1.0 / r[(c + m) * n + c + m];
+      column_rows(c + m, c + m + 1, c + kChains);
+    }
+    double* c0 = linv_t.data() + c * n;
+    double* c1 = c0 + n;
+    double* c2 = c1 + n;
+    double* c3 = c2 + n;
+    for (int64_t i = c + kChains; i < n; ++i) {
+      const double* ri = r.data() + i * n;
+      double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+      for (int64_t k = c; k < i; ++k) {
+        const double x = ri[k];
+        s0 += x * c0[k];
+        s1 += x * c1[k];
+        s2 += x * c2[k];
+        s3 += x * c3[k];
+      }
+      c0[i] = -s0 / ri[i];
+      c1[i] = -s1 / ri[i];
+      c2[i] = -s2 / ri[i];
+      c3[i] = -s3 / ri[i];
+    }
+  }
+  for (; c < n; ++c) {
+    linv_t[c * n + c] = 1.0 / r[c * n + c];
+    column_rows(c, c + 1, n);
+  }
+  return linv_t;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<double>> FeedbackFactor(const Hessian& h, double damping) {
   if (!(damping >= 0.0) || !std::isfinite(damping)) {
@@ -112,19 +193,7 @@ absl::StatusOr<std::vector<double>> FeedbackFactor(const Hessian& h, double damp
                      " (raise EncodeOptions::damping or add calibration samples): ",
                      s.message()));
   }
-  // L^-1 by forward substitution, one column c at a time, stored transposed
-  // (linv_t[c][i] = L^-1[i][c]) so the inner loop is contiguous.
-  std::vector<double> linv_t(static_cast<size_t>(n * n), 0.0);
-  for (int64_t c = 0; c < n; ++c) {
-    double* col = linv_t.data() + c * n;
-    col[c] = 1.0 / r[c * n + c];
-    for (int64_t i = c + 1; i < n; ++i) {
-      const double* ri = r.data() + i * n;
-      double s = 0.0;
-      for (int64_t k = c; k < i; ++k) s += ri[k] * col[k];
-      col[i] = -s / ri[i];
-    }
-  }
+  const std::vector<double> linv_t = InverseTransposed(r, n);
   // U[i][j] = L^-1[n-1-i][n-1-j] = linv_t[n-1-j][n-1-i], zero below the diagonal.
   std::vector<double> u(static_cast<size_t>(n * n), 0.0);
   for (int64_t i = 0; i < n; ++i) {

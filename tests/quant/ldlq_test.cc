@@ -1,6 +1,7 @@
 #include "services/quant/ldlq.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -78,6 +79,66 @@ TEST(FeedbackFactorTest, UpperFactorOfTheDampedInverse) {
       ASSERT_NEAR(s, i == j ? 1.0 : 0.0, 1e-8) << i << "," << j;
     }
     for (int64_t j = 0; j < i; ++j) EXPECT_EQ((*u)[i * d + j], 0.0);
+  }
+}
+
+// FeedbackFactor written plainly (the code before its loops ran four chains at once): the damped,
+// reversed Hessian's Cholesky factor one row at a time, its inverse one column at a time.
+std::vector<double> PlainFeedbackFactor(const Hessian& h, double damping) {
+  const int64_t n = h.dim;
+  std::vector<double> a = h.values;
+  double mean_diag = 0.0;
+  for (int64_t i = 0; i < n; ++i) mean_diag += a[i * n + i];
+  mean_diag /= static_cast<double>(n);
+  for (int64_t i = 0; i < n; ++i) a[i * n + i] += damping * mean_diag;
+  std::vector<double> r(static_cast<size_t>(n * n));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) r[i * n + j] = a[(n - 1 - i) * n + (n - 1 - j)];
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    double* rj = r.data() + j * n;
+    double d = rj[j];
+    for (int64_t k = 0; k < j; ++k) d -= rj[k] * rj[k];
+    const double ljj = std::sqrt(d);
+    rj[j] = ljj;
+    for (int64_t i = j + 1; i < n; ++i) {
+      double* ri = r.data() + i * n;
+      double s = ri[j];
+      for (int64_t k = 0; k < j; ++k) s -= ri[k] * rj[k];
+      ri[j] = s / ljj;
+    }
+    for (int64_t k = j + 1; k < n; ++k) rj[k] = 0.0;
+  }
+  std::vector<double> linv_t(static_cast<size_t>(n * n), 0.0);
+  for (int64_t c = 0; c < n; ++c) {
+    double* col = linv_t.data() + c * n;
+    col[c] = 1.0 / r[c * n + c];
+    for (int64_t i = c + 1; i < n; ++i) {
+      double s = 0.0;
+      for (int64_t k = c; k < i; ++k) s += r[i * n + k] * col[k];
+      col[i] = -s / r[i * n + i];
+    }
+  }
+  std::vector<double> u(static_cast<size_t>(n * n), 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = i; j < n; ++j) u[i * n + j] = linv_t[(n - 1 - j) * n + (n - 1 - i)];
+  }
+  return u;
+}
+
+// The released codes depend on U bit for bit: the factor's chained loops must give the plain
+// loops' bits, for sizes that leave 0-3 rows and columns past the groups of four.
+TEST(FeedbackFactorTest, GivesThePlainLoopsBits) {
+  for (int64_t d : {1, 2, 3, 5, 8, 13, 31, 64}) {
+    const int64_t n = 4 * d + 16;
+    const std::vector<float> x = CorrelatedActivations(n, d, 0.7, 11 + d);
+    auto h = HessianFromActivations(x, n, d);
+    ASSERT_THAT(h, IsOk());
+    auto u = FeedbackFactor(*h, 0.01);
+    ASSERT_THAT(u, IsOk());
+    const std::vector<double> want = PlainFeedbackFactor(*h, 0.01);
+    ASSERT_EQ(u->size(), want.size());
+    EXPECT_EQ(std::memcmp(u->data(), want.data(), want.size() * sizeof(double)), 0) << "dim " << d;
   }
 }
 
