@@ -1,7 +1,6 @@
 #include "services/quant/ldlq_feedforward.h"
 
 #include <algorithm>
-#include <array>
 #include <thread>
 #include <vector>
 

@@ -28,7 +28,7 @@ constexpr int kCodeBits = trellis::kSymbolBits;
 constexpr double kBaseGainPerRms = 1.0;
 constexpr double kResidualGainPerRms = 1.0;
 
-// RMS over the rows x 16 block of x at columns [j0, j0 + 16).
+// RMS over the rows x 16 block of x (`cols` values a row) at columns [j0, j0 + 16).
 double BlockRms(const std::vector<double>& x, int64_t rows, int64_t cols, int64_t j0) {
   double s = 0.0;
   for (int64_t i = 0; i < rows; ++i) {
