@@ -8,7 +8,6 @@
 //
 // Prints seconds per matrix for each round (thread count and shape in the line).
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "services/quant/codec_bench.h"
 #include "services/quant/ldlq.h"
 #include "services/quant/trellis_codec.h"
 #include "services/quant/trellis_search.h"
@@ -33,16 +33,6 @@ class ZeroSearch final : public nq::quant::TrellisTileSearch {
     return absl::OkStatus();
   }
 };
-
-// The AR(1) Hessian trellis_search_bench's LDLQ rows use: h_ij = 0.9^|i - j|.
-nq::quant::Hessian Ar1Hessian(int64_t cols) {
-  nq::quant::Hessian h{cols, {}};
-  h.values.resize(static_cast<size_t>(cols * cols));
-  for (int64_t i = 0; i < cols; ++i) {
-    for (int64_t j = 0; j < cols; ++j) h.values[i * cols + j] = std::pow(0.9, std::abs(static_cast<double>(i - j)));
-  }
-  return h;
-}
 
 }  // namespace
 
@@ -68,7 +58,7 @@ int main(int argc, char** argv) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> w(static_cast<size_t>(rows * cols));
   for (float& v : w) v = normal(rng);
-  const nq::quant::Hessian h = Ar1Hessian(cols);
+  const nq::quant::Hessian h = nq::quant::Ar1Hessian(cols, 0.9);
   ZeroSearch search;
   nq::quant::EncodeOptions options;
   options.trellis_search = &search;

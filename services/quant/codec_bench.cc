@@ -113,6 +113,14 @@ absl::StatusOr<GaussianMseReport> MeasureGaussianMse(int64_t n, uint64_t seed,
   return report;
 }
 
+Hessian Ar1Hessian(int64_t dim, double rho) {
+  Hessian h{dim, std::vector<double>(static_cast<size_t>(dim * dim))};
+  for (int64_t i = 0; i < dim; ++i) {
+    for (int64_t j = 0; j < dim; ++j) h.values[i * dim + j] = std::pow(rho, std::abs(static_cast<double>(i - j)));
+  }
+  return h;
+}
+
 std::vector<float> CorrelatedActivations(int64_t samples, int64_t dim, double rho,
                                          uint64_t seed) {
   std::vector<float> x = GaussianValues(samples * dim, seed);

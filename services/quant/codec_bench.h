@@ -51,6 +51,10 @@ absl::StatusOr<GaussianMseReport> MeasureGaussianMse(int64_t n, uint64_t seed,
 std::vector<float> CorrelatedActivations(int64_t samples, int64_t dim, double rho,
                                          uint64_t seed);
 
+// The AR(1) Hessian h_ij = rho^|i - j| (dim x dim): the LDLQ encode-time benchmarks' Hessian
+// (trellis_search_bench, ldlq_host_bench).
+Hessian Ar1Hessian(int64_t dim, double rho);
+
 // ||X E^T||_F / ||X W^T||_F computed through H = X^T X / n: sqrt(tr(E H E^T) / tr(W H W^T)).
 absl::StatusOr<double> RelativeOutputError(std::span<const float> w,
                                            std::span<const float> w_hat, int64_t rows,

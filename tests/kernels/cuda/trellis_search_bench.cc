@@ -15,7 +15,6 @@
 //                        [--ldlq_per_worker N]
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +26,7 @@
 
 #include "kernels/cuda/trellis_search.h"
 #include "services/quant/codec.h"
+#include "services/quant/codec_bench.h"
 #include "services/quant/ldlq.h"
 #include "services/quant/trellis_codec.h"
 #include "services/quant/trellis_decode.h"
@@ -58,16 +58,6 @@ std::vector<float> GaussianMatrix(int64_t rows, int64_t cols, uint32_t seed) {
   return w;
 }
 
-// The AR(1) Hessian the LDLQ rows use: h_ij = 0.9^|i - j|.
-nq::quant::Hessian Ar1Hessian(int64_t cols) {
-  nq::quant::Hessian h{cols, {}};
-  h.values.resize(static_cast<size_t>(cols * cols));
-  for (int64_t i = 0; i < cols; ++i) {
-    for (int64_t j = 0; j < cols; ++j) h.values[i * cols + j] = std::pow(0.9, std::abs(static_cast<double>(i - j)));
-  }
-  return h;
-}
-
 absl::Status Encode(nq::quant::TrellisTileSearch& search, const std::vector<float>& w, int64_t rows, int64_t cols,
                     const nq::quant::Hessian* h, int host_threads) {
   nq::quant::EncodeOptions options;
@@ -78,7 +68,7 @@ absl::Status Encode(nq::quant::TrellisTileSearch& search, const std::vector<floa
 
 int EncodeMatrix(nq::quant::TrellisTileSearch& search, int64_t rows, int64_t cols, bool ldlq, int host_threads) {
   const std::vector<float> w = GaussianMatrix(rows, cols, 11);
-  const nq::quant::Hessian h = ldlq ? Ar1Hessian(cols) : nq::quant::Hessian{cols, {}};
+  const nq::quant::Hessian h = ldlq ? nq::quant::Ar1Hessian(cols, 0.9) : nq::quant::Hessian{cols, {}};
   const auto start = std::chrono::steady_clock::now();
   const absl::Status status = Encode(search, w, rows, cols, ldlq ? &h : nullptr, host_threads);
   const double s = Seconds(start);
@@ -100,7 +90,7 @@ int EncodeMatrix(nq::quant::TrellisTileSearch& search, int64_t rows, int64_t col
 // projections; prints the wall time per matrix, the release-level rate.
 int EncodeConcurrently(int workers, int per_worker) {
   constexpr int64_t kRows = 7168, kCols = 2048;
-  const nq::quant::Hessian h = Ar1Hessian(kCols);
+  const nq::quant::Hessian h = nq::quant::Ar1Hessian(kCols, 0.9);
   std::vector<std::unique_ptr<nq::quant::TrellisTileSearch>> searches;
   std::vector<std::vector<float>> weights;
   for (int i = 0; i < workers; ++i) {
