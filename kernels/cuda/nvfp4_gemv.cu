@@ -1,17 +1,23 @@
 #include "kernels/cuda/nvfp4_gemv.cuh"
 
+#include <cstdlib>
+#include <optional>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/load.cuh"
 #include "kernels/cuda/nvfp4_fragment.h"
-#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/nvfp4_gemv_step.cuh"
+#include "kernels/cuda/nvfp4_gemv_tma.cuh"
 #include "kernels/nvfp4_codes.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
 namespace {
 
-constexpr int kMmaRows = 16;
+using namespace nvfp4_gemv;
+
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kBlocksPerSm = 2;
@@ -22,87 +28,6 @@ constexpr int kBlocksPerSm = 2;
 // the 128 registers of two blocks per SM and ran at the speed of the old kernel (84.8 us for the
 // DeepSeek-V3 1-token GEMVs against 72.0 for three, same call; bench/README.md).
 constexpr int kDepth = 3;
-
-// The chunk's distinct experts (units), worked out once per block in shared memory.
-struct Unit {
-  int expert;
-  int n_tok;                             // columns used: tokens routing to the expert
-  int vec[kNvfp4MaxDecodeTokens];        // input vector of each column
-  int out[kNvfp4MaxDecodeTokens];        // output row (assignment) of each column
-};
-
-struct Plan {
-  int units;
-  int warp_units[kNvfp4MaxAssignments / kWarpSize];
-  Unit unit[kNvfp4MaxAssignments];
-};
-
-// Two E4M3 codes (low byte: the first block) -> half2, exactly (every E4M3 value, NaN included,
-// is an fp16 value). cvt puts the low byte's value in the low half.
-__device__ __forceinline__ __half2 DecodeE4M3Pair(std::uint16_t codes) {
-  std::uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(codes));
-  return *reinterpret_cast<const __half2*>(&r);
-}
-
-
-__device__ __forceinline__ void Mma16816(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ std::uint32_t Word(const uint4& v, int q) {
-  return q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ std::uint32_t HalfBits(__half2 h) { return *reinterpret_cast<const std::uint32_t*>(&h); }
-__device__ __forceinline__ __half2 AsHalf2(std::uint32_t u) { return *reinterpret_cast<const __half2*>(&u); }
-
-// Unit u is the u-th assignment (in order) whose expert no earlier assignment names; its columns
-// are the assignments of that expert from there on. Every thread of the block calls this (it
-// ends on a barrier); one thread per assignment (assignments <= kThreads).
-__device__ __forceinline__ void BuildPlan(const Nvfp4GemvParams& g, Plan& plan, int* ids) {
-  const int A = g.assignments, a = threadIdx.x, lane = a % kWarpSize, warp = a / kWarpSize;
-  if (a < A) ids[a] = g.expert_ids[a];
-  __syncthreads();
-  const int e = a < A ? ids[a] : -1;
-  bool first = e >= 0 && e < g.num_experts;
-  for (int b = 0; b < a && first; ++b) first = ids[b] != e;
-  const unsigned mask = warp < kNvfp4MaxAssignments / kWarpSize ? __ballot_sync(0xffffffffu, first) : 0u;
-  if (lane == 0 && warp < kNvfp4MaxAssignments / kWarpSize) plan.warp_units[warp] = __popc(mask);
-  __syncthreads();
-  if (first) {
-    int u = __popc(mask & ((1u << lane) - 1u));
-    for (int w = 0; w < warp; ++w) u += plan.warp_units[w];
-    Unit& unit = plan.unit[u];
-    unit.expert = e;
-    int n = 0;
-    for (int b = a; b < A && n < kNvfp4MaxDecodeTokens; ++b) {
-      if (ids[b] != e) continue;
-      unit.vec[n] = g.x_per_token ? b / g.top_k : b;
-      unit.out[n] = b;
-      ++n;
-    }
-    unit.n_tok = n;
-  }
-  if (threadIdx.x == 0) {
-    int units = 0;
-    for (int w = 0; w < kNvfp4MaxAssignments / kWarpSize; ++w) units += plan.warp_units[w];
-    plan.units = units;
-  }
-  __syncthreads();
-}
-
-// One warp step's loads: 16 code bytes of rows g and g + 8, and their two E4M3 block scales
-// each (the low 16 bits of scales[h]). Kept apart until the step is decoded: merging the two
-// rows' scales as they arrive made the loading code wait for them (ncu: the top stall).
-struct StepData {
-  uint4 codes[2];
-  std::uint32_t scales[2];
-};
 
 // A lane's part of one tile segment: steps [s0, s1) of one 16-row tile of one unit.
 struct Segment {
@@ -162,43 +87,15 @@ __device__ __forceinline__ void LoadBatch(const Nvfp4GemvParams& g, const Segmen
   }
 }
 
-// Decodes steps [s, s + kSteps) of the segment from d and runs their MMAs into acc (sums times
-// 2^-kScaleBias: nvfp4_fragment.h).
+// Decodes steps [s, s + kSteps) of the segment from d and runs their MMAs into acc.
 template <bool kFull, int kSteps>
 __device__ __forceinline__ void ComputeBatch(const Nvfp4GemvParams& g, const Segment& seg, int s, int quad_lane,
                                              const __half* x, const StepData (&d)[kSteps], float (&acc)[2][4]) {
-  const __half2 scale_bias = __float2half2_rn(static_cast<float>(1 << nvfp4::kScaleBias));
 #pragma unroll
   for (int k = 0; k < kSteps; ++k) {
     if (s + k >= seg.s1) break;
     const int c0 = nvfp4::LaneColumn(s + k, quad_lane);
-    // A lane past the row's end decodes zeros and must not read inputs (a zero weight times
-    // a NaN beyond the vector would poison its column).
-    const bool valid = kFull || c0 < g.cols;
-    const uint4* xv = reinterpret_cast<const uint4*>(x + c0);
-    __half2 sc[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sc[h] = __hmul2(DecodeE4M3Pair(static_cast<std::uint16_t>(d[k].scales[h])), scale_bias);
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      std::uint32_t pairs[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        nvfp4::DecodeE2M1Word(Word(d[k].codes[h], q), pairs[h]);
-        // Exact (nvfp4_fragment.h, kScaleBias).
-        const __half2 scale = nvfp4::WordBlock(q) == 0 ? __low2half2(sc[h]) : __high2half2(sc[h]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pairs[h][i] = HalfBits(__hmul2(AsHalf2(pairs[h][i]), scale));
-      }
-      const uint4 xq = valid ? __ldg(xv + q) : make_uint4(0, 0, 0, 0);
-      const std::uint32_t xs[4] = {xq.x, xq.y, xq.z, xq.w};
-      std::uint32_t a[2][4], b[2][2];
-      nvfp4::WordFragments(pairs[0], pairs[1], xs, a, b);
-      Mma16816(acc[0], a[0], b[0]);
-      Mma16816(acc[1], a[1], b[1]);
-    }
+    DecodeStep(d[k], kFull || c0 < g.cols ? reinterpret_cast<const uint4*>(x + c0) : nullptr, acc);
   }
 }
 
@@ -268,6 +165,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvKernel(const 
   }
 }
 
+// NQ_NVFP4_GEMV picks the kernel for measurement: regs (the register kernel everywhere), tma23,
+// tma25 or tma42 (nvfp4_gemv_tma.cuh). Default: tma25.
+std::optional<Nvfp4TmaRing> RingFromEnvironment() {
+  const char* v = std::getenv("NQ_NVFP4_GEMV");
+  const std::string_view choice = v == nullptr ? "tma25" : v;
+  if (choice == "tma23") return Nvfp4TmaRing::kTma23;
+  if (choice == "tma42") return Nvfp4TmaRing::kTma42;
+  if (choice == "regs") return std::nullopt;
+  return Nvfp4TmaRing::kTma25;
+}
+
 }  // namespace
 
 absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx) {
@@ -281,6 +189,8 @@ absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx)
                                                    "positive multiple of ", kNvfp4LaneCols));
   }
   static_assert(kNvfp4MaxAssignments <= kThreads, "BuildPlan takes one thread per assignment");
+  static const std::optional<Nvfp4TmaRing> ring = RingFromEnvironment();
+  if (ring.has_value() && Nvfp4GemvTmaApplies(g, *ring)) return LaunchNvfp4GemvTma(g, *ring, ctx);
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // kernel before finishes.
   const dim3 grid(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm));
