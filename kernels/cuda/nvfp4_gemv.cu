@@ -166,14 +166,15 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvKernel(const 
 }
 
 // NQ_NVFP4_GEMV picks the kernel for measurement: regs (the register kernel everywhere), tma23,
-// tma25 or tma42 (nvfp4_gemv_tma.cuh). Default: tma25.
+// tma23x3, tma42 or adaptive (nvfp4_gemv_tma.cuh). Default: adaptive.
 std::optional<Nvfp4TmaRing> RingFromEnvironment() {
   const char* v = std::getenv("NQ_NVFP4_GEMV");
-  const std::string_view choice = v == nullptr ? "tma25" : v;
+  const std::string_view choice = v == nullptr ? "adaptive" : v;
   if (choice == "tma23") return Nvfp4TmaRing::kTma23;
+  if (choice == "tma23x3") return Nvfp4TmaRing::kTma23Three;
   if (choice == "tma42") return Nvfp4TmaRing::kTma42;
   if (choice == "regs") return std::nullopt;
-  return Nvfp4TmaRing::kTma25;
+  return Nvfp4TmaRing::kAdaptive;
 }
 
 }  // namespace

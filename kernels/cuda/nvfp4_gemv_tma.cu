@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
@@ -20,7 +21,6 @@ using namespace nvfp4_gemv;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kBlocksPerSm = 2;
 // A code box is one 128-byte swizzle span of 16 rows: two steps of each row's codes. With the
 // 128-byte swizzle, 16-byte chunk c of box row r sits at chunk c ^ (r % 8), so the eight rows a
 // warp's lanes read in one load fall on different banks.
@@ -32,22 +32,31 @@ constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle's pattern repeats e
 
 struct TmaParams {
   CUtensorMap codes;   // [E * rows][cols / 2] bytes; boxes of 16 rows x 128 bytes, 128-byte swizzle
-  CUtensorMap scales;  // [E * rows][cols / 16] bytes; boxes of 16 rows x a stage's scale bytes
+  // [E * rows][cols / 16] bytes; boxes of 16 rows x a stage's scale bytes: 2-step stages, and
+  // 4-step stages (encoded where cols is a multiple of 4 steps).
+  CUtensorMap scales[2];
   Nvfp4GemvParams g;
 };
 
-// Shared memory of one block: each warp's ring of kStages stages (codes, scales), then the
-// stages' mbarriers.
+// Shared memory of one block: the warps' mbarriers (kMaxStages each) in the alignment slack, then
+// from the first 1024-byte boundary each warp's ring of kStages stages (codes), then their scales.
+constexpr int kMaxStages = 3;
+constexpr int kBarrierBytes = kWarps * kMaxStages * 8;
+static_assert(kBarrierBytes <= kSwizzleAlign);
+
 template <int kStageSteps, int kStages>
 struct Ring {
-  static_assert(kStageSteps % 2 == 0 && kStages <= kWarpSize);
+  static_assert(kStageSteps % 2 == 0 && kStages <= kMaxStages);
   static constexpr int kCodeBytes = kStageSteps / 2 * kBoxBytes;               // a stage's codes
   static constexpr int kScaleRowBytes = kStageSteps * kStepScaleBytes;
   static constexpr int kScaleBytes = kMmaRows * kScaleRowBytes;                // a stage's scales
   static constexpr int kScalesOffset = kWarps * kStages * kCodeBytes;
-  static constexpr int kBarriersOffset = kScalesOffset + kWarps * kStages * kScaleBytes;
-  static constexpr std::size_t kSmemBytes = kSwizzleAlign + kBarriersOffset + kWarps * kStages * 8;
+  static constexpr int kBytes = kScalesOffset + kWarps * kStages * kScaleBytes;
 };
+
+// Dynamic shared memory for rings up to kRingBytes: the barriers, then alignment for the rings
+// (dynamic shared memory starts 16-byte aligned).
+constexpr std::size_t SmemBytes(int ring_bytes) { return 2 * kSwizzleAlign + ring_bytes; }
 
 __device__ __forceinline__ std::uint32_t SharedAddress(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -83,38 +92,33 @@ __device__ __forceinline__ void TmaLoad(std::uint32_t dst, const CUtensorMap& ma
       : "memory");
 }
 
+// Streams the warp's share of the chunk through a ring of kStages stages of kStageSteps steps.
 // Every warp takes an equal, contiguous share of the (tile, stage) space, at least one tile long
 // (as the register kernel: at most two atomic additions onto zero per output). Lane 0 keeps the
 // warp's ring full: it asks for stage j + kStages as soon as the warp has read stage j into
-// registers, before decoding it.
-template <int kStageSteps, int kStages>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvTmaKernel(const __grid_constant__ TmaParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// registers, before decoding it. rings: the 1024-byte aligned rings; bars: the warp's kMaxStages
+// mbarriers.
+template <int kStageSteps, int kStages, int kBlockWarps>
+__device__ __forceinline__ void StreamShare(const TmaParams& p, const Plan& plan, const unsigned char* rings,
+                                            std::uint32_t bars) {
   using R = Ring<kStageSteps, kStages>;
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ Plan plan;
-  __shared__ int ids[kNvfp4MaxAssignments];
   const Nvfp4GemvParams& g = p.g;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int grp = lane / 4, quad_lane = lane % 4;
-
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<std::uintptr_t>(smem_raw) + kSwizzleAlign - 1) & ~std::uintptr_t{kSwizzleAlign - 1});
-  const unsigned char* codes = smem + warp * kStages * R::kCodeBytes;
-  const unsigned char* scales = smem + R::kScalesOffset + warp * kStages * R::kScaleBytes;
-  const std::uint32_t bars = SharedAddress(smem + R::kBarriersOffset + warp * kStages * 8);
+  const unsigned char* codes = rings + warp * kStages * R::kCodeBytes;
+  const unsigned char* scales = rings + R::kScalesOffset + warp * kStages * R::kScaleBytes;
   if (lane < kStages) {
     BarrierInit(bars + 8 * lane);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  BuildPlan(g, plan, ids);  // ends on a block barrier: the warp's mbarriers are initialised
+  __syncwarp();  // only this warp uses its barriers
 
   const int stages_per_tile = g.cols / (kStageSteps * nvfp4::kStepCols);
   const int tiles_per_unit = (g.rows + kMmaRows - 1) / kMmaRows;
   const int total = plan.units * tiles_per_unit * stages_per_tile;
-  const int warps = static_cast<int>(gridDim.x) * kWarps;
+  const int warps = static_cast<int>(gridDim.x) * kBlockWarps;
   const int share = max((total + warps - 1) / warps, stages_per_tile);
-  const int begin = (static_cast<int>(blockIdx.x) * kWarps + warp) * share;
+  const int begin = (static_cast<int>(blockIdx.x) * kBlockWarps + warp) * share;
   const int n = max(0, min(begin + share, total) - begin);
 
   // Lane 0: stage j of the share into its ring slot.
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvTmaKernel(con
       TmaLoad(SharedAddress(codes + slot * R::kCodeBytes + b * kBoxBytes), p.codes, x0 * kStepRowBytes + b * kBoxRowBytes,
               y, bar);
     }
-    TmaLoad(SharedAddress(scales + slot * R::kScaleBytes), p.scales, x0 * kStepScaleBytes, y, bar);
+    TmaLoad(SharedAddress(scales + slot * R::kScaleBytes), p.scales[kStageSteps / 4], x0 * kStepScaleBytes, y, bar);
   };
   // The weights do not depend on the kernel before (it writes x and zeroes out): the first
   // stages are asked for before waiting for it.
@@ -200,6 +204,47 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvTmaKernel(con
     }
   }
   if (tile >= 0) store();
+}
+
+// The block's plan, then the barriers and rings in dynamic shared memory.
+struct BlockSetup {
+  const unsigned char* rings;
+  std::uint32_t bars;  // this warp's
+};
+
+__device__ __forceinline__ BlockSetup SetUpBlock(const Nvfp4GemvParams& g, Plan& plan, int* ids) {
+  extern __shared__ unsigned char smem_raw[];
+  BuildPlan(g, plan, ids);
+  const std::uintptr_t rings =
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + kBarrierBytes + kSwizzleAlign - 1) & ~std::uintptr_t{kSwizzleAlign - 1};
+  const int warp = threadIdx.x / kWarpSize;
+  return {reinterpret_cast<const unsigned char*>(rings), SharedAddress(smem_raw + warp * kMaxStages * 8)};
+}
+
+// One ring shape for every chunk.
+template <int kStageSteps, int kStages, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) Nvfp4GemvTmaKernel(const __grid_constant__ TmaParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ Plan plan;
+  __shared__ int ids[kNvfp4MaxAssignments];
+  const BlockSetup b = SetUpBlock(p.g, plan, ids);
+  StreamShare<kStageSteps, kStages, kWarps>(p, plan, b.rings, b.bars);
+#endif
+}
+
+// The ring shape per chunk, from its plan: 4-step stages for chunks of at most kWideUnits
+// distinct experts (one token, or tokens that share experts), 2-step stages for more.
+constexpr int kWideUnits = 16;
+__global__ void __launch_bounds__(kThreads, 2) Nvfp4GemvTmaAdaptiveKernel(const __grid_constant__ TmaParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ Plan plan;
+  __shared__ int ids[kNvfp4MaxAssignments];
+  const BlockSetup b = SetUpBlock(p.g, plan, ids);
+  if (plan.units <= kWideUnits && p.g.cols % (4 * nvfp4::kStepCols) == 0) {
+    StreamShare<4, 2, kWarps>(p, plan, b.rings, b.bars);
+  } else {
+    StreamShare<2, 3, kWarps>(p, plan, b.rings, b.bars);
+  }
 #endif
 }
 
@@ -240,7 +285,17 @@ absl::StatusOr<CUtensorMap> ByteTensorMap(const void* base, std::int64_t rows, s
   return map;
 }
 
-int StageSteps(Nvfp4TmaRing ring) { return ring == Nvfp4TmaRing::kTma42 ? 4 : 2; }
+// The widest stage the ring may use.
+int StageSteps(Nvfp4TmaRing ring, int cols) {
+  switch (ring) {
+    case Nvfp4TmaRing::kTma42:
+      return 4;
+    case Nvfp4TmaRing::kAdaptive:
+      return cols % (4 * nvfp4::kStepCols) == 0 ? 4 : 2;
+    default:
+      return 2;
+  }
+}
 
 bool DeviceHasTma() {
   int device = 0, major = 0;
@@ -248,13 +303,12 @@ bool DeviceHasTma() {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
 }
 
-template <int kStageSteps, int kStages>
-absl::Status Launch(const TmaParams& p, const LaunchContext& ctx) {
-  const auto kernel = Nvfp4GemvTmaKernel<kStageSteps, kStages>;
-  constexpr std::size_t smem = Ring<kStageSteps, kStages>::kSmemBytes;
+template <typename Kernel>
+absl::Status Launch(Kernel kernel, int blocks_per_sm, int ring_bytes, const TmaParams& p, const LaunchContext& ctx) {
+  const std::size_t smem = SmemBytes(ring_bytes);
   RETURN_IF_ERROR(CudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                              "cudaFuncSetAttribute(Nvfp4GemvTmaKernel shared memory)"));
-  const dim3 grid(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm));
+  const dim3 grid(static_cast<unsigned>(ctx.num_sms * blocks_per_sm));
   RETURN_IF_ERROR(LaunchProgrammaticDependent(kernel, grid, dim3(kThreads), smem, ctx, p));
   return CheckLaunch("Nvfp4GemvTmaKernel");
 }
@@ -264,7 +318,7 @@ absl::Status Launch(const TmaParams& p, const LaunchContext& ctx) {
 bool Nvfp4GemvTmaApplies(const Nvfp4GemvParams& g, Nvfp4TmaRing ring) {
   static const bool has_tma = DeviceHasTma();
   const auto aligned = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
-  return has_tma && g.rows > 0 && g.cols > 0 && g.cols % (StageSteps(ring) * nvfp4::kStepCols) == 0 &&
+  return has_tma && g.rows > 0 && g.cols > 0 && g.cols % (StageSteps(ring, g.cols) * nvfp4::kStepCols) == 0 &&
          aligned(g.w.packed) && aligned(g.w.scales) &&
          static_cast<std::int64_t>(g.num_experts) * g.rows < (std::int64_t{1} << 31);
 }
@@ -278,15 +332,20 @@ absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, Nvfp4TmaRing ring, con
   TmaParams p;
   p.g = g;
   ASSIGN_OR_RETURN(p.codes, ByteTensorMap(g.w.packed, rows, g.cols / 2, kBoxRowBytes, CU_TENSOR_MAP_SWIZZLE_128B));
-  ASSIGN_OR_RETURN(p.scales, ByteTensorMap(g.w.scales, rows, g.cols / kNvfp4BlockSize,
-                                           StageSteps(ring) * kStepScaleBytes, CU_TENSOR_MAP_SWIZZLE_NONE));
+  for (int wide = 0; wide < 2; ++wide) {
+    if (wide == 1 && g.cols % (4 * nvfp4::kStepCols) != 0) break;
+    ASSIGN_OR_RETURN(p.scales[wide], ByteTensorMap(g.w.scales, rows, g.cols / kNvfp4BlockSize,
+                                                   (2 + 2 * wide) * kStepScaleBytes, CU_TENSOR_MAP_SWIZZLE_NONE));
+  }
   switch (ring) {
     case Nvfp4TmaRing::kTma23:
-      return Launch<2, 3>(p, ctx);
-    case Nvfp4TmaRing::kTma25:
-      return Launch<2, 5>(p, ctx);
+      return Launch(Nvfp4GemvTmaKernel<2, 3, 2>, 2, Ring<2, 3>::kBytes, p, ctx);
+    case Nvfp4TmaRing::kTma23Three:
+      return Launch(Nvfp4GemvTmaKernel<2, 3, 3>, 3, Ring<2, 3>::kBytes, p, ctx);
     case Nvfp4TmaRing::kTma42:
-      return Launch<4, 2>(p, ctx);
+      return Launch(Nvfp4GemvTmaKernel<4, 2, 2>, 2, Ring<4, 2>::kBytes, p, ctx);
+    case Nvfp4TmaRing::kAdaptive:
+      return Launch(Nvfp4GemvTmaAdaptiveKernel, 2, std::max(Ring<4, 2>::kBytes, Ring<2, 3>::kBytes), p, ctx);
   }
   return absl::InvalidArgumentError("Nvfp4GemvTma: unknown ring");
 }

@@ -18,11 +18,12 @@
 
 namespace nq::kernels::cuda {
 
-// Ring shapes built for measurement; kTma25 is the default (bench/README.md).
+// Ring shapes built for measurement; kAdaptive is the default (bench/README.md).
 enum class Nvfp4TmaRing {
-  kTma23,  // stages of 2 steps, 3 stages a warp
-  kTma25,  // 2 steps, 5 stages
-  kTma42,  // 4 steps, 2 stages
+  kTma23,       // stages of 2 steps, 3 stages a warp, 2 blocks of 8 warps an SM
+  kTma23Three,  // the same, 3 blocks an SM
+  kTma42,       // 4 steps, 2 stages
+  kAdaptive,    // per chunk from its plan: 4-step stages for few distinct experts, else 2-step
 };
 
 // Whether the TMA kernel takes g with this ring: the device has TMA (compute capability 9 or

@@ -43,12 +43,13 @@ TEST(CudaNvfp4Moe, MatchesCpu) {
   };
   // glm5_nano (D 256, I 64, 32 experts, top-4) and its TP-2 slice (I 32); rows ending mid-step
   // (cols 96, 160, 224 of 128-column steps: the last step's fourth lane chunk, or more, empty);
-  // a 1024 x 256 layer of top-8; top-16 (128 assignments a chunk, the plan's limit); 512 x 512,
-  // whose both projections take the TMA kernel's 4-step stages (widths a multiple of 512; 256
-  // for its 2-step stages: glm5_nano's gate/up and the 1024 x 256 layer's).
+  // a 1024 x 256 layer of top-8; top-16 (128 assignments a chunk, the plan's limit); for the TMA
+  // kernel (nvfp4_gemv_tma.cuh: widths a multiple of 256 for 2-step stages, 512 for 4-step ones),
+  // 512 x 512 (chunks of at most 8 distinct experts: 4-step stages) and 512 x 256 of top-12 (a
+  // chunk of several tokens has up to 24: 2-step stages at width 512).
   for (const Shape4 s : {Shape4{256, 64, 32, 4}, Shape4{256, 32, 32, 4}, Shape4{96, 160, 12, 3},
                          Shape4{224, 96, 8, 2}, Shape4{1024, 256, 32, 8}, Shape4{128, 64, 40, 16},
-                         Shape4{512, 512, 16, 4}}) {
+                         Shape4{512, 512, 16, 4}, Shape4{512, 256, 40, 12}}) {
     if (small && s.hidden > 256) continue;
     for (const Nvfp4ScaleDraw draw : {Nvfp4ScaleDraw::kTypical, Nvfp4ScaleDraw::kFullRange}) {
       const testing::Nvfp4MoeHost host = testing::RandomNvfp4Moe(rng, s.hidden, s.intermediate, s.experts, draw);
