@@ -1,7 +1,6 @@
 #include "kernels/cuda/nvfp4_gemv.cuh"
 
 #include <cstdlib>
-#include <optional>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -165,16 +164,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) Nvfp4GemvKernel(const 
   }
 }
 
-// NQ_NVFP4_GEMV picks the kernel for measurement: regs (the register kernel everywhere), tma23,
-// tma23x3, tma42 or adaptive (nvfp4_gemv_tma.cuh). Default: adaptive.
-std::optional<Nvfp4TmaRing> RingFromEnvironment() {
+// NQ_NVFP4_GEMV=regs keeps the register kernel for every shape, to measure it against the TMA
+// kernel (scripts/device/run_nvfp4_gemv_ab.sh).
+bool TmaKernelAllowed() {
   const char* v = std::getenv("NQ_NVFP4_GEMV");
-  const std::string_view choice = v == nullptr ? "adaptive" : v;
-  if (choice == "tma23") return Nvfp4TmaRing::kTma23;
-  if (choice == "tma23x3") return Nvfp4TmaRing::kTma23Three;
-  if (choice == "tma42") return Nvfp4TmaRing::kTma42;
-  if (choice == "regs") return std::nullopt;
-  return Nvfp4TmaRing::kAdaptive;
+  return v == nullptr || std::string_view(v) != "regs";
 }
 
 }  // namespace
@@ -190,8 +184,8 @@ absl::Status LaunchNvfp4Gemv(const Nvfp4GemvParams& g, const LaunchContext& ctx)
                                                    "positive multiple of ", kNvfp4LaneCols));
   }
   static_assert(kNvfp4MaxAssignments <= kThreads, "BuildPlan takes one thread per assignment");
-  static const std::optional<Nvfp4TmaRing> ring = RingFromEnvironment();
-  if (ring.has_value() && Nvfp4GemvTmaApplies(g, *ring)) return LaunchNvfp4GemvTma(g, *ring, ctx);
+  static const bool tma_allowed = TmaKernelAllowed();
+  if (tma_allowed && Nvfp4GemvTmaApplies(g)) return LaunchNvfp4GemvTma(g, ctx);
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // kernel before finishes.
   const dim3 grid(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm));

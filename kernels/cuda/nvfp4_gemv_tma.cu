@@ -221,19 +221,18 @@ __device__ __forceinline__ BlockSetup SetUpBlock(const Nvfp4GemvParams& g, Plan&
   return {reinterpret_cast<const unsigned char*>(rings), SharedAddress(smem_raw + warp * kMaxStages * 8)};
 }
 
-// One ring shape for every chunk.
-template <int kStageSteps, int kStages, int kBlocks>
-__global__ void __launch_bounds__(kThreads, kBlocks) Nvfp4GemvTmaKernel(const __grid_constant__ TmaParams p) {
+// The narrow ring for every chunk.
+__global__ void __launch_bounds__(kThreads, 2) Nvfp4GemvTmaNarrowKernel(const __grid_constant__ TmaParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ Plan plan;
   __shared__ int ids[kNvfp4MaxAssignments];
   const BlockSetup b = SetUpBlock(p.g, plan, ids);
-  StreamShare<kStageSteps, kStages, kWarps>(p, plan, b.rings, b.bars);
+  StreamShare<2, 3, kWarps>(p, plan, b.rings, b.bars);
 #endif
 }
 
-// The ring shape per chunk, from its plan: 4-step stages for chunks of at most kWideUnits
-// distinct experts (one token, or tokens that share experts), 2-step stages for more.
+// The ring per chunk, from its plan: 4-step stages for chunks of at most kWideUnits distinct
+// experts, 2-step stages for more.
 constexpr int kWideUnits = 16;
 __global__ void __launch_bounds__(kThreads, 2) Nvfp4GemvTmaAdaptiveKernel(const __grid_constant__ TmaParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -247,6 +246,10 @@ __global__ void __launch_bounds__(kThreads, 2) Nvfp4GemvTmaAdaptiveKernel(const 
   }
 #endif
 }
+
+// Chunks of up to this many assignments (4 tokens of top-8) take the adaptive kernel, larger ones
+// the narrow one (nvfp4_gemv_tma.cuh says why).
+constexpr int kAdaptiveMaxAssignments = 32;
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
 
@@ -285,18 +288,6 @@ absl::StatusOr<CUtensorMap> ByteTensorMap(const void* base, std::int64_t rows, s
   return map;
 }
 
-// The widest stage the ring may use.
-int StageSteps(Nvfp4TmaRing ring, int cols) {
-  switch (ring) {
-    case Nvfp4TmaRing::kTma42:
-      return 4;
-    case Nvfp4TmaRing::kAdaptive:
-      return cols % (4 * nvfp4::kStepCols) == 0 ? 4 : 2;
-    default:
-      return 2;
-  }
-}
-
 bool DeviceHasTma() {
   int device = 0, major = 0;
   return cudaGetDevice(&device) == cudaSuccess &&
@@ -304,27 +295,26 @@ bool DeviceHasTma() {
 }
 
 template <typename Kernel>
-absl::Status Launch(Kernel kernel, int blocks_per_sm, int ring_bytes, const TmaParams& p, const LaunchContext& ctx) {
+absl::Status Launch(Kernel kernel, int ring_bytes, const TmaParams& p, const LaunchContext& ctx) {
   const std::size_t smem = SmemBytes(ring_bytes);
   RETURN_IF_ERROR(CudaStatus(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                              "cudaFuncSetAttribute(Nvfp4GemvTmaKernel shared memory)"));
-  const dim3 grid(static_cast<unsigned>(ctx.num_sms * blocks_per_sm));
+  const dim3 grid(static_cast<unsigned>(ctx.num_sms * 2));  // two blocks an SM (__launch_bounds__)
   RETURN_IF_ERROR(LaunchProgrammaticDependent(kernel, grid, dim3(kThreads), smem, ctx, p));
   return CheckLaunch("Nvfp4GemvTmaKernel");
 }
 
 }  // namespace
 
-bool Nvfp4GemvTmaApplies(const Nvfp4GemvParams& g, Nvfp4TmaRing ring) {
+bool Nvfp4GemvTmaApplies(const Nvfp4GemvParams& g) {
   static const bool has_tma = DeviceHasTma();
   const auto aligned = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q) % 16 == 0; };
-  return has_tma && g.rows > 0 && g.cols > 0 && g.cols % (StageSteps(ring, g.cols) * nvfp4::kStepCols) == 0 &&
-         aligned(g.w.packed) && aligned(g.w.scales) &&
-         static_cast<std::int64_t>(g.num_experts) * g.rows < (std::int64_t{1} << 31);
+  return has_tma && g.rows > 0 && g.cols > 0 && g.cols % (2 * nvfp4::kStepCols) == 0 && aligned(g.w.packed) &&
+         aligned(g.w.scales) && static_cast<std::int64_t>(g.num_experts) * g.rows < (std::int64_t{1} << 31);
 }
 
-absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, Nvfp4TmaRing ring, const LaunchContext& ctx) {
-  if (!Nvfp4GemvTmaApplies(g, ring)) {
+absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, const LaunchContext& ctx) {
+  if (!Nvfp4GemvTmaApplies(g)) {
     return absl::InvalidArgumentError(absl::StrCat("Nvfp4GemvTma: ", g.rows, " x ", g.cols,
                                                    " rows x cols (or unaligned weights) not taken"));
   }
@@ -337,17 +327,10 @@ absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, Nvfp4TmaRing ring, con
     ASSIGN_OR_RETURN(p.scales[wide], ByteTensorMap(g.w.scales, rows, g.cols / kNvfp4BlockSize,
                                                    (2 + 2 * wide) * kStepScaleBytes, CU_TENSOR_MAP_SWIZZLE_NONE));
   }
-  switch (ring) {
-    case Nvfp4TmaRing::kTma23:
-      return Launch(Nvfp4GemvTmaKernel<2, 3, 2>, 2, Ring<2, 3>::kBytes, p, ctx);
-    case Nvfp4TmaRing::kTma23Three:
-      return Launch(Nvfp4GemvTmaKernel<2, 3, 3>, 3, Ring<2, 3>::kBytes, p, ctx);
-    case Nvfp4TmaRing::kTma42:
-      return Launch(Nvfp4GemvTmaKernel<4, 2, 2>, 2, Ring<4, 2>::kBytes, p, ctx);
-    case Nvfp4TmaRing::kAdaptive:
-      return Launch(Nvfp4GemvTmaAdaptiveKernel, 2, std::max(Ring<4, 2>::kBytes, Ring<2, 3>::kBytes), p, ctx);
+  if (g.assignments <= kAdaptiveMaxAssignments) {
+    return Launch(Nvfp4GemvTmaAdaptiveKernel, std::max(Ring<4, 2>::kBytes, Ring<2, 3>::kBytes), p, ctx);
   }
-  return absl::InvalidArgumentError("Nvfp4GemvTma: unknown ring");
+  return Launch(Nvfp4GemvTmaNarrowKernel, Ring<2, 3>::kBytes, p, ctx);
 }
 
 }  // namespace nq::kernels::cuda

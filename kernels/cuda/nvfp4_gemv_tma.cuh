@@ -8,8 +8,16 @@
 // GEMV"). A per-warp ring filled by per-lane cp.async copies added that depth but paid for it in
 // copy instructions. Here one lane of each warp asks for a whole stage (16 rows x 2 or 4 steps of
 // codes and their block scales) with two or three TMA instructions, a ring of such stages per
-// warp keeps 4-10 KB in flight, and the decode reads its operands from shared memory with the
+// warp keeps 5-9 KB in flight, and the decode reads its operands from shared memory with the
 // same count of loads it issued to global memory before.
+//
+// The ring's shape is chosen per chunk (measured on an H100, bench/README.md, "A ring in shared
+// memory filled by the TMA"): two stages of 4 steps stream best while a chunk has few distinct
+// experts (one token, or tokens that share theirs), three stages of 2 steps once it has many. The
+// wider ring takes a third more shared memory, which comes out of the L1 cache that holds the
+// chunk's input vectors; with more than 4 tokens a chunk those no longer fit beside it, so the
+// host launches the narrow ring alone there, and up to 4 tokens (an MTP verification) a kernel
+// that picks per chunk from the plan it builds.
 #pragma once
 
 #include "absl/status/status.h"
@@ -18,20 +26,12 @@
 
 namespace nq::kernels::cuda {
 
-// Ring shapes built for measurement; kAdaptive is the default (bench/README.md).
-enum class Nvfp4TmaRing {
-  kTma23,       // stages of 2 steps, 3 stages a warp, 2 blocks of 8 warps an SM
-  kTma23Three,  // the same, 3 blocks an SM
-  kTma42,       // 4 steps, 2 stages
-  kAdaptive,    // per chunk from its plan: 4-step stages for few distinct experts, else 2-step
-};
-
-// Whether the TMA kernel takes g with this ring: the device has TMA (compute capability 9 or
-// later), every 16-row tile is whole stages (cols a multiple of the stage's columns), and the
-// code and scale arrays are 16-byte aligned (the tensor maps' requirement).
-bool Nvfp4GemvTmaApplies(const Nvfp4GemvParams& g, Nvfp4TmaRing ring);
+// Whether the TMA kernel takes g: the device has TMA (compute capability 9 or later), every
+// 16-row tile is whole 2-step stages (cols a multiple of 256), and the code and scale arrays are
+// 16-byte aligned (the tensor maps' requirement).
+bool Nvfp4GemvTmaApplies(const Nvfp4GemvParams& g);
 
 // Same contract as LaunchNvfp4Gemv; InvalidArgument where Nvfp4GemvTmaApplies is false.
-absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, Nvfp4TmaRing ring, const LaunchContext& ctx);
+absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, const LaunchContext& ctx);
 
 }  // namespace nq::kernels::cuda

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and times the NVFP4 expert GEMV's kernels side by side (issue
-# #20): the register kernel (NQ_NVFP4_GEMV=regs) and the TMA ring shapes (adaptive, the default;
-# tma42; tma23; tma23x3; kernels/cuda/nvfp4_gemv_tma.cuh). For each: the CUDA-vs-CPU tests; then
+# #20): the TMA kernel (the default where it applies, kernels/cuda/nvfp4_gemv_tma.cuh) and the
+# register kernel (NQ_NVFP4_GEMV=regs). For each: the CUDA-vs-CPU tests; then
 # nvfp4_moe_bench for every kernel; compute-sanitizer memcheck and racecheck over the default;
 # hbm_probe.py (the yardsticks, when .hbm/hbm_probe.py is carried); nvfp4_moe_bench again.
 # Everything lands in $OUT/nvfp4_gemv_ab_log.txt (the tool returns a few files only). Every step has a time limit (a kernel that never
@@ -23,7 +23,7 @@ wheel_libs="$(bash scripts/device/cuda_wheel_libs.sh)"
 [[ -n "$wheel_libs" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$wheel_libs"
 [[ -f "$dev/MANIFEST" ]] && head -n 1 "$dev/MANIFEST"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv
-readonly kernels=(${NQ_AB_KERNELS:-adaptive regs tma42 tma23 tma23x3})
+readonly kernels=(${NQ_AB_KERNELS:-tma regs})
 status=0
 usable=()
 bench_round() {

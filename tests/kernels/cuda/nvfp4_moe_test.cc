@@ -44,9 +44,10 @@ TEST(CudaNvfp4Moe, MatchesCpu) {
   // glm5_nano (D 256, I 64, 32 experts, top-4) and its TP-2 slice (I 32); rows ending mid-step
   // (cols 96, 160, 224 of 128-column steps: the last step's fourth lane chunk, or more, empty);
   // a 1024 x 256 layer of top-8; top-16 (128 assignments a chunk, the plan's limit); for the TMA
-  // kernel (nvfp4_gemv_tma.cuh: widths a multiple of 256 for 2-step stages, 512 for 4-step ones),
-  // 512 x 512 (chunks of at most 8 distinct experts: 4-step stages) and 512 x 256 of top-12 (a
-  // chunk of several tokens has up to 24: 2-step stages at width 512).
+  // kernel (nvfp4_gemv_tma.cuh: widths a multiple of 256, 4-step stages at multiples of 512 for
+  // chunks of at most 16 distinct experts and 32 assignments), 512 x 512 (at most 8 distinct
+  // experts: 4-step stages up to 4 tokens, 2-step beyond) and 512 x 256 of top-12 (2 tokens have
+  // up to 24 distinct experts: the adaptive kernel's 2-step stages at width 512).
   for (const Shape4 s : {Shape4{256, 64, 32, 4}, Shape4{256, 32, 32, 4}, Shape4{96, 160, 12, 3},
                          Shape4{224, 96, 8, 2}, Shape4{1024, 256, 32, 8}, Shape4{128, 64, 40, 16},
                          Shape4{512, 512, 16, 4}, Shape4{512, 256, 40, 12}}) {
