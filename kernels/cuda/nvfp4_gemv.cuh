@@ -3,6 +3,11 @@
 // packed E2M1 codes and E4M3 block scales decoded in registers straight into tensor-core
 // fragments, each expert's codes read once however many of the chunk's tokens route to it.
 //
+// Two kernels behind one launch: where the width is a multiple of 256 and the arrays are 16-byte
+// aligned (every real model), the codes reach shared memory through the TMA
+// (nvfp4_gemv_tma.cuh); elsewhere each warp streams them into registers (nvfp4_gemv.cu). Both
+// decode a warp step the same way (nvfp4_gemv_step.cuh).
+//
 // Why tensor cores for a GEMV: an m16n8k16 MMA takes 256 weights in one instruction and
 // accumulates in fp32, so the per-weight work is the decode alone (shifts, masks, one prmt per
 // pair and the block scale's multiply), and up to eight tokens (the MMA's n = 8 columns) cost
