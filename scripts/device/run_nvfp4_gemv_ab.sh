@@ -4,8 +4,9 @@
 # register kernel (NQ_NVFP4_GEMV=regs). For each: the CUDA-vs-CPU tests; then
 # nvfp4_moe_bench for every kernel; compute-sanitizer memcheck and racecheck over the default;
 # hbm_probe.py (the yardsticks, when .hbm/hbm_probe.py is carried); nvfp4_moe_bench again.
-# Everything lands in $OUT/nvfp4_gemv_ab_log.txt (the tool returns a few files only). Every step has a time limit (a kernel that never
-# completes its barriers would otherwise hang the call).
+# Everything lands in $OUT/nvfp4_gemv_ab_log.txt (the tool returns a few files only). Every
+# step has a time limit (a kernel that never completes its barriers would otherwise hang the
+# call).
 #
 #   cmake --build build/cuda --target nvfp4_moe_bench cuda_vs_cpu_ops_test
 #   bash scripts/device/package.sh build/cuda && rm -f .device/bin/{cpu_ops_test,cuda_model_test,nq_moe_bench,mla_decode_bench}
@@ -44,6 +45,8 @@ bench_round 1
 echo "== compute-sanitizer memcheck (default kernel, small shapes)"
 NQ_SANITIZE_SMALL=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$dev/bin/cuda_vs_cpu_ops_test" \
   --gtest_filter='CudaNvfp4Moe*' --gtest_brief=1 2>&1 | tail -4 || status=1
+# NQ_AB_QUICK=1: one benchmark round, no racecheck and no hbm_probe (a confirmation run).
+if [[ "${NQ_AB_QUICK:-0}" == 1 ]]; then exit "$status"; fi
 echo "== compute-sanitizer racecheck (default kernel, small shapes)"
 NQ_SANITIZE_SMALL=1 timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$dev/bin/cuda_vs_cpu_ops_test" \
   --gtest_filter='CudaNvfp4Moe.MatchesCpu' --gtest_brief=1 2>&1 | tail -4 || status=1
