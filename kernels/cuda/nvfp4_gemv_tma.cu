@@ -54,7 +54,7 @@ struct Ring {
   static constexpr int kBytes = kScalesOffset + kWarps * kStages * kScaleBytes;
 };
 
-// Dynamic shared memory for rings up to kRingBytes: the barriers, then alignment for the rings
+// Dynamic shared memory for rings of ring_bytes: the barriers, then alignment for the rings
 // (dynamic shared memory starts 16-byte aligned).
 constexpr std::size_t SmemBytes(int ring_bytes) { return 2 * kSwizzleAlign + ring_bytes; }
 
