@@ -35,6 +35,7 @@
 #include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
 #include "kernels/cuda/nvfp4_moe.cuh"
+#include "kernels/cuda/nvfp4_moe_prefill_dense.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rows.cuh"
@@ -625,10 +626,12 @@ class CudaBackend final : public Backend {
                    : LaunchNqMoe(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_);
   }
 
-  // NVFP4 experts (kernels/nvfp4_moe.h): the decode GEMV path at every token count (longer
-  // inputs run as chunks of kNvfp4MaxDecodeTokens), in the NestQuant op's workspace.
+  // NVFP4 experts (kernels/nvfp4_moe.h): the decode GEMV path (longer inputs as chunks of
+  // kNvfp4MaxDecodeTokens), or, with enough tokens per expert, each expert dequantised once and
+  // its tokens run through cuBLAS; in the NestQuant op's workspace.
   absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (Nvfp4MoeDensePrefillPays(params)) return DenseNvfp4Moe(params);
     RETURN_IF_ERROR(GrowNqMoeWorkspace(Nvfp4MoeWorkspaceBytes(params.top_k, params.hidden, params.intermediate)));
     return LaunchNvfp4Moe(params, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), ctx_);
   }
@@ -648,12 +651,10 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Long prefills: chunks of kNqDensePrefillChunk tokens through LaunchNqMoeDensePrefill. Its
-  // resources are made on first use (most workers prefill long prompts sooner or later; a
-  // decode-only process never pays for them).
-  absl::Status DenseNqMoe(const NqMoeParams& params) {
-    RETURN_IF_ERROR(GrowNqMoeWorkspace(
-        NqMoeDensePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)));
+  // The long-prefill paths' cuBLAS handle, side stream and events, made on first use (most
+  // workers prefill long prompts sooner or later; a decode-only process never pays for them),
+  // and a pinned host buffer for num_experts' group sizes.
+  absl::StatusOr<DensePrefillResources> DensePrefillResourcesFor(std::int64_t num_experts) {
     if (blas_.get() == nullptr) {
       ASSIGN_OR_RETURN(blas_, BlasHandle::Create());
       ASSIGN_OR_RETURN(side_stream_, CudaStream::CreateNonBlocking());
@@ -661,18 +662,24 @@ class CudaBackend final : public Backend {
         ASSIGN_OR_RETURN(*event, CudaEvent::Create());
       }
     }
-    const std::size_t host_bytes = 2 * static_cast<std::size_t>(params.num_experts) * sizeof(int);
+    const std::size_t host_bytes = 2 * static_cast<std::size_t>(num_experts) * sizeof(int);
     if (dense_host_.bytes() < host_bytes) {
       ASSIGN_OR_RETURN(dense_host_, PinnedHostBuffer::Allocate(host_bytes));
     }
-    const NqDensePrefillResources resources{
-        .blas = blas_.get(),
-        .side = side_stream_.get(),
-        .start = dense_start_.get(),
-        .ready = {dense_ready_[0].get(), dense_ready_[1].get()},
-        .free = {dense_free_[0].get(), dense_free_[1].get()},
-        .host_counts = static_cast<int*>(dense_host_.get()),
-        .host_capacity = static_cast<std::int64_t>(dense_host_.bytes() / sizeof(int))};
+    return DensePrefillResources{.blas = blas_.get(),
+                                 .side = side_stream_.get(),
+                                 .start = dense_start_.get(),
+                                 .ready = {dense_ready_[0].get(), dense_ready_[1].get()},
+                                 .free = {dense_free_[0].get(), dense_free_[1].get()},
+                                 .host_counts = static_cast<int*>(dense_host_.get()),
+                                 .host_capacity = static_cast<std::int64_t>(dense_host_.bytes() / sizeof(int))};
+  }
+
+  // Long prefills: chunks of kNqDensePrefillChunk tokens through LaunchNqMoeDensePrefill.
+  absl::Status DenseNqMoe(const NqMoeParams& params) {
+    RETURN_IF_ERROR(GrowNqMoeWorkspace(
+        NqMoeDensePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)));
+    ASSIGN_OR_RETURN(const DensePrefillResources resources, DensePrefillResourcesFor(params.num_experts));
     for (std::int64_t t0 = 0; t0 < params.tokens; t0 += kNqDensePrefillChunk) {
       const NqMoeParams chunk = NqMoeTokenChunk(params, t0, std::min(kNqDensePrefillChunk, params.tokens - t0));
       RETURN_IF_ERROR(
@@ -681,6 +688,19 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // The same for NVFP4 experts: chunks of kNvfp4DensePrefillChunk tokens.
+  absl::Status DenseNvfp4Moe(const Nvfp4MoeParams& params) {
+    RETURN_IF_ERROR(GrowNqMoeWorkspace(
+        Nvfp4MoeDensePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)));
+    ASSIGN_OR_RETURN(const DensePrefillResources resources, DensePrefillResourcesFor(params.num_experts));
+    for (std::int64_t t0 = 0; t0 < params.tokens; t0 += kNvfp4DensePrefillChunk) {
+      const Nvfp4MoeParams chunk =
+          Nvfp4MoeTokenChunk(params, t0, std::min(kNvfp4DensePrefillChunk, params.tokens - t0));
+      RETURN_IF_ERROR(
+          LaunchNvfp4MoeDensePrefill(chunk, nq_moe_workspace_.get(), nq_moe_workspace_.bytes(), resources, ctx_));
+    }
+    return absl::OkStatus();
+  }
 
  private:
   // Makes the scratch block at least layout.total_bytes() long and enqueues the copy of the

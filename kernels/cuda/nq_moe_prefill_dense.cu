@@ -18,11 +18,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kCodesPerWord = 16;
 
-absl::Status BlasStatus(cublasStatus_t status, absl::string_view what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, " failed: ", cublasGetStatusString(status)));
-}
-
 struct Buffers {
   float* xr = nullptr;    // [C, D] rotated inputs
   float* acc = nullptr;   // [C, D] weighted sum of the experts' outputs, before the output rotation
@@ -62,26 +57,6 @@ std::size_t Carve(std::int64_t K, std::int64_t D, std::int64_t I, std::int64_t E
     take(out.w_d[k], D * I);
   }
   return at;
-}
-
-// xe[i] = fp16(xr[token of assignment order[i]]) for i < rows.
-__global__ void __launch_bounds__(kThreads) GatherRowsKernel(const float* xr, const int* order, int top_k, int D,
-                                                             __half* xe) {
-  const int i = blockIdx.x, t = order[i] / top_k;
-  const float* src = xr + static_cast<std::int64_t>(t) * D;
-  __half* dst = xe + static_cast<std::int64_t>(i) * D;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) dst[c] = __float2half_rn(src[c]);
-}
-
-// acc[token] += w[a] * ye[i] for a = order[i], i < rows. One expert per launch: each of its rows is
-// a different token, and experts follow one another on the stream, so the sums are deterministic.
-__global__ void __launch_bounds__(kThreads) ScatterAddKernel(const float* ye, const int* order, int top_k, int D,
-                                                             const float* weights, float* acc) {
-  const int i = blockIdx.x, a = order[i], t = a / top_k;
-  const float w = weights[a];
-  const float* src = ye + static_cast<std::int64_t>(i) * D;
-  float* dst = acc + static_cast<std::int64_t>(t) * D;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) dst[c] += w * src[c];
 }
 
 struct DequantParams {
@@ -192,15 +167,6 @@ absl::Status Dequantise(const NqMoeParams& p, const NqProjectionView& proj, int 
   return CheckLaunch("DequantScalarKernel");
 }
 
-// C[n, m] (row-major, fp32) = A[n, k] (fp16) * W[m, k]^T (fp16): in cuBLAS's column-major terms
-// C^T = W A^T, W^T being the column-major view of row-major W.
-absl::Status Gemm(cublasHandle_t blas, const __half* w, const __half* a, float* c, int m, int n, int k) {
-  const float one = 1.0f, zero = 0.0f;
-  return BlasStatus(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16F, k, a, CUDA_R_16F, k,
-                                 &zero, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                    "cublasGemmEx");
-}
-
 }  // namespace
 
 std::size_t NqMoeDensePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate,
@@ -215,7 +181,7 @@ bool NqMoeDensePrefillPays(const NqMoeParams& p) {
 }
 
 absl::Status LaunchNqMoeDensePrefill(const NqMoeParams& p, void* workspace, std::size_t workspace_bytes,
-                                     const NqDensePrefillResources& r, const LaunchContext& ctx) {
+                                     const DensePrefillResources& r, const LaunchContext& ctx) {
   const std::int64_t T = p.tokens, K = p.top_k, D = p.hidden, I = p.intermediate, E = p.num_experts;
   if (T > kNqDensePrefillChunk) {
     return absl::InvalidArgumentError(
@@ -229,17 +195,10 @@ absl::Status LaunchNqMoeDensePrefill(const NqMoeParams& p, void* workspace, std:
     return absl::InvalidArgumentError(absl::StrCat("NqMoe dense prefill: workspace of ", workspace_bytes,
                                                    " bytes, need ", NqMoeDensePrefillWorkspaceBytes(K, D, I, E)));
   }
-  if (r.host_counts == nullptr || r.host_capacity < 2 * E) {
-    return absl::InvalidArgumentError(absl::StrCat("NqMoe dense prefill: host buffer of ", r.host_capacity,
-                                                   " ints, need ", 2 * E));
-  }
-  if (r.blas == nullptr || r.side == nullptr || r.start == nullptr || r.ready[0] == nullptr ||
-      r.ready[1] == nullptr || r.free[0] == nullptr || r.free[1] == nullptr) {
-    return absl::InvalidArgumentError("NqMoe dense prefill: a cuBLAS handle, a side stream and five events needed");
-  }
+  RETURN_IF_ERROR(CheckDensePrefillResources(r, E, "NqMoe dense prefill"));
   Buffers b;
   Carve(K, D, I, E, workspace, &b);
-  RETURN_IF_ERROR(BlasStatus(cublasSetStream(r.blas, ctx.stream), "cublasSetStream"));
+  RETURN_IF_ERROR(CublasStatus(cublasSetStream(r.blas, ctx.stream), "cublasSetStream"));
   const LaunchContext side{.stream = r.side, .num_sms = ctx.num_sms};
 
   NqVectorParams rotate{.p = p};
@@ -271,20 +230,18 @@ absl::Status LaunchNqMoeDensePrefill(const NqMoeParams& p, void* workspace, std:
     NQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.ready[buf], r.side));
 
     const int* order = b.order + offsets[e];
-    GatherRowsKernel<<<n, kThreads, 0, ctx.stream>>>(b.xr, order, static_cast<int>(K), static_cast<int>(D), b.xe);
-    RETURN_IF_ERROR(CheckLaunch("GatherRowsKernel"));
+    RETURN_IF_ERROR(LaunchGatherExpertRows(b.xr, order, static_cast<int>(K), static_cast<int>(D), n, b.xe, ctx));
     NQ_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ctx.stream, r.ready[buf], 0));
-    RETURN_IF_ERROR(Gemm(r.blas, b.w_gu[buf], b.xe, b.he, static_cast<int>(2 * I), n, static_cast<int>(D)));
+    RETURN_IF_ERROR(GemmRowsF16(r.blas, b.w_gu[buf], b.xe, b.he, static_cast<int>(2 * I), n, static_cast<int>(D)));
     NqVectorParams swiglu{.p = p};
     swiglu.hg = b.he;
     swiglu.hh_half = b.hh;
     swiglu.rows = n;
     RETURN_IF_ERROR(LaunchNqSwiglu(swiglu, ctx));
-    RETURN_IF_ERROR(Gemm(r.blas, b.w_d[buf], b.hh, b.ye, static_cast<int>(D), n, static_cast<int>(I)));
+    RETURN_IF_ERROR(GemmRowsF16(r.blas, b.w_d[buf], b.hh, b.ye, static_cast<int>(D), n, static_cast<int>(I)));
     NQ_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.free[buf], ctx.stream));
-    ScatterAddKernel<<<n, kThreads, 0, ctx.stream>>>(b.ye, order, static_cast<int>(K), static_cast<int>(D),
-                                                     p.expert_weights, b.acc);
-    RETURN_IF_ERROR(CheckLaunch("ScatterAddKernel"));
+    RETURN_IF_ERROR(LaunchScatterAddExpertRows(b.ye, order, static_cast<int>(K), static_cast<int>(D), n,
+                                               p.expert_weights, nullptr, b.acc, ctx));
   }
   return LaunchNqRotateOutput(p, b.acc, ctx);
 }

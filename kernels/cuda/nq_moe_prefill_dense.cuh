@@ -14,13 +14,12 @@
 // accumulators, one expert after another (deterministic). Finally the output rotation.
 #pragma once
 
-#include <cublas_v2.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/dense_prefill.cuh"
 #include "kernels/nq_moe_params.h"
 
 namespace nq::kernels::cuda {
@@ -37,24 +36,10 @@ std::size_t NqMoeDensePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hid
 // paths cost the same at DeepSeek-V3 shapes; GLM-5 at 4096 tokens, 143 rows, runs 2x faster here).
 bool NqMoeDensePrefillPays(const NqMoeParams& p);
 
-// What the call needs besides the workspace. The side stream dequantises the next expert into
-// the other half of a double buffer while ctx.stream runs the current one's GEMMs; the events
-// order the two (ready[b]: buffer b dequantised; free[b]: its GEMMs done; start: ctx.stream's
-// earlier work, which the side stream waits for before reading the weights).
-struct NqDensePrefillResources {
-  cublasHandle_t blas = nullptr;
-  cudaStream_t side = nullptr;
-  cudaEvent_t start = nullptr;
-  cudaEvent_t ready[2] = {};
-  cudaEvent_t free[2] = {};
-  int* host_counts = nullptr;     // pinned, at least 2 * num_experts ints
-  std::int64_t host_capacity = 0;  // ints
-};
-
 // Contract as LaunchNqMoe (nq_moe.cuh), tokens <= kNqDensePrefillChunk (callers chunk).
 // Synchronises ctx.stream once (above). InvalidArgumentError on a workspace or host buffer too
 // small or a missing resource.
 absl::Status LaunchNqMoeDensePrefill(const NqMoeParams& p, void* workspace, std::size_t workspace_bytes,
-                                     const NqDensePrefillResources& r, const LaunchContext& ctx);
+                                     const DensePrefillResources& r, const LaunchContext& ctx);
 
 }  // namespace nq::kernels::cuda

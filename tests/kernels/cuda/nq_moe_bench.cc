@@ -196,7 +196,7 @@ struct Bench {
   cudaStream_t stream = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
-  cuda::NqDensePrefillResources dense;
+  cuda::DensePrefillResources dense;
   double copy_bw = 0;
 };
 

@@ -7,15 +7,22 @@
 //
 //   nvfp4_moe_bench [--quick]     (--quick: DeepSeek-V3 shapes only)
 //
+// Then prompts (64, 512 and 4096 tokens, random routing) through both paths the backend can take:
+// the decode chunks of 8 tokens (a CUDA graph) and the dense prefill (each expert dequantised once
+// to fp16, its tokens through cuBLAS; not capturable, timed as issued); milliseconds per block,
+// tokens per second and the dense path's speedup.
+//
 // Routing: "shared" sends every token to the same top_k experts (the batch of 8 experts the
 // target is set on); "random" draws each token's experts from all of them (up to T x top_k
 // distinct experts). The layer holds 64 experts (1.6 GB at DeepSeek-V3 shapes), far more than
 // the 50 MB L2, so codes come from HBM.
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -24,6 +31,7 @@
 
 #include "kernels/cuda/nvfp4_gemv.cuh"
 #include "kernels/cuda/nvfp4_moe.cuh"
+#include "kernels/cuda/nvfp4_moe_prefill_dense.cuh"
 #include "kernels/nvfp4_codes.h"
 #include "kernels/nvfp4_moe_params.h"
 #include "tests/kernels/cuda/bench_util.h"
@@ -196,6 +204,90 @@ void RunCase(const Model& m, const Layer& l, std::int64_t tokens, bool shared, c
   }
 }
 
+// A prompt of `tokens` through the decode chunks and through the dense prefill.
+void RunPrefillCase(const Model& m, const Layer& l, std::int64_t tokens, cudaStream_t stream, void* workspace,
+                    std::size_t workspace_bytes, const cuda::DensePrefillResources& dense) {
+  const std::int64_t K = m.top_k;
+  std::mt19937_64 rng(tokens * 11 + 5);
+  std::vector<std::int32_t> all(kExperts), ids;
+  std::iota(all.begin(), all.end(), 0);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), rng);
+    ids.insert(ids.end(), all.begin(), all.begin() + K);
+  }
+  std::vector<float> weights(ids.size(), 1.0f / static_cast<float>(K));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(tokens * m.hidden));
+  for (auto& v : x) v = normal(rng);
+  Nvfp4MoeParams p = l.p;
+  p.tokens = tokens;
+  p.top_k = K;
+  p.x = Upload(x);
+  p.expert_ids = Upload(ids);
+  p.expert_weights = Upload(weights);
+  DeviceBytes out(x.size() * sizeof(float));
+  p.out = static_cast<float*>(out.p);
+  const cuda::LaunchContext ctx{.stream = stream, .num_sms = [] {
+                                  int device = 0, sms = 0;
+                                  BENCH_CHECK(cudaGetDevice(&device));
+                                  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+                                  return sms;
+                                }()};
+  const int replays = tokens >= 4096 ? 3 : 10;
+  BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx));  // warm-up
+  const double chunks_us =
+      GraphReplayMicros(stream, replays, [&] { BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx)); });
+  const auto dense_call = [&] {
+    for (std::int64_t t0 = 0; t0 < tokens; t0 += cuda::kNvfp4DensePrefillChunk) {
+      const Nvfp4MoeParams c = Nvfp4MoeTokenChunk(p, t0, std::min(cuda::kNvfp4DensePrefillChunk, tokens - t0));
+      BENCH_OK(cuda::LaunchNvfp4MoeDensePrefill(c, workspace, workspace_bytes, dense, ctx));
+    }
+  };
+  dense_call();  // warm-up
+  BENCH_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  BENCH_CHECK(cudaEventCreate(&start));
+  BENCH_CHECK(cudaEventCreate(&stop));
+  BENCH_CHECK(cudaEventRecord(start, stream));
+  for (int r = 0; r < replays; ++r) dense_call();
+  BENCH_CHECK(cudaEventRecord(stop, stream));
+  BENCH_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  BENCH_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  const double dense_us = 1e3 * ms / replays;
+  std::printf("nvfp4 %-5s D=%-5lld I=%-5lld K=%-2lld T=%-5lld prompt  chunks of 8 %9.3f ms (%8.0f tokens/s)  "
+              "dense %8.3f ms (%8.0f tokens/s)  dense speedup %.2fx%s\n",
+              m.name, static_cast<long long>(m.hidden), static_cast<long long>(m.intermediate),
+              static_cast<long long>(K), static_cast<long long>(tokens), chunks_us / 1e3, tokens / (chunks_us * 1e-6),
+              dense_us / 1e3, tokens / (dense_us * 1e-6), chunks_us / dense_us,
+              cuda::Nvfp4MoeDensePrefillPays(p) ? "  (the backend takes dense)" : "  (the backend takes chunks)");
+  std::fflush(stdout);
+  BENCH_CHECK(cudaEventDestroy(start));
+  BENCH_CHECK(cudaEventDestroy(stop));
+  for (const void* q : {static_cast<const void*>(p.x), static_cast<const void*>(p.expert_ids),
+                        static_cast<const void*>(p.expert_weights)}) {
+    BENCH_CHECK(cudaFree(const_cast<void*>(q)));
+  }
+}
+
+// cuBLAS, a side stream, five events and a pinned buffer for the dense prefill.
+cuda::DensePrefillResources MakeDenseResources() {
+  cuda::DensePrefillResources r;
+  if (cublasCreate(&r.blas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "cublasCreate failed\n");
+    std::exit(1);
+  }
+  BENCH_CHECK(cudaStreamCreateWithFlags(&r.side, cudaStreamNonBlocking));
+  for (cudaEvent_t* event : {&r.start, &r.ready[0], &r.ready[1], &r.free[0], &r.free[1]}) {
+    BENCH_CHECK(cudaEventCreateWithFlags(event, cudaEventDisableTiming));
+  }
+  void* pinned = nullptr;
+  BENCH_CHECK(cudaMallocHost(&pinned, 2 * kExperts * sizeof(int)));
+  r.host_counts = static_cast<int*>(pinned);
+  r.host_capacity = 2 * kExperts;
+  return r;
+}
+
 }  // namespace
 }  // namespace nq::kernels
 
@@ -206,15 +298,21 @@ int main(int argc, char** argv) {
   std::printf("device-to-device copy: %.2f TB/s (read + write)\n", copy_bw / 1e12);
   cudaStream_t stream;
   BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cuda::DensePrefillResources dense = MakeDenseResources();
   for (const Model& m : {Model{"dsv3", 7168, 2048, 8}, Model{"glm5", 6144, 2048, 8}}) {
     if (quick && std::strcmp(m.name, "dsv3") != 0) continue;
     Layer layer = MakeLayer(m);
-    const std::size_t workspace_bytes = cuda::Nvfp4MoeWorkspaceBytes(m.top_k, m.hidden, m.intermediate);
+    const std::size_t workspace_bytes =
+        std::max(cuda::Nvfp4MoeWorkspaceBytes(m.top_k, m.hidden, m.intermediate),
+                 cuda::Nvfp4MoeDensePrefillWorkspaceBytes(m.top_k, m.hidden, m.intermediate, kExperts));
     DeviceBytes workspace(workspace_bytes);
     for (const bool shared : {true, false}) {
       for (const std::int64_t tokens : {1, 2, 3, 4, 8}) {
         if (shared || tokens > 1) RunCase(m, layer, tokens, shared, stream, workspace.p, workspace_bytes, copy_bw);
       }
+    }
+    for (const std::int64_t tokens : {64, 512, 4096}) {
+      RunPrefillCase(m, layer, tokens, stream, workspace.p, workspace_bytes, dense);
     }
     for (void* q : layer.owned) BENCH_CHECK(cudaFree(q));
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/nvfp4_moe_prefill_dense.cuh"
 #include "tests/kernels/cuda/backend_pair.h"
 #include "tests/kernels/nvfp4_moe_fixture.h"
 #include "tests/kernels/test_util.h"
@@ -66,6 +67,50 @@ TEST(CudaNvfp4Moe, MatchesCpu) {
                                   draw == Nvfp4ScaleDraw::kTypical ? " typical" : " full-range"));
         summary.Add(NormalizedError(got, want));
       }
+    }
+  }
+}
+
+// Prompts with enough rows per expert take the dense prefill (each expert dequantised once to fp16,
+// its tokens through cuBLAS: nvfp4_moe_prefill_dense.cuh) and match the CPU as the decode chunks
+// do: typical and full-range scales, an expert without tokens, ids outside [0, E), and more
+// tokens than one dense chunk.
+TEST(CudaNvfp4Moe, LongPromptsTakeTheDensePrefillAndMatchCpu) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng(5305);
+  ErrorSummary summary("Nvfp4Moe dense prefill", kTolerance);
+  struct Case {
+    std::int64_t hidden, intermediate, experts, top_k, tokens;
+  };
+  for (const Case c : {Case{256, 64, 8, 2, 72}, Case{256, 96, 12, 3, 300}, Case{512, 256, 16, 4, 128},
+                       Case{64, 32, 4, 2, 4100}}) {
+    if (std::getenv("NQ_SANITIZE_SMALL") != nullptr && c.tokens > 300) continue;
+    Nvfp4MoeParams shape;
+    shape.tokens = c.tokens;
+    shape.top_k = c.top_k;
+    shape.hidden = c.hidden;
+    shape.intermediate = c.intermediate;
+    shape.num_experts = c.experts;
+    ASSERT_TRUE(cuda::Nvfp4MoeDensePrefillPays(shape)) << c.tokens << " tokens";
+    for (const Nvfp4ScaleDraw draw : {Nvfp4ScaleDraw::kTypical, Nvfp4ScaleDraw::kFullRange}) {
+      const testing::Nvfp4MoeHost host = testing::RandomNvfp4Moe(rng, c.hidden, c.intermediate, c.experts, draw);
+      const std::vector<float> x = RandomNormal(rng, c.tokens * c.hidden, 1.0f);
+      // The first experts only: the last one has no tokens.
+      const testing::Nvfp4Routing routing = testing::RandomNvfp4Routing(rng, c.tokens, c.top_k, c.experts - 1);
+      std::vector<std::int32_t> ids = routing.ids, ref_ids = routing.ids;
+      std::vector<float> ref_weights = routing.weights;
+      // Two ids out of range; the CPU's reference routes them to the expert without tokens
+      // (distinct from the token's others) with weight 0.
+      for (const std::size_t a : {std::size_t{5}, ids.size() - 1}) {
+        ids[a] = a == 5 ? -1 : static_cast<std::int32_t>(c.experts);
+        ref_ids[a] = static_cast<std::int32_t>(c.experts - 1);
+        ref_weights[a] = 0.0f;
+      }
+      const std::vector<float> want = testing::RunNvfp4Moe(*Backends().cpu, host, x, ref_ids, ref_weights, c.top_k);
+      const std::vector<float> got = testing::RunNvfp4Moe(*Backends().cuda, host, x, ids, routing.weights, c.top_k);
+      SCOPED_TRACE(absl::StrCat("D ", c.hidden, " I ", c.intermediate, " E ", c.experts, " K ", c.top_k, " T ",
+                                c.tokens, draw == Nvfp4ScaleDraw::kTypical ? " typical" : " full-range"));
+      summary.Add(NormalizedError(got, want));
     }
   }
 }
