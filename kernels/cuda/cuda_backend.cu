@@ -690,8 +690,8 @@ class CudaBackend final : public Backend {
 
   // The same for NVFP4 experts: chunks of kNvfp4DensePrefillChunk tokens.
   absl::Status DenseNvfp4Moe(const Nvfp4MoeParams& params) {
-    RETURN_IF_ERROR(GrowNqMoeWorkspace(
-        Nvfp4MoeDensePrefillWorkspaceBytes(params.top_k, params.hidden, params.intermediate, params.num_experts)));
+    RETURN_IF_ERROR(GrowNqMoeWorkspace(Nvfp4MoeDensePrefillWorkspaceBytes(
+        params.tokens, params.top_k, params.hidden, params.intermediate, params.num_experts)));
     ASSIGN_OR_RETURN(const DensePrefillResources resources, DensePrefillResourcesFor(params.num_experts));
     for (std::int64_t t0 = 0; t0 < params.tokens; t0 += kNvfp4DensePrefillChunk) {
       const Nvfp4MoeParams chunk =

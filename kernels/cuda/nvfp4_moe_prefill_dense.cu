@@ -2,6 +2,7 @@
 
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
@@ -28,9 +29,10 @@ struct Buffers {
   __half* w_d[2] = {};   // [D, I] its down weights
 };
 
-// Carves the workspace (every piece 256-byte aligned); bytes needed when base is null.
-std::size_t Carve(std::int64_t K, std::int64_t D, std::int64_t I, std::int64_t E, void* base, Buffers* b) {
-  const std::int64_t C = kNvfp4DensePrefillChunk;
+// Carves the workspace for calls of up to C tokens (every piece 256-byte aligned); bytes needed
+// when base is null. One expert may take every token, so its row buffers hold C rows.
+std::size_t Carve(std::int64_t C, std::int64_t K, std::int64_t D, std::int64_t I, std::int64_t E, void* base,
+                  Buffers* b) {
   std::size_t at = 0;
   auto take = [&](auto*& p, std::int64_t count) {
     using T = std::remove_reference_t<decltype(*p)>;
@@ -99,9 +101,9 @@ absl::Status Dequantise(const Nvfp4ProjectionView& w, int expert, int rows, int 
 
 }  // namespace
 
-std::size_t Nvfp4MoeDensePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate,
-                                               std::int64_t num_experts) {
-  return Carve(top_k, hidden, intermediate, num_experts, nullptr, nullptr);
+std::size_t Nvfp4MoeDensePrefillWorkspaceBytes(std::int64_t tokens, std::int64_t top_k, std::int64_t hidden,
+                                               std::int64_t intermediate, std::int64_t num_experts) {
+  return Carve(std::min(tokens, kNvfp4DensePrefillChunk), top_k, hidden, intermediate, num_experts, nullptr, nullptr);
 }
 
 bool Nvfp4MoeDensePrefillPays(const Nvfp4MoeParams& p) {
@@ -125,13 +127,13 @@ absl::Status LaunchNvfp4MoeDensePrefill(const Nvfp4MoeParams& p, void* workspace
                                                    " must be multiples of ", kNvfp4BlockSize, ", experts (", E,
                                                    ") at most ", kMaxExperts));
   }
-  if (workspace_bytes < Nvfp4MoeDensePrefillWorkspaceBytes(K, D, I, E)) {
+  if (workspace_bytes < Nvfp4MoeDensePrefillWorkspaceBytes(T, K, D, I, E)) {
     return absl::InvalidArgumentError(absl::StrCat("Nvfp4Moe dense prefill: workspace of ", workspace_bytes,
-                                                   " bytes, need ", Nvfp4MoeDensePrefillWorkspaceBytes(K, D, I, E)));
+                                                   " bytes, need ", Nvfp4MoeDensePrefillWorkspaceBytes(T, K, D, I, E)));
   }
   RETURN_IF_ERROR(CheckDensePrefillResources(r, E, "Nvfp4Moe dense prefill"));
   Buffers b;
-  Carve(K, D, I, E, workspace, &b);
+  Carve(T, K, D, I, E, workspace, &b);
   RETURN_IF_ERROR(CublasStatus(cublasSetStream(r.blas, ctx.stream), "cublasSetStream"));
   const LaunchContext side{.stream = r.side, .num_sms = ctx.num_sms};
 

@@ -32,9 +32,10 @@ namespace nq::kernels::cuda {
 // Tokens per call: bounds the workspace (per-expert rows of up to this many tokens).
 inline constexpr std::int64_t kNvfp4DensePrefillChunk = 4096;
 
-// Workspace bytes for one chunk.
-std::size_t Nvfp4MoeDensePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, std::int64_t intermediate,
-                                               std::int64_t num_experts);
+// Workspace bytes for a call of `tokens` tokens (at most a chunk's: one workspace serves every
+// chunk of a longer input).
+std::size_t Nvfp4MoeDensePrefillWorkspaceBytes(std::int64_t tokens, std::int64_t top_k, std::int64_t hidden,
+                                               std::int64_t intermediate, std::int64_t num_experts);
 
 // Whether the backend sends p here rather than through the decode chunks: enough rows per
 // expert that reading, rewriting and re-reading each touched expert once (about 4.6 bytes a

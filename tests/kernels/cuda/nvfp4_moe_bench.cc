@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
     Layer layer = MakeLayer(m);
     const std::size_t workspace_bytes =
         std::max(cuda::Nvfp4MoeWorkspaceBytes(m.top_k, m.hidden, m.intermediate),
-                 cuda::Nvfp4MoeDensePrefillWorkspaceBytes(m.top_k, m.hidden, m.intermediate, kExperts));
+                 cuda::Nvfp4MoeDensePrefillWorkspaceBytes(4096, m.top_k, m.hidden, m.intermediate, kExperts));
     DeviceBytes workspace(workspace_bytes);
     for (const bool shared : {true, false}) {
       for (const std::int64_t tokens : {1, 2, 3, 4, 8}) {
