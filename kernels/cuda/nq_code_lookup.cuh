@@ -142,6 +142,45 @@ __host__ __device__ __forceinline__ float EvenGridStep(const float* base_levels)
   return even ? s : 0.0f;
 }
 
+// The step s of uniform nested levels (quant::BaseGrid::kUniformNested): base levels on the even
+// grid s * (b - 1.5) and all sixteen 4-bit levels on the even grid nested in it, s / 4 *
+// (4 b + r - 7.5), exactly in float (s has 7 significant bits, so every level is an fp16 value);
+// else 0, and 4-bit experts take the table decode.
+__host__ __device__ __forceinline__ float UniformNestedStep(const float* base_levels, const float* levels4) {
+  const float s = EvenGridStep(base_levels);
+  if (s == 0.0f) return 0.0f;
+  for (int k = 0; k < 16; ++k) {
+    if (levels4[k] != 0.25f * (s * (static_cast<float>(k) - 7.5f))) return 0.0f;
+  }
+  return s;
+}
+
+__device__ __forceinline__ __half2 HalfPairBits(std::uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
+
+// The eight weight pairs of a base word and its residual word on uniform nested levels, as
+// (4 b + r) * 4^(j - 1) * 2^-24 with j = EvenGridShift(pair): the 4-bit codes of the even and of
+// the odd positions are assembled as nibbles (two shifts, two lop3), and each pair is masked out
+// of them where the even-grid plane's 4^-j expects it (three shifts, eight lop3), so the inputs of
+// the 2-bit even grid serve unchanged and the GEMV subtracts 7.5 / 4 of their sum where the base
+// subtracts 1.5. A quarter of the table decode's instructions.
+__device__ __forceinline__ void DecodeWord4UniformNested(std::uint32_t base, std::uint32_t residual,
+                                                         __half2 (&w)[kPairsPerWord]) {
+  // Nibble n of `even` is 4 b + r of code 2n; of `odd`, of code 2n + 1.
+  const std::uint32_t even = ((base << 2) & 0xccccccccu) | (residual & 0x33333333u);
+  const std::uint32_t odd = (base & 0xccccccccu) | ((residual >> 2) & 0x33333333u);
+  const std::uint32_t even2 = even >> 2, even10 = even >> 10, odd8 = odd >> 8;
+  static_assert(EvenGridShift(0) == 1 && EvenGridShift(2) == 2 && EvenGridShift(3) == 3 && EvenGridShift(4) == 4 &&
+                EvenGridShift(5) == 1 && EvenGridShift(6) == 2 && EvenGridShift(7) == 3);
+  w[0] = HalfPairBits(even & 0x000f000fu);    // codes 0, 8 at bit 0
+  w[1] = HalfPairBits(odd & 0x000f000fu);     // 1, 9 at bit 0
+  w[2] = HalfPairBits(even2 & 0x003c003cu);   // 2, 10 at bit 2
+  w[3] = HalfPairBits(odd & 0x00f000f0u);     // 3, 11 at bit 4
+  w[4] = HalfPairBits(even2 & 0x03c003c0u);   // 4, 12 at bit 6
+  w[5] = HalfPairBits(odd8 & 0x000f000fu);    // 5, 13 at bit 0
+  w[6] = HalfPairBits(even10 & 0x003c003cu);  // 6, 14 at bit 2
+  w[7] = HalfPairBits(odd8 & 0x00f000f0u);    // 7, 15 at bit 4
+}
+
 // The same at 4 bits from a base word and its residual word.
 __device__ __forceinline__ void DecodeWord4(const LevelBytes4& t, std::uint32_t base, std::uint32_t residual,
                                             __half2 (&w)[kPairsPerWord]) {

@@ -107,7 +107,8 @@ struct ComputeTile {
   // result depends on column n of its B fragment alone, and those columns are never stored.
   const __half* x;
   float row_scale[kRows];  // times the even grid's step / 2^-24 where it applies
-  bool even_grid;
+  bool even_grid;          // 2 bits: an even base grid; 4 bits: uniform nested levels
+  float grid_offset;       // the code's offset on the grid: 1.5 (b - 1.5), 7.5 / 4 ((4 b + r - 7.5) / 4)
   bool from_step0;  // this warp runs the tile's first step (and adds the even grid's offset)
   LevelTables t;
 };
@@ -119,7 +120,9 @@ __device__ __forceinline__ void EnterTile(const NqGemvParams& g, const Plan& pla
   c.at = TileOf(g, sh, tile);
   const Unit& u = plan.unit[c.at.unit];
   c.from_step0 = step == 0;
-  c.even_grid = !kFour && u.even_step[c.at.proj] != 0.0f;
+  const float grid_step = kFour ? u.uniform4_step[c.at.proj] : u.even_step[c.at.proj];
+  c.even_grid = grid_step != 0.0f;
+  c.grid_offset = kFour ? 7.5f / 4.0f : 1.5f;
   if constexpr (kFour) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -132,7 +135,7 @@ __device__ __forceinline__ void EnterTile(const NqGemvParams& g, const Plan& pla
   }
   // Row scales now, used at the tile's end: their latency hides behind its steps. The even
   // grid's step and the 2^24 of its subnormal codes ride on them.
-  const float grid = c.even_grid ? u.even_step[c.at.proj] / kEvenGridUnit : 1.0f;
+  const float grid = c.even_grid ? grid_step / kEvenGridUnit : 1.0f;
   const float* scales = g.proj[c.at.proj].row_scales + static_cast<std::int64_t>(u.expert) * g.rows;
 #pragma unroll
   for (int h = 0; h < kRows; ++h) c.row_scale[h] = __ldg(scales + min(c.at.row0 + grp + 8 * h, g.rows - 1)) * grid;
@@ -143,7 +146,7 @@ __device__ __forceinline__ void EnterTile(const NqGemvParams& g, const Plan& pla
         (step * kNqStepWords + quad_lane) * kCodesPerWord;
 }
 
-enum class Decode { kEvenGrid, kLookup2, kLookup4 };
+enum class Decode { kEvenGrid, kLookup2, kLookup4, kUniformNested4 };
 
 // Decodes one step and runs its 16 MMAs into acc.
 template <Decode kDecode, int kPlanes>
@@ -154,7 +157,10 @@ __device__ __forceinline__ void ComputeStep(const ComputeTile& c, const StepCode
   for (int q = 0; q < kWordsPerLane; ++q) {
     const uint4 x0 = __ldg(xv + 8 * q), x1 = __ldg(xv + 8 * q + 1);
     __half2 lo[kPairsPerWord], hi[kPairsPerWord];
-    if constexpr (kDecode == Decode::kLookup4) {
+    if constexpr (kDecode == Decode::kUniformNested4) {
+      DecodeWord4UniformNested(Word(d.w[0][0], q), Word(d.w[kPlanes - 1][0], q), lo);
+      DecodeWord4UniformNested(Word(d.w[0][1], q), Word(d.w[kPlanes - 1][1], q), hi);
+    } else if constexpr (kDecode == Decode::kLookup4) {
       DecodeWord4(c.t.t4, Word(d.w[0][0], q), Word(d.w[kPlanes - 1][0], q), lo);
       DecodeWord4(c.t.t4, Word(d.w[0][1], q), Word(d.w[kPlanes - 1][1], q), hi);
     } else if constexpr (kDecode == Decode::kEvenGrid) {
@@ -183,7 +189,7 @@ __device__ __forceinline__ void Flush(const NqGemvParams& g, const Plan& plan, c
       float sum = 0.0f;
       for (int i = lane; i < g.xsum_parts; i += kWarpSize) sum += parts[i];
       sum = WarpSum(sum);
-      if (n / 2 == quad_lane) offset[n % 2] = 1.5f * kEvenGridUnit * sum;
+      if (n / 2 == quad_lane) offset[n % 2] = c.grid_offset * kEvenGridUnit * sum;
     }
   }
 #pragma unroll
@@ -268,7 +274,11 @@ __device__ __forceinline__ void RunShare(const NqGemvParams& g, const Plan& plan
   while (idx < end) {
     const int seg_end = min(end, (idx / steps + 1) * steps);
     if constexpr (kFour) {
-      RunSegment<Decode::kLookup4>(g, plan, sh, ld, c, d, acc, idx, seg_end, begin, end);
+      if (c.even_grid) {
+        RunSegment<Decode::kUniformNested4>(g, plan, sh, ld, c, d, acc, idx, seg_end, begin, end);
+      } else {
+        RunSegment<Decode::kLookup4>(g, plan, sh, ld, c, d, acc, idx, seg_end, begin, end);
+      }
     } else if (c.even_grid) {
       RunSegment<Decode::kEvenGrid>(g, plan, sh, ld, c, d, acc, idx, seg_end, begin, end);
     } else {

@@ -34,6 +34,10 @@ struct Unit {
   // Per projection at 2 bits: the base levels' even-grid step (decoded without lookups and
   // applied with the row scale), or 0 (lut holds the 4 base levels).
   float even_step[2];
+  // Per projection at 4 bits: the step of uniform nested levels (UniformNestedStep), which the
+  // register-slot GEMV decodes without lookups, or 0. lut holds the 16 levels either way (the
+  // cp.async ring kernel always looks them up).
+  float uniform4_step[2];
 };
 
 // Units [0, units2) run at 2 bits, [units2, units) at 4: a warp of the batched GEMV streams one
@@ -119,8 +123,10 @@ __device__ __forceinline__ void BuildPlan(const NqGemvParams& g, Plan& plan, int
       for (int j = 0; j < g.num_proj && g.p.codec == NqCodec::kNestedScalar; ++j) {
         const float* levels = g.proj[j].levels + static_cast<std::int64_t>(unit.expert) * kNqLevelTable;
         unit.even_step[j] = 0.0f;
+        unit.uniform4_step[j] = 0.0f;
         if (unit.slot >= 0) {
           PackLevelBytes(levels + kNqBaseLevels, kNqLevels4, unit.lut[j], unit.lut[j] + 4);
+          unit.uniform4_step[j] = UniformNestedStep(levels, levels + kNqBaseLevels);
         } else {
           unit.even_step[j] = EvenGridStep(levels);
           if (unit.even_step[j] == 0.0f) PackLevelBytes(levels, kNqBaseLevels, unit.lut[j], unit.lut[j] + 1);

@@ -37,17 +37,26 @@ NqProjectionHost RandomProjection(std::mt19937_64& rng, std::int64_t rows, std::
   for (std::int64_t e = 0; e < experts; ++e) {
     float table[kNqLevelTable];
     // Even experts: base levels on an even grid whose step has 9 significant bits (nq encode's
-    // default, quant::BaseGrid::kUniform); odd experts: free levels (kLloyd). Both decodes run
-    // in every test of two or more experts, also side by side in one chunk.
-    if (e % 2 == 0) {
-      const float step = std::nearbyint((1.0f + jitter(rng)) * 256.0f) / 256.0f;
+    // default, quant::BaseGrid::kUniform); odd experts: free levels (kLloyd); every fourth
+    // (e % 4 == 2) uniform nested levels, the 4-bit ones too (kUniformNested, a step of 7
+    // significant bits). Every decode runs in every test of three or more experts, also side by
+    // side in one chunk.
+    if (e % 4 == 2) {
+      const float step = std::nearbyint((1.0f + jitter(rng)) * 64.0f) / 64.0f;
       for (int b = 0; b < 4; ++b) table[b] = step * (b - 1.5f);
+      for (int k = 0; k < 16; ++k) table[kNqBaseLevels + k] = 0.25f * (step * (k - 7.5f));
     } else {
-      for (int b = 0; b < 4; ++b) table[b] = snap(design[b] + jitter(rng));
-    }
-    for (int b = 0; b < 4; ++b) {
-      for (int r = 0; r < 4; ++r) {
-        table[kNqBaseLevels + 4 * b + r] = snap(table[b] + (offsets[r] + jitter(rng)) * (b % 3 == 0 ? 1.6f : 1.0f));
+      if (e % 2 == 0) {
+        const float step = std::nearbyint((1.0f + jitter(rng)) * 256.0f) / 256.0f;
+        for (int b = 0; b < 4; ++b) table[b] = step * (b - 1.5f);
+      } else {
+        for (int b = 0; b < 4; ++b) table[b] = snap(design[b] + jitter(rng));
+      }
+      for (int b = 0; b < 4; ++b) {
+        for (int r = 0; r < 4; ++r) {
+          table[kNqBaseLevels + 4 * b + r] =
+              snap(table[b] + (offsets[r] + jitter(rng)) * (b % 3 == 0 ? 1.6f : 1.0f));
+        }
       }
     }
     p.levels.insert(p.levels.end(), table, table + kNqLevelTable);

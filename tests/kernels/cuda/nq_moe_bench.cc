@@ -76,12 +76,16 @@ struct Layer {
   NqMoeParams p;  // pointers filled, per-case fields set later
   std::int64_t slot_bytes = 0;
   std::vector<void*> owned;
-  std::vector<const float*> levels_even, levels_lloyd;  // gate, up, down
+  std::vector<const float*> levels_even, levels_lloyd, levels_nested;  // gate, up, down
 };
 
-// Points the layer's projections at the even-grid or the Lloyd level tables.
-void UseBaseGrid(Layer& l, bool even) {
-  const std::vector<const float*>& t = even ? l.levels_even : l.levels_lloyd;
+enum class Levels { kEvenBase, kLloyd, kUniformNested };
+
+// Points the layer's projections at one set of level tables.
+void UseLevels(Layer& l, Levels which) {
+  const std::vector<const float*>& t = which == Levels::kEvenBase ? l.levels_even
+                                       : which == Levels::kLloyd  ? l.levels_lloyd
+                                                                  : l.levels_nested;
   l.p.gate.levels = t[0];
   l.p.up.levels = t[1];
   l.p.down.levels = t[2];
@@ -99,9 +103,10 @@ Layer MakeLayer(const Model& m, std::int64_t experts, std::int64_t lowrank) {
     l.owned.push_back(p);
     return p;
   };
-  // Level tables with free (Lloyd) base levels and with an even base grid (nq encode's default:
-  // quant::BaseGrid::kUniform, whose 2-bit codes the GEMV decodes without lookups).
-  std::vector<float> levels_lloyd, levels_even;
+  // Level tables with free (Lloyd) base levels, with an even base grid (nq encode's default:
+  // quant::BaseGrid::kUniform, whose 2-bit codes the GEMV decodes without lookups), and uniform
+  // nested levels (kUniformNested: the 4-bit codes decoded without lookups too).
+  std::vector<float> levels_lloyd, levels_even, levels_nested;
   const float lloyd[4] = {-1.51f, -0.453f, 0.453f, 1.51f}, even[4] = {-1.5f, -0.5f, 0.5f, 1.5f};
   const float offsets[4] = {-0.25f, -0.08f, 0.08f, 0.25f};
   for (std::int64_t e = 0; e < experts; ++e) {
@@ -111,6 +116,8 @@ Layer MakeLayer(const Model& m, std::int64_t experts, std::int64_t lowrank) {
         for (int r = 0; r < 4; ++r) levels->push_back(design[b] + offsets[r]);
       }
     }
+    levels_nested.insert(levels_nested.end(), even, even + 4);
+    for (int k = 0; k < 16; ++k) levels_nested.push_back(0.25f * (k - 7.5f));
   }
   auto projection = [&](std::int64_t rows, std::int64_t cols, std::int64_t offset) {
     NqProjectionView v;
@@ -123,11 +130,14 @@ Layer MakeLayer(const Model& m, std::int64_t experts, std::int64_t lowrank) {
     v.col_scales = floats(experts * cols, col);
     float* lv = UploadFloats(levels_even);
     float* ll = UploadFloats(levels_lloyd);
+    float* ln = UploadFloats(levels_nested);
     l.owned.push_back(lv);
     l.owned.push_back(ll);
+    l.owned.push_back(ln);
     v.levels = lv;
     l.levels_even.push_back(lv);
     l.levels_lloyd.push_back(ll);
+    l.levels_nested.push_back(ln);
     // trellis_v1's per-16-column-block (base, residual) gains, for the cases run as trellis.
     std::uniform_real_distribution<float> gain(0.8f, 1.2f);
     v.gains = floats(experts * (cols / 16) * kNqGainsPerBlock, gain);
@@ -387,12 +397,16 @@ int main(int argc, char** argv) {
         if (tokens == 4096 && codec == NqCodec::kTrellis) paths = {Path::kDensePrefill};
         for (const Path path : paths) {
           for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, codec, path, tokens, mode, bench);
-          // The decode GEMV's table-lookup 2-bit decode, for releases with free base levels.
+          // The decode GEMV's table-lookup 2-bit decode, for releases with free base levels, and
+          // its lookup-free 4-bit decode, for releases with uniform nested levels.
           if (codec == NqCodec::kNestedScalar && path == Path::kDecode) {
-            UseBaseGrid(layer, false);
+            UseLevels(layer, Levels::kLloyd);
             bench.scalar_name = "lloyd";
             for (int mode = 0; mode < 3; ++mode) RunCase(m, layer, codec, path, tokens, mode, bench);
-            UseBaseGrid(layer, true);
+            UseLevels(layer, Levels::kUniformNested);
+            bench.scalar_name = "nested";
+            for (int mode = 1; mode < 3; ++mode) RunCase(m, layer, codec, path, tokens, mode, bench);
+            UseLevels(layer, Levels::kEvenBase);
             bench.scalar_name = "scalar";
           }
         }
