@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# What the even base grid costs in served quality (issue #12, docs/encoding.md): glm5_nano encoded
-# twice from one calibration (--base_levels uniform, the default, and lloyd), then `nq kld` at all
-# 2 bits and all 4 bits on the first N tokens of each held-out domain. Prints a table; the runs'
-# outputs stay in OUT (default .run/base-grid).
+# What the level grids cost in served quality (issue #12, docs/encoding.md): glm5_nano encoded from
+# one calibration with each --base_levels (uniform, the default, and lloyd; uniform_nested on
+# request), then `nq kld` at all 2 bits and all 4 bits on the first N tokens of each held-out
+# domain. Prints a table; the runs' outputs stay in OUT (default .run/base-grid).
 #
 #   bash bench/quality/base_grid_kld.sh [OUT]
 #   NQ_KLD_TOKENS=1024  tokens per domain;  NQ_BUILD=build/cpu  where nq is built
+#   NQ_GRIDS="uniform lloyd"  the --base_levels values encoded
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.run/base-grid}
@@ -25,7 +26,8 @@ PY
 tokens=$(ls "$out"/tokens/*.json | paste -sd, -)
 # The embedded model's recipe (scripts/embedded_model.sh): one calibration for both encodes.
 "$nq" calibrate --model "$out/model" --tokens "$src/calibration.tokens" --out "$out/calibration" >/dev/null
-for grid in uniform lloyd; do
+read -r -a grids <<< "${NQ_GRIDS:-uniform lloyd}"
+for grid in "${grids[@]}"; do
   rm -rf "$out/release-$grid"
   "$nq" encode --model "$out/model" --out "$out/release-$grid" --calib "$out/calibration" --fixed-per-layer 4 \
     --base_levels "$grid" >/dev/null 2>&1
@@ -34,12 +36,12 @@ for grid in uniform lloyd; do
       --mode "$mode" --out "$out/$grid-$mode.json" > "$out/$grid-$mode.txt"
   done
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "${grids[@]}" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, grids = sys.argv[1], sys.argv[2:]
 print("| base levels | mode | mean KL | median KL | p99 KL | top-1 |")
 print("| --- | --- | ---: | ---: | ---: | ---: |")
-for grid in ["uniform", "lloyd"]:
+for grid in grids:
     for mode in ["all-2-bit", "all-4-bit"]:
         r = json.load(open(f"{out}/{grid}-{mode}.json"))
         s = r.get("summary", r)

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "services/quant/hadamard.h"
+#include "services/quant/nested_codebook.h"
 #include "services/quant/ldlq.h"
 
 namespace nq::quant {
@@ -31,9 +32,11 @@ class TrellisTileSearch;  // trellis_search.h
 struct EncodeOptions {
   // Blend of the base's fitting target: lambda * (2-bit error) + (1 - lambda) * (4-bit error).
   double lambda = 0.5;
-  // nested_scalar_v1: base levels on an even grid (the fast GPU decode, nested_codebook.h's
-  // BaseGrid) or free (Lloyd). Either decodes everywhere; only the GPU's speed differs.
-  bool uniform_base = true;
+  // nested_scalar_v1: base levels on an even grid (the fast GPU 2-bit decode, nested_codebook.h's
+  // BaseGrid), free (Lloyd), or all sixteen 4-bit levels on the even grid nested in the base's
+  // (the fast GPU 4-bit decode too). Every grid decodes everywhere; only the GPU's speed and the
+  // 4-bit error differ.
+  BaseGrid base_grid = BaseGrid::kUniform;
   // Whether the residual plane is produced. The base plane does not depend on it.
   bool keep_residual = true;
   // Two-sided rotation: 128-wide blocks by default; a layer may widen col_block (e.g. 512

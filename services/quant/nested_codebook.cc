@@ -73,6 +73,11 @@ NestedCodebook Design(double lambda, BaseGrid grid) {
       sub_sum[k] += g.p[i] * g.x[i];
       sub_mass[k] += g.p[i];
     }
+    if (grid == BaseGrid::kUniformNested) {
+      cb = UniformNestedCodebook(lambda, FitUniformNestedStep(base_sum, base_mass, sub_sum, sub_mass, lambda,
+                                                              cb.base[kBaseLevels - 1] - cb.base[kBaseLevels - 2]));
+      continue;  // symmetric by construction
+    }
     const double step = grid == BaseGrid::kUniform
                             ? FitUniformStep(base_sum, base_mass, cb.base[kBaseLevels - 1] - cb.base[kBaseLevels - 2])
                             : 0.0;
@@ -105,13 +110,66 @@ NestedCodebook Design(double lambda, BaseGrid grid) {
 
 }  // namespace
 
-double SnapUniformStep(double step) {
+absl::string_view BaseGridName(BaseGrid grid) {
+  switch (grid) {
+    case BaseGrid::kUniform: return "uniform";
+    case BaseGrid::kLloyd: return "lloyd";
+    case BaseGrid::kUniformNested: return "uniform_nested";
+  }
+  return "uniform";
+}
+
+absl::StatusOr<BaseGrid> ParseBaseGrid(absl::string_view name) {
+  for (const BaseGrid grid : {BaseGrid::kUniform, BaseGrid::kLloyd, BaseGrid::kUniformNested}) {
+    if (name == BaseGridName(grid)) return grid;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be uniform, lloyd or uniform_nested, got '", name, "'"));
+}
+
+double SnapUniformStep(double step, int bits) {
   // 9 bits: s = m * 2^k with m < 512, so 1.5 s = 3 m * 2^(k-1) with 3 m < 2048 fits fp16's 11.
-  constexpr int kStepBits = 9;
+  // 7 bits (uniform nested): s / 4 * (odd / 2) = odd * m * 2^(k-3), odd <= 15, 15 m < 2048.
   if (step == 0.0 || !std::isfinite(step)) return step;
   int exponent = 0;
   const double mantissa = std::frexp(step, &exponent);  // [0.5, 1)
-  return std::ldexp(std::nearbyint(std::ldexp(mantissa, kStepBits)), exponent - kStepBits);
+  return std::ldexp(std::nearbyint(std::ldexp(mantissa, bits)), exponent - bits);
+}
+
+double FitUniformNestedStep(const std::array<double, kBaseLevels>& base_sum,
+                            const std::array<double, kBaseLevels>& base_mass,
+                            const std::array<double, kBaseLevels * kResidualLevels>& sub_sum,
+                            const std::array<double, kBaseLevels * kResidualLevels>& sub_mass, double lambda,
+                            double fallback) {
+  // d/ds of lambda sum (x - s o_b)^2 + (1 - lambda) sum (x - s q_br)^2 = 0, with o_b and q_br the
+  // levels at s = 1.
+  double num = 0.0, den = 0.0;
+  for (int b = 0; b < kBaseLevels; ++b) {
+    const double o = EvenGridLevel(1.0, b);
+    num += lambda * o * base_sum[b];
+    den += lambda * o * o * base_mass[b];
+    for (int r = 0; r < kResidualLevels; ++r) {
+      const int k = b * kResidualLevels + r;
+      const double q = UniformNestedLevel(1.0, b, r);
+      num += (1.0 - lambda) * q * sub_sum[k];
+      den += (1.0 - lambda) * q * q * sub_mass[k];
+    }
+  }
+  return SnapUniformStep(den > 0.0 && num > 0.0 ? num / den : fallback, kUniformNestedStepBits);
+}
+
+NestedCodebook UniformNestedCodebook(double lambda, double step) {
+  NestedCodebook cb;
+  cb.lambda = lambda;
+  cb.grid = BaseGrid::kUniformNested;
+  for (int b = 0; b < kBaseLevels; ++b) {
+    cb.base[b] = static_cast<float>(EvenGridLevel(step, b));
+    for (int r = 0; r < kResidualLevels; ++r) {
+      // Exact: both levels are fp16 values with few significant bits.
+      cb.residual[b * kResidualLevels + r] = static_cast<float>(UniformNestedLevel(step, b, r)) - cb.base[b];
+    }
+  }
+  return cb;
 }
 
 double FitUniformStep(const std::array<double, kBaseLevels>& base_sum,

@@ -19,19 +19,37 @@
 // is what the 2-bit decode GEMV is bound by (kernels/cuda/nq_code_lookup.cuh). The step keeps
 // 9 significant bits, so s * 0.5 and s * 1.5 are fp16 values (the levels stay on the fp16 grid
 // after SnapToHalfGrid) and the kernel can prove the grid from the stored levels alone.
+//
+// kUniformNested also puts the sixteen 4-bit levels on the even grid nested in the base's:
+// s / 4 * (4 b + r - 7.5), each the base level plus s / 4 * (r - 1.5); only s is fitted (to the
+// blended objective). The GPU then decodes 4-bit weights without lookups as well (two lop3 a code
+// word pair per eight codes and one per weight pair, against the table decode's prmt chains). The
+// step keeps 7 significant bits, so every 4-bit level, s times an odd multiple of 1/8 below 2, is
+// an fp16 value. What it costs in MSE on N(0,1) is in nested_codebook_test.cc.
 #pragma once
 
 #include <array>
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace nq::quant {
 
 inline constexpr int kBaseLevels = 4;      // 2-bit base
 inline constexpr int kResidualLevels = 4;  // 2-bit residual per base cell
 
-enum class BaseGrid { kUniform, kLloyd };
+enum class BaseGrid { kUniform, kLloyd, kUniformNested };
+
+// The names nq encode's --base_levels and the manifest's codec.params.base_grid use: "uniform",
+// "lloyd", "uniform_nested". ParseBaseGrid's error reads "must be ..., got 'NAME'" (callers name
+// the setting).
+absl::string_view BaseGridName(BaseGrid grid);
+absl::StatusOr<BaseGrid> ParseBaseGrid(absl::string_view name);
+
+// Significant bits of an even grid's step: the base grid's, and the uniform nested grid's.
+inline constexpr int kUniformStepBits = 9;
+inline constexpr int kUniformNestedStepBits = 7;
 
 struct NestedCodebook {
   double lambda = 0.5;
@@ -54,14 +72,31 @@ NestedCodebook SnapToHalfGrid(NestedCodebook cb);
 // Base level b of an even grid: step * (b - 1.5).
 constexpr double EvenGridLevel(double step, int b) { return step * (b - 0.5 * (kBaseLevels - 1)); }
 
-// The step of an even base grid rounded to 9 significant bits (see BaseGrid); 0 stays 0.
-double SnapUniformStep(double step);
+// 4-bit level (b, r) of uniform nested levels: step / 4 * (4 b + r - 7.5).
+constexpr double UniformNestedLevel(double step, int b, int r) {
+  return step / kResidualLevels * (b * kResidualLevels + r - 0.5 * (kBaseLevels * kResidualLevels - 1));
+}
+
+// The step of an even grid rounded to `bits` significant bits (see BaseGrid); 0 stays 0.
+double SnapUniformStep(double step, int bits = kUniformStepBits);
 
 // The least-squares step of an even base grid for cells with target sums base_sum[b] and
 // masses base_mass[b] (the Lloyd update of the step: the 4-bit term does not depend on it,
 // since the residuals re-centre on whatever base they get), snapped; `fallback` when no mass.
 double FitUniformStep(const std::array<double, kBaseLevels>& base_sum,
                       const std::array<double, kBaseLevels>& base_mass, double fallback);
+
+// The least-squares step of uniform nested levels for base cells (sums and masses of the 2-bit
+// targets) and sub-cells (of the 4-bit targets) under the blend lambda * (2-bit error) +
+// (1 - lambda) * (4-bit error), snapped to kUniformNestedStepBits; `fallback` when no mass.
+double FitUniformNestedStep(const std::array<double, kBaseLevels>& base_sum,
+                            const std::array<double, kBaseLevels>& base_mass,
+                            const std::array<double, kBaseLevels * kResidualLevels>& sub_sum,
+                            const std::array<double, kBaseLevels * kResidualLevels>& sub_mass, double lambda,
+                            double fallback);
+
+// The codebook of uniform nested levels with step `step` (already snapped).
+NestedCodebook UniformNestedCodebook(double lambda, double step);
 
 // The blended-objective codebook for N(0,1); lambda in [0, 1]. Results are cached per
 // (lambda, grid) (encoding thousands of expert matrices designs it once).

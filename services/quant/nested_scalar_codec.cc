@@ -98,6 +98,11 @@ CellMeans QuantizePass(const NestedCodebook& cb, const std::vector<double>& z,
 
 // The Lloyd update of cb from the targets of one pass; empty cells keep their levels.
 NestedCodebook Refit(const NestedCodebook& cb, const CellMeans& means) {
+  if (cb.grid == BaseGrid::kUniformNested) {
+    return SnapToHalfGrid(UniformNestedCodebook(
+        cb.lambda, FitUniformNestedStep(means.base_sum, means.base_count, means.sub_sum, means.sub_count, cb.lambda,
+                                        cb.base[kBaseLevels - 1] - cb.base[kBaseLevels - 2])));
+  }
   NestedCodebook out = cb;
   const double step = cb.grid == BaseGrid::kUniform
                           ? FitUniformStep(means.base_sum, means.base_count, cb.base[kBaseLevels - 1] - cb.base[kBaseLevels - 2])
@@ -132,7 +137,7 @@ absl::StatusOr<EncodedMatrix> NestedScalarCodec::Encode(std::span<const float> w
   EncodedMatrix m;
   m.rows = rows;
   m.cols = cols;
-  const BaseGrid grid = options.uniform_base ? BaseGrid::kUniform : BaseGrid::kLloyd;
+  const BaseGrid grid = options.base_grid;
   ASSIGN_OR_RETURN(m.params, DefaultParams(options.lambda, grid, options.rotation));
   ASSIGN_OR_RETURN(const NestedCodebook cb, DesignNestedCodebook(options.lambda, grid));
   ASSIGN_OR_RETURN(PreparedMatrix prepared, PrepareMatrix(w, rows, cols, hessian, options));

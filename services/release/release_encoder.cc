@@ -229,7 +229,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   manifest.codec_params = {{"base_bits", 2}, {"residual_bits", 2}, {"lambda", quant::EncodeOptions{}.lambda}};
   if (manifest.codec == quant::kNestedScalarV1) {
     // Informational: the levels themselves are stored per matrix.
-    manifest.codec_params["base_grid"] = options.uniform_base ? "uniform" : "lloyd";
+    manifest.codec_params["base_grid"] = std::string(quant::BaseGridName(options.base_grid));
   }
   if (manifest.codec == quant::kTrellisV1) {
     // What trellis_decode.h assumes; the resident codebook tensors hold per-16-column gains.
@@ -309,7 +309,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
           const bool down = std::string(proj) == "down_proj";
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
-          encode.uniform_base = options.uniform_base;
+          encode.base_grid = options.base_grid;
           encode.trellis_search = search;
           encode.host_threads = host_threads;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,

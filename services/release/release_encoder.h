@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "services/common/progress.h"
 #include "services/format/release_reader.h"
+#include "services/quant/nested_codebook.h"
 #include "services/model/safetensors.h"
 #include "services/quant/codec.h"
 #include "services/quant/low_rank.h"
@@ -41,9 +42,10 @@ struct EncodeReleaseOptions {
   // A registry name or a short name ("scalar", "trellis": quant::ResolveCodecName); the
   // manifest records the registry name.
   std::string codec = "nested_scalar_v1";
-  // nested_scalar_v1's base levels: an even grid (the GPU's fast 2-bit decode; 1.2 % more 2-bit
-  // MSE on N(0,1), no more at 4 bits) or free Lloyd levels (quant::BaseGrid).
-  bool uniform_base = true;
+  // nested_scalar_v1's levels (quant::BaseGrid): base levels on an even grid (the GPU's fast 2-bit
+  // decode; 1.2 % more 2-bit MSE on N(0,1), no more at 4 bits), free Lloyd levels, or uniform
+  // nested levels (the fast 4-bit decode too; more 4-bit MSE: nested_codebook.h).
+  quant::BaseGrid base_grid = quant::BaseGrid::kUniform;
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.
   std::string calibration_path;

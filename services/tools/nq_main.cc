@@ -28,7 +28,7 @@ constexpr char kUsage[] =
     "                 --tokenizer FILE [--skip_special_tokens]\n"
     "  encode       HF checkpoint -> NestQuant release\n"
     "                 --model DIR --out RELEASE [--tp W] [--calib H] [--fixed-per-layer N] [--codec scalar|trellis]\n"
-    "                 [--device cpu|cuda|cuda:N[,M...]] [--workers N] [--base_levels uniform|lloyd]   (docs/encoding.md)\n"
+    "                 [--device cpu|cuda|cuda:N[,M...]] [--workers N] [--base_levels uniform|lloyd|uniform_nested]   (docs/encoding.md)\n"
     "  synth-release  a release of made-up experts at the config's real sizes, for benchmarks (reads only config.json)\n"
     "                 --model DIR --out RELEASE [--tp W] [--fixed-per-layer N] [--codec scalar|trellis] [--seed N]\n"
     "  calibrate    per-expert input Hessians and routing counts over calibration tokens\n"

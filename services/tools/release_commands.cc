@@ -48,8 +48,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "cuda:N,M,... (two experts at once per GPU, trellis_v1's tiles searched on those sm_90 GPUs); the release's "
           "bytes are the same");
 ABSL_FLAG(std::string, base_levels, "uniform",
-          "encode: nested_scalar_v1's 2-bit levels, uniform (an even grid: the GPU's fast decode, 1.2% more "
-          "2-bit MSE) or lloyd (free levels, decoded by table lookups)");
+          "encode: nested_scalar_v1's levels, uniform (2-bit levels on an even grid: the GPU's fast 2-bit decode, "
+          "1.2% more 2-bit MSE), lloyd (free levels, decoded by table lookups) or uniform_nested (the 4-bit levels "
+          "on the even grid nested in the base's too: the fast 4-bit decode, more 4-bit MSE; docs/encoding.md)");
 ABSL_FLAG(int, workers, 0,
           "encode: experts encoded at once (0: one per core with --device cpu, eight per GPU with --device cuda); "
           "each holds one expert's matrices in memory");
@@ -148,12 +149,12 @@ int RunEncodeCommand(const char* command, const std::vector<std::string>& args, 
   options.fixed_per_layer = absl::GetFlag(FLAGS_fixed_per_layer);
   options.codec = absl::GetFlag(FLAGS_codec);
   options.calibration_path = absl::GetFlag(FLAGS_calib);
-  if (const std::string levels = absl::GetFlag(FLAGS_base_levels); levels == "uniform" || levels == "lloyd") {
-    options.uniform_base = levels == "uniform";
-  } else {
+  absl::StatusOr<quant::BaseGrid> grid = quant::ParseBaseGrid(absl::GetFlag(FLAGS_base_levels));
+  if (!grid.ok()) {
     return ReportCommandStatus(command,
-                               absl::InvalidArgumentError("--base_levels must be uniform or lloyd, got '" + levels + "'"));
+                               absl::InvalidArgumentError(absl::StrCat("--base_levels ", grid.status().message())));
   }
+  options.base_grid = *grid;
   options.lowrank.rank = absl::GetFlag(FLAGS_lowrank_rank);
   options.lowrank.outlier_threshold = absl::GetFlag(FLAGS_lowrank_outlier_threshold);
   options.lowrank.min_gain = absl::GetFlag(FLAGS_lowrank_min_gain);

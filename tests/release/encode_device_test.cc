@@ -60,7 +60,7 @@ TEST_F(EncodeDeviceTest, NegativeWorkersAreRefused) {
 TEST_F(EncodeDeviceTest, AnUnknownBaseGridIsRefusedAndLloydIsRecorded) {
   const CommandResult bad = RunNq(absl::StrCat("encode --model=", Model(), " --out=", Out(), " --base_levels=even"));
   EXPECT_NE(bad.exit_code, 0) << bad.output;
-  EXPECT_THAT(bad.output, HasSubstr("--base_levels must be uniform or lloyd, got 'even'"));
+  EXPECT_THAT(bad.output, HasSubstr("--base_levels must be uniform, lloyd or uniform_nested, got 'even'"));
   EXPECT_FALSE(std::filesystem::exists(Out()));
   const CommandResult lloyd = RunNq(absl::StrCat("synth-release --model=", Model(), " --out=", Out(), " --base_levels=lloyd"));
   ASSERT_EQ(lloyd.exit_code, 0) << lloyd.output;

@@ -109,27 +109,38 @@ TEST_F(ReleaseEncoderTest, EncodesVerifiesAndDecodesNestedExperts) {
   }
 }
 
-// nq encode writes even base grids by default (the GPU's fast 2-bit decode) and free Lloyd levels
-// on request; the manifest says which, and both decode.
-TEST_F(ReleaseEncoderTest, BaseLevelsAreAnEvenGridUnlessLloydIsAskedFor) {
-  for (const bool uniform : {true, false}) {
-    const std::string release_dir = (root_ / (uniform ? "uniform" : "lloyd")).string();
-    ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {.tp_size = 1, .uniform_base = uniform}),
-                IsOk());
+// nq encode writes even base grids by default (the GPU's fast 2-bit decode), free Lloyd levels or
+// uniform nested levels (the fast 4-bit decode too) on request; the manifest says which, and every
+// one decodes.
+TEST_F(ReleaseEncoderTest, BaseLevelsAreAnEvenGridUnlessAnotherGridIsAskedFor) {
+  for (const quant::BaseGrid grid : {quant::BaseGrid::kUniform, quant::BaseGrid::kLloyd, quant::BaseGrid::kUniformNested}) {
+    const std::string name(quant::BaseGridName(grid));
+    const std::string release_dir = (root_ / name).string();
+    ASSERT_THAT(EncodeRelease((root_ / "model").string(), release_dir, {.tp_size = 1, .base_grid = grid}), IsOk());
     absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
     ASSERT_THAT(release, IsOk());
-    EXPECT_EQ(release->manifest().codec_params.value("base_grid", ""), uniform ? "uniform" : "lloyd");
+    EXPECT_EQ(release->manifest().codec_params.value("base_grid", ""), name);
     for (uint32_t expert : {0u, 3u}) {
       for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
         absl::StatusOr<quant::EncodedMatrix> m = LoadReleaseExpert(*release, 0, 1, expert, projection, false);
         ASSERT_THAT(m, IsOk());
         const std::vector<float>& base = m->params.base_codebook;
+        const std::vector<float>& residual = m->params.residual_codebook;
         ASSERT_EQ(base.size(), 4u);
+        ASSERT_EQ(residual.size(), 16u);
         const float step = base[3] - base[2];
         const bool even = base[0] == -1.5f * step && base[1] == -0.5f * step && base[2] == 0.5f * step &&
                           base[3] == 1.5f * step;
-        EXPECT_EQ(even, uniform) << projection << " of expert " << expert << ": " << base[0] << " " << base[1] << " "
-                                 << base[2] << " " << base[3];
+        EXPECT_EQ(even, grid != quant::BaseGrid::kLloyd)
+            << projection << " of expert " << expert << ": " << base[0] << " " << base[1] << " " << base[2] << " "
+            << base[3];
+        // The 4-bit levels base + residual on the grid s / 4 * (k - 7.5), exactly, as the GPU's
+        // UniformNestedStep checks them.
+        bool nested = even;
+        for (int k = 0; k < 16 && nested; ++k) {
+          nested = base[k / 4] + residual[k] == 0.25f * (step * (static_cast<float>(k) - 7.5f));
+        }
+        EXPECT_EQ(nested, grid == quant::BaseGrid::kUniformNested) << projection << " of expert " << expert;
       }
     }
   }
