@@ -6,7 +6,7 @@
 // accumulates in fp32, where CUDA-core half2 FMAs cost one instruction per two weights plus
 // conversions. Dequantisation (prmt lookups) is then the only per-weight work, and up to eight
 // tokens cost what one does (the MMA's n = 8 columns are the chunk's tokens).
-// An even base grid needs no lookups at all (nq_code_lookup.cuh).
+// An even base grid, and uniform nested 4-bit levels, need no lookups at all (nq_code_lookup.cuh).
 //
 // Layout: lane 4g + j of a warp reads, per step, 16 bytes (4 code words) of row g and of row
 // g + 8 of its 16-row tile, words [16 s + 4 j, 16 s + 4 j + 4). Word q of those decodes to the
