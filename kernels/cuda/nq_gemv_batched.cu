@@ -241,7 +241,8 @@ __device__ __forceinline__ void RunSegment(const NqGemvParams& g, const Plan& pl
 // of `total` steps. A share is at least one tile long, so a tile is split between at most two
 // warps and each output gets at most two atomic additions onto zero (a + b == b + a in fp32: the
 // result does not depend on timing). kDepth register slots of steps: kDepth - 1 loads stay in
-// flight while one step decodes.
+// flight while one step decodes (none with one slot: the step after is loaded once this one is
+// decoded, and the SM's other warps cover the wait, which beat two slots at 4 bits).
 template <bool kFour, int kDepth>
 __device__ __forceinline__ void RunShare(const NqGemvParams& g, const Plan& plan, int index, int group_warps, int total,
                                          int unit0) {
@@ -334,10 +335,10 @@ absl::Status LaunchNqGemvBatched(const NqGemvParams& g, const LaunchContext& ctx
   }
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // preparation kernel before finishes.
-  // Four register slots of steps at 2 bits, two at 4 (32 registers of codes a lane either way):
-  // measured on the H200 against six and eight at 2 bits, whose longer unrolled loops cost more in
-  // instruction fetch than their deeper loads gained (bench/README.md).
-  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<4, 2>,
+  // Four register slots of steps at 2 bits, one at 4: measured against six and eight at 2 bits
+  // (H200) and two and three at 4 (H100), whose longer unrolled loops cost more in instruction
+  // fetch than their deeper loads gained (bench/README.md).
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<4, 1>,
                                               dim3(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm)), dim3(kThreads),
                                               0, ctx, g));
   return CheckLaunch("NqGemvBatchedKernel");
