@@ -335,10 +335,10 @@ absl::Status LaunchNqGemvBatched(const NqGemvParams& g, const LaunchContext& ctx
   }
   // Programmatic dependent launch: the plan is built and the first codes are loaded while the
   // preparation kernel before finishes.
-  // Four register slots of steps at 2 bits, one at 4: measured against six and eight at 2 bits
-  // (H200) and two and three at 4 (H100), whose longer unrolled loops cost more in instruction
-  // fetch than their deeper loads gained (bench/README.md).
-  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<4, 1>,
+  // One register slot of steps at either width: measured on an H100 against 2, 3 and 4 at 2 bits
+  // and 2 and 3 at 4 (and on the H200 earlier, 4 against 6 and 8), the longer unrolled loops of
+  // more slots cost more in instruction fetch than their deeper loads gained (bench/README.md).
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(NqGemvBatchedKernel<1, 1>,
                                               dim3(static_cast<unsigned>(ctx.num_sms * kBlocksPerSm)), dim3(kThreads),
                                               0, ctx, g));
   return CheckLaunch("NqGemvBatchedKernel");
