@@ -19,10 +19,13 @@ constexpr int kMmaRows = 16;
 // The chunk's distinct experts (units), worked out once per block in shared memory.
 struct Unit {
   int expert;
-  int n_tok;                             // columns used: tokens routing to the expert
-  int vec[kNvfp4MaxDecodeTokens];        // input vector of each column
-  int out[kNvfp4MaxDecodeTokens];        // output row (assignment) of each column
+  int n_tok;                                   // columns used: tokens routing to the expert
+  std::uint8_t vec[kNvfp4MaxDecodeTokens];     // input vector of each column
+  std::uint8_t out[kNvfp4MaxDecodeTokens];     // output row (assignment) of each column
 };
+// Bytes, not ints: the plan's shared memory comes out of the L1 that holds the chunk's inputs
+// (3 KB instead of 9 KB a block).
+static_assert(kNvfp4MaxAssignments <= 256, "vec and out hold assignment indices in a byte");
 
 struct Plan {
   int units;
@@ -75,8 +78,8 @@ __device__ __forceinline__ void BuildPlan(const Nvfp4GemvParams& g, Plan& plan, 
     int n = 0;
     for (int b = a; b < A && n < kNvfp4MaxDecodeTokens; ++b) {
       if (ids[b] != e) continue;
-      unit.vec[n] = g.x_per_token ? b / g.top_k : b;
-      unit.out[n] = b;
+      unit.vec[n] = static_cast<std::uint8_t>(g.x_per_token ? b / g.top_k : b);
+      unit.out[n] = static_cast<std::uint8_t>(b);
       ++n;
     }
     unit.n_tok = n;

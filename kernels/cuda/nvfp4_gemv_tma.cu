@@ -221,16 +221,6 @@ __device__ __forceinline__ BlockSetup SetUpBlock(const Nvfp4GemvParams& g, Plan&
   return {reinterpret_cast<const unsigned char*>(rings), SharedAddress(smem_raw + warp * kMaxStages * 8)};
 }
 
-// The narrow ring for every chunk.
-__global__ void __launch_bounds__(kThreads, 2) Nvfp4GemvTmaNarrowKernel(const __grid_constant__ TmaParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ Plan plan;
-  __shared__ int ids[kNvfp4MaxAssignments];
-  const BlockSetup b = SetUpBlock(p.g, plan, ids);
-  StreamShare<2, 3, kWarps>(p, plan, b.rings, b.bars);
-#endif
-}
-
 // The ring per chunk, from its plan: 4-step stages for chunks of at most kWideUnits distinct
 // experts, 2-step stages for more.
 constexpr int kWideUnits = 16;
@@ -246,10 +236,6 @@ __global__ void __launch_bounds__(kThreads, 2) Nvfp4GemvTmaAdaptiveKernel(const 
   }
 #endif
 }
-
-// Chunks of up to this many assignments (4 tokens of top-8) take the adaptive kernel, larger ones
-// the narrow one (nvfp4_gemv_tma.cuh says why).
-constexpr int kAdaptiveMaxAssignments = 32;
 
 using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
 
@@ -327,10 +313,7 @@ absl::Status LaunchNvfp4GemvTma(const Nvfp4GemvParams& g, const LaunchContext& c
     ASSIGN_OR_RETURN(p.scales[wide], ByteTensorMap(g.w.scales, rows, g.cols / kNvfp4BlockSize,
                                                    (2 + 2 * wide) * kStepScaleBytes, CU_TENSOR_MAP_SWIZZLE_NONE));
   }
-  if (g.assignments <= kAdaptiveMaxAssignments) {
-    return Launch(Nvfp4GemvTmaAdaptiveKernel, std::max(Ring<4, 2>::kBytes, Ring<2, 3>::kBytes), p, ctx);
-  }
-  return Launch(Nvfp4GemvTmaNarrowKernel, Ring<2, 3>::kBytes, p, ctx);
+  return Launch(Nvfp4GemvTmaAdaptiveKernel, std::max(Ring<4, 2>::kBytes, Ring<2, 3>::kBytes), p, ctx);
 }
 
 }  // namespace nq::kernels::cuda

@@ -11,13 +11,12 @@
 // warp keeps 5-9 KB in flight, and the decode reads its operands from shared memory with the
 // same count of loads it issued to global memory before.
 //
-// The ring's shape is chosen per chunk (measured on an H100, bench/README.md, "A ring in shared
-// memory filled by the TMA"): two stages of 4 steps stream best while a chunk has few distinct
-// experts (one token, or tokens that share theirs), three stages of 2 steps once it has many. The
-// wider ring takes a third more shared memory, which comes out of the L1 cache that holds the
-// chunk's input vectors; with more than 4 tokens a chunk those no longer fit beside it, so the
-// host launches the narrow ring alone there, and up to 4 tokens (an MTP verification) a kernel
-// that picks per chunk from the plan it builds.
+// The ring's shape is chosen per chunk from the plan each block builds (measured on an H100,
+// bench/README.md, "A ring in shared memory filled by the TMA"): two stages of 4 steps stream best
+// while a chunk has few distinct experts (one token, or tokens that share theirs), three stages of
+// 2 steps once it has many. The wider ring takes a third more shared memory, out of the L1 cache
+// that holds the chunk's input vectors; with the plan's token lists in bytes (3 KB a block) both
+// fit for chunks of 8 tokens too, so one kernel serves every chunk.
 #pragma once
 
 #include "absl/status/status.h"
