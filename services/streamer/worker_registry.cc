@@ -210,7 +210,6 @@ void WorkerRegistry::CloseSession(const std::string& worker_id, uint32_t rank, c
     if (it == workers_.end()) return;
     dropped = std::move(it->second);
     workers_.erase(it);
-    UpdateGaugesLocked();
   }
   const std::string name = dropped->arena->shm_name();
   const std::string mailbox_name = dropped->mailbox ? dropped->mailbox->name() : "";
@@ -225,6 +224,11 @@ void WorkerRegistry::CloseSession(const std::string& worker_id, uint32_t rank, c
   }
   spdlog::info("worker {} session ended{}: arena {} released", worker_id,
                gone ? " (process gone)" : "", name.empty() ? "(device)" : name);
+  // The gauges last: a scrape that no longer counts this worker finds its arena unmapped and, if
+  // its process is gone, unlinked (before, they dropped first and a test that waited on them
+  // could still see the dead worker's shared memory under load).
+  absl::MutexLock lock(&mu_);
+  UpdateGaugesLocked();
 }
 
 size_t WorkerRegistry::size() const {
