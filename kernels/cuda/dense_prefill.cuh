@@ -8,6 +8,9 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "kernels/cuda/cuda_util.h"
 
@@ -25,6 +28,24 @@ struct DensePrefillResources {
   cudaEvent_t free[2] = {};
   int* host_counts = nullptr;      // pinned, at least 2 * num_experts ints
   std::int64_t host_capacity = 0;  // ints
+};
+
+// Lays a call's buffers out one after another in its workspace, each 256-byte aligned: with a null
+// base it only counts the bytes (Bytes()), so one carving function serves both the size query and
+// the launch.
+class WorkspaceCarver {
+ public:
+  explicit WorkspaceCarver(void* base) : base_(static_cast<char*>(base)) {}
+  template <typename T>
+  void Take(T*& p, std::int64_t count) {
+    if (base_ != nullptr) p = reinterpret_cast<T*>(base_ + at_);
+    at_ += (static_cast<std::size_t>(count) * sizeof(T) + 255) / 256 * 256;
+  }
+  std::size_t Bytes() const { return at_; }
+
+ private:
+  char* base_;
+  std::size_t at_ = 0;
 };
 
 // OK, or Internal naming `what` and cuBLAS's message.

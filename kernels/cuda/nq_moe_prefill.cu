@@ -24,7 +24,6 @@ constexpr int kGemmThreads = 128;
 constexpr int kSmemStride = kTileK + 8;
 constexpr int kCodesPerWord = 16;
 constexpr int kGroupThreads = 1024;
-constexpr int kMaxGroupExperts = 4096;  // shared counters of NqGroupKernel
 
 struct GroupParams {
   const std::int32_t* ids = nullptr;
@@ -339,9 +338,9 @@ absl::Status LaunchChunk(const NqMoeParams& p, void* workspace, const LaunchCont
 
 absl::Status LaunchNqGroupByExpert(const std::int32_t* ids, int assignments, int num_experts, int* counts,
                                    int* offsets, int* order, const LaunchContext& ctx) {
-  if (num_experts > kMaxGroupExperts) {
+  if (num_experts > kNqMaxGroupExperts) {
     return absl::InvalidArgumentError(
-        absl::StrCat("NqMoe (CUDA): ", num_experts, " experts exceed the grouping kernel's ", kMaxGroupExperts));
+        absl::StrCat("NqMoe (CUDA): ", num_experts, " experts exceed the grouping kernel's ", kNqMaxGroupExperts));
   }
   const GroupParams group{.ids = ids,
                           .assignments = assignments,
@@ -362,16 +361,16 @@ std::size_t NqMoePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, 
 }
 
 bool NqMoePrefillSupports(const NqMoeParams& p) {
-  return p.hidden % kTileN == 0 && p.intermediate % kTileN == 0 && p.num_experts <= kMaxGroupExperts;
+  return p.hidden % kTileN == 0 && p.intermediate % kTileN == 0 && p.num_experts <= kNqMaxGroupExperts;
 }
 
 absl::Status LaunchNqMoePrefill(const NqMoeParams& p, void* workspace, std::size_t workspace_bytes,
                                 const LaunchContext& ctx) {
   const std::int64_t D = p.hidden, I = p.intermediate;
-  if (D % kTileN != 0 || I % kTileN != 0 || p.num_experts > kMaxGroupExperts) {
+  if (D % kTileN != 0 || I % kTileN != 0 || p.num_experts > kNqMaxGroupExperts) {
     return absl::InvalidArgumentError(absl::StrCat("NqMoe prefill (CUDA): hidden ", D, " and intermediate ", I,
                                                    " must be multiples of ", kTileN, ", experts at most ",
-                                                   kMaxGroupExperts));
+                                                   kNqMaxGroupExperts));
   }
   if (workspace_bytes < NqMoePrefillWorkspaceBytes(p.top_k, D, I, p.num_experts) ||
       reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0) {

@@ -38,9 +38,12 @@ std::size_t NqMoePrefillWorkspaceBytes(std::int64_t top_k, std::int64_t hidden, 
 // Whether this path takes p's shapes (hidden and intermediate multiples of a 64-row tile).
 bool NqMoePrefillSupports(const NqMoeParams& p);
 
+// The most experts LaunchNqGroupByExpert sorts (its one block's shared counters).
+inline constexpr int kNqMaxGroupExperts = 4096;
+
 // Counting sort of `assignments` expert ids by expert: counts[e], offsets[e] (exclusive prefix
 // sum) and order (assignment indices grouped by expert, any order inside a group); ids outside
-// [0, num_experts) are left out. One block; num_experts up to 4096.
+// [0, num_experts) are left out. One block; num_experts up to kNqMaxGroupExperts.
 absl::Status LaunchNqGroupByExpert(const std::int32_t* ids, int assignments, int num_experts, int* counts,
                                    int* offsets, int* order, const LaunchContext& ctx);
 

@@ -2,7 +2,6 @@
 
 #include <cuda_fp16.h>
 
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/nq_moe_prefill.cuh"
@@ -35,28 +34,23 @@ struct Buffers {
 // Carves the workspace (every piece 256-byte aligned); bytes needed when base is null.
 std::size_t Carve(std::int64_t K, std::int64_t D, std::int64_t I, std::int64_t E, void* base, Buffers* b) {
   const std::int64_t C = kNqDensePrefillChunk;
-  std::size_t at = 0;
-  auto take = [&](auto*& p, std::int64_t count) {
-    using T = std::remove_reference_t<decltype(*p)>;
-    if (base != nullptr) p = reinterpret_cast<T*>(static_cast<char*>(base) + at);
-    at += (static_cast<std::size_t>(count) * sizeof(T) + 255) / 256 * 256;
-  };
+  WorkspaceCarver carver(base);
   Buffers scratch;
   Buffers& out = b != nullptr ? *b : scratch;
-  take(out.xr, C * D);
-  take(out.acc, C * D);
-  take(out.counts, 2 * E);
+  carver.Take(out.xr, C * D);
+  carver.Take(out.acc, C * D);
+  carver.Take(out.counts, 2 * E);
   out.offsets = base != nullptr ? out.counts + E : nullptr;
-  take(out.order, C * K);
-  take(out.xe, C * D);
-  take(out.he, C * 2 * I);
-  take(out.hh, C * I);
-  take(out.ye, C * D);
+  carver.Take(out.order, C * K);
+  carver.Take(out.xe, C * D);
+  carver.Take(out.he, C * 2 * I);
+  carver.Take(out.hh, C * I);
+  carver.Take(out.ye, C * D);
   for (int k = 0; k < 2; ++k) {
-    take(out.w_gu[k], 2 * I * D);
-    take(out.w_d[k], D * I);
+    carver.Take(out.w_gu[k], 2 * I * D);
+    carver.Take(out.w_d[k], D * I);
   }
-  return at;
+  return carver.Bytes();
 }
 
 struct DequantParams {

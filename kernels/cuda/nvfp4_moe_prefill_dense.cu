@@ -3,7 +3,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/nq_moe_prefill.cuh"
@@ -15,7 +14,6 @@ namespace nq::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr std::int64_t kMaxExperts = 4096;  // LaunchNqGroupByExpert's limit
 
 struct Buffers {
   int* counts = nullptr;  // [E], then offsets [E]: copied to the host together
@@ -33,26 +31,21 @@ struct Buffers {
 // when base is null. One expert may take every token, so its row buffers hold C rows.
 std::size_t Carve(std::int64_t C, std::int64_t K, std::int64_t D, std::int64_t I, std::int64_t E, void* base,
                   Buffers* b) {
-  std::size_t at = 0;
-  auto take = [&](auto*& p, std::int64_t count) {
-    using T = std::remove_reference_t<decltype(*p)>;
-    if (base != nullptr) p = reinterpret_cast<T*>(static_cast<char*>(base) + at);
-    at += (static_cast<std::size_t>(count) * sizeof(T) + 255) / 256 * 256;
-  };
+  WorkspaceCarver carver(base);
   Buffers scratch;
   Buffers& out = b != nullptr ? *b : scratch;
-  take(out.counts, 2 * E);
+  carver.Take(out.counts, 2 * E);
   out.offsets = base != nullptr ? out.counts + E : nullptr;
-  take(out.order, C * K);
-  take(out.xe, C * D);
-  take(out.he, C * 2 * I);
-  take(out.hh, C * I);
-  take(out.ye, C * D);
+  carver.Take(out.order, C * K);
+  carver.Take(out.xe, C * D);
+  carver.Take(out.he, C * 2 * I);
+  carver.Take(out.hh, C * I);
+  carver.Take(out.ye, C * D);
   for (int k = 0; k < 2; ++k) {
-    take(out.w_gu[k], 2 * I * D);
-    take(out.w_d[k], D * I);
+    carver.Take(out.w_gu[k], 2 * I * D);
+    carver.Take(out.w_d[k], D * I);
   }
-  return at;
+  return carver.Bytes();
 }
 
 // One thread per block of 16 weights of expert `expert`'s [rows, cols] matrix: out[row][16 b ..]
@@ -112,7 +105,7 @@ bool Nvfp4MoeDensePrefillPays(const Nvfp4MoeParams& p) {
   // GLM-5's and DeepSeek-V3's expert counts; 16 leans toward the decode path.
   constexpr std::int64_t kMinRowsPerExpert = 16;
   return p.tokens > kNvfp4MaxDecodeTokens && p.tokens * p.top_k >= kMinRowsPerExpert * p.num_experts &&
-         p.num_experts <= kMaxExperts && p.hidden % kNvfp4BlockSize == 0 && p.intermediate % kNvfp4BlockSize == 0;
+         p.num_experts <= kNqMaxGroupExperts && p.hidden % kNvfp4BlockSize == 0 && p.intermediate % kNvfp4BlockSize == 0;
 }
 
 absl::Status LaunchNvfp4MoeDensePrefill(const Nvfp4MoeParams& p, void* workspace, std::size_t workspace_bytes,
@@ -122,10 +115,10 @@ absl::Status LaunchNvfp4MoeDensePrefill(const Nvfp4MoeParams& p, void* workspace
     return absl::InvalidArgumentError(
         absl::StrCat("Nvfp4Moe dense prefill: ", T, " tokens exceed the chunk of ", kNvfp4DensePrefillChunk));
   }
-  if (D % kNvfp4BlockSize != 0 || I % kNvfp4BlockSize != 0 || E > kMaxExperts) {
+  if (D % kNvfp4BlockSize != 0 || I % kNvfp4BlockSize != 0 || E > kNqMaxGroupExperts) {
     return absl::InvalidArgumentError(absl::StrCat("Nvfp4Moe dense prefill: hidden ", D, " and intermediate ", I,
                                                    " must be multiples of ", kNvfp4BlockSize, ", experts (", E,
-                                                   ") at most ", kMaxExperts));
+                                                   ") at most ", kNqMaxGroupExperts));
   }
   if (workspace_bytes < Nvfp4MoeDensePrefillWorkspaceBytes(T, K, D, I, E)) {
     return absl::InvalidArgumentError(absl::StrCat("Nvfp4Moe dense prefill: workspace of ", workspace_bytes,

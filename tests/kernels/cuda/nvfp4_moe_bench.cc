@@ -111,6 +111,22 @@ Layer MakeLayer(const Model& m) {
   return l;
 }
 
+// A launch context on `stream` with the current device's SM count.
+cuda::LaunchContext ContextOn(cudaStream_t stream) {
+  int device = 0, sms = 0;
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return {.stream = stream, .num_sms = sms};
+}
+
+// The per-case inputs a case uploaded (x, ids, weights).
+void FreeInputs(const Nvfp4MoeParams& p) {
+  for (const void* q : {static_cast<const void*>(p.x), static_cast<const void*>(p.expert_ids),
+                        static_cast<const void*>(p.expert_weights)}) {
+    BENCH_CHECK(cudaFree(const_cast<void*>(q)));
+  }
+}
+
 // The two expert GEMVs of a chunk alone (gate/up, then down), without the block's three small
 // kernels: what "the NVFP4 expert GEMV against copy bandwidth" measures. The inputs are zero
 // and the outputs accumulate across replays; only the time counts.
@@ -175,12 +191,7 @@ void RunCase(const Model& m, const Layer& l, std::int64_t tokens, bool shared, c
   p.expert_weights = Upload(weights);
   DeviceBytes out(x.size() * sizeof(float));
   p.out = static_cast<float*>(out.p);
-  const cuda::LaunchContext ctx{.stream = stream, .num_sms = [] {
-                                  int device = 0, sms = 0;
-                                  BENCH_CHECK(cudaGetDevice(&device));
-                                  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-                                  return sms;
-                                }()};
+  const cuda::LaunchContext ctx = ContextOn(stream);
   BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx));  // warm-up
   BENCH_CHECK(cudaStreamSynchronize(stream));
   const double us =
@@ -198,10 +209,7 @@ void RunCase(const Model& m, const Layer& l, std::int64_t tokens, bool shared, c
                 gemv_rate / 1e12, gemv_rate / copy_bw);
   }
   std::fflush(stdout);
-  for (const void* q : {static_cast<const void*>(p.x), static_cast<const void*>(p.expert_ids),
-                        static_cast<const void*>(p.expert_weights)}) {
-    BENCH_CHECK(cudaFree(const_cast<void*>(q)));
-  }
+  FreeInputs(p);
 }
 
 // A prompt of `tokens` through the decode chunks and through the dense prefill.
@@ -227,12 +235,7 @@ void RunPrefillCase(const Model& m, const Layer& l, std::int64_t tokens, cudaStr
   p.expert_weights = Upload(weights);
   DeviceBytes out(x.size() * sizeof(float));
   p.out = static_cast<float*>(out.p);
-  const cuda::LaunchContext ctx{.stream = stream, .num_sms = [] {
-                                  int device = 0, sms = 0;
-                                  BENCH_CHECK(cudaGetDevice(&device));
-                                  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-                                  return sms;
-                                }()};
+  const cuda::LaunchContext ctx = ContextOn(stream);
   const int replays = tokens >= 4096 ? 3 : 10;
   BENCH_OK(cuda::LaunchNvfp4Moe(p, workspace, workspace_bytes, ctx));  // warm-up
   const double chunks_us =
@@ -264,10 +267,7 @@ void RunPrefillCase(const Model& m, const Layer& l, std::int64_t tokens, cudaStr
   std::fflush(stdout);
   BENCH_CHECK(cudaEventDestroy(start));
   BENCH_CHECK(cudaEventDestroy(stop));
-  for (const void* q : {static_cast<const void*>(p.x), static_cast<const void*>(p.expert_ids),
-                        static_cast<const void*>(p.expert_weights)}) {
-    BENCH_CHECK(cudaFree(const_cast<void*>(q)));
-  }
+  FreeInputs(p);
 }
 
 // cuBLAS, a side stream, five events and a pinned buffer for the dense prefill.
