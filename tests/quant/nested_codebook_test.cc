@@ -126,6 +126,17 @@ TEST(NestedCodebookTest, UniformNestedLevelsAreExactEvenGridsAndTheirCost) {
   EXPECT_NEAR(nested->base[3] - nested->base[2], 1.078125, 1e-6);
 }
 
+TEST(NestedCodebookTest, BaseGridNamesRoundTripAndAnUnknownOneIsRefused) {
+  for (const BaseGrid grid : {BaseGrid::kUniform, BaseGrid::kLloyd, BaseGrid::kUniformNested}) {
+    absl::StatusOr<BaseGrid> parsed = ParseBaseGrid(BaseGridName(grid));
+    ASSERT_THAT(parsed, IsOk());
+    EXPECT_EQ(*parsed, grid);
+  }
+  EXPECT_THAT(ParseBaseGrid("even"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("must be uniform, lloyd or uniform_nested, got 'even'")));
+  EXPECT_THAT(ParseBaseGrid(""), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got ''")));
+}
+
 TEST(NestedCodebookTest, SnapUniformStepKeepsNineSignificantBits) {
   EXPECT_EQ(SnapUniformStep(1.0), 1.0);
   EXPECT_EQ(SnapUniformStep(0.0), 0.0);

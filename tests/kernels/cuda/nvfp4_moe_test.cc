@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/nq_moe_prefill.cuh"
 #include "kernels/cuda/nvfp4_moe_prefill_dense.cuh"
 #include "tests/kernels/cuda/backend_pair.h"
 #include "tests/kernels/nvfp4_moe_fixture.h"
@@ -113,6 +114,49 @@ TEST(CudaNvfp4Moe, LongPromptsTakeTheDensePrefillAndMatchCpu) {
       summary.Add(NormalizedError(got, want));
     }
   }
+}
+
+// The dense prefill's contract, checked on the host before anything is launched (no GPU needed):
+// which calls it takes, and a clear refusal for a chunk too long, widths not whole blocks, too many
+// experts for the grouping kernel, a workspace too small and missing resources.
+TEST(CudaNvfp4MoeDensePrefill, TakesLongPromptsAndRefusesWhatItCannotRun) {
+  Nvfp4MoeParams p;
+  p.top_k = 8;
+  p.hidden = 256;
+  p.intermediate = 128;
+  p.num_experts = 32;
+  p.tokens = 8;  // a decode chunk: never dense
+  EXPECT_FALSE(cuda::Nvfp4MoeDensePrefillPays(p));
+  p.tokens = 63;  // 504 rows for 32 experts: under 16 an expert
+  EXPECT_FALSE(cuda::Nvfp4MoeDensePrefillPays(p));
+  p.tokens = 64;
+  EXPECT_TRUE(cuda::Nvfp4MoeDensePrefillPays(p));
+
+  const std::size_t need = cuda::Nvfp4MoeDensePrefillWorkspaceBytes(p.tokens, p.top_k, p.hidden, p.intermediate,
+                                                                    p.num_experts);
+  int host_counts[64] = {};
+  const cuda::DensePrefillResources none;
+  cuda::DensePrefillResources no_events;
+  no_events.host_counts = host_counts;
+  no_events.host_capacity = 64;
+  const cuda::LaunchContext ctx{};
+  const auto refused = [&](const Nvfp4MoeParams& q, std::size_t bytes, const cuda::DensePrefillResources& r) {
+    return cuda::LaunchNvfp4MoeDensePrefill(q, nullptr, bytes, r, ctx);
+  };
+  Nvfp4MoeParams longer = p;
+  longer.tokens = cuda::kNvfp4DensePrefillChunk + 1;
+  EXPECT_THAT(refused(longer, need, no_events), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exceed the chunk")));
+  Nvfp4MoeParams ragged = p;
+  ragged.hidden = 248;
+  EXPECT_THAT(refused(ragged, need, no_events),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("multiples of 16")));
+  Nvfp4MoeParams crowded = p;
+  crowded.num_experts = cuda::kNqMaxGroupExperts + 1;
+  EXPECT_THAT(refused(crowded, need, no_events), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most")));
+  EXPECT_THAT(refused(p, need - 1, no_events), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace of")));
+  EXPECT_THAT(refused(p, need, none), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host buffer")));
+  EXPECT_THAT(refused(p, need, no_events),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("a cuBLAS handle, a side stream and five events")));
 }
 
 TEST(CudaNvfp4Moe, HandComputedBlocks) {
