@@ -32,16 +32,22 @@ constexpr int kPvTilesPerWarp = kMlaMaxLatent / 8 / kSplitWarps;
 constexpr int kAbsorbCols = 64;
 constexpr int kAbsorbRowGroups = kThreads / (kAbsorbCols / 8);
 constexpr int kAbsorbMaxTokens = 4;
-// combine: a block covers 128 columns of O (a float4 per thread) and reads the splits 8 at a time.
-constexpr int kCombineCols = 128;
-constexpr int kCombineSplitGroups = kThreads / (kCombineCols / 4);
+// combine: a block covers kCols columns of O (a float4 per thread; 128, or 64 where 128 would leave
+// SMs without a block: a DeepSeek-V3 rank's 16 heads filled 64 SMs, and the kernel took 6-8 us
+// for 4 MB under ncu on an H100), and kThreads / (kCols / 4) groups of threads read every so
+// many splits each, 8 loads in flight.
+constexpr int kCombineMaxCols = 128;
+template <int kCols>
+constexpr int kCombineSplitGroups = kThreads / (kCols / 4);
 // output (w_uv): each warp holds kRows whole rows of w_uv in registers as loaded, the queries' O in
 // shared memory up to kOutputMaxTokens at a time (instantiated for 1, 2, 4 and 8 queries). kRows
-// (1, 2 or 4) is chosen per launch (OutputRowsPerWarp): the most rows a warp that still give every
-// SM a block (a DeepSeek-V3 rank's 16 heads of 128 rows: 1 row a warp, 256 blocks, where 4 rows
-// left 68 SMs without one; GLM-5's 64 heads: 4). 8 bf16 rows a warp would make GLM-5's grid one
-// wave, but ptxas spills them (124 bytes at one query) within 128 registers.
-constexpr int kOutputMaxRowsPerWarp = 4;
+// (1, 2 or 4) is chosen per launch (OutputRowsPerWarp): the most rows a warp, up to
+// kOutputMaxRowsPerWarp, that still give every SM a block (a DeepSeek-V3 rank's 16 heads of 128
+// rows: 1 row a warp, 256 blocks, where 4 rows left 68 SMs without one). At most 2: GLM-5's 64
+// heads ran 512 blocks of 4 rows a warp at 3 an SM (1.3 waves, and 80 registers that spilled
+// with 4 or 8 queries); 1024 blocks of 2 rows at 4 an SM were 3-6 % faster over the whole MLA
+// call (H100, bench/README.md). 8 rows a warp spill within 128 registers.
+constexpr int kOutputMaxRowsPerWarp = 2;
 // Blocks per SM for kRows rows a warp: their registers (kRows * kLoads uint4) plus about 40 more.
 template <typename UvT, int kRows>
 constexpr int kOutputBlocksPerSm = kRows * kMlaMaxLatent / kVec16<UvT> / kWarpSize * 4 >= 64   ? 2
@@ -614,14 +620,16 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return v;
 }
 
-// grid: (ceil(c / kCombineCols), heads, tokens). O[t, h, :] = the splits' partials rescaled to
-// their common max and divided by the common sum (zeros when the query saw no key). Thread
-// (split group sg, column quad cq) adds splits sg, sg + kCombineSplitGroups, ... (independent
-// loads; empty splits hold zeros), and the groups meet in shared memory.
+// grid: (ceil(c / kCols), heads, tokens). O[t, h, :] = the splits' partials rescaled to their
+// common max and divided by the common sum (zeros when the query saw no key). Thread (split group
+// sg, column quad cq) adds splits sg, sg + kCombineSplitGroups, ... (independent loads; empty
+// splits hold zeros), and the groups meet in shared memory.
+template <int kCols>
 __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_constant__ SplitArgs a) {
+  constexpr int kGroups = kCombineSplitGroups<kCols>;
   const MlaAttentionParams& p = a.p;
   __shared__ float weight[kMlaMaxSplits];
-  __shared__ float4 partial[kCombineSplitGroups][kCombineCols / 4];
+  __shared__ float4 partial[kGroups][kCols / 4];
   __shared__ float scratch[kWarps];
   LetTheNextKernelStart();
   WaitForThePreviousKernel();
@@ -635,13 +643,13 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
   const float sum = BlockSum<kThreads>(tid < a.splits ? w * a.row_sum[first + tid * kMlaHeadGroup] : 0.0f, scratch);
   if (tid < a.splits) weight[tid] = sum > 0.0f ? w / sum : 0.0f;
   __syncthreads();
-  const int cq = tid % (kCombineCols / 4), sg = tid / (kCombineCols / 4);
-  const int col = static_cast<int>(blockIdx.x) * kCombineCols + 4 * cq;
+  const int cq = tid % (kCols / 4), sg = tid / (kCols / 4);
+  const int col = static_cast<int>(blockIdx.x) * kCols + 4 * cq;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (col < p.c) {
     const float* base = a.partial + first * p.c + col;
-#pragma unroll 4
-    for (int s = sg; s < a.splits; s += kCombineSplitGroups) {
+#pragma unroll 8
+    for (int s = sg; s < a.splits; s += kGroups) {
       const float ws = weight[s];
       const float4 v = __ldg(reinterpret_cast<const float4*>(base + std::int64_t{s} * kMlaHeadGroup * p.c));
       acc.x = fmaf(ws, v.x, acc.x);
@@ -653,7 +661,7 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
   partial[sg][cq] = acc;
   __syncthreads();
   if (sg == 0 && col < p.c) {
-    for (int g = 1; g < kCombineSplitGroups; ++g) {
+    for (int g = 1; g < kGroups; ++g) {
       const float4 v = partial[g][cq];
       acc.x += v.x;
       acc.y += v.y;
@@ -803,12 +811,9 @@ int OutputRowsPerWarp(const MlaAttentionParams& p, int num_sms, int most) {
 
 template <typename UvT, int kTokens>
 absl::Status LaunchOutputRows(const SplitArgs& a, const LaunchContext& ctx) {
-  switch (OutputRowsPerWarp(a.p, ctx.num_sms, kOutputMaxRowsPerWarp)) {
-    case 1: return LaunchOutputFor<UvT, kTokens, 1>(a, ctx);
-    case 2: return LaunchOutputFor<UvT, kTokens, 2>(a, ctx);
-    case 4: return LaunchOutputFor<UvT, kTokens, 4>(a, ctx);
-    default: return LaunchOutputFor<UvT, kTokens, 4>(a, ctx);
-  }
+  static_assert(kOutputMaxRowsPerWarp == 2, "instantiated for 1 and 2 rows a warp");
+  return OutputRowsPerWarp(a.p, ctx.num_sms, kOutputMaxRowsPerWarp) == 1 ? LaunchOutputFor<UvT, kTokens, 1>(a, ctx)
+                                                                         : LaunchOutputFor<UvT, kTokens, 2>(a, ctx);
 }
 
 template <typename UvT>
@@ -886,9 +891,15 @@ absl::Status LaunchMlaDecode(const MlaAttentionParams& p, const MlaDecodePlan& p
                   static_cast<unsigned>(p.tokens));
   RETURN_IF_ERROR(LaunchDependent(split_kernel, grid, kSplitThreads, smem, ctx, "MlaSplitKernel", a));
 
-  const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, kCombineCols)), static_cast<unsigned>(p.heads),
+  // 128 columns a block unless that leaves SMs without one.
+  const bool narrow = CeilDiv(p.c, kCombineMaxCols) * p.heads * p.tokens < ctx.num_sms;
+  const int combine_cols = narrow ? kCombineMaxCols / 2 : kCombineMaxCols;
+  const dim3 combine_grid(static_cast<unsigned>(CeilDiv(p.c, combine_cols)), static_cast<unsigned>(p.heads),
                           static_cast<unsigned>(p.tokens));
-  RETURN_IF_ERROR(LaunchDependent(MlaCombineKernel, combine_grid, kThreads, 0, ctx, "MlaCombineKernel", a));
+  RETURN_IF_ERROR(narrow ? LaunchDependent(MlaCombineKernel<kCombineMaxCols / 2>, combine_grid, kThreads, 0, ctx,
+                                           "MlaCombineKernel", a)
+                         : LaunchDependent(MlaCombineKernel<kCombineMaxCols>, combine_grid, kThreads, 0, ctx,
+                                           "MlaCombineKernel", a));
   return WeightIndex(p.w_uv_dtype) == 0 ? LaunchOutput<float>(a, ctx) : LaunchOutput<Bf16>(a, ctx);
 }
 
