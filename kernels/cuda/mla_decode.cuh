@@ -14,7 +14,7 @@
 //     Packed FP8 rows (kernels/kv_fp8.h) are copied as stored and unpacked per tile into bf16
 //     codes (exact) and their scales, which multiply each 128-wide slice of a score and P before
 //     it meets V's slice: two MMAs per product, as for a BF16 cache. Each split writes its unnormalised O, running max and sum for its 16 heads.
-//  3. MlaCombineKernel: per (query, head, 128 latent columns) rescales and sums the splits'
+//  3. MlaCombineKernel: per (query, head, 64 or 128 latent columns) rescales and sums the splits'
 //     partial O (flash-decoding's merge).
 //  4. MlaOutputKernel: out = w_uv[h] · O, each w_uv row read once for every query.
 //
