@@ -7,9 +7,11 @@
 # .device/bin, the base bench into .device/base, copy_shared_libs (scripts/device/shared_libs.sh)
 # into .device/lib, slim_tree.sh on; the `run` tool: carry [".device", ".hbm"], command
 #   bash scripts/device/run_mla_decode_ab.sh
-# NQ_MLA_BUILDS (the .device folders to time, in order: "base bin"), NQ_MLA_ROUNDS (2), NQ_MLA_ONLY (a case-name substring for --only), NQ_GTEST_FILTER
-# ('CudaMla*:CudaWriteRows*'), NQ_SANITIZE_FILTER ('CudaMlaDecode.*:CudaMlaAttention.Decode*';
-# empty skips compute-sanitizer).
+# NQ_MLA_BUILDS (the .device folders to time, in order: "base bin"), NQ_MLA_ROUNDS (2), NQ_MLA_ONLY
+# (a case-name substring for --only), NQ_GTEST_FILTER ('CudaMla*:CudaWriteRows*'),
+# NQ_SANITIZE_FILTER ('CudaMlaDecode.*:CudaMlaAttention.Decode*'; empty skips compute-sanitizer),
+# NQ_MLA_NCU (case-name substrings separated by commas: ncu's view of each MLA kernel of the first
+# such case, per build, in $OUT/ncu_<build>_<n>.txt; each kernel launched alone, caches flushed).
 set -uo pipefail
 out="${OUT:-$PWD/out}"
 mkdir -p "$out"
@@ -39,4 +41,19 @@ for round in $(seq 1 "${NQ_MLA_ROUNDS:-2}"); do
     grep -E "copy|split" "$out/bench_${build}_$round.txt"
   done
 done
+if [[ -n "${NQ_MLA_NCU:-}" ]] && command -v ncu >/dev/null; then
+  IFS=, read -r -a ncu_cases <<<"$NQ_MLA_NCU"
+  for build in ${NQ_MLA_BUILDS:-base bin}; do
+    [[ -x ".device/$build/mla_decode_bench" ]] || continue
+    for i in "${!ncu_cases[@]}"; do
+      report="$out/ncu_${build}_$i.txt"
+      timeout 150 ncu --clock-control none --kernel-name regex:Mla --launch-skip 12 --launch-count 4 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats ".device/$build/mla_decode_bench" --quick --only "${ncu_cases[$i]}" \
+        >"$report" 2>&1 || status=1
+      echo "== ncu $build: ${ncu_cases[$i]}"
+      grep -E "Mla[A-Za-z]+Kernel|^ +Duration|One or More Eligible|Achieved Occupancy" "$report" | sed -E 's/ +/ /g'
+    done
+  done
+fi
 exit "$status"
