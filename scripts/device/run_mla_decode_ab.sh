@@ -7,8 +7,9 @@
 # .device/bin, the base bench into .device/base, copy_shared_libs (scripts/device/shared_libs.sh)
 # into .device/lib, slim_tree.sh on; the `run` tool: carry [".device", ".hbm"], command
 #   bash scripts/device/run_mla_decode_ab.sh
-# NQ_MLA_BUILDS (the .device folders to time, in order: "base bin"), NQ_MLA_ROUNDS (2), NQ_MLA_ONLY
-# (a case-name substring for --only), NQ_GTEST_FILTER ('CudaMla*:CudaWriteRows*'),
+# NQ_MLA_BUILDS (the .device folders to time, in order: "base bin"; a folder's optional `env` file
+# holds VAR=value lines for its runs: the same binary under another setting), NQ_MLA_ROUNDS (2),
+# NQ_MLA_ONLY (a case-name substring for --only), NQ_GTEST_FILTER ('CudaMla*:CudaWriteRows*'),
 # NQ_SANITIZE_FILTER ('CudaMlaDecode.*:CudaMlaAttention.Decode*'; empty skips compute-sanitizer),
 # NQ_MLA_NCU (case-name substrings separated by commas: ncu's view of each MLA kernel of the first
 # such case, per build, in $OUT/ncu_<build>_<n>.txt; each kernel launched alone, caches flushed).
@@ -37,7 +38,11 @@ for round in $(seq 1 "${NQ_MLA_ROUNDS:-2}"); do
   for build in ${NQ_MLA_BUILDS:-base bin}; do
     [[ -x ".device/$build/mla_decode_bench" ]] || continue
     echo "== round $round, $build"
-    timeout 300 ".device/$build/mla_decode_bench" "${only[@]}" >"$out/bench_${build}_$round.txt" 2>&1 || status=1
+    # .device/<build>/env (optional): VAR=value lines exported for this build's run only.
+    env_vars=()
+    [[ -f ".device/$build/env" ]] && mapfile -t env_vars < ".device/$build/env"
+    env "${env_vars[@]}" timeout 300 ".device/$build/mla_decode_bench" "${only[@]}" \
+      >"$out/bench_${build}_$round.txt" 2>&1 || status=1
     grep -E "copy|split" "$out/bench_${build}_$round.txt"
   done
 done
