@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/mla_decode.cuh"
+#include "kernels/dtype.h"
 
 namespace nq::kernels::cuda {
 namespace {
@@ -101,11 +101,7 @@ std::vector<float> Normal(std::mt19937_64& rng, std::size_t n, float sd) {
 
 std::vector<std::uint16_t> Bf16Bits(const std::vector<float>& v) {
   std::vector<std::uint16_t> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, &v[i], 4);
-    out[i] = static_cast<std::uint16_t>(u >> 16);
-  }
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = ToBf16(v[i]).bits;
   return out;
 }
 
