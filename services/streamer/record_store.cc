@@ -175,6 +175,11 @@ absl::Status RecordStore::Pump() {
     f.landing = p.request.buffer_index >= 0
                     ? std::span<const std::byte>(buffers_[static_cast<size_t>(p.request.buffer_index)].first(p.file->rec_bytes))
                     : std::span<const std::byte>(p.request.destination);
+    // Latency counts from before the first piece goes out: each Submit* enters the kernel at once,
+    // so a slow read's timer starts inside this loop, and a stamp taken after it would make the
+    // read look shorter than its own delay.
+    f.issued = std::chrono::steady_clock::now();
+    f.queued_seconds = std::chrono::duration<double>(f.issued - p.start).count();
     // Every piece goes out now: the ring has room for all pieces of queue_depth records.
     for (uint64_t at = 0; at < p.file->rec_bytes; at += piece_bytes_) {
       const auto bytes = static_cast<uint32_t>(std::min<uint64_t>(piece_bytes_, p.file->rec_bytes - at));
@@ -205,8 +210,6 @@ absl::Status RecordStore::Pump() {
         f.failure = "submit";
       }
     }
-    f.issued = std::chrono::steady_clock::now();
-    f.queued_seconds = std::chrono::duration<double>(f.issued - p.start).count();
     if (f.pieces.empty()) {
       Complete(RecordCompletion{.tag = p.request.tag, .status = f.status, .queued_seconds = f.queued_seconds,
                                 .copy = p.copy},
