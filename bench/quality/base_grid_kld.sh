@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# What the level grids cost in served quality (issue #12, docs/encoding.md): glm5_nano encoded from
-# one calibration with each --base_levels (uniform, the default, and lloyd; uniform_nested on
-# request), then `nq kld` at all 2 bits and all 4 bits on the first N tokens of each held-out
-# domain. Prints a table; the runs' outputs stay in OUT (default .run/base-grid).
+# What the level grids and the codebook refits cost in served quality (issue #12, docs/encoding.md):
+# glm5_nano encoded from one calibration with each --base_levels (uniform, the default, and lloyd;
+# uniform_nested on request) and each --codebook_refinements asked for, then `nq kld` at all 2 bits
+# and all 4 bits on the first N tokens of each held-out domain. Prints a table; the runs' outputs
+# stay in OUT (default .run/base-grid).
 #
 #   bash bench/quality/base_grid_kld.sh [OUT]
 #   NQ_KLD_TOKENS=1024  tokens per domain;  NQ_BUILD=build/cpu  where nq is built
 #   NQ_GRIDS="uniform lloyd"  the --base_levels values encoded
+#   NQ_REFINEMENTS="0 1"  the --codebook_refinements values encoded (default: nq encode's own)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.run/base-grid}
@@ -27,23 +29,32 @@ tokens=$(ls "$out"/tokens/*.json | paste -sd, -)
 # The embedded model's recipe (scripts/embedded_model.sh): one calibration for both encodes.
 "$nq" calibrate --model "$out/model" --tokens "$src/calibration.tokens" --out "$out/calibration" >/dev/null
 read -r -a grids <<< "${NQ_GRIDS:-uniform lloyd}"
+read -r -a refinements <<< "${NQ_REFINEMENTS:-default}"
+runs=()
 for grid in "${grids[@]}"; do
-  rm -rf "$out/release-$grid"
-  "$nq" encode --model "$out/model" --out "$out/release-$grid" --calib "$out/calibration" --fixed-per-layer 4 \
-    --base_levels "$grid" >/dev/null 2>&1
-  for mode in all-2-bit all-4-bit; do
-    "$nq" kld --teacher "$out/model" --release "$out/release-$grid" --tokens "$tokens" --window $window \
-      --mode "$mode" --out "$out/$grid-$mode.json" > "$out/$grid-$mode.txt"
+  for refits in "${refinements[@]}"; do
+    run="$grid-$refits"
+    runs+=("$run")
+    args=()
+    [[ "$refits" != default ]] && args=(--codebook_refinements "$refits")
+    rm -rf "$out/release-$run"
+    "$nq" encode --model "$out/model" --out "$out/release-$run" --calib "$out/calibration" --fixed-per-layer 4 \
+      --base_levels "$grid" "${args[@]}" >/dev/null 2>&1
+    for mode in all-2-bit all-4-bit; do
+      "$nq" kld --teacher "$out/model" --release "$out/release-$run" --tokens "$tokens" --window $window \
+        --mode "$mode" --out "$out/$run-$mode.json" > "$out/$run-$mode.txt"
+    done
   done
 done
-python3 - "$out" "${grids[@]}" <<'PY'
+python3 - "$out" "${runs[@]}" <<'PY'
 import json, sys
-out, grids = sys.argv[1], sys.argv[2:]
-print("| base levels | mode | mean KL | median KL | p99 KL | top-1 |")
-print("| --- | --- | ---: | ---: | ---: | ---: |")
-for grid in grids:
+out, runs = sys.argv[1], sys.argv[2:]
+print("| base levels | refits | mode | mean KL | median KL | p99 KL | top-1 |")
+print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+for run in runs:
+    grid, refits = run.rsplit("-", 1)
     for mode in ["all-2-bit", "all-4-bit"]:
-        r = json.load(open(f"{out}/{grid}-{mode}.json"))
+        r = json.load(open(f"{out}/{run}-{mode}.json"))
         s = r.get("summary", r)
-        print(f"| {grid} | {mode} | {s['mean_kl']:.5f} | {s['median_kl']:.5f} | {s['p99_kl']:.4f} | {s['top1_agreement']:.4f} |")
+        print(f"| {grid} | {refits} | {mode} | {s['mean_kl']:.5f} | {s['median_kl']:.5f} | {s['p99_kl']:.4f} | {s['top1_agreement']:.4f} |")
 PY

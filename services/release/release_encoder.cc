@@ -155,6 +155,8 @@ absl::StatusOr<quant::EncodedMatrix> SyntheticMatrix(const quant::Codec& codec, 
 
 }  // namespace
 
+int DefaultRefinements(absl::string_view codec_name) { return codec_name == quant::kNestedScalarV1 ? 1 : 0; }
+
 absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_dir,
                            const EncodeReleaseOptions& options) {
   ASSIGN_OR_RETURN(std::string config_text, ReadFile(model_dir + "/config.json"));
@@ -175,6 +177,16 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
     for (std::unique_ptr<quant::TrellisTileSearch>& search : searches) {
       ASSIGN_OR_RETURN(search, options.make_trellis_search());
     }
+  }
+  const int refinements = options.codebook_refinements == kCodecDefaultRefinements
+                              ? DefaultRefinements(codec_name)
+                              : options.codebook_refinements;
+  if (refinements < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--codebook_refinements ", refinements, " must be >= 0"));
+  }
+  if (refinements > 0 && codec_name == quant::kTrellisV1) {
+    return absl::InvalidArgumentError(absl::StrCat("--codebook_refinements ", refinements,
+                                                   ": trellis_v1's codebook is computed, not fitted; use 0"));
   }
   const int lowrank = options.lowrank.rank;
   if (lowrank < 0 || lowrank > quant::kMaxLowRank) {
@@ -230,6 +242,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
   if (manifest.codec == quant::kNestedScalarV1) {
     // Informational: the levels themselves are stored per matrix.
     manifest.codec_params["base_grid"] = std::string(quant::BaseGridName(options.base_grid));
+    manifest.codec_params["codebook_refinements"] = refinements;
   }
   if (manifest.codec == quant::kTrellisV1) {
     // What trellis_decode.h assumes; the resident codebook tensors hold per-16-column gains.
@@ -310,6 +323,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
           const int64_t rows = down ? D : Ir, cols = down ? Ir : D;
           quant::EncodeOptions encode;
           encode.base_grid = options.base_grid;
+          encode.codebook_refinements = refinements;
           encode.trellis_search = search;
           encode.host_threads = host_threads;
           encode.rotation = {.row_block = down ? down_out_block : gate_out_block,

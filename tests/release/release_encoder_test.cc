@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 
 #include <gmock/gmock.h>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include "services/model/safetensors.h"
 #include "services/model/safetensors_load.h"
 #include "services/model/synth_checkpoint.h"
+#include "services/quant/nested_scalar_codec.h"
 #include "services/release/release_expert_decoder.h"
 #include "tests/common/status_matchers.h"
 #include "tests/release/encode_test_config.h"
@@ -144,6 +146,56 @@ TEST_F(ReleaseEncoderTest, BaseLevelsAreAnEvenGridUnlessAnotherGridIsAskedFor) {
       }
     }
   }
+}
+
+// nq encode refits each scalar matrix's codebook to its own targets once by default (one more
+// quantisation pass): the levels then differ from the N(0,1) design and from matrix to matrix, the
+// base levels stay on an even grid (the GPU's fast 2-bit decode), and the manifest records the count
+// (so a resumed encode under another count is refused rather than mixed). 0 keeps the design.
+TEST_F(ReleaseEncoderTest, CodebooksAreRefitPerMatrixUnlessTurnedOff) {
+  const std::string model_dir = (root_ / "model").string();
+  absl::StatusOr<quant::CodecParams> design =
+      quant::NestedScalarCodec::DefaultParams(quant::EncodeOptions{}.lambda, quant::BaseGrid::kUniform, {});
+  ASSERT_THAT(design, IsOk());
+  for (const int refinements : {kCodecDefaultRefinements, 0, 2}) {
+    const std::string release_dir = (root_ / absl::StrCat("refits", refinements)).string();
+    ASSERT_THAT(EncodeRelease(model_dir, release_dir, {.codebook_refinements = refinements}), IsOk());
+    absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
+    ASSERT_THAT(release, IsOk());
+    const int recorded = refinements == kCodecDefaultRefinements ? 1 : refinements;
+    EXPECT_EQ(release->manifest().codec_params.value("codebook_refinements", -1), recorded);
+    std::set<std::vector<float>> tables;
+    int designed = 0, matrices = 0;
+    for (uint32_t expert = 0; expert < 4; ++expert) {
+      for (const char* projection : {"gate_proj", "up_proj", "down_proj"}) {
+        absl::StatusOr<quant::EncodedMatrix> m = LoadReleaseExpert(*release, 0, 1, expert, projection, true);
+        ASSERT_THAT(m, IsOk());
+        const std::vector<float>& base = m->params.base_codebook;
+        const float step = base[3] - base[2];
+        EXPECT_TRUE(base[0] == -1.5f * step && base[1] == -0.5f * step && base[2] == 0.5f * step &&
+                    base[3] == 1.5f * step)
+            << projection << " of expert " << expert << " left the even grid";
+        std::vector<float> table = base;
+        table.insert(table.end(), m->params.residual_codebook.begin(), m->params.residual_codebook.end());
+        tables.insert(table);
+        designed += base == design->base_codebook && m->params.residual_codebook == design->residual_codebook;
+        ++matrices;
+      }
+    }
+    if (recorded == 0) {
+      EXPECT_EQ(designed, matrices) << "without refits every matrix keeps the design";
+    } else {
+      EXPECT_EQ(designed, 0) << recorded << " refit(s)";
+      EXPECT_GT(tables.size(), static_cast<size_t>(matrices / 2)) << "the levels are each matrix's own";
+    }
+  }
+  // An interrupted encode resumed under another count would mix two kinds of codebooks.
+  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "refits0").string(), {.codebook_refinements = 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another manifest")));
+  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "bad").string(), {.codebook_refinements = -2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--codebook_refinements -2 must be >= 0")));
+  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "bad").string(), {.codec = "trellis", .codebook_refinements = 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trellis_v1's codebook is computed")));
 }
 
 TEST_F(ReleaseEncoderTest, RerunIsANoOpAndBadOptionsAreRefused) {
