@@ -9,6 +9,8 @@
 #   NQ_KLD_TOKENS=1024  tokens per domain;  NQ_BUILD=build/cpu  where nq is built
 #   NQ_GRIDS="uniform lloyd"  the --base_levels values encoded
 #   NQ_REFINEMENTS="0 1"  the --codebook_refinements values encoded (default: nq encode's own)
+#   NQ_CALIB=0  encode without the calibration Hessians (identity: no LDLQ), as models too large
+#               for `nq calibrate` are encoded (docs/encoding.md)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.run/base-grid}
@@ -37,8 +39,9 @@ for grid in "${grids[@]}"; do
     runs+=("$run")
     args=()
     [[ "$refits" != default ]] && args=(--codebook_refinements "$refits")
+    [[ "${NQ_CALIB:-1}" != 0 ]] && args+=(--calib "$out/calibration")
     rm -rf "$out/release-$run"
-    "$nq" encode --model "$out/model" --out "$out/release-$run" --calib "$out/calibration" --fixed-per-layer 4 \
+    "$nq" encode --model "$out/model" --out "$out/release-$run" --fixed-per-layer 4 \
       --base_levels "$grid" "${args[@]}" >/dev/null 2>&1
     for mode in all-2-bit all-4-bit; do
       "$nq" kld --teacher "$out/model" --release "$out/release-$run" --tokens "$tokens" --window $window \

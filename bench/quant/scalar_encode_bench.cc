@@ -1,10 +1,11 @@
 // scalar_encode_bench: what per-matrix codebook refits cost and buy in a nested_scalar_v1 encode
-// (nq encode --codebook_refinements). Encodes one rows x cols N(0,1) matrix under the AR(1) 0.9
-// Hessian (correlated inputs, as real layer inputs are) with 0..max refits, one thread, and prints
-// for each the seconds per matrix and the relative output error ||X (W - W_hat)^T|| / ||X W^T|| at
-// 2 and 4 bits (through the Hessian).
+// (nq encode --codebook_refinements). Encodes one rows x cols N(0,1) matrix with 0..max refits,
+// one thread, under the AR(1) 0.9 Hessian (correlated inputs, as real layer inputs are: LDLQ, what
+// `nq encode --calib` runs) or without one (--hessian 0: plain rounding, how models too large to
+// calibrate are encoded), and prints for each the seconds per matrix and the relative output error
+// ||X (W - W_hat)^T|| / ||X W^T|| at 2 and 4 bits (through the AR(1) Hessian either way).
 //
-//   scalar_encode_bench [--rows 2048] [--cols 7168] [--max_refinements 2] [--rounds 1]
+//   scalar_encode_bench [--rows 2048] [--cols 7168] [--max_refinements 2] [--rounds 1] [--hessian 1]
 //
 // 2048 x 7168 is a DeepSeek-V3 / GLM-5 expert's gate or up projection (rows: the expert width).
 #include <chrono>
@@ -20,22 +21,25 @@
 
 int main(int argc, char** argv) {
   int64_t rows = 2048, cols = 7168;
-  int max_refinements = 2, rounds = 1;
+  int max_refinements = 2, rounds = 1, hessian = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const long long v = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--rows")) rows = v;
     else if (!std::strcmp(argv[i], "--cols")) cols = v;
     else if (!std::strcmp(argv[i], "--max_refinements")) max_refinements = static_cast<int>(v);
     else if (!std::strcmp(argv[i], "--rounds")) rounds = static_cast<int>(v);
+    else if (!std::strcmp(argv[i], "--hessian")) hessian = static_cast<int>(v);
     else {
       std::fprintf(stderr,
-                   "usage: scalar_encode_bench [--rows N] [--cols N] [--max_refinements N] [--rounds N]\n");
+                   "usage: scalar_encode_bench [--rows N] [--cols N] [--max_refinements N] [--rounds N] "
+                   "[--hessian 0|1]\n");
       return 2;
     }
   }
-  if (rows <= 0 || cols <= 0 || rows % 128 != 0 || cols % 128 != 0 || max_refinements < 0 || rounds < 1) {
+  if (rows <= 0 || cols <= 0 || rows % 128 != 0 || cols % 128 != 0 || max_refinements < 0 || rounds < 1 ||
+      (hessian != 0 && hessian != 1)) {
     std::fprintf(stderr, "scalar_encode_bench: rows and cols must be positive multiples of 128 (the rotation "
-                         "blocks), max_refinements >= 0, rounds >= 1\n");
+                         "blocks), max_refinements >= 0, rounds >= 1, hessian 0 or 1\n");
     return 2;
   }
   std::mt19937_64 rng(11);
@@ -50,7 +54,7 @@ int main(int argc, char** argv) {
     options.codebook_refinements = refinements;
     for (int r = 0; r < rounds; ++r) {
       const auto t0 = std::chrono::steady_clock::now();
-      const auto m = codec.Encode(w, rows, cols, &h, options);
+      const auto m = codec.Encode(w, rows, cols, hessian ? &h : nullptr, options);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!m.ok()) {
         std::fprintf(stderr, "encode failed: %s\n", m.status().ToString().c_str());
@@ -68,10 +72,10 @@ int main(int argc, char** argv) {
         }
         error[p] = *e;
       }
-      std::printf("%lld x %lld, LDLQ (AR(1) 0.9), %d refinement(s), round %d: %.2f s per matrix, relative output "
-                  "error %.5f (2-bit) %.5f (4-bit)\n",
-                  static_cast<long long>(rows), static_cast<long long>(cols), refinements, r + 1, s, error[0],
-                  error[1]);
+      std::printf("%lld x %lld, %s, %d refinement(s), round %d: %.2f s per matrix, relative output error %.5f "
+                  "(2-bit) %.5f (4-bit)\n",
+                  static_cast<long long>(rows), static_cast<long long>(cols),
+                  hessian ? "LDLQ (AR(1) 0.9)" : "no Hessian", refinements, r + 1, s, error[0], error[1]);
     }
   }
   return 0;

@@ -155,7 +155,9 @@ absl::StatusOr<quant::EncodedMatrix> SyntheticMatrix(const quant::Codec& codec, 
 
 }  // namespace
 
-int DefaultRefinements(absl::string_view codec_name) { return codec_name == quant::kNestedScalarV1 ? 1 : 0; }
+int DefaultRefinements(absl::string_view codec_name, bool calibrated) {
+  return codec_name == quant::kNestedScalarV1 && calibrated ? 1 : 0;
+}
 
 absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_dir,
                            const EncodeReleaseOptions& options) {
@@ -179,7 +181,7 @@ absl::Status EncodeRelease(const std::string& model_dir, const std::string& out_
     }
   }
   const int refinements = options.codebook_refinements == kCodecDefaultRefinements
-                              ? DefaultRefinements(codec_name)
+                              ? DefaultRefinements(codec_name, !options.calibration_path.empty())
                               : options.codebook_refinements;
   if (refinements < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--codebook_refinements ", refinements, " must be >= 0"));

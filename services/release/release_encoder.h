@@ -36,10 +36,13 @@ struct LowRankStats {
   int64_t record_bytes = 0;    // record bytes added by the factor segments, summed over records
 };
 
-// EncodeReleaseOptions::codebook_refinements: whatever suits the codec (DefaultRefinements).
+// EncodeReleaseOptions::codebook_refinements: whatever suits the codec and the calibration
+// (DefaultRefinements).
 inline constexpr int kCodecDefaultRefinements = -1;
-// nested_scalar_v1: one refit; trellis_v1 (a computed codebook): none.
-int DefaultRefinements(absl::string_view codec_name);
+// One refit for nested_scalar_v1 with calibration Hessians (LDLQ's targets drift from N(0,1),
+// and the refit follows them); none without (identity Hessians: neutral on glm5_nano, mean KL
+// +0.8 % at 2 bits and -3 % at 4) and none for trellis_v1, whose codebook is computed.
+int DefaultRefinements(absl::string_view codec_name, bool calibrated);
 
 struct EncodeReleaseOptions {
   int tp_size = 1;
@@ -52,10 +55,10 @@ struct EncodeReleaseOptions {
   // decode; 1.2 % more 2-bit MSE on N(0,1), no more at 4 bits), free Lloyd levels, or uniform
   // nested levels (the fast 4-bit decode too; more 4-bit MSE: nested_codebook.h).
   quant::BaseGrid base_grid = quant::BaseGrid::kUniform;
-  // Lloyd refits of each matrix's codebook to its own LDLQ targets (quant::EncodeOptions::
+  // Lloyd refits of each matrix's codebook to its own targets (quant::EncodeOptions::
   // codebook_refinements; each one more quantisation pass). kCodecDefaultRefinements: one for
-  // nested_scalar_v1 (glm5_nano: mean KL 5 % lower at 2 bits, 11 % at 4, docs/encoding.md), none
-  // for trellis_v1, whose codebook is computed. The manifest records the count.
+  // nested_scalar_v1 with a calibration (glm5_nano: mean KL 5 % lower at 2 bits, 11 % at 4,
+  // docs/encoding.md), otherwise none (DefaultRefinements). The manifest records the count.
   int codebook_refinements = kCodecDefaultRefinements;
   // nq calibrate output: per-expert Hessians for LDLQ and the ranking by routing counts.
   // Empty: identity Hessians and expert order.

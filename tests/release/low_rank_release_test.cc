@@ -143,6 +143,7 @@ TEST_F(LowRankReleaseTest, DecodedExpertsEqualTheInMemoryCorrectedWeights) {
       ASSERT_THAT(stored, IsOk());
       quant::EncodeOptions encode;
       encode.rotation = stored->params.rotation;
+      encode.codebook_refinements = decoder->release().manifest().codec_params.value("codebook_refinements", 0);
       const quant::Hessian& hessian = down ? h->second.down : h->second.gate_up;
       absl::StatusOr<quant::EncodedMatrix> m = (*codec)->Encode(w->values, w->shape[0], w->shape[1], &hessian, encode);
       ASSERT_THAT(m, IsOk());

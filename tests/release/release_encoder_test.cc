@@ -148,22 +148,43 @@ TEST_F(ReleaseEncoderTest, BaseLevelsAreAnEvenGridUnlessAnotherGridIsAskedFor) {
   }
 }
 
-// nq encode refits each scalar matrix's codebook to its own targets once by default (one more
-// quantisation pass): the levels then differ from the N(0,1) design and from matrix to matrix, the
-// base levels stay on an even grid (the GPU's fast 2-bit decode), and the manifest records the count
-// (so a resumed encode under another count is refused rather than mixed). 0 keeps the design.
-TEST_F(ReleaseEncoderTest, CodebooksAreRefitPerMatrixUnlessTurnedOff) {
+// nq encode refits each scalar matrix's codebook to its own targets once when it has calibration
+// Hessians (one more quantisation pass), and not without them unless asked: the levels then differ
+// from the N(0,1) design and from matrix to matrix, the base levels stay on an even grid (the GPU's
+// fast 2-bit decode), and the manifest records the count (so a resumed encode under another count
+// is refused rather than mixed). 0 keeps the design.
+TEST_F(ReleaseEncoderTest, CodebooksAreRefitPerMatrixWithACalibrationOrWhenAsked) {
   const std::string model_dir = (root_ / "model").string();
+  const std::string tokens_path = (root_ / "calib.txt").string();
+  {
+    std::ofstream tokens(tokens_path);
+    tokens << "1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77\n\n17 18 19 20 21 22 23 24 25 26 27 28 29 30\n";
+  }
+  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens_path);
+  ASSERT_THAT(sequences, IsOk());
+  const std::string calib_path = (root_ / "calib.safetensors").string();
+  ASSERT_THAT(Calibrate(model_dir, *sequences, calib_path), IsOk());
   absl::StatusOr<quant::CodecParams> design =
       quant::NestedScalarCodec::DefaultParams(quant::EncodeOptions{}.lambda, quant::BaseGrid::kUniform, {});
   ASSERT_THAT(design, IsOk());
-  for (const int refinements : {kCodecDefaultRefinements, 0, 2}) {
-    const std::string release_dir = (root_ / absl::StrCat("refits", refinements)).string();
-    ASSERT_THAT(EncodeRelease(model_dir, release_dir, {.codebook_refinements = refinements}), IsOk());
+  struct Case {
+    std::string name;
+    EncodeReleaseOptions options;
+    int refits;  // what the manifest must say
+  };
+  const std::vector<Case> cases = {
+      {"calibrated", {.calibration_path = calib_path}, 1},
+      {"calibrated-0", {.codebook_refinements = 0, .calibration_path = calib_path}, 0},
+      {"calibrated-2", {.codebook_refinements = 2, .calibration_path = calib_path}, 2},
+      {"identity", {}, 0},
+      {"identity-1", {.codebook_refinements = 1}, 1},
+  };
+  for (const Case& c : cases) {
+    const std::string release_dir = (root_ / c.name).string();
+    ASSERT_THAT(EncodeRelease(model_dir, release_dir, c.options), IsOk()) << c.name;
     absl::StatusOr<format::Release> release = format::Release::Open(release_dir);
     ASSERT_THAT(release, IsOk());
-    const int recorded = refinements == kCodecDefaultRefinements ? 1 : refinements;
-    EXPECT_EQ(release->manifest().codec_params.value("codebook_refinements", -1), recorded);
+    EXPECT_EQ(release->manifest().codec_params.value("codebook_refinements", -1), c.refits) << c.name;
     std::set<std::vector<float>> tables;
     int designed = 0, matrices = 0;
     for (uint32_t expert = 0; expert < 4; ++expert) {
@@ -174,7 +195,7 @@ TEST_F(ReleaseEncoderTest, CodebooksAreRefitPerMatrixUnlessTurnedOff) {
         const float step = base[3] - base[2];
         EXPECT_TRUE(base[0] == -1.5f * step && base[1] == -0.5f * step && base[2] == 0.5f * step &&
                     base[3] == 1.5f * step)
-            << projection << " of expert " << expert << " left the even grid";
+            << c.name << ": " << projection << " of expert " << expert << " left the even grid";
         std::vector<float> table = base;
         table.insert(table.end(), m->params.residual_codebook.begin(), m->params.residual_codebook.end());
         tables.insert(table);
@@ -182,15 +203,16 @@ TEST_F(ReleaseEncoderTest, CodebooksAreRefitPerMatrixUnlessTurnedOff) {
         ++matrices;
       }
     }
-    if (recorded == 0) {
-      EXPECT_EQ(designed, matrices) << "without refits every matrix keeps the design";
+    if (c.refits == 0) {
+      EXPECT_EQ(designed, matrices) << c.name << ": without refits every matrix keeps the design";
     } else {
-      EXPECT_EQ(designed, 0) << recorded << " refit(s)";
-      EXPECT_GT(tables.size(), static_cast<size_t>(matrices / 2)) << "the levels are each matrix's own";
+      EXPECT_EQ(designed, 0) << c.name;
+      EXPECT_GT(tables.size(), static_cast<size_t>(matrices / 2)) << c.name << ": the levels are each matrix's own";
     }
   }
   // An interrupted encode resumed under another count would mix two kinds of codebooks.
-  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "refits0").string(), {.codebook_refinements = 1}),
+  EXPECT_THAT(EncodeRelease(model_dir, (root_ / "calibrated").string(),
+                            {.codebook_refinements = 0, .calibration_path = calib_path}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another manifest")));
   EXPECT_THAT(EncodeRelease(model_dir, (root_ / "bad").string(), {.codebook_refinements = -2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--codebook_refinements -2 must be >= 0")));
