@@ -34,7 +34,11 @@ fi
 # resumes an interrupted run and writes COMPLETE last.
 if [[ ! -f "$dir/release/COMPLETE" ]]; then
   "$nq" calibrate --model "$dir" --tokens "$src/calibration.tokens" --out "$dir/calibration.tmp" >/dev/null
-  "$nq" encode --model "$dir" --out "$dir/release" --calib "$dir/calibration.tmp" --fixed-per-layer 4 >/dev/null
+  # NQ_ENCODE_ARGS: extra nq encode flags for a measurement's own directory (bench/quality), e.g.
+  # "--codebook_refinements 0"; the embedded default leaves it unset.
+  read -r -a extra <<<"${NQ_ENCODE_ARGS:-}"
+  "$nq" encode --model "$dir" --out "$dir/release" --calib "$dir/calibration.tmp" --fixed-per-layer 4 \
+    "${extra[@]}" >/dev/null
   rm -f "$dir/calibration.tmp"
   echo "release ready in $dir/release"
 fi

@@ -7,6 +7,7 @@
 #   bash bench/quality/run_kld.sh [OUT]
 #   NQ_KLD_TOKENS=4096  tokens per domain (the first N of each models/glm5_nano/eval file)
 #   NQ_BUILD=build/cpu  where nq and nq-streamer are built
+#   NQ_ENCODE_ARGS="--codebook_refinements 0"  extra nq encode flags for OUT's release
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-.run/kld}
