@@ -62,6 +62,13 @@ class ReleaseEncoderTest : public ::testing::Test {
     ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, (root_ / "model").string(), {.seed = 11}), IsOk());
   }
   void TearDown() override { fs::remove_all(root_); }
+  // Two short token sequences (26 tokens) for Calibrate, in calib.txt; returns its path.
+  std::string WriteCalibrationTokens() const {
+    const std::string path = (root_ / "calib.txt").string();
+    std::ofstream tokens(path);
+    tokens << "1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77\n\n17 18 19 20 21 22 23 24 25 26 27 28 29 30\n";
+    return path;
+  }
   fs::path root_;
 };
 
@@ -155,11 +162,7 @@ TEST_F(ReleaseEncoderTest, BaseLevelsAreAnEvenGridUnlessAnotherGridIsAskedFor) {
 // is refused rather than mixed). 0 keeps the design.
 TEST_F(ReleaseEncoderTest, CodebooksAreRefitPerMatrixWithACalibrationOrWhenAsked) {
   const std::string model_dir = (root_ / "model").string();
-  const std::string tokens_path = (root_ / "calib.txt").string();
-  {
-    std::ofstream tokens(tokens_path);
-    tokens << "1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77\n\n17 18 19 20 21 22 23 24 25 26 27 28 29 30\n";
-  }
+  const std::string tokens_path = WriteCalibrationTokens();
   absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens_path);
   ASSERT_THAT(sequences, IsOk());
   const std::string calib_path = (root_ / "calib.safetensors").string();
@@ -495,11 +498,7 @@ namespace {
 
 TEST_F(ReleaseEncoderTest, CalibrationRanksExpertsAndFeedsLdlq) {
   const std::string model_dir = (root_ / "model").string();
-  const std::string tokens_path = (root_ / "calib.txt").string();
-  {
-    std::ofstream tokens(tokens_path);
-    tokens << "1, 50, 7, 300, 22, 9, 411, 5, 64, 128, 3, 77\n\n17 18 19 20 21 22 23 24 25 26 27 28 29 30\n";
-  }
+  const std::string tokens_path = WriteCalibrationTokens();
   absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = ReadTokenFile(tokens_path);
   ASSERT_THAT(sequences, IsOk());
   ASSERT_EQ(sequences->size(), 2u);
