@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "services/quant/codec_bench.h"
@@ -42,10 +41,7 @@ int main(int argc, char** argv) {
                          "blocks), max_refinements >= 0, rounds >= 1, hessian 0 or 1\n");
     return 2;
   }
-  std::mt19937_64 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> w(static_cast<size_t>(rows * cols));
-  for (float& v : w) v = normal(rng);
+  const std::vector<float> w = nq::quant::GaussianValues(rows * cols, 11);
   const nq::quant::Hessian h = nq::quant::Ar1Hessian(cols, 0.9);
   const nq::quant::NestedScalarCodec codec;
   std::vector<float> decoded(w.size());

@@ -53,7 +53,7 @@ ABSL_FLAG(std::string, base_levels, "uniform",
           "on the even grid nested in the base's too: the fast 4-bit decode, more 4-bit MSE; docs/encoding.md)");
 ABSL_FLAG(int, codebook_refinements, nq::release::kCodecDefaultRefinements,
           "encode: Lloyd refits of each scalar matrix's codebook to its own targets, each one more quantisation pass "
-          "(with --calib: about a quarter more encode time, and on glm5_nano mean KL 5 % lower at 2 bits and 11 % at "
+          "(with --calib: about a third more encode time, and on glm5_nano mean KL 5 % lower at 2 bits and 11 % at "
           "4); unset: 1 for scalar with --calib, else 0 (trellis: always 0, its codebook is computed); 0 reproduces "
           "releases from before refits (docs/encoding.md)");
 ABSL_FLAG(int, workers, 0,
