@@ -241,7 +241,7 @@ absl::StatusOr<int32_t> Model::ForwardSampled(std::span<const int32_t> tokens, c
   int32_t id = kernels::kNoFiniteLogit;
   if (StepGraphApplies(tokens.size())) {
     std::vector<int32_t> ids(tokens.size(), kernels::kNoFiniteLogit);
-    RETURN_IF_ERROR(GraphedForward(tokens, &params, ids).status());
+    RETURN_IF_ERROR(GraphedForward(tokens, std::span<const kernels::SampleParams>(&params, 1), ids).status());
     if (!ids.empty()) id = ids.back();
   } else {
     ASSIGN_OR_RETURN(const std::vector<float> logits, ForwardLast(tokens));
@@ -252,18 +252,25 @@ absl::StatusOr<int32_t> Model::ForwardSampled(std::span<const int32_t> tokens, c
 }
 
 absl::StatusOr<std::vector<int32_t>> Model::ForwardSampledRows(std::span<const int32_t> tokens,
-                                                               const kernels::SampleParams& params) {
-  if (const char* error = kernels::SampleParamsError(params); *error != '\0') {
-    return absl::InvalidArgumentError(absl::StrCat("ForwardSampledRows: ", error));
+                                                               std::span<const kernels::SampleParams> rows) {
+  if (rows.size() != 1 && rows.size() != tokens.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardSampledRows: ", rows.size(), " draws for ", tokens.size(), " tokens"));
+  }
+  for (const kernels::SampleParams& params : rows) {
+    if (const char* error = kernels::SampleParamsError(params); *error != '\0') {
+      return absl::InvalidArgumentError(absl::StrCat("ForwardSampledRows: ", error));
+    }
   }
   std::vector<int32_t> ids(tokens.size(), kernels::kNoFiniteLogit);
   if (StepGraphApplies(tokens.size())) {
-    RETURN_IF_ERROR(GraphedForward(tokens, &params, ids).status());
+    RETURN_IF_ERROR(GraphedForward(tokens, rows, ids).status());
   } else {
     ASSIGN_OR_RETURN(const std::vector<float> logits, Forward(tokens));
     const size_t V = logits.size() / std::max<size_t>(1, tokens.size());
     for (size_t row = 0; row < tokens.size(); ++row) {
-      ids[row] = kernels::SampleRowHost(std::span<const float>(logits).subspan(row * V, V), params);
+      ids[row] = kernels::SampleRowHost(std::span<const float>(logits).subspan(row * V, V),
+                                        rows[rows.size() == 1 ? 0 : row]);
     }
   }
   if (std::find(ids.begin(), ids.end(), kernels::kNoFiniteLogit) != ids.end()) {

@@ -87,11 +87,12 @@ class Model {
   absl::StatusOr<int32_t> ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params);
   // Whether ForwardSampled of `tokens` tokens samples on the backend (a step graph applies).
   bool SamplesOnDevice(size_t tokens) const { return StepGraphApplies(tokens); }
-  // As ForwardSampled, but every token's row draws with `params` and all their ids come back:
-  // a greedy verification of drafts (speculative decoding), where only the ids cross to the
-  // host. (Rows share one uniform draw: meant for greedy params.)
+  // As ForwardSampled, but token i's row draws with `rows[i]` (one entry: every row with it) and
+  // all their ids come back: a verification of deterministic drafts (speculative decoding), where
+  // only the ids cross to the host. Rows of a sampled verification need draws of their own (one
+  // shared uniform would tie the rows' picks together): Sampler::DeviceDraws.
   absl::StatusOr<std::vector<int32_t>> ForwardSampledRows(std::span<const int32_t> tokens,
-                                                          const kernels::SampleParams& params);
+                                                          std::span<const kernels::SampleParams> rows);
 
   // The final-normed hidden states [T, hidden_size] of the last Forward: what MTP reads.
   const std::vector<float>& last_hidden() const { return last_hidden_; }
@@ -405,10 +406,11 @@ class Model {
   // the decoder stack for -1) can run as one, and the forwards that do (logits of every token,
   // row-major [T, vocab_size]; last_hidden() / last_mtp_hidden() as their eager forms).
   bool StepGraphApplies(size_t tokens, int mtp_index = -1) const;
-  // With `sample`, the graph also samples every token's row (Backend::SampleTokens) and hands
-  // back their ids in `sampled` ([tokens]) instead of the logits (the result is then empty).
+  // With `sample` (one entry for every row, or one per token), the graph also samples every
+  // token's row (Backend::SampleTokens) and hands back their ids in `sampled` ([tokens]) instead
+  // of the logits (the result is then empty).
   absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens,
-                                                    const kernels::SampleParams* sample = nullptr,
+                                                    std::span<const kernels::SampleParams> sample = {},
                                                     std::span<int32_t> sampled = {});
   absl::StatusOr<std::vector<float>> GraphedMtpForward(std::span<const int32_t> next_tokens,
                                                        std::span<const float> hidden, int index);

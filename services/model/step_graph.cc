@@ -196,7 +196,8 @@ absl::Status Model::BeginGraphedForward(std::span<const int32_t> tokens, int64_t
 }
 
 absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
-                                                         const kernels::SampleParams* sample, std::span<int32_t> sampled) {
+                                                         std::span<const kernels::SampleParams> sample,
+                                                         std::span<int32_t> sampled) {
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
   const int64_t D = config_.hidden_size, V = StepGraphVocab();
   if (start + T > cache_.max_tokens()) {
@@ -206,11 +207,17 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   RETURN_IF_ERROR(cache_.CheckWritable(start, T, "Forward"));
   RETURN_IF_ERROR(BeginGraphedForward(tokens, T, "Forward"));
   const int64_t bucket_end = StepGraphBucketEnd(start + T);
-  StepGraph& g = step_graphs_[{-1, T, bucket_end, sample != nullptr, 0}];
+  const bool samples = !sample.empty();
+  if (samples && sample.size() != 1 && sample.size() != static_cast<size_t>(T)) {
+    return absl::InvalidArgumentError(absl::StrCat("GraphedForward: ", sample.size(), " draws for ", T, " tokens"));
+  }
+  // Row r's draw (one entry: every row's).
+  auto draw = [&](int64_t row) -> const kernels::SampleParams& { return sample[sample.size() == 1 ? 0 : static_cast<size_t>(row)]; };
+  StepGraph& g = step_graphs_[{-1, T, bucket_end, samples, 0}];
   if (!g.ids.valid()) {
     ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
   }
-  if (sample != nullptr && !g.sampled.valid()) {
+  if (samples && !g.sampled.valid()) {
     ASSIGN_OR_RETURN(g.sample_params,
                      backend_.Allocate(kernels::DType::kU8, Shape{T, static_cast<int64_t>(sizeof(kernels::SampleParams))}));
     ASSIGN_OR_RETURN(g.sampled, backend_.Allocate(kernels::DType::kI32, Shape{T}));
@@ -219,25 +226,25 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&position, 1)), step_position_));
   RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(tokens), g.ids));
   StepSampling sampling;
-  if (sample != nullptr) {
-    // Every row draws with the same parameters (a plain step uses the last row's id, a greedy
-    // verification every row's; the rows run in parallel, so the others cost no time).
+  if (samples) {
+    // Each row with its draw (a plain step uses the last row's id, a verification every row's;
+    // the rows run in parallel, so the others cost no time).
     std::array<kernels::SampleParams, kMaxStepGraphTokens> rows;
-    rows.fill(*sample);
+    for (int64_t row = 0; row < T; ++row) rows[static_cast<size_t>(row)] = draw(row);
     RETURN_IF_ERROR(backend_.CopyFromHost(
         std::as_bytes(std::span<const kernels::SampleParams>(rows).first(static_cast<size_t>(T))), g.sample_params));
     sampling = {.sample_params = &g.sample_params, .sampled = &g.sampled};
   }
   const Tensor& ids = g.ids;
   ASSIGN_OR_RETURN(const bool ran, RunStepGraph(g, [&] {
-                     return EnqueueStep(ids, bucket_end - T, sample != nullptr ? &sampling : nullptr);
+                     return EnqueueStep(ids, bucket_end - T, samples ? &sampling : nullptr);
                    }));
   if (!ran) {  // graphs are off now: op by op
     ASSIGN_OR_RETURN(std::vector<float> logits, Forward(tokens));
-    if (sample != nullptr) {
+    if (samples) {
       for (int64_t row = 0; row < T; ++row) {
         sampled[static_cast<size_t>(row)] =
-            kernels::SampleRowHost(std::span<const float>(logits).subspan(static_cast<size_t>(row * V), static_cast<size_t>(V)), *sample);
+            kernels::SampleRowHost(std::span<const float>(logits).subspan(static_cast<size_t>(row * V), static_cast<size_t>(V)), draw(row));
       }
     }
     return logits;
@@ -249,7 +256,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   const auto* hidden = reinterpret_cast<const float*>(out + T * V * static_cast<int64_t>(sizeof(float)));
   last_hidden_.assign(hidden, hidden + T * D);
   std::vector<float> logits;
-  if (sample != nullptr) {
+  if (samples) {
     std::memcpy(sampled.data(), out, static_cast<size_t>(T) * sizeof(int32_t));
   } else {
     const auto* values = reinterpret_cast<const float*>(out);

@@ -23,6 +23,8 @@ absl::Status MtpDrafter::BeginSequence(const SamplingConfig& sampling) {
   ASSIGN_OR_RETURN(Sampler sampler, Sampler::Create(draft));
   draft_sampler_.emplace(std::move(sampler));
   greedy_ = sampling.temperature == 0;
+  // A sampled request's drafts are greedy ones where the step graphs sample (Propose says why).
+  greedy_drafts_ = greedy_ || (draft_on_device_ && draft_sampler_->DrawsOnDevice() && model_->SamplesOnDevice(1));
   seed_ = sampling.seed ^ kDraftSeedSalt;
   return absl::OkStatus();
 }
@@ -30,8 +32,9 @@ absl::Status MtpDrafter::BeginSequence(const SamplingConfig& sampling) {
 absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, uint64_t position, Drafts& drafts) {
   if (!draft_sampler_.has_value()) return absl::FailedPreconditionError("MtpDrafter: no BeginSequence");
   ASSIGN_OR_RETURN(std::vector<float> q, draft_sampler_->Distribution(logits));
-  if (greedy_) {
-    // Distribution puts all mass on the greedy pick (the argmax, lower id on ties).
+  if (greedy_drafts_) {
+    // Distribution puts all mass on the greedy pick (the argmax, lower id on ties); a sampled
+    // request's greedy draft is the argmax of its tempered distribution, the same id.
     drafts.tokens.push_back(static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin()));
     return absl::OkStatus();
   }
@@ -78,17 +81,22 @@ absl::StatusOr<Drafts> MtpDrafter::Propose(const DraftRequest& r) {
   const std::span<const int32_t> next_tokens = r.sequence.subspan(static_cast<size_t>(r.first_position + 1),
                                                                   static_cast<size_t>(r.kept));
   Drafts drafts;
-  if (r.num_drafts > 0 && greedy_ && draft_on_device_ && draft_sampler_.has_value() &&
-      model_->DraftsOnDevice(next_tokens.size(), r.num_drafts)) {
-    // The draft sampler's greedy pick (Distribution's argmax, the lower id on ties), when it
-    // needs nothing the backend's draw lacks. Under tensor parallelism every rank runs the same
-    // chain (its forwards are collectives) and draws the same argmax from the same gathered logits.
-    if (const std::optional<kernels::SampleParams> draw = draft_sampler_->DeviceDraw(); draw.has_value()) {
-      RETURN_IF_ERROR(Mirror(StepCommand::Op::kDraftOnDevice, model_->mtp_cache_length(), next_tokens, r.hidden_row,
-                             r.num_drafts));
-      ASSIGN_OR_RETURN(drafts.tokens, model_->DraftOnDevice(next_tokens, r.hidden, r.num_drafts, *draw));
-      return drafts;
-    }
+  // A sampled request drafts greedily too where the step graphs sample (SamplesOnDevice, checked
+  // at BeginSequence): its drafts are then deterministic, and verification keeps each row's own
+  // draw when it is the draft (Sampler::Verify), on the backend. Drawing drafts from the draft
+  // distribution instead brings every draft's logits and every verified row's to the host, where
+  // one row at 129k-155k ids costs 3-7 ms of sampling (bench/README.md), more than a whole GPU
+  // step; the price is acceptance: p(draft) a row instead of rejection sampling's overlap of the
+  // two distributions.
+  if (r.num_drafts > 0 && greedy_drafts_ && draft_on_device_ && draft_sampler_.has_value() &&
+      draft_sampler_->DrawsOnDevice() && model_->DraftsOnDevice(next_tokens.size(), r.num_drafts)) {
+    // The greedy pick (Distribution's argmax at temperature 0, the lower id on ties). Under tensor
+    // parallelism every rank runs the same chain (its forwards are collectives) and draws the same
+    // argmax from the same gathered logits.
+    RETURN_IF_ERROR(Mirror(StepCommand::Op::kDraftOnDevice, model_->mtp_cache_length(), next_tokens, r.hidden_row,
+                           r.num_drafts));
+    ASSIGN_OR_RETURN(drafts.tokens, model_->DraftOnDevice(next_tokens, r.hidden, r.num_drafts, kernels::SampleParams{}));
+    return drafts;
   }
   RETURN_IF_ERROR(Mirror(StepCommand::Op::kForwardMtpLast, model_->mtp_cache_length(), next_tokens, r.hidden_row));
   ASSIGN_OR_RETURN(std::vector<float> logits, model_->ForwardMtpLast(next_tokens, r.hidden));

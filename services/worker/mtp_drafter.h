@@ -6,7 +6,8 @@
 // kept positions, drafts one token from the last, then drafts further ahead autoregressively:
 // each next entry reads the previous entry's shared_head-normed state and the token it drafted.
 // Greedy drafts may instead be drawn and chained on the backend (SetDraftOnDevice), the same
-// entries and the same argmax without a host round trip per draft.
+// entries and the same argmax without a host round trip per draft; where the step graphs sample,
+// a sampled request's drafts are such greedy drafts too (Propose says why).
 #pragma once
 
 #include <memory>
@@ -30,9 +31,10 @@ class MtpDrafter final : public Drafter {
   // sharded: its forwards are collectives).
   void SetStepMirror(StepMirror* mirror) override { mirror_ = mirror; }
   // Greedy drafts drawn on the backend, chained there (Model::DraftOnDevice), where the model
-  // can and the draft sampler can draw there (Sampler::DeviceDraw: no logit_bias); under tensor
-  // parallelism the whole chain goes to the other ranks as one command (kDraftOnDevice). Off by
-  // default: every draft's logits come to the host.
+  // can and the draft sampler can draw there (Sampler::DrawsOnDevice: no logit_bias): for greedy
+  // requests, and for sampled ones where the step graphs sample (Model::SamplesOnDevice); under
+  // tensor parallelism the whole chain goes to the other ranks as one command (kDraftOnDevice).
+  // Off by default: every draft's logits come to the host.
   void SetDraftOnDevice(bool on) { draft_on_device_ = on; }
 
  private:
@@ -47,6 +49,7 @@ class MtpDrafter final : public Drafter {
   model::Model* const model_;
   StepMirror* mirror_ = nullptr;
   bool greedy_ = true;
+  bool greedy_drafts_ = true;  // greedy_, or a sampled request drafting greedily (BeginSequence)
   bool draft_on_device_ = false;
   // The draft distribution: the request's temperature, top-k, top-p and logit_bias, no
   // penalties (the drafter does not see which drafts are kept). Any distribution keeps the

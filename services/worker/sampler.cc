@@ -232,16 +232,30 @@ double Sampler::TargetProbability(int32_t id) const {
   return in_kept_[static_cast<size_t>(id)] != 0 ? probs_[static_cast<size_t>(id)] / kept_mass_ : 0.0;
 }
 
+bool Sampler::DrawsOnDevice() const {
+  return !reports_logprobs() && config_.logit_bias.empty() && config_.presence_penalty == 0 &&
+         config_.frequency_penalty == 0;
+}
+
 std::optional<kernels::SampleParams> Sampler::DeviceDraw() {
-  if (reports_logprobs() || !config_.logit_bias.empty() || config_.presence_penalty != 0 ||
-      config_.frequency_penalty != 0) {
-    return std::nullopt;
-  }
+  if (!DrawsOnDevice()) return std::nullopt;
   kernels::SampleParams p{.temperature = config_.temperature, .top_p = config_.top_p, .top_k = config_.top_k};
   KeyDraws();
   // Draw()'s uniform_real_distribution(0, kept mass) is kept mass times this canonical value.
   if (config_.temperature != 0) p.u01 = std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
   return p;
+}
+
+std::optional<std::vector<kernels::SampleParams>> Sampler::DeviceDraws(size_t rows) {
+  if (rows == 0 || (rows > 1 && !config_.position_keyed_draws)) return std::nullopt;
+  const std::optional<kernels::SampleParams> first = DeviceDraw();
+  if (!first.has_value()) return std::nullopt;
+  std::vector<kernels::SampleParams> draws(rows, *first);
+  for (size_t k = 1; k < rows && config_.temperature != 0; ++k) {
+    rng_.seed(PositionSeed(config_.seed, committed_ + k));
+    draws[k].u01 = std::generate_canonical<double, std::numeric_limits<double>::digits>(rng_);
+  }
+  return draws;
 }
 
 SampledToken Sampler::CommitSampled(int32_t id) {
@@ -280,16 +294,14 @@ absl::StatusOr<Sampler::Verdict> Sampler::Verify(std::span<const float> logits, 
   }
   RETURN_IF_ERROR(Prepare(logits));
   KeyDraws();
-  if (config_.temperature == 0) {
-    // Greedy: exactly plain decoding's pick, so the output is identical token for token.
+  if (config_.temperature == 0 || draft_probs.empty()) {
+    // Greedy: exactly plain decoding's pick, so the output is identical token for token. A
+    // deterministic draft: the row's own draw, kept when it is the draft (Verify's contract).
     const int32_t id = Draw();
     return Verdict{.accepted = id == draft, .token = Commit(id)};
   }
   MarkKept();
-  auto q = [&](size_t id) -> double {
-    if (draft_probs.empty()) return id == static_cast<size_t>(draft) ? 1.0 : 0.0;
-    return draft_probs[id];
-  };
+  auto q = [&](size_t id) -> double { return draft_probs[id]; };
   const double q_draft = q(static_cast<size_t>(draft));
   if (!(q_draft > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("draft token ", draft, " has no mass in its draft distribution"));

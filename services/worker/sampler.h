@@ -73,7 +73,10 @@ class Sampler {
   // Inference from Transformers via Speculative Decoding", algorithm 1). `draft_probs` is the
   // distribution the draft was drawn from ([vocab], sums to 1); empty means a deterministic
   // draft (all mass on `draft`). With p this sampler's distribution for the row:
-  //   greedy: the token is exactly Sample's pick; accepted when it equals the draft;
+  //   greedy, or a deterministic draft: the token is exactly Sample's pick; accepted when it
+  //           equals the draft (with all of q on the draft, accepting with probability p(draft)
+  //           and else drawing from p without it is drawing from p: the same distribution, and
+  //           the same draw a backend makes from the row, DeviceDraws);
   //   else:   the draft is accepted with probability min(1, p(draft) / q(draft)); otherwise
   //           the token is drawn from max(0, p - q), normalised.
   // Either way the returned token is distributed as p, so speculation leaves the output
@@ -92,6 +95,14 @@ class Sampler {
   // Sample would, so a seed picks the same tokens either way (but where the draw lands within
   // about 1e-6 of a boundary between two ids). CommitSampled then counts the picked id.
   std::optional<kernels::SampleParams> DeviceDraw();
+  // Whether DeviceDraw would give a draw (the request needs nothing the backend's draw lacks).
+  bool DrawsOnDevice() const;
+  // The draws of the next `rows` tokens (each row the token after the previous one: the rows of
+  // a verification of rows - 1 deterministic drafts), under the same conditions as DeviceDraw and
+  // only with position_keyed_draws when rows > 1: row k draws from the stream of its position,
+  // exactly as Sample or Verify would draw that token. Commits nothing (CommitSampled counts
+  // each token kept).
+  std::optional<std::vector<kernels::SampleParams>> DeviceDraws(size_t rows);
   SampledToken CommitSampled(int32_t id);
 
   // The distribution Sample would draw from for this row, normalised ([vocab]; greedy: all mass

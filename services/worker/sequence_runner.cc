@@ -182,14 +182,20 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     std::optional<std::vector<int32_t>> device_rows;
     if (!prefill) {
       std::optional<kernels::SampleParams> draw;
-      // (A verification takes this path also where no graph runs: the picks are the same, and
-      // cheaper than the Sampler's per row.)
-      const bool greedy_verification = !drafts.tokens.empty() && request.sampling.temperature == 0;
-      if (device_sampling_ && (greedy_verification || (drafts.tokens.empty() && model_->SamplesOnDevice(input.size())))) {
+      std::optional<std::vector<kernels::SampleParams>> row_draws;
+      // A verification of deterministic drafts (greedy ones, or the drafter's greedy drafts for a
+      // sampled request where the step graphs sample) takes every row's own draw from the
+      // backend: the token Sampler::Verify would pick, kept when it is the draft. A greedy one
+      // also where no graph runs (the same picks, cheaper than the Sampler's per row).
+      const bool verification = !drafts.tokens.empty();
+      if (device_sampling_ && verification && drafts.probs.empty() &&
+          (request.sampling.temperature == 0 || model_->SamplesOnDevice(input.size()))) {
+        row_draws = sampler.DeviceDraws(input.size());
+      } else if (device_sampling_ && !verification && model_->SamplesOnDevice(input.size())) {
         draw = sampler.DeviceDraw();
       }
-      if (draw.has_value() && greedy_verification) {
-        ASSIGN_OR_RETURN(device_rows, model_->ForwardSampledRows(input, *draw));
+      if (row_draws.has_value()) {
+        ASSIGN_OR_RETURN(device_rows, model_->ForwardSampledRows(input, *row_draws));
       } else if (draw.has_value()) {
         ASSIGN_OR_RETURN(device_token, model_->ForwardSampled(input, *draw));
       } else {

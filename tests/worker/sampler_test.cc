@@ -296,6 +296,60 @@ TEST(SamplerTest, TheBackendsDrawPicksWhatSamplePicks) {
   }
 }
 
+// A verification's rows on the backend (Sampler::DeviceDraws: each row the draw of its own
+// position) pick what Sample picks token after token, and Verify of a deterministic draft (no
+// draft distribution) at a temperature is that same pick, accepted exactly when it is the draft.
+// DeviceDraws commits nothing, so it can be asked again after a rejection.
+TEST(SamplerTest, VerificationRowsDrawWhatSamplePicksAtTheirPositions) {
+  std::mt19937_64 rng(91);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<std::vector<float>> rows(4, std::vector<float>(5000));
+  for (std::vector<float>& row : rows) {
+    for (float& l : row) l = normal(rng);
+  }
+  for (const SamplingConfig& config : std::vector<SamplingConfig>{
+           {.temperature = 0.8f, .top_p = 0.95f, .seed = 21, .logprobs = false},
+           {.temperature = 1.2f, .top_k = 40, .seed = 22, .logprobs = false},
+           {.temperature = 0, .logprobs = false}}) {
+    SamplingConfig c = config;
+    c.position_keyed_draws = true;
+    absl::StatusOr<Sampler> plain = Sampler::Create(c);
+    absl::StatusOr<Sampler> backend = Sampler::Create(c);
+    absl::StatusOr<Sampler> verifier = Sampler::Create(c);
+    ASSERT_THAT(plain, IsOk());
+    ASSERT_THAT(backend, IsOk());
+    ASSERT_THAT(verifier, IsOk());
+    for (int round = 0; round < 3; ++round) {
+      const std::optional<std::vector<kernels::SampleParams>> draws = backend->DeviceDraws(rows.size());
+      ASSERT_TRUE(draws.has_value());
+      ASSERT_EQ(draws->size(), rows.size());
+      EXPECT_EQ(backend->DeviceDraws(rows.size())->front().u01, draws->front().u01) << "DeviceDraws committed";
+      for (size_t k = 0; k < rows.size(); ++k) {
+        absl::StatusOr<SampledToken> want = plain->Sample(rows[k]);
+        ASSERT_THAT(want, IsOk());
+        EXPECT_EQ(kernels::SampleRowHost(rows[k], (*draws)[k]), want->id)
+            << "temperature " << c.temperature << " round " << round << " row " << k;
+        // Every other row drafts the pick itself, the rest another token.
+        const int32_t draft = k % 2 == 0 ? want->id : (want->id + 1) % static_cast<int32_t>(rows[k].size());
+        absl::StatusOr<Sampler::Verdict> verdict = verifier->Verify(rows[k], draft, {});
+        ASSERT_THAT(verdict, IsOk());
+        EXPECT_EQ(verdict->token.id, want->id) << "row " << k;
+        EXPECT_EQ(verdict->accepted, draft == want->id) << "row " << k;
+        backend->CommitSampled(want->id);
+      }
+    }
+  }
+  // More than one row needs draws keyed by position; and what DeviceDraw refuses, DeviceDraws does.
+  absl::StatusOr<Sampler> unkeyed = Sampler::Create({.temperature = 0.7f, .logprobs = false});
+  ASSERT_THAT(unkeyed, IsOk());
+  EXPECT_FALSE(unkeyed->DeviceDraws(2).has_value());
+  EXPECT_TRUE(unkeyed->DeviceDraws(1).has_value());
+  absl::StatusOr<Sampler> logprobs = Sampler::Create({.temperature = 0.7f, .position_keyed_draws = true});
+  ASSERT_THAT(logprobs, IsOk());
+  EXPECT_FALSE(logprobs->DrawsOnDevice());
+  EXPECT_FALSE(logprobs->DeviceDraws(3).has_value());
+}
+
 TEST(SamplerTest, RequestsTheBackendCannotSampleStayOnTheHost) {
   for (const SamplingConfig& c : std::vector<SamplingConfig>{
            {.temperature = 0},  // log-probabilities reported by default

@@ -1,0 +1,198 @@
+// Speculative decoding of sampled requests where the step graphs sample (issue #13's device
+// sampling with issue #15's drafts), on the embedded default served from its release (CPU): its
+// experts route on the backend, so with ModelOptions::uncaptured_step_graphs the CPU runs the
+// graph body a GPU would capture (the drafts' chain, the verification rows' draws).
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kernels/backend.h"
+#include "services/release/release_experts.h"
+#include "services/worker/mtp_drafter.h"
+#include "services/worker/sequence_runner.h"
+#include "tests/common/embedded_model.h"
+#include "tests/common/status_matchers.h"
+#include "tests/worker/nano_model.h"
+
+namespace nq::worker {
+namespace {
+
+using ::nq::testing::IsOk;
+
+// Proposes nothing: a runner with a drafter set draws its tokens keyed by position
+// (SamplingConfig::position_keyed_draws) but decodes plainly, one token a step.
+class NoDrafter final : public Drafter {
+ public:
+  absl::Status BeginSequence(const SamplingConfig&) override { return absl::OkStatus(); }
+  int64_t CoveredPositions() const override { return std::numeric_limits<int64_t>::max(); }
+  absl::StatusOr<Drafts> Propose(const DraftRequest&) override { return Drafts{}; }
+};
+
+// Counts the drafts the MTP drafter proposes and whether any came with a draft distribution.
+class CountingDrafter final : public Drafter {
+ public:
+  explicit CountingDrafter(Drafter* inner) : inner_(inner) {}
+  absl::Status BeginSequence(const SamplingConfig& s) override { return inner_->BeginSequence(s); }
+  int64_t CoveredPositions() const override { return inner_->CoveredPositions(); }
+  absl::StatusOr<Drafts> Propose(const DraftRequest& r) override {
+    absl::StatusOr<Drafts> drafts = inner_->Propose(r);
+    if (drafts.ok()) {
+      proposed += static_cast<int>(drafts->tokens.size());
+      with_distributions += static_cast<int>(drafts->probs.size());
+    }
+    return drafts;
+  }
+  int proposed = 0;
+  int with_distributions = 0;
+
+ private:
+  Drafter* const inner_;
+};
+
+class SampledSpeculationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
+    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+    ASSERT_THAT(backend, IsOk());
+    backend_ = backend->release();
+    for (release::ServedModel* served : {&spec_, &plain_}) {
+      absl::StatusOr<release::ServedModel> loaded = release::LoadServedModel(
+          NQ_EMBEDDED_MODEL_DIR, std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", release::ExpertBits::k2Bit,
+          *backend_, nullptr, {.max_tokens = 1024, .uncaptured_step_graphs = true});
+      ASSERT_THAT(loaded, IsOk());
+      *served = *std::move(loaded);
+    }
+    ASSERT_TRUE(spec_.model->has_mtp());
+  }
+  static void TearDownTestSuite() {
+    spec_ = {};
+    plain_ = {};
+    delete backend_;
+  }
+  static std::vector<int32_t> Eos(const release::ServedModel& m) {
+    return {m.model->config().eos_token_ids.begin(), m.model->config().eos_token_ids.end()};
+  }
+
+  static kernels::Backend* backend_;
+  static release::ServedModel spec_;
+  static release::ServedModel plain_;
+};
+kernels::Backend* SampledSpeculationTest::backend_ = nullptr;
+release::ServedModel SampledSpeculationTest::spec_;
+release::ServedModel SampledSpeculationTest::plain_;
+
+// A sampled request drafts greedily on the backend and each verification row takes its own
+// position's draw there (Sampler::DeviceDraws): the output is plain sampling with the same keyed
+// draws, token for token, whether a step's drafts are accepted or not, and no draft distribution
+// comes to the host. (On a backend without step graphs the drafts stay the host's draws, verified
+// by rejection sampling with their distributions: SpeculativeDecodingTest.SeededSampling...)
+TEST_F(SampledSpeculationTest, DraftsAndVerificationOnTheBackendGivePlainKeyedSampling) {
+  ASSERT_TRUE(spec_.model->SamplesOnDevice(4)) << "the step graphs do not apply: the test would run the host's path";
+  MtpDrafter mtp(spec_.model.get());
+  mtp.SetDraftOnDevice(true);
+  CountingDrafter drafter(&mtp);
+  SequenceRunner spec(spec_.model.get(), Eos(spec_));
+  spec.SetDrafter(&drafter, 3);
+  spec.SetDeviceSampling(true);
+  NoDrafter none;
+  SequenceRunner plain(plain_.model.get(), Eos(plain_));
+  plain.SetDrafter(&none, 3);
+  plain.SetDeviceSampling(true);
+  int verified = 0, accepted = 0, rejections = 0;
+  for (const std::vector<int32_t>& prompt : testing::HeldOutPrompts(3)) {
+    for (const SamplingConfig& sampling : std::vector<SamplingConfig>{
+             {.temperature = 0.8f, .top_p = 0.95f, .seed = 41, .logprobs = false},
+             {.temperature = 0.5f, .top_k = 20, .seed = 42, .logprobs = false},
+             {.temperature = 1.0f, .seed = 43, .logprobs = false}}) {
+      SequenceRequest request;
+      request.prompt = prompt;
+      request.sampling = sampling;
+      request.max_tokens = 40;
+      request.ignore_eos = true;
+      absl::StatusOr<testing::RunResult> got = testing::Generate(spec, request);
+      absl::StatusOr<testing::RunResult> want = testing::Generate(plain, request);
+      ASSERT_THAT(got, IsOk());
+      ASSERT_THAT(want, IsOk());
+      EXPECT_EQ(got->ids, want->ids) << "temperature " << sampling.temperature;
+      for (const SequenceStep& step : got->steps) {
+        verified += step.drafts;
+        accepted += step.accepted;
+        if (step.drafts > step.accepted) ++rejections;
+      }
+    }
+  }
+  EXPECT_EQ(drafter.with_distributions, 0) << "a draft distribution came to the host";
+  EXPECT_GT(drafter.proposed, 30) << "hardly anything was drafted";
+  EXPECT_GT(verified, 30);
+  EXPECT_GT(accepted, 0) << "no draft accepted";
+  EXPECT_GT(rejections, 0) << "no rejection: the rows after a rejected draft were not exercised";
+
+  // What the greedy drafts cost in acceptance: the same requests with the host's sampled drafts
+  // and rejection sampling (device sampling off, as a backend without step graphs runs them).
+  MtpDrafter host_mtp(spec_.model.get());
+  SequenceRunner host(spec_.model.get(), Eos(spec_));
+  host.SetDrafter(&host_mtp, 3);
+  int host_verified = 0, host_accepted = 0;
+  for (const std::vector<int32_t>& prompt : testing::HeldOutPrompts(3)) {
+    for (const SamplingConfig& sampling : std::vector<SamplingConfig>{
+             {.temperature = 0.8f, .top_p = 0.95f, .seed = 41, .logprobs = false},
+             {.temperature = 0.5f, .top_k = 20, .seed = 42, .logprobs = false},
+             {.temperature = 1.0f, .seed = 43, .logprobs = false}}) {
+      SequenceRequest request;
+      request.prompt = prompt;
+      request.sampling = sampling;
+      request.max_tokens = 40;
+      request.ignore_eos = true;
+      absl::StatusOr<testing::RunResult> run = testing::Generate(host, request);
+      ASSERT_THAT(run, IsOk());
+      for (const SequenceStep& step : run->steps) {
+        host_verified += step.drafts;
+        host_accepted += step.accepted;
+      }
+    }
+  }
+  std::printf("[ measure  ] drafts accepted: greedy drafts, rows drawn on the backend %d / %d (%.3f); "
+              "sampled drafts, rejection sampling on the host %d / %d (%.3f)\n",
+              accepted, verified, static_cast<double>(accepted) / verified, host_accepted, host_verified,
+              static_cast<double>(host_accepted) / std::max(1, host_verified));
+}
+
+// A request whose draws the backend cannot make (log-probabilities asked for) still drafts
+// greedily on the backend, and its rows come to the host, where Sampler::Verify of a
+// deterministic draft makes the same keyed draws: the same tokens and log-probabilities as plain
+// sampling on the host.
+TEST_F(SampledSpeculationTest, RequestsWithLogprobsVerifyOnTheHostWithTheSameDraws) {
+  MtpDrafter mtp(spec_.model.get());
+  mtp.SetDraftOnDevice(true);
+  CountingDrafter drafter(&mtp);
+  SequenceRunner spec(spec_.model.get(), Eos(spec_));
+  spec.SetDrafter(&drafter, 3);
+  spec.SetDeviceSampling(true);
+  NoDrafter none;
+  SequenceRunner plain(plain_.model.get(), Eos(plain_));
+  plain.SetDrafter(&none, 3);
+  plain.SetDeviceSampling(true);
+  SequenceRequest request;
+  request.prompt = testing::HeldOutPrompts(2)[1];
+  request.sampling = {.temperature = 0.8f, .seed = 44, .top_logprobs = 2};
+  request.max_tokens = 32;
+  request.ignore_eos = true;
+  absl::StatusOr<testing::RunResult> got = testing::Generate(spec, request);
+  absl::StatusOr<testing::RunResult> want = testing::Generate(plain, request);
+  ASSERT_THAT(got, IsOk());
+  ASSERT_THAT(want, IsOk());
+  EXPECT_EQ(got->ids, want->ids);
+  EXPECT_EQ(got->logprobs, want->logprobs);
+  EXPECT_GT(drafter.proposed, 0);
+  EXPECT_EQ(drafter.with_distributions, 0);
+}
+
+}  // namespace
+}  // namespace nq::worker
