@@ -1,6 +1,7 @@
 #include "services/worker/mtp_drafter.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -31,10 +32,23 @@ absl::Status MtpDrafter::BeginSequence(const SamplingConfig& sampling) {
 
 absl::Status MtpDrafter::DraftFrom(std::span<const float> logits, uint64_t position, Drafts& drafts) {
   if (!draft_sampler_.has_value()) return absl::FailedPreconditionError("MtpDrafter: no BeginSequence");
+  if (greedy_drafts_ && !greedy_) {
+    // A sampled request's greedy draft: the most likely token of its distribution, the largest
+    // finite logit (the lower id on ties; no logit_bias, or it would not draft greedily), found
+    // without that distribution's pass over the vocabulary.
+    int64_t best = -1;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      if (std::isfinite(logits[i]) && (best < 0 || logits[i] > logits[static_cast<size_t>(best)])) {
+        best = static_cast<int64_t>(i);
+      }
+    }
+    if (best < 0) return absl::InvalidArgumentError("MtpDrafter: the draft's logits have no finite value");
+    drafts.tokens.push_back(static_cast<int32_t>(best));
+    return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(std::vector<float> q, draft_sampler_->Distribution(logits));
-  if (greedy_drafts_) {
-    // Distribution puts all mass on the greedy pick (the argmax, lower id on ties); a sampled
-    // request's greedy draft is the argmax of its tempered distribution, the same id.
+  if (greedy_) {
+    // Distribution puts all mass on the greedy pick (the argmax, lower id on ties).
     drafts.tokens.push_back(static_cast<int32_t>(std::max_element(q.begin(), q.end()) - q.begin()));
     return absl::OkStatus();
   }
