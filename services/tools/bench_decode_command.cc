@@ -55,6 +55,10 @@ ABSL_FLAG(bool, step_graphs, true,
 ABSL_FLAG(bool, side_streams, true,
           "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
 
+ABSL_FLAG(int, speculative_tokens, 0,
+          "bench-decode: MTP drafts a decode step (0: none), as nq-worker --speculative_tokens, drafted on the backend "
+          "with --device_sampling: tokens/s then counts every token a step emits; warm-up and decode are counted in "
+          "tokens");
 ABSL_FLAG(int, spec_drafts, 0,
           "bench-decode: after the decode steps, time a speculative step with this many MTP drafts (1 to 4) at their "
           "context: a plain forward, the 1 + N verification, the drafts chained on the backend and through the host");
@@ -82,7 +86,8 @@ absl::Status BenchDecode() {
       .temperature = absl::GetFlag(FLAGS_sampling_temperature),
       .top_p = absl::GetFlag(FLAGS_sampling_top_p),
       .top_k = absl::GetFlag(FLAGS_sampling_top_k),
-      .device_sampling = absl::GetFlag(FLAGS_device_sampling)};
+      .device_sampling = absl::GetFlag(FLAGS_device_sampling),
+      .speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens)};
   const int64_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
   if (max_model_len <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");
   // Before the load, which takes minutes on a large model.

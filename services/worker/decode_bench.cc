@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "services/common/status_macros.h"
+#include "services/worker/mtp_drafter.h"
 #include "services/worker/sampler.h"
 #include "services/worker/sequence_runner.h"
 
@@ -20,7 +21,12 @@ double DecodeBenchReport::decode_seconds() const {
 
 double DecodeBenchReport::tokens_per_second() const {
   const double seconds = decode_seconds();
-  return seconds > 0 ? static_cast<double>(step_seconds.size()) / seconds : 0;
+  int64_t emitted = static_cast<int64_t>(step_seconds.size());  // one a step without drafts
+  if (!step_tokens.empty()) {
+    emitted = 0;
+    for (int n : step_tokens) emitted += n;
+  }
+  return seconds > 0 ? static_cast<double>(emitted) / seconds : 0;
 }
 
 double DecodeBenchReport::StepMillisecondsAt(double fraction) const {
@@ -75,6 +81,9 @@ absl::Status CheckDecodeBench(const DecodeBenchOptions& options, int64_t context
                                                    " tokens: want at least 1 prompt token, 0 or more warm-up "
                                                    "steps and at least 1 decode step"));
   }
+  if (options.speculative_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("speculative tokens ", options.speculative_tokens, " < 0"));
+  }
   if (absl::StatusOr<Sampler> sampler = Sampler::Create(
           {.temperature = options.temperature, .top_p = options.top_p, .top_k = options.top_k});
       !sampler.ok()) {
@@ -93,9 +102,19 @@ absl::Status CheckDecodeBench(const DecodeBenchOptions& options, int64_t context
 
 absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const DecodeBenchOptions& options) {
   RETURN_IF_ERROR(CheckDecodeBench(options, model.max_tokens()));
+  if (options.speculative_tokens > 0 && !model.has_mtp()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options.speculative_tokens, " speculative tokens need an MTP layer",
+        model.mtp_missing().empty() ? " (num_nextn_predict_layers is 0)" : absl::StrCat(": ", model.mtp_missing())));
+  }
   model.ResetCache();
   SequenceRunner runner(&model, /*eos_token_ids=*/{});
   runner.SetDeviceSampling(options.device_sampling);
+  MtpDrafter drafter(&model);
+  if (options.speculative_tokens > 0) {
+    drafter.SetDraftOnDevice(options.device_sampling);  // as nq-worker
+    runner.SetDrafter(&drafter, options.speculative_tokens);
+  }
   SequenceRequest request;
   request.prompt = DecodeBenchPrompt(options.prompt_tokens, model.config().vocab_size, options.seed);
   request.sampling.temperature = options.temperature;  // 0: greedy
@@ -108,6 +127,7 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   DecodeBenchReport report;
   report.options = options;
   int64_t step_index = 0;  // 0: the prefill; then warm-up steps; then the timed ones
+  int64_t emitted = 0;     // tokens before the step (the prefill's first, then the steps')
   absl::Status failed;
   // The routed experts each forward reads (the observer sees every MoE layer's routing of it).
   int64_t routed_bytes = 0;
@@ -118,21 +138,29 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   // that is the device's time too, not just the launches': the forward hands its logits (or, as
   // a step graph, the sampled token) to the host and waits for the copy, which completes only
   // once the work enqueued before it is done, and the next step needs it.
+  const bool drafts = options.speculative_tokens > 0;
   auto emit = [&](const SequenceStep& step) {
-    if (step.tokens.size() != 1) {
+    if (step.tokens.empty() || (!drafts && step.tokens.size() != 1)) {
       failed = absl::InternalError(absl::StrCat("step ", step_index, " emitted ", step.tokens.size(),
                                                 " tokens; a plain decode step emits 1"));
       return false;
     }
     if (step_index == 0) {
       report.prefill_seconds = step.seconds;
-    } else if (step_index > options.warmup_tokens) {
+    } else if (emitted > options.warmup_tokens) {  // the prefill's token and the warm-up's before it
       report.step_seconds.push_back(step.seconds);
-      report.tokens.push_back(step.tokens[0].id);
-      // The step appended one token: it ran at the context before it.
-      report.step_bytes.push_back(model.DecodeStepBytes(model.cache_length() - 1) + routed_bytes);
+      for (const SampledToken& t : step.tokens) report.tokens.push_back(t.id);
+      if (drafts) {
+        report.step_tokens.push_back(static_cast<int>(step.tokens.size()));
+        report.drafts_verified += step.drafts;
+        report.drafts_accepted += step.accepted;
+      } else {
+        // The step appended one token: it ran at the context before it.
+        report.step_bytes.push_back(model.DecodeStepBytes(model.cache_length() - 1) + routed_bytes);
+      }
     }
     routed_bytes = 0;
+    emitted += static_cast<int64_t>(step.tokens.size());
     ++step_index;
     return true;
   };
@@ -140,9 +168,10 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   model.SetRoutingObserver(nullptr);
   RETURN_IF_ERROR(ran);
   RETURN_IF_ERROR(failed);
-  if (static_cast<int64_t>(report.tokens.size()) != options.decode_tokens) {
-    return absl::InternalError(absl::StrCat("the sequence ended after ", step_index, " steps; wanted 1 + ",
-                                            options.warmup_tokens, " + ", options.decode_tokens));
+  if (emitted != 1 + options.warmup_tokens + options.decode_tokens || report.step_seconds.empty()) {
+    return absl::InternalError(absl::StrCat("the sequence ended after ", emitted, " tokens in ", step_index,
+                                            " steps; wanted 1 + ", options.warmup_tokens, " + ", options.decode_tokens,
+                                            " tokens, some of them timed"));
   }
   return report;
 }
@@ -151,11 +180,20 @@ std::string DecodeBenchSummary(const DecodeBenchSetup& setup, const DecodeBenchR
   const std::string experts = setup.release.empty() ? "checkpoint experts"
                                                     : absl::StrCat("release experts, --expert_bits ", setup.expert_bits);
   std::string line = absl::StrFormat(
-      "nq bench-decode: %s (%s) on %s: %.2f tokens/s over %d decode steps (%.3f ms/token p50, %.3f p90) after a "
-      "%d-token prompt (prefill %.3f s) and %d warm-up steps; %.1f MB read per step",
-      setup.model, experts, setup.device, report.tokens_per_second(), report.options.decode_tokens,
-      report.StepMillisecondsAt(0.5), report.StepMillisecondsAt(0.9), report.options.prompt_tokens,
-      report.prefill_seconds, report.options.warmup_tokens, report.mean_step_bytes() / 1e6);
+      "nq bench-decode: %s (%s) on %s: %.2f tokens/s over %d decode steps (%.3f ms/%s p50, %.3f p90) after a "
+      "%d-token prompt (prefill %.3f s) and %d warm-up tokens",
+      setup.model, experts, setup.device, report.tokens_per_second(), static_cast<int>(report.step_seconds.size()),
+      report.StepMillisecondsAt(0.5), report.options.speculative_tokens > 0 ? "step" : "token",
+      report.StepMillisecondsAt(0.9), report.options.prompt_tokens, report.prefill_seconds,
+      report.options.warmup_tokens);
+  if (report.options.speculative_tokens > 0) {
+    absl::StrAppendFormat(&line, "; %d MTP drafts a step: %lld of %lld accepted, %.2f tokens a step",
+                          report.options.speculative_tokens, static_cast<long long>(report.drafts_accepted),
+                          static_cast<long long>(report.drafts_verified),
+                          static_cast<double>(report.tokens.size()) / static_cast<double>(report.step_seconds.size()));
+    return line;
+  }
+  absl::StrAppendFormat(&line, "; %.1f MB read per step", report.mean_step_bytes() / 1e6);
   if (report.copy_bytes_per_second > 0) {
     absl::StrAppendFormat(&line, "; copy %.0f GB/s, floor %.3f ms, roofline ratio %.3f",
                           report.copy_bytes_per_second / 1e9, report.mean_step_bytes() / report.copy_bytes_per_second * 1e3,
@@ -181,6 +219,9 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
                                      {"top_p", report.options.top_p},
                                      {"top_k", report.options.top_k},
                                      {"device_sampling", report.options.device_sampling},
+                                     {"speculative_tokens", report.options.speculative_tokens},
+                                     {"drafts_verified", report.drafts_verified},
+                                     {"drafts_accepted", report.drafts_accepted},
                                      {"prompt_tokens", report.options.prompt_tokens},
                                      {"warmup_tokens", report.options.warmup_tokens},
                                      {"decode_tokens", report.options.decode_tokens},

@@ -36,15 +36,23 @@ struct DecodeBenchOptions {
   // SequenceRunner::SetDeviceSampling (nq-worker's default); off, every step's logits come to
   // the host.
   bool device_sampling = true;
+  // MTP drafts a step (0: none), as nq-worker --speculative_tokens: an MtpDrafter drafting on the
+  // backend with device_sampling. A step then emits 1 + its accepted drafts; warm-up and timed
+  // runs are counted in tokens, and a step that starts inside the warm-up is not timed.
+  int speculative_tokens = 0;
 };
 
 struct DecodeBenchReport {
   DecodeBenchOptions options;
   double prefill_seconds = 0;      // the prompt's forward and the first token's selection
-  std::vector<double> step_seconds;  // [decode_tokens]: each timed step
-  std::vector<int32_t> tokens;       // [decode_tokens]: the token each timed step emitted
+  std::vector<double> step_seconds;  // each timed step ([decode_tokens] without drafts)
+  std::vector<int32_t> tokens;       // the tokens the timed steps emitted, in order
+  std::vector<int> step_tokens;      // with drafts: the tokens each timed step emitted
+  int64_t drafts_verified = 0;       // with drafts: over the timed steps
+  int64_t drafts_accepted = 0;
   // [decode_tokens]: the bytes each timed step had to read (Model::DecodeStepBytes at its
-  // context plus Model::RoutedExpertStepBytes of the experts it routed to).
+  // context plus Model::RoutedExpertStepBytes of the experts it routed to). Empty with drafts
+  // (a verification's and its drafts' bytes are not counted), and no roofline ratio then.
   std::vector<int64_t> step_bytes;
   // Device copy bandwidth measured in the same run, (read + write) bytes per second as the
   // hbm_probe yardstick counts it; 0 when not measured.
@@ -56,7 +64,7 @@ struct DecodeBenchReport {
   double RooflineRatio() const;
 
   double decode_seconds() const;
-  double tokens_per_second() const;
+  double tokens_per_second() const;  // the timed tokens over the timed steps' seconds
   // The nearest-rank percentile of the timed steps in milliseconds: the smallest step time
   // that at least `fraction` of the steps do not exceed.
   double StepMillisecondsAt(double fraction) const;

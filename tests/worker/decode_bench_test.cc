@@ -87,6 +87,40 @@ TEST(DecodeBenchTest, TimedTokensAreTheModelsGreedyTokens) {
   EXPECT_EQ(ReferenceTokens(model, prompt, 3, 16), report->tokens);
 }
 
+// With MTP drafts (--speculative_tokens) a step emits 1 + its accepted drafts: greedy output is
+// still the model's greedy tokens, the timed tokens are the last ones of the sequence (a step
+// that starts inside the warm-up is not timed), and tokens/s counts every token a step emits.
+TEST(DecodeBenchTest, WithDraftsTheTimedTokensAreTheGreedySequencesLast) {
+  absl::StatusOr<LoadedModel> loaded = testing::LoadModel(NanoModelDir(), 256);
+  ASSERT_THAT(loaded, IsOk());
+  model::Model& model = *loaded->model;
+  ASSERT_TRUE(model.has_mtp());
+  const DecodeBenchOptions options{
+      .prompt_tokens = 48, .warmup_tokens = 3, .decode_tokens = 24, .seed = 7, .speculative_tokens = 3};
+  absl::StatusOr<DecodeBenchReport> report = RunDecodeBench(model, options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(model.cache_length(), 48 + 3 + 24);
+  int emitted = 0;
+  for (int n : report->step_tokens) emitted += n;
+  ASSERT_EQ(static_cast<size_t>(emitted), report->tokens.size());
+  ASSERT_EQ(report->step_tokens.size(), report->step_seconds.size());
+  EXPECT_LT(report->step_seconds.size(), report->tokens.size()) << "no step kept a draft";
+  EXPECT_GT(report->drafts_verified, 0);
+  EXPECT_GT(report->drafts_accepted, 0);
+  EXPECT_TRUE(report->step_bytes.empty());
+  double seconds = 0;
+  for (double s : report->step_seconds) seconds += s;
+  EXPECT_DOUBLE_EQ(report->tokens_per_second(), emitted / seconds);
+  const std::vector<int32_t> all =
+      ReferenceTokens(model, DecodeBenchPrompt(48, model.config().vocab_size, 7), 0, 3 + 24);
+  ASSERT_LE(report->tokens.size(), all.size());
+  EXPECT_EQ(std::vector<int32_t>(all.end() - static_cast<std::ptrdiff_t>(report->tokens.size()), all.end()),
+            report->tokens);
+  const std::string summary = DecodeBenchSummary({.model = "nano", .device = "cpu"}, *report);
+  EXPECT_THAT(summary, HasSubstr("3 MTP drafts a step"));
+  EXPECT_THAT(summary, HasSubstr("ms/step p50"));
+}
+
 TEST(DecodeBenchTest, PromptIsDeterministicAndInsideTheVocabulary) {
   const std::vector<int32_t> a = DecodeBenchPrompt(500, 8192, 1);
   EXPECT_EQ(a, DecodeBenchPrompt(500, 8192, 1));
