@@ -14,6 +14,9 @@
 #   tar -C .device3 -cf - bin lib | xz -T0 -9 > .devspec/bundle.tar.xz
 #   bash scripts/device/slim_tree.sh on cluster
 # the `run` tool: carry [".devspec"], command: bash scripts/device/run_sampled_spec.sh
+# Building the slice takes most of the call: synth-model wrote the 2-layer slice (9.1 GB with the
+# MTP layer and two 129280-row matrices) in 197 s on an H100 machine (2026-12-06), synth-release
+# 12 s; give the call 5 minutes or more after the machine starts.
 # NQ_LAYERS (2: the dense layer and one MoE layer), NQ_DECODE_TOKENS (96),
 # NQ_RUNS ("3:true 3:false 0:true": speculative tokens : device sampling, in that order).
 set -uo pipefail
