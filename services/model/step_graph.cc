@@ -207,10 +207,7 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   RETURN_IF_ERROR(cache_.CheckWritable(start, T, "Forward"));
   RETURN_IF_ERROR(BeginGraphedForward(tokens, T, "Forward"));
   const int64_t bucket_end = StepGraphBucketEnd(start + T);
-  const bool samples = !sample.empty();
-  if (samples && sample.size() != 1 && sample.size() != static_cast<size_t>(T)) {
-    return absl::InvalidArgumentError(absl::StrCat("GraphedForward: ", sample.size(), " draws for ", T, " tokens"));
-  }
+  const bool samples = !sample.empty();  // one draw, or one a token (ForwardSampledRows checks)
   // Row r's draw (one entry: every row's).
   auto draw = [&](int64_t row) -> const kernels::SampleParams& { return sample[sample.size() == 1 ? 0 : static_cast<size_t>(row)]; };
   StepGraph& g = step_graphs_[{-1, T, bucket_end, samples, 0}];

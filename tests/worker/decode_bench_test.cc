@@ -153,6 +153,33 @@ TEST(DecodeBenchTest, RunThatFillsTheWindowRunsAndOneMoreTokenIsRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least 1 prompt token")));
   EXPECT_THAT(CheckDecodeBench({.prompt_tokens = 1, .warmup_tokens = 0, .decode_tokens = 0, .seed = 0}, 64),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at least 1 decode step")));
+  EXPECT_THAT(CheckDecodeBench(
+                  {.prompt_tokens = 4, .warmup_tokens = 0, .decode_tokens = 4, .seed = 0, .speculative_tokens = -1}, 64),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("speculative tokens -1 < 0")));
+}
+
+// Drafts need an MTP layer: glm5_nano with num_nextn_predict_layers 0 in its config is refused
+// before anything runs, and decodes plainly without drafts.
+TEST(DecodeBenchTest, DraftsWithoutAnMtpLayerAreRefused) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "nano_without_mtp";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const fs::directory_entry& e : fs::directory_iterator(NanoModelDir())) {
+    if (e.is_regular_file() && e.path().filename() != "config.json") fs::create_symlink(e.path(), dir / e.path().filename());
+  }
+  std::ifstream in(fs::path(NanoModelDir()) / "config.json");
+  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(config.is_discarded());
+  config["num_nextn_predict_layers"] = 0;
+  std::ofstream(dir / "config.json") << config.dump(2);
+  absl::StatusOr<LoadedModel> loaded = testing::LoadModel(dir.string(), 128);
+  ASSERT_THAT(loaded, IsOk());
+  ASSERT_FALSE(loaded->model->has_mtp());
+  EXPECT_THAT(RunDecodeBench(*loaded->model,
+                             {.prompt_tokens = 8, .warmup_tokens = 1, .decode_tokens = 4, .seed = 0, .speculative_tokens = 3}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("3 speculative tokens need an MTP layer")));
+  EXPECT_THAT(RunDecodeBench(*loaded->model, {.prompt_tokens = 8, .warmup_tokens = 1, .decode_tokens = 4, .seed = 0}),
+              IsOk());
 }
 
 TEST(DecodeBenchTest, PercentilesAreNearestRank) {

@@ -76,10 +76,6 @@ class SampledSpeculationTest : public ::testing::Test {
     plain_ = {};
     delete backend_;
   }
-  static std::vector<int32_t> Eos(const release::ServedModel& m) {
-    return {m.model->config().eos_token_ids.begin(), m.model->config().eos_token_ids.end()};
-  }
-
   static kernels::Backend* backend_;
   static release::ServedModel spec_;
   static release::ServedModel plain_;
@@ -88,6 +84,62 @@ kernels::Backend* SampledSpeculationTest::backend_ = nullptr;
 release::ServedModel SampledSpeculationTest::spec_;
 release::ServedModel SampledSpeculationTest::plain_;
 
+// The sampled requests both tests run: 3 prompts x 3 settings, 40 tokens each, ignoring EOS.
+std::vector<SequenceRequest> SampledRequests() {
+  std::vector<SequenceRequest> requests;
+  for (const std::vector<int32_t>& prompt : testing::HeldOutPrompts(3)) {
+    for (const SamplingConfig& sampling : std::vector<SamplingConfig>{
+             {.temperature = 0.8f, .top_p = 0.95f, .seed = 41, .logprobs = false},
+             {.temperature = 0.5f, .top_k = 20, .seed = 42, .logprobs = false},
+             {.temperature = 1.0f, .seed = 43, .logprobs = false}}) {
+      SequenceRequest request;
+      request.prompt = prompt;
+      request.sampling = sampling;
+      request.max_tokens = 40;
+      request.ignore_eos = true;
+      requests.push_back(std::move(request));
+    }
+  }
+  return requests;
+}
+
+// Drafts verified and accepted over a run's steps, and the steps that rejected one.
+struct Acceptance {
+  int verified = 0, accepted = 0, rejections = 0;
+  void Add(const testing::RunResult& run) {
+    for (const SequenceStep& step : run.steps) {
+      verified += step.drafts;
+      accepted += step.accepted;
+      if (step.drafts > step.accepted) ++rejections;
+    }
+  }
+  double rate() const { return static_cast<double>(accepted) / std::max(1, verified); }
+};
+
+// The two runners the tests compare: 3 MTP drafts a step as nq-worker runs them (drafted on the
+// backend, device sampling on), and plain decoding with the same keyed draws (NoDrafter).
+struct Runners {
+  explicit Runners(const release::ServedModel& spec_model, const release::ServedModel& plain_model)
+      : mtp(spec_model.model.get()),
+        drafter(&mtp),
+        spec(spec_model.model.get(), Eos(spec_model)),
+        plain(plain_model.model.get(), Eos(plain_model)) {
+    mtp.SetDraftOnDevice(true);
+    spec.SetDrafter(&drafter, 3);
+    spec.SetDeviceSampling(true);
+    plain.SetDrafter(&none, 3);
+    plain.SetDeviceSampling(true);
+  }
+  static std::vector<int32_t> Eos(const release::ServedModel& m) {
+    return {m.model->config().eos_token_ids.begin(), m.model->config().eos_token_ids.end()};
+  }
+  MtpDrafter mtp;
+  CountingDrafter drafter;
+  NoDrafter none;
+  SequenceRunner spec;
+  SequenceRunner plain;
+};
+
 // A sampled request drafts greedily on the backend and each verification row takes its own
 // position's draw there (Sampler::DeviceDraws): the output is plain sampling with the same keyed
 // draws, token for token, whether a step's drafts are accepted or not, and no draft distribution
@@ -95,73 +147,36 @@ release::ServedModel SampledSpeculationTest::plain_;
 // by rejection sampling with their distributions: SpeculativeDecodingTest.SeededSampling...)
 TEST_F(SampledSpeculationTest, DraftsAndVerificationOnTheBackendGivePlainKeyedSampling) {
   ASSERT_TRUE(spec_.model->SamplesOnDevice(4)) << "the step graphs do not apply: the test would run the host's path";
-  MtpDrafter mtp(spec_.model.get());
-  mtp.SetDraftOnDevice(true);
-  CountingDrafter drafter(&mtp);
-  SequenceRunner spec(spec_.model.get(), Eos(spec_));
-  spec.SetDrafter(&drafter, 3);
-  spec.SetDeviceSampling(true);
-  NoDrafter none;
-  SequenceRunner plain(plain_.model.get(), Eos(plain_));
-  plain.SetDrafter(&none, 3);
-  plain.SetDeviceSampling(true);
-  int verified = 0, accepted = 0, rejections = 0;
-  for (const std::vector<int32_t>& prompt : testing::HeldOutPrompts(3)) {
-    for (const SamplingConfig& sampling : std::vector<SamplingConfig>{
-             {.temperature = 0.8f, .top_p = 0.95f, .seed = 41, .logprobs = false},
-             {.temperature = 0.5f, .top_k = 20, .seed = 42, .logprobs = false},
-             {.temperature = 1.0f, .seed = 43, .logprobs = false}}) {
-      SequenceRequest request;
-      request.prompt = prompt;
-      request.sampling = sampling;
-      request.max_tokens = 40;
-      request.ignore_eos = true;
-      absl::StatusOr<testing::RunResult> got = testing::Generate(spec, request);
-      absl::StatusOr<testing::RunResult> want = testing::Generate(plain, request);
-      ASSERT_THAT(got, IsOk());
-      ASSERT_THAT(want, IsOk());
-      EXPECT_EQ(got->ids, want->ids) << "temperature " << sampling.temperature;
-      for (const SequenceStep& step : got->steps) {
-        verified += step.drafts;
-        accepted += step.accepted;
-        if (step.drafts > step.accepted) ++rejections;
-      }
-    }
+  Runners r(spec_, plain_);
+  Acceptance device;
+  for (const SequenceRequest& request : SampledRequests()) {
+    absl::StatusOr<testing::RunResult> got = testing::Generate(r.spec, request);
+    absl::StatusOr<testing::RunResult> want = testing::Generate(r.plain, request);
+    ASSERT_THAT(got, IsOk());
+    ASSERT_THAT(want, IsOk());
+    EXPECT_EQ(got->ids, want->ids) << "temperature " << request.sampling.temperature;
+    device.Add(*got);
   }
-  EXPECT_EQ(drafter.with_distributions, 0) << "a draft distribution came to the host";
-  EXPECT_GT(drafter.proposed, 30) << "hardly anything was drafted";
-  EXPECT_GT(verified, 30);
-  EXPECT_GT(accepted, 0) << "no draft accepted";
-  EXPECT_GT(rejections, 0) << "no rejection: the rows after a rejected draft were not exercised";
+  EXPECT_EQ(r.drafter.with_distributions, 0) << "a draft distribution came to the host";
+  EXPECT_GT(r.drafter.proposed, 30) << "hardly anything was drafted";
+  EXPECT_GT(device.verified, 30);
+  EXPECT_GT(device.accepted, 0) << "no draft accepted";
+  EXPECT_GT(device.rejections, 0) << "no rejection: the rows after a rejected draft were not exercised";
 
   // What the greedy drafts cost in acceptance: the same requests with the host's sampled drafts
   // and rejection sampling (device sampling off, as a backend without step graphs runs them).
   MtpDrafter host_mtp(spec_.model.get());
-  SequenceRunner host(spec_.model.get(), Eos(spec_));
+  SequenceRunner host(spec_.model.get(), Runners::Eos(spec_));
   host.SetDrafter(&host_mtp, 3);
-  int host_verified = 0, host_accepted = 0;
-  for (const std::vector<int32_t>& prompt : testing::HeldOutPrompts(3)) {
-    for (const SamplingConfig& sampling : std::vector<SamplingConfig>{
-             {.temperature = 0.8f, .top_p = 0.95f, .seed = 41, .logprobs = false},
-             {.temperature = 0.5f, .top_k = 20, .seed = 42, .logprobs = false},
-             {.temperature = 1.0f, .seed = 43, .logprobs = false}}) {
-      SequenceRequest request;
-      request.prompt = prompt;
-      request.sampling = sampling;
-      request.max_tokens = 40;
-      request.ignore_eos = true;
-      absl::StatusOr<testing::RunResult> run = testing::Generate(host, request);
-      ASSERT_THAT(run, IsOk());
-      for (const SequenceStep& step : run->steps) {
-        host_verified += step.drafts;
-        host_accepted += step.accepted;
-      }
-    }
+  Acceptance on_host;
+  for (const SequenceRequest& request : SampledRequests()) {
+    absl::StatusOr<testing::RunResult> run = testing::Generate(host, request);
+    ASSERT_THAT(run, IsOk());
+    on_host.Add(*run);
   }
   std::printf("[ measure  ] drafts accepted: greedy drafts, rows drawn on the backend %d / %d (%.3f); "
               "sampled drafts, rejection sampling on the host %d / %d (%.3f)\n",
-              accepted, verified, static_cast<double>(accepted) / verified, host_accepted, host_verified,
-              static_cast<double>(host_accepted) / std::max(1, host_verified));
+              device.accepted, device.verified, device.rate(), on_host.accepted, on_host.verified, on_host.rate());
 }
 
 // A request whose draws the backend cannot make (log-probabilities asked for) still drafts
@@ -169,29 +184,35 @@ TEST_F(SampledSpeculationTest, DraftsAndVerificationOnTheBackendGivePlainKeyedSa
 // deterministic draft makes the same keyed draws: the same tokens and log-probabilities as plain
 // sampling on the host.
 TEST_F(SampledSpeculationTest, RequestsWithLogprobsVerifyOnTheHostWithTheSameDraws) {
-  MtpDrafter mtp(spec_.model.get());
-  mtp.SetDraftOnDevice(true);
-  CountingDrafter drafter(&mtp);
-  SequenceRunner spec(spec_.model.get(), Eos(spec_));
-  spec.SetDrafter(&drafter, 3);
-  spec.SetDeviceSampling(true);
-  NoDrafter none;
-  SequenceRunner plain(plain_.model.get(), Eos(plain_));
-  plain.SetDrafter(&none, 3);
-  plain.SetDeviceSampling(true);
+  Runners r(spec_, plain_);
   SequenceRequest request;
   request.prompt = testing::HeldOutPrompts(2)[1];
   request.sampling = {.temperature = 0.8f, .seed = 44, .top_logprobs = 2};
   request.max_tokens = 32;
   request.ignore_eos = true;
-  absl::StatusOr<testing::RunResult> got = testing::Generate(spec, request);
-  absl::StatusOr<testing::RunResult> want = testing::Generate(plain, request);
+  absl::StatusOr<testing::RunResult> got = testing::Generate(r.spec, request);
+  absl::StatusOr<testing::RunResult> want = testing::Generate(r.plain, request);
   ASSERT_THAT(got, IsOk());
   ASSERT_THAT(want, IsOk());
   EXPECT_EQ(got->ids, want->ids);
   EXPECT_EQ(got->logprobs, want->logprobs);
-  EXPECT_GT(drafter.proposed, 0);
-  EXPECT_EQ(drafter.with_distributions, 0);
+  EXPECT_GT(r.drafter.proposed, 0);
+  EXPECT_EQ(r.drafter.with_distributions, 0);
+}
+
+// Draws for a verification must be one for every row, or one for all: anything else is refused
+// before a forward runs (the cache keeps its length), on the graph path and without it.
+TEST_F(SampledSpeculationTest, ForwardSampledRowsRefusesADrawCountThatIsNotTheRows) {
+  const std::vector<int32_t> tokens = {5, 6, 7};
+  const std::vector<kernels::SampleParams> two(2);
+  for (model::Model* model : {spec_.model.get(), plain_.model.get()}) {
+    model->ResetCache();
+    EXPECT_THAT(model->ForwardSampledRows(tokens, two),
+                ::nq::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("2 draws for 3 tokens")));
+    EXPECT_THAT(model->ForwardSampledRows(tokens, {}),
+                ::nq::testing::StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("0 draws for 3 tokens")));
+    EXPECT_EQ(model->cache_length(), 0);
+  }
 }
 
 }  // namespace
