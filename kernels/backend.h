@@ -402,9 +402,15 @@ class SideWorkGuard {
   Backend& backend_;
 };
 
+// CUDA: which decode GEMV (1 to 8 tokens) runs BF16 weight matrices. kAuto takes the tensor
+// cores where they pay for the matrix (kernels/cuda/matmul_params.h, MmaGemvPays); the others
+// force one kernel for every matrix, for tests and measurements of one against the other.
+enum class DecodeGemv { kAuto, kFp32Fma, kTensorCores };
+
 struct BackendOptions {
   // CUDA device ordinal.
   int device = 0;
+  DecodeGemv cuda_decode_gemv = DecodeGemv::kAuto;
   // CPU worker threads for large ops; 0 picks std::thread::hardware_concurrency().
   int cpu_threads = 0;
   // CPU: MlaAttention in double (the reference) instead of fp32 (serving). For tests that compare
@@ -412,13 +418,17 @@ struct BackendOptions {
   bool cpu_float64_attention = false;
 };
 
+// "auto", "tensor" or "fma" (the flag nq bench-decode and bench-prefill take); InvalidArgumentError
+// for anything else.
+absl::StatusOr<DecodeGemv> ParseDecodeGemv(std::string_view name);
+
 // Whether `name` ("cpu", "cuda") was compiled into this build.
 bool IsBackendCompiledIn(std::string_view name);
 
 // Creates a backend by name. "cuda" in a build without CUDA is UnimplementedError; "cuda" with no
 // usable device (no device or driver, kernels not built for its architecture) is
-// FailedPreconditionError; an unknown name or a device ordinal out of range is
-// InvalidArgumentError.
+// FailedPreconditionError; an unknown name, a device ordinal out of range or a CUDA-only option
+// (cuda_decode_gemv) given to "cpu" is InvalidArgumentError.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
                                                        const BackendOptions& options = {});
 

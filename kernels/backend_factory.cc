@@ -22,14 +22,25 @@ bool IsBackendCompiledIn(std::string_view name) {
   return false;
 }
 
+absl::StatusOr<DecodeGemv> ParseDecodeGemv(std::string_view name) {
+  if (name == "auto") return DecodeGemv::kAuto;
+  if (name == "tensor") return DecodeGemv::kTensorCores;
+  if (name == "fma") return DecodeGemv::kFp32Fma;
+  return absl::InvalidArgumentError(
+      absl::StrCat("decode GEMV '", std::string(name), "' (expected auto, tensor or fma)"));
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
                                                        const BackendOptions& options) {
+  if (name == "cpu" && options.cuda_decode_gemv != DecodeGemv::kAuto) {
+    return absl::InvalidArgumentError("the decode GEMV choice applies to the cuda backend, not cpu");
+  }
   if (name == "cpu") {
     return std::make_unique<cpu::CpuBackend>(options.cpu_threads, options.cpu_float64_attention);
   }
   if (name == "cuda") {
 #if NQ_HAVE_CUDA
-    return cuda::CreateCudaBackend(options.device);
+    return cuda::CreateCudaBackend(options.device, options.cuda_decode_gemv);
 #else
     return absl::UnimplementedError(
         "backend 'cuda' is not compiled into this build (configure with NQ_ENABLE_CUDA=ON on a "

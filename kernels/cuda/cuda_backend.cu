@@ -116,8 +116,11 @@ class CudaGraph final : public Backend::Graph {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, const cudaDeviceProp& props, std::shared_ptr<StreamPool> pool)
+  CudaBackend(int device, const cudaDeviceProp& props, std::shared_ptr<StreamPool> pool, DecodeGemv decode_gemv)
       : device_(device),
+        gemv_kernel_(decode_gemv == DecodeGemv::kFp32Fma       ? GemvKernel::kFp32Fma
+                     : decode_gemv == DecodeGemv::kTensorCores ? GemvKernel::kTensorCores
+                                                               : GemvKernel::kAuto),
         description_(absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)", props.name, props.major,
                                      props.minor, props.multiProcessorCount,
                                      props.totalGlobalMem / double{1 << 30})),
@@ -245,7 +248,8 @@ class CudaBackend final : public Backend {
                          .y = y.data_as<float>(),
                          .m = static_cast<int>(dims.m),
                          .n = static_cast<int>(dims.n),
-                         .k = static_cast<int>(dims.k)},
+                         .k = static_cast<int>(dims.k),
+                         .gemv_kernel = gemv_kernel_},
                         ctx_);
   }
 
@@ -269,7 +273,8 @@ class CudaBackend final : public Backend {
                      .y = ys[first]->data_as<float>(),
                      .m = static_cast<int>(dims[first].m),
                      .n = static_cast<int>(dims[first].n),
-                     .k = static_cast<int>(dims[first].k)};
+                     .k = static_cast<int>(dims[first].k),
+                     .gemv_kernel = gemv_kernel_};
       for (std::size_t i = first + 1; i < ws.size(); ++i) {
         if (ws[i].w->dtype() != p.w_dtype) continue;
         p.extra[p.num_extra++] = MatMulExtra{.w = ws[i].w->data(), .w_scale = scales(ws[i]),
@@ -784,6 +789,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  GemvKernel gemv_kernel_;  // BackendOptions::cuda_decode_gemv
   std::string description_;
   bool capturing_ = false;
   std::uint64_t capture_generation_ = 0;  // CaptureGeneration()
@@ -810,7 +816,7 @@ void* NativeStream(const Backend& backend) {
   return cuda != nullptr ? static_cast<void*>(cuda->stream()) : nullptr;
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, DecodeGemv decode_gemv) {
   int count = 0;
   const cudaError_t count_error = cudaGetDeviceCount(&count);
   if (count_error != cudaSuccess || count == 0) {
@@ -836,7 +842,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
         CudaStatus(probe_error, "cudaFuncGetAttributes").message()));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<StreamPool> pool, StreamPool::Create(device));
-  return std::make_unique<CudaBackend>(device, props, std::move(pool));
+  return std::make_unique<CudaBackend>(device, props, std::move(pool), decode_gemv);
 }
 
 }  // namespace nq::kernels::cuda

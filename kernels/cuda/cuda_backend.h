@@ -12,8 +12,9 @@ namespace nq::kernels::cuda {
 
 // A backend on CUDA device `device`, with its own non-blocking stream. FailedPreconditionError
 // when there is no usable device (no driver or device, or the kernels were not built for its
-// architecture); InvalidArgumentError for an ordinal out of range.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
+// architecture); InvalidArgumentError for an ordinal out of range. `decode_gemv`: as
+// BackendOptions::cuda_decode_gemv.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, DecodeGemv decode_gemv = DecodeGemv::kAuto);
 
 // The cudaStream_t `backend`'s ops run on, or null when it is not a CUDA backend. For the
 // tensor-parallel collectives (NCCL), which must enqueue on the same stream to order with the

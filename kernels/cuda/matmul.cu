@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/matmul_gemv_mma.cuh"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels::cuda {
@@ -13,25 +15,12 @@ namespace {
 
 using Launcher = absl::Status (*)(const MatMulParams&, const LaunchContext&);
 
-template <typename WeightT, int kM>
-absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
-  // Every matrix's 32-row blocks, one after another (matmul_gemv.cuh, GemvMatrixOf).
-  std::int64_t row_blocks = CeilDiv(p.n, kGemvRowsPerBlock);
-  // Each row of x and w starts 16-byte aligned when the bases are and k fills whole vectors.
-  bool vectorized = p.k % kVec16<WeightT> == 0 && IsAligned(p.w, 16) && IsAligned(p.x, 16);
-  for (int e = 0; e < p.num_extra; ++e) {
-    row_blocks += CeilDiv(p.extra[e].n, kGemvRowsPerBlock);
-    vectorized = vectorized && IsAligned(p.extra[e].w, 16);
-  }
-  if (row_blocks > kMaxGridX) {
-    return absl::InvalidArgumentError(absl::StrCat("MatMul: ", row_blocks, " row blocks exceed one launch"));
-  }
-  const int col_steps = static_cast<int>(CeilDiv(p.k, kWarpSize * kVec16<WeightT>));
-  const int splits = p.k_splits > 0 ? std::clamp(std::min(p.k_splits, col_steps), 1, kGemvMaxSplits)
-                                    : GemvSplits(static_cast<int>(row_blocks), col_steps, ctx.num_sms);
-  auto* kernel = vectorized ? &MatMulGemvKernel<WeightT, kM, true> : &MatMulGemvKernel<WeightT, kM, false>;
-  // Launched as a programmatic dependent: the first weight loads are issued while the kernel
-  // before it finishes (matmul_gemv.cuh); with splits, one cluster per 32 rows.
+// Launches a GEMV kernel over row_blocks 32-row blocks and `splits` column ranges: a
+// programmatic dependent (its first weight loads are issued while the kernel before it
+// finishes), with splits one thread-block cluster per 32 rows.
+template <typename Kernel>
+absl::Status LaunchGemvGrid(Kernel kernel, const MatMulParams& p, std::int64_t row_blocks, int splits,
+                            const LaunchContext& ctx) {
   cudaLaunchAttribute attributes[2];
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
@@ -45,7 +34,40 @@ absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
   config.stream = ctx.stream;
   config.attrs = attributes;
   config.numAttrs = splits > 1 ? 2 : 1;
-  return CudaStatus(cudaLaunchKernelEx(&config, kernel, p), "launching MatMulGemvKernel");
+  return CudaStatus(cudaLaunchKernelEx(&config, kernel, p), "launching the GEMV");
+}
+
+// The split count: forced (benchmarks) or GemvSplits' choice, over `col_steps` steps of columns.
+int ChooseSplits(const MatMulParams& p, std::int64_t row_blocks, int col_steps, const LaunchContext& ctx) {
+  return p.k_splits > 0 ? std::clamp(std::min(p.k_splits, col_steps), 1, kGemvMaxSplits)
+                        : GemvSplits(static_cast<int>(row_blocks), col_steps, ctx.num_sms);
+}
+
+template <typename WeightT, int kM>
+absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
+  // Every matrix's 32-row blocks, one after another (matmul_gemv.cuh, GemvMatrixOf).
+  std::int64_t row_blocks = CeilDiv(p.n, kGemvRowsPerBlock);
+  for (int e = 0; e < p.num_extra; ++e) row_blocks += CeilDiv(p.extra[e].n, kGemvRowsPerBlock);
+  if (row_blocks > kMaxGridX) {
+    return absl::InvalidArgumentError(absl::StrCat("MatMul: ", row_blocks, " row blocks exceed one launch"));
+  }
+  // BF16 matrices of whole 16-byte rows whose blocks fill the SMs take the tensor cores whatever
+  // m is (the choice depends on the matrix and the device alone, so a token's outputs do not
+  // depend on how many share the pass).
+  if constexpr (std::is_same_v<WeightT, Bf16>) {
+    const bool tensor = p.gemv_kernel == GemvKernel::kTensorCores ||
+                        (p.gemv_kernel == GemvKernel::kAuto && MmaGemvPays(row_blocks, ctx.num_sms));
+    if (tensor && MmaGemvReads(p)) {
+      const int steps = static_cast<int>(CeilDiv(p.k, kMmaGemvStepCols));
+      return LaunchGemvGrid(&MatMulGemvMmaKernel<kM>, p, row_blocks, ChooseSplits(p, row_blocks, steps, ctx), ctx);
+    }
+  }
+  // Each row of x and w starts 16-byte aligned when the bases are and k fills whole vectors.
+  bool vectorized = p.k % kVec16<WeightT> == 0 && IsAligned(p.w, 16) && IsAligned(p.x, 16);
+  for (int e = 0; e < p.num_extra; ++e) vectorized = vectorized && IsAligned(p.extra[e].w, 16);
+  const int col_steps = static_cast<int>(CeilDiv(p.k, kWarpSize * kVec16<WeightT>));
+  auto* kernel = vectorized ? &MatMulGemvKernel<WeightT, kM, true> : &MatMulGemvKernel<WeightT, kM, false>;
+  return LaunchGemvGrid(kernel, p, row_blocks, ChooseSplits(p, row_blocks, col_steps, ctx), ctx);
 }
 
 template <typename Tile, typename WeightT>

@@ -3,9 +3,11 @@
 // as they are loaded.
 //
 // Two kernels, chosen per call by LaunchMatMul:
-//  - MatMulGemvKernel (matmul_gemv.cuh) for m <= kGemvMaxRows (decode, MTP verification): x
-//    staged in shared memory, each warp streaming several weight rows; memory-bound, so it aims at
-//    bandwidth.
+//  - for m <= kGemvMaxRows (decode, MTP verification), a GEMV: x staged in shared memory, each
+//    warp streaming weight rows; memory-bound, so it aims at bandwidth. BF16 matrices of whole
+//    16-byte rows with enough rows to fill the SMs run on the tensor cores (MatMulGemvMmaKernel,
+//    matmul_gemv_mma.cuh: x split into bf16 hi + lo), every other matrix through fp32 FMAs
+//    (MatMulGemvKernel, matmul_gemv.cuh).
 //  - MatMulTiledKernel otherwise (prefill): a classic shared-memory SIMT GEMM. A block computes a
 //    kBlockM x kBlockN tile of y, staging kBlockK-wide slices of x and w in shared memory
 //    (transposed, so the inner loop reads contiguous m and n); each thread owns a

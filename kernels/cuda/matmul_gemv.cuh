@@ -205,6 +205,25 @@ __device__ __forceinline__ GemvMatrix GemvMatrixOf(const MatMulParams& p, int bl
   return m;
 }
 
+// Split k (gridDim.y > 1): every block of the cluster has its partial sums [kM][32 rows] in
+// `partial` (shared memory); the cluster's first block adds them in rank order (deterministic, no
+// scratch, no atomics) and stores y. No block leaves while its shared memory may still be read.
+template <int kM>
+__device__ __forceinline__ void GemvClusterSum(float* partial, const GemvMatrix& mat) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's partial sums are written
+  if (cluster.block_rank() == 0) {
+    for (int i = threadIdx.x; i < kM * kGemvRowsPerBlock; i += kGemvThreads) {
+      float sum = 0.0f;
+      for (unsigned rank = 0; rank < cluster.num_blocks(); ++rank) sum += cluster.map_shared_rank(partial, rank)[i];
+      const int mi = i / kGemvRowsPerBlock, row = mat.block_row0 + i % kGemvRowsPerBlock;
+      if (row < mat.n) mat.y[std::int64_t{mi} * mat.n + row] = sum;
+    }
+  }
+  cluster.sync();
+}
+
 // kM: rows of x (p.m == kM). kVectorized: rows of w and x are 16-byte aligned and k is a multiple
 // of the vector (checked by the launcher). F8E4M3 weights need p.w_scale.
 template <typename WeightT, int kM, bool kVectorized>
@@ -301,18 +320,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
       }
     }
   }
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every block's partial sums are written
-  if (cluster.block_rank() == 0) {
-    for (int i = threadIdx.x; i < kM * kGemvRowsPerBlock; i += kGemvThreads) {
-      float sum = 0.0f;
-      for (unsigned rank = 0; rank < cluster.num_blocks(); ++rank) sum += cluster.map_shared_rank(partial, rank)[i];
-      const int mi = i / kGemvRowsPerBlock, row = block_row0 + i % kGemvRowsPerBlock;
-      if (row < mat.n) mat.y[std::int64_t{mi} * mat.n + row] = sum;
-    }
-  }
-  cluster.sync();  // no block leaves while its shared memory may still be read
+  GemvClusterSum<kM>(partial, mat);
 }
 
 }  // namespace nq::kernels::cuda

@@ -2,6 +2,8 @@
 // Backend has validated shapes and dtypes.
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/dtype.h"
 
 namespace nq::kernels::cuda {
@@ -15,6 +17,12 @@ struct MatMulExtra {
   int n = 0;
 };
 inline constexpr int kMatMulMaxExtra = 7;
+
+enum class GemvKernel {
+  kAuto,
+  kFp32Fma,      // MatMulGemvKernel, matmul_gemv.cuh
+  kTensorCores,  // MatMulGemvMmaKernel, matmul_gemv_mma.cuh
+};
 
 struct MatMulParams {
   const float* x = nullptr;  // [m, k], row-major
@@ -30,6 +38,10 @@ struct MatMulParams {
   // The GEMV's split of k (m <= kGemvMaxRows): 0 lets GemvSplits choose; benchmarks force a
   // count (clamped to [1, kGemvMaxSplits] and to the column steps).
   int k_splits = 0;
+  // Which GEMV kernel (m <= kGemvMaxRows) runs BF16 weights: kAuto lets the launcher choose by
+  // the matrix (MmaGemvPays); benchmarks force one to measure it against the other (a matrix the
+  // tensor cores cannot read takes the FMA kernel regardless).
+  GemvKernel gemv_kernel = GemvKernel::kAuto;
   // Further matrices the GEMV computes in the same launch, their 32-row blocks after w's (the
   // tiled path runs them one by one). Each n > 0.
   MatMulExtra extra[kMatMulMaxExtra] = {};
@@ -42,5 +54,13 @@ struct MatMulParams {
 // up to kGemvMaxSplits. Depends on the matrix only, never on m,
 // so a row's sum is added in the same order for 1 token and for 8 (batch invariance).
 int GemvSplits(int row_blocks, int col_steps, int num_sms);
+
+// Whether the tensor-core GEMV (matmul_gemv_mma.cuh) pays for a BF16 matrix of row_blocks 32-row
+// blocks (all of a MatMulSharedInput group's). Measured on an H100 (bench/README.md, gemv_bench): at every shape
+// whose blocks fill the SMs unsplit they equal the FMA kernel at one token (0.99-1.04x) and beat it
+// from four (1.04-1.22x at 4, 1.14-1.55x at 8); with fewer blocks than SMs (k split over a
+// cluster, latency-bound: q_a, kv_a, k_pe, the indexer's, q_pe) they lose 8-27 % at one token
+// and tie at four. Depends on the matrix and the device only, never on m (batch invariance).
+inline bool MmaGemvPays(std::int64_t row_blocks, int num_sms) { return row_blocks >= num_sms; }
 
 }  // namespace nq::kernels::cuda

@@ -5,6 +5,9 @@
 
 ABSL_FLAG(std::string, backend, "cpu", "bench-decode, bench-prefill: compute backend, cpu or cuda");
 ABSL_FLAG(int, gpu, 0, "bench-decode, bench-prefill: CUDA device ordinal (with --backend cuda)");
+ABSL_FLAG(std::string, decode_gemv, "auto",
+          "bench-decode, bench-prefill (--backend cuda): the decode GEMV of BF16 matrices, auto (the tensor "
+          "cores where they pay), tensor or fma for every matrix, to measure one against the other");
 
 namespace nq::tools {
 
@@ -14,9 +17,11 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags() {
   if (name != "cuda" && gpu != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--gpu=", gpu, " applies to --backend cuda, not ", name));
   }
-  // Unknown names, cuda in a CPU-only build and a missing device come back from the factory
-  // with their reason.
-  return kernels::CreateBackend(name, {.device = gpu});
+  absl::StatusOr<kernels::DecodeGemv> decode_gemv = kernels::ParseDecodeGemv(absl::GetFlag(FLAGS_decode_gemv));
+  if (!decode_gemv.ok()) return decode_gemv.status();
+  // Unknown names, cuda in a CPU-only build, a missing device and --decode_gemv on the CPU come
+  // back from the factory with their reason.
+  return kernels::CreateBackend(name, {.device = gpu, .cuda_decode_gemv = *decode_gemv});
 }
 
 }  // namespace nq::tools

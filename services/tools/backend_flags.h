@@ -1,4 +1,4 @@
-// --backend and --gpu of the nq commands that run a model as nq-worker does (bench-decode,
+// --backend, --gpu and --decode_gemv of the nq commands that run a model as nq-worker does (bench-decode,
 // bench-prefill), and the backend they name.
 #pragma once
 
@@ -11,6 +11,7 @@
 
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int, gpu);
+ABSL_DECLARE_FLAG(std::string, decode_gemv);
 
 namespace nq::tools {
 

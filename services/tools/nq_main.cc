@@ -45,6 +45,7 @@ constexpr char kUsage[] =
     "  bench-codec  the codecs side by side: distortion, bits, LDLQ, encode time [--size N --codecs scalar,trellis --device cuda[:N]]\n"
     "  bench-decode decode tokens/s of a model loaded as nq-worker loads it, no services in the way\n"
     "                 --model DIR [--release R --expert-bits 2|4|fixed] [--backend cpu|cuda] [--gpu N]\n"
+    "                 [--decode_gemv auto|tensor|fma]\n"
     "                 [--prompt-tokens 128] [--warmup 4] [--decode-tokens 64] [--seed S] [--kv-cache-dtype f32|bf16]\n"
     "                 [--max-model-len 4096] [--speculative_tokens N] [--sampling_temperature T] [--out JSON]\n"
     "  bench-prefill  time to first token of long prompts: the worker's chunked and layer-major prefill\n"

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -49,6 +50,20 @@ TEST(CreateBackend, CudaIsUnimplementedWithoutCudaOrNeedsADevice) {
     EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
         << backend.status();
   }
+}
+
+TEST(CreateBackend, TheDecodeGemvChoiceIsNamedAndOnlyForCuda) {
+  for (const auto& [name, gemv] : {std::pair{"auto", DecodeGemv::kAuto}, std::pair{"tensor", DecodeGemv::kTensorCores},
+                                    std::pair{"fma", DecodeGemv::kFp32Fma}}) {
+    absl::StatusOr<DecodeGemv> parsed = ParseDecodeGemv(name);
+    ASSERT_TRUE(parsed.ok()) << name << ": " << parsed.status();
+    EXPECT_EQ(*parsed, gemv) << name;
+  }
+  EXPECT_THAT(ParseDecodeGemv("TENSOR").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected auto, tensor or fma")));
+  EXPECT_THAT(CreateBackend("cpu", {.cuda_decode_gemv = DecodeGemv::kTensorCores}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("applies to the cuda backend")));
+  EXPECT_TRUE(CreateBackend("cpu", {.cuda_decode_gemv = DecodeGemv::kAuto}).ok());
 }
 
 TEST(Tensor, AllocateReportsDTypeShapeAndBytes) {

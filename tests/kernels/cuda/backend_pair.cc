@@ -28,6 +28,29 @@ BackendPair& Backends() {
   return *pair;
 }
 
+std::vector<Backend*> DecodeGemvBackends() {
+  if (Backends().cuda == nullptr) return {};
+  static std::unique_ptr<Backend>* forced = [] {
+    auto* f = new std::unique_ptr<Backend>[2];
+    int i = 0;
+    for (DecodeGemv gemv : {DecodeGemv::kTensorCores, DecodeGemv::kFp32Fma}) {
+      absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateBackend("cuda", BackendOptions{.cuda_decode_gemv = gemv});
+      if (cuda.ok()) f[i] = *std::move(cuda);
+      ++i;
+    }
+    return f;
+  }();
+  std::vector<Backend*> all = {Backends().cuda.get()};
+  for (int i = 0; i < 2; ++i) {
+    if (forced[i] == nullptr) {
+      ADD_FAILURE() << "a CUDA backend with a forced decode GEMV could not be created";
+    } else {
+      all.push_back(forced[i].get());
+    }
+  }
+  return all;
+}
+
 ErrorSummary::~ErrorSummary() {
   std::printf("[ compare  ] %s: %d cases, worst normalised error %.3g (tolerance %.0e)\n",
               op_.c_str(), cases_, worst_, tolerance_);

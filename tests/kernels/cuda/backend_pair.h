@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/backend.h"
 
@@ -16,6 +17,11 @@ struct BackendPair {
 
 // Both backends; the first call prints the CUDA device.
 BackendPair& Backends();
+
+// CUDA backends whose decode GEMV runs every BF16 matrix on one kernel (BackendOptions::
+// cuda_decode_gemv), beside Backends().cuda's automatic choice: {automatic, tensor cores, fp32
+// FMAs}, so a test covers both kernels at every shape. Empty when no CUDA backend could start.
+std::vector<Backend*> DecodeGemvBackends();
 
 // Tracks the worst normalised error of one op across cases and prints
 // "[ compare  ] <op>: <n> cases, worst normalised error <e> (tolerance <t>)" when destroyed.

@@ -7,6 +7,10 @@
 // Each case cycles through enough copies of its weight that none stays in the 50 MB L2 between
 // calls (as consecutive layers would); a CUDA graph of one call per copy is replayed.
 //
+// Each case runs on both BF16 kernels side by side (MatMulParams::gemv_kernel): the tensor cores
+// (MatMulGemvMmaKernel) and fp32 FMAs (MatMulGemvKernel); "<" marks the one LaunchMatMul picks
+// (MmaGemvPays). Then FP8 weights (the FMA kernel).
+//
 // Then the shared-input groups (MatMulSharedInput): a decode step's projections of one input in
 // one launch against one launch each.
 //
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_gemv_mma.cuh"
 #include "tests/kernels/cuda/bench_util.h"
 
 namespace nq::kernels::cuda {
@@ -67,13 +72,14 @@ struct SharedGroup {
 };
 
 // Microseconds per group call, every matrix's weights at `weights` + c * stride + its offset.
-double MicrosPerGroup(const SharedGroup& g, bool together, int m, const std::uint8_t* weights, std::size_t stride,
-                      int copies, float* y, const float* x, const LaunchContext& ctx) {
+double MicrosPerGroup(const SharedGroup& g, bool together, bool fma, int m, const std::uint8_t* weights,
+                      std::size_t stride, int copies, float* y, const float* x, const LaunchContext& ctx) {
   return GraphReplayMicros(ctx.stream, 10, [&] {
            for (int c = 0; c < copies; ++c) {
              const std::uint8_t* at = weights + c * stride;
              float* out = y;
-             MatMulParams p{.x = x, .w = at, .w_dtype = DType::kBF16, .y = out, .m = m, .n = g.rows[0], .k = g.k};
+             MatMulParams p{.x = x, .w = at, .w_dtype = DType::kBF16, .y = out, .m = m, .n = g.rows[0], .k = g.k,
+                            .gemv_kernel = fma ? GemvKernel::kFp32Fma : GemvKernel::kTensorCores};
              for (std::size_t i = 1; i < g.rows.size(); ++i) {
                at += static_cast<std::size_t>(g.rows[i - 1]) * g.k * 2;
                out += static_cast<std::size_t>(m) * g.rows[i - 1];
@@ -98,8 +104,8 @@ void RunSharedGroups(const nq::bench::DeviceBytes& weights, const nq::bench::Dev
       {"GLM-5 q: q_nope q_pe wq_b", 2048, {12288, 4096, 4096}},
       {"DSv3 x: q_a kv_a k_pe", 7168, {1536, 512, 64}},
   };
-  std::printf("\n%-30s %2s %12s %8s %12s %8s %8s\n", "shared input", "m", "apart us", "/ copy", "together us",
-              "/ copy", "speedup");
+  std::printf("\n%-30s %2s %-6s %12s %8s %12s %8s %8s\n", "shared input", "m", "kernel", "apart us", "/ copy",
+              "together us", "/ copy", "speedup");
   for (const SharedGroup& g : groups) {
     std::size_t bytes = 0, rows = 0;
     for (int n : g.rows) {
@@ -109,14 +115,16 @@ void RunSharedGroups(const nq::bench::DeviceBytes& weights, const nq::bench::Dev
     const std::size_t stride = (bytes + 255) / 256 * 256;
     const int copies = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(64, kColdBytes / stride + 1)));
     for (int m : {1, 4}) {
-      const double moved = static_cast<double>(bytes) + 4.0 * m * (g.k + static_cast<double>(rows));
-      const auto* w = static_cast<const std::uint8_t*>(weights.p);
-      const double apart = MicrosPerGroup(g, false, m, w, stride, copies, static_cast<float*>(y.p),
-                                          static_cast<const float*>(x.p), ctx);
-      const double together = MicrosPerGroup(g, true, m, w, stride, copies, static_cast<float*>(y.p),
-                                             static_cast<const float*>(x.p), ctx);
-      std::printf("%-30s %2d %12.2f %8.3f %12.2f %8.3f %8.2f\n", g.name, m, apart, moved / (apart * 1e-6) / copy,
-                  together, moved / (together * 1e-6) / copy, apart / together);
+      for (bool fma : {false, true}) {
+        const double moved = static_cast<double>(bytes) + 4.0 * m * (g.k + static_cast<double>(rows));
+        const auto* w = static_cast<const std::uint8_t*>(weights.p);
+        const double apart = MicrosPerGroup(g, false, fma, m, w, stride, copies, static_cast<float*>(y.p),
+                                            static_cast<const float*>(x.p), ctx);
+        const double together = MicrosPerGroup(g, true, fma, m, w, stride, copies, static_cast<float*>(y.p),
+                                               static_cast<const float*>(x.p), ctx);
+        std::printf("%-30s %2d %-6s %12.2f %8.3f %12.2f %8.3f %8.2f\n", g.name, m, fma ? "fma" : "tensor", apart,
+                    moved / (apart * 1e-6) / copy, together, moved / (together * 1e-6) / copy, apart / together);
+      }
     }
   }
 }
@@ -130,7 +138,8 @@ int Main(bool quick) {
   const LaunchContext ctx{.stream = stream, .num_sms = num_sms};
   const double copy = CopyBandwidth();
   std::printf("gemv_bench: %d SMs, copy %.0f GB/s (read + write)\n", num_sms, copy / 1e9);
-  std::printf("%-24s %6s %6s %2s %6s %9s %8s %7s\n", "shape", "n", "k", "m", "splits", "us", "GB/s", "/ copy");
+  std::printf("%-24s %6s %6s %2s %-6s %6s %9s %8s %7s\n", "shape", "n", "k", "m", "kernel", "splits", "us", "GB/s",
+              "/ copy");
 
   const std::size_t most = static_cast<std::size_t>(129280) * 7168 * 2;
   nq::bench::DeviceBytes weights(kColdBytes + most);
@@ -142,25 +151,51 @@ int Main(bool quick) {
     const std::size_t bytes = static_cast<std::size_t>(s.n) * s.k * 2;
     const std::size_t stride = (bytes + 255) / 256 * 256;
     const int copies = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(64, kColdBytes / stride + 1)));
-    for (int m : {1, 4}) {
-      const int row_blocks = (s.n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
-      const int col_steps = (s.k + kWarpSize * 8 - 1) / (kWarpSize * 8);
-      const int chosen = GemvSplits(row_blocks, col_steps, num_sms);
-      std::vector<int> forced = {0};
-      if (!quick) forced.insert(forced.end(), {1, 2, 4, 8});
-      for (int f : forced) {
-        if (f > 0 && f == chosen) continue;
-        MatMulParams p{.x = static_cast<const float*>(x.p), .w = nullptr, .w_dtype = DType::kBF16,
-                       .y = static_cast<float*>(y.p), .m = m, .n = s.n, .k = s.k, .k_splits = f};
-        const double us = MicrosPerCall(p, static_cast<const std::uint8_t*>(weights.p), stride, copies, ctx);
-        const double moved = static_cast<double>(bytes) + 4.0 * m * (s.k + s.n);
-        const double rate = moved / (us * 1e-6);
-        std::printf("%-24s %6d %6d %2d %5d%s %9.2f %8.0f %7.3f\n", s.name, s.n, s.k, m, f > 0 ? f : chosen,
-                    f > 0 ? " " : "*", us, rate / 1e9, rate / copy);
+    for (int m : {1, 2, 4, 8}) {
+      for (bool fma : {false, true}) {
+        // The column steps GemvSplits sees: 128 columns for the tensor cores, 256 for FMAs.
+        const int row_blocks = (s.n + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
+        const int step = fma ? kWarpSize * 8 : kMmaGemvStepCols;
+        const int chosen = GemvSplits(row_blocks, (s.k + step - 1) / step, num_sms);
+        std::vector<int> forced = {0};
+        if (!quick) forced.insert(forced.end(), {1, 2, 4, 8});
+        for (int f : forced) {
+          if (f > 0 && f == chosen) continue;
+          MatMulParams p{.x = static_cast<const float*>(x.p), .w = nullptr, .w_dtype = DType::kBF16,
+                         .y = static_cast<float*>(y.p), .m = m, .n = s.n, .k = s.k, .k_splits = f,
+                         .gemv_kernel = fma ? GemvKernel::kFp32Fma : GemvKernel::kTensorCores};
+          const double us = MicrosPerCall(p, static_cast<const std::uint8_t*>(weights.p), stride, copies, ctx);
+          const double moved = static_cast<double>(bytes) + 4.0 * m * (s.k + s.n);
+          const double rate = moved / (us * 1e-6);
+          const bool picked = fma != MmaGemvPays(row_blocks, num_sms);
+          std::printf("%-24s %6d %6d %2d %-6s %5d%s %9.2f %8.0f %7.3f%s\n", s.name, s.n, s.k, m, fma ? "fma" : "tensor",
+                      f > 0 ? f : chosen, f > 0 ? " " : "*", us, rate / 1e9, rate / copy, picked ? " <" : "");
+        }
       }
     }
   }
   std::printf("(* = the split count GemvSplits chooses)\n");
+
+  // FP8 (E4M3, 128 x 128 block scales) at the shapes of FP8 checkpoints' large projections.
+  const std::size_t scale_bytes = static_cast<std::size_t>(129280 / 128 + 1) * (18432 / 128 + 1) * sizeof(float);
+  nq::bench::DeviceBytes scales(scale_bytes);
+  BENCH_CHECK(cudaMemset(scales.p, 0, scale_bytes));  // zero scales: finite products, the same bytes read
+  std::printf("\nFP8 E4M3 weights (the FMA kernel)\n%-24s %6s %6s %2s %9s %8s %7s\n", "shape", "n", "k", "m", "us",
+              "GB/s", "/ copy");
+  for (const Shape& s : kShapes) {
+    const std::size_t bytes = static_cast<std::size_t>(s.n) * s.k;
+    const std::size_t stride = (bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(64, kColdBytes / stride + 1)));
+    for (int m : {1, 4, 8}) {
+      MatMulParams p{.x = static_cast<const float*>(x.p), .w = nullptr, .w_dtype = DType::kF8E4M3,
+                     .w_scale = static_cast<const float*>(scales.p), .y = static_cast<float*>(y.p), .m = m, .n = s.n,
+                     .k = s.k};
+      const double us = MicrosPerCall(p, static_cast<const std::uint8_t*>(weights.p), stride, copies, ctx);
+      const double moved = static_cast<double>(bytes) + 4.0 * m * (s.k + s.n);
+      const double rate = moved / (us * 1e-6);
+      std::printf("%-24s %6d %6d %2d %9.2f %8.0f %7.3f\n", s.name, s.n, s.k, m, us, rate / 1e9, rate / copy);
+    }
+  }
   RunSharedGroups(weights, x, y, copy, ctx);
   BENCH_CHECK(cudaStreamDestroy(stream));
   return 0;

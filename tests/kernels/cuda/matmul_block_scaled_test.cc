@@ -84,6 +84,13 @@ TEST(CudaMatMulBlockScaled, MatchesCpuOnFreshRandomInputs) {
     cases.push_back({m, 161, 2080});
   }
   cases.push_back({1, 40, 9008});  // m = 1 stages x in 8192-column chunks
+  // The tensor-core GEMV (k a multiple of 16): k inside one 128-column step, a step and a vector,
+  // a 512-column round and a vector; rows ending mid-tile.
+  for (std::int64_t m : {1, 4, 5, 8}) {
+    cases.push_back({m, 40, 16});
+    cases.push_back({m, 23, 144});
+    cases.push_back({m, 300, 528});
+  }
   // Few rows: k split over a cluster (GemvSplits); at k = 6150 (scalar path) split boundaries
   // fall inside scale blocks.
   cases.push_back({1, 576, 7168});
@@ -99,6 +106,54 @@ TEST(CudaMatMulBlockScaled, MatchesCpuOnFreshRandomInputs) {
     std::vector<float> outputs[2];
     RunBoth(x, RandomWeight(rng, d), d, outputs);
     summary.Add(NormalizedError(outputs[1], outputs[0]));
+  }
+}
+
+// The tensor-core GEMV takes x as f16 hi + lo, each 128-column step of a token scaled by a power
+// of two into f16's range: inputs over twelve decades (1e-6 .. 1e6, past f16's 65504 and below
+// its normal range) keep fp32 accuracy, for every m.
+TEST(CudaMatMulBlockScaled, GemvKeepsFp32AccuracyOverWideInputs) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(1133);
+  ErrorSummary summary("MatMulBlockScaled, x over 1e-6 .. 1e6", kTolerance);
+  for (std::int64_t m = 1; m <= 8; ++m) {
+    SCOPED_TRACE(absl::StrCat("m=", m));
+    const Dims d{m, 1000, 4096};
+    std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
+    // Whole steps of tiny or huge values, and single outliers among ordinary ones.
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const std::int64_t step = static_cast<std::int64_t>(i) / 128;
+      const int decade = step % 5 == 1 ? -6 : step % 5 == 3 ? 6 : static_cast<int>(RandomInt(rng, -3, 3));
+      x[i] *= std::pow(10.0f, static_cast<float>(decade));
+    }
+    std::vector<float> outputs[2];
+    RunBoth(x, RandomWeight(rng, d), d, outputs);
+    summary.Add(NormalizedError(outputs[1], outputs[0]));
+  }
+}
+
+// A token's outputs must not depend on how many tokens share the pass (MTP verification equals
+// plain decoding), on both GEMV kernels and with k split over a cluster.
+TEST(CudaMatMulBlockScaled, GemvRowsAreBitIdenticalWhateverTheTokenCount) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  std::mt19937_64 rng = MakeRng(1134);
+  for (const Dims& d : {Dims{8, 576, 7168}, Dims{8, 4096, 4096}, Dims{8, 100, 1008}, Dims{8, 100, 1001}}) {
+    SCOPED_TRACE(absl::StrCat("n=", d.n, " k=", d.k));
+    const std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
+    const Fp8Weight fp8 = RandomWeight(rng, d);
+    Tensor w = UploadBytes(cuda, fp8.bytes, DType::kF8E4M3, {d.n, d.k});
+    Tensor scales = Upload(cuda, fp8.scales, DType::kF32, {Blocks(d.n), Blocks(d.k)});
+    Tensor all = AllocateOrFail(cuda, DType::kF32, {d.m, d.n});
+    NQ_ASSERT_OK(cuda.MatMulBlockScaled(Upload(cuda, x, DType::kF32, {d.m, d.k}), w, scales, all));
+    const std::vector<float> together = Download(cuda, all);
+    for (std::int64_t m : {1, 3}) {
+      const std::vector<float> first(x.begin(), x.begin() + m * d.k);
+      Tensor fewer = AllocateOrFail(cuda, DType::kF32, {m, d.n});
+      NQ_ASSERT_OK(cuda.MatMulBlockScaled(Upload(cuda, first, DType::kF32, {m, d.k}), w, scales, fewer));
+      EXPECT_EQ(Download(cuda, fewer), std::vector<float>(together.begin(), together.begin() + m * d.n))
+          << m << " tokens differ from the same tokens among " << d.m;
+    }
   }
 }
 

@@ -19,6 +19,7 @@ namespace {
 
 using ::nq::kernels::testing::AllocateOrFail;
 using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::DecodeGemvBackends;
 using ::nq::kernels::testing::Download;
 using ::nq::kernels::testing::ErrorSummary;
 using ::nq::kernels::testing::MakeRng;
@@ -100,10 +101,13 @@ TEST(CudaMatMulSharedInput, EachOutputMatchesTheCpuMatMulOfItsMatrix) {
       std::vector<std::vector<float>> weights;
       for (std::int64_t n : g.rows) weights.push_back(RandomNormal(rng, n * g.k, 0.05f));
       const Outputs cpu = RunShared(*Backends().cpu, x, m, g, weights);
-      const Outputs cuda = RunShared(*Backends().cuda, x, m, g, weights);
-      for (std::size_t i = 0; i < g.rows.size(); ++i) {
-        SCOPED_TRACE(absl::StrCat("matrix ", i, " of ", g.rows[i], " rows"));
-        summary.Add(NormalizedError(cuda.ys[i], cpu.ys[i]));
+      // Each decode GEMV kernel (automatic, tensor cores, fp32 FMAs) over the whole group.
+      for (Backend* backend : DecodeGemvBackends()) {
+        const Outputs cuda = RunShared(*backend, x, m, g, weights);
+        for (std::size_t i = 0; i < g.rows.size(); ++i) {
+          SCOPED_TRACE(absl::StrCat("matrix ", i, " of ", g.rows[i], " rows"));
+          summary.Add(NormalizedError(cuda.ys[i], cpu.ys[i]));
+        }
       }
     }
   }
@@ -117,12 +121,14 @@ TEST(CudaMatMulSharedInput, RowsAreBitIdenticalWhateverTheTokenCount) {
     std::vector<std::vector<float>> weights;
     for (std::int64_t n : g.rows) weights.push_back(RandomNormal(rng, n * g.k, 0.05f));
     const std::vector<float> x = RandomNormal(rng, 8 * g.k, 1.0f);
-    const Outputs all = RunShared(*Backends().cuda, x, 8, g, weights);
-    for (std::int64_t m : {1, 3}) {
-      const Outputs fewer = RunShared(*Backends().cuda, std::vector<float>(x.begin(), x.begin() + m * g.k), m, g, weights);
-      for (std::size_t i = 0; i < g.rows.size(); ++i) {
-        EXPECT_EQ(fewer.ys[i], std::vector<float>(all.ys[i].begin(), all.ys[i].begin() + m * g.rows[i]))
-            << "matrix " << i << ": " << m << " tokens differ from the same tokens among 8";
+    for (Backend* backend : DecodeGemvBackends()) {
+      const Outputs all = RunShared(*backend, x, 8, g, weights);
+      for (std::int64_t m : {1, 3}) {
+        const Outputs fewer = RunShared(*backend, std::vector<float>(x.begin(), x.begin() + m * g.k), m, g, weights);
+        for (std::size_t i = 0; i < g.rows.size(); ++i) {
+          EXPECT_EQ(fewer.ys[i], std::vector<float>(all.ys[i].begin(), all.ys[i].begin() + m * g.rows[i]))
+              << "matrix " << i << ": " << m << " tokens differ from the same tokens among 8";
+        }
       }
     }
   }

@@ -1,6 +1,7 @@
 // CUDA MatMul vs the CPU backend on fresh random inputs: GEMV (each m up to 8) and both tile
 // shapes, sizes that are not multiples of the tiles or of the 16-byte vectors, F32 / BF16 / F16
 // weights.
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,7 @@ namespace {
 
 using ::nq::kernels::testing::AllocateOrFail;
 using ::nq::kernels::testing::Backends;
+using ::nq::kernels::testing::DecodeGemvBackends;
 using ::nq::kernels::testing::Download;
 using ::nq::kernels::testing::ErrorSummary;
 using ::nq::kernels::testing::MakeRng;
@@ -34,10 +36,12 @@ struct Dims {
   std::int64_t m, n, k;
 };
 
-// y = x · w^T on both backends from the same inputs; the normalised CUDA-vs-CPU error.
-double CompareMatMul(std::mt19937_64& rng, const Dims& d, DType w_dtype) {
+// DecodeGemvBackends()' order.
+constexpr const char* kGemvNames[] = {" (automatic GEMV)", " (tensor-core GEMV)", " (fp32-FMA GEMV)"};
+
+// y = x · w^T on the CPU and `cuda` from the same inputs; the normalised CUDA-vs-CPU error.
+double CompareMatMul(std::mt19937_64& rng, const Dims& d, DType w_dtype, Backend& cuda) {
   Backend& cpu = *Backends().cpu;
-  Backend& cuda = *Backends().cuda;
   const std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
   const std::vector<float> w = RandomNormal(rng, d.n * d.k, 0.05f);
   std::vector<float> outputs[2];
@@ -86,40 +90,95 @@ TEST(CudaMatMul, MatchesCpuOnFreshRandomInputs) {
   }
   cases.push_back({1, 6144, 16384});
   cases.push_back({2, 2048, 6144});
+  // BF16 on the tensor cores (k a multiple of 8): k shorter than a 128-column warp step, than a
+  // 512-column round, and a round plus one vector; rows ending mid-tile.
+  for (std::int64_t m : {1, 4, 5, 8}) {
+    cases.push_back({m, 40, 8});
+    cases.push_back({m, 23, 136});
+    cases.push_back({m, 300, 520});
+  }
   for (DType w_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    ErrorSummary summary(absl::StrCat("MatMul w=", DTypeName(w_dtype)), kTolerance);
-    for (const Dims& d : cases) {
-      SCOPED_TRACE(absl::StrCat("w ", DTypeName(w_dtype), " m=", d.m, " n=", d.n, " k=", d.k));
-      summary.Add(CompareMatMul(rng, d, w_dtype));
+    // BF16 on each decode GEMV kernel (automatic, tensor cores, fp32 FMAs); the others have one.
+    const std::vector<Backend*> cudas =
+        w_dtype == DType::kBF16 ? DecodeGemvBackends() : std::vector<Backend*>{Backends().cuda.get()};
+    for (std::size_t b = 0; b < cudas.size(); ++b) {
+      ErrorSummary summary(absl::StrCat("MatMul w=", DTypeName(w_dtype), cudas.size() > 1 ? kGemvNames[b] : ""),
+                           kTolerance);
+      for (const Dims& d : cases) {
+        SCOPED_TRACE(absl::StrCat("w ", DTypeName(w_dtype), kGemvNames[b], " m=", d.m, " n=", d.n, " k=", d.k));
+        summary.Add(CompareMatMul(rng, d, w_dtype, *cudas[b]));
+      }
     }
+  }
+}
+
+// The tensor-core GEMV splits x into bf16 hi + lo: inputs spread over six decades (hidden
+// states with outlier channels) keep fp32 accuracy, for every m.
+TEST(CudaMatMul, Bf16GemvKeepsFp32AccuracyOverWideInputs) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cpu = *Backends().cpu;
+  Backend& cuda = *DecodeGemvBackends().at(1);  // the tensor cores at every shape
+  std::mt19937_64 rng = MakeRng(1107);
+  ErrorSummary summary("MatMul BF16 on the tensor cores, x over 1e-3 .. 1e3", kTolerance);
+  for (std::int64_t m = 1; m <= 8; ++m) {
+    const Dims d{m, 1000, 4096};
+    std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] *= std::pow(10.0f, static_cast<float>(RandomInt(rng, -3, 3)));
+    const std::vector<float> w = RandomNormal(rng, d.n * d.k, 0.05f);
+    std::vector<float> outputs[2];
+    int i = 0;
+    for (Backend* backend : {&cpu, &cuda}) {
+      Tensor ty = AllocateOrFail(*backend, DType::kF32, {d.m, d.n});
+      NQ_ASSERT_OK(backend->MatMul(Upload(*backend, x, DType::kF32, {d.m, d.k}),
+                                   Upload(*backend, w, DType::kBF16, {d.n, d.k}), ty));
+      outputs[i++] = Download(*backend, ty);
+    }
+    SCOPED_TRACE(absl::StrCat("m=", m));
+    summary.Add(NormalizedError(outputs[1], outputs[0]));
   }
 }
 
 // A token's outputs must not depend on how many tokens share the pass (MTP verification equals
 // plain decoding) nor on the run: the split-k sums are added in one fixed order.
+void ExpectRowsBitIdenticalWhateverTheTokenCount(Backend& cuda, std::mt19937_64& rng, const Dims& d) {
+  const std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
+  const std::vector<float> w = RandomNormal(rng, d.n * d.k, 0.05f);
+  Tensor tw = Upload(cuda, w, DType::kBF16, {d.n, d.k});
+  Tensor tx = Upload(cuda, x, DType::kF32, {d.m, d.k});
+  Tensor all = AllocateOrFail(cuda, DType::kF32, {d.m, d.n});
+  NQ_ASSERT_OK(cuda.MatMul(tx, tw, all));
+  const std::vector<float> together = Download(cuda, all);
+  NQ_ASSERT_OK(cuda.MatMul(tx, tw, all));
+  EXPECT_EQ(Download(cuda, all), together) << "a second run differs";
+  for (std::int64_t m : {1, 3}) {
+    const std::vector<float> first(x.begin(), x.begin() + m * d.k);
+    Tensor fewer = AllocateOrFail(cuda, DType::kF32, {m, d.n});
+    NQ_ASSERT_OK(cuda.MatMul(Upload(cuda, first, DType::kF32, {m, d.k}), tw, fewer));
+    EXPECT_EQ(Download(cuda, fewer), std::vector<float>(together.begin(), together.begin() + m * d.n))
+        << m << " tokens differ from the same tokens among " << d.m;
+  }
+}
+
 TEST(CudaMatMul, GemvRowsAreBitIdenticalWhateverTheTokenCount) {
   if (Backends().cuda == nullptr) return;
-  Backend& cuda = *Backends().cuda;
   std::mt19937_64 rng = MakeRng(1103);
-  for (const Dims& d : {Dims{8, 576, 6144}, Dims{8, 8, 6144}, Dims{8, 4096, 4096}, Dims{8, 100, 1001}}) {
-    SCOPED_TRACE(absl::StrCat("n=", d.n, " k=", d.k));
-    const std::vector<float> x = RandomNormal(rng, d.m * d.k, 1.0f);
-    const std::vector<float> w = RandomNormal(rng, d.n * d.k, 0.05f);
-    Tensor tw = Upload(cuda, w, DType::kBF16, {d.n, d.k});
-    Tensor tx = Upload(cuda, x, DType::kF32, {d.m, d.k});
-    Tensor all = AllocateOrFail(cuda, DType::kF32, {d.m, d.n});
-    NQ_ASSERT_OK(cuda.MatMul(tx, tw, all));
-    const std::vector<float> together = Download(cuda, all);
-    NQ_ASSERT_OK(cuda.MatMul(tx, tw, all));
-    EXPECT_EQ(Download(cuda, all), together) << "a second run differs";
-    for (std::int64_t m : {1, 3}) {
-      const std::vector<float> first(x.begin(), x.begin() + m * d.k);
-      Tensor fewer = AllocateOrFail(cuda, DType::kF32, {m, d.n});
-      NQ_ASSERT_OK(cuda.MatMul(Upload(cuda, first, DType::kF32, {m, d.k}), tw, fewer));
-      EXPECT_EQ(Download(cuda, fewer), std::vector<float>(together.begin(), together.begin() + m * d.n))
-          << m << " tokens differ from the same tokens among " << d.m;
+  const std::vector<Backend*> cudas = DecodeGemvBackends();
+  for (std::size_t b = 0; b < cudas.size(); ++b) {
+    // Split k (576 and 8 rows), unsplit, the scalar path (k odd), rows ending mid-tile.
+    for (const Dims& d : {Dims{8, 576, 6144}, Dims{8, 8, 6144}, Dims{8, 4096, 4096}, Dims{8, 100, 1001},
+                          Dims{8, 4300, 2056}}) {
+      SCOPED_TRACE(absl::StrCat(kGemvNames[b], " n=", d.n, " k=", d.k));
+      ExpectRowsBitIdenticalWhateverTheTokenCount(*cudas[b], rng, d);
     }
   }
+}
+
+TEST(CudaMatMul, TensorCoresOnlyForMatricesWhoseBlocksFillTheDevice) {
+  using cuda::MmaGemvPays;
+  EXPECT_TRUE(MmaGemvPays(4040, 132));  // a vocabulary head
+  EXPECT_TRUE(MmaGemvPays(132, 132));   // one 32-row block per SM
+  EXPECT_FALSE(MmaGemvPays(131, 132));  // k would be split: latency-bound, the FMA kernel's
+  EXPECT_FALSE(MmaGemvPays(18, 132));   // a latent down-projection
 }
 
 TEST(CudaMatMul, SplitsKOnlyWhenTheRowsLeaveTheDeviceIdle) {
