@@ -85,6 +85,9 @@ ABSL_FLAG(double, tp_timeout_s, 60,
           "Tensor parallelism: a collective whose ranks do not all arrive within this many seconds fails the "
           "request and breaks the group (a dead rank is detected at once, not after this)");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(std::string, decode_gemv, "auto",
+          "cuda: the decode GEMV of BF16 weight matrices: auto (the tensor cores for matrices that fill the GPU, "
+          "fp32 FMAs for the rest), tensor or fma (one kernel for every matrix; an escape hatch and a measure)");
 ABSL_FLAG(int, gpu, 0,
           "With --backend cuda: the CUDA device ordinal this worker runs on (as CUDA_VISIBLE_DEVICES numbers them); "
           "with --world_size > 1 each rank needs its own (NCCL refuses two ranks on one GPU)");
@@ -588,8 +591,11 @@ absl::Status Run(ShutdownSignal& shutdown) {
   // Ranks on one host share its cores.
   const int cpu_threads =
       world > 1 ? std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world) : 0;
+  const absl::StatusOr<kernels::DecodeGemv> decode_gemv = kernels::ParseDecodeGemv(absl::GetFlag(FLAGS_decode_gemv));
+  if (!decode_gemv.ok()) return Annotate(decode_gemv.status(), "--decode_gemv");
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
-                   kernels::CreateBackend(absl::GetFlag(FLAGS_backend), {.device = gpu, .cpu_threads = cpu_threads}));
+                   kernels::CreateBackend(absl::GetFlag(FLAGS_backend),
+                                          {.device = gpu, .cuda_decode_gemv = *decode_gemv, .cpu_threads = cpu_threads}));
   // The CUDA backend keeps the model, KV cache and (streaming) the slot arena on the GPU.
   const bool on_gpu = backend->name() == "cuda";
   if (on_gpu) spdlog::info("GPU {}: {}", gpu, backend->DeviceDescription());

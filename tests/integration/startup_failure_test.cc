@@ -82,6 +82,9 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"streamer", {"--decider_address=nohostport"}, "--decider_address=nohostport"},
       {"worker", {"--backend=tpu"}, "tpu"},
       {"worker", {"--gpu=-1"}, "--gpu must be a device ordinal"},
+      {"worker", {"--decode_gemv=fast"}, "--decode_gemv: decode GEMV 'fast' (expected auto, tensor or fma)"},
+      // The decode GEMV is the CUDA backend's: the CPU refuses to be told one.
+      {"worker", {"--decode_gemv=tensor"}, "applies to the cuda backend"},
       // Not compiled in (the CPU preset), or no usable device: refused either way, by name.
       {"worker", {"--backend=cuda"}, "cuda"},
       {"worker", {"--rec_bytes=1000"}, "multiple of 4096"},
