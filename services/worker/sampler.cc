@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -76,14 +77,46 @@ double Sampler::Key(int32_t id) const {
   return std::isfinite(l) ? l : -std::numeric_limits<double>::infinity();
 }
 
+namespace {
+
+// An id's place in the order SortPrefix sorts by as one integer: descending keys are descending
+// logits (every non-finite one last, as -inf), ties the lower id first; -0 ranks as +0, the
+// logit it equals. The same order as Key with the lower id breaking ties.
+uint64_t RankKey(float logit, int32_t id) {
+  const uint32_t key = kernels::SampleKey(logit == 0.0f ? 0.0f : logit);
+  return (uint64_t{key} << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+
+int32_t IdOfRankKey(uint64_t key) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(key)); }
+
+}  // namespace
+
 void Sampler::SortPrefix(size_t n) {
   n = std::min(n, order_.size());
   if (n <= sorted_) return;
-  // By logit rather than by probs_: the same order wherever probs_ differ, and a strict one
-  // where a low temperature underflows them to 0 (top_logprobs are reported at temperature 1).
-  auto by_prob = [&](int32_t a, int32_t b) { return Key(a) > Key(b) || (Key(a) == Key(b) && a < b); };
-  std::partial_sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted_),
-                    order_.begin() + static_cast<std::ptrdiff_t>(n), order_.end(), by_prob);
+  if (ranked_from_ == kNotRanked && n <= kFirstSortStep) {
+    // By logit rather than by probs_: the same order wherever probs_ differ, and a strict one
+    // where a low temperature underflows them to 0 (top_logprobs are reported at temperature 1).
+    auto by_prob = [&](int32_t a, int32_t b) { return Key(a) > Key(b) || (Key(a) == Key(b) && a < b); };
+    std::partial_sort(order_.begin() + static_cast<std::ptrdiff_t>(sorted_),
+                      order_.begin() + static_cast<std::ptrdiff_t>(n), order_.end(), by_prob);
+    sorted_ = n;
+    return;
+  }
+  // Past the first prefix (a draw walking a flat distribution, a nucleus): the unsorted ids as
+  // 8-byte rank keys, sorted in place, where the comparator above reads two logits through their
+  // ids per comparison (a top_p draw at 129280 ids: 5.0 -> 3.9 ms, sampler_bench). Built only
+  // here, so greedy picks and short walks do not pay for them.
+  if (ranked_from_ == kNotRanked) {
+    ranked_from_ = sorted_;
+    ranked_.resize(order_.size() - sorted_);
+    for (size_t i = sorted_; i < order_.size(); ++i) {
+      ranked_[i - sorted_] = RankKey(logits_[static_cast<size_t>(order_[i])], order_[i]);
+    }
+  }
+  std::partial_sort(ranked_.begin() + static_cast<std::ptrdiff_t>(sorted_ - ranked_from_),
+                    ranked_.begin() + static_cast<std::ptrdiff_t>(n - ranked_from_), ranked_.end(), std::greater<>());
+  for (size_t i = sorted_; i < n; ++i) order_[i] = IdOfRankKey(ranked_[i - ranked_from_]);
   sorted_ = n;
 }
 
@@ -140,6 +173,7 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
   order_.resize(V);
   std::iota(order_.begin(), order_.end(), 0);
   sorted_ = 0;
+  ranked_from_ = kNotRanked;
   if (greedy) {
     kept_ = 1;
   } else if (config_.top_k == 0 && config_.top_p >= 1) {

@@ -138,6 +138,11 @@ class Sampler {
   std::mt19937_64 rng_;
   std::span<const float> logits_;  // the prepared row after Adjust (valid within one call)
   std::vector<int32_t> order_;     // scratch: candidates, order_[0, sorted_) sorted
+  // Past the first prefix, the unsorted candidates as rank keys (SortPrefix): ranked_[i -
+  // ranked_from_] is order_[i]'s for i >= ranked_from_, the sorted ones included.
+  static constexpr size_t kNotRanked = static_cast<size_t>(-1);
+  std::vector<uint64_t> ranked_;   // scratch
+  size_t ranked_from_ = kNotRanked;
   size_t sorted_ = 0;
   std::vector<double> probs_;      // scratch
   double sum_ = 0;                 // of probs_
