@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/decode_gemv.h"
 #include "kernels/dtype.h"
 #include "kernels/kv_fp8.h"
 #include "kernels/moe_route.h"
@@ -402,14 +403,10 @@ class SideWorkGuard {
   Backend& backend_;
 };
 
-// CUDA: which decode GEMV (1 to 8 tokens) runs BF16 weight matrices. kAuto takes the tensor
-// cores where they pay for the matrix (kernels/cuda/matmul_params.h, MmaGemvPays); the others
-// force one kernel for every matrix, for tests and measurements of one against the other.
-enum class DecodeGemv { kAuto, kFp32Fma, kTensorCores };
-
 struct BackendOptions {
   // CUDA device ordinal.
   int device = 0;
+  // CUDA: which decode GEMV runs BF16 matrices (kernels/decode_gemv.h); refused by "cpu" unless kAuto.
   DecodeGemv cuda_decode_gemv = DecodeGemv::kAuto;
   // CPU worker threads for large ops; 0 picks std::thread::hardware_concurrency().
   int cpu_threads = 0;

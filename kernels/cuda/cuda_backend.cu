@@ -118,9 +118,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& props, std::shared_ptr<StreamPool> pool, DecodeGemv decode_gemv)
       : device_(device),
-        gemv_kernel_(decode_gemv == DecodeGemv::kFp32Fma       ? GemvKernel::kFp32Fma
-                     : decode_gemv == DecodeGemv::kTensorCores ? GemvKernel::kTensorCores
-                                                               : GemvKernel::kAuto),
+        gemv_kernel_(decode_gemv),
         description_(absl::StrFormat("%s (sm_%d%d, %d SMs, %.1f GiB)", props.name, props.major,
                                      props.minor, props.multiProcessorCount,
                                      props.totalGlobalMem / double{1 << 30})),
@@ -789,7 +787,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
-  GemvKernel gemv_kernel_;  // BackendOptions::cuda_decode_gemv
+  DecodeGemv gemv_kernel_;  // BackendOptions::cuda_decode_gemv
   std::string description_;
   bool capturing_ = false;
   std::uint64_t capture_generation_ = 0;  // CaptureGeneration()

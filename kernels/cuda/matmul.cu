@@ -55,8 +55,8 @@ absl::Status LaunchGemv(const MatMulParams& p, const LaunchContext& ctx) {
   // m is (the choice depends on the matrix and the device alone, so a token's outputs do not
   // depend on how many share the pass).
   if constexpr (std::is_same_v<WeightT, Bf16>) {
-    const bool tensor = p.gemv_kernel == GemvKernel::kTensorCores ||
-                        (p.gemv_kernel == GemvKernel::kAuto && MmaGemvPays(row_blocks, ctx.num_sms));
+    const bool tensor = p.gemv_kernel == DecodeGemv::kTensorCores ||
+                        (p.gemv_kernel == DecodeGemv::kAuto && MmaGemvPays(row_blocks, ctx.num_sms));
     if (tensor && MmaGemvReads(p)) {
       const int steps = static_cast<int>(CeilDiv(p.k, kMmaGemvStepCols));
       return LaunchGemvGrid(&MatMulGemvMmaKernel<kM>, p, row_blocks, ChooseSplits(p, row_blocks, steps, ctx), ctx);

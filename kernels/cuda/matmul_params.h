@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/decode_gemv.h"
 #include "kernels/dtype.h"
 
 namespace nq::kernels::cuda {
@@ -17,12 +18,6 @@ struct MatMulExtra {
   int n = 0;
 };
 inline constexpr int kMatMulMaxExtra = 7;
-
-enum class GemvKernel {
-  kAuto,
-  kFp32Fma,      // MatMulGemvKernel, matmul_gemv.cuh
-  kTensorCores,  // MatMulGemvMmaKernel, matmul_gemv_mma.cuh
-};
 
 struct MatMulParams {
   const float* x = nullptr;  // [m, k], row-major
@@ -41,7 +36,7 @@ struct MatMulParams {
   // Which GEMV kernel (m <= kGemvMaxRows) runs BF16 weights: kAuto lets the launcher choose by
   // the matrix (MmaGemvPays); benchmarks force one to measure it against the other (a matrix the
   // tensor cores cannot read takes the FMA kernel regardless).
-  GemvKernel gemv_kernel = GemvKernel::kAuto;
+  DecodeGemv gemv_kernel = DecodeGemv::kAuto;  // BackendOptions::cuda_decode_gemv
   // Further matrices the GEMV computes in the same launch, their 32-row blocks after w's (the
   // tiled path runs them one by one). Each n > 0.
   MatMulExtra extra[kMatMulMaxExtra] = {};

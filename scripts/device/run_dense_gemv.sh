@@ -79,8 +79,7 @@ if [[ " $stages " == *" slice "* ]]; then
     done
   done
   # Batch invariance end to end: greedy tokens with drafts equal those without, per binary.
-  for pair in ${NQ_BINS:-nq nq_before}; do for dtype in bf16 fp8; do
-    bin="$pair"
+  for bin in ${NQ_BINS:-nq nq_before}; do for dtype in bf16 fp8; do
     a="$out/bench_${bin}_3_true_0_${dtype}.json" b="$out/bench_${bin}_0_true_0_${dtype}.json"
     [[ -f "$a" && -f "$b" ]] || continue
     python3 - "$a" "$b" "$bin $dtype" <<'PY' || status=1

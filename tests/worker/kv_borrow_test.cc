@@ -84,10 +84,8 @@ void ExpectOutsideLiveRows(const model::KvLoan& loan, const model::KvCache& cach
 class KvBorrowTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
-    ASSERT_THAT(backend, IsOk());
-    backend_ = backend->release();
+    ASSERT_NO_FATAL_FAILURE(
+        nq::testing::PrepareEmbeddedModelOnCpu(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR, &backend_));
     for (auto [served, bits] : {std::pair{&borrower_, release::ExpertBits::k2Bit},
                                 std::pair{&reference_, release::ExpertBits::k2Bit},
                                 std::pair{&four_bit_, release::ExpertBits::k4Bit}}) {

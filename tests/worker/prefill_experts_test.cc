@@ -41,10 +41,8 @@ constexpr int64_t kChunk = 64;
 class PrefillExpertsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
-    ASSERT_THAT(backend, IsOk());
-    backend_ = backend->release();
+    ASSERT_NO_FATAL_FAILURE(
+        nq::testing::PrepareEmbeddedModelOnCpu(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR, &backend_));
     for (auto [served, bits] : {std::pair{&two_bit_, release::ExpertBits::k2Bit},
                                 std::pair{&four_bit_, release::ExpertBits::k4Bit}}) {
       absl::StatusOr<release::ServedModel> loaded =

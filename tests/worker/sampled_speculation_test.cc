@@ -58,10 +58,8 @@ class CountingDrafter final : public Drafter {
 class SampledSpeculationTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ASSERT_NO_FATAL_FAILURE(nq::testing::PrepareEmbeddedModel(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR));
-    absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
-    ASSERT_THAT(backend, IsOk());
-    backend_ = backend->release();
+    ASSERT_NO_FATAL_FAILURE(
+        nq::testing::PrepareEmbeddedModelOnCpu(NQ_TOOL_BIN, NQ_SOURCE_DIR, NQ_EMBEDDED_MODEL_DIR, &backend_));
     for (release::ServedModel* served : {&spec_, &plain_}) {
       absl::StatusOr<release::ServedModel> loaded = release::LoadServedModel(
           NQ_EMBEDDED_MODEL_DIR, std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", release::ExpertBits::k2Bit,

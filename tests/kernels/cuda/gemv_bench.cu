@@ -79,7 +79,7 @@ double MicrosPerGroup(const SharedGroup& g, bool together, bool fma, int m, cons
              const std::uint8_t* at = weights + c * stride;
              float* out = y;
              MatMulParams p{.x = x, .w = at, .w_dtype = DType::kBF16, .y = out, .m = m, .n = g.rows[0], .k = g.k,
-                            .gemv_kernel = fma ? GemvKernel::kFp32Fma : GemvKernel::kTensorCores};
+                            .gemv_kernel = fma ? DecodeGemv::kFp32Fma : DecodeGemv::kTensorCores};
              for (std::size_t i = 1; i < g.rows.size(); ++i) {
                at += static_cast<std::size_t>(g.rows[i - 1]) * g.k * 2;
                out += static_cast<std::size_t>(m) * g.rows[i - 1];
@@ -163,7 +163,7 @@ int Main(bool quick) {
           if (f > 0 && f == chosen) continue;
           MatMulParams p{.x = static_cast<const float*>(x.p), .w = nullptr, .w_dtype = DType::kBF16,
                          .y = static_cast<float*>(y.p), .m = m, .n = s.n, .k = s.k, .k_splits = f,
-                         .gemv_kernel = fma ? GemvKernel::kFp32Fma : GemvKernel::kTensorCores};
+                         .gemv_kernel = fma ? DecodeGemv::kFp32Fma : DecodeGemv::kTensorCores};
           const double us = MicrosPerCall(p, static_cast<const std::uint8_t*>(weights.p), stride, copies, ctx);
           const double moved = static_cast<double>(bytes) + 4.0 * m * (s.k + s.n);
           const double rate = moved / (us * 1e-6);
