@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -64,7 +65,15 @@ std::vector<float> RandomValues(const ExpectedTensor& t, std::uint64_t seed, std
   };
   const int threads = static_cast<int>(std::min<std::int64_t>(chunks, std::max(1u, std::thread::hardware_concurrency())));
   std::vector<std::thread> workers;
-  for (int i = 1; i < threads; ++i) workers.emplace_back(fill);
+  for (int i = 1; i < threads; ++i) {
+    // A thread the system cannot start leaves its chunks to the others (the values do not depend
+    // on who draws them); std::thread reports that as an exception, which stays here.
+    try {
+      workers.emplace_back(fill);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
   fill();
   for (std::thread& worker : workers) worker.join();
   return values;

@@ -83,6 +83,37 @@ TEST_F(SynthReleaseTest, TheCheckpointWithoutExpertsHoldsEverythingElse) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("model.layers.1.mlp.experts.0.gate_proj.weight")));
 }
 
+// Values come from per-(tensor, chunk) generators on every core: a seed writes the same bytes
+// again, whatever is left out (the checkpoint without experts holds the full one's other tensors
+// exactly), and another seed writes others.
+TEST_F(SynthReleaseTest, ASeedWritesTheSameValuesWhateverIsLeftOut) {
+  absl::StatusOr<model::ModelConfig> config = testing::EncodeTestConfig();
+  ASSERT_THAT(config, IsOk());
+  ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, Dir("again"), {.seed = 3}), IsOk());
+  ASSERT_THAT(model::WriteSyntheticCheckpoint(*config, Dir("other"), {.seed = 4}), IsOk());
+  absl::StatusOr<model::Checkpoint> full = model::Checkpoint::Open(Dir("full"));
+  absl::StatusOr<model::Checkpoint> stripped = model::Checkpoint::Open(Dir("no_experts"));
+  absl::StatusOr<model::Checkpoint> again = model::Checkpoint::Open(Dir("again"));
+  absl::StatusOr<model::Checkpoint> other = model::Checkpoint::Open(Dir("other"));
+  ASSERT_THAT(full, IsOk());
+  ASSERT_THAT(stripped, IsOk());
+  ASSERT_THAT(again, IsOk());
+  ASSERT_THAT(other, IsOk());
+  auto bytes = [](const model::Checkpoint& c, const std::string& name) {
+    absl::StatusOr<model::TensorView> view = c.Find(name);
+    EXPECT_THAT(view, IsOk()) << name;
+    return view.ok() ? std::vector<std::byte>(view->data.begin(), view->data.end()) : std::vector<std::byte>();
+  };
+  int differing = 0;
+  for (const std::string& name : full->Names()) {
+    const std::vector<std::byte> mine = bytes(*full, name);
+    EXPECT_EQ(bytes(*again, name), mine) << name;
+    if (!absl::StrContains(name, ".mlp.experts.")) EXPECT_EQ(bytes(*stripped, name), mine) << name;
+    if (bytes(*other, name) != mine) ++differing;
+  }
+  EXPECT_EQ(differing, static_cast<int>(full->Names().size())) << "every tensor changes with the seed";
+}
+
 TEST_F(SynthReleaseTest, HasTheFilesAndSizesOfAnEncodedReleaseAndVerifies) {
   ASSERT_THAT(EncodeRelease(Dir("full"), Dir("encoded"), {.tp_size = 2, .fixed_per_layer = 3}), IsOk());
   ASSERT_THAT(EncodeRelease(Dir("no_experts"), Dir("synthetic"), {.tp_size = 2, .fixed_per_layer = 3, .synthetic_seed = 7}),
