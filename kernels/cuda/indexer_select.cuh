@@ -261,25 +261,18 @@ __device__ __forceinline__ void WriteAllVisibleKeys(int visible, std::int32_t* s
   for (int j = threadIdx.x; j < top_k; j += blockDim.x) selected[j] = j < visible ? j : -1;
 }
 
-// grid: (tokens of this chunk); dynamic shared memory SelectSmemBytes(survivors, capacity).
-// `p` describes the chunk (start_pos, tokens, selected offset to it); scores row t = query t.
-__global__ void __launch_bounds__(kSelectThreads)
-    IndexerSelectKernel(const __grid_constant__ IndexerTopKParams p, int candidate_capacity) {
-  extern __shared__ std::uint64_t select_smem[];
-  __shared__ unsigned hist[kRadixBins];
-  __shared__ int warp_sums[kSelectWarps + 1];
-  __shared__ SelectState st;
-  const int t = blockIdx.x;
-  const int visible = IndexerStart(p) + t + 1;
-  if (visible <= p.top_k) {  // block-uniform, before any barrier
-    WriteAllVisibleKeys(visible, p.selected + std::int64_t{t} * p.top_k, p.top_k);
-    return;
-  }
+// Query t's top_k of its visible (> top_k) scores by digit passes over its score row, written
+// in key order: the body of IndexerSelectKernel, and the decode selection's path for rows whose
+// threshold top digit holds more keys than its shared memory (indexer_decode_select.cuh).
+// `smem`: the output buffer (top_k rounded up to a power of two entries), then
+// `candidate_capacity` entries.
+__device__ void SelectRowTopK(const IndexerTopKParams& p, int t, int visible, std::uint64_t* smem,
+                              int candidate_capacity, unsigned* hist, int* warp_sums, SelectState& st) {
   const int take = p.top_k;
   int padded = 1;
   while (padded < take) padded *= 2;
-  std::uint64_t* out = select_smem;                 // [padded]
-  std::uint64_t* candidates = select_smem + padded;  // [candidate_capacity]
+  std::uint64_t* out = smem;                  // [padded]
+  std::uint64_t* candidates = smem + padded;  // [candidate_capacity]
   const RowSource row{p.scores + std::int64_t{t} * (std::int64_t{p.start_pos} + p.tokens)};
 
   if (threadIdx.x == 0) st = {0u, 0u, take, visible, 0, 0, 0, 0};
@@ -303,6 +296,23 @@ __global__ void __launch_bounds__(kSelectThreads)
   // The candidate buffer is free again: it holds the bitmap.
   WriteKeysAscending(out, take, visible, reinterpret_cast<unsigned*>(candidates), 2 * candidate_capacity,
                      p.selected + std::int64_t{t} * p.top_k, p.top_k, warp_sums);
+}
+
+// grid: (tokens of this chunk); dynamic shared memory: the output buffer, then candidate_capacity entries.
+// `p` describes the chunk (start_pos, tokens, selected offset to it); scores row t = query t.
+__global__ void __launch_bounds__(kSelectThreads)
+    IndexerSelectKernel(const __grid_constant__ IndexerTopKParams p, int candidate_capacity) {
+  extern __shared__ std::uint64_t select_smem[];
+  __shared__ unsigned hist[kRadixBins];
+  __shared__ int warp_sums[kSelectWarps + 1];
+  __shared__ SelectState st;
+  const int t = blockIdx.x;
+  const int visible = IndexerStart(p) + t + 1;
+  if (visible <= p.top_k) {  // block-uniform, before any barrier
+    WriteAllVisibleKeys(visible, p.selected + std::int64_t{t} * p.top_k, p.top_k);
+    return;
+  }
+  SelectRowTopK(p, t, visible, select_smem, candidate_capacity, hist, warp_sums, st);
 }
 
 }  // namespace nq::kernels::cuda

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/indexer_decode_select.cuh"
+#include "kernels/cuda/indexer_one_block_select.cuh"
 #include "kernels/cuda/indexer_scores.cuh"
 #include "kernels/cuda/indexer_select.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
@@ -118,7 +119,9 @@ absl::Status LaunchChunk(const IndexerTopKParams& chunk, const ScoresVariant& sc
 }
 
 // The decode path (indexer_decode_select.cuh): a memset, scores with the top-digit histograms,
-// the multi-block filter, the per-query resolve. All of p's queries in one chunk.
+// the multi-block filter, the per-query resolve; or, with IndexerDecodeSelect::kOneBlock, one
+// selection block per query after the scores (indexer_one_block_select.cuh). All of p's queries
+// in one chunk.
 absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& scores,
                           int candidate_capacity, int select_smem, const LaunchContext& ctx) {
   const std::int64_t visible_max = std::int64_t{p.start_pos} + p.tokens;
@@ -136,6 +139,19 @@ absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& score
   ASSIGN_OR_RETURN(const ScoreLaunch sl, MakeScoreLaunch(p, scores, /*histogram=*/true, ctx));
   sl.kernel<<<sl.grid, sl.threads, sl.smem, ctx.stream>>>(p, sl.queries_per_block, s.top_hist);
   RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel (histogram)"));
+  if (p.decode_select == IndexerDecodeSelect::kOneBlock) {
+    // A row of at most one chunk stays in registers between the selection's two passes over it.
+    const auto kernel = visible_max <= kOneBlockSelectChunkKeys ? IndexerOneBlockSelectKernel<true>
+                                                                : IndexerOneBlockSelectKernel<false>;
+    NQ_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, select_smem));
+    const int bucket_capacity = select_smem / static_cast<int>(sizeof(std::uint64_t));
+    RETURN_IF_ERROR(LaunchProgrammaticDependent(kernel, dim3(static_cast<unsigned>(p.tokens)),
+                                                dim3(kDecodeSelectThreads), static_cast<std::size_t>(select_smem),
+                                                ctx, p, static_cast<const unsigned*>(s.top_hist), bucket_capacity,
+                                                candidate_capacity));
+    return CheckLaunch("IndexerOneBlockSelectKernel");
+  }
   const dim3 filter_grid(static_cast<unsigned>(CeilDiv(visible_max, kFilterKeysPerBlock)),
                          static_cast<unsigned>(p.tokens));
   RETURN_IF_ERROR(

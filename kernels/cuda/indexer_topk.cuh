@@ -28,6 +28,11 @@ inline constexpr int kMaxIndexerSurvivors = 16384;
 // Up to this many queries (decode, MTP verification) select on the decode path.
 inline constexpr int kIndexerDecodeMaxQueries = 4;
 
+// How a decode call (select_scratch set) selects after scoring: the many-block filter and a
+// one-block resolve (indexer_decode_select.cuh, the default), or one block per query over the
+// score row (indexer_one_block_select.cuh: not yet measured on a GPU, so not the default).
+enum class IndexerDecodeSelect { kFiltered, kOneBlock };
+
 struct IndexerTopKParams {
   const float* q = nullptr;          // [tokens, heads, dim]
   const float* k = nullptr;          // [keys, dim], keys >= start_pos + tokens
@@ -48,6 +53,7 @@ struct IndexerTopKParams {
   // Device scratch of IndexerSelectScratchBytes(tokens, start_pos + tokens, top_k) bytes
   // (16-byte aligned) for the decode path; null, or tokens > score_rows, takes the chunked path.
   void* select_scratch = nullptr;
+  IndexerDecodeSelect decode_select = IndexerDecodeSelect::kFiltered;
 };
 
 // Bytes of select_scratch for `tokens` queries that see up to `visible_max` keys; 0 when the call

@@ -1,6 +1,7 @@
 // indexer_bench: the DSA indexer's decode selection on the GPU (issue #13; results and how to rerun
 // them: bench/README.md). A measurement, not a test: one line per case with microseconds per call
-// (scores, selection and the scratch memset, as a decode step runs them) and the bytes the call
+// (scores, selection and the scratch memset, as a decode step runs them; each case through both
+// decode selections, IndexerDecodeSelect) and the bytes the call
 // must read (the visible indexer keys and the queries, F32) over the device-to-device copy
 // bandwidth measured in the same run.
 //
@@ -51,7 +52,7 @@ struct Instance {
   std::vector<void*> owned;
 };
 
-void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream) {
+void RunCase(const Case& c, IndexerDecodeSelect path, double copy_bw, int num_sms, cudaStream_t stream) {
   const std::size_t key_bytes = std::size_t{4} * c.keys * c.dim;
   const int n = static_cast<int>(std::clamp<std::size_t>(kColdBytes / key_bytes + 1, 2, 64));
   std::vector<Instance> copies(n);
@@ -80,6 +81,7 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream) {
     p.top_k = c.top_k;
     p.start_pos = c.keys - c.tokens;
     p.score_rows = c.tokens;
+    p.decode_select = path;
   }
   auto launch = [&]() {
     for (const Instance& in : copies) BENCH_OK(LaunchIndexerTopK(in.p, {.stream = stream, .num_sms = num_sms}));
@@ -88,8 +90,9 @@ void RunCase(const Case& c, double copy_bw, int num_sms, cudaStream_t stream) {
   BENCH_CHECK(cudaStreamSynchronize(stream));
   const double us = GraphReplayMicros(stream, 20, launch) / static_cast<double>(copies.size());
   const double bytes = static_cast<double>(key_bytes) + 4.0 * c.tokens * c.heads * c.dim;
-  std::printf("%-28s T=%d H=%-3d keys=%-7d top_k=%-5d %9.2f us  %7.2f MB  %6.2f TB/s  ratio to copy %.3f\n", c.name,
-              c.tokens, c.heads, c.keys, c.top_k, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12,
+  std::printf("%-28s %-9s T=%d H=%-3d keys=%-7d top_k=%-5d %9.2f us  %7.2f MB  %6.2f TB/s  ratio to copy %.3f\n",
+              c.name, path == IndexerDecodeSelect::kOneBlock ? "one-block" : "filtered", c.tokens, c.heads, c.keys,
+              c.top_k, us, bytes / 1e6, bytes / (us * 1e-6) / 1e12,
               bytes / (us * 1e-6) / copy_bw);
   std::fflush(stdout);
   for (Instance& in : copies) {
@@ -120,7 +123,10 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     const std::string label = std::string(c.name) + " " + std::to_string(c.keys);  // --only matches it
     if (!only.empty() && label.find(only) == std::string::npos) continue;
-    RunCase(c, d.copy_bw, d.num_sms, d.stream);
+    // Both decode selections side by side (IndexerDecodeSelect: the default, then the candidate).
+    for (IndexerDecodeSelect path : {IndexerDecodeSelect::kFiltered, IndexerDecodeSelect::kOneBlock}) {
+      RunCase(c, path, d.copy_bw, d.num_sms, d.stream);
+    }
     if (quick) break;
   }
   BENCH_CHECK(cudaStreamDestroy(d.stream));

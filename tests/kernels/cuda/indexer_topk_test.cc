@@ -219,7 +219,9 @@ TEST(CudaIndexerTopK, RandomScoresSelectAValidTopK) {
         ASSERT_LT(row[j], visible) << "t=" << t << " j=" << j;
         EXPECT_GE(scores[row[j]], kth - slack) << "t=" << t << " j=" << j;
         // Ascending key order, each key once.
-        if (j > 0) EXPECT_LT(row[j - 1], row[j]) << "t=" << t << " j=" << j;
+        if (j > 0) {
+          EXPECT_LT(row[j - 1], row[j]) << "t=" << t << " j=" << j;
+        }
       }
     }
   }

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On the device: the DSA indexer's decode selection, the default filter + resolve path
+# (indexer_decode_select.cuh) against the one-block candidate (indexer_one_block_select.cuh,
+# IndexerDecodeSelect::kOneBlock); bench/README.md, "DSA indexer":
+#   1. cuda_vs_cpu_ops_test: CudaIndexer* (exact selection against the CPU; the one-block path
+#      against the default) and CudaStepPosition*, then compute-sanitizer memcheck
+#      (NQ_MEMCHECK_FILTER) and racecheck (NQ_RACECHECK_FILTER);
+#   2. indexer_bench, NQ_ROUNDS (2) times: each case through both selections, us per call and the
+#      bytes it reads over the copy bandwidth of the run (every other bundled indexer_bench*, e.g.
+#      a variant build, runs too);
+#   3. ncu kernel durations at NQ_NCU_CASES (";"-separated indexer_bench --only names).
+# Results in $OUT (tests.txt, sanitize.txt, bench.txt, ncu.txt), a summary on stdout.
+#
+# Here (binaries and their libraries, xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
+#   cmake --build build/cuda --target cuda_vs_cpu_ops_test indexer_bench && mkdir -p .device3/bin .devspec
+#   for b in tests/kernels/cuda_vs_cpu_ops_test tests/kernels/indexer_bench; do
+#     strip -o .device3/bin/$(basename $b) build/cuda/$b; done
+#   source scripts/device/shared_libs.sh && copy_shared_libs .device3/lib .device3/bin/*
+#   tar -C .device3 -cf - bin lib | xz -T0 -9 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on cluster
+# the `run` tool: carry [".devspec"], command: bash scripts/device/run_indexer_select.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-$PWD/out}"
+mkdir -p "$out"
+bundle=/tmp/nq-devindexer
+mkdir -p "$bundle" && xz -dc .devspec/bundle.tar.xz | tar -C "$bundle" -xf - || exit 1
+export LD_LIBRARY_PATH="$bundle/lib:$(bash scripts/device/cuda_wheel_libs.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+B="$bundle/bin"
+status=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+"$B/cuda_vs_cpu_ops_test" --gtest_filter='CudaIndexer*:CudaStepPosition*' >"$out/tests.txt" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED)|FAILED|tests ran" "$out/tests.txt" | tail -15
+if command -v compute-sanitizer >/dev/null; then
+  {
+    compute-sanitizer --tool memcheck "$B/cuda_vs_cpu_ops_test" \
+      --gtest_filter="${NQ_MEMCHECK_FILTER:-CudaIndexerTopK.Tiny*:CudaIndexerOneBlock.Ties*:CudaIndexerOneBlock.Crowded*}"
+    compute-sanitizer --tool racecheck "$B/cuda_vs_cpu_ops_test" \
+      --gtest_filter="${NQ_RACECHECK_FILTER:-CudaIndexerTopK.Tiny*}"
+    # The one-block kernel's barriers and shared appends on small rows (both row layouts).
+    compute-sanitizer --tool racecheck "$B/cuda_vs_cpu_ops_test" --gtest_filter="${NQ_RACECHECK_ONE_BLOCK_FILTER:-CudaIndexerOneBlock.ADevicePosition*}"
+  } >"$out/sanitize.txt" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$out/sanitize.txt"
+fi
+
+for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
+  for bin in $(cd "$B" && ls indexer_bench*); do
+    echo "== round $round: $bin" | tee -a "$out/bench.txt"
+    timeout 120 "$B/$bin" 2>&1 | tee -a "$out/bench.txt" || status=1
+  done
+done
+
+if command -v ncu >/dev/null; then
+  IFS=';' read -r -a cases <<<"${NQ_NCU_CASES:-glm5 decode 4000;glm5 decode 16384;glm5 decode 131072;glm5 MTP 16384}"
+  for c in "${cases[@]}"; do
+    echo "== ncu: $c" | tee -a "$out/ncu.txt"
+    # The first call of the case: the default path's scores, filter and resolve; then the first
+    # one-block selection (its scores kernel is the same).
+    for kernels in "regex:Indexer -c 3" "regex:IndexerOneBlock -c 1"; do
+      # shellcheck disable=SC2086  # two ncu arguments in one word
+      timeout 90 ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+        -k $kernels "$B/indexer_bench" --quick --only "$c" 2>&1 |
+        grep -E "Indexer.*Kernel|duration|dram__|grid_size" | tee -a "$out/ncu.txt"
+    done
+  done
+fi
+exit "$status"
