@@ -166,6 +166,18 @@ struct ResolveState {
   int cand_count;        // entries in the shared candidate buffer
 };
 
+// The state once the first two digits (the score's bits 31..21 and 20..10) are chosen: those
+// bits resolved, the entries still needed among the c1 bucket. Thread 0 writes; the caller's
+// barrier publishes it.
+__device__ __forceinline__ void ResolveFirstTwoDigits(const DigitChoice& c0, const DigitChoice& c1, int take,
+                                                      ResolveState& st) {
+  st.prefix = (static_cast<std::uint64_t>(c0.digit) << kEntryFirstShift) |
+              (static_cast<std::uint64_t>(c1.digit) << kEntrySecondShift);
+  st.mask = (std::uint64_t{0x7ff} << kEntryFirstShift) | (std::uint64_t{0x7ff} << kEntrySecondShift);
+  st.needed = take - c0.above - c1.above;
+  st.bucket = c1.count;
+}
+
 // One digit pass over entries[0, n): the histogram of digit `level` among those matching the
 // prefix, then its threshold digit; narrows the state to it.
 __device__ void EntryDigitPass(const std::uint64_t* entries, int n, int level, ResolveState& st,
@@ -250,11 +262,7 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   const DigitChoice c1 =
       FindThresholdDigit(s.second_hist + t * kRadixBins, take - c0.above, warp_sums, choice_slot);
   if (threadIdx.x == 0) {
-    st.prefix = (static_cast<std::uint64_t>(c0.digit) << kEntryFirstShift) |
-                (static_cast<std::uint64_t>(c1.digit) << kEntrySecondShift);
-    st.mask = (std::uint64_t{0x7ff} << kEntryFirstShift) | (std::uint64_t{0x7ff} << kEntrySecondShift);
-    st.needed = take - c0.above - c1.above;
-    st.bucket = c1.count;
+    ResolveFirstTwoDigits(c0, c1, take, st);
     st.out_count = 0;
     st.cand_count = 0;
   }

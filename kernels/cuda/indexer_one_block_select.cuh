@@ -145,13 +145,7 @@ __global__ void __launch_bounds__(kDecodeSelectThreads)
   }
   __syncthreads();
   const DigitChoice c1 = FindThresholdDigit(hist, take - c0.above, warp_sums, choice_slot);
-  if (threadIdx.x == 0) {
-    st.prefix = (static_cast<std::uint64_t>(c0.digit) << kEntryFirstShift) |
-                (static_cast<std::uint64_t>(c1.digit) << kEntrySecondShift);
-    st.mask = (std::uint64_t{0x7ff} << kEntryFirstShift) | (std::uint64_t{0x7ff} << kEntrySecondShift);
-    st.needed = take - c0.above - c1.above;
-    st.bucket = c1.count;
-  }
+  if (threadIdx.x == 0) ResolveFirstTwoDigits(c0, c1, take, st);
   __syncthreads();
   const int n_bucket = st.cand_count;  // == c0.count
   for (int level = 2; st.bucket > st.needed && level < kEntryLevels; ++level) {

@@ -22,10 +22,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-$PWD/out}"
 mkdir -p "$out"
-bundle=/tmp/nq-devindexer
-mkdir -p "$bundle" && xz -dc .devspec/bundle.tar.xz | tar -C "$bundle" -xf - || exit 1
-export LD_LIBRARY_PATH="$bundle/lib:$(bash scripts/device/cuda_wheel_libs.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-B="$bundle/bin"
+source scripts/device/devspec_bundle.sh
+unpack_devspec_bundle /tmp/nq-devindexer || exit 1
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
