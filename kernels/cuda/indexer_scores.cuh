@@ -33,6 +33,7 @@
 
 #include "kernels/cuda/indexer_select.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
+#include "kernels/cuda/launch_dependent.cuh"
 #include "kernels/cuda/reduce.cuh"
 
 namespace nq::kernels::cuda {
@@ -155,6 +156,9 @@ __global__ void __launch_bounds__(kScoreMaxWarps* kWarpSize)
     LoadKeyTile(tiles, p.k, p.dim, padded, stride, tile * kScoreTileKeys, last_key, vec4);
   }
   CpAsyncCommit();
+  // The selection after this kernel (launched as its programmatic dependent) waits for it to
+  // complete before reading anything; letting it launch now hides its launch latency.
+  LetDependentsLaunch();
   if constexpr (kHistogram) {
     // Ordered before the first epilogue's counts by the loop's first barrier.
     for (int i = threadIdx.x; i < queries * kRadixBins; i += blockDim.x) hist[i] = 0;

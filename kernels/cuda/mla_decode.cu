@@ -175,11 +175,9 @@ __device__ __forceinline__ void WaitCopies() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
 }
 
-// Programmatic dependent launch (Launch below): each kernel lets the next one's blocks start at
-// once, and the next one does its independent prologue (its first key tile, its w_uv rows) before
-// waiting for this one's results.
-__device__ __forceinline__ void LetTheNextKernelStart() { asm volatile("griddepcontrol.launch_dependents;"); }
-__device__ __forceinline__ void WaitForThePreviousKernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// Programmatic dependent launch (Launch below, launch_dependent.cuh): each kernel lets the next
+// one's blocks start at once, and the next one does its independent prologue (its first key tile,
+// its w_uv rows) before waiting for this one's results.
 
 // 8 weights of w_uk at `w` (16-byte aligned) as floats.
 __device__ __forceinline__ void Load8(const float* w, float (&out)[8]) {
@@ -199,7 +197,7 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
   const MlaAttentionParams& p = a.p;
   __shared__ float partial[kAbsorbRowGroups][kTokens][kAbsorbCols];
   extern __shared__ float q_nope[];  // [kTokens][dn] of this head
-  LetTheNextKernelStart();
+  LetDependentsLaunch();
   const int d = p.c + p.dr, qs = QStride(d);
   const int h = blockIdx.x;
   const int cg = threadIdx.x % (kAbsorbCols / 8), rg = threadIdx.x / (kAbsorbCols / 8);
@@ -212,7 +210,7 @@ __global__ void __launch_bounds__(kThreads) MlaAbsorbKernel(const __grid_constan
   if (reads) {
     for (int j = rg; j < p.dn; j += kAbsorbRowGroups) PrefetchL2(w + std::int64_t{j} * p.c);
   }
-  WaitForThePreviousKernel();
+  WaitForPrerequisiteGrid();
   for (int t0 = 0; t0 < p.tokens; t0 += kTokens) {
     const int n = min(kTokens, p.tokens - t0);
     if (any_reads) {
@@ -316,9 +314,9 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   const std::int64_t tile_begin = split * tiles / a.splits;
   const std::int64_t tile_end = (split + 1) * tiles / a.splits;
   const std::int64_t stats = ((std::int64_t{t} * a.head_groups + hg) * a.splits + split) * kMlaHeadGroup;
-  LetTheNextKernelStart();
+  LetDependentsLaunch();
   if (tile_begin == tile_end) {
-    WaitForThePreviousKernel();  // no keys here: no weight in the merge, and zeros (not garbage) to add
+    WaitForPrerequisiteGrid();  // no keys here: no weight in the merge, and zeros (not garbage) to add
     if (tid < kMlaHeadGroup) {
       a.row_max[stats + tid] = -INFINITY;
       a.row_sum[stats + tid] = 0.0f;
@@ -374,7 +372,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1) MlaSplitKernel(const __grid_
   // Groups: tile 0, the query block, tiles 1 .. kStages - 2, then one per iteration.
   constexpr int kAhead = kStages<KvT> - 1;
   issue(tile_begin, 0);
-  WaitForThePreviousKernel();
+  WaitForPrerequisiteGrid();
   const std::uint16_t* q_src = a.q + (std::int64_t{t} * a.head_groups + hg) * 2 * kMlaHeadGroup * qs;
   // Each row's last 16 bytes are padding (QStride) the absorb kernel never writes: zero-filled
   // here rather than copied (nothing reads them; compute-sanitizer's initcheck did).
@@ -631,8 +629,8 @@ __global__ void __launch_bounds__(kThreads) MlaCombineKernel(const __grid_consta
   __shared__ float weight[kMlaMaxSplits];
   __shared__ float4 partial[kGroups][kCols / 4];
   __shared__ float scratch[kWarps];
-  LetTheNextKernelStart();
-  WaitForThePreviousKernel();
+  LetDependentsLaunch();
+  WaitForPrerequisiteGrid();
   const int tid = threadIdx.x;
   const int h = blockIdx.y, t = blockIdx.z;
   const std::int64_t first = (std::int64_t{t} * a.head_groups + h / kMlaHeadGroup) * a.splits * kMlaHeadGroup +
@@ -698,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, kOutputBlocksPerSm<UvT, kRows>)
                       : make_uint4(0, 0, 0, 0);
     }
   }
-  WaitForThePreviousKernel();
+  WaitForPrerequisiteGrid();
   for (int t0 = 0; t0 < p.tokens; t0 += kTokens) {
     const int n = min(kTokens, p.tokens - t0);
     for (int i = threadIdx.x; i < n * p.c / 4; i += kThreads) {
