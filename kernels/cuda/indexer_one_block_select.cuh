@@ -1,8 +1,9 @@
 // DSA indexer top-k selection for decode in one block per query (IndexerDecodeSelect::kOneBlock,
 // kernels/cuda/indexer_topk.cuh): an alternative to indexer_decode_select.cuh's filter + resolve,
-// after the same scoring kernel and its top-digit histograms. Not the default until it is
-// measured faster on a GPU (bench/README.md, "DSA indexer"; tests/kernels/cuda/
-// indexer_one_block_test.cu checks it selects exactly what the default path selects). Per query:
+// after the same scoring kernel and its top-digit histograms; taken by default for one query
+// whose row has at most kOneBlockSelectChunkKeys keys, where it measured faster on the H200
+// (IndexerDecodeSelect::kAuto; bench/README.md, "DSA indexer"; tests/kernels/cuda/
+// indexer_one_block_test.cu checks it selects exactly what the filter path selects). Per query:
 //  1. the threshold top digit d0 from top_hist (the digit where the count of higher digits first
 //     reaches top_k);
 //  2. one pass over the score row (from L2): the keys at d0 go to shared memory as 64-bit entries

@@ -119,9 +119,9 @@ absl::Status LaunchChunk(const IndexerTopKParams& chunk, const ScoresVariant& sc
 }
 
 // The decode path (indexer_decode_select.cuh): a memset, scores with the top-digit histograms,
-// the multi-block filter, the per-query resolve; or, with IndexerDecodeSelect::kOneBlock, one
-// selection block per query after the scores (indexer_one_block_select.cuh). All of p's queries
-// in one chunk.
+// the multi-block filter, the per-query resolve; or one selection block per query after the
+// scores (indexer_one_block_select.cuh; IndexerDecodeSelect says when). All of p's queries in
+// one chunk.
 absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& scores,
                           int candidate_capacity, int select_smem, const LaunchContext& ctx) {
   const std::int64_t visible_max = std::int64_t{p.start_pos} + p.tokens;
@@ -139,7 +139,10 @@ absl::Status LaunchDecode(const IndexerTopKParams& p, const ScoresVariant& score
   ASSIGN_OR_RETURN(const ScoreLaunch sl, MakeScoreLaunch(p, scores, /*histogram=*/true, ctx));
   sl.kernel<<<sl.grid, sl.threads, sl.smem, ctx.stream>>>(p, sl.queries_per_block, s.top_hist);
   RETURN_IF_ERROR(CheckLaunch("IndexerScoresKernel (histogram)"));
-  if (p.decode_select == IndexerDecodeSelect::kOneBlock) {
+  const bool one_block = p.decode_select == IndexerDecodeSelect::kOneBlock ||
+                         (p.decode_select == IndexerDecodeSelect::kAuto && p.tokens == 1 &&
+                          visible_max <= kOneBlockSelectChunkKeys);
+  if (one_block) {
     // A row of at most one chunk stays in registers between the selection's two passes over it.
     const auto kernel = visible_max <= kOneBlockSelectChunkKeys ? IndexerOneBlockSelectKernel<true>
                                                                 : IndexerOneBlockSelectKernel<false>;

@@ -29,9 +29,12 @@ inline constexpr int kMaxIndexerSurvivors = 16384;
 inline constexpr int kIndexerDecodeMaxQueries = 4;
 
 // How a decode call (select_scratch set) selects after scoring: the many-block filter and a
-// one-block resolve (indexer_decode_select.cuh, the default), or one block per query over the
-// score row (indexer_one_block_select.cuh: not yet measured on a GPU, so not the default).
-enum class IndexerDecodeSelect { kFiltered, kOneBlock };
+// one-block resolve (indexer_decode_select.cuh), or one block per query over the score row
+// (indexer_one_block_select.cuh). kAuto takes the one-block selection for one query whose row
+// fits its registers (at most 16384 keys) and the filter otherwise: on the H200 it is 7 % faster
+// at 4000 keys, 15 % below top_k and even at 16384; with 4 queries 3 % slower at 16384 keys, and
+// past 16384 keys (a row read twice by one block) twice as slow (bench/README.md, "DSA indexer").
+enum class IndexerDecodeSelect { kAuto, kFiltered, kOneBlock };
 
 struct IndexerTopKParams {
   const float* q = nullptr;          // [tokens, heads, dim]
@@ -53,7 +56,7 @@ struct IndexerTopKParams {
   // Device scratch of IndexerSelectScratchBytes(tokens, start_pos + tokens, top_k) bytes
   // (16-byte aligned) for the decode path; null, or tokens > score_rows, takes the chunked path.
   void* select_scratch = nullptr;
-  IndexerDecodeSelect decode_select = IndexerDecodeSelect::kFiltered;
+  IndexerDecodeSelect decode_select = IndexerDecodeSelect::kAuto;
 };
 
 // Bytes of select_scratch for `tokens` queries that see up to `visible_max` keys; 0 when the call

@@ -54,6 +54,7 @@ fi
 if [[ " $stages " == *" slice "* ]]; then
   slice=/tmp/nq-dsv3-mtp-slice
   start=$(date +%s)
+  rm -rf "$slice"  # a warm machine may still hold one of another layer count
   if ! NQ="$B/nq" bash scripts/device/make_slice.sh dsv3 "$slice" "${NQ_LAYERS:-2}" 32 1 >"$out/slice.txt" 2>&1; then
     tail -5 "$out/slice.txt"
     exit 1

@@ -8,13 +8,17 @@
 #   2. indexer_bench, NQ_ROUNDS (2) times: each case through both selections, us per call and the
 #      bytes it reads over the copy bandwidth of the run (every other bundled indexer_bench*, e.g.
 #      a variant build, runs too);
-#   3. ncu kernel durations at NQ_NCU_CASES (";"-separated indexer_bench --only names).
-# Results in $OUT (tests.txt, sanitize.txt, bench.txt, ncu.txt), a summary on stdout.
+#   3. ncu kernel durations at NQ_NCU_CASES (";"-separated indexer_bench --only names);
+#   4. with NQ_SLICE (e.g. glm5:4:256:4000: make_slice.sh's arch, layers, experts, then the
+#      context), that slice's decode tokens/s for each bundled nq* binary (e.g. nq_filtered, an nq
+#      built with IndexerDecodeSelect::kFiltered as the default), NQ_SLICE_ROUNDS (2) interleaved.
+# NQ_STAGES (default "tests bench ncu", add "slice") limits what runs. Results in $OUT (tests.txt,
+# sanitize.txt, bench.txt, ncu.txt, slice_*.txt), a summary on stdout.
 #
 # Here (binaries and their libraries, xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
-#   cmake --build build/cuda --target cuda_vs_cpu_ops_test indexer_bench && mkdir -p .device3/bin .devspec
-#   for b in tests/kernels/cuda_vs_cpu_ops_test tests/kernels/indexer_bench; do
-#     strip -o .device3/bin/$(basename $b) build/cuda/$b; done
+#   cmake --build build/cuda --target cuda_vs_cpu_ops_test indexer_bench nq && mkdir -p .device3/bin .devspec
+#   for b in tests/kernels/cuda_vs_cpu_ops_test tests/kernels/indexer_bench services/tools/nq; do
+#     strip -o .device3/bin/$(basename $b) build/cuda/$b; done   # (nq: for the slice stage)
 #   source scripts/device/shared_libs.sh && copy_shared_libs .device3/lib .device3/bin/*
 #   tar -C .device3 -cf - bin lib | xz -T0 -9 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on cluster
 # the `run` tool: carry [".devspec"], command: bash scripts/device/run_indexer_select.sh
@@ -24,12 +28,16 @@ out="${OUT:-$PWD/out}"
 mkdir -p "$out"
 source scripts/device/devspec_bundle.sh
 unpack_devspec_bundle /tmp/nq-devindexer || exit 1
+stages="${NQ_STAGES:-tests bench ncu}"
+wants() { [[ " $stages " == *" $1 "* ]]; }
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-"$B/cuda_vs_cpu_ops_test" --gtest_filter='CudaIndexer*:CudaStepPosition*' >"$out/tests.txt" 2>&1 || status=1
-grep -E "^\[  (PASSED|FAILED)|FAILED|tests ran" "$out/tests.txt" | tail -15
-if command -v compute-sanitizer >/dev/null; then
+if wants tests; then
+  "$B/cuda_vs_cpu_ops_test" --gtest_filter='CudaIndexer*:CudaStepPosition*' >"$out/tests.txt" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED)|FAILED|tests ran" "$out/tests.txt" | tail -15
+fi
+if wants tests && command -v compute-sanitizer >/dev/null; then
   {
     compute-sanitizer --tool memcheck "$B/cuda_vs_cpu_ops_test" \
       --gtest_filter="${NQ_MEMCHECK_FILTER:-CudaIndexerTopK.Tiny*:CudaIndexerOneBlock.Ties*:CudaIndexerOneBlock.Crowded*}"
@@ -42,13 +50,14 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
+  wants bench || break
   for bin in $(cd "$B" && ls indexer_bench*); do
     echo "== round $round: $bin" | tee -a "$out/bench.txt"
     timeout 120 "$B/$bin" 2>&1 | tee -a "$out/bench.txt" || status=1
   done
 done
 
-if command -v ncu >/dev/null; then
+if wants ncu && command -v ncu >/dev/null; then
   IFS=';' read -r -a cases <<<"${NQ_NCU_CASES:-glm5 decode 4000;glm5 decode 16384;glm5 decode 131072;glm5 MTP 16384}"
   for c in "${cases[@]}"; do
     echo "== ncu: $c" | tee -a "$out/ncu.txt"
@@ -61,5 +70,23 @@ if command -v ncu >/dev/null; then
         grep -E "Indexer.*Kernel|duration|dram__|grid_size" | tee -a "$out/ncu.txt"
     done
   done
+fi
+if wants slice && [[ -n "${NQ_SLICE:-}" ]]; then
+  IFS=: read -r arch layers experts context <<<"$NQ_SLICE"
+  slice=/tmp/nq-indexer-slice-$arch
+  rm -rf "$slice"  # a warm machine may still hold one of other shapes
+  if ! NQ="$B/nq" bash scripts/device/make_slice.sh "$arch" "$slice" "$layers" "$experts" 0 >"$out/make_slice.txt" 2>&1; then
+    tail -5 "$out/make_slice.txt"
+    exit 1
+  fi
+  for round in $(seq 1 "${NQ_SLICE_ROUNDS:-2}"); do
+    for bin in $(cd "$B" && ls nq*); do
+      log="$out/slice_${bin}_$round.txt"
+      timeout 150 "$B/$bin" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+        --prompt-tokens="$context" --decode-tokens=64 --warmup=4 >"$log" 2>&1 || status=1
+      echo "== round $round, $bin, slice $NQ_SLICE: $(tail -1 "$log" | sed 's/.*GiB): //')"
+    done
+  done
+  rm -rf "$slice"
 fi
 exit "$status"
