@@ -65,7 +65,7 @@ if wants ncu && command -v ncu >/dev/null; then
     # one-block selection (its scores kernel is the same).
     for kernels in "regex:Indexer -c 3" "regex:IndexerOneBlock -c 1"; do
       # shellcheck disable=SC2086  # two ncu arguments in one word
-      timeout 90 ncu --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+      timeout 90 ncu --clock-control none --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
         -k $kernels "$B/indexer_bench" --quick --only "$c" 2>&1 |
         grep -E "Indexer.*Kernel|duration|dram__|grid_size" | tee -a "$out/ncu.txt"
     done
