@@ -114,8 +114,13 @@ void Sampler::SortPrefix(size_t n) {
       ranked_[i - sorted_] = RankKey(logits_[static_cast<size_t>(order_[i])], order_[i]);
     }
   }
-  std::partial_sort(ranked_.begin() + static_cast<std::ptrdiff_t>(sorted_ - ranked_from_),
-                    ranked_.begin() + static_cast<std::ptrdiff_t>(n - ranked_from_), ranked_.end(), std::greater<>());
+  // The next n - sorted_ keys by selection, then a sort of those alone: a partial_sort's heap
+  // costs a logarithm of the prefix per key of the rest, and a nucleus or a flat draw asks for
+  // thousands (keys are unique, so the order is the same).
+  const auto first = ranked_.begin() + static_cast<std::ptrdiff_t>(sorted_ - ranked_from_);
+  const auto middle = ranked_.begin() + static_cast<std::ptrdiff_t>(n - ranked_from_);
+  if (middle != ranked_.end()) std::nth_element(first, middle, ranked_.end(), std::greater<>());
+  std::sort(first, middle, std::greater<>());
   for (size_t i = sorted_; i < n; ++i) order_[i] = IdOfRankKey(ranked_[i - ranked_from_]);
   sorted_ = n;
 }
