@@ -7,14 +7,12 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "services/common/flag_checks.h"
 #include "services/common/grpc_server.h"
 #include "services/common/http_server.h"
 #include "services/common/internal_tls.h"
-#include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
+#include "services/common/service_main.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/status_macros.h"
 #include "services/router/api_key.h"
@@ -48,7 +46,6 @@ ABSL_FLAG(std::string, api_key, "",
           "Require 'Authorization: Bearer <key>' on the API: every HTTP route but /health and /metrics, and every "
           "nq.v1.Inference call (as 'authorization' metadata; gRPC health stays open). Also read from $NQ_API_KEY; "
           "never logged");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 namespace nq::router {
 namespace {
@@ -177,20 +174,6 @@ absl::Status Run(ShutdownSignal& shutdown) {
 }  // namespace nq::router
 
 int main(int argc, char** argv) {
-  if (absl::Status s = nq::ShutdownSignal::BlockTerminationSignals(); !s.ok()) {
-    std::fprintf(stderr, "nq-router: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  absl::SetProgramUsageMessage("NestQuant router: OpenAI-compatible HTTP and gRPC nq.v1.Inference");
-  absl::ParseCommandLine(argc, argv);
-  if (absl::Status s = nq::InitLogging("router", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    std::fprintf(stderr, "nq-router: %s\n", s.ToString().c_str());
-    return 2;
-  }
-  nq::ShutdownSignal shutdown;
-  if (absl::Status s = nq::router::Run(shutdown); !s.ok()) {
-    spdlog::critical("nq-router failed: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return nq::ServiceMain(argc, argv, "router", "NestQuant router: OpenAI-compatible HTTP and gRPC nq.v1.Inference",
+                         nq::router::Run);
 }

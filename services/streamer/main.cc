@@ -11,15 +11,13 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "services/common/flag_checks.h"
 #include "services/common/grpc_server.h"
 #include "services/common/http_server.h"
 #include "services/common/internal_tls.h"
-#include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
+#include "services/common/service_main.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/status_macros.h"
 #include "services/format/file_io.h"
@@ -91,7 +89,6 @@ ABSL_FLAG(int, node_rank, -1,
           "This node's place in a tensor-parallel group spanning nodes (e.g. a StatefulSet pod's index): node 0 "
           "holds rank 0, so its streamer decides and --decider_address is ignored there; -1: not given");
 ABSL_FLAG(double, drain_timeout_s, 10, "On SIGTERM, seconds to let sessions close");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 namespace nq::streamer {
 namespace {
@@ -280,20 +277,5 @@ absl::Status Run(ShutdownSignal& shutdown) {
 }  // namespace nq::streamer
 
 int main(int argc, char** argv) {
-  if (absl::Status s = nq::ShutdownSignal::BlockTerminationSignals(); !s.ok()) {
-    std::fprintf(stderr, "nq-streamer: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  absl::SetProgramUsageMessage("NestQuant streamer: one per node; serves nq.v1.Streamer");
-  absl::ParseCommandLine(argc, argv);
-  if (absl::Status s = nq::InitLogging("streamer", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    std::fprintf(stderr, "nq-streamer: %s\n", s.ToString().c_str());
-    return 2;
-  }
-  nq::ShutdownSignal shutdown;
-  if (absl::Status s = nq::streamer::Run(shutdown); !s.ok()) {
-    spdlog::critical("nq-streamer failed: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return nq::ServiceMain(argc, argv, "streamer", "NestQuant streamer: one per node; serves nq.v1.Streamer", nq::streamer::Run);
 }

@@ -17,8 +17,6 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
@@ -26,8 +24,8 @@
 #include "services/common/grpc_server.h"
 #include "services/common/http_server.h"
 #include "services/common/internal_tls.h"
-#include "services/common/logging.h"
 #include "services/common/metrics/registry.h"
+#include "services/common/service_main.h"
 #include "services/common/shutdown_signal.h"
 #include "services/common/slot_geometry.h"
 #include "services/common/status_macros.h"
@@ -191,7 +189,6 @@ ABSL_FLAG(double, prefill_late_read_share, 0.25,
           "Layer-major prefill: the share of a layer's compute that reads the prefetch missed may add (0.25 keeps a "
           "prefill at 0.8x or more of its all-2-bit speed; 0: the budget by span length only)");
 ABSL_FLAG(double, drain_timeout_s, 30, "On SIGTERM, seconds to finish the running sequence");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or off");
 
 namespace nq::worker {
 namespace {
@@ -893,20 +890,5 @@ absl::Status Run(ShutdownSignal& shutdown) {
 }  // namespace nq::worker
 
 int main(int argc, char** argv) {
-  if (absl::Status s = nq::ShutdownSignal::BlockTerminationSignals(); !s.ok()) {
-    std::fprintf(stderr, "nq-worker: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  absl::SetProgramUsageMessage("NestQuant worker: one per GPU; serves nq.v1.Worker");
-  absl::ParseCommandLine(argc, argv);
-  if (absl::Status s = nq::InitLogging("worker", absl::GetFlag(FLAGS_log_level)); !s.ok()) {
-    std::fprintf(stderr, "nq-worker: %s\n", s.ToString().c_str());
-    return 2;
-  }
-  nq::ShutdownSignal shutdown;
-  if (absl::Status s = nq::worker::Run(shutdown); !s.ok()) {
-    spdlog::critical("nq-worker failed: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return nq::ServiceMain(argc, argv, "worker", "NestQuant worker: one per GPU; serves nq.v1.Worker", nq::worker::Run);
 }

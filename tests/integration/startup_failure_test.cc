@@ -70,7 +70,10 @@ TEST_F(StartupFailureTest, BadFlagValues) {
       {"router", {"--drain_timeout_s=-1"}, "--drain_timeout_s"},
       {"streamer", {"--grpc_port=70000"}, "--grpc_port=70000"},
       {"streamer", {"--records_dir=/nonexistent/records"}, "not a directory"},
+      // One --log_level for every service (services/common/service_main.cc).
+      {"router", {"--log_level=loud"}, "--log_level"},
       {"streamer", {"--log_level=loud"}, "--log_level"},
+      {"worker", {"--log_level=loud"}, "--log_level"},
       {"worker", {"--rank=2", "--world_size=2"}, "0 <= rank < world_size"},
       // A node's rank past its node's share, and a node's ranks beyond the world size.
       {"worker", {"--node_rank=1", "--ranks_per_node=2", "--rank=2", "--world_size=4"}, "want the rank within the node, 0..1"},
