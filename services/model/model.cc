@@ -234,17 +234,29 @@ absl::StatusOr<std::vector<float>> Model::ForwardLast(std::span<const int32_t> t
   return Logits(row, weights_.lm_head);
 }
 
-absl::StatusOr<int32_t> Model::ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params) {
+void Model::AddLogitDelta(std::span<const float> delta, std::span<float> row) {
+  for (size_t i = 0; i < delta.size() && i < row.size(); ++i) row[i] += delta[i];
+}
+
+absl::StatusOr<int32_t> Model::ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params,
+                                              std::span<const float> logit_delta) {
   if (const char* error = kernels::SampleParamsError(params); *error != '\0') {
     return absl::InvalidArgumentError(absl::StrCat("ForwardSampled: ", error));
+  }
+  if (!logit_delta.empty() && (tokens.size() != 1 || static_cast<int64_t>(logit_delta.size()) != config_.vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("ForwardSampled: a logit delta of ", logit_delta.size(),
+                                                   " values for ", tokens.size(), " tokens (want one token and ",
+                                                   config_.vocab_size, " values)"));
   }
   int32_t id = kernels::kNoFiniteLogit;
   if (StepGraphApplies(tokens.size())) {
     std::vector<int32_t> ids(tokens.size(), kernels::kNoFiniteLogit);
-    RETURN_IF_ERROR(GraphedForward(tokens, std::span<const kernels::SampleParams>(&params, 1), ids).status());
+    RETURN_IF_ERROR(
+        GraphedForward(tokens, std::span<const kernels::SampleParams>(&params, 1), ids, logit_delta).status());
     if (!ids.empty()) id = ids.back();
   } else {
-    ASSIGN_OR_RETURN(const std::vector<float> logits, ForwardLast(tokens));
+    ASSIGN_OR_RETURN(std::vector<float> logits, ForwardLast(tokens));
+    AddLogitDelta(logit_delta, logits);
     id = kernels::SampleRowHost(logits, params);
   }
   if (id == kernels::kNoFiniteLogit) return absl::InvalidArgumentError("logits have no finite value");

@@ -84,7 +84,11 @@ class Model {
   // host the id and the final states, never the logits; elsewhere the logits come to the host
   // and SampleRowHost picks the same id. INVALID_ARGUMENT as Forward, for parameters outside
   // their ranges (SampleParamsError), or when that row has no finite logit.
-  absl::StatusOr<int32_t> ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params);
+  // `logit_delta` (empty, or [vocab_size]: a request's logit_bias and penalties,
+  // Sampler::DeviceDrawAdjusted) is added to the row before the draw, on the backend in a graph;
+  // it needs one token (INVALID_ARGUMENT otherwise, or for another length).
+  absl::StatusOr<int32_t> ForwardSampled(std::span<const int32_t> tokens, const kernels::SampleParams& params,
+                                         std::span<const float> logit_delta = {});
   // Whether ForwardSampled of `tokens` tokens samples on the backend (a step graph applies).
   bool SamplesOnDevice(size_t tokens) const { return StepGraphApplies(tokens); }
   // As ForwardSampled, but token i's row draws with `rows[i]` (one entry: every row with it) and
@@ -408,20 +412,26 @@ class Model {
   bool StepGraphApplies(size_t tokens, int mtp_index = -1) const;
   // With `sample` (one entry for every row, or one per token), the graph also samples every
   // token's row (Backend::SampleTokens) and hands back their ids in `sampled` ([tokens]) instead
-  // of the logits (the result is then empty).
+  // of the logits (the result is then empty); with `logit_delta` ([V], one token) too, the row
+  // plus it is what the draw reads.
   absl::StatusOr<std::vector<float>> GraphedForward(std::span<const int32_t> tokens,
                                                     std::span<const kernels::SampleParams> sample = {},
-                                                    std::span<int32_t> sampled = {});
+                                                    std::span<int32_t> sampled = {},
+                                                    std::span<const float> logit_delta = {});
+  // row[i] += delta[i] on the host, as the graph's Add does (nothing for an empty delta).
+  static void AddLogitDelta(std::span<const float> delta, std::span<float> row);
   absl::StatusOr<std::vector<float>> GraphedMtpForward(std::span<const int32_t> next_tokens,
                                                        std::span<const float> hidden, int index);
   // Enqueues a step's ops (embedding of `ids` to the logits and final states copied into
   // step_output_) with the position read from step_position_, at most `start_bound`: the decoder
   // stack, or MTP layer `index` over `hidden` (F32 [T, D] on the backend). With `sample`
   // (sample_params U8 [T, sizeof(SampleParams)] and sampled I32 [T] on the backend), the stack's
-  // step samples every row into `sampled` and copies those ids in place of the logits.
+  // step samples every row into `sampled` and copies those ids in place of the logits; with
+  // logit_delta (F32 [1, V], one token) it adds that row to the logits first.
   struct StepSampling {
     const kernels::Tensor* sample_params = nullptr;
     kernels::Tensor* sampled = nullptr;
+    const kernels::Tensor* logit_delta = nullptr;
   };
   absl::Status EnqueueStep(const kernels::Tensor& ids, int64_t start_bound, const StepSampling* sample = nullptr);
   // The logits' row length a graphed forward hands back: the whole vocabulary on every rank.
@@ -529,6 +539,7 @@ class Model {
     kernels::Tensor hidden;                          // F32 [tokens, D]: an MTP step's input states
     kernels::Tensor sample_params;                   // U8 [tokens, sizeof(SampleParams)]: a sampling step's draw
     kernels::Tensor sampled;                         // I32 [tokens]: a sampling step's ids
+    kernels::Tensor logit_delta;                     // F32 [1, vocab]: an adjusted draw's (one token)
     // A drafting chain's (DraftOnDevice): each forward's first position, I32 [1] (a StepPosition
     // is a whole tensor); draft i, I32 [1], is the next forward's input (draft_ids).
     std::vector<kernels::Tensor> forward_positions;
@@ -538,6 +549,8 @@ class Model {
     uint64_t staging_generation = 0;
     std::vector<LoggedRouting> routing_log;  // where a replay leaves each layer's routing
   };
+  // Keyed by (MTP index or -1, tokens, bucket end, samples, variant): a drafting chain's draft
+  // count (mtp_drafts.cc), or 1 for a forward whose draw adds a logit delta row.
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, StepGraph> step_graphs_;
   kernels::Tensor step_position_;                // I32 [1]: the step's first position
   // Host staging: logits [T, V] (a sampling step: ids I32 [T]), then hidden [T, D].

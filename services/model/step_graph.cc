@@ -71,6 +71,7 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   // The step's result ahead of the final states: the sampled ids, or the logits.
   const Tensor* result = &logits;
   if (sample != nullptr) {
+    if (sample->logit_delta != nullptr) RETURN_IF_ERROR(backend_.Add(logits, *sample->logit_delta, logits));
     RETURN_IF_ERROR(backend_.SampleTokens(logits, *sample->sample_params, *sample->sampled));
     result = sample->sampled;
   }
@@ -197,7 +198,8 @@ absl::Status Model::BeginGraphedForward(std::span<const int32_t> tokens, int64_t
 
 absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t> tokens,
                                                          std::span<const kernels::SampleParams> sample,
-                                                         std::span<int32_t> sampled) {
+                                                         std::span<int32_t> sampled,
+                                                         std::span<const float> logit_delta) {
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
   const int64_t D = config_.hidden_size, V = StepGraphVocab();
   if (start + T > cache_.max_tokens()) {
@@ -210,7 +212,10 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   const bool samples = !sample.empty();  // one draw, or one a token (ForwardSampledRows checks)
   // Row r's draw (one entry: every row's).
   auto draw = [&](int64_t row) -> const kernels::SampleParams& { return sample[sample.size() == 1 ? 0 : static_cast<size_t>(row)]; };
-  StepGraph& g = step_graphs_[{-1, T, bucket_end, samples, 0}];
+  // A draw that adds a logit delta row (ForwardSampled checked: one token, V values) has its
+  // own graph, with the Add before the draw.
+  const bool adjusted = samples && !logit_delta.empty();
+  StepGraph& g = step_graphs_[{-1, T, bucket_end, samples, adjusted ? 1 : 0}];
   if (!g.ids.valid()) {
     ASSIGN_OR_RETURN(g.ids, backend_.Allocate(kernels::DType::kI32, Shape{T}));
   }
@@ -218,6 +223,9 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     ASSIGN_OR_RETURN(g.sample_params,
                      backend_.Allocate(kernels::DType::kU8, Shape{T, static_cast<int64_t>(sizeof(kernels::SampleParams))}));
     ASSIGN_OR_RETURN(g.sampled, backend_.Allocate(kernels::DType::kI32, Shape{T}));
+  }
+  if (adjusted && !g.logit_delta.valid()) {
+    ASSIGN_OR_RETURN(g.logit_delta, backend_.Allocate(kernels::DType::kF32, Shape{1, V}));
   }
   const int32_t position = static_cast<int32_t>(start);
   RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(std::span<const int32_t>(&position, 1)), step_position_));
@@ -232,6 +240,10 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
         std::as_bytes(std::span<const kernels::SampleParams>(rows).first(static_cast<size_t>(T))), g.sample_params));
     sampling = {.sample_params = &g.sample_params, .sampled = &g.sampled};
   }
+  if (adjusted) {
+    RETURN_IF_ERROR(backend_.CopyFromHost(std::as_bytes(logit_delta), g.logit_delta));
+    sampling.logit_delta = &g.logit_delta;
+  }
   const Tensor& ids = g.ids;
   ASSIGN_OR_RETURN(const bool ran, RunStepGraph(g, [&] {
                      return EnqueueStep(ids, bucket_end - T, samples ? &sampling : nullptr);
@@ -240,8 +252,10 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     ASSIGN_OR_RETURN(std::vector<float> logits, Forward(tokens));
     if (samples) {
       for (int64_t row = 0; row < T; ++row) {
-        sampled[static_cast<size_t>(row)] =
-            kernels::SampleRowHost(std::span<const float>(logits).subspan(static_cast<size_t>(row * V), static_cast<size_t>(V)), draw(row));
+        const std::span<float> row_logits =
+            std::span<float>(logits).subspan(static_cast<size_t>(row * V), static_cast<size_t>(V));
+        AddLogitDelta(logit_delta, row_logits);
+        sampled[static_cast<size_t>(row)] = kernels::SampleRowHost(row_logits, draw(row));
       }
     }
     return logits;

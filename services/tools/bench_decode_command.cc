@@ -37,6 +37,12 @@ ABSL_FLAG(float, sampling_temperature, 0,
           "bench-decode: the request's temperature (0: greedy; a draw is seeded by --seed)");
 ABSL_FLAG(float, sampling_top_p, 1, "bench-decode: the request's nucleus top_p, in (0, 1]");
 ABSL_FLAG(int, sampling_top_k, 0, "bench-decode: the request's top-k (0: off)");
+ABSL_FLAG(float, sampling_frequency_penalty, 0,
+          "bench-decode: the request's frequency penalty, in [-2, 2] (0: none; else its logits come to the host "
+          "unless --device_logit_adjust)");
+ABSL_FLAG(bool, device_logit_adjust, false,
+          "bench-decode: with --device_sampling, a penalised request draws in the step graph too (as nq-worker "
+          "--device_logit_adjust)");
 ABSL_FLAG(bool, device_sampling, true,
           "bench-decode: sample inside the step graph (as nq-worker --device_sampling); false brings every "
           "step's logits to the host");
@@ -86,7 +92,9 @@ absl::Status BenchDecode() {
       .temperature = absl::GetFlag(FLAGS_sampling_temperature),
       .top_p = absl::GetFlag(FLAGS_sampling_top_p),
       .top_k = absl::GetFlag(FLAGS_sampling_top_k),
+      .frequency_penalty = absl::GetFlag(FLAGS_sampling_frequency_penalty),
       .device_sampling = absl::GetFlag(FLAGS_device_sampling),
+      .device_logit_adjust = absl::GetFlag(FLAGS_device_logit_adjust),
       .speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens)};
   const int64_t max_model_len = absl::GetFlag(FLAGS_max_model_len);
   if (max_model_len <= 0) return absl::InvalidArgumentError("--max_model_len must be positive");

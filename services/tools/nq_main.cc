@@ -48,6 +48,7 @@ constexpr char kUsage[] =
     "                 [--decode_gemv auto|tensor|fma]\n"
     "                 [--prompt-tokens 128] [--warmup 4] [--decode-tokens 64] [--seed S] [--kv-cache-dtype f32|bf16]\n"
     "                 [--max-model-len 4096] [--speculative_tokens N] [--sampling_temperature T] [--out JSON]\n"
+    "                 [--sampling_frequency_penalty P [--device_logit_adjust]]\n"
     "  bench-prefill  time to first token of long prompts: the worker's chunked and layer-major prefill\n"
     "                 --model DIR [--release R --expert-bits 2|4] [--backend cpu|cuda] [--prefill-lengths 2048]\n"
     "                 [--prefill-rounds 2] [--layer-major-prefill-tokens 2048] [--prefill-chunk-tokens 2048] [--out JSON]\n"

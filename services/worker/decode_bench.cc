@@ -110,6 +110,7 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   model.ResetCache();
   SequenceRunner runner(&model, /*eos_token_ids=*/{});
   runner.SetDeviceSampling(options.device_sampling);
+  runner.SetDeviceLogitAdjust(options.device_logit_adjust);
   MtpDrafter drafter(&model);
   if (options.speculative_tokens > 0) {
     drafter.SetDraftOnDevice(options.device_sampling);  // as nq-worker
@@ -121,6 +122,7 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   request.sampling.top_p = options.top_p;
   request.sampling.top_k = options.top_k;
   request.sampling.seed = options.seed;
+  request.sampling.frequency_penalty = options.frequency_penalty;
   request.sampling.logprobs = false;  // as the router asks for a request that wants none
   request.max_tokens = static_cast<uint32_t>(1 + options.warmup_tokens + options.decode_tokens);
   request.ignore_eos = true;  // every run decodes all its steps, whatever the tokens
@@ -218,7 +220,9 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
                                      {"temperature", report.options.temperature},
                                      {"top_p", report.options.top_p},
                                      {"top_k", report.options.top_k},
+                                     {"frequency_penalty", report.options.frequency_penalty},
                                      {"device_sampling", report.options.device_sampling},
+                                     {"device_logit_adjust", report.options.device_logit_adjust},
                                      {"speculative_tokens", report.options.speculative_tokens},
                                      {"drafts_verified", report.drafts_verified},
                                      {"drafts_accepted", report.drafts_accepted},

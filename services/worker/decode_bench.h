@@ -33,9 +33,14 @@ struct DecodeBenchOptions {
   float temperature = 0;
   float top_p = 1;
   int top_k = 0;
+  // A frequency penalty on the request (0: none): with device_logit_adjust, its draw stays in the
+  // step graph (the delta row added there), else its logits come to the host.
+  float frequency_penalty = 0;
   // SequenceRunner::SetDeviceSampling (nq-worker's default); off, every step's logits come to
   // the host.
   bool device_sampling = true;
+  // SequenceRunner::SetDeviceLogitAdjust (nq-worker --device_logit_adjust).
+  bool device_logit_adjust = false;
   // MTP drafts a step (0: none), as nq-worker --speculative_tokens: an MtpDrafter drafting on the
   // backend with device_sampling. A step then emits 1 + its accepted drafts; warm-up and timed
   // runs are counted in tokens, and a step that starts inside the warm-up is not timed.

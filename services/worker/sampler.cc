@@ -42,16 +42,26 @@ absl::StatusOr<Sampler> Sampler::Create(const SamplingConfig& c) {
   return Sampler(c);
 }
 
-std::span<const float> Sampler::Adjust(std::span<const float> logits) {
+bool Sampler::AdjustsLogits() const {
   const bool penalised = !counts_.empty() && (config_.presence_penalty != 0 || config_.frequency_penalty != 0);
-  if (config_.logit_bias.empty() && !penalised) return logits;
-  adjusted_.assign(logits.begin(), logits.end());
-  for (const auto& [id, bias] : config_.logit_bias) adjusted_[static_cast<size_t>(id)] += bias;
-  if (penalised) {
+  return !config_.logit_bias.empty() || penalised;
+}
+
+std::unordered_map<int32_t, float> Sampler::LogitAdjustments() const {
+  std::unordered_map<int32_t, float> delta;
+  for (const auto& [id, bias] : config_.logit_bias) delta[id] += bias;
+  if (config_.presence_penalty != 0 || config_.frequency_penalty != 0) {
     for (const auto& [id, count] : counts_) {
-      adjusted_[static_cast<size_t>(id)] -= config_.frequency_penalty * static_cast<float>(count) + config_.presence_penalty;
+      delta[id] -= config_.frequency_penalty * static_cast<float>(count) + config_.presence_penalty;
     }
   }
+  return delta;
+}
+
+std::span<const float> Sampler::Adjust(std::span<const float> logits) {
+  if (!AdjustsLogits()) return logits;
+  adjusted_.assign(logits.begin(), logits.end());
+  for (const auto& [id, delta] : LogitAdjustments()) adjusted_[static_cast<size_t>(id)] += delta;
   return adjusted_;
 }
 
@@ -276,8 +286,28 @@ bool Sampler::DrawsOnDevice() const {
          config_.frequency_penalty == 0;
 }
 
+bool Sampler::DrawsOnDeviceAdjusted(size_t vocab) const {
+  if (reports_logprobs()) return false;
+  return std::all_of(config_.logit_bias.begin(), config_.logit_bias.end(),
+                     [&](const std::pair<int32_t, float>& entry) { return static_cast<size_t>(entry.first) < vocab; });
+}
+
+std::optional<kernels::SampleParams> Sampler::DeviceDrawAdjusted(size_t vocab, std::vector<float>& logit_delta) {
+  logit_delta.clear();
+  if (!DrawsOnDeviceAdjusted(vocab)) return std::nullopt;
+  if (AdjustsLogits()) {
+    logit_delta.assign(vocab, 0.0f);
+    for (const auto& [id, delta] : LogitAdjustments()) logit_delta[static_cast<size_t>(id)] = delta;
+  }
+  return NextDeviceDraw();
+}
+
 std::optional<kernels::SampleParams> Sampler::DeviceDraw() {
   if (!DrawsOnDevice()) return std::nullopt;
+  return NextDeviceDraw();
+}
+
+kernels::SampleParams Sampler::NextDeviceDraw() {
   kernels::SampleParams p{.temperature = config_.temperature, .top_p = config_.top_p, .top_k = config_.top_k};
   KeyDraws();
   // Draw()'s uniform_real_distribution(0, kept mass) is kept mass times this canonical value.

@@ -97,6 +97,16 @@ class Sampler {
   std::optional<kernels::SampleParams> DeviceDraw();
   // Whether DeviceDraw would give a draw (the request needs nothing the backend's draw lacks).
   bool DrawsOnDevice() const;
+  // As DeviceDraw, also for a request with logit_bias or penalties (still none with
+  // log-probabilities): `logit_delta` becomes the row [vocab] to add to the logits before the
+  // backend draws, what Sample adds itself (LogitAdjustments), zeros elsewhere. nullopt (and
+  // nothing drawn) when the request reports log-probabilities, or a logit_bias id is outside
+  // `vocab`.
+  std::optional<kernels::SampleParams> DeviceDrawAdjusted(size_t vocab, std::vector<float>& logit_delta);
+  // Whether DeviceDrawAdjusted would give a draw for a row of `vocab` ids.
+  bool DrawsOnDeviceAdjusted(size_t vocab) const;
+  // Whether the next row's logits are adjusted (a logit_bias, or penalties for tokens sampled).
+  bool AdjustsLogits() const;
   // The draws of the next `rows` tokens (each row the token after the previous one: the rows of
   // a verification of rows - 1 deterministic drafts), under the same conditions as DeviceDraw and
   // only with position_keyed_draws when rows > 1: row k draws from the stream of its position,
@@ -115,8 +125,13 @@ class Sampler {
   static constexpr size_t kFirstSortStep = 64;
 
   explicit Sampler(const SamplingConfig& config) : config_(config), rng_(config.seed) {}
-  // The logits with logit_bias and the penalties applied (`logits` itself when none apply).
+  // The logits with logit_bias and the penalties applied (`logits` itself when none apply):
+  // each adjusted id's logit plus its LogitAdjustments delta, one float addition, as a device
+  // draw adds the same delta row.
   std::span<const float> Adjust(std::span<const float> logits);
+  // Every adjusted id with what is added to its logit: its logit_bias entries summed in order,
+  // less frequency_penalty x count + presence_penalty for a sampled one. Ids in no order.
+  std::unordered_map<int32_t, float> LogitAdjustments() const;
   void Count(int32_t id);
   // Fills logits_, probs_ (exp of the scaled logits, unnormalised), sum_, log_sum1_, order_
   // and kept_ / kept_mass_ (the candidates top-k / top-p leave) for one row.
@@ -127,6 +142,8 @@ class Sampler {
   SampledToken Commit(int32_t id);
   // With position_keyed_draws: rng_ restarts on the stream of the next token's position.
   void KeyDraws();
+  // The next token's draw for the backend: the uniform Draw would take, from the same stream.
+  kernels::SampleParams NextDeviceDraw();
   // The sort key of an id (its adjusted logit), and order_[0, n) sorted by it.
   double Key(int32_t id) const;
   void SortPrefix(size_t n);

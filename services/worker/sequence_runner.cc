@@ -182,6 +182,7 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
     std::optional<std::vector<int32_t>> device_rows;
     if (!prefill) {
       std::optional<kernels::SampleParams> draw;
+      std::vector<float> logit_delta;  // with `draw`: the request's logit_bias and penalties, if any
       std::optional<std::vector<kernels::SampleParams>> row_draws;
       // A verification of deterministic drafts (greedy ones, or the drafter's greedy drafts for a
       // sampled request where the step graphs sample) takes every row's own draw from the
@@ -192,12 +193,19 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
           (request.sampling.temperature == 0 || model_->SamplesOnDevice(input.size()))) {
         row_draws = sampler.DeviceDraws(input.size());
       } else if (device_sampling_ && !verification && model_->SamplesOnDevice(input.size())) {
-        draw = sampler.DeviceDraw();
+        // A request with logit_bias or penalties draws there too, its adjustments added to the
+        // row on the backend (one token: a plain step), when --device_logit_adjust is on.
+        const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+        if (sampler.DrawsOnDevice()) {
+          draw = sampler.DeviceDraw();
+        } else if (device_logit_adjust_ && input.size() == 1 && sampler.DrawsOnDeviceAdjusted(vocab)) {
+          draw = sampler.DeviceDrawAdjusted(vocab, logit_delta);
+        }
       }
       if (row_draws.has_value()) {
         ASSIGN_OR_RETURN(device_rows, model_->ForwardSampledRows(input, *row_draws));
       } else if (draw.has_value()) {
-        ASSIGN_OR_RETURN(device_token, model_->ForwardSampled(input, *draw));
+        ASSIGN_OR_RETURN(device_token, model_->ForwardSampled(input, *draw, logit_delta));
       } else {
         ASSIGN_OR_RETURN(logits, model_->Forward(input));
       }

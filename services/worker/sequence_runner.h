@@ -110,6 +110,10 @@ class SequenceRunner {
   // until set (nq-worker's --device_sampling turns it on by default); off, every step's logits
   // come to the host and the Sampler picks (the same tokens).
   void SetDeviceSampling(bool on) { device_sampling_ = on; }
+  // With device sampling, whether a plain step of a request with logit_bias or penalties (and no
+  // log-probabilities) also draws on the backend, its adjustments added to the row there
+  // (Sampler::DeviceDrawAdjusted, Model::ForwardSampled's logit delta). Off until set.
+  void SetDeviceLogitAdjust(bool on) { device_logit_adjust_ = on; }
   void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
   // Tensor parallelism across processes: every cache operation and forward is first sent to
   // `mirror` (the other ranks run it on their shards); a failure to send fails the sequence.
@@ -148,6 +152,7 @@ class SequenceRunner {
   const std::vector<int32_t> eos_token_ids_;
   SlotRuntime* slots_ = nullptr;
   bool device_sampling_ = false;
+  bool device_logit_adjust_ = false;
   Drafter* drafter_ = nullptr;
   int num_drafts_ = 0;
   std::function<void(int64_t)> kept_observer_;

@@ -117,6 +117,10 @@ absl::Status WorkerService::EnableLookahead(int depth, LookaheadReporter::Sink s
   return absl::OkStatus();
 }
 
+void WorkerService::SetDeviceLogitAdjust(bool on) {
+  if (runner_ != nullptr) runner_->SetDeviceLogitAdjust(on);
+}
+
 void WorkerService::SetDeviceSampling(bool on) {
   device_sampling_ = on;
   if (runner_ != nullptr) runner_->SetDeviceSampling(on);

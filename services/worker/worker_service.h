@@ -56,6 +56,8 @@ class WorkerService final : public nq::v1::Worker::Service {
   // --device_sampling (SequenceRunner::SetDeviceSampling), which also has greedy MTP drafts
   // drawn on the backend (MtpDrafter::SetDraftOnDevice).
   void SetDeviceSampling(bool on);
+  // --device_logit_adjust (SequenceRunner::SetDeviceLogitAdjust).
+  void SetDeviceLogitAdjust(bool on);
   // Rank 0 of a tensor-parallel group of processes: each sequence holds `leader`'s group and
   // mirrors its steps to the other ranks; UNAVAILABLE while the group is not formed. Set
   // before serving; `leader` outlives the service.

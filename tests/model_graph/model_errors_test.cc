@@ -1,8 +1,10 @@
 // Bad checkpoints, configs and inputs give precise errors; synthetic checkpoints load.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <span>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -111,7 +113,7 @@ TEST_F(ModelErrorsTest, BadInputs) {
 
 // ForwardSampled (the draw where the logits are): parameters outside their ranges are refused
 // before anything runs; otherwise the id is the reference draw from Forward's last row (on the CPU
-// backend, which captures no step graph, that is the path it takes).
+// backend, which captures no step graph, that is the path it takes), plus a logit delta if given.
 TEST_F(ModelErrorsTest, ForwardSampledRefusesBadDrawsAndPicksTheReferenceId) {
   CopyFixture("glm5_tiny", nullptr);
   absl::StatusOr<std::unique_ptr<Model>> sampled = Load();
@@ -135,6 +137,28 @@ TEST_F(ModelErrorsTest, ForwardSampledRefusesBadDrawsAndPicksTheReferenceId) {
   EXPECT_EQ(*id, kernels::SampleRowHost(*logits, draw));
   EXPECT_EQ((*sampled)->cache_length(), 3);
   EXPECT_EQ((*sampled)->last_hidden(), (*plain)->last_hidden());
+
+  // With a logit delta (a request's logit_bias and penalties) the draw reads the last row plus
+  // the delta: a bias that lifts the least likely id past the best one makes greedy pick it. A
+  // delta of another length, or with more than one token, is refused before anything runs.
+  const int64_t vocab = (*sampled)->config().vocab_size;
+  const std::vector<int32_t> token = {7};
+  const kernels::SampleParams greedy{};
+  std::vector<float> delta(static_cast<size_t>(vocab), 0.0f);
+  EXPECT_THAT((*sampled)->ForwardSampled(token, greedy, std::span<const float>(delta).first(3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logit delta")));
+  EXPECT_THAT((*sampled)->ForwardSampled(tokens, greedy, delta),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("logit delta")));
+  EXPECT_EQ((*sampled)->cache_length(), 3) << "a refused draw must not run";
+  absl::StatusOr<std::vector<float>> next = (*plain)->ForwardLast(token);
+  ASSERT_THAT(next, IsOk());
+  const auto worst = std::min_element(next->begin(), next->end()) - next->begin();
+  const float best = *std::max_element(next->begin(), next->end());
+  delta[static_cast<size_t>(worst)] = best - (*next)[static_cast<size_t>(worst)] + 1.0f;
+  absl::StatusOr<int32_t> lifted = (*sampled)->ForwardSampled(token, greedy, delta);
+  ASSERT_THAT(lifted, IsOk());
+  EXPECT_EQ(*lifted, worst);
+  EXPECT_EQ((*sampled)->cache_length(), 4);
 }
 
 TEST_F(ModelErrorsTest, MtpNeedsAnMtpLayer) {

@@ -198,6 +198,45 @@ TEST_F(SampledSpeculationTest, RequestsWithLogprobsVerifyOnTheHostWithTheSameDra
   EXPECT_EQ(r.drafter.with_distributions, 0);
 }
 
+// Requests with logit_bias or presence / frequency penalties (no log-probabilities) draw in the
+// step graph too when device logit adjustment is on: the graph adds the request's delta row to
+// the logits before its draw. Their tokens equal the host Sampler's, greedy and seeded; a bias
+// that forces one id shows the row really was adjusted there.
+TEST_F(SampledSpeculationTest, BiasAndPenaltyRequestsDrawInTheGraphAsTheHostDoes) {
+  ASSERT_TRUE(plain_.model->SamplesOnDevice(1));
+  SequenceRunner device(plain_.model.get(), Runners::Eos(plain_));
+  device.SetDeviceSampling(true);
+  device.SetDeviceLogitAdjust(true);
+  SequenceRunner host(plain_.model.get(), Runners::Eos(plain_));
+  const std::vector<int32_t> prompt = testing::HeldOutPrompts(1)[0];
+  const std::vector<SamplingConfig> settings = {
+      {.temperature = 0, .logprobs = false, .frequency_penalty = 1.5f},
+      {.temperature = 0, .logprobs = false, .presence_penalty = 2.0f, .logit_bias = {{11, 2.5f}, {12, -3.0f}}},
+      {.temperature = 0.8f, .top_p = 0.95f, .seed = 45, .logprobs = false, .frequency_penalty = 0.8f},
+      {.temperature = 1.0f, .seed = 46, .logprobs = false, .presence_penalty = -0.5f, .logit_bias = {{20, 1.5f}}},
+  };
+  for (const SamplingConfig& sampling : settings) {
+    SequenceRequest request;
+    request.prompt = prompt;
+    request.sampling = sampling;
+    request.max_tokens = 24;
+    request.ignore_eos = true;
+    absl::StatusOr<testing::RunResult> got = testing::Generate(device, request);
+    absl::StatusOr<testing::RunResult> want = testing::Generate(host, request);
+    ASSERT_THAT(got, IsOk());
+    ASSERT_THAT(want, IsOk());
+    EXPECT_EQ(got->ids, want->ids) << "temperature " << sampling.temperature;
+  }
+  SequenceRequest forced;
+  forced.prompt = prompt;
+  forced.sampling = {.temperature = 0, .logprobs = false, .logit_bias = {{33, 100.0f}}};
+  forced.max_tokens = 8;
+  forced.ignore_eos = true;
+  absl::StatusOr<testing::RunResult> run = testing::Generate(device, forced);
+  ASSERT_THAT(run, IsOk());
+  EXPECT_THAT(run->ids, ::testing::Each(33));
+}
+
 // Draws for a verification must be one for every row, or one for all: anything else is refused
 // before a forward runs (the cache keeps its length), on the graph path and without it.
 TEST_F(SampledSpeculationTest, ForwardSampledRowsRefusesADrawCountThatIsNotTheRows) {

@@ -350,6 +350,95 @@ TEST(SamplerTest, VerificationRowsDrawWhatSamplePicksAtTheirPositions) {
   EXPECT_FALSE(logprobs->DeviceDraws(3).has_value());
 }
 
+// A request with logit_bias and penalties draws on the backend through DeviceDrawAdjusted: the
+// row plus its delta, drawn by the backend's reference, picks what Sample picks (which adds the
+// same delta on the host), greedy and seeded, token after token as the penalties grow.
+TEST(SamplerTest, AnAdjustedDrawOnTheBackendPicksWhatSamplePicks) {
+  std::mt19937_64 rng(78);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<std::vector<float>> rows(4, std::vector<float>(5000));
+  for (auto& row : rows) {
+    for (float& l : row) l = normal(rng);
+  }
+  const std::vector<std::pair<int32_t, float>> bias = {{7, 3.5f}, {4999, -100.0f}, {12, 1.25f}, {7, 0.5f}};
+  const std::vector<SamplingConfig> configs = {
+      {.temperature = 0, .logprobs = false, .frequency_penalty = 1.5f, .logit_bias = bias},
+      {.temperature = 0, .logprobs = false, .presence_penalty = 2.0f},
+      {.temperature = 0.9f, .seed = 4, .logprobs = false, .presence_penalty = 0.7f, .frequency_penalty = 0.4f,
+       .logit_bias = bias},
+      {.temperature = 1.1f, .top_p = 0.9f, .top_k = 200, .seed = 5, .logprobs = false, .frequency_penalty = -0.5f},
+  };
+  for (const SamplingConfig& c : configs) {
+    absl::StatusOr<Sampler> host = Sampler::Create(c);
+    absl::StatusOr<Sampler> backend = Sampler::Create(c);
+    ASSERT_THAT(host, IsOk());
+    ASSERT_THAT(backend, IsOk());
+    EXPECT_FALSE(backend->DrawsOnDevice()) << "the plain device draw has no logit delta";
+    std::vector<float> delta;
+    for (int step = 0; step < 40; ++step) {
+      const std::vector<float>& row = rows[static_cast<size_t>(step) % rows.size()];
+      absl::StatusOr<SampledToken> want = host->Sample(row);
+      ASSERT_THAT(want, IsOk());
+      ASSERT_TRUE(backend->DrawsOnDeviceAdjusted(row.size()));
+      const std::optional<kernels::SampleParams> draw = backend->DeviceDrawAdjusted(row.size(), delta);
+      ASSERT_TRUE(draw.has_value());
+      std::vector<float> adjusted = row;
+      if (!delta.empty()) {
+        ASSERT_EQ(delta.size(), row.size());
+        for (size_t i = 0; i < row.size(); ++i) adjusted[i] += delta[i];
+      }
+      const int32_t id = kernels::SampleRowHost(adjusted, *draw);
+      ASSERT_EQ(id, want->id) << "temperature " << c.temperature << " step " << step;
+      backend->CommitSampled(id);
+    }
+  }
+}
+
+// The delta row holds exactly the request's adjustments: the biases of one id summed, each
+// sampled id charged frequency x count + presence, zeros elsewhere; none before anything applies.
+TEST(SamplerTest, TheLogitDeltaIsTheBiasLessThePenalties) {
+  absl::StatusOr<Sampler> s = Sampler::Create({.temperature = 0,
+                                               .logprobs = false,
+                                               .presence_penalty = 0.5f,
+                                               .frequency_penalty = 0.25f,
+                                               .logit_bias = {{3, 2.0f}, {3, 1.0f}, {8, -4.0f}}});
+  ASSERT_THAT(s, IsOk());
+  std::vector<float> delta = {9.0f};
+  ASSERT_TRUE(s->DeviceDrawAdjusted(10, delta).has_value());
+  std::vector<float> want(10, 0.0f);
+  want[3] = 3.0f;
+  want[8] = -4.0f;
+  EXPECT_EQ(delta, want);
+  s->CommitSampled(5);
+  s->CommitSampled(5);
+  s->CommitSampled(3);
+  ASSERT_TRUE(s->DeviceDrawAdjusted(10, delta).has_value());
+  want[5] = -(0.25f * 2 + 0.5f);
+  want[3] = 3.0f - (0.25f * 1 + 0.5f);
+  EXPECT_EQ(delta, want);
+
+  // Penalties alone adjust nothing until a token is sampled: no delta row to send.
+  absl::StatusOr<Sampler> fresh = Sampler::Create({.temperature = 0, .logprobs = false, .presence_penalty = 1.0f});
+  ASSERT_THAT(fresh, IsOk());
+  EXPECT_FALSE(fresh->AdjustsLogits());
+  ASSERT_TRUE(fresh->DeviceDrawAdjusted(10, delta).has_value());
+  EXPECT_TRUE(delta.empty());
+}
+
+// What the adjusted device draw cannot take stays on the host, and draws nothing there: a
+// request that reports log-probabilities, or a logit_bias id outside the row.
+TEST(SamplerTest, AdjustedDrawsRefuseLogprobsAndBiasesOutsideTheRow) {
+  absl::StatusOr<Sampler> logprobs = Sampler::Create({.temperature = 1.0f, .logit_bias = {{1, 1.0f}}});
+  ASSERT_THAT(logprobs, IsOk());
+  std::vector<float> delta;
+  EXPECT_FALSE(logprobs->DrawsOnDeviceAdjusted(10));
+  EXPECT_FALSE(logprobs->DeviceDrawAdjusted(10, delta).has_value());
+  absl::StatusOr<Sampler> outside = Sampler::Create({.temperature = 0, .logprobs = false, .logit_bias = {{10, 1.0f}}});
+  ASSERT_THAT(outside, IsOk());
+  EXPECT_FALSE(outside->DeviceDrawAdjusted(10, delta).has_value());
+  EXPECT_TRUE(outside->DeviceDrawAdjusted(11, delta).has_value());
+}
+
 TEST(SamplerTest, RequestsTheBackendCannotSampleStayOnTheHost) {
   for (const SamplingConfig& c : std::vector<SamplingConfig>{
            {.temperature = 0},  // log-probabilities reported by default
