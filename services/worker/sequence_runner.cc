@@ -195,11 +195,11 @@ absl::StatusOr<SequenceStats> SequenceRunner::Run(const SequenceRequest& request
       } else if (device_sampling_ && !verification && model_->SamplesOnDevice(input.size())) {
         // A request with logit_bias or penalties draws there too, its adjustments added to the
         // row on the backend (one token: a plain step), when --device_logit_adjust is on.
-        const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
         if (sampler.DrawsOnDevice()) {
           draw = sampler.DeviceDraw();
-        } else if (device_logit_adjust_ && input.size() == 1 && sampler.DrawsOnDeviceAdjusted(vocab)) {
-          draw = sampler.DeviceDrawAdjusted(vocab, logit_delta);
+        } else if (device_logit_adjust_ && input.size() == 1) {
+          // nullopt, drawing nothing, for what it cannot take (log-probabilities): the host's path.
+          draw = sampler.DeviceDrawAdjusted(static_cast<size_t>(model_->config().vocab_size), logit_delta);
         }
       }
       if (row_draws.has_value()) {

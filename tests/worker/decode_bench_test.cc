@@ -475,6 +475,12 @@ TEST_F(BenchDecodeCommandTest, APenalisedRequestDecodesItsOwnTokens) {
   }
   EXPECT_NE(tokens[1], tokens[0]) << "the penalty changed nothing";
   EXPECT_EQ(tokens[2], tokens[1]);
+
+  // A penalty outside the API's range is refused, not clamped.
+  const CommandResult refused =
+      RunNq(absl::StrCat("--model ", NanoModelDir(), " ", kSmallRun, " --sampling_frequency_penalty=3"));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, HasSubstr("frequency_penalty"));
 }
 
 TEST_F(BenchDecodeCommandTest, WritesTheReportOfARelease) {
