@@ -10,7 +10,7 @@
 #      a variant build, runs too);
 #   3. ncu kernel durations at NQ_NCU_CASES (";"-separated indexer_bench --only names);
 #   4. with NQ_SLICE (e.g. glm5:4:256:4000: make_slice.sh's arch, layers, experts, then the
-#      context), that slice's decode tokens/s for each bundled nq* binary (e.g. nq_filtered, an nq
+#      context), that slice's decode tokens/s (BF16 matrices) for each bundled nq* binary (e.g. nq_filtered, an nq
 #      built with IndexerDecodeSelect::kFiltered as the default), NQ_SLICE_ROUNDS (2) interleaved.
 # NQ_STAGES (default "tests bench ncu", add "slice") limits what runs. Results in $OUT (tests.txt,
 # sanitize.txt, bench.txt, ncu.txt, slice_*.txt), a summary on stdout.
@@ -83,7 +83,7 @@ if wants slice && [[ -n "${NQ_SLICE:-}" ]]; then
     for bin in $(cd "$B" && ls nq*); do
       log="$out/slice_${bin}_$round.txt"
       timeout 150 "$B/$bin" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-        --prompt-tokens="$context" --decode-tokens=64 --warmup=4 >"$log" 2>&1 || status=1
+        --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 >"$log" 2>&1 || status=1
       echo "== round $round, $bin, slice $NQ_SLICE: $(tail -1 "$log" | sed 's/.*GiB): //')"
     done
   done
