@@ -406,6 +406,43 @@ absl::Status Backend::RmsNorm(const Tensor& x, const Tensor& weight, float eps, 
   return DoRmsNorm(x, weight, eps, y, dims);
 }
 
+absl::Status Backend::AddRmsNorm(Tensor& x, std::span<const Tensor* const> deltas, const Tensor& weight, float eps,
+                                Tensor& y) {
+  constexpr absl::string_view kOp = "AddRmsNorm";
+  if (deltas.empty() || deltas.size() > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": one or two deltas, got ", deltas.size()));
+  }
+  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
+  for (std::size_t i = 0; i < deltas.size(); ++i) {
+    const std::string name = absl::StrCat("deltas[", i, "]");
+    if (deltas[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", name, " is null"));
+    RETURN_IF_ERROR(CheckOwned(kOp, name, *deltas[i]));
+    RETURN_IF_ERROR(CheckDType(kOp, name, *deltas[i], DType::kF32));
+    RETURN_IF_ERROR(CheckShape(kOp, name, *deltas[i], x.shape(), absl::StrCat("x ", x.DebugString())));
+    // x and y are written; a delta read after either would see the new values.
+    RETURN_IF_ERROR(CheckDistinct(kOp, *deltas[i], name, x, "x"));
+    RETURN_IF_ERROR(CheckDistinct(kOp, *deltas[i], name, y, "y"));
+  }
+  // RmsNorm's checks (weight, eps, y's shape and dtype) on the sum x will hold.
+  RETURN_IF_ERROR(CheckOwned(kOp, "weight", weight));
+  RETURN_IF_ERROR(CheckOwned(kOp, "y", y));
+  RETURN_IF_ERROR(CheckDType(kOp, "y", y, DType::kF32));
+  RETURN_IF_ERROR(CheckHasLastDim(kOp, "x", x));
+  RETURN_IF_ERROR(CheckRank(kOp, "weight", weight, 1));
+  if (weight.shape().dim(0) != x.shape().dim(-1)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": weight ", weight.DebugString(),
+                                                   " does not match the last dim of x ", x.DebugString()));
+  }
+  if (!std::isfinite(eps) || eps < 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": eps must be finite and >= 0, got ", eps));
+  }
+  RETURN_IF_ERROR(CheckShape(kOp, "y", y, x.shape(), absl::StrCat("x ", x.DebugString())));
+  const RowDims dims{.rows = x.shape().NumRows(), .cols = x.shape().dim(-1)};
+  if (dims.rows == 0 || dims.cols == 0) return absl::OkStatus();
+  return DoAddRmsNorm(x, deltas, weight, eps, y, dims);
+}
+
 absl::Status Backend::SiluAndMul(const Tensor& x, Tensor& y) {
   constexpr absl::string_view kOp = "SiluAndMul";
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
@@ -856,6 +893,18 @@ absl::Status Backend::DoEmbedding(std::span<const std::int32_t>, const Tensor&, 
 
 absl::Status Backend::DoAdd(const Tensor&, const Tensor&, Tensor&) {
   return NotImplemented("Add", name());
+}
+
+absl::Status Backend::DoAddRmsNorm(Tensor& x, std::span<const Tensor* const> deltas, const Tensor& weight,
+                                  float eps, Tensor& y, const RowDims& dims) {
+  if (deltas.size() == 1) {
+    RETURN_IF_ERROR(DoAdd(x, *deltas[0], x));
+  } else {
+    ASSIGN_OR_RETURN(Tensor sum, Allocate(DType::kF32, x.shape()));
+    RETURN_IF_ERROR(DoAdd(*deltas[0], *deltas[1], sum));
+    RETURN_IF_ERROR(DoAdd(x, sum, x));
+  }
+  return DoRmsNorm(x, weight, eps, y, dims);
 }
 
 absl::Status Backend::DoEmbeddingDevice(const Tensor&, const Tensor&, Tensor&) {

@@ -140,6 +140,15 @@ class Backend {
   // weight: F32, BF16 or F16 [d]; eps >= 0 and finite.
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
 
+  // A residual connection and the norm after it in one op (one launch on the GPU, where the Add
+  // and the RmsNorm of a decode step are each a latency-bound kernel): x += d0 (+ d1), summed as
+  // Add would, x + (d0 + d1) with two, then y = RmsNorm(x). x, deltas, y: F32 of one shape
+  // [..., d]; one or two deltas, neither x nor y. y may be x (x then ends normalised); else x
+  // keeps the sum. weight and eps as RmsNorm's. Results are bit-identical to the Adds and the
+  // RmsNorm run one after another.
+  absl::Status AddRmsNorm(Tensor& x, std::span<const Tensor* const> deltas, const Tensor& weight, float eps,
+                          Tensor& y);
+
   // y[..., j] = silu(x[..., j]) * x[..., d + j] for j < d (gate first, then up, as vLLM's
   // silu_and_mul). x: F32 [..., 2d]; y: F32 [..., d]; y must not be x.
   absl::Status SiluAndMul(const Tensor& x, Tensor& y);
@@ -346,6 +355,9 @@ class Backend {
                                    Tensor& out);
   virtual absl::Status DoEmbeddingDevice(const Tensor& ids, const Tensor& table, Tensor& out);
   virtual absl::Status DoAdd(const Tensor& a, const Tensor& b, Tensor& out);
+  // Default: the Adds (the two deltas into a temporary first) and the RmsNorm as separate ops.
+  virtual absl::Status DoAddRmsNorm(Tensor& x, std::span<const Tensor* const> deltas, const Tensor& weight,
+                                    float eps, Tensor& y, const RowDims& dims);
   virtual absl::Status DoRope(Tensor& x, const StepPosition& start_pos, std::span<const float> inv_freq,
                               float attention_scaling, bool interleaved);
   virtual absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -362,6 +362,25 @@ class CudaBackend final : public Backend {
                            ctx_);
   }
 
+  absl::Status DoAddRmsNorm(Tensor& x, std::span<const Tensor* const> deltas, const Tensor& weight, float eps,
+                            Tensor& y, const RowDims& dims) override {
+    RETURN_IF_ERROR(CheckIntRange("AddRmsNorm", {dims.rows, dims.cols}));
+    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    float* const xs = x.data_as<float>();
+    float* const ys = y.data_as<float>();
+    return LaunchRmsNorm({.x = xs,
+                          .weight = weight.data(),
+                          .weight_dtype = weight.dtype(),
+                          .y = ys,
+                          .rows = dims.rows,
+                          .cols = static_cast<int>(dims.cols),
+                          .eps = eps,
+                          .delta0 = deltas[0]->data_as<float>(),
+                          .delta1 = deltas.size() > 1 ? deltas[1]->data_as<float>() : nullptr,
+                          .x_out = xs == ys ? nullptr : xs},
+                         ctx_);
+  }
+
   absl::Status DoAdd(const Tensor& a, const Tensor& b, Tensor& out) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     return LaunchAdd({.a = a.data_as<float>(),

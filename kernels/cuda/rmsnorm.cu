@@ -10,8 +10,10 @@ absl::Status LaunchRmsNorm(const RmsNormParams& p, const LaunchContext& ctx) {
         absl::StrCat("RmsNorm: unsupported size rows=", p.rows, " cols=", p.cols));
   }
   if (p.rows == 0 || p.cols == 0) return absl::OkStatus();
+  if (p.delta1 != nullptr && p.delta0 == nullptr) return absl::InvalidArgumentError("RmsNorm: delta1 without delta0");
   const bool vec4 = p.cols % 4 == 0 && IsAligned(p.x, 16) && IsAligned(p.y, 16) &&
-                    IsAligned(p.weight, 4 * DTypeSize(p.weight_dtype));
+                    IsAligned(p.weight, 4 * DTypeSize(p.weight_dtype)) && IsAligned(p.delta0, 16) &&
+                    IsAligned(p.delta1, 16) && IsAligned(p.x_out, 16);
   const dim3 grid(static_cast<unsigned>(p.rows));
   return VisitFloatDType(p.weight_dtype, [&](auto tag) {
     using WeightT = decltype(tag);

@@ -190,8 +190,12 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
   ASSIGN_OR_RETURN(x, backend_.Allocate(kernels::DType::kF32, Shape{T, config_.hidden_size}));
   RETURN_IF_ERROR(backend_.Embedding(tokens, weights_.embed, x));
   selection_.reset();
+  // Each layer's last residual is added by the next norm, unless a lookahead router reads x
+  // between layers.
+  PendingResidual residual;
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    RETURN_IF_ERROR(RunLayer(weights_.layers[layer], layer, static_cast<size_t>(layer), x, start));
+    RETURN_IF_ERROR(RunLayer(weights_.layers[layer], layer, static_cast<size_t>(layer), x, start,
+                             lookahead_observer_ ? nullptr : &residual));
     if (!lookahead_observer_) continue;
     if (lookahead_layer_ran_) lookahead_layer_ran_(layer);
     if (const int64_t target = layer + lookahead_depth_;
@@ -204,7 +208,7 @@ absl::Status Model::RunStack(std::span<const int32_t> tokens, Tensor& x) {
     // observer already keeps this forward off step graphs and on the host).
     if (mailbox_.has_value()) mailbox_->apply_due = true;
   }
-  RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
+  RETURN_IF_ERROR(NormWithResidual(x, residual, weights_.final_norm, x));
   ASSIGN_OR_RETURN(last_hidden_, kernels::DownloadFloats(backend_, x));
   FlushRoutingLog();  // the download waited for the backend: the routing copies have landed
   cache_.set_length(start + T);
@@ -333,7 +337,6 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   }
   RETURN_IF_ERROR(cache_.CheckWritable(mtp_length_, T, "ForwardMtp"));
   const MtpWeights& m = weights_.mtp[index];
-  const float eps = static_cast<float>(config_.rms_norm_eps);
   RETURN_IF_ERROR(RefreshSlotTables());
   RETURN_IF_ERROR(BeginRoutingLog(T));
   ASSIGN_OR_RETURN(Tensor e, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
@@ -342,9 +345,10 @@ absl::Status Model::RunMtp(std::span<const int32_t> next_tokens, std::span<const
   ASSIGN_OR_RETURN(u, MtpInput(m, e, h));
   const int64_t layer = config_.num_hidden_layers + index;
   selection_.reset();
-  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, mtp_length_));
+  PendingResidual residual;
+  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, mtp_length_, &residual));
   mtp_length_ += T;
-  RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, eps, u));
+  RETURN_IF_ERROR(NormWithResidual(u, residual, m.head_norm, u));
   ASSIGN_OR_RETURN(last_mtp_hidden_, kernels::DownloadFloats(backend_, u));
   FlushRoutingLog();
   return absl::OkStatus();
@@ -363,20 +367,48 @@ absl::StatusOr<Tensor> Model::MtpInput(const MtpWeights& m, Tensor& e, Tensor& h
   return u;
 }
 
+absl::Status Model::NormWithResidual(Tensor& x, PendingResidual& pending, const Tensor& weight, Tensor& y) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (pending.empty()) return backend_.RmsNorm(x, weight, eps, y);
+  const kernels::Tensor* deltas[] = {&pending.first, &pending.second};
+  RETURN_IF_ERROR(backend_.AddRmsNorm(x, std::span(deltas, pending.second.valid() ? 2 : 1), weight, eps, y));
+  pending = PendingResidual{};
+  return absl::OkStatus();
+}
+
+absl::Status Model::AddResidual(Tensor& x, PendingResidual& pending) {
+  if (pending.empty()) return absl::OkStatus();
+  // The deltas are this model's own temporaries: the first may take their sum.
+  if (pending.second.valid()) RETURN_IF_ERROR(backend_.Add(pending.first, pending.second, pending.first));
+  RETURN_IF_ERROR(backend_.Add(x, pending.first, x));
+  pending = PendingResidual{};
+  return absl::OkStatus();
+}
+
 absl::Status Model::RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
-                             kernels::StepPosition start_pos) {
-  RETURN_IF_ERROR(AttentionBlock(w, layer, cache_index, x, start_pos));
-  return FfnBlock(w, layer, x, nullptr, nullptr);
+                             kernels::StepPosition start_pos, PendingResidual* pending) {
+  PendingResidual own;
+  PendingResidual& residual = pending != nullptr ? *pending : own;
+  RETURN_IF_ERROR(AttentionResidual(w, layer, cache_index, x, start_pos, residual));
+  RETURN_IF_ERROR(FfnResidual(w, layer, x, nullptr, nullptr, residual));
+  return pending != nullptr ? absl::OkStatus() : AddResidual(x, own);
 }
 
 absl::Status Model::AttentionBlock(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
                                    kernels::StepPosition start_pos) {
-  const float eps = static_cast<float>(config_.rms_norm_eps);
+  PendingResidual residual;
+  RETURN_IF_ERROR(AttentionResidual(w, layer, cache_index, x, start_pos, residual));
+  return AddResidual(x, residual);
+}
+
+absl::Status Model::AttentionResidual(const LayerWeights& w, int64_t layer, size_t cache_index, Tensor& x,
+                                      kernels::StepPosition start_pos, PendingResidual& pending) {
   ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
-  RETURN_IF_ERROR(backend_.RmsNorm(x, w.input_norm, eps, xn));
+  RETURN_IF_ERROR(NormWithResidual(x, pending, w.input_norm, xn));
   ASSIGN_OR_RETURN(Tensor attention, Attention(w.attention, layer, cache_index, xn, start_pos));
   RETURN_IF_ERROR(AllReduce(attention));
-  return backend_.Add(x, attention, x);
+  pending.first = std::move(attention);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<MoeRouting> Model::RouteLayer(const LayerWeights& w, const Tensor& x) {
@@ -388,11 +420,18 @@ absl::StatusOr<MoeRouting> Model::RouteLayer(const LayerWeights& w, const Tensor
 
 absl::Status Model::FfnBlock(const LayerWeights& w, int64_t layer, Tensor& x, const MoeRouting* routing,
                              const PrefillLayerSlots* slots) {
+  PendingResidual residual;
+  RETURN_IF_ERROR(FfnResidual(w, layer, x, routing, slots, residual));
+  return AddResidual(x, residual);
+}
+
+absl::Status Model::FfnResidual(const LayerWeights& w, int64_t layer, Tensor& x, const MoeRouting* routing,
+                                const PrefillLayerSlots* slots, PendingResidual& pending) {
   ASSIGN_OR_RETURN(Tensor xn, backend_.Allocate(kernels::DType::kF32, x.shape()));
-  RETURN_IF_ERROR(backend_.RmsNorm(x, w.post_attention_norm, static_cast<float>(config_.rms_norm_eps), xn));
-  Tensor ffn;
+  RETURN_IF_ERROR(NormWithResidual(x, pending, w.post_attention_norm, xn));
+  Tensor ffn, shared;
   if (w.moe.has_value() && routing == nullptr && slots == nullptr && RoutesOnBackend(*w.moe)) {
-    ASSIGN_OR_RETURN(ffn, BackendRoutedMoe(*w.moe, layer, xn));
+    ASSIGN_OR_RETURN(std::tie(ffn, shared), BackendRoutedMoe(*w.moe, layer, xn));
   } else if (w.moe.has_value()) {
     MoeRouting own;
     if (routing == nullptr) {
@@ -404,8 +443,15 @@ absl::Status Model::FfnBlock(const LayerWeights& w, int64_t layer, Tensor& x, co
   } else {
     ASSIGN_OR_RETURN(ffn, Mlp(*w.dense, xn));
   }
+  // Tensor parallelism reduces the whole block's output, the shared expert's part included.
+  if (shared.valid() && options_.tp.world_size > 1) {
+    RETURN_IF_ERROR(backend_.Add(ffn, shared, ffn));
+    shared = Tensor{};
+  }
   RETURN_IF_ERROR(AllReduce(ffn));
-  return backend_.Add(x, ffn, x);
+  pending.first = std::move(ffn);
+  pending.second = std::move(shared);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
@@ -567,7 +613,8 @@ bool Model::RoutesOnBackend(const MoeWeights& w) const {
   return experts_on_device && !observer_ && (w.bias.empty() || w.bias_device.valid());
 }
 
-absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t layer, const Tensor& xn) {
+absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeights& w, int64_t layer,
+                                                                   const Tensor& xn) {
   const ModelConfig& c = config_;
   const int64_t T = xn.shape().dim(0), E = c.n_routed_experts, K = c.num_experts_per_tok;
   // The predictor's salience signal (issue #21) wants each token's squared input norm. A decode
@@ -639,9 +686,7 @@ absl::StatusOr<Tensor> Model::BackendRoutedMoe(const MoeWeights& w, int64_t laye
     auto* at = static_cast<std::byte*>(routing_staging_->data()) + logged.gram_offset;
     RETURN_IF_ERROR(backend_.CopyToHostAsync(gram, std::span<std::byte>(at, gram.nbytes())));
   }
-  if (!w.shared.has_value()) return out;
-  RETURN_IF_ERROR(backend_.Add(out, shared, out));
-  return out;
+  return std::pair(std::move(out), std::move(shared));
 }
 
 absl::Status Model::SetSlotMailbox(const kernels::SlotMailboxRow& rows, const std::vector<int64_t>& layers) {

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -338,10 +339,25 @@ class Model {
   Model(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
         kernels::Communicator* comm, KvCache cache, ModelOptions options);
 
+  // A residual connection not yet added to x: the next norm of x adds it in the same op
+  // (Backend::AddRmsNorm), so on the GPU the Add costs no launch of its own. One or two deltas
+  // (an MoE block's routed and shared outputs, summed first, as adding their sum would).
+  struct PendingResidual {
+    kernels::Tensor first, second;
+    bool empty() const { return !first.valid(); }
+  };
+  // y = norm(x + pending) with x left holding the sum (y may be x); pending is emptied.
+  absl::Status NormWithResidual(kernels::Tensor& x, PendingResidual& pending, const kernels::Tensor& weight,
+                                kernels::Tensor& y);
+  // x += pending, as Adds (for the paths that read x before its next norm); pending is emptied.
+  absl::Status AddResidual(kernels::Tensor& x, PendingResidual& pending);
+
   // x [T, D] (the residual stream) through decoder block `layer` at `start_pos`; `cache_index`
-  // selects the LayerCache (decoder layers first, then MTP layers).
+  // selects the LayerCache (decoder layers first, then MTP layers). With `pending`, the residual
+  // it holds is added by this layer's first norm, and the layer's own last one is left in it for
+  // the caller's next norm; without, x is complete on return.
   absl::Status RunLayer(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
-                        kernels::StepPosition start_pos);
+                        kernels::StepPosition start_pos, PendingResidual* pending = nullptr);
   // The two halves of RunLayer. AttentionBlock: x += all-reduce(attention(norm(x))).
   absl::Status AttentionBlock(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
                               kernels::StepPosition start_pos);
@@ -350,6 +366,12 @@ class Model {
   // source of a packed layer.
   absl::Status FfnBlock(const LayerWeights& w, int64_t layer, kernels::Tensor& x, const MoeRouting* routing,
                         const PrefillLayerSlots* slots);
+  // The blocks with their residuals pending: each adds what `pending` holds in its norm and
+  // leaves its own output there.
+  absl::Status AttentionResidual(const LayerWeights& w, int64_t layer, size_t cache_index, kernels::Tensor& x,
+                                 kernels::StepPosition start_pos, PendingResidual& pending);
+  absl::Status FfnResidual(const LayerWeights& w, int64_t layer, kernels::Tensor& x, const MoeRouting* routing,
+                           const PrefillLayerSlots* slots, PendingResidual& pending);
   // The router of an MoE layer on x's post-attention norm (observers not called).
   absl::StatusOr<MoeRouting> RouteLayer(const LayerWeights& w, const kernels::Tensor& x);
   absl::StatusOr<kernels::Tensor> Attention(const AttentionWeights& w, int64_t layer, size_t cache_index,
@@ -366,7 +388,9 @@ class Model {
   absl::StatusOr<std::vector<float>> InputSquaredNorms(const kernels::Tensor& xn);
   // Routing on the backend, then the packed experts; the routing is copied to host staging
   // without waiting and reaches the observers in FlushRoutingLog.
-  absl::StatusOr<kernels::Tensor> BackendRoutedMoe(const MoeWeights& w, int64_t layer, const kernels::Tensor& xn);
+  // The routed experts' output and, apart (invalid without a shared expert), the shared expert's.
+  absl::StatusOr<std::pair<kernels::Tensor, kernels::Tensor>> BackendRoutedMoe(const MoeWeights& w, int64_t layer,
+                                                                                const kernels::Tensor& xn);
   // The arena of a packed layer's slots for NqMoe (the slot table is set by the caller).
   kernels::NqSlots LayerSlots(const PackedExperts& w, int64_t layer, const PrefillLayerSlots* prefill) const;
   // Uploads every packed layer's slot table when the table source's generation moved (or the

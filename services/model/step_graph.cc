@@ -61,11 +61,14 @@ absl::Status Model::EnqueueStep(const Tensor& ids, int64_t start_bound, const St
   ASSIGN_OR_RETURN(Tensor x, backend_.Allocate(kernels::DType::kF32, Shape{T, D}));
   RETURN_IF_ERROR(backend_.Embedding(ids, weights_.embed, x));
   selection_.reset();
+  // Each layer's last residual is added by the next norm (the final one after the last layer).
+  PendingResidual residual;
   for (int64_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
-    RETURN_IF_ERROR(RunLayer(weights_.layers[static_cast<size_t>(layer)], layer, static_cast<size_t>(layer), x, start));
+    RETURN_IF_ERROR(RunLayer(weights_.layers[static_cast<size_t>(layer)], layer, static_cast<size_t>(layer), x, start,
+                             &residual));
   }
   selection_.reset();  // memory allocated in a capture must be freed in it
-  RETURN_IF_ERROR(backend_.RmsNorm(x, weights_.final_norm, static_cast<float>(config_.rms_norm_eps), x));
+  RETURN_IF_ERROR(NormWithResidual(x, residual, weights_.final_norm, x));
   ASSIGN_OR_RETURN(Tensor logits, LogitRows(x, weights_.lm_head));
   auto* out = static_cast<std::byte*>(step_output_->data());
   // The step's result ahead of the final states: the sampled ids, or the logits.
@@ -91,9 +94,10 @@ absl::StatusOr<Tensor> Model::EnqueueMtpForward(int index, const Tensor& ids, co
   ASSIGN_OR_RETURN(Tensor u, MtpInput(m, e, h));
   const int64_t layer = config_.num_hidden_layers + index;
   selection_.reset();
-  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, position));
+  PendingResidual residual;
+  RETURN_IF_ERROR(RunLayer(m.block, layer, static_cast<size_t>(layer), u, position, &residual));
   selection_.reset();  // memory allocated in a capture must be freed in it
-  RETURN_IF_ERROR(backend_.RmsNorm(u, m.head_norm, static_cast<float>(config_.rms_norm_eps), u));
+  RETURN_IF_ERROR(NormWithResidual(u, residual, m.head_norm, u));
   return u;
 }
 
