@@ -12,7 +12,8 @@
 #   4. with NQ_SLICE (e.g. glm5:4:256:4000: make_slice.sh's arch, layers, experts, then the
 #      context), that slice's decode tokens/s (BF16 matrices) for each bundled nq* binary (e.g. nq_filtered, an nq
 #      built with IndexerDecodeSelect::kFiltered as the default), NQ_SLICE_ROUNDS (2) interleaved.
-# NQ_STAGES (default "tests bench ncu", add "slice") limits what runs. Results in $OUT (tests.txt,
+# NQ_TEST_FILTER replaces stage 1's gtest filter; stage 4 also checks that every build and round
+# decoded the same greedy tokens. NQ_STAGES (default "tests bench ncu", add "slice") limits what runs. Results in $OUT (tests.txt,
 # sanitize.txt, bench.txt, ncu.txt, slice_*.txt), a summary on stdout.
 #
 # Here (binaries and their libraries, xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
@@ -34,7 +35,7 @@ status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 if wants tests; then
-  "$B/cuda_vs_cpu_ops_test" --gtest_filter='CudaIndexer*:CudaStepPosition*' >"$out/tests.txt" 2>&1 || status=1
+  "$B/cuda_vs_cpu_ops_test" --gtest_filter="${NQ_TEST_FILTER:-CudaIndexer*:CudaStepPosition*}" >"$out/tests.txt" 2>&1 || status=1
   grep -E "^\[  (PASSED|FAILED)|FAILED|tests ran" "$out/tests.txt" | tail -15
 fi
 if wants tests && command -v compute-sanitizer >/dev/null; then
@@ -83,10 +84,19 @@ if wants slice && [[ -n "${NQ_SLICE:-}" ]]; then
     for bin in $(cd "$B" && ls nq*); do
       log="$out/slice_${bin}_$round.txt"
       timeout 150 "$B/$bin" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-        --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 >"$log" 2>&1 || status=1
+        --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --out="${log%.txt}.json" \
+        >"$log" 2>&1 || status=1
       echo "== round $round, $bin, slice $NQ_SLICE: $(tail -1 "$log" | sed 's/.*GiB): //')"
     done
   done
+  # Every build and round must decode the same greedy tokens.
+  python3 - "$out" <<'PY' || status=1
+import glob, json, sys
+runs = {path: json.load(open(path))["tokens"] for path in sorted(glob.glob(sys.argv[1] + "/slice_*.json"))}
+same = len({tuple(tokens) for tokens in runs.values()}) == 1
+print(f"== slice greedy tokens {'equal' if same else 'DIFFER'} over {len(runs)} runs")
+sys.exit(0 if same else 1)
+PY
   rm -rf "$slice"
 fi
 exit "$status"
