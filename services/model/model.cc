@@ -369,6 +369,7 @@ absl::StatusOr<Tensor> Model::MtpInput(const MtpWeights& m, Tensor& e, Tensor& h
 
 absl::Status Model::NormWithResidual(Tensor& x, PendingResidual& pending, const Tensor& weight, Tensor& y) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (!options_.fused_residual_norm) RETURN_IF_ERROR(AddResidual(x, pending));
   if (pending.empty()) return backend_.RmsNorm(x, weight, eps, y);
   const kernels::Tensor* deltas[] = {&pending.first, &pending.second};
   RETURN_IF_ERROR(backend_.AddRmsNorm(x, std::span(deltas, pending.second.valid() ? 2 : 1), weight, eps, y));

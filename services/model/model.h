@@ -48,6 +48,11 @@ struct ModelOptions {
   // layer's shared expert beside its routed experts, and the new keys' norms, rotations and cache
   // writes beside the query projection. Results are equal either way; off only to compare.
   bool side_streams = true;
+  // Each block's residual added by the next norm's op (Backend::AddRmsNorm: one kernel on CUDA
+  // where the Adds and the RmsNorm are two or three, each latency-bound) instead of by Adds of
+  // its own. Results are bit-identical either way. Off until a GPU run has checked the fused
+  // kernel (tests/kernels/cuda/rmsnorm_test.cc, tests/model_graph/cuda_model_test.cc).
+  bool fused_residual_norm = false;
   // Tests: decode steps take the step-graph path on a backend that cannot capture (the CPU),
   // each step issuing the ops a capture would record, so the graph body (device positions, the
   // sharded head's gather, the host staging, the draw) is checked against op by op where it
@@ -346,7 +351,8 @@ class Model {
     kernels::Tensor first, second;
     bool empty() const { return !first.valid(); }
   };
-  // y = norm(x + pending) with x left holding the sum (y may be x); pending is emptied.
+  // y = norm(x + pending) with x left holding the sum (y may be x), in one op with
+  // ModelOptions::fused_residual_norm; pending is emptied.
   absl::Status NormWithResidual(kernels::Tensor& x, PendingResidual& pending, const kernels::Tensor& weight,
                                 kernels::Tensor& y);
   // x += pending, as Adds (for the paths that read x before its next norm); pending is emptied.

@@ -60,6 +60,8 @@ ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
 ABSL_FLAG(bool, side_streams, true,
           "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
+ABSL_FLAG(bool, fused_residual_norm, false,
+          "bench-decode: add each block's residual in the next RmsNorm's kernel (as nq-worker's --fused_residual_norm)");
 
 ABSL_FLAG(int, speculative_tokens, 0,
           "bench-decode: MTP drafts a decode step (0: none), as nq-worker --speculative_tokens, drafted on the backend "
@@ -121,6 +123,7 @@ absl::Status BenchDecode() {
   model_options.weight_dtype = *weight_dtype;
   model_options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
   model_options.side_streams = absl::GetFlag(FLAGS_side_streams);
+  model_options.fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm);
   // An NVFP4 checkpoint fuses its gate/up halves as the worker's --nvfp4_gate_up_scale would.
   ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,
                    nvfp4::ParseGateUpScaleMode(absl::GetFlag(FLAGS_nvfp4_gate_up_scale)));

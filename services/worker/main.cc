@@ -137,6 +137,10 @@ ABSL_FLAG(bool, step_graphs, true,
 ABSL_FLAG(bool, side_streams, true,
           "Run a layer's independent ops (an MoE layer's shared expert, the new keys' norms and cache writes) on a "
           "second stream beside the rest (the CUDA backend; the CPU runs them in order)");
+// Results are equal either way; off until a GPU run has checked the fused kernel.
+ABSL_FLAG(bool, fused_residual_norm, false,
+          "Add each block's residual in the next RmsNorm's kernel instead of by Adds of its own (two or three "
+          "launches fewer a layer on the CUDA backend; the CPU runs the same ops either way)");
 // On by default: on the H200 the in-graph draw picks the host Sampler's tokens (greedy and seeded
 // draws, scripts/device/profile_decode_step.sh's "sampling" section) and saves the logits' trip;
 // off only to compare.
@@ -628,7 +632,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                 .kv_cache_dtype = kv_cache_dtype,
                                 .weight_dtype = weight_dtype,
                                 .step_graphs = absl::GetFlag(FLAGS_step_graphs),
-                                .side_streams = absl::GetFlag(FLAGS_side_streams)};
+                                .side_streams = absl::GetFlag(FLAGS_side_streams),
+                                .fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm)};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
     dynamic_experts = !release.empty() && bits_flag == "dynamic";

@@ -103,6 +103,12 @@ TEST_P(CudaModelTest, Bf16WeightMatricesMatchTheCpuBackend) {
                   "BF16 weight matrices");
 }
 
+// Each block's residual added in the next RmsNorm's kernel (ModelOptions::fused_residual_norm):
+// the CUDA model against the CPU's as the F32 graphs agree.
+TEST_P(CudaModelTest, ResidualsAddedInTheNormMatchTheCpuBackend) {
+  CompareBackends(GetParam(), ModelOptions{.max_tokens = 64, .fused_residual_norm = true}, "fused residual norm");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModelTest,
                          ::testing::Values("glm5_tiny", "glm5_tiny_fp8", "dsv3_tiny", "dsv3_tiny_fp8"));
 

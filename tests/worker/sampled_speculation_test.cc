@@ -177,6 +177,36 @@ TEST_F(SampledSpeculationTest, DraftsAndVerificationOnTheBackendGivePlainKeyedSa
               device.accepted, device.verified, device.rate(), on_host.accepted, on_host.verified, on_host.rate());
 }
 
+// Each block's residual added in the next norm's op (ModelOptions::fused_residual_norm): the same
+// tokens as the Adds of their own, with MTP drafts and without, on the step-graph body with the
+// MoE blocks' routed and shared outputs pending together (the packed experts route on the backend).
+TEST_F(SampledSpeculationTest, ResidualsAddedInTheNormDecodeTheSameTokens) {
+  release::ServedModel fused[2];  // the drafting runner's and the plain one's
+  for (release::ServedModel& served : fused) {
+    absl::StatusOr<release::ServedModel> loaded = release::LoadServedModel(
+        NQ_EMBEDDED_MODEL_DIR, std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", release::ExpertBits::k2Bit,
+        *backend_, nullptr, {.max_tokens = 1024, .fused_residual_norm = true, .uncaptured_step_graphs = true});
+    ASSERT_THAT(loaded, IsOk());
+    served = *std::move(loaded);
+  }
+  ASSERT_TRUE(fused[1].model->SamplesOnDevice(4));
+  Runners before(spec_, plain_);
+  Runners in_norm(fused[0], fused[1]);
+  std::vector<SequenceRequest> requests = SampledRequests();
+  requests.resize(3);
+  requests[0].sampling = {.temperature = 0, .logprobs = false};  // greedy
+  for (const SequenceRequest& request : requests) {
+    for (auto [runner, reference] : {std::pair(&in_norm.plain, &before.plain), std::pair(&in_norm.spec, &before.spec)}) {
+      absl::StatusOr<testing::RunResult> got = testing::Generate(*runner, request);
+      absl::StatusOr<testing::RunResult> want = testing::Generate(*reference, request);
+      ASSERT_THAT(got, IsOk());
+      ASSERT_THAT(want, IsOk());
+      EXPECT_EQ(got->ids, want->ids) << "temperature " << request.sampling.temperature;
+    }
+  }
+  EXPECT_GT(in_norm.drafter.proposed, 0);
+}
+
 // A request whose draws the backend cannot make (log-probabilities asked for) still drafts
 // greedily on the backend, and its rows come to the host, where Sampler::Verify of a
 // deterministic draft makes the same keyed draws: the same tokens and log-probabilities as plain
