@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# On the device: residual connections added in the next norm (Backend::AddRmsNorm,
+# --fused_residual_norm; bench/README.md, "Residual connections added in the next norm"):
+#   1. cuda_vs_cpu_ops_test CudaAddRmsNorm* and CudaRmsNorm* (the fused kernel bit for bit against
+#      the Add and RmsNorm kernels, and against the CPU), then compute-sanitizer memcheck of them;
+#   2. cuda_model_test *Residuals* (the fixtures' logits with the option on, CUDA against the CPU);
+#   3. the GLM-5 slice (NQ_SLICE, default glm5:4:256:4000: make_slice.sh's arch, layers, experts,
+#      then the context; BF16 matrices, 2-bit experts) decoded with and without
+#      --fused_residual_norm, NQ_ROUNDS (2) rounds interleaved: tokens/s, and the same greedy
+#      tokens in every run (the script fails otherwise).
+# Results in $OUT (tests.txt, memcheck.txt, model.txt, slice_*.txt / .json), a summary on stdout.
+#
+# Here (binaries and their libraries, xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
+#   cmake --build build/cuda --target cuda_vs_cpu_ops_test cuda_model_test nq && mkdir -p .device3/bin .devspec
+#   for b in tests/kernels/cuda_vs_cpu_ops_test tests/model_graph/cuda_model_test services/tools/nq; do
+#     strip -o .device3/bin/$(basename $b) build/cuda/$b; done
+#   source scripts/device/shared_libs.sh && copy_shared_libs .device3/lib .device3/bin/*
+#   tar -C .device3 -cf - bin lib | xz -T0 -9 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on
+# (cuda_model_test reads tests/fixtures/models: plain `on`, not `on cluster`, keeps them)
+# the `run` tool: carry [".devspec"], command: bash scripts/device/run_fused_residual.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-$PWD/out}"
+mkdir -p "$out"
+source scripts/device/devspec_bundle.sh
+unpack_devspec_bundle /tmp/nq-devfused || exit 1
+status=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+filter='CudaAddRmsNorm*:CudaRmsNorm*'
+"$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter" >"$out/tests.txt" 2>&1 || status=1
+grep -E "^\[  (PASSED|FAILED)|FAILED" "$out/tests.txt" | tail -8
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck "$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter" >"$out/memcheck.txt" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.txt"
+fi
+"$B/cuda_model_test" --gtest_filter='*Residuals*' >"$out/model.txt" 2>&1 || status=1
+grep -E "cuda model|^\[  (PASSED|FAILED)|FAILED" "$out/model.txt" | tail -8
+
+IFS=: read -r arch layers experts context <<<"${NQ_SLICE:-glm5:4:256:4000}"
+slice=/tmp/nq-fused-slice-$arch
+rm -rf "$slice"  # a warm machine may still hold one of other shapes
+if ! NQ="$B/nq" bash scripts/device/make_slice.sh "$arch" "$slice" "$layers" "$experts" 0 >"$out/make_slice.txt" 2>&1; then
+  tail -5 "$out/make_slice.txt"
+  exit 1
+fi
+for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
+  for variant in plain fused; do
+    flags=()
+    [[ $variant == fused ]] && flags=(--fused_residual_norm)
+    log="$out/slice_${variant}_$round.txt"
+    timeout 150 "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
+      --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 "${flags[@]}" \
+      --out="${log%.txt}.json" >"$log" 2>&1 || status=1
+    echo "== round $round, $variant: $(tail -1 "$log" | sed 's/.*GiB): //')"
+  done
+done
+python3 - "$out" <<'PY' || status=1
+import glob, json, sys
+runs = {path: json.load(open(path))["tokens"] for path in sorted(glob.glob(sys.argv[1] + "/slice_*.json"))}
+same = len({tuple(tokens) for tokens in runs.values()}) == 1
+print(f"== slice greedy tokens {'equal' if same else 'DIFFER'} over {len(runs)} runs")
+sys.exit(0 if same else 1)
+PY
+rm -rf "$slice"
+exit "$status"
