@@ -23,6 +23,7 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-$PWD/out}"
 mkdir -p "$out"
 source scripts/device/devspec_bundle.sh
+source scripts/device/compare_tokens.sh  # compare_tokens
 unpack_devspec_bundle /tmp/nq-devfused || exit 1
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -55,12 +56,7 @@ for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
     echo "== round $round, $variant: $(tail -1 "$log" | sed 's/.*GiB): //')"
   done
 done
-python3 - "$out" <<'PY' || status=1
-import glob, json, sys
-runs = {path: json.load(open(path))["tokens"] for path in sorted(glob.glob(sys.argv[1] + "/slice_*.json"))}
-same = len({tuple(tokens) for tokens in runs.values()}) == 1
-print(f"== slice greedy tokens {'equal' if same else 'DIFFER'} over {len(runs)} runs")
-sys.exit(0 if same else 1)
-PY
+# Every run must decode the same greedy tokens.
+compare_tokens "$out"/slice_*.json | tee "$out/slice_tokens.txt" || status=1
 rm -rf "$slice"
 exit "$status"

@@ -28,6 +28,7 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-$PWD/out}"
 mkdir -p "$out"
 source scripts/device/devspec_bundle.sh
+source scripts/device/compare_tokens.sh  # compare_tokens
 unpack_devspec_bundle /tmp/nq-devindexer || exit 1
 stages="${NQ_STAGES:-tests bench ncu}"
 wants() { [[ " $stages " == *" $1 "* ]]; }
@@ -90,13 +91,7 @@ if wants slice && [[ -n "${NQ_SLICE:-}" ]]; then
     done
   done
   # Every build and round must decode the same greedy tokens.
-  python3 - "$out" <<'PY' || status=1
-import glob, json, sys
-runs = {path: json.load(open(path))["tokens"] for path in sorted(glob.glob(sys.argv[1] + "/slice_*.json"))}
-same = len({tuple(tokens) for tokens in runs.values()}) == 1
-print(f"== slice greedy tokens {'equal' if same else 'DIFFER'} over {len(runs)} runs")
-sys.exit(0 if same else 1)
-PY
+  compare_tokens "$out"/slice_*.json | tee "$out/slice_tokens.txt" || status=1
   rm -rf "$slice"
 fi
 exit "$status"
