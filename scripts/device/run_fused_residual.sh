@@ -24,6 +24,7 @@ out="${OUT:-$PWD/out}"
 mkdir -p "$out"
 source scripts/device/devspec_bundle.sh
 source scripts/device/compare_tokens.sh  # compare_tokens
+source scripts/device/slice_bench.sh     # make_bench_slice, bench_slice
 unpack_devspec_bundle /tmp/nq-devfused || exit 1
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -38,25 +39,16 @@ fi
 "$B/cuda_model_test" --gtest_filter='*Residuals*' >"$out/model.txt" 2>&1 || status=1
 grep -E "cuda model|^\[  (PASSED|FAILED)|FAILED" "$out/model.txt" | tail -8
 
-IFS=: read -r arch layers experts context <<<"${NQ_SLICE:-glm5:4:256:4000}"
-slice=/tmp/nq-fused-slice-$arch
-rm -rf "$slice"  # a warm machine may still hold one of other shapes
-if ! NQ="$B/nq" bash scripts/device/make_slice.sh "$arch" "$slice" "$layers" "$experts" 0 >"$out/make_slice.txt" 2>&1; then
-  tail -5 "$out/make_slice.txt"
-  exit 1
-fi
+make_bench_slice "${NQ_SLICE:-glm5:4:256:4000}" /tmp/nq-fused-slice "$out/make_slice.txt" || exit 1
 for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
   for variant in plain fused; do
     flags=()
     [[ $variant == fused ]] && flags=(--fused_residual_norm)
-    log="$out/slice_${variant}_$round.txt"
-    timeout 150 "$B/nq" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-      --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 "${flags[@]}" \
-      --out="${log%.txt}.json" >"$log" 2>&1 || status=1
-    echo "== round $round, $variant: $(tail -1 "$log" | sed 's/.*GiB): //')"
+    line=$(bench_slice nq "$out/slice_${variant}_$round.txt" "${flags[@]}") || status=1
+    echo "== round $round, $variant: $line"
   done
 done
 # Every run must decode the same greedy tokens.
 compare_tokens "$out"/slice_*.json | tee "$out/slice_tokens.txt" || status=1
-rm -rf "$slice"
+rm -rf "$SLICE_DIR"
 exit "$status"

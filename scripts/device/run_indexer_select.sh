@@ -29,6 +29,7 @@ out="${OUT:-$PWD/out}"
 mkdir -p "$out"
 source scripts/device/devspec_bundle.sh
 source scripts/device/compare_tokens.sh  # compare_tokens
+source scripts/device/slice_bench.sh     # make_bench_slice, bench_slice
 unpack_devspec_bundle /tmp/nq-devindexer || exit 1
 stages="${NQ_STAGES:-tests bench ncu}"
 wants() { [[ " $stages " == *" $1 "* ]]; }
@@ -74,24 +75,15 @@ if wants ncu && command -v ncu >/dev/null; then
   done
 fi
 if wants slice && [[ -n "${NQ_SLICE:-}" ]]; then
-  IFS=: read -r arch layers experts context <<<"$NQ_SLICE"
-  slice=/tmp/nq-indexer-slice-$arch
-  rm -rf "$slice"  # a warm machine may still hold one of other shapes
-  if ! NQ="$B/nq" bash scripts/device/make_slice.sh "$arch" "$slice" "$layers" "$experts" 0 >"$out/make_slice.txt" 2>&1; then
-    tail -5 "$out/make_slice.txt"
-    exit 1
-  fi
+  make_bench_slice "$NQ_SLICE" /tmp/nq-indexer-slice "$out/make_slice.txt" || exit 1
   for round in $(seq 1 "${NQ_SLICE_ROUNDS:-2}"); do
     for bin in $(cd "$B" && ls nq*); do
-      log="$out/slice_${bin}_$round.txt"
-      timeout 150 "$B/$bin" bench-decode --model="$slice" --release="$slice/release" --expert-bits=2 --backend=cuda \
-        --prompt-tokens="$context" --decode-tokens=64 --warmup=4 --weight-dtype=bf16 --out="${log%.txt}.json" \
-        >"$log" 2>&1 || status=1
-      echo "== round $round, $bin, slice $NQ_SLICE: $(tail -1 "$log" | sed 's/.*GiB): //')"
+      line=$(bench_slice "$bin" "$out/slice_${bin}_$round.txt") || status=1
+      echo "== round $round, $bin, slice $NQ_SLICE: $line"
     done
   done
   # Every build and round must decode the same greedy tokens.
   compare_tokens "$out"/slice_*.json | tee "$out/slice_tokens.txt" || status=1
-  rm -rf "$slice"
+  rm -rf "$SLICE_DIR"
 fi
 exit "$status"
