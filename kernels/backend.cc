@@ -530,23 +530,20 @@ absl::Status Backend::Add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 absl::Status Backend::Rope(Tensor& x, StepPosition start, std::span<const float> inv_freq,
                            float attention_scaling, bool interleaved) {
+  const RopeTarget target{.x = &x, .interleaved = interleaved};
+  return Rope(std::span<const RopeTarget>(&target, 1), start, inv_freq, attention_scaling);
+}
+
+absl::Status Backend::Rope(std::span<const RopeTarget> targets, StepPosition start, std::span<const float> inv_freq,
+                           float attention_scaling) {
   constexpr absl::string_view kOp = "Rope";
-  RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
+  if (targets.empty() || targets.size() > static_cast<std::size_t>(kMaxRopeTargets)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": ", targets.size(), " tensors to rotate; want 1 to ", kMaxRopeTargets));
+  }
   RETURN_IF_ERROR(CheckStepPosition(kOp, "start_pos", start));
   const std::int64_t start_pos = start.bound();
-  RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
-  RETURN_IF_ERROR(CheckRank(kOp, "x", x, 3));
-  const std::int64_t d = x.shape().dim(2);
-  if (d % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kOp, ": the last dim of x ", x.DebugString(), " must be even (rotated pairs)"));
-  }
   // The rotated slice is the leading 2 * inv_freq.size() elements of each head.
-  if (inv_freq.empty() || static_cast<std::uint64_t>(d / 2) < inv_freq.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": inv_freq has ", inv_freq.size(), " entries; want 1 to ", d / 2,
-                     " (the rotated slice is 2 * inv_freq.size() of the last dim of x ", x.DebugString(), ")"));
-  }
   for (std::size_t i = 0; i < inv_freq.size(); ++i) {
     if (!std::isfinite(inv_freq[i])) {
       return absl::InvalidArgumentError(
@@ -557,14 +554,48 @@ absl::Status Backend::Rope(Tensor& x, StepPosition start, std::span<const float>
     return absl::InvalidArgumentError(
         absl::StrCat(kOp, ": attention_scaling must be finite, got ", attention_scaling));
   }
-  const std::int64_t tokens = x.shape().dim(0);
+  bool any_elements = false;
+  for (std::size_t t = 0; t < targets.size(); ++t) {
+    const std::string arg = targets.size() == 1 ? "x" : absl::StrCat("targets[", t, "].x");
+    if (targets[t].x == nullptr) return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", arg, " is null"));
+    const Tensor& x = *targets[t].x;
+    RETURN_IF_ERROR(CheckOwned(kOp, arg, x));
+    RETURN_IF_ERROR(CheckDType(kOp, arg, x, DType::kF32));
+    RETURN_IF_ERROR(CheckRank(kOp, arg, x, 3));
+    const std::int64_t d = x.shape().dim(2);
+    if (d % 2 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": the last dim of ", arg, " ", x.DebugString(), " must be even (rotated pairs)"));
+    }
+    if (inv_freq.empty() || static_cast<std::uint64_t>(d / 2) < inv_freq.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": inv_freq has ", inv_freq.size(), " entries; want 1 to ", d / 2,
+                       " (the rotated slice is 2 * inv_freq.size() of the last dim of ", arg, " ", x.DebugString(), ")"));
+    }
+    // One start position for every target: the same tokens, rotated in one pass.
+    if (x.shape().dim(0) != targets[0].x->shape().dim(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(kOp, ": ", arg, " ", x.DebugString(), " has ",
+                                                     x.shape().dim(0), " tokens; targets[0].x has ",
+                                                     targets[0].x->shape().dim(0)));
+    }
+    for (std::size_t u = 0; u < t; ++u) {
+      // Rotating one buffer twice in one launch would race.
+      if (x.nbytes() > 0 && x.data() == targets[u].x->data()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(kOp, ": ", arg, " shares its memory with targets[", u, "].x"));
+      }
+    }
+    any_elements = any_elements || x.NumElements() > 0;
+  }
+  const std::int64_t tokens = targets[0].x->shape().dim(0);
   if (start_pos < 0 || start_pos > std::numeric_limits<std::int64_t>::max() - tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         kOp, ": start_pos must be >= 0 and leave room for ", tokens, " positions, got ",
         start_pos));
   }
-  if (x.NumElements() == 0) return absl::OkStatus();
-  return DoRope(x, start, inv_freq, attention_scaling, interleaved);
+  if (!any_elements) return absl::OkStatus();
+  if (targets.size() == 1) return DoRope(*targets[0].x, start, inv_freq, attention_scaling, targets[0].interleaved);
+  return DoRopes(targets, start, inv_freq, attention_scaling);
 }
 
 absl::Status Backend::LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -913,6 +944,15 @@ absl::Status Backend::DoEmbeddingDevice(const Tensor&, const Tensor&, Tensor&) {
 
 absl::Status Backend::DoRope(Tensor&, const StepPosition&, std::span<const float>, float, bool) {
   return NotImplemented("Rope", name());
+}
+
+absl::Status Backend::DoRopes(std::span<const RopeTarget> targets, const StepPosition& start_pos,
+                              std::span<const float> inv_freq, float attention_scaling) {
+  for (const RopeTarget& target : targets) {
+    if (target.x->NumElements() == 0) continue;
+    RETURN_IF_ERROR(DoRope(*target.x, start_pos, inv_freq, attention_scaling, target.interleaved));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Backend::DoLayerNorm(const Tensor&, const Tensor&, const Tensor&, float, Tensor&,

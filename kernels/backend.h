@@ -180,6 +180,18 @@ class Backend {
   absl::Status Rope(Tensor& x, StepPosition start_pos, std::span<const float> inv_freq,
                     float attention_scaling, bool interleaved);
 
+  // Rope of several tensors at the same positions and frequencies, each with its own pair layout
+  // (the query's MLA rope part and the DSA indexer's queries, whose layouts may differ): one
+  // launch on CUDA instead of one a tensor. Every x as Rope says, all with the same token count,
+  // 1 to kMaxRopeTargets of them, no two sharing memory.
+  struct RopeTarget {
+    Tensor* x = nullptr;
+    bool interleaved = false;
+  };
+  static constexpr int kMaxRopeTargets = 4;
+  absl::Status Rope(std::span<const RopeTarget> targets, StepPosition start_pos, std::span<const float> inv_freq,
+                    float attention_scaling);
+
   // y = (x - mean) / sqrt(var + eps) * weight + bias over the last dim (biased variance).
   // x, y: F32 [..., d] (y may be x); weight, bias: F32 [d].
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -360,6 +372,9 @@ class Backend {
                                     float eps, Tensor& y, const RowDims& dims);
   virtual absl::Status DoRope(Tensor& x, const StepPosition& start_pos, std::span<const float> inv_freq,
                               float attention_scaling, bool interleaved);
+  // Default: DoRope for each target.
+  virtual absl::Status DoRopes(std::span<const RopeTarget> targets, const StepPosition& start_pos,
+                               std::span<const float> inv_freq, float attention_scaling);
   virtual absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    float eps, Tensor& y, const RowDims& dims);
   virtual absl::Status DoWriteRows(const Tensor& src, Tensor& dst, const StepPosition& row_offset);

@@ -392,21 +392,33 @@ class CudaBackend final : public Backend {
 
   absl::Status DoRope(Tensor& x, const StepPosition& start_pos, std::span<const float> inv_freq,
                       float attention_scaling, bool interleaved) override {
-    const std::int64_t heads = x.shape().dim(1);
-    const std::int64_t dim = x.shape().dim(2);
-    RETURN_IF_ERROR(CheckIntRange("Rope", {heads, dim, heads * dim}));
+    const RopeTarget target{.x = &x, .interleaved = interleaved};
+    return DoRopes(std::span<const RopeTarget>(&target, 1), start_pos, inv_freq, attention_scaling);
+  }
+
+  // Every target in one launch.
+  absl::Status DoRopes(std::span<const RopeTarget> targets, const StepPosition& start_pos,
+                       std::span<const float> inv_freq, float attention_scaling) override {
+    static_assert(kMaxRopeTargets <= kMaxRopeLaunchTargets);
+    RopeParams params{.target_count = static_cast<int>(targets.size()),
+                      .tokens = targets[0].x->shape().dim(0),
+                      .rotary = static_cast<int>(2 * inv_freq.size()),
+                      .start_pos = start_pos.bound(),
+                      .position = DevicePosition(start_pos),
+                      .attention_scaling = attention_scaling};
+    for (std::size_t k = 0; k < targets.size(); ++k) {
+      Tensor& x = *targets[k].x;
+      const std::int64_t heads = x.shape().dim(1);
+      const std::int64_t dim = x.shape().dim(2);
+      RETURN_IF_ERROR(CheckIntRange("Rope", {heads, dim, heads * dim}));
+      params.targets[k] = {.x = x.data_as<float>(),
+                           .heads = static_cast<int>(heads),
+                           .dim = static_cast<int>(dim),
+                           .interleaved = targets[k].interleaved};
+    }
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    ASSIGN_OR_RETURN(const float* device_inv_freq, ConstantOnDevice(inv_freq));
-    return LaunchRope({.x = x.data_as<float>(),
-                       .inv_freq = device_inv_freq,
-                       .tokens = x.shape().dim(0),
-                       .heads = static_cast<int>(heads),
-                       .dim = static_cast<int>(dim),
-                       .rotary = static_cast<int>(2 * inv_freq.size()),
-                       .start_pos = start_pos.bound(),
-                       .position = DevicePosition(start_pos),
-                       .attention_scaling = attention_scaling},
-                      interleaved, ctx_);
+    ASSIGN_OR_RETURN(params.inv_freq, ConstantOnDevice(inv_freq));
+    return LaunchRope(params, ctx_);
   }
 
   absl::Status DoLayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,

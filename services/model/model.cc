@@ -1,6 +1,7 @@
 #include "services/model/model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -499,15 +500,20 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   kernels::SideWorkGuard side(backend_);
   if (options_.side_streams) RETURN_IF_ERROR(backend_.BeginSideWork());
   RETURN_IF_ERROR(backend_.RmsNorm(latent, w.kv_a_norm, kLatentNormEps, latent));
+  // The rope key and the indexer's key rotate in one op (one launch on CUDA).
+  std::array<kernels::Backend::RopeTarget, 2> key_ropes{{{.x = &k_pe, .interleaved = MlaRopeInterleaved(c)},
+                                                         {.x = &ki, .interleaved = IndexerRopeInterleaved(c)}}};
   RETURN_IF_ERROR(k_pe.Reshape(Shape{T, 1, dr}));
-  RETURN_IF_ERROR(backend_.Rope(k_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
+  if (ix != nullptr) {
+    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix->k_norm_weight, ix->k_norm_bias, kLatentNormEps, ki));
+    RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
+  }
+  RETURN_IF_ERROR(backend_.Rope(std::span(key_ropes.data(), ix != nullptr ? 2 : 1), start_pos, inv_freq_,
+                                attention_scaling_));
   RETURN_IF_ERROR(k_pe.Reshape(Shape{T, dr}));
   RETURN_IF_ERROR(backend_.WriteRows(latent, cache.latent, start_pos));
   RETURN_IF_ERROR(backend_.WriteRows(k_pe, cache.k_pe, start_pos));
   if (ix != nullptr) {
-    RETURN_IF_ERROR(backend_.LayerNorm(ki, ix->k_norm_weight, ix->k_norm_bias, kLatentNormEps, ki));
-    RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
-    RETURN_IF_ERROR(backend_.Rope(ki, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
     RETURN_IF_ERROR(ki.Reshape(Shape{T, Di}));
     RETURN_IF_ERROR(backend_.WriteRows(ki, *cache.index_keys, start_pos));
   }
@@ -531,12 +537,15 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   }
   RETURN_IF_ERROR(q_nope.Reshape(Shape{T, Hr, dn}));
   RETURN_IF_ERROR(q_pe.Reshape(Shape{T, Hr, dr}));
-  RETURN_IF_ERROR(backend_.Rope(q_pe, start_pos, inv_freq_, attention_scaling_, MlaRopeInterleaved(c)));
   if (ix != nullptr) {
     if (!qi.valid()) return absl::InternalError(absl::StrCat("layer ", layer, ": a DSA indexer without a query latent"));
     RETURN_IF_ERROR(qi.Reshape(Shape{T, Hi, Di}));
-    RETURN_IF_ERROR(backend_.Rope(qi, start_pos, inv_freq_, attention_scaling_, IndexerRopeInterleaved(c)));
   }
+  // Both queries rotate in one op, as the keys did.
+  std::array<kernels::Backend::RopeTarget, 2> query_ropes{{{.x = &q_pe, .interleaved = MlaRopeInterleaved(c)},
+                                                           {.x = &qi, .interleaved = IndexerRopeInterleaved(c)}}};
+  RETURN_IF_ERROR(backend_.Rope(std::span(query_ropes.data(), ix != nullptr ? 2 : 1), start_pos, inv_freq_,
+                                attention_scaling_));
   // The indexer and attention read the keys just written.
   if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
 

@@ -1,8 +1,10 @@
 // CPU Rope against hand-rotated values and the HF-style double reference (both pair layouts, yarn
 // scaling, decode calls at start_pos > 0), and its argument errors.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +137,26 @@ TEST(CpuRope, AnglesAreFloat32ProductsAsInHf) {
             1e-5);
 }
 
+// Several tensors in one op: each rotates exactly as it would alone, in its own pair layout and
+// width (the MLA query's rope part and the indexer's queries, whose heads are wider than the slice).
+TEST(CpuRope, SeveralTargetsRotateAsEachWouldAlone) {
+  std::mt19937_64 rng = MakeRng(2303);
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  const std::vector<float> inv_freq = RandomUniform(rng, 8, 0.001f, 1.0f);
+  const Shape a_shape{3, 4, 16}, b_shape{3, 2, 24};
+  const std::vector<float> a = RandomNormal(rng, a_shape.NumElements(), 1.0f);
+  const std::vector<float> b = RandomNormal(rng, b_shape.NumElements(), 1.0f);
+  for (bool a_interleaved : {true, false}) {
+    Tensor ta = Upload(*backend, a, DType::kF32, a_shape);
+    Tensor tb = Upload(*backend, b, DType::kF32, b_shape);
+    const std::array<Backend::RopeTarget, 2> targets{{{.x = &ta, .interleaved = a_interleaved},
+                                                      {.x = &tb, .interleaved = !a_interleaved}}};
+    NQ_ASSERT_OK(backend->Rope(targets, 41, inv_freq, 1.25f));
+    EXPECT_EQ(Download(*backend, ta), Rotate(*backend, a, a_shape, 41, inv_freq, 1.25f, a_interleaved));
+    EXPECT_EQ(Download(*backend, tb), Rotate(*backend, b, b_shape, 41, inv_freq, 1.25f, !a_interleaved));
+  }
+}
+
 class CpuRopeErrors : public ::testing::Test {
  protected:
   std::unique_ptr<Backend> backend_ = MakeCpuBackend();
@@ -172,6 +194,35 @@ TEST_F(CpuRopeErrors, RejectsBadScalingAndStartPos) {
   EXPECT_THAT(
       backend_->Rope(x_, std::numeric_limits<std::int64_t>::max() - 1, inv_freq_, 1.0f, false),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("leave room")));
+}
+
+TEST_F(CpuRopeErrors, RejectsTargetListsItCannotRotateInOnePass) {
+  EXPECT_THAT(backend_->Rope(std::span<const Backend::RopeTarget>(), 0, inv_freq_, 1.0f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Rope: 0 tensors to rotate; want 1 to 4")));
+  std::vector<Tensor> many;
+  for (int i = 0; i < Backend::kMaxRopeTargets + 1; ++i) many.push_back(AllocateOrFail(*backend_, DType::kF32, {2, 1, 8}));
+  std::vector<Backend::RopeTarget> targets;
+  for (Tensor& t : many) targets.push_back({.x = &t});
+  EXPECT_THAT(backend_->Rope(targets, 0, inv_freq_, 1.0f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Rope: 5 tensors to rotate")));
+  // Different token counts, a null tensor, one tensor twice (one launch would rotate it twice).
+  Tensor three_tokens = AllocateOrFail(*backend_, DType::kF32, {3, 1, 8});
+  const std::array<Backend::RopeTarget, 2> tokens{{{.x = &x_}, {.x = &three_tokens}}};
+  EXPECT_THAT(backend_->Rope(tokens, 0, inv_freq_, 1.0f),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Rope: targets[1].x F32[3, 1, 8] has 3 tokens; targets[0].x has 2")));
+  const std::array<Backend::RopeTarget, 2> null{{{.x = &x_}, {.x = nullptr}}};
+  EXPECT_THAT(backend_->Rope(null, 0, inv_freq_, 1.0f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Rope: targets[1].x is null")));
+  const std::array<Backend::RopeTarget, 2> twice{{{.x = &x_}, {.x = &x_, .interleaved = true}}};
+  EXPECT_THAT(backend_->Rope(twice, 0, inv_freq_, 1.0f),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("Rope: targets[1].x shares its memory with targets[0].x")));
+  // A target's own faults name it.
+  Tensor odd = AllocateOrFail(*backend_, DType::kF32, {2, 1, 7});
+  const std::array<Backend::RopeTarget, 2> odd_dim{{{.x = &x_}, {.x = &odd}}};
+  EXPECT_THAT(backend_->Rope(odd_dim, 0, inv_freq_, 1.0f),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the last dim of targets[1].x")));
 }
 
 TEST_F(CpuRopeErrors, RejectsWrongRankAndDType) {

@@ -1,5 +1,6 @@
 // CUDA Rope vs the CPU backend on fresh random inputs: both pair layouts, yarn scaling, positions
 // up to 160k (where the fp32 angle rounding matters).
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -56,6 +57,41 @@ TEST(CudaRope, MatchesCpuOnFreshRandomInputs) {
       }
       summary.Add(NormalizedError(outputs[1], outputs[0]));
     }
+  }
+}
+
+// One launch over both of a layer's query tensors at GLM-5's shapes (64 heads of 64, the MLA rope
+// part, interleaved; 32 indexer heads of 128 with a 64-wide rope slice, halves): each equals its
+// own launch bit for bit, and the CPU within the tolerance above.
+TEST(CudaRope, SeveralTargetsInOneLaunchEqualOneLaunchEach) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(3302);
+  Backend& cuda = *Backends().cuda;
+  const std::vector<float> inv_freq = RandomUniform(rng, 32, 1e-4f, 1.0f);
+  for (std::int64_t tokens : {1, 4, 37}) {
+    SCOPED_TRACE(absl::StrCat("tokens ", tokens));
+    const Shape q_shape{tokens, 64, 64}, qi_shape{tokens, 32, 128};
+    const std::vector<float> q = RandomNormal(rng, q_shape.NumElements(), 1.0f);
+    const std::vector<float> qi = RandomNormal(rng, qi_shape.NumElements(), 1.0f);
+    std::vector<float> together[2][2];  // [backend][target]
+    int b = 0;
+    for (Backend* backend : {Backends().cpu.get(), &cuda}) {
+      Tensor tq = Upload(*backend, q, DType::kF32, q_shape);
+      Tensor tqi = Upload(*backend, qi, DType::kF32, qi_shape);
+      const std::array<Backend::RopeTarget, 2> targets{{{.x = &tq, .interleaved = true}, {.x = &tqi}}};
+      NQ_ASSERT_OK(backend->Rope(targets, 4000, inv_freq, 1.0f));
+      together[b][0] = Download(*backend, tq);
+      together[b][1] = Download(*backend, tqi);
+      ++b;
+    }
+    Tensor alone_q = Upload(cuda, q, DType::kF32, q_shape);
+    Tensor alone_qi = Upload(cuda, qi, DType::kF32, qi_shape);
+    NQ_ASSERT_OK(cuda.Rope(alone_q, 4000, inv_freq, 1.0f, true));
+    NQ_ASSERT_OK(cuda.Rope(alone_qi, 4000, inv_freq, 1.0f, false));
+    EXPECT_EQ(together[1][0], Download(cuda, alone_q));
+    EXPECT_EQ(together[1][1], Download(cuda, alone_qi));
+    EXPECT_LT(NormalizedError(together[1][0], together[0][0]), kTolerance);
+    EXPECT_LT(NormalizedError(together[1][1], together[0][1]), kTolerance);
   }
 }
 
