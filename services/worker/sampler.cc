@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
+#include "services/worker/vector_exp.h"
 
 namespace nq::worker {
 
@@ -169,16 +170,27 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
   if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
   // probs_: the unnormalised sampling weights exp((l - max) / T), in double. The reported
   // log-probabilities are at temperature 1 (SampledToken): log_sum1_ normalises them.
-  probs_.assign(V, 0.0);
+  // A logit that is not finite weighs nothing (exp(-inf) = 0). The exponentials go through
+  // ExpInPlace, four at a time where the CPU can.
+  constexpr double kNothing = -std::numeric_limits<double>::infinity();
+  probs_.resize(V);
+  for (size_t i = 0; i < V; ++i) {
+    const float l = logits_[i];
+    probs_[i] = std::isfinite(l) ? (static_cast<double>(l) - max_logit) * inv_t : kNothing;
+  }
+  ExpInPlace(probs_);
   sum_ = 0;
+  for (const double p : probs_) sum_ += p;
   double sum1 = 0;
   const bool own_sum1 = inv_t != 1.0 && reports_logprobs();  // else sum_ is it, or it is unused
-  for (size_t i = 0; i < V; ++i) {
-    if (!std::isfinite(logits_[i])) continue;
-    const double shifted = static_cast<double>(logits_[i]) - max_logit;
-    probs_[i] = std::exp(shifted * inv_t);
-    sum_ += probs_[i];
-    if (own_sum1) sum1 += std::exp(shifted);
+  if (own_sum1) {
+    unscaled_.resize(V);
+    for (size_t i = 0; i < V; ++i) {
+      const float l = logits_[i];
+      unscaled_[i] = std::isfinite(l) ? static_cast<double>(l) - max_logit : kNothing;
+    }
+    ExpInPlace(unscaled_);
+    for (const double p : unscaled_) sum1 += p;
   }
   log_sum1_ = max_logit + std::log(own_sum1 ? sum1 : sum_);
 

@@ -162,6 +162,7 @@ class Sampler {
   size_t ranked_from_ = kNotRanked;
   size_t sorted_ = 0;
   std::vector<double> probs_;      // scratch
+  std::vector<double> unscaled_;   // scratch: exp(l - max) when the temperature is not 1 and logprobs are reported
   double sum_ = 0;                 // of probs_
   double log_sum1_ = 0;            // log of the temperature-1 normaliser
   size_t kept_ = 0;                // candidates after top-k / top-p (order_[0, kept_) when cut)
