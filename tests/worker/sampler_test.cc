@@ -179,6 +179,37 @@ TEST(SamplerTest, TopKAndTopPTruncate) {
 // A flat-ish row of 1000 logits whose nucleus at top_p 0.5 spans hundreds of ids, past the
 // sampler's first partial-selection step: every draw lies inside the nucleus the test computes
 // by sorting the whole row, and draws reach deep into it.
+// The first sorted prefix (SortPrefix's selection pass): the reported alternatives are the best
+// ids of a full sort in its order, over rows of many exact ties, -0 beside +0 (equal: the lower id
+// first) and non-finite logits (last, as -inf), for 1 to 20 alternatives.
+TEST(SamplerTest, TopLogprobsAreTheFullSortsFirstIds) {
+  std::mt19937_64 rng(23);
+  std::uniform_int_distribution<int> small(-4, 4);
+  for (int row = 0; row < 60; ++row) {
+    std::vector<float> logits(row % 2 == 0 ? 50 : 3000);
+    for (float& l : logits) l = 0.5f * static_cast<float>(small(rng));
+    logits[static_cast<size_t>(row) % logits.size()] = -0.0f;
+    logits[(static_cast<size_t>(row) * 7 + 3) % logits.size()] = NAN;
+    logits[(static_cast<size_t>(row) * 11 + 5) % logits.size()] = -INFINITY;
+    if (row % 4 == 1) std::fill(logits.begin(), logits.begin() + 40, NAN);  // more non-finite than finite near the front
+    const auto key = [&](int32_t id) {
+      const float l = logits[static_cast<size_t>(id)];
+      return std::isfinite(l) ? static_cast<double>(l) : -std::numeric_limits<double>::infinity();
+    };
+    std::vector<int32_t> sorted(logits.size());
+    std::iota(sorted.begin(), sorted.end(), 0);
+    std::stable_sort(sorted.begin(), sorted.end(), [&](int32_t a, int32_t b) { return key(a) > key(b); });
+    const int top = 1 + row % 20;
+    absl::StatusOr<Sampler> s = Sampler::Create({.temperature = row % 3 == 0 ? 0.0f : 0.7f, .seed = 5, .top_logprobs = top});
+    ASSERT_THAT(s, IsOk());
+    absl::StatusOr<SampledToken> t = s->Sample(logits);
+    ASSERT_THAT(t, IsOk());
+    ASSERT_EQ(t->top.size(), static_cast<size_t>(top));
+    for (int i = 0; i < top; ++i) EXPECT_EQ(t->top[static_cast<size_t>(i)].first, sorted[static_cast<size_t>(i)]) << "row " << row << " rank " << i;
+    if (row % 3 == 0) EXPECT_EQ(t->id, sorted[0]) << "greedy takes the first of the sort";
+  }
+}
+
 TEST(SamplerTest, NucleusBeyondTheFirstSelectionStepMatchesAFullSort) {
   std::vector<float> logits(1000);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.001f * static_cast<float>((i * 7919) % 1000);
