@@ -1,11 +1,13 @@
 #include "services/worker/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <functional>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "services/common/status_macros.h"
@@ -90,6 +92,37 @@ double Sampler::Key(int32_t id) const {
 
 namespace {
 
+// The largest finite value (-inf if none). Eight running maxima, so the comparisons do not wait on
+// each other one by one over a 155k-id row; a maximum is exact in any order.
+double MaxFinite(std::span<const float> values) {
+  constexpr int kLanes = 8;
+  std::array<float, kLanes> best;
+  best.fill(-std::numeric_limits<float>::infinity());
+  size_t i = 0;
+  for (; i + kLanes <= values.size(); i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const float v = values[i + static_cast<size_t>(k)];
+      if (v > best[static_cast<size_t>(k)] && std::isfinite(v)) best[static_cast<size_t>(k)] = v;
+    }
+  }
+  for (; i < values.size(); ++i) {
+    if (values[i] > best[0] && std::isfinite(values[i])) best[0] = values[i];
+  }
+  return static_cast<double>(*std::max_element(best.begin(), best.end()));
+}
+
+// The sum in four running partial sums (ids i % 4), added pairwise at the end: the same value on
+// every call and every machine, without one long chain of dependent additions.
+double Sum(std::span<const double> values) {
+  std::array<double, 4> partial{};
+  size_t i = 0;
+  for (; i + 4 <= values.size(); i += 4) {
+    for (size_t k = 0; k < 4; ++k) partial[k] += values[i + k];
+  }
+  for (; i < values.size(); ++i) partial[0] += values[i];
+  return (partial[0] + partial[1]) + (partial[2] + partial[3]);
+}
+
 // An id's place in the order SortPrefix sorts by as one integer: descending keys are descending
 // logits (every non-finite one last, as -inf), ties the lower id first; -0 ranks as +0, the
 // logit it equals. The same order as Key with the lower id breaking ties.
@@ -163,10 +196,7 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
   const size_t V = logits_.size();
   const bool greedy = config_.temperature == 0;
   const double inv_t = greedy ? 1.0 : 1.0 / config_.temperature;
-  double max_logit = -std::numeric_limits<double>::infinity();
-  for (float l : logits_) {
-    if (std::isfinite(l)) max_logit = std::max(max_logit, static_cast<double>(l));
-  }
+  const double max_logit = MaxFinite(logits_);
   if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
   // probs_: the unnormalised sampling weights exp((l - max) / T), in double. The reported
   // log-probabilities are at temperature 1 (SampledToken): log_sum1_ normalises them.
@@ -179,8 +209,7 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
     probs_[i] = std::isfinite(l) ? (static_cast<double>(l) - max_logit) * inv_t : kNothing;
   }
   ExpInPlace(probs_);
-  sum_ = 0;
-  for (const double p : probs_) sum_ += p;
+  sum_ = Sum(probs_);
   double sum1 = 0;
   const bool own_sum1 = inv_t != 1.0 && reports_logprobs();  // else sum_ is it, or it is unused
   if (own_sum1) {
@@ -190,7 +219,7 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
       unscaled_[i] = std::isfinite(l) ? static_cast<double>(l) - max_logit : kNothing;
     }
     ExpInPlace(unscaled_);
-    for (const double p : unscaled_) sum1 += p;
+    sum1 = Sum(unscaled_);
   }
   log_sum1_ = max_logit + std::log(own_sum1 ? sum1 : sum_);
 
