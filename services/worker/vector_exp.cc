@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstddef>
 
+#include "services/common/cpu_features.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -25,14 +27,7 @@ __attribute__((target("avx2"))) void ExpInPlaceAvx2(double* values, std::size_t 
 
 }  // namespace
 
-bool ExpInPlaceIsVectorized() {
-#if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
-#else
-  return false;
-#endif
-}
+bool ExpInPlaceIsVectorized() { return CpuHasAvx2(); }
 
 void ExpInPlace(std::span<double> values) {
 #if defined(__x86_64__)
