@@ -23,7 +23,7 @@ struct SamplingConfig {
   uint64_t seed = 0;
   int top_logprobs = 0;      // alternatives to report per token (0..20)
   // Whether SampledToken::logprob is computed (forced by top_logprobs > 0). Without it greedy
-  // decoding takes the argmax alone: no softmax over the vocabulary, which costs 1-2 ms of host
+  // decoding takes the argmax alone: no softmax over the vocabulary, which costs 0.5-1 ms of host
   // time per token at a 129k-155k vocabulary (bench/README.md) and is then left 0; a draw at a
   // temperature other than 1 skips the second exp per id that the temperature-1 normaliser takes.
   bool logprobs = true;
