@@ -400,22 +400,23 @@ class CudaBackend final : public Backend {
   absl::Status DoRopes(std::span<const RopeTarget> targets, const StepPosition& start_pos,
                        std::span<const float> inv_freq, float attention_scaling) override {
     static_assert(kMaxRopeTargets <= kMaxRopeLaunchTargets);
-    RopeParams params{.target_count = static_cast<int>(targets.size()),
-                      .tokens = targets[0].x->shape().dim(0),
+    RopeParams params{.tokens = targets[0].x->shape().dim(0),
                       .rotary = static_cast<int>(2 * inv_freq.size()),
                       .start_pos = start_pos.bound(),
                       .position = DevicePosition(start_pos),
                       .attention_scaling = attention_scaling};
-    for (std::size_t k = 0; k < targets.size(); ++k) {
-      Tensor& x = *targets[k].x;
+    for (const RopeTarget& target : targets) {
+      Tensor& x = *target.x;
+      if (x.NumElements() == 0) continue;  // nothing to rotate (and maybe no memory)
       const std::int64_t heads = x.shape().dim(1);
       const std::int64_t dim = x.shape().dim(2);
       RETURN_IF_ERROR(CheckIntRange("Rope", {heads, dim, heads * dim}));
-      params.targets[k] = {.x = x.data_as<float>(),
-                           .heads = static_cast<int>(heads),
-                           .dim = static_cast<int>(dim),
-                           .interleaved = targets[k].interleaved};
+      params.targets[params.target_count++] = {.x = x.data_as<float>(),
+                                               .heads = static_cast<int>(heads),
+                                               .dim = static_cast<int>(dim),
+                                               .interleaved = target.interleaved};
     }
+    if (params.target_count == 0) return absl::OkStatus();
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     ASSIGN_OR_RETURN(params.inv_freq, ConstantOnDevice(inv_freq));
     return LaunchRope(params, ctx_);
