@@ -22,13 +22,7 @@
 # (cuda_model_test reads tests/fixtures/models: plain `on`, not `on cluster`, keeps them)
 # the `run` tool: carry [".devspec"], command: bash scripts/device/run_fused_residual.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-source scripts/device/devspec_bundle.sh
-source scripts/device/compare_tokens.sh  # compare_tokens
-source scripts/device/slice_bench.sh     # make_bench_slice, bench_slice
-unpack_devspec_bundle /tmp/nq-devfused || exit 1
+source "$(dirname "$0")/devspec_prelude.sh" /tmp/nq-devfused
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 

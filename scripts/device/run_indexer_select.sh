@@ -24,13 +24,7 @@
 #   tar -C .device3 -cf - bin lib | xz -T0 -9 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on cluster
 # the `run` tool: carry [".devspec"], command: bash scripts/device/run_indexer_select.sh
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-out="${OUT:-$PWD/out}"
-mkdir -p "$out"
-source scripts/device/devspec_bundle.sh
-source scripts/device/compare_tokens.sh  # compare_tokens
-source scripts/device/slice_bench.sh     # make_bench_slice, bench_slice
-unpack_devspec_bundle /tmp/nq-devindexer || exit 1
+source "$(dirname "$0")/devspec_prelude.sh" /tmp/nq-devindexer
 stages="${NQ_STAGES:-tests bench ncu}"
 wants() { [[ " $stages " == *" $1 "* ]]; }
 status=0

@@ -368,6 +368,14 @@ absl::StatusOr<Tensor> Model::MtpInput(const MtpWeights& m, Tensor& e, Tensor& h
   return u;
 }
 
+absl::Status Model::RopeMlaAndIndexer(Tensor& mla, Tensor* indexer, kernels::StepPosition start_pos) {
+  const std::array<kernels::Backend::RopeTarget, 2> targets{
+      {{.x = &mla, .interleaved = MlaRopeInterleaved(config_)},
+       {.x = indexer, .interleaved = IndexerRopeInterleaved(config_)}}};
+  return backend_.Rope(std::span(targets.data(), indexer != nullptr ? 2 : 1), start_pos, inv_freq_,
+                       attention_scaling_);
+}
+
 absl::Status Model::NormWithResidual(Tensor& x, PendingResidual& pending, const Tensor& weight, Tensor& y) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   if (!options_.fused_residual_norm) RETURN_IF_ERROR(AddResidual(x, pending));
@@ -500,16 +508,12 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   kernels::SideWorkGuard side(backend_);
   if (options_.side_streams) RETURN_IF_ERROR(backend_.BeginSideWork());
   RETURN_IF_ERROR(backend_.RmsNorm(latent, w.kv_a_norm, kLatentNormEps, latent));
-  // The rope key and the indexer's key rotate in one op (one launch on CUDA).
-  std::array<kernels::Backend::RopeTarget, 2> key_ropes{{{.x = &k_pe, .interleaved = MlaRopeInterleaved(c)},
-                                                         {.x = &ki, .interleaved = IndexerRopeInterleaved(c)}}};
   RETURN_IF_ERROR(k_pe.Reshape(Shape{T, 1, dr}));
   if (ix != nullptr) {
     RETURN_IF_ERROR(backend_.LayerNorm(ki, ix->k_norm_weight, ix->k_norm_bias, kLatentNormEps, ki));
     RETURN_IF_ERROR(ki.Reshape(Shape{T, 1, Di}));
   }
-  RETURN_IF_ERROR(backend_.Rope(std::span(key_ropes.data(), ix != nullptr ? 2 : 1), start_pos, inv_freq_,
-                                attention_scaling_));
+  RETURN_IF_ERROR(RopeMlaAndIndexer(k_pe, ix != nullptr ? &ki : nullptr, start_pos));
   RETURN_IF_ERROR(k_pe.Reshape(Shape{T, dr}));
   RETURN_IF_ERROR(backend_.WriteRows(latent, cache.latent, start_pos));
   RETURN_IF_ERROR(backend_.WriteRows(k_pe, cache.k_pe, start_pos));
@@ -541,11 +545,7 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
     if (!qi.valid()) return absl::InternalError(absl::StrCat("layer ", layer, ": a DSA indexer without a query latent"));
     RETURN_IF_ERROR(qi.Reshape(Shape{T, Hi, Di}));
   }
-  // Both queries rotate in one op, as the keys did.
-  std::array<kernels::Backend::RopeTarget, 2> query_ropes{{{.x = &q_pe, .interleaved = MlaRopeInterleaved(c)},
-                                                           {.x = &qi, .interleaved = IndexerRopeInterleaved(c)}}};
-  RETURN_IF_ERROR(backend_.Rope(std::span(query_ropes.data(), ix != nullptr ? 2 : 1), start_pos, inv_freq_,
-                                attention_scaling_));
+  RETURN_IF_ERROR(RopeMlaAndIndexer(q_pe, ix != nullptr ? &qi : nullptr, start_pos));
   // The indexer and attention read the keys just written.
   if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
 

@@ -353,6 +353,9 @@ class Model {
   };
   // y = norm(x + pending) with x left holding the sum (y may be x), in one op with
   // ModelOptions::fused_residual_norm; pending is emptied.
+  // The MLA rope part (keys or queries) and, with a DSA indexer, the indexer's counterpart rotated
+  // at the same positions in one op (one launch on CUDA), each in its model's pair layout.
+  absl::Status RopeMlaAndIndexer(kernels::Tensor& mla, kernels::Tensor* indexer, kernels::StepPosition start_pos);
   absl::Status NormWithResidual(kernels::Tensor& x, PendingResidual& pending, const kernels::Tensor& weight,
                                 kernels::Tensor& y);
   // x += pending, as Adds (for the paths that read x before its next norm); pending is emptied.

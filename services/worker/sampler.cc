@@ -123,6 +123,18 @@ double Sum(std::span<const double> values) {
   return (partial[0] + partial[1]) + (partial[2] + partial[3]);
 }
 
+// weights[i] = exp((logits[i] - max) * scale), 0 for a logit that is not finite; returns their sum.
+// The exponentials go through ExpInPlace, four at a time where the CPU can.
+double Weights(std::span<const float> logits, double max, double scale, std::vector<double>& weights) {
+  weights.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float l = logits[i];
+    weights[i] = std::isfinite(l) ? (static_cast<double>(l) - max) * scale : -std::numeric_limits<double>::infinity();
+  }
+  ExpInPlace(weights);
+  return Sum(weights);
+}
+
 // An id's place in the order SortPrefix sorts by as one integer: descending keys are descending
 // logits (every non-finite one last, as -inf), ties the lower id first; -0 ranks as +0, the
 // logit it equals. The same order as Key with the lower id breaking ties.
@@ -200,28 +212,10 @@ absl::Status Sampler::Prepare(std::span<const float> raw_logits) {
   if (!std::isfinite(max_logit)) return absl::InvalidArgumentError("logits have no finite value");
   // probs_: the unnormalised sampling weights exp((l - max) / T), in double. The reported
   // log-probabilities are at temperature 1 (SampledToken): log_sum1_ normalises them.
-  // A logit that is not finite weighs nothing (exp(-inf) = 0). The exponentials go through
-  // ExpInPlace, four at a time where the CPU can.
-  constexpr double kNothing = -std::numeric_limits<double>::infinity();
-  probs_.resize(V);
-  for (size_t i = 0; i < V; ++i) {
-    const float l = logits_[i];
-    probs_[i] = std::isfinite(l) ? (static_cast<double>(l) - max_logit) * inv_t : kNothing;
-  }
-  ExpInPlace(probs_);
-  sum_ = Sum(probs_);
-  double sum1 = 0;
+  sum_ = Weights(logits_, max_logit, inv_t, probs_);
   const bool own_sum1 = inv_t != 1.0 && reports_logprobs();  // else sum_ is it, or it is unused
-  if (own_sum1) {
-    unscaled_.resize(V);
-    for (size_t i = 0; i < V; ++i) {
-      const float l = logits_[i];
-      unscaled_[i] = std::isfinite(l) ? static_cast<double>(l) - max_logit : kNothing;
-    }
-    ExpInPlace(unscaled_);
-    sum1 = Sum(unscaled_);
-  }
-  log_sum1_ = max_logit + std::log(own_sum1 ? sum1 : sum_);
+  const double sum1 = own_sum1 ? Weights(logits_, max_logit, 1.0, unscaled_) : sum_;
+  log_sum1_ = max_logit + std::log(sum1);
 
   // Candidates by descending probability (ties: lower id), sorted only as far as a step needs
   // (partial selection, not a sort of the vocabulary): order_[0, sorted_) holds the sorted_
