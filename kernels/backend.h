@@ -95,8 +95,9 @@ class Backend {
   absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStaging(std::size_t bytes);
   // Enqueues a copy of src's src.nbytes() bytes into `dst`, which must lie in memory from
   // AllocateHostStaging, and returns without waiting: the bytes are there once a later
-  // CopyToHost or Synchronize returns. (From other host memory the CUDA runtime would wait for
-  // the stream, which is what this exists to avoid.)
+  // CopyToHost or Synchronize returns (issued as side work: once it is joined and then one of
+  // those returns). (From other host memory the CUDA runtime would wait for the stream, which is
+  // what this exists to avoid.)
   absl::Status CopyToHostAsync(const Tensor& src, std::span<std::byte> dst);
   // Device-to-device copy between two tensors of this backend with equal dtype and shape.
   absl::Status Copy(const Tensor& src, Tensor& dst);
@@ -289,17 +290,25 @@ class Backend {
   // BeginSideWork and EndSideWork run on a side stream: they start after every op issued before
   // BeginSideWork and run beside the ops issued after EndSideWork, until JoinSideWork makes every
   // later op wait for them. Tensors they read or write must not be touched by the main stream in
-  // between. The CPU backend runs every op in call order, so results are equal either way.
+  // between. After EndSideWork, BeginSideWork again (before the join) adds to the same side
+  // work: those ops follow both the side's earlier ops and every main-stream op issued so far.
+  // The CPU backend runs every op in call order, so results are equal either way.
   //
   // The CUDA backend refuses on the side (FailedPrecondition) what shares state with the main
   // stream: ops using its one scratch block or MoE workspace (Embedding from host ids,
-  // GatherRows, ScatterAddRows, MlaAttention, IndexerTopK, NqMoe, Nvfp4Moe) and copies from or to
-  // the host; and while side work is open, Synchronize, CopyToHost and BeginCapture. MatMul*,
-  // RmsNorm, SiluAndMul, Softmax, Add, Rope, LayerNorm, WriteRows, Copy, MoeRoute and Allocate
-  // run there. Tensor memory freed from BeginSideWork to JoinSideWork is reused only after the
-  // join. EndCapture with side work open joins it and fails. FailedPrecondition for calls out of
-  // order (Begin while open, End when not on the side, Join with nothing open).
+  // GatherRows, ScatterAddRows, MlaAttention, IndexerTopK, NqMoe, Nvfp4Moe) and copies from the
+  // host; and while side work is open, Synchronize, CopyToHost and BeginCapture. MatMul*,
+  // RmsNorm, SiluAndMul, Softmax, Add, Rope, LayerNorm, WriteRows, Copy, MoeRoute,
+  // CopyToHostAsync and Allocate run there. Tensor memory freed from BeginSideWork to
+  // JoinSideWork is reused only after the join. EndCapture with side work open joins it and
+  // fails. FailedPrecondition for calls out of order (Begin while on the side, End when not on
+  // the side, Join with nothing open).
   absl::Status BeginSideWork();
+  // After EndSideWork, before the join: ops go to the side stream again, after the side's earlier
+  // ops only (not after the main-stream ops issued since). So a main-stream op issued between
+  // the two runs beside the side's, yet is issued (and in a captured graph, created) first.
+  // FailedPrecondition unless side work is open and ended.
+  absl::Status ContinueSideWork();
   absl::Status EndSideWork();
   absl::Status JoinSideWork();
   // Whether ops now go to the side stream (between BeginSideWork and EndSideWork).
@@ -400,6 +409,7 @@ class Backend {
   // Side-work hooks (the CUDA backend's streams); called in a valid order only. Defaults: nothing
   // to do (ops run in call order).
   virtual absl::Status DoBeginSideWork() { return absl::OkStatus(); }
+  virtual absl::Status DoContinueSideWork() { return absl::OkStatus(); }
   virtual absl::Status DoEndSideWork() { return absl::OkStatus(); }
   virtual absl::Status DoJoinSideWork() { return absl::OkStatus(); }
 

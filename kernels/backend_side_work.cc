@@ -8,10 +8,19 @@
 namespace nq::kernels {
 
 absl::Status Backend::BeginSideWork() {
-  if (side_work_ != SideWork::kNone) {
-    return absl::FailedPreconditionError("BeginSideWork: side work is already open (join it first)");
+  if (side_work_ == SideWork::kOnSide) {
+    return absl::FailedPreconditionError("BeginSideWork: side work is already open (end it first)");
   }
   RETURN_IF_ERROR(DoBeginSideWork());
+  side_work_ = SideWork::kOnSide;
+  return absl::OkStatus();
+}
+
+absl::Status Backend::ContinueSideWork() {
+  if (side_work_ != SideWork::kForked) {
+    return absl::FailedPreconditionError("ContinueSideWork: no ended side work to continue");
+  }
+  RETURN_IF_ERROR(DoContinueSideWork());
   side_work_ = SideWork::kOnSide;
   return absl::OkStatus();
 }

@@ -190,6 +190,12 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status DoContinueSideWork() override {
+    pool_->ContinueSide();
+    ctx_.stream = pool_->current();
+    return absl::OkStatus();
+  }
+
   absl::Status DoEndSideWork() override {
     pool_->EndSide();
     ctx_.stream = pool_->current();
@@ -602,10 +608,11 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Storage>(new PinnedStorage(std::move(buffer), bytes));
   }
 
+  // On the side stream too: into page-locked memory the copy shares nothing with the main stream
+  // (the model's routing log copies there, off the critical path of every MoE layer).
   absl::Status DoCopyToHostAsync(const void* src, std::size_t bytes, void* dst) override {
-    RETURN_IF_ERROR(RefuseOnSide("CopyToHostAsync"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));
+    NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
     return absl::OkStatus();
   }
 

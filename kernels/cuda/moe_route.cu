@@ -15,6 +15,15 @@ namespace {
 // Groups per token at most: a thread per group ranks them (DeepSeek-V3 and GLM-5 use 8 or 1).
 constexpr int kMaxGroups = 64;
 
+// A choice score as an unsigned key in the same order (larger value, larger key): -0 counts
+// as +0 (they compare equal, and ties go to the lower id), and NaN below every number (a NaN
+// score has no rank anywhere; here it is at least a deterministic one).
+__device__ __forceinline__ std::uint32_t ChoiceKey(float v) {
+  if (v != v) return 0u;
+  const std::uint32_t bits = __float_as_uint(v + 0.0f);
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
 __device__ __forceinline__ bool Beats(float other, int other_index, float mine, int my_index) {
   return other > mine || (other == mine && other_index < my_index);
 }
@@ -50,6 +59,9 @@ __global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
   __shared__ int chosen[kMaxRoutedExperts];
   const std::int64_t t = blockIdx.x;
   WaitForPrerequisiteGrid();  // the router logits come from the launch before
+  // The kernel after (the experts' preparation) may launch now: it waits for this grid's end
+  // before it reads the choices, and its launch hides behind this block's work.
+  LetDependentsLaunch();
 
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float logit = p.logits[t * E + e];
@@ -76,43 +88,44 @@ __global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
   // The top K by K rounds of a warp's argmax (value, then the lower id), which is the order of
   // the host's ranking. A thread ranking its expert against all others took a warp through all
   // E comparisons whenever one of its experts was among the best: 14 us a token at E = 256.
+  // Each round a lane scans its own experts (lane + 32 q, ids ascending) for its best untaken
+  // key, and two warp reductions pick the round's winner: the largest key, then the lowest id
+  // holding it (one redux instruction each, where a shuffle tree took five dependent rounds).
   if (threadIdx.x < kWarpSize) {
     const int lane = static_cast<int>(threadIdx.x);
     std::uint32_t taken = 0;  // bit q: expert lane + 32 q is chosen already (E <= 1024)
     for (int j = 0; j < K; ++j) {
-      float best = 0;
+      std::uint32_t best = 0;
       int best_e = -1;
       for (int q = 0, e = lane; e < E; ++q, e += kWarpSize) {
         if ((taken >> q) & 1u) continue;
-        const float v = choice[e];
-        if (best_e < 0 || Beats(v, e, best, best_e)) {
-          best = v;
+        const std::uint32_t key = ChoiceKey(choice[e]);
+        if (best_e < 0 || key > best) {
+          best = key;
           best_e = e;
         }
       }
-      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        const float other = __shfl_xor_sync(kFullWarpMask, best, offset);
-        const int other_e = __shfl_xor_sync(kFullWarpMask, best_e, offset);
-        if (other_e >= 0 && (best_e < 0 || Beats(other, other_e, best, best_e))) {
-          best = other;
-          best_e = other_e;
-        }
-      }
-      if (best_e % kWarpSize == lane) taken |= 1u << (best_e / kWarpSize);
-      chosen[j] = best_e;  // the same value in every lane
+      const std::uint32_t top = __reduce_max_sync(kFullWarpMask, best_e >= 0 ? best : 0u);
+      const int winner = static_cast<int>(__reduce_min_sync(
+          kFullWarpMask, best_e >= 0 && best == top ? static_cast<std::uint32_t>(best_e) : 0xffffffffu));
+      if (winner % kWarpSize == lane) taken |= 1u << (winner / kWarpSize);
+      if (lane == 0) chosen[j] = winner;
     }
+    __syncwarp();
+    // The normalising sum in the host's order (one chain, j ascending), then each lane j < K
+    // writes choice j.
+    float sum = 0;
     if (lane == 0) {
-      float sum = 0;
       for (int j = 0; j < K; ++j) sum += scores[chosen[j]];
-      for (int j = 0; j < K; ++j) {
-        float w = scores[chosen[j]];
-        if (p.params.norm_topk_prob) w /= (sum + 1e-20f);
-        p.ids[t * K + j] = chosen[j];
-        p.weights[t * K + j] = w * p.params.routed_scaling_factor;
-      }
+    }
+    sum = __shfl_sync(kFullWarpMask, sum, 0);
+    for (int j = lane; j < K; j += kWarpSize) {
+      float w = scores[chosen[j]];
+      if (p.params.norm_topk_prob) w /= (sum + 1e-20f);
+      p.ids[t * K + j] = chosen[j];
+      p.weights[t * K + j] = w * p.params.routed_scaling_factor;
     }
   }
-  LetDependentsLaunch();
 }
 
 }  // namespace

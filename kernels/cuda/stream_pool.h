@@ -64,6 +64,8 @@ class StreamPool {
   absl::Status BeginSide();
   // Ops go to the main stream again; the side's keep running.
   void EndSide() { on_side_ = false; }
+  // Back to the side stream of open side work, with no new wait on the main one.
+  void ContinueSide() { on_side_ = true; }
   // The main stream waits for everything enqueued on the side; the held frees are freed there.
   // Closes the side work even when the wait fails (that error is returned).
   absl::Status JoinSide();

@@ -6,8 +6,8 @@
 #      RoPE launch against a launch each), then compute-sanitizer memcheck of them;
 #   2. cuda_model_test *Residuals* (the fixtures' logits with the option on, CUDA against the CPU);
 #   3. the GLM-5 slice (NQ_SLICE, default glm5:4:256:4000: make_slice.sh's arch, layers, experts,
-#      then the context; BF16 matrices, 2-bit experts) decoded with and without
-#      --fused_residual_norm, and by the bundle's nq_before if it has one (an nq of an earlier
+#      then the context; BF16 matrices, 2-bit experts) decoded with --fused_residual_norm (the
+#      default since the thirty-eighth session) and with --fused_residual_norm=false, and by the bundle's nq_before if it has one (an nq of an earlier
 #      commit, to time what changed since), NQ_ROUNDS (2) rounds interleaved: tokens/s, and the
 #      same greedy tokens in every run (the script fails otherwise).
 # Results in $OUT (tests.txt, memcheck.txt, model.txt, slice_*.txt / .json), a summary on stdout.
@@ -38,11 +38,11 @@ grep -E "cuda model|^\[  (PASSED|FAILED)|FAILED" "$out/model.txt" | tail -8
 
 make_bench_slice "${NQ_SLICE:-glm5:4:256:4000}" /tmp/nq-fused-slice "$out/make_slice.txt" || exit 1
 for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
-  variants=(plain fused)
+  variants=(separate fused)
   [[ -x "$B/nq_before" ]] && variants+=(before)
   for variant in "${variants[@]}"; do
     flags=()
-    [[ $variant == fused ]] && flags=(--fused_residual_norm)
+    [[ $variant == separate ]] && flags=(--fused_residual_norm=false)
     bin=nq
     [[ $variant == before ]] && bin=nq_before
     line=$(bench_slice "$bin" "$out/slice_${variant}_$round.txt" "${flags[@]}") || status=1

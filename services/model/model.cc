@@ -633,10 +633,19 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
   // a GPU reports none (the streamer reads a missing norm as 1).
   const bool norms_by_gram = ObservesRouting(layer) && T <= kMaxStepGraphTokens;
   // The shared expert and that GEMV read only xn: on the side stream they run beside the router
-  // and the routed experts, whose small kernels leave most of the GPU idle.
+  // and the routed experts, whose small kernels leave most of the GPU idle. The side forks at xn,
+  // but the router's GEMV is issued first: issued after the shared expert's gate/up GEMV, whose
+  // blocks fill every SM, its clustered blocks waited for that GEMV's end (the H100 kernel trace:
+  // 20 us of each MoE layer's critical path).
   kernels::SideWorkGuard side(backend_);
   const bool use_side = options_.side_streams && (w.shared.has_value() || norms_by_gram);
-  if (use_side) RETURN_IF_ERROR(backend_.BeginSideWork());
+  if (use_side) {
+    RETURN_IF_ERROR(backend_.BeginSideWork());
+    RETURN_IF_ERROR(backend_.EndSideWork());
+  }
+  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
+  RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
+  if (use_side) RETURN_IF_ERROR(backend_.ContinueSideWork());
   Tensor shared, gram;
   if (w.shared.has_value()) {
     ASSIGN_OR_RETURN(shared, Mlp(*w.shared, xn));
@@ -646,12 +655,17 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
     RETURN_IF_ERROR(backend_.MatMul(xn, xn, gram));
   }
   if (use_side) RETURN_IF_ERROR(backend_.EndSideWork());
-  ASSIGN_OR_RETURN(Tensor logits, backend_.Allocate(kernels::DType::kF32, Shape{T, E}));
-  RETURN_IF_ERROR(backend_.MatMul(xn, w.router_device, logits));
   ASSIGN_OR_RETURN(Tensor ids, backend_.Allocate(kernels::DType::kI32, Shape{T, K}));
   ASSIGN_OR_RETURN(Tensor weights, backend_.Allocate(kernels::DType::kF32, Shape{T, K}));
   RETURN_IF_ERROR(backend_.MoeRoute(logits, w.bias.empty() ? nullptr : &w.bias_device, RoutingParams(c), ids, weights));
-  if (ObservesRouting(layer) || (slot_table_source_.has_value() && slot_table_source_->count)) {
+  // The routing log's copies to the host (ids, weights, the gram) go to the side stream with
+  // side streams on: on the main stream each is a copy node between two kernels, which breaks
+  // their programmatic launch (the H100 kernel trace: 16 us from the routing to the experts'
+  // first kernel, 14 us from their last to the next norm).
+  const bool logs = ObservesRouting(layer) || (slot_table_source_.has_value() && slot_table_source_->count);
+  const bool log_on_side = logs && options_.side_streams;
+  if (log_on_side) RETURN_IF_ERROR(backend_.BeginSideWork());
+  if (logs) {
     const size_t bytes = static_cast<size_t>(T * K) * sizeof(int32_t);
     if (routing_staging_ == nullptr) return absl::InternalError("routing staging missing (BeginRoutingLog not run)");
     if (routing_staging_used_ + 2 * bytes > routing_staging_->bytes()) {
@@ -665,7 +679,7 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
                          .offset = routing_staging_used_};
     routing_staging_used_ += 2 * bytes;
     if (norms_by_gram) {
-      // Its copy waits for the join below (the GEMV may still run on the side stream).
+      // Its GEMV ran on the side stream (or on the main one before this copy).
       const size_t gram_bytes = static_cast<size_t>(T * T) * sizeof(float);
       if (routing_staging_used_ + gram_bytes > routing_staging_->bytes()) {
         return absl::InternalError(absl::StrCat("layer ", layer, ": the routing staging holds ",
@@ -674,6 +688,8 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
       }
       logged.gram_offset = static_cast<int64_t>(routing_staging_used_);
       routing_staging_used_ += gram_bytes;
+      std::byte* gram_at = static_cast<std::byte*>(routing_staging_->data()) + logged.gram_offset;
+      RETURN_IF_ERROR(backend_.CopyToHostAsync(gram, std::span<std::byte>(gram_at, gram_bytes)));
     } else if (ObservesRouting(layer) && backend_.name() == "cpu") {
       ASSIGN_OR_RETURN(logged.input_sq_norms, InputSquaredNorms(xn));
     }
@@ -681,6 +697,7 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
   } else if (norms_by_gram) {
     return absl::InternalError("a routing observer without its routing log");
   }
+  if (log_on_side) RETURN_IF_ERROR(backend_.EndSideWork());
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
   if (w.nvfp4.has_value()) {
     RETURN_IF_ERROR(backend_.Nvfp4Moe(xn, ids, weights, w.nvfp4->weights, out));
@@ -690,12 +707,7 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
     ASSIGN_OR_RETURN(std::tie(nq_slots.slot_of_expert, nq_slots.slot_table_row), SlotTableFor(layer));
     RETURN_IF_ERROR(backend_.NqMoe(xn, ids, weights, packed.weights, nq_slots, out));
   }
-  if (use_side) RETURN_IF_ERROR(backend_.JoinSideWork());
-  if (norms_by_gram) {
-    const LoggedRouting& logged = routing_log_.back();
-    auto* at = static_cast<std::byte*>(routing_staging_->data()) + logged.gram_offset;
-    RETURN_IF_ERROR(backend_.CopyToHostAsync(gram, std::span<std::byte>(at, gram.nbytes())));
-  }
+  if (use_side || log_on_side) RETURN_IF_ERROR(backend_.JoinSideWork());
   return std::pair(std::move(out), std::move(shared));
 }
 

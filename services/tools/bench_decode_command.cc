@@ -38,9 +38,9 @@ ABSL_FLAG(float, sampling_temperature, 0,
 ABSL_FLAG(float, sampling_top_p, 1, "bench-decode: the request's nucleus top_p, in (0, 1]");
 ABSL_FLAG(int, sampling_top_k, 0, "bench-decode: the request's top-k (0: off)");
 ABSL_FLAG(float, sampling_frequency_penalty, 0,
-          "bench-decode: the request's frequency penalty, in [-2, 2] (0: none; else its logits come to the host "
-          "unless --device_logit_adjust)");
-ABSL_FLAG(bool, device_logit_adjust, false,
+          "bench-decode: the request's frequency penalty, in [-2, 2] (0: none; its logits come to the host only "
+          "with --device_logit_adjust=false)");
+ABSL_FLAG(bool, device_logit_adjust, true,
           "bench-decode: with --device_sampling, a penalised request draws in the step graph too (as nq-worker "
           "--device_logit_adjust)");
 ABSL_FLAG(bool, device_sampling, true,
@@ -60,7 +60,7 @@ ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
 ABSL_FLAG(bool, side_streams, true,
           "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
-ABSL_FLAG(bool, fused_residual_norm, false,
+ABSL_FLAG(bool, fused_residual_norm, true,
           "bench-decode: add each block's residual in the next RmsNorm's kernel (as nq-worker's --fused_residual_norm)");
 
 ABSL_FLAG(int, speculative_tokens, 0,

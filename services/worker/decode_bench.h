@@ -39,8 +39,8 @@ struct DecodeBenchOptions {
   // SequenceRunner::SetDeviceSampling (nq-worker's default); off, every step's logits come to
   // the host.
   bool device_sampling = true;
-  // SequenceRunner::SetDeviceLogitAdjust (nq-worker --device_logit_adjust).
-  bool device_logit_adjust = false;
+  // SequenceRunner::SetDeviceLogitAdjust (nq-worker --device_logit_adjust, on by default).
+  bool device_logit_adjust = true;
   // MTP drafts a step (0: none), as nq-worker --speculative_tokens: an MtpDrafter drafting on the
   // backend with device_sampling. A step then emits 1 + its accepted drafts; warm-up and timed
   // runs are counted in tokens, and a step that starts inside the warm-up is not timed.

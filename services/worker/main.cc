@@ -135,10 +135,12 @@ ABSL_FLAG(bool, step_graphs, true,
           "Run decode steps (up to 4 tokens: a plain step or an MTP verification) as captured CUDA graphs");
 // Results are equal with it off; off only to compare the step time.
 ABSL_FLAG(bool, side_streams, true,
-          "Run a layer's independent ops (an MoE layer's shared expert, the new keys' norms and cache writes) on a "
-          "second stream beside the rest (the CUDA backend; the CPU runs them in order)");
-// Results are equal either way; off until a GPU run has checked the fused kernel.
-ABSL_FLAG(bool, fused_residual_norm, false,
+          "Run a layer's independent ops (an MoE layer's shared expert and routing log copies, the new keys' norms and "
+          "cache writes) on a second stream beside the rest (the CUDA backend; the CPU runs them in order)");
+// Results are equal either way (the CPU suite; on an H100 the GLM-5 slice's greedy tokens, and the
+// kernel's tests under memcheck); on there +0.8-2.4 % tokens/s (bench/README.md, "The
+// thirty-sixth and thirty-seventh sessions' changes on an H100"). Off only to compare.
+ABSL_FLAG(bool, fused_residual_norm, true,
           "Add each block's residual in the next RmsNorm's kernel instead of by Adds of its own (two or three "
           "launches fewer a layer on the CUDA backend; the CPU runs the same ops either way)");
 // On by default: on the H200 the in-graph draw picks the host Sampler's tokens (greedy and seeded
@@ -147,11 +149,11 @@ ABSL_FLAG(bool, fused_residual_norm, false,
 ABSL_FLAG(bool, device_sampling, true,
           "Sample plain decode steps inside their CUDA graph (greedy, temperature, top-k, top-p; not for "
           "requests with logprobs, logit_bias or penalties): only the token crosses to the host");
-// Off by default until a GPU run has checked the captured graph's added row (nq bench-decode on
-// glm5_nano's release with --sampling_frequency_penalty, with and without --device_logit_adjust:
-// the same tokens); on the CPU the graph body runs uncaptured in the tests
-// (SampledSpeculationTest.BiasAndPenaltyRequestsDrawInTheGraphAsTheHostDoes).
-ABSL_FLAG(bool, device_logit_adjust, false,
+// On by default: on an H100 a penalised seeded request on the GLM-5 slice drew the host's tokens
+// from the captured graph's added row, at 1.28x the host path's tokens/s (bench/README.md, "The thirty-sixth
+// and thirty-seventh sessions' changes on an H100"); on the CPU the graph body runs uncaptured in the tests
+// (SampledSpeculationTest.BiasAndPenaltyRequestsDrawInTheGraphAsTheHostDoes). Off only to compare.
+ABSL_FLAG(bool, device_logit_adjust, true,
           "With --device_sampling, requests with logit_bias or presence/frequency penalties (no logprobs) also "
           "draw inside the step graph, their adjustments added to the logits there");
 // auto = on for a CUDA worker that streams experts alone (its steps are graphs, which take changes

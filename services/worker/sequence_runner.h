@@ -112,7 +112,8 @@ class SequenceRunner {
   void SetDeviceSampling(bool on) { device_sampling_ = on; }
   // With device sampling, whether a plain step of a request with logit_bias or penalties (and no
   // log-probabilities) also draws on the backend, its adjustments added to the row there
-  // (Sampler::DeviceDrawAdjusted, Model::ForwardSampled's logit delta). Off until set.
+  // (Sampler::DeviceDrawAdjusted, Model::ForwardSampled's logit delta). Off until set (nq-worker's
+  // --device_logit_adjust turns it on by default).
   void SetDeviceLogitAdjust(bool on) { device_logit_adjust_ = on; }
   void SetKeptTokensObserver(std::function<void(int64_t kept)> observer) { kept_observer_ = std::move(observer); }
   // Tensor parallelism across processes: every cache operation and forward is first sent to

@@ -114,29 +114,33 @@ TEST_P(ModelFixtureTest, ResetAndTruncateReuseTheCache) {
   EXPECT_TRUE(Compare(*rest, reference_, 10, vocab_).Within(kTolerance));
 }
 
-// ModelOptions::fused_residual_norm adds each block's residual in the next norm's op: the same
-// logits bit for bit, prefill, decode through the cache and the MTP layer (on the CPU the op is
-// the Adds and the RmsNorm; cuda_model_test.cc runs the CUDA kernel against the CPU).
+// ModelOptions::fused_residual_norm (the default) adds each block's residual in the next norm's
+// op: the same logits bit for bit as the Adds of their own, prefill, decode through the cache and
+// the MTP layer (on the CPU the op is the Adds and the RmsNorm; cuda_model_test.cc runs the CUDA
+// kernel against the CPU).
 TEST_P(ModelFixtureTest, ResidualsAddedInTheNormGiveTheSameLogits) {
   absl::StatusOr<std::unique_ptr<Model>> fused =
       Model::Load(dir_, *case_.backend, nullptr, ModelOptions{.max_tokens = 64, .fused_residual_norm = true});
+  absl::StatusOr<std::unique_ptr<Model>> separate =
+      Model::Load(dir_, *case_.backend, nullptr, ModelOptions{.max_tokens = 64, .fused_residual_norm = false});
   ASSERT_THAT(fused, IsOk());
+  ASSERT_THAT(separate, IsOk());
   const size_t prompt = 5;
-  for (Model* model : {model_.get(), fused->get()}) {
+  for (Model* model : {separate->get(), fused->get()}) {
     ASSERT_THAT(model->Forward(std::span<const int32_t>(tokens_).first(prompt)), IsOk());
   }
   for (size_t i = prompt; i < tokens_.size(); ++i) {
-    absl::StatusOr<std::vector<float>> plain = model_->Forward(std::span<const int32_t>(&tokens_[i], 1));
+    absl::StatusOr<std::vector<float>> plain = (*separate)->Forward(std::span<const int32_t>(&tokens_[i], 1));
     absl::StatusOr<std::vector<float>> in_norm = (*fused)->Forward(std::span<const int32_t>(&tokens_[i], 1));
     ASSERT_THAT(plain, IsOk());
     ASSERT_THAT(in_norm, IsOk());
     EXPECT_EQ(*plain, *in_norm) << "token " << i;
   }
-  EXPECT_EQ(model_->last_hidden(), (*fused)->last_hidden());
+  EXPECT_EQ((*separate)->last_hidden(), (*fused)->last_hidden());
   const int64_t D = model_->config().hidden_size, T = static_cast<int64_t>(tokens_.size());
   std::vector<float> mtp[2];
   int m = 0;
-  for (Model* model : {model_.get(), fused->get()}) {
+  for (Model* model : {separate->get(), fused->get()}) {
     const std::vector<float> hidden = model->last_hidden();
     absl::StatusOr<std::vector<float>> logits =
         model->ForwardMtp(std::span<const int32_t>(tokens_).subspan(T - 1, 1), std::span<const float>(hidden).first(D));

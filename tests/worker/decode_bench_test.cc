@@ -458,19 +458,20 @@ TEST_F(BenchDecodeCommandTest, WritesTheReportOfTheCheckpoint) {
 }
 
 // A penalised request (--sampling_frequency_penalty; negative, so that the tokens it has emitted
-// come back): its tokens change, the report says what ran, and --device_logit_adjust (the draw in
-// the step graph where one runs; on this backend the host's path either way) gives the same tokens.
+// come back): its tokens change, the report says what ran, and --device_logit_adjust (on by
+// default: the draw in the step graph where one runs; on this backend the host's path either way)
+// gives the same tokens as with it off.
 TEST_F(BenchDecodeCommandTest, APenalisedRequestDecodesItsOwnTokens) {
   std::vector<int32_t> tokens[3];
   const char* flags[3] = {"", "--sampling_frequency_penalty=-2",
-                          "--sampling_frequency_penalty=-2 --device_logit_adjust"};
+                          "--sampling_frequency_penalty=-2 --device_logit_adjust=false"};
   for (int i = 0; i < 3; ++i) {
     const std::string out = (*root_ / absl::StrCat("penalty", i, ".json")).string();
     const CommandResult run = RunNq(absl::StrCat("--model ", NanoModelDir(), " ", kSmallRun, " ", flags[i], " --out ", out));
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const nlohmann::json json = ReadJson(out);
     EXPECT_EQ(json["frequency_penalty"].get<double>(), i == 0 ? 0.0 : -2.0);
-    EXPECT_EQ(json["device_logit_adjust"].get<bool>(), i == 2);
+    EXPECT_EQ(json["device_logit_adjust"].get<bool>(), i != 2);
     tokens[i] = json["tokens"].get<std::vector<int32_t>>();
   }
   EXPECT_NE(tokens[1], tokens[0]) << "the penalty changed nothing";

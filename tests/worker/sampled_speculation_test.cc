@@ -177,20 +177,24 @@ TEST_F(SampledSpeculationTest, DraftsAndVerificationOnTheBackendGivePlainKeyedSa
               device.accepted, device.verified, device.rate(), on_host.accepted, on_host.verified, on_host.rate());
 }
 
-// Each block's residual added in the next norm's op (ModelOptions::fused_residual_norm): the same
-// tokens as the Adds of their own, with MTP drafts and without, on the step-graph body with the
-// MoE blocks' routed and shared outputs pending together (the packed experts route on the backend).
+// Each block's residual added in the next norm's op (ModelOptions::fused_residual_norm, the
+// default): the same tokens as the Adds of their own, with MTP drafts and without, on the
+// step-graph body with the MoE blocks' routed and shared outputs pending together (the packed
+// experts route on the backend).
 TEST_F(SampledSpeculationTest, ResidualsAddedInTheNormDecodeTheSameTokens) {
-  release::ServedModel fused[2];  // the drafting runner's and the plain one's
-  for (release::ServedModel& served : fused) {
-    absl::StatusOr<release::ServedModel> loaded = release::LoadServedModel(
-        NQ_EMBEDDED_MODEL_DIR, std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", release::ExpertBits::k2Bit,
-        *backend_, nullptr, {.max_tokens = 1024, .fused_residual_norm = true, .uncaptured_step_graphs = true});
-    ASSERT_THAT(loaded, IsOk());
-    served = *std::move(loaded);
+  // [0]: the drafting runner's, [1]: the plain one's.
+  release::ServedModel fused[2], separate[2];
+  for (bool in_norm : {true, false}) {
+    for (release::ServedModel& served : in_norm ? fused : separate) {
+      absl::StatusOr<release::ServedModel> loaded = release::LoadServedModel(
+          NQ_EMBEDDED_MODEL_DIR, std::string(NQ_EMBEDDED_MODEL_DIR) + "/release", release::ExpertBits::k2Bit,
+          *backend_, nullptr, {.max_tokens = 1024, .fused_residual_norm = in_norm, .uncaptured_step_graphs = true});
+      ASSERT_THAT(loaded, IsOk());
+      served = *std::move(loaded);
+    }
   }
   ASSERT_TRUE(fused[1].model->SamplesOnDevice(4));
-  Runners before(spec_, plain_);
+  Runners before(separate[0], separate[1]);
   Runners in_norm(fused[0], fused[1]);
   std::vector<SequenceRequest> requests = SampledRequests();
   requests.resize(3);

@@ -82,6 +82,43 @@ TEST(CudaMoeRoute, MatchesCpu) {
   }
 }
 
+// A NaN router logit ranks below every number (the host's sort has no order for it): the
+// choices are the CPU's with those experts' logits at -1e30 (score 0, below every other score
+// without a bias), in the same order and with the same weights, and never a NaN expert.
+TEST(CudaMoeRoute, NanScoresRankBelowEveryNumber) {
+  if (Backends().cuda == nullptr) return;
+  std::mt19937_64 rng = MakeRng(4404);
+  const MoeRouteParams p{.num_experts = 256, .top_k = 8, .n_group = 1, .topk_group = 1, .norm_topk_prob = true,
+                         .routed_scaling_factor = 2.5f};
+  const std::int64_t T = 4;
+  std::vector<float> logits = RandomNormal(rng, T * p.num_experts, 2.0f);
+  std::vector<float> finite = logits;
+  for (std::int64_t i = 0; i < T * p.num_experts; i += 7) {
+    logits[i] = std::nanf("");
+    finite[i] = -1e30f;
+  }
+  // One token's largest logit made NaN, so its best expert would otherwise be a NaN one.
+  const auto top = std::max_element(logits.begin() + p.num_experts, logits.begin() + 2 * p.num_experts);
+  *top = std::nanf("");
+  finite[top - logits.begin()] = -1e30f;
+  std::vector<std::int32_t> ids[2];
+  std::vector<float> weights[2];
+  int i = 0;
+  for (auto [backend, values] : {std::pair(Backends().cpu.get(), &finite), std::pair(Backends().cuda.get(), &logits)}) {
+    Tensor l = Upload(*backend, *values, DType::kF32, {T, p.num_experts});
+    Tensor id = AllocateOrFail(*backend, DType::kI32, {T, p.top_k});
+    Tensor w = AllocateOrFail(*backend, DType::kF32, {T, p.top_k});
+    NQ_ASSERT_OK(backend->MoeRoute(l, nullptr, p, id, w));
+    ids[i] = DownloadI32(*backend, id);
+    weights[i++] = Download(*backend, w);
+  }
+  EXPECT_EQ(ids[1], ids[0]);
+  for (size_t j = 0; j < ids[1].size(); ++j) {
+    EXPECT_FALSE(std::isnan(logits[(j / p.top_k) * p.num_experts + ids[1][j]])) << "choice " << j;
+    ASSERT_NEAR(weights[1][j], weights[0][j], 1e-6f * std::max(1.0f, std::abs(weights[0][j]))) << "entry " << j;
+  }
+}
+
 // One decode token's routing at DeepSeek-V3's and GLM-5's shapes, launches back to back (the
 // step graph launches it once per MoE layer).
 TEST(CudaMoeRoute, Timing) {

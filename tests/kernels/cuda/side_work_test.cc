@@ -2,7 +2,9 @@
 // results they give in order, eagerly and inside a captured graph; memory a side op still writes
 // is not handed to the main stream before the join, even when its tensor dies on the main stream;
 // and what would share state with the main stream is refused on the side.
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
@@ -128,6 +130,68 @@ TEST(CudaSideWork, MemoryTheSideStillWritesIsNotReusedBeforeTheJoin) {
     ASSERT_TRUE(cuda.JoinSideWork().ok());
     EXPECT_EQ(Download(cuda, fresh), pattern) << "round " << round;
   }
+}
+
+// Side work begun again after EndSideWork (before the join) starts after the main stream's ops
+// issued so far: a copy to page-locked host memory issued there (the model's routing log) lands
+// the main stream's last value of a tensor, not one from before those ops ran.
+TEST(CudaSideWork, WorkBegunAgainFollowsTheMainStreamAndCopiesToTheHost) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  std::mt19937_64 rng = MakeRng(4406);
+  constexpr std::int64_t kRows = 4, kIn = 4096, kOut = 4096;
+  Tensor x = Upload(cuda, RandomNormal(rng, kRows * kIn, 1.0f), DType::kF32, {kRows, kIn});
+  Tensor w = Upload(cuda, RandomNormal(rng, kOut * kIn, 0.01f), DType::kF32, {kOut, kIn});
+  Tensor y = Upload(cuda, std::vector<float>(kRows * kOut, 0.0f), DType::kF32, {kRows, kOut});
+  absl::StatusOr<std::unique_ptr<Storage>> staging = cuda.AllocateHostStaging(y.nbytes());
+  NQ_ASSERT_OK(staging.status());
+  std::span<std::byte> host(static_cast<std::byte*>((*staging)->data()), y.nbytes());
+  for (int round = 0; round < 3; ++round) {
+    std::fill(host.begin(), host.end(), std::byte{0});
+    ASSERT_TRUE(cuda.BeginSideWork().ok());
+    ASSERT_TRUE(cuda.EndSideWork().ok());
+    // About a millisecond of main-stream work before y holds its last value.
+    for (int i = 0; i < 16; ++i) ASSERT_TRUE(cuda.MatMul(x, w, y).ok());
+    ASSERT_TRUE(cuda.Add(y, y, y).ok());
+    ASSERT_TRUE(cuda.BeginSideWork().ok());
+    ASSERT_TRUE(cuda.CopyToHostAsync(y, host).ok());
+    ASSERT_TRUE(cuda.EndSideWork().ok());
+    ASSERT_TRUE(cuda.JoinSideWork().ok());
+    NQ_ASSERT_OK(cuda.Synchronize());
+    std::vector<float> landed(static_cast<size_t>(kRows * kOut));
+    std::memcpy(landed.data(), host.data(), host.size());
+    EXPECT_EQ(landed, Download(cuda, y)) << "round " << round;
+    ASSERT_TRUE(cuda.Copy(Upload(cuda, std::vector<float>(kRows * kOut, 0.0f), DType::kF32, {kRows, kOut}), y).ok());
+  }
+}
+
+// Side work continued after EndSideWork runs after the side's earlier ops (a chain of dependent
+// ops split across the two segments gives the chain's result), and a main-stream op issued
+// between the segments is joined like the rest.
+TEST(CudaSideWork, ContinuedSideWorkFollowsTheSidesEarlierOps) {
+  if (Backends().cuda == nullptr) return;
+  Backend& cuda = *Backends().cuda;
+  std::mt19937_64 rng = MakeRng(4407);
+  constexpr std::int64_t kRows = 4, kIn = 4096, kOut = 4096;
+  Tensor x = Upload(cuda, RandomNormal(rng, kRows * kIn, 1.0f), DType::kF32, {kRows, kIn});
+  Tensor w = Upload(cuda, RandomNormal(rng, kOut * kIn, 0.01f), DType::kF32, {kOut, kIn});
+  const std::vector<float> ones(kRows * kOut, 1.0f);
+  Tensor one = Upload(cuda, ones, DType::kF32, {kRows, kOut});
+  for (int round = 0; round < 3; ++round) {
+    Tensor side = AllocateOrFail(cuda, DType::kF32, {kRows, kOut});
+    Tensor main = AllocateOrFail(cuda, DType::kF32, {kRows, kOut});
+    ASSERT_TRUE(cuda.BeginSideWork().ok());
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(cuda.MatMul(x, w, side).ok());
+    ASSERT_TRUE(cuda.EndSideWork().ok());
+    ASSERT_TRUE(cuda.MatMul(x, w, main).ok());
+    ASSERT_TRUE(cuda.ContinueSideWork().ok());
+    ASSERT_TRUE(cuda.Add(side, one, side).ok());  // after the side's MatMuls
+    ASSERT_TRUE(cuda.EndSideWork().ok());
+    ASSERT_TRUE(cuda.JoinSideWork().ok());
+    ASSERT_TRUE(cuda.Add(main, one, main).ok());
+    EXPECT_EQ(Download(cuda, side), Download(cuda, main)) << "round " << round;
+  }
+  EXPECT_THAT(cuda.ContinueSideWork(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no ended side work")));
 }
 
 TEST(CudaSideWork, WhatSharesStateWithTheMainStreamIsRefused) {

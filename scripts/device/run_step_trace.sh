@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On the device: where a graphed decode step's time goes, and a build against an earlier one
+# (bench/README.md, "The decode step as it runs"):
+#   1. cuda_vs_cpu_ops_test CudaMoeRoute* and CudaSideWork* (the routing kernel against the CPU,
+#      the side stream's ordering and its host copies), then compute-sanitizer memcheck of them;
+#   2. the GLM-5 slice (NQ_SLICE, default glm5:4:256:4000) decoded by nq under
+#      libnq_kernel_trace.so, and kernel_trace_table.py's table and timeline of its steps;
+#   3. the slice timed by nq and the bundle's nq_before (an nq of an earlier commit) if it has one,
+#      NQ_ROUNDS (2) rounds interleaved, the same greedy tokens in every run (checked);
+#   4. with NQ_SLICE2 (e.g. dsv3:4:32:32), step 3 again on that slice.
+# Results in $OUT (tests.txt, memcheck.txt, trace_table.txt, trace.csv.xz, slice_*.txt / .json).
+#
+# Here (binaries and libraries xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
+#   cmake --build build/cuda --target nq cuda_vs_cpu_ops_test nq_kernel_trace && mkdir -p .device3/bin .devspec
+#   strip -o .device3/bin/nq build/cuda/services/tools/nq
+#   strip -o .device3/bin/cuda_vs_cpu_ops_test build/cuda/tests/kernels/cuda_vs_cpu_ops_test
+#   (optional: strip -o .device3/bin/nq_before an nq built at an earlier commit)
+#   source scripts/device/shared_libs.sh && copy_shared_libs .device3/lib .device3/bin/*
+#   cp build/cuda/tests/kernels/libnq_kernel_trace.so .device3/lib/ && cp -L /usr/local/cuda/lib/libcupti.so.13 .device3/lib/
+#   tar -C .device3 -cf - bin lib | xz -T0 -6 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on cluster
+# the `run` tool: carry [".devspec"], command: bash scripts/device/run_step_trace.sh
+# (about 210 s of device time for the GLM-5 slice, 370 s with NQ_SLICE2=dsv3:4:32:32)
+set -uo pipefail
+source "$(dirname "$0")/devspec_prelude.sh" /tmp/nq-devtrace
+status=0
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+
+filter='CudaMoeRoute*:CudaSideWork*'
+"$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter" >"$out/tests.txt" 2>&1 || status=1
+grep -E "timing|^\[  (PASSED|FAILED)|FAILED" "$out/tests.txt" | tail -8
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck "$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter:-*Timing" \
+    >"$out/memcheck.txt" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED)" "$out/memcheck.txt"
+fi
+
+# A/B rounds of nq (and nq_before) on the current slice, runs named PREFIX_VARIANT_ROUND.
+time_slice() {
+  local prefix="$1" round variant bin line
+  for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
+    for variant in new before; do
+      bin=nq
+      [[ $variant == before ]] && { [[ -x "$B/nq_before" ]] || continue; bin=nq_before; }
+      line=$(bench_slice "$bin" "$out/${prefix}_${variant}_$round.txt") || status=1
+      echo "== $prefix round $round, $variant: $line"
+    done
+  done
+  compare_tokens "$out/${prefix}"_*.json | tee "$out/${prefix}_tokens.txt" || status=1
+}
+
+make_bench_slice "${NQ_SLICE:-glm5:4:256:4000}" /tmp/nq-trace-slice "$out/make_slice.txt" || exit 1
+CUDA_INJECTION64_PATH="$B/../lib/libnq_kernel_trace.so" NQ_KERNEL_TRACE=/tmp/nq_trace.csv \
+  bench_slice nq "$out/traced.txt" || status=1
+grep -h "nq_kernel_trace" "$out/traced.txt"
+if [[ -f /tmp/nq_trace.csv ]]; then
+  xz -6 -c /tmp/nq_trace.csv >"$out/trace.csv.xz"
+  python3 scripts/device/kernel_trace_table.py /tmp/nq_trace.csv --timeline >"$out/trace_table.txt" 2>&1 || status=1
+  head -24 "$out/trace_table.txt"
+fi
+time_slice slice
+rm -rf "$SLICE_DIR"
+if [[ -n "${NQ_SLICE2:-}" ]]; then
+  make_bench_slice "$NQ_SLICE2" /tmp/nq-trace-slice2 "$out/make_slice2.txt" || exit 1
+  time_slice slice2
+  rm -rf "$SLICE_DIR"
+fi
+exit "$status"
