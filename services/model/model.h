@@ -318,6 +318,14 @@ class Model {
     int64_t captured = 0;  // graphs captured
     int64_t replayed = 0;  // forwards that ran as a graph replay
     int64_t warmups = 0;   // first steps of a bucket, run op by op with device positions
+    // Host time of the graphed forwards that ran a step graph (GraphedForward: a plain step or a
+    // verification), split where the GPU can idle: from the call to the launch (checks, the slot
+    // tables, the inputs' copies to the device), the launch and the wait for its outputs, and
+    // from their return to the call's (the routing log's flush). Nanoseconds, summed.
+    int64_t timed_forwards = 0;
+    int64_t host_before_launch_ns = 0;
+    int64_t launch_and_wait_ns = 0;
+    int64_t host_after_wait_ns = 0;
     // Why graphs were turned off for this model, when a capture failed (the step then ran op by
     // op and every later one does too); OK otherwise.
     absl::Status disabled;

@@ -5,6 +5,7 @@
 // the sampled ids) and the final hidden states, is copied into host staging by the graph itself.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <functional>
@@ -204,6 +205,8 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
                                                          std::span<const kernels::SampleParams> sample,
                                                          std::span<int32_t> sampled,
                                                          std::span<const float> logit_delta) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point entered = Clock::now();
   const int64_t T = static_cast<int64_t>(tokens.size()), start = cache_.length();
   const int64_t D = config_.hidden_size, V = StepGraphVocab();
   if (start + T > cache_.max_tokens()) {
@@ -249,9 +252,11 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
     sampling.logit_delta = &g.logit_delta;
   }
   const Tensor& ids = g.ids;
+  const Clock::time_point launched = Clock::now();
   ASSIGN_OR_RETURN(const bool ran, RunStepGraph(g, [&] {
                      return EnqueueStep(ids, bucket_end - T, samples ? &sampling : nullptr);
                    }));
+  const Clock::time_point returned = Clock::now();
   if (!ran) {  // graphs are off now: op by op
     ASSIGN_OR_RETURN(std::vector<float> logits, Forward(tokens));
     if (samples) {
@@ -279,6 +284,11 @@ absl::StatusOr<std::vector<float>> Model::GraphedForward(std::span<const int32_t
   }
   FlushRoutingLog();
   cache_.set_length(start + T);
+  auto ns = [](Clock::duration d) { return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(); };
+  ++step_graph_stats_.timed_forwards;
+  step_graph_stats_.host_before_launch_ns += ns(launched - entered);
+  step_graph_stats_.launch_and_wait_ns += ns(returned - launched);
+  step_graph_stats_.host_after_wait_ns += ns(Clock::now() - returned);
   return logits;
 }
 

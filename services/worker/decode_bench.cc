@@ -141,6 +141,7 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
   // a step graph, the sampled token) to the host and waits for the copy, which completes only
   // once the work enqueued before it is done, and the next step needs it.
   const bool drafts = options.speculative_tokens > 0;
+  model::Model::StepGraphStats before_timed = model.step_graph_stats();  // as the timed steps begin
   auto emit = [&](const SequenceStep& step) {
     if (step.tokens.empty() || (!drafts && step.tokens.size() != 1)) {
       failed = absl::InternalError(absl::StrCat("step ", step_index, " emitted ", step.tokens.size(),
@@ -164,10 +165,19 @@ absl::StatusOr<DecodeBenchReport> RunDecodeBench(model::Model& model, const Deco
     routed_bytes = 0;
     emitted += static_cast<int64_t>(step.tokens.size());
     ++step_index;
+    if (emitted == 1 + options.warmup_tokens) before_timed = model.step_graph_stats();
     return true;
   };
   const absl::Status ran = runner.Run(request, emit, [] { return false; }).status();
   model.SetRoutingObserver(nullptr);
+  const model::Model::StepGraphStats& after = model.step_graph_stats();
+  report.graphed_steps = after.timed_forwards - before_timed.timed_forwards;
+  if (report.graphed_steps > 0) {
+    const double n = static_cast<double>(report.graphed_steps) * 1e3;  // ns -> us, per step
+    report.host_before_launch_us = static_cast<double>(after.host_before_launch_ns - before_timed.host_before_launch_ns) / n;
+    report.launch_and_wait_us = static_cast<double>(after.launch_and_wait_ns - before_timed.launch_and_wait_ns) / n;
+    report.host_after_wait_us = static_cast<double>(after.host_after_wait_ns - before_timed.host_after_wait_ns) / n;
+  }
   RETURN_IF_ERROR(ran);
   RETURN_IF_ERROR(failed);
   if (emitted != 1 + options.warmup_tokens + options.decode_tokens || report.step_seconds.empty()) {
@@ -196,6 +206,10 @@ std::string DecodeBenchSummary(const DecodeBenchSetup& setup, const DecodeBenchR
     return line;
   }
   absl::StrAppendFormat(&line, "; %.1f MB read per step", report.mean_step_bytes() / 1e6);
+  if (report.graphed_steps > 0) {
+    absl::StrAppendFormat(&line, "; host %.1f us before each graph's launch, %.1f after its outputs",
+                          report.host_before_launch_us, report.host_after_wait_us);
+  }
   if (report.copy_bytes_per_second > 0) {
     absl::StrAppendFormat(&line, "; copy %.0f GB/s, floor %.3f ms, roofline ratio %.3f",
                           report.copy_bytes_per_second / 1e9, report.mean_step_bytes() / report.copy_bytes_per_second * 1e3,
@@ -240,6 +254,10 @@ nlohmann::ordered_json DecodeBenchJson(const DecodeBenchSetup& setup, const Deco
                                                       ? report.mean_step_bytes() / report.copy_bytes_per_second * 1e3
                                                       : 0.0},
                                      {"roofline_ratio", report.RooflineRatio()},
+                                     {"graphed_steps", report.graphed_steps},
+                                     {"host_us_before_launch", report.host_before_launch_us},
+                                     {"launch_and_wait_us", report.launch_and_wait_us},
+                                     {"host_us_after_wait", report.host_after_wait_us},
                                      {"step_ms", step_ms},
                                      {"tokens", report.tokens}});
   return json;

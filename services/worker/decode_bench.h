@@ -62,6 +62,13 @@ struct DecodeBenchReport {
   // Device copy bandwidth measured in the same run, (read + write) bytes per second as the
   // hbm_probe yardstick counts it; 0 when not measured.
   double copy_bytes_per_second = 0;
+  // The timed steps that ran as step graphs, and the host's time in each, on average
+  // (Model::StepGraphStats): before the launch, the launch and the wait for the outputs, after.
+  // The GPU idles in the first and last (bench/README.md, "The decode step as it runs").
+  int64_t graphed_steps = 0;
+  double host_before_launch_us = 0;
+  double launch_and_wait_us = 0;
+  double host_after_wait_us = 0;
 
   double mean_step_bytes() const;
   // The roofline floor of a step (mean bytes / copy bandwidth) over the median step: 1 is a

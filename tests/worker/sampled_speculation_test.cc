@@ -14,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "services/release/release_experts.h"
+#include "services/worker/decode_bench.h"
 #include "services/worker/mtp_drafter.h"
 #include "services/worker/sequence_runner.h"
 #include "tests/common/embedded_model.h"
@@ -209,6 +210,35 @@ TEST_F(SampledSpeculationTest, ResidualsAddedInTheNormDecodeTheSameTokens) {
     }
   }
   EXPECT_GT(in_norm.drafter.proposed, 0);
+}
+
+// bench-decode's host timers (Model::StepGraphStats): every timed step that runs as a step
+// graph is counted, with its launch-and-wait time and the host's time on either side of it; a
+// model whose steps do not run as graphs reports none.
+TEST_F(SampledSpeculationTest, DecodeBenchTimesTheHostAroundEachGraphedStep) {
+  const DecodeBenchOptions options{.prompt_tokens = 16, .warmup_tokens = 2, .decode_tokens = 8, .seed = 3};
+  absl::StatusOr<DecodeBenchReport> report = RunDecodeBench(*plain_.model, options);
+  ASSERT_THAT(report, IsOk());
+  EXPECT_EQ(report->graphed_steps, 8);
+  EXPECT_GT(report->launch_and_wait_us, 0);
+  EXPECT_GE(report->host_before_launch_us, 0);
+  EXPECT_GE(report->host_after_wait_us, 0);
+  double step_us = 0;
+  for (double seconds : report->step_seconds) step_us += seconds * 1e6 / 8;
+  EXPECT_LE(report->host_before_launch_us + report->launch_and_wait_us + report->host_after_wait_us, step_us)
+      << "the forward's parts exceed the whole step";
+  DecodeBenchSetup setup;
+  setup.model = "nano";
+  EXPECT_THAT(DecodeBenchSummary(setup, *report), ::testing::HasSubstr("us before each graph's launch"));
+
+  // The CPU backend cannot capture, and without uncaptured_step_graphs its steps run op by op.
+  absl::StatusOr<testing::LoadedModel> op_by_op = testing::LoadModel(NQ_EMBEDDED_MODEL_DIR, 64);
+  ASSERT_THAT(op_by_op, IsOk());
+  absl::StatusOr<DecodeBenchReport> ungraphed = RunDecodeBench(*op_by_op->model, options);
+  ASSERT_THAT(ungraphed, IsOk());
+  EXPECT_EQ(ungraphed->graphed_steps, 0);
+  EXPECT_THAT(DecodeBenchSummary(setup, *ungraphed),
+              ::testing::Not(::testing::HasSubstr("graph's launch")));
 }
 
 // A request whose draws the backend cannot make (log-probabilities asked for) still drafts
