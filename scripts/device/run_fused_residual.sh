@@ -26,13 +26,7 @@ source "$(dirname "$0")/devspec_prelude.sh" /tmp/nq-devfused
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-filter='CudaAddRmsNorm*:CudaRmsNorm*:CudaRope*'
-"$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter" >"$out/tests.txt" 2>&1 || status=1
-grep -E "^\[  (PASSED|FAILED)|FAILED" "$out/tests.txt" | tail -8
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck "$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter" >"$out/memcheck.txt" 2>&1 || status=1
-  grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/memcheck.txt"
-fi
+ops_tests 'CudaAddRmsNorm*:CudaRmsNorm*:CudaRope*' || status=1
 "$B/cuda_model_test" --gtest_filter='*Residuals*' >"$out/model.txt" 2>&1 || status=1
 grep -E "cuda model|^\[  (PASSED|FAILED)|FAILED" "$out/model.txt" | tail -8
 

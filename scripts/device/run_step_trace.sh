@@ -25,14 +25,7 @@ source "$(dirname "$0")/devspec_prelude.sh" /tmp/nq-devtrace
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-filter='CudaMoeRoute*:CudaSideWork*'
-"$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter" >"$out/tests.txt" 2>&1 || status=1
-grep -E "timing|^\[  (PASSED|FAILED)|FAILED" "$out/tests.txt" | tail -8
-if command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck "$B/cuda_vs_cpu_ops_test" --gtest_filter="$filter:-*Timing" \
-    >"$out/memcheck.txt" 2>&1 || status=1
-  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED)" "$out/memcheck.txt"
-fi
+ops_tests 'CudaMoeRoute*:CudaSideWork*' 'CudaMoeRoute*:CudaSideWork*:-*Timing' || status=1
 
 # A/B rounds of nq (and nq_before) on the current slice, runs named PREFIX_VARIANT_ROUND.
 time_slice() {

@@ -132,16 +132,28 @@ TEST(CudaSideWork, MemoryTheSideStillWritesIsNotReusedBeforeTheJoin) {
   }
 }
 
+// A 4 x 4096 x 4096 fp32 GEMV, y = x wᵀ: some tens of microseconds a launch, so a few in a row
+// keep a stream busy long enough for a missing wait between streams to show.
+struct BusyGemv {
+  static constexpr std::int64_t kRows = 4, kIn = 4096, kOut = 4096;
+  Tensor x, w;
+};
+BusyGemv MakeBusyGemv(Backend& cuda, std::uint64_t seed) {
+  std::mt19937_64 rng = MakeRng(seed);
+  return {Upload(cuda, RandomNormal(rng, BusyGemv::kRows * BusyGemv::kIn, 1.0f), DType::kF32,
+                 {BusyGemv::kRows, BusyGemv::kIn}),
+          Upload(cuda, RandomNormal(rng, BusyGemv::kOut * BusyGemv::kIn, 0.01f), DType::kF32,
+                 {BusyGemv::kOut, BusyGemv::kIn})};
+}
+
 // Side work begun again after EndSideWork (before the join) starts after the main stream's ops
 // issued so far: a copy to page-locked host memory issued there (the model's routing log) lands
 // the main stream's last value of a tensor, not one from before those ops ran.
 TEST(CudaSideWork, WorkBegunAgainFollowsTheMainStreamAndCopiesToTheHost) {
   if (Backends().cuda == nullptr) return;
   Backend& cuda = *Backends().cuda;
-  std::mt19937_64 rng = MakeRng(4406);
-  constexpr std::int64_t kRows = 4, kIn = 4096, kOut = 4096;
-  Tensor x = Upload(cuda, RandomNormal(rng, kRows * kIn, 1.0f), DType::kF32, {kRows, kIn});
-  Tensor w = Upload(cuda, RandomNormal(rng, kOut * kIn, 0.01f), DType::kF32, {kOut, kIn});
+  const BusyGemv g = MakeBusyGemv(cuda, 4406);
+  constexpr std::int64_t kRows = BusyGemv::kRows, kOut = BusyGemv::kOut;
   Tensor y = Upload(cuda, std::vector<float>(kRows * kOut, 0.0f), DType::kF32, {kRows, kOut});
   absl::StatusOr<std::unique_ptr<Storage>> staging = cuda.AllocateHostStaging(y.nbytes());
   NQ_ASSERT_OK(staging.status());
@@ -151,7 +163,7 @@ TEST(CudaSideWork, WorkBegunAgainFollowsTheMainStreamAndCopiesToTheHost) {
     ASSERT_TRUE(cuda.BeginSideWork().ok());
     ASSERT_TRUE(cuda.EndSideWork().ok());
     // About a millisecond of main-stream work before y holds its last value.
-    for (int i = 0; i < 16; ++i) ASSERT_TRUE(cuda.MatMul(x, w, y).ok());
+    for (int i = 0; i < 16; ++i) ASSERT_TRUE(cuda.MatMul(g.x, g.w, y).ok());
     ASSERT_TRUE(cuda.Add(y, y, y).ok());
     ASSERT_TRUE(cuda.BeginSideWork().ok());
     ASSERT_TRUE(cuda.CopyToHostAsync(y, host).ok());
@@ -171,19 +183,17 @@ TEST(CudaSideWork, WorkBegunAgainFollowsTheMainStreamAndCopiesToTheHost) {
 TEST(CudaSideWork, ContinuedSideWorkFollowsTheSidesEarlierOps) {
   if (Backends().cuda == nullptr) return;
   Backend& cuda = *Backends().cuda;
-  std::mt19937_64 rng = MakeRng(4407);
-  constexpr std::int64_t kRows = 4, kIn = 4096, kOut = 4096;
-  Tensor x = Upload(cuda, RandomNormal(rng, kRows * kIn, 1.0f), DType::kF32, {kRows, kIn});
-  Tensor w = Upload(cuda, RandomNormal(rng, kOut * kIn, 0.01f), DType::kF32, {kOut, kIn});
+  const BusyGemv g = MakeBusyGemv(cuda, 4407);
+  constexpr std::int64_t kRows = BusyGemv::kRows, kOut = BusyGemv::kOut;
   const std::vector<float> ones(kRows * kOut, 1.0f);
   Tensor one = Upload(cuda, ones, DType::kF32, {kRows, kOut});
   for (int round = 0; round < 3; ++round) {
     Tensor side = AllocateOrFail(cuda, DType::kF32, {kRows, kOut});
     Tensor main = AllocateOrFail(cuda, DType::kF32, {kRows, kOut});
     ASSERT_TRUE(cuda.BeginSideWork().ok());
-    for (int i = 0; i < 8; ++i) ASSERT_TRUE(cuda.MatMul(x, w, side).ok());
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(cuda.MatMul(g.x, g.w, side).ok());
     ASSERT_TRUE(cuda.EndSideWork().ok());
-    ASSERT_TRUE(cuda.MatMul(x, w, main).ok());
+    ASSERT_TRUE(cuda.MatMul(g.x, g.w, main).ok());
     ASSERT_TRUE(cuda.ContinueSideWork().ok());
     ASSERT_TRUE(cuda.Add(side, one, side).ok());  // after the side's MatMuls
     ASSERT_TRUE(cuda.EndSideWork().ok());
