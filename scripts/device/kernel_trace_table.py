@@ -82,7 +82,9 @@ def main():
     n = len(chosen)
     starts = [g[0]["start"] for g in every]
     ends = [max(k["end"] for k in g) for g in every]
-    between = [starts[i + 1] - ends[i] for i in range(len(every) - 1) if every[i] in chosen or every[i + 1] in chosen]
+    chosen_ids = {id(g) for g in chosen}  # by identity: comparing the replays' lists by value costs O(n^2)
+    between = [starts[i + 1] - ends[i] for i in range(len(every) - 1)
+               if id(every[i]) in chosen_ids or id(every[i + 1]) in chosen_ids]
     span_us = statistics.mean(spans) / 1e3
     print(f"== {n} graph replays of {len(chosen[0])} kernels (of {len(every)} replays in the trace)")
     print(f"step span {span_us:.1f} us (median {statistics.median(spans) / 1e3:.1f}), no kernel running inside it "
