@@ -9,8 +9,12 @@ kernels' durations, and its *exposed* time, when it was the only kernel running 
 runs beside another costs the step less than its duration); then the step's span, the time no
 kernel ran inside it (launch gaps, dependency waits) and the gap between replays (the host).
 --timeline prints the median replay kernel by kernel (start offset, duration, stream).
+A trace with copies and runtime calls (kind memcpy, api) also gets the time between replays
+split: per copy or call, its mean time inside the gaps, and the median gap event by event
+(offsets from the last kernel's end; a call that began earlier shows a negative start).
 """
 import argparse
+import bisect
 import collections
 import csv
 import statistics
@@ -22,7 +26,11 @@ def load(path):
         rows = list(csv.DictReader(f))
     for r in rows:
         r["start"], r["end"] = int(r["start_ns"]), int(r["end_ns"])
-    return rows
+        r.setdefault("kind", "kernel")  # traces written before copies and calls were recorded
+        if r["kind"] is None:
+            r["kind"] = "kernel"
+    kernels = [r for r in rows if r["kind"] == "kernel"]
+    return kernels, [r for r in rows if r["kind"] != "kernel"]
 
 
 def replays(rows, steps):
@@ -61,13 +69,44 @@ def exposed_times(kernels):
     return alone, busy
 
 
+def gap_breakdown(every, chosen_ids, others):
+    """The copies and runtime calls overlapping each gap between two replays, one of them chosen."""
+    others = sorted(others, key=lambda r: r["start"])
+    starts = [r["start"] for r in others]
+    longest = max((r["end"] - r["start"] for r in others), default=0)
+    gaps = []
+    for i in range(len(every) - 1):
+        if id(every[i]) not in chosen_ids and id(every[i + 1]) not in chosen_ids:
+            continue
+        lo, hi = max(k["end"] for k in every[i]), every[i + 1][0]["start"]
+        # Events starting up to the longest event's length before the gap may overlap it.
+        first = bisect.bisect_left(starts, lo - longest)
+        last = bisect.bisect_right(starts, hi)
+        gaps.append((lo, hi, [r for r in others[first:last] if r["end"] > lo and r["start"] < hi]))
+    if not gaps:
+        return
+    inside = collections.defaultdict(float)
+    for lo, hi, events in gaps:
+        for r in events:
+            inside[(r["kind"], r["name"])] += min(r["end"], hi) - max(r["start"], lo)
+    print(f"== between replays: copies and runtime calls, mean us inside a gap ({len(gaps)} gaps)")
+    for (kind, name), total in sorted(inside.items(), key=lambda kv: -kv[1]):
+        print(f"{total / len(gaps) / 1e3:8.1f}  {kind:6s} {name[:70]}")
+    lo, hi, events = sorted(gaps, key=lambda g: g[1] - g[0])[len(gaps) // 2]
+    print(f"== the median gap ({(hi - lo) / 1e3:.1f} us), event by event (us from the last kernel's end)")
+    print(f"{'start':>8s} {'end':>8s} {'stream':>6s}  {'kind':6s} name")
+    for r in events:
+        print(f"{(r['start'] - lo) / 1e3:8.1f} {(r['end'] - lo) / 1e3:8.1f} {r['stream']:>6s}  {r['kind']:6s} {r['name'][:70]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--timeline", action="store_true")
     args = ap.parse_args()
-    chosen, every = replays(load(args.trace), args.steps)
+    kernels, others = load(args.trace)
+    chosen, every = replays(kernels, args.steps)
     spans, idles, per_name = [], [], collections.defaultdict(lambda: [0, 0.0, 0.0])
     for g in chosen:
         alone, busy = exposed_times(g)
@@ -93,6 +132,7 @@ def main():
     for name, (calls, total, alone) in sorted(per_name.items(), key=lambda kv: -kv[1][2]):
         print(f"{name[:64]:64s} {calls / n:5.0f} {total / n / 1e3:8.1f} {alone / n / 1e3:8.1f} "
               f"{alone / n / 1e3 / span_us:6.3f}")
+    gap_breakdown(every, chosen_ids, others)
     if args.timeline:
         median = sorted(chosen, key=lambda g: max(k["end"] for k in g) - g[0]["start"])[n // 2]
         t0 = median[0]["start"]

@@ -8,6 +8,7 @@
 #   3. the slice timed by nq and the bundle's nq_before (an nq of an earlier commit) if it has one,
 #      NQ_ROUNDS (2) rounds interleaved, the same greedy tokens in every run (checked);
 #   4. with NQ_SLICE2 (e.g. dsv3:4:32:32), step 3 again on that slice.
+# NQ_TESTS=0 skips step 1 (a bundle without cuda_vs_cpu_ops_test), NQ_TRACE=0 step 2.
 # Results in $OUT (tests.txt, memcheck.txt, trace_table.txt, trace.csv.xz, slice_*.txt / .json).
 #
 # Here (binaries and libraries xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
@@ -25,7 +26,9 @@ source "$(dirname "$0")/devspec_prelude.sh" /tmp/nq-devtrace
 status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
-ops_tests 'CudaMoeRoute*:CudaSideWork*' 'CudaMoeRoute*:CudaSideWork*:-*Timing' || status=1
+if [[ "${NQ_TESTS:-1}" != 0 ]]; then
+  ops_tests 'CudaMoeRoute*:CudaSideWork*' 'CudaMoeRoute*:CudaSideWork*:-*Timing' || status=1
+fi
 
 # A/B rounds of nq (and nq_before) on the current slice, runs named PREFIX_VARIANT_ROUND.
 time_slice() {
@@ -42,13 +45,15 @@ time_slice() {
 }
 
 make_bench_slice "${NQ_SLICE:-glm5:4:256:4000}" /tmp/nq-trace-slice "$out/make_slice.txt" || exit 1
-CUDA_INJECTION64_PATH="$B/../lib/libnq_kernel_trace.so" NQ_KERNEL_TRACE=/tmp/nq_trace.csv \
-  bench_slice nq "$out/traced.txt" || status=1
-grep -h "nq_kernel_trace" "$out/traced.txt"
+if [[ "${NQ_TRACE:-1}" != 0 ]]; then
+  CUDA_INJECTION64_PATH="$B/../lib/libnq_kernel_trace.so" NQ_KERNEL_TRACE=/tmp/nq_trace.csv \
+    bench_slice nq "$out/traced.txt" || status=1
+  grep -h "nq_kernel_trace" "$out/traced.txt"
+fi
 if [[ -f /tmp/nq_trace.csv ]]; then
   xz -6 -c /tmp/nq_trace.csv >"$out/trace.csv.xz"
   python3 scripts/device/kernel_trace_table.py /tmp/nq_trace.csv --timeline >"$out/trace_table.txt" 2>&1 || status=1
-  head -24 "$out/trace_table.txt"
+  sed -n '1,/^== the median replay/p' "$out/trace_table.txt" | head -80
 fi
 time_slice slice
 rm -rf "$SLICE_DIR"

@@ -1,0 +1,181 @@
+// What a CUDA graph's launch costs the host and the GPU, by what the graph holds (bench/README.md,
+// "The decode step as it runs"): a measurement, not a test.
+//
+//   graph_launch_bench [--kernels N] [--replays R]
+//
+// The GLM-5 slice's graphed step spends ~80 us between replays, ~55 us of it inside
+// cudaGraphLaunch before the first kernel starts (the kernel trace with runtime calls). Its graph
+// holds ~120 kernels with programmatic-dependent edges, a side stream forked and joined per layer,
+// the stream-ordered allocator's alloc and free nodes, and copies to pinned host memory. This
+// builds graphs of N tiny kernels with each of those features alone and together, and reports per
+// replay the host's time in cudaGraphLaunch and the time from the launch to the synchronize's
+// return, so each feature's launch cost can be read off.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+#define CHECK_CUDA(call)                                                                          \
+  do {                                                                                            \
+    const cudaError_t error_ = (call);                                                            \
+    if (error_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+enum Feature : unsigned {
+  kProgrammatic = 1,  // every kernel a programmatic dependent of the one before
+  kAllocations = 2,   // a stream-ordered allocation before each kernel, freed after it
+  kSideStream = 4,    // every 8th kernel forks two kernels onto a side stream, joined after
+  kHostCopies = 8,    // two copies to pinned host memory at the end, as the step's outputs
+};
+
+std::string Describe(unsigned features) {
+  if (features == 0) return "plain kernels";
+  std::string s;
+  auto add = [&](unsigned f, const char* name) {
+    if ((features & f) == 0) return;
+    if (!s.empty()) s += " + ";
+    s += name;
+  };
+  add(kProgrammatic, "programmatic");
+  add(kAllocations, "alloc/free nodes");
+  add(kSideStream, "side stream");
+  add(kHostCopies, "host copies");
+  return s;
+}
+
+// A few microseconds of one block per SM: the step's small kernels (norms, routing).
+__global__ void TinyKernel(float* data, int n, bool programmatic) {
+  if (programmatic) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (programmatic) asm volatile("griddepcontrol.launch_dependents;");
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) data[i] = data[i] * 0.5f + 1.0f;
+}
+
+void Launch(float* data, int n, bool programmatic, cudaStream_t stream) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(132);
+  config.blockDim = dim3(128);
+  config.stream = stream;
+  config.attrs = programmatic ? &attribute : nullptr;
+  config.numAttrs = programmatic ? 1 : 0;
+  CHECK_CUDA(cudaLaunchKernelEx(&config, TinyKernel, data, n, programmatic));
+}
+
+struct Result {
+  double launch_us, replay_us;
+  size_t nodes;
+};
+
+Result Measure(unsigned features, int kernels, int replays, float* data, int n, void* host_out) {
+  cudaStream_t stream, side;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  const bool programmatic = (features & kProgrammatic) != 0;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int k = 0; k < kernels; ++k) {
+    float* target = data;
+    void* scratch = nullptr;
+    if ((features & kAllocations) != 0) {
+      CHECK_CUDA(cudaMallocAsync(&scratch, 64 << 10, stream));
+      target = static_cast<float*>(scratch);
+    }
+    Launch(target, (features & kAllocations) != 0 ? (64 << 10) / 4 : n, programmatic, stream);
+    if ((features & kSideStream) != 0 && k % 8 == 0) {
+      CHECK_CUDA(cudaEventRecord(fork, stream));
+      CHECK_CUDA(cudaStreamWaitEvent(side, fork, 0));
+      Launch(data + n, n, false, side);
+      Launch(data + n, n, false, side);
+      CHECK_CUDA(cudaEventRecord(join, side));
+      CHECK_CUDA(cudaStreamWaitEvent(stream, join, 0));
+    }
+    if (scratch != nullptr) CHECK_CUDA(cudaFreeAsync(scratch, stream));
+  }
+  if ((features & kHostCopies) != 0) {
+    CHECK_CUDA(cudaMemcpyAsync(host_out, data, 4, cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(host_out) + 4096, data, 24576, cudaMemcpyDeviceToHost, stream));
+  }
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  size_t nodes = 0;
+  CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphUpload(exec, stream));
+  using Clock = std::chrono::steady_clock;
+  auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
+  for (int i = 0; i < 10; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<double> launch, replay;
+  for (int i = 0; i < replays; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    const Clock::time_point t1 = Clock::now();
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const Clock::time_point t2 = Clock::now();
+    launch.push_back(us(t1 - t0));
+    replay.push_back(us(t2 - t0));
+  }
+  std::sort(launch.begin(), launch.end());
+  std::sort(replay.begin(), replay.end());
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaGraphDestroy(graph));
+  CHECK_CUDA(cudaEventDestroy(fork));
+  CHECK_CUDA(cudaEventDestroy(join));
+  CHECK_CUDA(cudaStreamDestroy(side));
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return {launch[launch.size() / 2], replay[replay.size() / 2], nodes};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int kernels = 120, replays = 200;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--kernels=", 10) == 0) kernels = std::atoi(argv[i] + 10);
+    if (std::strncmp(argv[i], "--replays=", 10) == 0) replays = std::atoi(argv[i] + 10);
+  }
+  if (kernels < 1 || replays < 1) {
+    std::fprintf(stderr, "usage: graph_launch_bench [--kernels=N>0] [--replays=R>0]\n");
+    return 2;
+  }
+  const int n = 1 << 14;
+  float* data = nullptr;
+  CHECK_CUDA(cudaMalloc(&data, 2 * n * sizeof(float)));
+  CHECK_CUDA(cudaMemset(data, 0, 2 * n * sizeof(float)));
+  void* host_out = nullptr;
+  CHECK_CUDA(cudaHostAlloc(&host_out, 32 << 10, cudaHostAllocDefault));
+  // The device pool keeps what graphs free, as the backend's does.
+  cudaMemPool_t pool;
+  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  uint64_t threshold = UINT64_MAX;
+  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cudaDeviceProp props;
+  CHECK_CUDA(cudaGetDeviceProperties(&props, 0));
+  std::printf("graph_launch_bench on %s: median of %d replays; us in cudaGraphLaunch, us launch to synchronized\n",
+              props.name, replays);
+  for (int count : {kernels / 4, kernels, kernels * 2}) {
+    for (unsigned features : {0u, 1u, 2u, 4u, 8u, 15u, 13u}) {
+      const Result r = Measure(features, count, replays, data, n, host_out);
+      std::printf("%4d kernels %4zu nodes  %-60s launch %7.1f  replay %7.1f\n", count, r.nodes,
+                  Describe(features).c_str(), r.launch_us, r.replay_us);
+    }
+  }
+  CHECK_CUDA(cudaFreeHost(host_out));
+  CHECK_CUDA(cudaFree(data));
+  return 0;
+}
