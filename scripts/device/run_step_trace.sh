@@ -5,8 +5,9 @@
 #      the side stream's ordering and its host copies), then compute-sanitizer memcheck of them;
 #   2. the GLM-5 slice (NQ_SLICE, default glm5:4:256:4000) decoded by nq under
 #      libnq_kernel_trace.so, and kernel_trace_table.py's table and timeline of its steps;
-#   3. the slice timed by nq and the bundle's nq_before (an nq of an earlier commit) if it has one,
-#      NQ_ROUNDS (2) rounds interleaved, the same greedy tokens in every run (checked);
+#   3. the slice timed by nq, the bundle's nq_before (an nq of an earlier commit) if it has one, and
+#      any other nq_NAME it holds (variants), NQ_ROUNDS (2) rounds interleaved, NQ_SLICE_FLAGS added
+#      to every run (e.g. --kv-cache-dtype=bf16), the same greedy tokens in every run (checked);
 #   4. with NQ_SLICE2 (e.g. dsv3:4:32:32), step 3 again on that slice.
 # NQ_TESTS=0 skips step 1 (a bundle without cuda_vs_cpu_ops_test), NQ_TRACE=0 step 2.
 # Results in $OUT (tests.txt, memcheck.txt, trace_table.txt, trace.csv.xz, slice_*.txt / .json).
@@ -30,14 +31,24 @@ if [[ "${NQ_TESTS:-1}" != 0 ]]; then
   ops_tests 'CudaMoeRoute*:CudaSideWork*' 'CudaMoeRoute*:CudaSideWork*:-*Timing' || status=1
 fi
 
-# A/B rounds of nq (and nq_before) on the current slice, runs named PREFIX_VARIANT_ROUND.
+# Rounds of every build in the bundle on the current slice, interleaved: nq ("new"), nq_before
+# ("before") and any other nq_NAME ("NAME"); runs named PREFIX_VARIANT_ROUND.
+variants() {
+  local bin
+  echo "nq:new"
+  for bin in "$B"/nq_*; do
+    [[ -x "$bin" ]] || continue
+    bin=$(basename "$bin")
+    if [[ $bin == nq_before ]]; then echo "nq_before:before"; else echo "$bin:${bin#nq_}"; fi
+  done
+}
 time_slice() {
-  local prefix="$1" round variant bin line
+  local prefix="$1" round pair bin variant line
   for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
-    for variant in new before; do
-      bin=nq
-      [[ $variant == before ]] && { [[ -x "$B/nq_before" ]] || continue; bin=nq_before; }
-      line=$(bench_slice "$bin" "$out/${prefix}_${variant}_$round.txt") || status=1
+    for pair in $(variants); do
+      bin="${pair%%:*}" variant="${pair#*:}"
+      # shellcheck disable=SC2086  # NQ_SLICE_FLAGS: several flags, split on spaces
+      line=$(bench_slice "$bin" "$out/${prefix}_${variant}_$round.txt" ${NQ_SLICE_FLAGS:-}) || status=1
       echo "== $prefix round $round, $variant: $line"
     done
   done
