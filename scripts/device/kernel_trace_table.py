@@ -71,6 +71,8 @@ def exposed_times(kernels):
 
 def gap_breakdown(every, chosen_ids, others):
     """The copies and runtime calls overlapping each gap between two replays, one of them chosen."""
+    if not others:  # a kernels-only trace: nothing to split the gaps into
+        return
     others = sorted(others, key=lambda r: r["start"])
     starts = [r["start"] for r in others]
     longest = max((r["end"] - r["start"] for r in others), default=0)
