@@ -8,6 +8,9 @@
 # fixtures, tokenizer data and the predictor's committed traces, which only the tests read.
 #
 #   bash scripts/device/slim_tree.sh on [cluster] | off
+#
+# While the files are out, a commit would delete them from the repository (their removal is
+# staged): `on` installs a pre-commit hook that refuses any commit until `off` has run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 big=(
@@ -26,8 +29,25 @@ if [[ "${2:-}" == cluster || "${1:-}" == off ]]; then
 fi
 readonly big
 exclude="$(git rev-parse --git-path info/exclude)"
+marker="$(git rev-parse --git-path nq-slim-on)"
+hook="$(git rev-parse --git-path hooks/pre-commit)"
+install_hook() {
+  [[ -e "$hook" ]] && ! grep -q "nq-slim-on" "$hook" && return 0  # someone else's hook: leave it
+  mkdir -p "$(dirname "$hook")"
+  cat >"$hook" <<'HOOK'
+#!/usr/bin/env bash
+# Installed by scripts/device/slim_tree.sh: no commit while the big files are out of the index.
+if [[ -e "$(git rev-parse --git-path nq-slim-on)" ]]; then
+  echo "pre-commit: scripts/device/slim_tree.sh is on (its files' removal is staged); run it with off first" >&2
+  exit 1
+fi
+HOOK
+  chmod +x "$hook"
+}
 case "${1:-}" in
   on)
+    install_hook
+    touch "$marker"
     for f in "${big[@]}"; do
       if [[ -e "$f" ]] && git ls-files --error-unmatch "$f" >/dev/null 2>&1; then
         git rm -q --cached "$f"
@@ -36,6 +56,7 @@ case "${1:-}" in
     done
     ;;
   off)
+    rm -f "$marker"
     git reset -q -- "${big[@]}"
     for f in "${big[@]}"; do
       grep -vxF "/$f" "$exclude" >"$exclude.tmp" || true
