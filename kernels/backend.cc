@@ -178,6 +178,7 @@ absl::StatusOr<Tensor> Backend::Allocate(DType dtype, Shape shape) {
 }
 
 absl::Status Backend::CopyFromHost(std::span<const std::byte> src, Tensor& dst) {
+  RETURN_IF_ERROR(RefuseOnSide("CopyFromHost"));
   RETURN_IF_ERROR(CheckOwned("CopyFromHost", "dst", dst));
   if (src.size() != dst.nbytes()) {
     return absl::InvalidArgumentError(absl::StrCat("CopyFromHost: ", src.size(),
@@ -189,6 +190,7 @@ absl::Status Backend::CopyFromHost(std::span<const std::byte> src, Tensor& dst) 
 }
 
 absl::Status Backend::CopyFromHostAt(std::span<const std::byte> src, Tensor& dst, std::size_t dst_offset) {
+  RETURN_IF_ERROR(RefuseOnSide("CopyFromHostAt"));
   RETURN_IF_ERROR(CheckOwned("CopyFromHostAt", "dst", dst));
   // Written so that no sum can wrap: offset <= nbytes, then size <= what is left.
   if (dst_offset > dst.nbytes() || src.size() > dst.nbytes() - dst_offset) {
@@ -203,6 +205,7 @@ absl::Status Backend::CopyFromHostAt(std::span<const std::byte> src, Tensor& dst
 }
 
 absl::Status Backend::CopyToHost(const Tensor& src, std::span<std::byte> dst) {
+  RETURN_IF_ERROR(RefuseWithSideWorkOpen("CopyToHost"));
   RETURN_IF_ERROR(CheckOwned("CopyToHost", "src", src));
   if (dst.size() != src.nbytes()) {
     return absl::InvalidArgumentError(absl::StrCat("CopyToHost: ", dst.size(),
@@ -483,6 +486,7 @@ absl::Status Backend::Softmax(const Tensor& x, float scale, Tensor& y) {
 absl::Status Backend::Embedding(std::span<const std::int32_t> ids, const Tensor& table,
                                 Tensor& out) {
   constexpr absl::string_view kOp = "Embedding";
+  RETURN_IF_ERROR(RefuseOnSide("Embedding from host ids"));
   RETURN_IF_ERROR(CheckOwned(kOp, "table", table));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
   RETURN_IF_ERROR(CheckDTypeIn(kOp, "table", table, {DType::kF32, DType::kBF16, DType::kF16}));
@@ -665,6 +669,7 @@ absl::Status Backend::WriteRows(const Tensor& src, Tensor& dst, StepPosition off
 absl::Status Backend::GatherRows(const Tensor& x, std::span<const std::int32_t> rows,
                                  Tensor& out) {
   constexpr absl::string_view kOp = "GatherRows";
+  RETURN_IF_ERROR(RefuseOnSide(kOp));
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
   RETURN_IF_ERROR(CheckDType(kOp, "x", x, DType::kF32));
@@ -683,6 +688,7 @@ absl::Status Backend::GatherRows(const Tensor& x, std::span<const std::int32_t> 
 absl::Status Backend::ScatterAddRows(const Tensor& src, std::span<const std::int32_t> rows,
                                      std::span<const float> weights, Tensor& out) {
   constexpr absl::string_view kOp = "ScatterAddRows";
+  RETURN_IF_ERROR(RefuseOnSide(kOp));
   RETURN_IF_ERROR(CheckOwned(kOp, "src", src));
   RETURN_IF_ERROR(CheckOwned(kOp, "out", out));
   RETURN_IF_ERROR(CheckDType(kOp, "src", src, DType::kF32));
@@ -708,6 +714,7 @@ absl::Status Backend::MlaAttention(const Tensor& q_nope, const Tensor& q_pe,
                                    const Tensor& w_uk, const Tensor& w_uv, const Tensor* selected,
                                    StepPosition start, float scale, Tensor& out) {
   constexpr absl::string_view kOp = "MlaAttention";
+  RETURN_IF_ERROR(RefuseOnSide(kOp));
   RETURN_IF_ERROR(CheckStepPosition(kOp, "start_pos", start));
   const std::int64_t start_pos = start.bound();
   const std::pair<absl::string_view, const Tensor*> f32_inputs[] = {{"q_nope", &q_nope}, {"q_pe", &q_pe}};
@@ -866,6 +873,7 @@ absl::Status Backend::SampleTokens(const Tensor& logits, const Tensor& params, T
 absl::Status Backend::IndexerTopK(const Tensor& q, const Tensor& k, const Tensor& weights,
                                   StepPosition start, Tensor& selected) {
   constexpr absl::string_view kOp = "IndexerTopK";
+  RETURN_IF_ERROR(RefuseOnSide(kOp));
   RETURN_IF_ERROR(CheckStepPosition(kOp, "start_pos", start));
   const std::int64_t start_pos = start.bound();
   RETURN_IF_ERROR(CheckOwned(kOp, "q", q));

@@ -294,10 +294,10 @@ class Backend {
   // work: those ops follow both the side's earlier ops and every main-stream op issued so far.
   // The CPU backend runs every op in call order, so results are equal either way.
   //
-  // The CUDA backend refuses on the side (FailedPrecondition) what shares state with the main
-  // stream: ops using its one scratch block or MoE workspace (Embedding from host ids,
-  // GatherRows, ScatterAddRows, MlaAttention, IndexerTopK, NqMoe, Nvfp4Moe) and copies from the
-  // host; and while side work is open, Synchronize, CopyToHost and BeginCapture. MatMul*,
+  // Every backend refuses on the side (FailedPrecondition) what shares state with the main
+  // stream on the CUDA backend: ops using its one scratch block or MoE workspace (Embedding from
+  // host ids, GatherRows, ScatterAddRows, MlaAttention, IndexerTopK, NqMoe, Nvfp4Moe) and copies
+  // from the host; and while side work is open, Synchronize, CopyToHost and BeginCapture. MatMul*,
   // RmsNorm, SiluAndMul, Softmax, Add, Rope, LayerNorm, WriteRows, Copy, MoeRoute,
   // CopyToHostAsync and Allocate run there. Tensor memory freed from BeginSideWork to
   // JoinSideWork is reused only after the join. EndCapture with side work open joins it and
@@ -406,6 +406,13 @@ class Backend {
   // Arguments validated into raw pointers (kernels/nvfp4_moe_op.cc).
   virtual absl::Status DoNvfp4Moe(const Nvfp4MoeParams& params);
   virtual absl::Status DoApplySlotMailbox(const SlotMailboxRow& row, Tensor& applied, Tensor& slot_of_expert);
+  // The side-work contract (BeginSideWork), checked by the op wrappers for every backend, so the
+  // CPU backend's tests hold model code to what the CUDA backend can run: FailedPrecondition for
+  // an op that shares state with the main stream issued on the side, and for a host round trip
+  // while side work is open.
+  absl::Status RefuseOnSide(absl::string_view what) const;
+  absl::Status RefuseWithSideWorkOpen(absl::string_view what) const;
+
   // Side-work hooks (the CUDA backend's streams); called in a valid order only. Defaults: nothing
   // to do (ops run in call order).
   virtual absl::Status DoBeginSideWork() { return absl::OkStatus(); }

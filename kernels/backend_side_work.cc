@@ -1,11 +1,23 @@
 // Backend's side-work state (kernels/backend.h): the order of Begin / End / Join is checked here,
-// once for every backend; the hooks only move streams.
+// once for every backend, and so is what may run on the side (the op wrappers call the two
+// refusals below); the hooks only move streams.
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "services/common/status_macros.h"
 
 namespace nq::kernels {
+
+absl::Status Backend::RefuseOnSide(absl::string_view what) const {
+  if (!OnSide()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, " cannot run on the side stream (Backend::BeginSideWork lists the ops that can)"));
+}
+
+absl::Status Backend::RefuseWithSideWorkOpen(absl::string_view what) const {
+  if (!SideWorkOpen()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(what, " while side work is open (JoinSideWork first)"));
+}
 
 absl::Status Backend::BeginSideWork() {
   if (side_work_ == SideWork::kOnSide) {

@@ -99,6 +99,7 @@ NqRotationView View(const NqRotation& r) { return {.signs = r.signs.data_as<floa
 
 absl::Status Backend::NqMoe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
                             const NqMoeWeights& w, const NqSlots& slots, Tensor& out) {
+  RETURN_IF_ERROR(RefuseOnSide(kOp));
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
   RETURN_IF_ERROR(CheckOwned(kOp, "expert_ids", expert_ids));
   RETURN_IF_ERROR(CheckOwned(kOp, "expert_weights", expert_weights));

@@ -27,6 +27,7 @@ Nvfp4ProjectionView View(const Nvfp4Projection& p) {
 
 absl::Status Backend::Nvfp4Moe(const Tensor& x, const Tensor& expert_ids, const Tensor& expert_weights,
                                const Nvfp4MoeWeights& w, Tensor& out) {
+  RETURN_IF_ERROR(RefuseOnSide(kOp));
   RETURN_IF_ERROR(CheckOwned(kOp, "x", x));
   RETURN_IF_ERROR(CheckOwned(kOp, "expert_ids", expert_ids));
   RETURN_IF_ERROR(CheckOwned(kOp, "expert_weights", expert_weights));

@@ -22,7 +22,7 @@ class CpuBackend final : public Backend {
   bool AppliesNqLowRank() const override { return true; }
   std::string DeviceDescription() const override;
   // CPU ops complete before they return.
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Synchronize() override { return RefuseWithSideWorkOpen("Synchronize"); }
 
  protected:
   absl::StatusOr<std::unique_ptr<Storage>> AllocateStorage(std::size_t bytes) override;

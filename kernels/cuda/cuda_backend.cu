@@ -808,17 +808,6 @@ class CudaBackend final : public Backend {
     return p.device() != nullptr ? p.device()->data_as<std::int32_t>() : nullptr;
   }
 
-  absl::Status RefuseOnSide(absl::string_view what) const {
-    if (!OnSide()) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, " cannot run on the side stream (Backend::BeginSideWork lists the ops that can)"));
-  }
-
-  absl::Status RefuseWithSideWorkOpen(absl::string_view what) const {
-    if (!SideWorkOpen()) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(what, " while side work is open (JoinSideWork first)"));
-  }
-
   absl::Status RefuseWhileCapturing(absl::string_view what) const {
     if (!capturing_) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(

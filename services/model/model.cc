@@ -632,6 +632,12 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
   // with the routing; a longer forward on the CPU sums it on the host (its xn is there), and on
   // a GPU reports none (the streamer reads a missing norm as 1).
   const bool norms_by_gram = ObservesRouting(layer) && T <= kMaxStepGraphTokens;
+  // The host's sum happens here, before any side work, which allows no host round trip until it
+  // is joined (Backend::BeginSideWork).
+  std::vector<float> host_sq_norms;
+  if (ObservesRouting(layer) && !norms_by_gram && backend_.name() == "cpu") {
+    ASSIGN_OR_RETURN(host_sq_norms, InputSquaredNorms(xn));
+  }
   // The shared expert and that GEMV read only xn: on the side stream they run beside the router
   // and the routed experts, whose small kernels leave most of the GPU idle. The side forks at xn,
   // but the router's GEMV is issued first: issued after the shared expert's gate/up GEMV, whose
@@ -693,8 +699,8 @@ absl::StatusOr<std::pair<Tensor, Tensor>> Model::BackendRoutedMoe(const MoeWeigh
       routing_staging_used_ += gram_bytes;
       std::byte* gram_at = static_cast<std::byte*>(routing_staging_->data()) + logged.gram_offset;
       RETURN_IF_ERROR(backend_.CopyToHostAsync(gram, std::span<std::byte>(gram_at, gram_bytes)));
-    } else if (ObservesRouting(layer) && backend_.name() == "cpu") {
-      ASSIGN_OR_RETURN(logged.input_sq_norms, InputSquaredNorms(xn));
+    } else {
+      logged.input_sq_norms = std::move(host_sq_norms);
     }
     routing_log_.push_back(std::move(logged));
   } else if (norms_by_gram) {

@@ -1,9 +1,15 @@
 // Side work on the CPU backend (Backend::BeginSideWork): ops run in call order, so results are the
 // same with or without it; the order of Begin / End / (Begin / End again) / Join is checked (for every backend, in
-// kernels/backend_side_work.cc), and SideWorkGuard joins what a failed caller left open.
+// kernels/backend_side_work.cc), so is what may run on the side (the CUDA backend's limits, which
+// the CPU's tests of model code then hold it to), and SideWorkGuard joins what a failed caller
+// left open.
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -65,6 +71,42 @@ TEST(SideWork, CallsOutOfOrderAreRefusedAndOpsRunInCallOrder) {
   ASSERT_TRUE(cpu->BeginSideWork().ok());
   ASSERT_TRUE(cpu->JoinSideWork().ok());
   EXPECT_FALSE(cpu->SideWorkOpen());
+}
+
+// What shares state with the main stream on the CUDA backend (its scratch block, its MoE
+// workspace, host copies) is refused on the side by every backend, and host round trips while side
+// work is open; nothing is run or written by a refused call.
+TEST(SideWork, WhatSharesStateWithTheMainStreamIsRefusedOnEveryBackend) {
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  const std::vector<float> host = {1, 2, 3, 4};
+  Tensor t = Upload(*cpu, host, DType::kF32, {1, 4});
+  Tensor table = Upload(*cpu, host, DType::kF32, {1, 4});
+  Tensor out = Upload(*cpu, std::vector<float>{7, 7, 7, 7}, DType::kF32, {1, 4});
+  std::vector<std::byte> bytes(16);
+  const std::vector<std::int32_t> ids = {0};
+  const std::vector<float> weights = {1.0f};
+
+  ASSERT_TRUE(cpu->BeginSideWork().ok());
+  const auto refused = [](const absl::Status& s) {
+    return s.code() == absl::StatusCode::kFailedPrecondition && absl::StrContains(s.message(), "side stream");
+  };
+  EXPECT_TRUE(refused(cpu->Embedding(ids, table, out)));
+  EXPECT_TRUE(refused(cpu->GatherRows(t, ids, out)));
+  EXPECT_TRUE(refused(cpu->ScatterAddRows(t, ids, weights, out)));
+  EXPECT_TRUE(refused(cpu->CopyFromHost(std::as_bytes(std::span<const float>(host)), out)));
+  EXPECT_TRUE(refused(cpu->CopyFromHostAt(std::as_bytes(std::span<const float>(host).first(1)), out, 0)));
+  EXPECT_THAT(cpu->Synchronize(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("side work is open")));
+  EXPECT_THAT(cpu->CopyToHost(t, bytes), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("side work is open")));
+  ASSERT_TRUE(cpu->Add(t, t, out).ok());  // an op that may run there
+  ASSERT_TRUE(cpu->EndSideWork().ok());
+  // Off the side but before the join: the host round trips still wait for the join.
+  EXPECT_THAT(cpu->Synchronize(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("side work is open")));
+  EXPECT_THAT(cpu->CopyToHost(t, bytes), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("side work is open")));
+  ASSERT_TRUE(cpu->Embedding(ids, table, t).ok());  // the main stream may
+  ASSERT_TRUE(cpu->JoinSideWork().ok());
+  ASSERT_TRUE(cpu->Synchronize().ok());
+  EXPECT_EQ(Download(*cpu, out), (std::vector<float>{2, 4, 6, 8}));  // only the Add wrote it
+  EXPECT_EQ(Download(*cpu, t), host);
 }
 
 TEST(SideWork, TheGuardJoinsWhatAFailedCallerLeftOpen) {
