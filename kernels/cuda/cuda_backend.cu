@@ -219,7 +219,6 @@ class CudaBackend final : public Backend {
   // it; the copy itself stays ordered on the stream.
   absl::Status DoCopyFromHost(const void* src, std::size_t bytes, void* dst) override {
     RETURN_IF_ERROR(RefuseWhileCapturing("CopyFromHost"));
-    RETURN_IF_ERROR(RefuseOnSide("CopyFromHost"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, pool_->stream()));
@@ -228,7 +227,6 @@ class CudaBackend final : public Backend {
 
   absl::Status DoCopyToHost(const void* src, std::size_t bytes, void* dst) override {
     RETURN_IF_ERROR(RefuseWhileCapturing("CopyToHost"));
-    RETURN_IF_ERROR(RefuseWithSideWorkOpen("CopyToHost"));
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     NQ_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, pool_->stream()));

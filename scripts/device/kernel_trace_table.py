@@ -26,9 +26,7 @@ def load(path):
         rows = list(csv.DictReader(f))
     for r in rows:
         r["start"], r["end"] = int(r["start_ns"]), int(r["end_ns"])
-        r.setdefault("kind", "kernel")  # traces written before copies and calls were recorded
-        if r["kind"] is None:
-            r["kind"] = "kernel"
+        r["kind"] = r.get("kind") or "kernel"  # traces written before copies and calls were recorded
     kernels = [r for r in rows if r["kind"] == "kernel"]
     return kernels, [r for r in rows if r["kind"] != "kernel"]
 

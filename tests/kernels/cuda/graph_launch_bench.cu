@@ -20,16 +20,9 @@
 #include <string>
 #include <vector>
 
-namespace {
+#include "tests/kernels/cuda/bench_util.h"  // BENCH_CHECK
 
-#define CHECK_CUDA(call)                                                                          \
-  do {                                                                                            \
-    const cudaError_t error_ = (call);                                                            \
-    if (error_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+namespace {
 
 enum Feature : unsigned {
   kProgrammatic = 1,  // every kernel a programmatic dependent of the one before
@@ -70,7 +63,7 @@ void Launch(float* data, int n, bool programmatic, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = programmatic ? &attribute : nullptr;
   config.numAttrs = programmatic ? 1 : 0;
-  CHECK_CUDA(cudaLaunchKernelEx(&config, TinyKernel, data, n, programmatic));
+  BENCH_CHECK(cudaLaunchKernelEx(&config, TinyKernel, data, n, programmatic));
 }
 
 struct Result {
@@ -80,64 +73,64 @@ struct Result {
 
 Result Measure(unsigned features, int kernels, int replays, float* data, int n, void* host_out) {
   cudaStream_t stream, side;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  BENCH_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   cudaEvent_t fork, join;
-  CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  BENCH_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  BENCH_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   const bool programmatic = (features & kProgrammatic) != 0;
-  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  BENCH_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int k = 0; k < kernels; ++k) {
     float* target = data;
     void* scratch = nullptr;
     if ((features & kAllocations) != 0) {
-      CHECK_CUDA(cudaMallocAsync(&scratch, 64 << 10, stream));
+      BENCH_CHECK(cudaMallocAsync(&scratch, 64 << 10, stream));
       target = static_cast<float*>(scratch);
     }
     Launch(target, (features & kAllocations) != 0 ? (64 << 10) / 4 : n, programmatic, stream);
     if ((features & kSideStream) != 0 && k % 8 == 0) {
-      CHECK_CUDA(cudaEventRecord(fork, stream));
-      CHECK_CUDA(cudaStreamWaitEvent(side, fork, 0));
+      BENCH_CHECK(cudaEventRecord(fork, stream));
+      BENCH_CHECK(cudaStreamWaitEvent(side, fork, 0));
       Launch(data + n, n, false, side);
       Launch(data + n, n, false, side);
-      CHECK_CUDA(cudaEventRecord(join, side));
-      CHECK_CUDA(cudaStreamWaitEvent(stream, join, 0));
+      BENCH_CHECK(cudaEventRecord(join, side));
+      BENCH_CHECK(cudaStreamWaitEvent(stream, join, 0));
     }
-    if (scratch != nullptr) CHECK_CUDA(cudaFreeAsync(scratch, stream));
+    if (scratch != nullptr) BENCH_CHECK(cudaFreeAsync(scratch, stream));
   }
   if ((features & kHostCopies) != 0) {
-    CHECK_CUDA(cudaMemcpyAsync(host_out, data, 4, cudaMemcpyDeviceToHost, stream));
-    CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(host_out) + 4096, data, 24576, cudaMemcpyDeviceToHost, stream));
+    BENCH_CHECK(cudaMemcpyAsync(host_out, data, 4, cudaMemcpyDeviceToHost, stream));
+    BENCH_CHECK(cudaMemcpyAsync(static_cast<char*>(host_out) + 4096, data, 24576, cudaMemcpyDeviceToHost, stream));
   }
   cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
   size_t nodes = 0;
-  CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  BENCH_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphUpload(exec, stream));
+  BENCH_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  BENCH_CHECK(cudaGraphUpload(exec, stream));
   using Clock = std::chrono::steady_clock;
   auto us = [](Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
-  for (int i = 0; i < 10; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
-  CHECK_CUDA(cudaStreamSynchronize(stream));
+  for (int i = 0; i < 10; ++i) BENCH_CHECK(cudaGraphLaunch(exec, stream));
+  BENCH_CHECK(cudaStreamSynchronize(stream));
   std::vector<double> launch, replay;
   for (int i = 0; i < replays; ++i) {
     const Clock::time_point t0 = Clock::now();
-    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    BENCH_CHECK(cudaGraphLaunch(exec, stream));
     const Clock::time_point t1 = Clock::now();
-    CHECK_CUDA(cudaStreamSynchronize(stream));
+    BENCH_CHECK(cudaStreamSynchronize(stream));
     const Clock::time_point t2 = Clock::now();
     launch.push_back(us(t1 - t0));
     replay.push_back(us(t2 - t0));
   }
   std::sort(launch.begin(), launch.end());
   std::sort(replay.begin(), replay.end());
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  CHECK_CUDA(cudaGraphDestroy(graph));
-  CHECK_CUDA(cudaEventDestroy(fork));
-  CHECK_CUDA(cudaEventDestroy(join));
-  CHECK_CUDA(cudaStreamDestroy(side));
-  CHECK_CUDA(cudaStreamDestroy(stream));
+  BENCH_CHECK(cudaGraphExecDestroy(exec));
+  BENCH_CHECK(cudaGraphDestroy(graph));
+  BENCH_CHECK(cudaEventDestroy(fork));
+  BENCH_CHECK(cudaEventDestroy(join));
+  BENCH_CHECK(cudaStreamDestroy(side));
+  BENCH_CHECK(cudaStreamDestroy(stream));
   return {launch[launch.size() / 2], replay[replay.size() / 2], nodes};
 }
 
@@ -155,17 +148,17 @@ int main(int argc, char** argv) {
   }
   const int n = 1 << 14;
   float* data = nullptr;
-  CHECK_CUDA(cudaMalloc(&data, 2 * n * sizeof(float)));
-  CHECK_CUDA(cudaMemset(data, 0, 2 * n * sizeof(float)));
+  BENCH_CHECK(cudaMalloc(&data, 2 * n * sizeof(float)));
+  BENCH_CHECK(cudaMemset(data, 0, 2 * n * sizeof(float)));
   void* host_out = nullptr;
-  CHECK_CUDA(cudaHostAlloc(&host_out, 32 << 10, cudaHostAllocDefault));
+  BENCH_CHECK(cudaHostAlloc(&host_out, 32 << 10, cudaHostAllocDefault));
   // The device pool keeps what graphs free, as the backend's does.
   cudaMemPool_t pool;
-  CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, 0));
+  BENCH_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
   uint64_t threshold = UINT64_MAX;
-  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  BENCH_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   cudaDeviceProp props;
-  CHECK_CUDA(cudaGetDeviceProperties(&props, 0));
+  BENCH_CHECK(cudaGetDeviceProperties(&props, 0));
   std::printf("graph_launch_bench on %s: median of %d replays; us in cudaGraphLaunch, us launch to synchronized\n",
               props.name, replays);
   for (int count : {kernels / 4, kernels, kernels * 2}) {
@@ -175,7 +168,7 @@ int main(int argc, char** argv) {
                   Describe(features).c_str(), r.launch_us, r.replay_us);
     }
   }
-  CHECK_CUDA(cudaFreeHost(host_out));
-  CHECK_CUDA(cudaFree(data));
+  BENCH_CHECK(cudaFreeHost(host_out));
+  BENCH_CHECK(cudaFree(data));
   return 0;
 }
