@@ -173,7 +173,8 @@ class CudaBackend final : public Backend {
       return absl::FailedPreconditionError("EndCapture: side work was still open (JoinSideWork first)");
     }
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    // Node priorities: the streams' (StreamPool::Create) hold inside the graph too.
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     (void)cudaGraphDestroy(graph);
     if (instantiated != cudaSuccess) return CudaStatus(instantiated, "cudaGraphInstantiate");
     return std::unique_ptr<Graph>(new CudaGraph(exec, pool_, device_));

@@ -19,7 +19,9 @@
 #   (optional: strip -o .device3/bin/nq_before an nq built at an earlier commit)
 #   source scripts/device/shared_libs.sh && copy_shared_libs .device3/lib .device3/bin/*
 #   cp build/cuda/tests/kernels/libnq_kernel_trace.so .device3/lib/ && cp -L /usr/local/cuda/lib/libcupti.so.13 .device3/lib/
-#   tar -C .device3 -cf - bin lib | xz -T0 -6 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on cluster
+#   tar -C .device3 -cf - bin lib | xz -T1 -9 > .devspec/bundle.tar.xz && bash scripts/device/slim_tree.sh on cluster
+#   (one xz thread at -9: its dictionary spans the builds, so five nq variants pack into 24 MB, not
+#   the 56 MB of threaded blocks, and fit the 64 MiB the run tool carries; about 2 minutes here)
 # the `run` tool: carry [".devspec"], command: bash scripts/device/run_step_trace.sh
 # (about 210 s of device time for the GLM-5 slice, 370 s with NQ_SLICE2=dsv3:4:32:32)
 set -uo pipefail

@@ -1,10 +1,12 @@
 #include "services/model/model_weights.h"
 
+#include <algorithm>
 #include <span>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/dtype.h"
 #include "kernels/fp8_block_quantize.h"
 #include "kernels/tensor_io.h"
 #include "services/common/status_macros.h"
@@ -42,6 +44,17 @@ class HostLoader {
 
   absl::StatusOr<Tensor> Upload(std::span<const float> values, Shape shape) const {
     return kernels::UploadFloats(backend_, values, kernels::DType::kF32, std::move(shape));
+  }
+
+  // BF16 when every value is one (a tensor the checkpoint stores in BF16, read here as floats),
+  // else F32: the same values either way, MatMul widening them to fp32 as it loads them, in
+  // half the bytes where the checkpoint allows it.
+  absl::StatusOr<Tensor> UploadExact(std::span<const float> values, Shape shape) const {
+    const bool bf16 = std::all_of(values.begin(), values.end(), [](float v) {
+      return kernels::ToFloat(kernels::ToBf16(v)) == v || v != v;
+    });
+    return kernels::UploadFloats(backend_, values, bf16 ? kernels::DType::kBF16 : kernels::DType::kF32,
+                                 std::move(shape));
   }
 
   // A weight matrix only MatMul reads, stored as WeightsOptions::matrix_dtype: FP8 values are
@@ -197,7 +210,10 @@ absl::StatusOr<MoeWeights> LoadMoe(const HostLoader& io, const ModelConfig& c, c
   MoeWeights moe;
   ASSIGN_OR_RETURN(FloatTensor router, io.Read(p + "mlp.gate.weight", {E, D}));
   ASSIGN_OR_RETURN(FloatTensor bias, io.Read(p + "mlp.gate.e_score_correction_bias", {E}));
-  ASSIGN_OR_RETURN(moe.router_device, io.Upload(router.values, Shape{E, D}));
+  // Checkpoints store the router in BF16 (GLM-5's, DeepSeek-V3's, FP8 ones too); its logits are
+  // fp32 sums either way, so it keeps those values in half the bytes (3.1 MB a GLM-5 layer, not
+  // 6.3: the router GEMV is on every MoE layer's critical path).
+  ASSIGN_OR_RETURN(moe.router_device, io.UploadExact(router.values, Shape{E, D}));
   ASSIGN_OR_RETURN(moe.bias_device, io.Upload(bias.values, Shape{E}));
   moe.router = std::move(router.values);
   moe.bias = std::move(bias.values);

@@ -106,7 +106,8 @@ struct Nvfp4Experts {
 struct MoeWeights {
   std::vector<float> router;  // [E, D], on the host (host routing: model.h, Route)
   std::vector<float> bias;    // [E] e_score_correction_bias
-  kernels::Tensor router_device;  // the same [E, D] on the backend, for the logits matmul
+  kernels::Tensor router_device;  // the same [E, D] on the backend, for the logits matmul: BF16
+                                  // when the checkpoint's values are, else F32 (the same values)
   kernels::Tensor bias_device;    // the same [E] on the backend (Backend::MoeRoute)
   // Dense routed experts (a checkpoint served as it is). Empty when `packed` or `nvfp4` is set;
   // at most one of those two is. An NVFP4 layer routes on the host (Model::RoutesOnBackend).

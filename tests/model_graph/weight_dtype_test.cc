@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/backend.h"
+#include "kernels/tensor_io.h"
 #include "services/model/model.h"
 #include "services/model/model_config.h"
 #include "services/model/model_weights.h"
@@ -159,6 +160,47 @@ TEST(WeightDType, Fp8MatricesKeepTheCheckpointsStoredBytes) {
   // The vocabulary head stays BF16, the absorption matrices BF16.
   EXPECT_EQ(weights->lm_head.dtype(), kernels::DType::kBF16);
   EXPECT_EQ(layer0.attention.w_uk.dtype(), kernels::DType::kBF16);
+}
+
+// The router keeps the checkpoint's values in the fewest bytes that hold them whatever the
+// matrices' dtype: BF16 where the checkpoint stores it so (the FP8 fixture, as real GLM-5 and
+// DeepSeek-V3 checkpoints), F32 where its values need it (the F32 fixture), the same values
+// either way.
+TEST(WeightDType, TheRouterKeepsItsCheckpointValuesInTheirOwnWidth) {
+  absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  struct Case {
+    const char* fixture;
+    DType stored;
+    kernels::DType loaded;
+  };
+  for (const Case& c : {Case{"glm5_tiny_fp8", DType::kBF16, kernels::DType::kBF16},
+                        Case{"glm5_tiny", DType::kF32, kernels::DType::kF32}}) {
+    SCOPED_TRACE(c.fixture);
+    const std::string dir = std::string(NQ_FIXTURE_DIR) + "/" + c.fixture;
+    absl::StatusOr<Checkpoint> checkpoint = Checkpoint::Open(dir);
+    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<ModelWeights> weights =
+        LoadModelWeights(*checkpoint, *config, **backend, {}, {.matrix_dtype = kernels::DType::kF32});
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    int moe_layers = 0;
+    for (size_t l = 0; l < weights->layers.size(); ++l) {
+      if (!weights->layers[l].moe.has_value()) continue;
+      ++moe_layers;
+      const std::string name = "model.layers." + std::to_string(l) + ".mlp.gate.weight";
+      absl::StatusOr<TensorView> view = checkpoint->Find(name);
+      ASSERT_TRUE(view.ok()) << view.status();
+      ASSERT_EQ(view->dtype, c.stored) << name << ": the fixture's dtype";
+      const MoeWeights& moe = *weights->layers[l].moe;
+      ASSERT_EQ(moe.router_device.dtype(), c.loaded) << name;
+      absl::StatusOr<std::vector<float>> values = kernels::DownloadFloats(**backend, moe.router_device);
+      ASSERT_TRUE(values.ok()) << values.status();
+      EXPECT_EQ(*values, moe.router) << name << ": the stored values are the checkpoint's";
+    }
+    EXPECT_GT(moe_layers, 0);
+  }
 }
 
 TEST(WeightDType, OnlyF32Bf16AndFp8AreAccepted) {
