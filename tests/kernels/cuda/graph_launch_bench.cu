@@ -3,11 +3,12 @@
 //
 //   graph_launch_bench [--kernels N] [--replays R]
 //
-// The GLM-5 slice's graphed step spends ~80 us between replays, ~55 us of it inside
-// cudaGraphLaunch before the first kernel starts (the kernel trace with runtime calls). Its graph
-// holds ~120 kernels with programmatic-dependent edges, a side stream forked and joined per layer,
-// the stream-ordered allocator's alloc and free nodes, and copies to pinned host memory. This
-// builds graphs of N tiny kernels with each of those features alone and together, and reports per
+// Traced with CUPTI, the GLM-5 slice's graphed step spent ~80 us between replays, ~55 us of it
+// inside cudaGraphLaunch; this showed that to be the tracer's cost (2-6 us without it). The step's
+// graph holds ~120 kernels with programmatic-dependent edges, a side stream forked and joined per
+// layer, the stream-ordered allocator's alloc and free nodes, and copies to pinned host memory
+// (copy nodes, or kernels storing into it, as the backend makes the small ones). This builds
+// graphs of N tiny kernels with each of those features alone and together, and reports per
 // replay the host's time in cudaGraphLaunch and the time from the launch to the synchronize's
 // return, so each feature's launch cost can be read off.
 #include <cuda_runtime.h>
@@ -29,6 +30,8 @@ enum Feature : unsigned {
   kAllocations = 2,   // a stream-ordered allocation before each kernel, freed after it
   kSideStream = 4,    // every 8th kernel forks two kernels onto a side stream, joined after
   kHostCopies = 8,    // two copies to pinned host memory at the end, as the step's outputs
+  kKernelHostCopies = 16,  // the same two as kernels storing into the pinned memory (the backend's
+                           // DoCopyToHostAsync for small copies, mapped_host_copy.cuh)
 };
 
 std::string Describe(unsigned features) {
@@ -43,6 +46,7 @@ std::string Describe(unsigned features) {
   add(kAllocations, "alloc/free nodes");
   add(kSideStream, "side stream");
   add(kHostCopies, "host copies");
+  add(kKernelHostCopies, "host copies by kernels");
   return s;
 }
 
@@ -51,6 +55,27 @@ __global__ void TinyKernel(float* data, int n, bool programmatic) {
   if (programmatic) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (programmatic) asm volatile("griddepcontrol.launch_dependents;");
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) data[i] = data[i] * 0.5f + 1.0f;
+}
+
+// Bytes to pinned host memory (device-visible at its host address under unified addressing).
+__global__ void HostStoreKernel(const uint4* src, uint4* dst, int vectors) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < vectors; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+void LaunchHostStore(const void* src, void* dst, int bytes, cudaStream_t stream) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  const int vectors = (bytes + 15) / 16;
+  config.gridDim = dim3(std::max(1, std::min(32, (vectors + 255) / 256)));
+  config.blockDim = dim3(256);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  BENCH_CHECK(cudaLaunchKernelEx(&config, HostStoreKernel, static_cast<const uint4*>(src), static_cast<uint4*>(dst),
+                                 vectors));
 }
 
 void Launch(float* data, int n, bool programmatic, cudaStream_t stream) {
@@ -101,6 +126,10 @@ Result Measure(unsigned features, int kernels, int replays, float* data, int n, 
   if ((features & kHostCopies) != 0) {
     BENCH_CHECK(cudaMemcpyAsync(host_out, data, 4, cudaMemcpyDeviceToHost, stream));
     BENCH_CHECK(cudaMemcpyAsync(static_cast<char*>(host_out) + 4096, data, 24576, cudaMemcpyDeviceToHost, stream));
+  }
+  if ((features & kKernelHostCopies) != 0) {
+    LaunchHostStore(data, host_out, 16, stream);
+    LaunchHostStore(data, static_cast<char*>(host_out) + 4096, 24576, stream);
   }
   cudaGraph_t graph;
   BENCH_CHECK(cudaStreamEndCapture(stream, &graph));
@@ -162,7 +191,7 @@ int main(int argc, char** argv) {
   std::printf("graph_launch_bench on %s: median of %d replays; us in cudaGraphLaunch, us launch to synchronized\n",
               props.name, replays);
   for (int count : {kernels / 4, kernels, kernels * 2}) {
-    for (unsigned features : {0u, 1u, 2u, 4u, 8u, 15u, 13u}) {
+    for (unsigned features : {0u, 1u, 2u, 4u, 8u, 16u, 15u, 23u, 13u, 21u}) {
       const Result r = Measure(features, count, replays, data, n, host_out);
       std::printf("%4d kernels %4zu nodes  %-60s launch %7.1f  replay %7.1f\n", count, r.nodes,
                   Describe(features).c_str(), r.launch_us, r.replay_us);
