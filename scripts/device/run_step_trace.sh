@@ -9,7 +9,10 @@
 #      any other nq_NAME it holds (variants), NQ_ROUNDS (2) rounds interleaved, NQ_SLICE_FLAGS added
 #      to every run (e.g. --kv-cache-dtype=bf16), the same greedy tokens in every run (checked);
 #   4. with NQ_SLICE2 (e.g. dsv3:4:32:32), step 3 again on that slice.
-# NQ_TESTS=0 skips step 1 (a bundle without cuda_vs_cpu_ops_test), NQ_TRACE=0 step 2.
+# NQ_TESTS=0 skips step 1 (a bundle without cuda_vs_cpu_ops_test), NQ_TRACE=0 step 2;
+# NQ_TEST_FILTER replaces step 1's test filter (memcheck runs the same tests less *Timing). A
+# graph_launch_bench in the bundle runs first (graph_launch.txt: what each graph feature costs a
+# replay, beside the slices).
 # Results in $OUT (tests.txt, memcheck.txt, trace_table.txt, trace.csv.xz, slice_*.txt / .json).
 #
 # Here (binaries and libraries xz-compressed; .devspec/ and .device3/ in .git/info/exclude):
@@ -30,7 +33,12 @@ status=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 if [[ "${NQ_TESTS:-1}" != 0 ]]; then
-  ops_tests 'CudaMoeRoute*:CudaSideWork*' 'CudaMoeRoute*:CudaSideWork*:-*Timing' || status=1
+  filter="${NQ_TEST_FILTER:-CudaMoeRoute*:CudaSideWork*}"
+  ops_tests "$filter" "$filter:-*Timing" || status=1
+fi
+if [[ -x "$B/graph_launch_bench" ]]; then
+  "$B/graph_launch_bench" >"$out/graph_launch.txt" 2>&1 || status=1
+  cat "$out/graph_launch.txt"
 fi
 
 # Rounds of every build in the bundle on the current slice, interleaved: nq ("new"), nq_before
