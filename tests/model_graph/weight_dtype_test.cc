@@ -15,6 +15,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/tensor_io.h"
+#include "services/common/status_macros.h"
 #include "services/model/model.h"
 #include "services/model/model_config.h"
 #include "services/model/model_weights.h"
@@ -112,19 +113,30 @@ TEST(WeightDType, Fp8MatricesOfAnFp8CheckpointStayNearItsLogits) {
   }
 }
 
+// A fixture's checkpoint and the weights the loader makes of it with matrices at `matrix_dtype`.
+struct LoadedFixture {
+  Checkpoint checkpoint;
+  ModelWeights weights;
+};
+absl::StatusOr<LoadedFixture> LoadFixture(const std::string& name, kernels::Backend& backend,
+                                          kernels::DType matrix_dtype) {
+  const std::string dir = std::string(NQ_FIXTURE_DIR) + "/" + name;
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  ASSIGN_OR_RETURN(ModelWeights weights,
+                   LoadModelWeights(checkpoint, config, backend, {}, {.matrix_dtype = matrix_dtype}));
+  return LoadedFixture{std::move(checkpoint), std::move(weights)};
+}
+
 // The loader's FP8 matrices against the checkpoint's own bytes: o_proj (whole on one rank) and
 // the MLP's down projection keep every stored byte and scale.
 TEST(WeightDType, Fp8MatricesKeepTheCheckpointsStoredBytes) {
   absl::StatusOr<std::unique_ptr<kernels::Backend>> backend = kernels::CreateBackend("cpu");
   ASSERT_TRUE(backend.ok());
-  const std::string dir = std::string(NQ_FIXTURE_DIR) + "/glm5_tiny_fp8";
-  absl::StatusOr<Checkpoint> checkpoint = Checkpoint::Open(dir);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<ModelWeights> weights =
-      LoadModelWeights(*checkpoint, *config, **backend, {}, {.matrix_dtype = kernels::DType::kF8E4M3});
-  ASSERT_TRUE(weights.ok()) << weights.status();
+  absl::StatusOr<LoadedFixture> loaded = LoadFixture("glm5_tiny_fp8", **backend, kernels::DType::kF8E4M3);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const Checkpoint* checkpoint = &loaded->checkpoint;
+  const ModelWeights* weights = &loaded->weights;
   struct Stored {
     const char* name;
     const Matrix* loaded;
@@ -177,14 +189,10 @@ TEST(WeightDType, TheRouterKeepsItsCheckpointValuesInTheirOwnWidth) {
   for (const Case& c : {Case{"glm5_tiny_fp8", DType::kBF16, kernels::DType::kBF16},
                         Case{"glm5_tiny", DType::kF32, kernels::DType::kF32}}) {
     SCOPED_TRACE(c.fixture);
-    const std::string dir = std::string(NQ_FIXTURE_DIR) + "/" + c.fixture;
-    absl::StatusOr<Checkpoint> checkpoint = Checkpoint::Open(dir);
-    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-    absl::StatusOr<ModelConfig> config = LoadModelConfig(dir);
-    ASSERT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<ModelWeights> weights =
-        LoadModelWeights(*checkpoint, *config, **backend, {}, {.matrix_dtype = kernels::DType::kF32});
-    ASSERT_TRUE(weights.ok()) << weights.status();
+    absl::StatusOr<LoadedFixture> loaded = LoadFixture(c.fixture, **backend, kernels::DType::kF32);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const Checkpoint* checkpoint = &loaded->checkpoint;
+    const ModelWeights* weights = &loaded->weights;
     int moe_layers = 0;
     for (size_t l = 0; l < weights->layers.size(); ++l) {
       if (!weights->layers[l].moe.has_value()) continue;
