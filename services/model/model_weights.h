@@ -167,8 +167,9 @@ struct WeightsOptions {
   // a quarter of F32: the matrices of an FP8 checkpoint come back to their stored bytes where
   // the loader's slices keep whole 128-row blocks, and a BF16 checkpoint's are quantized as
   // DeepSeek's FP8 checkpoints are. The vocabulary heads then stay BF16 (FP8 checkpoints keep
-  // them BF16); AbsorbedMatrixDType says how w_uk and w_uv are stored. Norms, the router and
-  // the embedding stay F32.
+  // them BF16); AbsorbedMatrixDType says how w_uk and w_uv are stored. Norms and the embedding
+  // stay F32; the router keeps its checkpoint values whatever this is, in BF16 when they all are
+  // BF16 values (MoeWeights::router_device), else F32.
   kernels::DType matrix_dtype = kernels::DType::kF32;
 };
 // The --weight_dtype values: "f32", "bf16" or "fp8". INVALID_ARGUMENT names the accepted values.
