@@ -13,8 +13,8 @@ absl::StatusOr<std::shared_ptr<StreamPool>> StreamPool::Create(int device) {
   // The side stream at the device's greatest priority, the main stream at its least, kept in
   // graphs (CudaBackend::EndCapture instantiates with node priorities): the side stream's short
   // kernels (the shared expert, the gram) then take SMs as the main stream's blocks leave, not
-  // after its queue. GLM-5 slice +0.4-0.8 % on an H100, DeepSeek-V3 -0.2 %; the opposite order
-  // cost 2.7 % (bench/README.md, "Side-stream priority and the router in BF16").
+  // after its queue. GLM-5 slice +0.5-0.8 % on an H100, DeepSeek-V3 -0.2 %; the opposite order
+  // cost 2.7 % (bench/README.md, "The reorderings measured, the side stream first, the router in BF16").
   int least = 0, greatest = 0;
   NQ_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   const int priorities[2] = {least, greatest};  // main, side

@@ -63,32 +63,30 @@ __global__ void HostStoreKernel(const uint4* src, uint4* dst, int vectors) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < vectors; i += gridDim.x * blockDim.x) dst[i] = src[i];
 }
 
-void LaunchHostStore(const void* src, void* dst, int bytes, cudaStream_t stream) {
+// cudaLaunchKernelEx of `kernel`, a programmatic dependent of the kernel before it if asked.
+template <typename... Params, typename... Args>
+void LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, bool programmatic, cudaStream_t stream,
+              Args... args) {
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  const int vectors = (bytes + 15) / 16;
-  config.gridDim = dim3(std::max(1, std::min(32, (vectors + 255) / 256)));
-  config.blockDim = dim3(256);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  BENCH_CHECK(cudaLaunchKernelEx(&config, HostStoreKernel, static_cast<const uint4*>(src), static_cast<uint4*>(dst),
-                                 vectors));
-}
-
-void Launch(float* data, int n, bool programmatic, cudaStream_t stream) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(132);
-  config.blockDim = dim3(128);
+  config.gridDim = grid;
+  config.blockDim = block;
   config.stream = stream;
   config.attrs = programmatic ? &attribute : nullptr;
   config.numAttrs = programmatic ? 1 : 0;
-  BENCH_CHECK(cudaLaunchKernelEx(&config, TinyKernel, data, n, programmatic));
+  BENCH_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+void LaunchHostStore(const void* src, void* dst, int bytes, cudaStream_t stream) {
+  const int vectors = (bytes + 15) / 16;
+  LaunchEx(HostStoreKernel, dim3(std::max(1, std::min(32, (vectors + 255) / 256))), dim3(256), true, stream,
+           static_cast<const uint4*>(src), static_cast<uint4*>(dst), vectors);
+}
+
+void Launch(float* data, int n, bool programmatic, cudaStream_t stream) {
+  LaunchEx(TinyKernel, dim3(132), dim3(128), programmatic, stream, data, n, programmatic);
 }
 
 struct Result {
