@@ -34,7 +34,9 @@ absl::Status LaunchGemvGrid(Kernel kernel, const MatMulParams& p, std::int64_t r
   config.stream = ctx.stream;
   config.attrs = attributes;
   config.numAttrs = splits > 1 ? 2 : 1;
-  return CudaStatus(cudaLaunchKernelEx(&config, kernel, p), "launching the GEMV");
+  MatMulParams launched = p;
+  launched.early_dependents = GemvGridFitsOneWave(row_blocks * splits, ctx.num_sms);
+  return CudaStatus(cudaLaunchKernelEx(&config, kernel, launched), "launching the GEMV");
 }
 
 // The split count: forced (benchmarks) or GemvSplits' choice, over `col_steps` steps of columns.

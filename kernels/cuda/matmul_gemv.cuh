@@ -272,6 +272,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
   // Launched as a programmatic dependent (matmul.cu): the weights above are constants, but x
   // may still be being written, and y read, by the kernel before this one.
   WaitForPrerequisiteGrid();
+  // A grid resident at once lets the next kernel launch now (MatMulParams::early_dependents): it
+  // still waits for this whole GEMV, and its launch still implies this GEMV's prerequisite is done.
+  if (p.early_dependents) LetDependentsLaunch();
   const int steps = (col_end - col_begin + kStep - 1) / kStep;
   for (int s = 0; s < steps; ++s) {
     const int c_next = c + kStep;

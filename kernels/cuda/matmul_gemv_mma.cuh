@@ -154,6 +154,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
   // Launched as a programmatic dependent (matmul.cu): the weights above are constants, but x
   // may still be being written, and y read, by the kernel before this one.
   WaitForPrerequisiteGrid();
+  // A grid resident at once lets the next kernel launch now (MatMulParams::early_dependents): it
+  // still waits for this whole GEMV, and its launch still implies this GEMV's prerequisite is done.
+  if (p.early_dependents) LetDependentsLaunch();
   float hi[4] = {}, lo[4] = {};
   for (int r = 0; r < rounds; ++r) {
     const int round_col = col_begin + r * kMmaGemvRoundCols;

@@ -41,6 +41,10 @@ struct MatMulParams {
   // tiled path runs them one by one). Each n > 0.
   MatMulExtra extra[kMatMulMaxExtra] = {};
   int num_extra = 0;
+  // Set by the GEMV launcher, not by callers: the grid is resident at once (GemvGridFitsOneWave),
+  // so its blocks let the next kernel launch right after their own wait instead of after their
+  // main loop (matmul_gemv.cuh).
+  bool early_dependents = false;
 };
 
 // How many column ranges (gridDim.y, one thread-block cluster per 32 rows; matmul_gemv.cuh) the
@@ -57,5 +61,13 @@ int GemvSplits(int row_blocks, int col_steps, int num_sms);
 // cluster, latency-bound: q_a, kv_a, k_pe, the indexer's, q_pe) they lose 8-27 % at one token
 // and tie at four. Depends on the matrix and the device only, never on m (batch invariance).
 inline bool MmaGemvPays(std::int64_t row_blocks, int num_sms) { return row_blocks >= num_sms; }
+
+// Whether a GEMV grid of `blocks` blocks is resident at once: both GEMV kernels fit
+// kGemvMinBlocksPerSm (2) blocks an SM (their launch bounds). Such a grid's blocks let their
+// programmatic dependent launch as soon as they have waited for their own prerequisite: the
+// dependent's blocks then take the SMs' free slots and finish their launch while the GEMV streams,
+// instead of launching only once its last block leaves the main loop. A grid of more waves keeps
+// the signal after its loop, so a later wave's blocks never compete for slots with the dependent.
+inline bool GemvGridFitsOneWave(std::int64_t blocks, int num_sms) { return blocks <= 2 * std::int64_t{num_sms}; }
 
 }  // namespace nq::kernels::cuda
