@@ -25,6 +25,7 @@
 #include "kernels/cuda/indexer_topk.cuh"
 #include "kernels/cuda/kv_fp8.cuh"
 #include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/mapped_host_copy.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
@@ -36,6 +37,7 @@
 #include "kernels/cuda/nq_moe_prefill_dense.cuh"
 #include "kernels/cuda/nvfp4_moe.cuh"
 #include "kernels/cuda/nvfp4_moe_prefill_dense.cuh"
+#include "kernels/cuda/pinned_ranges.h"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rows.cuh"
@@ -73,13 +75,19 @@ class DeviceStorage final : public Storage {
   std::shared_ptr<StreamPool> pool_;
 };
 
-// Page-locked host memory as a Storage (Backend::AllocateHostStaging).
+// Page-locked host memory as a Storage (Backend::AllocateHostStaging), listed in the backend's
+// PinnedRanges while it lives (so small copies into it may be kernels: DoCopyToHostAsync).
 class PinnedStorage final : public Storage {
  public:
-  PinnedStorage(PinnedHostBuffer buffer, std::size_t bytes) : Storage(buffer.get(), bytes), buffer_(std::move(buffer)) {}
+  PinnedStorage(PinnedHostBuffer buffer, std::size_t bytes, std::shared_ptr<PinnedRanges> ranges)
+      : Storage(buffer.get(), bytes), buffer_(std::move(buffer)), ranges_(std::move(ranges)) {
+    ranges_->Add(buffer_.get(), buffer_.bytes());
+  }
+  ~PinnedStorage() override { ranges_->Remove(buffer_.get()); }
 
  private:
   PinnedHostBuffer buffer_;
+  std::shared_ptr<PinnedRanges> ranges_;
 };
 
 absl::Status CheckIntRange(absl::string_view op, std::initializer_list<std::int64_t> sizes) {
@@ -123,7 +131,8 @@ class CudaBackend final : public Backend {
                                      props.minor, props.multiProcessorCount,
                                      props.totalGlobalMem / double{1 << 30})),
         pool_(std::move(pool)),
-        ctx_{.stream = pool_->stream(), .num_sms = props.multiProcessorCount} {}
+        ctx_{.stream = pool_->stream(), .num_sms = props.multiProcessorCount},
+        kernel_host_copies_(props.unifiedAddressing != 0) {}
 
   std::string_view name() const override { return "cuda"; }
   std::string DeviceDescription() const override { return description_; }
@@ -604,13 +613,20 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStagingStorage(std::size_t bytes) override {
     ASSIGN_OR_RETURN(PinnedHostBuffer buffer, PinnedHostBuffer::Allocate(std::max<std::size_t>(bytes, 1)));
-    return std::unique_ptr<Storage>(new PinnedStorage(std::move(buffer), bytes));
+    return std::unique_ptr<Storage>(new PinnedStorage(std::move(buffer), bytes, pinned_ranges_));
   }
 
   // On the side stream too: into page-locked memory the copy shares nothing with the main stream
   // (the model's routing log copies there, off the critical path of every MoE layer).
+  // A small copy into this backend's own staging is a kernel storing into it (mapped_host_copy.cuh:
+  // no copy node in a step's graph, and the kernel after it still launches programmatically);
+  // larger copies, and any destination the backend did not stage (pageable memory a kernel must
+  // never touch), take the copy engine.
   absl::Status DoCopyToHostAsync(const void* src, std::size_t bytes, void* dst) override {
     NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    if (kernel_host_copies_ && bytes <= kMappedHostCopyMaxBytes && pinned_ranges_->Contains(dst, bytes)) {
+      return LaunchMappedHostCopy(src, dst, bytes, ctx_);
+    }
     NQ_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
     return absl::OkStatus();
   }
@@ -820,6 +836,10 @@ class CudaBackend final : public Backend {
   std::uint64_t capture_generation_ = 0;  // CaptureGeneration()
   std::shared_ptr<StreamPool> pool_;  // the stream every op runs on, and tensor memory
   LaunchContext ctx_;
+  // Unified addressing: page-locked staging is device-addressable, so small copies into it may be
+  // kernels (DoCopyToHostAsync). pinned_ranges_ lists that staging; each PinnedStorage holds it.
+  bool kernel_host_copies_ = false;
+  std::shared_ptr<PinnedRanges> pinned_ranges_ = std::make_shared<PinnedRanges>();
   DeviceBuffer scratch_;  // one op's host inputs and intermediates (UploadScratch)
   struct DeviceConstant {
     std::vector<float> host;

@@ -49,6 +49,8 @@ __device__ float GroupScore(const float* choice, int first, int size) {
   return choice[first + best_at] + second;
 }
 
+// kPerLane: experts a lane of the choosing warp holds (E <= 32 kPerLane), their keys in registers.
+template <int kPerLane>
 __global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
   extern __shared__ float shared[];
   const int E = p.params.num_experts, K = p.params.top_k, G = p.params.n_group;
@@ -91,24 +93,32 @@ __global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
   // Each round a lane scans its own experts (lane + 32 q, ids ascending) for its best untaken
   // key, and two warp reductions pick the round's winner: the largest key, then the lowest id
   // holding it (one redux instruction each, where a shuffle tree took five dependent rounds).
+  // The lane's keys are read from shared memory once, into registers, and each round scans them
+  // there (a round re-reading them took E / 32 dependent shared loads).
   if (threadIdx.x < kWarpSize) {
     const int lane = static_cast<int>(threadIdx.x);
-    std::uint32_t taken = 0;  // bit q: expert lane + 32 q is chosen already (E <= 1024)
+    std::uint32_t key[kPerLane];
+    std::uint32_t open = 0;  // bit q: expert lane + 32 q exists and is not chosen yet
+#pragma unroll
+    for (int q = 0; q < kPerLane; ++q) {
+      const int e = lane + kWarpSize * q;
+      key[q] = e < E ? ChoiceKey(choice[e]) : 0u;
+      if (e < E) open |= 1u << q;
+    }
     for (int j = 0; j < K; ++j) {
       std::uint32_t best = 0;
       int best_e = -1;
-      for (int q = 0, e = lane; e < E; ++q, e += kWarpSize) {
-        if ((taken >> q) & 1u) continue;
-        const std::uint32_t key = ChoiceKey(choice[e]);
-        if (best_e < 0 || key > best) {
-          best = key;
-          best_e = e;
+#pragma unroll
+      for (int q = 0; q < kPerLane; ++q) {
+        if (((open >> q) & 1u) != 0 && (best_e < 0 || key[q] > best)) {
+          best = key[q];
+          best_e = lane + kWarpSize * q;
         }
       }
       const std::uint32_t top = __reduce_max_sync(kFullWarpMask, best_e >= 0 ? best : 0u);
       const int winner = static_cast<int>(__reduce_min_sync(
           kFullWarpMask, best_e >= 0 && best == top ? static_cast<std::uint32_t>(best_e) : 0xffffffffu));
-      if (winner % kWarpSize == lane) taken |= 1u << (winner / kWarpSize);
+      if (winner % kWarpSize == lane) open &= ~(1u << (winner / kWarpSize));
       if (lane == 0) chosen[j] = winner;
     }
     __syncwarp();
@@ -138,7 +148,15 @@ absl::Status LaunchMoeRoute(const MoeRouteLaunch& launch, const LaunchContext& c
   const int E = launch.params.num_experts;
   const int threads = std::min(kMaxRoutedExperts, (E + 31) / 32 * 32);
   const std::size_t shared = 2 * static_cast<std::size_t>(E) * sizeof(float);
-  RETURN_IF_ERROR(LaunchProgrammaticDependent(MoeRouteKernel, dim3(static_cast<unsigned>(launch.tokens)),
+  static_assert(kMaxRoutedExperts <= 32 * kWarpSize, "a lane's open experts are one 32-bit mask");
+  const int per_lane = (E + kWarpSize - 1) / kWarpSize;
+  auto* kernel = per_lane <= 1 ? &MoeRouteKernel<1>
+                 : per_lane <= 2 ? &MoeRouteKernel<2>
+                 : per_lane <= 4 ? &MoeRouteKernel<4>
+                 : per_lane <= 8 ? &MoeRouteKernel<8>
+                 : per_lane <= 16 ? &MoeRouteKernel<16>
+                                  : &MoeRouteKernel<32>;
+  RETURN_IF_ERROR(LaunchProgrammaticDependent(kernel, dim3(static_cast<unsigned>(launch.tokens)),
                                               dim3(static_cast<unsigned>(threads)), shared, ctx, launch));
   return CheckLaunch("MoeRouteKernel");
 }
