@@ -50,8 +50,9 @@ __device__ float GroupScore(const float* choice, int first, int size) {
 }
 
 // kPerLane: experts a lane of the choosing warp holds (E <= 32 kPerLane), their keys in registers.
+// A block takes up to kMaxRoutedExperts threads, so its registers are bounded for that many.
 template <int kPerLane>
-__global__ void MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
+__global__ void __launch_bounds__(kMaxRoutedExperts) MoeRouteKernel(const __grid_constant__ MoeRouteLaunch p) {
   extern __shared__ float shared[];
   const int E = p.params.num_experts, K = p.params.top_k, G = p.params.n_group;
   float* scores = shared;         // [E]
