@@ -49,6 +49,7 @@ variants() {
   for bin in "$B"/nq_*; do
     [[ -x "$bin" ]] || continue
     bin=$(basename "$bin")
+    [[ $bin == *bench* ]] && continue  # nq_moe_bench and the like share the bundle, not nq builds
     if [[ $bin == nq_before ]]; then echo "nq_before:before"; else echo "$bin:${bin#nq_}"; fi
   done
 }
