@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/mapped_host_copy.cuh"
 #include "tests/kernels/cuda/bench_util.h"  // BENCH_CHECK
 
 namespace {
@@ -31,7 +32,7 @@ enum Feature : unsigned {
   kSideStream = 4,    // every 8th kernel forks two kernels onto a side stream, joined after
   kHostCopies = 8,    // two copies to pinned host memory at the end, as the step's outputs
   kKernelHostCopies = 16,  // the same two as kernels storing into the pinned memory (the backend's
-                           // DoCopyToHostAsync for small copies, mapped_host_copy.cuh)
+                           // DoCopyToHostAsync for small copies, mapped_host_copy.cu)
 };
 
 std::string Describe(unsigned features) {
@@ -57,12 +58,6 @@ __global__ void TinyKernel(float* data, int n, bool programmatic) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) data[i] = data[i] * 0.5f + 1.0f;
 }
 
-// Bytes to pinned host memory (device-visible at its host address under unified addressing).
-__global__ void HostStoreKernel(const uint4* src, uint4* dst, int vectors) {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < vectors; i += gridDim.x * blockDim.x) dst[i] = src[i];
-}
-
 // cudaLaunchKernelEx of `kernel`, a programmatic dependent of the kernel before it if asked.
 template <typename... Params, typename... Args>
 void LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, bool programmatic, cudaStream_t stream,
@@ -79,10 +74,14 @@ void LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, bool programmati
   BENCH_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
+// The backend's own small host copy (mapped_host_copy.cu), so the bench times the kernel a step runs.
 void LaunchHostStore(const void* src, void* dst, int bytes, cudaStream_t stream) {
-  const int vectors = (bytes + 15) / 16;
-  LaunchEx(HostStoreKernel, dim3(std::max(1, std::min(32, (vectors + 255) / 256))), dim3(256), true, stream,
-           static_cast<const uint4*>(src), static_cast<uint4*>(dst), vectors);
+  const absl::Status launched = nq::kernels::cuda::LaunchMappedHostCopy(
+      src, dst, static_cast<std::size_t>(bytes), nq::kernels::cuda::LaunchContext{.stream = stream});
+  if (!launched.ok()) {
+    std::fprintf(stderr, "%s\n", launched.ToString().c_str());
+    std::exit(1);
+  }
 }
 
 void Launch(float* data, int n, bool programmatic, cudaStream_t stream) {
