@@ -9,6 +9,9 @@
 #      any other nq_NAME it holds (variants), NQ_ROUNDS (2) rounds interleaved, NQ_SLICE_FLAGS added
 #      to every run (e.g. --kv-cache-dtype=bf16), the same greedy tokens in every run (checked);
 #   4. with NQ_SLICE2 (e.g. dsv3:4:32:32), step 3 again on that slice.
+# NQ_FLAG_VARIANTS adds runs of the bundle's nq with flags of their own, as variants beside the
+# builds: space-separated NAME=FLAG[,FLAG...] (e.g. "pf32=--o_proj_prefetch_mib=32
+# pf32k=--o_proj_prefetch_mib=32,--o_proj_prefetch_keep"; the same tokens are checked for them).
 # NQ_TESTS=0 skips step 1 (a bundle without cuda_vs_cpu_ops_test), NQ_TRACE=0 step 2;
 # NQ_TEST_FILTER replaces step 1's test filter (memcheck runs the same tests less *Timing). A
 # graph_launch_bench in the bundle runs first (graph_launch.txt: what each graph feature costs a
@@ -42,24 +45,27 @@ if [[ -x "$B/graph_launch_bench" ]]; then
 fi
 
 # Rounds of every build in the bundle on the current slice, interleaved: nq ("new"), nq_before
-# ("before") and any other nq_NAME ("NAME"); runs named PREFIX_VARIANT_ROUND.
+# ("before"), any other nq_NAME ("NAME") and NQ_FLAG_VARIANTS' runs of nq; runs named
+# PREFIX_VARIANT_ROUND. One line a run: BIN:VARIANT:FLAGS (flags comma-separated, maybe none).
 variants() {
-  local bin
-  echo "nq:new"
+  local bin spec
+  echo "nq:new:"
   for bin in "$B"/nq_*; do
     [[ -x "$bin" ]] || continue
     bin=$(basename "$bin")
     [[ $bin == *bench* ]] && continue  # nq_moe_bench and the like share the bundle, not nq builds
-    if [[ $bin == nq_before ]]; then echo "nq_before:before"; else echo "$bin:${bin#nq_}"; fi
+    if [[ $bin == nq_before ]]; then echo "nq_before:before:"; else echo "$bin:${bin#nq_}:"; fi
   done
+  for spec in ${NQ_FLAG_VARIANTS:-}; do echo "nq:${spec%%=*}:${spec#*=}"; done
 }
 time_slice() {
-  local prefix="$1" round pair bin variant line
+  local prefix="$1" round run bin variant flags line
   for round in $(seq 1 "${NQ_ROUNDS:-2}"); do
-    for pair in $(variants); do
-      bin="${pair%%:*}" variant="${pair#*:}"
-      # shellcheck disable=SC2086  # NQ_SLICE_FLAGS: several flags, split on spaces
-      line=$(bench_slice "$bin" "$out/${prefix}_${variant}_$round.txt" ${NQ_SLICE_FLAGS:-}) || status=1
+    for run in $(variants); do
+      bin="${run%%:*}" variant="${run#*:}"
+      flags="${variant#*:}" variant="${variant%%:*}"
+      # shellcheck disable=SC2086  # NQ_SLICE_FLAGS and the variant's flags: several, split
+      line=$(bench_slice "$bin" "$out/${prefix}_${variant}_$round.txt" ${NQ_SLICE_FLAGS:-} ${flags//,/ }) || status=1
       echo "== $prefix round $round, $variant: $line"
     done
   done

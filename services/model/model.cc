@@ -549,6 +549,17 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   // The indexer and attention read the keys just written.
   if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
 
+  // o_proj's first bytes into the cache while the indexer and attention run (small, latency-bound
+  // kernels that leave the memory bandwidth idle); joined after o_proj's GEMV.
+  const bool prefetch_o_proj =
+      options_.side_streams && options_.o_proj_prefetch_bytes > 0 && T <= kMaxStepGraphTokens;
+  if (prefetch_o_proj) {
+    RETURN_IF_ERROR(backend_.BeginSideWork());
+    RETURN_IF_ERROR(backend_.PrefetchMatMulWeights(w.o_proj.Ref(), options_.o_proj_prefetch_bytes,
+                                                    options_.o_proj_prefetch_keep));
+    RETURN_IF_ERROR(backend_.EndSideWork());
+  }
+
   // DSA: a full layer scores every visible key with its indexer and keeps the top-k; a
   // shared layer reuses the selection of the last full layer of this forward.
   if (ix != nullptr) {
@@ -565,6 +576,7 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
                                         start_pos, softmax_scale_, heads));
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
   RETURN_IF_ERROR(MatMul(backend_, heads, w.o_proj, out));
+  if (prefetch_o_proj) RETURN_IF_ERROR(backend_.JoinSideWork());
   return out;
 }
 
