@@ -1,10 +1,5 @@
 #include "kernels/cuda/l2_prefetch.cuh"
 
-#include <algorithm>
-
-#include "kernels/cuda/reduce.cuh"
-#include "services/common/status_macros.h"
-
 namespace nq::kernels::cuda {
 namespace {
 

@@ -65,6 +65,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
   return Create(std::move(config), *std::move(weights), backend, comm, options);
 }
 
+absl::StatusOr<int64_t> OProjPrefetchBytesFromMib(int64_t mib) {
+  constexpr int64_t kMaxMib = int64_t{1} << 20;  // 1 TiB: far past any GPU's cache, far from overflow
+  if (mib < 0 || mib > kMaxMib) {
+    return absl::InvalidArgumentError(absl::StrCat("--o_proj_prefetch_mib ", mib, ": want 0 to ", kMaxMib));
+  }
+  return mib << 20;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWeights weights,
                                                      kernels::Backend& backend, kernels::Communicator* comm,
                                                      ModelOptions options) {
@@ -73,6 +81,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
     return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", options.tp.world_size,
                                                    " ranks needs a communicator of that world for rank ",
                                                    options.tp.rank));
+  }
+  if (options.o_proj_prefetch_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("o_proj_prefetch_bytes ", options.o_proj_prefetch_bytes, ": want 0 (none) or more"));
   }
   if (options.max_tokens <= 0) {
     options.max_tokens = std::min<int64_t>(config.max_position_embeddings, kDefaultMaxTokens);

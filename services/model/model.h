@@ -68,6 +68,10 @@ struct ModelOptions {
   bool uncaptured_step_graphs = false;
 };
 
+// The --o_proj_prefetch_mib values (nq-worker, nq bench-decode) as ModelOptions::
+// o_proj_prefetch_bytes: 0 to 1048576 MiB; INVALID_ARGUMENT otherwise.
+absl::StatusOr<int64_t> OProjPrefetchBytesFromMib(int64_t mib);
+
 class Model {
  public:
   // Loads config.json and the checkpoint (single or sharded, F32/BF16/F16/F8_E4M3) from

@@ -128,11 +128,8 @@ absl::Status BenchDecode() {
   model_options.weight_dtype = *weight_dtype;
   model_options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
   model_options.side_streams = absl::GetFlag(FLAGS_side_streams);
-  const int64_t prefetch_mib = absl::GetFlag(FLAGS_o_proj_prefetch_mib);
-  if (prefetch_mib < 0 || prefetch_mib > (int64_t{1} << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat("--o_proj_prefetch_mib ", prefetch_mib, ": want 0 to 1048576"));
-  }
-  model_options.o_proj_prefetch_bytes = prefetch_mib << 20;
+  ASSIGN_OR_RETURN(model_options.o_proj_prefetch_bytes,
+                   model::OProjPrefetchBytesFromMib(absl::GetFlag(FLAGS_o_proj_prefetch_mib)));
   model_options.o_proj_prefetch_keep = absl::GetFlag(FLAGS_o_proj_prefetch_keep);
   model_options.fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm);
   // An NVFP4 checkpoint fuses its gate/up halves as the worker's --nvfp4_gate_up_scale would.

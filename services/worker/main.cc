@@ -635,9 +635,8 @@ absl::Status Run(ShutdownSignal& shutdown) {
     const auto started = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     ASSIGN_OR_RETURN(const kernels::DType weight_dtype, model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
-    if (const int64_t mib = absl::GetFlag(FLAGS_o_proj_prefetch_mib); mib < 0 || mib > (int64_t{1} << 20)) {
-      return absl::InvalidArgumentError(absl::StrCat("--o_proj_prefetch_mib ", mib, ": want 0 to 1048576"));
-    }
+    ASSIGN_OR_RETURN(const int64_t o_proj_prefetch_bytes,
+                     model::OProjPrefetchBytesFromMib(absl::GetFlag(FLAGS_o_proj_prefetch_mib)));
     model::ModelOptions options{.max_tokens = 0,  // --max_model_len, below
                                 .tp = {rank, world},
                                 .kv_cache_dtype = kv_cache_dtype,
@@ -645,7 +644,7 @@ absl::Status Run(ShutdownSignal& shutdown) {
                                 .step_graphs = absl::GetFlag(FLAGS_step_graphs),
                                 .side_streams = absl::GetFlag(FLAGS_side_streams),
                                 .fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm),
-                                .o_proj_prefetch_bytes = absl::GetFlag(FLAGS_o_proj_prefetch_mib) << 20,
+                                .o_proj_prefetch_bytes = o_proj_prefetch_bytes,
                                 .o_proj_prefetch_keep = absl::GetFlag(FLAGS_o_proj_prefetch_keep)};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
