@@ -307,16 +307,6 @@ absl::Status Backend::MatMul(const Tensor& x, const Tensor& w, Tensor& y) {
   return DoMatMul(x, w, y, dims);
 }
 
-absl::Status Backend::PrefetchMatMulWeights(const WeightRef& w, std::int64_t bytes, bool keep) {
-  constexpr absl::string_view kOp = "PrefetchMatMulWeights";
-  if (w.w == nullptr) return absl::InvalidArgumentError(absl::StrCat(kOp, ": null weight"));
-  RETURN_IF_ERROR(CheckOwned(kOp, "w", *w.w));
-  RETURN_IF_ERROR(CheckDTypeIn(kOp, "w", *w.w, {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}));
-  RETURN_IF_ERROR(CheckRank(kOp, "w", *w.w, 2));
-  if (bytes < 0) return absl::InvalidArgumentError(absl::StrCat(kOp, ": bytes ", bytes, " < 0"));
-  return DoPrefetchMatMulWeights(*w.w, bytes, keep);
-}
-
 absl::Status Backend::MatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys) {
   constexpr absl::string_view kOp = "MatMulSharedInput";
   if (ws.size() != ys.size() || ws.empty() || ws.size() > static_cast<std::size_t>(kMaxSharedInputMatMuls)) {

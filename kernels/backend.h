@@ -137,17 +137,6 @@ class Backend {
   static constexpr int kMaxSharedInputMatMuls = 8;
   absl::Status MatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys);
 
-  // A hint for a MatMul of w later in the stream: starts pulling up to `bytes` of what a MatMul of
-  // w with a few tokens (a decode GEMV) reads first into the device's last-level cache, so that
-  // MatMul begins on cached weights. Issued on the side while the main stream runs latency-bound
-  // kernels (an attention's chain of small ones), it uses memory bandwidth they leave idle.
-  // `keep` marks the lines to outlast data read after them and before the MatMul (evict-last on
-  // CUDA): for a prefetch issued well ahead of its MatMul, at the cost of holding that share of
-  // the cache until other lines push it out. Changes no result; a backend without such a cache
-  // does nothing (the CPU). w as MatMul's weight (with its block scales for F8_E4M3, which are
-  // not prefetched); bytes >= 0 (more than w holds reads all of it).
-  absl::Status PrefetchMatMulWeights(const WeightRef& w, std::int64_t bytes, bool keep = false);
-
   // y = x / sqrt(mean(x^2 over the last dim) + eps) * weight. x, y: F32 [..., d] (y may be x);
   // weight: F32, BF16 or F16 [d]; eps >= 0 and finite.
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y);
@@ -374,10 +363,6 @@ class Backend {
   // DoMatMulBlockScaled) of each.
   virtual absl::Status DoMatMulSharedInput(const Tensor& x, std::span<const WeightRef> ws, std::span<Tensor* const> ys,
                                            std::span<const MatMulDims> dims);
-  // Default: nothing (a hint; see PrefetchMatMulWeights). w is a validated rank-2 weight.
-  virtual absl::Status DoPrefetchMatMulWeights(const Tensor& /*w*/, std::int64_t /*bytes*/, bool /*keep*/) {
-    return absl::OkStatus();
-  }
   virtual absl::Status DoRmsNorm(const Tensor& x, const Tensor& weight, float eps, Tensor& y,
                                  const RowDims& dims) = 0;
   // dims.cols is d, the width of y (x has 2d columns).

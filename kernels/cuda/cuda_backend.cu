@@ -24,13 +24,9 @@
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/indexer_topk.cuh"
 #include "kernels/cuda/kv_fp8.cuh"
-#include "kernels/cuda/l2_prefetch.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/mapped_host_copy.cuh"
 #include "kernels/cuda/matmul.cuh"
-#include "kernels/cuda/matmul_gemv.cuh"
-#include "kernels/cuda/matmul_gemv_mma.cuh"
-#include "kernels/cuda/matmul_params.h"
 #include "kernels/cuda/mla_attention.cuh"
 #include "kernels/cuda/mla_decode.cuh"
 #include "kernels/cuda/moe_route.cuh"
@@ -618,28 +614,6 @@ class CudaBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<Storage>> AllocateHostStagingStorage(std::size_t bytes) override {
     ASSIGN_OR_RETURN(PinnedHostBuffer buffer, PinnedHostBuffer::Allocate(std::max<std::size_t>(bytes, 1)));
     return std::unique_ptr<Storage>(new PinnedStorage(std::move(buffer), bytes, pinned_ranges_));
-  }
-
-  // The GEMV streams each 32-row block's rows from the start of its k range (one range unsplit,
-  // GemvSplits' ranges with split k, here as equal parts of a row, which the GEMV's whole steps
-  // approximate): the bytes are spread evenly over those ranges' starts, so every block of the
-  // later GEMV begins on cached weights.
-  absl::Status DoPrefetchMatMulWeights(const Tensor& w, std::int64_t bytes, bool keep) override {
-    NQ_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    const std::int64_t n = w.shape().dim(0), k = w.shape().dim(1);
-    if (n == 0 || k == 0 || bytes == 0) return absl::OkStatus();
-    const std::int64_t row_blocks = CeilDiv(n, std::int64_t{kGemvRowsPerBlock});
-    const int ranges = GemvSplits(static_cast<int>(std::min<std::int64_t>(row_blocks, 1 << 30)),
-                                  static_cast<int>(std::min<std::int64_t>(CeilDiv(k, kMmaGemvStepCols), 1 << 30)),
-                                  ctx_.num_sms);
-    const std::int64_t row_bytes = k * static_cast<std::int64_t>(DTypeSize(w.dtype()));
-    return LaunchL2Prefetch({.base = static_cast<const std::byte*>(w.data()),
-                             .rows = n,
-                             .row_bytes = row_bytes,
-                             .ranges = ranges,
-                             .prefix_bytes = std::min(row_bytes, bytes / (n * ranges)),
-                             .evict_last = keep},
-                            ctx_);
   }
 
   // On the side stream too: into page-locked memory the copy shares nothing with the main stream

@@ -10,8 +10,8 @@
 #      to every run (e.g. --kv-cache-dtype=bf16), the same greedy tokens in every run (checked);
 #   4. with NQ_SLICE2 (e.g. dsv3:4:32:32), step 3 again on that slice.
 # NQ_FLAG_VARIANTS adds runs of the bundle's nq with flags of their own, as variants beside the
-# builds: space-separated NAME=FLAG[,FLAG...] (e.g. "pf32=--o_proj_prefetch_mib=32
-# pf32k=--o_proj_prefetch_mib=32,--o_proj_prefetch_keep"; the same tokens are checked for them).
+# builds: space-separated NAME=FLAG[,FLAG...] (e.g. "noside=--side_streams=false
+# plain=--side_streams=false,--fused_residual_norm=false"; the same tokens are checked for them).
 # NQ_TESTS=0 skips step 1 (a bundle without cuda_vs_cpu_ops_test), NQ_TRACE=0 step 2;
 # NQ_TEST_FILTER replaces step 1's test filter (memcheck runs the same tests less *Timing). A
 # graph_launch_bench in the bundle runs first (graph_launch.txt: what each graph feature costs a

@@ -65,14 +65,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& model_dir,
   return Create(std::move(config), *std::move(weights), backend, comm, options);
 }
 
-absl::StatusOr<int64_t> OProjPrefetchBytesFromMib(int64_t mib) {
-  constexpr int64_t kMaxMib = int64_t{1} << 20;  // 1 TiB: far past any GPU's cache, far from overflow
-  if (mib < 0 || mib > kMaxMib) {
-    return absl::InvalidArgumentError(absl::StrCat("--o_proj_prefetch_mib ", mib, ": want 0 to ", kMaxMib));
-  }
-  return mib << 20;
-}
-
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWeights weights,
                                                      kernels::Backend& backend, kernels::Communicator* comm,
                                                      ModelOptions options) {
@@ -81,10 +73,6 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(ModelConfig config, ModelWe
     return absl::InvalidArgumentError(absl::StrCat("tensor parallelism over ", options.tp.world_size,
                                                    " ranks needs a communicator of that world for rank ",
                                                    options.tp.rank));
-  }
-  if (options.o_proj_prefetch_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("o_proj_prefetch_bytes ", options.o_proj_prefetch_bytes, ": want 0 (none) or more"));
   }
   if (options.max_tokens <= 0) {
     options.max_tokens = std::min<int64_t>(config.max_position_embeddings, kDefaultMaxTokens);
@@ -561,17 +549,6 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
   // The indexer and attention read the keys just written.
   if (options_.side_streams) RETURN_IF_ERROR(backend_.JoinSideWork());
 
-  // o_proj's first bytes into the cache while the indexer and attention run (small, latency-bound
-  // kernels that leave the memory bandwidth idle); joined after o_proj's GEMV.
-  const bool prefetch_o_proj =
-      options_.side_streams && options_.o_proj_prefetch_bytes > 0 && T <= kMaxStepGraphTokens;
-  if (prefetch_o_proj) {
-    RETURN_IF_ERROR(backend_.BeginSideWork());
-    RETURN_IF_ERROR(backend_.PrefetchMatMulWeights(w.o_proj.Ref(), options_.o_proj_prefetch_bytes,
-                                                    options_.o_proj_prefetch_keep));
-    RETURN_IF_ERROR(backend_.EndSideWork());
-  }
-
   // DSA: a full layer scores every visible key with its indexer and keeps the top-k; a
   // shared layer reuses the selection of the last full layer of this forward.
   if (ix != nullptr) {
@@ -588,7 +565,6 @@ absl::StatusOr<Tensor> Model::Attention(const AttentionWeights& w, int64_t layer
                                         start_pos, softmax_scale_, heads));
   ASSIGN_OR_RETURN(Tensor out, backend_.Allocate(kernels::DType::kF32, Shape{T, c.hidden_size}));
   RETURN_IF_ERROR(MatMul(backend_, heads, w.o_proj, out));
-  if (prefetch_o_proj) RETURN_IF_ERROR(backend_.JoinSideWork());
   return out;
 }
 

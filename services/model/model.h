@@ -53,24 +53,12 @@ struct ModelOptions {
   // its own. Results are bit-identical either way (checked on an H100: the kernel's tests, the
   // fixtures' model test and the GLM-5 slice's tokens); off only to compare.
   bool fused_residual_norm = true;
-  // Bytes of each layer's o_proj a decode step asks the backend to pull into its last-level
-  // cache (Backend::PrefetchMatMulWeights) while the attention before it runs, on the side
-  // stream: the indexer's and MLA's kernels leave memory bandwidth idle that o_proj's GEMV, the
-  // layer's largest, then need not wait for; o_proj_prefetch_keep marks those lines to outlast
-  // what the attention reads meanwhile. 0: none. Needs side_streams. Results are equal either
-  // way. Off until measured on a GPU (bench/README.md, "o_proj's first bytes in L2").
-  int64_t o_proj_prefetch_bytes = 0;
-  bool o_proj_prefetch_keep = false;
   // Tests: decode steps take the step-graph path on a backend that cannot capture (the CPU),
   // each step issuing the ops a capture would record, so the graph body (device positions, the
   // sharded head's gather, the host staging, the draw) is checked against op by op where it
   // can run. Serving leaves it off.
   bool uncaptured_step_graphs = false;
 };
-
-// The --o_proj_prefetch_mib values (nq-worker, nq bench-decode) as ModelOptions::
-// o_proj_prefetch_bytes: 0 to 1048576 MiB; INVALID_ARGUMENT otherwise.
-absl::StatusOr<int64_t> OProjPrefetchBytesFromMib(int64_t mib);
 
 class Model {
  public:

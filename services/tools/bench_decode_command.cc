@@ -58,11 +58,6 @@ ABSL_FLAG(int64_t, copy_mb, -1,
 ABSL_FLAG(std::string, weight_dtype, "f32", "bench-decode: storage of the weight matrices, f32, bf16 or fp8 (as nq-worker)");
 ABSL_FLAG(bool, step_graphs, true,
           "bench-decode: run decode steps as captured graphs where the backend can (as nq-worker's --step_graphs)");
-ABSL_FLAG(int64_t, o_proj_prefetch_mib, 0,
-          "bench-decode: MiB of each layer's o_proj pulled into the GPU's L2 while its attention runs "
-          "(ModelOptions::o_proj_prefetch_bytes; 0 none)");
-ABSL_FLAG(bool, o_proj_prefetch_keep, false,
-          "bench-decode: mark the o_proj lines --o_proj_prefetch_mib pulls into L2 evict-last");
 ABSL_FLAG(bool, side_streams, true,
           "bench-decode: run a layer's independent ops on a second stream (as nq-worker's --side_streams)");
 ABSL_FLAG(bool, fused_residual_norm, true,
@@ -128,9 +123,6 @@ absl::Status BenchDecode() {
   model_options.weight_dtype = *weight_dtype;
   model_options.step_graphs = absl::GetFlag(FLAGS_step_graphs);
   model_options.side_streams = absl::GetFlag(FLAGS_side_streams);
-  ASSIGN_OR_RETURN(model_options.o_proj_prefetch_bytes,
-                   model::OProjPrefetchBytesFromMib(absl::GetFlag(FLAGS_o_proj_prefetch_mib)));
-  model_options.o_proj_prefetch_keep = absl::GetFlag(FLAGS_o_proj_prefetch_keep);
   model_options.fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm);
   // An NVFP4 checkpoint fuses its gate/up halves as the worker's --nvfp4_gate_up_scale would.
   ASSIGN_OR_RETURN(const nvfp4::GateUpScaleMode gate_up,

@@ -137,12 +137,6 @@ ABSL_FLAG(bool, step_graphs, true,
 ABSL_FLAG(bool, side_streams, true,
           "Run a layer's independent ops (an MoE layer's shared expert and routing log copies, the new keys' norms and "
           "cache writes) on a second stream beside the rest (the CUDA backend; the CPU runs them in order)");
-// A hint, results are equal either way (Backend::PrefetchMatMulWeights).
-ABSL_FLAG(int64_t, o_proj_prefetch_mib, 0,
-          "MiB of each layer's o_proj pulled into the GPU's L2 while the layer's attention runs, on the side stream "
-          "(the attention's small kernels leave memory bandwidth idle); 0 none, needs --side_streams");
-ABSL_FLAG(bool, o_proj_prefetch_keep, false,
-          "Mark the o_proj lines --o_proj_prefetch_mib pulls into L2 evict-last (kept over what the attention reads)");
 // Results are equal either way (the CPU suite; on an H100 the GLM-5 slice's greedy tokens, and the
 // kernel's tests under memcheck); on there +0.8-2.4 % tokens/s (bench/README.md, "The
 // thirty-sixth and thirty-seventh sessions' changes on an H100"). Off only to compare.
@@ -635,17 +629,13 @@ absl::Status Run(ShutdownSignal& shutdown) {
     const auto started = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const kernels::DType kv_cache_dtype, model::ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype)));
     ASSIGN_OR_RETURN(const kernels::DType weight_dtype, model::ParseWeightDType(absl::GetFlag(FLAGS_weight_dtype)));
-    ASSIGN_OR_RETURN(const int64_t o_proj_prefetch_bytes,
-                     model::OProjPrefetchBytesFromMib(absl::GetFlag(FLAGS_o_proj_prefetch_mib)));
     model::ModelOptions options{.max_tokens = 0,  // --max_model_len, below
                                 .tp = {rank, world},
                                 .kv_cache_dtype = kv_cache_dtype,
                                 .weight_dtype = weight_dtype,
                                 .step_graphs = absl::GetFlag(FLAGS_step_graphs),
                                 .side_streams = absl::GetFlag(FLAGS_side_streams),
-                                .fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm),
-                                .o_proj_prefetch_bytes = o_proj_prefetch_bytes,
-                                .o_proj_prefetch_keep = absl::GetFlag(FLAGS_o_proj_prefetch_keep)};
+                                .fused_residual_norm = absl::GetFlag(FLAGS_fused_residual_norm)};
     const std::string release = absl::GetFlag(FLAGS_release);
     const std::string bits_flag = absl::GetFlag(FLAGS_expert_bits);
     dynamic_experts = !release.empty() && bits_flag == "dynamic";

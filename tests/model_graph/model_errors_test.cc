@@ -98,19 +98,6 @@ TEST_F(ModelErrorsTest, SplitThatDoesNotDivide) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a communicator")));
 }
 
-// A negative prefetch is refused at load (not silently off), and the flags' MiB are checked.
-TEST_F(ModelErrorsTest, BadOProjPrefetch) {
-  CopyFixture("glm5_tiny", nullptr);
-  EXPECT_THAT(Model::Load(dir_.string(), *backend_, nullptr, ModelOptions{.o_proj_prefetch_bytes = -1}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("o_proj_prefetch_bytes -1")));
-  EXPECT_THAT(OProjPrefetchBytesFromMib(-1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 0 to")));
-  EXPECT_THAT(OProjPrefetchBytesFromMib((int64_t{1} << 20) + 1),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want 0 to")));
-  absl::StatusOr<int64_t> bytes = OProjPrefetchBytesFromMib(16);
-  ASSERT_THAT(bytes, IsOk());
-  EXPECT_EQ(*bytes, int64_t{16} << 20);
-}
-
 TEST_F(ModelErrorsTest, BadInputs) {
   CopyFixture("glm5_tiny", nullptr);
   absl::StatusOr<std::unique_ptr<Model>> model = Load();

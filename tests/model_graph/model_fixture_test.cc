@@ -150,35 +150,6 @@ TEST_P(ModelFixtureTest, ResidualsAddedInTheNormGiveTheSameLogits) {
   EXPECT_EQ(mtp[0], mtp[1]);
 }
 
-// ModelOptions::o_proj_prefetch_bytes issues a cache hint on the side stream while each layer's
-// attention runs: the same logits bit for bit with and without it (decode through the cache, the
-// DSA layers' selection included), and the side-work contract holds around the attention's ops
-// (the CPU backend refuses on the side what the CUDA one cannot run there).
-TEST_P(ModelFixtureTest, PrefetchingOProjGivesTheSameLogits) {
-  absl::StatusOr<std::unique_ptr<Model>> plain = Model::Load(dir_, *case_.backend, nullptr, ModelOptions{.max_tokens = 64});
-  ASSERT_THAT(plain, IsOk());
-  const size_t prompt = 5;
-  ASSERT_THAT((*plain)->Forward(std::span<const int32_t>(tokens_).first(prompt)), IsOk());
-  std::vector<std::vector<float>> want;
-  for (size_t i = prompt; i < tokens_.size(); ++i) {
-    absl::StatusOr<std::vector<float>> logits = (*plain)->Forward(std::span<const int32_t>(&tokens_[i], 1));
-    ASSERT_THAT(logits, IsOk());
-    want.push_back(*std::move(logits));
-  }
-  for (const bool keep : {false, true}) {
-    absl::StatusOr<std::unique_ptr<Model>> prefetching = Model::Load(
-        dir_, *case_.backend, nullptr,
-        ModelOptions{.max_tokens = 64, .o_proj_prefetch_bytes = int64_t{1} << 20, .o_proj_prefetch_keep = keep});
-    ASSERT_THAT(prefetching, IsOk());
-    ASSERT_THAT((*prefetching)->Forward(std::span<const int32_t>(tokens_).first(prompt)), IsOk());
-    for (size_t i = prompt; i < tokens_.size(); ++i) {
-      absl::StatusOr<std::vector<float>> logits = (*prefetching)->Forward(std::span<const int32_t>(&tokens_[i], 1));
-      ASSERT_THAT(logits, IsOk());
-      EXPECT_EQ(*logits, want[i - prompt]) << "token " << i << (keep ? ", kept" : "");
-    }
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Fixtures, ModelFixtureTest,
                          ::testing::Values("glm5_tiny", "glm5_tiny_fp8", "dsv3_tiny", "dsv3_tiny_fp8"));
 
