@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command (CI runs it too): installs what is missing, builds the CPU
 # preset, runs every test, then the sanitizer stage (scripts/sanitize.sh ci: ThreadSanitizer
-# over the concurrent units, AddressSanitizer + UBSan over a sample; about 13 more minutes on
-# 2 cores). Extra arguments go to ctest (e.g. -R cluster) and skip the sanitizer stage, as does
-# NQ_SANITIZERS=0.
+# over the concurrent units, AddressSanitizer + UBSan over a sample; about 21 more minutes on
+# 2 cores from scratch). Extra arguments go to ctest (e.g. -R cluster) and skip the sanitizer
+# stage, as does NQ_SANITIZERS=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
